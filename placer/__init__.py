@@ -1,0 +1,29 @@
+"""placer: decide where and in what order every operation of a training step runs.
+
+The pipeline, one package per stage::
+
+    capture -> cost -> transform -> place (algorithms) -> simulate (sim) -> run (runtime)
+
+Quick start::
+
+    import placer
+    graph = placer.OpGraph.load("g.json")
+    plan = placer.place(graph, placer.load_cluster("4xV100-nvlink"), "expert")
+    print(plan.predicted["makespan_s"])
+"""
+
+from .algorithms import available_algorithms, place, register
+from .cluster import PRESETS, Cluster, Device, Channel, load_cluster
+from .errors import (FormatError, GraphCycleError, InfeasibleError, InvalidPlanError, OptionError,
+                     PlacerError)
+from .graph import OpGraph
+from .plan import Plan
+from .sim import SimResult, lower_bound, simulate, simulate_plan
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "OpGraph", "Cluster", "Device", "Channel", "PRESETS", "load_cluster", "Plan", "place", "register",
+    "available_algorithms", "simulate", "simulate_plan", "lower_bound", "SimResult", "PlacerError",
+    "FormatError", "GraphCycleError", "InvalidPlanError", "InfeasibleError", "OptionError",
+]

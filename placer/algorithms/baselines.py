@@ -1,0 +1,272 @@
+"""Baselines every paper compares against: one device, round-robin, the expert split, METIS.
+
+All four honour device kinds and colocation by placing whole units
+(:func:`placement_units`) on allowed devices, and memory by budgeting
+devices and checking the result under the reference model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError, OptionError
+from ..graph import OpGraph
+from ..plan import Plan
+from ..sim.simulator import simulate
+from .common import MemoryBudget, fitting_plan_with_retries, placement_units, unit_allowed
+from .registry import register
+
+__all__ = ["single", "round_robin", "expert", "metis", "layer_labels"]
+
+
+@register("single")
+def single(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+    """Everything on the fastest device that can hold the whole step.
+
+    Parameters
+    ----------
+    graph, cluster
+    seed, time_limit : ignored (the result is deterministic and immediate)
+
+    Returns
+    -------
+    Plan
+
+    Raises
+    ------
+    InfeasibleError
+        If no single device allows every node and fits the step's peak memory.
+
+    Examples
+    --------
+    >>> from placer.cluster import PRESETS
+    >>> g = OpGraph(["a", "b"], [1.0, 1.0], [0], [1], [8])
+    >>> single(g, PRESETS["2xV100-nvlink"]()).placement
+    {'a': 'gpu0', 'b': 'gpu0'}
+    """
+    allowed = graph.allowed(cluster).all(axis=0)
+    total = graph.durations(cluster).sum(axis=0)
+    reasons = []
+    for j in np.argsort(total, kind="stable").tolist():
+        name = cluster.devices[j].name
+        if not allowed[j]:
+            reasons.append(f"{name}: some nodes may not run on kind {cluster.devices[j].kind!r}")
+            continue
+        device_of = np.full(graph.num_nodes, j, dtype=np.int64)
+        result = simulate(graph, cluster, device_of, check=False)
+        if result.fits:
+            return Plan.from_arrays(graph, cluster, device_of)
+        reasons.append(f"{name}: needs {result.peak_memory_bytes[j] / 2**30:.3f} GiB of "
+                       f"{cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+    raise InfeasibleError("single: no one device can run the whole step (" + "; ".join(reasons[:4]) + ")")
+
+
+@register("round_robin")
+def round_robin(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+    """Units in topological order dealt to the devices in turn, skipping devices without room.
+
+    Raises
+    ------
+    InfeasibleError
+        If some unit fits no allowed device's remaining budget.
+    """
+    _, units = placement_units(graph)
+    allowed = unit_allowed(graph, cluster, units)
+    n_dev = cluster.num_devices
+
+    def build(ratio: float) -> np.ndarray:
+        budget = MemoryBudget(graph, cluster, ratio)
+        device_of = np.zeros(graph.num_nodes, dtype=np.int64)
+        cursor = 0
+        for u, members in enumerate(units):
+            need = budget.unit_need(members)
+            for step in range(n_dev):
+                j = (cursor + step) % n_dev
+                if allowed[u, j] and budget.fits(j, need):
+                    break
+            else:
+                raise InfeasibleError(f"round_robin: node {graph.ids[members[0]]!r} fits no device's remaining memory")
+            budget.add(j, need)
+            device_of[members] = j
+            cursor = j + 1
+        return device_of
+
+    return Plan.from_arrays(graph, cluster, fitting_plan_with_retries(build, graph, cluster, "round_robin"))
+
+
+def layer_labels(graph: OpGraph, min_layers: int = 1) -> np.ndarray:
+    """A layer label per node: its ``layer``, else inherited from a parent, else from a child.
+
+    Graphs without layer names get pseudo-layers: ``min_layers`` contiguous
+    slices of the topological order.
+    """
+    n = graph.num_nodes
+    names: dict[str, int] = {}
+    label = np.array([-1 if l is None else names.setdefault(l, len(names)) for l in graph.layer], dtype=np.int64)
+    if not names:
+        position = np.empty(n, dtype=np.int64)
+        position[graph.topological_order] = np.arange(n)
+        return position * max(min_layers, 1) // max(n, 1)
+    ptr_in, e_in = graph.in_edges
+    ptr_out, e_out = graph.out_edges
+    for i in graph.topological_order.tolist():
+        if label[i] < 0:
+            parents = label[graph.src[e_in[ptr_in[i]:ptr_in[i + 1]]]]
+            parents = parents[parents >= 0]
+            if parents.size:
+                label[i] = parents[0]
+    for i in graph.topological_order[::-1].tolist():
+        if label[i] < 0:
+            children = label[graph.dst[e_out[ptr_out[i]:ptr_out[i + 1]]]]
+            children = children[children >= 0]
+            if children.size:
+                label[i] = children[0]
+    label[label < 0] = len(names)
+    return label
+
+
+@register("expert")
+def expert(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+    """The human split: contiguous groups of layers per device, balanced by compute within memory.
+
+    Layers (a node's ``layer``; forward and backward ops of a layer share it)
+    are kept whole and in forward order; the sequence is cut into one
+    contiguous chunk per device so that the slowest device's compute is as
+    small as memory allows (binary search on that bottleneck with a greedy
+    fill). This is the "expert" placement of Placeto, Pesto and Baechi.
+
+    Raises
+    ------
+    InfeasibleError
+        If no contiguous split fits the devices' memory.
+
+    References
+    ----------
+    Addanki et al., Placeto (NeurIPS 2019), Section 5 "human experts";
+    Kaufmann et al., Pesto (Middleware 2021), Section 5 baselines.
+    """
+    _, units = placement_units(graph, layer_labels(graph, min_layers=4 * cluster.num_devices))
+    allowed = unit_allowed(graph, cluster, units)
+    dur = graph.durations(cluster)
+    unit_time = np.array([dur[u].sum(axis=0) for u in units]).reshape(len(units), cluster.num_devices)
+    n_dev = cluster.num_devices
+
+    def greedy(limit: float, budget: MemoryBudget) -> np.ndarray | None:
+        """Fill devices in turn with consecutive units while time <= limit; None if units remain."""
+        unit_device = np.zeros(len(units), dtype=np.int64)
+        j, load = 0, 0.0
+        for u, members in enumerate(units):
+            need = budget.unit_need(members)
+            while j < n_dev and not (allowed[u, j] and budget.fits(j, need)
+                                     and (load == 0.0 or load + unit_time[u, j] <= limit)):
+                j, load = j + 1, 0.0
+            if j == n_dev:
+                return None
+            budget.add(j, need)
+            load += unit_time[u, j]
+            unit_device[u] = j
+        return unit_device
+
+    def build(ratio: float) -> np.ndarray:
+        best = greedy(np.inf, MemoryBudget(graph, cluster, ratio))
+        if best is None:
+            raise InfeasibleError("expert: no contiguous split of the layers fits the devices' memory")
+        lo, hi = float(unit_time.min(axis=1).max(initial=0.0)), float(unit_time.max(axis=1).sum())
+        for _ in range(40):
+            mid = (lo + hi) / 2
+            trial = greedy(mid, MemoryBudget(graph, cluster, ratio))
+            if trial is None:
+                lo = mid
+            else:
+                best, hi = trial, mid
+            if hi - lo <= 1e-9 * max(hi, 1e-12):
+                break
+        device_of = np.zeros(graph.num_nodes, dtype=np.int64)
+        for u, members in enumerate(units):
+            device_of[members] = best[u]
+        return device_of
+
+    return Plan.from_arrays(graph, cluster, fitting_plan_with_retries(build, graph, cluster, "expert"))
+
+
+@register("metis")
+def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+          imbalance: float = 0.05) -> Plan:
+    """k-way METIS partition minimising bytes cut, balancing compute, then repaired for kinds and memory.
+
+    Units (colocation groups) become weighted vertices; edge weights are the
+    bytes between units; target part weights follow device speeds. Units on a
+    device their kinds forbid, or beyond a device's memory budget, move to the
+    allowed device with the most room.
+
+    Parameters
+    ----------
+    imbalance : float
+        Load imbalance METIS may accept (0.05 = 5%).
+
+    References
+    ----------
+    Karypis and Kumar, "A fast and high quality multilevel scheme for
+    partitioning irregular graphs", SIAM J. Sci. Comput. 1998.
+    """
+    import pymetis
+
+    if not 0 <= imbalance <= 1:
+        raise OptionError(f"option imbalance of 'metis' must be in [0, 1], got {imbalance!r}")
+    unit_of, units = placement_units(graph)
+    n_units, n_dev = len(units), cluster.num_devices
+    allowed = unit_allowed(graph, cluster, units)
+    compute = np.bincount(unit_of, weights=graph.compute_s, minlength=n_units)
+    vweights = np.maximum(1, np.round(compute / max(compute.max(initial=0.0), 1e-30) * 1e6)).astype(np.int64)
+    us, ud = unit_of[graph.src], unit_of[graph.dst]
+    cut = us != ud
+    a = np.minimum(us[cut], ud[cut])
+    b = np.maximum(us[cut], ud[cut])
+    pair_bytes: dict[tuple[int, int], int] = {}
+    for x, y, w in zip(a.tolist(), b.tolist(), graph.edge_bytes[cut].tolist()):
+        pair_bytes[(x, y)] = pair_bytes.get((x, y), 0) + w
+    adjacency: list[list[int]] = [[] for _ in range(n_units)]
+    weights: list[list[int]] = [[] for _ in range(n_units)]
+    top = max(pair_bytes.values(), default=1)
+    for (x, y), w in sorted(pair_bytes.items()):
+        scaled = max(1, int(round(w / top * 1e6)))
+        adjacency[x].append(y)
+        adjacency[y].append(x)
+        weights[x].append(scaled)
+        weights[y].append(scaled)
+    xadj = np.cumsum([0] + [len(adj) for adj in adjacency]).tolist()
+    adjncy = [v for adj in adjacency for v in adj]
+    eweights = [w for ws in weights for w in ws]
+    speeds = np.array([d.speed for d in cluster.devices])
+    if n_dev == 1 or n_units <= 1:
+        parts = np.zeros(n_units, dtype=np.int64)
+    else:
+        options = pymetis.Options(seed=seed, ufactor=int(round(imbalance * 1000)) or 1)
+        _, membership = pymetis.part_graph(n_dev, xadj=xadj, adjncy=adjncy, vweights=vweights.tolist(),
+                                           eweights=eweights or None, tpwgts=(speeds / speeds.sum()).tolist(),
+                                           options=options)
+        parts = np.asarray(membership, dtype=np.int64)
+
+    def build(ratio: float) -> np.ndarray:
+        budget = MemoryBudget(graph, cluster, ratio)
+        unit_device = parts.copy()
+        moved = []
+        for u, members in enumerate(units):
+            need = budget.unit_need(members)
+            j = int(unit_device[u])
+            if allowed[u, j] and budget.fits(j, need):
+                budget.add(j, need)
+            else:
+                moved.append(u)
+        for u in moved:
+            need = budget.unit_need(units[u])
+            room = np.where(allowed[u], budget.capacity - budget.used - need, -np.inf)
+            j = int(np.argmax(room))
+            if room[j] < 0:
+                raise InfeasibleError(f"metis: node {graph.ids[units[u][0]]!r} fits no allowed device's remaining memory")
+            budget.add(j, need)
+            unit_device[u] = j
+        return unit_device[unit_of]
+
+    return Plan.from_arrays(graph, cluster, fitting_plan_with_retries(build, graph, cluster, "metis"))

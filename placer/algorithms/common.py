@@ -1,0 +1,144 @@
+"""Building blocks shared by placement algorithms: placement units and memory budgets.
+
+A *unit* is a set of nodes that must share a device: a colocation group, or
+a single node. Heuristics place units, so colocation holds by construction.
+Memory is budgeted with each node's static footprint scaled by how much of
+it the reference model finds live at the peak (:func:`liveness_ratio`); the
+final plan is always checked by simulation.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError
+from ..feasibility import static_footprint
+from ..graph import OpGraph
+from ..sim.simulator import simulate
+
+__all__ = ["placement_units", "liveness_ratio", "MemoryBudget", "unit_allowed", "fitting_plan_with_retries"]
+
+
+def placement_units(graph: OpGraph, extra_groups: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
+    """Group nodes that must share a device.
+
+    Parameters
+    ----------
+    graph : OpGraph
+    extra_groups : array of int, optional
+        A further grouping to merge with colocation (e.g. layers), one label per node.
+
+    Returns
+    -------
+    unit_of : ndarray of int
+        Unit index of every node; units are numbered by their first node in topological order.
+    units : list of ndarray
+        Node indices of each unit, in topological order.
+    """
+    n = graph.num_nodes
+    parent = np.arange(n)
+
+    def find(x: int) -> int:
+        root = x
+        while parent[root] != root:
+            root = parent[root]
+        while parent[x] != root:
+            parent[x], x = root, parent[x]
+        return root
+
+    def join(members: np.ndarray) -> None:
+        head = find(int(members[0]))
+        for m in members[1:].tolist():
+            r = find(m)
+            if r != head:
+                parent[r] = head
+
+    for members in graph.colocation_groups.values():
+        join(members)
+    if extra_groups is not None:
+        order = np.argsort(extra_groups, kind="stable")
+        labels = extra_groups[order]
+        cuts = np.flatnonzero(np.diff(labels)) + 1
+        for members in np.split(order, cuts):
+            if members.size > 1:
+                join(members)
+    roots = np.array([find(i) for i in range(n)], dtype=np.int64)
+    topo = graph.topological_order
+    first_seen: dict[int, int] = {}
+    for i in topo.tolist():
+        first_seen.setdefault(int(roots[i]), len(first_seen))
+    unit_of = np.array([first_seen[int(r)] for r in roots], dtype=np.int64)
+    position = np.empty(n, dtype=np.int64)
+    position[topo] = np.arange(n)
+    members_sorted = np.lexsort((position, unit_of))
+    cuts = np.flatnonzero(np.diff(unit_of[members_sorted])) + 1
+    units = np.split(members_sorted, cuts) if n else []
+    return unit_of, units
+
+
+def unit_allowed(graph: OpGraph, cluster: Cluster, units: list[np.ndarray]) -> np.ndarray:
+    """Boolean ``(units, devices)``: devices every node of the unit may use."""
+    allowed = graph.allowed(cluster)
+    return np.array([allowed[u].all(axis=0) for u in units], dtype=bool).reshape(len(units), cluster.num_devices)
+
+
+def liveness_ratio(graph: OpGraph, cluster: Cluster) -> float:
+    """Share of the summed static footprints that is live at the peak of a one-device run.
+
+    Outputs die once consumed, so summing footprints overstates memory; the
+    peak of the whole graph run sequentially on one device (capacity
+    ignored) measures by how much.
+    """
+    total = float(static_footprint(graph).sum())
+    if total <= 0:
+        return 1.0
+    peak = simulate(graph, cluster, np.zeros(graph.num_nodes, dtype=np.int64), check=False).peak_memory_bytes[0]
+    return min(1.0, max(float(peak) / total, 1e-3))
+
+
+class MemoryBudget:
+    """Per-device memory budget in scaled static-footprint bytes."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float):
+        self.need = static_footprint(graph) * ratio
+        self.capacity = cluster.memory.astype(np.float64)
+        self.used = np.zeros(cluster.num_devices)
+
+    def unit_need(self, members: np.ndarray) -> float:
+        return float(self.need[members].sum())
+
+    def fits(self, device: int, amount: float) -> bool:
+        return self.used[device] + amount <= self.capacity[device]
+
+    def add(self, device: int, amount: float) -> None:
+        self.used[device] += amount
+
+
+def fitting_plan_with_retries(build, graph: OpGraph, cluster: Cluster, name: str, tries: int = 6):
+    """Call ``build(ratio)`` with growing memory ratios until its placement fits under the reference model.
+
+    ``build`` returns a device index per node (or raises InfeasibleError when
+    the budget cannot hold the graph). The ratio starts at the liveness ratio
+    and grows towards 1, the fully conservative static budget.
+    """
+    ratio = liveness_ratio(graph, cluster)
+    last_error = None
+    for _ in range(tries):
+        try:
+            device_of = build(ratio)
+        except InfeasibleError as exc:
+            last_error = exc
+            break
+        result = simulate(graph, cluster, device_of, check=False)
+        if result.fits:
+            return device_of
+        j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
+        last_error = InfeasibleError(
+            f"{name}: device {cluster.devices[j].name!r} would need {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
+            f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+        if ratio >= 1.0:
+            break
+        ratio = min(1.0, ratio * 1.5)
+    raise last_error
+

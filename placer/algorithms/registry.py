@@ -1,0 +1,160 @@
+"""One interface for every placement algorithm: ``place(graph, cluster, **options) -> Plan``.
+
+An algorithm is a plain function registered under a name::
+
+    @register("round_robin")
+    def round_robin(graph, cluster, *, seed=0, time_limit=None) -> Plan: ...
+
+Its keyword-only parameters are its options; :func:`place` validates them at
+the door, diagnoses impossible problems, runs the algorithm, then checks the
+plan against the reference model and fills in its predicted figures, so
+every plan that leaves :func:`place` is valid and fits in memory.
+"""
+
+from __future__ import annotations
+
+import inspect
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError, InvalidPlanError, OptionError
+from ..feasibility import diagnose
+from ..graph import OpGraph
+from ..plan import Plan
+from ..sim.bounds import lower_bound
+
+__all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm"]
+
+_COMMON = ("seed", "time_limit")
+
+
+@dataclass(frozen=True)
+class Algorithm:
+    """A registered algorithm: its name, function, options with defaults, and a one-line summary."""
+
+    name: str
+    func: Callable[..., Plan]
+    options: dict[str, Any]
+    summary: str
+
+
+_REGISTRY: dict[str, Algorithm] = {}
+
+
+def register(name: str) -> Callable[[Callable[..., Plan]], Callable[..., Plan]]:
+    """Register ``func(graph, cluster, *, seed=..., time_limit=..., **options) -> Plan`` as ``name``."""
+
+    def decorate(func: Callable[..., Plan]) -> Callable[..., Plan]:
+        params = inspect.signature(func).parameters
+        options = {p.name: p.default for p in params.values() if p.kind is inspect.Parameter.KEYWORD_ONLY}
+        missing = [c for c in _COMMON if c not in options]
+        if missing:
+            raise TypeError(f"algorithm {name!r} must accept the keyword options {missing}")
+        if name in _REGISTRY:
+            raise TypeError(f"algorithm {name!r} is registered twice")
+        summary = (inspect.getdoc(func) or "").split("\n", 1)[0]
+        _REGISTRY[name] = Algorithm(name, func, options, summary)
+        return func
+
+    return decorate
+
+
+def available_algorithms() -> list[str]:
+    """Names of the registered algorithms, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get_algorithm(name: str) -> Algorithm:
+    """The algorithm registered as ``name``; OptionError listing the names otherwise."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise OptionError(f"unknown algorithm {name!r}; available: {', '.join(available_algorithms())}") from None
+
+
+def _check_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:
+    unknown = sorted(set(options) - set(alg.options))
+    if unknown:
+        raise OptionError(f"algorithm {alg.name!r} has no option {unknown[0]!r}; "
+                          f"its options are: {', '.join(sorted(alg.options))}")
+    checked = dict(alg.options)
+    for key, value in options.items():
+        default = alg.options[key]
+        if key == "time_limit":
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                                      or not math.isfinite(value) or value <= 0):
+                raise OptionError(f"option time_limit must be a positive number of seconds, got {value!r}")
+        elif key == "seed":
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise OptionError(f"option seed must be a non-negative integer, got {value!r}")
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise OptionError(f"option {key} of {alg.name!r} must be true or false, got {value!r}")
+        elif isinstance(default, int):
+            if isinstance(value, bool) or not isinstance(value, int):
+                raise OptionError(f"option {key} of {alg.name!r} must be an integer, got {value!r}")
+        elif isinstance(default, float):
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise OptionError(f"option {key} of {alg.name!r} must be a number, got {value!r}")
+            value = float(value)
+        elif isinstance(default, str) and not isinstance(value, str):
+            raise OptionError(f"option {key} of {alg.name!r} must be a string, got {value!r}")
+        checked[key] = value
+    return checked
+
+
+def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options: Any) -> Plan:
+    """Place ``graph`` on ``cluster`` with the named algorithm and return a valid plan.
+
+    Parameters
+    ----------
+    graph : OpGraph
+    cluster : Cluster
+    algorithm : str
+        A name from :func:`available_algorithms`.
+    **options
+        The algorithm's options; every algorithm takes ``seed`` (int) and
+        ``time_limit`` (seconds or None).
+
+    Returns
+    -------
+    Plan
+        With a per-device order, ``predicted`` figures from the reference model
+        (makespan_s, peak_memory_bytes, fits, lower_bound_s) and ``search_time_s``.
+
+    Raises
+    ------
+    OptionError
+        Unknown algorithm or option, or a bad option value.
+    InfeasibleError
+        The problem is impossible, or the algorithm found no plan that fits.
+
+    Examples
+    --------
+    >>> from placer.cluster import PRESETS
+    >>> g = OpGraph(["a", "b"], [1.0, 1.0], [0], [1], [8])
+    >>> place(g, PRESETS["2xV100-nvlink"](), "single").predicted["makespan_s"]
+    2.0
+    """
+    alg = get_algorithm(algorithm)
+    opts = _check_options(alg, options)
+    diagnose(graph, cluster)
+    began = time.perf_counter()
+    plan = alg.func(graph, cluster, **opts)
+    elapsed = time.perf_counter() - began
+    try:
+        result = plan.validate(graph, cluster)
+    except InvalidPlanError as exc:
+        raise InfeasibleError(f"{algorithm} found no valid plan: {exc}") from None
+    if plan.order is None:
+        names = [d.name for d in cluster.devices]
+        target = plan.target_graph(graph)
+        plan.order = {names[j]: [target.ids[i] for i in seq.tolist()]
+                      for j, seq in enumerate(result.device_orders())}
+    plan.algorithm = algorithm
+    plan.predicted = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster)}
+    plan.search_time_s = elapsed
+    return plan

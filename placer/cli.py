@@ -1,0 +1,226 @@
+"""The ``placer`` command.
+
+User errors (bad files, options, impossible problems) print one line,
+``placer: error: ...``, and exit with status 2; ``--debug`` shows the
+traceback. Output files are written atomically, and only for valid plans.
+
+Other packages add commands through :data:`COMMAND_MODULES`: each module
+there has ``add_commands(subparsers)``, which adds parsers whose
+``func(args) -> int`` runs the command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from .errors import OptionError, PlacerError
+
+__all__ = ["main", "COMMAND_MODULES"]
+
+#: Modules that contribute subcommands (each defines ``add_commands(subparsers)``).
+COMMAND_MODULES: tuple[str, ...] = ()
+
+
+def _parse_option(text: str) -> tuple[str, Any]:
+    key, sep, raw = text.partition("=")
+    if not sep or not key:
+        raise OptionError(f"--option expects KEY=VALUE, got {text!r}")
+    try:
+        value = json.loads(raw)
+    except json.JSONDecodeError:
+        value = raw
+    return key.replace("-", "_"), value
+
+
+def _load_graph(path: str):
+    from .graph import OpGraph
+
+    return OpGraph.load(path)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from .algorithms import place
+    from .cluster import load_cluster
+
+    graph = _load_graph(args.graph)
+    cluster = load_cluster(args.cluster)
+    options = dict(_parse_option(o) for o in args.option)
+    if args.seed is not None:
+        options["seed"] = args.seed
+    if args.time_limit is not None:
+        options["time_limit"] = args.time_limit
+    plan = place(graph, cluster, args.algorithm, **options)
+    plan.save(args.output)
+    p = plan.predicted
+    print(f"{args.algorithm}: makespan {p['makespan_s'] * 1e3:.3f} ms (lower bound {p['lower_bound_s'] * 1e3:.3f} ms), "
+          f"fits memory, planned in {plan.search_time_s:.2f} s -> {args.output}")
+    return 0
+
+
+def cmd_simulate(args: argparse.Namespace) -> int:
+    from .cluster import load_cluster
+    from .plan import Plan
+    from .sim import lower_bound, simulate_plan
+
+    graph = _load_graph(args.graph)
+    plan = Plan.load(args.plan)
+    cluster_spec = args.cluster or plan.cluster_name
+    if not cluster_spec:
+        raise OptionError("the plan names no cluster; pass --cluster")
+    cluster = load_cluster(cluster_spec)
+    result = simulate_plan(plan, graph, cluster)
+    if args.trace:
+        from .sim.trace import write_trace
+
+        write_trace(result, args.trace)
+    report = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster)}
+    if args.json:
+        print(json.dumps(report, indent=1))
+        return 0
+    from .report.tables import print_simulation
+
+    print_simulation(result, report)
+    if args.trace:
+        print(f"timeline written to {args.trace} (open in ui.perfetto.dev)")
+    return 0
+
+
+def cmd_algorithms(args: argparse.Namespace) -> int:
+    from .algorithms import available_algorithms, get_algorithm
+    from .report.tables import print_rows
+
+    rows = []
+    for name in available_algorithms():
+        alg = get_algorithm(name)
+        opts = ", ".join(f"{k}={v!r}" for k, v in alg.options.items())
+        rows.append([name, alg.summary, opts])
+    print_rows(["algorithm", "what it does", "options (defaults)"], rows, title="Registered algorithms")
+    return 0
+
+
+def cmd_clusters(args: argparse.Namespace) -> int:
+    from .cluster import PRESETS
+    from .report.tables import print_rows
+
+    rows = []
+    for name, make in PRESETS.items():
+        c = make()
+        kinds = sorted({d.kind for d in c.devices})
+        bw = sorted({ch.bandwidth_bytes_per_s for ch in c.channels})
+        rows.append([name, str(c.num_devices), ", ".join(kinds), f"{c.devices[0].memory_bytes / 2**30:.0f} GiB",
+                     ", ".join(f"{b / 1e9:g} GB/s" for b in bw), str(len(c.channels))])
+    print_rows(["preset", "devices", "kinds", "memory each", "channel bandwidths", "channels"], rows,
+               title="Cluster presets")
+    return 0
+
+
+def cmd_validate(args: argparse.Namespace) -> int:
+    from .cluster import Cluster, load_cluster
+    from .graph import OpGraph
+    from .io import read_json
+    from .plan import Plan
+
+    graph = _load_graph(args.graph) if args.graph else None
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    for path in args.files:
+        doc = read_json(path, "file")
+        tag = doc.get("format") if isinstance(doc, dict) else None
+        if tag == "placer.graph/1":
+            g = OpGraph.from_dict(doc, source=path)
+            print(f"{path}: valid graph {g.name!r}: {g.num_nodes} nodes, {g.num_edges} edges")
+        elif tag == "placer.cluster/1":
+            c = Cluster.from_dict(doc, source=path)
+            print(f"{path}: valid cluster {c.name!r}: {c.num_devices} devices, {len(c.channels)} channels")
+        elif tag == "placer.plan/1":
+            plan = Plan.from_dict(doc, source=path)
+            if graph is None:
+                print(f"{path}: well-formed plan for graph {plan.graph_name!r} "
+                      f"(pass --graph and --cluster to check it against them)")
+                continue
+            plan_cluster = cluster or load_cluster(plan.cluster_name)
+            try:
+                result = plan.validate(graph, plan_cluster)
+            except PlacerError as exc:
+                raise type(exc)(f"{path}: {exc}") from None
+            print(f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory")
+        else:
+            raise PlacerError(f"{path}: unknown document format {tag!r} "
+                              f"(expected placer.graph/1, placer.cluster/1 or placer.plan/1)")
+    return 0
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    from .demo import run_demo
+
+    return run_demo(Path(args.output))
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="placer", description=(
+        "Place and schedule the operations of a training step across devices."))
+    parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    sub.required = True
+
+    p = sub.add_parser("plan", help="place a graph on a cluster with an algorithm")
+    p.add_argument("graph", help="placer.graph/1 file")
+    p.add_argument("--cluster", required=True, help="preset name or placer.cluster/1 file")
+    p.add_argument("--algorithm", default="expert", help="registered algorithm (see `placer algorithms`)")
+    p.add_argument("--output", "-o", required=True, help="plan file to write")
+    p.add_argument("--seed", type=int, help="random seed")
+    p.add_argument("--time-limit", type=float, help="search time limit in seconds")
+    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
+                   help="algorithm option (value parsed as JSON when it can be); repeatable")
+    p.set_defaults(func=cmd_plan)
+
+    p = sub.add_parser("simulate", help="simulate a plan under the reference model")
+    p.add_argument("graph")
+    p.add_argument("plan")
+    p.add_argument("--cluster", help="preset or file (default: the cluster the plan names)")
+    p.add_argument("--json", action="store_true", help="print makespan_s, peak_memory_bytes, fits, lower_bound_s as JSON")
+    p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace / Perfetto timeline")
+    p.set_defaults(func=cmd_simulate)
+
+    p = sub.add_parser("algorithms", help="list the registered algorithms")
+    p.set_defaults(func=cmd_algorithms)
+
+    p = sub.add_parser("clusters", help="list the cluster presets")
+    p.set_defaults(func=cmd_clusters)
+
+    p = sub.add_parser("validate", help="check graph, cluster and plan files")
+    p.add_argument("files", nargs="+")
+    p.add_argument("--graph", help="graph to check plans against")
+    p.add_argument("--cluster", help="cluster to check plans against (default: the plan's)")
+    p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("demo", help="the main job on the built-in default (no GPU, no input)")
+    p.add_argument("--output", "-o", default="placer-demo", help="folder for plans, timelines and the report")
+    p.set_defaults(func=cmd_demo)
+
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_commands(sub)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except PlacerError as exc:
+        if args.debug:
+            raise
+        print(f"placer: error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("placer: interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

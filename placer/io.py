@@ -1,0 +1,165 @@
+"""Reading and writing placer's JSON documents safely.
+
+Files are written atomically (a temporary file in the same folder, then a
+rename) so that an interrupted run never leaves a half-written plan behind.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from .errors import FormatError
+
+__all__ = ["read_json", "write_json_atomic", "write_text_atomic", "check_format", "Field"]
+
+
+def read_json(path: str | os.PathLike, what: str) -> Any:
+    """Parse the JSON document at ``path``; ``what`` names it in errors ("graph file")."""
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise FormatError(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise FormatError(f"{what} {path}: is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise FormatError(f"{what} {path}: cannot read: {exc}") from None
+    if not text.strip():
+        raise FormatError(f"{what} {path}: the file is empty")
+    try:
+        return json.loads(text, parse_constant=_reject_constant)
+    except json.JSONDecodeError as exc:
+        raise FormatError(f"{what} {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except ValueError as exc:
+        raise FormatError(f"{what} {path}: {exc}") from None
+
+
+def _reject_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a valid number in placer files")
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+    path = Path(path)
+    folder = path.parent if str(path.parent) else Path(".")
+    folder.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def write_json_atomic(path: str | os.PathLike, doc: Any) -> None:
+    """Write ``doc`` as indented JSON, atomically."""
+    write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+
+
+def check_format(doc: Any, expected: str, where: str) -> None:
+    """Check that ``doc`` is an object tagged ``"format": expected``."""
+    if not isinstance(doc, dict):
+        raise FormatError(f"{where}: expected a JSON object with \"format\": \"{expected}\"")
+    tag = doc.get("format")
+    if tag is None:
+        raise FormatError(f"{where}: missing field 'format' (expected \"{expected}\")")
+    if tag != expected:
+        raise FormatError(f"{where}: field 'format' is {tag!r}, expected \"{expected}\"")
+
+
+class Field:
+    """Typed access to the fields of one JSON object, with errors that say where.
+
+    ``where`` is the location used in messages, e.g. ``"graph g.json: node 'conv1'"``.
+    """
+
+    def __init__(self, obj: Any, where: str):
+        if not isinstance(obj, dict):
+            raise FormatError(f"{where}: expected a JSON object, got {type(obj).__name__}")
+        self.obj = obj
+        self.where = where
+
+    def _get(self, key: str, required: bool) -> Any:
+        if key not in self.obj or self.obj[key] is None:
+            if required:
+                raise FormatError(f"{self.where}: missing required field '{key}'")
+            return None
+        return self.obj[key]
+
+    def string(self, key: str, required: bool = False, default: str | None = None) -> str | None:
+        value = self._get(key, required)
+        if value is None:
+            return default
+        if not isinstance(value, str):
+            raise FormatError(f"{self.where}: field '{key}' must be a string, got {value!r}")
+        return value
+
+    def number(self, key: str, required: bool = False, default: float | None = None,
+               minimum: float | None = 0.0, positive: bool = False) -> float | None:
+        value = self._get(key, required)
+        if value is None:
+            return default
+        return check_number(value, f"{self.where}: field '{key}'", minimum=minimum, positive=positive)
+
+    def integer(self, key: str, required: bool = False, default: int | None = None,
+                minimum: int | None = 0) -> int | None:
+        value = self._get(key, required)
+        if value is None:
+            return default
+        return check_integer(value, f"{self.where}: field '{key}'", minimum=minimum)
+
+    def array(self, key: str, required: bool = False) -> list | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, list):
+            raise FormatError(f"{self.where}: field '{key}' must be a list, got {type(value).__name__}")
+        return value
+
+    def mapping(self, key: str, required: bool = False) -> dict | None:
+        value = self._get(key, required)
+        if value is None:
+            return None
+        if not isinstance(value, dict):
+            raise FormatError(f"{self.where}: field '{key}' must be an object, got {type(value).__name__}")
+        return value
+
+    def extra(self, known: set[str]) -> dict:
+        """Fields this version does not know; kept so that they survive a round trip."""
+        return {k: v for k, v in self.obj.items() if k not in known}
+
+
+def check_number(value: Any, where: str, minimum: float | None = 0.0, positive: bool = False) -> float:
+    """A finite real number (not a bool), at least ``minimum``, and > 0 if ``positive``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FormatError(f"{where} must be a number, got {value!r}")
+    value = float(value)
+    if not math.isfinite(value):
+        raise FormatError(f"{where} must be finite, got {value!r}")
+    if positive and value <= 0:
+        raise FormatError(f"{where} must be > 0, got {value!r}")
+    if minimum is not None and value < minimum:
+        raise FormatError(f"{where} must be >= {minimum:g}, got {value!r}")
+    return value
+
+
+def check_integer(value: Any, where: str, minimum: int | None = 0) -> int:
+    """An integer (an integral float such as 1.2e10 is accepted), at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FormatError(f"{where} must be an integer, got {value!r}")
+    if isinstance(value, float):
+        if not math.isfinite(value) or not value.is_integer():
+            raise FormatError(f"{where} must be an integer, got {value!r}")
+        value = int(value)
+    if minimum is not None and value < minimum:
+        raise FormatError(f"{where} must be >= {minimum}, got {value!r}")
+    return value

@@ -1,0 +1,277 @@
+"""Plans (``placer.plan/1``): where every operation runs, in what order, and which were split.
+
+A :class:`Plan` names nodes and devices by their ids, exactly as the file
+does, so that it can be read without its graph. :meth:`Plan.bind` resolves
+it against a graph and a cluster into index arrays, checking FORMATS.md rule
+8; :meth:`Plan.validate` also simulates it and checks memory.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Sequence
+
+import numpy as np
+
+from .cluster import Cluster
+from .errors import FormatError, InvalidPlanError
+from .graph import OpGraph, topological_sort
+from .io import Field, check_format, read_json, write_json_atomic
+
+if TYPE_CHECKING:
+    from .sim.simulator import SimResult
+
+__all__ = ["Plan", "BoundPlan", "PLAN_FORMAT"]
+
+PLAN_FORMAT = "placer.plan/1"
+_PLAN_FIELDS = {"format", "graph", "cluster", "algorithm", "placement", "order", "splits",
+                "rewritten_graph", "predicted", "search_time_s", "graph_digest"}
+
+
+class BoundPlan:
+    """A plan resolved against its graph and cluster.
+
+    Attributes
+    ----------
+    graph : OpGraph
+        The graph the plan places (the rewritten graph when ops were split).
+    device_of : ndarray of int
+        Device index of every node.
+    order : list of ndarray, or None
+        Per device, node indices in the order that device runs them.
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, device_of: np.ndarray,
+                 order: list[np.ndarray] | None):
+        self.graph = graph
+        self.cluster = cluster
+        self.device_of = device_of
+        self.order = order
+
+
+class Plan:
+    """Placement, per-device order, splits and predicted figures of one training step.
+
+    Parameters
+    ----------
+    placement : dict of str to str
+        Node id -> device name, for every node of the placed graph.
+    order : dict of str to list of str, optional
+        Device name -> node ids in the order that device runs them.
+    graph_name, cluster_name, algorithm : str
+    splits : list of dict, optional
+        ``{"node", "dim", "parts"}`` per split operation.
+    rewritten_graph : OpGraph, optional
+        The graph after splits; placement and order then refer to it.
+    predicted : dict, optional
+        The simulator's figures for this plan.
+    search_time_s : float, optional
+    graph_digest : str, optional
+        Fingerprint of the graph the plan was made for (:meth:`OpGraph.digest`).
+    """
+
+    def __init__(self, placement: dict[str, str], order: dict[str, list[str]] | None = None, *,
+                 graph_name: str = "", cluster_name: str = "", algorithm: str = "",
+                 splits: list[dict] | None = None, rewritten_graph: OpGraph | None = None,
+                 predicted: dict | None = None, search_time_s: float | None = None,
+                 graph_digest: str | None = None, extra: dict | None = None):
+        self.placement = dict(placement)
+        self.order = None if order is None else {d: list(v) for d, v in order.items()}
+        self.graph_name = graph_name
+        self.cluster_name = cluster_name
+        self.algorithm = algorithm
+        self.splits = list(splits or [])
+        self.rewritten_graph = rewritten_graph
+        self.predicted = dict(predicted or {})
+        self.search_time_s = search_time_s
+        self.graph_digest = graph_digest
+        self.extra = dict(extra or {})
+
+    def __repr__(self) -> str:
+        span = self.predicted.get("makespan_s")
+        return (f"Plan(algorithm={self.algorithm!r}, graph={self.graph_name!r}, cluster={self.cluster_name!r}, "
+                f"nodes={len(self.placement)}" + (f", makespan_s={span:.6g})" if span is not None else ")"))
+
+    # --------------------------------------------------------- building
+    @classmethod
+    def from_arrays(cls, graph: OpGraph, cluster: Cluster, device_of: Sequence[int] | np.ndarray,
+                    order: Sequence[Sequence[int]] | None = None, *, algorithm: str = "",
+                    placed_graph: OpGraph | None = None, splits: list[dict] | None = None,
+                    **kwargs: Any) -> "Plan":
+        """A plan from a device index per node and optional per-device node-index orders.
+
+        ``placed_graph`` is the rewritten graph when the plan splits operations;
+        ``device_of`` and ``order`` then index its nodes.
+        """
+        target = placed_graph if placed_graph is not None else graph
+        names = [d.name for d in cluster.devices]
+        ids = target.ids
+        placement = {ids[i]: names[j] for i, j in enumerate(np.asarray(device_of).tolist())}
+        order_doc = None
+        if order is not None:
+            order_doc = {names[j]: [ids[i] for i in np.asarray(seq).tolist()] for j, seq in enumerate(order)}
+        return cls(placement, order_doc, graph_name=graph.name, cluster_name=cluster.name,
+                   algorithm=algorithm, splits=splits,
+                   rewritten_graph=placed_graph, graph_digest=graph.digest(), **kwargs)
+
+    def target_graph(self, graph: OpGraph) -> OpGraph:
+        """The graph this plan places: its rewritten graph if it has one, else ``graph``."""
+        return self.rewritten_graph if self.rewritten_graph is not None else graph
+
+    # -------------------------------------------------------- checking
+    def bind(self, graph: OpGraph, cluster: Cluster) -> BoundPlan:
+        """Resolve ids to indices and check FORMATS.md rule 8 (memory is :meth:`validate`'s).
+
+        Raises
+        ------
+        InvalidPlanError
+            The plan is for another graph, misses or invents nodes or devices,
+            breaks device kinds or colocation, or its order contradicts the
+            dependencies.
+        """
+        if self.graph_digest and self.graph_digest != graph.digest():
+            raise InvalidPlanError(f"the plan was made for another graph ({self.graph_name!r}, "
+                                   f"digest {self.graph_digest}), not {graph.name!r} (digest {graph.digest()})")
+        if self.graph_name and graph.name and self.graph_name != graph.name:
+            raise InvalidPlanError(f"the plan was made for graph {self.graph_name!r}, not {graph.name!r}")
+        target = self.target_graph(graph)
+        n = target.num_nodes
+        device_of = np.full(n, -1, dtype=np.int64)
+        for node_id, device in self.placement.items():
+            i = target.index.get(node_id)
+            if i is None:
+                raise InvalidPlanError(f"the plan places unknown node {node_id!r}")
+            j = cluster.device_index.get(device)
+            if j is None:
+                raise InvalidPlanError(f"node {node_id!r} is placed on unknown device {device!r}")
+            device_of[i] = j
+        missing = np.flatnonzero(device_of < 0)
+        if missing.size:
+            raise InvalidPlanError(f"the plan leaves {missing.size} node(s) unplaced, e.g. {target.ids[missing[0]]!r}")
+        check_placement(target, cluster, device_of)
+        order = None if self.order is None else self._bind_order(target, cluster, device_of)
+        return BoundPlan(target, cluster, device_of, order)
+
+    def _bind_order(self, graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> list[np.ndarray]:
+        order: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * cluster.num_devices
+        listed = np.zeros(graph.num_nodes, dtype=bool)
+        for device, seq in self.order.items():
+            j = cluster.device_index.get(device)
+            if j is None:
+                raise InvalidPlanError(f"the order names unknown device {device!r}")
+            idx = np.empty(len(seq), dtype=np.int64)
+            for k, node_id in enumerate(seq):
+                i = graph.index.get(node_id)
+                if i is None:
+                    raise InvalidPlanError(f"the order of {device!r} names unknown node {node_id!r}")
+                if device_of[i] != j:
+                    raise InvalidPlanError(f"the order of {device!r} lists {node_id!r}, which is placed on "
+                                           f"{cluster.devices[device_of[i]].name!r}")
+                if listed[i]:
+                    raise InvalidPlanError(f"the order lists node {node_id!r} twice")
+                listed[i] = True
+                idx[k] = i
+            order[j] = idx
+        unlisted = np.flatnonzero(~listed)
+        if unlisted.size:
+            i = unlisted[0]
+            raise InvalidPlanError(f"the order of {cluster.devices[device_of[i]].name!r} leaves out node {graph.ids[i]!r}")
+        check_order_acyclic(graph, order)
+        return order
+
+    def validate(self, graph: OpGraph, cluster: Cluster) -> "SimResult":
+        """Check rule 8 and memory; return the reference simulation of the plan.
+
+        Raises
+        ------
+        InvalidPlanError
+            If :meth:`bind` fails or a device's peak memory exceeds its capacity.
+        """
+        from .sim.simulator import simulate_bound
+
+        result = simulate_bound(self.bind(graph, cluster))
+        if not result.fits:
+            j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
+            raise InvalidPlanError(
+                f"device {cluster.devices[j].name!r} needs {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
+                f"at peak but has {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+        return result
+
+    # ---------------------------------------------------------------- io
+    def to_dict(self) -> dict:
+        doc: dict[str, Any] = {
+            "format": PLAN_FORMAT, "graph": self.graph_name, "cluster": self.cluster_name,
+            "algorithm": self.algorithm, "placement": self.placement}
+        if self.order is not None:
+            doc["order"] = self.order
+        doc["splits"] = self.splits
+        doc["rewritten_graph"] = None if self.rewritten_graph is None else self.rewritten_graph.to_dict()
+        doc["predicted"] = self.predicted
+        doc["search_time_s"] = self.search_time_s
+        if self.graph_digest:
+            doc["graph_digest"] = self.graph_digest
+        doc.update(self.extra)
+        return doc
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str | None = None) -> "Plan":
+        where = f"plan {source}" if source else "plan"
+        check_format(doc, PLAN_FORMAT, where)
+        f = Field(doc, where)
+        placement = f.mapping("placement", required=True)
+        for node_id, device in placement.items():
+            if not isinstance(device, str):
+                raise FormatError(f"{where}: placement of node {node_id!r} must be a device name, got {device!r}")
+        order = f.mapping("order")
+        if order is not None:
+            for device, seq in order.items():
+                if not (isinstance(seq, list) and all(isinstance(x, str) for x in seq)):
+                    raise FormatError(f"{where}: order of device {device!r} must be a list of node ids")
+        splits = f.array("splits") or []
+        for k, item in enumerate(splits):
+            sf = Field(item, f"{where}: splits[{k}]")
+            sf.string("node", required=True)
+            sf.integer("parts", required=True, minimum=2)
+        rewritten = doc.get("rewritten_graph")
+        rewritten_graph = None if rewritten is None else OpGraph.from_dict(rewritten, source=f"{where} (rewritten_graph)")
+        return cls(placement, order, graph_name=f.string("graph", default=""),
+                   cluster_name=f.string("cluster", default=""), algorithm=f.string("algorithm", default=""),
+                   splits=splits, rewritten_graph=rewritten_graph, predicted=f.mapping("predicted") or {},
+                   search_time_s=f.number("search_time_s"), graph_digest=f.string("graph_digest"),
+                   extra=f.extra(_PLAN_FIELDS))
+
+    @classmethod
+    def load(cls, path: str | os.PathLike) -> "Plan":
+        return cls.from_dict(read_json(path, "plan file"), source=str(path))
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_json_atomic(path, self.to_dict())
+
+
+def check_placement(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> None:
+    """Raise InvalidPlanError if a node sits on a device its kinds or colocation forbid."""
+    allowed = graph.allowed(cluster)
+    bad = np.flatnonzero(~allowed[np.arange(graph.num_nodes), device_of])
+    if bad.size:
+        i = bad[0]
+        d = cluster.devices[device_of[i]]
+        raise InvalidPlanError(f"node {graph.ids[i]!r} may run only on kinds {list(graph.device_kinds[i])}, "
+                               f"but is placed on {d.name!r} of kind {d.kind!r}")
+    for key, members in graph.colocation_groups.items():
+        devices = np.unique(device_of[members])
+        if devices.size > 1:
+            names = [cluster.devices[j].name for j in devices[:3]]
+            raise InvalidPlanError(f"colocation group {key!r} is split across devices {names}")
+
+
+def check_order_acyclic(graph: OpGraph, order: Sequence[np.ndarray]) -> None:
+    """Raise InvalidPlanError if running each device's nodes in ``order`` contradicts the edges."""
+    chains = [(seq[:-1], seq[1:]) for seq in order if len(seq) > 1]
+    src = np.concatenate([graph.src] + [a for a, _ in chains])
+    dst = np.concatenate([graph.dst] + [b for _, b in chains])
+    topo = topological_sort(graph.num_nodes, src, dst)
+    if topo.size < graph.num_nodes:
+        stuck = np.ones(graph.num_nodes, dtype=bool)
+        stuck[topo] = False
+        names = [graph.ids[i] for i in np.flatnonzero(stuck)[:4]]
+        raise InvalidPlanError(f"the order contradicts the dependencies (it would deadlock); nodes caught in it include {names}")

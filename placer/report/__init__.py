@@ -1,0 +1,1 @@
+"""Reports: terminal tables now; comparisons, Gantt charts and HTML grow here."""

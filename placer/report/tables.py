@@ -1,0 +1,40 @@
+"""Terminal tables with rich."""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+from rich.console import Console
+from rich.table import Table
+
+from ..sim.simulator import SimResult
+
+__all__ = ["print_rows", "print_simulation"]
+
+
+def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None,
+               console: Console | None = None) -> None:
+    """Print a table of strings."""
+    table = Table(title=title)
+    for h in header:
+        table.add_column(h)
+    for row in rows:
+        table.add_row(*row)
+    (console or Console()).print(table)
+
+
+def print_simulation(result: SimResult, report: dict, console: Console | None = None) -> None:
+    """Per-device load and memory of a simulated plan, then the step's figures."""
+    busy = result.busy_s()
+    span = result.makespan_s or 1.0
+    rows = []
+    for j, d in enumerate(result.cluster.devices):
+        peak = int(result.peak_memory_bytes[j])
+        rows.append([d.name, d.kind, str(int((result.device_of == j).sum())), f"{busy[j] * 1e3:.3f}",
+                     f"{100 * busy[j] / span:.0f}%", f"{peak / 2**30:.3f} / {d.memory_bytes / 2**30:.0f} GiB",
+                     "yes" if peak <= d.memory_bytes else "NO"])
+    print_rows(["device", "kind", "ops", "busy ms", "utilisation", "peak memory", "fits"], rows,
+               title=f"{result.graph.name} on {result.cluster.name}", console=console)
+    sent = int(result.transfers.nbytes.sum())
+    print(f"makespan {report['makespan_s'] * 1e3:.3f} ms; lower bound {report['lower_bound_s'] * 1e3:.3f} ms; "
+          f"{len(result.transfers)} transfers, {sent / 2**20:.1f} MiB; fits: {report['fits']}")
