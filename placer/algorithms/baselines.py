@@ -243,7 +243,7 @@ def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         parts = np.zeros(n_units, dtype=np.int64)
     else:
         options = pymetis.Options(seed=seed, ufactor=int(round(imbalance * 1000)) or 1)
-        _, membership = pymetis.part_graph(n_dev, xadj=xadj, adjncy=adjncy, vweights=vweights.tolist(),
+        _, membership = pymetis.part_graph(n_dev, pymetis.CSRAdjacency(xadj, adjncy), vweights=vweights.tolist(),
                                            eweights=eweights or None, tpwgts=(speeds / speeds.sum()).tolist(),
                                            options=options)
         parts = np.asarray(membership, dtype=np.int64)

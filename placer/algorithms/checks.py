@@ -1,0 +1,139 @@
+"""The contract every registered algorithm must honour, as runnable checks.
+
+Like scikit-learn's ``check_estimator``: :func:`check_algorithm` runs every
+check in :data:`CHECKS` on one algorithm by name, and the test suite runs
+them on every registered algorithm, so a new family is held to the same
+rules the moment it is registered:
+
+- its plans are valid (rule 8) and fit memory, and ``predicted`` equals a
+  fresh reference simulation of the plan read back from its file;
+- it keeps colocation groups together and nodes on allowed device kinds;
+- on a problem too big for one device it returns a fitting plan or raises
+  :class:`InfeasibleError`, never anything else;
+- it is deterministic for a seed;
+- it rejects unknown options and bad values with :class:`OptionError`.
+
+Each check takes the algorithm name and extra options (every algorithm
+accepts ``time_limit``; the checks pass a short one).
+"""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..cluster import Channel, Cluster, Device, load_cluster
+from ..errors import InfeasibleError, OptionError
+from ..generate import random_dag, training_graph
+from ..graph import OpGraph
+from ..plan import Plan
+from ..sim.simulator import simulate_plan
+from .registry import place
+
+__all__ = ["CHECKS", "check_algorithm", "contract_cases", "check_valid_plans", "check_constraints",
+           "check_memory_pressure", "check_determinism", "check_option_validation"]
+
+GiB = 1 << 30
+CHECK_TIME_LIMIT = 10.0
+
+
+def _mixed_cluster() -> Cluster:
+    """Two V100s and a slower A100-kind device on a shared PCIe-like channel per source."""
+    devices = [Device("v0", "V100", 16 * GiB), Device("v1", "V100", 16 * GiB), Device("a0", "A100", 40 * GiB, 1.3)]
+    names = [d.name for d in devices]
+    channels = [Channel(f"{a}->*", 12e9, 1e-5, tuple((a, b) for b in names if b != a)) for a in names]
+    return Cluster("mixed-3", devices, channels)
+
+
+def _with_kinds(graph: OpGraph) -> OpGraph:
+    """Every fifth node may only run on V100s."""
+    kinds = [("V100",) if i % 5 == 0 else None for i in range(graph.num_nodes)]
+    return graph.replace(device_kinds=kinds)
+
+
+def contract_cases() -> list[tuple[str, OpGraph, Cluster]]:
+    """Small problems every algorithm must solve validly: (label, graph, cluster)."""
+    return [
+        ("training-nvlink", training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink")),
+        ("random-pcie", random_dag(30, edge_prob=0.5, colocation_groups=3, seed=2, max_bytes=8 << 20),
+         load_cluster("4xGPU-pcie")),
+        ("kinds-mixed", _with_kinds(training_graph(layers=2, branches=3, seed=3)), _mixed_cluster()),
+        ("two-hosts", training_graph(layers=4, branches=2, seed=4), load_cluster("2x4xV100")),
+    ]
+
+
+def _check_plan(plan: Plan, graph: OpGraph, cluster: Cluster, label: str) -> None:
+    # Read the plan back from its file form: what a user gets must simulate to what it predicts.
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    result = simulate_plan(again, graph, cluster)
+    assert result.fits, f"{label}: plan does not fit memory"
+    predicted = plan.predicted["makespan_s"]
+    assert np.isclose(predicted, result.makespan_s, rtol=1e-6, atol=0), \
+        f"{label}: predicted makespan {predicted} but the reference model gives {result.makespan_s}"
+    for name, peak in plan.predicted["peak_memory_bytes"].items():
+        j = cluster.device_index[name]
+        assert peak == int(result.peak_memory_bytes[j]), f"{label}: predicted peak memory of {name} differs"
+    assert again.order is not None, f"{label}: plan has no per-device order"
+
+
+def check_valid_plans(name: str, **options) -> None:
+    """Plans on every contract case are valid, fit, and predict what the reference model gives."""
+    for label, graph, cluster in contract_cases():
+        plan = place(graph, cluster, name, time_limit=CHECK_TIME_LIMIT, **options)
+        _check_plan(plan, graph, cluster, f"{name} on {label}")
+
+
+def check_constraints(name: str, **options) -> None:
+    """Colocation groups share a device and restricted nodes sit on allowed kinds."""
+    for label, graph, cluster in contract_cases():
+        plan = place(graph, cluster, name, time_limit=CHECK_TIME_LIMIT, **options)
+        target = plan.target_graph(graph)
+        kinds = {d.name: d.kind for d in cluster.devices}
+        for key, members in target.colocation_groups.items():
+            devices = {plan.placement[target.ids[i]] for i in members}
+            assert len(devices) == 1, f"{name} on {label}: colocation group {key!r} split over {devices}"
+        for i, allowed in enumerate(target.device_kinds):
+            if allowed is not None:
+                assert kinds[plan.placement[target.ids[i]]] in allowed, \
+                    f"{name} on {label}: node {target.ids[i]!r} on a forbidden kind"
+
+
+def check_memory_pressure(name: str, **options) -> None:
+    """Where no single device holds the step, a plan that fits comes out, or InfeasibleError."""
+    graph = training_graph(layers=6, branches=2, param_mib=600, activation_mib=100, seed=5)
+    cluster = load_cluster("4xV100-nvlink")
+    try:
+        plan = place(graph, cluster, name, time_limit=CHECK_TIME_LIMIT, **options)
+    except InfeasibleError:
+        return
+    _check_plan(plan, graph, cluster, f"{name} under memory pressure")
+
+
+def check_determinism(name: str, **options) -> None:
+    """The same inputs and seed give the same placement and order."""
+    label, graph, cluster = contract_cases()[1]
+    first = place(graph, cluster, name, seed=7, time_limit=CHECK_TIME_LIMIT, **options)
+    second = place(graph, cluster, name, seed=7, time_limit=CHECK_TIME_LIMIT, **options)
+    assert first.placement == second.placement, f"{name}: placement differs between two runs with one seed"
+    assert first.order == second.order, f"{name}: order differs between two runs with one seed"
+
+
+def check_option_validation(name: str, **options) -> None:
+    """Unknown options and bad seeds or time limits raise OptionError before any work."""
+    _, graph, cluster = contract_cases()[0]
+    for bad in ({"no_such_option": 1}, {"seed": -1}, {"seed": "x"}, {"time_limit": 0}, {"time_limit": float("nan")}):
+        try:
+            place(graph, cluster, name, **{**options, **bad})
+        except OptionError:
+            continue
+        raise AssertionError(f"{name}: option {bad} was accepted")
+
+
+CHECKS = (check_valid_plans, check_constraints, check_memory_pressure, check_determinism, check_option_validation)
+
+
+def check_algorithm(name: str, **options) -> None:
+    """Run every contract check on the algorithm registered as ``name``; AssertionError on failure."""
+    for check in CHECKS:
+        check(name, **options)
