@@ -1,0 +1,105 @@
+"""The placer command: plan, simulate, validate, algorithms, demo; user errors exit 2 on one line."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from placer.cli import main
+from placer.generate import training_graph
+
+from .reference_model import close, reference_simulate
+
+
+@pytest.fixture
+def graph_file(tmp_path):
+    path = tmp_path / "g.json"
+    training_graph(layers=3, branches=2, seed=3).save(path)
+    return path
+
+
+def run(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+@pytest.mark.parametrize("algorithm", ["single", "round_robin", "expert", "metis"])
+def test_plan_then_simulate_json_agrees_with_reference(tmp_path, capsys, graph_file, algorithm):
+    plan_file = tmp_path / "p.json"
+    code, out, err = run(capsys, "plan", graph_file, "--cluster", "4xV100-nvlink", "--algorithm", algorithm,
+                         "-o", plan_file, "--seed", 1)
+    assert code == 0, err
+    code, out, err = run(capsys, "simulate", graph_file, plan_file, "--cluster", "4xV100-nvlink", "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    plan = json.loads(plan_file.read_text())
+    from placer.cluster import load_cluster
+    ref = reference_simulate(json.loads(graph_file.read_text()), load_cluster("4xV100-nvlink").to_dict(),
+                             plan["placement"], plan["order"])
+    assert close(report["makespan_s"], ref["makespan_s"], rel=1e-6)
+    assert close(plan["predicted"]["makespan_s"], ref["makespan_s"], rel=1e-6)
+    assert report["peak_memory_bytes"] == ref["peak_memory_bytes"]
+    assert report["fits"] is True and report["lower_bound_s"] <= report["makespan_s"]
+
+
+def test_simulate_writes_a_trace(tmp_path, capsys, graph_file):
+    plan_file, trace = tmp_path / "p.json", tmp_path / "t.json"
+    assert run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "-o", plan_file)[0] == 0
+    code, out, _ = run(capsys, "simulate", graph_file, plan_file, "--trace", trace)
+    assert code == 0 and "makespan" in out
+    events = json.loads(trace.read_text())["traceEvents"]
+    ops = [e for e in events if e["ph"] == "X" and e["pid"] == 1]
+    transfers = [e for e in events if e["ph"] == "X" and e["pid"] == 2]
+    assert len(ops) == training_graph(layers=3, branches=2, seed=3).num_nodes
+    assert transfers, "the expert split on two devices sends tensors"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "{graph}", "--cluster", "nope", "-o", "{out}"], "unknown cluster 'nope'"),
+    (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--algorithm", "nope", "-o", "{out}"], "unknown algorithm 'nope'"),
+    (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--option", "x=1", "-o", "{out}"], "has no option 'x'"),
+    (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--time-limit", "-1", "-o", "{out}"], "time_limit must be"),
+    (["plan", "{missing}", "--cluster", "2xV100-nvlink", "-o", "{out}"], "no such file"),
+    (["plan", "{big}", "--cluster", "2xV100-nvlink", "--algorithm", "single", "-o", "{out}"], "single: no one device"),
+])
+def test_user_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, graph_file, argv, message):
+    big = tmp_path / "big.json"
+    training_graph(layers=4, branches=2, param_mib=2000).save(big)
+    out = tmp_path / "out.json"
+    args = [a.format(graph=graph_file, out=out, missing=tmp_path / "missing.json", big=big) for a in argv]
+    code, stdout, err = run(capsys, *args)
+    assert code == 2
+    assert err.startswith("placer: error: ") and err.count("\n") == 1, err
+    assert message in err
+    assert "Traceback" not in err
+    assert not out.exists()
+    assert not list(tmp_path.glob(".out.json*")), "no temporary file is left behind"
+
+
+def test_validate(tmp_path, capsys, graph_file):
+    plan_file = tmp_path / "p.json"
+    run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "-o", plan_file)
+    code, out, _ = run(capsys, "validate", graph_file, plan_file, "--graph", graph_file)
+    assert code == 0 and "valid graph" in out and "valid plan" in out
+    doc = json.loads(plan_file.read_text())
+    doc["placement"].pop("input")
+    plan_file.write_text(json.dumps(doc))
+    code, _, err = run(capsys, "validate", plan_file, "--graph", graph_file)
+    assert code == 2 and "unplaced" in err
+
+
+def test_algorithms_and_clusters_list(capsys):
+    code, out, _ = run(capsys, "algorithms")
+    assert code == 0 and "expert" in out and "metis" in out
+    code, out, _ = run(capsys, "clusters")
+    assert code == 0 and "8xH100-nvswitch" in out
+
+
+def test_installed_command_runs_demo(tmp_path):
+    done = subprocess.run([sys.executable, "-m", "placer", "demo", "-o", str(tmp_path / "demo")],
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr
+    assert "best:" in done.stdout
+    assert (tmp_path / "demo" / "graph.json").exists()

@@ -1,0 +1,214 @@
+"""Reading and writing placer.graph/1, placer.cluster/1 and placer.plan/1, and their errors."""
+
+import copy
+import json
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placer import Cluster, OpGraph, Plan, load_cluster, place
+from placer.cluster import PRESETS
+from placer.errors import FormatError, GraphCycleError, InvalidPlanError
+from placer.generate import random_dag, training_graph
+
+EXAMPLE = {
+    "format": "placer.graph/1", "name": "tiny", "producer": "hand-written",
+    "nodes": [
+        {"id": "conv1", "op": "aten.convolution", "compute_s": 1.8e-3, "output_bytes": 3211264,
+         "param_bytes": 3456, "temp_bytes": 0, "layer": "stem.conv1", "colocation": None,
+         "device_kinds": None, "compute_s_by_kind": {"A100": 0.7e-3}, "flops": 2.1e9,
+         "splittable": [{"dim": "batch", "size": 64}], "note": "kept"},
+        {"id": "relu1", "compute_s": 1e-4},
+    ],
+    "edges": [{"src": "conv1", "dst": "relu1", "bytes": 3211264, "tensor": 0, "why": "kept too"}],
+}
+
+
+def test_graph_round_trip_keeps_every_field_and_unknown_ones(tmp_path):
+    g = OpGraph.from_dict(copy.deepcopy(EXAMPLE))
+    path = tmp_path / "g.json"
+    g.save(path)
+    doc = json.loads(path.read_text())
+    assert doc["producer"] == "hand-written"
+    assert doc["nodes"][0]["note"] == "kept" and doc["edges"][0]["why"] == "kept too"
+    assert doc["nodes"][0]["compute_s_by_kind"] == {"A100": 0.7e-3}
+    assert doc["nodes"][0]["splittable"] == [{"dim": "batch", "size": 64}]
+    again = OpGraph.load(path)
+    assert again.to_dict() == g.to_dict()
+    assert again.digest() == g.digest()
+
+
+def test_generated_graphs_round_trip():
+    for g in (training_graph(layers=3, branches=2), random_dag(50, colocation_groups=4)):
+        assert OpGraph.from_dict(json.loads(json.dumps(g.to_dict()))).to_dict() == g.to_dict()
+
+
+def bad(mutate):
+    doc = copy.deepcopy(EXAMPLE)
+    mutate(doc)
+    return doc
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d.pop("format"), "missing field 'format'"),
+    (lambda d: d.update(format="placer.graph/2"), "'format' is 'placer.graph/2'"),
+    (lambda d: d.pop("nodes"), "missing required field 'nodes'"),
+    (lambda d: d["nodes"][1].pop("compute_s"), "node 'relu1': missing required field 'compute_s'"),
+    (lambda d: d["nodes"][1].update(compute_s=-1), "node 'relu1': field 'compute_s' must be >= 0"),
+    (lambda d: d["nodes"][1].update(compute_s="fast"), "node 'relu1': field 'compute_s' must be a number"),
+    (lambda d: d["nodes"][0].update(output_bytes=1.5), "node 'conv1': field 'output_bytes' must be an integer"),
+    (lambda d: d["nodes"][1].update(id="conv1"), "duplicate node id 'conv1'"),
+    (lambda d: d["edges"][0].update(dst="nowhere"), "field 'dst' names unknown node 'nowhere'"),
+    (lambda d: d["edges"][0].update(bytes=-4), "field 'bytes' must be >= 0"),
+    (lambda d: d["nodes"][0].update(device_kinds="V100"), "field 'device_kinds' must be a list"),
+    (lambda d: d["nodes"][0].update(splittable=[{"dim": "batch"}]), "splittable[0]: missing required field 'size'"),
+])
+def test_graph_errors_name_the_node_and_field(mutate, message):
+    with pytest.raises(FormatError) as info:
+        OpGraph.from_dict(bad(mutate), source="g.json")
+    assert message in str(info.value)
+    assert "g.json" in str(info.value)
+
+
+def test_cycle_error_names_nodes_on_the_cycle():
+    doc = bad(lambda d: d["edges"].append({"src": "relu1", "dst": "conv1", "bytes": 1}))
+    with pytest.raises(GraphCycleError, match="cycle: 'conv1' -> 'relu1' -> 'conv1'|cycle: 'relu1' -> 'conv1' -> 'relu1'"):
+        OpGraph.from_dict(doc)
+
+
+def test_file_errors(tmp_path):
+    empty = tmp_path / "empty.json"
+    empty.write_text("")
+    with pytest.raises(FormatError, match="empty.json: the file is empty"):
+        OpGraph.load(empty)
+    broken = tmp_path / "broken.json"
+    broken.write_text('{"format": ')
+    with pytest.raises(FormatError, match="broken.json: invalid JSON at line 1"):
+        OpGraph.load(broken)
+    nan = tmp_path / "nan.json"
+    nan.write_text(json.dumps(EXAMPLE).replace("0.0001", "NaN"))
+    with pytest.raises(FormatError, match="NaN is not a valid number"):
+        OpGraph.load(nan)
+    with pytest.raises(FormatError, match="no such file"):
+        OpGraph.load(tmp_path / "missing.json")
+
+
+def test_presets_round_trip_and_are_connected():
+    for name, make in PRESETS.items():
+        c = make()
+        assert c.name == name
+        assert Cluster.from_dict(json.loads(json.dumps(c.to_dict()))).to_dict() == c.to_dict()
+        assert c.unreachable_pairs() == []
+
+
+def test_shared_channels_in_presets():
+    pcie = load_cluster("4xGPU-pcie")
+    assert len(pcie.channels) == 4 and len(set(pcie.channel_index[0, 1:].tolist())) == 1
+    hosts = load_cluster("2x4xV100")
+    cross = {int(hosts.channel_index[i, j]) for i in range(4) for j in range(4, 8)}
+    assert len(cross) == 1
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d["devices"][0].update(memory_bytes=0), "device 'gpu0': field 'memory_bytes' must be >= 1"),
+    (lambda d: d["channels"][0].update(bandwidth_bytes_per_s=0), "field 'bandwidth_bytes_per_s' must be > 0"),
+    (lambda d: d["channels"][0].update(pairs=[["gpu0", "gpu9"]]), "names unknown device 'gpu9'"),
+    (lambda d: d["devices"].append(dict(d["devices"][0])), "duplicate device name 'gpu0'"),
+    (lambda d: d["channels"][1].update(pairs=d["channels"][0]["pairs"]), "is listed by channels"),
+    (lambda d: d.update(devices=[]), "at least one device"),
+])
+def test_cluster_errors(mutate, message):
+    doc = load_cluster("2xV100-nvlink").to_dict()
+    mutate(doc)
+    with pytest.raises(FormatError, match=message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\[")):
+        Cluster.from_dict(doc, source="c.json")
+
+
+def test_unknown_cluster_names_the_presets():
+    with pytest.raises(FormatError, match="unknown cluster 'nope'.*4xV100-nvlink"):
+        load_cluster("nope")
+
+
+def test_plan_round_trip_and_binding(tmp_path):
+    g = training_graph(layers=2, branches=2)
+    cluster = load_cluster("2xV100-nvlink")
+    plan = place(g, cluster, "expert")
+    plan.save(tmp_path / "p.json")
+    again = Plan.load(tmp_path / "p.json")
+    assert again.to_dict() == plan.to_dict()
+    assert again.validate(g, cluster).makespan_s == plan.predicted["makespan_s"]
+
+
+def test_plan_for_another_graph_is_refused():
+    cluster = load_cluster("2xV100-nvlink")
+    plan = place(training_graph(layers=2, branches=2, seed=0), cluster, "expert")
+    other = training_graph(layers=3, branches=2, seed=0)
+    with pytest.raises(InvalidPlanError, match="another graph"):
+        plan.bind(other, cluster)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda p: p["placement"].pop("input"), "unplaced"),
+    (lambda p: p["placement"].update(input="gpu7"), "unknown device 'gpu7'"),
+    (lambda p: p["placement"].update(ghost="gpu0"), "unknown node 'ghost'"),
+    (lambda p: p["order"]["gpu0"].reverse(), "contradicts the dependencies"),
+    (lambda p: p["order"]["gpu0"].pop(), "leaves out node"),
+])
+def test_invalid_plans(mutate, message):
+    g = training_graph(layers=2, branches=2)
+    cluster = load_cluster("2xV100-nvlink")
+    doc = place(g, cluster, "single").to_dict()
+    mutate(doc)
+    with pytest.raises(InvalidPlanError, match=message):
+        Plan.from_dict(doc).validate(g, cluster)
+
+
+def test_colocation_and_kinds_are_enforced():
+    g = training_graph(layers=2, branches=2)
+    cluster = load_cluster("2xV100-nvlink")
+    doc = place(g, cluster, "single").to_dict()
+    doc["placement"]["block0.b0.update"] = "gpu1"
+    doc.pop("order")
+    with pytest.raises(InvalidPlanError, match="colocation group 'block0.b0.param'"):
+        Plan.from_dict(doc).validate(g, cluster)
+    kinds = g.replace(device_kinds=[("A100",)] + [None] * (g.num_nodes - 1))
+    with pytest.raises(InvalidPlanError, match="may run only on kinds"):
+        Plan.from_dict(place(g, cluster, "single").to_dict()).bind(kinds.replace(name=g.name), cluster)
+
+
+def test_memory_overflow_is_invalid():
+    g = training_graph(layers=2, branches=2, param_mib=9000)
+    cluster = load_cluster("2xV100-nvlink")
+    placement = {i: "gpu0" for i in g.ids}
+    with pytest.raises(InvalidPlanError, match="needs .* GiB at peak"):
+        Plan(placement, graph_name=g.name).validate(g, cluster)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_mutated_graph_files_raise_only_placer_errors(data):
+    """Fuzz: any mutation of a valid document either loads or raises FormatError."""
+    doc = random_dag(6, seed=data.draw(st.integers(0, 100))).to_dict()
+    for _ in range(data.draw(st.integers(1, 3))):
+        target = data.draw(st.sampled_from(["node", "edge", "top"]))
+        junk = data.draw(st.one_of(st.none(), st.integers(-5, 5), st.floats(allow_nan=False), st.text(max_size=3),
+                                   st.lists(st.integers(), max_size=2), st.dictionaries(st.text(max_size=2), st.integers(), max_size=2)))
+        if target == "top":
+            key = data.draw(st.sampled_from(["format", "name", "nodes", "edges"]))
+            doc[key] = junk
+        elif target == "node" and isinstance(doc.get("nodes"), list) and doc["nodes"]:
+            node = doc["nodes"][data.draw(st.integers(0, len(doc["nodes"]) - 1))]
+            if isinstance(node, dict):
+                node[data.draw(st.sampled_from(["id", "compute_s", "output_bytes", "device_kinds", "splittable",
+                                                "compute_s_by_kind", "colocation"]))] = junk
+        elif target == "edge" and isinstance(doc.get("edges"), list) and doc["edges"]:
+            edge = doc["edges"][data.draw(st.integers(0, len(doc["edges"]) - 1))]
+            if isinstance(edge, dict):
+                edge[data.draw(st.sampled_from(["src", "dst", "bytes", "tensor"]))] = junk
+    try:
+        g = OpGraph.from_dict(doc)
+    except FormatError:
+        return
+    assert np.all(g.compute_s >= 0)
