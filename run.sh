@@ -8,7 +8,8 @@ cd "$(dirname "$0")"
 PY=${PYTHON:-python3.11}
 command -v "$PY" >/dev/null 2>&1 || PY=python3
 if [ ! -x .venv/bin/python ]; then
-  "$PY" -m venv .venv
+  # System site-packages let a machine's own torch (a CUDA build on GPU machines) serve.
+  "$PY" -m venv --system-site-packages .venv
 fi
 stamp=.venv/.placer-installed
 want=$(sha256sum pyproject.toml | cut -d' ' -f1)

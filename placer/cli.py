@@ -104,18 +104,20 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
 
 
 def cmd_clusters(args: argparse.Namespace) -> int:
-    from .cluster import PRESETS
+    from .cluster import PRESETS, load_cluster
     from .report.tables import print_rows
 
     rows = []
-    for name, make in PRESETS.items():
-        c = make()
+    for name in PRESETS:
+        c = load_cluster(name)
         kinds = sorted({d.kind for d in c.devices})
         bw = sorted({ch.bandwidth_bytes_per_s for ch in c.channels})
         rows.append([name, str(c.num_devices), ", ".join(kinds), f"{c.devices[0].memory_bytes / 2**30:.0f} GiB",
                      ", ".join(f"{b / 1e9:g} GB/s" for b in bw), str(len(c.channels))])
     print_rows(["preset", "devices", "kinds", "memory each", "channel bandwidths", "channels"], rows,
                title="Cluster presets")
+    for name in PRESETS:
+        print(f"{name}: {load_cluster(name).extra['source']}")
     return 0
 
 

@@ -18,7 +18,7 @@ import numpy as np
 from .errors import FormatError
 from .io import Field, check_format, read_json, write_json_atomic
 
-__all__ = ["Device", "Channel", "Cluster", "PRESETS", "load_cluster", "CLUSTER_FORMAT"]
+__all__ = ["Device", "Channel", "Cluster", "PRESETS", "PRESET_SOURCES", "load_cluster", "CLUSTER_FORMAT"]
 
 CLUSTER_FORMAT = "placer.cluster/1"
 GiB = 1 << 30
@@ -269,6 +269,19 @@ PRESETS: dict[str, Callable[[], Cluster]] = {
 }
 
 
+PRESET_SOURCES: dict[str, str] = {
+    "2xV100-nvlink": "V100 SXM2 16 GB datasheet; one NVLink 2 link per pair, 25 GB/s per direction",
+    "4xV100-nvlink": "V100 SXM2 16 GB datasheet; one NVLink 2 link per pair, 25 GB/s per direction",
+    "8xV100-nvlink": "V100 SXM2 16 GB datasheet; one NVLink 2 link per pair, 25 GB/s per direction",
+    "4xA100-nvlink": "A100 SXM4 40 GB datasheet; HGX 4-GPU board, 4 NVLink 3 links per pair = 100 GB/s",
+    "8xH100-nvswitch": "H100 SXM5 80 GB datasheet; NVLink 4 via NVSwitch, 450 GB/s egress per GPU",
+    "4xGPU-pcie": "V100 16 GB on PCIe 3.0 x16, ~12 GB/s achieved, one shared channel per source GPU",
+    "2x4xV100": "two DGX-1-like hosts (NVLink 2 inside), 100 Gb/s EDR InfiniBand between, one NIC channel per direction",
+    "2xcpu": "processes on this machine over gloo on 127.0.0.1, ~2.1 GB/s measured (shared/notes)",
+    "4xcpu": "processes on this machine over gloo on 127.0.0.1, ~2.1 GB/s measured (shared/notes)",
+}
+
+
 def load_cluster(spec: "str | os.PathLike | Cluster") -> Cluster:
     """A cluster from a preset name, a ``placer.cluster/1`` file, or a Cluster (returned as is).
 
@@ -281,7 +294,9 @@ def load_cluster(spec: "str | os.PathLike | Cluster") -> Cluster:
         return spec
     key = str(spec)
     if key in PRESETS:
-        return PRESETS[key]()
+        cluster = PRESETS[key]()
+        cluster.extra["source"] = PRESET_SOURCES[key]
+        return cluster
     if Path(key).exists() or key.endswith(".json"):
         return Cluster.load(key)
     raise FormatError(f"unknown cluster {key!r}: not a file and not a preset "

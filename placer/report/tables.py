@@ -16,8 +16,8 @@ def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], title: str 
                console: Console | None = None) -> None:
     """Print a table of strings."""
     table = Table(title=title)
-    for h in header:
-        table.add_column(h)
+    for k, h in enumerate(header):
+        table.add_column(h, no_wrap=k == 0)
     for row in rows:
         table.add_row(*row)
     (console or Console()).print(table)
