@@ -156,6 +156,21 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_compare(args: argparse.Namespace) -> int:
+    from .cluster import load_cluster
+    from .report.compare import compare
+
+    graph = _load_graph(args.graph)
+    cluster = load_cluster(args.cluster)
+    names = [a.strip() for a in args.algorithms.split(",") if a.strip()] if args.algorithms else None
+    comparison = compare(graph, cluster, names, seed=args.seed, time_limit=args.time_limit)
+    comparison.print()
+    if args.output:
+        paths = comparison.write(args.output)
+        print(f"report: {paths['html']} (also comparison.md/.csv/.json, plans and charts in {args.output})")
+    return 0 if comparison.best is not None else 2
+
+
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
@@ -199,6 +214,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--graph", help="graph to check plans against")
     p.add_argument("--cluster", help="cluster to check plans against (default: the plan's)")
     p.set_defaults(func=cmd_validate)
+
+    p = sub.add_parser("compare", help="run several algorithms on one graph and compare their plans")
+    p.add_argument("graph", help="placer.graph/1 file")
+    p.add_argument("--cluster", required=True, help="preset name or placer.cluster/1 file")
+    p.add_argument("--algorithms", help="comma-separated names (default: every registered algorithm)")
+    p.add_argument("--output", "-o", help="folder for the table (md, csv, json), plans, charts and report.html")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--time-limit", type=float, help="per-algorithm time limit in seconds")
+    p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on the built-in default (no GPU, no input)")
     p.add_argument("--output", "-o", default="placer-demo", help="folder for plans, timelines and the report")

@@ -4,7 +4,7 @@ Importing this package registers every algorithm; add a family by writing
 its module and importing it here.
 """
 
-from . import baselines  # noqa: F401  (registers single, round_robin, expert, metis)
+from . import auto, baselines  # noqa: F401  (register auto; single, round_robin, expert, metis)
 from .registry import Algorithm, available_algorithms, get_algorithm, place, register
 
 __all__ = ["Algorithm", "available_algorithms", "get_algorithm", "place", "register"]

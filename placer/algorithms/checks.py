@@ -101,7 +101,7 @@ def check_constraints(name: str, **options) -> None:
 
 def check_memory_pressure(name: str, **options) -> None:
     """Where no single device holds the step, a plan that fits comes out, or InfeasibleError."""
-    graph = training_graph(layers=6, branches=2, param_mib=600, activation_mib=100, seed=5)
+    graph = training_graph(layers=6, branches=2, param_mib=1500, activation_mib=100, seed=5)
     cluster = load_cluster("4xV100-nvlink")
     try:
         plan = place(graph, cluster, name, time_limit=CHECK_TIME_LIMIT, **options)

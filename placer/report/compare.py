@@ -1,0 +1,206 @@
+"""Every algorithm on one graph and cluster, side by side.
+
+:func:`compare` runs each algorithm through :func:`placer.place`, keeps the
+plan or the reason there is none, and measures each plan with the reference
+simulator. :meth:`Comparison.write` saves the same table as Markdown, CSV and
+JSON, a Gantt chart and a memory chart per plan, every plan file, and one
+self-contained HTML report.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterable
+
+from rich.console import Console
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
+
+from ..algorithms import available_algorithms, get_algorithm, place
+from ..cluster import Cluster
+from ..errors import PlacerError
+from ..graph import OpGraph
+from ..io import write_json_atomic, write_text_atomic
+from ..plan import Plan
+from ..sim import lower_bound, simulate_plan
+from ..sim.simulator import SimResult
+
+__all__ = ["Comparison", "Entry", "compare"]
+
+COLUMNS = ["algorithm", "makespan_ms", "gap_to_lower_bound", "speedup_over_expert", "speedup_over_single",
+           "max_peak_memory_gib", "fits", "plan_time_s", "note"]
+
+
+@dataclass
+class Entry:
+    """One algorithm's outcome: a plan and its simulation, or the error that stopped it."""
+
+    algorithm: str
+    plan: Plan | None = None
+    result: SimResult | None = None
+    error: str | None = None
+
+    @property
+    def makespan_s(self) -> float:
+        return self.result.makespan_s if self.result is not None else math.inf
+
+
+class Comparison:
+    """The outcomes of several algorithms on one graph and cluster."""
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, entries: list[Entry]):
+        self.graph = graph
+        self.cluster = cluster
+        self.entries = entries
+        self.lower_bound_s = lower_bound(graph, cluster)
+
+    def entry(self, algorithm: str) -> Entry | None:
+        return next((e for e in self.entries if e.algorithm == algorithm), None)
+
+    @property
+    def best(self) -> Entry | None:
+        """The fastest entry with a plan (ties: the one listed first)."""
+        planned = [e for e in self.entries if e.result is not None]
+        return min(planned, key=lambda e: e.makespan_s) if planned else None
+
+    def rows(self) -> list[dict]:
+        """One dict per algorithm with the columns of :data:`COLUMNS` (None where not applicable)."""
+        reference = {name: (self.entry(name).makespan_s if self.entry(name) else math.inf)
+                     for name in ("expert", "single")}
+        rows = []
+        for e in self.entries:
+            if e.result is None:
+                rows.append({**{c: None for c in COLUMNS}, "algorithm": e.algorithm, "fits": False, "note": e.error})
+                continue
+            span = e.makespan_s
+            rows.append({
+                "algorithm": e.algorithm,
+                "makespan_ms": span * 1e3,
+                "gap_to_lower_bound": span / self.lower_bound_s - 1 if self.lower_bound_s > 0 else 0.0,
+                "speedup_over_expert": reference["expert"] / span if math.isfinite(reference["expert"]) else None,
+                "speedup_over_single": reference["single"] / span if math.isfinite(reference["single"]) else None,
+                "max_peak_memory_gib": float(e.result.peak_memory_bytes.max()) / 2**30,
+                "fits": e.result.fits,
+                "plan_time_s": e.plan.search_time_s,
+                "note": "",
+            })
+        return rows
+
+    # ------------------------------------------------------------ output
+    @staticmethod
+    def _cell(value) -> str:
+        if value is None:
+            return "-"
+        if isinstance(value, bool):
+            return "yes" if value else "no"
+        if isinstance(value, float):
+            return f"{value:.3f}"
+        return str(value)
+
+    def markdown(self) -> str:
+        lines = [f"# {self.graph.name} on {self.cluster.name}", "",
+                 f"{self.graph.num_nodes} operations; lower bound {self.lower_bound_s * 1e3:.3f} ms.", "",
+                 "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
+        for row in self.rows():
+            lines.append("| " + " | ".join(self._cell(row[c]).replace("|", "/") for c in COLUMNS) + " |")
+        return "\n".join(lines) + "\n"
+
+    def csv(self) -> str:
+        out = io.StringIO()
+        writer = csv.DictWriter(out, fieldnames=COLUMNS)
+        writer.writeheader()
+        writer.writerows(self.rows())
+        return out.getvalue()
+
+    def to_dict(self) -> dict:
+        peaks = {e.algorithm: {d.name: int(p) for d, p in zip(self.cluster.devices, e.result.peak_memory_bytes)}
+                 for e in self.entries if e.result is not None}
+        return {"graph": self.graph.name, "cluster": self.cluster.name, "nodes": self.graph.num_nodes,
+                "lower_bound_s": self.lower_bound_s, "rows": self.rows(), "peak_memory_bytes": peaks}
+
+    def print(self, console: Console | None = None) -> None:
+        from .tables import print_rows
+
+        header = ["algorithm", "makespan ms", "gap to LB", "x expert", "x single", "peak GiB", "fits", "plan s"]
+        rows, notes = [], []
+        for row in self.rows():
+            if row["makespan_ms"] is None:
+                rows.append([row["algorithm"], "no plan", "-", "-", "-", "-", "-", "-"])
+                notes.append(row["note"] if row["note"].startswith(row["algorithm"]) else
+                             f"{row['algorithm']}: {row['note']}")
+                continue
+            rows.append([row["algorithm"], f"{row['makespan_ms']:.5g}", f"{100 * row['gap_to_lower_bound']:.1f}%",
+                         self._cell(row["speedup_over_expert"]), self._cell(row["speedup_over_single"]),
+                         f"{row['max_peak_memory_gib']:.2f}", self._cell(row["fits"]), f"{row['plan_time_s']:.2f}"])
+        print_rows(header, rows, console=console,
+                   title=f"{self.graph.name} on {self.cluster.name} (lower bound {self.lower_bound_s * 1e3:.3f} ms)")
+        for note in notes:
+            (console or Console()).print(f"no plan: {note}", highlight=False)
+
+    def write(self, folder: str | os.PathLike) -> dict[str, Path]:
+        """Write the table (md, csv, json), plans, charts and ``report.html``; return the paths by role."""
+        from .charts import gantt_chart, memory_chart
+        from .html import html_report
+
+        folder = Path(folder)
+        folder.mkdir(parents=True, exist_ok=True)
+        paths = {"markdown": folder / "comparison.md", "csv": folder / "comparison.csv",
+                 "json": folder / "comparison.json", "html": folder / "report.html"}
+        write_text_atomic(paths["markdown"], self.markdown())
+        write_text_atomic(paths["csv"], self.csv())
+        write_json_atomic(paths["json"], self.to_dict())
+        charts = {}
+        for e in self.entries:
+            if e.result is None:
+                continue
+            e.plan.save(folder / f"plan-{e.algorithm}.json")
+            gantt, memory = folder / f"gantt-{e.algorithm}.png", folder / f"memory-{e.algorithm}.png"
+            gantt_chart(e.result, gantt, title=f"{e.algorithm}: {self.graph.name} on {self.cluster.name}, "
+                                               f"makespan {e.makespan_s * 1e3:.3f} ms")
+            memory_chart(e.result, memory, title=f"{e.algorithm}: memory per device (dotted: capacity)")
+            charts[e.algorithm] = (gantt, memory)
+        write_text_atomic(paths["html"], html_report(self, charts))
+        return paths
+
+
+def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None = None, *, seed: int = 0,
+            time_limit: float | None = None, console: Console | None = None, progress: bool = True) -> Comparison:
+    """Run each algorithm (default: every registered one) on ``graph`` and ``cluster``.
+
+    Parameters
+    ----------
+    algorithms : names, optional
+    seed : int
+        Passed to every algorithm.
+    time_limit : float, optional
+        Per-algorithm limit in seconds, passed to every algorithm.
+    progress : bool
+        Show a progress bar on the console.
+
+    Returns
+    -------
+    Comparison
+        An algorithm that finds no plan appears with its error; unknown names
+        raise OptionError before anything runs.
+    """
+    names = list(algorithms) if algorithms is not None else available_algorithms()
+    for name in names:
+        get_algorithm(name)
+    entries: list[Entry] = []
+    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                  TimeElapsedColumn(), console=console, disable=not progress, transient=True) as bar:
+        task = bar.add_task("placing", total=len(names))
+        for name in names:
+            bar.update(task, description=f"placing with {name}")
+            try:
+                plan = place(graph, cluster, name, seed=seed, time_limit=time_limit)
+                entries.append(Entry(name, plan, simulate_plan(plan, graph, cluster)))
+            except PlacerError as exc:
+                entries.append(Entry(name, error=str(exc)))
+            bar.advance(task)
+    return Comparison(graph, cluster, entries)
+

@@ -1,0 +1,86 @@
+"""compare, its report files, and auto."""
+
+import csv
+import json
+
+import numpy as np
+import pytest
+
+from placer import load_cluster, place, simulate_plan
+from placer.algorithms.auto import critical_path_nodes
+from placer.cli import main
+from placer.generate import random_dag, training_graph
+from placer.report.compare import compare
+from placer.sim import simulate
+
+
+@pytest.fixture(scope="module")
+def comparison():
+    return compare(training_graph(layers=4, branches=2, seed=2), load_cluster("2xV100-nvlink"), progress=False)
+
+
+def test_report_figures_equal_the_simulator(comparison, tmp_path):
+    paths = comparison.write(tmp_path)
+    table = json.loads(paths["json"].read_text())
+    by_name = {row["algorithm"]: row for row in table["rows"]}
+    for entry in comparison.entries:
+        fresh = simulate_plan(entry.plan, comparison.graph, comparison.cluster)
+        assert by_name[entry.algorithm]["makespan_ms"] == pytest.approx(fresh.makespan_s * 1e3, rel=1e-9)
+        assert table["peak_memory_bytes"][entry.algorithm] == {
+            d.name: int(p) for d, p in zip(comparison.cluster.devices, fresh.peak_memory_bytes)}
+        assert (tmp_path / f"gantt-{entry.algorithm}.png").read_bytes()[:4] == b"\x89PNG"
+        assert (tmp_path / f"plan-{entry.algorithm}.json").exists()
+    rows = list(csv.DictReader(paths["csv"].open()))
+    assert [r["algorithm"] for r in rows] == [e.algorithm for e in comparison.entries]
+    html = paths["html"].read_text()
+    assert "http://" not in html and "https://" not in html, "the report needs no network"
+    assert html.count("data:image/png;base64,") == 2 * len(comparison.entries)
+    best = comparison.best
+    assert f"{best.makespan_s * 1e3:.3f}" in html
+    assert "| expert |" in paths["markdown"].read_text()
+
+
+def test_speedups_are_relative_to_expert_and_single(comparison):
+    rows = {r["algorithm"]: r for r in comparison.rows()}
+    assert rows["expert"]["speedup_over_expert"] == pytest.approx(1.0)
+    assert rows["single"]["speedup_over_single"] == pytest.approx(1.0)
+    ratio = comparison.entry("expert").makespan_s / comparison.entry("metis").makespan_s
+    assert rows["metis"]["speedup_over_expert"] == pytest.approx(ratio)
+
+
+def test_compare_command_writes_report(tmp_path, capsys):
+    graph = tmp_path / "g.json"
+    training_graph(layers=2, branches=2).save(graph)
+    code = main(["compare", str(graph), "--cluster", "2xV100-nvlink", "--algorithms", "single,expert",
+                 "-o", str(tmp_path / "out")])
+    assert code == 0
+    assert (tmp_path / "out" / "report.html").exists()
+    assert "report:" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("seed", [0, 1, 2])
+def test_auto_is_never_slower_than_any_member(seed):
+    graph = training_graph(layers=5, branches=3, seed=seed)
+    cluster = load_cluster("4xGPU-pcie")
+    plan = place(graph, cluster, "auto", seed=seed, max_evaluations=60)
+    for name in ("single", "round_robin", "expert", "metis"):
+        assert plan.predicted["makespan_s"] <= place(graph, cluster, name, seed=seed).predicted["makespan_s"] * (1 + 1e-12)
+
+
+def test_auto_fits_when_only_some_members_do():
+    graph = training_graph(layers=6, branches=2, param_mib=1500, activation_mib=100, seed=5)
+    cluster = load_cluster("4xV100-nvlink")
+    plan = place(graph, cluster, "auto", max_evaluations=40)
+    assert plan.predicted["fits"]
+    assert plan.extra["auto"]["start"] != "single"
+
+
+def test_critical_path_is_a_chain_ending_at_the_makespan():
+    graph = random_dag(40, edge_prob=0.4, seed=3)
+    cluster = load_cluster("4xV100-nvlink")
+    result = simulate(graph, cluster, np.arange(40) % 4)
+    chain = critical_path_nodes(result)
+    assert result.finish[chain[-1]] == result.makespan_s
+    assert np.all(np.diff(result.start[chain]) > -1e-15)
+    # The chain starts at a node that started at time 0 or waited for nothing on the chain.
+    assert result.start[chain[0]] == 0.0
