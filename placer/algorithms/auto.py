@@ -22,7 +22,7 @@ from ..plan import Plan
 from ..sim.simulator import SimResult, simulate
 from .baselines import layer_labels
 from .common import placement_units, unit_allowed
-from .registry import available_algorithms, get_algorithm, place, register
+from .registry import available_algorithms, failure_message, get_algorithm, place, register
 
 __all__ = ["auto", "critical_path_nodes"]
 
@@ -122,7 +122,7 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
             plan = place(graph, cluster, name, seed=seed,
                          time_limit=max(1.0, left / 3) if name in SLOW_ALGORITHMS else None)
         except PlacerError as exc:
-            failures.append(f"{name}: {exc}")
+            failures.append(failure_message(name, exc))
             continue
         span = plan.predicted["makespan_s"]
         if best is None or span < best[0]:
@@ -134,20 +134,25 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
         plan.extra["auto"] = {"start": origin, "local_search_gain": 0.0}
         return plan
     device_of = np.array([cluster.device_index[plan.placement[i]] for i in graph.ids], dtype=np.int64)
-    improved, improved_span, evaluations = _local_search(graph, cluster, device_of, seed, max_evaluations, deadline)
+    improved, improved_span, evaluations, interrupted = _local_search(graph, cluster, device_of, seed,
+                                                                      max_evaluations, deadline)
     if improved_span < span:
         result = Plan.from_arrays(graph, cluster, improved)
         result.extra["auto"] = {"start": origin, "start_makespan_s": span, "evaluations": evaluations,
-                                "local_search_gain": 1 - improved_span / span}
+                                "local_search_gain": 1 - improved_span / span, "interrupted": interrupted}
         return result
     plan.extra["auto"] = {"start": origin, "start_makespan_s": span, "evaluations": evaluations,
-                          "local_search_gain": 0.0}
+                          "local_search_gain": 0.0, "interrupted": interrupted}
     return plan
 
 
 def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed: int, max_evaluations: int,
-                  deadline: float) -> tuple[np.ndarray, float, int]:
-    """Hill-climb on the placement; the earliest-ready order of the reference model runs each candidate."""
+                  deadline: float) -> tuple[np.ndarray, float, int, bool]:
+    """Hill-climb on the placement; the earliest-ready order of the reference model runs each candidate.
+
+    Ctrl-C ends the search early with the best placement so far (the last
+    value says whether that happened).
+    """
     rng = np.random.default_rng(seed)
     n_dev = cluster.num_devices
     granularities = []
@@ -158,27 +163,37 @@ def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed:
     result = simulate(graph, cluster, current, check=False)
     current_span = result.makespan_s if result.fits else np.inf
     evaluations = 0
-    while evaluations < max_evaluations and time.perf_counter() < deadline and n_dev > 1:
-        unit_of, units, allowed = granularities[evaluations % 2]
-        critical = critical_path_nodes(result)
-        node = int(critical[rng.integers(critical.size)]) if critical.size else int(rng.integers(graph.num_nodes))
-        u = int(unit_of[node])
-        here = int(current[units[u][0]])
-        options = np.flatnonzero(allowed[u])
-        options = options[options != here]
-        if options.size == 0:
+    try:
+        while evaluations < max_evaluations and time.perf_counter() < deadline and n_dev > 1:
+            current, current_span, result = _try_move(graph, cluster, granularities[evaluations % 2], rng,
+                                                      current, current_span, result)
             evaluations += 1
-            continue
-        there = int(options[rng.integers(options.size)])
-        candidate = current.copy()
-        candidate[units[u]] = there
-        if rng.random() < 0.5:   # a swap: send back a unit of the target device that may run here
-            residents = np.unique(unit_of[candidate == there])
-            residents = residents[(residents != u) & allowed[residents, here]]
-            if residents.size:
-                candidate[units[int(residents[rng.integers(residents.size)])]] = here
-        trial = simulate(graph, cluster, candidate, check=False)
-        evaluations += 1
-        if trial.fits and trial.makespan_s < current_span:
-            current, current_span, result = candidate, trial.makespan_s, trial
-    return current, current_span, evaluations
+    except KeyboardInterrupt:
+        return current, current_span, evaluations, True
+    return current, current_span, evaluations, False
+
+
+def _try_move(graph: OpGraph, cluster: Cluster, granularity, rng: np.random.Generator, current: np.ndarray,
+              current_span: float, result: SimResult):
+    """One move or swap of a unit on the critical path; the new state if it is faster and fits."""
+    unit_of, units, allowed = granularity
+    critical = critical_path_nodes(result)
+    node = int(critical[rng.integers(critical.size)]) if critical.size else int(rng.integers(graph.num_nodes))
+    u = int(unit_of[node])
+    here = int(current[units[u][0]])
+    options = np.flatnonzero(allowed[u])
+    options = options[options != here]
+    if options.size == 0:
+        return current, current_span, result
+    there = int(options[rng.integers(options.size)])
+    candidate = current.copy()
+    candidate[units[u]] = there
+    if rng.random() < 0.5:   # a swap: send back a unit of the target device that may run here
+        residents = np.unique(unit_of[candidate == there])
+        residents = residents[(residents != u) & allowed[residents, here]]
+        if residents.size:
+            candidate[units[int(residents[rng.integers(residents.size)])]] = here
+    trial = simulate(graph, cluster, candidate, check=False)
+    if trial.fits and trial.makespan_s < current_span:
+        return candidate, trial.makespan_s, trial
+    return current, current_span, result

@@ -8,8 +8,8 @@ rules the moment it is registered:
 - its plans are valid (rule 8) and fit memory, and ``predicted`` equals a
   fresh reference simulation of the plan read back from its file;
 - it keeps colocation groups together and nodes on allowed device kinds;
-- on a problem too big for one device it returns a fitting plan or raises
-  :class:`InfeasibleError`, never anything else;
+- on a problem too big for one device, and on random valid problems, it
+  returns a fitting plan or raises :class:`InfeasibleError`, nothing else;
 - it is deterministic for a seed;
 - it rejects unknown options and bad values with :class:`OptionError`.
 
@@ -31,8 +31,8 @@ from ..plan import Plan
 from ..sim.simulator import simulate_plan
 from .registry import place
 
-__all__ = ["CHECKS", "check_algorithm", "contract_cases", "check_valid_plans", "check_constraints",
-           "check_memory_pressure", "check_determinism", "check_option_validation"]
+__all__ = ["CHECKS", "check_algorithm", "contract_cases", "random_cases", "check_valid_plans", "check_constraints",
+           "check_memory_pressure", "check_random_cases", "check_determinism", "check_option_validation"]
 
 GiB = 1 << 30
 CHECK_TIME_LIMIT = 10.0
@@ -110,6 +110,35 @@ def check_memory_pressure(name: str, **options) -> None:
     _check_plan(plan, graph, cluster, f"{name} under memory pressure")
 
 
+def random_cases(count: int = 6, seed: int = 0) -> list[tuple[str, OpGraph, Cluster]]:
+    """Random valid problems: random DAGs with colocation and kinds, clusters of random size and memory."""
+    rng = np.random.default_rng(seed)
+    cases = []
+    for k in range(count):
+        n_dev = int(rng.integers(2, 5))
+        kinds = ["V100", "A100"]
+        devices = [Device(f"d{j}", kinds[j % 2], int(rng.integers(1, 8)) * (64 << 20), float(rng.uniform(0.5, 2)))
+                   for j in range(n_dev)]
+        names = [d.name for d in devices]
+        channels = [Channel(f"{a}->{b}", float(rng.uniform(1e9, 5e10)), float(rng.uniform(0, 1e-4)), ((a, b),))
+                    for a in names for b in names if a != b]
+        graph = random_dag(int(rng.integers(5, 60)), edge_prob=float(rng.uniform(0.1, 0.8)), seed=int(rng.integers(1 << 30)),
+                           max_bytes=16 << 20, colocation_groups=int(rng.integers(0, 4)))
+        graph = graph.replace(device_kinds=[("V100",) if rng.random() < 0.1 else None for _ in range(graph.num_nodes)])
+        cases.append((f"random-{k}", graph, Cluster(f"random-{k}", devices, channels)))
+    return cases
+
+
+def check_random_cases(name: str, **options) -> None:
+    """On random valid problems: a plan that passes validation, or InfeasibleError, nothing else."""
+    for label, graph, cluster in random_cases():
+        try:
+            plan = place(graph, cluster, name, time_limit=CHECK_TIME_LIMIT, **options)
+        except InfeasibleError:
+            continue
+        _check_plan(plan, graph, cluster, f"{name} on {label}")
+
+
 def check_determinism(name: str, **options) -> None:
     """The same inputs and seed give the same placement and order."""
     label, graph, cluster = contract_cases()[1]
@@ -130,7 +159,8 @@ def check_option_validation(name: str, **options) -> None:
         raise AssertionError(f"{name}: option {bad} was accepted")
 
 
-CHECKS = (check_valid_plans, check_constraints, check_memory_pressure, check_determinism, check_option_validation)
+CHECKS = (check_valid_plans, check_constraints, check_memory_pressure, check_random_cases, check_determinism,
+          check_option_validation)
 
 
 def check_algorithm(name: str, **options) -> None:

@@ -26,7 +26,7 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.bounds import lower_bound
 
-__all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm"]
+__all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message"]
 
 _COMMON = ("seed", "time_limit")
 
@@ -73,6 +73,12 @@ def get_algorithm(name: str) -> Algorithm:
         return _REGISTRY[name]
     except KeyError:
         raise OptionError(f"unknown algorithm {name!r}; available: {', '.join(available_algorithms())}") from None
+
+
+def failure_message(name: str, exc: Exception) -> str:
+    """``exc``'s message, prefixed with the algorithm's name unless it already starts with it."""
+    message = str(exc)
+    return message if message.startswith(f"{name}:") else f"{name}: {message}"
 
 
 def _check_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:

@@ -21,6 +21,7 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..algorithms import available_algorithms, get_algorithm, place
+from ..algorithms.registry import failure_message
 from ..cluster import Cluster
 from ..errors import PlacerError
 from ..graph import OpGraph
@@ -130,8 +131,7 @@ class Comparison:
         for row in self.rows():
             if row["makespan_ms"] is None:
                 rows.append([row["algorithm"], "no plan", "-", "-", "-", "-", "-", "-"])
-                notes.append(row["note"] if row["note"].startswith(row["algorithm"]) else
-                             f"{row['algorithm']}: {row['note']}")
+                notes.append(row["note"])
                 continue
             rows.append([row["algorithm"], f"{row['makespan_ms']:.5g}", f"{100 * row['gap_to_lower_bound']:.1f}%",
                          self._cell(row["speedup_over_expert"]), self._cell(row["speedup_over_single"]),
@@ -200,7 +200,7 @@ def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None =
                 plan = place(graph, cluster, name, seed=seed, time_limit=time_limit)
                 entries.append(Entry(name, plan, simulate_plan(plan, graph, cluster)))
             except PlacerError as exc:
-                entries.append(Entry(name, error=str(exc)))
+                entries.append(Entry(name, error=failure_message(name, exc)))
             bar.advance(task)
     return Comparison(graph, cluster, entries)
 
