@@ -159,6 +159,9 @@ def check_number(value: Any, where: str, minimum: float | None = 0.0, positive: 
     return value
 
 
+MAX_INTEGER = 2**62  # sizes are held as int64; sums of many must not overflow
+
+
 def check_integer(value: Any, where: str, minimum: int | None = 0) -> int:
     """An integer (an integral float such as 1.2e10 is accepted), at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -169,4 +172,6 @@ def check_integer(value: Any, where: str, minimum: int | None = 0) -> int:
         value = int(value)
     if minimum is not None and value < minimum:
         raise FormatError(f"{where} must be >= {minimum}, got {value!r}")
+    if abs(value) > MAX_INTEGER:
+        raise FormatError(f"{where} is too large ({value!r} > 2**62)")
     return value

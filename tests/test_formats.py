@@ -212,3 +212,32 @@ def test_mutated_graph_files_raise_only_placer_errors(data):
     except FormatError:
         return
     assert np.all(g.compute_s >= 0)
+
+
+def test_huge_sizes_are_refused_not_overflowed():
+    with pytest.raises(FormatError, match="node 'conv1': field 'output_bytes' is too large"):
+        OpGraph.from_dict(bad(lambda d: d["nodes"][0].update(output_bytes=10**30)))
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.data())
+def test_mutated_cluster_files_raise_only_placer_errors(data):
+    doc = load_cluster(data.draw(st.sampled_from(sorted(PRESETS)))).to_dict()
+    junk = st.one_of(st.none(), st.integers(-3, 3), st.floats(), st.text(max_size=3), st.lists(st.text(max_size=3), max_size=3),
+                     st.lists(st.lists(st.text(max_size=5), max_size=3), max_size=2))
+    for _ in range(data.draw(st.integers(1, 3))):
+        where = data.draw(st.sampled_from(["top", "device", "channel"]))
+        if where == "top":
+            doc[data.draw(st.sampled_from(["format", "devices", "channels", "name"]))] = data.draw(junk)
+        elif where == "device" and isinstance(doc.get("devices"), list) and doc["devices"]:
+            device = doc["devices"][data.draw(st.integers(0, len(doc["devices"]) - 1))]
+            if isinstance(device, dict):
+                device[data.draw(st.sampled_from(["name", "kind", "memory_bytes", "speed"]))] = data.draw(junk)
+        elif where == "channel" and isinstance(doc.get("channels"), list) and doc["channels"]:
+            channel = doc["channels"][data.draw(st.integers(0, len(doc["channels"]) - 1))]
+            if isinstance(channel, dict):
+                channel[data.draw(st.sampled_from(["name", "bandwidth_bytes_per_s", "latency_s", "pairs"]))] = data.draw(junk)
+    try:
+        Cluster.from_dict(doc)
+    except FormatError:
+        pass
