@@ -298,33 +298,26 @@ def _run(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[n
                 d = dev[code]
                 dev_busy[d] = False
                 dirty_dev.add(d)
-                for v in local_succ[code]:
-                    pending[v] -= 1
-                    if pending[v] == 0:
-                        dv = dev[v]
-                        if ordered:
-                            is_ready[v] = True
-                        else:
-                            heappush(ready_q[dv], (t, v))
-                        dirty_dev.add(dv)
                 for x in xfers_of[code]:
                     c = ch_of[x]
                     heappush(ch_queue[c], (t, x))
                     dirty_ch.add(c)
+                arrivals = local_succ[code]
             else:
                 x = code - n
                 c = ch_of[x]
                 ch_busy[c] = False
                 dirty_ch.add(c)
-                for v in xfer_dsts[x]:
-                    pending[v] -= 1
-                    if pending[v] == 0:
-                        dv = dev[v]
-                        if ordered:
-                            is_ready[v] = True
-                        else:
-                            heappush(ready_q[dv], (t, v))
-                        dirty_dev.add(dv)
+                arrivals = xfer_dsts[x]
+            for v in arrivals:
+                pending[v] -= 1
+                if pending[v] == 0:
+                    dv = dev[v]
+                    if ordered:
+                        is_ready[v] = True
+                    else:
+                        heappush(ready_q[dv], (t, v))
+                    dirty_dev.add(dv)
         for d in dirty_dev:
             if dev_busy[d]:
                 continue
