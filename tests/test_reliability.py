@@ -1,0 +1,181 @@
+"""Bad input and impossible problems fail loudly and cleanly; interruptions keep the best plan."""
+
+import json
+
+import numpy as np
+import pytest
+
+from placer import load_cluster, place
+from placer.algorithms import auto as auto_module
+from placer.cli import main
+from placer.errors import InfeasibleError
+from placer.generate import training_graph
+
+GIB = 1 << 30
+
+
+def _graph_doc(**node_changes):
+    doc = training_graph(layers=2, branches=2, seed=0).to_dict()
+    doc["nodes"][1].update(node_changes)
+    return doc
+
+
+def _write(tmp_path, name, content):
+    path = tmp_path / name
+    path.write_text(content if isinstance(content, str) else json.dumps(content))
+    return path
+
+
+CLUSTER = load_cluster("2xV100-nvlink").to_dict()
+BAD_GRAPHS = {
+    "invalid JSON": ("{nodes: [", "invalid JSON at line 1"),
+    "empty file": ("", "the file is empty"),
+    "wrong format tag": ({"format": "placer.cluster/1", "nodes": []}, "'format' is 'placer.cluster/1'"),
+    "missing format tag": ({"nodes": []}, "missing field 'format'"),
+    "wrongly typed field": (_graph_doc(compute_s="1.0"), "field 'compute_s' must be a number"),
+    "NaN cost": (json.dumps(_graph_doc()).replace('"compute_s": 0.', '"compute_s": NaN, "x": 0.', 1), "NaN is not a valid number"),
+    "infinite cost": (json.dumps(_graph_doc()).replace('"compute_s": 0.', '"compute_s": Infinity, "x": 0.', 1), "Infinity is not a valid number"),
+    "negative size": (_graph_doc(output_bytes=-1), "field 'output_bytes' must be >= 0"),
+    "duplicate ids": ({**_graph_doc(), "nodes": _graph_doc()["nodes"] + [_graph_doc()["nodes"][0]]}, "duplicate node id 'input'"),
+    "edge to unknown node": ({**_graph_doc(), "edges": [{"src": "input", "dst": "ghost", "bytes": 1}]}, "unknown node 'ghost'"),
+    "cycle": ({**_graph_doc(), "edges": _graph_doc()["edges"] + [{"src": "loss", "dst": "input", "bytes": 1}]}, "contain a cycle"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_GRAPHS))
+def test_bad_graph_files(tmp_path, capsys, case):
+    content, message = BAD_GRAPHS[case]
+    graph = _write(tmp_path, "g.json", content)
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(graph), "--cluster", "2xV100-nvlink", "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("placer: error: graph file") or err.startswith("placer: error: graph "), err
+    assert str(graph) in err and message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+def _cluster(mutate):
+    doc = json.loads(json.dumps(CLUSTER))
+    mutate(doc)
+    return doc
+
+
+BAD_CLUSTERS = {
+    "device with no memory": (_cluster(lambda d: d["devices"][0].update(memory_bytes=0)), "device 'gpu0': field 'memory_bytes' must be >= 1"),
+    "channel with no bandwidth": (_cluster(lambda d: d["channels"][0].update(bandwidth_bytes_per_s=0)), "field 'bandwidth_bytes_per_s' must be > 0"),
+    "channel naming unknown device": (_cluster(lambda d: d["channels"][0].update(pairs=[["gpu0", "tpu"]])), "unknown device 'tpu'"),
+    "missing devices": (_cluster(lambda d: d.pop("devices")), "missing required field 'devices'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_CLUSTERS))
+def test_bad_cluster_files(tmp_path, capsys, case):
+    content, message = BAD_CLUSTERS[case]
+    graph = _write(tmp_path, "g.json", _graph_doc())
+    cluster = _write(tmp_path, "c.json", content)
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(graph), "--cluster", str(cluster), "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert str(cluster) in err and message in err and err.count("\n") == 1
+    assert not out.exists()
+
+
+IMPOSSIBLE = {
+    "node larger than every device": (dict(param_bytes=20 * GIB), "node 'block0.b0.fwd' needs 20.008 GiB, more than any device"),
+    "device kind nobody has": (dict(device_kinds=["TPUv4"]), "may run only on kinds ['TPUv4']"),
+    "colocation group larger than every device": (None, "colocation group 'big' needs at least"),
+    "graph larger than the cluster": (None, "the parameters alone need"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(IMPOSSIBLE))
+@pytest.mark.parametrize("algorithm", ["single", "round_robin", "expert", "metis", "auto"])
+def test_impossible_problems_are_diagnosed_before_any_search(tmp_path, capsys, case, algorithm):
+    changes, message = IMPOSSIBLE[case]
+    doc = _graph_doc(**(changes or {}))
+    if case == "colocation group larger than every device":
+        for node in doc["nodes"][:4]:
+            node.update(colocation="big", param_bytes=5 * GIB)
+    if case == "graph larger than the cluster":
+        for node in doc["nodes"][:5]:
+            node.update(param_bytes=7 * GIB)
+    graph = _write(tmp_path, "g.json", doc)
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(graph), "--cluster", "2xV100-nvlink", "--algorithm", algorithm, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert message in err, err
+    assert not out.exists()
+
+
+def test_plan_for_another_graph_is_refused_by_simulate(tmp_path, capsys):
+    first, second = tmp_path / "a.json", tmp_path / "b.json"
+    training_graph(layers=2, branches=2, seed=0).save(first)
+    training_graph(layers=3, branches=2, seed=0).save(second)
+    plan = tmp_path / "p.json"
+    assert main(["plan", str(first), "--cluster", "2xV100-nvlink", "-o", str(plan)]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(second), str(plan), "--json"]) == 2
+    assert "another graph" in capsys.readouterr().err
+
+
+def test_interrupted_local_search_returns_its_best_valid_plan(monkeypatch):
+    graph = training_graph(layers=4, branches=2, seed=1)
+    cluster = load_cluster("4xV100-nvlink")
+    real = auto_module.simulate
+    calls = {"n": 0}
+
+    def interrupt_after_a_few(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] > 6:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(auto_module, "simulate", interrupt_after_a_few)
+    plan = place(graph, cluster, "auto", max_evaluations=1000)
+    assert plan.extra["auto"]["interrupted"] is True
+    plan.validate(graph, cluster)
+
+
+def test_interrupt_writes_no_plan(tmp_path, capsys, monkeypatch):
+    graph = tmp_path / "g.json"
+    training_graph(layers=2, branches=2).save(graph)
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("placer.algorithms.place", interrupted)
+    out = tmp_path / "p.json"
+    assert main(["plan", str(graph), "--cluster", "2xV100-nvlink", "-o", str(out)]) == 130
+    assert "interrupted" in capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_failed_plan_leaves_an_existing_output_untouched(tmp_path, capsys):
+    graph = tmp_path / "g.json"
+    training_graph(layers=2, branches=2, param_mib=20000).save(graph)
+    out = tmp_path / "p.json"
+    out.write_text("previous plan")
+    assert main(["plan", str(graph), "--cluster", "2xV100-nvlink", "--algorithm", "single", "-o", str(out)]) == 2
+    assert out.read_text() == "previous plan"
+
+
+@pytest.mark.parametrize("algorithm", ["single", "round_robin", "expert", "metis", "auto"])
+def test_plans_are_byte_identical_apart_from_timing(tmp_path, capsys, algorithm):
+    graph = tmp_path / "g.json"
+    training_graph(layers=3, branches=2, seed=4).save(graph)
+    docs = []
+    for k in range(2):
+        out = tmp_path / f"p{k}.json"
+        assert main(["plan", str(graph), "--cluster", "4xGPU-pcie", "--algorithm", algorithm, "--seed", "3",
+                     "-o", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        doc.pop("search_time_s")
+        docs.append(json.dumps(doc, sort_keys=True))
+    assert docs[0] == docs[1]
+
+
+def test_infeasible_error_is_specific():
+    graph = training_graph(layers=2, branches=2, param_mib=20000)
+    with pytest.raises(InfeasibleError):
+        place(graph, load_cluster("2xV100-nvlink"), "single")
+    assert np.isfinite(graph.compute_s).all()
