@@ -86,6 +86,8 @@ class Plan:
         self.search_time_s = search_time_s
         self.graph_digest = graph_digest
         self.extra = dict(extra or {})
+        #: What the plan was made from (graph, cluster, captured model), when placer.plan() made it; not saved.
+        self.context: dict[str, Any] = {}
 
     def __repr__(self) -> str:
         span = self.predicted.get("makespan_s")
@@ -196,6 +198,22 @@ class Plan:
                 f"device {cluster.devices[j].name!r} needs {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
                 f"at peak but has {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
         return result
+
+    def report(self, graph: OpGraph | None = None, cluster: Cluster | None = None) -> str:
+        """Per-device load, peak memory and the step's figures, as text.
+
+        ``graph`` and ``cluster`` default to those the plan was made for by
+        :func:`placer.plan`.
+        """
+        from .report.tables import simulation_text
+        from .sim.bounds import lower_bound
+
+        graph = graph or self.context.get("graph")
+        cluster = cluster or self.context.get("cluster")
+        if graph is None or cluster is None:
+            raise InvalidPlanError("report() needs the graph and cluster the plan is for")
+        result = self.validate(graph, cluster)
+        return simulation_text(result, {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster)})
 
     # ---------------------------------------------------------------- io
     def to_dict(self) -> dict:

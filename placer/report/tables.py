@@ -9,7 +9,7 @@ from rich.table import Table
 
 from ..sim.simulator import SimResult
 
-__all__ = ["print_rows", "print_simulation"]
+__all__ = ["print_rows", "print_simulation", "simulation_text"]
 
 
 def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None,
@@ -36,5 +36,14 @@ def print_simulation(result: SimResult, report: dict, console: Console | None = 
     print_rows(["device", "kind", "ops", "busy ms", "utilisation", "peak memory", "fits"], rows,
                title=f"{result.graph.name} on {result.cluster.name}", console=console)
     sent = int(result.transfers.nbytes.sum())
-    print(f"makespan {report['makespan_s'] * 1e3:.3f} ms; lower bound {report['lower_bound_s'] * 1e3:.3f} ms; "
-          f"{len(result.transfers)} transfers, {sent / 2**20:.1f} MiB; fits: {report['fits']}")
+    (console or Console()).print(f"makespan {report['makespan_s'] * 1e3:.3f} ms; lower bound {report['lower_bound_s'] * 1e3:.3f} ms; "
+          f"{len(result.transfers)} transfers, {sent / 2**20:.1f} MiB; fits: {report['fits']}", highlight=False)
+
+
+def simulation_text(result: SimResult, report: dict, width: int = 100) -> str:
+    """:func:`print_simulation` as plain text."""
+    import io
+
+    console = Console(file=io.StringIO(), width=width, color_system=None)
+    print_simulation(result, report, console)
+    return console.file.getvalue()
