@@ -94,3 +94,97 @@ def test_annotated_graph_durations_on_presets():
     d = g.durations(load_cluster("4xA100-nvlink"))
     np.testing.assert_allclose(d[:, 0], [g.compute_s_by_kind[i]["A100"] for i in range(5)])
     assert np.all(g.durations(load_cluster("8xH100-nvswitch"))[:, 0] <= g.compute_s + 1e-15)
+
+
+# -------------------------------------------------------------- calibration
+from placer.cost.calibrate import (Calibration, LinkFit, apply_calibration, calibrate, fit_link,  # noqa: E402
+                                   load_calibration, measure_gloo)
+from placer.errors import FormatError, PlacerError  # noqa: E402
+
+
+def test_fit_recovers_latency_and_bandwidth_exactly():
+    sizes = np.array([1e3, 1e4, 1e5, 1e6, 1e7, 1e8])
+    fit = fit_link(sizes, 2.5e-5 + sizes / 7.5e9, "synthetic")
+    assert fit.latency_s == pytest.approx(2.5e-5, rel=1e-9)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(7.5e9, rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0)
+    np.testing.assert_allclose(fit.predict(sizes), 2.5e-5 + sizes / 7.5e9)
+
+
+def test_fit_of_noisy_points_has_r2_below_one():
+    rng = np.random.default_rng(0)
+    sizes = np.repeat([1e3, 1e5, 1e7], 4)
+    times = (1e-5 + sizes / 1e9) * rng.uniform(0.7, 1.3, sizes.size)
+    fit = fit_link(sizes, times)
+    assert 0.0 < fit.r2 < 1.0
+    assert fit.bandwidth_bytes_per_s == pytest.approx(1e9, rel=0.3)
+
+
+@pytest.mark.parametrize("sizes, times, message", [
+    ([1e3, 1e3], [1e-5, 2e-5], "two distinct sizes"),
+    ([1e3, 1e6], [1e-5, -1.0], "finite and > 0"),
+    ([1e3, 1e6], [1e-3, 1e-5], "does not grow"),
+])
+def test_fit_refuses_unusable_points(sizes, times, message):
+    with pytest.raises(PlacerError, match=message):
+        fit_link(sizes, times, "pcie")
+
+
+def _calibration() -> Calibration:
+    return Calibration({"gloo": LinkFit(3e-5, 4e9, 0.99, [(1024, 3.1e-5), (1 << 20, 2.9e-4)]),
+                        "cuda-peer": LinkFit(-1e-6, 2e11, 0.9)}, {"backend": "gloo"})
+
+
+def test_calibration_round_trip_and_apply(tmp_path):
+    path = tmp_path / "cal.json"
+    _calibration().save(path)
+    cal = load_calibration(path)
+    assert cal.links["gloo"].samples == [(1024, 3.1e-5), (1 << 20, 2.9e-4)]
+    assert cal.meta == {"backend": "gloo"}
+    cluster = apply_calibration(load_cluster("2xcpu"), cal)
+    assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in cluster.channels} == {(3e-5, 4e9)}
+    assert cluster.transfer_s(0, 1, 4e9) == pytest.approx(1.0 + 3e-5)
+    # A link measured under another name, with a negative fitted latency applied as 0.
+    gpus = apply_calibration(load_cluster("8xH100-nvswitch"), cal, link_map={"nvswitch": "cuda-peer"})
+    assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in gpus.channels} == {(0.0, 2e11)}
+    with pytest.raises(OptionError, match="match no channel"):
+        apply_calibration(load_cluster("4xV100-nvlink"), cal)
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"format": "placer.profile/1", "links": {}}, "field 'format'"),
+    ({"format": "placer.calibration/1"}, "missing required field 'links'"),
+    ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5}}},
+     "link 'gloo': missing required field 'bandwidth_bytes_per_s'"),
+    ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 0}}},
+     "'bandwidth_bytes_per_s' must be > 0"),
+    ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9,
+                                                          "samples": [[1, 2, 3]]}}}, "sample #0"),
+])
+def test_bad_calibration_files(tmp_path, doc, message):
+    path = tmp_path / "bad.json"
+    path.write_text(__import__("json").dumps(doc))
+    with pytest.raises(FormatError, match=message) as err:
+        load_calibration(path)
+    assert str(path) in str(err.value)
+
+
+def test_real_gloo_calibration_two_ranks():
+    cal = calibrate("gloo", ranks=2, sizes=[1024, 1 << 20, 4 << 20], repeats=3, timeout_s=60)
+    fit = cal.links["gloo"]
+    assert [b for b, _ in fit.samples] == [1024, 1 << 20, 4 << 20]
+    assert all(t > 0 for _, t in fit.samples)
+    assert fit.bandwidth_bytes_per_s > 0 and np.isfinite(fit.r2)
+    assert cal.meta["ranks"] == 2 and cal.meta["backend"] == "gloo"
+
+
+def test_gloo_calibration_times_out_cleanly():
+    with pytest.raises(PlacerError, match="did not finish within 0.2 s"):
+        measure_gloo(2, [1024], 1, timeout_s=0.2)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ranks": 1}, "ranks"), ({"repeats": 0}, "repeats"), ({"sizes": [0]}, "sizes")])
+def test_gloo_calibration_options(kwargs, message):
+    with pytest.raises(OptionError, match=message):
+        measure_gloo(**{"ranks": 2, "sizes": [1024], "repeats": 1, **kwargs})
