@@ -162,7 +162,7 @@ def device_kind_of(device: str) -> tuple[str, str]:
     except (RuntimeError, TypeError):
         raise OptionError(f"option 'device' must be 'cpu' or 'cuda:N', got {device!r}") from None
     if dev.type == "cpu":
-        return "cpu", platform.processor() or platform.machine() or "cpu"
+        return "cpu", _cpu_name()
     if dev.type != "cuda":
         raise OptionError(f"option 'device' must be 'cpu' or 'cuda:N', got {device!r}")
     if not torch.cuda.is_available():
@@ -170,6 +170,17 @@ def device_kind_of(device: str) -> tuple[str, str]:
     name = torch.cuda.get_device_name(dev)
     kind = next((k for k in _KNOWN_GPUS if k in name.upper()), name)
     return kind, name
+
+
+def _cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as info:
+            for line in info:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
 
 
 def _move(value: Any, device: "torch.device") -> Any:
