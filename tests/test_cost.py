@@ -412,3 +412,37 @@ def test_cost_command_annotates_and_applies_profiles(tmp_path, capsys):
     assert not (tmp_path / "x.json").exists()
     assert main(["cost", str(tmp_path / "g.json"), "--kinds", "TPU", "-o", str(tmp_path / "x.json")]) == 2
     assert "unknown device kind 'TPU'" in capsys.readouterr().err
+
+
+_MODEL_FILE = '''
+import torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 3)
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+def make(batch_size):
+    torch.manual_seed(0)
+    return Net(), (torch.randn(batch_size, 8), torch.randint(0, 3, (batch_size,)))
+'''
+
+
+def test_profile_and_predict_commands(tmp_path, capsys):
+    model_file = tmp_path / "net.py"
+    model_file.write_text(_MODEL_FILE)
+    spec = f"{model_file}:make"
+    assert main(["profile", spec, "--batch", "4", "--repeats", "2", "-o", str(tmp_path / "p.json"),
+                 "--graph-output", str(tmp_path / "g.json")]) == 0
+    graph = OpGraph.load(tmp_path / "g.json")
+    profile = load_profile(tmp_path / "p.json", graph)
+    assert set(profile.node_seconds) == set(graph.ids) and profile.device_kind == "cpu"
+    assert all(d["cpu"] == profile.node_seconds[i] for i, d in zip(graph.ids, graph.compute_s_by_kind))
+    assert main(["predict", spec, "--batches", "2,4", "--target", "32", "--device", "none",
+                 "-o", str(tmp_path / "big.json")]) == 0
+    big = OpGraph.load(tmp_path / "big.json")
+    assert big.extra["standard_evaluation"]["target_batch"] == 32
+    assert main(["profile", spec, "--batch", "0", "-o", str(tmp_path / "x.json")]) == 2
+    assert "'--batch' must be >= 1" in capsys.readouterr().err
+    assert main(["profile", spec, "--batch", "2", "--device", "cuda:7", "-o", str(tmp_path / "x.json")]) == 2
+    assert "device" in capsys.readouterr().err and not (tmp_path / "x.json").exists()

@@ -35,10 +35,11 @@ def _positive(value: int | None, option: str) -> None:
 def cmd_profile(args: argparse.Namespace) -> int:
     from ..capture import capture_spec, load_model
     from .analytic import DEVICE_SPECS, annotate
-    from .profile import apply_profile, profile_step
+    from .profile import apply_profile, device_kind_of, profile_step
 
     _positive(args.batch, "--batch")
     _positive(args.repeats, "--repeats")
+    device_kind_of(args.device)  # refuse a bad device before capturing
     step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, fake=False)
     model, inputs = load_model(args.spec, args.batch)
     profile = profile_step(step, model, inputs, device=args.device, repeats=args.repeats)
