@@ -235,6 +235,7 @@ def _write(tmp_path, doc) -> str:
     (lambda d: {**d, "node_seconds": {**d["node_seconds"], "loss": -1.0}}, "node 'loss': time must be >= 0"),
     (lambda d: {**d, "node_seconds": {**d["node_seconds"], "loss": "fast"}}, "node 'loss': time must be a number"),
     (lambda d: json.dumps(d).replace('"loss": 0.', '"loss": NaN, "x": 0.'), "NaN is not a valid number"),
+    (lambda d: json.dumps(d).replace('"loss": 0.', '"loss": 1e999, "x": 0.'), "node 'loss': time must be finite"),
     (lambda d: {**d, "node_seconds": {**d["node_seconds"], "ghost": 1.0}}, "node 'ghost' is not in graph"),
     (lambda d: {**d, "graph_digest": "0123456789abcdef"}, "made for graph"),
 ])
