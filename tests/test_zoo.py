@@ -55,11 +55,15 @@ def test_building_is_deterministic(name):
 
 
 @pytest.mark.parametrize("name", sorted(ZOO))
-def test_full_size_on_meta_allocates_nothing(name):
+def test_full_size_on_meta_allocates_nothing_and_trains(name):
     model, inputs = _meta(name)
     tensors = list(model.parameters()) + list(model.buffers()) + list(inputs)
     assert tensors and all(t.is_meta for t in tensors)
     assert all(t.shape[0] == 2 for t in inputs)
+    loss = model(*inputs)  # shapes of the paper configuration (aux heads included) line up
+    assert loss.is_meta and loss.dim() == 0
+    loss.backward()
+    assert all(p.grad is not None and p.grad.is_meta for p in model.parameters())
     assert ZOO[name].paper_batch >= 1 and ZOO[name].description and ZOO[name].reference
 
 
