@@ -337,3 +337,24 @@ def test_cli_capture_writes_the_graph_atomically(model_file, tmp_path, capsys):
     assert main(["capture", f"{model_file}:broken", "--batch", "4", "-o", str(tmp_path / "h.json")]) == 2
     assert "raised ValueError" in capsys.readouterr().err
     assert not (tmp_path / "h.json").exists()
+
+
+def test_write_back_from_copies_equals_running_in_place():
+    model, inputs = _cnn()
+    reference = copy.deepcopy(model)
+    step = capture(model, inputs, optimizer="adam", lr=1e-2)
+    opt, ref_opt = step.optimizer.eager(model.parameters()), step.optimizer.eager(reference.parameters())
+    for _ in range(2):
+        copies = [t.clone() for t in step.step_inputs(model, inputs, opt)]   # as a runtime on other devices
+        loss = step.gm(*copies)
+        step.write_back(copies, model, opt)
+        ref_loss = step.run(reference, inputs, ref_opt)
+        assert loss.item() == ref_loss.item()
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.equal(a, b)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert all(torch.equal(opt.state[p][k], ref_opt.state[q][k]) for k in step.layout.state_names)
+    fresh = step.step_inputs(model, inputs)   # no optimizer: new zero state, reused across steps
+    assert len(fresh) == step.layout.num_flat
+    with pytest.raises(OptionError, match="Adam"):
+        step.step_inputs(model, inputs, torch.optim.SGD(model.parameters(), lr=0.1))

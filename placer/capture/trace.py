@@ -21,9 +21,11 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Sequence
+from unittest.mock import patch
 
 import torch
 import torch.fx as fx
+import torch.fx.config
 import torch.fx.traceback as fx_traceback
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -333,7 +335,8 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
 
     traced._orig_mod = model   # lets make_fx record each op's module path (nn_module_stack)
     try:
-        with fx_traceback.preserve_node_meta():
+        # Stack traces of every op cost a fifth of the trace and are not used.
+        with fx_traceback.preserve_node_meta(), patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
             gm = make_fx(traced, tracing_mode="fake", record_module_stack=True)(*flat)
     except FormatError:
         raise
