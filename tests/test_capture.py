@@ -358,3 +358,19 @@ def test_write_back_from_copies_equals_running_in_place():
     assert len(fresh) == step.layout.num_flat
     with pytest.raises(OptionError, match="Adam"):
         step.step_inputs(model, inputs, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_frozen_parameters_are_inputs_not_trained():
+    model, inputs = _mlp()
+    model.fc1.requires_grad_(False)
+    reference = copy.deepcopy(model)
+    step = capture(model, inputs, optimizer="adamw", lr=1e-2)
+    assert step.layout.params == ("fc2.weight", "fc2.bias")
+    assert step.layout.buffers == ("fc1.weight", "fc1.bias")
+    opt = step.optimizer.eager([p for p in model.parameters() if p.requires_grad])
+    ref_opt = step.optimizer.eager([p for p in reference.parameters() if p.requires_grad])
+    for _ in range(2):
+        step.run(model, inputs, opt)
+    _eager_steps(reference, inputs, ref_opt, 2)
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)

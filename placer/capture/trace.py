@@ -44,8 +44,9 @@ __all__ = ["CapturedStep", "StepLayout", "capture"]
 class StepLayout:
     """The order of the flat arguments of a captured step.
 
-    ``params`` (``model.named_parameters()``, a tied parameter once, under its first
-    name), then ``buffers`` (``model.named_buffers()``), then for each name of
+    ``params`` (the trainable ``model.named_parameters()``, a tied parameter once,
+    under its first name), then ``buffers`` (frozen parameters, ``requires_grad=False``,
+    then ``model.named_buffers()``: inputs the optimizer does not update), then for each name of
     ``state_names`` one tensor per parameter (state-major: all ``step``, then all
     ``exp_avg``, ...), then the tensors among the example ``inputs`` in order
     (``input_slots`` gives their positions; the other inputs are constants of the step).
@@ -131,17 +132,24 @@ class CapturedStep:
             If the model's parameters or buffers are not those captured, the optimizer is
             of another class or has several parameter groups with other settings.
         """
+        tensors = self._live_tensors(model)
         params = dict(model.named_parameters())
-        buffers = dict(model.named_buffers())
-        missing = [n for n in (*self.layout.params, *self.layout.buffers) if n not in params and n not in buffers]
-        if missing:
-            raise OptionError(f"the model has no parameter or buffer {missing[0]!r} of the captured step")
-        flat: list[torch.Tensor] = [params[n].detach() for n in self.layout.params]
-        flat += [buffers[n] for n in self.layout.buffers]
+        flat: list[torch.Tensor] = [tensors[n] for n in (*self.layout.params, *self.layout.buffers)]
         states = [self._state_of(params[n], optimizer) for n in self.layout.params]
         for state_name in self.layout.state_names:
             flat += [s[state_name] for s in states]
         return self.with_inputs(flat, inputs)
+
+    def _live_tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        tensors = {name: p.detach() for name, p in model.named_parameters()}
+        tensors.update(model.named_buffers())
+        missing = [n for n in (*self.layout.params, *self.layout.buffers) if n not in tensors]
+        if missing:
+            raise OptionError(f"the model has no parameter or buffer {missing[0]!r} of the captured step")
+        meta = [n for n in (*self.layout.params, *self.layout.buffers) if tensors[n].is_meta]
+        if meta:
+            raise OptionError(f"the model's {meta[0]!r} is on the meta device: build it for real to run the step")
+        return tensors
 
     def with_inputs(self, flat: list[torch.Tensor], inputs: Sequence[Any]) -> list[torch.Tensor]:
         """``flat`` with its input tensors replaced by those of ``inputs`` (a new batch)."""
@@ -169,9 +177,9 @@ class CapturedStep:
         model and optimizer hold the same values as if ``gm`` had run on
         :meth:`step_inputs` directly. Tensors that already share storage are skipped.
         """
+        tensors = self._live_tensors(model)
         params = dict(model.named_parameters())
-        buffers = dict(model.named_buffers())
-        targets: list[torch.Tensor] = [params[n] for n in self.layout.params] + [buffers[n] for n in self.layout.buffers]
+        targets: list[torch.Tensor | None] = [tensors[n] for n in (*self.layout.params, *self.layout.buffers)]
         if self.layout.state_names:
             states = [self._state_of(params[n], optimizer) if optimizer is not None else None
                       for n in self.layout.params]
@@ -313,8 +321,9 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         raise OptionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = _as_tuple(inputs)
     opt = optimizer_spec(optimizer, lr)
-    params = dict(model.named_parameters())
-    buffers = dict(model.named_buffers())
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    buffers = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+    buffers.update(model.named_buffers())
     fake = bool(fake) or any(t.is_meta for t in (*params.values(), *buffers.values()))
     slots = tuple(k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor))
     layout = StepLayout(tuple(params), tuple(buffers), opt.state_names, slots, len(inputs))
