@@ -374,3 +374,19 @@ def test_frozen_parameters_are_inputs_not_trained():
     _eager_steps(reference, inputs, ref_opt, 2)
     for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_example_args_run_the_step_without_touching_the_model():
+    model, inputs = _lm()
+    before = copy.deepcopy(model.state_dict())
+    step = capture(model, inputs, optimizer="adam")
+    args = step.example_args()
+    loss = step.gm(*args)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values()))
+    with torch.device("meta"):
+        meta_model, meta_inputs = _lm()
+    fake = capture(meta_model, meta_inputs, optimizer="adam")
+    fake_args = fake.example_args()
+    assert [a.shape for a in fake_args] == [a.shape for a in args]
+    assert torch.isfinite(fake.gm(*fake_args))

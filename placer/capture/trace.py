@@ -102,6 +102,8 @@ class CapturedStep:
         has a valid graph but cannot be fed from the model.
     constants : dict
         Input position -> the non-tensor input baked into the step.
+    source : tuple or None
+        ``(model, inputs)`` of a real (not fake) capture, for :meth:`example_args`.
     """
 
     graph: OpGraph
@@ -113,6 +115,7 @@ class CapturedStep:
     capture_s: float
     fake: bool
     constants: dict[int, Any] = field(default_factory=dict)
+    source: tuple[nn.Module, tuple] | None = field(default=None, repr=False)
 
     # ----------------------------------------------------------------- execution
     def step_inputs(self, model: nn.Module, inputs: Sequence[Any],
@@ -168,6 +171,30 @@ class CapturedStep:
         if not state:
             state.update(self.optimizer.initial_state(param.detach()))
         return state
+
+    def example_args(self, seed: int = 0) -> list[torch.Tensor]:
+        """Flat arguments to run :attr:`gm` on, without touching any live model.
+
+        Copies of the captured model's tensors and inputs, with fresh optimizer state, for
+        a real capture; for a fake one, CPU tensors of the captured shapes: normal values
+        for parameters and floating inputs, zeros for buffers, optimizer state and
+        integer inputs (valid indices and labels).
+        """
+        if self.source is not None and not self.fake:
+            model, inputs = self.source
+            flat = self.step_inputs(model, inputs)
+            return [t.detach().clone() for t in flat]
+        generator = torch.Generator().manual_seed(seed)
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        args = []
+        for k, node in enumerate(placeholders):
+            val = node.meta["val"]
+            is_param_or_input = k < len(self.layout.params) or k >= self.layout.input_offset
+            if is_param_or_input and val.is_floating_point():
+                args.append(torch.randn(tuple(val.shape), dtype=val.dtype, generator=generator))
+            else:
+                args.append(torch.zeros(tuple(val.shape), dtype=val.dtype))
+        return args
 
     def write_back(self, flat: Sequence[torch.Tensor], model: nn.Module,
                    optimizer: torch.optim.Optimizer | None = None) -> None:
@@ -360,7 +387,8 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
 
     graph = annotate(graph)
     constants = {k: x for k, x in enumerate(inputs) if k not in slots}
-    return CapturedStep(graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants)
+    return CapturedStep(graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants,
+                        None if fake else (model, inputs))
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:
