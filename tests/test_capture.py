@@ -337,3 +337,86 @@ def test_cli_capture_writes_the_graph_atomically(model_file, tmp_path, capsys):
     assert main(["capture", f"{model_file}:broken", "--batch", "4", "-o", str(tmp_path / "h.json")]) == 2
     assert "raised ValueError" in capsys.readouterr().err
     assert not (tmp_path / "h.json").exists()
+
+
+def test_write_back_from_copies_equals_running_in_place():
+    model, inputs = _cnn()
+    reference = copy.deepcopy(model)
+    step = capture(model, inputs, optimizer="adam", lr=1e-2)
+    opt, ref_opt = step.optimizer.eager(model.parameters()), step.optimizer.eager(reference.parameters())
+    for _ in range(2):
+        copies = [t.clone() for t in step.step_inputs(model, inputs, opt)]   # as a runtime on other devices
+        loss = step.gm(*copies)
+        step.write_back(copies, model, opt)
+        ref_loss = step.run(reference, inputs, ref_opt)
+        assert loss.item() == ref_loss.item()
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.equal(a, b)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert all(torch.equal(opt.state[p][k], ref_opt.state[q][k]) for k in step.layout.state_names)
+    fresh = step.step_inputs(model, inputs)   # no optimizer: new zero state, reused across steps
+    assert len(fresh) == step.layout.num_flat
+    with pytest.raises(OptionError, match="Adam"):
+        step.step_inputs(model, inputs, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_frozen_parameters_are_inputs_not_trained():
+    model, inputs = _mlp()
+    model.fc1.requires_grad_(False)
+    reference = copy.deepcopy(model)
+    step = capture(model, inputs, optimizer="adamw", lr=1e-2)
+    assert step.layout.params == ("fc2.weight", "fc2.bias")
+    assert step.layout.buffers == ("fc1.weight", "fc1.bias")
+    opt = step.optimizer.eager([p for p in model.parameters() if p.requires_grad])
+    ref_opt = step.optimizer.eager([p for p in reference.parameters() if p.requires_grad])
+    for _ in range(2):
+        step.run(model, inputs, opt)
+    _eager_steps(reference, inputs, ref_opt, 2)
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_example_args_run_the_step_without_touching_the_model():
+    model, inputs = _lm()
+    before = copy.deepcopy(model.state_dict())
+    step = capture(model, inputs, optimizer="adam")
+    args = step.example_args()
+    loss = step.gm(*args)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values()))
+    with torch.device("meta"):
+        meta_model, meta_inputs = _lm()
+    fake = capture(meta_model, meta_inputs, optimizer="adam")
+    fake_args = fake.example_args()
+    assert [a.shape for a in fake_args] == [a.shape for a in args]
+    assert torch.isfinite(fake.gm(*fake_args))
+
+
+def _zoo_names():
+    from placer.capture.zoo import ZOO
+
+    return sorted(ZOO)
+
+
+@pytest.mark.parametrize("name", _zoo_names())
+def test_every_zoo_model_captures_at_batch_4_with_faithful_flops(name):
+    from placer.capture import capture_spec
+    from placer.capture.zoo import ZOO
+
+    entry = ZOO[name]
+    query = "&".join(f"{k}={v}" for k, v in entry.tiny.items())
+    step = capture_spec(f"zoo:{name}" + (f"?{query}" if query else ""), 4, optimizer="sgd", fake=False)
+    graph = OpGraph.from_dict(step.graph.to_dict())
+    assert graph.num_nodes > 20 and graph.name == f"{name}-bs4-sgd"
+    assert any(s for s in graph.splittable), "no batch-splittable op"
+    model, inputs = entry.factory(4, **entry.tiny)
+    assert np.nansum(graph.flops) == pytest.approx(_eager_flops(model, inputs, step.optimizer), rel=0.02)
+
+
+def test_unknown_zoo_model_and_option_are_named():
+    from placer.capture import load_model
+
+    with pytest.raises(OptionError, match="unknown zoo model 'nope'.*lenet"):
+        load_model("zoo:nope", 4)
+    with pytest.raises(OptionError, match="depthh"):
+        load_model("zoo:resnet50?depthh=3", 4)
