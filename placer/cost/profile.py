@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..errors import FormatError, OptionError
+from ..errors import FormatError, OptionError, PlacerError
 from ..io import Field, check_format, check_number, read_json, write_json_atomic
 
 if TYPE_CHECKING:
@@ -242,6 +242,8 @@ def profile_module(gm: "torch.fx.GraphModule", args: Sequence[Any], *, device: s
     ------
     OptionError
         Bad ``device``, ``repeats``, ``warmup`` or ``gpu_timing``.
+    PlacerError
+        With ``gpu_timing="kernel"``, if the profiler attributes no kernel to any node.
     """
     import torch
     import torch.fx
@@ -304,6 +306,9 @@ def profile_module(gm: "torch.fx.GraphModule", args: Sequence[Any], *, device: s
                 for event in prof.events():
                     if event.name.startswith(_LABEL):
                         samples.setdefault(event.name[len(_LABEL):], []).append(event.device_time_total / 1e6)
+                if not any(t > 0 for ts in samples.values() for t in ts):
+                    raise PlacerError("torch.profiler attributed no CUDA kernel to any node; "
+                                      "profile with gpu_timing='wall' (--gpu-timing wall)")
             else:
                 for _ in range(repeats):
                     TimingInterpreter(gm, record=True).run(*inputs)
