@@ -29,14 +29,15 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..errors import InfeasibleError
+from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import simulate
 from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, link_costs
-from .common import MemoryBudget, liveness_ratio
+from .common import liveness_ratio
 from .registry import register
 
-__all__ = ["order_place", "celeritas", "CoarseSchedule", "schedule_coarse", "POLICIES"]
+__all__ = ["order_place", "celeritas", "CoarseSchedule", "schedule_coarse", "memory_need", "POLICIES"]
 
 POLICIES = ("order", "adjust")
 
@@ -222,14 +223,29 @@ def _choose(policy: str, eft: np.ndarray, prev: int, allowed: np.ndarray, room: 
     return prev
 
 
+def memory_need(graph: OpGraph, cluster: Cluster) -> np.ndarray:
+    """Bytes each node takes from its device's budget: its parameters, and a share of its output and workspace.
+
+    Parameters stay for the whole step; outputs and workspaces count by the
+    share of them that is live at the peak of a one-device run
+    (:func:`liveness_ratio` counts everything by one share, which lets a device
+    take more parameters than it holds).
+    """
+    params = graph.param_bytes.astype(np.float64)
+    transient = (graph.output_bytes + graph.temp_bytes).astype(np.float64)
+    peak = liveness_ratio(graph, cluster) * float(static_footprint(graph).sum())
+    share = float(np.clip((peak - params.sum()) / max(transient.sum(), 1.0), 1e-3, 1.0))
+    return params + share * transient
+
+
 def _place(graph: OpGraph, cluster: Cluster, policy: str, name: str, exploration_range: int,
            memory_fraction: float, tries: int = 8) -> Plan:
     """Fuse, then schedule the coarse graph until the reference model says the plan fits, and map back.
 
-    Device budgets start at the devices' memory, counted in liveness-scaled
-    footprints (:class:`MemoryBudget`); after a schedule that overflows, each
-    overflowing device's budget shrinks by the share it overflowed, so the
-    next schedule moves work to devices with room.
+    Devices are budgeted with :func:`memory_need`. After a schedule that
+    overflows, the nodes of every device whose simulated peak exceeds its
+    estimate have their need raised by that ratio, so the next schedule
+    budgets them as they really weigh.
 
     Raises
     ------
@@ -237,24 +253,24 @@ def _place(graph: OpGraph, cluster: Cluster, policy: str, name: str, exploration
         If no schedule within ``tries`` fits.
     """
     fused = fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction)
-    budget = MemoryBudget(graph, cluster, liveness_ratio(graph, cluster))
+    need = memory_need(graph, cluster)
     memory = cluster.memory.astype(np.float64)
-    capacity = budget.capacity.copy()
     best = None
     for _ in range(tries):
-        schedule = schedule_coarse(fused, cluster, policy, budget.need, capacity)
-        orders = schedule.device_orders(fused, cluster.num_devices)
+        schedule = schedule_coarse(fused, cluster, policy, need, memory)
         # The coarse schedule's order, or the reference model's earliest-ready order where that is faster.
-        for order in (orders, None):
+        peaks = []
+        for order in (schedule.device_orders(fused, cluster.num_devices), None):
             result = simulate(graph, cluster, schedule.node_device, order, check=False)
             if result.fits and (best is None or result.makespan_s < best[0]):
                 best = (result.makespan_s, schedule, order)
-            if order is not None:
-                peak = result.peak_memory_bytes.astype(np.float64)
+            peaks.append(result.peak_memory_bytes.astype(np.float64))
         if best is not None:
             break
-        capacity *= np.where(peak > memory, 0.97 * memory / np.maximum(peak, 1.0), 1.0)
+        estimate = np.bincount(schedule.node_device, weights=need, minlength=cluster.num_devices)
+        need = need * np.maximum(1.0, 1.02 * np.maximum(*peaks) / np.maximum(estimate, 1.0))[schedule.node_device]
     if best is None:
+        peak = min(peaks, key=lambda p: float(np.max(p - memory)))
         j = int(np.argmax(peak - memory))
         raise InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need {peak[j] / 2**30:.3f} GiB "
                               f"of {memory[j] / 2**30:.3f} GiB")
