@@ -33,7 +33,7 @@ under a second on one core.
 Examples
 --------
 >>> g = image_cell_graph(seed=0)
->>> g.num_nodes > 100 and g.compute_s.sum() > 0
+>>> g.num_nodes > 100 and bool(g.compute_s.sum() > 0)
 True
 >>> [g.name for g in dataset("nmt", "test")][:1]
 ['nmt-0']
