@@ -27,6 +27,7 @@ import math
 import os
 import signal
 import socket
+import statistics
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -87,7 +88,7 @@ class DistributedResult:
         Flat input position -> its value after the last step, for every input
         the step writes (parameters, buffers, optimizer state), on the CPU.
     op_s : dict of str to float
-        Graph node id -> seconds of its last run on its rank.
+        Graph node id -> median seconds of its runs on its rank (after the first step).
     predicted_s : float
         The reference simulator's step time for the plan.
     """
@@ -155,7 +156,7 @@ class _RankRunner:
             if dead:
                 self.frees_after.setdefault(v, []).extend(dead)
         self.pair_groups: dict[tuple[int, int], Any] = {}
-        self.op_s: dict[str, float] = {}
+        self.op_s: dict[str, list[float]] = {}     # seconds of every run of each node
 
     def make_pair_groups(self) -> None:
         """NCCL: one group per ordered pair, so that each direction is its own FIFO (every rank calls this)."""
@@ -254,7 +255,7 @@ class _RankRunner:
                     env[a] = receive(a)
             t0 = clock()
             out = call_node(v, env, self.device)
-            op_s[v.name] = clock() - t0
+            op_s.setdefault(v.name, []).append(clock() - t0)
             env[v] = out
             send(v, out)
             for a in self.frees_after.get(v, ()):
@@ -311,7 +312,8 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         payload = {
             "state": {k: _to_cpu(state[k]) for k in runner.owned if program.placeholders[k] in written},
             "outputs": {i: _to_cpu(v) for i, v in outputs.items()},
-            "op_s": {n: s for n, s in runner.op_s.items() if n in program.graph.index},
+            # the first step warms up caches and allocators
+            "op_s": {n: statistics.median(s[1:] or s) for n, s in runner.op_s.items() if n in program.graph.index},
             "step_s": step_s,
         }
         gathered = [None] * world if rank == 0 else None
