@@ -71,14 +71,18 @@ def _batch(args: argparse.Namespace, graph_name: str) -> int:
     return int(found.group(1))
 
 
-def _load(args: argparse.Namespace, batch: int, name: str | None):
-    from ..capture import capture
-    from ..capture.spec import load_model
+def _load(args: argparse.Namespace, batch: int):
+    """The model and inputs ``args.spec`` names, an untouched copy, and the captured step.
+
+    The step is captured as ``placer capture`` does (same graph name), so a plan
+    made from that command's graph file applies.
+    """
+    from ..capture.spec import capture_spec, load_model
 
     torch.set_num_threads(max(1, args.threads))
     model, inputs = load_model(args.spec, batch)
     reference = copy.deepcopy(model)
-    captured = capture(model, inputs, optimizer=args.optimizer, lr=args.lr, name=name)
+    captured = capture_spec(args.spec, batch, optimizer=args.optimizer, lr=args.lr)
     return model, inputs, reference, captured
 
 
@@ -91,7 +95,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
     plan = Plan.load(args.plan)
     cluster = load_cluster(args.cluster or plan.cluster_name)
-    model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name), plan.graph_name or None)
+    model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
     optimizer = captured.optimizer.eager(model.parameters())
     flat = captured.step_inputs(model, inputs, optimizer)
     devices = args.devices.split(",") if args.devices else None
@@ -128,7 +132,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     if args.batch is None:
         raise OptionError("pass --batch")
-    model, inputs, _, captured = _load(args, args.batch, None)
+    model, inputs, _, captured = _load(args, args.batch)
     flat = captured.step_inputs(model, inputs, None)
     graph = captured.graph
 

@@ -43,7 +43,8 @@ from ..cluster import Cluster
 from ..errors import OptionError, PlacerError
 from ..graph import OpGraph
 from ..plan import Plan
-from .program import Program, call_node, compile_program, copy_to, value_spec
+from .program import (Program, call_node, compile_program, copy_to, pack, receive_buffer, unpack,
+                      value_spec)
 
 __all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "rank_main", "resolve_backend"]
 
@@ -119,20 +120,6 @@ def resolve_backend(backend: str, world: int) -> str:
 
 
 # ------------------------------------------------------------------ one rank
-def _numel(size: Sequence[int]) -> int:
-    return math.prod(size)
-
-
-def _dense(size: Sequence[int], stride: Sequence[int]) -> bool:
-    """Whether (size, stride) fills one block of memory with no gaps or overlaps."""
-    expected = 1
-    for n, s in sorted(((n, s) for n, s in zip(size, stride) if n != 1), key=lambda p: p[1]):
-        if s != expected:
-            return False
-        expected *= n
-    return True
-
-
 class _RankRunner:
     """One rank's part of every step."""
 
@@ -177,42 +164,6 @@ class _RankRunner:
             return dist.irecv(buf, src=x.src, group=self.pair_groups[(x.src, x.dst)])
         return dist.irecv(buf, src=x.src, tag=x.index)
 
-    def encode(self, value: Any, spec: tuple, snapshot: bool) -> torch.Tensor | None:
-        """The flat buffer that carries ``value`` (None for an empty tensor)."""
-        if spec[0] == "scalar":
-            return torch.tensor(value, dtype=spec[1], device=self.device)
-        _, size, stride, dtype = spec
-        n = _numel(size)
-        if n == 0:
-            return None
-        if _dense(size, stride):
-            if tuple(value.stride()) != stride:
-                laid = torch.empty_strided(size, stride, dtype=dtype, device=self.device)
-                laid.copy_(value)
-                return laid.as_strided((n,), (1,), 0)
-            flat = value.as_strided((n,), (1,), value.storage_offset())
-            return flat.clone() if snapshot else flat
-        flat = value.contiguous().view(-1)
-        return flat.clone() if snapshot and flat.data_ptr() == value.data_ptr() else flat
-
-    def decode(self, buf: torch.Tensor | None, spec: tuple) -> Any:
-        if spec[0] == "scalar":
-            return buf.item()
-        _, size, stride, dtype = spec
-        if buf is None:
-            return torch.empty_strided(size, stride, dtype=dtype, device=self.device)
-        if _dense(size, stride):
-            return buf.as_strided(size, stride, 0)
-        out = torch.empty_strided(size, stride, dtype=dtype, device=self.device)
-        out.copy_(buf.view(size))
-        return out
-
-    def _buffer(self, spec: tuple) -> torch.Tensor | None:
-        if spec[0] == "scalar":
-            return torch.empty((), dtype=spec[1], device=self.device)
-        n = _numel(spec[1])
-        return None if n == 0 else torch.empty(n, dtype=spec[3], device=self.device)
-
     # ---------------------------------------------------------------- step
     def step(self, state: dict[int, Any]) -> dict[int, Any]:
         """Run this rank's part of one step on its ``state`` (flat index -> value); its outputs."""
@@ -225,7 +176,7 @@ class _RankRunner:
 
         def send(v, value):
             for x in prog.sends.get(v, ()):
-                buf = self.encode(value, self.specs[v], x.snapshot)
+                buf = pack(value, self.specs[v], self.device, x.snapshot)
                 if buf is not None:
                     sending.append((self._isend(buf, x), buf))
 
@@ -235,7 +186,7 @@ class _RankRunner:
             while x.index not in posted:
                 y = queue[next_post[x.src]]
                 next_post[x.src] += 1
-                buf = self._buffer(self.specs[y.node])
+                buf = receive_buffer(self.specs[y.node], self.device)
                 posted[y.index] = (None if buf is None else self._irecv(buf, y), buf)
             work, buf = posted.pop(x.index)
             if work is not None:
@@ -243,7 +194,7 @@ class _RankRunner:
                     work.wait()
                 except RuntimeError as exc:
                     raise RuntimeError(f"rank {rank}: {a.name!r} from rank {x.src} did not arrive: {exc}") from exc
-            return self.decode(buf, self.specs[a])
+            return unpack(buf, self.specs[a], self.device)
 
         for k in self.owned:
             send(prog.placeholders[k], state[k])
@@ -328,6 +279,9 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         if job.result_path:
             torch.save(merged, job.result_path)
         return merged
+    except BaseException as exc:
+        exc.failed_at = time.time()          # before closing the group makes the others fail too
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -336,8 +290,15 @@ def _to_cpu(value: Any) -> Any:
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str) -> None:
-    rank_main(rank, world, job, init_method)
+def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str, error_dir: str) -> None:
+    try:
+        rank_main(rank, world, job, init_method)
+    except BaseException as exc:
+        # When and why this rank failed: the launcher names the first failure, not its echoes.
+        text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+        when = getattr(exc, "failed_at", time.time())
+        Path(error_dir, f"rank{rank}.err").write_text(f"{when!r}\n{text[0] if text else type(exc).__name__}")
+        raise
 
 
 # ------------------------------------------------------------------ launcher
@@ -403,41 +364,65 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                       carrier, threads, hook, result_path)
         # fork shares the captured module without pickling it; CUDA needs fresh processes.
         method = "spawn" if backend == "nccl" else "fork"
-        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{_free_port()}"),
+        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{_free_port()}", tmp),
                                      nprocs=world, join=False, start_method=method)
-        _wait(context, deadline, timeout_s)
+        _wait(context.processes, deadline, timeout_s, tmp)
         merged = torch.load(result_path, weights_only=False)
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"])
 
 
-def _wait(context, deadline: float, timeout_s: float) -> None:
-    """Join the ranks; on a failure, death or the deadline stop them all and raise RunError."""
-    import torch.multiprocessing as mp
+def _wait(processes: list, deadline: float, timeout_s: float, error_dir: str) -> None:
+    """Wait for every rank; on a failure, death or the deadline stop them all and raise RunError.
 
-    try:
-        while not context.join(timeout=0.2):
-            if time.monotonic() > deadline:
-                alive = [r for r, p in enumerate(context.processes) if p.is_alive()]
-                _stop(context)
-                raise RunError(f"rank(s) {alive} did not finish by the deadline; every rank was stopped "
-                               f"(a hung rank, or raise timeout_s from {timeout_s:g} s)")
-    except mp.ProcessExitedException as exc:
-        _stop(context)
-        how = f"was killed by signal {signal.Signals(-exc.exit_code).name}" if exc.exit_code < 0 else \
-            f"exited with status {exc.exit_code}"
-        raise RunError(f"rank {exc.error_index} {how}; every rank was stopped") from None
-    except mp.ProcessRaisedException as exc:
-        _stop(context)
-        lines = [line for line in str(exc).strip().splitlines() if line.strip()]
-        raise RunError(f"rank {exc.error_index} failed: {lines[-1] if lines else exc}; every rank was stopped") from None
+    The error names the root cause: a rank killed by a signal (it could not
+    report), else the rank whose error came first (the others then fail
+    waiting for it), and the ranks still running at that moment.
+    """
+    while True:
+        codes = [p.exitcode for p in processes]
+        if all(c == 0 for c in codes):
+            return
+        failed = any(c not in (None, 0) for c in codes)
+        if failed or time.monotonic() > deadline:
+            if failed:
+                time.sleep(0.5)                  # let the echoes of the first failure land too
+                codes = [p.exitcode for p in processes]
+            _stop(processes)
+            raise RunError(_failure_message(codes, error_dir, timeout_s))
+        time.sleep(0.05)
 
 
-def _stop(context) -> None:
-    for p in context.processes:
+def _failure_message(codes: list, error_dir: str, timeout_s: float) -> str:
+    running = [r for r, c in enumerate(codes) if c is None]
+    killed = [(r, c) for r, c in enumerate(codes) if c is not None and c < 0]
+    reports = []
+    for r in range(len(codes)):
+        path = Path(error_dir, f"rank{r}.err")
+        if path.exists():
+            when, _, text = path.read_text().partition("\n")
+            reports.append((float(when), r, text))
+    if killed:
+        r, c = killed[0]
+        cause = f"rank {r} was killed by signal {signal.Signals(-c).name}"
+    elif reports:
+        _, r, text = min(reports)
+        cause = f"rank {r} failed: {text}"
+    elif any(c not in (None, 0) for c in codes):
+        r = next(r for r, c in enumerate(codes) if c not in (None, 0))
+        cause = f"rank {r} exited with status {codes[r]}"
+    else:
+        cause = f"the run did not finish by its deadline (raise timeout_s from {timeout_s:g} s if it is just slow)"
+    if running:
+        cause += f"; rank(s) {running} were still running (hung?)"
+    return cause + "; every rank was stopped"
+
+
+def _stop(processes: list) -> None:
+    for p in processes:
         if p.is_alive():
             p.terminate()
-    for p in context.processes:
+    for p in processes:
         p.join(timeout=5)
         if p.is_alive():
             os.kill(p.pid, signal.SIGKILL)

@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
@@ -405,18 +405,77 @@ def value_spec(v: fx.Node) -> tuple:
                            f"devices; place it with its consumers")
 
 
-def is_dense(t: torch.Tensor) -> bool:
-    """True if the tensor's elements fill one contiguous block of memory (any order of dimensions)."""
-    return t._is_non_overlapping_and_dense() if hasattr(t, "_is_non_overlapping_and_dense") else t.is_contiguous()
+def storage_span(size: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements of storage a (size, stride) view reaches from its offset (0 when empty)."""
+    if any(n == 0 for n in size):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(size, stride))
+
+
+def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether a (size, stride) view fills one block of memory, each element once, in any dimension order."""
+    expected = 1
+    for n, st in sorted(((n, st) for n, st in zip(size, stride) if n != 1), key=lambda p: p[1]):
+        if st != expected:
+            return False
+        expected *= n
+    return True
 
 
 def copy_to(t: Any, device: torch.device) -> Any:
-    """A copy of ``t`` on ``device`` with the same strides (Python scalars pass through)."""
+    """A copy of ``t`` on ``device`` with the same strides (Python scalars pass through).
+
+    A view with gaps or repeats (a strided slice, an ``expand``) is copied as
+    the storage it spans, so the copy has the same strides and values.
+    """
     if not isinstance(t, torch.Tensor):
         return t
-    if is_dense(t):
+    if dense_layout(t.shape, t.stride()):
         return t.to(device, copy=True, non_blocking=True)
-    out = torch.empty_strided(t.size(), t.stride(), dtype=t.dtype, device=device)
-    out.copy_(t, non_blocking=True)
-    return out
+    span = storage_span(t.shape, t.stride())
+    raw = t.as_strided((span,), (1,), t.storage_offset()).to(device, copy=True, non_blocking=True)
+    return raw.as_strided(t.shape, t.stride(), 0)
 
+
+def pack(value: Any, spec: tuple, device: torch.device, snapshot: bool) -> torch.Tensor | None:
+    """The 1-D buffer that carries ``value`` to another process, laid out as ``spec`` says.
+
+    A tensor travels as the storage span of its captured (size, stride), so the
+    receiver rebuilds exactly that layout (:func:`unpack`); a Python scalar as a
+    0-d tensor. ``snapshot`` copies a buffer that would otherwise alias ``value``.
+    None for an empty tensor (nothing to send).
+    """
+    if spec[0] == "scalar":
+        return torch.tensor(value, dtype=spec[1], device=device)
+    _, size, stride, dtype = spec
+    span = storage_span(size, stride)
+    if span == 0:
+        return None
+    if tuple(value.stride()) == stride:
+        flat = value.as_strided((span,), (1,), value.storage_offset())
+        return flat.clone() if snapshot else flat
+    # Strides differ from the capture's: lay the values out as captured. Repeated
+    # elements (stride 0) are written once, through the first index of those dimensions.
+    laid = torch.empty(span, dtype=dtype, device=device)
+    first = [0 if st == 0 else slice(None) for st in stride]
+    one = [1 if st == 0 else n for n, st in zip(size, stride)]
+    laid.as_strided(one, stride, 0).copy_(value[tuple(first)].reshape(one))
+    return laid
+
+
+def unpack(buf: torch.Tensor | None, spec: tuple, device: torch.device) -> Any:
+    """The value :func:`pack` sent, from the received buffer."""
+    if spec[0] == "scalar":
+        return buf.item()
+    _, size, stride, dtype = spec
+    if buf is None:
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    return buf.as_strided(size, stride, 0)
+
+
+def receive_buffer(spec: tuple, device: torch.device) -> torch.Tensor | None:
+    """An uninitialised buffer for what :func:`pack` sends for ``spec`` (None when nothing is sent)."""
+    if spec[0] == "scalar":
+        return torch.empty((), dtype=spec[1], device=device)
+    span = storage_span(spec[1], spec[2])
+    return None if span == 0 else torch.empty(span, dtype=spec[3], device=device)
