@@ -92,9 +92,21 @@ def _case(spec: str, batch: int) -> Case:
 
 @pytest.fixture(scope="module")
 def file_case(tmp_path_factory):
+    """A model from a file with the factory contract."""
     path = tmp_path_factory.mktemp("models") / "net.py"
     path.write_text(MODEL_FILE)
     return _case(f"{path}:make", 4)
+
+
+@pytest.fixture(scope="module")
+def zoo_case():
+    """A model of the zoo (LeNet-5 at its paper size, small batch)."""
+    return _case("zoo:lenet", 2)
+
+
+@pytest.fixture(params=["file", "zoo"])
+def case(request):
+    return request.getfixturevalue(f"{request.param}_case")
 
 
 def random_plan(graph, cluster, seed: int) -> Plan:
@@ -128,40 +140,39 @@ PLACEMENTS = ("random", "expert", "metis")
 CLUSTERS = ("2xcpu", "4xcpu")
 
 
-def _check_spread(plan: Plan, cluster) -> None:
+def _check_spread(plan: Plan) -> None:
     used = set(plan.placement.values())
     assert len(used) >= 2, f"the {plan.algorithm} plan uses only {used}: nothing placed across devices"
 
 
 @pytest.mark.parametrize("cluster_name", CLUSTERS)
 @pytest.mark.parametrize("how", PLACEMENTS)
-def test_local_executor_trains_like_eager(file_case, how, cluster_name):
+def test_local_executor_trains_like_eager(case, how, cluster_name):
     cluster = load_cluster(cluster_name)
-    plan = make_plan(how, file_case.captured.graph, cluster)
-    if how != "expert":
-        _check_spread(plan, cluster)
-    plan.context["captured"] = file_case.captured
-    model, optimizer = file_case.fresh()
+    plan = make_plan(how, case.captured.graph, cluster)
+    _check_spread(plan)
+    plan.context["captured"] = case.captured
+    model, optimizer = case.fresh()
     step = plan.apply(model, optimizer)
-    losses = [float(step(*file_case.inputs)) for _ in range(STEPS)]
-    file_case.assert_matches(model, optimizer)
+    losses = [float(step(*case.inputs)) for _ in range(STEPS)]
+    case.assert_matches(model, optimizer)
     assert losses[0] > 0
 
 
 @pytest.mark.parametrize("cluster_name", CLUSTERS)
 @pytest.mark.parametrize("how", PLACEMENTS)
-def test_distributed_executor_trains_like_eager(file_case, how, cluster_name):
+def test_distributed_executor_trains_like_eager(case, how, cluster_name):
     cluster = load_cluster(cluster_name)
-    captured = file_case.captured
+    captured = case.captured
     plan = make_plan(how, captured.graph, cluster)
-    model, optimizer = file_case.fresh()
-    flat = captured.step_inputs(model, file_case.inputs, optimizer)
+    model, optimizer = case.fresh()
+    flat = captured.step_inputs(model, case.inputs, optimizer)
     result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
                              carrier=captured.carrier, timeout_s=30)
     assert len(result.step_s) == STEPS and all(s > 0 for s in result.step_s)
     assert result.predicted_s == pytest.approx(plan.predicted.get("makespan_s", result.predicted_s))
     captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
-    file_case.assert_matches(model, optimizer)
+    case.assert_matches(model, optimizer)
 
 
 # ------------------------------------------------------------------ failures
