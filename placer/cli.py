@@ -200,10 +200,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(Path(args.output))
+    names = [a.strip() for a in args.algorithms.split(",") if a.strip()] if args.algorithms else None
+    return run_demo(Path(args.output), model=args.model, batch=args.batch, cluster=args.cluster,
+                    algorithms=names, time_limit=args.time_limit)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .demo import DEFAULT_BATCH, DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_TIME_LIMIT
+
     parser = argparse.ArgumentParser(prog="placer", description=(
         "Place and schedule the operations of a training step across devices."))
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
@@ -254,6 +258,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job on the built-in default (no GPU, no input)")
     p.add_argument("--output", "-o", default="placer-demo", help="folder for plans, timelines and the report")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"batch size (default {DEFAULT_BATCH})")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"preset or file (default {DEFAULT_CLUSTER})")
+    p.add_argument("--algorithms", help="comma-separated names (default: every registered algorithm)")
+    p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT,
+                   help=f"per-algorithm search limit in seconds (default {DEFAULT_TIME_LIMIT:g})")
     p.set_defaults(func=cmd_demo)
 
     for module in COMMAND_MODULES:
