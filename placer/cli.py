@@ -23,7 +23,11 @@ from .errors import OptionError, PlacerError
 __all__ = ["main", "COMMAND_MODULES"]
 
 #: Modules that contribute subcommands (each defines ``add_commands(subparsers)``).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = (
+    "placer.capture.cli",
+    "placer.cost.cli",
+    "placer.runtime.cli",
+)
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
