@@ -38,7 +38,7 @@ from ..errors import InfeasibleError
 from ..graph import OpGraph
 from ..paths import bottom_levels
 from ..plan import Plan
-from ..sim.simulator import simulate
+from ..sim.simulator import SimResult, simulate
 from .common import MemoryBudget, liveness_ratio, placement_units, unit_allowed
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline",
@@ -63,6 +63,8 @@ class Schedule:
     orders: list[np.ndarray]
     start: np.ndarray
     finish: np.ndarray
+    #: The reference simulation of the schedule, once :func:`schedule_with_memory_retries` ran it.
+    simulated: SimResult | None = None
 
     @property
     def makespan_s(self) -> float:
@@ -464,6 +466,7 @@ def schedule_with_memory_retries(build: Callable[[float], Schedule], graph: OpGr
         else:
             result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
             if result.fits:
+                sched.simulated = result
                 return sched
             j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
             error = InfeasibleError(
