@@ -9,8 +9,9 @@ every replica.
 Gradients are found where the optimizer reads them: walking back from every
 in-place state write (a colocation group that holds parameters or optimizer
 state) along batch-dependent edges of the state's size, through the
-optimizer's element-wise arithmetic, to the first node whose own inputs are
-not of that size: the backward operation that produced the gradient.
+optimizer's element-wise arithmetic (nodes whose batch-dependent inputs all
+have the state's size), to the first node that reads anything else: the
+backward operation that produced the gradient.
 
 They are reduced as PyTorch DDP does: in buckets of about 25 MiB, filled in
 the order the gradients are produced, each bucket by a ring all-reduce of
@@ -90,17 +91,18 @@ def gradients(graph: OpGraph) -> tuple[list[tuple[int, int]], np.ndarray]:
         inside = set(members.tolist())
 
         def feeding(v: int) -> list[int]:
-            """In-edges of v that carry a batch-dependent tensor of the state's size from outside the group."""
-            return [e for e in eids[ptr[v]:ptr[v + 1]].tolist()
-                    if batch[src[e]] and nbytes[e] == size and int(src[e]) not in inside]
+            """In-edges of v that carry a batch-dependent tensor from outside the group."""
+            return [e for e in eids[ptr[v]:ptr[v + 1]].tolist() if batch[src[e]] and int(src[e]) not in inside]
 
-        stack = [e for w in members.tolist() for e in feeding(w)]
+        stack = [e for w in members.tolist() for e in feeding(w) if nbytes[e] == size]
         seen: set[int] = set()
         while stack:
             e = stack.pop()
             u = int(src[e])
             further = feeding(u)
-            if further:
+            # Element-wise optimizer arithmetic reads only state-sized batch-dependent tensors;
+            # the first node that reads anything else (activations) produced the gradient.
+            if further and all(nbytes[f] == size for f in further):
                 if u not in seen:
                     seen.add(u)
                     optimizer[u] = True
