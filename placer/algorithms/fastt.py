@@ -251,10 +251,11 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     Examples
     --------
     >>> from placer.cluster import load_cluster
-    >>> from placer.generate import training_graph
-    >>> plan = os_dpos(training_graph(layers=2), load_cluster("2xV100-nvlink"), time_limit=5)
-    >>> plan.rewritten_graph is not None
-    True
+    >>> g = OpGraph(["x", "conv"], [0.0, 8.0], [0], [1], [800], op=["placeholder", "aten.convolution"],
+    ...             output_bytes=[800, 400], splittable=[None, [{"dim": "batch", "size": 8}]])
+    >>> plan = os_dpos(g, load_cluster("2xV100-nvlink"), data_parallel_start=False)
+    >>> plan.splits, plan.rewritten_graph.ids
+    ([{'node': 'conv', 'dim': 'batch', 'parts': 2}], ['x', 'conv@split0', 'conv@part0', 'conv@part1'])
 
     References
     ----------
