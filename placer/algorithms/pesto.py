@@ -61,9 +61,15 @@ EXACT_MAX_NODES = 12
 DEFAULT_TIME_LIMIT = 60.0
 #: Integer time units per horizon: the resolution is the power of ten giving at least this many.
 TIME_STEPS = 10**6
-#: Deterministic solver time (CP-SAT's work measure, about a second each) granted per node and device.
-EFFORT_PER_NODE_DEVICE = 0.05
+#: Deterministic solver time (CP-SAT's work measure) granted per second of the time limit. Measured on the
+#: development machine, a unit of it takes 10 to 30 s of wall time on these models, so the deterministic
+#: limit normally ends the search first, which makes runs reproducible; the wall-clock limit still holds.
+DETERMINISTIC_PER_SECOND = 0.01
 MODELS = ("auto", "exact", "relaxed")
+#: Pairs of transfers sharing a channel up to which a relaxed model also keeps channels first-come-first-served.
+FIFO_MAX_PAIRS = 20000
+#: Solves with a growing memory ratio when the solver's plans overflow memory under the reference model.
+MEMORY_ATTEMPTS = 3
 
 
 @register("pesto")
@@ -137,31 +143,40 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     goal = target or min(200, max(24, 400 // n_dev))
     coarse = coarsen(graph, goal, labels=warm_device, cluster=cluster) if n > goal else _identity(graph)
     exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
-    problem = _Problem.build(coarse.graph, cluster, liveness_ratio(graph, cluster))
-    cp = _CpModel(problem, exact)
-    if warm_device is not None:
-        cp.hint(warm_device[[m[0] for m in coarse.members]])
-    effort = max(1.0, EFFORT_PER_NODE_DEVICE * coarse.graph.num_nodes * n_dev)
-    status, solver = cp.solve(seed, workers, deadline - time.perf_counter(), effort)
-
+    warm_coarse = None if warm_device is None else warm_device[[m[0] for m in coarse.members]]
     report = {"coarse_nodes": coarse.graph.num_nodes, "coarsening_rounds": coarse.rounds,
-              "model": "exact" if exact else "relaxed", "resolution_s": problem.resolution,
-              "solver_status": solver.StatusName(status), "warm_start": warm_name,
+              "model": "exact" if exact else "relaxed", "warm_start": warm_name,
               "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"]}
     best = None if warm is None else (warm.predicted["makespan_s"], "warm_start", warm)
-    if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+    valid_bound = 0.0
+    ratio = liveness_ratio(graph, cluster)
+    for attempt in range(1, MEMORY_ATTEMPTS + 1):
+        problem = _Problem.build(coarse.graph, cluster, ratio)
+        if warm_coarse is not None:
+            problem.admit(warm_coarse)
+        cp = _CpModel(problem, exact)
+        if warm_coarse is not None:
+            cp.hint(warm_coarse)
+        left = deadline - time.perf_counter()
+        status, solver = cp.solve(seed, workers, left, DETERMINISTIC_PER_SECOND * left)
+        report.update(solves=attempt, memory_ratio=ratio, resolution_s=problem.resolution,
+                      solver_status=solver.StatusName(status))
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
         objective = solver.ObjectiveValue() * problem.resolution
         bound = solver.BestObjectiveBound() * problem.resolution
         report.update(solver_objective_s=objective, solver_bound_s=bound,
                       solver_gap=0.0 if objective <= 0 else max(0.0, (objective - bound) / objective))
-        candidates = [c for c in _candidates(graph, cluster, coarse, cp, solver) if c[1].fits]
-        for label, candidate in candidates:
+        if cp.is_relaxation(coarse, graph):
+            valid_bound = max(valid_bound, bound - problem.rounding_slack)
+        fitting = [c for c in _candidates(graph, cluster, coarse, cp, solver) if c[1].fits]
+        for label, candidate in fitting:
             if best is None or candidate.makespan_s < best[0]:
                 best = (candidate.makespan_s, label, candidate)
-        report["solver_plan_makespan_s"] = min((c.makespan_s for _, c in candidates), default=None)
-        valid_bound = bound - problem.rounding_slack if cp.is_relaxation(coarse, graph) else 0.0
-    else:
-        valid_bound = 0.0
+        report["solver_plan_makespan_s"] = min((c.makespan_s for _, c in fitting), default=None)
+        if fitting or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
+            break
+        ratio = min(1.0, ratio * 1.5)     # its plans overflow memory: budget more conservatively
     if best is None:
         raise InfeasibleError(f"pesto: the solver found no plan that fits ({solver.StatusName(status)}) "
                               "and no warm-start algorithm did either")
@@ -175,7 +190,9 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     report.update(returned=origin, solve_time_s=time.perf_counter() - began, lower_bound_s=floor,
                   gap=0.0 if span <= 0 else max(0.0, (span - floor) / span))
     if origin == "warm_start" and "solver_plan_makespan_s" in report:
-        report["note"] = "the solver's plan simulates no faster than the warm start, which is returned"
+        report["note"] = ("the solver's plan simulates no faster than the warm start, which is returned"
+                          if report["solver_plan_makespan_s"] is not None else
+                          "the solver's plans overflow memory under the reference model; the warm start is returned")
     plan.extra["pesto"] = report
     return plan
 
@@ -266,6 +283,11 @@ class _Problem:
                 default=0.0)
         return float(max(err, 0.0))
 
+    def admit(self, device_of: np.ndarray) -> None:
+        """Raise memory budgets to what ``device_of`` uses, so that a plan known to fit stays a solution."""
+        used = np.bincount(device_of, weights=self.need, minlength=self.cluster.num_devices)
+        self.capacity = np.maximum(self.capacity, np.ceil(used).astype(np.int64))
+
     def transfer_units(self, src: int, dst: int, nbytes: int) -> int:
         c = self.cluster.channels[self.cluster.channel_index[src, dst]]
         seconds = c.transfer_s(nbytes)
@@ -313,8 +335,9 @@ class _CpModel:
         for u, v in zip(g.src.tolist(), g.dst.tolist()):
             m.Add(self.start[v] >= self.end[u])
         self._transfers()
+        pairs = sum(len(entries) * (len(entries) - 1) // 2 for entries in self.on_channel)
+        self._fifo_channels(across_producers=exact or pairs <= FIFO_MAX_PAIRS)
         if exact:
-            self._fifo_channels()
             self._no_idling()
         m.Minimize(self.makespan)
 
@@ -324,6 +347,10 @@ class _CpModel:
         p, m, cluster = self.p, self.model, self.p.cluster
         n_dev = cluster.num_devices
         self.xfer: dict[tuple[int, int], tuple] = {}       # (tensor index, dst) -> (start, end)
+        self.wanted: dict[tuple[int, int], object] = {}     # (tensor index, dst) -> some consumer on dst
+        self.present: dict[tuple[int, int, int], object] = {}   # (tensor index, src, dst) -> transfer made
+        self.sizes: dict[tuple[int, int, int], tuple] = {}  # variable sizes: (var, [(consumer, units)])
+        self.fifo: dict[tuple[int, int], object] = {}       # (producer a, producer b) -> a finishes no later
         self.on_channel: list[list[tuple]] = [[] for _ in range(len(cluster.channels))]
         for k, (u, t, consumers) in enumerate(p.tensors):
             for d in range(n_dev):
@@ -338,6 +365,7 @@ class _CpModel:
                 finish = m.NewIntVar(0, p.horizon, f"te{k}_{d}")
                 m.Add(begin >= self.end[u])
                 self.xfer[(k, d)] = (begin, finish)
+                self.wanted[(k, d)] = wanted
                 for s, from_lit in self.x[u].items():
                     if s == d:
                         continue
@@ -349,12 +377,14 @@ class _CpModel:
                     present = m.NewBoolVar(f"y{k}_{s}_{d}")
                     m.AddBoolAnd([from_lit, wanted]).OnlyEnforceIf(present)
                     m.AddBoolOr([from_lit.Not(), wanted.Not(), present])
+                    self.present[(k, s, d)] = present
                     sizes = sorted({p.transfer_units(s, d, b) for _, b in here})
                     if len(sizes) == 1:
                         size = sizes[0]
                     else:   # the largest bytes among the edges to the consumers on d
                         size = m.NewIntVar(0, sizes[-1], f"tsz{k}_{s}_{d}")
                         m.AddMaxEquality(size, [p.transfer_units(s, d, b) * self.x[v][d] for v, b in here])
+                        self.sizes[(k, s, d)] = (size, [(v, p.transfer_units(s, d, b)) for v, b in here])
                     interval = m.NewOptionalIntervalVar(begin, size, finish, present, f"xfer{k}_{s}_{d}")
                     self.on_channel[c].append((k, d, present, interval))
                 for v, _ in here:
@@ -367,34 +397,43 @@ class _CpModel:
                 m.AddNoOverlap([entry[3] for entry in entries])
 
     # ------------------------------------------------- the reference model's rules
-    def _fifo_channels(self) -> None:
-        """A channel serves transfers in queue order: producer's finish, then producer, destination name, tensor."""
+    def _fifo_channels(self, across_producers: bool) -> None:
+        """A channel serves transfers in queue order: producer's finish, then producer, destination name, tensor.
+
+        Transfers of one producer queue at the same instant, so their order is
+        fixed; ordering transfers of different producers needs a literal per
+        pair of producers and is left out of big relaxed models.
+        """
         p, m = self.p, self.model
         names = [d.name for d in p.cluster.devices]
-        name_rank = {d: r for r, d in enumerate(np.argsort(np.argsort(names, kind="stable")).tolist())}
-        earlier: dict[tuple[int, int], object] = {}
+        name_rank = np.argsort(np.argsort(names, kind="stable")).tolist()
+
+        def queue_key(entry):
+            k, d = entry[0], entry[1]
+            return p.tensors[k][0], name_rank[d], p.tensors[k][1]
+
         for entries in self.on_channel:
-            for i, (ka, da, ya, _) in enumerate(entries):
-                for kb, db, yb, _ in entries[i + 1:]:
-                    if (ka, da) == (kb, db):
+            entries = sorted(entries, key=queue_key)
+            by_producer: dict[int, list] = {}
+            for entry in entries:
+                by_producer.setdefault(queue_key(entry)[0], []).append(entry)
+            for i, a in enumerate(entries):
+                ua = queue_key(a)[0]
+                for b in (entries[i + 1:] if across_producers else by_producer[ua][by_producer[ua].index(a) + 1:]):
+                    if a[:2] == b[:2]:
                         continue
-                    ua, ta, _ = p.tensors[ka]
-                    ub, tb, _ = p.tensors[kb]
-                    (a, b), (ua, ub) = (((ka, da), (kb, db)), (ua, ub)) if (ua, name_rank[da], ta) < (ub, name_rank[db], tb) \
-                        else (((kb, db), (ka, da)), (ub, ua))
-                    a_first = [self.xfer[a][1] <= self.xfer[b][0]]
-                    b_first = [self.xfer[b][1] <= self.xfer[a][0]]
+                    ub = queue_key(b)[0]
+                    a_first = self.xfer[a[:2]][1] <= self.xfer[b[:2]][0]
                     if ua == ub:
-                        m.Add(a_first[0]).OnlyEnforceIf([ya, yb])
+                        m.Add(a_first).OnlyEnforceIf([a[2], b[2]])
                         continue
-                    if (ua, ub) not in earlier:     # a's producer finishes no later (ties go to the lower index)
-                        lit = m.NewBoolVar(f"fifo{ua}_{ub}")
+                    if (ua, ub) not in self.fifo:     # a's producer finishes no later (ties go to the lower index)
+                        lit = self.fifo[(ua, ub)] = m.NewBoolVar(f"fifo{ua}_{ub}")
                         m.Add(self.end[ua] <= self.end[ub]).OnlyEnforceIf(lit)
                         m.Add(self.end[ua] > self.end[ub]).OnlyEnforceIf(lit.Not())
-                        earlier[(ua, ub)] = lit
-                    lit = earlier[(ua, ub)]
-                    m.Add(a_first[0]).OnlyEnforceIf([ya, yb, lit])
-                    m.Add(b_first[0]).OnlyEnforceIf([ya, yb, lit.Not()])
+                    lit = self.fifo[(ua, ub)]
+                    m.Add(a_first).OnlyEnforceIf([a[2], b[2], lit])
+                    m.Add(self.xfer[b[:2]][1] <= self.xfer[a[:2]][0]).OnlyEnforceIf([a[2], b[2], lit.Not()])
 
     def _no_idling(self) -> None:
         """Every job starts the moment it may: when its inputs are in and its device or channel is free."""
@@ -461,10 +500,17 @@ class _CpModel:
                 m.AddHint(lit, int(device_of[v] == d))
             m.AddHint(self.start[v], starts[v])
             m.AddHint(self.end[v], ends[v])
-        for key, (begin, finish) in self.xfer.items():
-            if key in xfer_times:
-                m.AddHint(begin, xfer_times[key][0])
-                m.AddHint(finish, xfer_times[key][1])
+        for (k, d), (begin, finish) in self.xfer.items():
+            begin_at, finish_at = xfer_times.get((k, d), (ends[p.tensors[k][0]],) * 2)
+            m.AddHint(begin, begin_at)
+            m.AddHint(finish, finish_at)
+            m.AddHint(self.wanted[(k, d)], int(any(device_of[v] == d for v, _ in p.tensors[k][2])))
+        for (k, s, d), lit in self.present.items():
+            m.AddHint(lit, int(device_of[p.tensors[k][0]] == s and any(device_of[v] == d for v, _ in p.tensors[k][2])))
+        for (k, s, d), (var, terms) in self.sizes.items():
+            m.AddHint(var, max(units * int(device_of[v] == d) for v, units in terms))
+        for (ua, ub), lit in self.fifo.items():
+            m.AddHint(lit, int(ends[ua] <= ends[ub]))
         m.AddHint(self.makespan, max(ends, default=0))
 
     def solve(self, seed: int, workers: int, seconds: float, effort: float):
@@ -476,6 +522,9 @@ class _CpModel:
             params.interleave_search = True
         params.max_time_in_seconds = max(0.1, seconds)
         params.max_deterministic_time = effort
+        # Symmetry detection and probing cost many seconds on models with thousands of optional intervals.
+        params.symmetry_level = 0
+        params.cp_model_probing_level = 0
         status = solver.Solve(self.model)
         return status, solver
 
@@ -553,5 +602,4 @@ def _candidates(graph: OpGraph, cluster: Cluster, coarse: Coarsening, cp: _CpMod
     order = [np.concatenate([coarse.members[k] for k in seq.tolist()]) if seq.size else np.zeros(0, dtype=np.int64)
              for seq in cp.orders(solver, coarse_device)]
     yield "solver", simulate(graph, cluster, device_of, order, check=False)
-    if coarse.graph.num_nodes < graph.num_nodes:
-        yield "solver_placement", simulate(graph, cluster, device_of, check=False)
+    yield "solver_placement", simulate(graph, cluster, device_of, check=False)
