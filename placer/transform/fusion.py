@@ -185,7 +185,8 @@ def optimal_breakpoints(n: int, src_pos: np.ndarray, dst_pos: np.ndarray, edge_c
                 lo = j - int(empty[0])
         cost = np.cumsum(pending[lo:j][::-1])[::-1]
         candidates = best[lo:j] + cost
-        k = int(np.argmin(candidates))
+        # Among (rounding-)equal costs take the earliest breakpoint: the fewest, largest clusters.
+        k = int(np.argmax(candidates <= candidates.min() * (1 + 1e-9) + 1e-15))
         best[j] = candidates[k]
         previous[j] = lo + k
     cuts = [n]
