@@ -7,7 +7,8 @@
 Part 1 captures each zoo model at its default (paper) size on the meta device, at batch 4 and at
 its paper batch size, and reports nodes, edges and capture seconds.
 
-Part 2 builds each model's ``tiny`` configuration at batch 4 for real, times every node on the
+Part 2 builds each model at batch 4 for real (its default size when the step is at most
+``--max-gflop`` GFLOP, else its ``tiny`` configuration), times every node on the
 device (``placer.cost.profile``: one thread and thread CPU time on the CPU; synchronised wall
 time on a GPU), and compares with the analytic roofline of that device kind
 (``placer.cost.analytic``): the sum over nodes (the step) predicted and measured, and the median
@@ -51,23 +52,31 @@ def capture_table(names: list[str], skip_paper: bool) -> list[list[str]]:
     return rows
 
 
-def cost_table(names: list[str], device: str, repeats: int) -> list[list[str]]:
+def step_gflop(name: str, batch: int) -> float:
+    with torch.device("meta"):
+        model, inputs = ZOO[name].factory(batch)
+    return float(np.nansum(capture(model, inputs).graph.flops)) / 1e9
+
+
+def cost_table(names: list[str], device: str, repeats: int, batch: int, max_gflop: float) -> list[list[str]]:
     kind, _ = device_kind_of(device)
     analytic_kind = kind if kind in DEVICE_SPECS else None
     rows = []
     for name in names:
         entry = ZOO[name]
         try:
-            model, inputs = entry.factory(4, **entry.tiny)
+            default = step_gflop(name, batch) <= max_gflop
+            model, inputs = entry.factory(batch, **({} if default else entry.tiny))
             if device != "cpu":
                 model = model.to(device)
                 inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
-            step = capture(model, inputs, name=f"{name}-tiny-bs4")
+            step = capture(model, inputs, name=f"{name}-bs{batch}")
             profile = profile_step(step, model, inputs, device=device, repeats=repeats)
             g = step.graph
             measured = np.array([profile.node_seconds[i] for i in g.ids])
             timed = np.array([op != "placeholder" for op in g.op]) & (measured > 0)
-            row = [name, str(g.num_nodes), f"{measured.sum() * 1e3:.2f}"]
+            row = [name, "default" if default else "tiny", str(g.num_nodes), f"{np.nansum(g.flops) / 1e9:.2f}",
+                   f"{measured.sum() * 1e3:.2f}"]
             if analytic_kind:
                 predicted = annotate(g, reference=analytic_kind, kinds=()).compute_s
                 rel = np.abs(predicted[timed] - measured[timed]) / measured[timed]
@@ -75,7 +84,7 @@ def cost_table(names: list[str], device: str, repeats: int) -> list[list[str]]:
                         f"{100 * float(np.median(rel)):.0f}%"]
             rows.append(row)
         except Exception as exc:  # noqa: BLE001
-            rows.append([name, "-", f"failed: {type(exc).__name__}: {exc}"[:80]])
+            rows.append([name, "-", "-", "-", f"failed: {type(exc).__name__}: {exc}"[:80]])
         print(" | ".join(rows[-1]), flush=True)
     return rows
 
@@ -116,6 +125,10 @@ def main() -> None:
     parser.add_argument("--models", help="comma-separated zoo names (default: all)")
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N for part 2")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per node (median)")
+    parser.add_argument("--batch", type=int, default=4, help="batch size of part 2 (default 4)")
+    parser.add_argument("--max-gflop", type=float, default=30.0,
+                        help="part 2 profiles the default size when its step is at most this many GFLOP, "
+                             "else the tiny configuration (default 30)")
     parser.add_argument("--skip-capture", action="store_true", help="skip part 1")
     parser.add_argument("--skip-paper", action="store_true", help="part 1 at batch 4 only")
     args = parser.parse_args()
@@ -127,9 +140,10 @@ def main() -> None:
         print("\n## Part 1: capture at the default size, meta device")
         rows = capture_table(names, args.skip_paper)
         print(markdown(["model", "batch", "nodes", "edges", "state MiB", "GFLOP", "capture s"], rows))
-    print(f"\n## Part 2: tiny configuration, batch 4, measured on {device_name} ({kind}) vs analytic {kind}")
-    rows = cost_table(names, args.device, args.repeats)
-    print(markdown(["model", "nodes", "measured ms", "analytic ms", "analytic / measured", "median node error"], rows))
+    print(f"\n## Part 2: batch {args.batch}, measured on {device_name} ({kind}) vs analytic {kind}")
+    rows = cost_table(names, args.device, args.repeats, args.batch, args.max_gflop)
+    print(markdown(["model", "size", "nodes", "GFLOP", "measured ms", "analytic ms", "analytic / measured",
+                    "median node error"], rows))
     if args.device == "cpu":
         print("\n## Part 3: single-thread CPU figures")
         print("\n".join(cpu_figures()))

@@ -170,9 +170,10 @@ def test_bad_calibration_files(tmp_path, doc, message):
 
 
 def test_real_gloo_calibration_two_ranks():
-    cal = calibrate("gloo", ranks=2, sizes=[1024, 1 << 20, 4 << 20], repeats=3, timeout_s=60)
+    # Sizes 4096x apart, so that a loaded machine's noise cannot hide the bandwidth term.
+    cal = calibrate("gloo", ranks=2, sizes=[1024, 4 << 20], repeats=5, timeout_s=120)
     fit = cal.links["gloo"]
-    assert [b for b, _ in fit.samples] == [1024, 1 << 20, 4 << 20]
+    assert [b for b, _ in fit.samples] == [1024, 4 << 20]
     assert all(t > 0 for _, t in fit.samples)
     assert fit.bandwidth_bytes_per_s > 0 and np.isfinite(fit.r2)
     assert cal.meta["ranks"] == 2 and cal.meta["backend"] == "gloo"
