@@ -89,7 +89,7 @@ def _load(args: argparse.Namespace, batch: int):
 def cmd_run(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster
     from ..plan import Plan
-    from .check import state_difference, step_times, train_eager
+    from .check import eager_optimizer, state_difference, step_times, train_eager
 
     if args.steps < 1:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
@@ -110,7 +110,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{times.warmup} warm-up), simulator predicts {m.predicted_s * 1e3:.3f} ms{loss}")
     if not args.verify:
         return 0
-    reference_optimizer = captured.optimizer.eager(reference.parameters())
+    reference_optimizer = eager_optimizer(captured, reference.parameters())
     train_eager(reference, inputs, reference_optimizer, args.steps)
     worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
     if worst <= VERIFY_TOLERANCE:

@@ -5,9 +5,10 @@ Rank ``j`` is plan device ``j``. Every rank compiles the same
 its device (parameters, buffers, optimizer state) and runs its own
 operations in plan order. A value another device needs leaves with a
 non-blocking send as soon as it exists (a snapshot when the step later
-overwrites its storage in place); a rank receives a value when its first
-consumer there is about to run, posting its receives from each peer in the
-order that peer sends them. Tensors travel as flat buffers laid out by the
+overwrites its storage in place). With gloo a rank posts all its receives at
+the start of the step (matched by tag), so each transfer moves as soon as it
+is sent; with NCCL it posts them when their first consumer is about to run,
+from each peer in the order that peer sends them. Tensors travel as flat buffers laid out by the
 strides recorded at capture, so the receiver rebuilds exactly the layout the
 sender had; Python scalars travel as 0-d tensors (float64, int64 or bool).
 
@@ -73,6 +74,7 @@ class RankJob:
     threads: int = 1
     hook: Callable[[int], None] | None = None
     result_path: str | None = None
+    profile: bool = False
 
 
 @dataclass
@@ -144,6 +146,8 @@ class _RankRunner:
                 self.frees_after.setdefault(v, []).extend(dead)
         self.pair_groups: dict[tuple[int, int], Any] = {}
         self.op_s: dict[str, list[float]] = {}     # seconds of every run of each node
+        # On GPUs an op's host time is its launch; with profile, synchronize around each op.
+        self.profile_gpu = False
 
     def make_pair_groups(self) -> None:
         """NCCL: one group per ordered pair, so that each direction is its own FIFO (every rank calls this)."""
@@ -180,14 +184,16 @@ class _RankRunner:
                 if buf is not None:
                     sending.append((self._isend(buf, x), buf))
 
+        def post(y):
+            buf = receive_buffer(self.specs[y.node], self.device)
+            posted[y.index] = (None if buf is None else self._irecv(buf, y), buf)
+
         def receive(a):
             x = prog.recv[(a, rank)]
             queue = self.incoming[x.src]
             while x.index not in posted:
-                y = queue[next_post[x.src]]
+                post(queue[next_post[x.src]])
                 next_post[x.src] += 1
-                buf = receive_buffer(self.specs[y.node], self.device)
-                posted[y.index] = (None if buf is None else self._irecv(buf, y), buf)
             work, buf = posted.pop(x.index)
             if work is not None:
                 try:
@@ -196,21 +202,39 @@ class _RankRunner:
                     raise RuntimeError(f"rank {rank}: {a.name!r} from rank {x.src} did not arrive: {exc}") from exc
             return unpack(buf, self.specs[a], self.device)
 
+        if self.backend == "gloo":
+            # Gloo moves a message once its receive is posted: post them all now, so that
+            # every transfer starts when its producer finishes, as in the simulator.
+            # (Tags match them; NCCL instead posts in each peer's send order, on demand.)
+            for src, queue in self.incoming.items():
+                while next_post[src] < len(queue):
+                    post(queue[next_post[src]])
+                    next_post[src] += 1
         for k in self.owned:
             send(prog.placeholders[k], state[k])
         clock = time.perf_counter
         op_s = self.op_s
         for v in self.schedule:
+            # On a CPU an op's time is the rank's busy time for it (receiving less the
+            # waiting, running, sending, freeing), as the simulator's device is busy with
+            # it; on a GPU, with profile_gpu, the kernel time between synchronisations.
+            t0 = clock()
+            waited = 0.0
             for a in v.all_input_nodes:
                 if a not in env:
                     env[a] = receive(a)
-            t0 = clock()
+                    waited = clock() - t0
+            if self.profile_gpu:
+                torch.cuda.synchronize(self.device)
+                t0, waited = clock(), 0.0
             out = call_node(v, env, self.device)
-            op_s.setdefault(v.name, []).append(clock() - t0)
+            if self.profile_gpu:
+                torch.cuda.synchronize(self.device)
             env[v] = out
             send(v, out)
             for a in self.frees_after.get(v, ()):
                 env.pop(a, None)
+            op_s.setdefault(v.name, []).append(clock() - t0 - waited)
         for work, _ in sending:
             work.wait()
         return {i: env[v] if isinstance(v, fx.Node) else v for i, v in enumerate(prog.outputs)
@@ -244,6 +268,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         if program.num_devices != world:
             raise RunError(f"the plan has {program.num_devices} devices but {world} ranks were started")
         runner = _RankRunner(program, rank, device, backend)
+        runner.profile_gpu = job.profile and device.type == "cuda"
         if backend == "nccl":
             runner.make_pair_groups()
         state = {k: copy_to(job.flat_inputs[k], device) for k in runner.owned}
@@ -311,7 +336,8 @@ def _free_port() -> int:
 def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
                     *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
                     carrier: dict[str, str] | None = None, threads: int = 1,
-                    hook: Callable[[int], None] | None = None, deadline_s: float | None = None) -> DistributedResult:
+                    hook: Callable[[int], None] | None = None, deadline_s: float | None = None,
+                    profile: bool = False) -> DistributedResult:
     """Train ``steps`` steps with one local process per plan device; return times, outputs and state.
 
     Parameters
@@ -336,6 +362,9 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         where ranks are spawned, i.e. with NCCL).
     deadline_s : float, optional
         Wall-clock limit of the whole run (default: ``timeout_s * (steps + 3)``).
+    profile : bool
+        On GPUs, synchronise around every operation so that ``op_s`` holds kernel
+        times (it slows the step). On CPUs operations are always timed.
 
     Returns
     -------
@@ -361,7 +390,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     with tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
         result_path = str(Path(tmp) / "result.pt")
         job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, backend, timeout_s,
-                      carrier, threads, hook, result_path)
+                      carrier, threads, hook, result_path, profile)
         # fork shares the captured module without pickling it; CUDA needs fresh processes.
         method = "spawn" if backend == "nccl" else "fork"
         context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{_free_port()}", tmp),
