@@ -22,7 +22,8 @@ from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import state_difference, train_eager
-from placer.runtime.distributed import RunError, run_distributed
+from placer.runtime.distributed import (RunError, _free_port, run_distributed, run_under_torchrun,
+                                        under_torchrun)
 from placer.runtime.program import compile_program, copy_to, pack, receive_buffer, unpack, value_spec
 
 STEPS = 3
@@ -296,3 +297,29 @@ def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys)
     assert tuned.extra["measured_step_s"] > 0
 
 
+def _torchrun_rank(rank: int, port: int, case: Case, plan: Plan, out: str) -> None:
+    """One rank as torchrun starts it: only the environment says who it is."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    assert under_torchrun()
+    captured = case.captured
+    model, optimizer = case.fresh()
+    flat = captured.step_inputs(model, case.inputs, optimizer)
+    result = run_under_torchrun(captured.gm, captured.graph, plan, load_cluster("2xcpu"), flat, steps=STEPS,
+                                carrier=captured.carrier, timeout_s=30)
+    assert (result is None) == (rank != 0)
+    if result is not None:
+        torch.save(result.state, out)
+
+
+def test_ranks_started_by_torchrun_run_the_plan_together(file_case, tmp_path):
+    import torch.multiprocessing as mp
+
+    plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
+    out = str(tmp_path / "state.pt")
+    mp.start_processes(_torchrun_rank, args=(_free_port(), file_case, plan, out), nprocs=2, start_method="fork")
+    model, optimizer = file_case.fresh()
+    flat = file_case.captured.step_inputs(model, file_case.inputs, optimizer)
+    state = torch.load(out, weights_only=False)
+    file_case.captured.write_back([state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+    file_case.assert_matches(model, optimizer)

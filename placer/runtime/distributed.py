@@ -47,7 +47,8 @@ from ..plan import Plan
 from .program import (Program, call_node, compile_program, copy_to, pack, receive_buffer, unpack,
                       value_spec)
 
-__all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "rank_main", "resolve_backend"]
+__all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
+           "resolve_backend", "under_torchrun"]
 
 
 class RunError(PlacerError):
@@ -103,8 +104,13 @@ class DistributedResult:
     predicted_s: float = math.nan
 
 
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a ``torchrun`` launch (its environment says so)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
 def resolve_backend(backend: str, world: int) -> str:
-    """``"gloo"`` or ``"nccl"`` for ``backend`` in {"auto", "gloo", "nccl"}.
+    """``"gloo"`` or ``"nccl"`` for ``backend`` in {"auto", "gloo", "nccl"}; ``world`` is the ranks on this host.
 
     Raises
     ------
@@ -397,6 +403,36 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                                      nprocs=world, join=False, start_method=method)
         _wait(context.processes, deadline, timeout_s, tmp)
         merged = torch.load(result_path, weights_only=False)
+    outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
+    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"])
+
+
+def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
+                       *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
+                       carrier: dict[str, str] | None = None, threads: int = 1,
+                       profile: bool = False) -> DistributedResult | None:
+    """This process's rank of a run launched by ``torchrun`` (one or several hosts).
+
+    Every rank calls it with the same arguments (capture is deterministic, so
+    each rank captures the step itself); ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` come from ``torchrun``. Rank 0
+    returns the result, the others None. A rank that fails or waits longer than
+    ``timeout_s`` raises, and ``torchrun`` stops the others.
+
+    Raises
+    ------
+    RunError
+        If ``WORLD_SIZE`` is not the plan's number of devices.
+    """
+    world = int(os.environ["WORLD_SIZE"])
+    if world != cluster.num_devices:
+        raise RunError(f"torchrun started {world} ranks for a plan over {cluster.num_devices} devices")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, resolve_backend(backend, local_world),
+                  timeout_s, carrier, threads, None, None, profile)
+    merged = rank_main(int(os.environ["RANK"]), world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))
+    if merged is None:
+        return None
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"])
 
