@@ -204,4 +204,6 @@ def add_commands(subparsers) -> None:
     p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with")
     p.add_argument("--rounds", type=int, default=2, help="replanning rounds after the first plan (default 2)")
     p.add_argument("--output", "-o", required=True, help="plan file for the fastest measured plan")
-    p.set_defaults(func=cmd_tune)
+    # One process per device measures what a placement changes; the local backend on a CPU
+    # runs every device's work in turn.
+    p.set_defaults(func=cmd_tune, backend="distributed")
