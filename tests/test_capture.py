@@ -337,3 +337,56 @@ def test_cli_capture_writes_the_graph_atomically(model_file, tmp_path, capsys):
     assert main(["capture", f"{model_file}:broken", "--batch", "4", "-o", str(tmp_path / "h.json")]) == 2
     assert "raised ValueError" in capsys.readouterr().err
     assert not (tmp_path / "h.json").exists()
+
+
+def test_write_back_from_copies_equals_running_in_place():
+    model, inputs = _cnn()
+    reference = copy.deepcopy(model)
+    step = capture(model, inputs, optimizer="adam", lr=1e-2)
+    opt, ref_opt = step.optimizer.eager(model.parameters()), step.optimizer.eager(reference.parameters())
+    for _ in range(2):
+        copies = [t.clone() for t in step.step_inputs(model, inputs, opt)]   # as a runtime on other devices
+        loss = step.gm(*copies)
+        step.write_back(copies, model, opt)
+        ref_loss = step.run(reference, inputs, ref_opt)
+        assert loss.item() == ref_loss.item()
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.equal(a, b)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert all(torch.equal(opt.state[p][k], ref_opt.state[q][k]) for k in step.layout.state_names)
+    fresh = step.step_inputs(model, inputs)   # no optimizer: new zero state, reused across steps
+    assert len(fresh) == step.layout.num_flat
+    with pytest.raises(OptionError, match="Adam"):
+        step.step_inputs(model, inputs, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_frozen_parameters_are_inputs_not_trained():
+    model, inputs = _mlp()
+    model.fc1.requires_grad_(False)
+    reference = copy.deepcopy(model)
+    step = capture(model, inputs, optimizer="adamw", lr=1e-2)
+    assert step.layout.params == ("fc2.weight", "fc2.bias")
+    assert step.layout.buffers == ("fc1.weight", "fc1.bias")
+    opt = step.optimizer.eager([p for p in model.parameters() if p.requires_grad])
+    ref_opt = step.optimizer.eager([p for p in reference.parameters() if p.requires_grad])
+    for _ in range(2):
+        step.run(model, inputs, opt)
+    _eager_steps(reference, inputs, ref_opt, 2)
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_example_args_run_the_step_without_touching_the_model():
+    model, inputs = _lm()
+    before = copy.deepcopy(model.state_dict())
+    step = capture(model, inputs, optimizer="adam")
+    args = step.example_args()
+    loss = step.gm(*args)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values()))
+    with torch.device("meta"):
+        meta_model, meta_inputs = _lm()
+    fake = capture(meta_model, meta_inputs, optimizer="adam")
+    fake_args = fake.example_args()
+    assert [a.shape for a in fake_args] == [a.shape for a in args]
+    assert torch.isfinite(fake.gm(*fake_args))

@@ -5,6 +5,8 @@ its module and importing it here.
 """
 
 from . import auto, baselines  # noqa: F401  (register auto; single, round_robin, expert, metis)
+from . import baechi, fastt, heft  # noqa: F401  (m_topo, m_etf, m_sct; dpos, os_dpos; heft)
+from . import celeritas  # noqa: F401  (register celeritas, order_place)
 from .registry import Algorithm, available_algorithms, get_algorithm, place, register
 
 __all__ = ["Algorithm", "available_algorithms", "get_algorithm", "place", "register"]

@@ -21,9 +21,11 @@ import time
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Sequence
+from unittest.mock import patch
 
 import torch
 import torch.fx as fx
+import torch.fx.config
 import torch.fx.traceback as fx_traceback
 from torch import nn
 from torch.fx.experimental.proxy_tensor import make_fx
@@ -42,8 +44,9 @@ __all__ = ["CapturedStep", "StepLayout", "capture"]
 class StepLayout:
     """The order of the flat arguments of a captured step.
 
-    ``params`` (``model.named_parameters()``, a tied parameter once, under its first
-    name), then ``buffers`` (``model.named_buffers()``), then for each name of
+    ``params`` (the trainable ``model.named_parameters()``, a tied parameter once,
+    under its first name), then ``buffers`` (frozen parameters, ``requires_grad=False``,
+    then ``model.named_buffers()``: inputs the optimizer does not update), then for each name of
     ``state_names`` one tensor per parameter (state-major: all ``step``, then all
     ``exp_avg``, ...), then the tensors among the example ``inputs`` in order
     (``input_slots`` gives their positions; the other inputs are constants of the step).
@@ -99,6 +102,8 @@ class CapturedStep:
         has a valid graph but cannot be fed from the model.
     constants : dict
         Input position -> the non-tensor input baked into the step.
+    source : tuple or None
+        ``(model, inputs)`` of a real (not fake) capture, for :meth:`example_args`.
     """
 
     graph: OpGraph
@@ -110,6 +115,7 @@ class CapturedStep:
     capture_s: float
     fake: bool
     constants: dict[int, Any] = field(default_factory=dict)
+    source: tuple[nn.Module, tuple] | None = field(default=None, repr=False)
 
     # ----------------------------------------------------------------- execution
     def step_inputs(self, model: nn.Module, inputs: Sequence[Any],
@@ -129,17 +135,24 @@ class CapturedStep:
             If the model's parameters or buffers are not those captured, the optimizer is
             of another class or has several parameter groups with other settings.
         """
+        tensors = self._live_tensors(model)
         params = dict(model.named_parameters())
-        buffers = dict(model.named_buffers())
-        missing = [n for n in (*self.layout.params, *self.layout.buffers) if n not in params and n not in buffers]
-        if missing:
-            raise OptionError(f"the model has no parameter or buffer {missing[0]!r} of the captured step")
-        flat: list[torch.Tensor] = [params[n].detach() for n in self.layout.params]
-        flat += [buffers[n] for n in self.layout.buffers]
+        flat: list[torch.Tensor] = [tensors[n] for n in (*self.layout.params, *self.layout.buffers)]
         states = [self._state_of(params[n], optimizer) for n in self.layout.params]
         for state_name in self.layout.state_names:
             flat += [s[state_name] for s in states]
         return self.with_inputs(flat, inputs)
+
+    def _live_tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        tensors = {name: p.detach() for name, p in model.named_parameters()}
+        tensors.update(model.named_buffers())
+        missing = [n for n in (*self.layout.params, *self.layout.buffers) if n not in tensors]
+        if missing:
+            raise OptionError(f"the model has no parameter or buffer {missing[0]!r} of the captured step")
+        meta = [n for n in (*self.layout.params, *self.layout.buffers) if tensors[n].is_meta]
+        if meta:
+            raise OptionError(f"the model's {meta[0]!r} is on the meta device: build it for real to run the step")
+        return tensors
 
     def with_inputs(self, flat: list[torch.Tensor], inputs: Sequence[Any]) -> list[torch.Tensor]:
         """``flat`` with its input tensors replaced by those of ``inputs`` (a new batch)."""
@@ -159,6 +172,30 @@ class CapturedStep:
             state.update(self.optimizer.initial_state(param.detach()))
         return state
 
+    def example_args(self, seed: int = 0) -> list[torch.Tensor]:
+        """Flat arguments to run :attr:`gm` on, without touching any live model.
+
+        Copies of the captured model's tensors and inputs, with fresh optimizer state, for
+        a real capture; for a fake one, CPU tensors of the captured shapes: normal values
+        for parameters and floating inputs, zeros for buffers, optimizer state and
+        integer inputs (valid indices and labels).
+        """
+        if self.source is not None and not self.fake:
+            model, inputs = self.source
+            flat = self.step_inputs(model, inputs)
+            return [t.detach().clone() for t in flat]
+        generator = torch.Generator().manual_seed(seed)
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        args = []
+        for k, node in enumerate(placeholders):
+            val = node.meta["val"]
+            is_param_or_input = k < len(self.layout.params) or k >= self.layout.input_offset
+            if is_param_or_input and val.is_floating_point():
+                args.append(torch.randn(tuple(val.shape), dtype=val.dtype, generator=generator))
+            else:
+                args.append(torch.zeros(tuple(val.shape), dtype=val.dtype))
+        return args
+
     def write_back(self, flat: Sequence[torch.Tensor], model: nn.Module,
                    optimizer: torch.optim.Optimizer | None = None) -> None:
         """Copy parameters, buffers and optimizer state from ``flat`` into ``model`` / ``optimizer``.
@@ -167,9 +204,9 @@ class CapturedStep:
         model and optimizer hold the same values as if ``gm`` had run on
         :meth:`step_inputs` directly. Tensors that already share storage are skipped.
         """
+        tensors = self._live_tensors(model)
         params = dict(model.named_parameters())
-        buffers = dict(model.named_buffers())
-        targets: list[torch.Tensor] = [params[n] for n in self.layout.params] + [buffers[n] for n in self.layout.buffers]
+        targets: list[torch.Tensor | None] = [tensors[n] for n in (*self.layout.params, *self.layout.buffers)]
         if self.layout.state_names:
             states = [self._state_of(params[n], optimizer) if optimizer is not None else None
                       for n in self.layout.params]
@@ -311,8 +348,9 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         raise OptionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = _as_tuple(inputs)
     opt = optimizer_spec(optimizer, lr)
-    params = dict(model.named_parameters())
-    buffers = dict(model.named_buffers())
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    buffers = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+    buffers.update(model.named_buffers())
     fake = bool(fake) or any(t.is_meta for t in (*params.values(), *buffers.values()))
     slots = tuple(k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor))
     layout = StepLayout(tuple(params), tuple(buffers), opt.state_names, slots, len(inputs))
@@ -333,7 +371,8 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
 
     traced._orig_mod = model   # lets make_fx record each op's module path (nn_module_stack)
     try:
-        with fx_traceback.preserve_node_meta():
+        # Stack traces of every op cost a fifth of the trace and are not used.
+        with fx_traceback.preserve_node_meta(), patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
             gm = make_fx(traced, tracing_mode="fake", record_module_stack=True)(*flat)
     except FormatError:
         raise
@@ -348,7 +387,8 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
 
     graph = annotate(graph)
     constants = {k: x for k, x in enumerate(inputs) if k not in slots}
-    return CapturedStep(graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants)
+    return CapturedStep(graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants,
+                        None if fake else (model, inputs))
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:
