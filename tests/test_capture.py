@@ -390,3 +390,33 @@ def test_example_args_run_the_step_without_touching_the_model():
     fake_args = fake.example_args()
     assert [a.shape for a in fake_args] == [a.shape for a in args]
     assert torch.isfinite(fake.gm(*fake_args))
+
+
+def _zoo_names():
+    from placer.capture.zoo import ZOO
+
+    return sorted(ZOO)
+
+
+@pytest.mark.parametrize("name", _zoo_names())
+def test_every_zoo_model_captures_at_batch_4_with_faithful_flops(name):
+    from placer.capture import capture_spec
+    from placer.capture.zoo import ZOO
+
+    entry = ZOO[name]
+    query = "&".join(f"{k}={v}" for k, v in entry.tiny.items())
+    step = capture_spec(f"zoo:{name}" + (f"?{query}" if query else ""), 4, optimizer="sgd", fake=False)
+    graph = OpGraph.from_dict(step.graph.to_dict())
+    assert graph.num_nodes > 20 and graph.name == f"{name}-bs4-sgd"
+    assert any(s for s in graph.splittable), "no batch-splittable op"
+    model, inputs = entry.factory(4, **entry.tiny)
+    assert np.nansum(graph.flops) == pytest.approx(_eager_flops(model, inputs, step.optimizer), rel=0.02)
+
+
+def test_unknown_zoo_model_and_option_are_named():
+    from placer.capture import load_model
+
+    with pytest.raises(OptionError, match="unknown zoo model 'nope'.*lenet"):
+        load_model("zoo:nope", 4)
+    with pytest.raises(OptionError, match="depthh"):
+        load_model("zoo:resnet50?depthh=3", 4)

@@ -9,7 +9,7 @@ from placer import OpGraph, place, simulate
 from placer.algorithms.baechi import etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
-from placer.algorithms.list_scheduling import earliest_slot, upward_ranks
+from placer.algorithms.list_scheduling import Timeline, upward_ranks
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
@@ -146,11 +146,40 @@ def test_dpos_moves_the_critical_path_when_its_device_is_full():
     assert simulate(g, cluster, sched.device_of, sched.orders).fits
 
 
+def timeline(intervals):
+    t = Timeline()
+    for begin, length in intervals:
+        t.book(*t.find(begin, length, insertion=True), length, begin)
+    return t
+
+
 def test_insertion_uses_an_idle_gap():
-    assert earliest_slot([0.0, 10.0], [2.0, 12.0], 1.0, 3.0, insertion=True) == (2.0, 1)
-    assert earliest_slot([0.0, 10.0], [2.0, 12.0], 1.0, 9.0, insertion=True) == (12.0, 2)
+    t = timeline([(0.0, 2.0), (10.0, 2.0)])
+    assert t.find(1.0, 3.0, insertion=True)[0] == 2.0
+    assert t.find(1.0, 9.0, insertion=True)[0] == 12.0
+    assert t.find(1.0, 3.0, insertion=False)[0] == 12.0
     # A zero-length predecessor finishing exactly at `ready` stays before the job.
-    assert earliest_slot([5.0], [5.0], 5.0, 0.0, insertion=True) == (5.0, 1)
+    t = timeline([(5.0, 0.0)])
+    assert t.find(5.0, 0.0, insertion=True)[1:] == (0, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 5)), max_size=300), st.floats(0, 100), st.floats(0, 5))
+def test_timeline_finds_the_earliest_gap_like_a_walk_over_every_interval(jobs, ready, length):
+    t = timeline(jobs)
+    items = t.items()
+    starts = [s for block in t.starts for s in block]
+    finishes = [f for block in t.finishes for f in block]
+    assert starts == sorted(starts) and all(f <= s for f, s in zip(finishes, starts[1:]))
+    assert len(items) == len(jobs)
+    begin = ready
+    for s, f in zip(starts, finishes):
+        if f <= ready:
+            continue
+        if begin + length <= s:
+            break
+        begin = max(begin, f)
+    assert t.find(ready, length, insertion=True)[0] == begin
 
 
 def test_m_sct_keeps_favourite_children_with_their_parent():

@@ -5,7 +5,7 @@ its module and importing it here.
 """
 
 from . import auto, baselines  # noqa: F401  (register auto; single, round_robin, expert, metis)
-from . import baechi, fastt, heft  # noqa: F401  (m_topo, m_etf, m_sct; dpos, os_dpos; heft)
+from . import baechi, data_parallel, fastt, heft  # noqa: F401  (m_topo, m_etf, m_sct; data_parallel; dpos, os_dpos; heft)
 from . import celeritas  # noqa: F401  (register celeritas, order_place)
 from .registry import Algorithm, available_algorithms, get_algorithm, place, register
 

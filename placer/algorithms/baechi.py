@@ -97,6 +97,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             fav_parent[v] = u
     reserved_for = [-1] * cluster.num_devices
     heap: list[tuple[float, int, int, int, int]] = []
+    cache: dict = {}
 
     def parent_device(v: int) -> int:
         """The device of v's favourite parent while that parent is still the last node there, else -1."""
@@ -104,7 +105,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if u < 0:
             return -1
         d = state.device_of[u]
-        return d if d >= 0 and state.dev_nodes[d] and state.dev_nodes[d][-1] == u else -1
+        return d if d >= 0 and state.devices[d].last_item() == u else -1
 
     def candidates(v: int) -> list[int]:
         devices = state.devices_for(v)
@@ -115,7 +116,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         return free or devices
 
     def push(v: int) -> None:
-        d, est = state.best_device(v, candidates(v), key=0)
+        d, est = state.best_device(v, candidates(v), key=0, cache=cache)
         heapq.heappush(heap, (est[0], position[v], v, d, state.version[d]))
 
     def become_ready(v: int) -> None:
@@ -137,7 +138,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if version != state.version[d] or (fixed >= 0 and fixed != d):
             push(v)
             continue
-        state.commit(v, d, state.estimate(v, d))
+        state.commit(v, d, cache[(v, d)][1])
         if reserved_for[d] == v:
             reserved_for[d] = -1
         done += 1

@@ -38,10 +38,10 @@ from ..errors import InfeasibleError
 from ..graph import OpGraph
 from ..paths import bottom_levels
 from ..plan import Plan
-from ..sim.simulator import simulate
+from ..sim.simulator import SimResult, simulate
 from .common import MemoryBudget, liveness_ratio, placement_units, unit_allowed
 
-__all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "earliest_slot",
+__all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "ResidentMemoryBudget"]
 
 
@@ -63,41 +63,114 @@ class Schedule:
     orders: list[np.ndarray]
     start: np.ndarray
     finish: np.ndarray
+    #: The reference simulation of the schedule, once :func:`schedule_with_memory_retries` ran it.
+    simulated: SimResult | None = None
 
     @property
     def makespan_s(self) -> float:
         return float(self.finish.max()) if self.finish.size else 0.0
 
 
-def earliest_slot(starts: list[float], finishes: list[float], ready: float, length: float,
-                  insertion: bool) -> tuple[float, int]:
-    """Earliest start >= ``ready`` of a job of ``length`` on a timeline of busy intervals.
+class Timeline:
+    """Busy intervals of one device or channel, in time order, that find the earliest idle gap fast.
 
-    ``starts`` and ``finishes`` list the booked intervals in time order (they do
-    not overlap). With ``insertion`` the job may take an idle gap between two
-    booked intervals; otherwise it goes after the last one. Returns the start
-    and the position at which the job enters the timeline.
+    Intervals are kept in blocks of a few dozen; each block knows the longest
+    idle gap before any of its intervals, so a search for a gap of a given
+    length skips whole blocks instead of walking every interval (list
+    schedulers book out of time order, and graphs of 100k nodes leave long
+    timelines).
 
     Examples
     --------
-    >>> earliest_slot([0.0, 5.0], [2.0, 9.0], 1.0, 3.0, insertion=True)
-    (2.0, 1)
-    >>> earliest_slot([0.0, 5.0], [2.0, 9.0], 1.0, 3.0, insertion=False)
-    (9.0, 2)
+    >>> t = Timeline()
+    >>> t.book(*t.find(0.0, 2.0, insertion=True), 2.0, "a")
+    >>> t.book(*t.find(5.0, 4.0, insertion=True), 4.0, "b")
+    >>> t.find(1.0, 3.0, insertion=True)[0], t.find(1.0, 3.0, insertion=False)[0]
+    (2.0, 9.0)
+    >>> t.items()
+    ['a', 'b']
     """
-    count = len(finishes)
-    if not insertion or count == 0:
-        return (max(ready, finishes[-1]) if count else ready), count
-    # Intervals that finish by `ready` lie wholly before it (a zero-length
-    # predecessor finishing exactly at `ready` must stay before the job).
-    k = bisect_right(finishes, ready)
-    begin = ready
-    while k < count:
-        if begin + length <= starts[k]:
-            return begin, k
-        begin = max(ready, finishes[k])
-        k += 1
-    return begin, count
+
+    BLOCK = 64
+
+    def __init__(self) -> None:
+        self.starts: list[list[float]] = [[]]
+        self.finishes: list[list[float]] = [[]]
+        self.payload: list[list] = [[]]
+        self.last = [float("-inf")]     # last finish of each block (non-decreasing)
+        self.widest = [0.0]             # longest gap before an interval of each block
+
+    def __len__(self) -> int:
+        return sum(len(f) for f in self.finishes)
+
+    def last_item(self):
+        """What the latest interval carries (None when empty)."""
+        return self.payload[-1][-1] if self.payload[-1] else None
+
+    def items(self) -> list:
+        """What every interval carries, in time order."""
+        return [x for block in self.payload for x in block]
+
+    def find(self, ready: float, length: float, insertion: bool) -> tuple[float, int, int]:
+        """Earliest start >= ``ready`` of a job of ``length``, and where it enters: ``(start, block, index)``.
+
+        With ``insertion`` the job may take an idle gap between booked
+        intervals; otherwise it goes after the last one. An interval that
+        finishes by ``ready`` stays before the job (so a zero-length
+        predecessor finishing at ``ready`` keeps its place).
+        """
+        last_b = len(self.finishes) - 1
+        end = (last_b, len(self.finishes[last_b]))
+        if not insertion or self.last[last_b] <= ready:
+            return max(ready, self.last[last_b]), *end
+        b = bisect_right(self.last, ready)
+        starts, finishes = self.starts[b], self.finishes[b]
+        k = bisect_right(finishes, ready)
+        if ready + length <= starts[k]:
+            return ready, b, k
+        for i in range(k + 1, len(starts)):
+            if finishes[i - 1] + length <= starts[i]:
+                return finishes[i - 1], b, i
+        for b in range(b + 1, last_b + 1):
+            # The margin covers rounding between `a + length <= b` and `b - a >= length`.
+            if self.widest[b] + 1e-9 >= length:
+                starts, finishes = self.starts[b], self.finishes[b]
+                if self.last[b - 1] + length <= starts[0]:
+                    return self.last[b - 1], b, 0
+                widest = starts[0] - self.last[b - 1]
+                for i in range(1, len(starts)):
+                    if finishes[i - 1] + length <= starts[i]:
+                        return finishes[i - 1], b, i
+                    widest = max(widest, starts[i] - finishes[i - 1])
+                self.widest[b] = widest   # bookings only shrink gaps: tighten the bound now that it is known
+        return self.last[last_b], *end
+
+    def book(self, begin: float, b: int, k: int, length: float, item=None) -> None:
+        """Book ``[begin, begin + length)`` at the place :meth:`find` returned."""
+        self.starts[b].insert(k, begin)
+        self.finishes[b].insert(k, begin + length)
+        self.payload[b].insert(k, item)
+        if len(self.starts[b]) > 2 * self.BLOCK:
+            half = self.BLOCK
+            for lists in (self.starts, self.finishes, self.payload):
+                lists.insert(b + 1, lists[b][half:])
+                del lists[b][half:]
+            self.last.insert(b + 1, 0.0)
+            self.widest.insert(b + 1, 0.0)
+            self._refresh(b)
+            self._refresh(b + 1)
+        # A booking only splits a gap, so every block's widest gap stays an upper bound.
+        self.last[b] = self.finishes[b][-1]
+
+    def _refresh(self, b: int) -> None:
+        starts, finishes = self.starts[b], self.finishes[b]
+        self.last[b] = finishes[-1] if finishes else float("-inf")
+        widest = starts[0] - (self.last[b - 1] if b > 0 else 0.0) if starts else 0.0
+        for i in range(1, len(starts)):
+            gap = starts[i] - finishes[i - 1]
+            if gap > widest:
+                widest = gap
+        self.widest[b] = widest
 
 
 def edge_transfer_times(graph: OpGraph, cluster: Cluster, reduce: str) -> np.ndarray:
@@ -219,11 +292,8 @@ class ScheduleState:
         self.device_of = [-1] * n
         self.start = [0.0] * n
         self.finish = [0.0] * n
-        self.dev_start: list[list[float]] = [[] for _ in range(n_dev)]
-        self.dev_finish: list[list[float]] = [[] for _ in range(n_dev)]
-        self.dev_nodes: list[list[int]] = [[] for _ in range(n_dev)]
-        self.ch_start: list[list[float]] = [[] for _ in cluster.channels]
-        self.ch_finish: list[list[float]] = [[] for _ in cluster.channels]
+        self.devices = [Timeline() for _ in range(n_dev)]
+        self.channels = [Timeline() for _ in cluster.channels]
         self.arrival: dict[tuple[int, int, int], float] = {}
         #: Bumped whenever a device's timeline, incoming channels or budget change.
         self.version = [0] * n_dev
@@ -246,7 +316,7 @@ class ScheduleState:
         they would queue in); two of them on one channel do not overlap.
         """
         ready = 0.0
-        bookings: list[tuple[int, int, float, float, int]] = []   # (channel, position, start, end, input)
+        bookings: list[tuple[int, float, float, int]] = []   # (channel, start, end, input)
         pending = []
         for k, (u, t, b) in enumerate(self.inputs[v]):
             du = self.device_of[u]
@@ -264,31 +334,30 @@ class ScheduleState:
             if c < 0:
                 return float("inf"), []
             length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
-            begin, pos = self._channel_slot(c, queued, length, bookings)
-            bookings.append((c, pos, begin, begin + length, k))
+            begin, _, _ = self._channel_slot(c, queued, length, bookings)
+            bookings.append((c, begin, begin + length, k))
             ready = max(ready, begin + length)
         return ready, bookings
 
-    def _channel_slot(self, c: int, queued: float, length: float, tentative) -> tuple[float, int]:
+    def _channel_slot(self, c: int, queued: float, length: float, tentative) -> tuple[float, int, int]:
         if not self.contention:
-            return queued, 0
-        starts, finishes = self.ch_start[c], self.ch_finish[c]
+            return queued, 0, 0
         begin = queued
         while True:
-            begin, pos = earliest_slot(starts, finishes, begin, length, insertion=True)
-            clash = [end for (cc, _, s, end, _) in tentative if cc == c and s < begin + length and begin < end]
+            begin, b, k = self.channels[c].find(begin, length, insertion=True)
+            clash = [end for (cc, s, end, *_) in tentative if cc == c and s < begin + length and begin < end]
             if not clash:
-                return begin, pos
+                return begin, b, k
             begin = max(clash)
 
-    def estimate(self, v: int, d: int) -> tuple[float, float, int, list]:
-        """``(EST, EFT, timeline position, transfer bookings)`` of node ``v`` on device ``d``."""
+    def estimate(self, v: int, d: int) -> tuple[float, float, tuple[int, int], list]:
+        """``(EST, EFT, place on the device's timeline, transfer bookings)`` of node ``v`` on device ``d``."""
         ready, bookings = self.data_ready(v, d)
         if ready == float("inf"):
-            return ready, ready, 0, bookings
+            return ready, ready, (0, 0), bookings
         length = self.dur[v][d]
-        begin, pos = earliest_slot(self.dev_start[d], self.dev_finish[d], ready, length, self.insertion)
-        return begin, begin + length, pos, bookings
+        begin, b, k = self.devices[d].find(ready, length, self.insertion)
+        return begin, begin + length, (b, k), bookings
 
     def copies(self, v: int, d: int, bookings: list) -> dict[tuple[int, int, int], float]:
         """Budgeted bytes of the input copies placing ``v`` on ``d`` would create, by (producer, tensor, device).
@@ -310,18 +379,26 @@ class ScheduleState:
         need = sum(copies.values()) + (self.unit_need[unit] if self.unit_device[unit] < 0 else 0.0)
         return self.budget.fits(d, need)
 
-    def best_device(self, v: int, devices: list[int] | None = None, key: int = 1) -> tuple[int, tuple]:
+    def best_device(self, v: int, devices: list[int] | None = None, key: int = 1,
+                    cache: dict | None = None) -> tuple[int, tuple]:
         """The device (among ``devices``, default :meth:`devices_for`) where ``v`` finishes earliest.
 
         A device is passed over when its budget cannot also hold the copies of
         inputs placing ``v`` there would create (:meth:`copies`), unless
         ``v``'s unit already lives there.
         ``key=0`` picks the earliest start instead (ETF). Ties go to the lowest device index.
+        ``cache`` keeps estimates by (node, device) for as long as that device's version holds.
         """
         best_d, best = -1, None
         fixed = self.unit_device[self.unit_of[v]] >= 0
         for d in (self.devices_for(v) if devices is None else devices):
-            est = self.estimate(v, d)
+            if cache is None:
+                est = self.estimate(v, d)
+            else:
+                version, est = cache.get((v, d), (-1, None))
+                if version != self.version[d]:
+                    est = self.estimate(v, d)
+                    cache[(v, d)] = (self.version[d], est)
             if not fixed and not self.fits(v, d, self.copies(v, d, est[3])):
                 continue
             if best is None or est[key] < best[key]:
@@ -334,17 +411,14 @@ class ScheduleState:
     # ------------------------------------------------------------ booking
     def commit(self, v: int, d: int, estimate: tuple) -> None:
         """Book node ``v`` on device ``d`` with the figures :meth:`estimate` gave."""
-        begin, end, pos, bookings = estimate
-        for c, _, s, f, k in sorted(bookings, key=lambda b: b[2]):
+        begin, end, (block, index), bookings = estimate
+        for c, s, f, k in sorted(bookings, key=lambda booking: booking[1]):
             u, t, _ = self.inputs[v][k]
             self.arrival[(u, t, d)] = f
             if self.contention:
-                at = bisect_right(self.ch_start[c], s)
-                self.ch_start[c].insert(at, s)
-                self.ch_finish[c].insert(at, f)
-        self.dev_start[d].insert(pos, begin)
-        self.dev_finish[d].insert(pos, end)
-        self.dev_nodes[d].insert(pos, v)
+                channel = self.channels[c]
+                channel.book(*channel.find(s, f - s, insertion=True), f - s)
+        self.devices[d].book(begin, block, index, end - begin, v)
         self.device_of[v] = d
         self.start[v] = begin
         self.finish[v] = end
@@ -360,7 +434,7 @@ class ScheduleState:
     def schedule(self) -> Schedule:
         """The finished schedule (every node committed)."""
         return Schedule(np.asarray(self.device_of, dtype=np.int64),
-                        [np.asarray(seq, dtype=np.int64) for seq in self.dev_nodes],
+                        [np.asarray(t.items(), dtype=np.int64) for t in self.devices],
                         np.asarray(self.start), np.asarray(self.finish))
 
 
@@ -392,6 +466,7 @@ def schedule_with_memory_retries(build: Callable[[float], Schedule], graph: OpGr
         else:
             result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
             if result.fits:
+                sched.simulated = result
                 return sched
             j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
             error = InfeasibleError(

@@ -15,7 +15,7 @@ Examples
 torch.Size([])
 """
 
-from . import vision  # noqa: F401 - registers its models
+from . import language, nasnet, recurrent, vision  # noqa: F401 - importing registers their models
 from .registry import SEED, ZOO, ZooEntry
 
 __all__ = ["ZOO", "ZooEntry", "SEED"]

@@ -9,12 +9,21 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["ImageClassifier", "ConvBN", "image_batch", "MultiHeadAttention", "FeedForward",
-           "StackedLSTM", "token_batch", "scaled"]
+           "StackedLSTM", "token_batch", "scaled", "normal_init"]
 
 
 def scaled(channels: int, width: int, base: int) -> int:
     """``channels`` of the published network scaled by ``width / base``, at least 1."""
     return max(1, round(channels * width / base))
+
+
+def normal_init(model: nn.Module, std: float) -> None:
+    """BERT/GPT-2 initialisation: weights of linear and embedding layers ~ N(0, std), biases 0."""
+    for module in model.modules():
+        if isinstance(module, (nn.Linear, nn.Embedding)):
+            nn.init.normal_(module.weight, std=std)
+        if isinstance(module, nn.Linear) and module.bias is not None:
+            nn.init.zeros_(module.bias)
 
 
 class ImageClassifier(nn.Module):
@@ -99,7 +108,7 @@ class FeedForward(nn.Module):
         x = self.inner(x)
         if self.activation == "relu":
             x = F.relu(x)
-        else:  # "gelu" (exact, BERT) or "tanh" (GPT-2's approximation)
+        else:  # "gelu" (exact erf form, BERT) or "gelu_tanh" (GPT-2's tanh approximation)
             x = F.gelu(x, approximate="tanh" if self.activation == "gelu_tanh" else "none")
         return self.outer(self.dropout(x))
 

@@ -400,7 +400,7 @@ def _inception_grid(image_size: int) -> int:
 @zoo_model("inception_v3", paper_batch=64,
            reference="Placeto appendix A.1 (batch 64, 299x299) and FastT Table 1 (64); Szegedy et al. (2016)",
            description="Inception-v3: stem, Mixed_5b..Mixed_7c blocks of parallel branches, aux head, 299x299",
-           tiny={"width": 4, "classes": 10})
+           tiny={"width": 4, "classes": 10, "image_size": 75, "aux": False})
 def inception_v3(batch_size: int, image_size: int = 299, width: int = 32, classes: int = 1000,
                  aux: bool = True, dropout: float = 0.5):
     """Inception-v3; ``width`` is the stem's first channels (32 in the paper, every block scales with it)."""
