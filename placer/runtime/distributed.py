@@ -151,7 +151,7 @@ class _RankRunner:
             if dead:
                 self.frees_after.setdefault(v, []).extend(dead)
         self.pair_groups: dict[tuple[int, int], Any] = {}
-        self.op_s: dict[str, list[float]] = {}     # seconds of every run of each node
+        self.op_s: dict[fx.Node, list[float]] = {}     # seconds of every run of each node
         # On GPUs an op's host time is its launch; with profile, synchronize around each op.
         self.profile_gpu = False
 
@@ -240,7 +240,7 @@ class _RankRunner:
             send(v, out)
             for a in self.frees_after.get(v, ()):
                 env.pop(a, None)
-            op_s.setdefault(v.name, []).append(clock() - t0 - waited)
+            op_s.setdefault(v, []).append(clock() - t0 - waited)
         for work, _ in sending:
             work.wait()
         return {i: env[v] if isinstance(v, fx.Node) else v for i, v in enumerate(prog.outputs)
@@ -295,7 +295,8 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             "state": {k: _to_cpu(state[k]) for k in runner.owned if program.placeholders[k] in written},
             "outputs": {i: _to_cpu(v) for i, v in outputs.items()},
             # the first step warms up caches and allocators
-            "op_s": {n: statistics.median(s[1:] or s) for n, s in runner.op_s.items() if n in program.graph.index},
+            "op_s": {program.node_id(v): statistics.median(s[1:] or s) for v, s in runner.op_s.items()
+                     if v in program.graph_node},
             "step_s": step_s,
         }
         gathered = [None] * world if rank == 0 else None
