@@ -4,7 +4,8 @@
    and expert placements) run with every plan device on its own GPU, or, with
    fewer GPUs, as separate streams of GPU 0. The placed step must equal the
    unplaced captured step run on GPU 0 bit for bit (same kernels, other
-   streams), and is compared with eager ``torch.optim`` training on GPU 0.
+   streams), and is compared with eager ``torch.optim`` training on GPU 0
+   (single-tensor path, as captured).
 2. Distributed executor over NCCL, where there are at least two GPUs: the same
    plans with one process per GPU must equal the local placed run.
 
@@ -80,6 +81,7 @@ def main() -> int:
     from placer.algorithms import place
     from placer.capture.spec import capture_spec, load_model
     from placer.cluster import load_cluster
+    from placer.runtime.check import eager_optimizer
     from placer.runtime.distributed import run_distributed
     from placer.runtime.local import LocalExecutor
     from placer.runtime.program import compile_program, copy_to
@@ -106,7 +108,7 @@ def main() -> int:
     unplaced = flat
     # Reference 2: eager torch.optim on GPU 0.
     eager_model = copy.deepcopy(model)
-    eager_opt = captured.optimizer.eager(eager_model.parameters())
+    eager_opt = eager_optimizer(captured, eager_model.parameters())
     for _ in range(args.steps):
         eager_opt.zero_grad()
         eager_model(*inputs).backward()

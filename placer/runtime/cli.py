@@ -31,16 +31,17 @@ class Measurement:
 
 
 def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: int, backend: str,
-                 threads: int = 1, timeout_s: float = 60.0, devices: list[str] | None = None) -> Measurement:
+                 threads: int = 1, timeout_s: float = 60.0, devices: list[str] | None = None) -> Measurement | None:
     """Train ``steps`` steps of ``captured`` as ``plan`` says; the local backend updates ``flat`` in place.
 
     ``backend`` is ``"local"`` (this process, :class:`LocalExecutor`) or
-    ``"distributed"`` (one process per device; ``flat`` is left as it is and
-    the new state is in the result).
+    ``"distributed"`` (one process per device, started here, or this process's
+    rank under ``torchrun``; ``flat`` is left as it is and the new state is in
+    the result, which only rank 0 of a ``torchrun`` launch gets: the others get None).
     """
     import time
 
-    from .distributed import run_distributed
+    from .distributed import run_distributed, run_under_torchrun, under_torchrun
     from .local import LocalExecutor
     from .program import compile_program
 
@@ -56,8 +57,11 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
         state = {k: flat[k] for k, p in enumerate(program.placeholders) if p in written}
         return Measurement(step_s, dict(executor.op_s), program.predicted_s, outputs, state)
     if backend == "distributed":
-        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=steps, backend="auto",
-                                 timeout_s=timeout_s, carrier=captured.carrier, threads=threads)
+        run = run_under_torchrun if under_torchrun() else run_distributed
+        result = run(captured.gm, captured.graph, plan, cluster, flat, steps=steps, backend="auto",
+                     timeout_s=timeout_s, carrier=captured.carrier, threads=threads)
+        if result is None:          # a rank other than 0 under torchrun: rank 0 reports
+            return None
         return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state)
     raise OptionError(f"backend must be 'local' or 'distributed', got {backend!r}")
 
@@ -89,7 +93,7 @@ def _load(args: argparse.Namespace, batch: int):
 def cmd_run(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster
     from ..plan import Plan
-    from .check import state_difference, step_times, train_eager
+    from .check import eager_optimizer, state_difference, step_times, train_eager
 
     if args.steps < 1:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
@@ -101,6 +105,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     devices = args.devices.split(",") if args.devices else None
     m = measure_plan(captured, plan, cluster, flat, steps=args.steps, backend=args.backend, threads=args.threads,
                      timeout_s=args.timeout, devices=devices)
+    if m is None:
+        return 0
     if args.backend == "distributed":
         captured.write_back([m.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     times = step_times(m.step_s, args.warmup)
@@ -110,7 +116,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{times.warmup} warm-up), simulator predicts {m.predicted_s * 1e3:.3f} ms{loss}")
     if not args.verify:
         return 0
-    reference_optimizer = captured.optimizer.eager(reference.parameters())
+    reference_optimizer = eager_optimizer(captured, reference.parameters())
     train_eager(reference, inputs, reference_optimizer, args.steps)
     worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
     if worst <= VERIFY_TOLERANCE:
@@ -167,7 +173,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
     p.add_argument("--backend", choices=("local", "distributed"), default="local",
                    help="local: one process, every device a CUDA stream or the CPU; distributed: one process "
-                        "per device over torch.distributed (gloo on CPU, NCCL on GPUs)")
+                        "per device over torch.distributed (gloo on CPU, NCCL on GPUs), started here, or "
+                        "the ranks of `torchrun --nproc-per-node N [--nnodes ...] -m placer run ...`")
     p.add_argument("--optimizer", default="adam", choices=("adam", "sgd", "adamw"))
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (per rank; default 1)")
@@ -197,4 +204,6 @@ def add_commands(subparsers) -> None:
     p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with")
     p.add_argument("--rounds", type=int, default=2, help="replanning rounds after the first plan (default 2)")
     p.add_argument("--output", "-o", required=True, help="plan file for the fastest measured plan")
-    p.set_defaults(func=cmd_tune)
+    # One process per device measures what a placement changes; the local backend on a CPU
+    # runs every device's work in turn.
+    p.set_defaults(func=cmd_tune, backend="distributed")

@@ -5,9 +5,10 @@ Rank ``j`` is plan device ``j``. Every rank compiles the same
 its device (parameters, buffers, optimizer state) and runs its own
 operations in plan order. A value another device needs leaves with a
 non-blocking send as soon as it exists (a snapshot when the step later
-overwrites its storage in place); a rank receives a value when its first
-consumer there is about to run, posting its receives from each peer in the
-order that peer sends them. Tensors travel as flat buffers laid out by the
+overwrites its storage in place). With gloo a rank posts all its receives at
+the start of the step (matched by tag), so each transfer moves as soon as it
+is sent; with NCCL it posts them when their first consumer is about to run,
+from each peer in the order that peer sends them. Tensors travel as flat buffers laid out by the
 strides recorded at capture, so the receiver rebuilds exactly the layout the
 sender had; Python scalars travel as 0-d tensors (float64, int64 or bool).
 
@@ -46,7 +47,8 @@ from ..plan import Plan
 from .program import (Program, call_node, compile_program, copy_to, pack, receive_buffer, unpack,
                       value_spec)
 
-__all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "rank_main", "resolve_backend"]
+__all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
+           "resolve_backend", "under_torchrun"]
 
 
 class RunError(PlacerError):
@@ -73,6 +75,7 @@ class RankJob:
     threads: int = 1
     hook: Callable[[int], None] | None = None
     result_path: str | None = None
+    profile: bool = False
 
 
 @dataclass
@@ -101,8 +104,13 @@ class DistributedResult:
     predicted_s: float = math.nan
 
 
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a ``torchrun`` launch (its environment says so)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
 def resolve_backend(backend: str, world: int) -> str:
-    """``"gloo"`` or ``"nccl"`` for ``backend`` in {"auto", "gloo", "nccl"}.
+    """``"gloo"`` or ``"nccl"`` for ``backend`` in {"auto", "gloo", "nccl"}; ``world`` is the ranks on this host.
 
     Raises
     ------
@@ -143,7 +151,9 @@ class _RankRunner:
             if dead:
                 self.frees_after.setdefault(v, []).extend(dead)
         self.pair_groups: dict[tuple[int, int], Any] = {}
-        self.op_s: dict[str, list[float]] = {}     # seconds of every run of each node
+        self.op_s: dict[fx.Node, list[float]] = {}     # seconds of every run of each node
+        # On GPUs an op's host time is its launch; with profile, synchronize around each op.
+        self.profile_gpu = False
 
     def make_pair_groups(self) -> None:
         """NCCL: one group per ordered pair, so that each direction is its own FIFO (every rank calls this)."""
@@ -180,14 +190,16 @@ class _RankRunner:
                 if buf is not None:
                     sending.append((self._isend(buf, x), buf))
 
+        def post(y):
+            buf = receive_buffer(self.specs[y.node], self.device)
+            posted[y.index] = (None if buf is None else self._irecv(buf, y), buf)
+
         def receive(a):
             x = prog.recv[(a, rank)]
             queue = self.incoming[x.src]
             while x.index not in posted:
-                y = queue[next_post[x.src]]
+                post(queue[next_post[x.src]])
                 next_post[x.src] += 1
-                buf = receive_buffer(self.specs[y.node], self.device)
-                posted[y.index] = (None if buf is None else self._irecv(buf, y), buf)
             work, buf = posted.pop(x.index)
             if work is not None:
                 try:
@@ -196,21 +208,39 @@ class _RankRunner:
                     raise RuntimeError(f"rank {rank}: {a.name!r} from rank {x.src} did not arrive: {exc}") from exc
             return unpack(buf, self.specs[a], self.device)
 
+        if self.backend == "gloo":
+            # Gloo moves a message once its receive is posted: post them all now, so that
+            # every transfer starts when its producer finishes, as in the simulator.
+            # (Tags match them; NCCL instead posts in each peer's send order, on demand.)
+            for src, queue in self.incoming.items():
+                while next_post[src] < len(queue):
+                    post(queue[next_post[src]])
+                    next_post[src] += 1
         for k in self.owned:
             send(prog.placeholders[k], state[k])
         clock = time.perf_counter
         op_s = self.op_s
         for v in self.schedule:
+            # On a CPU an op's time is the rank's busy time for it (receiving less the
+            # waiting, running, sending, freeing), as the simulator's device is busy with
+            # it; on a GPU, with profile_gpu, the kernel time between synchronisations.
+            t0 = clock()
+            waited = 0.0
             for a in v.all_input_nodes:
                 if a not in env:
                     env[a] = receive(a)
-            t0 = clock()
+                    waited = clock() - t0
+            if self.profile_gpu:
+                torch.cuda.synchronize(self.device)
+                t0, waited = clock(), 0.0
             out = call_node(v, env, self.device)
-            op_s.setdefault(v.name, []).append(clock() - t0)
+            if self.profile_gpu:
+                torch.cuda.synchronize(self.device)
             env[v] = out
             send(v, out)
             for a in self.frees_after.get(v, ()):
                 env.pop(a, None)
+            op_s.setdefault(v, []).append(clock() - t0 - waited)
         for work, _ in sending:
             work.wait()
         return {i: env[v] if isinstance(v, fx.Node) else v for i, v in enumerate(prog.outputs)
@@ -244,6 +274,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         if program.num_devices != world:
             raise RunError(f"the plan has {program.num_devices} devices but {world} ranks were started")
         runner = _RankRunner(program, rank, device, backend)
+        runner.profile_gpu = job.profile and device.type == "cuda"
         if backend == "nccl":
             runner.make_pair_groups()
         state = {k: copy_to(job.flat_inputs[k], device) for k in runner.owned}
@@ -264,7 +295,8 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             "state": {k: _to_cpu(state[k]) for k in runner.owned if program.placeholders[k] in written},
             "outputs": {i: _to_cpu(v) for i, v in outputs.items()},
             # the first step warms up caches and allocators
-            "op_s": {n: statistics.median(s[1:] or s) for n, s in runner.op_s.items() if n in program.graph.index},
+            "op_s": {program.node_id(v): statistics.median(s[1:] or s) for v, s in runner.op_s.items()
+                     if v in program.graph_node},
             "step_s": step_s,
         }
         gathered = [None] * world if rank == 0 else None
@@ -311,7 +343,8 @@ def _free_port() -> int:
 def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
                     *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
                     carrier: dict[str, str] | None = None, threads: int = 1,
-                    hook: Callable[[int], None] | None = None, deadline_s: float | None = None) -> DistributedResult:
+                    hook: Callable[[int], None] | None = None, deadline_s: float | None = None,
+                    profile: bool = False) -> DistributedResult:
     """Train ``steps`` steps with one local process per plan device; return times, outputs and state.
 
     Parameters
@@ -336,6 +369,9 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         where ranks are spawned, i.e. with NCCL).
     deadline_s : float, optional
         Wall-clock limit of the whole run (default: ``timeout_s * (steps + 3)``).
+    profile : bool
+        On GPUs, synchronise around every operation so that ``op_s`` holds kernel
+        times (it slows the step). On CPUs operations are always timed.
 
     Returns
     -------
@@ -361,13 +397,43 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     with tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
         result_path = str(Path(tmp) / "result.pt")
         job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, backend, timeout_s,
-                      carrier, threads, hook, result_path)
+                      carrier, threads, hook, result_path, profile)
         # fork shares the captured module without pickling it; CUDA needs fresh processes.
         method = "spawn" if backend == "nccl" else "fork"
         context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{_free_port()}", tmp),
                                      nprocs=world, join=False, start_method=method)
         _wait(context.processes, deadline, timeout_s, tmp)
         merged = torch.load(result_path, weights_only=False)
+    outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
+    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"])
+
+
+def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
+                       *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
+                       carrier: dict[str, str] | None = None, threads: int = 1,
+                       profile: bool = False) -> DistributedResult | None:
+    """This process's rank of a run launched by ``torchrun`` (one or several hosts).
+
+    Every rank calls it with the same arguments (capture is deterministic, so
+    each rank captures the step itself); ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` come from ``torchrun``. Rank 0
+    returns the result, the others None. A rank that fails or waits longer than
+    ``timeout_s`` raises, and ``torchrun`` stops the others.
+
+    Raises
+    ------
+    RunError
+        If ``WORLD_SIZE`` is not the plan's number of devices.
+    """
+    world = int(os.environ["WORLD_SIZE"])
+    if world != cluster.num_devices:
+        raise RunError(f"torchrun started {world} ranks for a plan over {cluster.num_devices} devices")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, resolve_backend(backend, local_world),
+                  timeout_s, carrier, threads, None, None, profile)
+    merged = rank_main(int(os.environ["RANK"]), world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))
+    if merged is None:
+        return None
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"])
 

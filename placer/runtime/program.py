@@ -19,8 +19,8 @@ plan and a cluster:
   that tensor and of its views on its own device; the executors also wait for
   outgoing transfers of its storage before running it.
 
-Operations split by OS-DPOS (``node_extra["split_of"]``) are refused: the
-executors run the captured graph's own operations only.
+Operations split by OS-DPOS (``node_extra["split_of"]``) run as real slices,
+parts and a concat (:mod:`placer.runtime.splits`).
 """
 
 from __future__ import annotations
@@ -36,8 +36,9 @@ from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
 from ..plan import Plan
+from .splits import split_step
 
-__all__ = ["Program", "Transfer", "compile_program", "refuse_splits"]
+__all__ = ["Program", "Transfer", "compile_program"]
 
 
 @dataclass(frozen=True)
@@ -105,6 +106,11 @@ class Program:
     def num_devices(self) -> int:
         return self.cluster.num_devices
 
+    def node_id(self, v: fx.Node) -> str | None:
+        """The graph node id of fx node ``v`` (None for nodes the graph leaves out)."""
+        i = self.graph_node.get(v)
+        return None if i is None else self.graph.ids[i]
+
     def schedule_of(self, device: int) -> list[fx.Node]:
         """The call nodes device ``device`` runs, in order."""
         return [v for v in self.schedule if self.device_of[v] == device]
@@ -112,18 +118,6 @@ class Program:
     def home(self, k: int) -> int:
         """Device holding placeholder ``k`` (the k-th flat input) between steps."""
         return self.device_of[self.placeholders[k]]
-
-
-def refuse_splits(graph: OpGraph, plan: Plan) -> None:
-    """Raise InvalidPlanError if the plan splits operations (not executable here)."""
-    for i, extra in enumerate(graph.node_extra):
-        if "split_of" in extra:
-            raise InvalidPlanError(
-                f"node {graph.ids[i]!r} is part {extra.get('part')} of {extra.get('parts')} of split operation "
-                f"{extra['split_of']!r}; the runtime does not execute split operations yet (plan without splits)")
-    if plan.splits:
-        raise InvalidPlanError(f"the plan splits operation {plan.splits[0].get('node')!r}; the runtime "
-                               f"does not execute split operations yet (plan without splits)")
 
 
 def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, *,
@@ -152,13 +146,15 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     ------
     InvalidPlanError
         The plan is for another graph, is invalid (FORMATS.md rule 8), splits
-        operations, or places a node that writes a tensor away from it.
+        an operation in a way the runtime cannot execute
+        (:func:`~placer.runtime.splits.split_step`), or places a node that
+        writes a tensor away from it.
     """
     from ..sim.simulator import simulate_bound
 
-    refuse_splits(plan.target_graph(graph), plan)
     bound = plan.bind(graph, cluster)
     target = bound.graph
+    gm, node_of, carrier = split_step(gm, target, carrier)
     sim = simulate_bound(bound)
     nodes = list(gm.graph.nodes)
     position = {v: k for k, v in enumerate(nodes)}
@@ -168,18 +164,17 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     if others:
         raise InvalidPlanError(f"the captured step has a {others[0].op!r} node {others[0].name!r}; "
                                f"only flat aten graphs (make_fx) can run")
-    names = {v.name for v in nodes}
-    unknown = [node_id for node_id in target.ids if node_id not in names]
+    unknown = [node_id for node_id in target.ids if node_id not in node_of]
     if unknown:
         raise InvalidPlanError(f"graph node {unknown[0]!r} is not a node of the captured step "
                                f"({len(unknown)} such); the plan is for another capture")
-    graph_node = {v: target.index[v.name] for v in nodes if v.name in target.index}
+    graph_node = {node_of[node_id]: i for i, node_id in enumerate(target.ids)}
 
     writes = {v: _written_roots(v) for v in calls}
     writes = {v: w for v, w in writes.items() if w}
     device_of: dict[fx.Node, int] = {v: int(bound.device_of[i]) for v, i in graph_node.items()}
     for v in nodes:
-        owner = (carrier or {}).get(v.name)
+        owner = carrier.get(v.name)
         if v not in device_of and owner in target.index:
             device_of[v] = int(bound.device_of[target.index[owner]])
     _place_unplaced(calls, placeholders, writes, device_of, graph_node, sim.start_rank)
@@ -392,6 +387,8 @@ def python_scalar_kind(value: Any) -> torch.dtype | None:
 def value_spec(v: fx.Node) -> tuple:
     """What a node's value looks like, from its trace metadata: ``("tensor", size, stride, dtype)``
     or ``("scalar", dtype)``."""
+    if "placer_spec" in v.meta:          # nodes made by split_step
+        return v.meta["placer_spec"]
     val = v.meta.get("val")
     if isinstance(val, torch.Tensor):
         return ("tensor", tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()), val.dtype)
