@@ -313,7 +313,8 @@ class ScheduleState:
         """When every input of ``v`` is on device ``d``, and the transfers that would be booked for it.
 
         Transfers are tried in order of their producer's finish (the order
-        they would queue in); two of them on one channel do not overlap.
+        they would queue in), each in the earliest idle window of its channel;
+        two of them on one channel go one after the other.
         """
         ready = 0.0
         bookings: list[tuple[int, float, float, int]] = []   # (channel, start, end, input)
@@ -329,26 +330,21 @@ class ScheduleState:
                 continue
             pending.append((self.finish[u], u, k))
         pending.sort()
+        # This node's own transfers on one channel go in the order they queue, one after another.
+        channel_free: dict[int, float] = {}
         for queued, u, k in pending:
             c = self.channel_of[self.device_of[u]][d]
             if c < 0:
                 return float("inf"), []
             length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
-            begin, _, _ = self._channel_slot(c, queued, length, bookings)
+            if self.contention:
+                begin = self.channels[c].find(max(queued, channel_free.get(c, queued)), length, insertion=True)[0]
+                channel_free[c] = begin + length
+            else:
+                begin = queued
             bookings.append((c, begin, begin + length, k))
             ready = max(ready, begin + length)
         return ready, bookings
-
-    def _channel_slot(self, c: int, queued: float, length: float, tentative) -> tuple[float, int, int]:
-        if not self.contention:
-            return queued, 0, 0
-        begin = queued
-        while True:
-            begin, b, k = self.channels[c].find(begin, length, insertion=True)
-            clash = [end for (cc, s, end, *_) in tentative if cc == c and s < begin + length and begin < end]
-            if not clash:
-                return begin, b, k
-            begin = max(clash)
 
     def estimate(self, v: int, d: int) -> tuple[float, float, tuple[int, int], list]:
         """``(EST, EFT, place on the device's timeline, transfer bookings)`` of node ``v`` on device ``d``."""
