@@ -7,7 +7,8 @@ import pytest
 
 from placer import OpGraph, place, simulate
 from placer.cluster import Channel, Cluster, Device, load_cluster
-from placer.errors import OptionError
+from placer.errors import InvalidPlanError, OptionError
+from placer.plan import check_placement
 from placer.generate import training_graph
 from placer.sim.simulator import simulate_plan
 
@@ -48,11 +49,15 @@ def linear_extensions(graph: OpGraph):
 
 
 def brute_force_optimum(graph: OpGraph, cluster: Cluster) -> float:
-    """The smallest reference makespan over every placement and every per-device order."""
+    """The smallest reference makespan over every valid placement and every per-device order."""
     extensions = list(linear_extensions(graph))
     best = np.inf
     for placement in itertools.product(range(cluster.num_devices), repeat=graph.num_nodes):
         device_of = np.array(placement)
+        try:
+            check_placement(graph, cluster, device_of)
+        except InvalidPlanError:
+            continue
         orders = {tuple(tuple(v for v in ext if placement[v] == d) for d in range(cluster.num_devices))
                   for ext in extensions}
         for order in orders:
@@ -74,6 +79,19 @@ def test_exact_model_finds_the_optimum_of_every_placement_and_order(seed, n, n_d
     # The solver's own objective is the reference makespan of its plan, and the proven gap closes.
     assert report["solver_objective_s"] == pytest.approx(optimum, rel=1e-9)
     assert report["gap"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_exact_model_keeps_colocation_and_kinds_and_stays_optimal():
+    graph, cluster = tiny_case(7, 6, 3, False)
+    kinds = ["A", "X", "X"]
+    cluster = Cluster(cluster.name, [Device(d.name, k, d.memory_bytes, d.speed) for d, k in zip(cluster.devices, kinds)],
+                      cluster.channels)
+    graph = graph.replace(colocation=["g", None, None, "g", None, None],
+                          device_kinds=[None, ("A",), None, None, ("X",), None])
+    plan = place(graph, cluster, "pesto")
+    assert plan.placement["n0"] == plan.placement["n3"]
+    assert plan.placement["n1"] == "d0" and plan.placement["n4"] != "d0"
+    assert plan.predicted["makespan_s"] == pytest.approx(brute_force_optimum(graph, cluster), rel=1e-9)
 
 
 def test_coarsened_plan_is_valid_never_slower_than_the_warm_start_and_maps_back():

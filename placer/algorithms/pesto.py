@@ -16,27 +16,35 @@ scheduling model for any number of devices and any channel layout:
   transfer to its device ends when the two sit apart;
 - memory: each device's summed static footprint (parameters, outputs,
   workspace, scaled by the liveness ratio of :mod:`.common`) within its memory;
+- channels serve transfers first-come-first-served, with the reference
+  model's tie rule (between transfers of different producers only while the
+  model stays small, ``FIFO_MAX_PAIRS``);
 - objective: the makespan. Times are integers of a reported resolution.
 
 With ``model="exact"`` (default for graphs of at most ``EXACT_MAX_NODES``
-nodes that need no coarsening) the model also has the reference model's
-rules that no scheduling model has by default: channels serve transfers
-first-come-first-served with the reference tie rule, and no device or
-channel idles while its next job is ready. Its feasible schedules are then
-exactly the reference simulations of all plans, so its optimum is the
-optimum over every placement and order.
+nodes that need no coarsening) no device or channel may idle while its next
+job is ready either. The feasible schedules are then exactly the reference
+simulations of all plans (whose memory budget holds and whose times the
+resolution represents), so the optimum is the reference optimum over every
+placement and order.
 
 The search is warm-started from the best plan of the cheap registered
 algorithms (hinted as a complete solution; the coarsening only merges nodes
-that plan puts together, so it is a solution of the coarse model), and the
-returned plan is never slower than it under the reference model.
+that plan puts together, so it is a solution of the coarse model). The
+solution maps back to every node: placement from its coarse node, order per
+device from the solver's start times (members of a coarse node in topological
+order); the reference model's own earliest-ready order for that placement is
+tried too. The returned plan is never slower than the warm start under the
+reference model. When the solver's plans overflow memory under the reference
+model, it solves again with a more conservative memory budget.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -68,6 +76,8 @@ DETERMINISTIC_PER_SECOND = 0.01
 MODELS = ("auto", "exact", "relaxed")
 #: Pairs of transfers sharing a channel up to which a relaxed model also keeps channels first-come-first-served.
 FIFO_MAX_PAIRS = 20000
+#: Share of the time limit after which no further warm-start algorithm starts.
+WARM_START_SHARE = 0.25
 #: Solves with a growing memory ratio when the solver's plans overflow memory under the reference model.
 MEMORY_ATTEMPTS = 3
 
@@ -88,16 +98,17 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         model's size, so that a run is reproducible when the wall clock does
         not cut it short; it stops at once when it proves optimality.
     target : int
-        Nodes of the coarsened graph; 0 picks ``max(24, 400 / devices)`` capped at
-        200. Graphs no larger are not coarsened.
+        Nodes of the coarsened graph; 0 picks ``3200 / devices**2`` within
+        [24, 200] (the transfer intervals grow with the square of the
+        devices). Graphs no larger are not coarsened.
     workers : int
         Solver threads. More than one uses CP-SAT's interleaved search, which
         stays deterministic.
     model : {"auto", "exact", "relaxed"}
-        ``exact`` adds first-come-first-served channels and no idling, so
-        that the model is the reference model (for small graphs); ``relaxed``
-        treats channels as plain no-overlap resources; ``auto`` picks exact
-        for uncoarsened graphs of at most ``EXACT_MAX_NODES`` nodes.
+        ``exact`` forbids idling, so that the model is the reference model
+        (for small graphs); ``relaxed`` lets jobs wait, as scheduling models
+        do; ``auto`` picks exact for uncoarsened graphs of at most
+        ``EXACT_MAX_NODES`` nodes.
 
     Returns
     -------
@@ -138,27 +149,31 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     deadline = began + (DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
     n, n_dev = graph.num_nodes, cluster.num_devices
 
-    warm_name, warm = _warm_start(graph, cluster, seed)
+    warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * (deadline - began))
     warm_device = None if warm is None else np.array([cluster.device_index[warm.placement[i]] for i in graph.ids])
-    goal = target or min(200, max(24, 400 // n_dev))
-    coarse = coarsen(graph, goal, labels=warm_device, cluster=cluster) if n > goal else _identity(graph)
+    goal = target or min(200, max(24, 3200 // n_dev**2))
+    coarse, kept = _coarsen(graph, cluster, goal, warm_device)
     exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
-    warm_coarse = None if warm_device is None else warm_device[[m[0] for m in coarse.members]]
     report = {"coarse_nodes": coarse.graph.num_nodes, "coarsening_rounds": coarse.rounds,
+              "coarsening_kept_warm_start": kept,
               "model": "exact" if exact else "relaxed", "warm_start": warm_name,
               "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"]}
     best = None if warm is None else (warm.predicted["makespan_s"], "warm_start", warm)
     valid_bound = 0.0
     ratio = liveness_ratio(graph, cluster)
     for attempt in range(1, MEMORY_ATTEMPTS + 1):
+        if deadline - time.perf_counter() < 1.0 and best is not None:
+            break
         problem = _Problem.build(coarse.graph, cluster, ratio)
+        warm_coarse = None if warm_device is None else _project(graph, warm_device, coarse, problem)
         if warm_coarse is not None:
             problem.admit(warm_coarse)
         cp = _CpModel(problem, exact)
         if warm_coarse is not None:
             cp.hint(warm_coarse)
         left = deadline - time.perf_counter()
-        status, solver = cp.solve(seed, workers, left, DETERMINISTIC_PER_SECOND * left)
+        # Keep a little time to map the solution back and simulate it.
+        status, solver = cp.solve(seed, workers, left - min(2.0, 0.05 * left), DETERMINISTIC_PER_SECOND * left)
         report.update(solves=attempt, memory_ratio=ratio, resolution_s=problem.resolution,
                       solver_status=solver.StatusName(status))
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -197,16 +212,50 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     return plan
 
 
-def _identity(graph: OpGraph) -> Coarsening:
-    return Coarsening(graph, np.arange(graph.num_nodes), [np.array([i]) for i in range(graph.num_nodes)], 0)
+def _coarsen(graph: OpGraph, cluster: Cluster, goal: int, warm_device: np.ndarray | None) -> tuple[Coarsening, bool]:
+    """The graph coarsened to about ``goal`` nodes, and whether each coarse node sits on one warm-start device.
+
+    Merging only nodes the warm start puts together keeps it a solution of
+    the coarse model; when that stops far above the goal (a scattered warm
+    start), the graph is coarsened freely instead.
+    """
+    if graph.num_nodes <= goal:
+        identity = Coarsening(graph, np.arange(graph.num_nodes), [np.array([i]) for i in range(graph.num_nodes)], 0)
+        return identity, True
+    if warm_device is not None:
+        coarse = coarsen(graph, goal, labels=warm_device, cluster=cluster)
+        if coarse.graph.num_nodes <= 1.5 * goal:
+            return coarse, True
+    return coarsen(graph, goal, cluster=cluster), warm_device is None
 
 
-def _warm_start(graph: OpGraph, cluster: Cluster, seed: int) -> tuple[str | None, Plan | None]:
-    """The fastest fitting plan among the cheap registered algorithms (name, plan), or (None, None)."""
+def _project(graph: OpGraph, device_of: np.ndarray, coarse: Coarsening, problem: "_Problem") -> np.ndarray | None:
+    """A device per coarse node from a placement of the original nodes, or None if it cannot be made valid.
+
+    Each coarse node (each coarse colocation group as a whole) goes where most
+    of its members' compute ran, among the devices it may use.
+    """
+    n_dev = problem.cluster.num_devices
+    weight = np.zeros((coarse.graph.num_nodes, n_dev))
+    np.add.at(weight, (coarse.group_of, device_of), graph.compute_s + 1e-12)
+    for members in coarse.graph.colocation_groups.values():
+        weight[members] = weight[members].sum(axis=0)
+    choice = np.argmax(np.where(problem.duration >= 0, weight, -1.0), axis=1)
+    cross = choice[coarse.graph.src] != choice[coarse.graph.dst]
+    if np.any(problem.cluster.channel_index[choice[coarse.graph.src[cross]], choice[coarse.graph.dst[cross]]] < 0):
+        return None
+    return choice
+
+
+def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float) -> tuple[str | None, Plan | None]:
+    """The fastest fitting plan among the cheap registered algorithms (name, plan), or (None, None).
+
+    Once a plan is in hand, no further algorithm starts after ``until``.
+    """
     best: tuple[float, str, Plan] | None = None
     registered = set(available_algorithms())
     for name in WARM_START_ALGORITHMS:
-        if name not in registered:
+        if name not in registered or (best is not None and time.perf_counter() > until):
             continue
         try:
             plan = place(graph, cluster, name, seed=seed)
@@ -235,8 +284,8 @@ class _Problem:
     capacity: np.ndarray                  # memory units per device
     horizon: int
     tensors: list[tuple[int, int, list[tuple[int, int]]]]   # (producer, tensor, [(consumer, bytes)])
-    rounding_slack: float = 0.0
-    position: np.ndarray = field(default=None)
+    position: np.ndarray                  # topological position of every node
+    rounding_slack: float = 0.0           # seconds integer rounding may take off any schedule
 
     @classmethod
     def build(cls, graph: OpGraph, cluster: Cluster, ratio: float) -> "_Problem":
@@ -267,7 +316,7 @@ class _Problem:
         events = n + len(tensors) * n_dev
         problem = cls(graph, cluster, resolution, units, np.ceil(footprint / scale).astype(np.int64),
                       np.floor(memory / scale).astype(np.int64), int(math.ceil(horizon_s / resolution)) + events + 1,
-                      tensors, position=position)
+                      tensors, position)
         problem.rounding_slack = problem._rounding_error(seconds, allowed)
         return problem
 
@@ -335,8 +384,7 @@ class _CpModel:
         for u, v in zip(g.src.tolist(), g.dst.tolist()):
             m.Add(self.start[v] >= self.end[u])
         self._transfers()
-        pairs = sum(len(entries) * (len(entries) - 1) // 2 for entries in self.on_channel)
-        self._fifo_channels(across_producers=exact or pairs <= FIFO_MAX_PAIRS)
+        self._fifo_channels(exact)
         if exact:
             self._no_idling()
         m.Minimize(self.makespan)
@@ -386,7 +434,7 @@ class _CpModel:
                         m.AddMaxEquality(size, [p.transfer_units(s, d, b) * self.x[v][d] for v, b in here])
                         self.sizes[(k, s, d)] = (size, [(v, p.transfer_units(s, d, b)) for v, b in here])
                     interval = m.NewOptionalIntervalVar(begin, size, finish, present, f"xfer{k}_{s}_{d}")
-                    self.on_channel[c].append((k, d, present, interval))
+                    self.on_channel[c].append((k, d, s, present, interval))
                 for v, _ in here:
                     if d in self.x[u]:
                         m.Add(self.start[v] >= finish).OnlyEnforceIf([self.x[v][d], self.x[u][d].Not()])
@@ -394,15 +442,16 @@ class _CpModel:
                         m.Add(self.start[v] >= finish).OnlyEnforceIf(self.x[v][d])
         for entries in self.on_channel:
             if len(entries) > 1:
-                m.AddNoOverlap([entry[3] for entry in entries])
+                m.AddNoOverlap([entry[4] for entry in entries])
 
     # ------------------------------------------------- the reference model's rules
-    def _fifo_channels(self, across_producers: bool) -> None:
+    def _fifo_channels(self, exact: bool) -> None:
         """A channel serves transfers in queue order: producer's finish, then producer, destination name, tensor.
 
-        Transfers of one producer queue at the same instant, so their order is
-        fixed; ordering transfers of different producers needs a literal per
-        pair of producers and is left out of big relaxed models.
+        Transfers of one producer from one device queue at the same instant,
+        so their order is fixed; ordering transfers of different producers
+        needs a literal per pair of producers. A relaxed model keeps these
+        pairwise rules only while they number at most ``FIFO_MAX_PAIRS``.
         """
         p, m = self.p, self.model
         names = [d.name for d in p.cluster.devices]
@@ -412,28 +461,43 @@ class _CpModel:
             k, d = entry[0], entry[1]
             return p.tensors[k][0], name_rank[d], p.tensors[k][1]
 
+        groups = []      # per channel, its entries by producer, and those by source device, in queue order
+        same_count = across_count = 0
         for entries in self.on_channel:
-            entries = sorted(entries, key=queue_key)
             by_producer: dict[int, list] = {}
-            for entry in entries:
+            for entry in sorted(entries, key=queue_key):
                 by_producer.setdefault(queue_key(entry)[0], []).append(entry)
-            for i, a in enumerate(entries):
-                ua = queue_key(a)[0]
-                for b in (entries[i + 1:] if across_producers else by_producer[ua][by_producer[ua].index(a) + 1:]):
-                    if a[:2] == b[:2]:
-                        continue
-                    ub = queue_key(b)[0]
-                    a_first = self.xfer[a[:2]][1] <= self.xfer[b[:2]][0]
-                    if ua == ub:
-                        m.Add(a_first).OnlyEnforceIf([a[2], b[2]])
-                        continue
-                    if (ua, ub) not in self.fifo:     # a's producer finishes no later (ties go to the lower index)
-                        lit = self.fifo[(ua, ub)] = m.NewBoolVar(f"fifo{ua}_{ub}")
-                        m.Add(self.end[ua] <= self.end[ub]).OnlyEnforceIf(lit)
-                        m.Add(self.end[ua] > self.end[ub]).OnlyEnforceIf(lit.Not())
-                    lit = self.fifo[(ua, ub)]
-                    m.Add(a_first).OnlyEnforceIf([a[2], b[2], lit])
-                    m.Add(self.xfer[b[:2]][1] <= self.xfer[a[:2]][0]).OnlyEnforceIf([a[2], b[2], lit.Not()])
+            groups.append(by_producer)
+            sizes = [len(group) for group in by_producer.values()]
+            across_count += (sum(sizes) ** 2 - sum(size * size for size in sizes)) // 2
+            for group in by_producer.values():
+                per_source: dict[int, int] = {}
+                for entry in group:
+                    per_source[entry[2]] = per_source.get(entry[2], 0) + 1
+                same_count += sum(c * (c - 1) // 2 for c in per_source.values())
+        budget = np.inf if exact else FIFO_MAX_PAIRS
+        if same_count > budget:
+            return
+        for by_producer in groups:
+            for group in by_producer.values():
+                for i, a in enumerate(group):
+                    for b in group[i + 1:]:
+                        if a[2] == b[2]:          # one producer sits on one device
+                            m.Add(self.xfer[a[:2]][1] <= self.xfer[b[:2]][0]).OnlyEnforceIf([a[3], b[3]])
+        if same_count + across_count > budget:
+            return
+        across = [(a, b) for by_producer in groups
+                  for (ua, group_a), (ub, group_b) in itertools.combinations(by_producer.items(), 2)
+                  for a in group_a for b in group_b if a[:2] != b[:2]]
+        for a, b in across:
+            ua, ub = queue_key(a)[0], queue_key(b)[0]
+            if (ua, ub) not in self.fifo:     # a's producer finishes no later (ties go to the lower index)
+                lit = self.fifo[(ua, ub)] = m.NewBoolVar(f"fifo{ua}_{ub}")
+                m.Add(self.end[ua] <= self.end[ub]).OnlyEnforceIf(lit)
+                m.Add(self.end[ua] > self.end[ub]).OnlyEnforceIf(lit.Not())
+            lit = self.fifo[(ua, ub)]
+            m.Add(self.xfer[a[:2]][1] <= self.xfer[b[:2]][0]).OnlyEnforceIf([a[3], b[3], lit])
+            m.Add(self.xfer[b[:2]][1] <= self.xfer[a[:2]][0]).OnlyEnforceIf([a[3], b[3], lit.Not()])
 
     def _no_idling(self) -> None:
         """Every job starts the moment it may: when its inputs are in and its device or channel is free."""
@@ -475,12 +539,12 @@ class _CpModel:
                     reasons.append(arrived)
             m.AddBoolOr(reasons)
         for entries in self.on_channel:
-            for i, (k, d, present, _) in enumerate(entries):
+            for i, (k, d, _, present, _) in enumerate(entries):
                 begin = self.xfer[(k, d)][0]
                 queued = m.NewBoolVar(f"queued{k}_{d}_{i}")
                 m.Add(begin == self.end[p.tensors[k][0]]).OnlyEnforceIf(queued)
                 reasons = [queued]
-                for j, (k2, d2, present2, _) in enumerate(entries):
+                for j, (k2, d2, _, present2, _) in enumerate(entries):
                     if (k2, d2) == (k, d):
                         continue
                     behind = m.NewBoolVar(f"behind{k}_{d}_{i}_{j}")
@@ -521,7 +585,7 @@ class _CpModel:
         if workers > 1:
             params.interleave_search = True
         params.max_time_in_seconds = max(0.1, seconds)
-        params.max_deterministic_time = effort
+        params.max_deterministic_time = max(0.01, effort)
         # Symmetry detection and probing cost many seconds on models with thousands of optional intervals.
         params.symmetry_level = 0
         params.cp_model_probing_level = 0
