@@ -23,7 +23,7 @@ from .errors import OptionError, PlacerError
 __all__ = ["main", "COMMAND_MODULES"]
 
 #: Modules that contribute subcommands (each defines ``add_commands(subparsers)``).
-COMMAND_MODULES: tuple[str, ...] = ()
+COMMAND_MODULES: tuple[str, ...] = ("placer.learn.cli",)
 
 
 def _parse_option(text: str) -> tuple[str, Any]:

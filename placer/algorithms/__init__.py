@@ -5,6 +5,7 @@ its module and importing it here.
 """
 
 from . import auto, baselines  # noqa: F401  (register auto; single, round_robin, expert, metis)
+from . import placeto  # noqa: F401  (register placeto)
 from .registry import Algorithm, available_algorithms, get_algorithm, place, register
 
 __all__ = ["Algorithm", "available_algorithms", "get_algorithm", "place", "register"]
