@@ -278,11 +278,15 @@ class TrainResult:
         the improvement of R over the episode), ``speedup`` (mean starting
         makespan over the episode's best), ``seconds`` since the start.
     seconds : float
+    best : dict
+        ``(graph index, cluster index)`` -> ``(overflows memory, R, makespan_s, device_of)``
+        of the best placement any rollout found (fine-tuning keeps it).
     """
 
     policy: PlacetoPolicy
     curve: dict
     seconds: float
+    best: dict = field(default_factory=dict)
 
 
 # Worker state: the problems, built once per process (rollouts only send weights and indices).
@@ -329,7 +333,8 @@ def _rollout(task: tuple) -> tuple:
     loss.backward()
     grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in policy.parameters()]
     stats = (float(ep.rewards.sum()), ep.start_makespan_s / ep.best_makespan_s if ep.best_makespan_s > 0 else 1.0)
-    return grads, returns, stats
+    best = (not ep.best_fits, ep.best_cost, ep.best_makespan_s, ep.best_device_of)
+    return grads, returns, stats, best
 
 
 def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV100-nvlink",),
@@ -389,6 +394,7 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
     updates = max(1, config.episodes // config.rollouts_per_update)
     rng = np.random.default_rng(config.seed)
     baselines: dict[tuple[int, int], deque] = {}
+    best: dict[tuple[int, int], tuple] = {}
     curve: dict[str, list] = {"update": [], "episodes": [], "return": [], "speedup": [], "seconds": []}
     pool = None
     if config.workers > 1:
@@ -415,8 +421,10 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
             for p, *grads in zip(policy.parameters(), *(r[0] for r in results)):
                 p.grad = torch.stack(grads).mean(0)
             optimizer.step()
-            for task, (_, returns, _) in zip(tasks, results):
+            for task, (_, returns, _, found) in zip(tasks, results):
                 baselines.setdefault(task[1:3], deque(maxlen=config.baseline_window)).append(returns)
+                if task[1:3] not in best or found[:2] < best[task[1:3]][:2]:
+                    best[task[1:3]] = found
             row = {"update": update + 1, "episodes": (update + 1) * config.rollouts_per_update,
                    "return": float(np.mean([r[2][0] for r in results])),
                    "speedup": float(np.exp(np.mean(np.log([r[2][1] for r in results])))),
@@ -432,7 +440,7 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
             pool.close()
             pool.join()
         torch.set_num_threads(threads)
-    return TrainResult(policy, curve, time.perf_counter() - began)
+    return TrainResult(policy, curve, time.perf_counter() - began, best)
 
 
 def _save(policy: PlacetoPolicy, path, config: TrainConfig, curve: dict) -> None:
