@@ -6,6 +6,7 @@ all can be valid, and its message says which node, group or device is at fault.
 
 from __future__ import annotations
 
+import networkx as nx
 import numpy as np
 
 from .cluster import Cluster
@@ -30,7 +31,8 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
 
     Checks: a node allowed on no device of the cluster; a node, or a
     colocation group, that cannot fit any device it may use; parameters that
-    exceed the cluster's total memory.
+    exceed the cluster's total memory; a connected part of the graph whose
+    parameters exceed every set of devices that can all reach each other.
     """
     allowed = graph.allowed(cluster)
     memory = cluster.memory
@@ -60,3 +62,30 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
     if total_params > int(memory.sum()):
         raise InfeasibleError(f"the parameters alone need {total_params / 2**30:.3f} GiB, more than the cluster's "
                               f"{memory.sum() / 2**30:.3f} GiB in total")
+    _check_reachability(graph, cluster)
+
+
+def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
+    """Refuse a graph whose connected parts cannot fit any set of mutually reachable devices.
+
+    Transfers go over one channel, never through a third device, so the
+    nodes of one weakly connected part of the graph must sit on devices that
+    all have channels between each other (a clique of the reachability graph).
+    """
+    unreachable = cluster.unreachable_pairs()
+    if not unreachable or graph.num_nodes == 0:
+        return
+    reach = nx.Graph()
+    reach.add_nodes_from(range(cluster.num_devices))
+    connected = (cluster.channel_index >= 0) & (cluster.channel_index.T >= 0)
+    reach.add_edges_from(zip(*np.nonzero(np.triu(connected, 1))))
+    room = max(int(cluster.memory[sorted(c)].sum()) for c in nx.find_cliques(reach))
+    parts = nx.connected_components(nx.Graph(zip(graph.src.tolist(), graph.dst.tolist())))
+    for part in parts:
+        need = int(graph.param_bytes[sorted(part)].sum())
+        if need > room:
+            a, b = unreachable[0]
+            raise InfeasibleError(
+                f"devices {a!r} and {b!r} (and maybe others) have no channel between them; the connected part "
+                f"of the graph around node {graph.ids[min(part)]!r} needs {need / 2**30:.3f} GiB of parameters, "
+                f"more than any set of devices that can all reach each other ({room / 2**30:.3f} GiB)")

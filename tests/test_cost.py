@@ -94,3 +94,357 @@ def test_annotated_graph_durations_on_presets():
     d = g.durations(load_cluster("4xA100-nvlink"))
     np.testing.assert_allclose(d[:, 0], [g.compute_s_by_kind[i]["A100"] for i in range(5)])
     assert np.all(g.durations(load_cluster("8xH100-nvswitch"))[:, 0] <= g.compute_s + 1e-15)
+
+
+# -------------------------------------------------------------- calibration
+from placer.cost.calibrate import (Calibration, LinkFit, apply_calibration, calibrate, fit_link,  # noqa: E402
+                                   load_calibration, measure_gloo)
+from placer.errors import FormatError, PlacerError  # noqa: E402
+
+
+def test_fit_recovers_latency_and_bandwidth_exactly():
+    sizes = np.array([1e3, 1e4, 1e5, 1e6, 1e7, 1e8])
+    fit = fit_link(sizes, 2.5e-5 + sizes / 7.5e9, "synthetic")
+    assert fit.latency_s == pytest.approx(2.5e-5, rel=1e-9)
+    assert fit.bandwidth_bytes_per_s == pytest.approx(7.5e9, rel=1e-9)
+    assert fit.r2 == pytest.approx(1.0)
+    np.testing.assert_allclose(fit.predict(sizes), 2.5e-5 + sizes / 7.5e9)
+
+
+def test_fit_of_noisy_points_has_r2_below_one():
+    rng = np.random.default_rng(0)
+    sizes = np.repeat([1e3, 1e5, 1e7], 4)
+    times = (1e-5 + sizes / 1e9) * rng.uniform(0.7, 1.3, sizes.size)
+    fit = fit_link(sizes, times)
+    assert 0.0 < fit.r2 < 1.0
+    assert fit.bandwidth_bytes_per_s == pytest.approx(1e9, rel=0.3)
+
+
+@pytest.mark.parametrize("sizes, times, message", [
+    ([1e3, 1e3], [1e-5, 2e-5], "two distinct sizes"),
+    ([1e3, 1e6], [1e-5, -1.0], "finite and > 0"),
+    ([1e3, 1e6], [1e-3, 1e-5], "does not grow"),
+])
+def test_fit_refuses_unusable_points(sizes, times, message):
+    with pytest.raises(PlacerError, match=message):
+        fit_link(sizes, times, "pcie")
+
+
+def _calibration() -> Calibration:
+    return Calibration({"gloo": LinkFit(3e-5, 4e9, 0.99, [(1024, 3.1e-5), (1 << 20, 2.9e-4)]),
+                        "cuda-peer": LinkFit(-1e-6, 2e11, 0.9)}, {"backend": "gloo"})
+
+
+def test_calibration_round_trip_and_apply(tmp_path):
+    path = tmp_path / "cal.json"
+    _calibration().save(path)
+    cal = load_calibration(path)
+    assert cal.links["gloo"].samples == [(1024, 3.1e-5), (1 << 20, 2.9e-4)]
+    assert cal.meta == {"backend": "gloo"}
+    cluster = apply_calibration(load_cluster("2xcpu"), cal)
+    assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in cluster.channels} == {(3e-5, 4e9)}
+    assert cluster.transfer_s(0, 1, 4e9) == pytest.approx(1.0 + 3e-5)
+    # A link measured under another name, with a negative fitted latency applied as 0.
+    gpus = apply_calibration(load_cluster("8xH100-nvswitch"), cal, link_map={"nvswitch": "cuda-peer"})
+    assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in gpus.channels} == {(0.0, 2e11)}
+    with pytest.raises(OptionError, match="match no channel"):
+        apply_calibration(load_cluster("4xV100-nvlink"), cal)
+
+
+@pytest.mark.parametrize("doc, message", [
+    ({"format": "placer.profile/1", "links": {}}, "field 'format'"),
+    ({"format": "placer.calibration/1"}, "missing required field 'links'"),
+    ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5}}},
+     "link 'gloo': missing required field 'bandwidth_bytes_per_s'"),
+    ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 0}}},
+     "'bandwidth_bytes_per_s' must be > 0"),
+    ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9,
+                                                          "samples": [[1, 2, 3]]}}}, "sample #0"),
+])
+def test_bad_calibration_files(tmp_path, doc, message):
+    path = tmp_path / "bad.json"
+    path.write_text(__import__("json").dumps(doc))
+    with pytest.raises(FormatError, match=message) as err:
+        load_calibration(path)
+    assert str(path) in str(err.value)
+
+
+def test_real_gloo_calibration_two_ranks():
+    # Sizes 4096x apart, so that a loaded machine's noise cannot hide the bandwidth term.
+    cal = calibrate("gloo", ranks=2, sizes=[1024, 4 << 20], repeats=5, timeout_s=120)
+    fit = cal.links["gloo"]
+    assert [b for b, _ in fit.samples] == [1024, 4 << 20]
+    assert all(t > 0 for _, t in fit.samples)
+    assert fit.bandwidth_bytes_per_s > 0 and np.isfinite(fit.r2)
+    assert cal.meta["ranks"] == 2 and cal.meta["backend"] == "gloo"
+
+
+def test_gloo_calibration_times_out_cleanly():
+    with pytest.raises(PlacerError, match="did not finish within 0.2 s"):
+        measure_gloo(2, [1024], 1, timeout_s=0.2)
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"ranks": 1}, "ranks"), ({"repeats": 0}, "repeats"), ({"sizes": [0]}, "sizes")])
+def test_gloo_calibration_options(kwargs, message):
+    with pytest.raises(OptionError, match=message):
+        measure_gloo(**{"ranks": 2, "sizes": [1024], "repeats": 1, **kwargs})
+
+
+# ------------------------------------------------------------------ profiles
+import json  # noqa: E402
+
+from placer.cost.profile import Profile, apply_profile, load_profile, profile_module  # noqa: E402
+from placer.generate import training_graph  # noqa: E402
+
+
+def _profile_for(graph: OpGraph) -> Profile:
+    return Profile(graph.name, graph.digest(), "cpu", {node: 1e-4 * (k + 1) for k, node in enumerate(graph.ids)},
+                   {"device_name": "test cpu", "torch": "2.13.0"})
+
+
+def test_profile_round_trip_and_apply(tmp_path):
+    graph = training_graph(layers=2)
+    path = tmp_path / "p.json"
+    _profile_for(graph).save(path)
+    loaded = load_profile(path, graph)
+    assert loaded.node_seconds == _profile_for(graph).node_seconds
+    assert loaded.meta == {"device_name": "test cpu", "torch": "2.13.0"}
+    applied = apply_profile(graph, loaded)
+    durations = applied.durations(load_cluster("2xcpu"))
+    np.testing.assert_allclose(durations[:, 0], [1e-4 * (k + 1) for k in range(graph.num_nodes)])
+    np.testing.assert_array_equal(applied.compute_s, graph.compute_s)  # the reference kind is untouched
+    # Under another kind name, and keeping entries already there.
+    both = apply_profile(annotate(graph, kinds=("A100",)), loaded, kind="H100")
+    assert set(both.compute_s_by_kind[0]) == {"A100", "H100"}
+
+
+def _write(tmp_path, doc) -> str:
+    path = tmp_path / "bad.json"
+    path.write_text(doc if isinstance(doc, str) else json.dumps(doc))
+    return str(path)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: "{not json", "invalid JSON"),
+    (lambda d: "", "empty"),
+    (lambda d: {**d, "format": "placer.graph/1"}, "field 'format' is 'placer.graph/1'"),
+    (lambda d: {k: v for k, v in d.items() if k != "format"}, "missing field 'format'"),
+    (lambda d: {k: v for k, v in d.items() if k != "node_seconds"}, "missing required field 'node_seconds'"),
+    (lambda d: {k: v for k, v in d.items() if k != "device_kind"}, "missing required field 'device_kind'"),
+    (lambda d: {**d, "node_seconds": [1, 2]}, "field 'node_seconds' must be an object"),
+    (lambda d: {**d, "node_seconds": {**d["node_seconds"], "loss": -1.0}}, "node 'loss': time must be >= 0"),
+    (lambda d: {**d, "node_seconds": {**d["node_seconds"], "loss": "fast"}}, "node 'loss': time must be a number"),
+    (lambda d: json.dumps(d).replace('"loss": 0.', '"loss": NaN, "x": 0.'), "NaN is not a valid number"),
+    (lambda d: json.dumps(d).replace('"loss": 0.', '"loss": 1e999, "x": 0.'), "node 'loss': time must be finite"),
+    (lambda d: {**d, "node_seconds": {**d["node_seconds"], "ghost": 1.0}}, "node 'ghost' is not in graph"),
+    (lambda d: {**d, "graph_digest": "0123456789abcdef"}, "made for graph"),
+])
+def test_bad_profiles_name_file_and_field(tmp_path, mutate, message):
+    graph = training_graph(layers=2)
+    path = _write(tmp_path, mutate(_profile_for(graph).to_dict()))
+    with pytest.raises(FormatError, match=message) as err:
+        load_profile(path, graph)
+    assert path in str(err.value)
+
+
+def test_profile_of_another_graph_is_refused_by_apply():
+    graph, other = training_graph(layers=2), training_graph(layers=3)
+    with pytest.raises(FormatError, match="made for graph"):
+        apply_profile(other, _profile_for(graph))
+
+
+def test_profile_module_times_every_node():
+    import torch
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    def step(w, x):
+        y = torch.relu(x @ w)
+        return (y.sum(), torch.zeros(3, device="cpu"))
+
+    gm = make_fx(step)(torch.randn(8, 8), torch.randn(4, 8))
+    calls = {n.name for n in gm.graph.nodes if n.op == "call_function"}
+    seconds = profile_module(gm, [torch.randn(8, 8), torch.randn(4, 8)], repeats=3)
+    assert set(seconds) == calls and all(t > 0 for t in seconds.values())
+    only = profile_module(gm, [torch.randn(8, 8), torch.randn(4, 8)], repeats=1, warmup=0, node_ids={"mm"})
+    assert set(only) == {"mm"}
+    with pytest.raises(OptionError, match="repeats"):
+        profile_module(gm, [], repeats=0)
+    with pytest.raises(OptionError, match="device"):
+        profile_module(gm, [], device="tpu")
+
+
+# -------------------------------------------------------- standard evaluation
+from placer.cost.standard_eval import fit_batch_model, match_nodes  # noqa: E402
+
+
+def _step_at(batch: int, prefix: str = "") -> OpGraph:
+    # Memory, FLOPs and edges exactly linear in the batch; a parameter node constant.
+    ids = [f"{prefix}{n}" for n in ("w", "fwd", "loss", "upd")]
+    return OpGraph(ids, [1e-5, 2e-5 * batch, 1e-6 * batch + 3e-6, 4e-5], [0, 1, 1, 2], [1, 2, 3, 3],
+                   [4096, 512 * batch, 128 * batch, 8],
+                   output_bytes=[4096, 512 * batch, 8, 4096], param_bytes=[4096, 0, 0, 8192],
+                   temp_bytes=[0, 64 * batch + 32, 0, 0], flops=[np.nan, 1e6 * batch, 2e3 * batch, 3e3],
+                   op=["aten.clone", "aten.mm", "aten.sum", "aten.add"],
+                   node_extra=[{}, {"bytes_accessed": 1000 * batch + 10}, {}, {}],
+                   splittable=[None, [{"dim": "batch", "size": batch}], None, None], name=f"step-bs{batch}")
+
+
+def test_standard_evaluation_predicts_linear_costs_exactly():
+    model = fit_batch_model([_step_at(b) for b in (4, 1, 2)], [4, 1, 2])
+    assert model.batches == [1, 2, 4] and model.matched_by == "id"
+    big, truth = model.predict(256), _step_at(256)
+    for name in ("output_bytes", "param_bytes", "temp_bytes", "edge_bytes"):
+        np.testing.assert_array_equal(getattr(big, name), getattr(truth, name))
+    np.testing.assert_allclose(big.compute_s, truth.compute_s, rtol=1e-9)
+    np.testing.assert_allclose(big.flops, truth.flops, rtol=1e-9)
+    assert big.node_extra[1]["bytes_accessed"] == 256010 and big.node_extra[0] == {}
+    assert big.splittable[1] == [{"dim": "batch", "size": 256}]
+    assert big.extra["standard_evaluation"]["matched_by"] == "id"
+    assert max(model.fit_error.values()) < 1e-9
+    with pytest.raises(OptionError, match="batch"):
+        model.predict(0)
+
+
+def test_standard_evaluation_with_profiles_fills_the_measured_kind():
+    graphs = [_step_at(b) for b in (1, 2)]
+    profiles = [Profile(g.name, g.digest(), "cpu", {"fwd": 1e-3 * b, "loss": 2e-4}) for g, b in zip(graphs, (1, 2))]
+    big = fit_batch_model(graphs, [1, 2], profiles).predict(10)
+    assert big.compute_s_by_kind[1]["cpu"] == pytest.approx(1e-2)
+    assert big.compute_s_by_kind[2]["cpu"] == pytest.approx(2e-4)
+    assert big.compute_s_by_kind[0]["cpu"] == pytest.approx(1e-5)  # unprofiled: the graph's own time
+    np.testing.assert_array_equal(big.compute_s, graphs[1].compute_s)
+
+
+def test_nodes_match_by_position_when_ids_differ():
+    node_map, edge_map, how = match_nodes(_step_at(1), _step_at(2, prefix="x_"))
+    assert how == "position" and node_map.tolist() == [0, 1, 2, 3] and edge_map.tolist() == [0, 1, 2, 3]
+    model = fit_batch_model([_step_at(1), _step_at(2, prefix="x_")], [1, 2])
+    assert model.matched_by == "position"
+    np.testing.assert_array_equal(model.predict(8).output_bytes, _step_at(8).output_bytes)
+
+
+def test_standard_evaluation_refuses_other_structures():
+    other = training_graph(layers=1)
+    with pytest.raises(FormatError, match="differ in structure"):
+        fit_batch_model([_step_at(1), other], [1, 2])
+    renamed = _step_at(2).replace(op=["aten.clone", "aten.bmm", "aten.sum", "aten.add"])
+    with pytest.raises(FormatError, match="'fwd' is 'aten.bmm' in one and 'aten.mm'"):
+        fit_batch_model([_step_at(1), renamed], [1, 2])
+    with pytest.raises(OptionError, match="two distinct"):
+        fit_batch_model([_step_at(1), _step_at(1)], [1, 1])
+
+
+# ------------------------------------------------- on captured training steps
+torch = pytest.importorskip("torch")
+
+from placer.capture import capture  # noqa: E402
+from placer.cost.profile import profile_step  # noqa: E402
+from placer.cost.standard_eval import standard_evaluation  # noqa: E402
+
+
+class _TinyNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
+                                       torch.nn.Linear(32, 4))
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.net(x), y)
+
+
+def _tiny(batch: int):
+    torch.manual_seed(0)
+    return _TinyNet(), (torch.randn(batch, 16), torch.randint(0, 4, (batch,)))
+
+
+def test_profile_step_times_every_graph_node_and_leaves_the_model_alone(tmp_path):
+    model, inputs = _tiny(8)
+    step = capture(model, inputs, optimizer="adam")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    profile = profile_step(step, model, inputs, repeats=2)
+    assert set(profile.node_seconds) == set(step.graph.ids)
+    assert all(t >= 0 for t in profile.node_seconds.values())
+    placeholders = [i for i, op in zip(step.graph.ids, step.graph.op) if op == "placeholder"]
+    assert placeholders and all(profile.node_seconds[i] == 0.0 for i in placeholders)
+    assert profile.node_seconds["addmm"] > 0
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items())
+    assert profile.device_kind == "cpu" and profile.meta["inputs"] == "model"
+    profile.save(tmp_path / "p.json")
+    graph = apply_profile(step.graph, load_profile(tmp_path / "p.json", step.graph))
+    np.testing.assert_allclose(graph.durations(load_cluster("2xcpu"))[:, 1],
+                               [profile.node_seconds[i] for i in graph.ids])
+    synthetic = profile_step(step, repeats=1, warmup=0)
+    assert set(synthetic.node_seconds) == set(step.graph.ids) and synthetic.meta["inputs"] == "synthetic"
+
+
+def test_standard_evaluation_on_a_captured_model():
+    model = standard_evaluation(_tiny, (2, 4, 8), optimizer="sgd", repeats=2)
+    assert model.matched_by == "id" and model.time_kind == "cpu"
+    predicted = model.predict(64)
+    truth = capture(*_tiny(64), optimizer="sgd").graph
+    assert predicted.ids == truth.ids
+    # Memory, FLOPs and transfers are linear in the batch: predicted exactly.
+    for name in ("output_bytes", "param_bytes", "temp_bytes", "edge_bytes"):
+        np.testing.assert_array_equal(getattr(predicted, name), getattr(truth, name))
+    np.testing.assert_allclose(predicted.flops, truth.flops, rtol=1e-9)
+    assert all(d["cpu"] >= 0 for d in predicted.compute_s_by_kind)
+    analytic = standard_evaluation(_tiny, (2, 4), optimizer="sgd", device=None)
+    assert analytic.time_kind is None
+    np.testing.assert_allclose(analytic.predict(64).compute_s, truth.compute_s, rtol=1e-6, atol=1e-12)
+
+
+# ---------------------------------------------------------------------- CLI
+from placer.cli import main  # noqa: E402
+
+
+def test_cost_command_annotates_and_applies_profiles(tmp_path, capsys):
+    graph = training_graph(layers=2)
+    graph.save(tmp_path / "g.json")
+    _profile_for(graph).save(tmp_path / "p.json")
+    out = tmp_path / "costed.json"
+    assert main(["cost", str(tmp_path / "g.json"), "--kinds", "A100", "--profile", str(tmp_path / "p.json"),
+                 "-o", str(out)]) == 0
+    costed = OpGraph.load(out)
+    assert set(costed.compute_s_by_kind[0]) == {"A100", "cpu"}
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({**_profile_for(graph).to_dict(), "node_seconds": {"ghost": 1.0}}))
+    assert main(["cost", str(tmp_path / "g.json"), "--profile", str(bad), "-o", str(tmp_path / "x.json")]) == 2
+    assert "node 'ghost' is not in graph" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+    assert main(["cost", str(tmp_path / "g.json"), "--kinds", "TPU", "-o", str(tmp_path / "x.json")]) == 2
+    assert "unknown device kind 'TPU'" in capsys.readouterr().err
+
+
+_MODEL_FILE = '''
+import torch
+class Net(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(8, 3)
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.layer(x), y)
+def make(batch_size):
+    torch.manual_seed(0)
+    return Net(), (torch.randn(batch_size, 8), torch.randint(0, 3, (batch_size,)))
+'''
+
+
+def test_profile_and_predict_commands(tmp_path, capsys):
+    model_file = tmp_path / "net.py"
+    model_file.write_text(_MODEL_FILE)
+    spec = f"{model_file}:make"
+    assert main(["profile", spec, "--batch", "4", "--repeats", "2", "-o", str(tmp_path / "p.json"),
+                 "--graph-output", str(tmp_path / "g.json")]) == 0
+    graph = OpGraph.load(tmp_path / "g.json")
+    profile = load_profile(tmp_path / "p.json", graph)
+    assert set(profile.node_seconds) == set(graph.ids) and profile.device_kind == "cpu"
+    assert all(d["cpu"] == profile.node_seconds[i] for i, d in zip(graph.ids, graph.compute_s_by_kind))
+    assert main(["predict", spec, "--batches", "2,4", "--target", "32", "--device", "none",
+                 "-o", str(tmp_path / "big.json")]) == 0
+    big = OpGraph.load(tmp_path / "big.json")
+    assert big.extra["standard_evaluation"]["target_batch"] == 32
+    assert main(["profile", spec, "--batch", "0", "-o", str(tmp_path / "x.json")]) == 2
+    assert "'--batch' must be >= 1" in capsys.readouterr().err
+    assert main(["profile", spec, "--batch", "2", "--device", "cuda:7", "-o", str(tmp_path / "x.json")]) == 2
+    assert "device" in capsys.readouterr().err and not (tmp_path / "x.json").exists()

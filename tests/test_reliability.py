@@ -107,6 +107,22 @@ def test_impossible_problems_are_diagnosed_before_any_search(tmp_path, capsys, c
     assert not out.exists()
 
 
+@pytest.mark.parametrize("algorithm", ["single", "round_robin", "expert", "metis", "auto"])
+def test_devices_that_cannot_reach_each_other_are_diagnosed(tmp_path, capsys, algorithm):
+    cluster = load_cluster("2xV100-nvlink").to_dict()
+    cluster["channels"] = []  # two islands: nothing may cross between them
+    doc = _graph_doc()
+    for node in doc["nodes"][:5]:
+        node.update(param_bytes=5 * GIB)  # 25 GiB: needs both devices, which cannot talk
+    graph, cluster_file = _write(tmp_path, "g.json", doc), _write(tmp_path, "c.json", cluster)
+    out = tmp_path / "plan.json"
+    assert main(["plan", str(graph), "--cluster", str(cluster_file), "--algorithm", algorithm, "-o", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "devices 'gpu0' and 'gpu1' (and maybe others) have no channel between them" in err, err
+    assert "more than any set of devices that can all reach each other (16.000 GiB)" in err
+    assert not out.exists()
+
+
 def test_plan_for_another_graph_is_refused_by_simulate(tmp_path, capsys):
     first, second = tmp_path / "a.json", tmp_path / "b.json"
     training_graph(layers=2, branches=2, seed=0).save(first)

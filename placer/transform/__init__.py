@@ -1,1 +1,1 @@
-"""Graph transforms before placement (coarsening, fusion, splitting, replication); each maps back to the original graph."""
+"""Graph transforms that run before placement: coarsening, fusion, op splitting, replication; each maps back."""

@@ -1,0 +1,57 @@
+"""Time limits: how long each registered algorithm takes when given ``time_limit``.
+
+Goal (issue 10): ``--time-limit`` honoured within 10%, i.e. no algorithm's wall
+time (including placer's own validation of the plan) exceeds 1.1 x the limit.
+
+    ./run.sh bench bench/time_limits.py [--nodes 10000] [--limits 2,10] [--algorithms auto,...]
+
+Each algorithm runs through :func:`placer.place` on a generated training graph
+(placer.generate.training_graph) that does not fit one device of
+4xV100-nvlink, so memory-aware search has work to do. Algorithms that finish
+early are within their limit by definition; the column that matters is
+``wall/limit`` for the searching ones (auto, pesto, placeto).
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+from placer import available_algorithms, load_cluster, place
+from placer.errors import PlacerError
+from placer.generate import training_graph
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--nodes", type=int, default=10_000, help="approximate graph size")
+    parser.add_argument("--limits", default="2,10", help="comma-separated time limits in seconds")
+    parser.add_argument("--algorithms", help="comma-separated names (default: every registered algorithm)")
+    parser.add_argument("--cluster", default="4xV100-nvlink")
+    args = parser.parse_args()
+    cluster = load_cluster(args.cluster)
+    layers = max(1, args.nodes // 14)  # training_graph with 3 branches has ~14 nodes per layer
+    graph = training_graph(layers=layers, branches=3, seed=0, param_mib=40, activation_mib=8)
+    names = args.algorithms.split(",") if args.algorithms else available_algorithms()
+    limits = [float(x) for x in args.limits.split(",")]
+    print(f"graph: {graph.num_nodes} nodes, {graph.num_edges} edges; cluster {cluster.name}")
+    print(f"{'algorithm':>14} {'limit_s':>8} {'wall_s':>8} {'wall/limit':>10}  outcome")
+    worst = 0.0
+    for name in names:
+        for limit in limits:
+            began = time.perf_counter()
+            try:
+                plan = place(graph, cluster, name, time_limit=limit)
+                outcome = f"makespan {plan.predicted['makespan_s'] * 1e3:.2f} ms"
+            except PlacerError as exc:
+                outcome = f"no plan: {str(exc)[:60]}"
+            wall = time.perf_counter() - began
+            worst = max(worst, wall / limit)
+            flag = "  OVER" if wall > 1.1 * limit else ""
+            print(f"{name:>14} {limit:>8.1f} {wall:>8.2f} {wall / limit:>10.2f}  {outcome}{flag}")
+    print(f"worst wall/limit: {worst:.2f} (goal <= 1.10)")
+    print(f"reproduce: ./run.sh bench bench/time_limits.py --nodes {args.nodes} --limits {args.limits}")
+
+
+if __name__ == "__main__":
+    main()

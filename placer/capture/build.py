@@ -1,0 +1,302 @@
+"""From the fx graph of a captured training step to an :class:`~placer.graph.OpGraph`.
+
+Every fx node becomes a graph node with the same id, except ``getitem`` nodes that
+pick one output of a multi-output op: they fold into that op, and the edges leaving
+them name the output in their ``tensor`` field. Per node:
+
+* ``op``: ``aten.<overload packet>`` (``aten.convolution``), ``_operator.<name>`` for
+  Python scalar arithmetic, ``placeholder`` / ``get_attr`` for the step's inputs;
+* ``output_bytes``: the storage the node allocates (0 for views and in-place writes,
+  which alias an input); ``param_bytes``: the resident state a placeholder holds
+  (parameters, buffers, optimizer state); a batch input counts as an output;
+* ``flops``: :data:`torch.utils.flop_counter.flop_registry` on the fake arguments (0 for
+  ops it does not count, as :class:`~torch.utils.flop_counter.FlopCounterMode` does);
+* ``node_extra``: ``bytes_accessed`` (input plus output bytes) and ``dtype``.
+
+In-place writes of state (the final ``copy_`` of a new parameter or optimizer state into
+its placeholder, ``native_batch_norm`` updating running statistics, any ``(a!)`` schema
+argument) make the writer share a colocation group with what it writes, and add
+ordering edges (0 bytes) between the writer and every other reader of that tensor, in
+program order, so that any plan keeps the step's meaning.
+"""
+
+from __future__ import annotations
+
+import operator
+from typing import Any, Iterable
+
+import numpy as np
+import torch
+import torch.fx as fx
+from torch.utils.flop_counter import flop_registry
+
+from ..graph import OpGraph
+
+__all__ = ["build_graph", "value_bytes"]
+
+_aten = torch.ops.aten
+
+# Ops that write their running-statistics arguments (3 and 4) in training mode without
+# saying so in their schema.
+_HIDDEN_STAT_WRITERS = {_aten.native_batch_norm.default, _aten.cudnn_batch_norm.default,
+                        _aten.miopen_batch_norm.default}
+
+# Ops whose first input's leading dimension may be cut into parts computed independently.
+_BATCH_SPLITTABLE = {_aten.convolution, _aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm}
+
+_SCALAR_BYTES = 8
+
+
+def value_bytes(value: Any) -> int:
+    """Bytes of a traced value: a tensor's elements, 8 for a scalar, summed over tuples."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, (tuple, list)):
+        return sum(value_bytes(v) for v in value)
+    if isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
+        return _SCALAR_BYTES
+    return 0
+
+
+def _storage_bytes(value: Any) -> int:
+    """Bytes a value's tensors allocate (their storages, so that a strided output counts once)."""
+    if isinstance(value, torch.Tensor):
+        return value.untyped_storage().nbytes()
+    if isinstance(value, (tuple, list)):
+        return sum(_storage_bytes(v) for v in value)
+    return 0
+
+
+def _op_name(node: fx.Node) -> str:
+    if node.op != "call_function":
+        return node.op
+    target = node.target
+    if isinstance(target, torch._ops.OpOverload):
+        return str(target.overloadpacket)
+    return f"{getattr(target, '__module__', None) or 'python'}.{getattr(target, '__name__', str(target))}"
+
+
+def _aliases_input(node: fx.Node) -> bool:
+    """Whether the op's outputs alias an input (views and in-place ops allocate nothing)."""
+    target = node.target
+    if node.op != "call_function":
+        return False
+    if target is operator.getitem:
+        return True
+    if isinstance(target, torch._ops.OpOverload):
+        return any(r.alias_info is not None for r in target._schema.returns)
+    return False
+
+
+def _written_args(node: fx.Node) -> list[fx.Node]:
+    """The input nodes ``node`` writes in place."""
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return []
+    written = []
+    for k, arg in enumerate(target._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = node.args[k] if k < len(node.args) else node.kwargs.get(arg.name)
+            written.append(value)
+    if target in _HIDDEN_STAT_WRITERS and len(node.args) > 5 and node.args[5] is True:
+        written += [node.args[3], node.args[4]]
+    return [w for w in written if isinstance(w, fx.Node)]
+
+
+def _alias_base(node: fx.Node) -> fx.Node:
+    """Follow views back to the node that owns the storage."""
+    while _aliases_input(node) and node.target is not operator.getitem and node.args \
+            and isinstance(node.args[0], fx.Node):
+        node = node.args[0]
+    return node
+
+
+def _arg_nodes(node: fx.Node) -> list[fx.Node]:
+    seen: dict[fx.Node, None] = {}
+    for a in node.all_input_nodes:
+        seen.setdefault(a, None)
+    return list(seen)
+
+
+def _dtype(value: Any) -> str | None:
+    if isinstance(value, torch.Tensor):
+        return str(value.dtype).removeprefix("torch.")
+    if isinstance(value, (tuple, list)):
+        for v in value:
+            d = _dtype(v)
+            if d is not None:
+                return d
+    return None
+
+
+def _flops(node: fx.Node) -> float:
+    target = node.target
+    if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
+        return 0.0
+    count = flop_registry.get(target.overloadpacket)
+    if count is None:
+        return 0.0
+    args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
+    return float(count(*args, **kwargs, out_val=node.meta.get("val")))
+
+
+def _splittable(node: fx.Node, batch: int | None) -> list[dict] | None:
+    """``[{"dim": "batch", "size": B}]`` when the op's first input and output lead with the batch."""
+    target = node.target
+    if batch is None or not isinstance(target, torch._ops.OpOverload) or target.overloadpacket not in _BATCH_SPLITTABLE:
+        return None
+    first = node.args[1] if target.overloadpacket in (_aten.addmm, _aten.baddbmm) else node.args[0]
+    first_val = first.meta.get("val") if isinstance(first, fx.Node) else None
+    out = node.meta.get("val")
+    if (isinstance(first_val, torch.Tensor) and isinstance(out, torch.Tensor) and first_val.dim() >= 2
+            and first_val.shape[0] == batch and out.shape[0] == batch):
+        return [{"dim": "batch", "size": int(batch)}]
+    return None
+
+
+class _UnionFind:
+    def __init__(self) -> None:
+        self.parent: dict[int, int] = {}
+
+    def find(self, x: int) -> int:
+        self.parent.setdefault(x, x)
+        while self.parent[x] != x:
+            self.parent[x] = self.parent[self.parent[x]]
+            x = self.parent[x]
+        return x
+
+    def union(self, a: int, b: int) -> None:
+        ra, rb = self.find(a), self.find(b)
+        if ra != rb:
+            self.parent[max(ra, rb)] = min(ra, rb)
+
+
+def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
+                resident: Iterable[str], batch: int | None) -> tuple[OpGraph, dict[str, str]]:
+    """The OpGraph of ``gm`` and, for every fx node, the graph node that carries it.
+
+    Parameters
+    ----------
+    gm : torch.fx.GraphModule
+        A traced step whose nodes carry ``meta["val"]`` (fake tensors or scalars).
+    name : str
+        The graph's name.
+    layers : dict
+        fx node name -> module path (``layer``), ``None`` where unknown.
+    resident : iterable of str
+        Placeholder names that hold state for the whole step (parameters, buffers,
+        optimizer state): their bytes are ``param_bytes``.
+    batch : int or None
+        The batch size, for ``splittable``.
+
+    Returns
+    -------
+    (OpGraph, dict)
+        The graph, and fx node name -> graph node id (getitem nodes map to their op).
+    """
+    resident = set(resident)
+    nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    index: dict[fx.Node, int] = {}
+    carrier: dict[fx.Node, tuple[int, int]] = {}   # fx node -> (graph index, output number)
+    ids: list[str] = []
+    kept: list[fx.Node] = []
+    for node in nodes:
+        source = node.args[0] if node.target is operator.getitem and node.args else None
+        if isinstance(source, fx.Node) and source in index and isinstance(source.meta.get("val"), (tuple, list)):
+            carrier[node] = (index[source], int(node.args[1]))
+            continue
+        index[node] = len(ids)
+        carrier[node] = (len(ids), 0)
+        ids.append(node.name)
+        kept.append(node)
+
+    n = len(ids)
+    output_bytes = np.zeros(n, dtype=np.int64)
+    param_bytes = np.zeros(n, dtype=np.int64)
+    flops = np.zeros(n)
+    ops: list[str] = []
+    layer: list[str | None] = []
+    splittable: list[list[dict] | None] = []
+    extra: list[dict] = []
+    edges: dict[tuple[int, int, int], int] = {}
+    for i, node in enumerate(kept):
+        val = node.meta.get("val")
+        ops.append(_op_name(node))
+        layer.append(layers.get(node.name))
+        size = _storage_bytes(val)
+        if node.op in ("placeholder", "get_attr") and (node.name in resident or node.op == "get_attr"):
+            param_bytes[i] = size
+        elif not _aliases_input(node):
+            output_bytes[i] = size
+        flops[i] = _flops(node)
+        splittable.append(_splittable(node, batch))
+        inputs = _arg_nodes(node)
+        accessed = sum(value_bytes(a.meta.get("val")) for a in inputs) + (0 if _aliases_input(node) else value_bytes(val))
+        info: dict[str, Any] = {"bytes_accessed": int(accessed)}
+        dtype = _dtype(val)
+        if dtype is None:
+            dtype = next((d for d in (_dtype(a.meta.get("val")) for a in inputs) if d), None)
+        if dtype is not None:
+            info["dtype"] = dtype
+        extra.append(info)
+        for a in inputs:
+            src, tensor = carrier[a]
+            key = (src, i, tensor)
+            edges[key] = max(edges.get(key, 0), value_bytes(a.meta.get("val")))
+
+    colocation = _state_writes(kept, index, carrier, ids, edges)
+    src, dst, tensor = (np.array([k[j] for k in edges], dtype=np.int64) for j in range(3))
+    graph = OpGraph(ids, np.zeros(n), src, dst, np.array(list(edges.values()), dtype=np.int64), tensor,
+                    output_bytes=output_bytes, param_bytes=param_bytes, flops=flops, op=ops, layer=layer,
+                    colocation=colocation, splittable=splittable, node_extra=extra, name=name)
+    return graph, {node.name: ids[carrier[node][0]] for node in nodes}
+
+
+def _state_writes(kept: list[fx.Node], index: dict[fx.Node, int], carrier: dict[fx.Node, tuple[int, int]],
+                  ids: list[str], edges: dict[tuple[int, int, int], int]) -> list[str | None]:
+    """Colocate every in-place writer with what it writes; order it against the other readers.
+
+    Readers of the written tensor (directly or through views of it) listed before the
+    writer in the program get an edge reader -> writer, those after it writer -> reader:
+    the program's own order, so the edges never form a cycle.
+    """
+    groups = _UnionFind()
+    position = {node: k for k, node in enumerate(kept)}
+    for writer in kept:
+        for target in _written_args(writer):
+            base = _alias_base(target)
+            w, b = index[writer], carrier[base][0]
+            groups.union(w, b)
+            for reader in _readers(base):
+                r = carrier[reader][0]
+                if r in (w, b):
+                    continue
+                before = position.get(kept[r], -1) < position[writer]
+                key = (r, w, 0) if before else (w, r, 0)
+                edges.setdefault(key, 0)
+    members: dict[int, list[int]] = {}
+    for x in list(groups.parent):
+        members.setdefault(groups.find(x), []).append(x)
+    colocation: list[str | None] = [None] * len(ids)
+    for root, group in members.items():
+        label = f"state:{ids[root]}"
+        for x in group:
+            colocation[x] = label
+    return colocation
+
+
+def _readers(base: fx.Node) -> list[fx.Node]:
+    """Every node that reads ``base``'s storage: its users, and users of views of it."""
+    out: list[fx.Node] = []
+    stack = [base]
+    seen = {base}
+    while stack:
+        node = stack.pop()
+        for user in node.users:
+            if user in seen:
+                continue
+            seen.add(user)
+            out.append(user)
+            if _aliases_input(user) and user.target is not operator.getitem and user.args and user.args[0] is node:
+                stack.append(user)
+    return out

@@ -1,0 +1,486 @@
+"""Capture one whole training step of a PyTorch model as an aten-level graph.
+
+The step is a pure function of flat tensors::
+
+    step(*params, *buffers, *optimizer_state, *inputs) -> loss
+
+that runs ``torch.func.functional_call`` of the model under
+``torch.func.grad_and_value`` and then torch's functional optimizer, one parameter at
+a time. ``make_fx`` traces it, under ``torch.func.functionalize(remove="mutations")``,
+with fake tensors: nothing is computed and no real memory is allocated, so a model
+built on the meta device (``with torch.device("meta"):``) of any size captures in
+seconds. The updates of parameters, buffers and optimizer state come out as in-place
+``copy_`` nodes into the placeholders at the end of the graph, so running the graph
+module on live tensors trains the model exactly as eager PyTorch and ``torch.optim``
+would.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Any, Sequence
+from unittest.mock import patch
+
+import torch
+import torch.fx as fx
+import torch.fx.config
+import torch.fx.traceback as fx_traceback
+from torch import nn
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.fx.experimental.symbolic_shapes import ShapeEnv
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+from ..errors import FormatError, OptionError
+from ..graph import OpGraph
+from .build import build_graph
+from .optim import OptimizerSpec, optimizer_spec
+
+__all__ = ["CapturedStep", "StepLayout", "capture", "portable_kernels"]
+
+
+@dataclass(frozen=True)
+class StepLayout:
+    """The order of the flat arguments of a captured step.
+
+    ``params`` (the trainable ``model.named_parameters()``, a tied parameter once,
+    under its first name), then ``buffers`` (frozen parameters, ``requires_grad=False``,
+    then ``model.named_buffers()``: inputs the optimizer does not update), then for each name of
+    ``state_names`` one tensor per parameter (state-major: all ``step``, then all
+    ``exp_avg``, ...), then the tensors among the example ``inputs`` in order
+    (``input_slots`` gives their positions; the other inputs are constants of the step).
+    """
+
+    params: tuple[str, ...]
+    buffers: tuple[str, ...]
+    state_names: tuple[str, ...]
+    input_slots: tuple[int, ...]
+    num_inputs: int
+
+    @property
+    def num_flat(self) -> int:
+        return len(self.params) * (1 + len(self.state_names)) + len(self.buffers) + len(self.input_slots)
+
+    def state_offset(self, state_name: str) -> int:
+        k = self.state_names.index(state_name)
+        return len(self.params) + len(self.buffers) + k * len(self.params)
+
+    @property
+    def input_offset(self) -> int:
+        return len(self.params) * (1 + len(self.state_names)) + len(self.buffers)
+
+
+@dataclass
+class CapturedStep:
+    """One captured training step: its graph, its executable fx module, and its layout.
+
+    Attributes
+    ----------
+    graph : OpGraph
+        Node ids are fx node names of :attr:`gm` (``getitem`` nodes fold into their
+        producer; :attr:`carrier` maps every fx node to its graph node).
+    gm : torch.fx.GraphModule
+        The pure step. Call ``gm(*flat)`` with ``flat = step.step_inputs(model, inputs,
+        optimizer)``: it returns the loss (a 0-d tensor) and updates every parameter,
+        buffer and optimizer-state tensor of ``flat`` in place (the ``copy_`` nodes at the
+        end, and ``native_batch_norm`` on running statistics). Nothing else is returned.
+    layout : StepLayout
+        The order of the flat arguments (placeholders named ``p_*``, ``b_*``,
+        ``s_<state>_*``, ``input_<k>``).
+    optimizer : OptimizerSpec
+        The optimizer and its hyper-parameters (torch's defaults, with ``lr``).
+    carrier : dict
+        fx node name -> graph node id that carries it (itself, or the multi-output op a
+        ``getitem`` reads); a runtime runs a node where its carrier is placed.
+    batch_size : int or None
+        The leading dimension of the first tensor input.
+    capture_s : float
+        Wall-clock seconds the capture took.
+    fake : bool
+        True when the model was not read for values (meta or fake capture); such a step
+        has a valid graph but cannot be fed from the model.
+    constants : dict
+        Input position -> the non-tensor input baked into the step.
+    source : tuple or None
+        ``(model, inputs)`` of a real (not fake) capture, for :meth:`example_args`.
+    """
+
+    graph: OpGraph
+    gm: fx.GraphModule
+    layout: StepLayout
+    optimizer: OptimizerSpec
+    carrier: dict[str, str]
+    batch_size: int | None
+    capture_s: float
+    fake: bool
+    constants: dict[int, Any] = field(default_factory=dict)
+    source: tuple[nn.Module, tuple] | None = field(default=None, repr=False)
+
+    # ----------------------------------------------------------------- execution
+    def step_inputs(self, model: nn.Module, inputs: Sequence[Any],
+                    optimizer: torch.optim.Optimizer | None = None) -> list[torch.Tensor]:
+        """The flat arguments of :attr:`gm`, sharing storage with ``model`` and ``optimizer``.
+
+        Parameters are passed as ``p.detach()`` (same storage), buffers as themselves and
+        optimizer state as the tensors in ``optimizer.state[p]`` (created as
+        ``torch.optim`` does on its first step when missing, and stored there), so
+        ``gm(*flat)`` trains ``model`` and ``optimizer`` in place. Without ``optimizer``,
+        fresh state is created; keep the returned list and pass it to ``gm`` again for
+        the next step (its inputs replaced by :meth:`with_inputs`).
+
+        Raises
+        ------
+        OptionError
+            If the model's parameters or buffers are not those captured, the optimizer is
+            of another class or has several parameter groups with other settings.
+        """
+        tensors = self._live_tensors(model)
+        params = dict(model.named_parameters())
+        flat: list[torch.Tensor] = [tensors[n] for n in (*self.layout.params, *self.layout.buffers)]
+        states = [self._state_of(params[n], optimizer) for n in self.layout.params]
+        for state_name in self.layout.state_names:
+            flat += [s[state_name] for s in states]
+        return self.with_inputs(flat, inputs)
+
+    def _live_tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        tensors = {name: p.detach() for name, p in model.named_parameters()}
+        tensors.update(model.named_buffers())
+        missing = [n for n in (*self.layout.params, *self.layout.buffers) if n not in tensors]
+        if missing:
+            raise OptionError(f"the model has no parameter or buffer {missing[0]!r} of the captured step")
+        meta = [n for n in (*self.layout.params, *self.layout.buffers) if tensors[n].is_meta]
+        if meta:
+            raise OptionError(f"the model's {meta[0]!r} is on the meta device: build it for real to run the step")
+        return tensors
+
+    def with_inputs(self, flat: list[torch.Tensor], inputs: Sequence[Any]) -> list[torch.Tensor]:
+        """``flat`` with its input tensors replaced by those of ``inputs`` (a new batch)."""
+        inputs = _as_tuple(inputs)
+        if len(inputs) != self.layout.num_inputs:
+            raise OptionError(f"the step was captured with {self.layout.num_inputs} inputs, got {len(inputs)}")
+        return list(flat[:self.layout.input_offset]) + [inputs[k] for k in self.layout.input_slots]
+
+    def _state_of(self, param: torch.Tensor, optimizer: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
+        if optimizer is None:
+            return self.optimizer.initial_state(param.detach())
+        if type(optimizer) is not self.optimizer.torch_class:
+            raise OptionError(f"the step was captured for {self.optimizer.torch_class.__name__}, "
+                              f"got a {type(optimizer).__name__}")
+        state = optimizer.state[param]
+        if not state:
+            state.update(self.optimizer.initial_state(param.detach()))
+        return state
+
+    def example_args(self, seed: int = 0) -> list[torch.Tensor]:
+        """Flat arguments to run :attr:`gm` on, without touching any live model.
+
+        Copies of the captured model's tensors and inputs, with fresh optimizer state, for
+        a real capture; for a fake one, CPU tensors of the captured shapes: normal values
+        for parameters and floating inputs, zeros for buffers, optimizer state and
+        integer inputs (valid indices and labels).
+        """
+        if self.source is not None and not self.fake:
+            model, inputs = self.source
+            flat = self.step_inputs(model, inputs)
+            return [t.detach().clone() for t in flat]
+        generator = torch.Generator().manual_seed(seed)
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"]
+        args = []
+        for k, node in enumerate(placeholders):
+            val = node.meta["val"]
+            is_param_or_input = k < len(self.layout.params) or k >= self.layout.input_offset
+            if is_param_or_input and val.is_floating_point():
+                args.append(torch.randn(tuple(val.shape), dtype=val.dtype, generator=generator))
+            else:
+                args.append(torch.zeros(tuple(val.shape), dtype=val.dtype))
+        return args
+
+    def write_back(self, flat: Sequence[torch.Tensor], model: nn.Module,
+                   optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Copy parameters, buffers and optimizer state from ``flat`` into ``model`` / ``optimizer``.
+
+        For a runtime that ran :attr:`gm` on copies (other devices): after it, the live
+        model and optimizer hold the same values as if ``gm`` had run on
+        :meth:`step_inputs` directly. Tensors that already share storage are skipped.
+        """
+        tensors = self._live_tensors(model)
+        params = dict(model.named_parameters())
+        targets: list[torch.Tensor | None] = [tensors[n] for n in (*self.layout.params, *self.layout.buffers)]
+        if self.layout.state_names:
+            states = [self._state_of(params[n], optimizer) if optimizer is not None else None
+                      for n in self.layout.params]
+            for state_name in self.layout.state_names:
+                targets += [s[state_name] if s is not None else None for s in states]
+        with torch.no_grad():
+            for live, new in zip(targets, flat):
+                if live is not None and live.data_ptr() != new.data_ptr():
+                    live.copy_(new)
+
+    def run(self, model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
+        """One training step of ``model`` (and ``optimizer``'s state) through :attr:`gm`; the loss."""
+        return self.gm(*self.step_inputs(model, inputs, optimizer))
+
+
+def _as_tuple(inputs: Any) -> tuple:
+    if isinstance(inputs, torch.Tensor):
+        return (inputs,)
+    if isinstance(inputs, list):
+        return tuple(inputs)
+    if not isinstance(inputs, tuple):
+        raise OptionError(f"inputs must be a tensor or a tuple of model arguments, got {type(inputs).__name__}")
+    return inputs
+
+
+def _tag_backward(loss: torch.Tensor) -> None:
+    """Make the ops of each autograd node's backward carry that node's sequence number.
+
+    The forward op that created the autograd node carries the same number
+    (``meta["seq_nr"]``), so a backward op can be given its forward op's module.
+    """
+    stack, seen = [loss.grad_fn], set()
+    while stack:
+        node = stack.pop()
+        if node is None or node in seen:
+            continue
+        seen.add(node)
+        node.register_prehook(partial(_enter_backward, node._sequence_nr()))
+        node.register_hook(_leave_backward)
+        stack.extend(fn for fn, _ in node.next_functions)
+
+
+def _enter_backward(seq_nr: int, grad_outputs: Any) -> None:
+    fx_traceback.set_grad_fn_seq_nr(seq_nr)
+
+
+def _leave_backward(grad_inputs: Any, grad_outputs: Any) -> None:
+    fx_traceback.reset_grad_fn_seq_nr()
+
+
+def _step_function(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs: tuple):
+    n_p, n_b = len(layout.params), len(layout.buffers)
+
+    def step(*flat):
+        params, buffers = list(flat[:n_p]), list(flat[n_p:n_p + n_b])
+        state = {name: flat[layout.state_offset(name):layout.state_offset(name) + n_p] for name in layout.state_names}
+        args = list(inputs)
+        for k, slot in enumerate(layout.input_slots):
+            args[slot] = flat[layout.input_offset + k]
+
+        def loss_of(ps, bs):
+            loss = torch.func.functional_call(model, {**dict(zip(layout.params, ps)), **dict(zip(layout.buffers, bs))},
+                                              tuple(args), tie_weights=True, strict=False)
+            if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
+                what = (f"a tensor of shape {tuple(loss.shape)} and dtype {loss.dtype}"
+                        if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+                raise FormatError(f"model(*inputs) must return the scalar floating-point loss, got {what}")
+            _tag_backward(loss)
+            return loss
+
+        grads, loss = torch.func.grad_and_value(loss_of)(params, buffers)
+        with torch.no_grad():
+            for k, (p, g) in enumerate(zip(params, grads)):
+                with fx_traceback.annotate({"param": layout.params[k]}):
+                    opt.update(p, g, {name: state[name][k] for name in layout.state_names})
+        return loss
+
+    return step
+
+
+def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float = 1e-3,
+            name: str | None = None, fake: bool = False) -> CapturedStep:
+    """Capture one training step (forward, loss, backward, optimizer update) of ``model``.
+
+    Parameters
+    ----------
+    model : torch.nn.Module
+        ``model(*inputs)`` returns the scalar loss. Parameters may live on the meta
+        device (``with torch.device("meta"): model = ...``): then nothing is allocated.
+    inputs : tensor or tuple
+        Example arguments of ``model``; the tensors among them become inputs of the step
+        (the batch size is the leading dimension of the first), the rest constants.
+    optimizer : {"adam", "sgd", "adamw"}
+        The ``torch.optim`` optimizer whose update ends the step (torch's defaults).
+    lr : float
+        Learning rate.
+    name : str, optional
+        Graph name (default: the model's class name, batch size and optimizer).
+    fake : bool
+        Do not read the model's values; automatic when its parameters are on the meta
+        device. Tracing always uses fake tensors, so this only marks the step as not
+        executable from the model.
+
+    Returns
+    -------
+    CapturedStep
+        Its ``graph`` is costed by :func:`placer.cost.analytic.annotate`.
+
+    Raises
+    ------
+    OptionError
+        Unknown optimizer, bad ``lr``, ``model`` not a module or bad ``inputs``.
+    FormatError
+        If ``model(*inputs)`` does not return a scalar floating-point loss, or the step
+        cannot be traced (the message says why).
+
+    Examples
+    --------
+    >>> import torch
+    >>> model = torch.nn.Sequential(torch.nn.Linear(4, 2))
+    >>> class WithLoss(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.net = model
+    ...     def forward(self, x, y):
+    ...         return torch.nn.functional.mse_loss(self.net(x), y)
+    >>> step = capture(WithLoss(), (torch.randn(8, 4), torch.randn(8, 2)), optimizer="sgd")
+    >>> step.graph.num_nodes > 10
+    True
+
+    References
+    ----------
+    PyTorch ``torch.func`` (functional_call, grad_and_value, functionalize) and
+    ``torch.fx.experimental.proxy_tensor.make_fx``; the approach recorded in the
+    project's notes (shared/notes/pytorch-capture.md).
+    """
+    started = time.perf_counter()
+    if not isinstance(model, nn.Module):
+        raise OptionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    inputs = _as_tuple(inputs)
+    opt = optimizer_spec(optimizer, lr)
+    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
+    buffers = {n: p for n, p in model.named_parameters() if not p.requires_grad}
+    buffers.update(model.named_buffers())
+    fake = bool(fake) or any(t.is_meta for t in (*params.values(), *buffers.values()))
+    slots = tuple(k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor))
+    layout = StepLayout(tuple(params), tuple(buffers), opt.state_names, slots, len(inputs))
+    batch = next((int(inputs[k].shape[0]) for k in slots if inputs[k].dim() >= 1), None)
+    name = name or f"{type(model).__name__}-bs{batch}-{opt.name}"
+
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True, allow_non_fake_inputs=True)
+    with fake_mode:
+        flat = [_fake_like(p) for p in params.values()] + [_fake_like(b) for b in buffers.values()]
+        states = [opt.initial_state(_fake_like(p)) for p in params.values()]
+        for state_name in opt.state_names:
+            flat += [s[state_name] for s in states]
+        flat += [_fake_like(inputs[k]) for k in slots]
+    step = torch.func.functionalize(_step_function(model, layout, opt, inputs), remove="mutations")
+
+    def traced(*args):
+        return step(*args)
+
+    traced._orig_mod = model   # lets make_fx record each op's module path (nn_module_stack)
+    try:
+        # Stack traces of every op cost a fifth of the trace and are not used.
+        with fx_traceback.preserve_node_meta(), patch.object(torch.fx.config, "do_not_emit_stack_traces", True), \
+                portable_kernels():
+            gm = make_fx(traced, tracing_mode="fake", record_module_stack=True)(*flat)
+    except FormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any tracing failure is reported as the model's
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        hint = (" (the model branches on tensor values, which a trace with fake tensors cannot follow)"
+                if "data-dependent" in message else "")
+        raise FormatError(f"cannot capture the training step of {type(model).__name__}: "
+                          f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}") from exc
+    _name_placeholders(gm, layout)
+    layers = _layers(gm, layout, model)
+    resident = [n.name for n in gm.graph.nodes if n.op == "placeholder"][:layout.input_offset]
+    graph, carrier = build_graph(gm, name=name, layers=layers, resident=resident, batch=batch)
+    from ..cost.analytic import annotate
+
+    graph = annotate(graph)
+    constants = {k: x for k, x in enumerate(inputs) if k not in slots}
+    return CapturedStep(graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants,
+                        None if fake else (model, inputs))
+
+
+@contextmanager
+def portable_kernels():
+    """Trace (or count) with oneDNN off, so that CPU-only fused kernels such as
+    ``mkldnn_rnn_layer`` do not replace the portable aten ops (an LSTM's matmuls and cell
+    functions) that other devices run and ``flop_registry`` counts."""
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
+
+
+# Frames inside these parts of torch are the tracer's, not the model's.
+_TRACER_PARTS = tuple(f"{os.sep}torch{os.sep}{part}" for part in
+                      ("fx", "_subclasses", "_functorch", "_dynamo", "utils", "_ops.py", "_prims", "_refs",
+                       "_decomp", "overrides.py", "_tensor.py", "__init__.py", "_compile.py", "_library"))
+
+
+def _user_frame(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``exc`` that is the model's code, not the tracer's."""
+    where = "?"
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if not any(part in frame.filename for part in _TRACER_PARTS) and not frame.filename.endswith("trace.py"):
+            where = f"{frame.filename}:{frame.lineno}"
+    return where
+
+
+def _fake_like(t: torch.Tensor) -> torch.Tensor:
+    """An uninitialised tensor like ``t`` (on the CPU when ``t`` is on the meta device)."""
+    device = torch.device("cpu") if t.is_meta else t.device
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
+
+
+def _safe(name: str) -> str:
+    return "".join(c if c.isalnum() else "_" for c in name)
+
+
+def _name_placeholders(gm: fx.GraphModule, layout: StepLayout) -> None:
+    names = [f"p_{_safe(n)}" for n in layout.params] + [f"b_{_safe(n)}" for n in layout.buffers]
+    for state_name in layout.state_names:
+        names += [f"s_{state_name}_{_safe(n)}" for n in layout.params]
+    names += [f"input_{k}" for k in layout.input_slots]
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, wanted in zip(placeholders, names):
+        node._rename(wanted)
+        node.target = node.name
+    gm.recompile()
+
+
+def _owner(path: str) -> str | None:
+    module = path.rpartition(".")[0]
+    return module or None
+
+
+def _layers(gm: fx.GraphModule, layout: StepLayout, model: nn.Module) -> dict[str, str | None]:
+    """fx node name -> the module path it came from.
+
+    Forward ops: the innermost module of ``nn_module_stack``; backward ops: the module
+    of the forward op with the same autograd sequence number; optimizer ops and state
+    placeholders: the module owning the parameter; write-backs: that of what they write.
+    """
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    param_of: list[str | None] = list(layout.params) + list(layout.buffers)
+    for _ in layout.state_names:
+        param_of += list(layout.params)
+    layers: dict[str, str | None] = {}
+    for node, path in zip(placeholders, param_of):
+        layers[node.name] = _owner(path)
+    forward_by_seq: dict[Any, str | None] = {}
+    for node in gm.graph.nodes:
+        if node.op != "call_function":
+            continue
+        stack = node.meta.get("nn_module_stack")
+        custom = node.meta.get("custom") or {}
+        if "param" in custom:
+            layers[node.name] = _owner(custom["param"])
+        elif stack:
+            fqn = list(stack.values())[-1][0]
+            layers[node.name] = fqn or None
+            forward_by_seq.setdefault(node.meta.get("seq_nr"), fqn or None)
+        elif node.meta.get("seq_nr") in forward_by_seq:
+            layers[node.name] = forward_by_seq[node.meta["seq_nr"]]
+        elif node.target is torch.ops.aten.copy_.default and isinstance(node.args[0], fx.Node):
+            layers[node.name] = layers.get(node.args[0].name)
+    return layers

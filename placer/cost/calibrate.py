@@ -1,0 +1,391 @@
+"""Communication calibration: measure transfers, fit latency + bytes / bandwidth per link.
+
+Pesto (section 3, "communication cost model") and FastT (section 4.1) both model the
+time of a transfer as linear in its size, ``t = latency + bytes / bandwidth``, with the
+two parameters fitted per link type from measured transfers. This module measures
+transfers of growing sizes on the devices at hand:
+
+* ``gloo``: CPU processes on this machine exchanging tensors over torch.distributed's
+  gloo backend on 127.0.0.1 (the transport of the one-process-per-device runtime);
+* ``cuda-peer``, ``host-to-device``, ``device-to-host``: CUDA copies where GPUs exist,
+
+fits each link type by least squares, reports R^2, and writes a
+``placer.calibration/1`` file that :func:`apply_calibration` applies to a cluster.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+import numpy as np
+
+from ..cluster import Channel, Cluster
+from ..errors import FormatError, OptionError, PlacerError
+from ..io import Field, check_format, check_number, read_json, write_json_atomic
+
+__all__ = ["LinkFit", "Calibration", "CALIBRATION_FORMAT", "DEFAULT_SIZES", "fit_link",
+           "measure_gloo", "measure_cuda", "calibrate", "load_calibration", "apply_calibration"]
+
+CALIBRATION_FORMAT = "placer.calibration/1"
+
+#: 1 KiB to 64 MiB by factors of 4.
+DEFAULT_SIZES: tuple[int, ...] = tuple(1024 * 4**k for k in range(9))
+
+
+@dataclass
+class LinkFit:
+    """``seconds = latency_s + bytes / bandwidth_bytes_per_s`` for one link type.
+
+    ``samples`` holds the measured ``(bytes, seconds)`` points; ``r2`` is the
+    coefficient of determination of the fit over them, in relative terms (residuals
+    divided by the measured time, as the fit weighs them).
+    """
+
+    latency_s: float
+    bandwidth_bytes_per_s: float
+    r2: float
+    samples: list[tuple[int, float]] = field(default_factory=list)
+
+    def predict(self, nbytes) -> np.ndarray:
+        return self.latency_s + np.asarray(nbytes, dtype=np.float64) / self.bandwidth_bytes_per_s
+
+
+def fit_link(nbytes: Sequence[float], seconds: Sequence[float], link: str = "link") -> LinkFit:
+    """Least-squares fit of ``seconds = latency + bytes / bandwidth``.
+
+    The residuals are weighted by ``1 / seconds`` (relative error), so that the latency,
+    which only matters for small transfers, is not drowned by the large ones.
+
+    Parameters
+    ----------
+    nbytes, seconds : sequence of float
+        Measured transfer sizes and times (at least two distinct sizes).
+    link : str
+        The link's name, for error messages.
+
+    Returns
+    -------
+    LinkFit
+
+    Raises
+    ------
+    PlacerError
+        Fewer than two distinct sizes, non-positive times, or times that do not grow
+        with size (no positive bandwidth).
+
+    References
+    ----------
+    Hafeez et al., "Pesto", 2021, section 3 (linear communication model);
+    Yi et al., "FastT", 2020, section 4.1 (latency and bandwidth per device pair).
+
+    Examples
+    --------
+    >>> f = fit_link([1e3, 1e6, 1e7], [1e-5 + 1e3 / 2e9, 1e-5 + 1e6 / 2e9, 1e-5 + 1e7 / 2e9])
+    >>> round(f.latency_s * 1e6, 6), round(f.bandwidth_bytes_per_s / 1e9, 6), round(f.r2, 6)
+    (10.0, 2.0, 1.0)
+    """
+    x = np.asarray(nbytes, dtype=np.float64)
+    y = np.asarray(seconds, dtype=np.float64)
+    if x.shape != y.shape or np.unique(x).size < 2:
+        raise PlacerError(f"link {link!r}: need transfers of at least two distinct sizes to fit")
+    if not (np.all(np.isfinite(y)) and np.all(y > 0)):
+        raise PlacerError(f"link {link!r}: measured times must be finite and > 0")
+    w = 1.0 / y
+    design = np.stack([np.ones_like(x), x], axis=1) * w[:, None]
+    (latency, per_byte), *_ = np.linalg.lstsq(design, y * w, rcond=None)
+    if not per_byte > 0:
+        raise PlacerError(f"link {link!r}: transfer time does not grow with size; cannot fit a bandwidth")
+    # R^2 in the same relative terms as the fit (weighted residuals and weighted mean).
+    residual = (y - (latency + per_byte * x)) * w
+    weighted_mean = np.sum(y * w * w) / np.sum(w * w)
+    total = np.sum(((y - weighted_mean) * w) ** 2)
+    r2 = 1.0 - float(np.sum(residual**2) / total) if total > 0 else 1.0
+    return LinkFit(float(latency), float(1.0 / per_byte), r2,
+                   [(int(a), float(b)) for a, b in zip(x.tolist(), y.tolist())])
+
+
+@dataclass
+class Calibration:
+    """Fitted links (link type -> :class:`LinkFit`) and where they were measured."""
+
+    links: dict[str, LinkFit]
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"format": CALIBRATION_FORMAT, **self.meta,
+                "links": {name: {"latency_s": f.latency_s, "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s,
+                                 "r2": f.r2, "samples": [list(s) for s in f.samples]}
+                          for name, f in self.links.items()}}
+
+    def save(self, path: str | os.PathLike) -> None:
+        write_json_atomic(path, self.to_dict())
+
+    @classmethod
+    def from_dict(cls, doc: Any, source: str | None = None) -> "Calibration":
+        """Read a ``placer.calibration/1`` document.
+
+        Raises
+        ------
+        FormatError
+            Naming the file, the link and the field at fault.
+        """
+        where = f"calibration {source}" if source else "calibration"
+        check_format(doc, CALIBRATION_FORMAT, where)
+        top = Field(doc, where)
+        links = {}
+        for name, raw in (top.mapping("links", required=True)).items():
+            f = Field(raw, f"{where}: link {name!r}")
+            samples = []
+            for k, s in enumerate(f.array("samples") or []):
+                if not (isinstance(s, list) and len(s) == 2):
+                    raise FormatError(f"{f.where}: sample #{k} must be [bytes, seconds], got {s!r}")
+                samples.append((int(check_number(s[0], f"{f.where}: sample #{k} bytes")),
+                                check_number(s[1], f"{f.where}: sample #{k} seconds")))
+            links[name] = LinkFit(
+                latency_s=f.number("latency_s", required=True, minimum=None),
+                bandwidth_bytes_per_s=f.number("bandwidth_bytes_per_s", required=True, positive=True),
+                r2=f.number("r2", default=float("nan"), minimum=None),
+                samples=samples)
+        return cls(links, top.extra({"format", "links"}))
+
+
+def load_calibration(path: str | os.PathLike) -> Calibration:
+    """Read and validate a calibration file (see :meth:`Calibration.from_dict`)."""
+    return Calibration.from_dict(read_json(path, "calibration file"), source=str(path))
+
+
+def apply_calibration(cluster: Cluster, calibration: Calibration,
+                      link_map: dict[str, str] | None = None) -> Cluster:
+    """A copy of ``cluster`` whose channels take the fitted latency and bandwidth.
+
+    Parameters
+    ----------
+    cluster : Cluster
+        Channels name their link type in ``extra["link"]`` (as the presets do).
+    calibration : Calibration
+    link_map : dict, optional
+        Channel link type -> calibration link type, for links measured under another
+        name (e.g. ``{"nvswitch": "cuda-peer"}``). By default a channel takes the fit of
+        the link type of the same name.
+
+    Returns
+    -------
+    Cluster
+        Calibrated channels carry ``extra["calibrated_from"]``. A negative fitted latency
+        (possible with noisy points) is applied as 0.
+
+    Raises
+    ------
+    OptionError
+        If no channel of the cluster matches a calibrated link.
+    """
+    link_map = dict(link_map or {})
+    channels, matched = [], 0
+    for ch in cluster.channels:
+        link = ch.extra.get("link")
+        fit = calibration.links.get(link_map.get(link, link)) if link is not None else None
+        if fit is None:
+            channels.append(ch)
+            continue
+        matched += 1
+        channels.append(Channel(ch.name, fit.bandwidth_bytes_per_s, max(0.0, fit.latency_s), ch.pairs,
+                                {**ch.extra, "calibrated_from": link_map.get(link, link)}))
+    if not matched:
+        have = sorted({str(ch.extra.get("link")) for ch in cluster.channels})
+        raise OptionError(f"calibration links {sorted(calibration.links)} match no channel of cluster "
+                          f"{cluster.name!r} (its links: {have}); pass a link map")
+    return Cluster(cluster.name, cluster.devices, channels, extra=dict(cluster.extra))
+
+
+# ----------------------------------------------------------------- measuring
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: int, timeout_s: float,
+                 out_dir: str) -> None:
+    """One process of :func:`measure_gloo`: rank 0 ping-pongs with every other rank."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
+                            timeout=timedelta(seconds=timeout_s))
+    samples = []
+    try:
+        for peer in range(1, ranks):
+            warm = torch.zeros(1024)
+            for _ in range(5):  # open and warm the connection before timing anything
+                if rank == 0:
+                    dist.send(warm, peer)
+                    dist.recv(warm, peer)
+                elif rank == peer:
+                    dist.recv(warm, 0)
+                    dist.send(warm, 0)
+            for size in sizes:
+                buf = torch.zeros(max(1, size // 4), dtype=torch.float32)
+                trips = []
+                for rep in range(repeats + 1):  # the first round trip warms the connection up
+                    if rank == 0:
+                        t0 = time.perf_counter()
+                        dist.send(buf, peer)
+                        dist.recv(buf, peer)
+                        trips.append(time.perf_counter() - t0)
+                    elif rank == peer:
+                        dist.recv(buf, 0)
+                        dist.send(buf, 0)
+                if rank == 0:
+                    samples.append([buf.numel() * 4, statistics.median(trips[1:]) / 2])
+    finally:
+        dist.destroy_process_group()
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(samples))
+
+
+def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5,
+                 timeout_s: float = 120.0) -> list[tuple[int, float]]:
+    """One-way transfer times between CPU processes over gloo on 127.0.0.1.
+
+    Spawns ``ranks`` processes; rank 0 exchanges a tensor of each size with every other
+    rank (ping-pong), and a one-way time is half the median round trip.
+
+    Returns
+    -------
+    list of (bytes, seconds)
+
+    Raises
+    ------
+    OptionError
+        If ``ranks < 2`` or ``repeats < 1`` or a size is not positive.
+    PlacerError
+        If the processes fail or do not finish within ``timeout_s`` (they are killed).
+    """
+    sizes = [int(s) for s in sizes]
+    if ranks < 2:
+        raise OptionError(f"option 'ranks' must be >= 2 to measure transfers, got {ranks}")
+    if repeats < 1:
+        raise OptionError(f"option 'repeats' must be >= 1, got {repeats}")
+    if not sizes or min(sizes) < 4:
+        raise OptionError(f"option 'sizes' must list sizes of at least 4 bytes, got {sizes}")
+    port = _free_port()
+    # Fresh interpreters (not multiprocessing's spawn, which re-imports the caller's
+    # __main__ and breaks on scripts without a main guard).
+    package_root = str(Path(__file__).resolve().parents[2])
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
+    with tempfile.TemporaryDirectory(prefix="placer-calibrate-") as out_dir:
+        procs = []
+        for rank in range(ranks):
+            args = json.dumps([rank, ranks, port, sizes, repeats, timeout_s, out_dir])
+            code = f"import json; from placer.cost.calibrate import _gloo_worker; _gloo_worker(*json.loads({args!r}))"
+            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                                          stderr=subprocess.PIPE, text=True))
+        deadline = time.monotonic() + timeout_s
+        errors, hung = {}, False
+        for rank, p in enumerate(procs):
+            try:
+                _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                hung = True
+                p.kill()
+                p.communicate()
+                continue
+            if p.returncode != 0:
+                errors[rank] = (err.strip().splitlines() or [f"status {p.returncode}"])[-1]
+        if hung:
+            raise PlacerError(f"gloo calibration did not finish within {timeout_s:g} s (processes killed)")
+        if errors:
+            rank, message = next(iter(errors.items()))
+            raise PlacerError(f"gloo calibration: rank {rank} failed: {message}")
+        return [(int(b), float(t)) for b, t in json.loads(Path(out_dir, "rank0.json").read_text())]
+
+
+def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict[str, list[tuple[int, float]]]:
+    """Copy times on the GPUs at hand, timed with CUDA events.
+
+    Returns
+    -------
+    dict
+        ``"host-to-device"`` and ``"device-to-host"`` (pinned host memory, GPU 0) and,
+        with two GPUs or more, ``"cuda-peer"`` over every ordered pair of GPUs;
+        each a list of (bytes, seconds).
+
+    Raises
+    ------
+    PlacerError
+        If CUDA is not available.
+    """
+    import torch
+
+    if not torch.cuda.is_available():
+        raise PlacerError("CUDA is not available on this machine; calibrate with --backend gloo")
+    n = torch.cuda.device_count()
+
+    def timed(dst, src, device) -> float:
+        times = []
+        for rep in range(repeats + 1):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            with torch.cuda.device(device):
+                start.record()
+                dst.copy_(src, non_blocking=True)
+                end.record()
+            end.synchronize()
+            times.append(start.elapsed_time(end) / 1e3)
+        return statistics.median(times[1:])
+
+    out: dict[str, list[tuple[int, float]]] = {"host-to-device": [], "device-to-host": []}
+    for size in sizes:
+        numel = max(1, int(size) // 4)
+        host = torch.zeros(numel, pin_memory=True)
+        gpu = torch.zeros(numel, device="cuda:0")
+        out["host-to-device"].append((numel * 4, timed(gpu, host, 0)))
+        out["device-to-host"].append((numel * 4, timed(host, gpu, 0)))
+        for a in range(n):
+            for b in range(n):
+                if a != b:
+                    src = torch.zeros(numel, device=f"cuda:{a}")
+                    dst = torch.zeros(numel, device=f"cuda:{b}")
+                    out.setdefault("cuda-peer", []).append((numel * 4, timed(dst, src, a)))
+    return out
+
+
+def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES,
+              repeats: int = 5, timeout_s: float = 120.0) -> Calibration:
+    """Measure the links of ``backend`` (``"gloo"`` or ``"cuda"``) and fit each.
+
+    Raises
+    ------
+    OptionError
+        Unknown backend or bad sizes/repeats/ranks.
+    PlacerError
+        Measurement failed or timed out, or a link could not be fitted.
+    """
+    import torch
+
+    sizes = list(sizes)
+    if backend == "gloo":
+        measured = {"gloo": measure_gloo(ranks, sizes, repeats, timeout_s)}
+    elif backend == "cuda":
+        measured = measure_cuda(sizes, repeats)
+    else:
+        raise OptionError(f"option 'backend' must be 'gloo' or 'cuda', got {backend!r}")
+    links = {name: fit_link([b for b, _ in pts], [t for _, t in pts], name) for name, pts in measured.items()}
+    meta = {"backend": backend, "host": platform.node(), "torch": torch.__version__,
+            "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    if backend == "gloo":
+        meta["ranks"] = ranks
+    return Calibration(links, meta)
+

@@ -1,0 +1,455 @@
+"""placer.capture: captured training steps equal eager PyTorch, graphs are faithful."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+from torch import nn
+from torch.utils.flop_counter import FlopCounterMode
+
+from placer.capture import OPTIMIZERS, capture
+from placer.capture.trace import portable_kernels
+from placer.errors import FormatError, OptionError
+from placer.graph import OpGraph
+
+
+class MLP(nn.Module):
+    def __init__(self, d_in=6, hidden=8, classes=3):
+        super().__init__()
+        self.fc1 = nn.Linear(d_in, hidden)
+        self.fc2 = nn.Linear(hidden, classes)
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(self.fc2(torch.tanh(self.fc1(x))), y)
+
+
+class ConvBN(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = nn.Conv2d(3, 4, 3, padding=1)
+        self.bn = nn.BatchNorm2d(4)
+        self.head = nn.Linear(4 * 6 * 6, 5)
+
+    def forward(self, x, y):
+        h = torch.relu(self.bn(self.conv(x)))
+        return nn.functional.cross_entropy(self.head(h.flatten(1)), y)
+
+
+class TinyLM(nn.Module):
+    """A GPT-2-like LM whose output projection is the embedding (one Parameter, tied)."""
+
+    def __init__(self, vocab=11, dim=8, context=5):
+        super().__init__()
+        self.wte = nn.Embedding(vocab, dim)
+        self.wpe = nn.Embedding(context, dim)
+        self.block = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=16, dropout=0.0,
+                                                batch_first=True, norm_first=True)
+        self.ln_f = nn.LayerNorm(dim)
+        self.lm_head = nn.Linear(dim, vocab, bias=False)
+        self.lm_head.weight = self.wte.weight
+
+    def forward(self, tokens, targets):
+        positions = torch.arange(tokens.shape[1])
+        h = self.ln_f(self.block(self.wte(tokens) + self.wpe(positions)))
+        logits = self.lm_head(h)
+        return nn.functional.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+
+def _mlp(batch=4):
+    torch.manual_seed(0)
+    return MLP(), (torch.randn(batch, 6), torch.randint(0, 3, (batch,)))
+
+
+def _cnn(batch=2):
+    torch.manual_seed(0)
+    return ConvBN(), (torch.randn(batch, 3, 6, 6), torch.randint(0, 5, (batch,)))
+
+
+def _lm(batch=2):
+    torch.manual_seed(0)
+    return TinyLM(), (torch.randint(0, 11, (batch, 5)), torch.randint(0, 11, (batch, 5)))
+
+
+class LSTMLM(nn.Module):
+    def __init__(self, vocab=13, dim=6, hidden=8):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.rnn = nn.LSTM(dim, hidden, num_layers=2, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens, targets):
+        h, _ = self.rnn(self.emb(tokens))
+        return nn.functional.cross_entropy(self.out(h).flatten(0, 1), targets.flatten())
+
+
+def _lstm(batch=3):
+    torch.manual_seed(0)
+    return LSTMLM(), (torch.randint(0, 13, (batch, 4)), torch.randint(0, 13, (batch, 4)))
+
+
+MODELS = {"mlp": _mlp, "cnn_bn": _cnn, "tied_lm": _lm, "lstm": _lstm}
+
+
+def _eager_steps(model, inputs, opt, steps):
+    losses = []
+    for _ in range(steps):
+        opt.zero_grad()
+        loss = model(*inputs)
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    return losses
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_two_captured_steps_equal_eager_training(model_name, optimizer):
+    model, inputs = MODELS[model_name]()
+    reference = copy.deepcopy(model)
+    step = capture(model, inputs, optimizer=optimizer, lr=1e-2)
+    opt = step.optimizer.eager(model.parameters())   # its state is filled by the captured step
+    eager_opt = step.optimizer.eager(reference.parameters())
+    losses = [step.run(model, inputs, opt).item() for _ in range(2)]
+    np.testing.assert_allclose(losses, _eager_steps(reference, inputs, eager_opt, 2), rtol=1e-6, atol=1e-6)
+    for (name, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6, msg=name)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert opt.state[p].keys() == eager_opt.state[q].keys()
+        for key, value in eager_opt.state[q].items():
+            torch.testing.assert_close(opt.state[p][key], value, rtol=1e-6, atol=1e-6)
+    # Eager training goes on from the state the captured steps left.
+    _eager_steps(model, inputs, opt, 1)
+    _eager_steps(reference, inputs, eager_opt, 1)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+
+
+def _eager_flops(model, inputs, optimizer):
+    opt = optimizer.eager(model.parameters())
+    with portable_kernels(), FlopCounterMode(display=False) as counter:
+        model(*inputs).backward()
+        opt.step()
+    return counter.get_total_flops()
+
+
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_node_flops_sum_to_flop_counter_of_eager_step(model_name):
+    model, inputs = MODELS[model_name]()
+    step = capture(model, inputs, optimizer="adam")
+    expected = _eager_flops(model, inputs, step.optimizer)
+    assert expected > 0
+    assert np.nansum(step.graph.flops) == pytest.approx(expected, rel=0.02)
+
+
+def test_capture_is_deterministic_and_ids_are_fx_names():
+    a = capture(*_cnn(), optimizer="adam")
+    b = capture(*_cnn(), optimizer="adam")
+    assert a.graph.ids == b.graph.ids
+    assert a.graph.digest() == b.graph.digest()
+    assert a.graph.to_dict() == b.graph.to_dict()
+    fx_names = {n.name for n in a.gm.graph.nodes}
+    assert set(a.graph.ids) <= fx_names
+    assert set(a.carrier) == fx_names - {"output"}
+    assert capture(*_cnn(), optimizer="sgd").graph.digest() != a.graph.digest()
+
+
+def test_graph_round_trips_and_costs_are_filled(tmp_path):
+    step = capture(*_lm(), optimizer="adamw")
+    graph = step.graph
+    path = tmp_path / "g.json"
+    graph.save(path)
+    again = OpGraph.load(path)
+    assert again.to_dict() == graph.to_dict()
+    assert (graph.compute_s >= 0).all() and graph.compute_s.sum() > 0
+    assert all(set(k) == {"A100", "H100"} for k in graph.compute_s_by_kind if k)
+    assert all("bytes_accessed" in e for e in graph.node_extra)
+
+
+def test_placeholders_hold_state_and_tied_weight_is_listed_once():
+    model, inputs = _lm()
+    step = capture(model, inputs, optimizer="adam")
+    graph = step.graph
+    assert "lm_head.weight" not in step.layout.params and "wte.weight" in step.layout.params
+    unique = {id(p): p for p in model.parameters()}.values()
+    param_bytes = sum(p.numel() * p.element_size() for p in unique)
+    buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
+    state_bytes = 2 * param_bytes + 4 * len(unique)   # exp_avg, exp_avg_sq, step per parameter
+    assert graph.param_bytes.sum() == param_bytes + buffer_bytes + state_bytes
+    i = graph.index["p_wte_weight"]
+    assert graph.op[i] == "placeholder" and graph.layer[i] == "wte"
+
+
+def test_state_writes_are_colocated_and_ordered_after_every_reader():
+    step = capture(*_cnn(), optimizer="adam")
+    graph, gm = step.graph, step.gm
+    order = {node_id: k for k, node_id in enumerate(graph.topological_order.tolist())}
+    writes = [n for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default]
+    assert len(writes) == len(step.layout.params) * 4 + 1   # params, 3 Adam states, num_batches_tracked
+    for node in writes:
+        target = node.args[0].name
+        w, t = graph.index[node.name], graph.index[target]
+        assert graph.colocation[w] is not None and graph.colocation[w] == graph.colocation[t]
+        for reader in node.args[0].users:
+            if reader is not node:
+                r = graph.index[step.carrier[reader.name]]
+                assert order[r] < order[w], (reader.name, node.name)
+    # native_batch_norm writes the running statistics in place: same group as both buffers.
+    bn = graph.index["native_batch_norm"]
+    assert graph.colocation[bn] == graph.colocation[graph.index["b_bn_running_mean"]] \
+        == graph.colocation[graph.index["b_bn_running_var"]]
+
+
+def test_layers_follow_modules_into_backward_and_optimizer():
+    step = capture(*_cnn(), optimizer="adam")
+    layer = dict(zip(step.graph.ids, step.graph.layer))
+    assert layer["convolution"] == "conv" and layer["convolution_backward"] == "conv"
+    assert layer["native_batch_norm_backward"] == "bn"
+    ops = dict(zip(step.graph.ids, step.graph.op))
+    addcdivs = [i for i, op in ops.items() if op == "aten.addcdiv"]
+    assert [layer[i] for i in addcdivs] == ["conv", "conv", "bn", "bn", "head", "head"]
+
+
+def test_batch_splittable_ops():
+    step = capture(*_mlp(batch=5), optimizer="sgd")
+    graph = step.graph
+    split = {graph.ids[i]: s for i, s in enumerate(graph.splittable) if s}
+    assert split and all(s == [{"dim": "batch", "size": 5}] for s in split.values())
+    assert all(graph.op[graph.index[i]] in ("aten.addmm", "aten.mm") for i in split)
+    # Weight gradients (rows = output features, not samples) are not batch-splittable.
+    weight_shapes = {tuple(p.shape) for p in MLP().parameters()}
+    for node in step.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default):
+        is_weight_grad = tuple(node.meta["val"].shape) in weight_shapes
+        assert (graph.splittable[graph.index[node.name]] is None) == is_weight_grad, node.name
+    cnn = capture(*_cnn(batch=3), optimizer="sgd").graph
+    assert cnn.splittable[cnn.index["convolution"]] == [{"dim": "batch", "size": 3}]
+
+
+def test_meta_model_captures_without_memory_and_matches_real_capture():
+    real = capture(*_lm(), optimizer="adam")
+    with torch.device("meta"):
+        model, inputs = _lm()
+    assert next(model.parameters()).is_meta
+    fake = capture(model, inputs, optimizer="adam")
+    assert fake.fake and not real.fake
+    assert fake.graph.ids == real.graph.ids
+    np.testing.assert_array_equal(fake.graph.output_bytes, real.graph.output_bytes)
+    np.testing.assert_array_equal(fake.graph.param_bytes, real.graph.param_bytes)
+    np.testing.assert_array_equal(fake.graph.flops, real.graph.flops)
+
+
+class NotScalar(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 2)
+
+    def forward(self, x):
+        return self.fc(x)
+
+
+def test_bad_arguments_give_named_errors():
+    with pytest.raises(FormatError, match="scalar"):
+        capture(NotScalar(), (torch.randn(4, 3),))
+    with pytest.raises(OptionError, match="lamb"):
+        capture(*_mlp(), optimizer="lamb")
+    with pytest.raises(OptionError, match="lr"):
+        capture(*_mlp(), lr=-1.0)
+    with pytest.raises(OptionError, match="Module"):
+        capture(lambda x: x, (torch.randn(2),))
+
+
+class BranchesOnValues(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, x):
+        y = self.fc(x).sum()
+        return y if bool((x > 0).all()) else -y
+
+
+def test_data_dependent_model_names_the_line():
+    with pytest.raises(FormatError, match=r"test_capture.py:\d+: .*branches on tensor values"):
+        capture(BranchesOnValues(), (torch.randn(4, 3),))
+
+
+MODEL_FILE = '''
+import torch
+from torch import nn
+from sibling import WIDTH   # imported from the file's own folder, as when it runs
+
+class Net(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(10, WIDTH)
+        self.b = nn.Linear(WIDTH, 1)
+
+    def forward(self, x, y):
+        return nn.functional.mse_loss(self.b(torch.relu(self.a(x))), y)
+
+def make(batch_size):
+    return Net(), (torch.randn(batch_size, 10), torch.randn(batch_size, 1))
+
+def broken(batch_size):
+    raise ValueError("no data here")
+
+def model_only(batch_size):
+    return Net()
+
+def vector_loss(batch_size):
+    class PerSample(Net):
+        def forward(self, x, y):
+            return (self.b(self.a(x)) - y) ** 2
+    return PerSample(), (torch.randn(batch_size, 10), torch.randn(batch_size, 1))
+
+NOT_A_FUNCTION = 3
+'''
+
+
+@pytest.fixture()
+def model_file(tmp_path):
+    (tmp_path / "sibling.py").write_text("WIDTH = 16\n")
+    path = tmp_path / "mymodel.py"
+    path.write_text(MODEL_FILE)
+    return path
+
+
+def test_file_spec_captures_an_unchanged_model_file(model_file):
+    from placer.capture import capture_spec, load_model
+
+    step = capture_spec(f"{model_file}:make", 8, optimizer="sgd")
+    assert step.graph.name == "make-bs8-sgd" and step.batch_size == 8
+    model, inputs = load_model(f"{model_file}:make", 8)
+    assert inputs[0].shape == (8, 10) and model.a.out_features == 16
+    real = capture(model, inputs, optimizer="sgd", name="make-bs8-sgd")
+    assert real.graph.to_dict() == step.graph.to_dict()
+
+
+@pytest.mark.parametrize("factory, error, words", [
+    ("broken", FormatError, "factory 'broken' .* raised ValueError: no data here"),
+    ("missing", FormatError, "no factory 'missing'.*broken, make"),
+    ("NOT_A_FUNCTION", FormatError, "non-callable factory"),
+    ("model_only", FormatError, r"must return \(model, inputs\)"),
+    ("vector_loss", FormatError, "scalar"),
+])
+def test_bad_file_specs_say_what_is_wrong(model_file, factory, error, words):
+    from placer.capture import capture_spec
+
+    with pytest.raises(error, match=words):
+        capture_spec(f"{model_file}:{factory}", 4)
+
+
+def test_bad_specs_and_batches(tmp_path):
+    from placer.capture import capture_spec, load_model, parse_spec
+
+    with pytest.raises(FormatError, match="no such file"):
+        load_model(f"{tmp_path}/absent.py:make", 4)
+    (tmp_path / "bad.py").write_text("raise RuntimeError('boom')\n")
+    with pytest.raises(FormatError, match="importing it raised RuntimeError: boom"):
+        load_model(f"{tmp_path}/bad.py:make", 4)
+    for spec in ("", "model.py", "model.py:not-a-name"):
+        with pytest.raises(OptionError):
+            parse_spec(spec)
+    with pytest.raises(OptionError, match="batch"):
+        capture_spec("zoo:anything", 0)
+    assert parse_spec("zoo:gpt2?layers=2&dropout=0.1&tied=true&act=gelu") == \
+        ("zoo", "gpt2", {"layers": 2, "dropout": 0.1, "tied": True, "act": "gelu"})
+
+
+def test_cli_capture_writes_the_graph_atomically(model_file, tmp_path, capsys):
+    from placer.cli import main
+
+    out = tmp_path / "g.json"
+    assert main(["capture", f"{model_file}:make", "--batch", "4", "--optimizer", "adamw", "-o", str(out)]) == 0
+    graph = OpGraph.load(out)
+    assert graph.name == "make-bs4-adamw" and graph.num_nodes > 50
+    printed = capsys.readouterr().out
+    assert f"{graph.num_nodes} nodes, {graph.num_edges} edges" in printed
+    assert main(["capture", f"{model_file}:broken", "--batch", "4", "-o", str(tmp_path / "h.json")]) == 2
+    assert "raised ValueError" in capsys.readouterr().err
+    assert not (tmp_path / "h.json").exists()
+
+
+def test_write_back_from_copies_equals_running_in_place():
+    model, inputs = _cnn()
+    reference = copy.deepcopy(model)
+    step = capture(model, inputs, optimizer="adam", lr=1e-2)
+    opt, ref_opt = step.optimizer.eager(model.parameters()), step.optimizer.eager(reference.parameters())
+    for _ in range(2):
+        copies = [t.clone() for t in step.step_inputs(model, inputs, opt)]   # as a runtime on other devices
+        loss = step.gm(*copies)
+        step.write_back(copies, model, opt)
+        ref_loss = step.run(reference, inputs, ref_opt)
+        assert loss.item() == ref_loss.item()
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        assert torch.equal(a, b)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert all(torch.equal(opt.state[p][k], ref_opt.state[q][k]) for k in step.layout.state_names)
+    fresh = step.step_inputs(model, inputs)   # no optimizer: new zero state, reused across steps
+    assert len(fresh) == step.layout.num_flat
+    with pytest.raises(OptionError, match="Adam"):
+        step.step_inputs(model, inputs, torch.optim.SGD(model.parameters(), lr=0.1))
+
+
+def test_frozen_parameters_are_inputs_not_trained():
+    model, inputs = _mlp()
+    model.fc1.requires_grad_(False)
+    reference = copy.deepcopy(model)
+    step = capture(model, inputs, optimizer="adamw", lr=1e-2)
+    assert step.layout.params == ("fc2.weight", "fc2.bias")
+    assert step.layout.buffers == ("fc1.weight", "fc1.bias")
+    opt = step.optimizer.eager([p for p in model.parameters() if p.requires_grad])
+    ref_opt = step.optimizer.eager([p for p in reference.parameters() if p.requires_grad])
+    for _ in range(2):
+        step.run(model, inputs, opt)
+    _eager_steps(reference, inputs, ref_opt, 2)
+    for a, b in zip(model.state_dict().values(), reference.state_dict().values()):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+def test_example_args_run_the_step_without_touching_the_model():
+    model, inputs = _lm()
+    before = copy.deepcopy(model.state_dict())
+    step = capture(model, inputs, optimizer="adam")
+    args = step.example_args()
+    loss = step.gm(*args)
+    assert loss.dim() == 0 and torch.isfinite(loss)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), before.values()))
+    with torch.device("meta"):
+        meta_model, meta_inputs = _lm()
+    fake = capture(meta_model, meta_inputs, optimizer="adam")
+    fake_args = fake.example_args()
+    assert [a.shape for a in fake_args] == [a.shape for a in args]
+    assert torch.isfinite(fake.gm(*fake_args))
+
+
+def _zoo_names():
+    from placer.capture.zoo import ZOO
+
+    return sorted(ZOO)
+
+
+@pytest.mark.parametrize("name", _zoo_names())
+def test_every_zoo_model_captures_at_batch_4_with_faithful_flops(name):
+    from placer.capture import capture_spec
+    from placer.capture.zoo import ZOO
+
+    entry = ZOO[name]
+    query = "&".join(f"{k}={v}" for k, v in entry.tiny.items())
+    step = capture_spec(f"zoo:{name}" + (f"?{query}" if query else ""), 4, optimizer="sgd", fake=False)
+    graph = OpGraph.from_dict(step.graph.to_dict())
+    assert graph.num_nodes > 20 and graph.name == f"{name}-bs4-sgd"
+    assert any(s for s in graph.splittable), "no batch-splittable op"
+    model, inputs = entry.factory(4, **entry.tiny)
+    assert np.nansum(graph.flops) == pytest.approx(_eager_flops(model, inputs, step.optimizer), rel=0.02)
+
+
+def test_unknown_zoo_model_and_option_are_named():
+    from placer.capture import load_model
+
+    with pytest.raises(OptionError, match="unknown zoo model 'nope'.*lenet"):
+        load_model("zoo:nope", 4)
+    with pytest.raises(OptionError, match="depthh"):
+        load_model("zoo:resnet50?depthh=3", 4)
