@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "placer.capture.cli",
     "placer.cost.cli",
     "placer.runtime.cli",
+    "placer.learn.cli",
 )
 
 
