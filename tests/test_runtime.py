@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from placer.algorithms import place
 from placer.algorithms.common import placement_units
@@ -176,6 +178,21 @@ def test_distributed_executor_trains_like_eager(case, how, cluster_name):
     assert result.predicted_s == pytest.approx(plan.predicted.get("makespan_s", result.predicted_s))
     captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     case.assert_matches(model, optimizer)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), devices=st.sampled_from(CLUSTERS))
+def test_any_placement_and_order_trains_exactly_like_eager(file_case, seed, devices):
+    """Whatever the devices and the per-device orders (colocation and dependencies kept), the result is eager's."""
+    cluster = load_cluster(devices)
+    plan = random_plan(file_case.captured.graph, cluster, seed)
+    plan.context["captured"] = file_case.captured
+    model, optimizer = file_case.fresh()
+    step = plan.apply(model, optimizer)
+    for _ in range(STEPS):
+        step(*file_case.inputs)
+    worst, where, _ = state_difference(model, optimizer, file_case.reference, file_case.reference_optimizer)
+    assert worst == 0.0, f"{where} differs by {worst}"
 
 
 # ------------------------------------------------------------------ failures
