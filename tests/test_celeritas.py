@@ -64,6 +64,11 @@ def test_each_adjustment_is_no_slower_than_order_place(case):
     to d_m instead, its data is back on d_k by t_adjust = finish on d_m +
     back_cost, and t_adjust < t_order + w. The schedule is replayed with an
     independent earliest-start search over every gap of every device.
+
+    The lemma is about one step under one history, not the whole schedule:
+    on random_dag(24, seed=99)-like cases on 4xGPU-pcie a move early on pins
+    later clusters to the new device (d_k follows the previous cluster), and
+    the coarse makespan ends several times Order-Place's.
     """
     fused, cluster = case
     coarse = fused.coarse

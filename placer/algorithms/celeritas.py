@@ -16,8 +16,13 @@ device has room the one with the most room left takes it (best effort).
 Colocation follows the paper's rule: the first cluster that places a member
 of a group decides the group's device, its other members' memory is
 reserved there, and a later cluster holding pinned members goes to that
-device (members pinned elsewhere, if any, go to their own device).
+device if it has room (members pinned elsewhere go to their own device).
 The per-device order of the original nodes follows the coarse schedule.
+
+Memory is budgeted with parameters whole and outputs by the share of them
+live at the peak (:func:`memory_need`); the plan is then simulated, and where
+a device's peak exceeds its estimate its nodes' estimates grow by that ratio
+and the coarse graph is placed again.
 """
 
 from __future__ import annotations
@@ -40,6 +45,7 @@ from .registry import register
 __all__ = ["order_place", "celeritas", "CoarseSchedule", "schedule_coarse", "memory_need", "POLICIES"]
 
 POLICIES = ("order", "adjust")
+HEADROOM = 0.97   # share of each device's memory budgeted: estimates of the peak are seldom exact
 
 
 @dataclass
@@ -256,8 +262,8 @@ def _place(graph: OpGraph, cluster: Cluster, policy: str, name: str, exploration
     need = memory_need(graph, cluster)
     memory = cluster.memory.astype(np.float64)
     best = None
-    for _ in range(tries):
-        schedule = schedule_coarse(fused, cluster, policy, need, memory)
+    for rounds in range(1, tries + 1):
+        schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory)
         # The coarse schedule's order, or the reference model's earliest-ready order where that is faster.
         peaks = []
         for order in (schedule.device_orders(fused, cluster.num_devices), None):
@@ -276,7 +282,7 @@ def _place(graph: OpGraph, cluster: Cluster, policy: str, name: str, exploration
                               f"of {memory[j] / 2**30:.3f} GiB")
     _, schedule, order = best
     stats = {"clusters": fused.num_clusters, "ccr_before": fused.ccr_before, "ccr_after": fused.ccr_after,
-             "coarse_makespan_s": schedule.makespan_s}
+             "coarse_makespan_s": schedule.makespan_s, "rounds": rounds}
     return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
 
 
