@@ -24,7 +24,7 @@ from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import state_difference, train_eager
-from placer.runtime.distributed import (RunError, _free_port, run_distributed, run_under_torchrun,
+from placer.runtime.distributed import (RunError, free_port, run_distributed, run_under_torchrun,
                                         under_torchrun)
 from placer.runtime.program import compile_program, copy_to, pack, receive_buffer, unpack, value_spec
 from placer.transform.replicate import data_parallel_graph
@@ -386,7 +386,7 @@ def test_ranks_started_by_torchrun_run_the_plan_together(file_case, tmp_path):
 
     plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
     out = str(tmp_path / "state.pt")
-    mp.start_processes(_torchrun_rank, args=(_free_port(), file_case, plan, out), nprocs=2, start_method="fork")
+    mp.start_processes(_torchrun_rank, args=(free_port(), file_case, plan, out), nprocs=2, start_method="fork")
     model, optimizer = file_case.fresh()
     flat = file_case.captured.step_inputs(model, file_case.inputs, optimizer)
     state = torch.load(out, weights_only=False)

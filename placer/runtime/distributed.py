@@ -48,7 +48,7 @@ from .program import (Program, call_node, compile_program, copy_to, pack, receiv
                       value_spec)
 
 __all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
-           "resolve_backend", "under_torchrun"]
+           "resolve_backend", "under_torchrun", "free_port"]
 
 
 class RunError(PlacerError):
@@ -334,7 +334,8 @@ def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str, error_d
 
 
 # ------------------------------------------------------------------ launcher
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a local process group's rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -400,7 +401,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                       carrier, threads, hook, result_path, profile)
         # fork shares the captured module without pickling it; CUDA needs fresh processes.
         method = "spawn" if backend == "nccl" else "fork"
-        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{_free_port()}", tmp),
+        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp),
                                      nprocs=world, join=False, start_method=method)
         _wait(context.processes, deadline, timeout_s, tmp)
         merged = torch.load(result_path, weights_only=False)
