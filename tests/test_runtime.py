@@ -24,6 +24,7 @@ from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import state_difference, train_eager
+from placer.runtime.feedback import measured_cluster
 from placer.runtime.distributed import (RunError, free_port, run_distributed, run_under_torchrun,
                                         under_torchrun)
 from placer.runtime.program import compile_program, copy_to, pack, receive_buffer, unpack, value_spec
@@ -175,6 +176,8 @@ def test_distributed_executor_trains_like_eager(case, how, cluster_name):
     result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
                              carrier=captured.carrier, timeout_s=30)
     assert len(result.step_s) == STEPS and all(s > 0 for s in result.step_s)
+    assert all(src != dst and nbytes > 0 and seconds > 0 for src, dst, nbytes, seconds in result.transfer_s)
+    assert how != "random" or result.transfer_s            # some rank waited for some message
     assert result.predicted_s == pytest.approx(plan.predicted.get("makespan_s", result.predicted_s))
     captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     case.assert_matches(model, optimizer)
@@ -289,6 +292,17 @@ def test_data_parallel_replicas_are_refused(zoo_case):
     plan = Plan.from_arrays(graph, cluster, np.zeros(replicated.num_nodes, dtype=int), placed_graph=replicated)
     with pytest.raises(InvalidPlanError, match="data-parallel replica"):
         compile_program(zoo_case.captured.gm, graph, plan, cluster, carrier=zoo_case.captured.carrier)
+
+
+def test_measured_transfers_refit_the_link():
+    cluster = load_cluster("2xcpu")
+    # 50 us + bytes / 1 GB/s, both directions
+    transfers = [(a, 1 - a, n, 50e-6 + n / 1e9) for a in (0, 1) for n in (1_000, 100_000, 1_000_000)]
+    fitted = measured_cluster(cluster, transfers)
+    for ch in fitted.channels:
+        assert ch.latency_s == pytest.approx(50e-6, rel=1e-6)
+        assert ch.bandwidth_bytes_per_s == pytest.approx(1e9, rel=1e-6)
+    assert measured_cluster(cluster, transfers[:1]) is cluster      # one size: nothing to fit
 
 
 def test_a_plan_for_another_graph_is_refused(file_case):

@@ -469,6 +469,13 @@ def unpack(buf: torch.Tensor | None, spec: tuple, device: torch.device) -> Any:
     return buf.as_strided(size, stride, 0)
 
 
+def message_bytes(spec: tuple) -> int:
+    """Bytes :func:`pack` sends for a value of ``spec``."""
+    if spec[0] == "scalar":
+        return torch.empty((), dtype=spec[1]).element_size()
+    return storage_span(spec[1], spec[2]) * torch.empty((), dtype=spec[3]).element_size()
+
+
 def receive_buffer(spec: tuple, device: torch.device) -> torch.Tensor | None:
     """An uninitialised buffer for what :func:`pack` sends for ``spec`` (None when nothing is sent)."""
     if spec[0] == "scalar":
