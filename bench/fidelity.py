@@ -12,8 +12,10 @@ For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
    one intra-op thread each): the measured step is the median of the steps
    after two warm-ups (barrier to barrier);
 4. also predict from the per-operation times the run itself measured (FastT's
-   feedback, :func:`placer.runtime.feedback.measured_graph`): what the
-   simulator says once it knows the runtime's real cost per operation.
+   feedback, :func:`placer.runtime.feedback.measured_graph`), and from those
+   with the links refitted to the transfers the run measured
+   (:func:`placer.runtime.feedback.measured_cluster`): what the simulator
+   says once it knows the runtime's real costs.
 
 Error = (predicted - measured) / measured. Prints a Markdown table and the
 command to reproduce it.
@@ -61,7 +63,7 @@ def main() -> int:
     from placer.cost.calibrate import apply_calibration, calibrate
     from placer.cost.profile import Profile, apply_profile, profile_module
     from placer.runtime.distributed import run_distributed
-    from placer.runtime.feedback import measured_graph
+    from placer.runtime.feedback import measured_cluster, measured_graph
     from placer.sim import simulate_plan
 
     torch.set_num_threads(1)
@@ -97,24 +99,26 @@ def main() -> int:
                 measured = statistics.median(result.step_s[2:] or result.step_s)
                 fed = measured_graph(graph, plan.bind(graph, cluster), cluster, result.op_s)
                 fed_predicted = simulate_plan(plan, fed, cluster).makespan_s
+                both = simulate_plan(plan, fed, measured_cluster(cluster, result.transfer_s)).makespan_s
                 rows.append((name, graph.num_nodes, cluster_name, algorithm, len(set(plan.placement.values())),
-                             predicted, measured, fed_predicted))
+                             predicted, measured, fed_predicted, both))
                 print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: predicted {predicted * 1e3:8.2f} ms, measured "
                       f"{measured * 1e3:8.2f} ms ({(predicted - measured) / measured:+.1%}); with the run's own op "
-                      f"times {fed_predicted * 1e3:8.2f} ms ({(fed_predicted - measured) / measured:+.1%})", flush=True)
+                      f"times {fed_predicted * 1e3:8.2f} ms ({(fed_predicted - measured) / measured:+.1%}), and "
+                      f"transfer times {both * 1e3:8.2f} ms ({(both - measured) / measured:+.1%})", flush=True)
 
     print()
     print("| model | nodes | cluster | plan | devices used | predicted (calibrated) | measured | error | "
-          "predicted (run's op times) | error |")
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|")
-    for name, n, cluster_name, algorithm, used, predicted, measured, fed in rows:
+          "predicted (run's op times) | error | predicted (run's op and transfer times) | error |")
+    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
+    for name, n, cluster_name, algorithm, used, predicted, measured, fed, both in rows:
         print(f"| {name} | {n} | {cluster_name} | {algorithm} | {used} | {predicted * 1e3:.2f} ms | "
               f"{measured * 1e3:.2f} ms | {(predicted - measured) / measured:+.1%} | {fed * 1e3:.2f} ms | "
-              f"{(fed - measured) / measured:+.1%} |")
-    mean = statistics.mean(abs(p - m) / m for *_, p, m, _ in rows)
-    mean_fed = statistics.mean(abs(f - m) / m for *_, m, f in rows)
-    print(f"\nmean |error| over {len(rows)} runs: {mean:.1%} calibrated, {mean_fed:.1%} with the run's own op times; "
-          f"load average now {os.getloadavg()[0]:.1f}")
+              f"{(fed - measured) / measured:+.1%} | {both * 1e3:.2f} ms | {(both - measured) / measured:+.1%} |")
+    errors = [[abs(p - row[6]) / row[6] for p in (row[5], row[7], row[8])] for row in rows]
+    means = [statistics.mean(e[k] for e in errors) for k in range(3)]
+    print(f"\nmean |error| over {len(rows)} runs: {means[0]:.1%} calibrated, {means[1]:.1%} with the run's own op "
+          f"times, {means[2]:.1%} with its op and transfer times; load average now {os.getloadavg()[0]:.1f}")
     print(f"reproduce: PYTHONPATH=. python bench/fidelity.py --steps {args.steps} --models {args.models} "
           f"--clusters {args.clusters} --plans {args.plans}")
     return 0

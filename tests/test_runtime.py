@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from placer.algorithms import place
 from placer.algorithms.common import placement_units
@@ -22,7 +24,8 @@ from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import state_difference, train_eager
-from placer.runtime.distributed import (RunError, _free_port, run_distributed, run_under_torchrun,
+from placer.runtime.feedback import measured_cluster
+from placer.runtime.distributed import (RunError, free_port, run_distributed, run_under_torchrun,
                                         under_torchrun)
 from placer.runtime.program import compile_program, copy_to, pack, receive_buffer, unpack, value_spec
 from placer.transform.replicate import data_parallel_graph
@@ -173,9 +176,26 @@ def test_distributed_executor_trains_like_eager(case, how, cluster_name):
     result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
                              carrier=captured.carrier, timeout_s=30)
     assert len(result.step_s) == STEPS and all(s > 0 for s in result.step_s)
+    assert all(src != dst and nbytes > 0 and seconds > 0 for src, dst, nbytes, seconds in result.transfer_s)
+    assert how != "random" or result.transfer_s            # some rank waited for some message
     assert result.predicted_s == pytest.approx(plan.predicted.get("makespan_s", result.predicted_s))
     captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     case.assert_matches(model, optimizer)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), devices=st.sampled_from(CLUSTERS))
+def test_any_placement_and_order_trains_exactly_like_eager(file_case, seed, devices):
+    """Whatever the devices and the per-device orders (colocation and dependencies kept), the result is eager's."""
+    cluster = load_cluster(devices)
+    plan = random_plan(file_case.captured.graph, cluster, seed)
+    plan.context["captured"] = file_case.captured
+    model, optimizer = file_case.fresh()
+    step = plan.apply(model, optimizer)
+    for _ in range(STEPS):
+        step(*file_case.inputs)
+    worst, where, _ = state_difference(model, optimizer, file_case.reference, file_case.reference_optimizer)
+    assert worst == 0.0, f"{where} differs by {worst}"
 
 
 # ------------------------------------------------------------------ failures
@@ -274,6 +294,17 @@ def test_data_parallel_replicas_are_refused(zoo_case):
         compile_program(zoo_case.captured.gm, graph, plan, cluster, carrier=zoo_case.captured.carrier)
 
 
+def test_measured_transfers_refit_the_link():
+    cluster = load_cluster("2xcpu")
+    # 50 us + bytes / 1 GB/s, both directions
+    transfers = [(a, 1 - a, n, 50e-6 + n / 1e9) for a in (0, 1) for n in (1_000, 100_000, 1_000_000)]
+    fitted = measured_cluster(cluster, transfers)
+    for ch in fitted.channels:
+        assert ch.latency_s == pytest.approx(50e-6, rel=1e-6)
+        assert ch.bandwidth_bytes_per_s == pytest.approx(1e9, rel=1e-6)
+    assert measured_cluster(cluster, transfers[:1]) is cluster      # one size: nothing to fit
+
+
 def test_a_plan_for_another_graph_is_refused(file_case):
     other = capture(*load_model(file_case.spec, 2))
     cluster = load_cluster("2xcpu")
@@ -369,7 +400,7 @@ def test_ranks_started_by_torchrun_run_the_plan_together(file_case, tmp_path):
 
     plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
     out = str(tmp_path / "state.pt")
-    mp.start_processes(_torchrun_rank, args=(_free_port(), file_case, plan, out), nprocs=2, start_method="fork")
+    mp.start_processes(_torchrun_rank, args=(free_port(), file_case, plan, out), nprocs=2, start_method="fork")
     model, optimizer = file_case.fresh()
     flat = file_case.captured.step_inputs(model, file_case.inputs, optimizer)
     state = torch.load(out, weights_only=False)

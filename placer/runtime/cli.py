@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,13 +21,14 @@ VERIFY_TOLERANCE = 1e-6
 
 @dataclass
 class Measurement:
-    """A placed run's step times (all steps, warm-up first) and last per-node times."""
+    """A placed run's step times (all steps, warm-up first), per-node and per-transfer times."""
 
     step_s: list[float]
     op_s: dict[str, float]
     predicted_s: float
     outputs: list
     state: dict[int, Any]
+    transfer_s: list = field(default_factory=list)
 
 
 def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: int, backend: str,
@@ -62,7 +63,8 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
                      timeout_s=timeout_s, carrier=captured.carrier, threads=threads)
         if result is None:          # a rank other than 0 under torchrun: rank 0 reports
             return None
-        return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state)
+        return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state,
+                           result.transfer_s)
     raise OptionError(f"backend must be 'local' or 'distributed', got {backend!r}")
 
 
@@ -131,7 +133,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms import place
     from ..cluster import load_cluster
     from .check import step_times
-    from .feedback import measured_graph
+    from .feedback import measured_cluster, measured_graph
 
     if args.rounds < 1 or args.steps < 2:
         raise OptionError("--rounds must be >= 1 and --steps >= 2 (one warm-up step)")
@@ -154,6 +156,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best = plan
     for r in range(1, args.rounds + 1):
         graph = measured_graph(graph, best.bind(graph, cluster), cluster, m.op_s)
+        cluster = measured_cluster(cluster, m.transfer_s)
+        if m.transfer_s and cluster.channels:
+            ch = cluster.channels[0]
+            print(f"round {r}: {len(m.op_s)} measured op times, {len(m.transfer_s)} measured transfers; "
+                  f"{ch.extra.get('link', ch.name)} link now {ch.latency_s * 1e6:.1f} us + "
+                  f"{ch.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
         candidate = place(graph, cluster, args.algorithm, seed=r)
         measured_s, m_new = run(candidate)
         kept = measured_s < best_s

@@ -44,11 +44,11 @@ from ..cluster import Cluster
 from ..errors import OptionError, PlacerError
 from ..graph import OpGraph
 from ..plan import Plan
-from .program import (Program, call_node, compile_program, copy_to, pack, receive_buffer, unpack,
-                      value_spec)
+from .program import (Program, call_node, compile_program, copy_to, message_bytes, pack, receive_buffer,
+                      unpack, value_spec)
 
 __all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
-           "resolve_backend", "under_torchrun"]
+           "resolve_backend", "under_torchrun", "free_port"]
 
 
 class RunError(PlacerError):
@@ -76,6 +76,7 @@ class RankJob:
     hook: Callable[[int], None] | None = None
     result_path: str | None = None
     profile: bool = False
+    same_host: bool = True          # ranks share a clock: transfer times can be measured
 
 
 @dataclass
@@ -93,6 +94,9 @@ class DistributedResult:
         the step writes (parameters, buffers, optimizer state), on the CPU.
     op_s : dict of str to float
         Graph node id -> median seconds of its runs on its rank (after the first step).
+    transfer_s : list of (int, int, int, float)
+        ``(source rank, destination rank, bytes, seconds)`` of the transfers a
+        rank had to wait for, after the first step (CPU ranks on one host).
     predicted_s : float
         The reference simulator's step time for the plan.
     """
@@ -102,6 +106,7 @@ class DistributedResult:
     state: dict[int, Any]
     op_s: dict[str, float] = field(default_factory=dict)
     predicted_s: float = math.nan
+    transfer_s: list[tuple[int, int, int, float]] = field(default_factory=list)
 
 
 def under_torchrun() -> bool:
@@ -152,6 +157,11 @@ class _RankRunner:
                 self.frees_after.setdefault(v, []).extend(dead)
         self.pair_groups: dict[tuple[int, int], Any] = {}
         self.op_s: dict[fx.Node, list[float]] = {}     # seconds of every run of each node
+        # Per step, transfer index -> when it was sent here / when it arrived here. An arrival
+        # is known only for a message this rank had to wait for (it came when the wait ended),
+        # which are the transfers on the step's critical path.
+        self.sent_at: list[dict[int, float]] = []
+        self.arrived_at: list[dict[int, float]] = []
         # On GPUs an op's host time is its launch; with profile, synchronize around each op.
         self.profile_gpu = False
 
@@ -183,12 +193,17 @@ class _RankRunner:
         posted: dict[int, tuple[Any, Any]] = {}
         next_post = {src: 0 for src in self.incoming}
         sending: list[tuple[Any, Any]] = []
+        sent_at: dict[int, float] = {}
+        arrived_at: dict[int, float] = {}
+        self.sent_at.append(sent_at)
+        self.arrived_at.append(arrived_at)
 
         def send(v, value):
             for x in prog.sends.get(v, ()):
                 buf = pack(value, self.specs[v], self.device, x.snapshot)
                 if buf is not None:
                     sending.append((self._isend(buf, x), buf))
+                    sent_at[x.index] = time.perf_counter()
 
         def post(y):
             buf = receive_buffer(self.specs[y.node], self.device)
@@ -202,10 +217,13 @@ class _RankRunner:
                 next_post[x.src] += 1
             work, buf = posted.pop(x.index)
             if work is not None:
+                early = work.is_completed()
                 try:
                     work.wait()
                 except RuntimeError as exc:
                     raise RuntimeError(f"rank {rank}: {a.name!r} from rank {x.src} did not arrive: {exc}") from exc
+                if not early and self.device.type == "cpu":
+                    arrived_at[x.index] = time.perf_counter()
             return unpack(buf, self.specs[a], self.device)
 
         if self.backend == "gloo":
@@ -298,13 +316,16 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             "op_s": {program.node_id(v): statistics.median(s[1:] or s) for v, s in runner.op_s.items()
                      if v in program.graph_node},
             "step_s": step_s,
+            "sent_at": runner.sent_at,
+            "arrived_at": runner.arrived_at,
         }
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
         if rank != 0:
             return None
         merged = {"step_s": gathered[0]["step_s"], "state": {}, "outputs": {}, "op_s": {},
-                  "predicted_s": program.predicted_s, "num_outputs": len(program.outputs)}
+                  "predicted_s": program.predicted_s, "num_outputs": len(program.outputs),
+                  "transfer_s": _transfer_times(program, gathered) if job.same_host else []}
         for part in gathered:
             for key in ("state", "outputs", "op_s"):
                 merged[key].update(part[key])
@@ -316,6 +337,23 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         raise
     finally:
         dist.destroy_process_group()
+
+
+def _transfer_times(program: Program, gathered: list[dict]) -> list[tuple[int, int, int, float]]:
+    """``(src, dst, bytes, seconds)`` of every transfer whose arrival was observed, after the first step.
+
+    Sender and receiver read the same monotonic clock (one host), so a
+    transfer's time is its arrival on the receiver less its sending on the sender.
+    """
+    out = []
+    for step in range(1, len(gathered[0]["sent_at"])):
+        for part in gathered:
+            for index, arrived in part["arrived_at"][step].items():
+                x = program.transfers[index]
+                sent = gathered[x.src]["sent_at"][step].get(index)
+                if sent is not None and arrived > sent:
+                    out.append((x.src, x.dst, message_bytes(value_spec(x.node)), arrived - sent))
+    return out
 
 
 def _to_cpu(value: Any) -> Any:
@@ -334,7 +372,8 @@ def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str, error_d
 
 
 # ------------------------------------------------------------------ launcher
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a local process group's rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -400,12 +439,13 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                       carrier, threads, hook, result_path, profile)
         # fork shares the captured module without pickling it; CUDA needs fresh processes.
         method = "spawn" if backend == "nccl" else "fork"
-        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{_free_port()}", tmp),
+        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp),
                                      nprocs=world, join=False, start_method=method)
         _wait(context.processes, deadline, timeout_s, tmp)
         merged = torch.load(result_path, weights_only=False)
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
-    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"])
+    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
+                             merged["transfer_s"])
 
 
 def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
@@ -430,12 +470,13 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
         raise RunError(f"torchrun started {world} ranks for a plan over {cluster.num_devices} devices")
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, resolve_backend(backend, local_world),
-                  timeout_s, carrier, threads, None, None, profile)
+                  timeout_s, carrier, threads, None, None, profile, same_host=local_world == world)
     merged = rank_main(int(os.environ["RANK"]), world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))
     if merged is None:
         return None
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
-    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"])
+    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
+                             merged["transfer_s"])
 
 
 def _wait(processes: list, deadline: float, timeout_s: float, error_dir: str) -> None:

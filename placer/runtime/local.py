@@ -152,7 +152,7 @@ class LocalExecutor:
         prog = self.program
         done: dict[fx.Node, torch.cuda.Event] = {}          # a value is ready on its own device
         arrived: dict[int, torch.cuda.Event] = {}          # transfer index -> copy finished
-        timing: list[tuple[str, Any, Any]] = []
+        timing: list[tuple[Any, Any, Any]] = []           # (fx node or Transfer, start, end)
         entry = {d: torch.cuda.Event() for d in {dev for dev in self.devices if dev.type == "cuda"}}
         for d, ev in entry.items():
             ev.record(torch.cuda.current_stream(d))

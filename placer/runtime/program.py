@@ -1,13 +1,14 @@
 """A captured training step bound to a plan: the device, order and transfers of every fx node.
 
 Both executors run a :class:`Program`. It is built once from the step's
-``torch.fx.GraphModule`` (its call nodes are the graph's nodes, by name), a
-plan and a cluster:
+``torch.fx.GraphModule`` (its nodes are the graph's nodes, by name), a plan
+and a cluster:
 
-* every fx node gets a device: graph nodes the plan's; nodes the graph leaves
-  out (``getitem``, size queries) that of their producer; a placeholder that
-  of the node that writes it (state lives where it is updated), else that of
-  its first reader;
+* every fx node gets a device: graph nodes the plan's; a ``getitem`` that of
+  the op whose output it picks (the capture's ``carrier``); other nodes the
+  graph leaves out that of their producer; a placeholder the graph leaves out
+  that of the node that writes it (state lives where it is updated), else
+  that of its first reader;
 * the nodes are issued in the plan's per-device order, interleaved by the
   reference simulator's start order (its ``start_rank``), with a topological
   repair in case the graph misses a data dependency of the fx graph;
@@ -15,9 +16,11 @@ plan and a cluster:
   exists (FORMATS.md rule 4), so a later in-place write cannot change what
   another device receives;
 * a node that writes a tensor in place (``copy_`` into the new parameters and
-  optimizer state, any ``Tensor(a!)`` argument) runs after every reader of
-  that tensor and of its views on its own device; the executors also wait for
-  outgoing transfers of its storage before running it.
+  optimizer state, ``native_batch_norm``'s running statistics, any
+  ``Tensor(a!)`` argument) must share that tensor's device, and keeps its
+  program order against every other reader of the tensor and of its views; a
+  transfer of such a tensor is a snapshot taken when it is sent (processes),
+  or is waited for before the write (CUDA streams).
 
 Operations split by OS-DPOS (``node_extra["split_of"]``) run as real slices,
 parts and a concat (:mod:`placer.runtime.splits`).
@@ -115,10 +118,6 @@ class Program:
         """The call nodes device ``device`` runs, in order."""
         return [v for v in self.schedule if self.device_of[v] == device]
 
-    def home(self, k: int) -> int:
-        """Device holding placeholder ``k`` (the k-th flat input) between steps."""
-        return self.device_of[self.placeholders[k]]
-
 
 def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, *,
                     carrier: dict[str, str] | None = None) -> Program:
@@ -212,7 +211,7 @@ def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list
     """Per schedule position, the (value, device) pairs last read there (outputs are kept)."""
     last: dict[tuple[fx.Node, int], int] = {}
     for k, v in enumerate(schedule):
-        last[(v, device_of[v])] = max(last.get((v, device_of[v]), k), k)
+        last[(v, device_of[v])] = k
         for a in v.all_input_nodes:
             last[(a, device_of[v])] = k
     keep = {(v, device_of[v]) for v in outputs if isinstance(v, fx.Node)}
@@ -468,6 +467,13 @@ def unpack(buf: torch.Tensor | None, spec: tuple, device: torch.device) -> Any:
     if buf is None:
         return torch.empty_strided(size, stride, dtype=dtype, device=device)
     return buf.as_strided(size, stride, 0)
+
+
+def message_bytes(spec: tuple) -> int:
+    """Bytes :func:`pack` sends for a value of ``spec``."""
+    if spec[0] == "scalar":
+        return torch.empty((), dtype=spec[1]).element_size()
+    return storage_span(spec[1], spec[2]) * torch.empty((), dtype=spec[3]).element_size()
 
 
 def receive_buffer(spec: tuple, device: torch.device) -> torch.Tensor | None:
