@@ -84,3 +84,16 @@ def test_critical_path_is_a_chain_ending_at_the_makespan():
     assert np.all(np.diff(result.start[chain]) > -1e-15)
     # The chain starts at a node that started at time 0 or waited for nothing on the chain.
     assert result.start[chain[0]] == 0.0
+
+
+def test_no_plan_beats_the_lower_bound_that_holds_for_it():
+    # data_parallel and os_dpos split operations: their gap is to the work bound, never below it.
+    graph = training_graph(layers=3, branches=2, seed=3)
+    comparison = compare(graph, load_cluster("4xV100-nvlink"), ["expert", "dpos", "data_parallel", "os_dpos"],
+                         progress=False)
+    rows = {row["algorithm"]: row for row in comparison.rows()}
+    assert comparison.split_lower_bound_s <= comparison.lower_bound_s
+    for name, row in rows.items():
+        assert row["gap_to_lower_bound"] >= -1e-9, (name, row)
+    splitting = [e for e in comparison.entries if e.plan is not None and e.plan.rewritten_graph is not None]
+    assert splitting and all(comparison.bound_for(e) == comparison.split_lower_bound_s for e in splitting)

@@ -17,11 +17,15 @@ def fastest_durations(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     return dur.min(axis=1) if graph.num_nodes else np.zeros(0)
 
 
-def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
+def lower_bound(graph: OpGraph, cluster: Cluster, *, splits: bool = False) -> float:
     """``max(longest path at fastest times with free transfers, total fastest time / devices)``.
 
-    No plan can beat it: the critical path must run in sequence, and all work
-    must be shared among the devices.
+    No plan that runs every operation whole can beat it: the critical path
+    must run in sequence, and all work must be shared among the devices.
+
+    With ``splits=True`` it bounds plans that split operations too (OS-DPOS,
+    data parallelism): a split shortens the critical path but never the total
+    work, so only the work term remains.
 
     Examples
     --------
@@ -33,4 +37,5 @@ def lower_bound(graph: OpGraph, cluster: Cluster) -> float:
     fastest = fastest_durations(graph, cluster)
     if fastest.size == 0:
         return 0.0
-    return max(critical_path_length(graph, fastest), float(fastest.sum()) / cluster.num_devices)
+    work = float(fastest.sum()) / cluster.num_devices
+    return work if splits else max(critical_path_length(graph, fastest), work)
