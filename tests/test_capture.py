@@ -448,9 +448,10 @@ def test_every_zoo_model_captures_at_batch_4_with_faithful_flops(name):
 
     entry = ZOO[name]
     query = "&".join(f"{k}={v}" for k, v in entry.tiny.items())
-    step = capture_spec(f"zoo:{name}" + (f"?{query}" if query else ""), 4, optimizer="sgd", fake=False)
+    spec = f"zoo:{name}" + (f"?{query}" if query else "")
+    step = capture_spec(spec, 4, optimizer="sgd", fake=False)
     graph = OpGraph.from_dict(step.graph.to_dict())
-    assert graph.num_nodes > 20 and graph.name == f"{name}-bs4-sgd"
+    assert graph.num_nodes > 20 and graph.name == f"{spec[4:]}-bs4-sgd"
     assert any(s for s in graph.splittable), "no batch-splittable op"
     model, inputs = entry.factory(4, **entry.tiny)
     assert np.nansum(graph.flops) == pytest.approx(_eager_flops(model, inputs, step.optimizer), rel=0.02)
