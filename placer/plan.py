@@ -215,6 +215,16 @@ class Plan:
         result = self.validate(graph, cluster)
         return simulation_text(result, {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster)})
 
+    def apply(self, model: Any, optimizer: Any = None, **options: Any) -> Any:
+        """A training-step callable that runs this plan on ``model``: ``loss = step(*inputs)``.
+
+        Each call updates the model's parameters and buffers and the optimizer's
+        state in place; see :class:`placer.runtime.apply.PlacedStep` for ``options``.
+        """
+        from .runtime.apply import PlacedStep
+
+        return PlacedStep(self, model, optimizer, **options)
+
     # ---------------------------------------------------------------- io
     def to_dict(self) -> dict:
         doc: dict[str, Any] = {

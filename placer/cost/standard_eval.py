@@ -16,7 +16,7 @@ sequential memory-bounded placement) needs the runtime, not this module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
@@ -225,20 +225,21 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
     return BatchModel(base, batches, how, coef, next(iter(kinds)) if kinds else None, fit_error)
 
 
-def standard_evaluation(spec: str, batches: Sequence[int] = (2, 4, 8), *, optimizer: str = "adam",
-                        device: str | None = "cpu", repeats: int = 3) -> BatchModel:
-    """Capture (and profile, on ``device``) ``spec`` at small batch sizes and fit a :class:`BatchModel`.
+def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[int] = (2, 4, 8), *,
+                        optimizer: str = "adam", device: str | None = "cpu", repeats: int = 3) -> BatchModel:
+    """Capture (and profile, on ``device``) a model at small batch sizes and fit a :class:`BatchModel`.
 
     Parameters
     ----------
-    spec : str
-        A model spec for :func:`placer.capture.capture_spec` (``"zoo:NAME"`` or ``"file.py:FACTORY"``).
+    spec : str or callable
+        A model spec for :func:`placer.capture.capture_spec` (``"zoo:NAME"`` or
+        ``"file.py:FACTORY"``), or a factory ``f(batch_size) -> (model, inputs)``.
     batches : sequence of int
         Batch sizes small enough to run here.
     optimizer : str
     device : str or None
         Where to time the nodes (``"cpu"``, ``"cuda:N"``); None fits the captured
-        ``compute_s`` instead of measured times.
+        ``compute_s`` (the analytic model) instead of measured times.
     repeats : int
         Timed runs per node (see :func:`placer.cost.profile.profile_step`).
 
@@ -251,16 +252,27 @@ def standard_evaluation(spec: str, batches: Sequence[int] = (2, 4, 8), *, optimi
     ------
     OptionError, FormatError
         Bad options, or captures whose structure changes with the batch size.
+
+    References
+    ----------
+    Celeritas, section 4.2.1.
     """
-    from ..capture import capture_spec, load_model
+    from ..capture import capture
     from .profile import profile_step
+
+    if callable(spec):
+        factory = spec
+    else:
+        from ..capture import load_model
+
+        def factory(batch):
+            return load_model(spec, batch)
 
     graphs, profiles = [], []
     for batch in batches:
-        step = capture_spec(spec, batch, optimizer=optimizer, fake=False if device else None)
+        model, inputs = factory(batch)
+        step = capture(model, inputs, optimizer=optimizer)
         graphs.append(step.graph)
         if device:
-            model, inputs = load_model(spec, batch)
             profiles.append(profile_step(step, model, inputs, device=device, repeats=repeats))
     return fit_batch_model(graphs, batches, profiles if device else None)
-

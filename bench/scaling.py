@@ -1,0 +1,118 @@
+"""List scheduling: plan time against graph size, and FastT's comparisons on zoo models.
+
+Goal (issue 4): DPOS and m-ETF plan a 30k-node graph in under 10 s.
+
+    ./run.sh bench bench/scaling.py                  # both parts
+    python bench/scaling.py --part sizes             # plan time at 1k / 10k / 30k / 100k nodes
+    python bench/scaling.py --part zoo               # OS-DPOS vs DPOS and data parallelism
+
+``sizes`` times ``placer.place`` (the algorithm, then the plan's validation
+by the reference simulator) for every list-scheduling algorithm on generated
+training graphs (``placer.generate.training_graph``, 3 parallel branches per
+block, small tensors so that every size fits) on ``4xV100-nvlink``; an
+algorithm that takes longer than ``--budget`` seconds at one size is not run
+at the larger ones.
+
+``zoo`` captures convolutional zoo models (``placer.capture``, SGD), costs
+them with the analytic roofline (``placer.cost.analytic.annotate``), and
+compares on 1, 2 and 4 V100s with the global batch fixed (strong scaling):
+one device, DPOS, data parallelism, OS-DPOS (from the data-parallel graph,
+as the paper) and OS-DPOS started from the model's own graph.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import time
+
+import numpy as np
+
+from placer import load_cluster, place
+from placer.cluster import Cluster
+from placer.errors import InfeasibleError
+from placer.generate import training_graph
+
+SIZES = {"1k": 67, "10k": 667, "30k": 2000, "100k": 6667}     # blocks of 3 branches: 15 nodes each
+ALGORITHMS = ["m_topo", "m_etf", "m_sct", "heft", "dpos", "data_parallel", "os_dpos"]
+ZOO = [("vgg19", 64), ("resnet50", 32), ("inception_v3", 32)]
+
+
+def sizes(budget: float) -> None:
+    cluster = load_cluster("4xV100-nvlink")
+    print(f"plan time (placer.place: algorithm + validation), {cluster.name}; load average {os.getloadavg()[0]:.1f}")
+    print(f"{'nodes':>7} {'edges':>7} " + " ".join(f"{name:>17}" for name in ALGORITHMS))
+    slow: set[str] = set()
+    for label, layers in SIZES.items():
+        graph = training_graph(layers=layers, branches=3, seed=0, param_mib=0.2, activation_mib=0.2)
+        cells = []
+        for name in ALGORITHMS:
+            if name in slow:
+                cells.append("skipped")
+                continue
+            # os_dpos searches for splits until its time limit; the graphs here have none to split.
+            options = {"time_limit": budget} if name in ("m_sct", "os_dpos") else {}
+            began, cpu = time.perf_counter(), time.process_time()
+            try:
+                plan = place(graph, cluster, name, **options)
+                cell = (f"{time.process_time() - cpu:.1f}/{time.perf_counter() - began:.1f}"
+                        f" ({plan.predicted['makespan_s'] * 1e3:.0f}ms)")
+            except InfeasibleError:
+                cell = "infeasible"
+            if time.perf_counter() - began > budget:
+                slow.add(name)
+            cells.append(cell)
+        print(f"{graph.num_nodes:>7} {graph.num_edges:>7} " + " ".join(f"{c:>17}" for c in cells), flush=True)
+    print("cells: CPU seconds / wall seconds to plan (the plan's simulated step time); "
+          "'skipped': over the budget at a smaller size")
+
+
+def zoo(time_limit: float) -> None:
+    from placer.capture import capture_spec
+    from placer.cost.analytic import annotate
+
+    two = load_cluster("2xV100-nvlink")
+    one_v100 = Cluster("1xV100", two.devices[:1], [])
+    rows = [("single", {}), ("dpos", {}), ("data_parallel", {}), ("os_dpos", {"time_limit": time_limit}),
+            ("os_dpos", {"time_limit": time_limit, "data_parallel_start": False})]
+    labels = ["single", "dpos", "data_parallel", "os_dpos", "os_dpos(own)"]
+    print("simulated step time in ms (splits made by OS-DPOS); global batch fixed (strong scaling)")
+    print(f"{'model':>22} {'cluster':>14} " + " ".join(f"{label:>14}" for label in labels)
+          + f" {'os_dpos vs dpos':>16} {'vs data_par.':>13}")
+    for model, batch in ZOO:
+        graph = annotate(capture_spec(f"zoo:{model}", batch, optimizer="sgd", fake=True).graph)
+        for cluster in (one_v100, load_cluster("2xV100-nvlink"), load_cluster("4xV100-nvlink")):
+            cells, spans = [], {}
+            for label, (name, options) in zip(labels, rows):
+                try:
+                    plan = place(graph, cluster, name, **options)
+                except InfeasibleError:
+                    cells.append("infeasible")
+                    continue
+                spans[label] = plan.predicted["makespan_s"]
+                extra = f"({len(plan.splits)})" if name == "os_dpos" else ""
+                cells.append(f"{spans[label] * 1e3:.1f}{extra}")
+            gain = lambda other: (f"{(1 - spans['os_dpos'] / spans[other]) * 100:+.1f}%"
+                                  if "os_dpos" in spans and other in spans else "-")
+            print(f"{graph.name:>22} {cluster.name:>14} " + " ".join(f"{c:>14}" for c in cells)
+                  + f" {gain('dpos'):>16} {gain('data_parallel'):>13}", flush=True)
+    print("gain columns: how much faster OS-DPOS's step is than DPOS's and than data parallelism's")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--part", choices=("sizes", "zoo", "all"), default="all")
+    parser.add_argument("--budget", type=float, default=120.0,
+                        help="seconds an algorithm may take at one size before larger sizes are skipped")
+    parser.add_argument("--time-limit", type=float, default=20.0, help="OS-DPOS's search time on the zoo models")
+    args = parser.parse_args()
+    print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}")
+    if args.part in ("sizes", "all"):
+        sizes(args.budget)
+    if args.part in ("zoo", "all"):
+        zoo(args.time_limit)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,342 @@
+"""Baechi's memory-constrained placers: m-TOPO, m-ETF and m-SCT.
+
+Jeon et al., "Baechi: fast device placement of machine learning graphs",
+ACM SoCC 2020, Section 4 (the facts of its public code are in
+``shared/notes/baechi.md``). All three place colocation groups whole (the
+first member scheduled fixes the group's device), never exceed a device's
+memory budget, and emit the per-device order of their schedule.
+"""
+
+from __future__ import annotations
+
+import heapq
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError, OptionError
+from ..graph import OpGraph
+from ..plan import Plan
+from .list_scheduling import (Schedule, ScheduleState, edge_transfer_times, plan_from_schedule,
+                              schedule_with_memory_retries)
+from .registry import register
+
+__all__ = ["m_topo", "m_etf", "m_sct", "m_topo_schedule", "etf_schedule", "favourite_children"]
+
+
+def _position(graph: OpGraph) -> np.ndarray:
+    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position[graph.topological_order] = np.arange(graph.num_nodes)
+    return position
+
+
+def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0) -> Schedule:
+    """m-TOPO under a memory budget ratio: topological order, devices filled one after another.
+
+    Each device's share is the total budgeted need over the number of devices
+    plus the largest unit's need (capped at its own budget when the devices'
+    memories differ). A unit that the current device may not run or cannot
+    hold goes to the next device that can, else to any device with room
+    (beyond its share, within its budget).
+    Every node starts as early as its device and inputs allow, in
+    topological order on its device.
+    """
+    state = ScheduleState(graph, cluster, ratio, insertion=False)
+    n_dev = cluster.num_devices
+    capacity = state.budget.capacity
+    total = float(sum(state.unit_need))
+    share = np.full(n_dev, total / n_dev + max(state.unit_need, default=0.0))
+    if np.unique(capacity).size > 1:
+        share = capacity.copy()
+    share = np.minimum(share, capacity)
+    current = 0
+    for v in graph.topological_order.tolist():
+        unit = state.unit_of[v]
+        d = state.unit_device[unit]
+        if d < 0:
+            need = state.unit_need[unit]
+            fits = [state.unit_ok[unit][j] and state.budget.used[j] + need <= share[j] for j in range(n_dev)]
+            ahead = ([j for j in range(current, n_dev) if fits[j]] or [j for j in range(n_dev) if fits[j]]
+                     or [j for j in range(n_dev) if state.unit_ok[unit][j] and state.budget.fits(j, need)])
+            if not ahead:
+                raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory")
+            d = ahead[0]
+            if state.unit_ok[unit][current] and d > current:
+                current = d
+        state.commit(v, d, state.estimate(v, d))
+    return state.schedule()
+
+
+def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
+                 favourite: np.ndarray | None = None) -> Schedule:
+    """Earliest-time-first list scheduling (m-ETF), or m-SCT when ``favourite`` children are given.
+
+    Repeatedly, among every ready node and every device that may take it,
+    the pair with the smallest start time ``max(device free, data ready)``
+    is scheduled (ties: lower topological index, then lower device index).
+
+    With ``favourite`` (the favourite child of every node, -1 for none), a
+    favourite child that becomes ready while its parent is still the last
+    node on the parent's device goes to that device, and the device waits
+    for it: other nodes use it only when it is the only device they may use.
+
+    Ready nodes keep their best (start, device) in a heap and are re-evaluated
+    lazily when the device they chose has changed since, which keeps the
+    whole schedule at O(V log V * devices) estimates.
+    """
+    state = ScheduleState(graph, cluster, ratio, insertion=False)
+    n = graph.num_nodes
+    position = _position(graph).tolist()
+    pending = np.bincount(graph.dst, minlength=n).tolist()
+    ptr, eids = graph.out_edges
+    # One entry per edge (parallel edges included) so that `pending` reaches zero.
+    succ = [sorted(graph.dst[eids[ptr[v]:ptr[v + 1]]].tolist()) for v in range(n)]
+    fav_child = [-1] * n if favourite is None else favourite.tolist()
+    fav_parent = [-1] * n
+    for u, v in enumerate(fav_child):
+        if v >= 0:
+            fav_parent[v] = u
+    reserved_for = [-1] * cluster.num_devices
+    heap: list[tuple[float, int, int, int, int]] = []
+    cache: dict = {}
+
+    def parent_device(v: int) -> int:
+        """The device of v's favourite parent while that parent is still the last node there, else -1."""
+        u = fav_parent[v]
+        if u < 0:
+            return -1
+        d = state.device_of[u]
+        return d if d >= 0 and state.devices[d].last_item() == u else -1
+
+    def candidates(v: int) -> list[int]:
+        devices = state.devices_for(v)
+        home = parent_device(v)
+        if home in devices:
+            return [home]
+        free = [d for d in devices if reserved_for[d] < 0]
+        return free or devices
+
+    def push(v: int) -> None:
+        d, est = state.best_device(v, candidates(v), key=0, cache=cache)
+        heapq.heappush(heap, (est[0], position[v], v, d, state.version[d]))
+
+    def become_ready(v: int) -> None:
+        home = parent_device(v)
+        if home >= 0 and home in state.devices_for(v):
+            reserved_for[home] = v
+            state.version[home] += 1
+        push(v)
+
+    for v in range(n):
+        if pending[v] == 0:
+            become_ready(v)
+    done = 0
+    while heap:
+        _, _, v, d, version = heapq.heappop(heap)
+        if state.device_of[v] >= 0:
+            continue
+        fixed = state.unit_device[state.unit_of[v]]
+        if version != state.version[d] or (fixed >= 0 and fixed != d):
+            push(v)
+            continue
+        state.commit(v, d, cache[(v, d)][1])
+        if reserved_for[d] == v:
+            reserved_for[d] = -1
+        done += 1
+        for w in succ[v]:
+            pending[w] -= 1
+            if pending[w] == 0:
+                become_ready(w)
+    assert done == n
+    return state.schedule()
+
+
+def favourite_children(graph: OpGraph, cluster: Cluster, theta: float = 0.1,
+                       time_limit: float | None = None) -> np.ndarray:
+    """m-SCT's favourite child of every node (-1 for none), from the LP relaxation of Baechi Sec. 4.3.
+
+    Variables: ``x_e`` in [0, 1] per edge (1 = its transfer is paid), start
+    times ``s_i >= 0`` and the makespan ``w``. Constraints:
+    ``s_i + p_i + c_e x_e <= s_j`` per edge, ``sum_j x_ij >= outdeg(i) - 1``
+    and ``sum_i x_ij >= indeg(j) - 1`` (at most one favourite child and one
+    favourite parent), ``s_i + p_i <= w``; minimise ``w``. Times are means
+    over the devices and device pairs. An edge whose ``x_e`` rounds to 0
+    (``x_e < theta``) may be a favourite; each node keeps the one with the
+    smallest ``x_e`` whose child has no favourite parent yet. Solved with
+    HiGHS (scipy); if it stops without a solution, no node has a favourite.
+    """
+    from scipy.optimize import linprog
+    from scipy.sparse import coo_matrix
+
+    n, m = graph.num_nodes, graph.num_edges
+    favourite = np.full(n, -1, dtype=np.int64)
+    if m == 0:
+        return favourite
+    dur = graph.durations(cluster)
+    allowed = graph.allowed(cluster)
+    p = np.where(allowed, dur, 0.0).sum(axis=1) / np.maximum(allowed.sum(axis=1), 1)
+    c = edge_transfer_times(graph, cluster, "mean")
+    # Variable layout: x_0..x_{m-1}, s_0..s_{n-1}, w.
+    rows, cols, vals, rhs = [], [], [], []
+    e = np.arange(m)
+    rows += [e, e, e]
+    cols += [e, m + graph.src, m + graph.dst]
+    vals += [c, np.ones(m), -np.ones(m)]
+    rhs.append(-p[graph.src])
+    row = m
+    for ends, ids in ((graph.src, graph.out_edges), (graph.dst, graph.in_edges)):
+        degree = np.bincount(ends, minlength=n)
+        busy = np.flatnonzero(degree >= 2)
+        row_of = np.full(n, -1)
+        row_of[busy] = row + np.arange(busy.size)
+        sel = np.flatnonzero(degree[ends] >= 2)
+        rows.append(row_of[ends[sel]])
+        cols.append(sel)
+        vals.append(-np.ones(sel.size))
+        rhs.append(-(degree[busy] - 1.0))
+        row += busy.size
+    sinks = np.flatnonzero(np.bincount(graph.src, minlength=n) == 0)
+    r = row + np.arange(sinks.size)
+    rows += [r, r]
+    cols += [m + sinks, np.full(sinks.size, m + n)]
+    vals += [np.ones(sinks.size), -np.ones(sinks.size)]
+    rhs.append(-p[sinks])
+    row += sinks.size
+    a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
+                      shape=(row, m + n + 1)).tocsr()
+    objective = np.zeros(m + n + 1)
+    objective[-1] = 1.0
+    bounds = np.array([(0.0, 1.0)] * m + [(0.0, None)] * (n + 1), dtype=object)
+    options = {} if time_limit is None else {"time_limit": float(time_limit)}
+    result = linprog(objective, A_ub=a_ub, b_ub=np.concatenate(rhs), bounds=bounds.tolist(),
+                     method="highs", options=options)
+    if result.x is None:
+        return favourite
+    x = result.x[:m]
+    candidate = np.flatnonzero(x < theta)
+    has_parent = np.zeros(n, dtype=bool)
+    # Smallest x first, ties by edge index: each node keeps its best favourite edge.
+    for k in candidate[np.lexsort((candidate, x[candidate]))].tolist():
+        u, v = int(graph.src[k]), int(graph.dst[k])
+        if favourite[u] < 0 and not has_parent[v]:
+            favourite[u] = v
+            has_parent[v] = True
+    return favourite
+
+
+_REFERENCE = """
+    References
+    ----------
+    B. Jeon, L. Cai, P. Srivastava, J. Jiang, X. Ke, Y. Meng, C. Xie, I. Gupta,
+    "Baechi: fast device placement of machine learning graphs", ACM SoCC 2020,
+    Section 4 ({section}).
+"""
+
+
+@register("m_topo")
+def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+    """Baechi's m-TOPO: topological order, each device filled to its memory share before the next.
+
+    Parameters
+    ----------
+    graph, cluster
+    seed, time_limit : ignored (deterministic, one pass)
+
+    Returns
+    -------
+    Plan
+        Placement and each device's nodes in topological order.
+
+    Raises
+    ------
+    InfeasibleError
+        If a unit fits no device's remaining share or the result does not fit
+        under the reference model.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> sorted(set(m_topo(training_graph(layers=2), load_cluster("2xV100-nvlink")).placement.values()))
+    ['gpu0', 'gpu1']
+    """
+    sched = schedule_with_memory_retries(lambda ratio: m_topo_schedule(graph, cluster, ratio), graph, cluster, "m_topo")
+    return plan_from_schedule(graph, cluster, sched)
+
+
+@register("m_etf")
+def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+    """Baechi's m-ETF: earliest-time-first list scheduling within each device's memory.
+
+    Parameters
+    ----------
+    graph, cluster
+    seed, time_limit : ignored (deterministic, one pass)
+
+    Returns
+    -------
+    Plan
+        Placement and the per-device order of the ETF schedule.
+
+    Raises
+    ------
+    InfeasibleError
+        If a node fits no device's remaining budget or the result does not
+        fit under the reference model.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> len(m_etf(training_graph(layers=2), load_cluster("2xV100-nvlink")).placement)
+    24
+    """
+    sched = schedule_with_memory_retries(lambda ratio: etf_schedule(graph, cluster, ratio), graph, cluster, "m_etf")
+    return plan_from_schedule(graph, cluster, sched)
+
+
+@register("m_sct")
+def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+          theta: float = 0.1) -> Plan:
+    """Baechi's m-SCT: m-ETF that keeps each LP-chosen favourite child on its parent's device.
+
+    Parameters
+    ----------
+    graph, cluster
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        Seconds the LP solver may take; if it stops without a solution the
+        schedule is m-ETF's.
+    theta : float
+        Rounding threshold in (0, 1): an edge whose LP value is below it may
+        be a favourite (Baechi's driver uses 0.1).
+
+    Returns
+    -------
+    Plan
+
+    Raises
+    ------
+    OptionError
+        If ``theta`` is not in (0, 1).
+    InfeasibleError
+        As :func:`m_etf`.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> len(m_sct(training_graph(layers=2), load_cluster("2xV100-nvlink")).placement)
+    24
+    """
+    if not 0 < theta < 1:
+        raise OptionError(f"option theta of 'm_sct' must be in (0, 1), got {theta!r}")
+    favourite = favourite_children(graph, cluster, theta, time_limit)
+    sched = schedule_with_memory_retries(lambda ratio: etf_schedule(graph, cluster, ratio, favourite),
+                                         graph, cluster, "m_sct")
+    return plan_from_schedule(graph, cluster, sched)
+
+
+m_topo.__doc__ += _REFERENCE.format(section="4.1, m-TOPO")
+m_etf.__doc__ += _REFERENCE.format(section="4.2, m-ETF")
+m_sct.__doc__ += _REFERENCE.format(section="4.3, m-SCT")

@@ -1,0 +1,92 @@
+"""Data parallelism, FastT's main baseline: a replica per device, 1/n of the batch each, ring all-reduce."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError
+from ..graph import OpGraph
+from ..plan import Plan
+from ..sim.simulator import simulate
+from ..transform.replicate import DataParallelGraph, data_parallel_graph
+from .registry import register
+
+__all__ = ["data_parallel", "replica_devices", "data_parallel_schedule"]
+
+
+def replica_devices(graph: OpGraph, cluster: Cluster) -> list[int]:
+    """Devices that may run every node of the step (device kinds), in cluster order."""
+    allowed = graph.allowed(cluster)
+    return np.flatnonzero(allowed.all(axis=0)).tolist() if graph.num_nodes else list(range(cluster.num_devices))
+
+
+def data_parallel_schedule(graph: OpGraph, cluster: Cluster) -> tuple[DataParallelGraph, np.ndarray, list[np.ndarray]]:
+    """The data-parallel graph over every device that may hold a replica, its placement and order.
+
+    Replica ``k`` (with its all-reduce steps) goes to the ``k``-th such device;
+    each device runs its nodes in the order the reference model's
+    earliest-ready rule gives, which the plan then fixes.
+
+    Raises
+    ------
+    InfeasibleError
+        If no device may run every node, or a replica does not fit one device.
+    """
+    devices = replica_devices(graph, cluster)
+    if not devices:
+        raise InfeasibleError("data_parallel: no device may run every node of the step (device kinds)")
+    dp = data_parallel_graph(graph, len(devices))
+    device_of = np.asarray(devices, dtype=np.int64)[dp.replica]
+    result = simulate(dp.graph, cluster, device_of, check=False)
+    if not result.fits:
+        j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
+        raise InfeasibleError(
+            f"data_parallel: a replica on 1/{len(devices)} of the batch does not fit one device: "
+            f"{cluster.devices[j].name!r} would need {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
+            f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+    return dp, device_of, result.device_orders()
+
+
+@register("data_parallel")
+def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+    """Data parallelism: every device runs a replica on 1/n of the batch; gradients are ring all-reduced.
+
+    The plan places the data-parallel graph (:func:`~placer.transform.replicate.data_parallel_graph`,
+    strong scaling: the global batch stays fixed), which it carries as
+    ``rewritten_graph``. The all-reduce's transfers travel on the cluster's
+    channels, so its congestion counts. Devices whose kind some node may not
+    use hold no replica.
+
+    Parameters
+    ----------
+    graph, cluster
+    seed, time_limit : ignored (deterministic, immediate)
+
+    Returns
+    -------
+    Plan
+        Placement and order of the replicated graph; ``extra["replicas"]`` is their number.
+
+    Raises
+    ------
+    InfeasibleError
+        If no device may run every node, or a replica does not fit one device
+        (data parallelism needs the whole model on every device).
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> plan = data_parallel(training_graph(layers=2), load_cluster("2xV100-nvlink"))
+    >>> plan.extra["replicas"], len(plan.placement) > 2 * 24
+    (2, True)
+
+    References
+    ----------
+    Yi et al., FastT, CoNEXT 2020, Section 6 (data parallelism as the baseline,
+    Table 1 under strong scaling); Li et al., PyTorch Distributed, VLDB 2020.
+    """
+    dp, device_of, orders = data_parallel_schedule(graph, cluster)
+    return Plan.from_arrays(graph, cluster, device_of, orders, placed_graph=dp.graph,
+                            extra={"replicas": int(dp.replica.max(initial=0)) + 1})

@@ -1,0 +1,294 @@
+"""FastT's list schedulers: DPOS (Algorithm 1) and OS-DPOS with operation splitting (Algorithm 2).
+
+Yi et al., "Optimizing distributed training deployment in heterogeneous GPU
+clusters" (FastT), CoNEXT 2020, Section 5.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError, OptionError
+from ..graph import OpGraph
+from ..plan import Plan
+from ..sim.simulator import simulate
+from .list_scheduling import (Schedule, ScheduleState, plan_from_schedule, priority_order,
+                              schedule_with_memory_retries, upward_ranks)
+from .registry import register
+
+__all__ = ["dpos", "os_dpos", "dpos_schedule", "critical_path"]
+
+
+def critical_path(graph: OpGraph, rank: np.ndarray) -> list[int]:
+    """FastT's critical path: the entry node of largest rank, then repeatedly the successor of largest rank.
+
+    Ties go to the node listed first in the graph.
+    """
+    if graph.num_nodes == 0:
+        return []
+    sources = np.flatnonzero(np.bincount(graph.dst, minlength=graph.num_nodes) == 0)
+    node = int(sources[np.argmax(rank[sources])])
+    path = [node]
+    while True:
+        succ = np.unique(graph.successors(node))
+        if succ.size == 0:
+            return path
+        node = int(succ[np.argmax(rank[succ])])
+        path.append(node)
+
+
+def _critical_path_device(state: ScheduleState, remaining: list[int]) -> int:
+    """The device on which the remaining critical-path nodes that fit its memory run fastest on average.
+
+    For every device, critical-path nodes are taken in path order while their
+    units fit the device's remaining budget (FastT Sec. 5.1); the device with
+    the smallest average time over those wins (ties: more nodes, then lower index).
+    Returns -1 if no device can take any of them.
+    """
+    best, best_key = -1, None
+    budget = state.budget
+    for d in range(state.cluster.num_devices):
+        room = budget.capacity[d] - budget.used[d]
+        seen: set[int] = set()
+        total, count = 0.0, 0
+        for v in remaining:
+            unit = state.unit_of[v]
+            fixed = state.unit_device[unit]
+            if fixed >= 0 and fixed != d or not state.unit_ok[unit][d]:
+                continue
+            if fixed < 0 and unit not in seen:
+                if state.unit_need[unit] > room:
+                    break
+                room -= state.unit_need[unit]
+                seen.add(unit)
+            total += state.dur[v][d]
+            count += 1
+        if count == 0:
+            continue
+        key = (total / count, -count, d)
+        if best_key is None or key < best_key:
+            best, best_key = d, key
+    return best
+
+
+def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: np.ndarray | None = None) -> Schedule:
+    """DPOS (FastT Algorithm 1) under a memory budget ratio.
+
+    Priorities are upward ranks with each node's largest time over its
+    devices and each edge's largest transfer time (line 3). Critical-path
+    nodes go to the critical-path device (lines 5, 9-10), moving to another
+    one when its memory is full; every other node goes where its
+    insertion-based earliest finish time is smallest among the devices with
+    room (lines 12-19). The per-device order is the start-time order (line 23).
+
+    ``fixed`` (a device per node, -1 where free) is the strategy ``S`` that
+    Algorithm 2 hands to DPOS: nodes with a device keep it where they may,
+    and only the others are placed.
+    """
+    rank = upward_ranks(graph, cluster, "max")
+    state = ScheduleState(graph, cluster, ratio, insertion=True)
+    path = critical_path(graph, rank)
+    on_path = np.zeros(graph.num_nodes, dtype=bool)
+    on_path[path] = True
+    position = {v: k for k, v in enumerate(path)}
+    cp_device = _critical_path_device(state, path)
+    keep = None if fixed is None else fixed.tolist()
+    for v in priority_order(graph, rank).tolist():
+        devices = state.devices_for(v)
+        if keep is not None and keep[v] in devices:
+            devices = [keep[v]]
+        if on_path[v] and len(devices) > 1:
+            if cp_device not in devices:
+                cp_device = _critical_path_device(state, path[position[v]:])
+            if cp_device in devices:
+                devices = [cp_device]
+        d, est = state.best_device(v, devices)
+        state.commit(v, d, est)
+    return state.schedule()
+
+
+@register("dpos")
+def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+    """FastT's DPOS: rank_u priorities, a critical-path device, insertion-based earliest finish elsewhere.
+
+    Parameters
+    ----------
+    graph, cluster
+    seed, time_limit : ignored (DPOS is deterministic and runs in one pass)
+
+    Returns
+    -------
+    Plan
+        Placement and the per-device execution order of the DPOS schedule.
+
+    Raises
+    ------
+    InfeasibleError
+        If some node fits no device's remaining memory budget, or the
+        schedule does not fit under the reference model even with the most
+        conservative budget.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> plan = dpos(training_graph(layers=2), load_cluster("2xV100-nvlink"))
+    >>> len(plan.placement)
+    24
+
+    References
+    ----------
+    Yi et al., FastT, CoNEXT 2020, Section 5.1, Algorithm 1 (DPOS).
+    """
+    sched = schedule_with_memory_retries(lambda ratio: dpos_schedule(graph, cluster, ratio), graph, cluster, "dpos")
+    return plan_from_schedule(graph, cluster, sched)
+
+
+#: Seconds OS-DPOS searches for splits when no time limit is given.
+DEFAULT_SEARCH_S = 30.0
+
+
+def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = None) -> Schedule | None:
+    """DPOS's schedule that fits under the reference model, with its simulation; None if it finds none."""
+    try:
+        return schedule_with_memory_retries(lambda ratio: dpos_schedule(graph, cluster, ratio, fixed),
+                                            graph, cluster, "os_dpos")
+    except InfeasibleError:
+        return None
+
+
+def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool) -> tuple[OpGraph, Schedule]:
+    """Algorithm 2's input graph and strategy (line 3).
+
+    A model that fits one device starts from the data-parallel graph (FastT
+    Sec. 5.2), with data parallelism itself as the starting deployment or
+    DPOS's schedule of that graph, whichever is faster; DPOS's schedule of
+    the model's own graph competes too, so that OS-DPOS never does worse
+    than DPOS. A model that does not fit starts from its own graph.
+    """
+    from .data_parallel import data_parallel_schedule
+
+    starts: list[tuple[OpGraph, Schedule]] = []
+    own = _dpos_fitting(graph, cluster)
+    if own is not None:
+        starts.append((graph, own))
+    if data_parallel_start and cluster.num_devices > 1:
+        try:
+            dp, device_of, orders = data_parallel_schedule(graph, cluster)
+        except InfeasibleError:
+            pass
+        else:
+            result = simulate(dp.graph, cluster, device_of, orders, check=False)
+            starts.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, result)))
+            scheduled = _dpos_fitting(dp.graph, cluster)
+            if scheduled is not None:
+                starts.append((dp.graph, scheduled))
+    if not starts:
+        raise InfeasibleError("os_dpos: DPOS found no schedule that fits the devices' memory")
+    return min(starts, key=lambda start: start[1].simulated.makespan_s)
+
+
+def _split_candidates(graph: OpGraph, sched: Schedule) -> list[int]:
+    """Splittable nodes on the critical path of the simulated schedule, longest compute first (Alg. 2 lines 4-5)."""
+    from ..transform.split import split_dims
+    from .auto import critical_path_nodes
+
+    result = sched.simulated
+    path = critical_path_nodes(result).tolist()
+    duration = result.finish - result.start
+    splittable = [v for v in path if split_dims(graph, v)]
+    return sorted(splittable, key=lambda v: (-duration[v], v))
+
+
+@register("os_dpos")
+def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+            max_parts: int = 0, data_parallel_start: bool = True) -> Plan:
+    """FastT's OS-DPOS: DPOS, then split critical-path operations while the simulated step gets faster.
+
+    Starting from DPOS's schedule (or data parallelism, when the model fits
+    one device: see ``data_parallel_start``), the operations on the schedule's critical
+    path are taken in decreasing compute time; each splittable one is tried
+    split along each dimension it allows into n = 2 .. devices parts
+    (:func:`~placer.transform.split.split_operation`), every trial
+    scheduled by DPOS both afresh and keeping the current strategy for the
+    nodes the split leaves alone; the fastest trial is kept if the reference
+    simulation of the step gets faster, and the search stops at the first
+    operation whose best split does not help (Algorithm 2).
+
+    Parameters
+    ----------
+    graph, cluster
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        Seconds to search for splits (30 s when not given); the best plan so
+        far is returned when it runs out.
+    max_parts : int
+        Largest number of parts to try (0: the number of devices).
+    data_parallel_start : bool
+        When every replica fits one device, start from the data-parallel
+        graph as the paper does (data parallelism or DPOS's schedule of it),
+        unless DPOS's schedule of the model's own graph is faster already;
+        with false, always from the model's own graph.
+
+    Returns
+    -------
+    Plan
+        ``splits`` lists ``{"node", "dim", "parts"}`` in the order they were
+        made (a node named in the graph it was split from, which may be the
+        data-parallel graph or an earlier split's result), and
+        ``rewritten_graph`` is the graph placed.
+
+    Raises
+    ------
+    OptionError
+        If ``max_parts`` is negative or 1.
+    InfeasibleError
+        If DPOS finds no schedule that fits memory.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> g = OpGraph(["x", "conv"], [0.0, 8.0], [0], [1], [800], op=["placeholder", "aten.convolution"],
+    ...             output_bytes=[800, 400], splittable=[None, [{"dim": "batch", "size": 8}]])
+    >>> plan = os_dpos(g, load_cluster("2xV100-nvlink"), data_parallel_start=False)
+    >>> plan.splits, plan.rewritten_graph.ids
+    ([{'node': 'conv', 'dim': 'batch', 'parts': 2}], ['x', 'conv@split0', 'conv@part0', 'conv@part1'])
+
+    References
+    ----------
+    Yi et al., FastT, CoNEXT 2020, Section 5.2, Algorithm 2 (OS-DPOS).
+    """
+    from ..transform.split import split_dims, split_operation
+
+    if max_parts < 0 or max_parts == 1:
+        raise OptionError(f"option max_parts of 'os_dpos' must be 0 (the number of devices) or >= 2, got {max_parts!r}")
+    deadline = time.perf_counter() + (DEFAULT_SEARCH_S if time_limit is None else time_limit)
+    top_parts = max_parts or cluster.num_devices
+    current, sched = _start(graph, cluster, data_parallel_start)
+    splits: list[dict] = []
+    for v in [current.ids[v] for v in _split_candidates(current, sched)]:
+        if time.perf_counter() >= deadline:
+            break
+        x = current.index.get(v)
+        if x is None:
+            continue
+        best: tuple[OpGraph, Schedule, dict] | None = None
+        for dim, size in sorted(split_dims(current, x).items()):
+            for parts in range(2, min(top_parts, size) + 1):
+                trial = split_operation(current, v, dim, parts)
+                keep = np.array([sched.device_of[current.index[i]] if i in current.index else -1 for i in trial.ids])
+                for candidate in (_dpos_fitting(trial, cluster), _dpos_fitting(trial, cluster, keep)):
+                    if candidate is not None and (best is None or candidate.simulated.makespan_s
+                                                  < best[1].simulated.makespan_s):
+                        best = (trial, candidate, {"node": v, "dim": dim, "parts": parts})
+                if time.perf_counter() >= deadline:
+                    break
+        if best is None or best[1].simulated.makespan_s >= sched.simulated.makespan_s:
+            break
+        current, sched = best[0], best[1]
+        splits.append(best[2])
+    placed = None if current is graph else current
+    return Plan.from_arrays(graph, cluster, sched.device_of, sched.orders, placed_graph=placed, splits=splits)

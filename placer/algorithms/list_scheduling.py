@@ -1,0 +1,486 @@
+"""Machinery shared by the list schedulers (HEFT, DPOS, Baechi's m-ETF, m-TOPO, m-SCT).
+
+A list scheduler places operations one at a time and books each on a device
+timeline. :class:`ScheduleState` keeps everything such a scheduler needs to
+know about the partial schedule, in the terms of the reference model
+(FORMATS.md):
+
+- one timeline per device; an operation takes the earliest idle slot after
+  its inputs arrive that is long enough (insertion-based, HEFT's and DPOS's
+  rule), or the end of the timeline (append, ETF's rule);
+- one timeline per *channel*: a tensor sent to another device is one
+  transfer per (producer, tensor, destination device), booked on the
+  channel of that pair in its earliest idle window after the producer
+  finishes, so transfers that share a channel do not overlap, and a tensor
+  already sent to a device is reused there;
+- placement units (colocation groups) whose first scheduled member fixes
+  the device of the whole group, kinds a unit may not use, and a per-device
+  memory budget in scaled static-footprint bytes (:class:`MemoryBudget`).
+
+The per-device order is the order of each timeline. Without channel
+contention the start times a scheduler predicts are exactly those the
+reference simulator measures when it runs that order; where several
+transfers queue for one channel, the simulator's first-come-first-served
+channels may differ from the booking, and :func:`~placer.algorithms.registry.place`
+reports the simulator's figures.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError
+from ..graph import OpGraph
+from ..paths import bottom_levels
+from ..plan import Plan
+from ..sim.simulator import SimResult, simulate
+from .common import MemoryBudget, liveness_ratio, placement_units, unit_allowed
+
+__all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline",
+           "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "ResidentMemoryBudget"]
+
+
+@dataclass
+class Schedule:
+    """A list schedule: placement, per-device order and the times the scheduler predicts.
+
+    Attributes
+    ----------
+    device_of : ndarray of int
+        Device index per node.
+    orders : list of ndarray
+        Per device, node indices in the order that device runs them.
+    start, finish : ndarray of float
+        Predicted start and finish time of every node.
+    """
+
+    device_of: np.ndarray
+    orders: list[np.ndarray]
+    start: np.ndarray
+    finish: np.ndarray
+    #: The reference simulation of the schedule, once :func:`schedule_with_memory_retries` ran it.
+    simulated: SimResult | None = None
+
+    @property
+    def makespan_s(self) -> float:
+        return float(self.finish.max()) if self.finish.size else 0.0
+
+
+class Timeline:
+    """Busy intervals of one device or channel, in time order, that find the earliest idle gap fast.
+
+    Intervals are kept in blocks of a few dozen; each block knows the longest
+    idle gap before any of its intervals, so a search for a gap of a given
+    length skips whole blocks instead of walking every interval (list
+    schedulers book out of time order, and graphs of 100k nodes leave long
+    timelines).
+
+    Examples
+    --------
+    >>> t = Timeline()
+    >>> t.book(*t.find(0.0, 2.0, insertion=True), 2.0, "a")
+    >>> t.book(*t.find(5.0, 4.0, insertion=True), 4.0, "b")
+    >>> t.find(1.0, 3.0, insertion=True)[0], t.find(1.0, 3.0, insertion=False)[0]
+    (2.0, 9.0)
+    >>> t.items()
+    ['a', 'b']
+    """
+
+    BLOCK = 64
+
+    def __init__(self) -> None:
+        self.starts: list[list[float]] = [[]]
+        self.finishes: list[list[float]] = [[]]
+        self.payload: list[list] = [[]]
+        self.last = [float("-inf")]     # last finish of each block (non-decreasing)
+        self.widest = [0.0]             # longest gap before an interval of each block
+
+    def __len__(self) -> int:
+        return sum(len(f) for f in self.finishes)
+
+    def last_item(self):
+        """What the latest interval carries (None when empty)."""
+        return self.payload[-1][-1] if self.payload[-1] else None
+
+    def items(self) -> list:
+        """What every interval carries, in time order."""
+        return [x for block in self.payload for x in block]
+
+    def find(self, ready: float, length: float, insertion: bool) -> tuple[float, int, int]:
+        """Earliest start >= ``ready`` of a job of ``length``, and where it enters: ``(start, block, index)``.
+
+        With ``insertion`` the job may take an idle gap between booked
+        intervals; otherwise it goes after the last one. An interval that
+        finishes by ``ready`` stays before the job (so a zero-length
+        predecessor finishing at ``ready`` keeps its place).
+        """
+        last_b = len(self.finishes) - 1
+        end = (last_b, len(self.finishes[last_b]))
+        if not insertion or self.last[last_b] <= ready:
+            return max(ready, self.last[last_b]), *end
+        b = bisect_right(self.last, ready)
+        starts, finishes = self.starts[b], self.finishes[b]
+        k = bisect_right(finishes, ready)
+        if ready + length <= starts[k]:
+            return ready, b, k
+        for i in range(k + 1, len(starts)):
+            if finishes[i - 1] + length <= starts[i]:
+                return finishes[i - 1], b, i
+        for b in range(b + 1, last_b + 1):
+            # The margin covers rounding between `a + length <= b` and `b - a >= length`.
+            if self.widest[b] + 1e-9 >= length:
+                starts, finishes = self.starts[b], self.finishes[b]
+                if self.last[b - 1] + length <= starts[0]:
+                    return self.last[b - 1], b, 0
+                widest = starts[0] - self.last[b - 1]
+                for i in range(1, len(starts)):
+                    if finishes[i - 1] + length <= starts[i]:
+                        return finishes[i - 1], b, i
+                    widest = max(widest, starts[i] - finishes[i - 1])
+                self.widest[b] = widest   # bookings only shrink gaps: tighten the bound now that it is known
+        return self.last[last_b], *end
+
+    def book(self, begin: float, b: int, k: int, length: float, item=None) -> None:
+        """Book ``[begin, begin + length)`` at the place :meth:`find` returned."""
+        self.starts[b].insert(k, begin)
+        self.finishes[b].insert(k, begin + length)
+        self.payload[b].insert(k, item)
+        if len(self.starts[b]) > 2 * self.BLOCK:
+            half = self.BLOCK
+            for lists in (self.starts, self.finishes, self.payload):
+                lists.insert(b + 1, lists[b][half:])
+                del lists[b][half:]
+            self.last.insert(b + 1, 0.0)
+            self.widest.insert(b + 1, 0.0)
+            self._refresh(b)
+            self._refresh(b + 1)
+        # A booking only splits a gap, so every block's widest gap stays an upper bound.
+        self.last[b] = self.finishes[b][-1]
+
+    def _refresh(self, b: int) -> None:
+        starts, finishes = self.starts[b], self.finishes[b]
+        self.last[b] = finishes[-1] if finishes else float("-inf")
+        widest = starts[0] - (self.last[b - 1] if b > 0 else 0.0) if starts else 0.0
+        for i in range(1, len(starts)):
+            gap = starts[i] - finishes[i - 1]
+            if gap > widest:
+                widest = gap
+        self.widest[b] = widest
+
+
+def edge_transfer_times(graph: OpGraph, cluster: Cluster, reduce: str) -> np.ndarray:
+    """Per edge, the uncongested transfer time reduced over the ordered device pairs that have a channel.
+
+    ``reduce`` is ``"max"`` (DPOS's c_ij) or ``"mean"`` (HEFT's average c̄_ij).
+    Zero for a one-device cluster.
+    """
+    n_dev = cluster.num_devices
+    pairs = (cluster.channel_index >= 0) & ~np.eye(n_dev, dtype=bool)
+    if not pairs.any() or graph.num_edges == 0:
+        return np.zeros(graph.num_edges)
+    lat = cluster.latency[pairs]
+    inv_bw = cluster.inverse_bandwidth[pairs]
+    if reduce == "mean":
+        return lat.mean() + graph.edge_bytes * inv_bw.mean()
+    # The slowest pair for a given size: latency and bandwidth may come from different pairs.
+    times = lat[None, :] + graph.edge_bytes[:, None].astype(np.float64) * inv_bw[None, :]
+    return times.max(axis=1)
+
+
+def upward_ranks(graph: OpGraph, cluster: Cluster, reduce: str) -> np.ndarray:
+    """``rank_u(i) = w_i + max over successors (c_ij + rank_u(j))`` (HEFT eq. 6, FastT Sec. 5.1).
+
+    ``w_i`` and ``c_ij`` are the mean (HEFT) or the max (DPOS) of the node's
+    time over the devices it may use and of the edge's transfer time over the
+    device pairs.
+    """
+    dur = graph.durations(cluster)
+    allowed = graph.allowed(cluster)
+    if reduce == "mean":
+        w = np.where(allowed, dur, 0.0).sum(axis=1) / np.maximum(allowed.sum(axis=1), 1)
+    else:
+        w = np.where(allowed, dur, 0.0).max(axis=1, initial=0.0)
+    return bottom_levels(graph, w, edge_transfer_times(graph, cluster, reduce))
+
+
+def priority_order(graph: OpGraph, rank: np.ndarray) -> np.ndarray:
+    """Nodes by decreasing rank, ties in topological order: always a topological order.
+
+    A predecessor's upward rank is never below its successor's, so sorting by
+    decreasing rank with the topological position breaking ties respects every edge.
+    """
+    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position[graph.topological_order] = np.arange(graph.num_nodes)
+    return np.lexsort((position, -rank))
+
+
+class ResidentMemoryBudget(MemoryBudget):
+    """A memory budget that counts parameters whole and scales only what lives for part of the step.
+
+    A node reserves ``param_bytes + ratio * (output_bytes + temp_bytes)``:
+    parameters stay resident for the whole step under the reference model,
+    while outputs and workspaces come and go.
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float):
+        super().__init__(graph, cluster, ratio)
+        self.need = graph.param_bytes + ratio * (graph.output_bytes + graph.temp_bytes).astype(np.float64)
+
+
+class ScheduleState:
+    """A partial list schedule under the reference model's devices, channels and memory.
+
+    Parameters
+    ----------
+    graph, cluster
+    ratio : float
+        Memory budget ratio (:class:`ResidentMemoryBudget`): the share of a
+        node's output and workspace it reserves on its device, beside its parameters.
+    insertion : bool
+        Whether operations may take idle gaps between booked ones (HEFT, DPOS)
+        or only go at the end of a device's timeline (ETF).
+    contention : bool
+        Whether transfers on one channel exclude each other (the reference
+        model) or every transfer goes at once (the classic model of the
+        list-scheduling papers, used to reproduce their examples).
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float, *, insertion: bool,
+                 contention: bool = True):
+        self.graph = graph
+        self.cluster = cluster
+        self.insertion = insertion
+        self.contention = contention
+        n, n_dev = graph.num_nodes, cluster.num_devices
+        self.dur = graph.durations(cluster).tolist()
+        self.unit_of, self.units = placement_units(graph)
+        self.unit_ok: list[list[bool]] = unit_allowed(graph, cluster, self.units).tolist()
+        self.ratio = ratio
+        self.budget = ResidentMemoryBudget(graph, cluster, ratio)
+        self.unit_need = [self.budget.unit_need(u) for u in self.units]
+        self.unit_device = [-1] * len(self.units)
+        self.channel_of = cluster.channel_index.tolist()
+        self.ch_lat = [c.latency_s for c in cluster.channels]
+        self.ch_inv_bw = [1.0 / c.bandwidth_bytes_per_s for c in cluster.channels]
+        ptr, eids = graph.in_edges
+        src, tensor, nbytes = graph.src.tolist(), graph.edge_tensor.tolist(), graph.edge_bytes.tolist()
+        eids = eids.tolist()
+        # Inputs of each node as (producer, tensor, bytes); edges carrying the same tensor merge at their max.
+        self.inputs: list[list[tuple[int, int, int]]] = []
+        for v in range(n):
+            merged: dict[tuple[int, int], int] = {}
+            for e in eids[ptr[v]:ptr[v + 1]]:
+                key = (src[e], tensor[e])
+                merged[key] = max(merged.get(key, 0), nbytes[e])
+            self.inputs.append([(u, t, b) for (u, t), b in merged.items()])
+        # A colocation group reserves, with its first member, room for every tensor it
+        # receives from outside: the gradients an optimizer update bound to its parameters
+        # gets may come from anywhere.
+        self.grouped = [len(members) > 1 for members in self.units]
+        for unit, members in enumerate(self.units):
+            if self.grouped[unit]:
+                incoming = {(u, t): b for v in members.tolist() for u, t, b in self.inputs[v]
+                            if self.unit_of[u] != unit}
+                self.unit_need[unit] += ratio * sum(incoming.values())
+        #: Copies (producer, tensor, device) already in some device's budget.
+        self.budgeted: set[tuple[int, int, int]] = set()
+        self.device_of = [-1] * n
+        self.start = [0.0] * n
+        self.finish = [0.0] * n
+        self.devices = [Timeline() for _ in range(n_dev)]
+        self.channels = [Timeline() for _ in cluster.channels]
+        self.arrival: dict[tuple[int, int, int], float] = {}
+        #: Bumped whenever a device's timeline, incoming channels or budget change.
+        self.version = [0] * n_dev
+
+    # ------------------------------------------------------------ queries
+    def devices_for(self, v: int) -> list[int]:
+        """Devices node ``v`` may go to now: its unit's device once fixed, else the allowed ones with room."""
+        unit = self.unit_of[v]
+        fixed = self.unit_device[unit]
+        if fixed >= 0:
+            return [fixed]
+        need = self.unit_need[unit]
+        ok = self.unit_ok[unit]
+        return [d for d in range(self.cluster.num_devices) if ok[d] and self.budget.fits(d, need)]
+
+    def data_ready(self, v: int, d: int) -> tuple[float, list[tuple[int, int, float, float, int]]]:
+        """When every input of ``v`` is on device ``d``, and the transfers that would be booked for it.
+
+        Transfers are tried in order of their producer's finish (the order
+        they would queue in), each in the earliest idle window of its channel;
+        two of them on one channel go one after the other.
+        """
+        ready = 0.0
+        bookings: list[tuple[int, float, float, int]] = []   # (channel, start, end, input)
+        pending = []
+        for k, (u, t, b) in enumerate(self.inputs[v]):
+            du = self.device_of[u]
+            if du == d:
+                ready = max(ready, self.finish[u])
+                continue
+            known = self.arrival.get((u, t, d))
+            if known is not None:
+                ready = max(ready, known)
+                continue
+            pending.append((self.finish[u], u, k))
+        pending.sort()
+        # This node's own transfers on one channel go in the order they queue, one after another.
+        channel_free: dict[int, float] = {}
+        for queued, u, k in pending:
+            c = self.channel_of[self.device_of[u]][d]
+            if c < 0:
+                return float("inf"), []
+            length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
+            if self.contention:
+                begin = self.channels[c].find(max(queued, channel_free.get(c, queued)), length, insertion=True)[0]
+                channel_free[c] = begin + length
+            else:
+                begin = queued
+            bookings.append((c, begin, begin + length, k))
+            ready = max(ready, begin + length)
+        return ready, bookings
+
+    def estimate(self, v: int, d: int) -> tuple[float, float, tuple[int, int], list]:
+        """``(EST, EFT, place on the device's timeline, transfer bookings)`` of node ``v`` on device ``d``."""
+        ready, bookings = self.data_ready(v, d)
+        if ready == float("inf"):
+            return ready, ready, (0, 0), bookings
+        length = self.dur[v][d]
+        begin, b, k = self.devices[d].find(ready, length, self.insertion)
+        return begin, begin + length, (b, k), bookings
+
+    def copies(self, v: int, d: int, bookings: list) -> dict[tuple[int, int, int], float]:
+        """Budgeted bytes of the input copies placing ``v`` on ``d`` would create, by (producer, tensor, device).
+
+        A colocation group's copies are in its reservation already.
+        """
+        out: dict[tuple[int, int, int], float] = {}
+        if self.grouped[self.unit_of[v]]:
+            return out
+        for *_, k in bookings:
+            u, t, b = self.inputs[v][k]
+            if (u, t, d) not in self.budgeted:
+                out[(u, t, d)] = max(out.get((u, t, d), 0.0), self.ratio * b)
+        return out
+
+    def fits(self, v: int, d: int, copies: dict[tuple[int, int, int], float]) -> bool:
+        """Whether ``d``'s budget holds ``v``'s unit (unless already placed) and the copies."""
+        unit = self.unit_of[v]
+        need = sum(copies.values()) + (self.unit_need[unit] if self.unit_device[unit] < 0 else 0.0)
+        return self.budget.fits(d, need)
+
+    def best_device(self, v: int, devices: list[int] | None = None, key: int = 1,
+                    cache: dict | None = None) -> tuple[int, tuple]:
+        """The device (among ``devices``, default :meth:`devices_for`) where ``v`` finishes earliest.
+
+        A device is passed over when its budget cannot also hold the copies of
+        inputs placing ``v`` there would create (:meth:`copies`), unless
+        ``v``'s unit already lives there.
+        ``key=0`` picks the earliest start instead (ETF). Ties go to the lowest device index.
+        ``cache`` keeps estimates by (node, device) for as long as that device's version holds.
+        """
+        best_d, best = -1, None
+        fixed = self.unit_device[self.unit_of[v]] >= 0
+        for d in (self.devices_for(v) if devices is None else devices):
+            if cache is None:
+                est = self.estimate(v, d)
+            else:
+                version, est = cache.get((v, d), (-1, None))
+                if version != self.version[d]:
+                    est = self.estimate(v, d)
+                    cache[(v, d)] = (self.version[d], est)
+            if not fixed and not self.fits(v, d, self.copies(v, d, est[3])):
+                continue
+            if best is None or est[key] < best[key]:
+                best_d, best = d, est
+        if best is None or best[1] == float("inf"):
+            raise InfeasibleError(f"node {self.graph.ids[v]!r} fits no device's remaining memory budget "
+                                  f"(or no channel reaches one)")
+        return best_d, best
+
+    # ------------------------------------------------------------ booking
+    def commit(self, v: int, d: int, estimate: tuple) -> None:
+        """Book node ``v`` on device ``d`` with the figures :meth:`estimate` gave."""
+        begin, end, (block, index), bookings = estimate
+        for c, s, f, k in sorted(bookings, key=lambda booking: booking[1]):
+            u, t, _ = self.inputs[v][k]
+            self.arrival[(u, t, d)] = f
+            if self.contention:
+                channel = self.channels[c]
+                channel.book(*channel.find(s, f - s, insertion=True), f - s)
+        self.devices[d].book(begin, block, index, end - begin, v)
+        self.device_of[v] = d
+        self.start[v] = begin
+        self.finish[v] = end
+        unit = self.unit_of[v]
+        if self.unit_device[unit] < 0:
+            self.unit_device[unit] = d
+            self.budget.add(d, self.unit_need[unit])
+        for key, amount in self.copies(v, d, bookings).items():
+            self.budgeted.add(key)
+            self.budget.add(d, amount)
+        self.version[d] += 1
+
+    def schedule(self) -> Schedule:
+        """The finished schedule (every node committed)."""
+        return Schedule(np.asarray(self.device_of, dtype=np.int64),
+                        [np.asarray(t.items(), dtype=np.int64) for t in self.devices],
+                        np.asarray(self.start), np.asarray(self.finish))
+
+
+def schedule_with_memory_retries(build: Callable[[float], Schedule], graph: OpGraph, cluster: Cluster,
+                                 name: str, max_ratio: float = 4.0, min_ratio: float = 0.05,
+                                 tries: int = 10) -> Schedule:
+    """Call ``build(ratio)`` with memory ratios until its schedule fits under the reference model.
+
+    Like :func:`~placer.algorithms.common.fitting_plan_with_retries`, but the
+    reference simulation runs the schedule's own per-device order, since
+    memory over time depends on it. From the liveness ratio, the ratio grows
+    (up to ``max_ratio``: the copies that transfers leave on receivers lie
+    beyond the static footprint) while the schedule overflows a device, and
+    shrinks (down to ``min_ratio``) while the budget is too tight for the
+    scheduler to place every node; once both happened it bisects between them.
+    """
+    ratio = liveness_ratio(graph, cluster)
+    overflowed = 0.0           # largest ratio whose schedule overflowed a device
+    too_tight = float("inf")   # smallest ratio at which the scheduler could not place every node
+    error: InfeasibleError | None = None
+    for _ in range(tries):
+        try:
+            sched = build(ratio)
+        except InfeasibleError as exc:
+            error = InfeasibleError(f"{name}: {exc}")
+            too_tight = min(too_tight, ratio)
+            if overflowed == 0.0 and ratio <= min_ratio:
+                break
+        else:
+            result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
+            if result.fits:
+                sched.simulated = result
+                return sched
+            j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
+            error = InfeasibleError(
+                f"{name}: device {cluster.devices[j].name!r} would need {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
+                f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+            overflowed = max(overflowed, ratio)
+            if too_tight == float("inf") and ratio >= max_ratio:
+                break
+        if overflowed == 0.0:
+            ratio = max(min_ratio, ratio / 1.5)
+        elif too_tight == float("inf"):
+            ratio = min(max_ratio, ratio * 1.25)
+        else:
+            ratio = (overflowed + too_tight) / 2
+    assert error is not None
+    raise error
+
+
+def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, **kwargs) -> Plan:
+    """A plan with the schedule's placement and per-device order."""
+    return Plan.from_arrays(graph, cluster, sched.device_of, sched.orders, **kwargs)

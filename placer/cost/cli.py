@@ -1,0 +1,169 @@
+"""Commands of placer.cost: ``profile``, ``calibrate``, ``cost`` and ``predict``."""
+
+from __future__ import annotations
+
+import argparse
+
+from ..errors import OptionError
+
+__all__ = ["add_commands"]
+
+
+def _size(text: str) -> int:
+    """``"4096"``, ``"64K"``, ``"1M"``, ``"1G"`` (binary multiples) -> bytes."""
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    text = text.strip().upper().removesuffix("B").removesuffix("I")
+    scale = units.get(text[-1:], 1)
+    try:
+        return int(float(text[:-1] if text[-1:] in units else text) * scale)
+    except ValueError:
+        raise OptionError(f"option '--sizes' expects sizes like 4096, 64K or 1M, got {text!r}") from None
+
+
+def _ints(text: str, option: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise OptionError(f"option '{option}' expects comma-separated integers, got {text!r}") from None
+
+
+def _positive(value: int | None, option: str) -> None:
+    if value is not None and value < 1:
+        raise OptionError(f"option '{option}' must be >= 1, got {value}")
+
+
+def cmd_profile(args: argparse.Namespace) -> int:
+    from ..capture import capture_spec, load_model
+    from .analytic import DEVICE_SPECS, annotate
+    from .profile import apply_profile, device_kind_of, profile_step
+
+    _positive(args.batch, "--batch")
+    _positive(args.repeats, "--repeats")
+    device_kind_of(args.device)  # refuse a bad device before capturing
+    step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, fake=False)
+    model, inputs = load_model(args.spec, args.batch)
+    profile = profile_step(step, model, inputs, device=args.device, repeats=args.repeats,
+                           gpu_timing=args.gpu_timing)
+    profile.save(args.output)
+    line = (f"{step.graph.name}: {len(profile.node_seconds)} nodes timed on {profile.meta['device_name']} "
+            f"({profile.device_kind}), sum {profile.total_s * 1e3:.3f} ms")
+    if profile.device_kind in DEVICE_SPECS:
+        predicted = annotate(step.graph, reference=profile.device_kind, kinds=()).compute_s.sum()
+        line += f"; analytic model {predicted * 1e3:.3f} ms"
+    print(f"{line} -> {args.output}")
+    if args.graph_output:
+        apply_profile(step.graph, profile).save(args.graph_output)
+        print(f"graph with compute_s_by_kind[{profile.device_kind!r}] -> {args.graph_output}")
+    return 0
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from ..report.tables import print_rows
+    from .calibrate import DEFAULT_SIZES, apply_calibration, calibrate
+
+    sizes = [_size(s) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
+    _positive(args.repeats, "--repeats")
+    if not args.timeout > 0:
+        raise OptionError(f"option '--timeout' must be > 0, got {args.timeout}")
+    cal = calibrate(args.backend, ranks=args.ranks, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout)
+    cal.save(args.output)
+    rows = [[name, f"{f.latency_s * 1e6:.1f}", f"{f.bandwidth_bytes_per_s / 1e9:.3f}", f"{f.r2:.4f}",
+             str(len(f.samples))] for name, f in cal.links.items()]
+    print_rows(["link", "latency us", "bandwidth GB/s", "R^2", "points"], rows,
+               title=f"latency + bytes / bandwidth fits ({args.backend})")
+    for name, f in cal.links.items():
+        print_rows(["bytes", "measured us", "fit us"],
+                   [[str(b), f"{t * 1e6:.1f}", f"{float(f.predict(b)) * 1e6:.1f}"] for b, t in f.samples],
+                   title=f"{name} points")
+    print(f"calibration -> {args.output}")
+    if args.cluster:
+        from ..cluster import load_cluster
+
+        if not args.cluster_output:
+            raise OptionError("option '--cluster' needs '--cluster-output' (where to write the calibrated cluster)")
+        link_map = dict(pair.split("=", 1) for pair in args.link) if args.link else None
+        apply_calibration(load_cluster(args.cluster), cal, link_map).save(args.cluster_output)
+        print(f"calibrated cluster -> {args.cluster_output}")
+    return 0
+
+
+def cmd_cost(args: argparse.Namespace) -> int:
+    from ..graph import OpGraph
+    from .analytic import annotate
+    from .profile import apply_profile, load_profile
+
+    graph = OpGraph.load(args.graph)
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else []
+    graph = annotate(graph, reference=args.reference, kinds=kinds)
+    for path in args.profile:
+        profile = load_profile(path, graph)
+        graph = apply_profile(graph, profile)
+        print(f"{path}: {len(profile.node_seconds)} measured times for kind {profile.device_kind!r}")
+    graph.save(args.output)
+    print(f"{graph.name}: {graph.num_nodes} nodes, {graph.compute_s.sum() * 1e3:.3f} ms on {args.reference} "
+          f"(analytic) -> {args.output}")
+    return 0
+
+
+def cmd_predict(args: argparse.Namespace) -> int:
+    from .standard_eval import standard_evaluation
+
+    batches = _ints(args.batches, "--batches")
+    _positive(args.target, "--target")
+    device = None if args.device == "none" else args.device
+    model = standard_evaluation(args.spec, batches, optimizer=args.optimizer, device=device, repeats=args.repeats)
+    graph = model.predict(args.target)
+    graph.save(args.output)
+    kind = model.time_kind or "compute_s"
+    times = model.predict_field("time", args.target)
+    print(f"{graph.name}: fitted at batches {model.batches} (nodes matched by {model.matched_by}); "
+          f"predicted step {times.sum() * 1e3:.3f} ms ({kind}), "
+          f"{graph.output_bytes.sum() / 2**20:.1f} MiB of outputs, {graph.param_bytes.sum() / 2**20:.1f} MiB resident "
+          f"-> {args.output}")
+    return 0
+
+
+def add_commands(sub: argparse._SubParsersAction) -> None:
+    """Add ``profile``, ``calibrate``, ``cost`` and ``predict`` to the ``placer`` command."""
+    p = sub.add_parser("profile", help="time every node of a model's training step on this machine's device")
+    p.add_argument("spec", help="zoo:NAME or path/file.py:FACTORY")
+    p.add_argument("--batch", type=int, required=True)
+    p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--repeats", type=int, default=5, help="timed runs per node; the median is kept")
+    p.add_argument("--gpu-timing", choices=("kernel", "wall"), default="kernel",
+                   help="on a GPU: sum of each node's kernel times (default) or synchronised wall time")
+    p.add_argument("--output", "-o", required=True, help="placer.profile/1 file to write")
+    p.add_argument("--graph-output", help="also write the graph with the measured times")
+    p.set_defaults(func=cmd_profile)
+
+    p = sub.add_parser("calibrate", help="measure transfers and fit latency + bytes/bandwidth per link")
+    p.add_argument("--backend", choices=("gloo", "cuda"), default="gloo")
+    p.add_argument("--ranks", type=int, default=2, help="processes for gloo (default 2)")
+    p.add_argument("--sizes", help="comma-separated transfer sizes (default 1K to 64M by 4x)")
+    p.add_argument("--repeats", type=int, default=10)
+    p.add_argument("--timeout", type=float, default=120.0, help="seconds before the processes are killed")
+    p.add_argument("--output", "-o", required=True, help="placer.calibration/1 file to write")
+    p.add_argument("--cluster", help="preset or cluster file to calibrate")
+    p.add_argument("--cluster-output", help="where to write the calibrated cluster")
+    p.add_argument("--link", action="append", default=[], metavar="CHANNEL_LINK=MEASURED_LINK",
+                   help="apply a measured link to channels of another link type; repeatable")
+    p.set_defaults(func=cmd_calibrate)
+
+    p = sub.add_parser("cost", help="cost a graph: analytic roofline per device kind, then measured profiles")
+    p.add_argument("graph", help="placer.graph/1 file")
+    p.add_argument("--reference", default="V100", help="kind whose times become compute_s (default V100)")
+    p.add_argument("--kinds", default="A100,H100", help="other kinds for compute_s_by_kind (default A100,H100)")
+    p.add_argument("--profile", action="append", default=[], help="placer.profile/1 file to apply; repeatable")
+    p.add_argument("--output", "-o", required=True)
+    p.set_defaults(func=cmd_cost)
+
+    p = sub.add_parser("predict", help="predict the graph at a batch size from small batches (Celeritas 4.2)")
+    p.add_argument("spec", help="zoo:NAME or path/file.py:FACTORY")
+    p.add_argument("--batches", default="2,4,8", help="small batch sizes to run (default 2,4,8)")
+    p.add_argument("--target", type=int, required=True, help="batch size to predict")
+    p.add_argument("--device", default="cpu", help="where to time nodes: cpu, cuda:N, or none (fit compute_s)")
+    p.add_argument("--optimizer", default="adam")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--output", "-o", required=True)
+    p.set_defaults(func=cmd_predict)

@@ -1,0 +1,92 @@
+"""Eager reference training and the comparison a placed run must pass."""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import torch
+from torch import nn
+
+__all__ = ["eager_optimizer", "train_eager", "state_difference", "StepTimes", "step_times"]
+
+
+def eager_optimizer(captured: Any, params) -> torch.optim.Optimizer:
+    """The eager ``torch.optim`` optimizer a captured step reproduces, on its single-tensor path.
+
+    On GPUs torch picks the multi-tensor (``foreach``) kernels by default, which
+    round differently from the per-parameter update the step captures.
+    """
+    optimizer = captured.optimizer.eager(params)
+    for group in optimizer.param_groups:
+        if "foreach" in group:
+            group["foreach"] = False
+    return optimizer
+
+
+def train_eager(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer, steps: int) -> list[float]:
+    """Train ``steps`` plain eager steps (``zero_grad``, loss, ``backward``, ``step``); the losses."""
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        loss = model(*inputs)
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+    return losses
+
+
+def state_difference(model: nn.Module, optimizer: torch.optim.Optimizer | None, reference: nn.Module,
+                     reference_optimizer: torch.optim.Optimizer | None) -> tuple[float, str, int]:
+    """Largest absolute difference over parameters, buffers and optimizer state.
+
+    Returns
+    -------
+    (float, str, int)
+        The difference, the name of the tensor where it is largest, and how
+        many tensors were compared. A shape mismatch or missing state counts
+        as an infinite difference.
+    """
+    worst, where, count = 0.0, "", 0
+    pairs: list[tuple[str, Any, Any]] = []
+    ours, theirs = model.state_dict(), reference.state_dict()
+    pairs += [(name, ours.get(name), value) for name, value in theirs.items()]
+    if reference_optimizer is not None:
+        params = dict(model.named_parameters())
+        for name, p in reference.named_parameters():
+            state = reference_optimizer.state.get(p, {})
+            mine = optimizer.state.get(params[name], {}) if optimizer is not None and name in params else {}
+            pairs += [(f"{name}:{key}", mine.get(key), value) for key, value in state.items()]
+    for name, a, b in pairs:
+        count += 1
+        if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
+            diff = float("inf")
+        elif a.numel() == 0:
+            diff = 0.0
+        else:
+            diff = float((a.detach().double().cpu() - b.detach().double().cpu()).abs().max())
+        if diff > worst or count == 1:
+            worst, where = diff, name
+    return worst, where, count
+
+
+@dataclass
+class StepTimes:
+    """Measured step times, split into warm-up and the steps that count."""
+
+    all_s: list[float]
+    warmup: int
+
+    @property
+    def counted(self) -> list[float]:
+        return self.all_s[self.warmup:] or self.all_s[-1:]
+
+    @property
+    def median_s(self) -> float:
+        return float(statistics.median(self.counted))
+
+
+def step_times(all_s: Sequence[float], warmup: int) -> StepTimes:
+    """The steps after ``warmup`` (at least the last one) count."""
+    return StepTimes(list(all_s), max(0, min(warmup, len(all_s) - 1)))

@@ -1,0 +1,217 @@
+"""``placer run`` (train with a plan, optionally verified against eager PyTorch) and
+``placer tune`` (FastT's loop: measure, refine the costs, replan, keep the faster plan)."""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import re
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ..errors import OptionError
+
+__all__ = ["add_commands", "cmd_run", "cmd_tune", "Measurement", "measure_plan"]
+
+#: Largest absolute difference ``placer run --verify`` accepts.
+VERIFY_TOLERANCE = 1e-6
+
+
+@dataclass
+class Measurement:
+    """A placed run's step times (all steps, warm-up first), per-node and per-transfer times."""
+
+    step_s: list[float]
+    op_s: dict[str, float]
+    predicted_s: float
+    outputs: list
+    state: dict[int, Any]
+    transfer_s: list = field(default_factory=list)
+
+
+def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: int, backend: str,
+                 threads: int = 1, timeout_s: float = 60.0, devices: list[str] | None = None) -> Measurement | None:
+    """Train ``steps`` steps of ``captured`` as ``plan`` says; the local backend updates ``flat`` in place.
+
+    ``backend`` is ``"local"`` (this process, :class:`LocalExecutor`) or
+    ``"distributed"`` (one process per device, started here, or this process's
+    rank under ``torchrun``; ``flat`` is left as it is and the new state is in
+    the result, which only rank 0 of a ``torchrun`` launch gets: the others get None).
+    """
+    import time
+
+    from .distributed import run_distributed, run_under_torchrun, under_torchrun
+    from .local import LocalExecutor
+    from .program import compile_program
+
+    if backend == "local":
+        program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
+        executor = LocalExecutor(program, devices, profile=True)
+        step_s, outputs = [], []
+        for _ in range(steps):
+            t0 = time.perf_counter()
+            outputs = executor.run(flat)
+            step_s.append(time.perf_counter() - t0)
+        written = {root for roots in program.writes.values() for root in roots}
+        state = {k: flat[k] for k, p in enumerate(program.placeholders) if p in written}
+        return Measurement(step_s, dict(executor.op_s), program.predicted_s, outputs, state)
+    if backend == "distributed":
+        run = run_under_torchrun if under_torchrun() else run_distributed
+        result = run(captured.gm, captured.graph, plan, cluster, flat, steps=steps, backend="auto",
+                     timeout_s=timeout_s, carrier=captured.carrier, threads=threads)
+        if result is None:          # a rank other than 0 under torchrun: rank 0 reports
+            return None
+        return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state,
+                           result.transfer_s)
+    raise OptionError(f"backend must be 'local' or 'distributed', got {backend!r}")
+
+
+def _batch(args: argparse.Namespace, graph_name: str) -> int:
+    if args.batch is not None:
+        return args.batch
+    found = re.search(r"-bs(\d+)-", graph_name or "")
+    if not found:
+        raise OptionError("pass --batch (the plan's graph name does not say the batch size)")
+    return int(found.group(1))
+
+
+def _load(args: argparse.Namespace, batch: int):
+    """The model and inputs ``args.spec`` names, an untouched copy, and the captured step.
+
+    The step is captured as ``placer capture`` does (same graph name), so a plan
+    made from that command's graph file applies.
+    """
+    from ..capture.spec import capture_spec, load_model
+
+    torch.set_num_threads(max(1, args.threads))
+    model, inputs = load_model(args.spec, batch)
+    reference = copy.deepcopy(model)
+    captured = capture_spec(args.spec, batch, optimizer=args.optimizer, lr=args.lr)
+    return model, inputs, reference, captured
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..cluster import load_cluster
+    from ..plan import Plan
+    from .check import eager_optimizer, state_difference, step_times, train_eager
+
+    if args.steps < 1:
+        raise OptionError(f"--steps must be >= 1, got {args.steps}")
+    plan = Plan.load(args.plan)
+    cluster = load_cluster(args.cluster or plan.cluster_name)
+    model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
+    optimizer = captured.optimizer.eager(model.parameters())
+    flat = captured.step_inputs(model, inputs, optimizer)
+    devices = args.devices.split(",") if args.devices else None
+    m = measure_plan(captured, plan, cluster, flat, steps=args.steps, backend=args.backend, threads=args.threads,
+                     timeout_s=args.timeout, devices=devices)
+    if m is None:
+        return 0
+    if args.backend == "distributed":
+        captured.write_back([m.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+    times = step_times(m.step_s, args.warmup)
+    loss = f"; last loss {float(m.outputs[0]):.6g}" if m.outputs and m.outputs[0] is not None else ""
+    print(f"{captured.graph.name} on {cluster.name} ({args.backend}, {cluster.num_devices} devices): "
+          f"{args.steps} steps, step {times.median_s * 1e3:.3f} ms (median of {len(times.counted)} after "
+          f"{times.warmup} warm-up), simulator predicts {m.predicted_s * 1e3:.3f} ms{loss}")
+    if not args.verify:
+        return 0
+    reference_optimizer = eager_optimizer(captured, reference.parameters())
+    train_eager(reference, inputs, reference_optimizer, args.steps)
+    worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
+    if worst <= VERIFY_TOLERANCE:
+        print(f"verify: {count} tensors (parameters, buffers, optimizer state) equal eager training "
+              f"within {VERIFY_TOLERANCE:g} (largest difference {worst:.3g})")
+        return 0
+    print(f"verify: FAILED: {where} differs from eager training by {worst:.3g} (> {VERIFY_TOLERANCE:g})")
+    return 1
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from ..algorithms import place
+    from ..cluster import load_cluster
+    from .check import step_times
+    from .feedback import measured_cluster, measured_graph
+
+    if args.rounds < 1 or args.steps < 2:
+        raise OptionError("--rounds must be >= 1 and --steps >= 2 (one warm-up step)")
+    cluster = load_cluster(args.cluster)
+    if args.batch is None:
+        raise OptionError("pass --batch")
+    model, inputs, _, captured = _load(args, args.batch)
+    flat = captured.step_inputs(model, inputs, None)
+    graph = captured.graph
+
+    def run(plan):
+        m = measure_plan(captured, plan, cluster, [t.clone() for t in flat], steps=args.steps,
+                         backend=args.backend, threads=args.threads, timeout_s=args.timeout)
+        return step_times(m.step_s, 1).median_s, m
+
+    plan = place(graph, cluster, args.algorithm, seed=0)
+    best_s, m = run(plan)
+    print(f"round 0: {args.algorithm} on analytic costs: measured {best_s * 1e3:.3f} ms, "
+          f"predicted {plan.predicted['makespan_s'] * 1e3:.3f} ms")
+    best = plan
+    for r in range(1, args.rounds + 1):
+        graph = measured_graph(graph, best.bind(graph, cluster), cluster, m.op_s)
+        cluster = measured_cluster(cluster, m.transfer_s)
+        if m.transfer_s and cluster.channels:
+            ch = cluster.channels[0]
+            print(f"round {r}: {len(m.op_s)} measured op times, {len(m.transfer_s)} measured transfers; "
+                  f"{ch.extra.get('link', ch.name)} link now {ch.latency_s * 1e6:.1f} us + "
+                  f"{ch.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
+        candidate = place(graph, cluster, args.algorithm, seed=r)
+        measured_s, m_new = run(candidate)
+        kept = measured_s < best_s
+        print(f"round {r}: replanned on measured costs: predicted {candidate.predicted['makespan_s'] * 1e3:.3f} ms, "
+              f"measured {measured_s * 1e3:.3f} ms -> {'kept' if kept else 'rolled back'} "
+              f"(best {min(best_s, measured_s) * 1e3:.3f} ms)")
+        if kept:
+            best, best_s, m = candidate, measured_s, m_new
+    best.extra["measured_step_s"] = best_s
+    best.save(args.output)
+    print(f"best plan: measured {best_s * 1e3:.3f} ms per step -> {args.output}")
+    return 0
+
+
+def _common(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="zoo:NAME[?key=value&...] or path/to/file.py:FACTORY")
+    p.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
+    p.add_argument("--backend", choices=("local", "distributed"), default="local",
+                   help="local: one process, every device a CUDA stream or the CPU; distributed: one process "
+                        "per device over torch.distributed (gloo on CPU, NCCL on GPUs), started here, or "
+                        "the ranks of `torchrun --nproc-per-node N [--nnodes ...] -m placer run ...`")
+    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd", "adamw"))
+    p.add_argument("--lr", type=float, default=1e-3)
+    p.add_argument("--threads", type=int, default=1, help="intra-op threads (per rank; default 1)")
+    p.add_argument("--timeout", type=float, default=60.0,
+                   help="seconds a rank may wait for another before the run stops (default 60)")
+
+
+def add_commands(subparsers) -> None:
+    """Add ``placer run`` and ``placer tune``."""
+    p = subparsers.add_parser("run", help="train a model with a plan (and check it against eager PyTorch)")
+    _common(p)
+    p.add_argument("--plan", required=True, help="placer.plan/1 file for the model's captured graph")
+    p.add_argument("--batch", type=int, help="batch size (default: read from the plan's graph name, e.g. -bs8-)")
+    p.add_argument("--cluster", help="preset or cluster file (default: the plan's)")
+    p.add_argument("--warmup", type=int, default=1, help="steps left out of the timing (default 1)")
+    p.add_argument("--devices", help="local backend: torch device per plan device, comma-separated "
+                                     "(default: cuda:j where there are enough GPUs, else cpu)")
+    p.add_argument("--verify", action="store_true",
+                   help=f"compare every parameter, buffer and optimizer state with plain eager training; "
+                        f"exit 1 unless equal within {VERIFY_TOLERANCE:g}")
+    p.set_defaults(func=cmd_run)
+
+    p = subparsers.add_parser("tune", help="FastT's loop: measure a plan, refine costs, replan, keep the faster")
+    _common(p)
+    p.add_argument("--cluster", required=True, help="preset or cluster file")
+    p.add_argument("--batch", type=int, required=True, help="batch size")
+    p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with")
+    p.add_argument("--rounds", type=int, default=2, help="replanning rounds after the first plan (default 2)")
+    p.add_argument("--output", "-o", required=True, help="plan file for the fastest measured plan")
+    # One process per device measures what a placement changes; the local backend on a CPU
+    # runs every device's work in turn.
+    p.set_defaults(func=cmd_tune, backend="distributed")

@@ -1,0 +1,536 @@
+"""Run a placed training step with one process per device over ``torch.distributed``.
+
+Rank ``j`` is plan device ``j``. Every rank compiles the same
+:class:`~placer.runtime.program.Program`, keeps the state the plan puts on
+its device (parameters, buffers, optimizer state) and runs its own
+operations in plan order. A value another device needs leaves with a
+non-blocking send as soon as it exists (a snapshot when the step later
+overwrites its storage in place). With gloo a rank posts all its receives at
+the start of the step (matched by tag), so each transfer moves as soon as it
+is sent; with NCCL it posts them when their first consumer is about to run,
+from each peer in the order that peer sends them. Tensors travel as flat buffers laid out by the
+strides recorded at capture, so the receiver rebuilds exactly the layout the
+sender had; Python scalars travel as 0-d tensors (float64, int64 or bool).
+
+Backends: gloo on CPUs (messages matched by tag), NCCL on GPUs (one process
+group per ordered pair of ranks, so each direction has its own FIFO stream).
+Ranks start here with ``torch.multiprocessing`` (:func:`run_distributed`) or
+under ``torchrun`` on one or several hosts (:func:`rank_main` with
+``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE`` set). Every blocking
+wait is bounded by the process group's timeout, and the launcher stops every
+rank as soon as one fails, dies or outlives the deadline, raising
+:class:`RunError` with the failing rank's message.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import signal
+import socket
+import statistics
+import tempfile
+import time
+from dataclasses import dataclass, field
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Callable, Sequence
+
+import torch
+import torch.distributed as dist
+import torch.fx as fx
+
+from ..cluster import Cluster
+from ..errors import OptionError, PlacerError
+from ..graph import OpGraph
+from ..plan import Plan
+from .program import (Program, call_node, compile_program, copy_to, message_bytes, pack, receive_buffer,
+                      unpack, value_spec)
+
+__all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
+           "resolve_backend", "under_torchrun", "free_port"]
+
+
+class RunError(PlacerError):
+    """A placed run failed: a rank raised, died, or did not finish in time."""
+
+
+@dataclass
+class RankJob:
+    """Everything a rank needs; picklable (the fx module pickles as its code).
+
+    ``hook(rank)`` runs in every rank after the process group is up and
+    before the first step (fault injection in tests, logging).
+    """
+
+    gm: fx.GraphModule
+    graph: OpGraph
+    plan: dict
+    cluster: Cluster
+    flat_inputs: list
+    steps: int
+    backend: str
+    timeout_s: float
+    carrier: dict[str, str] | None = None
+    threads: int = 1
+    hook: Callable[[int], None] | None = None
+    result_path: str | None = None
+    profile: bool = False
+    same_host: bool = True          # ranks share a clock: transfer times can be measured
+
+
+@dataclass
+class DistributedResult:
+    """What a distributed run measured and computed.
+
+    Attributes
+    ----------
+    step_s : list of float
+        Wall time of every step, barrier to barrier (the slowest rank's finish).
+    outputs : list
+        The step's flat outputs after the last step (the loss), on the CPU.
+    state : dict of int to tensor
+        Flat input position -> its value after the last step, for every input
+        the step writes (parameters, buffers, optimizer state), on the CPU.
+    op_s : dict of str to float
+        Graph node id -> median seconds of its runs on its rank (after the first step).
+    transfer_s : list of (int, int, int, float)
+        ``(source rank, destination rank, bytes, seconds)`` of the transfers a
+        rank had to wait for, after the first step (CPU ranks on one host).
+    predicted_s : float
+        The reference simulator's step time for the plan.
+    """
+
+    step_s: list[float]
+    outputs: list
+    state: dict[int, Any]
+    op_s: dict[str, float] = field(default_factory=dict)
+    predicted_s: float = math.nan
+    transfer_s: list[tuple[int, int, int, float]] = field(default_factory=list)
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a ``torchrun`` launch (its environment says so)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def resolve_backend(backend: str, world: int) -> str:
+    """``"gloo"`` or ``"nccl"`` for ``backend`` in {"auto", "gloo", "nccl"}; ``world`` is the ranks on this host.
+
+    Raises
+    ------
+    OptionError
+        Unknown backend, or NCCL asked for without one GPU per rank.
+    """
+    if backend not in ("auto", "gloo", "nccl"):
+        raise OptionError(f"backend must be 'auto', 'gloo' or 'nccl', got {backend!r}")
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if backend == "auto":
+        return "nccl" if gpus >= world and dist.is_nccl_available() else "gloo"
+    if backend == "nccl" and gpus < world:
+        raise OptionError(f"backend 'nccl' needs one GPU per rank: {world} ranks, {gpus} GPU(s) here")
+    return backend
+
+
+# ------------------------------------------------------------------ one rank
+class _RankRunner:
+    """One rank's part of every step."""
+
+    def __init__(self, program: Program, rank: int, device: torch.device, backend: str):
+        self.program = program
+        self.rank = rank
+        self.device = device
+        self.backend = backend
+        prog = program
+        self.schedule = prog.schedule_of(rank)
+        self.owned = [k for k, p in enumerate(prog.placeholders) if prog.device_of[p] == rank]
+        self.specs = {x.node: value_spec(x.node) for x in prog.transfers if rank in (x.src, x.dst)}
+        # Receives from each peer, in the order that peer sends them.
+        self.incoming: dict[int, list] = {}
+        for x in prog.transfers:
+            if x.dst == rank:
+                self.incoming.setdefault(x.src, []).append(x)
+        self.frees_after: dict[fx.Node, list[fx.Node]] = {}
+        for k, v in enumerate(prog.schedule):
+            dead = [node for node, d in prog.frees[k] if d == rank]
+            if dead:
+                self.frees_after.setdefault(v, []).extend(dead)
+        self.pair_groups: dict[tuple[int, int], Any] = {}
+        self.op_s: dict[fx.Node, list[float]] = {}     # seconds of every run of each node
+        # Per step, transfer index -> when it was sent here / when it arrived here. An arrival
+        # is known only for a message this rank had to wait for (it came when the wait ended),
+        # which are the transfers on the step's critical path.
+        self.sent_at: list[dict[int, float]] = []
+        self.arrived_at: list[dict[int, float]] = []
+        # On GPUs an op's host time is its launch; with profile, synchronize around each op.
+        self.profile_gpu = False
+
+    def make_pair_groups(self) -> None:
+        """NCCL: one group per ordered pair, so that each direction is its own FIFO (every rank calls this)."""
+        world = self.program.num_devices
+        for i in range(world):
+            for j in range(world):
+                if i != j:
+                    self.pair_groups[(i, j)] = dist.new_group([i, j])
+
+    # ----------------------------------------------------------- messages
+    def _isend(self, buf: torch.Tensor, x) -> Any:
+        if self.backend == "nccl":
+            return dist.isend(buf, dst=x.dst, group=self.pair_groups[(x.src, x.dst)])
+        return dist.isend(buf, dst=x.dst, tag=x.index)
+
+    def _irecv(self, buf: torch.Tensor, x) -> Any:
+        if self.backend == "nccl":
+            return dist.irecv(buf, src=x.src, group=self.pair_groups[(x.src, x.dst)])
+        return dist.irecv(buf, src=x.src, tag=x.index)
+
+    # ---------------------------------------------------------------- step
+    def step(self, state: dict[int, Any]) -> dict[int, Any]:
+        """Run this rank's part of one step on its ``state`` (flat index -> value); its outputs."""
+        prog = self.program
+        rank = self.rank
+        env: dict[fx.Node, Any] = {prog.placeholders[k]: state[k] for k in self.owned}
+        posted: dict[int, tuple[Any, Any]] = {}
+        next_post = {src: 0 for src in self.incoming}
+        sending: list[tuple[Any, Any]] = []
+        sent_at: dict[int, float] = {}
+        arrived_at: dict[int, float] = {}
+        self.sent_at.append(sent_at)
+        self.arrived_at.append(arrived_at)
+
+        def send(v, value):
+            for x in prog.sends.get(v, ()):
+                buf = pack(value, self.specs[v], self.device, x.snapshot)
+                if buf is not None:
+                    sending.append((self._isend(buf, x), buf))
+                    sent_at[x.index] = time.perf_counter()
+
+        def post(y):
+            buf = receive_buffer(self.specs[y.node], self.device)
+            posted[y.index] = (None if buf is None else self._irecv(buf, y), buf)
+
+        def receive(a):
+            x = prog.recv[(a, rank)]
+            queue = self.incoming[x.src]
+            while x.index not in posted:
+                post(queue[next_post[x.src]])
+                next_post[x.src] += 1
+            work, buf = posted.pop(x.index)
+            if work is not None:
+                early = work.is_completed()
+                try:
+                    work.wait()
+                except RuntimeError as exc:
+                    raise RuntimeError(f"rank {rank}: {a.name!r} from rank {x.src} did not arrive: {exc}") from exc
+                if not early and self.device.type == "cpu":
+                    arrived_at[x.index] = time.perf_counter()
+            return unpack(buf, self.specs[a], self.device)
+
+        if self.backend == "gloo":
+            # Gloo moves a message once its receive is posted: post them all now, so that
+            # every transfer starts when its producer finishes, as in the simulator.
+            # (Tags match them; NCCL instead posts in each peer's send order, on demand.)
+            for src, queue in self.incoming.items():
+                while next_post[src] < len(queue):
+                    post(queue[next_post[src]])
+                    next_post[src] += 1
+        for k in self.owned:
+            send(prog.placeholders[k], state[k])
+        clock = time.perf_counter
+        op_s = self.op_s
+        for v in self.schedule:
+            # On a CPU an op's time is the rank's busy time for it (receiving less the
+            # waiting, running, sending, freeing), as the simulator's device is busy with
+            # it; on a GPU, with profile_gpu, the kernel time between synchronisations.
+            t0 = clock()
+            waited = 0.0
+            for a in v.all_input_nodes:
+                if a not in env:
+                    env[a] = receive(a)
+                    waited = clock() - t0
+            if self.profile_gpu:
+                torch.cuda.synchronize(self.device)
+                t0, waited = clock(), 0.0
+            out = call_node(v, env, self.device)
+            if self.profile_gpu:
+                torch.cuda.synchronize(self.device)
+            env[v] = out
+            send(v, out)
+            for a in self.frees_after.get(v, ()):
+                env.pop(a, None)
+            op_s.setdefault(v, []).append(clock() - t0 - waited)
+        for work, _ in sending:
+            work.wait()
+        return {i: env[v] if isinstance(v, fx.Node) else v for i, v in enumerate(prog.outputs)
+                if not isinstance(v, fx.Node) or prog.device_of[v] == rank}
+
+
+def _barrier(backend: str, device: torch.device) -> None:
+    if backend == "nccl":
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
+              local_rank: int | None = None) -> dict | None:
+    """Run ``job`` as ``rank`` of ``world``; on rank 0 return (and save, with a result path) the merged results.
+
+    Under ``torchrun`` call it from every rank with ``init_method="env://"``.
+    """
+    torch.set_num_threads(max(1, job.threads))
+    backend = job.backend
+    local = rank if local_rank is None else local_rank
+    device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
+    if backend == "nccl":
+        torch.cuda.set_device(device)
+    timeout = timedelta(seconds=job.timeout_s)
+    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout,
+                            **({"device_id": device} if backend == "nccl" else {}))
+    try:
+        program = compile_program(job.gm, job.graph, Plan.from_dict(job.plan), job.cluster, carrier=job.carrier)
+        if program.num_devices != world:
+            raise RunError(f"the plan has {program.num_devices} devices but {world} ranks were started")
+        runner = _RankRunner(program, rank, device, backend)
+        runner.profile_gpu = job.profile and device.type == "cuda"
+        if backend == "nccl":
+            runner.make_pair_groups()
+        state = {k: copy_to(job.flat_inputs[k], device) for k in runner.owned}
+        if job.hook is not None:
+            job.hook(rank)
+        step_s: list[float] = []
+        outputs: dict[int, Any] = {}
+        for _ in range(job.steps):
+            _barrier(backend, device)
+            t0 = time.perf_counter()
+            outputs = runner.step(state)
+            if backend == "nccl":
+                torch.cuda.synchronize(device)
+            _barrier(backend, device)
+            step_s.append(time.perf_counter() - t0)
+        written = {root for roots in program.writes.values() for root in roots}
+        payload = {
+            "state": {k: _to_cpu(state[k]) for k in runner.owned if program.placeholders[k] in written},
+            "outputs": {i: _to_cpu(v) for i, v in outputs.items()},
+            # the first step warms up caches and allocators
+            "op_s": {program.node_id(v): statistics.median(s[1:] or s) for v, s in runner.op_s.items()
+                     if v in program.graph_node},
+            "step_s": step_s,
+            "sent_at": runner.sent_at,
+            "arrived_at": runner.arrived_at,
+        }
+        gathered = [None] * world if rank == 0 else None
+        dist.gather_object(payload, gathered, dst=0)
+        if rank != 0:
+            return None
+        merged = {"step_s": gathered[0]["step_s"], "state": {}, "outputs": {}, "op_s": {},
+                  "predicted_s": program.predicted_s, "num_outputs": len(program.outputs),
+                  "transfer_s": _transfer_times(program, gathered) if job.same_host else []}
+        for part in gathered:
+            for key in ("state", "outputs", "op_s"):
+                merged[key].update(part[key])
+        if job.result_path:
+            torch.save(merged, job.result_path)
+        return merged
+    except BaseException as exc:
+        exc.failed_at = time.time()          # before closing the group makes the others fail too
+        raise
+    finally:
+        dist.destroy_process_group()
+
+
+def _transfer_times(program: Program, gathered: list[dict]) -> list[tuple[int, int, int, float]]:
+    """``(src, dst, bytes, seconds)`` of every transfer whose arrival was observed, after the first step.
+
+    Sender and receiver read the same monotonic clock (one host), so a
+    transfer's time is its arrival on the receiver less its sending on the sender.
+    """
+    out = []
+    for step in range(1, len(gathered[0]["sent_at"])):
+        for part in gathered:
+            for index, arrived in part["arrived_at"][step].items():
+                x = program.transfers[index]
+                sent = gathered[x.src]["sent_at"][step].get(index)
+                if sent is not None and arrived > sent:
+                    out.append((x.src, x.dst, message_bytes(value_spec(x.node)), arrived - sent))
+    return out
+
+
+def _to_cpu(value: Any) -> Any:
+    return value.detach().cpu() if isinstance(value, torch.Tensor) else value
+
+
+def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str, error_dir: str) -> None:
+    try:
+        rank_main(rank, world, job, init_method)
+    except BaseException as exc:
+        # When and why this rank failed: the launcher names the first failure, not its echoes.
+        text = f"{type(exc).__name__}: {exc}".strip().splitlines()
+        when = getattr(exc, "failed_at", time.time())
+        Path(error_dir, f"rank{rank}.err").write_text(f"{when!r}\n{text[0] if text else type(exc).__name__}")
+        raise
+
+
+# ------------------------------------------------------------------ launcher
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a local process group's rendezvous."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
+                    *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
+                    carrier: dict[str, str] | None = None, threads: int = 1,
+                    hook: Callable[[int], None] | None = None, deadline_s: float | None = None,
+                    profile: bool = False) -> DistributedResult:
+    """Train ``steps`` steps with one local process per plan device; return times, outputs and state.
+
+    Parameters
+    ----------
+    gm, graph, plan, cluster
+        The captured step, its graph, a plan of it and the plan's cluster.
+    flat_inputs : sequence
+        The step's flat inputs (e.g. :meth:`placer.capture.CapturedStep.step_inputs`);
+        they are not modified: the new state comes back in the result.
+    steps : int
+        Steps to train.
+    backend : {"auto", "gloo", "nccl"}
+        ``auto`` is NCCL with one GPU per rank, else gloo on CPUs.
+    timeout_s : float
+        Longest any rank may wait for a message, a barrier or the start of the others.
+    carrier : dict, optional
+        The captured step's fx node -> graph node map.
+    threads : int
+        Intra-op threads per rank.
+    hook : callable, optional
+        ``hook(rank)`` runs in every rank before the first step (must be picklable
+        where ranks are spawned, i.e. with NCCL).
+    deadline_s : float, optional
+        Wall-clock limit of the whole run (default: ``timeout_s * (steps + 3)``).
+    profile : bool
+        On GPUs, synchronise around every operation so that ``op_s`` holds kernel
+        times (it slows the step). On CPUs operations are always timed.
+
+    Returns
+    -------
+    DistributedResult
+
+    Raises
+    ------
+    OptionError
+        Bad ``steps``, ``timeout_s`` or backend.
+    RunError
+        A rank raised, died or did not finish by the deadline; every rank is stopped.
+    """
+    import torch.multiprocessing as mp
+
+    if not isinstance(steps, int) or steps < 1:
+        raise OptionError(f"steps must be a positive integer, got {steps!r}")
+    if not timeout_s > 0:
+        raise OptionError(f"timeout_s must be > 0, got {timeout_s!r}")
+    world = cluster.num_devices
+    backend = resolve_backend(backend, world)
+    compile_program(gm, graph, plan, cluster, carrier=carrier)       # refuse a bad plan here, not in every rank
+    deadline = time.monotonic() + (deadline_s if deadline_s is not None else timeout_s * (steps + 3))
+    with tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
+        result_path = str(Path(tmp) / "result.pt")
+        job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, backend, timeout_s,
+                      carrier, threads, hook, result_path, profile)
+        # fork shares the captured module without pickling it; CUDA needs fresh processes.
+        method = "spawn" if backend == "nccl" else "fork"
+        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp),
+                                     nprocs=world, join=False, start_method=method)
+        _wait(context.processes, deadline, timeout_s, tmp)
+        merged = torch.load(result_path, weights_only=False)
+    outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
+    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
+                             merged["transfer_s"])
+
+
+def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
+                       *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
+                       carrier: dict[str, str] | None = None, threads: int = 1,
+                       profile: bool = False) -> DistributedResult | None:
+    """This process's rank of a run launched by ``torchrun`` (one or several hosts).
+
+    Every rank calls it with the same arguments (capture is deterministic, so
+    each rank captures the step itself); ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` come from ``torchrun``. Rank 0
+    returns the result, the others None. A rank that fails or waits longer than
+    ``timeout_s`` raises, and ``torchrun`` stops the others.
+
+    Raises
+    ------
+    RunError
+        If ``WORLD_SIZE`` is not the plan's number of devices.
+    """
+    world = int(os.environ["WORLD_SIZE"])
+    if world != cluster.num_devices:
+        raise RunError(f"torchrun started {world} ranks for a plan over {cluster.num_devices} devices")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, resolve_backend(backend, local_world),
+                  timeout_s, carrier, threads, None, None, profile, same_host=local_world == world)
+    merged = rank_main(int(os.environ["RANK"]), world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))
+    if merged is None:
+        return None
+    outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
+    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
+                             merged["transfer_s"])
+
+
+def _wait(processes: list, deadline: float, timeout_s: float, error_dir: str) -> None:
+    """Wait for every rank; on a failure, death or the deadline stop them all and raise RunError.
+
+    The error names the root cause: a rank killed by a signal (it could not
+    report), else the rank whose error came first (the others then fail
+    waiting for it), and the ranks still running at that moment.
+    """
+    while True:
+        codes = [p.exitcode for p in processes]
+        if all(c == 0 for c in codes):
+            return
+        failed = any(c not in (None, 0) for c in codes)
+        if failed or time.monotonic() > deadline:
+            if failed:
+                time.sleep(0.5)                  # let the echoes of the first failure land too
+                codes = [p.exitcode for p in processes]
+            _stop(processes)
+            raise RunError(_failure_message(codes, error_dir, timeout_s))
+        time.sleep(0.05)
+
+
+def _failure_message(codes: list, error_dir: str, timeout_s: float) -> str:
+    running = [r for r, c in enumerate(codes) if c is None]
+    killed = [(r, c) for r, c in enumerate(codes) if c is not None and c < 0]
+    reports = []
+    for r in range(len(codes)):
+        path = Path(error_dir, f"rank{r}.err")
+        if path.exists():
+            when, _, text = path.read_text().partition("\n")
+            reports.append((float(when), r, text))
+    if killed:
+        r, c = killed[0]
+        cause = f"rank {r} was killed by signal {signal.Signals(-c).name}"
+    elif reports:
+        _, r, text = min(reports)
+        cause = f"rank {r} failed: {text}"
+    elif any(c not in (None, 0) for c in codes):
+        r = next(r for r, c in enumerate(codes) if c not in (None, 0))
+        cause = f"rank {r} exited with status {codes[r]}"
+    else:
+        cause = f"the run did not finish by its deadline (raise timeout_s from {timeout_s:g} s if it is just slow)"
+    if running:
+        cause += f"; rank(s) {running} were still running (hung?)"
+    return cause + "; every rank was stopped"
+
+
+def _stop(processes: list) -> None:
+    for p in processes:
+        if p.is_alive():
+            p.terminate()
+    for p in processes:
+        p.join(timeout=5)
+        if p.is_alive():
+            os.kill(p.pid, signal.SIGKILL)
+            p.join(timeout=5)

@@ -1,0 +1,252 @@
+"""Run a placed training step in one process, over several devices.
+
+Nodes are issued in the plan's per-device order, interleaved by the reference
+simulator's start order; every tensor a device consumes from another device
+arrives by one copy per (tensor, destination device), made as soon as the
+tensor exists. Where CUDA is present, every plan device gets its own compute
+stream (two plan devices may share a GPU) and every (source, destination)
+pair its own copy stream; events order a copy after its producer and a
+consumer after its copy, so computation on different devices and transfers
+overlap as in the simulator. Where it is not, every device is the CPU and the
+step runs sequentially in the same order, with the same copies.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from ..errors import OptionError
+from .program import Program, call_node, copy_to
+
+__all__ = ["LocalExecutor", "default_devices"]
+
+
+def default_devices(num_devices: int) -> list[torch.device]:
+    """``cuda:j`` for plan device j where that many GPUs are present, else the CPU for every device."""
+    if torch.cuda.is_available() and torch.cuda.device_count() >= num_devices:
+        return [torch.device("cuda", j) for j in range(num_devices)]
+    return [torch.device("cpu")] * num_devices
+
+
+class LocalExecutor:
+    """Run a :class:`~placer.runtime.program.Program` in this process.
+
+    Parameters
+    ----------
+    program : Program
+    devices : sequence of str or torch.device, optional
+        The torch device of every plan device (default: :func:`default_devices`).
+    profile : bool
+        Time every operation and transfer (CUDA events on GPUs); the figures of
+        the last step are in :attr:`op_s` and :attr:`transfer_s`.
+
+    Attributes
+    ----------
+    op_s : dict of str to float
+        Seconds per graph node id, from the last profiled step.
+    transfer_s : list of (Transfer, float)
+        Seconds per transfer, from the last profiled step.
+
+    Raises
+    ------
+    OptionError
+        If ``devices`` does not give one device per plan device.
+
+    Examples
+    --------
+    >>> ex = LocalExecutor(program)                     # doctest: +SKIP
+    >>> outputs = ex.run(flat_inputs)                   # doctest: +SKIP
+    """
+
+    def __init__(self, program: Program, devices: Sequence[str | torch.device] | None = None, *,
+                 profile: bool = False):
+        self.program = program
+        n = program.num_devices
+        self.devices = default_devices(n) if devices is None else [torch.device(d) for d in devices]
+        if len(self.devices) != n:
+            raise OptionError(f"devices: {len(self.devices)} given for a plan over {n} devices")
+        self.profile = profile
+        self.cuda = any(d.type == "cuda" for d in self.devices)
+        self.op_s: dict[str, float] = {}
+        self.transfer_s: list[tuple[Any, float]] = []      # (Transfer, seconds)
+        if self.cuda:
+            self.compute = [torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in self.devices]
+            self.copy_streams: dict[tuple[int, int], tuple[Any, Any]] = {}
+            for x in program.transfers:
+                if (x.src, x.dst) not in self.copy_streams:
+                    self.copy_streams[(x.src, x.dst)] = tuple(
+                        torch.cuda.Stream(device=self.devices[j]) if self.devices[j].type == "cuda" else None
+                        for j in (x.src, x.dst))
+
+    # ------------------------------------------------------------------ api
+    def run(self, flat_inputs: Sequence[Any]) -> list[Any]:
+        """Run one step; return the step's flat outputs.
+
+        Inputs on their plan device are used in place, so the step's in-place
+        writes (new parameters, optimizer state) land in them; others are
+        copied there and the written ones copied back afterwards.
+        """
+        prog = self.program
+        if len(flat_inputs) != len(prog.placeholders):
+            raise OptionError(f"the step takes {len(prog.placeholders)} flat inputs, got {len(flat_inputs)}")
+        env: dict[tuple[fx.Node, int], Any] = {}
+        moved: list[tuple[Any, Any]] = []
+        written = {root for roots in prog.writes.values() for root in roots}
+        for p, value in zip(prog.placeholders, flat_inputs):
+            home = self.devices[prog.device_of[p]]
+            if isinstance(value, torch.Tensor) and value.device != home:
+                local = copy_to(value, home)
+                if p in written:
+                    moved.append((value, local))
+                value = local
+            env[(p, prog.device_of[p])] = value
+        if self.cuda:
+            for d in self.devices:
+                if d.type == "cuda":
+                    torch.cuda.current_stream(d).synchronize()
+            outputs = self._run_cuda(env)
+        else:
+            outputs = self._run_sequential(env)
+        for original, local in moved:
+            original.copy_(local)
+        return outputs
+
+    # ------------------------------------------------------------ internals
+    def _outputs(self, env) -> list[Any]:
+        prog = self.program
+        return [env[(v, prog.device_of[v])] if isinstance(v, fx.Node) else v for v in prog.outputs]
+
+    def _run_sequential(self, env) -> list[Any]:
+        prog = self.program
+        op_s: dict[str, float] = {}
+        transfer_s = []
+        clock = time.perf_counter
+        for p in prog.placeholders:
+            for x in prog.sends.get(p, ()):
+                t0 = clock()
+                env[(p, x.dst)] = copy_to(env[(p, x.src)], self.devices[x.dst])
+                transfer_s.append((x, clock() - t0))
+        for k, v in enumerate(prog.schedule):
+            d = prog.device_of[v]
+            values = {a: env[(a, d)] for a in v.all_input_nodes}
+            t0 = clock()
+            out = call_node(v, values, self.devices[d])
+            op_s[v] = clock() - t0
+            env[(v, d)] = out
+            for x in prog.sends.get(v, ()):
+                t0 = clock()
+                env[(v, x.dst)] = copy_to(out, self.devices[x.dst])
+                transfer_s.append((x, clock() - t0))
+            for key in prog.frees[k]:
+                env.pop(key, None)
+        if self.profile:
+            self.op_s = {prog.node_id(v): s for v, s in op_s.items() if v in prog.graph_node}
+            self.transfer_s = transfer_s
+        return self._outputs(env)
+
+    def _run_cuda(self, env) -> list[Any]:
+        prog = self.program
+        done: dict[fx.Node, torch.cuda.Event] = {}          # a value is ready on its own device
+        arrived: dict[int, torch.cuda.Event] = {}          # transfer index -> copy finished
+        timing: list[tuple[Any, Any, Any]] = []           # (fx node or Transfer, start, end)
+        entry = {d: torch.cuda.Event() for d in {dev for dev in self.devices if dev.type == "cuda"}}
+        for d, ev in entry.items():
+            ev.record(torch.cuda.current_stream(d))
+
+        def stream_of(j):
+            return self.compute[j] if self.compute[j] is not None else None
+
+        def send(v, value):
+            for x in prog.sends.get(v, ()):
+                env[(v, x.dst)] = self._copy_async(x, value, done.get(v), arrived, timing)
+
+        for s in self.compute:
+            if s is not None:
+                s.wait_event(entry[s.device])
+        for p in prog.placeholders:
+            send(p, env[(p, prog.device_of[p])])
+        for k, v in enumerate(prog.schedule):
+            d = prog.device_of[v]
+            stream = stream_of(d)
+            with _maybe_stream(stream):
+                for a in v.all_input_nodes:
+                    x = prog.recv.get((a, d))
+                    if x is not None and x.index in arrived:
+                        if stream is not None:
+                            stream.wait_event(arrived[x.index])
+                        else:                                   # a CPU device reads it now
+                            arrived[x.index].synchronize()
+                for x in prog.guard.get(v, ()):
+                    if x.index in arrived and stream is not None:
+                        stream.wait_event(arrived[x.index])
+                values = {a: env[(a, d)] for a in v.all_input_nodes}
+                if self.profile and stream is not None:
+                    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    t0.record(stream)
+                out = call_node(v, values, self.devices[d])
+                if self.profile and stream is not None:
+                    t1.record(stream)
+                    timing.append((v, t0, t1))
+                if prog.sends.get(v) and stream is not None:
+                    ev = torch.cuda.Event()
+                    ev.record(stream)
+                    done[v] = ev
+            env[(v, d)] = out
+            send(v, out)
+            for key in prog.frees[k]:
+                env.pop(key, None)
+        for dev in entry:
+            torch.cuda.synchronize(dev)
+        if self.profile:
+            self.op_s = {prog.node_id(v): t0.elapsed_time(t1) / 1e3 for v, t0, t1 in timing
+                         if isinstance(v, fx.Node) and v in prog.graph_node}
+            self.transfer_s = [(x, t0.elapsed_time(t1) / 1e3) for x, t0, t1 in timing if not isinstance(x, fx.Node)]
+        return self._outputs(env)
+
+    def _copy_async(self, x, value, ready, arrived, timing):
+        """Copy ``value`` for transfer ``x`` on its pair's copy streams, after its producer's event."""
+        if not isinstance(value, torch.Tensor):
+            return value
+        src_stream, dst_stream = self.copy_streams[(x.src, x.dst)]
+        compute_dst = self.compute[x.dst]
+        with _maybe_stream(src_stream), _maybe_stream(dst_stream):
+            for s in (src_stream, dst_stream):
+                if s is not None and ready is not None:
+                    s.wait_event(ready)
+            if self.profile:
+                t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                t0.record(dst_stream or src_stream)
+            out = copy_to(value, self.devices[x.dst])
+            if self.profile:
+                t1.record(dst_stream or src_stream)
+                timing.append((x, t0, t1))
+            ev = torch.cuda.Event()
+            ev.record(dst_stream or src_stream)
+        arrived[x.index] = ev
+        # Tell the caching allocator which streams still use these blocks.
+        if value.is_cuda:
+            for s in (src_stream, dst_stream):
+                if s is not None and s.device == value.device:
+                    value.record_stream(s)
+        if out.is_cuda and compute_dst is not None:
+            out.record_stream(compute_dst)
+        return out
+
+
+class _maybe_stream:
+    """``torch.cuda.stream(s)`` when ``s`` is a stream, else nothing."""
+
+    def __init__(self, stream):
+        self.ctx = torch.cuda.stream(stream) if stream is not None else None
+
+    def __enter__(self):
+        if self.ctx is not None:
+            self.ctx.__enter__()
+
+    def __exit__(self, *exc):
+        if self.ctx is not None:
+            self.ctx.__exit__(*exc)

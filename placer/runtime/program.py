@@ -1,0 +1,484 @@
+"""A captured training step bound to a plan: the device, order and transfers of every fx node.
+
+Both executors run a :class:`Program`. It is built once from the step's
+``torch.fx.GraphModule`` (its nodes are the graph's nodes, by name), a plan
+and a cluster:
+
+* every fx node gets a device: graph nodes the plan's; a ``getitem`` that of
+  the op whose output it picks (the capture's ``carrier``); other nodes the
+  graph leaves out that of their producer; a placeholder the graph leaves out
+  that of the node that writes it (state lives where it is updated), else
+  that of its first reader;
+* the nodes are issued in the plan's per-device order, interleaved by the
+  reference simulator's start order (its ``start_rank``), with a topological
+  repair in case the graph misses a data dependency of the fx graph;
+* one transfer per (tensor, destination device), made as soon as the tensor
+  exists (FORMATS.md rule 4), so a later in-place write cannot change what
+  another device receives;
+* a node that writes a tensor in place (``copy_`` into the new parameters and
+  optimizer state, ``native_batch_norm``'s running statistics, any
+  ``Tensor(a!)`` argument) must share that tensor's device, and keeps its
+  program order against every other reader of the tensor and of its views; a
+  transfer of such a tensor is a snapshot taken when it is sent (processes),
+  or is waited for before the write (CUDA streams).
+
+Operations split by OS-DPOS (``node_extra["split_of"]``) run as real slices,
+parts and a concat (:mod:`placer.runtime.splits`).
+"""
+
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import torch
+import torch.fx as fx
+
+from ..cluster import Cluster
+from ..errors import InvalidPlanError
+from ..graph import OpGraph
+from ..plan import Plan
+from .splits import split_step
+
+__all__ = ["Program", "Transfer", "compile_program"]
+
+
+@dataclass(frozen=True)
+class Transfer:
+    """One tensor (or Python scalar) sent from its producer's device to one other device."""
+
+    index: int          # position in Program.transfers; also the message tag
+    node: fx.Node       # producer
+    src: int            # device index
+    dst: int
+    snapshot: bool      # its storage is written in place later in the step: send a copy taken now
+
+
+@dataclass
+class Program:
+    """What both executors need to run a placed training step.
+
+    Attributes
+    ----------
+    gm : torch.fx.GraphModule
+    graph : OpGraph
+        The placed graph (node ids are fx node names).
+    cluster : Cluster
+    device_of : dict of fx.Node to int
+        Device index of every placeholder and call node.
+    schedule : list of fx.Node
+        Call nodes in issue order; each device's subsequence is its plan order.
+    placeholders : list of fx.Node
+        In the order of the step's flat inputs.
+    transfers : list of Transfer
+    sends : dict of fx.Node to list of Transfer
+        Transfers that leave as soon as the node's value exists.
+    recv : dict of (fx.Node, int) to Transfer
+        The transfer bringing a node's value to a device.
+    writes : dict of fx.Node to list of fx.Node
+        For in-place nodes, the nodes whose storage they write.
+    guard : dict of fx.Node to list of Transfer
+        For in-place nodes, the transfers of what they write that must have
+        completed before they run (the local executor's CUDA streams).
+    frees : list of list of (fx.Node, int)
+        Per schedule position, the (node, device) values that are dead after it.
+    outputs : list
+        The output node's flat arguments (fx.Node or constants).
+    predicted_s : float
+        The reference simulator's step time for this plan.
+    """
+
+    gm: fx.GraphModule
+    graph: OpGraph
+    cluster: Cluster
+    device_of: dict[fx.Node, int]
+    schedule: list[fx.Node]
+    placeholders: list[fx.Node]
+    transfers: list[Transfer]
+    sends: dict[fx.Node, list[Transfer]]
+    recv: dict[tuple[fx.Node, int], Transfer]
+    writes: dict[fx.Node, list[fx.Node]]
+    guard: dict[fx.Node, list[Transfer]]
+    frees: list[list[tuple[fx.Node, int]]]
+    outputs: list
+    predicted_s: float
+    graph_node: dict[fx.Node, int] = field(default_factory=dict)   # fx node -> graph index
+
+    @property
+    def num_devices(self) -> int:
+        return self.cluster.num_devices
+
+    def node_id(self, v: fx.Node) -> str | None:
+        """The graph node id of fx node ``v`` (None for nodes the graph leaves out)."""
+        i = self.graph_node.get(v)
+        return None if i is None else self.graph.ids[i]
+
+    def schedule_of(self, device: int) -> list[fx.Node]:
+        """The call nodes device ``device`` runs, in order."""
+        return [v for v in self.schedule if self.device_of[v] == device]
+
+
+def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, *,
+                    carrier: dict[str, str] | None = None) -> Program:
+    """Bind a captured step's GraphModule to a plan of its graph.
+
+    Parameters
+    ----------
+    gm : torch.fx.GraphModule
+        The pure functional training step; its call nodes are named by the
+        ids of ``graph``'s nodes.
+    graph : OpGraph
+        The graph the plan was made for.
+    plan : Plan
+    cluster : Cluster
+    carrier : dict of str to str, optional
+        fx node name -> the graph node it runs with (a ``getitem`` with the op
+        whose output it picks), as :class:`placer.capture.CapturedStep` gives.
+        fx nodes it does not name run with their first producer.
+
+    Returns
+    -------
+    Program
+
+    Raises
+    ------
+    InvalidPlanError
+        The plan is for another graph, is invalid (FORMATS.md rule 8), splits
+        an operation in a way the runtime cannot execute
+        (:func:`~placer.runtime.splits.split_step`), or places a node that
+        writes a tensor away from it.
+    """
+    from ..sim.simulator import simulate_bound
+
+    bound = plan.bind(graph, cluster)
+    target = bound.graph
+    gm, node_of, carrier = split_step(gm, target, carrier)
+    sim = simulate_bound(bound)
+    nodes = list(gm.graph.nodes)
+    position = {v: k for k, v in enumerate(nodes)}
+    placeholders = [v for v in nodes if v.op == "placeholder"]
+    calls = [v for v in nodes if v.op == "call_function"]
+    others = [v for v in nodes if v.op not in ("placeholder", "call_function", "output")]
+    if others:
+        raise InvalidPlanError(f"the captured step has a {others[0].op!r} node {others[0].name!r}; "
+                               f"only flat aten graphs (make_fx) can run")
+    unknown = [node_id for node_id in target.ids if node_id not in node_of]
+    if unknown:
+        raise InvalidPlanError(f"graph node {unknown[0]!r} is not a node of the captured step "
+                               f"({len(unknown)} such); the plan is for another capture")
+    graph_node = {node_of[node_id]: i for i, node_id in enumerate(target.ids)}
+
+    writes = {v: _written_roots(v) for v in calls}
+    writes = {v: w for v, w in writes.items() if w}
+    device_of: dict[fx.Node, int] = {v: int(bound.device_of[i]) for v, i in graph_node.items()}
+    for v in nodes:
+        owner = carrier.get(v.name)
+        if v not in device_of and owner in target.index:
+            device_of[v] = int(bound.device_of[target.index[owner]])
+    _place_unplaced(calls, placeholders, writes, device_of, graph_node, sim.start_rank)
+    for v, roots in writes.items():
+        for root in roots:
+            if device_of[root] != device_of[v]:
+                raise InvalidPlanError(
+                    f"node {v.name!r} writes {root.name!r} in place on {cluster.devices[device_of[v]].name!r}, "
+                    f"but {root.name!r} lives on {cluster.devices[device_of[root]].name!r}; writers of a tensor "
+                    f"must share its device (colocation)")
+
+    schedule = _issue_order(calls, graph_node, sim.start_rank, writes, position)
+    root_of = {v: _alias_root(v) for v in placeholders + calls}
+    written = {root for roots in writes.values() for root in roots}
+    transfers: list[Transfer] = []
+    sends: dict[fx.Node, list[Transfer]] = {}
+    recv: dict[tuple[fx.Node, int], Transfer] = {}
+    for v in placeholders + schedule:
+        dests = sorted({device_of[u] for u in v.users if u.op == "call_function"} - {device_of[v]})
+        for d in dests:
+            x = Transfer(len(transfers), v, device_of[v], d, root_of[v] in written)
+            transfers.append(x)
+            sends.setdefault(v, []).append(x)
+            recv[(v, d)] = x
+    guard = {w: [x for x in transfers if root_of[x.node] in roots] for w, roots in writes.items()}
+    output = next(v for v in nodes if v.op == "output")
+    outputs = list(torch.utils._pytree.tree_leaves(output.args))
+    return Program(gm=gm, graph=target, cluster=cluster, device_of=device_of, schedule=schedule,
+                   placeholders=placeholders, transfers=transfers, sends=sends, recv=recv, writes=writes,
+                   guard=guard, frees=_frees(schedule, device_of, outputs), outputs=outputs,
+                   predicted_s=float(sim.makespan_s), graph_node=graph_node)
+
+
+def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list) -> list[list[tuple[fx.Node, int]]]:
+    """Per schedule position, the (value, device) pairs last read there (outputs are kept)."""
+    last: dict[tuple[fx.Node, int], int] = {}
+    for k, v in enumerate(schedule):
+        last[(v, device_of[v])] = k
+        for a in v.all_input_nodes:
+            last[(a, device_of[v])] = k
+    keep = {(v, device_of[v]) for v in outputs if isinstance(v, fx.Node)}
+    frees: list[list[tuple[fx.Node, int]]] = [[] for _ in schedule]
+    for key, k in last.items():
+        if key not in keep:
+            frees[k].append(key)
+    return frees
+
+
+# ------------------------------------------------------------------ helpers
+def _schema(v: fx.Node):
+    return getattr(v.target, "_schema", None) if isinstance(v.target, torch._ops.OpOverload) else None
+
+
+def _arg_nodes(v: fx.Node, schema) -> list[tuple[Any, fx.Node]]:
+    """(schema argument, fx node) for every node argument of ``v`` that the schema names."""
+    out = []
+    for k, a in enumerate(schema.arguments):
+        value = v.args[k] if k < len(v.args) else v.kwargs.get(a.name)
+        for leaf in torch.utils._pytree.tree_leaves(value):
+            if isinstance(leaf, fx.Node):
+                out.append((a, leaf))
+    return out
+
+
+def _alias_root(v: fx.Node) -> fx.Node:
+    """The node whose storage ``v``'s value shares (itself unless it is a view of an input)."""
+    seen = 0
+    while seen < 10_000:
+        schema = _schema(v)
+        if schema is None or not schema.returns or schema.returns[0].alias_info is None:
+            return v
+        sets = schema.returns[0].alias_info.before_set
+        src = next((n for a, n in _arg_nodes(v, schema) if a.alias_info is not None
+                    and not a.alias_info.is_write and a.alias_info.before_set & sets), None)
+        if src is None:
+            return v
+        v = src
+        seen += 1
+    return v
+
+
+# Ops that update their running statistics (arguments 3 and 4) in training mode
+# although their schema does not mark them as written.
+_HIDDEN_STAT_WRITERS = {torch.ops.aten.native_batch_norm.default, torch.ops.aten.cudnn_batch_norm.default,
+                        torch.ops.aten.miopen_batch_norm.default}
+
+
+def _written_roots(v: fx.Node) -> list[fx.Node]:
+    """Storages that node ``v`` writes in place (schema ``Tensor(a!)`` arguments), as alias roots."""
+    schema = _schema(v)
+    if schema is None:
+        return []
+    written = [n for a, n in _arg_nodes(v, schema) if a.alias_info is not None and a.alias_info.is_write]
+    if v.target in _HIDDEN_STAT_WRITERS and len(v.args) > 5 and v.args[5] is True:
+        written += [n for n in v.args[3:5] if isinstance(n, fx.Node)]
+    roots: list[fx.Node] = []
+    for n in written:
+        root = _alias_root(n)
+        if root not in roots:
+            roots.append(root)
+    return roots
+
+
+def _place_unplaced(calls, placeholders, writes, device_of, graph_node, start_rank) -> None:
+    """Devices for the fx nodes the graph leaves out."""
+    for v in calls:
+        if v in device_of:
+            continue
+        producers = [a for a in v.all_input_nodes if a in device_of]
+        if producers:
+            device_of[v] = device_of[producers[0]]
+    writer_of: dict[fx.Node, fx.Node] = {}
+    for v, roots in writes.items():
+        for root in roots:
+            writer_of.setdefault(root, v)
+    for p in placeholders:
+        if p in device_of:
+            continue
+        if p in writer_of:
+            device_of[p] = device_of[writer_of[p]]
+            continue
+        readers = [u for u in p.users if u in graph_node]
+        if readers:
+            first = min(readers, key=lambda u: int(start_rank[graph_node[u]]))
+            device_of[p] = device_of[first]
+        else:
+            device_of[p] = 0
+    # Call nodes whose inputs are all placeholders placed just now (or constants).
+    for v in calls:
+        if v not in device_of:
+            producers = [a for a in v.all_input_nodes if a in device_of]
+            device_of[v] = device_of[producers[0]] if producers else 0
+
+
+def _issue_order(calls, graph_node, start_rank, writes, position) -> list[fx.Node]:
+    """Call nodes in the simulator's start order, repaired to respect every fx dependency.
+
+    A node of the graph is keyed by its start rank; a node the graph leaves out
+    by the latest key of its inputs (it runs right after them). Kahn's algorithm
+    with these keys as priorities gives the plan order wherever the plan is
+    consistent with the fx graph, and a valid order everywhere.
+    """
+    key: dict[fx.Node, float] = {}
+    for v in calls:
+        if v in graph_node:
+            key[v] = float(start_rank[graph_node[v]])
+        else:
+            key[v] = max((key[a] for a in v.all_input_nodes if a in key), default=-1.0)
+    deps: dict[fx.Node, set[fx.Node]] = {v: {a for a in v.all_input_nodes if a in key} for v in calls}
+    # An in-place writer keeps its program order against every other reader of what it
+    # writes (or of a view of it): earlier readers run before it, later ones after it.
+    readers_of: dict[fx.Node, list[fx.Node]] = {}
+    for v in calls:
+        for a in v.all_input_nodes:
+            readers_of.setdefault(_alias_root(a), []).append(v)
+    for v, roots in writes.items():
+        for root in roots:
+            for r in readers_of.get(root, []):
+                if r is not v:
+                    (deps[v] if position[r] < position[v] else deps[r]).add(r if position[r] < position[v] else v)
+    users: dict[fx.Node, list[fx.Node]] = {v: [] for v in calls}
+    for v, ds in deps.items():
+        for d in ds:
+            users[d].append(v)
+    pending = {v: len(ds) for v, ds in deps.items()}
+    heap = [(key[v], position[v], v.name) for v in calls if pending[v] == 0]
+    heapq.heapify(heap)
+    by_name = {v.name: v for v in calls}
+    order: list[fx.Node] = []
+    while heap:
+        _, _, name = heapq.heappop(heap)
+        v = by_name[name]
+        order.append(v)
+        for u in users[v]:
+            pending[u] -= 1
+            if pending[u] == 0:
+                heapq.heappush(heap, (key[u], position[u], u.name))
+    if len(order) != len(calls):
+        stuck = [v.name for v in calls if pending[v] > 0][:4]
+        raise InvalidPlanError(f"in-place writes of the captured step form a cycle with its reads near {stuck}")
+    return order
+
+
+# ---------------------------------------------------------------- running nodes
+def resolve(arg: Any, env: dict[fx.Node, Any]) -> Any:
+    """An fx argument with every node replaced by its value in ``env``."""
+    return fx.node.map_arg(arg, lambda n: env[n])
+
+
+def call_node(v: fx.Node, env: dict[fx.Node, Any], device: torch.device) -> Any:
+    """Run call node ``v`` on its inputs in ``env``; factory ops create their tensors on ``device``."""
+    args = resolve(v.args, env)
+    kwargs = resolve(v.kwargs, env)
+    if "device" in kwargs:
+        kwargs = dict(kwargs, device=device)
+    return v.target(*args, **kwargs)
+
+
+def python_scalar_kind(value: Any) -> torch.dtype | None:
+    """The dtype a Python scalar travels as (0-d tensor), or None for a tensor."""
+    if isinstance(value, bool):
+        return torch.bool
+    if isinstance(value, int):
+        return torch.int64
+    if isinstance(value, float):
+        return torch.float64
+    return None
+
+
+def value_spec(v: fx.Node) -> tuple:
+    """What a node's value looks like, from its trace metadata: ``("tensor", size, stride, dtype)``
+    or ``("scalar", dtype)``."""
+    if "placer_spec" in v.meta:          # nodes made by split_step
+        return v.meta["placer_spec"]
+    val = v.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return ("tensor", tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()), val.dtype)
+    if isinstance(val, (torch.SymBool, bool)):
+        return ("scalar", torch.bool)
+    if isinstance(val, (torch.SymInt, int)):
+        return ("scalar", torch.int64)
+    if isinstance(val, (torch.SymFloat, float)):
+        return ("scalar", torch.float64)
+    raise InvalidPlanError(f"node {v.name!r} produces a {type(val).__name__}, which cannot be sent between "
+                           f"devices; place it with its consumers")
+
+
+def storage_span(size: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements of storage a (size, stride) view reaches from its offset (0 when empty)."""
+    if any(n == 0 for n in size):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(size, stride))
+
+
+def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether a (size, stride) view fills one block of memory, each element once, in any dimension order."""
+    expected = 1
+    for n, st in sorted(((n, st) for n, st in zip(size, stride) if n != 1), key=lambda p: p[1]):
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def copy_to(t: Any, device: torch.device) -> Any:
+    """A copy of ``t`` on ``device`` with the same strides (Python scalars pass through).
+
+    A view with gaps or repeats (a strided slice, an ``expand``) is copied as
+    the storage it spans, so the copy has the same strides and values.
+    """
+    if not isinstance(t, torch.Tensor):
+        return t
+    if dense_layout(t.shape, t.stride()):
+        return t.to(device, copy=True, non_blocking=True)
+    span = storage_span(t.shape, t.stride())
+    raw = t.as_strided((span,), (1,), t.storage_offset()).to(device, copy=True, non_blocking=True)
+    return raw.as_strided(t.shape, t.stride(), 0)
+
+
+def pack(value: Any, spec: tuple, device: torch.device, snapshot: bool) -> torch.Tensor | None:
+    """The 1-D buffer that carries ``value`` to another process, laid out as ``spec`` says.
+
+    A tensor travels as the storage span of its captured (size, stride), so the
+    receiver rebuilds exactly that layout (:func:`unpack`); a Python scalar as a
+    0-d tensor. ``snapshot`` copies a buffer that would otherwise alias ``value``.
+    None for an empty tensor (nothing to send).
+    """
+    if spec[0] == "scalar":
+        return torch.tensor(value, dtype=spec[1], device=device)
+    _, size, stride, dtype = spec
+    span = storage_span(size, stride)
+    if span == 0:
+        return None
+    if tuple(value.stride()) == stride:
+        flat = value.as_strided((span,), (1,), value.storage_offset())
+        return flat.clone() if snapshot else flat
+    # Strides differ from the capture's: lay the values out as captured. Repeated
+    # elements (stride 0) are written once, through the first index of those dimensions.
+    laid = torch.empty(span, dtype=dtype, device=device)
+    first = [0 if st == 0 else slice(None) for st in stride]
+    one = [1 if st == 0 else n for n, st in zip(size, stride)]
+    laid.as_strided(one, stride, 0).copy_(value[tuple(first)].reshape(one))
+    return laid
+
+
+def unpack(buf: torch.Tensor | None, spec: tuple, device: torch.device) -> Any:
+    """The value :func:`pack` sent, from the received buffer."""
+    if spec[0] == "scalar":
+        return buf.item()
+    _, size, stride, dtype = spec
+    if buf is None:
+        return torch.empty_strided(size, stride, dtype=dtype, device=device)
+    return buf.as_strided(size, stride, 0)
+
+
+def message_bytes(spec: tuple) -> int:
+    """Bytes :func:`pack` sends for a value of ``spec``."""
+    if spec[0] == "scalar":
+        return torch.empty((), dtype=spec[1]).element_size()
+    return storage_span(spec[1], spec[2]) * torch.empty((), dtype=spec[3]).element_size()
+
+
+def receive_buffer(spec: tuple, device: torch.device) -> torch.Tensor | None:
+    """An uninitialised buffer for what :func:`pack` sends for ``spec`` (None when nothing is sent)."""
+    if spec[0] == "scalar":
+        return torch.empty((), dtype=spec[1], device=device)
+    span = storage_span(spec[1], spec[2])
+    return None if span == 0 else torch.empty(span, dtype=spec[3], device=device)

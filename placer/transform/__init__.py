@@ -1,0 +1,1 @@
+"""Graph transforms that run before placement: coarsening, fusion, op splitting, replication; each maps back."""

@@ -1,0 +1,294 @@
+"""The data-parallel graph: one replica of the step per device, each on 1/n of the batch, gradients all-reduced.
+
+Strong scaling: the global batch stays fixed, so every batch-proportional
+operation of a replica (forward and backward, the nodes that depend on the
+batch up to the gradients) takes 1/n of the original time and memory, while
+parameters, optimizer state and the optimizer's own arithmetic stay whole in
+every replica.
+
+Gradients are found where the optimizer reads them: walking back from every
+in-place state write (a colocation group that holds parameters or optimizer
+state) along batch-dependent edges of the state's size, through the
+optimizer's element-wise arithmetic (nodes whose batch-dependent inputs all
+have the state's size), to the first node that reads anything else: the
+backward operation that produced the gradient.
+
+They are reduced as PyTorch DDP does: in buckets of about 25 MiB, filled in
+the order the gradients are produced, each bucket by a ring all-reduce of
+``2 (n - 1)`` steps (Patarasuk and Yuan 2009). Step ``s`` of a bucket on
+replica ``i`` is a node that receives ``1/n`` of the bucket from step
+``s - 1`` on replica ``i - 1``, so the ring's traffic travels on the
+channels and queues there like any other transfer. The first ``n - 1``
+steps add a chunk (reduce-scatter), the others copy one (all-gather). Every
+reader of a gradient then reads the bucket's last step on its own replica.
+
+Every node records ``node_extra["replica"]`` (its replica) and
+``"replica_of"`` (the original id); all-reduce steps record
+``"allreduce": {"bucket": b, "step": s, "gradients": [ids]}``.
+
+References
+----------
+Yi et al., FastT, CoNEXT 2020, Section 5.2 (the data-parallel start graph);
+Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
+Training", VLDB 2020 (gradient buckets, 25 MiB); Patarasuk and Yuan,
+"Bandwidth optimal all-reduce algorithms for clusters of workstations",
+JPDC 2009 (the ring).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import OptionError
+from ..graph import OpGraph
+from .split import batch_dependent, part_rows
+
+__all__ = ["data_parallel_graph", "gradients", "DataParallelGraph", "BUCKET_BYTES"]
+
+BUCKET_BYTES = 25 << 20
+
+
+@dataclass
+class DataParallelGraph:
+    """The replicated graph and how it maps back.
+
+    Attributes
+    ----------
+    graph : OpGraph
+    replica : ndarray of int
+        Replica of every node (all-reduce steps included).
+    original : ndarray of int
+        Index in the original graph of every node, -1 for all-reduce steps.
+    """
+
+    graph: OpGraph
+    replica: np.ndarray
+    original: np.ndarray
+
+
+def gradients(graph: OpGraph) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The gradient tensors the optimizer reads, and the optimizer's own nodes.
+
+    Returns
+    -------
+    grads : list of (node, tensor)
+        Producer and output index of every gradient, in topological order of the producers.
+    optimizer : ndarray of bool
+        Nodes between a gradient and the state write (element-wise optimizer arithmetic).
+    """
+    n = graph.num_nodes
+    batch = batch_dependent(graph)
+    ptr, eids = graph.in_edges
+    src, nbytes, tensor = graph.src, graph.edge_bytes, graph.edge_tensor
+    optimizer = np.zeros(n, dtype=bool)
+    found: set[tuple[int, int]] = set()
+    for members in graph.colocation_groups.values():
+        size = int(graph.param_bytes[members].max())
+        if size <= 0:
+            continue
+        inside = set(members.tolist())
+
+        def feeding(v: int) -> list[int]:
+            """In-edges of v that carry a batch-dependent tensor from outside the group."""
+            return [e for e in eids[ptr[v]:ptr[v + 1]].tolist() if batch[src[e]] and int(src[e]) not in inside]
+
+        stack = [e for w in members.tolist() for e in feeding(w) if nbytes[e] == size]
+        seen: set[int] = set()
+        while stack:
+            e = stack.pop()
+            u = int(src[e])
+            further = feeding(u)
+            # Element-wise optimizer arithmetic reads only state-sized batch-dependent tensors;
+            # the first node that reads anything else (activations) produced the gradient.
+            if further and all(nbytes[f] == size for f in further):
+                if u not in seen:
+                    seen.add(u)
+                    optimizer[u] = True
+                    stack.extend(further)
+            else:
+                found.add((u, int(tensor[e])))
+    position = np.empty(n, dtype=np.int64)
+    position[graph.topological_order] = np.arange(n)
+    grads = sorted(found, key=lambda g: (position[g[0]], g[1]))
+    return grads, optimizer
+
+
+def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BUCKET_BYTES) -> DataParallelGraph:
+    """``replicas`` copies of the step on 1/``replicas`` of the batch each, with ring all-reduces of the gradients.
+
+    Parameters
+    ----------
+    graph : OpGraph
+    replicas : int
+        Number of replicas (devices), >= 1.
+    bucket_bytes : int
+        Gradients are reduced in buckets of about this many bytes.
+
+    Returns
+    -------
+    DataParallelGraph
+
+    Raises
+    ------
+    OptionError
+        If ``replicas`` < 1 or ``bucket_bytes`` < 1.
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2, branches=1)
+    >>> dp = data_parallel_graph(g, 2)
+    >>> [g.ids[u] for u, _ in gradients(g)[0]]
+    ['block1.b0.bwd_weight', 'block0.b0.bwd_weight']
+    >>> dp.graph.num_nodes - 2 * g.num_nodes     # two ~16 MiB buckets of 2 (n - 1) steps on each replica
+    8
+    """
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise OptionError(f"replicas must be an integer >= 1, got {replicas!r}")
+    if bucket_bytes < 1:
+        raise OptionError(f"bucket_bytes must be >= 1, got {bucket_bytes!r}")
+    n, r = graph.num_nodes, replicas
+    batch = batch_dependent(graph)
+    grads, optimizer = gradients(graph) if r > 1 else ([], np.zeros(n, dtype=bool))
+    scaled = batch & ~optimizer                       # batch-proportional: 1/r of the work per replica
+    factor = np.where(scaled, 1.0 / r, 1.0)
+    is_grad_edge = np.zeros(graph.num_edges, dtype=bool)
+    grad_set = set(grads)
+    for e, (u, t) in enumerate(zip(graph.src.tolist(), graph.edge_tensor.tolist())):
+        is_grad_edge[e] = (u, t) in grad_set
+    # A gradient keeps its size; other tensors out of a scaled node shrink with the batch.
+    edge_factor = np.where(is_grad_edge, 1.0, factor[graph.src])
+
+    buckets: list[list[tuple[int, int]]] = []
+    grad_bytes = {}
+    for u, t in grads:
+        sel = (graph.src == u) & (graph.edge_tensor == t)
+        grad_bytes[(u, t)] = int(graph.edge_bytes[sel].max())
+    filled = bucket_bytes
+    for g in grads:
+        if filled + grad_bytes[g] > bucket_bytes and filled > 0:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(g)
+        filled += grad_bytes[g]
+    bucket_of = {g: b for b, members in enumerate(buckets) for g in members}
+
+    ids: list[str] = []
+    fields: dict[str, list] = {k: [] for k in ("compute_s", "output_bytes", "param_bytes", "temp_bytes", "flops",
+                                               "op", "layer", "colocation", "device_kinds", "compute_s_by_kind",
+                                               "splittable", "node_extra")}
+    replica_of: list[int] = []
+    original: list[int] = []
+
+    def add(node_id: str, rep: int, orig: int, **values) -> int:
+        ids.append(node_id)
+        for key in fields:
+            fields[key].append(values.get(key, _DEFAULTS[key]))
+        replica_of.append(rep)
+        original.append(orig)
+        return len(ids) - 1
+
+    base = np.empty((r, n), dtype=np.int64)
+    for k in range(r):
+        for i in range(n):
+            f = factor[i]
+            by_kind = graph.compute_s_by_kind[i]
+            base[k, i] = add(
+                f"r{k}/{graph.ids[i]}", k, i, compute_s=float(graph.compute_s[i]) * f,
+                output_bytes=int(round(graph.output_bytes[i] * f)), param_bytes=int(graph.param_bytes[i]),
+                temp_bytes=int(round(graph.temp_bytes[i] * f)), flops=float(graph.flops[i]) * f,
+                op=graph.op[i], layer=graph.layer[i],
+                colocation=None if graph.colocation[i] is None else f"r{k}/{graph.colocation[i]}",
+                device_kinds=graph.device_kinds[i],
+                compute_s_by_kind=None if not by_kind else {kind: s * f for kind, s in by_kind.items()},
+                splittable=_replica_splittable(graph.splittable[i], k, r) if scaled[i] else graph.splittable[i],
+                node_extra={**graph.node_extra[i], "replica": k, "replica_of": graph.ids[i]})
+    src: list[int] = []
+    dst: list[int] = []
+    ebytes: list[int] = []
+    etensor: list[int] = []
+    for k in range(r):
+        for e in range(graph.num_edges):
+            if is_grad_edge[e]:
+                continue      # readers of a gradient read the all-reduced bucket instead
+            src.append(base[k, graph.src[e]])
+            dst.append(base[k, graph.dst[e]])
+            ebytes.append(int(round(graph.edge_bytes[e] * edge_factor[e])))
+            etensor.append(int(graph.edge_tensor[e]))
+
+    steps = 2 * (r - 1)
+    last_step: dict[tuple[int, int], int] = {}     # (bucket, replica) -> node of its last step
+    for b, members in enumerate(buckets):
+        total = sum(grad_bytes[g] for g in members)
+        chunk = -(-total // r)
+        names = [graph.ids[u] + (f":{t}" if t else "") for u, t in members]
+        step_node = np.empty((r, steps), dtype=np.int64)
+        for s in range(steps):
+            reduce = s < r - 1
+            cost, by_kind = _chunk_add_time(chunk) if reduce else (0.0, None)
+            for k in range(r):
+                step_node[k, s] = add(
+                    f"r{k}/allreduce{b}.step{s}", k, -1, compute_s=cost, compute_s_by_kind=by_kind,
+                    output_bytes=total if s == steps - 1 else chunk, op="allreduce.add" if reduce else "allreduce.copy",
+                    node_extra={"replica": k, "allreduce": {"bucket": b, "step": s, "gradients": names}})
+        for k in range(r):
+            last_step[(b, k)] = int(step_node[k, steps - 1])
+            prev = (k - 1) % r
+            for s in range(steps):
+                if s == 0:
+                    for u, t in members:
+                        for rep, nbytes in ((k, grad_bytes[(u, t)]), (prev, -(-grad_bytes[(u, t)] // r))):
+                            src.append(base[rep, u])
+                            dst.append(step_node[k, 0])
+                            ebytes.append(nbytes)
+                            etensor.append(t)
+                else:
+                    for rep, nbytes in ((k, chunk), (prev, chunk)):
+                        src.append(step_node[rep, s - 1])
+                        dst.append(step_node[k, s])
+                        ebytes.append(nbytes)
+                        etensor.append(0)
+    # Readers of each gradient read their replica's last step of its bucket.
+    for e in np.flatnonzero(is_grad_edge).tolist():
+        b = bucket_of[(int(graph.src[e]), int(graph.edge_tensor[e]))]
+        for k in range(r):
+            src.append(last_step[(b, k)])
+            dst.append(base[k, graph.dst[e]])
+            ebytes.append(int(graph.edge_bytes[e]))
+            etensor.append(0)
+    out = OpGraph(ids, fields["compute_s"], src, dst, ebytes, etensor, output_bytes=fields["output_bytes"],
+                  param_bytes=fields["param_bytes"], temp_bytes=fields["temp_bytes"], flops=fields["flops"],
+                  op=fields["op"], layer=fields["layer"], colocation=fields["colocation"],
+                  device_kinds=fields["device_kinds"], compute_s_by_kind=fields["compute_s_by_kind"],
+                  splittable=fields["splittable"], node_extra=fields["node_extra"], name=graph.name,
+                  extra={**graph.extra, "data_parallel": {"replicas": r, "buckets": len(buckets)}})
+    return DataParallelGraph(out, np.asarray(replica_of, dtype=np.int64), np.asarray(original, dtype=np.int64))
+
+
+_DEFAULTS = dict(compute_s=0.0, output_bytes=0, param_bytes=0, temp_bytes=0, flops=np.nan, op=None, layer=None,
+                 colocation=None, device_kinds=None, compute_s_by_kind=None, splittable=None, node_extra=None)
+
+
+def _replica_splittable(splittable: list[dict] | None, replica: int, replicas: int) -> list[dict] | None:
+    """A replica's share of the batch dimension (the other dimensions keep their extent)."""
+    if not splittable:
+        return splittable
+    out = []
+    for item in splittable:
+        if item.get("dim") == "batch":
+            lo, hi = part_rows(int(item["size"]), replicas)[replica]
+            if hi - lo < 1:
+                continue
+            item = {**item, "size": hi - lo}
+        out.append(item)
+    return out or None
+
+
+def _chunk_add_time(chunk: int) -> tuple[float, dict[str, float]]:
+    """Roofline time of adding a received chunk into the local one (read two, write one)."""
+    from ..cost.analytic import DEVICE_SPECS, node_time_s
+
+    times = {k: float(node_time_s(k, chunk / 4, 3.0 * chunk)) for k in DEVICE_SPECS}
+    return times["V100"], times

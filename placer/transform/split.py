@@ -1,0 +1,249 @@
+"""Operation splitting (FastT Algorithm 2, SplitOperation): one op becomes n parts with split and concat nodes.
+
+Splitting an operation along its batch dimension into ``n`` parts lets the
+parts run on different devices (fine-grained data parallelism inside one
+operation). For every input that carries the batch, a *split* node cuts it
+into ``n`` slices, one per part; inputs without the batch (weights) go whole
+to every part; for every output tensor a *concat* node joins the parts'
+slices for the consumers.
+
+Costs come from the graph's own: a part of ``k`` rows out of ``B`` takes
+``k / B`` of the op's time (per device kind too), FLOPs, output and
+workspace; a batch slice of a contiguous tensor is a view, so a split node
+costs nothing (the slices' transfers are the data movement), and a concat
+node costs one copy of its output (read and write) on the analytic roofline
+of each device kind the op has a time for.
+
+Every rewritten node records where it came from in ``node_extra``:
+parts ``{"split_of": id, "part": k, "parts": n, "dim": d, "rows": [lo, hi]}``,
+split nodes ``{"split_of": id, "role": "split", "parts": n, "dim": d,
+"source": producer id, "tensor": t}``, concat nodes ``{"split_of": id,
+"role": "concat", "parts": n, "dim": d, "tensor": t}``, so that the
+runtime can execute them and :func:`original_ids` maps back.
+
+References
+----------
+Yi et al., FastT, CoNEXT 2020, Section 5.2 and Algorithm 2 (SplitOperation).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..errors import OptionError
+from ..graph import OpGraph
+
+__all__ = ["split_operation", "batch_dependent", "split_dims", "original_ids", "part_rows"]
+
+#: The dimension names this transform knows how to split.
+SUPPORTED_DIMS = ("batch",)
+
+
+def batch_dependent(graph: OpGraph) -> np.ndarray:
+    """Boolean per node: does its output depend on the batch (reachable from a batch input)?
+
+    Batch inputs are sources that hold no parameters and are placeholders
+    (or have no op name, as in generated graphs). Parameters, optimizer
+    state and constants are not batch-dependent, nor is what derives from
+    them alone.
+    """
+    n = graph.num_nodes
+    indegree = np.bincount(graph.dst, minlength=n)
+    is_input = np.array([op in (None, "placeholder") for op in graph.op], dtype=bool)
+    reached = (indegree == 0) & (graph.param_bytes == 0) & is_input
+    ptr, eids = graph.out_edges
+    dst = graph.dst[eids].tolist()
+    ptr = ptr.tolist()
+    flag = reached.tolist()
+    for u in graph.topological_order.tolist():
+        if flag[u]:
+            for k in range(ptr[u], ptr[u + 1]):
+                flag[dst[k]] = True
+    return np.asarray(flag, dtype=bool)
+
+
+def split_dims(graph: OpGraph, node: int) -> dict[str, int]:
+    """The dimensions this transform can split ``node`` along, with their extents (>= 2)."""
+    return {item["dim"]: int(item["size"]) for item in graph.splittable[node] or []
+            if item.get("dim") in SUPPORTED_DIMS and int(item.get("size", 0)) >= 2}
+
+
+def part_rows(size: int, parts: int) -> list[tuple[int, int]]:
+    """Rows ``[lo, hi)`` of each part when ``size`` rows are cut into ``parts`` nearly equal parts.
+
+    Examples
+    --------
+    >>> part_rows(10, 3)
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    base, extra = divmod(size, parts)
+    bounds = np.cumsum([0] + [base + (1 if k < extra else 0) for k in range(parts)]).tolist()
+    return list(zip(bounds[:-1], bounds[1:]))
+
+
+def _copy_time(graph: OpGraph, node: int, nbytes: float) -> tuple[float, dict[str, float] | None]:
+    """Roofline time of copying ``nbytes`` (read + write) on the reference kind and on the op's own kinds."""
+    from ..cost.analytic import DEVICE_SPECS, node_time_s
+
+    dtype = graph.node_extra[node].get("dtype", "float32")
+    reference = float(node_time_s("V100", 0.0, 2.0 * nbytes, dtype))
+    kinds = graph.compute_s_by_kind[node] or {}
+    by_kind = {k: float(node_time_s(k, 0.0, 2.0 * nbytes, dtype)) for k in kinds if k in DEVICE_SPECS}
+    return reference, by_kind or None
+
+
+def original_ids(graph: OpGraph) -> list[str]:
+    """For every node of a rewritten graph, the id of the original node it comes from."""
+    return [extra.get("split_of", node_id) for node_id, extra in zip(graph.ids, graph.node_extra)]
+
+
+def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
+    """FastT's SplitOperation: ``node`` becomes ``parts`` sub-operations with split and concat nodes.
+
+    Parameters
+    ----------
+    graph : OpGraph
+    node : str
+        Id of the operation to split; its ``splittable`` must list ``dim``.
+    dim : str
+        The dimension to split along (``"batch"``).
+    parts : int
+        Number of parts, 2 to the dimension's extent.
+
+    Returns
+    -------
+    OpGraph
+        The rewritten graph; the new nodes take the split node's place in the
+        listing order (split nodes, parts, concat nodes).
+
+    Raises
+    ------
+    OptionError
+        If the node is unknown, ``dim`` is not one it may be split along, or
+        ``parts`` is out of range.
+
+    Examples
+    --------
+    >>> g = OpGraph(["x", "conv", "y"], [0.0, 4.0, 1.0], [0, 1], [1, 2], [64, 32],
+    ...             op=["placeholder", "aten.convolution", "aten.relu"], output_bytes=[64, 32, 32],
+    ...             splittable=[None, [{"dim": "batch", "size": 8}], None])
+    >>> s = split_operation(g, "conv", "batch", 2)
+    >>> s.ids
+    ['x', 'conv@split0', 'conv@part0', 'conv@part1', 'conv@concat0', 'y']
+    >>> s.compute_s[2:4].tolist(), s.edge_bytes.tolist()
+    ([2.0, 2.0], [64, 32, 32, 16, 16, 32])
+
+    References
+    ----------
+    Yi et al., FastT, CoNEXT 2020, Algorithm 2, function SplitOperation.
+    """
+    x = graph.index.get(node)
+    if x is None:
+        raise OptionError(f"cannot split unknown node {node!r}")
+    dims = split_dims(graph, x)
+    if dim not in dims:
+        raise OptionError(f"node {node!r} cannot be split along {dim!r}; it may be split along {sorted(dims) or 'nothing'}")
+    if not 2 <= parts <= dims[dim]:
+        raise OptionError(f"node {node!r}: parts must be between 2 and {dims[dim]} (its {dim!r} extent), got {parts!r}")
+    rows = part_rows(dims[dim], parts)
+    share = [(hi - lo) / dims[dim] for lo, hi in rows]
+    sliced = batch_dependent(graph)
+
+    # Inputs of x merged per (producer, tensor) at their largest bytes; outputs per tensor.
+    in_edges = np.flatnonzero(graph.dst == x)
+    out_edges = np.flatnonzero(graph.src == x)
+    inputs: dict[tuple[int, int], int] = {}
+    for e in in_edges.tolist():
+        key = (int(graph.src[e]), int(graph.edge_tensor[e]))
+        inputs[key] = max(inputs.get(key, 0), int(graph.edge_bytes[e]))
+    outputs: dict[int, int] = {}
+    for e in out_edges.tolist():
+        t = int(graph.edge_tensor[e])
+        outputs[t] = max(outputs.get(t, 0), int(graph.edge_bytes[e]))
+
+    taken = set(graph.ids)
+
+    def fresh(name: str) -> str:
+        candidate, k = name, 0
+        while candidate in taken:
+            k += 1
+            candidate = f"{name}~{k}"
+        taken.add(candidate)
+        return candidate
+
+    base = {"split_of": node, "parts": parts, "dim": dim}
+    new_nodes: list[dict[str, Any]] = []      # constructor fields of each new node
+    new_edges: list[tuple[str, str, int, int]] = []
+    part_ids = [fresh(f"{node}@part{k}") for k in range(parts)]
+    extra_x = graph.node_extra[x]
+    for j, ((u, t), nbytes) in enumerate(sorted(inputs.items())):
+        source = graph.ids[u]
+        if not sliced[u]:
+            for pid in part_ids:                 # weights and other batch-free inputs go whole to every part
+                new_edges.append((source, pid, nbytes, t))
+            continue
+        sid = fresh(f"{node}@split{j}")
+        new_nodes.append(dict(id=sid, compute_s=0.0, op="aten.split", layer=graph.layer[x],
+                              device_kinds=graph.device_kinds[x], node_extra={**base, "role": "split",
+                                                                               "source": source, "tensor": t}))
+        new_edges.append((source, sid, nbytes, t))
+        for k, pid in enumerate(part_ids):       # one tensor per slice: each travels on its own
+            new_edges.append((sid, pid, int(round(nbytes * share[k])), k))
+    by_kind = graph.compute_s_by_kind[x]
+    for k, pid in enumerate(part_ids):
+        f = share[k]
+        extra = {key: value for key, value in extra_x.items() if key != "bytes_accessed"}
+        if "bytes_accessed" in extra_x:
+            extra["bytes_accessed"] = int(round(extra_x["bytes_accessed"] * f))
+        extra.update({**base, "part": k, "rows": list(rows[k])})
+        new_nodes.append(dict(
+            id=pid, compute_s=float(graph.compute_s[x]) * f, op=graph.op[x], layer=graph.layer[x],
+            output_bytes=int(round(graph.output_bytes[x] * f)), temp_bytes=int(round(graph.temp_bytes[x] * f)),
+            # Every part needs the whole weights; the first keeps the op's colocation (its state's home).
+            param_bytes=int(graph.param_bytes[x]), colocation=graph.colocation[x] if k == 0 else None,
+            device_kinds=graph.device_kinds[x], flops=float(graph.flops[x]) * f,
+            compute_s_by_kind=None if not by_kind else {kind: s * f for kind, s in by_kind.items()},
+            node_extra=extra))
+    concat_of: dict[int, str] = {}
+    for t, nbytes in sorted(outputs.items()):
+        cid = fresh(f"{node}@concat{t}")
+        concat_of[t] = cid
+        reference, kinds = _copy_time(graph, x, nbytes)
+        new_nodes.append(dict(id=cid, compute_s=reference, compute_s_by_kind=kinds, op="aten.cat",
+                              layer=graph.layer[x], output_bytes=nbytes, device_kinds=graph.device_kinds[x],
+                              node_extra={**base, "role": "concat", "tensor": t}))
+        for k, pid in enumerate(part_ids):
+            new_edges.append((pid, cid, int(round(nbytes * share[k])), t))
+    for e in out_edges.tolist():
+        new_edges.append((concat_of[int(graph.edge_tensor[e])], graph.ids[int(graph.dst[e])],
+                          int(graph.edge_bytes[e]), 0))
+    return _rebuild(graph, x, new_nodes, new_edges)
+
+
+_NODE_DEFAULTS = dict(output_bytes=0, param_bytes=0, temp_bytes=0, flops=np.nan, op=None, layer=None,
+                      colocation=None, device_kinds=None, compute_s_by_kind=None, splittable=None, node_extra=None)
+_NODE_ARRAYS = ("compute_s", "output_bytes", "param_bytes", "temp_bytes", "flops")
+_NODE_LISTS = ("op", "layer", "colocation", "device_kinds", "compute_s_by_kind", "splittable", "node_extra")
+
+
+def _rebuild(graph: OpGraph, removed: int, new_nodes: list[dict], new_edges: list[tuple[str, str, int, int]]) -> OpGraph:
+    """``graph`` without node ``removed`` and its edges, with ``new_nodes`` in its place and ``new_edges`` added."""
+    keep = [i for i in range(graph.num_nodes) if i != removed]
+    before, after = keep[:removed], keep[removed:]
+    ids = [graph.ids[i] for i in before] + [nd["id"] for nd in new_nodes] + [graph.ids[i] for i in after]
+    fields: dict[str, Any] = {}
+    for name in _NODE_ARRAYS + _NODE_LISTS:
+        old = getattr(graph, name)
+        new = [nd.get(name, _NODE_DEFAULTS.get(name)) for nd in new_nodes]
+        fields[name] = [old[i] for i in before] + new + [old[i] for i in after]
+    index = {node_id: i for i, node_id in enumerate(ids)}
+    kept = np.flatnonzero((graph.src != removed) & (graph.dst != removed))
+    src = [index[graph.ids[s]] for s in graph.src[kept].tolist()] + [index[e[0]] for e in new_edges]
+    dst = [index[graph.ids[d]] for d in graph.dst[kept].tolist()] + [index[e[1]] for e in new_edges]
+    nbytes = graph.edge_bytes[kept].tolist() + [e[2] for e in new_edges]
+    tensor = graph.edge_tensor[kept].tolist() + [e[3] for e in new_edges]
+    edge_extra = [graph.edge_extra[e] for e in kept.tolist()] + [{} for _ in new_edges]
+    return OpGraph(ids, src=src, dst=dst, edge_bytes=nbytes, edge_tensor=tensor, edge_extra=edge_extra,
+                   name=graph.name, extra=graph.extra, **fields)

@@ -1,0 +1,255 @@
+"""List schedulers (HEFT, DPOS, m-TOPO, m-ETF, m-SCT) against hand-computed schedules and the simulator."""
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from placer import OpGraph, place, simulate
+from placer.algorithms.baechi import etf_schedule, favourite_children, m_topo_schedule
+from placer.algorithms.fastt import critical_path, dpos_schedule
+from placer.algorithms.heft import heft_schedule
+from placer.algorithms.list_scheduling import Timeline, upward_ranks
+from placer.cluster import Channel, Cluster, Device, load_cluster
+from placer.errors import InfeasibleError, OptionError
+from placer.generate import random_dag, training_graph
+
+LIST_SCHEDULERS = ["heft", "dpos", "m_topo", "m_etf", "m_sct"]
+SCHEDULES = {"heft": heft_schedule, "dpos": dpos_schedule, "m_topo": m_topo_schedule, "m_etf": etf_schedule}
+GiB = 1 << 30
+
+
+def mesh(kinds, bandwidth=1.0, latency=0.0, memory=10**12, speeds=None, shared=False):
+    devices = [Device(f"d{j}", k, memory, 1.0 if speeds is None else speeds[j]) for j, k in enumerate(kinds)]
+    names = [d.name for d in devices]
+    if shared:
+        channels = [Channel(f"{a}->*", bandwidth, latency, tuple((a, b) for b in names if b != a)) for a in names]
+    else:
+        channels = [Channel(f"{a}->{b}", bandwidth, latency, ((a, b),)) for a in names for b in names if a != b]
+    return Cluster("test", devices, channels)
+
+
+def graph(nodes, edges, **kw):
+    """nodes: {id: compute_s}; edges: [(src, dst, bytes)], each edge its own tensor."""
+    ids = list(nodes)
+    idx = {k: i for i, k in enumerate(ids)}
+    return OpGraph(ids, [nodes[k] for k in ids], [idx[e[0]] for e in edges], [idx[e[1]] for e in edges],
+                   [e[2] for e in edges], list(range(len(edges))), **kw)
+
+
+# ------------------------------------------------------------------ HEFT, Topcuoglu et al. 2002, Fig. 2
+HEFT_COSTS = {1: (14, 16, 9), 2: (13, 19, 18), 3: (11, 13, 19), 4: (13, 8, 17), 5: (12, 13, 10),
+              6: (13, 16, 9), 7: (7, 15, 11), 8: (5, 11, 14), 9: (18, 12, 20), 10: (21, 7, 16)}
+HEFT_EDGES = [(1, 2, 18), (1, 3, 12), (1, 4, 9), (1, 5, 11), (1, 6, 14), (2, 8, 19), (2, 9, 16), (3, 7, 23),
+              (4, 8, 27), (4, 9, 23), (5, 9, 13), (6, 8, 15), (7, 10, 17), (8, 10, 11), (9, 10, 13)]
+
+
+def heft_example():
+    """The paper's 10 tasks on processors P1-P3: one device kind each, 1 byte/s links without latency."""
+    g = graph({f"n{i}": 1.0 for i in HEFT_COSTS}, [(f"n{a}", f"n{b}", c) for a, b, c in HEFT_EDGES],
+              compute_s_by_kind=[{f"P{k + 1}": float(t) for k, t in enumerate(HEFT_COSTS[i])} for i in HEFT_COSTS])
+    return g, mesh(["P1", "P2", "P3"])
+
+
+def test_heft_upward_ranks_of_the_classic_example():
+    g, cluster = heft_example()
+    ranks = upward_ranks(g, cluster, "mean")
+    expected = [108.0, 77.0, 80.0, 80.0, 69.0, 63.333, 42.667, 35.667, 44.333, 14.667]
+    assert np.allclose(ranks, expected, atol=1e-3)
+
+
+def test_heft_schedule_of_the_classic_example_is_80():
+    g, cluster = heft_example()
+    sched = heft_schedule(g, cluster, contention=False)   # the paper's model: links never congest
+    assert sched.makespan_s == 80.0
+    # Fig. 4(a): processor and start time of n1..n10.
+    assert sched.device_of.tolist() == [2, 0, 2, 1, 2, 1, 2, 0, 1, 1]
+    assert sched.start.tolist() == [0, 27, 9, 18, 28, 26, 38, 57, 56, 73]
+    assert [seq.tolist() for seq in sched.orders] == [[1, 7], [3, 5, 8, 9], [0, 2, 4, 6]]
+
+
+def test_heft_with_congested_links_predicts_what_the_simulator_measures():
+    g, cluster = heft_example()
+    sched = heft_schedule(g, cluster)
+    result = simulate(g, cluster, sched.device_of, sched.orders)
+    assert np.array_equal(result.start, sched.start)
+    assert result.makespan_s == sched.makespan_s > 80.0   # n1's two transfers to P2 now queue on one link
+
+
+# ------------------------------------------------------------------ small hand-computed graphs
+def diamond():
+    """a(1) -> b(2), c(2) -> d(1); every transfer 0.5 s (1 byte at 2 bytes/s)."""
+    return graph({"a": 1.0, "b": 2.0, "c": 2.0, "d": 1.0},
+                 [("a", "b", 1), ("a", "c", 1), ("b", "d", 1), ("c", "d", 1)])
+
+
+@pytest.mark.parametrize("schedule", [etf_schedule, heft_schedule])
+def test_diamond_runs_its_branches_in_parallel(schedule):
+    g, cluster = diamond(), mesh(["X", "X"], bandwidth=2.0)
+    sched = schedule(g, cluster)
+    # a [0,1] and b [1,3] on one device, c [1.5,3.5] on the other after a's transfer;
+    # d follows c: its input from b arrives at 3.5 as well.
+    assert sched.start.tolist() == [0.0, 1.0, 1.5, 3.5]
+    assert sched.device_of[3] == sched.device_of[2] != sched.device_of[1]
+    result = simulate(g, cluster, sched.device_of, sched.orders)
+    assert np.array_equal(result.start, sched.start) and result.makespan_s == 4.5
+
+
+def test_dpos_keeps_the_critical_path_on_its_device():
+    # The path a -> b -> d (b before c: equal ranks, b listed first) stays on d0, so d waits for c's transfer.
+    g, cluster = diamond(), mesh(["X", "X"], bandwidth=2.0)
+    sched = dpos_schedule(g, cluster)
+    assert sched.device_of.tolist() == [0, 0, 1, 0]
+    assert sched.start.tolist() == [0.0, 1.0, 1.5, 4.0]
+    assert simulate(g, cluster, sched.device_of, sched.orders).makespan_s == sched.makespan_s == 5.0
+
+
+def test_etf_picks_the_earliest_start_where_heft_picks_the_earliest_finish():
+    # a (1 s) -> b (4 s) with a 1-s transfer; d1 runs four times faster than d0.
+    g = graph({"a": 1.0, "b": 4.0}, [("a", "b", 1)])
+    cluster = mesh(["X", "X"], speeds=[1.0, 4.0])
+    # ETF: a may start at 0 anywhere (lowest index wins); b starts at 1 on d0 but only at 2 on d1.
+    sched = etf_schedule(g, cluster)
+    assert sched.device_of.tolist() == [0, 0] and sched.makespan_s == 5.0
+    # HEFT: a finishes first on d1 (0.25 s), and b follows it there.
+    sched = heft_schedule(g, cluster)
+    assert sched.device_of.tolist() == [1, 1] and sched.makespan_s == 1.25
+
+
+def test_m_topo_fills_devices_in_topological_order_up_to_their_share():
+    # Four 1-GiB nodes in a chain on two devices: share = 4/2 + 1 = 3 GiB each.
+    g = graph({f"n{i}": 1.0 for i in range(4)}, [(f"n{i}", f"n{i + 1}", 0) for i in range(3)],
+              param_bytes=[GiB] * 4)
+    cluster = mesh(["X", "X"], memory=8 * GiB)
+    sched = m_topo_schedule(g, cluster)
+    assert sched.device_of.tolist() == [0, 0, 0, 1]
+    assert sched.start.tolist() == [0.0, 1.0, 2.0, 3.0]
+
+
+def test_dpos_critical_path_goes_to_the_fastest_device():
+    # Chain a -> b -> c (the critical path) plus a short side node s.
+    g = graph({"a": 2.0, "b": 4.0, "c": 2.0, "s": 0.5}, [("a", "b", 0), ("b", "c", 0), ("a", "s", 0), ("s", "c", 0)])
+    cluster = mesh(["X", "X"], speeds=[1.0, 2.0])
+    rank = upward_ranks(g, cluster, "max")
+    assert critical_path(g, rank) == [0, 1, 2]
+    sched = dpos_schedule(g, cluster)
+    assert sched.device_of[[0, 1, 2]].tolist() == [1, 1, 1]
+    assert sched.makespan_s == 4.0
+
+
+def test_dpos_moves_the_critical_path_when_its_device_is_full():
+    # The chain needs 3 GiB; each device holds 2 GiB, so the path spills to the second device.
+    g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 0), ("b", "c", 0)], param_bytes=[GiB] * 3)
+    cluster = mesh(["X", "X"], memory=2 * GiB)
+    sched = dpos_schedule(g, cluster)
+    assert sorted(np.bincount(sched.device_of, minlength=2).tolist()) == [1, 2]
+    assert simulate(g, cluster, sched.device_of, sched.orders).fits
+
+
+def timeline(intervals):
+    t = Timeline()
+    for begin, length in intervals:
+        t.book(*t.find(begin, length, insertion=True), length, begin)
+    return t
+
+
+def test_insertion_uses_an_idle_gap():
+    t = timeline([(0.0, 2.0), (10.0, 2.0)])
+    assert t.find(1.0, 3.0, insertion=True)[0] == 2.0
+    assert t.find(1.0, 9.0, insertion=True)[0] == 12.0
+    assert t.find(1.0, 3.0, insertion=False)[0] == 12.0
+    # A zero-length predecessor finishing exactly at `ready` stays before the job.
+    t = timeline([(5.0, 0.0)])
+    assert t.find(5.0, 0.0, insertion=True)[1:] == (0, 1)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 5)), max_size=300), st.floats(0, 100), st.floats(0, 5))
+def test_timeline_finds_the_earliest_gap_like_a_walk_over_every_interval(jobs, ready, length):
+    t = timeline(jobs)
+    items = t.items()
+    starts = [s for block in t.starts for s in block]
+    finishes = [f for block in t.finishes for f in block]
+    assert starts == sorted(starts) and all(f <= s for f, s in zip(finishes, starts[1:]))
+    assert len(items) == len(jobs)
+    begin = ready
+    for s, f in zip(starts, finishes):
+        if f <= ready:
+            continue
+        if begin + length <= s:
+            break
+        begin = max(begin, f)
+    assert t.find(ready, length, insertion=True)[0] == begin
+
+
+def test_m_sct_keeps_favourite_children_with_their_parent():
+    # A chain with costly transfers: every edge is a favourite, so the chain stays on one device.
+    g = graph({"a": 1.0, "b": 1.0, "c": 1.0, "x": 1.0}, [("a", "b", 100), ("b", "c", 100), ("a", "x", 100)])
+    cluster = mesh(["X", "X"], bandwidth=100.0)
+    favourite = favourite_children(g, cluster)
+    assert favourite[0] in (1, 3) and favourite[1] == 2   # a has one favourite of its two children
+    sched = etf_schedule(g, cluster, favourite=favourite)
+    assert sched.device_of[0] == sched.device_of[favourite[0]]
+    assert sched.device_of[1] == sched.device_of[2]
+
+
+def test_m_sct_rejects_a_bad_theta():
+    g, cluster = diamond(), mesh(["X", "X"])
+    with pytest.raises(OptionError, match="theta"):
+        place(g, cluster, "m_sct", theta=1.5)
+
+
+@pytest.mark.parametrize("name", LIST_SCHEDULERS)
+def test_refuses_when_nothing_fits(name):
+    # Each node fits a device and all fit the cluster in total, but no two share one.
+    g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 0), ("b", "c", 0)], param_bytes=[5 * GiB // 2] * 3)
+    with pytest.raises(InfeasibleError, match=name):
+        place(g, mesh(["X", "X"], memory=4 * GiB), name)
+
+
+@pytest.mark.parametrize("name", LIST_SCHEDULERS)
+def test_memory_pressure_spreads_the_model(name):
+    g = training_graph(layers=6, branches=2, param_mib=1500, activation_mib=100, seed=5)
+    cluster = load_cluster("4xV100-nvlink")
+    plan = place(g, cluster, name)
+    assert plan.predicted["fits"] and len(set(plan.placement.values())) > 1
+
+
+# ------------------------------------------------------------------ properties on random graphs
+def uniform_tensor_bytes(g):
+    """Every edge carries its producer's whole output, so one transfer serves every consumer of a tensor."""
+    return g.replace(edge_bytes=g.output_bytes[g.src], edge_tensor=np.zeros(g.num_edges, dtype=np.int64))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 40), st.floats(0.1, 0.9), st.integers(0, 2**30), st.integers(1, 4),
+       st.sampled_from(sorted(SCHEDULES)), st.booleans())
+def test_prediction_equals_simulation_without_congestion(n, p, seed, n_dev, name, shared):
+    g = uniform_tensor_bytes(random_dag(n, edge_prob=p, seed=seed, max_bytes=1 << 24))
+    cluster = mesh(["X"] * n_dev, bandwidth=2e9, latency=1e-5, shared=shared)
+    sched = SCHEDULES[name](g, cluster)
+    result = simulate(g, cluster, sched.device_of, sched.orders)
+    waited = np.any(result.transfers.start > result.transfers.queued)
+    if not waited:
+        assert np.allclose(result.start, sched.start, rtol=1e-9, atol=1e-12)
+        assert np.isclose(result.makespan_s, sched.makespan_s, rtol=1e-9)
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(3, 40), st.integers(0, 2**30), st.integers(0, 3), st.sampled_from(LIST_SCHEDULERS))
+def test_plans_are_valid_fit_keep_colocation_and_are_deterministic(n, seed, groups, name):
+    rng = np.random.default_rng(seed)
+    g = random_dag(n, edge_prob=0.4, seed=seed, max_bytes=32 << 20, colocation_groups=groups)
+    g = g.replace(device_kinds=[("A",) if rng.random() < 0.2 else None for _ in range(n)])
+    cluster = mesh(["A", "B", "A"], bandwidth=1e10, latency=1e-5, memory=int(rng.integers(1, 4)) * (256 << 20),
+                   speeds=[1.0, 1.5, 0.7])
+    try:
+        plan = place(g, cluster, name, seed=3)
+    except InfeasibleError:
+        return
+    result = plan.validate(g, cluster)   # kinds, colocation, order, memory
+    assert result.fits and np.isclose(plan.predicted["makespan_s"], result.makespan_s)
+    for members in g.colocation_groups.values():
+        assert len({plan.placement[g.ids[i]] for i in members}) == 1
+    again = place(g, cluster, name, seed=3)
+    assert again.placement == plan.placement and again.order == plan.order

@@ -1,0 +1,408 @@
+"""The runtime: placed training equals eager training, in one process and one process per device."""
+
+from __future__ import annotations
+
+import copy
+import os
+import signal
+import textwrap
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from placer.algorithms import place
+from placer.algorithms.common import placement_units
+from placer.capture import capture
+from placer.capture.spec import capture_spec, load_model
+from placer.cli import main
+from placer.cluster import load_cluster
+from placer.errors import InvalidPlanError, OptionError
+from placer.plan import Plan
+from placer.runtime.check import state_difference, train_eager
+from placer.runtime.feedback import measured_cluster
+from placer.runtime.distributed import (RunError, free_port, run_distributed, run_under_torchrun,
+                                        under_torchrun)
+from placer.runtime.program import compile_program, copy_to, pack, receive_buffer, unpack, value_spec
+from placer.transform.replicate import data_parallel_graph
+from placer.transform.split import split_operation
+
+STEPS = 3
+TOLERANCE = 1e-6
+
+MODEL_FILE = textwrap.dedent('''
+    import torch
+    from torch import nn
+
+
+    class Net(nn.Module):
+        """Conv, batch norm (running statistics written in place), a linear head."""
+
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.head = nn.Linear(4 * 6 * 6, 5)
+
+        def forward(self, x, y):
+            h = torch.relu(self.bn(self.conv(x)))
+            return nn.functional.cross_entropy(self.head(h.flatten(1)), y)
+
+
+    def make(batch_size):
+        torch.manual_seed(0)
+        return Net(), (torch.randn(batch_size, 3, 6, 6), torch.randint(0, 5, (batch_size,)))
+''')
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Ranks run one intra-op thread; the eager reference must reduce in the same order."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+@dataclass
+class Case:
+    spec: str
+    model: torch.nn.Module        # initial weights (never trained)
+    inputs: tuple
+    captured: object
+    reference: torch.nn.Module     # after STEPS eager steps
+    reference_optimizer: torch.optim.Optimizer
+
+    def fresh(self):
+        model = copy.deepcopy(self.model)
+        return model, self.captured.optimizer.eager(model.parameters())
+
+    def assert_matches(self, model, optimizer):
+        worst, where, count = state_difference(model, optimizer, self.reference, self.reference_optimizer)
+        assert count > 10
+        assert worst <= TOLERANCE, f"{where} differs from eager training by {worst}"
+
+
+def _case(spec: str, batch: int) -> Case:
+    model, inputs = load_model(spec, batch)
+    captured = capture_spec(spec, batch)
+    reference = copy.deepcopy(model)
+    reference_optimizer = captured.optimizer.eager(reference.parameters())
+    train_eager(reference, inputs, reference_optimizer, STEPS)
+    return Case(spec, model, inputs, captured, reference, reference_optimizer)
+
+
+@pytest.fixture(scope="module")
+def file_case(tmp_path_factory):
+    """A model from a file with the factory contract."""
+    path = tmp_path_factory.mktemp("models") / "net.py"
+    path.write_text(MODEL_FILE)
+    return _case(f"{path}:make", 4)
+
+
+@pytest.fixture(scope="module")
+def zoo_case():
+    """A model of the zoo (LeNet-5 at its paper size, small batch)."""
+    return _case("zoo:lenet", 2)
+
+
+@pytest.fixture(params=["file", "zoo"])
+def case(request):
+    return request.getfixturevalue(f"{request.param}_case")
+
+
+def random_plan(graph, cluster, seed: int) -> Plan:
+    """Colocation units on random devices, each device's nodes in a random topological order."""
+    rng = np.random.default_rng(seed)
+    unit_of, units = placement_units(graph)
+    device_of = rng.integers(0, cluster.num_devices, len(units))[unit_of]
+    priority = rng.random(graph.num_nodes)
+    pending = np.bincount(graph.dst, minlength=graph.num_nodes)
+    ready = [i for i in range(graph.num_nodes) if pending[i] == 0]
+    topo = []
+    while ready:
+        i = min(ready, key=lambda k: priority[k])
+        ready.remove(i)
+        topo.append(i)
+        for j in graph.successors(i).tolist():
+            pending[j] -= 1
+            if pending[j] == 0:
+                ready.append(j)
+    order = [[i for i in topo if device_of[i] == d] for d in range(cluster.num_devices)]
+    return Plan.from_arrays(graph, cluster, device_of, order, algorithm="random")
+
+
+def make_plan(how: str, graph, cluster) -> Plan:
+    if how == "random":
+        return random_plan(graph, cluster, seed=cluster.num_devices)
+    return place(graph, cluster, how)
+
+
+PLACEMENTS = ("random", "expert", "metis")
+CLUSTERS = ("2xcpu", "4xcpu")
+
+
+def _check_spread(plan: Plan) -> None:
+    used = set(plan.placement.values())
+    assert len(used) >= 2, f"the {plan.algorithm} plan uses only {used}: nothing placed across devices"
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+@pytest.mark.parametrize("how", PLACEMENTS)
+def test_local_executor_trains_like_eager(case, how, cluster_name):
+    cluster = load_cluster(cluster_name)
+    plan = make_plan(how, case.captured.graph, cluster)
+    _check_spread(plan)
+    plan.context["captured"] = case.captured
+    model, optimizer = case.fresh()
+    step = plan.apply(model, optimizer)
+    losses = [float(step(*case.inputs)) for _ in range(STEPS)]
+    case.assert_matches(model, optimizer)
+    assert losses[0] > 0
+
+
+@pytest.mark.parametrize("cluster_name", CLUSTERS)
+@pytest.mark.parametrize("how", PLACEMENTS)
+def test_distributed_executor_trains_like_eager(case, how, cluster_name):
+    cluster = load_cluster(cluster_name)
+    captured = case.captured
+    plan = make_plan(how, captured.graph, cluster)
+    model, optimizer = case.fresh()
+    flat = captured.step_inputs(model, case.inputs, optimizer)
+    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
+                             carrier=captured.carrier, timeout_s=30)
+    assert len(result.step_s) == STEPS and all(s > 0 for s in result.step_s)
+    assert all(src != dst and nbytes > 0 and seconds > 0 for src, dst, nbytes, seconds in result.transfer_s)
+    assert how != "random" or result.transfer_s            # some rank waited for some message
+    assert result.predicted_s == pytest.approx(plan.predicted.get("makespan_s", result.predicted_s))
+    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+    case.assert_matches(model, optimizer)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), devices=st.sampled_from(CLUSTERS))
+def test_any_placement_and_order_trains_exactly_like_eager(file_case, seed, devices):
+    """Whatever the devices and the per-device orders (colocation and dependencies kept), the result is eager's."""
+    cluster = load_cluster(devices)
+    plan = random_plan(file_case.captured.graph, cluster, seed)
+    plan.context["captured"] = file_case.captured
+    model, optimizer = file_case.fresh()
+    step = plan.apply(model, optimizer)
+    for _ in range(STEPS):
+        step(*file_case.inputs)
+    worst, where, _ = state_difference(model, optimizer, file_case.reference, file_case.reference_optimizer)
+    assert worst == 0.0, f"{where} differs by {worst}"
+
+
+# ------------------------------------------------------------------ failures
+def _kill_rank_1(rank: int) -> None:
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+
+def _raise_on_rank_1(rank: int) -> None:
+    if rank == 1:
+        raise ValueError("injected failure")
+
+
+def _hang_rank_1(rank: int) -> None:
+    if rank == 1:
+        time.sleep(600)
+
+
+@pytest.mark.parametrize("hook, message", [
+    (_kill_rank_1, "rank 1 was killed by signal SIGKILL"),
+    (_raise_on_rank_1, "rank 1 failed: ValueError: injected failure"),
+    (_hang_rank_1, r"rank 0 failed: .*rank\(s\) \[1\] were still running"),  # rank 0 gives up waiting
+])
+def test_a_failing_rank_stops_the_run_with_an_error(file_case, hook, message):
+    cluster = load_cluster("2xcpu")
+    captured = file_case.captured
+    plan = random_plan(captured.graph, cluster, seed=1)
+    flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
+    with pytest.raises(RunError, match=message):
+        run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier,
+                        timeout_s=3, hook=hook)
+
+
+# ------------------------------------------------------------ plan checks
+def _split_plan(case: Case, cluster, parts: int = 2) -> Plan:
+    """The first three splittable operations split along the batch, the result placed at random."""
+    graph = case.captured.graph
+    names = [graph.ids[i] for i, s in enumerate(graph.splittable) if s][:3]
+    target = graph
+    for name in names:
+        target = split_operation(target, name, "batch", parts)
+    unit_of, units = placement_units(target)
+    device_of = np.random.default_rng(0).integers(0, cluster.num_devices, len(units))[unit_of]
+    return Plan.from_arrays(graph, cluster, device_of, placed_graph=target,
+                            splits=[{"node": n, "dim": "batch", "parts": parts} for n in names])
+
+
+@pytest.mark.parametrize("backend", ["local", "distributed"])
+def test_split_operations_run_as_slices_parts_and_concat(zoo_case, backend):
+    """OS-DPOS's splits: each part computes its rows on its device, the concat joins them.
+
+    Parts multiply fewer rows than the whole operation, so the sums may round
+    differently: equal to eager training within the tolerance, not bit for bit.
+    """
+    cluster = load_cluster("2xcpu")
+    plan = _split_plan(zoo_case, cluster)
+    program = compile_program(zoo_case.captured.gm, zoo_case.captured.graph, plan, cluster,
+                              carrier=zoo_case.captured.carrier)
+    parts = [program.device_of[v] for v in program.schedule if (program.node_id(v) or "").count("@part")]
+    assert len(parts) == 6 and len(set(parts)) == 2           # the parts really are spread
+    model, optimizer = zoo_case.fresh()
+    if backend == "local":
+        plan.context["captured"] = zoo_case.captured
+        step = plan.apply(model, optimizer)
+        for _ in range(STEPS):
+            step(*zoo_case.inputs)
+    else:
+        captured = zoo_case.captured
+        flat = captured.step_inputs(model, zoo_case.inputs, optimizer)
+        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
+                                 carrier=captured.carrier, timeout_s=30)
+        captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+        assert any("@part" in node_id for node_id in result.op_s)
+    zoo_case.assert_matches(model, optimizer)
+
+
+def test_splits_the_runtime_cannot_execute_are_refused_naming_the_node(zoo_case):
+    cluster = load_cluster("2xcpu")
+    plan = _split_plan(zoo_case, cluster)
+    target = plan.rewritten_graph
+    extra = [dict(e) for e in target.node_extra]
+    victim = next(i for i, e in enumerate(extra) if "part" in e)
+    extra[victim]["dim"] = "channel"
+    plan.rewritten_graph = target.replace(node_extra=extra)
+    with pytest.raises(InvalidPlanError, match=f"{target.ids[victim]}.*batch splits only"):
+        compile_program(zoo_case.captured.gm, zoo_case.captured.graph, plan, cluster,
+                        carrier=zoo_case.captured.carrier)
+
+
+def test_data_parallel_replicas_are_refused(zoo_case):
+    graph = zoo_case.captured.graph
+    cluster = load_cluster("2xcpu")
+    replicated = data_parallel_graph(graph, 2).graph
+    plan = Plan.from_arrays(graph, cluster, np.zeros(replicated.num_nodes, dtype=int), placed_graph=replicated)
+    with pytest.raises(InvalidPlanError, match="data-parallel replica"):
+        compile_program(zoo_case.captured.gm, graph, plan, cluster, carrier=zoo_case.captured.carrier)
+
+
+def test_measured_transfers_refit_the_link():
+    cluster = load_cluster("2xcpu")
+    # 50 us + bytes / 1 GB/s, both directions
+    transfers = [(a, 1 - a, n, 50e-6 + n / 1e9) for a in (0, 1) for n in (1_000, 100_000, 1_000_000)]
+    fitted = measured_cluster(cluster, transfers)
+    for ch in fitted.channels:
+        assert ch.latency_s == pytest.approx(50e-6, rel=1e-6)
+        assert ch.bandwidth_bytes_per_s == pytest.approx(1e9, rel=1e-6)
+    assert measured_cluster(cluster, transfers[:1]) is cluster      # one size: nothing to fit
+
+
+def test_a_plan_for_another_graph_is_refused(file_case):
+    other = capture(*load_model(file_case.spec, 2))
+    cluster = load_cluster("2xcpu")
+    plan = place(other.graph, cluster, "expert")
+    with pytest.raises(InvalidPlanError, match="made for graph 'Net-bs2-adam'"):
+        compile_program(file_case.captured.gm, file_case.captured.graph, plan, cluster)
+
+
+def test_an_optimizer_the_capture_cannot_reproduce_is_refused(file_case):
+    plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
+    model = copy.deepcopy(file_case.model)
+    with pytest.raises(OptionError, match="momentum"):
+        plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+
+
+# --------------------------------------------------------- tensor layouts
+def _views():
+    base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    return {"dense": base, "transposed": base.t(), "gapped": base[:, ::2], "offset": base[1:, 2:],
+            "expanded": torch.arange(3.0).reshape(3, 1).expand(3, 5), "empty": base[:0]}
+
+
+@pytest.mark.parametrize("name", list(_views()))
+def test_transfers_keep_values_and_strides(name):
+    t = _views()[name]
+    moved = copy_to(t, torch.device("cpu"))
+    assert moved.stride() == t.stride() and torch.equal(moved, t)
+    assert moved.numel() == 0 or moved.data_ptr() != t.data_ptr()
+
+    class Node:                                   # what value_spec reads of an fx node
+        name = "v"
+        meta = {"val": t}
+
+    spec = value_spec(Node)
+    buf = pack(t, spec, torch.device("cpu"), snapshot=True)
+    received = receive_buffer(spec, torch.device("cpu"))
+    if buf is not None:
+        received.copy_(buf)
+    out = unpack(received, spec, torch.device("cpu"))
+    assert out.stride() == t.stride() and torch.equal(out, t)
+
+
+@pytest.mark.parametrize("value", [0.1 + 0.2, 7, True])
+def test_python_scalars_travel_exactly(value):
+    class Node:
+        name = "s"
+        meta = {"val": value}
+
+    spec = value_spec(Node)
+    out = unpack(pack(value, spec, torch.device("cpu"), snapshot=False), spec, torch.device("cpu"))
+    assert out == value and type(out) is type(value)
+
+
+# ----------------------------------------------------------------- the CLI
+def test_placer_run_verifies_against_eager_training(file_case, tmp_path, capsys):
+    plan = random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3)
+    plan.save(tmp_path / "plan.json")
+    code = main(["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--verify"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "equal eager training" in out and "simulator predicts" in out
+
+
+def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys):
+    out_path = tmp_path / "tuned.json"
+    code = main(["tune", file_case.spec, "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",
+                 "-o", str(out_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "round 1:" in out and ("kept" in out or "rolled back" in out)
+    tuned = Plan.load(out_path)
+    tuned.bind(file_case.captured.graph, load_cluster("2xcpu"))
+    assert tuned.extra["measured_step_s"] > 0
+
+
+def _torchrun_rank(rank: int, port: int, case: Case, plan: Plan, out: str) -> None:
+    """One rank as torchrun starts it: only the environment says who it is."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    assert under_torchrun()
+    captured = case.captured
+    model, optimizer = case.fresh()
+    flat = captured.step_inputs(model, case.inputs, optimizer)
+    result = run_under_torchrun(captured.gm, captured.graph, plan, load_cluster("2xcpu"), flat, steps=STEPS,
+                                carrier=captured.carrier, timeout_s=30)
+    assert (result is None) == (rank != 0)
+    if result is not None:
+        torch.save(result.state, out)
+
+
+def test_ranks_started_by_torchrun_run_the_plan_together(file_case, tmp_path):
+    import torch.multiprocessing as mp
+
+    plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
+    out = str(tmp_path / "state.pt")
+    mp.start_processes(_torchrun_rank, args=(free_port(), file_case, plan, out), nprocs=2, start_method="fork")
+    model, optimizer = file_case.fresh()
+    flat = file_case.captured.step_inputs(model, file_case.inputs, optimizer)
+    state = torch.load(out, weights_only=False)
+    file_case.captured.write_back([state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+    file_case.assert_matches(model, optimizer)

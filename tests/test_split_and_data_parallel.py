@@ -1,0 +1,207 @@
+"""Operation splitting, the data-parallel graph, data_parallel and OS-DPOS (FastT Sec. 5.2)."""
+
+import numpy as np
+import pytest
+
+from placer import OpGraph, place, simulate
+from placer.algorithms.data_parallel import data_parallel_schedule
+from placer.cluster import Channel, Cluster, Device, load_cluster
+from placer.errors import InfeasibleError, OptionError
+from placer.generate import training_graph
+from placer.transform.replicate import data_parallel_graph, gradients
+from placer.transform.split import batch_dependent, original_ids, split_operation
+
+GiB = 1 << 30
+
+
+def mesh(n, bandwidth=1e9, latency=0.0, memory=64 * GiB):
+    devices = [Device(f"d{j}", "V100", memory) for j in range(n)]
+    names = [d.name for d in devices]
+    return Cluster("mesh", devices, [Channel(f"{a}->{b}", bandwidth, latency, ((a, b),))
+                                     for a in names for b in names if a != b])
+
+
+def conv_graph(compute=8.0, batch=8):
+    """input -> conv (batch-splittable, reads a weight) -> relu; the weight is a parameter placeholder."""
+    return OpGraph(["x", "w", "conv", "relu"], [0.0, 0.0, compute, 0.5], [0, 1, 2], [2, 2, 3], [800, 40, 400],
+                   op=["placeholder", "placeholder", "aten.convolution", "aten.relu"],
+                   output_bytes=[800, 0, 400, 400], param_bytes=[0, 40, 0, 0], temp_bytes=[0, 0, 80, 0],
+                   compute_s_by_kind=[None, None, {"A100": compute / 2}, None], flops=[0, 0, 1e9, 1e6],
+                   splittable=[None, None, [{"dim": "batch", "size": batch}], None])
+
+
+def convlike(graph, batch=32):
+    return graph.replace(splittable=[[{"dim": "batch", "size": batch}] if op == "aten.convolution" else None
+                                     for op in graph.op])
+
+
+# ------------------------------------------------------------------ split
+def test_split_slices_batch_inputs_and_broadcasts_weights():
+    g = split_operation(conv_graph(), "conv", "batch", 3)
+    assert g.ids == ["x", "w", "conv@split0", "conv@part0", "conv@part1", "conv@part2", "conv@concat0", "relu"]
+    idx = g.index
+    edges = {(g.ids[s], g.ids[d]): (b, t) for s, d, b, t in
+             zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist(), g.edge_tensor.tolist())}
+    # 8 rows cut 3/3/2: slices of the 800-byte input, each its own tensor; the weight goes whole to every part.
+    assert [edges[("conv@split0", f"conv@part{k}")] for k in range(3)] == [(300, 0), (300, 1), (200, 2)]
+    assert [edges[("w", f"conv@part{k}")] for k in range(3)] == [(40, 0)] * 3
+    assert edges[("x", "conv@split0")] == (800, 0) and edges[("conv@concat0", "relu")] == (400, 0)
+    parts = [idx[f"conv@part{k}"] for k in range(3)]
+    assert g.compute_s[parts].tolist() == [3.0, 3.0, 2.0]
+    assert [g.compute_s_by_kind[p]["A100"] for p in parts] == [1.5, 1.5, 1.0]
+    assert g.output_bytes[parts].tolist() == [150, 150, 100] and g.temp_bytes[parts].tolist() == [30, 30, 20]
+    assert g.node_extra[parts[2]] == {"split_of": "conv", "part": 2, "parts": 3, "dim": "batch", "rows": [6, 8]}
+    assert g.node_extra[idx["conv@concat0"]]["role"] == "concat" and g.compute_s[idx["conv@concat0"]] > 0
+    assert g.compute_s[idx["conv@split0"]] == 0.0        # a batch slice is a view
+    assert original_ids(g) == ["x", "w", "conv", "conv", "conv", "conv", "conv", "relu"]
+
+
+def test_split_parts_run_in_parallel_in_the_reference_model():
+    g = split_operation(conv_graph(), "conv", "batch", 2)
+    device_of = [0, 0, 0, 0, 1, 0, 0]
+    r = simulate(g, mesh(2), device_of)
+    # Both halves (4 s each) overlap: the step takes about half the unsplit 8.5 s.
+    assert 4.5 < r.makespan_s < 4.6
+
+
+@pytest.mark.parametrize("node, dim, parts, message", [
+    ("nope", "batch", 2, "unknown node"), ("relu", "batch", 2, "cannot be split"),
+    ("conv", "channel", 2, "cannot be split"), ("conv", "batch", 9, "between 2 and 8")])
+def test_split_rejects_bad_requests(node, dim, parts, message):
+    with pytest.raises(OptionError, match=message):
+        split_operation(conv_graph(), node, dim, parts)
+
+
+def test_batch_dependence_follows_the_batch_input_not_the_weights():
+    assert batch_dependent(conv_graph()).tolist() == [True, False, True, True]
+
+
+# ------------------------------------------------------------------ data-parallel graph
+def test_gradients_of_the_generated_training_graph_are_its_weight_gradients():
+    g = training_graph(layers=3, branches=2)
+    grads, optimizer = gradients(g)
+    assert sorted(g.ids[u] for u, _ in grads) == sorted(i for i in g.ids if i.endswith("bwd_weight"))
+    assert not optimizer.any()     # the update reads the gradient directly
+
+
+@pytest.fixture(scope="module")
+def captured():
+    import torch
+    from torch import nn
+
+    from placer.capture import capture
+
+    torch.manual_seed(0)
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(144, 5))
+
+        def forward(self, x, y):
+            return nn.functional.cross_entropy(self.net(x), y)
+
+    return capture(Model(), (torch.randn(8, 3, 8, 8), torch.randint(0, 5, (8,))), optimizer="sgd").graph
+
+
+def test_gradients_of_a_captured_step_are_one_per_parameter(captured):
+    grads, _ = gradients(captured)
+    # conv weight and bias, batch-norm weight and bias, linear weight and bias
+    assert len(grads) == 6
+    dp = data_parallel_graph(captured, 2)
+    assert dp.graph.num_nodes > 2 * captured.num_nodes       # replicas and their all-reduce
+
+
+def test_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_gradients_per_device():
+    g = training_graph(layers=2, branches=1, seed=3)
+    n = 4
+    grads, _ = gradients(g)
+    total = sum(int(g.edge_bytes[(g.src == u) & (g.edge_tensor == t)].max()) for u, t in grads)
+    dp = data_parallel_graph(g, n, bucket_bytes=1 << 40)     # one bucket
+    r = simulate(dp.graph, mesh(n), dp.replica)
+    sent = np.bincount(r.transfers.src_device, weights=r.transfers.nbytes, minlength=n)
+    chunk = -(-total // n)
+    # Step 0 sends each gradient's share, the 2(n-1) - 1 later steps one chunk each.
+    expected = sum(-(-int(g.edge_bytes[(g.src == u) & (g.edge_tensor == t)].max()) // n) for u, t in grads) \
+        + (2 * (n - 1) - 1) * chunk
+    assert sent.tolist() == [expected] * n
+    assert abs(expected - 2 * (n - 1) / n * total) <= 2 * n * len(grads)
+
+
+def test_strong_scaling_halves_the_batch_work_of_each_replica():
+    g = training_graph(layers=2, branches=2)
+    dp = data_parallel_graph(g, 2)
+    grads, _ = gradients(g)
+    scaled = batch_dependent(g)
+    for i in range(g.num_nodes):
+        k = dp.graph.index[f"r1/{g.ids[i]}"]
+        expected = g.compute_s[i] / 2 if scaled[i] else g.compute_s[i]
+        assert dp.graph.compute_s[k] == pytest.approx(expected)
+        assert dp.graph.param_bytes[k] == g.param_bytes[i]
+    one = data_parallel_graph(g, 1)
+    assert one.graph.num_nodes == g.num_nodes and np.allclose(one.graph.compute_s, g.compute_s)
+
+
+# ------------------------------------------------------------------ data_parallel
+def test_data_parallel_plan_carries_the_replicated_graph_and_predicts_the_simulation():
+    g = training_graph(layers=3, branches=2)
+    cluster = load_cluster("4xV100-nvlink")
+    plan = place(g, cluster, "data_parallel")
+    assert plan.extra["replicas"] == 4 and plan.rewritten_graph is not None
+    result = plan.validate(g, cluster)
+    assert result.makespan_s == plan.predicted["makespan_s"]
+    assert {plan.placement[f"r{k}/loss"] for k in range(4)} == {"gpu0", "gpu1", "gpu2", "gpu3"}
+
+
+def test_data_parallel_is_refused_when_a_replica_does_not_fit():
+    g = training_graph(layers=6, branches=2, param_mib=1500, activation_mib=100, seed=5)
+    with pytest.raises(InfeasibleError, match="does not fit one device"):
+        place(g, load_cluster("4xV100-nvlink"), "data_parallel")
+
+
+def test_data_parallel_leaves_out_devices_of_a_forbidden_kind():
+    g = training_graph(layers=2, branches=1)
+    g = g.replace(device_kinds=[("V100",)] * g.num_nodes)
+    devices = [Device("v0", "V100", 16 * GiB), Device("a0", "A100", 40 * GiB), Device("v1", "V100", 16 * GiB)]
+    names = [d.name for d in devices]
+    cluster = Cluster("mixed", devices, [Channel(f"{a}->{b}", 1e10, 1e-5, ((a, b),))
+                                         for a in names for b in names if a != b])
+    dp, device_of, _ = data_parallel_schedule(g, cluster)
+    assert sorted(set(device_of.tolist())) == [0, 2]
+
+
+# ------------------------------------------------------------------ os_dpos
+@pytest.mark.parametrize("devices, parts", [(2, 2), (4, 4)])
+def test_os_dpos_splits_a_heavy_operation_across_the_devices(devices, parts):
+    g = conv_graph()
+    cluster = mesh(devices)
+    dpos = place(g, cluster, "dpos")
+    plan = place(g, cluster, "os_dpos", data_parallel_start=False)
+    assert plan.splits == [{"node": "conv", "dim": "batch", "parts": parts}]
+    assert plan.predicted["makespan_s"] < dpos.predicted["makespan_s"] * 0.6
+    target = plan.rewritten_graph
+    assert {plan.placement[f"conv@part{k}"] for k in range(parts)} == {d.name for d in cluster.devices}
+    assert plan.validate(g, cluster).makespan_s == plan.predicted["makespan_s"]
+    assert target.node_extra[target.index["conv@part0"]]["split_of"] == "conv"
+
+
+def test_os_dpos_keeps_nothing_that_does_not_help():
+    # Transfers far slower than the op: no split pays off, the plan is DPOS's.
+    g = conv_graph(compute=1e-3)
+    cluster = mesh(2, bandwidth=1e3)
+    plan = place(g, cluster, "os_dpos", data_parallel_start=False)
+    assert plan.splits == [] and plan.rewritten_graph is None
+    assert plan.predicted["makespan_s"] == place(g, cluster, "dpos").predicted["makespan_s"]
+
+
+@pytest.mark.parametrize("cluster", ["2xV100-nvlink", "4xV100-nvlink"])
+def test_os_dpos_is_never_slower_than_dpos_or_data_parallel(cluster):
+    g = convlike(training_graph(layers=4, branches=2, seed=2))
+    c = load_cluster(cluster)
+    best = min(place(g, c, name).predicted["makespan_s"] for name in ("dpos", "data_parallel"))
+    assert place(g, c, "os_dpos", time_limit=20).predicted["makespan_s"] <= best
+
+
+def test_os_dpos_rejects_a_bad_max_parts():
+    with pytest.raises(OptionError, match="max_parts"):
+        place(conv_graph(), mesh(2), "os_dpos", max_parts=1)
