@@ -7,6 +7,8 @@ import copy
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
@@ -448,9 +450,10 @@ def test_every_zoo_model_captures_at_batch_4_with_faithful_flops(name):
 
     entry = ZOO[name]
     query = "&".join(f"{k}={v}" for k, v in entry.tiny.items())
-    step = capture_spec(f"zoo:{name}" + (f"?{query}" if query else ""), 4, optimizer="sgd", fake=False)
+    spec = f"zoo:{name}" + (f"?{query}" if query else "")
+    step = capture_spec(spec, 4, optimizer="sgd", fake=False)
     graph = OpGraph.from_dict(step.graph.to_dict())
-    assert graph.num_nodes > 20 and graph.name == f"{name}-bs4-sgd"
+    assert graph.num_nodes > 20 and graph.name == f"{spec[4:]}-bs4-sgd"
     assert any(s for s in graph.splittable), "no batch-splittable op"
     model, inputs = entry.factory(4, **entry.tiny)
     assert np.nansum(graph.flops) == pytest.approx(_eager_flops(model, inputs, step.optimizer), rel=0.02)
@@ -463,3 +466,35 @@ def test_unknown_zoo_model_and_option_are_named():
         load_model("zoo:nope", 4)
     with pytest.raises(OptionError, match="depthh"):
         load_model("zoo:resnet50?depthh=3", 4)
+
+
+@settings(max_examples=4, deadline=None)
+@given(widths=st.lists(st.integers(1, 9), min_size=2, max_size=4), batch=st.integers(1, 6),
+       optimizer=st.sampled_from(OPTIMIZERS))
+def test_mlp_graph_properties(widths, batch, optimizer):
+    layers = [nn.Linear(a, b) for a, b in zip(widths, widths[1:])]
+    model = nn.Sequential(*[m for layer in layers for m in (layer, nn.ReLU())][:-1])
+
+    class WithLoss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.net = model
+
+        def forward(self, x, y):
+            return nn.functional.mse_loss(self.net(x), y)
+
+    step = capture(WithLoss(), (torch.randn(batch, widths[0]), torch.randn(batch, widths[-1])), optimizer=optimizer)
+    graph = step.graph
+    # Forward, weight-gradient and input-gradient matmuls of every layer but the input gradient of the first.
+    macs = sum(a * b for a, b in zip(widths, widths[1:]))
+    assert graph.flops.sum() == 2 * batch * (3 * macs - widths[0] * widths[1])
+    params = sum(p.numel() for p in model.parameters()) * 4
+    state = {"sgd": 0, "adam": 2 * params + 4 * 2 * len(layers), "adamw": 2 * params + 4 * 2 * len(layers)}
+    assert graph.param_bytes.sum() == params + state[optimizer]
+    for i in np.flatnonzero(graph.output_bytes):
+        assert graph.op[i] != "placeholder" or graph.ids[i].startswith("input_")
+    for i, split in enumerate(graph.splittable):
+        assert split is None or (split == [{"dim": "batch", "size": batch}] and graph.op[i] in ("aten.addmm", "aten.mm"))
+    groups = graph.colocation_groups
+    assert len(groups) == len(step.layout.params) * (1 + len(step.layout.state_names))
+    assert all(len(members) == 2 for members in groups.values())   # each state tensor and its write-back

@@ -181,7 +181,8 @@ def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 
         True: build on the meta device (no memory, any size). False: build for real.
         None: try the meta device and build for real if the factory cannot run there.
     name : str, optional
-        Graph name (default ``NAME-bsBATCH-OPTIMIZER`` with NAME the zoo name or factory).
+        Graph name (default ``NAME-bsBATCH-OPTIMIZER`` with NAME the zoo name with its size
+        options as written, or the factory's name).
 
     Returns
     -------
@@ -195,7 +196,7 @@ def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 
     from .trace import capture
 
     kind, where, detail = parse_spec(spec)
-    label = where if kind == "zoo" else detail
+    label = spec[len("zoo:"):] if kind == "zoo" else detail   # zoo size options stay in the name
     options = dict(optimizer=optimizer, lr=lr,
                    name=name or f"{label}-bs{batch}-{str(optimizer).lower()}")
     if fake is None:

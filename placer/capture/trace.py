@@ -311,7 +311,7 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     fake : bool
         Do not read the model's values; automatic when its parameters are on the meta
         device. Tracing always uses fake tensors, so this only marks the step as not
-        executable from the model.
+        executable from the model (:meth:`CapturedStep.example_args` then makes up values).
 
     Returns
     -------
@@ -325,6 +325,15 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     FormatError
         If ``model(*inputs)`` does not return a scalar floating-point loss, or the step
         cannot be traced (the message says why).
+
+    Notes
+    -----
+    Frozen parameters (``requires_grad=False``) are inputs of the step, not updated. A
+    trainable parameter the loss does not depend on gets a zero gradient and is updated
+    as such, where eager ``torch.optim`` would skip it (its ``grad`` stays ``None``). Models
+    that branch on tensor values cannot be traced with fake tensors (the error names the
+    line). oneDNN is off while tracing, so CPU-only fused kernels do not replace portable
+    aten ops.
 
     Examples
     --------
