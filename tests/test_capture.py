@@ -16,6 +16,16 @@ from placer.errors import FormatError, OptionError
 from placer.graph import OpGraph
 
 
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Eager runs on one thread: on a busy machine, OpenMP threads waiting for each other make
+    small CPU kernels up to 100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
 class MLP(nn.Module):
     def __init__(self, d_in=6, hidden=8, classes=3):
         super().__init__()

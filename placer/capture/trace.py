@@ -389,7 +389,9 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     _name_placeholders(gm, layout)
     layers = _layers(gm, layout, model)
     resident = [n.name for n in gm.graph.nodes if n.op == "placeholder"][:layout.input_offset]
-    graph, carrier = build_graph(gm, name=name, layers=layers, resident=resident, batch=batch)
+    batch_inputs = [f"input_{k}" for k in slots if inputs[k].dim() >= 1 and inputs[k].shape[0] == batch]
+    graph, carrier = build_graph(gm, name=name, layers=layers, resident=resident, batch=batch,
+                                 batch_inputs=batch_inputs)
     from ..cost.analytic import annotate
 
     graph = annotate(graph)
