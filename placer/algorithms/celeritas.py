@@ -27,6 +27,7 @@ and the coarse graph is placed again.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -245,7 +246,7 @@ def memory_need(graph: OpGraph, cluster: Cluster) -> np.ndarray:
 
 
 def _place(graph: OpGraph, cluster: Cluster, policy: str, name: str, exploration_range: int,
-           memory_fraction: float, tries: int = 8) -> Plan:
+           memory_fraction: float, time_limit: float | None, tries: int = 8) -> Plan:
     """Fuse, then schedule the coarse graph until the reference model says the plan fits, and map back.
 
     Devices are budgeted with :func:`memory_need`. After a schedule that
@@ -256,8 +257,9 @@ def _place(graph: OpGraph, cluster: Cluster, policy: str, name: str, exploration
     Raises
     ------
     InfeasibleError
-        If no schedule within ``tries`` fits.
+        If no schedule within ``tries`` rounds (or ``time_limit`` seconds) fits.
     """
+    deadline = time.perf_counter() + (time_limit if time_limit is not None else np.inf)
     fused = fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction)
     need = memory_need(graph, cluster)
     memory = cluster.memory.astype(np.float64)
@@ -271,7 +273,7 @@ def _place(graph: OpGraph, cluster: Cluster, policy: str, name: str, exploration
             if result.fits and (best is None or result.makespan_s < best[0]):
                 best = (result.makespan_s, schedule, order)
             peaks.append(result.peak_memory_bytes.astype(np.float64))
-        if best is not None:
+        if best is not None or time.perf_counter() > deadline:
             break
         estimate = np.bincount(schedule.node_device, weights=need, minlength=cluster.num_devices)
         need = need * np.maximum(1.0, 1.02 * np.maximum(*peaks) / np.maximum(estimate, 1.0))[schedule.node_device]
@@ -298,7 +300,9 @@ def order_place(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: 
     Parameters
     ----------
     graph, cluster
-    seed, time_limit : ignored (deterministic, and fast)
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        No new memory-budget round starts after this many seconds.
     exploration_range : int
         ``R``, the most nodes per cluster (Equation 6).
     memory_fraction : float
@@ -329,7 +333,7 @@ def order_place(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: 
     ----------
     Zhang et al., "Celeritas: Fast Optimizer for Large Dataflow Graphs", Section 5.2 (Order-Place, Table 3).
     """
-    return _place(graph, cluster, "order", "order_place", exploration_range, memory_fraction)
+    return _place(graph, cluster, "order", "order_place", exploration_range, memory_fraction, time_limit)
 
 
 @register("celeritas")
@@ -350,7 +354,9 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
     Parameters
     ----------
     graph, cluster
-    seed, time_limit : ignored (deterministic, and fast)
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        No new memory-budget round starts after this many seconds.
     exploration_range : int
         ``R``, the most nodes per cluster (Equation 6; the paper uses 200).
     memory_fraction : float
@@ -383,4 +389,4 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
     ----------
     Zhang et al., "Celeritas: Fast Optimizer for Large Dataflow Graphs", Section 5.2 and Algorithm 2.
     """
-    return _place(graph, cluster, "adjust", "celeritas", exploration_range, memory_fraction)
+    return _place(graph, cluster, "adjust", "celeritas", exploration_range, memory_fraction, time_limit)
