@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placer.cluster import load_cluster
+from placer.cluster import Cluster, Device, load_cluster
 from placer.errors import OptionError
 from placer.feasibility import static_footprint
 from placer.generate import random_dag, training_graph
@@ -141,9 +141,9 @@ def test_fusion_partitions_into_an_acyclic_coarse_graph(graph, window, fraction)
 def test_every_cluster_has_a_device_for_all_its_kinds(graph, window):
     kinds = [("A100",) if i % 3 == 0 else ("V100",) if i % 3 == 1 else None for i in range(graph.num_nodes)]
     graph = graph.replace(device_kinds=kinds)
-    cluster = load_cluster("2x4xV100")
-    mixed = cluster.__class__(cluster.name, [d if j % 2 else d.__class__(d.name, "A100", d.memory_bytes)
-                                             for j, d in enumerate(cluster.devices)], cluster.channels)
+    hosts = load_cluster("2x4xV100")
+    mixed = Cluster("mixed-kinds", [Device(d.name, "A100" if j % 2 == 0 else "V100", d.memory_bytes)
+                                    for j, d in enumerate(hosts.devices)], hosts.channels)
     allowed = group_allowed(graph, mixed)
     if not allowed.any(axis=1).all():
         return  # a colocation group mixing kinds: no valid plan exists at all

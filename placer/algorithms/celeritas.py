@@ -28,6 +28,7 @@ and the coarse graph is placed again.
 
 from __future__ import annotations
 
+import time
 from bisect import bisect_right
 from dataclasses import dataclass
 
@@ -246,7 +247,7 @@ def memory_need(graph: OpGraph, cluster: Cluster) -> np.ndarray:
 
 
 def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: str, exploration_range: int,
-           memory_fraction: float) -> Plan:
+           memory_fraction: float, time_limit: float | None) -> Plan:
     """Fuse once, schedule the coarse graph by each policy, and map the fastest fitting schedule back.
 
     Raises
@@ -254,11 +255,14 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
     InfeasibleError
         If no policy gives a schedule that fits (the first policy's diagnosis).
     """
+    deadline = time.perf_counter() + (time_limit if time_limit is not None else np.inf)
     fused = fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction)
     best, errors = None, []
     for policy in policies:
+        if best is not None and time.perf_counter() > deadline:
+            break
         try:
-            found = _fitting_schedule(graph, cluster, fused, policy, name)
+            found = _fitting_schedule(graph, cluster, fused, policy, name, deadline)
         except InfeasibleError as exc:
             errors.append(exc)
             continue
@@ -273,6 +277,7 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
 
 
 def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, policy: str, name: str,
+                      deadline: float = np.inf,
                       tries: int = 8) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
     """Schedule the coarse graph by ``policy`` until the reference model says the plan fits.
 
@@ -288,7 +293,7 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
     Raises
     ------
     InfeasibleError
-        If no schedule within ``tries`` fits.
+        If no schedule within ``tries`` rounds (or before ``deadline``, a ``time.perf_counter`` instant) fits.
     """
     need = memory_need(graph, cluster)
     memory = cluster.memory.astype(np.float64)
@@ -304,6 +309,8 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
             peaks.append(result.peak_memory_bytes.astype(np.float64))
         if best is not None:
             return best
+        if time.perf_counter() > deadline:
+            break
         estimate = np.bincount(schedule.node_device, weights=need, minlength=cluster.num_devices)
         need = need * np.maximum(1.0, 1.02 * np.maximum(*peaks) / np.maximum(estimate, 1.0))[schedule.node_device]
     peak = min(peaks, key=lambda p: float(np.max(p - memory)))
@@ -324,7 +331,9 @@ def order_place(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: 
     Parameters
     ----------
     graph, cluster
-    seed, time_limit : ignored (deterministic, and fast)
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        No new memory-budget round (or second policy) starts after this many seconds.
     exploration_range : int
         ``R``, the most nodes per cluster (Equation 6).
     memory_fraction : float
@@ -355,7 +364,7 @@ def order_place(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: 
     ----------
     Zhang et al., "Celeritas: Fast Optimizer for Large Dataflow Graphs", Section 5.2 (Order-Place, Table 3).
     """
-    return _place(graph, cluster, ("order",), "order_place", exploration_range, memory_fraction)
+    return _place(graph, cluster, ("order",), "order_place", exploration_range, memory_fraction, time_limit)
 
 
 @register("celeritas")
@@ -381,7 +390,9 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
     Parameters
     ----------
     graph, cluster
-    seed, time_limit : ignored (deterministic, and fast)
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        No new memory-budget round (or second policy) starts after this many seconds.
     exploration_range : int
         ``R``, the most nodes per cluster (Equation 6; the paper uses 200).
     memory_fraction : float
@@ -415,4 +426,4 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
     ----------
     Zhang et al., "Celeritas: Fast Optimizer for Large Dataflow Graphs", Section 5.2 and Algorithm 2.
     """
-    return _place(graph, cluster, ("adjust", "order"), "celeritas", exploration_range, memory_fraction)
+    return _place(graph, cluster, ("adjust", "order"), "celeritas", exploration_range, memory_fraction, time_limit)
