@@ -24,6 +24,10 @@ from .registry import register
 __all__ = ["m_topo", "m_etf", "m_sct", "m_topo_schedule", "etf_schedule", "favourite_children"]
 
 
+#: Seconds m-SCT's LP may take when the caller gives no time limit.
+LP_TIME_LIMIT_S = 60.0
+
+
 def _position(graph: OpGraph) -> np.ndarray:
     position = np.empty(graph.num_nodes, dtype=np.int64)
     position[graph.topological_order] = np.arange(graph.num_nodes)
@@ -304,8 +308,8 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     graph, cluster
     seed : ignored (deterministic)
     time_limit : float, optional
-        Seconds the LP solver may take; if it stops without a solution the
-        schedule is m-ETF's.
+        Seconds the LP solver may take (60 when not given); if it stops
+        without a solution the schedule is m-ETF's.
     theta : float
         Rounding threshold in (0, 1): an edge whose LP value is below it may
         be a favourite (Baechi's driver uses 0.1).
@@ -330,7 +334,7 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     """
     if not 0 < theta < 1:
         raise OptionError(f"option theta of 'm_sct' must be in (0, 1), got {theta!r}")
-    favourite = favourite_children(graph, cluster, theta, time_limit)
+    favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit)
     sched = schedule_with_memory_retries(lambda ratio: etf_schedule(graph, cluster, ratio, favourite),
                                          graph, cluster, "m_sct")
     return plan_from_schedule(graph, cluster, sched)

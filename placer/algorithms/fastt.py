@@ -221,7 +221,7 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     Parameters
     ----------
     graph, cluster
-    seed : ignored (deterministic)
+    seed : ignored (deterministic, unless the time limit cuts the search short)
     time_limit : float, optional
         Seconds to search for splits (30 s when not given); the best plan so
         far is returned when it runs out.
