@@ -1,6 +1,7 @@
 """Celeritas: fusion (the paper's Table 2 columns) and plan time, against Order-Place and the expert split.
 
     ./run.sh bench bench/celeritas.py              # or: python bench/celeritas.py [--sizes 1k,10k,30k,100k]
+                                                   #     [--transformer-layers 64] [--zoo inception_v3,...]
 
 For each graph: nodes and CCR before and after Optimal Operation Fusion
 (R = 200, M = 0.25 of a device's memory; CCR = summed transfer time over
@@ -9,11 +10,17 @@ then the wall time of a whole ``place()`` call (fusion, placement, the
 reference-model checks) and the simulated step time of the plan, for
 ``celeritas``, ``order_place`` and ``expert`` on 4xV100-nvlink.
 
-Graphs: synthetic training steps (placer.generate.training_graph, 3 parallel
-branches per block) whose parameters (about 24 GiB in all) and activations
-(about 6 GiB) do not fit one 16 GiB V100, at about 1k, 10k, 30k and 100k
-operations; and every model of the zoo (placer.capture.zoo) that captures
-here, when that package is present.
+Graphs:
+- a captured transformer: one Adam training step of a stack of
+  ``torch.nn.TransformerEncoderLayer`` (d_model 1024, 16 heads, pre-norm)
+  between a 32k-token embedding and output layer, batch 8 x 256 tokens, built on
+  the meta device and captured by placer.capture (64 layers: ~30k operations,
+  ~32 GiB of memory on one device);
+- synthetic training steps (placer.generate.training_graph, 3 parallel
+  branches per block) whose parameters (about 24 GiB in all) and activations
+  (about 6 GiB) do not fit one 16 GiB V100, at about 1k, 10k, 30k and 100k
+  operations;
+- zoo models named with ``--zoo``, captured at their paper batch size.
 """
 
 from __future__ import annotations
@@ -41,50 +48,74 @@ def generated(blocks: int) -> OpGraph:
                           activation_mib=6 * 1024 / branch_ops, name=f"synthetic-{blocks}x3")
 
 
-def zoo_graphs() -> list[OpGraph]:
-    """The zoo's models captured at their paper batch size, where the capture package exists."""
-    try:
-        from placer.capture import capture_spec
-        from placer.capture.zoo import ZOO
-    except ImportError:
-        return []
-    graphs = []
-    for name, entry in ZOO.items():
-        try:
-            graphs.append(capture_spec(f"zoo:{name}", entry.paper_batch, fake=True).graph)
-        except Exception as exc:  # a model that does not capture here is reported, not fatal
-            print(f"zoo:{name}: not captured ({exc})")
-    return graphs
+def transformer(layers: int) -> OpGraph:
+    """The captured training step of a ``layers``-deep transformer language model (see the module docstring)."""
+    import torch
+    from torch import nn
+
+    from placer.capture import capture
+
+    class LanguageModel(nn.Module):
+        def __init__(self, depth: int, width: int = 1024, heads: int = 16, vocab: int = 32000):
+            super().__init__()
+            self.embed = nn.Embedding(vocab, width)
+            self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(width, heads, 4 * width, batch_first=True,
+                                                                   norm_first=True) for _ in range(depth))
+            self.head = nn.Linear(width, vocab)
+
+        def forward(self, tokens, targets):
+            x = self.embed(tokens)
+            for block in self.blocks:
+                x = block(x)
+            return nn.functional.cross_entropy(self.head(x).flatten(0, 1), targets.flatten())
+
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        model = LanguageModel(layers)
+        tokens = torch.zeros(8, 256, dtype=torch.long)
+    return capture(model, (tokens, tokens), optimizer="adam", name=f"transformer-{layers}L").graph
+
+
+def zoo_graphs(names: list[str]) -> list[OpGraph]:
+    """Zoo models captured at their paper batch size."""
+    from placer.capture import capture_spec
+    from placer.capture.zoo import ZOO
+
+    return [capture_spec(f"zoo:{name}", ZOO[name].paper_batch, fake=True).graph for name in names]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=",".join(SIZES), help="generated sizes to run, from " + ",".join(SIZES))
-    parser.add_argument("--no-zoo", action="store_true", help="skip the zoo models")
+    parser.add_argument("--transformer-layers", type=int, default=64, help="layers of the captured transformer (0: none)")
+    parser.add_argument("--zoo", default="", help="zoo models to capture, comma-separated")
     args = parser.parse_args()
     cluster = load_cluster("4xV100-nvlink")
-    graphs = [generated(SIZES[s]) for s in args.sizes.split(",") if s]
-    if not args.no_zoo:
-        graphs += zoo_graphs()
-    print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}; cluster {cluster.name}")
-    print(f"{'graph':>22} {'nodes':>7} {'CCR':>7} {'fused':>6} {'CCR':>6} {'fuse s':>7} | "
-          + " | ".join(f"{a:>11} s  step s" for a in ALGORITHMS))
-    for graph in graphs:
+    graphs = []
+    if args.transformer_layers:
         began = time.perf_counter()
+        graphs.append(transformer(args.transformer_layers))
+        print(f"captured {graphs[-1].name} in {time.perf_counter() - began:.1f} s")
+    graphs += zoo_graphs([name for name in args.zoo.split(",") if name])
+    graphs += [generated(SIZES[s]) for s in args.sizes.split(",") if s]
+    print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}; cluster {cluster.name}")
+    print("times: wall seconds / CPU seconds of this process (the machine is shared); step: simulated step time")
+    print(f"{'graph':>18} {'nodes':>7} {'CCR':>6} {'fused':>6} {'CCR':>6} {'fuse s':>11} | "
+          + " | ".join(f"{a + ' s':>13} {'step':>7}" for a in ALGORITHMS))
+    for graph in graphs:
+        wall, cpu = time.perf_counter(), time.process_time()
         fused = fuse(graph, cluster)
-        fuse_s = time.perf_counter() - began
-        cells = []
+        cells = [f"{time.perf_counter() - wall:5.2f}/{time.process_time() - cpu:5.2f}"]
         for algorithm in ALGORITHMS:
-            began = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             try:
-                plan = place(graph, cluster, algorithm)
-                step = f"{plan.predicted['makespan_s']:8.4f}"
+                step = f"{place(graph, cluster, algorithm).predicted['makespan_s']:7.4f}"
             except PlacerError as exc:
-                step = f"{'failed':>8}"
+                step = f"{'failed':>7}"
                 print(f"  {algorithm} on {graph.name}: {exc}")
-            cells.append(f"{time.perf_counter() - began:13.2f} {step}")
-        print(f"{graph.name:>22} {graph.num_nodes:>7} {fused.ccr_before:>7.3f} {fused.num_clusters:>6} "
-              f"{fused.ccr_after:>6.3f} {fuse_s:>7.2f} | " + " | ".join(cells))
+            cells.append(f"{time.perf_counter() - wall:6.2f}/{time.process_time() - cpu:6.2f} {step}")
+        print(f"{graph.name:>18} {graph.num_nodes:>7} {fused.ccr_before:>6.2f} {fused.num_clusters:>6} "
+              f"{fused.ccr_after:>6.2f} {cells[0]:>11} | " + " | ".join(cells[1:]))
 
 
 if __name__ == "__main__":

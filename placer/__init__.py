@@ -7,12 +7,19 @@ The pipeline, one package per stage::
 Quick start::
 
     import placer
+    plan = placer.plan(model, inputs, cluster="4xV100-nvlink", algorithm="auto")  # model(*inputs) is the loss
+    print(plan.report())
+    step = plan.apply(model, optimizer)       # a placed training step
+    loss = step(*inputs)
+
+or, from a graph file::
+
     graph = placer.OpGraph.load("g.json")
     plan = placer.place(graph, placer.load_cluster("4xV100-nvlink"), "expert")
-    print(plan.predicted["makespan_s"])
 """
 
 from .algorithms import available_algorithms, place, register
+from .api import plan
 from .cluster import PRESETS, Cluster, Device, Channel, load_cluster
 from .errors import (FormatError, GraphCycleError, InfeasibleError, InvalidPlanError, OptionError,
                      PlacerError)
@@ -23,7 +30,7 @@ from .sim import SimResult, lower_bound, simulate, simulate_plan
 __version__ = "0.1.0"
 
 __all__ = [
-    "OpGraph", "Cluster", "Device", "Channel", "PRESETS", "load_cluster", "Plan", "place", "register",
+    "plan", "OpGraph", "Cluster", "Device", "Channel", "PRESETS", "load_cluster", "Plan", "place", "register",
     "available_algorithms", "simulate", "simulate_plan", "lower_bound", "SimResult", "PlacerError",
     "FormatError", "GraphCycleError", "InvalidPlanError", "InfeasibleError", "OptionError",
 ]

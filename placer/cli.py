@@ -27,6 +27,7 @@ COMMAND_MODULES: tuple[str, ...] = (
     "placer.capture.cli",
     "placer.cost.cli",
     "placer.runtime.cli",
+    "placer.learn.cli",
 )
 
 
@@ -41,17 +42,39 @@ def _parse_option(text: str) -> tuple[str, Any]:
     return key.replace("-", "_"), value
 
 
-def _load_graph(path: str):
+def _load_graph(source: str, args: argparse.Namespace | None = None):
+    """A graph file, or a model spec (zoo:NAME, file.py:FACTORY) captured at ``--batch``."""
     from .graph import OpGraph
 
-    return OpGraph.load(path)
+    is_spec = source.startswith("zoo:") or ".py:" in source
+    if not is_spec:
+        graph = OpGraph.load(source)
+    elif args is None or getattr(args, "batch", None) is None:
+        raise OptionError(f"{source}: a model spec needs --batch N")
+    else:
+        from .capture import capture_spec
+
+        print(f"capturing one training step of {source} at batch {args.batch} ...", file=sys.stderr)
+        graph = capture_spec(source, args.batch, optimizer=args.optimizer).graph
+    if getattr(args, "profile", None):
+        from .cost.profile import apply_profile, load_profile
+
+        graph = apply_profile(graph, load_profile(args.profile))
+    return graph
+
+
+def _add_model_options(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--batch", type=int, help="batch size when GRAPH is a model spec")
+    p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
+                   help="optimizer of the captured step when GRAPH is a model spec")
+    p.add_argument("--profile", metavar="FILE", help="placer.profile/1 file of measured times to use")
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from .algorithms import place
     from .cluster import load_cluster
 
-    graph = _load_graph(args.graph)
+    graph = _load_graph(args.graph, args)
     cluster = load_cluster(args.cluster)
     options = dict(_parse_option(o) for o in args.option)
     if args.seed is not None:
@@ -164,7 +187,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .cluster import load_cluster
     from .report.compare import compare
 
-    graph = _load_graph(args.graph)
+    graph = _load_graph(args.graph, args)
     cluster = load_cluster(args.cluster)
     names = [a.strip() for a in args.algorithms.split(",") if a.strip()] if args.algorithms else None
     comparison = compare(graph, cluster, names, seed=args.seed, time_limit=args.time_limit)
@@ -178,10 +201,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    return run_demo(Path(args.output))
+    names = [a.strip() for a in args.algorithms.split(",") if a.strip()] if args.algorithms else None
+    return run_demo(Path(args.output), model=args.model, batch=args.batch, cluster=args.cluster,
+                    algorithms=names, time_limit=args.time_limit)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    from .demo import DEFAULT_BATCH, DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_TIME_LIMIT
+
     parser = argparse.ArgumentParser(prog="placer", description=(
         "Place and schedule the operations of a training step across devices."))
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
@@ -189,8 +216,9 @@ def build_parser() -> argparse.ArgumentParser:
     sub.required = True
 
     p = sub.add_parser("plan", help="place a graph on a cluster with an algorithm")
-    p.add_argument("graph", help="placer.graph/1 file")
+    p.add_argument("graph", metavar="GRAPH|MODEL", help="placer.graph/1 file, or zoo:NAME / file.py:FACTORY")
     p.add_argument("--cluster", required=True, help="preset name or placer.cluster/1 file")
+    _add_model_options(p)
     p.add_argument("--algorithm", default="expert", help="registered algorithm (see `placer algorithms`)")
     p.add_argument("--output", "-o", required=True, help="plan file to write")
     p.add_argument("--seed", type=int, help="random seed")
@@ -220,8 +248,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("compare", help="run several algorithms on one graph and compare their plans")
-    p.add_argument("graph", help="placer.graph/1 file")
+    p.add_argument("graph", metavar="GRAPH|MODEL", help="placer.graph/1 file, or zoo:NAME / file.py:FACTORY")
     p.add_argument("--cluster", required=True, help="preset name or placer.cluster/1 file")
+    _add_model_options(p)
     p.add_argument("--algorithms", help="comma-separated names (default: every registered algorithm)")
     p.add_argument("--output", "-o", help="folder for the table (md, csv, json), plans, charts and report.html")
     p.add_argument("--seed", type=int, default=0)
@@ -230,6 +259,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("demo", help="the main job on the built-in default (no GPU, no input)")
     p.add_argument("--output", "-o", default="placer-demo", help="folder for plans, timelines and the report")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
+    p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"batch size (default {DEFAULT_BATCH})")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"preset or file (default {DEFAULT_CLUSTER})")
+    p.add_argument("--algorithms", help="comma-separated names (default: every registered algorithm)")
+    p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT,
+                   help=f"per-algorithm search limit in seconds (default {DEFAULT_TIME_LIMIT:g})")
     p.set_defaults(func=cmd_demo)
 
     for module in COMMAND_MODULES:

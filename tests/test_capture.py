@@ -11,8 +11,19 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from placer.capture import OPTIMIZERS, capture
+from placer.capture.trace import portable_kernels
 from placer.errors import FormatError, OptionError
 from placer.graph import OpGraph
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Eager runs on one thread: on a busy machine, OpenMP threads waiting for each other make
+    small CPU kernels up to 100x slower."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
 
 
 class MLP(nn.Module):
@@ -72,7 +83,24 @@ def _lm(batch=2):
     return TinyLM(), (torch.randint(0, 11, (batch, 5)), torch.randint(0, 11, (batch, 5)))
 
 
-MODELS = {"mlp": _mlp, "cnn_bn": _cnn, "tied_lm": _lm}
+class LSTMLM(nn.Module):
+    def __init__(self, vocab=13, dim=6, hidden=8):
+        super().__init__()
+        self.emb = nn.Embedding(vocab, dim)
+        self.rnn = nn.LSTM(dim, hidden, num_layers=2, batch_first=True)
+        self.out = nn.Linear(hidden, vocab)
+
+    def forward(self, tokens, targets):
+        h, _ = self.rnn(self.emb(tokens))
+        return nn.functional.cross_entropy(self.out(h).flatten(0, 1), targets.flatten())
+
+
+def _lstm(batch=3):
+    torch.manual_seed(0)
+    return LSTMLM(), (torch.randint(0, 13, (batch, 4)), torch.randint(0, 13, (batch, 4)))
+
+
+MODELS = {"mlp": _mlp, "cnn_bn": _cnn, "tied_lm": _lm, "lstm": _lstm}
 
 
 def _eager_steps(model, inputs, opt, steps):
@@ -111,7 +139,7 @@ def test_two_captured_steps_equal_eager_training(model_name, optimizer):
 
 def _eager_flops(model, inputs, optimizer):
     opt = optimizer.eager(model.parameters())
-    with FlopCounterMode(display=False) as counter:
+    with portable_kernels(), FlopCounterMode(display=False) as counter:
         model(*inputs).backward()
         opt.step()
     return counter.get_total_flops()
@@ -240,6 +268,21 @@ def test_bad_arguments_give_named_errors():
         capture(*_mlp(), lr=-1.0)
     with pytest.raises(OptionError, match="Module"):
         capture(lambda x: x, (torch.randn(2),))
+
+
+class BranchesOnValues(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, x):
+        y = self.fc(x).sum()
+        return y if bool((x > 0).all()) else -y
+
+
+def test_data_dependent_model_names_the_line():
+    with pytest.raises(FormatError, match=r"test_capture.py:\d+: .*branches on tensor values"):
+        capture(BranchesOnValues(), (torch.randn(4, 3),))
 
 
 MODEL_FILE = '''

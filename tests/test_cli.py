@@ -98,7 +98,9 @@ def test_algorithms_and_clusters_list(capsys):
 
 
 def test_installed_command_runs_demo(tmp_path):
-    done = subprocess.run([sys.executable, "-m", "placer", "demo", "-o", str(tmp_path / "demo")],
+    # The demo's own path on a small model; the full default (inception_v3) runs in bench/quality.py's time.
+    done = subprocess.run([sys.executable, "-m", "placer", "demo", "-o", str(tmp_path / "demo"), "--model",
+                           "zoo:lenet", "--batch", "64", "--cluster", "2xcpu", "--time-limit", "2"],
                           capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stderr
     assert "best:" in done.stdout

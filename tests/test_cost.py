@@ -272,6 +272,8 @@ def test_profile_module_times_every_node():
         profile_module(gm, [], repeats=0)
     with pytest.raises(OptionError, match="device"):
         profile_module(gm, [], device="tpu")
+    with pytest.raises(OptionError, match="gpu_timing"):
+        profile_module(gm, [], gpu_timing="events")
 
 
 # -------------------------------------------------------- standard evaluation

@@ -90,3 +90,157 @@ def test_merge_never_joins_different_device_kinds():
     coarse = merge_and_colocate(graph, target_nodes=1)
     for g in range(coarse.graph.num_nodes):
         assert len({graph.device_kinds[i] for i in coarse.members(g)}) == 1
+
+
+# ------------------------------------------------------------- policy and MDP
+torch = pytest.importorskip("torch")
+
+from placer.algorithms import place  # noqa: E402
+from placer.algorithms.placeto import SHIPPED_POLICY, _repair_memory  # noqa: E402
+from placer.cli import main  # noqa: E402
+from placer.errors import InfeasibleError  # noqa: E402
+from placer.learn.policy import PlacetoPolicy  # noqa: E402
+from placer.learn.train import PlacementMDP, TrainConfig, train  # noqa: E402
+
+SMALL = dict(target_nodes=8, passes=1, rollouts_per_update=2, checkpoint_every=0)
+
+
+def _small_graphs():
+    return [training_graph(layers=2, branches=3, seed=s, activation_mib=1, param_mib=4) for s in (0, 1)]
+
+
+def test_mdp_rewards_are_cost_differences_of_simulated_placements():
+    graph = family_graph("rnn", 0)
+    cluster = load_cluster("4xV100-nvlink")
+    mdp = PlacementMDP(graph, cluster, target_nodes=12)
+    torch.manual_seed(0)
+    ep = mdp.episode(PlacetoPolicy(), passes=2, generator=torch.Generator().manual_seed(1))
+    assert len(ep.rewards) == 2 * mdp.ctx.num_nodes == len(ep.log_probs)
+    # intermediate rewards telescope: their sum is R(p_0) - R(p_T)
+    assert np.isclose(ep.rewards.sum(), ep.start_cost - ep.final_cost)
+    # R of the start is 1 (makespans in units of the start's); the best placement's makespan is the simulator's
+    assert np.isclose(ep.start_cost, 1.0)
+    assert np.isclose(simulate(graph, cluster, ep.best_device_of).makespan_s, ep.best_makespan_s)
+    assert ep.best_makespan_s <= ep.start_makespan_s
+
+
+def test_memory_penalty_counts_excess_over_each_device():
+    graph = training_graph(layers=2, branches=2, seed=0)
+    cluster = load_cluster("2xV100-nvlink")
+    tight = type(cluster)("tight", [type(d)(d.name, d.kind, 64 << 20, d.speed) for d in cluster.devices], cluster.channels)
+    mdp = PlacementMDP(graph, tight, target_nodes=6, memory_penalty=2.0)
+    placement = torch.zeros(mdp.ctx.num_nodes, dtype=torch.int64)
+    cost, span, fits, device_of = mdp.cost(placement)
+    peak = simulate(graph, tight, device_of).peak_memory_bytes
+    excess = np.maximum(peak / (64 << 20) - 1, 0).sum()
+    assert not fits and excess > 0
+    assert np.isclose(cost, span / mdp._reference + 2.0 * excess)
+
+
+def test_policy_outputs_a_distribution_over_allowed_devices_and_round_trips(tmp_path):
+    mdp = PlacementMDP(_small_graphs()[0], load_cluster("4xV100-nvlink"), target_nodes=8)
+    torch.manual_seed(3)
+    policy = PlacetoPolicy()
+    allowed = torch.tensor([True, False, True, True])
+    args = (mdp.ctx, mdp.start, 2, torch.zeros(mdp.ctx.num_nodes), allowed, mdp.start_s, mdp.finish_s, 1.0)
+    logp = policy(*args)
+    assert logp.shape == (4,) and logp[1] == float("-inf") and np.isclose(float(logp.exp().sum()), 1.0)
+    policy.save(tmp_path / "p.pt", note="x")
+    again = PlacetoPolicy.load(tmp_path / "p.pt")
+    assert torch.equal(again(*args), logp) and again.metadata == {"note": "x"}
+
+
+def _weights(policy):
+    return [p.detach().clone() for p in policy.parameters()]
+
+
+def test_training_is_reproducible_for_a_seed_and_workers_do_not_change_it():
+    config = TrainConfig(episodes=4, seed=5, **SMALL)
+    first = train(_small_graphs(), ["2xV100-nvlink"], config)
+    second = train(_small_graphs(), ["2xV100-nvlink"], config)
+    parallel = train(_small_graphs(), ["2xV100-nvlink"], TrainConfig(episodes=4, seed=5, workers=2, **SMALL))
+    other = train(_small_graphs(), ["2xV100-nvlink"], TrainConfig(episodes=4, seed=6, **SMALL))
+    for a, b, c in zip(_weights(first.policy), _weights(second.policy), _weights(parallel.policy)):
+        assert torch.equal(a, b) and torch.equal(a, c)
+    assert first.curve["return"] == second.curve["return"]
+    assert any(not torch.equal(a, b) for a, b in zip(_weights(first.policy), _weights(other.policy)))
+
+
+def test_short_training_improves_the_reward():
+    graphs = [training_graph(layers=3, branches=3, seed=2, activation_mib=1, param_mib=2)]
+    config = TrainConfig(episodes=120, seed=0, lr=1e-2, lr_final=1e-2, entropy=0.0, entropy_final=0.0, **SMALL)
+    curve = train(graphs, ["4xV100-nvlink"], config).curve["return"]
+    assert len(curve) == 60
+    assert np.mean(curve[-15:]) > np.mean(curve[:15]) + 0.02
+
+
+def test_train_rejects_bad_settings():
+    with pytest.raises(OptionError, match="episodes"):
+        train(_small_graphs(), config=TrainConfig(episodes=0))
+    with pytest.raises(OptionError, match="discount"):
+        train(_small_graphs(), config=TrainConfig(discount=0.0))
+    with pytest.raises(OptionError, match="graph"):
+        train([], config=TrainConfig())
+
+
+# ------------------------------------------------------------------ algorithm
+def test_shipped_policy_places_a_held_out_graph_zero_shot():
+    assert SHIPPED_POLICY.is_file() and SHIPPED_POLICY.stat().st_size < 200_000
+    graph = dataset("nmt", "test", count=1)[0]
+    cluster = load_cluster("4xV100-nvlink")
+    plan = place(graph, cluster, "placeto")        # place() validates it under the reference model
+    info = plan.extra["placeto"]
+    assert np.isclose(plan.predicted["makespan_s"], info["zero_shot_makespan_s"])
+    assert plan.predicted["makespan_s"] < place(graph, cluster, "round_robin").predicted["makespan_s"]
+    again = place(graph, cluster, "placeto")
+    assert again.placement == plan.placement
+
+
+def test_fine_tuning_keeps_the_better_placement():
+    graph = training_graph(layers=3, branches=2, seed=1)
+    cluster = load_cluster("2xV100-nvlink")
+    plan = place(graph, cluster, "placeto", fine_tune_episodes=2, seed=1)
+    info = plan.extra["placeto"]
+    assert info["fine_tune_episodes"] == 2
+    assert plan.predicted["makespan_s"] <= min(info["zero_shot_makespan_s"], info["fine_tuned_makespan_s"]) * (1 + 1e-9)
+    timed = place(graph, cluster, "placeto", fine_tune_s=0.5, seed=1)
+    assert timed.extra["placeto"]["fine_tune_episodes"] >= 0
+
+
+def test_memory_repair_moves_units_off_a_full_device():
+    graph = training_graph(layers=4, branches=2, param_mib=1500, activation_mib=100, seed=5)
+    cluster = load_cluster("4xV100-nvlink")
+    mdp = PlacementMDP(graph, cluster, target_nodes=10)
+    everything_on_one = np.zeros(graph.num_nodes, dtype=np.int64)
+    assert not simulate(graph, cluster, everything_on_one).fits
+    probs = np.full((mdp.ctx.num_nodes, 4), 0.25)
+    repaired = _repair_memory(graph, cluster, mdp, everything_on_one, probs)
+    assert simulate(graph, cluster, repaired).fits
+    small = type(cluster)("small", [type(d)(d.name, d.kind, 4 << 30, d.speed) for d in cluster.devices], cluster.channels)
+    with pytest.raises(InfeasibleError):
+        _repair_memory(graph, small, mdp, everything_on_one, probs)
+
+
+def test_placeto_options_are_checked():
+    graph = training_graph(layers=2, branches=2)
+    cluster = load_cluster("2xV100-nvlink")
+    with pytest.raises(OptionError, match="policy"):
+        place(graph, cluster, "placeto", policy="/no/such/policy.pt")
+    for bad in ({"samples": -1}, {"fine_tune_s": -1.0}, {"target_nodes": -2}):
+        with pytest.raises(OptionError):
+            place(graph, cluster, "placeto", **bad)
+
+
+def test_cli_trains_a_policy_with_checkpoint_and_curve(tmp_path, capsys):
+    out = tmp_path / "policy.pt"
+    code = main(["train", "placeto", "--family", "rnn", "--episodes", "2", "--rollouts-per-update", "1",
+                 "--target-nodes", "6", "--passes", "1", "--checkpoint-every", "1", "--output", str(out)])
+    assert code == 0
+    assert out.is_file() and (tmp_path / "policy.pt.ckpt").is_file() and (tmp_path / "policy.png").is_file()
+    assert len(PlacetoPolicy.load(out).metadata["curve"]["return"]) == 2
+    plan_out = tmp_path / "plan.json"
+    graph_file = tmp_path / "g.json"
+    family_graph("rnn", 1).save(graph_file)
+    assert main(["plan", str(graph_file), "--cluster", "2xV100-nvlink", "--algorithm", "placeto",
+                 "--option", f"policy={out}", "-o", str(plan_out)]) == 0
+    assert "trained in" in capsys.readouterr().out

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 import numpy as np
 import pytest
 import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from placer.algorithms import place
 from placer.algorithms.common import placement_units
@@ -22,8 +24,12 @@ from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import state_difference, train_eager
-from placer.runtime.distributed import RunError, run_distributed
+from placer.runtime.feedback import measured_cluster
+from placer.runtime.distributed import (RunError, free_port, run_distributed, run_under_torchrun,
+                                        under_torchrun)
 from placer.runtime.program import compile_program, copy_to, pack, receive_buffer, unpack, value_spec
+from placer.transform.replicate import data_parallel_graph
+from placer.transform.split import split_operation
 
 STEPS = 3
 TOLERANCE = 1e-6
@@ -170,9 +176,26 @@ def test_distributed_executor_trains_like_eager(case, how, cluster_name):
     result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
                              carrier=captured.carrier, timeout_s=30)
     assert len(result.step_s) == STEPS and all(s > 0 for s in result.step_s)
+    assert all(src != dst and nbytes > 0 and seconds > 0 for src, dst, nbytes, seconds in result.transfer_s)
+    assert how != "random" or result.transfer_s            # some rank waited for some message
     assert result.predicted_s == pytest.approx(plan.predicted.get("makespan_s", result.predicted_s))
     captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     case.assert_matches(model, optimizer)
+
+
+@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(seed=st.integers(0, 2**31 - 1), devices=st.sampled_from(CLUSTERS))
+def test_any_placement_and_order_trains_exactly_like_eager(file_case, seed, devices):
+    """Whatever the devices and the per-device orders (colocation and dependencies kept), the result is eager's."""
+    cluster = load_cluster(devices)
+    plan = random_plan(file_case.captured.graph, cluster, seed)
+    plan.context["captured"] = file_case.captured
+    model, optimizer = file_case.fresh()
+    step = plan.apply(model, optimizer)
+    for _ in range(STEPS):
+        step(*file_case.inputs)
+    worst, where, _ = state_difference(model, optimizer, file_case.reference, file_case.reference_optimizer)
+    assert worst == 0.0, f"{where} differs by {worst}"
 
 
 # ------------------------------------------------------------------ failures
@@ -207,18 +230,79 @@ def test_a_failing_rank_stops_the_run_with_an_error(file_case, hook, message):
 
 
 # ------------------------------------------------------------ plan checks
-def test_split_operations_are_refused_naming_the_node(file_case):
-    graph = file_case.captured.graph
+def _split_plan(case: Case, cluster, parts: int = 2) -> Plan:
+    """The first three splittable operations split along the batch, the result placed at random."""
+    graph = case.captured.graph
+    names = [graph.ids[i] for i, s in enumerate(graph.splittable) if s][:3]
+    target = graph
+    for name in names:
+        target = split_operation(target, name, "batch", parts)
+    unit_of, units = placement_units(target)
+    device_of = np.random.default_rng(0).integers(0, cluster.num_devices, len(units))[unit_of]
+    return Plan.from_arrays(graph, cluster, device_of, placed_graph=target,
+                            splits=[{"node": n, "dim": "batch", "parts": parts} for n in names])
+
+
+@pytest.mark.parametrize("backend", ["local", "distributed"])
+def test_split_operations_run_as_slices_parts_and_concat(zoo_case, backend):
+    """OS-DPOS's splits: each part computes its rows on its device, the concat joins them.
+
+    Parts multiply fewer rows than the whole operation, so the sums may round
+    differently: equal to eager training within the tolerance, not bit for bit.
+    """
     cluster = load_cluster("2xcpu")
-    extra = [dict(e) for e in graph.node_extra]
-    victim = next(i for i, s in enumerate(graph.splittable) if s)
-    extra[victim]["split_of"] = "conv"
-    extra[victim].update(part=0, parts=2, dim="batch")
-    rewritten = graph.replace(node_extra=extra)
-    plan = Plan.from_arrays(graph, cluster, np.zeros(graph.num_nodes, dtype=int), placed_graph=rewritten,
-                            splits=[{"node": graph.ids[victim], "dim": "batch", "parts": 2}])
-    with pytest.raises(InvalidPlanError, match=graph.ids[victim]):
-        compile_program(file_case.captured.gm, graph, plan, cluster, carrier=file_case.captured.carrier)
+    plan = _split_plan(zoo_case, cluster)
+    program = compile_program(zoo_case.captured.gm, zoo_case.captured.graph, plan, cluster,
+                              carrier=zoo_case.captured.carrier)
+    parts = [program.device_of[v] for v in program.schedule if (program.node_id(v) or "").count("@part")]
+    assert len(parts) == 6 and len(set(parts)) == 2           # the parts really are spread
+    model, optimizer = zoo_case.fresh()
+    if backend == "local":
+        plan.context["captured"] = zoo_case.captured
+        step = plan.apply(model, optimizer)
+        for _ in range(STEPS):
+            step(*zoo_case.inputs)
+    else:
+        captured = zoo_case.captured
+        flat = captured.step_inputs(model, zoo_case.inputs, optimizer)
+        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
+                                 carrier=captured.carrier, timeout_s=30)
+        captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+        assert any("@part" in node_id for node_id in result.op_s)
+    zoo_case.assert_matches(model, optimizer)
+
+
+def test_splits_the_runtime_cannot_execute_are_refused_naming_the_node(zoo_case):
+    cluster = load_cluster("2xcpu")
+    plan = _split_plan(zoo_case, cluster)
+    target = plan.rewritten_graph
+    extra = [dict(e) for e in target.node_extra]
+    victim = next(i for i, e in enumerate(extra) if "part" in e)
+    extra[victim]["dim"] = "channel"
+    plan.rewritten_graph = target.replace(node_extra=extra)
+    with pytest.raises(InvalidPlanError, match=f"{target.ids[victim]}.*batch splits only"):
+        compile_program(zoo_case.captured.gm, zoo_case.captured.graph, plan, cluster,
+                        carrier=zoo_case.captured.carrier)
+
+
+def test_data_parallel_replicas_are_refused(zoo_case):
+    graph = zoo_case.captured.graph
+    cluster = load_cluster("2xcpu")
+    replicated = data_parallel_graph(graph, 2).graph
+    plan = Plan.from_arrays(graph, cluster, np.zeros(replicated.num_nodes, dtype=int), placed_graph=replicated)
+    with pytest.raises(InvalidPlanError, match="data-parallel replica"):
+        compile_program(zoo_case.captured.gm, graph, plan, cluster, carrier=zoo_case.captured.carrier)
+
+
+def test_measured_transfers_refit_the_link():
+    cluster = load_cluster("2xcpu")
+    # 50 us + bytes / 1 GB/s, both directions
+    transfers = [(a, 1 - a, n, 50e-6 + n / 1e9) for a in (0, 1) for n in (1_000, 100_000, 1_000_000)]
+    fitted = measured_cluster(cluster, transfers)
+    for ch in fitted.channels:
+        assert ch.latency_s == pytest.approx(50e-6, rel=1e-6)
+        assert ch.bandwidth_bytes_per_s == pytest.approx(1e9, rel=1e-6)
+    assert measured_cluster(cluster, transfers[:1]) is cluster      # one size: nothing to fit
 
 
 def test_a_plan_for_another_graph_is_refused(file_case):
@@ -296,3 +380,29 @@ def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys)
     assert tuned.extra["measured_step_s"] > 0
 
 
+def _torchrun_rank(rank: int, port: int, case: Case, plan: Plan, out: str) -> None:
+    """One rank as torchrun starts it: only the environment says who it is."""
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    assert under_torchrun()
+    captured = case.captured
+    model, optimizer = case.fresh()
+    flat = captured.step_inputs(model, case.inputs, optimizer)
+    result = run_under_torchrun(captured.gm, captured.graph, plan, load_cluster("2xcpu"), flat, steps=STEPS,
+                                carrier=captured.carrier, timeout_s=30)
+    assert (result is None) == (rank != 0)
+    if result is not None:
+        torch.save(result.state, out)
+
+
+def test_ranks_started_by_torchrun_run_the_plan_together(file_case, tmp_path):
+    import torch.multiprocessing as mp
+
+    plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
+    out = str(tmp_path / "state.pt")
+    mp.start_processes(_torchrun_rank, args=(free_port(), file_case, plan, out), nprocs=2, start_method="fork")
+    model, optimizer = file_case.fresh()
+    flat = file_case.captured.step_inputs(model, file_case.inputs, optimizer)
+    state = torch.load(out, weights_only=False)
+    file_case.captured.write_back([state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+    file_case.assert_matches(model, optimizer)

@@ -103,9 +103,9 @@ def test_unrolled_lstm_equals_torch_lstm():
     torch.manual_seed(1)
     unrolled = StackedLSTM(6, 8, layers=2)
     reference = torch.nn.LSTM(6, 8, num_layers=2, batch_first=True)
-    for i, cell in enumerate(unrolled.cells):
+    for i, layer in enumerate(unrolled.layers):
         for kind in ("weight_ih", "weight_hh", "bias_ih", "bias_hh"):
-            getattr(reference, f"{kind}_l{i}").data.copy_(getattr(cell, kind))
+            getattr(reference, f"{kind}_l{i}").data.copy_(getattr(layer.cell, kind))
     x = torch.randn(3, 4, 6)
     torch.testing.assert_close(unrolled(x), reference(x)[0])
 

@@ -93,7 +93,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     position = _position(graph).tolist()
     pending = np.bincount(graph.dst, minlength=n).tolist()
     ptr, eids = graph.out_edges
-    succ = [sorted(set(graph.dst[eids[ptr[v]:ptr[v + 1]]].tolist())) for v in range(n)]
+    # One entry per edge (parallel edges included) so that `pending` reaches zero.
+    succ = [sorted(graph.dst[eids[ptr[v]:ptr[v + 1]]].tolist()) for v in range(n)]
     fav_child = [-1] * n if favourite is None else favourite.tolist()
     fav_parent = [-1] * n
     for u, v in enumerate(fav_child):

@@ -52,6 +52,16 @@ def _with_kinds(graph: OpGraph) -> OpGraph:
     return graph.replace(device_kinds=kinds)
 
 
+def _with_parallel_edges(graph: OpGraph) -> OpGraph:
+    """Every third edge doubled with a second output tensor, as captured ops that read two outputs of one op."""
+    twin = np.arange(0, graph.num_edges, 3)
+    return graph.replace(src=np.concatenate([graph.src, graph.src[twin]]),
+                         dst=np.concatenate([graph.dst, graph.dst[twin]]),
+                         edge_bytes=np.concatenate([graph.edge_bytes, graph.edge_bytes[twin]]),
+                         edge_tensor=np.concatenate([graph.edge_tensor, graph.edge_tensor[twin] + 1]),
+                         edge_extra=None)
+
+
 def contract_cases() -> list[tuple[str, OpGraph, Cluster]]:
     """Small problems every algorithm must solve validly: (label, graph, cluster)."""
     return [
@@ -60,6 +70,8 @@ def contract_cases() -> list[tuple[str, OpGraph, Cluster]]:
          load_cluster("4xGPU-pcie")),
         ("kinds-mixed", _with_kinds(training_graph(layers=2, branches=3, seed=3)), _mixed_cluster()),
         ("two-hosts", training_graph(layers=4, branches=2, seed=4), load_cluster("2x4xV100")),
+        ("parallel-edges", _with_parallel_edges(training_graph(layers=2, branches=2, seed=5)),
+         load_cluster("4xV100-nvlink")),
     ]
 
 

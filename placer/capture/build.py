@@ -44,6 +44,15 @@ _HIDDEN_STAT_WRITERS = {_aten.native_batch_norm.default, _aten.cudnn_batch_norm.
 # Ops whose first input's leading dimension may be cut into parts computed independently.
 _BATCH_SPLITTABLE = {_aten.convolution, _aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm}
 
+# Views that keep samples in contiguous blocks of the leading dimension when its size stays a
+# multiple of the batch.
+_VIEWS = {_aten.view, _aten._unsafe_view, _aten.reshape, _aten.expand, _aten.alias, _aten.unsqueeze,
+          _aten.squeeze, _aten.flatten}
+
+_REDUCTIONS = {_aten.sum, _aten.mean, _aten.amax, _aten.amin, _aten.max, _aten.min, _aten.prod, _aten.var,
+               _aten.std, _aten.var_mean, _aten.std_mean, _aten.logsumexp, _aten.norm, _aten.linalg_vector_norm,
+               _aten.any, _aten.all, _aten.argmax, _aten.argmin, _aten.cumsum, _aten.cumprod}
+
 _SCALAR_BYTES = 8
 
 
@@ -140,16 +149,87 @@ def _flops(node: fx.Node) -> float:
     return float(count(*args, **kwargs, out_val=node.meta.get("val")))
 
 
-def _splittable(node: fx.Node, batch: int | None) -> list[dict] | None:
-    """``[{"dim": "batch", "size": B}]`` when the op's first input and output lead with the batch."""
+def _first_operand(node: fx.Node) -> Any:
+    """The operand whose leading dimension a matrix op keeps (``addmm``'s is its second argument)."""
+    packet = node.target.overloadpacket
+    return node.args[1] if packet in (_aten.addmm, _aten.baddbmm) else node.args[0]
+
+
+def _reduces_dim0(node: fx.Node) -> bool:
+    """Whether a reduction sums over the leading dimension (or over everything)."""
+    packet = node.target.overloadpacket
+    if packet not in _REDUCTIONS:
+        return False
+    dims = node.args[1] if len(node.args) > 1 else node.kwargs.get("dim")
+    if dims is None or dims == []:
+        return True
+    dims = [dims] if isinstance(dims, int) else list(dims)
+    rank = max(node.args[0].meta["val"].dim(), 1)
+    return any(d % rank == 0 for d in dims)
+
+
+def _moves_dim0(node: fx.Node) -> bool:
+    packet = node.target.overloadpacket
+    if packet in (_aten.t, _aten.numpy_T, _aten.mT):
+        return True
+    if packet == _aten.transpose:
+        rank = max(node.args[0].meta["val"].dim(), 1)
+        return 0 in (node.args[1] % rank, node.args[2] % rank)
+    if packet == _aten.permute:
+        rank = max(node.args[0].meta["val"].dim(), 1)
+        return node.args[1][0] % rank != 0
+    return False
+
+
+def batch_leading(nodes: Iterable[fx.Node], input_nodes: Iterable[fx.Node], batch: int) -> set[fx.Node]:
+    """Nodes whose output holds the samples of the batch in contiguous blocks of its leading dimension.
+
+    Forward dataflow from the batch inputs: an op's output is batch-leading when an input
+    whose leading dimension it keeps is (a matrix op: its first operand; a view: any
+    leading size that is a multiple of the batch, since samples stay contiguous row
+    blocks); transposes moving dimension 0 and reductions over it end it. Weight
+    gradients (``t(grad) @ x``) are therefore never batch-leading.
+    """
+    leading = {n for n in input_nodes if _leading_size(n) and _leading_size(n) % batch == 0}
+    for node in nodes:
+        if node.op != "call_function" or node in leading:
+            continue
+        size = _leading_size(node)
+        if not size or size % batch:
+            continue
+        target = node.target
+        if target is operator.getitem:
+            if node.args[0] in leading and _leading_size(node.args[0]) == size:
+                leading.add(node)
+            continue
+        if not isinstance(target, torch._ops.OpOverload) or _moves_dim0(node) or _reduces_dim0(node):
+            continue
+        packet = target.overloadpacket
+        if packet in _BATCH_SPLITTABLE:
+            first = _first_operand(node)
+            if first in leading and _leading_size(first) == size:
+                leading.add(node)
+        elif packet in _VIEWS:
+            if node.args[0] in leading:
+                leading.add(node)
+        elif any(a in leading and _leading_size(a) == size for a in node.all_input_nodes):
+            leading.add(node)
+    return leading
+
+
+def _leading_size(node: Any) -> int:
+    val = node.meta.get("val") if isinstance(node, fx.Node) else None
+    if isinstance(val, (tuple, list)):
+        val = next((v for v in val if isinstance(v, torch.Tensor)), None)
+    return int(val.shape[0]) if isinstance(val, torch.Tensor) and val.dim() >= 1 else 0
+
+
+def _splittable(node: fx.Node, batch: int | None, leading: set[fx.Node]) -> list[dict] | None:
+    """``[{"dim": "batch", "size": B}]`` for a matrix op whose first operand is batch-leading."""
     target = node.target
     if batch is None or not isinstance(target, torch._ops.OpOverload) or target.overloadpacket not in _BATCH_SPLITTABLE:
         return None
-    first = node.args[1] if target.overloadpacket in (_aten.addmm, _aten.baddbmm) else node.args[0]
-    first_val = first.meta.get("val") if isinstance(first, fx.Node) else None
-    out = node.meta.get("val")
-    if (isinstance(first_val, torch.Tensor) and isinstance(out, torch.Tensor) and first_val.dim() >= 2
-            and first_val.shape[0] == batch and out.shape[0] == batch):
+    if node in leading and _first_operand(node) in leading:
         return [{"dim": "batch", "size": int(batch)}]
     return None
 
@@ -172,7 +252,8 @@ class _UnionFind:
 
 
 def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
-                resident: Iterable[str], batch: int | None) -> tuple[OpGraph, dict[str, str]]:
+                resident: Iterable[str], batch: int | None,
+                batch_inputs: Iterable[str] = ()) -> tuple[OpGraph, dict[str, str]]:
     """The OpGraph of ``gm`` and, for every fx node, the graph node that carries it.
 
     Parameters
@@ -188,6 +269,8 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
         optimizer state): their bytes are ``param_bytes``.
     batch : int or None
         The batch size, for ``splittable``.
+    batch_inputs : iterable of str
+        Placeholders whose leading dimension is the batch.
 
     Returns
     -------
@@ -196,6 +279,8 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     """
     resident = set(resident)
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    batch_names = set(batch_inputs)
+    leading = batch_leading(nodes, [n for n in nodes if n.name in batch_names], batch) if batch else set()
     index: dict[fx.Node, int] = {}
     carrier: dict[fx.Node, tuple[int, int]] = {}   # fx node -> (graph index, output number)
     ids: list[str] = []
@@ -229,7 +314,7 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
         elif not _aliases_input(node):
             output_bytes[i] = size
         flops[i] = _flops(node)
-        splittable.append(_splittable(node, batch))
+        splittable.append(_splittable(node, batch, leading))
         inputs = _arg_nodes(node)
         accessed = sum(value_bytes(a.meta.get("val")) for a in inputs) + (0 if _aliases_input(node) else value_bytes(val))
         info: dict[str, Any] = {"bytes_accessed": int(accessed)}

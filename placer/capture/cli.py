@@ -21,7 +21,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     graph.save(args.output)
     print(f"{graph.name}: {graph.num_nodes} nodes, {graph.num_edges} edges, "
           f"{graph.flops.sum() / 1e9:.4g} GFLOP, state {graph.param_bytes.sum() / 2**20:.1f} MiB, "
-          f"activations {graph.output_bytes.sum() / 2**20:.1f} MiB, "
+          f"op outputs {graph.output_bytes.sum() / 2**20:.1f} MiB in all, "
           f"{graph.compute_s.sum() * 1e3:.3f} ms on one V100 (roofline), "
           f"captured in {step.capture_s:.1f} s -> {args.output}")
     return 0

@@ -17,7 +17,10 @@ would.
 
 from __future__ import annotations
 
+import os
 import time
+import traceback
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from functools import partial
 from typing import Any, Sequence
@@ -37,7 +40,7 @@ from ..graph import OpGraph
 from .build import build_graph
 from .optim import OptimizerSpec, optimizer_spec
 
-__all__ = ["CapturedStep", "StepLayout", "capture"]
+__all__ = ["CapturedStep", "StepLayout", "capture", "portable_kernels"]
 
 
 @dataclass(frozen=True)
@@ -372,23 +375,57 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     traced._orig_mod = model   # lets make_fx record each op's module path (nn_module_stack)
     try:
         # Stack traces of every op cost a fifth of the trace and are not used.
-        with fx_traceback.preserve_node_meta(), patch.object(torch.fx.config, "do_not_emit_stack_traces", True):
+        with fx_traceback.preserve_node_meta(), patch.object(torch.fx.config, "do_not_emit_stack_traces", True), \
+                portable_kernels():
             gm = make_fx(traced, tracing_mode="fake", record_module_stack=True)(*flat)
     except FormatError:
         raise
     except Exception as exc:  # noqa: BLE001 - any tracing failure is reported as the model's
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        hint = (" (the model branches on tensor values, which a trace with fake tensors cannot follow)"
+                if "data-dependent" in message else "")
         raise FormatError(f"cannot capture the training step of {type(model).__name__}: "
-                          f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}") from exc
+                          f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}") from exc
     _name_placeholders(gm, layout)
     layers = _layers(gm, layout, model)
     resident = [n.name for n in gm.graph.nodes if n.op == "placeholder"][:layout.input_offset]
-    graph, carrier = build_graph(gm, name=name, layers=layers, resident=resident, batch=batch)
+    batch_inputs = [f"input_{k}" for k in slots if inputs[k].dim() >= 1 and inputs[k].shape[0] == batch]
+    graph, carrier = build_graph(gm, name=name, layers=layers, resident=resident, batch=batch,
+                                 batch_inputs=batch_inputs)
     from ..cost.analytic import annotate
 
     graph = annotate(graph)
     constants = {k: x for k, x in enumerate(inputs) if k not in slots}
     return CapturedStep(graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants,
                         None if fake else (model, inputs))
+
+
+@contextmanager
+def portable_kernels():
+    """Trace (or count) with oneDNN off, so that CPU-only fused kernels such as
+    ``mkldnn_rnn_layer`` do not replace the portable aten ops (an LSTM's matmuls and cell
+    functions) that other devices run and ``flop_registry`` counts."""
+    enabled = torch._C._get_mkldnn_enabled()
+    torch._C._set_mkldnn_enabled(False)
+    try:
+        yield
+    finally:
+        torch._C._set_mkldnn_enabled(enabled)
+
+
+# Frames inside these parts of torch are the tracer's, not the model's.
+_TRACER_PARTS = tuple(f"{os.sep}torch{os.sep}{part}" for part in
+                      ("fx", "_subclasses", "_functorch", "_dynamo", "utils", "_ops.py", "_prims", "_refs",
+                       "_decomp", "overrides.py", "_tensor.py", "__init__.py", "_compile.py", "_library"))
+
+
+def _user_frame(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``exc`` that is the model's code, not the tracer's."""
+    where = "?"
+    for frame in traceback.extract_tb(exc.__traceback__):
+        if not any(part in frame.filename for part in _TRACER_PARTS) and not frame.filename.endswith("trace.py"):
+            where = f"{frame.filename}:{frame.lineno}"
+    return where
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:

@@ -42,7 +42,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
     device_kind_of(args.device)  # refuse a bad device before capturing
     step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, fake=False)
     model, inputs = load_model(args.spec, args.batch)
-    profile = profile_step(step, model, inputs, device=args.device, repeats=args.repeats)
+    profile = profile_step(step, model, inputs, device=args.device, repeats=args.repeats,
+                           gpu_timing=args.gpu_timing)
     profile.save(args.output)
     line = (f"{step.graph.name}: {len(profile.node_seconds)} nodes timed on {profile.meta['device_name']} "
             f"({profile.device_kind}), sum {profile.total_s * 1e3:.3f} ms")
@@ -130,6 +131,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
     p.add_argument("--optimizer", default="adam")
     p.add_argument("--repeats", type=int, default=5, help="timed runs per node; the median is kept")
+    p.add_argument("--gpu-timing", choices=("kernel", "wall"), default="kernel",
+                   help="on a GPU: sum of each node's kernel times (default) or synchronised wall time")
     p.add_argument("--output", "-o", required=True, help="placer.profile/1 file to write")
     p.add_argument("--graph-output", help="also write the graph with the measured times")
     p.set_defaults(func=cmd_profile)

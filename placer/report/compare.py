@@ -201,6 +201,9 @@ def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None =
                 entries.append(Entry(name, plan, simulate_plan(plan, graph, cluster)))
             except PlacerError as exc:
                 entries.append(Entry(name, error=failure_message(name, exc)))
+            except Exception as exc:  # noqa: BLE001  a bug in one algorithm must not lose the others' results
+                entries.append(Entry(name, error=f"{name}: internal error (please report): "
+                                                 f"{type(exc).__name__}: {exc}"))
             bar.advance(task)
     return Comparison(graph, cluster, entries)
 

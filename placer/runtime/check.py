@@ -9,7 +9,20 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-__all__ = ["train_eager", "state_difference", "StepTimes", "step_times"]
+__all__ = ["eager_optimizer", "train_eager", "state_difference", "StepTimes", "step_times"]
+
+
+def eager_optimizer(captured: Any, params) -> torch.optim.Optimizer:
+    """The eager ``torch.optim`` optimizer a captured step reproduces, on its single-tensor path.
+
+    On GPUs torch picks the multi-tensor (``foreach``) kernels by default, which
+    round differently from the per-parameter update the step captures.
+    """
+    optimizer = captured.optimizer.eager(params)
+    for group in optimizer.param_groups:
+        if "foreach" in group:
+            group["foreach"] = False
+    return optimizer
 
 
 def train_eager(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer, steps: int) -> list[float]:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import argparse
 import copy
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -21,26 +21,28 @@ VERIFY_TOLERANCE = 1e-6
 
 @dataclass
 class Measurement:
-    """A placed run's step times (all steps, warm-up first) and last per-node times."""
+    """A placed run's step times (all steps, warm-up first), per-node and per-transfer times."""
 
     step_s: list[float]
     op_s: dict[str, float]
     predicted_s: float
     outputs: list
     state: dict[int, Any]
+    transfer_s: list = field(default_factory=list)
 
 
 def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: int, backend: str,
-                 threads: int = 1, timeout_s: float = 60.0, devices: list[str] | None = None) -> Measurement:
+                 threads: int = 1, timeout_s: float = 60.0, devices: list[str] | None = None) -> Measurement | None:
     """Train ``steps`` steps of ``captured`` as ``plan`` says; the local backend updates ``flat`` in place.
 
     ``backend`` is ``"local"`` (this process, :class:`LocalExecutor`) or
-    ``"distributed"`` (one process per device; ``flat`` is left as it is and
-    the new state is in the result).
+    ``"distributed"`` (one process per device, started here, or this process's
+    rank under ``torchrun``; ``flat`` is left as it is and the new state is in
+    the result, which only rank 0 of a ``torchrun`` launch gets: the others get None).
     """
     import time
 
-    from .distributed import run_distributed
+    from .distributed import run_distributed, run_under_torchrun, under_torchrun
     from .local import LocalExecutor
     from .program import compile_program
 
@@ -56,9 +58,13 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
         state = {k: flat[k] for k, p in enumerate(program.placeholders) if p in written}
         return Measurement(step_s, dict(executor.op_s), program.predicted_s, outputs, state)
     if backend == "distributed":
-        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=steps, backend="auto",
-                                 timeout_s=timeout_s, carrier=captured.carrier, threads=threads)
-        return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state)
+        run = run_under_torchrun if under_torchrun() else run_distributed
+        result = run(captured.gm, captured.graph, plan, cluster, flat, steps=steps, backend="auto",
+                     timeout_s=timeout_s, carrier=captured.carrier, threads=threads)
+        if result is None:          # a rank other than 0 under torchrun: rank 0 reports
+            return None
+        return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state,
+                           result.transfer_s)
     raise OptionError(f"backend must be 'local' or 'distributed', got {backend!r}")
 
 
@@ -89,7 +95,7 @@ def _load(args: argparse.Namespace, batch: int):
 def cmd_run(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster
     from ..plan import Plan
-    from .check import state_difference, step_times, train_eager
+    from .check import eager_optimizer, state_difference, step_times, train_eager
 
     if args.steps < 1:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
@@ -101,6 +107,8 @@ def cmd_run(args: argparse.Namespace) -> int:
     devices = args.devices.split(",") if args.devices else None
     m = measure_plan(captured, plan, cluster, flat, steps=args.steps, backend=args.backend, threads=args.threads,
                      timeout_s=args.timeout, devices=devices)
+    if m is None:
+        return 0
     if args.backend == "distributed":
         captured.write_back([m.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     times = step_times(m.step_s, args.warmup)
@@ -110,7 +118,7 @@ def cmd_run(args: argparse.Namespace) -> int:
           f"{times.warmup} warm-up), simulator predicts {m.predicted_s * 1e3:.3f} ms{loss}")
     if not args.verify:
         return 0
-    reference_optimizer = captured.optimizer.eager(reference.parameters())
+    reference_optimizer = eager_optimizer(captured, reference.parameters())
     train_eager(reference, inputs, reference_optimizer, args.steps)
     worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
     if worst <= VERIFY_TOLERANCE:
@@ -125,7 +133,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms import place
     from ..cluster import load_cluster
     from .check import step_times
-    from .feedback import measured_graph
+    from .feedback import measured_cluster, measured_graph
 
     if args.rounds < 1 or args.steps < 2:
         raise OptionError("--rounds must be >= 1 and --steps >= 2 (one warm-up step)")
@@ -148,6 +156,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best = plan
     for r in range(1, args.rounds + 1):
         graph = measured_graph(graph, best.bind(graph, cluster), cluster, m.op_s)
+        cluster = measured_cluster(cluster, m.transfer_s)
+        if m.transfer_s and cluster.channels:
+            ch = cluster.channels[0]
+            print(f"round {r}: {len(m.op_s)} measured op times, {len(m.transfer_s)} measured transfers; "
+                  f"{ch.extra.get('link', ch.name)} link now {ch.latency_s * 1e6:.1f} us + "
+                  f"{ch.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
         candidate = place(graph, cluster, args.algorithm, seed=r)
         measured_s, m_new = run(candidate)
         kept = measured_s < best_s
@@ -167,7 +181,8 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--steps", type=int, default=5, help="training steps (default 5)")
     p.add_argument("--backend", choices=("local", "distributed"), default="local",
                    help="local: one process, every device a CUDA stream or the CPU; distributed: one process "
-                        "per device over torch.distributed (gloo on CPU, NCCL on GPUs)")
+                        "per device over torch.distributed (gloo on CPU, NCCL on GPUs), started here, or "
+                        "the ranks of `torchrun --nproc-per-node N [--nnodes ...] -m placer run ...`")
     p.add_argument("--optimizer", default="adam", choices=("adam", "sgd", "adamw"))
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (per rank; default 1)")
@@ -197,4 +212,6 @@ def add_commands(subparsers) -> None:
     p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with")
     p.add_argument("--rounds", type=int, default=2, help="replanning rounds after the first plan (default 2)")
     p.add_argument("--output", "-o", required=True, help="plan file for the fastest measured plan")
-    p.set_defaults(func=cmd_tune)
+    # One process per device measures what a placement changes; the local backend on a CPU
+    # runs every device's work in turn.
+    p.set_defaults(func=cmd_tune, backend="distributed")

@@ -5,9 +5,10 @@ Rank ``j`` is plan device ``j``. Every rank compiles the same
 its device (parameters, buffers, optimizer state) and runs its own
 operations in plan order. A value another device needs leaves with a
 non-blocking send as soon as it exists (a snapshot when the step later
-overwrites its storage in place); a rank receives a value when its first
-consumer there is about to run, posting its receives from each peer in the
-order that peer sends them. Tensors travel as flat buffers laid out by the
+overwrites its storage in place). With gloo a rank posts all its receives at
+the start of the step (matched by tag), so each transfer moves as soon as it
+is sent; with NCCL it posts them when their first consumer is about to run,
+from each peer in the order that peer sends them. Tensors travel as flat buffers laid out by the
 strides recorded at capture, so the receiver rebuilds exactly the layout the
 sender had; Python scalars travel as 0-d tensors (float64, int64 or bool).
 
@@ -43,10 +44,11 @@ from ..cluster import Cluster
 from ..errors import OptionError, PlacerError
 from ..graph import OpGraph
 from ..plan import Plan
-from .program import (Program, call_node, compile_program, copy_to, pack, receive_buffer, unpack,
-                      value_spec)
+from .program import (Program, call_node, compile_program, copy_to, message_bytes, pack, receive_buffer,
+                      unpack, value_spec)
 
-__all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "rank_main", "resolve_backend"]
+__all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
+           "resolve_backend", "under_torchrun", "free_port"]
 
 
 class RunError(PlacerError):
@@ -73,6 +75,8 @@ class RankJob:
     threads: int = 1
     hook: Callable[[int], None] | None = None
     result_path: str | None = None
+    profile: bool = False
+    same_host: bool = True          # ranks share a clock: transfer times can be measured
 
 
 @dataclass
@@ -90,6 +94,9 @@ class DistributedResult:
         the step writes (parameters, buffers, optimizer state), on the CPU.
     op_s : dict of str to float
         Graph node id -> median seconds of its runs on its rank (after the first step).
+    transfer_s : list of (int, int, int, float)
+        ``(source rank, destination rank, bytes, seconds)`` of the transfers a
+        rank had to wait for, after the first step (CPU ranks on one host).
     predicted_s : float
         The reference simulator's step time for the plan.
     """
@@ -99,10 +106,16 @@ class DistributedResult:
     state: dict[int, Any]
     op_s: dict[str, float] = field(default_factory=dict)
     predicted_s: float = math.nan
+    transfer_s: list[tuple[int, int, int, float]] = field(default_factory=list)
+
+
+def under_torchrun() -> bool:
+    """Whether this process is one rank of a ``torchrun`` launch (its environment says so)."""
+    return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
 
 
 def resolve_backend(backend: str, world: int) -> str:
-    """``"gloo"`` or ``"nccl"`` for ``backend`` in {"auto", "gloo", "nccl"}.
+    """``"gloo"`` or ``"nccl"`` for ``backend`` in {"auto", "gloo", "nccl"}; ``world`` is the ranks on this host.
 
     Raises
     ------
@@ -143,7 +156,14 @@ class _RankRunner:
             if dead:
                 self.frees_after.setdefault(v, []).extend(dead)
         self.pair_groups: dict[tuple[int, int], Any] = {}
-        self.op_s: dict[str, list[float]] = {}     # seconds of every run of each node
+        self.op_s: dict[fx.Node, list[float]] = {}     # seconds of every run of each node
+        # Per step, transfer index -> when it was sent here / when it arrived here. An arrival
+        # is known only for a message this rank had to wait for (it came when the wait ended),
+        # which are the transfers on the step's critical path.
+        self.sent_at: list[dict[int, float]] = []
+        self.arrived_at: list[dict[int, float]] = []
+        # On GPUs an op's host time is its launch; with profile, synchronize around each op.
+        self.profile_gpu = False
 
     def make_pair_groups(self) -> None:
         """NCCL: one group per ordered pair, so that each direction is its own FIFO (every rank calls this)."""
@@ -173,44 +193,72 @@ class _RankRunner:
         posted: dict[int, tuple[Any, Any]] = {}
         next_post = {src: 0 for src in self.incoming}
         sending: list[tuple[Any, Any]] = []
+        sent_at: dict[int, float] = {}
+        arrived_at: dict[int, float] = {}
+        self.sent_at.append(sent_at)
+        self.arrived_at.append(arrived_at)
 
         def send(v, value):
             for x in prog.sends.get(v, ()):
                 buf = pack(value, self.specs[v], self.device, x.snapshot)
                 if buf is not None:
                     sending.append((self._isend(buf, x), buf))
+                    sent_at[x.index] = time.perf_counter()
+
+        def post(y):
+            buf = receive_buffer(self.specs[y.node], self.device)
+            posted[y.index] = (None if buf is None else self._irecv(buf, y), buf)
 
         def receive(a):
             x = prog.recv[(a, rank)]
             queue = self.incoming[x.src]
             while x.index not in posted:
-                y = queue[next_post[x.src]]
+                post(queue[next_post[x.src]])
                 next_post[x.src] += 1
-                buf = receive_buffer(self.specs[y.node], self.device)
-                posted[y.index] = (None if buf is None else self._irecv(buf, y), buf)
             work, buf = posted.pop(x.index)
             if work is not None:
+                early = work.is_completed()
                 try:
                     work.wait()
                 except RuntimeError as exc:
                     raise RuntimeError(f"rank {rank}: {a.name!r} from rank {x.src} did not arrive: {exc}") from exc
+                if not early and self.device.type == "cpu":
+                    arrived_at[x.index] = time.perf_counter()
             return unpack(buf, self.specs[a], self.device)
 
+        if self.backend == "gloo":
+            # Gloo moves a message once its receive is posted: post them all now, so that
+            # every transfer starts when its producer finishes, as in the simulator.
+            # (Tags match them; NCCL instead posts in each peer's send order, on demand.)
+            for src, queue in self.incoming.items():
+                while next_post[src] < len(queue):
+                    post(queue[next_post[src]])
+                    next_post[src] += 1
         for k in self.owned:
             send(prog.placeholders[k], state[k])
         clock = time.perf_counter
         op_s = self.op_s
         for v in self.schedule:
+            # On a CPU an op's time is the rank's busy time for it (receiving less the
+            # waiting, running, sending, freeing), as the simulator's device is busy with
+            # it; on a GPU, with profile_gpu, the kernel time between synchronisations.
+            t0 = clock()
+            waited = 0.0
             for a in v.all_input_nodes:
                 if a not in env:
                     env[a] = receive(a)
-            t0 = clock()
+                    waited = clock() - t0
+            if self.profile_gpu:
+                torch.cuda.synchronize(self.device)
+                t0, waited = clock(), 0.0
             out = call_node(v, env, self.device)
-            op_s.setdefault(v.name, []).append(clock() - t0)
+            if self.profile_gpu:
+                torch.cuda.synchronize(self.device)
             env[v] = out
             send(v, out)
             for a in self.frees_after.get(v, ()):
                 env.pop(a, None)
+            op_s.setdefault(v, []).append(clock() - t0 - waited)
         for work, _ in sending:
             work.wait()
         return {i: env[v] if isinstance(v, fx.Node) else v for i, v in enumerate(prog.outputs)
@@ -244,6 +292,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         if program.num_devices != world:
             raise RunError(f"the plan has {program.num_devices} devices but {world} ranks were started")
         runner = _RankRunner(program, rank, device, backend)
+        runner.profile_gpu = job.profile and device.type == "cuda"
         if backend == "nccl":
             runner.make_pair_groups()
         state = {k: copy_to(job.flat_inputs[k], device) for k in runner.owned}
@@ -264,15 +313,19 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             "state": {k: _to_cpu(state[k]) for k in runner.owned if program.placeholders[k] in written},
             "outputs": {i: _to_cpu(v) for i, v in outputs.items()},
             # the first step warms up caches and allocators
-            "op_s": {n: statistics.median(s[1:] or s) for n, s in runner.op_s.items() if n in program.graph.index},
+            "op_s": {program.node_id(v): statistics.median(s[1:] or s) for v, s in runner.op_s.items()
+                     if v in program.graph_node},
             "step_s": step_s,
+            "sent_at": runner.sent_at,
+            "arrived_at": runner.arrived_at,
         }
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
         if rank != 0:
             return None
         merged = {"step_s": gathered[0]["step_s"], "state": {}, "outputs": {}, "op_s": {},
-                  "predicted_s": program.predicted_s, "num_outputs": len(program.outputs)}
+                  "predicted_s": program.predicted_s, "num_outputs": len(program.outputs),
+                  "transfer_s": _transfer_times(program, gathered) if job.same_host else []}
         for part in gathered:
             for key in ("state", "outputs", "op_s"):
                 merged[key].update(part[key])
@@ -284,6 +337,23 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         raise
     finally:
         dist.destroy_process_group()
+
+
+def _transfer_times(program: Program, gathered: list[dict]) -> list[tuple[int, int, int, float]]:
+    """``(src, dst, bytes, seconds)`` of every transfer whose arrival was observed, after the first step.
+
+    Sender and receiver read the same monotonic clock (one host), so a
+    transfer's time is its arrival on the receiver less its sending on the sender.
+    """
+    out = []
+    for step in range(1, len(gathered[0]["sent_at"])):
+        for part in gathered:
+            for index, arrived in part["arrived_at"][step].items():
+                x = program.transfers[index]
+                sent = gathered[x.src]["sent_at"][step].get(index)
+                if sent is not None and arrived > sent:
+                    out.append((x.src, x.dst, message_bytes(value_spec(x.node)), arrived - sent))
+    return out
 
 
 def _to_cpu(value: Any) -> Any:
@@ -302,7 +372,8 @@ def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str, error_d
 
 
 # ------------------------------------------------------------------ launcher
-def _free_port() -> int:
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now, for a local process group's rendezvous."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
@@ -311,7 +382,8 @@ def _free_port() -> int:
 def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
                     *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
                     carrier: dict[str, str] | None = None, threads: int = 1,
-                    hook: Callable[[int], None] | None = None, deadline_s: float | None = None) -> DistributedResult:
+                    hook: Callable[[int], None] | None = None, deadline_s: float | None = None,
+                    profile: bool = False) -> DistributedResult:
     """Train ``steps`` steps with one local process per plan device; return times, outputs and state.
 
     Parameters
@@ -336,6 +408,9 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         where ranks are spawned, i.e. with NCCL).
     deadline_s : float, optional
         Wall-clock limit of the whole run (default: ``timeout_s * (steps + 3)``).
+    profile : bool
+        On GPUs, synchronise around every operation so that ``op_s`` holds kernel
+        times (it slows the step). On CPUs operations are always timed.
 
     Returns
     -------
@@ -361,15 +436,47 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     with tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
         result_path = str(Path(tmp) / "result.pt")
         job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, backend, timeout_s,
-                      carrier, threads, hook, result_path)
+                      carrier, threads, hook, result_path, profile)
         # fork shares the captured module without pickling it; CUDA needs fresh processes.
         method = "spawn" if backend == "nccl" else "fork"
-        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{_free_port()}", tmp),
+        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp),
                                      nprocs=world, join=False, start_method=method)
         _wait(context.processes, deadline, timeout_s, tmp)
         merged = torch.load(result_path, weights_only=False)
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
-    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"])
+    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
+                             merged["transfer_s"])
+
+
+def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
+                       *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
+                       carrier: dict[str, str] | None = None, threads: int = 1,
+                       profile: bool = False) -> DistributedResult | None:
+    """This process's rank of a run launched by ``torchrun`` (one or several hosts).
+
+    Every rank calls it with the same arguments (capture is deterministic, so
+    each rank captures the step itself); ``MASTER_ADDR``, ``MASTER_PORT``,
+    ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` come from ``torchrun``. Rank 0
+    returns the result, the others None. A rank that fails or waits longer than
+    ``timeout_s`` raises, and ``torchrun`` stops the others.
+
+    Raises
+    ------
+    RunError
+        If ``WORLD_SIZE`` is not the plan's number of devices.
+    """
+    world = int(os.environ["WORLD_SIZE"])
+    if world != cluster.num_devices:
+        raise RunError(f"torchrun started {world} ranks for a plan over {cluster.num_devices} devices")
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+    job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, resolve_backend(backend, local_world),
+                  timeout_s, carrier, threads, None, None, profile, same_host=local_world == world)
+    merged = rank_main(int(os.environ["RANK"]), world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))
+    if merged is None:
+        return None
+    outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
+    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
+                             merged["transfer_s"])
 
 
 def _wait(processes: list, deadline: float, timeout_s: float, error_dir: str) -> None:

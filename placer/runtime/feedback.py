@@ -6,17 +6,23 @@ feeds the measured operation times back into its cost model before it
 replans; a new placement is kept only when its measured iteration is faster.
 Here a node's measured seconds on a device become its ``compute_s_by_kind``
 for that device's kind (the reference model prefers them over the analytic
-``compute_s / speed``), through :func:`placer.cost.profile.apply_profile`.
+``compute_s / speed``), through :func:`placer.cost.profile.apply_profile`;
+measured transfers refit each link type's latency and bandwidth, through
+:func:`placer.cost.calibrate.fit_link` and ``apply_calibration``.
 """
 
 from __future__ import annotations
 
+from typing import Sequence
+
 from ..cluster import Cluster
+from ..cost.calibrate import Calibration, apply_calibration, fit_link
 from ..cost.profile import Profile, apply_profile
+from ..errors import PlacerError
 from ..graph import OpGraph
 from ..plan import BoundPlan
 
-__all__ = ["measured_graph"]
+__all__ = ["measured_graph", "measured_cluster"]
 
 
 def measured_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, op_s: dict[str, float]) -> OpGraph:
@@ -45,3 +51,35 @@ def measured_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, op_s: dic
     for kind, seconds in by_kind.items():
         graph = apply_profile(graph, Profile(graph.name, graph.digest(), kind, seconds))
     return graph
+
+
+def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, float]]) -> Cluster:
+    """``cluster`` with each link type's latency and bandwidth fitted to measured transfers.
+
+    Parameters
+    ----------
+    cluster : Cluster
+        Channels name their link type in ``extra["link"]`` (the presets do).
+    transfers : sequence of (int, int, int, float)
+        ``(source device, destination device, bytes, seconds)``, as
+        :attr:`placer.runtime.distributed.DistributedResult.transfer_s` gives.
+
+    Returns
+    -------
+    Cluster
+        A link keeps its figures where its transfers cannot be fitted (fewer
+        than two sizes, or times that do not grow with size).
+    """
+    samples: dict[str, list[tuple[int, float]]] = {}
+    for src, dst, nbytes, seconds in transfers:
+        c = cluster.channel_index[src, dst]
+        link = cluster.channels[c].extra.get("link") if c >= 0 else None
+        if link is not None:
+            samples.setdefault(link, []).append((nbytes, seconds))
+    links = {}
+    for link, points in samples.items():
+        try:
+            links[link] = fit_link([b for b, _ in points], [t for _, t in points], link)
+        except PlacerError:
+            continue
+    return apply_calibration(cluster, Calibration(links, {"source": "measured in a placed run"})) if links else cluster

@@ -72,7 +72,7 @@ class LocalExecutor:
         self.profile = profile
         self.cuda = any(d.type == "cuda" for d in self.devices)
         self.op_s: dict[str, float] = {}
-        self.transfer_s: list[tuple[Any, float]] = []
+        self.transfer_s: list[tuple[Any, float]] = []      # (Transfer, seconds)
         if self.cuda:
             self.compute = [torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in self.devices]
             self.copy_streams: dict[tuple[int, int], tuple[Any, Any]] = {}
@@ -135,7 +135,7 @@ class LocalExecutor:
             values = {a: env[(a, d)] for a in v.all_input_nodes}
             t0 = clock()
             out = call_node(v, values, self.devices[d])
-            op_s[v.name] = clock() - t0
+            op_s[v] = clock() - t0
             env[(v, d)] = out
             for x in prog.sends.get(v, ()):
                 t0 = clock()
@@ -144,7 +144,7 @@ class LocalExecutor:
             for key in prog.frees[k]:
                 env.pop(key, None)
         if self.profile:
-            self.op_s = {name: s for name, s in op_s.items() if name in prog.graph.index}
+            self.op_s = {prog.node_id(v): s for v, s in op_s.items() if v in prog.graph_node}
             self.transfer_s = transfer_s
         return self._outputs(env)
 
@@ -152,7 +152,7 @@ class LocalExecutor:
         prog = self.program
         done: dict[fx.Node, torch.cuda.Event] = {}          # a value is ready on its own device
         arrived: dict[int, torch.cuda.Event] = {}          # transfer index -> copy finished
-        timing: list[tuple[str, Any, Any]] = []
+        timing: list[tuple[Any, Any, Any]] = []           # (fx node or Transfer, start, end)
         entry = {d: torch.cuda.Event() for d in {dev for dev in self.devices if dev.type == "cuda"}}
         for d, ev in entry.items():
             ev.record(torch.cuda.current_stream(d))
@@ -190,7 +190,7 @@ class LocalExecutor:
                 out = call_node(v, values, self.devices[d])
                 if self.profile and stream is not None:
                     t1.record(stream)
-                    timing.append((v.name, t0, t1))
+                    timing.append((v, t0, t1))
                 if prog.sends.get(v) and stream is not None:
                     ev = torch.cuda.Event()
                     ev.record(stream)
@@ -202,9 +202,9 @@ class LocalExecutor:
         for dev in entry:
             torch.cuda.synchronize(dev)
         if self.profile:
-            self.op_s = {name: t0.elapsed_time(t1) / 1e3 for name, t0, t1 in timing
-                         if isinstance(name, str) and name in prog.graph.index}
-            self.transfer_s = [(name, t0.elapsed_time(t1) / 1e3) for name, t0, t1 in timing if not isinstance(name, str)]
+            self.op_s = {prog.node_id(v): t0.elapsed_time(t1) / 1e3 for v, t0, t1 in timing
+                         if isinstance(v, fx.Node) and v in prog.graph_node}
+            self.transfer_s = [(x, t0.elapsed_time(t1) / 1e3) for x, t0, t1 in timing if not isinstance(x, fx.Node)]
         return self._outputs(env)
 
     def _copy_async(self, x, value, ready, arrived, timing):

@@ -1,13 +1,14 @@
 """A captured training step bound to a plan: the device, order and transfers of every fx node.
 
 Both executors run a :class:`Program`. It is built once from the step's
-``torch.fx.GraphModule`` (its call nodes are the graph's nodes, by name), a
-plan and a cluster:
+``torch.fx.GraphModule`` (its nodes are the graph's nodes, by name), a plan
+and a cluster:
 
-* every fx node gets a device: graph nodes the plan's; nodes the graph leaves
-  out (``getitem``, size queries) that of their producer; a placeholder that
-  of the node that writes it (state lives where it is updated), else that of
-  its first reader;
+* every fx node gets a device: graph nodes the plan's; a ``getitem`` that of
+  the op whose output it picks (the capture's ``carrier``); other nodes the
+  graph leaves out that of their producer; a placeholder the graph leaves out
+  that of the node that writes it (state lives where it is updated), else
+  that of its first reader;
 * the nodes are issued in the plan's per-device order, interleaved by the
   reference simulator's start order (its ``start_rank``), with a topological
   repair in case the graph misses a data dependency of the fx graph;
@@ -15,12 +16,14 @@ plan and a cluster:
   exists (FORMATS.md rule 4), so a later in-place write cannot change what
   another device receives;
 * a node that writes a tensor in place (``copy_`` into the new parameters and
-  optimizer state, any ``Tensor(a!)`` argument) runs after every reader of
-  that tensor and of its views on its own device; the executors also wait for
-  outgoing transfers of its storage before running it.
+  optimizer state, ``native_batch_norm``'s running statistics, any
+  ``Tensor(a!)`` argument) must share that tensor's device, and keeps its
+  program order against every other reader of the tensor and of its views; a
+  transfer of such a tensor is a snapshot taken when it is sent (processes),
+  or is waited for before the write (CUDA streams).
 
-Operations split by OS-DPOS (``node_extra["split_of"]``) are refused: the
-executors run the captured graph's own operations only.
+Operations split by OS-DPOS (``node_extra["split_of"]``) run as real slices,
+parts and a concat (:mod:`placer.runtime.splits`).
 """
 
 from __future__ import annotations
@@ -36,8 +39,9 @@ from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
 from ..plan import Plan
+from .splits import split_step
 
-__all__ = ["Program", "Transfer", "compile_program", "refuse_splits"]
+__all__ = ["Program", "Transfer", "compile_program"]
 
 
 @dataclass(frozen=True)
@@ -105,25 +109,14 @@ class Program:
     def num_devices(self) -> int:
         return self.cluster.num_devices
 
+    def node_id(self, v: fx.Node) -> str | None:
+        """The graph node id of fx node ``v`` (None for nodes the graph leaves out)."""
+        i = self.graph_node.get(v)
+        return None if i is None else self.graph.ids[i]
+
     def schedule_of(self, device: int) -> list[fx.Node]:
         """The call nodes device ``device`` runs, in order."""
         return [v for v in self.schedule if self.device_of[v] == device]
-
-    def home(self, k: int) -> int:
-        """Device holding placeholder ``k`` (the k-th flat input) between steps."""
-        return self.device_of[self.placeholders[k]]
-
-
-def refuse_splits(graph: OpGraph, plan: Plan) -> None:
-    """Raise InvalidPlanError if the plan splits operations (not executable here)."""
-    for i, extra in enumerate(graph.node_extra):
-        if "split_of" in extra:
-            raise InvalidPlanError(
-                f"node {graph.ids[i]!r} is part {extra.get('part')} of {extra.get('parts')} of split operation "
-                f"{extra['split_of']!r}; the runtime does not execute split operations yet (plan without splits)")
-    if plan.splits:
-        raise InvalidPlanError(f"the plan splits operation {plan.splits[0].get('node')!r}; the runtime "
-                               f"does not execute split operations yet (plan without splits)")
 
 
 def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, *,
@@ -152,13 +145,15 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     ------
     InvalidPlanError
         The plan is for another graph, is invalid (FORMATS.md rule 8), splits
-        operations, or places a node that writes a tensor away from it.
+        an operation in a way the runtime cannot execute
+        (:func:`~placer.runtime.splits.split_step`), or places a node that
+        writes a tensor away from it.
     """
     from ..sim.simulator import simulate_bound
 
-    refuse_splits(plan.target_graph(graph), plan)
     bound = plan.bind(graph, cluster)
     target = bound.graph
+    gm, node_of, carrier = split_step(gm, target, carrier)
     sim = simulate_bound(bound)
     nodes = list(gm.graph.nodes)
     position = {v: k for k, v in enumerate(nodes)}
@@ -168,18 +163,17 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     if others:
         raise InvalidPlanError(f"the captured step has a {others[0].op!r} node {others[0].name!r}; "
                                f"only flat aten graphs (make_fx) can run")
-    names = {v.name for v in nodes}
-    unknown = [node_id for node_id in target.ids if node_id not in names]
+    unknown = [node_id for node_id in target.ids if node_id not in node_of]
     if unknown:
         raise InvalidPlanError(f"graph node {unknown[0]!r} is not a node of the captured step "
                                f"({len(unknown)} such); the plan is for another capture")
-    graph_node = {v: target.index[v.name] for v in nodes if v.name in target.index}
+    graph_node = {node_of[node_id]: i for i, node_id in enumerate(target.ids)}
 
     writes = {v: _written_roots(v) for v in calls}
     writes = {v: w for v, w in writes.items() if w}
     device_of: dict[fx.Node, int] = {v: int(bound.device_of[i]) for v, i in graph_node.items()}
     for v in nodes:
-        owner = (carrier or {}).get(v.name)
+        owner = carrier.get(v.name)
         if v not in device_of and owner in target.index:
             device_of[v] = int(bound.device_of[target.index[owner]])
     _place_unplaced(calls, placeholders, writes, device_of, graph_node, sim.start_rank)
@@ -217,7 +211,7 @@ def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list
     """Per schedule position, the (value, device) pairs last read there (outputs are kept)."""
     last: dict[tuple[fx.Node, int], int] = {}
     for k, v in enumerate(schedule):
-        last[(v, device_of[v])] = max(last.get((v, device_of[v]), k), k)
+        last[(v, device_of[v])] = k
         for a in v.all_input_nodes:
             last[(a, device_of[v])] = k
     keep = {(v, device_of[v]) for v in outputs if isinstance(v, fx.Node)}
@@ -392,6 +386,8 @@ def python_scalar_kind(value: Any) -> torch.dtype | None:
 def value_spec(v: fx.Node) -> tuple:
     """What a node's value looks like, from its trace metadata: ``("tensor", size, stride, dtype)``
     or ``("scalar", dtype)``."""
+    if "placer_spec" in v.meta:          # nodes made by split_step
+        return v.meta["placer_spec"]
     val = v.meta.get("val")
     if isinstance(val, torch.Tensor):
         return ("tensor", tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()), val.dtype)
@@ -471,6 +467,13 @@ def unpack(buf: torch.Tensor | None, spec: tuple, device: torch.device) -> Any:
     if buf is None:
         return torch.empty_strided(size, stride, dtype=dtype, device=device)
     return buf.as_strided(size, stride, 0)
+
+
+def message_bytes(spec: tuple) -> int:
+    """Bytes :func:`pack` sends for a value of ``spec``."""
+    if spec[0] == "scalar":
+        return torch.empty((), dtype=spec[1]).element_size()
+    return storage_span(spec[1], spec[2]) * torch.empty((), dtype=spec[3]).element_size()
 
 
 def receive_buffer(spec: tuple, device: torch.device) -> torch.Tensor | None:

@@ -168,15 +168,13 @@ def optimal_breakpoints(n: int, src_pos: np.ndarray, dst_pos: np.ndarray, edge_c
     ends = np.arange(n + 1)
     lowest = np.maximum(ends - window, np.searchsorted(cum_mem, cum_mem - memory_cap, side="left"))
     lowest = np.minimum(lowest, ends - 1).tolist()
-    in_ptr = in_ptr.tolist()
+    in_ptr, in_src, in_c = in_ptr.tolist(), in_src.tolist(), in_c.tolist()
     best = np.zeros(n + 1)
     previous = np.zeros(n + 1, dtype=np.int64)
-    pending = np.zeros(n)      # W[k]: cost of the edges from k to the positions >= j
+    pending = out_c.copy()      # W[k] for k < j: cost of the edges from k to the positions >= j
     for j in range(1, n + 1):
-        pending[j - 1] = out_c[j - 1]
-        a, b = in_ptr[j - 1], in_ptr[j]
-        if b > a:  # edges into j-1 no longer cross a cut at j
-            np.subtract.at(pending, in_src[a:b], in_c[a:b])
+        for e in range(in_ptr[j - 1], in_ptr[j]):  # edges into j-1 no longer cross a cut at j
+            pending[in_src[e]] -= in_c[e]
         lo = lowest[j]
         if device_mask is not None:
             common = np.bitwise_and.accumulate(device_mask[lo:j][::-1])
@@ -185,7 +183,8 @@ def optimal_breakpoints(n: int, src_pos: np.ndarray, dst_pos: np.ndarray, edge_c
                 lo = j - int(empty[0])
         cost = np.cumsum(pending[lo:j][::-1])[::-1]
         candidates = best[lo:j] + cost
-        k = int(np.argmin(candidates))
+        # Among (rounding-)equal costs take the earliest breakpoint: the fewest, largest clusters.
+        k = int(np.argmax(candidates <= candidates.min() * (1 + 1e-9) + 1e-15))
         best[j] = candidates[k]
         previous[j] = lo + k
     cuts = [n]

@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torch import nn
 
 __all__ = ["ImageClassifier", "ConvBN", "image_batch", "MultiHeadAttention", "FeedForward",
-           "StackedLSTM", "token_batch", "scaled", "normal_init"]
+           "LSTMLayer", "StackedLSTM", "token_batch", "scaled", "normal_init"]
 
 
 def scaled(channels: int, width: int, base: int) -> int:
@@ -113,36 +113,55 @@ class FeedForward(nn.Module):
         return self.outer(self.dropout(x))
 
 
+class LSTMLayer(nn.Module):
+    """One LSTM layer at one time step: ``LSTMCell`` on ``[x, extra]``, dropout, optional residual.
+
+    Everything a layer does per step lives in this module, so that every op of a captured
+    step carries its layer's name (the expert baseline splits by it).
+    """
+
+    def __init__(self, input_size: int, hidden: int, dropout: float = 0.0, residual: bool = False):
+        super().__init__()
+        self.cell = nn.LSTMCell(input_size, hidden)
+        self.dropout = nn.Dropout(dropout)
+        self.residual = residual
+
+    def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
+                extra: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+        h, c = self.cell(x if extra is None else torch.cat([x, extra], dim=-1), state)
+        out = self.dropout(h)
+        return (x + out if self.residual else out), (h, c)
+
+
 class StackedLSTM(nn.Module):
-    """LSTM layers of ``nn.LSTMCell`` unrolled over time (one cell per layer, shared by all steps).
+    """LSTM layers unrolled over time (one :class:`LSTMLayer` per layer, shared by all steps).
 
     Unrolling keeps every step's matmuls and gates as separate aten ops in a captured graph
-    (the placement papers place the unrolled TensorFlow graph).
-    Layer ``i`` reads ``inputs[i]`` extra features per step (attention context, see GNMT).
+    (the placement papers place the unrolled TensorFlow graph). Every layer also reads
+    ``extra_inputs`` features per step (the attention context, see GNMT), and layers from
+    index ``residual_from`` on add their input to their output.
     """
 
     def __init__(self, input_size: int, hidden: int, layers: int, dropout: float = 0.0,
                  residual_from: int | None = None, extra_inputs: int = 0):
         super().__init__()
         self.hidden = hidden
-        self.residual_from = residual_from
-        self.cells = nn.ModuleList(
-            nn.LSTMCell((input_size if i == 0 else hidden) + extra_inputs, hidden) for i in range(layers))
-        self.dropout = nn.Dropout(dropout)
+        self.layers = nn.ModuleList(
+            LSTMLayer((input_size if i == 0 else hidden) + extra_inputs, hidden, dropout,
+                      residual=residual_from is not None and i >= residual_from)
+            for i in range(layers))
 
     def initial_state(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         zeros = x.new_zeros(x.shape[0], self.hidden)
-        return [(zeros, zeros) for _ in self.cells]
+        return [(zeros, zeros) for _ in self.layers]
 
     def step(self, x: torch.Tensor, state: list[tuple[torch.Tensor, torch.Tensor]],
              extra: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
         """One time step through every layer; returns the top output and the new state."""
         new_state = []
-        for i, (cell, (h, c)) in enumerate(zip(self.cells, state)):
-            h, c = cell(x if extra is None else torch.cat([x, extra], dim=-1), (h, c))
-            new_state.append((h, c))
-            out = self.dropout(h)
-            x = x + out if self.residual_from is not None and i >= self.residual_from else out
+        for layer, layer_state in zip(self.layers, state):
+            x, layer_state = layer(x, layer_state, extra)
+            new_state.append(layer_state)
         return x, new_state
 
     def forward(self, sequence: torch.Tensor) -> torch.Tensor:

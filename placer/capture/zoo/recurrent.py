@@ -11,7 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from .blocks import StackedLSTM, token_batch
+from .blocks import LSTMLayer, StackedLSTM, token_batch
 from .registry import require, zoo_model
 
 __all__ = ["GNMT", "RNNLM", "gnmt", "rnnlm"]
@@ -61,7 +61,7 @@ class GNMT(nn.Module):
         self.encoder_bidirectional = BidirectionalLSTM(hidden, hidden)
         self.encoder = StackedLSTM(2 * hidden, hidden, layers - 1, dropout, residual_from=1)
         self.attention = AdditiveAttention(hidden, hidden, hidden)
-        self.decoder_bottom = nn.LSTMCell(2 * hidden, hidden)
+        self.decoder_bottom = LSTMLayer(2 * hidden, hidden)
         self.decoder = StackedLSTM(hidden, hidden, layers - 1, dropout, residual_from=1, extra_inputs=hidden)
         self.classifier = nn.Linear(hidden, vocab)
 
@@ -73,9 +73,9 @@ class GNMT(nn.Module):
         state = self.decoder.initial_state(embedded)
         outputs = []
         for t in range(embedded.shape[1]):
-            h, c = self.decoder_bottom(torch.cat([embedded[:, t], context], dim=-1), (h, c))
-            context = self.attention(h, keys, memory)
-            top, state = self.decoder.step(h, state, extra=context)
+            query, (h, c) = self.decoder_bottom(embedded[:, t], (h, c), extra=context)
+            context = self.attention(query, keys, memory)
+            top, state = self.decoder.step(query, state, extra=context)
             outputs.append(top)
         logits = self.classifier(torch.stack(outputs, dim=1))
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten())

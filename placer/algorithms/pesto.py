@@ -1,0 +1,669 @@
+"""``pesto``: joint placement and scheduling as one constraint model, on a coarsened graph.
+
+Pesto's point is that where an operation runs and when it runs must be
+decided together, with transfers competing for the links between devices.
+The paper writes a big-M ILP for two GPUs and solves it with CPLEX on a
+graph coarsened to ~200 nodes (Section 3). Here the same model is a CP-SAT
+scheduling model for any number of devices and any channel layout:
+
+- a device literal per node and device it may use (kinds, colocation);
+- per device, optional fixed-size intervals of the nodes under no-overlap;
+- per (producer, tensor, destination device), one transfer -- as in the
+  reference model -- whose optional interval sits on the channel of the
+  chosen source and destination devices; every channel (shared ones
+  included) is a no-overlap resource;
+- precedence: a consumer starts after its producer ends, and after the
+  transfer to its device ends when the two sit apart;
+- memory: each device's summed static footprint (parameters, outputs,
+  workspace, scaled by the liveness ratio of :mod:`.common`) within its memory;
+- channels serve transfers first-come-first-served, with the reference
+  model's tie rule (between transfers of different producers only while the
+  model stays small, ``FIFO_MAX_PAIRS``);
+- objective: the makespan. Times are integers of a reported resolution.
+
+With ``model="exact"`` (default for graphs of at most ``EXACT_MAX_NODES``
+nodes that need no coarsening) no device or channel may idle while its next
+job is ready either. The feasible schedules are then exactly the reference
+simulations of all plans (whose memory budget holds and whose times the
+resolution represents), so the optimum is the reference optimum over every
+placement and order.
+
+The search is warm-started from the best plan of the cheap registered
+algorithms (hinted as a complete solution; the coarsening only merges nodes
+that plan puts together, so it is a solution of the coarse model). The
+solution maps back to every node: placement from its coarse node, order per
+device from the solver's start times (members of a coarse node in topological
+order); the reference model's own earliest-ready order for that placement is
+tried too. The returned plan is never slower than the warm start under the
+reference model. When the solver's plans overflow memory under the reference
+model, it solves again with a more conservative memory budget.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import time
+from dataclasses import dataclass
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError, OptionError, PlacerError
+from ..feasibility import static_footprint
+from ..graph import OpGraph
+from ..plan import Plan
+from ..sim.bounds import lower_bound
+from ..sim.simulator import SimResult, simulate
+from ..transform.coarsen import Coarsening, coarsen
+from .common import liveness_ratio
+from .registry import available_algorithms, place, register
+
+__all__ = ["pesto", "WARM_START_ALGORITHMS", "EXACT_MAX_NODES"]
+
+#: Cheap algorithms whose best plan warm-starts the solver (those registered are run).
+WARM_START_ALGORITHMS = ("single", "round_robin", "expert", "metis", "m_topo", "m_etf", "m_sct", "heft", "dpos")
+#: Largest uncoarsened graph the automatic choice solves with the exact (simulator-faithful) model.
+EXACT_MAX_NODES = 12
+DEFAULT_TIME_LIMIT = 60.0
+#: Integer time units per horizon: the resolution is the power of ten giving at least this many.
+TIME_STEPS = 10**6
+#: Deterministic solver time (CP-SAT's work measure) granted per second of the time limit. Measured on the
+#: development machine, a unit of it takes 10 to 30 s of wall time on these models, so the deterministic
+#: limit normally ends the search first, which makes runs reproducible; the wall-clock limit still holds.
+DETERMINISTIC_PER_SECOND = 0.01
+MODELS = ("auto", "exact", "relaxed")
+#: Pairs of transfers sharing a channel up to which a relaxed model also keeps channels first-come-first-served.
+FIFO_MAX_PAIRS = 20000
+#: Share of the time limit after which no further warm-start algorithm starts.
+WARM_START_SHARE = 0.25
+#: Solves with a growing memory ratio when the solver's plans overflow memory under the reference model.
+MEMORY_ATTEMPTS = 3
+
+
+@register("pesto")
+def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+          target: int = 0, workers: int = 1, model: str = "auto") -> Plan:
+    """Joint placement and schedule from a CP-SAT model of the (coarsened) graph, warm-started.
+
+    Parameters
+    ----------
+    graph, cluster
+    seed : int
+        Seeds the solver and the warm-start algorithms.
+    time_limit : float, optional
+        Wall-clock seconds for the whole search (default 60). The solver also
+        stops after a deterministic amount of work that grows with the
+        model's size, so that a run is reproducible when the wall clock does
+        not cut it short; it stops at once when it proves optimality.
+    target : int
+        Nodes of the coarsened graph; 0 picks ``3200 / devices**2`` within
+        [24, 200] (the transfer intervals grow with the square of the
+        devices). Graphs no larger are not coarsened.
+    workers : int
+        Solver threads. More than one uses CP-SAT's interleaved search, which
+        stays deterministic.
+    model : {"auto", "exact", "relaxed"}
+        ``exact`` forbids idling, so that the model is the reference model
+        (for small graphs); ``relaxed`` lets jobs wait, as scheduling models
+        do; ``auto`` picks exact for uncoarsened graphs of at most
+        ``EXACT_MAX_NODES`` nodes.
+
+    Returns
+    -------
+    Plan
+        Placement and per-device order of every original node.
+        ``extra["pesto"]`` reports the coarse size, model, time resolution,
+        solver status and its proven gap on its model, the gap to the best
+        valid lower bound, and the warm start.
+
+    Raises
+    ------
+    OptionError
+        A negative ``target``, ``workers`` below 1, or an unknown ``model``.
+    InfeasibleError
+        Neither the warm-start algorithms nor the solver found a plan that fits.
+
+    Examples
+    --------
+    >>> from placer.cluster import PRESETS
+    >>> g = OpGraph(["a", "b", "c"], [1.0, 1.0, 1.0], [0, 0], [1, 2], [8, 8])
+    >>> plan = pesto(g, PRESETS["2xV100-nvlink"]())
+    >>> plan.extra["pesto"]["model"], plan.extra["pesto"]["solver_status"]
+    ('exact', 'OPTIMAL')
+
+    References
+    ----------
+    Hafeez, Sun, Gandhi and Liu, "Towards Optimal Placement and Scheduling of
+    DNN Operations with Pesto", Middleware 2021: Section 3.2.2 (Pesto ILP,
+    congestion constraints), Section 3.3 (coarsening, Theorem 3.5).
+    """
+    if isinstance(target, bool) or target < 0:
+        raise OptionError(f"option target of 'pesto' must be a non-negative integer, got {target!r}")
+    if isinstance(workers, bool) or workers < 1:
+        raise OptionError(f"option workers of 'pesto' must be at least 1, got {workers!r}")
+    if model not in MODELS:
+        raise OptionError(f"option model of 'pesto' must be one of {', '.join(MODELS)}, got {model!r}")
+    began = time.perf_counter()
+    deadline = began + (DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
+    n, n_dev = graph.num_nodes, cluster.num_devices
+
+    warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * (deadline - began))
+    warm_device = None if warm is None else np.array([cluster.device_index[warm.placement[i]] for i in graph.ids])
+    goal = target or min(200, max(24, 3200 // n_dev**2))
+    coarse, kept = _coarsen(graph, cluster, goal, warm_device)
+    exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
+    report = {"coarse_nodes": coarse.graph.num_nodes, "coarsening_rounds": coarse.rounds,
+              "coarsening_kept_warm_start": kept,
+              "model": "exact" if exact else "relaxed", "warm_start": warm_name,
+              "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"]}
+    best = None if warm is None else (warm.predicted["makespan_s"], "warm_start", warm)
+    valid_bound = 0.0
+    ratio = liveness_ratio(graph, cluster)
+    for attempt in range(1, MEMORY_ATTEMPTS + 1):
+        if deadline - time.perf_counter() < 1.0 and best is not None:
+            break
+        problem = _Problem.build(coarse.graph, cluster, ratio)
+        warm_coarse = None if warm_device is None else _project(graph, warm_device, coarse, problem)
+        if warm_coarse is not None:
+            problem.admit(warm_coarse)
+        cp = _CpModel(problem, exact)
+        if warm_coarse is not None:
+            cp.hint(warm_coarse)
+        left = deadline - time.perf_counter()
+        # Keep a little time to map the solution back and simulate it.
+        status, solver = cp.solve(seed, workers, left - min(2.0, 0.05 * left), DETERMINISTIC_PER_SECOND * left)
+        report.update(solves=attempt, memory_ratio=ratio, resolution_s=problem.resolution,
+                      solver_status=solver.StatusName(status))
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            break
+        objective = solver.ObjectiveValue() * problem.resolution
+        bound = solver.BestObjectiveBound() * problem.resolution
+        report.update(solver_objective_s=objective, solver_bound_s=bound,
+                      solver_gap=0.0 if objective <= 0 else max(0.0, (objective - bound) / objective))
+        if cp.is_relaxation(coarse, graph):
+            valid_bound = max(valid_bound, bound - problem.rounding_slack)
+        fitting = [c for c in _candidates(graph, cluster, coarse, cp, solver) if c[1].fits]
+        for label, candidate in fitting:
+            if best is None or candidate.makespan_s < best[0]:
+                best = (candidate.makespan_s, label, candidate)
+        report["solver_plan_makespan_s"] = min((c.makespan_s for _, c in fitting), default=None)
+        if fitting or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
+            break
+        ratio = min(1.0, ratio * 1.5)     # its plans overflow memory: budget more conservatively
+    if best is None:
+        raise InfeasibleError(f"pesto: the solver found no plan that fits ({solver.StatusName(status)}) "
+                              "and no warm-start algorithm did either")
+    span, origin, found = best
+    if isinstance(found, SimResult):
+        plan = Plan.from_arrays(graph, cluster, found.device_of, found.device_orders())
+    else:
+        plan = Plan(dict(found.placement), dict(found.order), graph_name=found.graph_name,
+                    cluster_name=found.cluster_name, graph_digest=found.graph_digest)
+    floor = max(lower_bound(graph, cluster), valid_bound)
+    report.update(returned=origin, solve_time_s=time.perf_counter() - began, lower_bound_s=floor,
+                  gap=0.0 if span <= 0 else max(0.0, (span - floor) / span))
+    if origin == "warm_start" and "solver_plan_makespan_s" in report:
+        report["note"] = ("the solver's plan simulates no faster than the warm start, which is returned"
+                          if report["solver_plan_makespan_s"] is not None else
+                          "the solver's plans overflow memory under the reference model; the warm start is returned")
+    plan.extra["pesto"] = report
+    return plan
+
+
+def _coarsen(graph: OpGraph, cluster: Cluster, goal: int, warm_device: np.ndarray | None) -> tuple[Coarsening, bool]:
+    """The graph coarsened to about ``goal`` nodes, and whether each coarse node sits on one warm-start device.
+
+    Merging only nodes the warm start puts together keeps it a solution of
+    the coarse model; when that stops far above the goal (a scattered warm
+    start), the graph is coarsened freely instead.
+    """
+    if graph.num_nodes <= goal:
+        identity = Coarsening(graph, np.arange(graph.num_nodes), [np.array([i]) for i in range(graph.num_nodes)], 0)
+        return identity, True
+    if warm_device is not None:
+        coarse = coarsen(graph, goal, labels=warm_device, cluster=cluster)
+        if coarse.graph.num_nodes <= 1.5 * goal:
+            return coarse, True
+    return coarsen(graph, goal, cluster=cluster), warm_device is None
+
+
+def _project(graph: OpGraph, device_of: np.ndarray, coarse: Coarsening, problem: "_Problem") -> np.ndarray | None:
+    """A device per coarse node from a placement of the original nodes, or None if it cannot be made valid.
+
+    Each coarse node (each coarse colocation group as a whole) goes where most
+    of its members' compute ran, among the devices it may use.
+    """
+    n_dev = problem.cluster.num_devices
+    weight = np.zeros((coarse.graph.num_nodes, n_dev))
+    np.add.at(weight, (coarse.group_of, device_of), graph.compute_s + 1e-12)
+    for members in coarse.graph.colocation_groups.values():
+        weight[members] = weight[members].sum(axis=0)
+    choice = np.argmax(np.where(problem.duration >= 0, weight, -1.0), axis=1)
+    cross = choice[coarse.graph.src] != choice[coarse.graph.dst]
+    if np.any(problem.cluster.channel_index[choice[coarse.graph.src[cross]], choice[coarse.graph.dst[cross]]] < 0):
+        return None
+    return choice
+
+
+def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float) -> tuple[str | None, Plan | None]:
+    """The fastest fitting plan among the cheap registered algorithms (name, plan), or (None, None).
+
+    Once a plan is in hand, no further algorithm starts after ``until``.
+    """
+    best: tuple[float, str, Plan] | None = None
+    registered = set(available_algorithms())
+    for name in WARM_START_ALGORITHMS:
+        if name not in registered or (best is not None and time.perf_counter() > until):
+            continue
+        try:
+            plan = place(graph, cluster, name, seed=seed)
+        except PlacerError:
+            continue
+        span = plan.predicted["makespan_s"]
+        if best is None or span < best[0]:
+            best = (span, name, plan)
+    return (None, None) if best is None else (best[1], best[2])
+
+
+@dataclass
+class _Problem:
+    """The scheduling data of one graph on one cluster, in integer time units.
+
+    ``tensors`` lists (producer, tensor) pairs with their consumers; a
+    transfer is a (tensor index, destination device) pair, as in the
+    reference model.
+    """
+
+    graph: OpGraph
+    cluster: Cluster
+    resolution: float
+    duration: np.ndarray                  # (nodes, devices) units; -1 where not allowed
+    need: np.ndarray                      # memory units per node
+    capacity: np.ndarray                  # memory units per device
+    horizon: int
+    tensors: list[tuple[int, int, list[tuple[int, int]]]]   # (producer, tensor, [(consumer, bytes)])
+    position: np.ndarray                  # topological position of every node
+    rounding_slack: float = 0.0           # seconds integer rounding may take off any schedule
+
+    @classmethod
+    def build(cls, graph: OpGraph, cluster: Cluster, ratio: float) -> "_Problem":
+        n, n_dev = graph.num_nodes, cluster.num_devices
+        allowed = graph.allowed(cluster)
+        _restrict_to_groups(graph, allowed)
+        seconds = np.where(allowed, graph.durations(cluster), 0.0)
+        consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
+        for u, v, b, t in zip(graph.src.tolist(), graph.dst.tolist(), graph.edge_bytes.tolist(),
+                              graph.edge_tensor.tolist()):
+            consumers.setdefault((u, t), []).append((v, b))
+        tensors = [(u, t, vs) for (u, t), vs in sorted(consumers.items())]
+        lat, inv_bw = cluster.latency, cluster.inverse_bandwidth
+        finite = np.isfinite(lat) & ~np.eye(n_dev, dtype=bool)
+        slowest_link = max([float(lat[finite].max()), 0.0]) if finite.any() else 0.0
+        slowest_byte = float(inv_bw[finite].max()) if finite.any() else 0.0
+        worst_transfers = sum(slowest_link + max(b for _, b in vs) * slowest_byte for _, _, vs in tensors)
+        horizon_s = float(seconds.max(axis=1).sum()) + worst_transfers * max(n_dev - 1, 1)
+        resolution = 10.0 ** math.floor(math.log10(horizon_s / TIME_STEPS)) if horizon_s > 0 else 1.0
+        units = np.rint(seconds / resolution).astype(np.int64)
+        units[(seconds > 0) & (units == 0)] = 1
+        units[~allowed] = -1
+        footprint = static_footprint(graph).astype(np.float64) * ratio
+        memory = cluster.memory.astype(np.float64)
+        scale = max(1.0, max(float(footprint.sum()), float(memory.max())) / 2**40)
+        position = np.empty(n, dtype=np.int64)
+        position[graph.topological_order] = np.arange(n)
+        events = n + len(tensors) * n_dev
+        problem = cls(graph, cluster, resolution, units, np.ceil(footprint / scale).astype(np.int64),
+                      np.floor(memory / scale).astype(np.int64), int(math.ceil(horizon_s / resolution)) + events + 1,
+                      tensors, position)
+        problem.rounding_slack = problem._rounding_error(seconds, allowed)
+        return problem
+
+    def _rounding_error(self, seconds: np.ndarray, allowed: np.ndarray) -> float:
+        """Most that integer rounding can shorten any schedule: every job's largest rounding error, summed."""
+        err = np.where(allowed, np.maximum(seconds - self.duration * self.resolution, 0.0), 0.0).max(axis=1).sum()
+        pairs = [(s, d) for s in range(self.cluster.num_devices) for d in range(self.cluster.num_devices)
+                 if s != d and self.cluster.channel_index[s, d] >= 0]
+        for _, _, consumers in self.tensors:   # a tensor travels to at most every other device
+            err += (self.cluster.num_devices - 1) * max(
+                (self.cluster.channels[self.cluster.channel_index[s, d]].transfer_s(b)
+                 - self.transfer_units(s, d, b) * self.resolution for s, d in pairs for b in {b for _, b in consumers}),
+                default=0.0)
+        return float(max(err, 0.0))
+
+    def admit(self, device_of: np.ndarray) -> None:
+        """Raise memory budgets to what ``device_of`` uses, so that a plan known to fit stays a solution."""
+        used = np.bincount(device_of, weights=self.need, minlength=self.cluster.num_devices)
+        self.capacity = np.maximum(self.capacity, np.ceil(used).astype(np.int64))
+
+    def transfer_units(self, src: int, dst: int, nbytes: int) -> int:
+        c = self.cluster.channels[self.cluster.channel_index[src, dst]]
+        seconds = c.transfer_s(nbytes)
+        return max(1, int(round(seconds / self.resolution))) if seconds > 0 else 0
+
+
+def _restrict_to_groups(graph: OpGraph, allowed: np.ndarray) -> None:
+    """Every member of a colocation group may use only the devices all members may use."""
+    for members in graph.colocation_groups.values():
+        allowed[members] = allowed[members].all(axis=0)
+
+
+class _CpModel:
+    """The CP-SAT model of a :class:`_Problem` and the reading of its solution."""
+
+    def __init__(self, problem: _Problem, exact: bool):
+        self.p = p = problem
+        self.exact = exact
+        g, cluster = p.graph, p.cluster
+        n, n_dev = g.num_nodes, cluster.num_devices
+        m = self.model = cp_model.CpModel()
+        horizon = p.horizon
+        self.x = [{d: m.NewBoolVar(f"x{v}_{d}") for d in range(n_dev) if p.duration[v, d] >= 0} for v in range(n)]
+        self.start = [m.NewIntVar(0, horizon, f"s{v}") for v in range(n)]
+        self.end = [m.NewIntVar(0, horizon, f"e{v}") for v in range(n)]
+        self.makespan = m.NewIntVar(0, horizon, "makespan")
+        on_device: list[list] = [[] for _ in range(n_dev)]
+        for v in range(n):
+            m.AddExactlyOne(self.x[v].values())
+            m.Add(self.end[v] == self.start[v] + sum(int(p.duration[v, d]) * lit for d, lit in self.x[v].items()))
+            for d, lit in self.x[v].items():
+                on_device[d].append(m.NewOptionalFixedSizeIntervalVar(self.start[v], int(p.duration[v, d]), lit,
+                                                                      f"run{v}_{d}"))
+            m.Add(self.makespan >= self.end[v])
+        for members in g.colocation_groups.values():
+            head = int(members[0])
+            for other in members[1:].tolist():
+                for d, lit in self.x[other].items():
+                    m.Add(lit == self.x[head][d])
+        for d in range(n_dev):
+            m.AddNoOverlap(on_device[d])
+            users = [(v, lit) for v in range(n) for dd, lit in self.x[v].items() if dd == d]
+            if sum(int(p.need[v]) for v, _ in users) > p.capacity[d]:
+                m.Add(sum(int(p.need[v]) * lit for v, lit in users) <= int(p.capacity[d]))
+        for u, v in zip(g.src.tolist(), g.dst.tolist()):
+            m.Add(self.start[v] >= self.end[u])
+        self._transfers()
+        self._fifo_channels(exact)
+        if exact:
+            self._no_idling()
+        m.Minimize(self.makespan)
+
+    # ------------------------------------------------------------ transfers
+    def _transfers(self) -> None:
+        """One optional interval per (tensor, destination, source device) on that pair's channel."""
+        p, m, cluster = self.p, self.model, self.p.cluster
+        n_dev = cluster.num_devices
+        self.xfer: dict[tuple[int, int], tuple] = {}       # (tensor index, dst) -> (start, end)
+        self.wanted: dict[tuple[int, int], object] = {}     # (tensor index, dst) -> some consumer on dst
+        self.present: dict[tuple[int, int, int], object] = {}   # (tensor index, src, dst) -> transfer made
+        self.sizes: dict[tuple[int, int, int], tuple] = {}  # variable sizes: (var, [(consumer, units)])
+        self.fifo: dict[tuple[int, int], object] = {}       # (producer a, producer b) -> a finishes no later
+        self.on_channel: list[list[tuple]] = [[] for _ in range(len(cluster.channels))]
+        for k, (u, t, consumers) in enumerate(p.tensors):
+            for d in range(n_dev):
+                here = [(v, b) for v, b in consumers if d in self.x[v]]
+                if not here:
+                    continue
+                wanted = m.NewBoolVar(f"want{k}_{d}")           # some consumer of the tensor sits on d
+                m.AddBoolOr([self.x[v][d] for v, _ in here]).OnlyEnforceIf(wanted)
+                for v, _ in here:
+                    m.AddImplication(self.x[v][d], wanted)
+                begin = m.NewIntVar(0, p.horizon, f"ts{k}_{d}")
+                finish = m.NewIntVar(0, p.horizon, f"te{k}_{d}")
+                m.Add(begin >= self.end[u])
+                self.xfer[(k, d)] = (begin, finish)
+                self.wanted[(k, d)] = wanted
+                for s, from_lit in self.x[u].items():
+                    if s == d:
+                        continue
+                    c = int(cluster.channel_index[s, d])
+                    if c < 0:     # no channel: producer on s and a consumer on d cannot both happen
+                        for v, _ in here:
+                            m.AddBoolOr([from_lit.Not(), self.x[v][d].Not()])
+                        continue
+                    present = m.NewBoolVar(f"y{k}_{s}_{d}")
+                    m.AddBoolAnd([from_lit, wanted]).OnlyEnforceIf(present)
+                    m.AddBoolOr([from_lit.Not(), wanted.Not(), present])
+                    self.present[(k, s, d)] = present
+                    sizes = sorted({p.transfer_units(s, d, b) for _, b in here})
+                    if len(sizes) == 1:
+                        size = sizes[0]
+                    else:   # the largest bytes among the edges to the consumers on d
+                        size = m.NewIntVar(0, sizes[-1], f"tsz{k}_{s}_{d}")
+                        m.AddMaxEquality(size, [p.transfer_units(s, d, b) * self.x[v][d] for v, b in here])
+                        self.sizes[(k, s, d)] = (size, [(v, p.transfer_units(s, d, b)) for v, b in here])
+                    interval = m.NewOptionalIntervalVar(begin, size, finish, present, f"xfer{k}_{s}_{d}")
+                    self.on_channel[c].append((k, d, s, present, interval))
+                for v, _ in here:
+                    if d in self.x[u]:
+                        m.Add(self.start[v] >= finish).OnlyEnforceIf([self.x[v][d], self.x[u][d].Not()])
+                    else:
+                        m.Add(self.start[v] >= finish).OnlyEnforceIf(self.x[v][d])
+        for entries in self.on_channel:
+            if len(entries) > 1:
+                m.AddNoOverlap([entry[4] for entry in entries])
+
+    # ------------------------------------------------- the reference model's rules
+    def _fifo_channels(self, exact: bool) -> None:
+        """A channel serves transfers in queue order: producer's finish, then producer, destination name, tensor.
+
+        Transfers of one producer from one device queue at the same instant,
+        so their order is fixed; ordering transfers of different producers
+        needs a literal per pair of producers. A relaxed model keeps these
+        pairwise rules only while they number at most ``FIFO_MAX_PAIRS``.
+        """
+        p, m = self.p, self.model
+        names = [d.name for d in p.cluster.devices]
+        name_rank = np.argsort(np.argsort(names, kind="stable")).tolist()
+
+        def queue_key(entry):
+            k, d = entry[0], entry[1]
+            return p.tensors[k][0], name_rank[d], p.tensors[k][1]
+
+        groups = []      # per channel, its entries by producer, and those by source device, in queue order
+        same_count = across_count = 0
+        for entries in self.on_channel:
+            by_producer: dict[int, list] = {}
+            for entry in sorted(entries, key=queue_key):
+                by_producer.setdefault(queue_key(entry)[0], []).append(entry)
+            groups.append(by_producer)
+            sizes = [len(group) for group in by_producer.values()]
+            across_count += (sum(sizes) ** 2 - sum(size * size for size in sizes)) // 2
+            for group in by_producer.values():
+                per_source: dict[int, int] = {}
+                for entry in group:
+                    per_source[entry[2]] = per_source.get(entry[2], 0) + 1
+                same_count += sum(c * (c - 1) // 2 for c in per_source.values())
+        budget = np.inf if exact else FIFO_MAX_PAIRS
+        if same_count > budget:
+            return
+        for by_producer in groups:
+            for group in by_producer.values():
+                for i, a in enumerate(group):
+                    for b in group[i + 1:]:
+                        if a[2] == b[2]:          # one producer sits on one device
+                            m.Add(self.xfer[a[:2]][1] <= self.xfer[b[:2]][0]).OnlyEnforceIf([a[3], b[3]])
+        if same_count + across_count > budget:
+            return
+        across = [(a, b) for by_producer in groups
+                  for (ua, group_a), (ub, group_b) in itertools.combinations(by_producer.items(), 2)
+                  for a in group_a for b in group_b if a[:2] != b[:2]]
+        for a, b in across:
+            ua, ub = queue_key(a)[0], queue_key(b)[0]
+            if (ua, ub) not in self.fifo:     # a's producer finishes no later (ties go to the lower index)
+                lit = self.fifo[(ua, ub)] = m.NewBoolVar(f"fifo{ua}_{ub}")
+                m.Add(self.end[ua] <= self.end[ub]).OnlyEnforceIf(lit)
+                m.Add(self.end[ua] > self.end[ub]).OnlyEnforceIf(lit.Not())
+            lit = self.fifo[(ua, ub)]
+            m.Add(self.xfer[a[:2]][1] <= self.xfer[b[:2]][0]).OnlyEnforceIf([a[3], b[3], lit])
+            m.Add(self.xfer[b[:2]][1] <= self.xfer[a[:2]][0]).OnlyEnforceIf([a[3], b[3], lit.Not()])
+
+    def _no_idling(self) -> None:
+        """Every job starts the moment it may: when its inputs are in and its device or channel is free."""
+        p, m = self.p, self.model
+        g = p.graph
+        n = g.num_nodes
+        inputs: list[list[int]] = [[] for _ in range(n)]
+        for k, (_, _, consumers) in enumerate(p.tensors):
+            for v, _ in consumers:
+                inputs[v].append(k)
+        for v in range(n):
+            reasons = []
+            at_zero = m.NewBoolVar(f"zero{v}")
+            m.Add(self.start[v] == 0).OnlyEnforceIf(at_zero)
+            reasons.append(at_zero)
+            for u in range(n):
+                if u == v:
+                    continue
+                for d, lit in self.x[v].items():
+                    if d not in self.x[u]:
+                        continue
+                    if p.duration[u, d] == 0 and p.duration[v, d] == 0 and p.position[u] > p.position[v]:
+                        continue
+                    after = m.NewBoolVar(f"after{u}_{v}_{d}")     # u ran just before v on d
+                    m.Add(self.end[u] == self.start[v]).OnlyEnforceIf(after)
+                    m.AddImplication(after, lit)
+                    m.AddImplication(after, self.x[u][d])
+                    reasons.append(after)
+            for k in sorted(set(inputs[v])):
+                producer = p.tensors[k][0]
+                for d, lit in self.x[v].items():
+                    if (k, d) not in self.xfer:
+                        continue
+                    arrived = m.NewBoolVar(f"arrive{k}_{v}_{d}")
+                    m.Add(self.xfer[(k, d)][1] == self.start[v]).OnlyEnforceIf(arrived)
+                    m.AddImplication(arrived, lit)
+                    if d in self.x[producer]:
+                        m.AddImplication(arrived, self.x[producer][d].Not())
+                    reasons.append(arrived)
+            m.AddBoolOr(reasons)
+        for entries in self.on_channel:
+            for i, (k, d, _, present, _) in enumerate(entries):
+                begin = self.xfer[(k, d)][0]
+                queued = m.NewBoolVar(f"queued{k}_{d}_{i}")
+                m.Add(begin == self.end[p.tensors[k][0]]).OnlyEnforceIf(queued)
+                reasons = [queued]
+                for j, (k2, d2, _, present2, _) in enumerate(entries):
+                    if (k2, d2) == (k, d):
+                        continue
+                    behind = m.NewBoolVar(f"behind{k}_{d}_{i}_{j}")
+                    m.Add(self.xfer[(k2, d2)][1] == begin).OnlyEnforceIf(behind)
+                    m.AddImplication(behind, present2)
+                    reasons.append(behind)
+                m.AddBoolOr(reasons).OnlyEnforceIf(present)
+
+    # ------------------------------------------------------------ hint and solve
+    def hint(self, device_of: np.ndarray) -> None:
+        """Hint the schedule the reference model gives ``device_of``, retimed in integer units."""
+        p, m = self.p, self.model
+        result = simulate(p.graph, p.cluster, device_of, check=False)
+        starts, ends, xfer_times = _integer_schedule(p, result)
+        for v in range(p.graph.num_nodes):
+            for d, lit in self.x[v].items():
+                m.AddHint(lit, int(device_of[v] == d))
+            m.AddHint(self.start[v], starts[v])
+            m.AddHint(self.end[v], ends[v])
+        for (k, d), (begin, finish) in self.xfer.items():
+            begin_at, finish_at = xfer_times.get((k, d), (ends[p.tensors[k][0]],) * 2)
+            m.AddHint(begin, begin_at)
+            m.AddHint(finish, finish_at)
+            m.AddHint(self.wanted[(k, d)], int(any(device_of[v] == d for v, _ in p.tensors[k][2])))
+        for (k, s, d), lit in self.present.items():
+            m.AddHint(lit, int(device_of[p.tensors[k][0]] == s and any(device_of[v] == d for v, _ in p.tensors[k][2])))
+        for (k, s, d), (var, terms) in self.sizes.items():
+            m.AddHint(var, max(units * int(device_of[v] == d) for v, units in terms))
+        for (ua, ub), lit in self.fifo.items():
+            m.AddHint(lit, int(ends[ua] <= ends[ub]))
+        m.AddHint(self.makespan, max(ends, default=0))
+
+    def solve(self, seed: int, workers: int, seconds: float, effort: float):
+        solver = cp_model.CpSolver()
+        params = solver.parameters
+        params.random_seed = seed
+        params.num_workers = workers
+        if workers > 1:
+            params.interleave_search = True
+        params.max_time_in_seconds = max(0.1, seconds)
+        params.max_deterministic_time = max(0.01, effort)
+        # Symmetry detection and probing cost many seconds on models with thousands of optional intervals.
+        params.symmetry_level = 0
+        params.cp_model_probing_level = 0
+        status = solver.Solve(self.model)
+        return status, solver
+
+    def device_of(self, solver: cp_model.CpSolver) -> np.ndarray:
+        return np.array([next(d for d, lit in xs.items() if solver.BooleanValue(lit)) for xs in self.x],
+                        dtype=np.int64)
+
+    def orders(self, solver: cp_model.CpSolver, device_of: np.ndarray) -> list[np.ndarray]:
+        """Per device, nodes by solver start time (ties: end time, then topological position)."""
+        n = self.p.graph.num_nodes
+        start = np.array([solver.Value(s) for s in self.start])
+        end = np.array([solver.Value(e) for e in self.end])
+        by_time = np.lexsort((self.p.position, end, start)) if n else np.zeros(0, dtype=np.int64)
+        return [by_time[device_of[by_time] == d] for d in range(self.p.cluster.num_devices)]
+
+    def is_relaxation(self, coarse: Coarsening, graph: OpGraph) -> bool:
+        """Whether the solver's bound bounds every plan of ``graph``: uncoarsened, memory not limiting."""
+        p = self.p
+        return coarse.graph.num_nodes == graph.num_nodes and bool(np.all(p.need.sum() <= p.capacity))
+
+
+def _integer_schedule(p: _Problem, result: SimResult):
+    """The simulated schedule's device and channel orders, retimed with the model's integer durations."""
+    g = p.graph
+    n = g.num_nodes
+    dev = result.device_of
+    xf = result.transfers
+    tensor_index = {(u, t): k for k, (u, t, _) in enumerate(p.tensors)}
+    jobs = [(float(result.start[v]), float(result.finish[v]), 0, v) for v in range(n)]
+    jobs += [(float(xf.start[x]), float(xf.end[x]), 1, x) for x in range(len(xf))]
+    jobs.sort()
+    x_key = [(tensor_index[(int(xf.producer[x]), int(xf.tensor[x]))], int(xf.dst_device[x])) for x in range(len(xf))]
+    x_size = np.zeros(len(xf), dtype=np.int64)
+    for x in range(len(xf)):
+        k, d = x_key[x]
+        sizes = [p.transfer_units(int(xf.src_device[x]), d, b) for v, b in p.tensors[k][2] if dev[v] == d]
+        x_size[x] = max(sizes)
+    arrival_of = {key: x for x, key in enumerate(x_key)}
+    in_ptr, in_eids = g.in_edges
+    start, end = [0] * n, [0] * n
+    xs, xe = [0] * len(xf), [0] * len(xf)
+    for _ in range(4):        # repeat until stable (ties of zero-length jobs may need a second pass)
+        changed = False
+        dev_free: dict[int, int] = {}
+        ch_free: dict[int, int] = {}
+        for _, _, kind, i in jobs:
+            if kind == 0:
+                ready = dev_free.get(int(dev[i]), 0)
+                for e in in_eids[in_ptr[i]:in_ptr[i + 1]].tolist():
+                    u = int(g.src[e])
+                    if dev[u] == dev[i]:
+                        ready = max(ready, end[u])
+                    else:
+                        x = arrival_of[(tensor_index[(u, int(g.edge_tensor[e]))], int(dev[i]))]
+                        ready = max(ready, xe[x])
+                new_end = ready + int(p.duration[i, dev[i]])
+                changed |= (ready, new_end) != (start[i], end[i])
+                start[i], end[i] = ready, new_end
+                dev_free[int(dev[i])] = new_end
+            else:
+                c = int(xf.channel[i])
+                ready = max(ch_free.get(c, 0), end[int(xf.producer[i])])
+                changed |= (ready, ready + int(x_size[i])) != (xs[i], xe[i])
+                xs[i], xe[i] = ready, ready + int(x_size[i])
+                ch_free[c] = xe[i]
+        if not changed:
+            break
+    return start, end, {x_key[x]: (xs[x], xe[x]) for x in range(len(xf))}
+
+
+def _candidates(graph: OpGraph, cluster: Cluster, coarse: Coarsening, cp: _CpModel, solver: cp_model.CpSolver):
+    """The solver's plan mapped back to every node: in the solver's order, and in the reference model's own."""
+    coarse_device = cp.device_of(solver)
+    device_of = coarse.expand(coarse_device)
+    order = [np.concatenate([coarse.members[k] for k in seq.tolist()]) if seq.size else np.zeros(0, dtype=np.int64)
+             for seq in cp.orders(solver, coarse_device)]
+    yield "solver", simulate(graph, cluster, device_of, order, check=False)
+    yield "solver_placement", simulate(graph, cluster, device_of, check=False)

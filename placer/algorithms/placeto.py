@@ -1,0 +1,241 @@
+"""Placeto: a learned policy places a graph it has never seen in one walk over it.
+
+The policy (:mod:`placer.learn.policy`) was trained with REINFORCE on the
+graph families of :mod:`placer.learn.families` against placer's simulator
+(:mod:`placer.learn.train`); a small trained policy ships with the package,
+so placing is zero-shot: one greedy episode of Placeto's MDP over the graph
+reduced by Merge-and-Colocate. With ``fine_tune_s`` (or
+``fine_tune_episodes``) the policy is first trained further on the graph
+being placed, the paper's "fine-tuning" setting.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import os
+import time
+from functools import lru_cache
+from pathlib import Path
+
+import numpy as np
+
+from ..cluster import Cluster
+from ..errors import InfeasibleError, OptionError
+from ..graph import OpGraph
+from ..plan import Plan
+from ..feasibility import static_footprint
+from ..sim.simulator import simulate
+from .common import placement_units, unit_allowed
+from .registry import register
+
+__all__ = ["placeto", "SHIPPED_POLICY", "load_policy"]
+
+#: The pre-trained policy shipped with the package (see docs/benchmarks.md, "Placeto").
+SHIPPED_POLICY = Path(__file__).resolve().parent.parent / "learn" / "policy.pt"
+
+
+@lru_cache(maxsize=4)
+def _cached_policy(path: str, mtime: float):
+    from ..learn.policy import PlacetoPolicy
+
+    return PlacetoPolicy.load(path)
+
+
+def load_policy(path: str | os.PathLike | None = None):
+    """The policy in ``path`` (the shipped one when None or empty), cached while the file is unchanged.
+
+    Raises
+    ------
+    OptionError
+        If the file does not exist or is not a policy file.
+    """
+    path = Path(path) if path else SHIPPED_POLICY
+    if not path.is_file():
+        raise OptionError(f"option policy of 'placeto': no policy file {str(path)!r}")
+    try:
+        return _cached_policy(str(path), path.stat().st_mtime)
+    except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
+        raise OptionError(f"option policy of 'placeto': {str(path)!r} is not a Placeto policy file ({exc})") from None
+
+
+@register("placeto")
+def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+            policy: str = "", samples: int = 0, fine_tune_s: float = 0.0, fine_tune_episodes: int = 0,
+            passes: int = 0, target_nodes: int = 0) -> Plan:
+    """Placeto's learned policy, zero-shot or fine-tuned on the graph (Addanki et al., NeurIPS 2019).
+
+    The graph is reduced by Merge-and-Colocate to ``target_nodes`` nodes; the
+    policy then walks them in topological order ``passes`` times from the
+    placement with every node on its first allowed device, moving each to its
+    likeliest device; every step is simulated on the original graph and the
+    best placement of the walk is kept (Placeto's MDP). If it does not fit in
+    memory, it is repaired: units on an over-full device move to the allowed
+    device with room that the policy liked best (or, if that fails, the
+    memory-aware expert split is used), and ``plan.extra["placeto"]`` says so.
+
+    Parameters
+    ----------
+    graph, cluster
+    seed : int
+        Seeds fine-tuning's sampling; zero-shot placement is deterministic.
+    time_limit : float, optional
+        Seconds; the walk stops when it runs out and keeps its best placement so far.
+    policy : str
+        A policy file written by ``placer train placeto`` ('' = the shipped one).
+    samples : int
+        Walks sampled from the policy (seeded by ``seed``) besides the greedy
+        one; the best placement of all is kept.
+    fine_tune_s : float
+        Seconds of REINFORCE on this graph (0 = zero-shot); the plan is the
+        best placement of the tuned policy's walk and of the fine-tuning
+        rollouts, if better than the zero-shot one. The result then depends
+        on how many updates fit in the time.
+    fine_tune_episodes : int
+        Episodes of fine-tuning instead (deterministic for a seed); with
+        ``fine_tune_s`` too, whichever ends first.
+    passes : int
+        Visits of every node in the walk (``n`` of the paper; 0 = as the policy was trained).
+    target_nodes : int
+        Size of the merged graph the policy walks (0 = as the policy was trained).
+
+    Returns
+    -------
+    Plan
+        ``extra["placeto"]`` holds the zero-shot and fine-tuned makespans, the
+        merged graph's size and whether memory repair ran.
+
+    Raises
+    ------
+    OptionError
+        Bad option values or an unreadable policy file.
+    InfeasibleError
+        If neither the policy's placement nor its repair fits the devices' memory.
+
+    References
+    ----------
+    Addanki, Bojja Venkatakrishnan, Gupta, Mao, Alizadeh, "Placeto: Learning
+    Generalizable Device Placement Algorithms for Distributed Machine Learning",
+    NeurIPS 2019, Section 3 (MDP, policy network), appendix A.1 (REINFORCE),
+    A.6 (Merge-and-Colocate), A.7 (training and reward).
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.learn.families import family_graph
+    >>> plan = placeto(family_graph("nmt", 0), load_cluster("4xV100-nvlink"))
+    >>> sorted(set(plan.placement.values())) <= ['gpu0', 'gpu1', 'gpu2', 'gpu3']
+    True
+    """
+    began = time.perf_counter()
+    if not (isinstance(fine_tune_s, (int, float)) and math.isfinite(fine_tune_s) and fine_tune_s >= 0):
+        raise OptionError(f"option fine_tune_s of 'placeto' must be a number of seconds >= 0, got {fine_tune_s!r}")
+    for name, value in (("samples", samples), ("fine_tune_episodes", fine_tune_episodes), ("passes", passes),
+                        ("target_nodes", target_nodes)):
+        if value < 0:
+            raise OptionError(f"option {name} of 'placeto' must be an integer >= 0, got {value!r}")
+    net = load_policy(policy)
+    trained = net.metadata.get("train_config", {})
+    passes = passes or int(trained.get("passes", 2))
+    target_nodes = target_nodes or int(trained.get("target_nodes", 24))
+    deadline = None if time_limit is None else began + time_limit
+    if graph.num_nodes == 0:
+        return Plan.from_arrays(graph, cluster, np.zeros(0, dtype=np.int64))
+
+    import torch
+
+    from ..learn.train import PlacementMDP, TrainConfig, train
+
+    mdp = PlacementMDP(graph, cluster, target_nodes=target_nodes)
+    best = _walks(mdp, net, passes, samples, seed, deadline)
+    info = {"merged_nodes": mdp.ctx.num_nodes, "zero_shot_makespan_s": best.best_makespan_s,
+            "start_makespan_s": best.start_makespan_s}
+    if fine_tune_s > 0 or fine_tune_episodes > 0:
+        tuned_net = copy.deepcopy(net)
+        budget = [deadline] if deadline is not None else []
+        if fine_tune_s > 0:
+            budget.append(time.perf_counter() + fine_tune_s)
+        lr = float(trained.get("lr", 3e-3))
+        config = TrainConfig(episodes=fine_tune_episodes or 10**9, rollouts_per_update=1, workers=1,
+                             passes=passes, target_nodes=target_nodes, seed=seed, checkpoint_every=0,
+                             lr=lr, lr_final=lr, discount=float(trained.get("discount", 0.9)),
+                             entropy=0.0, entropy_final=0.0, policy=net.config.to_dict())
+        result = train([graph], [cluster], config, policy=tuned_net, deadline=min(budget) if budget else None)
+        tuned = _walks(mdp, result.policy, passes, samples, seed, deadline)
+        # The best of the tuned policy's walk and of every placement the fine-tuning rollouts found.
+        found = [(not tuned.best_fits, tuned.best_cost, tuned.best_makespan_s, tuned.best_device_of)]
+        found += list(result.best.values())
+        choice = min(found, key=lambda f: f[:2])
+        info.update(fine_tune_episodes=len(result.curve["return"]), fine_tune_s=result.seconds,
+                    fine_tuned_makespan_s=choice[2])
+        if choice[:2] < (not best.best_fits, best.best_cost):
+            best = dataclasses.replace(best, best_fits=not choice[0], best_cost=choice[1],
+                                       best_makespan_s=choice[2], best_device_of=choice[3])
+    device_of = best.best_device_of
+    if not best.best_fits:
+        try:
+            device_of = _repair_memory(graph, cluster, mdp, device_of, best.best_probs.numpy())
+            info["memory_repair"] = "the policy's placement exceeded device memory; units moved to the devices " \
+                                    "with room the policy preferred"
+        except InfeasibleError:
+            from .baselines import expert
+
+            fallback = expert(graph, cluster, seed=seed)
+            device_of = np.array([cluster.device_index[fallback.placement[i]] for i in graph.ids], dtype=np.int64)
+            info["memory_repair"] = "the policy's placement exceeded device memory and could not be repaired; " \
+                                    "the expert split (memory-aware) was used instead"
+    return Plan.from_arrays(graph, cluster, device_of, extra={"placeto": info})
+
+
+def _walks(mdp, net, passes: int, samples: int, seed: int, deadline: float | None):
+    """The greedy walk and ``samples`` sampled ones; the episode with the best placement."""
+    import torch
+
+    best = None
+    with torch.no_grad():
+        for k in range(samples + 1):
+            if best is not None and deadline is not None and time.perf_counter() > deadline:
+                break
+            generator = None if k == 0 else torch.Generator().manual_seed(seed * 7919 + k)
+            ep = mdp.episode(net, passes=passes, generator=generator, deadline=deadline)
+            if best is None or (not ep.best_fits, ep.best_cost) < (not best.best_fits, best.best_cost):
+                best = ep
+    return best
+
+
+def _repair_memory(graph: OpGraph, cluster: Cluster, mdp, device_of: np.ndarray, probs: np.ndarray) -> np.ndarray:
+    """Move units off over-full devices until the placement fits, guided by simulation and the policy.
+
+    While some device's simulated peak exceeds its memory, the unit with the
+    largest static footprint on the most over-full device that fits elsewhere
+    moves to the device the policy liked best among the allowed ones with
+    room for it.
+
+    Raises
+    ------
+    InfeasibleError
+        If no unit of an over-full device fits anywhere else.
+    """
+    unit_of, units = placement_units(graph)
+    allowed = unit_allowed(graph, cluster, units)
+    footprint = np.bincount(unit_of, weights=static_footprint(graph), minlength=len(units))
+    preference = np.array([probs[mdp.coarse.group_of[members]].sum(axis=0) for members in units])
+    memory = cluster.memory.astype(np.float64)
+    out = device_of.copy()
+    for _ in range(4 * len(units)):
+        result = simulate(graph, cluster, out, check=False)
+        over = result.peak_memory_bytes - memory
+        if np.all(over <= 0):
+            return out
+        j = int(np.argmax(over))
+        room = memory - result.peak_memory_bytes
+        unit_device = out[[members[0] for members in units]]
+        for u in sorted(np.flatnonzero(unit_device == j).tolist(), key=lambda u: -footprint[u]):
+            targets = np.flatnonzero(allowed[u] & (room >= footprint[u]) & (np.arange(len(memory)) != j))
+            if targets.size:
+                out[units[u]] = int(targets[np.argmax(preference[u, targets])])
+                break
+        else:
+            break
+    raise InfeasibleError(f"placeto: the policy's placement overflows device memory and moving units did not fix it")

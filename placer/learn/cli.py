@@ -1,0 +1,90 @@
+"""``placer train placeto``: train a Placeto policy on the graph families, with progress and checkpoints.
+
+Example::
+
+    placer train placeto --family all --episodes 2000 --output policy.pt --workers 2
+
+writes ``policy.pt`` (loadable with ``--option policy=policy.pt`` of
+``placer plan --algorithm placeto``), a checkpoint ``policy.pt.ckpt`` every
+``--checkpoint-every`` updates, and the learning curve ``policy.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+__all__ = ["add_commands", "cmd_train"]
+
+
+def add_commands(subparsers) -> None:
+    """Add ``placer train``."""
+    p = subparsers.add_parser("train", help="train a learned placement policy (placeto)")
+    p.add_argument("method", choices=["placeto"], help="what to train")
+    p.add_argument("--family", default="all", choices=["image", "rnn", "nmt", "all"],
+                   help="graph family of the training split (default: all three)")
+    p.add_argument("--episodes", type=int, default=400, help="rollouts in all (default 400)")
+    p.add_argument("--output", "-o", required=True, help="policy file to write (e.g. policy.pt)")
+    p.add_argument("--cluster", action="append", default=None,
+                   help="cluster preset or file to train on; repeatable (default 4xV100-nvlink)")
+    p.add_argument("--workers", type=int, default=1, help="processes running rollouts in parallel")
+    p.add_argument("--rollouts-per-update", type=int, default=4, help="rollouts whose gradients make one update")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--lr", type=float, default=None, help="Adam's initial learning rate")
+    p.add_argument("--passes", type=int, default=None, help="visits of every node per episode (n)")
+    p.add_argument("--discount", type=float, default=None, help="discount of later rewards (1.0: the paper's sum)")
+    p.add_argument("--target-nodes", type=int, default=None, help="merged graph size the policy walks")
+    p.add_argument("--checkpoint-every", type=int, default=25, help="updates between checkpoints (0: none)")
+    p.add_argument("--init", help="policy file to start from (default: fresh weights)")
+    p.add_argument("--curve", help="learning-curve PNG (default: OUTPUT with .png)")
+    p.set_defaults(func=cmd_train)
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+    from ..errors import OptionError
+    from .families import dataset
+    from .policy import PlacetoPolicy
+    from .train import TrainConfig, plot_curve, save_result, train
+
+    if args.seed < 0:
+        raise OptionError(f"--seed must be >= 0, got {args.seed}")
+    settings = dict(episodes=args.episodes, rollouts_per_update=args.rollouts_per_update, workers=args.workers,
+                    seed=args.seed, checkpoint_every=args.checkpoint_every)
+    if args.lr is not None:
+        settings["lr"] = args.lr
+    if args.passes is not None:
+        settings["passes"] = args.passes
+    if args.discount is not None:
+        settings["discount"] = args.discount
+    if args.target_nodes is not None:
+        settings["target_nodes"] = args.target_nodes
+    config = TrainConfig(**settings)
+    config.check()
+    graphs = dataset(args.family, "train")
+    clusters = args.cluster or ["4xV100-nvlink"]
+    output = Path(args.output)
+    init = PlacetoPolicy.load(args.init) if args.init else None
+    updates = max(1, config.episodes // config.rollouts_per_update)
+    print(f"training placeto on {len(graphs)} {args.family} graphs x {', '.join(map(str, clusters))}: "
+          f"{config.episodes} episodes in {updates} updates, {config.workers} worker(s), seed {config.seed}")
+    with Progress(TextColumn("[bold]placeto"), BarColumn(), TextColumn("{task.completed}/{task.total} updates"),
+                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn()) as bar:
+        task = bar.add_task("train", total=updates, status="")
+
+        def progress(update: int, total: int, row: dict) -> None:
+            bar.update(task, completed=update,
+                       status=f"return {row['return']:+.3f}  speedup {row['speedup']:.3f}x")
+
+        result = train(graphs, clusters, config, policy=init, checkpoint=output.with_name(output.name + ".ckpt"),
+                       progress=progress)
+    save_result(result, output, config)
+    curve_path = Path(args.curve) if args.curve else output.with_suffix(".png")
+    plot_curve(result.curve, curve_path, title=f"Placeto on {args.family} ({config.episodes} episodes)")
+    k = max(1, len(result.curve["return"]) // 10)
+    first = sum(result.curve["return"][:k]) / k
+    last = sum(result.curve["return"][-k:]) / k
+    print(f"trained in {result.seconds:.1f} s; mean return {first:+.3f} (first tenth) -> {last:+.3f} (last tenth); "
+          f"policy -> {output}, curve -> {curve_path}")
+    return 0

@@ -1,0 +1,76 @@
+"""placer.plan(): from a PyTorch model to a checked plan, its report, and a placed training step."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+import placer
+from placer.cli import main
+from placer.errors import OptionError
+
+
+class TinyNet(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.body = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU())
+        self.head = nn.Linear(16, 3)
+
+    def forward(self, x, y):
+        return nn.functional.cross_entropy(self.head(self.body(x)), y)
+
+
+def _model_and_inputs():
+    torch.manual_seed(0)
+    return TinyNet(), (torch.randn(6, 8), torch.randint(0, 3, (6,)))
+
+
+def test_plan_from_a_module_reports_and_trains_like_eager():
+    model, inputs = _model_and_inputs()
+    plan = placer.plan(model, inputs, cluster="2xcpu", algorithm="round_robin", optimizer="sgd", lr=0.1)
+    graph, cluster = plan.context["graph"], plan.context["cluster"]
+    assert set(plan.placement) == set(graph.ids) and len(set(plan.placement.values())) == 2
+    assert plan.predicted["makespan_s"] == pytest.approx(placer.simulate_plan(plan, graph, cluster).makespan_s)
+    assert "cpu0" in plan.report() and "cpu1" in plan.report()
+
+    reference = copy.deepcopy(model)
+    step = plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    eager_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
+    for _ in range(2):
+        placed_loss = step(*inputs)
+        eager_opt.zero_grad()
+        eager_loss = reference(*inputs)
+        eager_loss.backward()
+        eager_opt.step()
+        assert float(placed_loss) == pytest.approx(eager_loss.item(), abs=1e-6)
+    for (name, p), q in zip(model.named_parameters(), reference.parameters()):
+        assert torch.allclose(p, q, atol=1e-6), name
+
+
+def test_plan_from_a_spec_and_from_a_graph():
+    plan = placer.plan("zoo:lenet", batch=4, cluster="2xcpu", algorithm="expert")
+    assert plan.predicted["fits"] and plan.context["captured"] is not None
+    again = placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="expert")
+    assert again.placement == plan.placement
+
+
+def test_plan_refuses_missing_inputs_and_batch():
+    with pytest.raises(OptionError, match="needs example inputs"):
+        placer.plan(TinyNet(), cluster="2xcpu")
+    with pytest.raises(OptionError, match="needs batch=N"):
+        placer.plan("zoo:lenet", cluster="2xcpu")
+
+
+def test_cli_plans_and_compares_a_model_spec(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithm", "expert",
+                 "-o", str(out)]) == 0
+    assert placer.Plan.load(out).placement
+    assert main(["compare", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu",
+                 "--algorithms", "expert,round_robin"]) == 0
+    assert "round_robin" in capsys.readouterr().out
+    assert main(["plan", "zoo:lenet", "--cluster", "2xcpu", "-o", str(out)]) == 2
+    assert "needs --batch N" in capsys.readouterr().err

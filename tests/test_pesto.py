@@ -1,0 +1,128 @@
+"""pesto: the optimum on tiny DAGs (checked by enumerating every plan), never slower than its warm start."""
+
+import itertools
+
+import numpy as np
+import pytest
+
+from placer import OpGraph, place, simulate
+from placer.cluster import Channel, Cluster, Device, load_cluster
+from placer.errors import InvalidPlanError, OptionError
+from placer.plan import check_placement
+from placer.generate import training_graph
+from placer.sim.simulator import simulate_plan
+
+
+def tiny_case(seed: int, n: int, n_dev: int, shared: bool):
+    """A random DAG with integer times and bytes (so that simulated times are exact) on 2-3 devices."""
+    rng = np.random.default_rng(seed)
+    src, dst = [], []
+    for v in range(1, n):
+        for u in range(v):
+            if rng.random() < 0.45:
+                src.append(u)
+                dst.append(v)
+    m = len(src)
+    graph = OpGraph([f"n{i}" for i in range(n)], rng.integers(1, 5, n).astype(float), src, dst,
+                    rng.integers(0, 4, m), rng.integers(0, 2, m), name=f"tiny-{seed}")
+    devices = [Device(f"d{j}", "X", 1 << 40, speed=[1.0, 2.0, 1.0][j]) for j in range(n_dev)]
+    names = [d.name for d in devices]
+    if shared:   # one outgoing link per device, shared by its destinations
+        channels = [Channel(f"{a}->*", 1.0, 0.5, tuple((a, b) for b in names if b != a)) for a in names]
+    else:
+        channels = [Channel(f"{a}->{b}", 1.0, 0.5, ((a, b),)) for a in names for b in names if a != b]
+    return graph, Cluster(f"tiny-{n_dev}", devices, channels)
+
+
+def linear_extensions(graph: OpGraph):
+    preds = [set(graph.predecessors(v).tolist()) for v in range(graph.num_nodes)]
+
+    def extend(done, seq):
+        if len(seq) == graph.num_nodes:
+            yield tuple(seq)
+            return
+        for v in range(graph.num_nodes):
+            if v not in done and preds[v] <= done:
+                yield from extend(done | {v}, seq + [v])
+
+    yield from extend(frozenset(), [])
+
+
+def brute_force_optimum(graph: OpGraph, cluster: Cluster) -> float:
+    """The smallest reference makespan over every valid placement and every per-device order."""
+    extensions = list(linear_extensions(graph))
+    best = np.inf
+    for placement in itertools.product(range(cluster.num_devices), repeat=graph.num_nodes):
+        device_of = np.array(placement)
+        try:
+            check_placement(graph, cluster, device_of)
+        except InvalidPlanError:
+            continue
+        orders = {tuple(tuple(v for v in ext if placement[v] == d) for d in range(cluster.num_devices))
+                  for ext in extensions}
+        for order in orders:
+            span = simulate(graph, cluster, device_of, [list(o) for o in order], check=False).makespan_s
+            best = min(best, span)
+    return best
+
+
+@pytest.mark.parametrize("seed,n,n_dev,shared", [(1, 6, 2, False), (2, 7, 2, False), (3, 6, 2, True),
+                                                (4, 5, 3, True), (5, 6, 3, False), (6, 8, 2, True)])
+def test_exact_model_finds_the_optimum_of_every_placement_and_order(seed, n, n_dev, shared):
+    graph, cluster = tiny_case(seed, n, n_dev, shared)
+    optimum = brute_force_optimum(graph, cluster)
+    plan = place(graph, cluster, "pesto", time_limit=60)
+    report = plan.extra["pesto"]
+    assert report["model"] == "exact" and report["coarse_nodes"] == n
+    assert report["solver_status"] == "OPTIMAL"
+    assert plan.predicted["makespan_s"] == pytest.approx(optimum, rel=1e-9)
+    # The solver's own objective is the reference makespan of its plan, and the proven gap closes.
+    assert report["solver_objective_s"] == pytest.approx(optimum, rel=1e-9)
+    assert report["gap"] == pytest.approx(0.0, abs=1e-6)
+
+
+def test_exact_model_keeps_colocation_and_kinds_and_stays_optimal():
+    graph, cluster = tiny_case(7, 6, 3, False)
+    kinds = ["A", "X", "X"]
+    cluster = Cluster(cluster.name, [Device(d.name, k, d.memory_bytes, d.speed) for d, k in zip(cluster.devices, kinds)],
+                      cluster.channels)
+    graph = graph.replace(colocation=["g", None, None, "g", None, None],
+                          device_kinds=[None, ("A",), None, None, ("X",), None])
+    plan = place(graph, cluster, "pesto")
+    assert plan.placement["n0"] == plan.placement["n3"]
+    assert plan.placement["n1"] == "d0" and plan.placement["n4"] != "d0"
+    assert plan.predicted["makespan_s"] == pytest.approx(brute_force_optimum(graph, cluster), rel=1e-9)
+
+
+def test_coarsened_plan_is_valid_never_slower_than_the_warm_start_and_maps_back():
+    graph = training_graph(layers=10, branches=2, seed=3)
+    cluster = load_cluster("4xGPU-pcie")
+    plan = place(graph, cluster, "pesto", time_limit=20, target=30)
+    report = plan.extra["pesto"]
+    assert report["coarse_nodes"] <= 30 and report["model"] == "relaxed"
+    assert set(plan.placement) == set(graph.ids)
+    assert sorted(i for seq in plan.order.values() for i in seq) == sorted(graph.ids)
+    result = simulate_plan(plan, graph, cluster)
+    assert result.fits
+    assert plan.predicted["makespan_s"] == pytest.approx(result.makespan_s, rel=1e-9)
+    assert plan.predicted["makespan_s"] <= report["warm_start_makespan_s"] * (1 + 1e-12)
+    assert 0.0 <= report["solver_gap"] <= 1.0 and 0.0 <= report["gap"] <= 1.0
+    assert report["lower_bound_s"] <= plan.predicted["makespan_s"]
+    assert report["resolution_s"] > 0
+
+
+def test_congestion_keeps_transfers_apart():
+    # Two producers on d0 feed two consumers; one shared outgoing link: the model must queue the transfers.
+    g = OpGraph(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], [0, 1], [2, 3], [4, 4])
+    devices = [Device("d0", "X", 1 << 40), Device("d1", "X", 1 << 40)]
+    cluster = Cluster("c", devices, [Channel("d0->d1", 1.0, 0.0, (("d0", "d1"),)),
+                                     Channel("d1->d0", 1.0, 0.0, (("d1", "d0"),))])
+    plan = place(g, cluster, "pesto")
+    assert plan.predicted["makespan_s"] == pytest.approx(brute_force_optimum(g, cluster))
+
+
+@pytest.mark.parametrize("bad", [{"target": -1}, {"workers": 0}, {"model": "fast"}, {"target": 1.5}])
+def test_bad_options_raise_option_error(bad):
+    graph, cluster = tiny_case(0, 4, 2, False)
+    with pytest.raises(OptionError):
+        place(graph, cluster, "pesto", **bad)
