@@ -236,7 +236,8 @@ def test_prediction_equals_simulation_without_congestion(n, p, seed, n_dev, name
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(3, 40), st.integers(0, 2**30), st.integers(0, 3), st.sampled_from(LIST_SCHEDULERS))
+@given(st.integers(3, 40), st.integers(0, 2**30), st.integers(0, 3),
+       st.sampled_from(LIST_SCHEDULERS + ["data_parallel", "os_dpos"]))
 def test_plans_are_valid_fit_keep_colocation_and_are_deterministic(n, seed, groups, name):
     rng = np.random.default_rng(seed)
     g = random_dag(n, edge_prob=0.4, seed=seed, max_bytes=32 << 20, colocation_groups=groups)
@@ -249,7 +250,8 @@ def test_plans_are_valid_fit_keep_colocation_and_are_deterministic(n, seed, grou
         return
     result = plan.validate(g, cluster)   # kinds, colocation, order, memory
     assert result.fits and np.isclose(plan.predicted["makespan_s"], result.makespan_s)
-    for members in g.colocation_groups.values():
-        assert len({plan.placement[g.ids[i]] for i in members}) == 1
+    target = plan.target_graph(g)
+    for members in target.colocation_groups.values():
+        assert len({plan.placement[target.ids[i]] for i in members}) == 1
     again = place(g, cluster, name, seed=3)
     assert again.placement == plan.placement and again.order == plan.order

@@ -24,13 +24,18 @@ from .registry import register
 __all__ = ["m_topo", "m_etf", "m_sct", "m_topo_schedule", "etf_schedule", "favourite_children"]
 
 
+#: Seconds m-SCT's LP may take when the caller gives no time limit.
+LP_TIME_LIMIT_S = 60.0
+
+
 def _position(graph: OpGraph) -> np.ndarray:
     position = np.empty(graph.num_nodes, dtype=np.int64)
     position[graph.topological_order] = np.arange(graph.num_nodes)
     return position
 
 
-def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0) -> Schedule:
+def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
+                    capacity_scale: np.ndarray | None = None) -> Schedule:
     """m-TOPO under a memory budget ratio: topological order, devices filled one after another.
 
     Each device's share is the total budgeted need over the number of devices
@@ -41,7 +46,7 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0) -> Sch
     Every node starts as early as its device and inputs allow, in
     topological order on its device.
     """
-    state = ScheduleState(graph, cluster, ratio, insertion=False)
+    state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale)
     n_dev = cluster.num_devices
     capacity = state.budget.capacity
     total = float(sum(state.unit_need))
@@ -68,7 +73,7 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0) -> Sch
 
 
 def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
-                 favourite: np.ndarray | None = None) -> Schedule:
+                 favourite: np.ndarray | None = None, capacity_scale: np.ndarray | None = None) -> Schedule:
     """Earliest-time-first list scheduling (m-ETF), or m-SCT when ``favourite`` children are given.
 
     Repeatedly, among every ready node and every device that may take it,
@@ -84,7 +89,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     lazily when the device they chose has changed since, which keeps the
     whole schedule at O(V log V * devices) estimates.
     """
-    state = ScheduleState(graph, cluster, ratio, insertion=False)
+    state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale)
     n = graph.num_nodes
     position = _position(graph).tolist()
     pending = np.bincount(graph.dst, minlength=n).tolist()
@@ -260,7 +265,8 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     >>> sorted(set(m_topo(training_graph(layers=2), load_cluster("2xV100-nvlink")).placement.values()))
     ['gpu0', 'gpu1']
     """
-    sched = schedule_with_memory_retries(lambda ratio: m_topo_schedule(graph, cluster, ratio), graph, cluster, "m_topo")
+    sched = schedule_with_memory_retries(lambda ratio, scale: m_topo_schedule(graph, cluster, ratio, scale),
+                                         graph, cluster, "m_topo")
     return plan_from_schedule(graph, cluster, sched)
 
 
@@ -291,7 +297,8 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     >>> len(m_etf(training_graph(layers=2), load_cluster("2xV100-nvlink")).placement)
     24
     """
-    sched = schedule_with_memory_retries(lambda ratio: etf_schedule(graph, cluster, ratio), graph, cluster, "m_etf")
+    sched = schedule_with_memory_retries(lambda ratio, scale: etf_schedule(graph, cluster, ratio, capacity_scale=scale),
+                                         graph, cluster, "m_etf")
     return plan_from_schedule(graph, cluster, sched)
 
 
@@ -305,8 +312,8 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     graph, cluster
     seed : ignored (deterministic)
     time_limit : float, optional
-        Seconds the LP solver may take; if it stops without a solution the
-        schedule is m-ETF's.
+        Seconds the LP solver may take (60 when not given); if it stops
+        without a solution the schedule is m-ETF's.
     theta : float
         Rounding threshold in (0, 1): an edge whose LP value is below it may
         be a favourite (Baechi's driver uses 0.1).
@@ -331,8 +338,8 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     """
     if not 0 < theta < 1:
         raise OptionError(f"option theta of 'm_sct' must be in (0, 1), got {theta!r}")
-    favourite = favourite_children(graph, cluster, theta, time_limit)
-    sched = schedule_with_memory_retries(lambda ratio: etf_schedule(graph, cluster, ratio, favourite),
+    favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit)
+    sched = schedule_with_memory_retries(lambda ratio, scale: etf_schedule(graph, cluster, ratio, favourite, scale),
                                          graph, cluster, "m_sct")
     return plan_from_schedule(graph, cluster, sched)
 

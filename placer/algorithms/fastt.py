@@ -74,7 +74,8 @@ def _critical_path_device(state: ScheduleState, remaining: list[int]) -> int:
     return best
 
 
-def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: np.ndarray | None = None) -> Schedule:
+def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: np.ndarray | None = None,
+                  capacity_scale: np.ndarray | None = None) -> Schedule:
     """DPOS (FastT Algorithm 1) under a memory budget ratio.
 
     Priorities are upward ranks with each node's largest time over its
@@ -89,7 +90,7 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
     and only the others are placed.
     """
     rank = upward_ranks(graph, cluster, "max")
-    state = ScheduleState(graph, cluster, ratio, insertion=True)
+    state = ScheduleState(graph, cluster, ratio, insertion=True, capacity_scale=capacity_scale)
     path = critical_path(graph, rank)
     on_path = np.zeros(graph.num_nodes, dtype=bool)
     on_path[path] = True
@@ -143,7 +144,8 @@ def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     ----------
     Yi et al., FastT, CoNEXT 2020, Section 5.1, Algorithm 1 (DPOS).
     """
-    sched = schedule_with_memory_retries(lambda ratio: dpos_schedule(graph, cluster, ratio), graph, cluster, "dpos")
+    sched = schedule_with_memory_retries(lambda ratio, scale: dpos_schedule(graph, cluster, ratio, capacity_scale=scale),
+                                         graph, cluster, "dpos")
     return plan_from_schedule(graph, cluster, sched)
 
 
@@ -154,7 +156,7 @@ DEFAULT_SEARCH_S = 30.0
 def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = None) -> Schedule | None:
     """DPOS's schedule that fits under the reference model, with its simulation; None if it finds none."""
     try:
-        return schedule_with_memory_retries(lambda ratio: dpos_schedule(graph, cluster, ratio, fixed),
+        return schedule_with_memory_retries(lambda ratio, scale: dpos_schedule(graph, cluster, ratio, fixed, scale),
                                             graph, cluster, "os_dpos")
     except InfeasibleError:
         return None
@@ -221,7 +223,7 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     Parameters
     ----------
     graph, cluster
-    seed : ignored (deterministic)
+    seed : ignored (deterministic, unless the time limit cuts the search short)
     time_limit : float, optional
         Seconds to search for splits (30 s when not given); the best plan so
         far is returned when it runs out.

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import numpy as np
+
 from ..cluster import Cluster
 from ..graph import OpGraph
 from ..plan import Plan
@@ -12,7 +14,8 @@ from .registry import register
 __all__ = ["heft", "heft_schedule"]
 
 
-def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, contention: bool = True) -> Schedule:
+def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, contention: bool = True,
+                  capacity_scale: np.ndarray | None = None) -> Schedule:
     """HEFT's schedule under a memory budget ratio (see :class:`ScheduleState`).
 
     Nodes go in decreasing upward rank computed with mean computation and mean
@@ -21,7 +24,7 @@ def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, conte
     ``contention=False`` lets transfers overlap on a channel, as the paper's model does.
     """
     rank = upward_ranks(graph, cluster, "mean")
-    state = ScheduleState(graph, cluster, ratio, insertion=True, contention=contention)
+    state = ScheduleState(graph, cluster, ratio, insertion=True, contention=contention, capacity_scale=capacity_scale)
     for v in priority_order(graph, rank).tolist():
         d, est = state.best_device(v)
         state.commit(v, d, est)
@@ -63,5 +66,6 @@ def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     task scheduling for heterogeneous computing", IEEE TPDS 13(3), 2002,
     Section 4.1 (Fig. 3, the HEFT algorithm).
     """
-    sched = schedule_with_memory_retries(lambda ratio: heft_schedule(graph, cluster, ratio), graph, cluster, "heft")
+    sched = schedule_with_memory_retries(lambda ratio, scale: heft_schedule(graph, cluster, ratio, capacity_scale=scale),
+                                         graph, cluster, "heft")
     return plan_from_schedule(graph, cluster, sched)

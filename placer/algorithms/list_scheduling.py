@@ -224,12 +224,15 @@ class ResidentMemoryBudget(MemoryBudget):
 
     A node reserves ``param_bytes + ratio * (output_bytes + temp_bytes)``:
     parameters stay resident for the whole step under the reference model,
-    while outputs and workspaces come and go.
+    while outputs and workspaces come and go. ``capacity_scale`` (per device)
+    shrinks the devices that a previous schedule overflowed.
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float):
+    def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float, capacity_scale: np.ndarray | None = None):
         super().__init__(graph, cluster, ratio)
         self.need = graph.param_bytes + ratio * (graph.output_bytes + graph.temp_bytes).astype(np.float64)
+        if capacity_scale is not None:
+            self.capacity = self.capacity * capacity_scale
 
 
 class ScheduleState:
@@ -248,10 +251,12 @@ class ScheduleState:
         Whether transfers on one channel exclude each other (the reference
         model) or every transfer goes at once (the classic model of the
         list-scheduling papers, used to reproduce their examples).
+    capacity_scale : array of float, optional
+        Per device, the share of its memory the budget may use (default all).
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float, *, insertion: bool,
-                 contention: bool = True):
+                 contention: bool = True, capacity_scale: np.ndarray | None = None):
         self.graph = graph
         self.cluster = cluster
         self.insertion = insertion
@@ -261,7 +266,7 @@ class ScheduleState:
         self.unit_of, self.units = placement_units(graph)
         self.unit_ok: list[list[bool]] = unit_allowed(graph, cluster, self.units).tolist()
         self.ratio = ratio
-        self.budget = ResidentMemoryBudget(graph, cluster, ratio)
+        self.budget = ResidentMemoryBudget(graph, cluster, ratio, capacity_scale)
         self.unit_need = [self.budget.unit_need(u) for u in self.units]
         self.unit_device = [-1] * len(self.units)
         self.channel_of = cluster.channel_index.tolist()
@@ -289,6 +294,15 @@ class ScheduleState:
                 self.unit_need[unit] += ratio * sum(incoming.values())
         #: Copies (producer, tensor, device) already in some device's budget.
         self.budgeted: set[tuple[int, int, int]] = set()
+        # Memory comes back as nodes are scheduled (Baechi's m-ETF memory model): a node's
+        # workspace once it is booked, its output and the copies of it once every consumer is.
+        self.consumers_left = [0] * n
+        for v in range(n):
+            for u in {u for u, _, _ in self.inputs[v]}:
+                self.consumers_left[u] += 1
+        self.copies_held: list[list[tuple[int, float]]] = [[] for _ in range(n)]
+        self.transient = (ratio * graph.output_bytes.astype(np.float64)).tolist()
+        self.workspace = (ratio * graph.temp_bytes.astype(np.float64)).tolist()
         self.device_of = [-1] * n
         self.start = [0.0] * n
         self.finish = [0.0] * n
@@ -309,7 +323,7 @@ class ScheduleState:
         ok = self.unit_ok[unit]
         return [d for d in range(self.cluster.num_devices) if ok[d] and self.budget.fits(d, need)]
 
-    def data_ready(self, v: int, d: int) -> tuple[float, list[tuple[int, int, float, float, int]]]:
+    def data_ready(self, v: int, d: int) -> tuple[float, list[tuple[int, float, float, int]]]:
         """When every input of ``v`` is on device ``d``, and the transfers that would be booked for it.
 
         Transfers are tried in order of their producer's finish (the order
@@ -425,7 +439,22 @@ class ScheduleState:
         for key, amount in self.copies(v, d, bookings).items():
             self.budgeted.add(key)
             self.budget.add(d, amount)
+            self.copies_held[key[0]].append((d, amount))
+        self.budget.add(d, -self.workspace[v])
+        for u in {u for u, _, _ in self.inputs[v]} | ({v} if self.consumers_left[v] == 0 else set()):
+            if u != v:
+                self.consumers_left[u] -= 1
+            if self.consumers_left[u] == 0:
+                self._release(u)
         self.version[d] += 1
+
+    def _release(self, u: int) -> None:
+        """Every consumer of ``u`` is booked: its output and the copies of it go back to the budgets."""
+        self.budget.add(self.device_of[u], -self.transient[u])
+        self.version[self.device_of[u]] += 1
+        for device, amount in self.copies_held[u]:
+            self.budget.add(device, -amount)
+            self.version[device] += 1
 
     def schedule(self) -> Schedule:
         """The finished schedule (every node committed)."""
@@ -434,41 +463,59 @@ class ScheduleState:
                         np.asarray(self.start), np.asarray(self.finish))
 
 
-def schedule_with_memory_retries(build: Callable[[float], Schedule], graph: OpGraph, cluster: Cluster,
+def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule], graph: OpGraph, cluster: Cluster,
                                  name: str, max_ratio: float = 4.0, min_ratio: float = 0.05,
-                                 tries: int = 10) -> Schedule:
-    """Call ``build(ratio)`` with memory ratios until its schedule fits under the reference model.
+                                 tries: int = 10, shrinks: int = 8) -> Schedule:
+    """Call ``build(ratio, capacity_scale)`` until its schedule fits under the reference model.
 
     Like :func:`~placer.algorithms.common.fitting_plan_with_retries`, but the
     reference simulation runs the schedule's own per-device order, since
-    memory over time depends on it. From the liveness ratio, the ratio grows
-    (up to ``max_ratio``: the copies that transfers leave on receivers lie
-    beyond the static footprint) while the schedule overflows a device, and
-    shrinks (down to ``min_ratio``) while the budget is too tight for the
-    scheduler to place every node; once both happened it bisects between them.
+    memory over time depends on it. First the memory ratio is searched with
+    every device's whole capacity: from the liveness ratio it grows (up to
+    ``max_ratio``: the copies that transfers leave on receivers lie beyond
+    the static footprint) while the schedule overflows a device, and shrinks
+    (down to ``min_ratio``) while the budget is too tight for the scheduler
+    to place every node; once both happened it bisects between them. If no
+    ratio fits, the devices that the last overflowing schedule overflowed get
+    a smaller share of their capacity, in proportion to the excess, so that
+    work moves to the others, up to ``shrinks`` times.
     """
+    whole = np.ones(cluster.num_devices)
     ratio = liveness_ratio(graph, cluster)
     overflowed = 0.0           # largest ratio whose schedule overflowed a device
     too_tight = float("inf")   # smallest ratio at which the scheduler could not place every node
     error: InfeasibleError | None = None
-    for _ in range(tries):
+    overflow: tuple[float, np.ndarray] | None = None    # (ratio, peak memory) of the last overflow
+
+    def attempt(ratio: float, scale: np.ndarray) -> Schedule | np.ndarray | None:
+        """The fitting schedule; else the peaks of an overflowing one; else None (too tight)."""
+        nonlocal error
         try:
-            sched = build(ratio)
+            sched = build(ratio, scale)
         except InfeasibleError as exc:
             error = InfeasibleError(f"{name}: {exc}")
+            return None
+        result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
+        if result.fits:
+            sched.simulated = result
+            return sched
+        j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
+        error = InfeasibleError(
+            f"{name}: device {cluster.devices[j].name!r} would need {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
+            f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+        return result.peak_memory_bytes
+
+    for _ in range(tries):
+        outcome = attempt(ratio, whole)
+        if isinstance(outcome, Schedule):
+            return outcome
+        if outcome is None:
             too_tight = min(too_tight, ratio)
             if overflowed == 0.0 and ratio <= min_ratio:
                 break
         else:
-            result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
-            if result.fits:
-                sched.simulated = result
-                return sched
-            j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
-            error = InfeasibleError(
-                f"{name}: device {cluster.devices[j].name!r} would need {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
-                f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
             overflowed = max(overflowed, ratio)
+            overflow = (ratio, outcome)
             if too_tight == float("inf") and ratio >= max_ratio:
                 break
         if overflowed == 0.0:
@@ -477,6 +524,19 @@ def schedule_with_memory_retries(build: Callable[[float], Schedule], graph: OpGr
             ratio = min(max_ratio, ratio * 1.25)
         else:
             ratio = (overflowed + too_tight) / 2
+    if overflow is not None:
+        ratio, peak = overflow
+        scale = whole.copy()
+        capacity = cluster.memory.astype(np.float64)
+        for _ in range(shrinks):
+            over = peak > capacity
+            scale[over] *= 0.95 * capacity[over] / peak[over]
+            outcome = attempt(ratio, scale)
+            if isinstance(outcome, Schedule):
+                return outcome
+            if outcome is None:
+                break
+            peak = outcome
     assert error is not None
     raise error
 
