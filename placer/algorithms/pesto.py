@@ -62,22 +62,28 @@ from .registry import available_algorithms, place, register
 
 __all__ = ["pesto", "WARM_START_ALGORITHMS", "EXACT_MAX_NODES"]
 
-#: Cheap algorithms whose best plan warm-starts the solver (those registered are run).
-WARM_START_ALGORITHMS = ("single", "round_robin", "expert", "metis", "m_topo", "m_etf", "m_sct", "heft", "dpos")
+#: Cheap algorithms whose best plan warm-starts the solver (those registered are run), best value first:
+#: on big graphs the later ones may not get their turn (``WARM_START_SHARE``).
+WARM_START_ALGORITHMS = ("dpos", "heft", "single", "expert", "metis", "m_topo", "round_robin", "m_etf", "m_sct")
+#: Warm-start algorithms that take minutes on big graphs (m-ETF and m-SCT rescan every ready op and
+#: device per step: over 100 s on 8k operations), and the graph size beyond which they are skipped.
+SLOW_WARM_START = ("m_etf", "m_sct")
+SLOW_WARM_START_MAX_NODES = 2000
 #: Largest uncoarsened graph the automatic choice solves with the exact (simulator-faithful) model.
 EXACT_MAX_NODES = 12
 DEFAULT_TIME_LIMIT = 60.0
 #: Integer time units per horizon: the resolution is the power of ten giving at least this many.
 TIME_STEPS = 10**6
-#: Deterministic solver time (CP-SAT's work measure) granted per second of the time limit. Measured on the
-#: development machine, a unit of it takes 10 to 30 s of wall time on these models, so the deterministic
-#: limit normally ends the search first, which makes runs reproducible; the wall-clock limit still holds.
-DETERMINISTIC_PER_SECOND = 0.01
+#: Deterministic solver time (CP-SAT's work measure) granted per second of the time limit. On the development
+#: machine a unit of it takes 10 to 35 s of wall time on these models (more when the machine is shared), so
+#: the deterministic limit normally ends the search first, which makes runs reproducible; the wall-clock
+#: limit still holds, and ``extra["pesto"]["solver_cut_by_wall_clock"]`` says when it ended the search.
+DETERMINISTIC_PER_SECOND = 0.004
 MODELS = ("auto", "exact", "relaxed")
 #: Pairs of transfers sharing a channel up to which a relaxed model also keeps channels first-come-first-served.
 FIFO_MAX_PAIRS = 20000
 #: Share of the time limit after which no further warm-start algorithm starts.
-WARM_START_SHARE = 0.25
+WARM_START_SHARE = 0.3
 #: Solves with a growing memory ratio when the solver's plans overflow memory under the reference model.
 MEMORY_ATTEMPTS = 3
 
@@ -94,9 +100,11 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         Seeds the solver and the warm-start algorithms.
     time_limit : float, optional
         Wall-clock seconds for the whole search (default 60). The solver also
-        stops after a deterministic amount of work that grows with the
-        model's size, so that a run is reproducible when the wall clock does
-        not cut it short; it stops at once when it proves optimality.
+        stops after a deterministic amount of work proportional to the limit
+        (``DETERMINISTIC_PER_SECOND``), and no further warm-start algorithm
+        starts after ``WARM_START_SHARE`` of it, so that a run is reproducible
+        for a seed unless the wall clock cuts a phase short. The solver stops
+        at once when it proves optimality.
     target : int
         Nodes of the coarsened graph; 0 picks ``3200 / devices**2`` within
         [24, 200] (the transfer intervals grow with the square of the
@@ -149,13 +157,16 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     deadline = began + (DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
     n, n_dev = graph.num_nodes, cluster.num_devices
 
-    warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * (deadline - began))
+    failures: dict[str, str] = {}
+    warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * (deadline - began), failures)
     warm_device = None if warm is None else np.array([cluster.device_index[warm.placement[i]] for i in graph.ids])
     goal = target or min(200, max(24, 3200 // n_dev**2))
+    warm_done = time.perf_counter()
     coarse, kept = _coarsen(graph, cluster, goal, warm_device)
+    coarse_done = time.perf_counter()
     exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
     report = {"coarse_nodes": coarse.graph.num_nodes, "coarsening_rounds": coarse.rounds,
-              "coarsening_kept_warm_start": kept,
+              "coarsening_kept_warm_start": kept, "warm_start_failures": failures,
               "model": "exact" if exact else "relaxed", "warm_start": warm_name,
               "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"]}
     best = None if warm is None else (warm.predicted["makespan_s"], "warm_start", warm)
@@ -171,11 +182,16 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         cp = _CpModel(problem, exact)
         if warm_coarse is not None:
             cp.hint(warm_coarse)
-        left = deadline - time.perf_counter()
+        built = time.perf_counter()
+        left = deadline - built
         # Keep a little time to map the solution back and simulate it.
         status, solver = cp.solve(seed, workers, left - min(2.0, 0.05 * left), DETERMINISTIC_PER_SECOND * left)
+        work = solver.ResponseProto().deterministic_time
         report.update(solves=attempt, memory_ratio=ratio, resolution_s=problem.resolution,
-                      solver_status=solver.StatusName(status))
+                      solver_status=solver.StatusName(status), model_build_s=built - coarse_done,
+                      solver_s=solver.WallTime(), solver_cut_by_wall_clock=bool(
+                          status in (cp_model.FEASIBLE, cp_model.UNKNOWN)
+                          and work < 0.99 * solver.parameters.max_deterministic_time))
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             break
         objective = solver.ObjectiveValue() * problem.resolution
@@ -202,7 +218,8 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         plan = Plan(dict(found.placement), dict(found.order), graph_name=found.graph_name,
                     cluster_name=found.cluster_name, graph_digest=found.graph_digest)
     floor = max(lower_bound(graph, cluster), valid_bound)
-    report.update(returned=origin, solve_time_s=time.perf_counter() - began, lower_bound_s=floor,
+    report.update(returned=origin, solve_time_s=time.perf_counter() - began, warm_start_s=warm_done - began,
+                  coarsening_s=coarse_done - warm_done, lower_bound_s=floor,
                   gap=0.0 if span <= 0 else max(0.0, (span - floor) / span))
     if origin == "warm_start" and "solver_plan_makespan_s" in report:
         report["note"] = ("the solver's plan simulates no faster than the warm start, which is returned"
@@ -247,19 +264,29 @@ def _project(graph: OpGraph, device_of: np.ndarray, coarse: Coarsening, problem:
     return choice
 
 
-def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float) -> tuple[str | None, Plan | None]:
+def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float,
+                failures: dict[str, str]) -> tuple[str | None, Plan | None]:
     """The fastest fitting plan among the cheap registered algorithms (name, plan), or (None, None).
 
-    Once a plan is in hand, no further algorithm starts after ``until``.
+    Once a plan is in hand, no further algorithm starts after ``until``. An
+    algorithm that fails only loses its turn; ``failures`` records why (a
+    failure other than a :class:`PlacerError` is that algorithm's bug, which
+    should not cost pesto its plan).
     """
     best: tuple[float, str, Plan] | None = None
     registered = set(available_algorithms())
     for name in WARM_START_ALGORITHMS:
         if name not in registered or (best is not None and time.perf_counter() > until):
             continue
+        if name in SLOW_WARM_START and graph.num_nodes > SLOW_WARM_START_MAX_NODES:
+            continue
         try:
             plan = place(graph, cluster, name, seed=seed)
-        except PlacerError:
+        except PlacerError as exc:
+            failures[name] = str(exc)
+            continue
+        except Exception as exc:  # noqa: BLE001  (another algorithm's bug; reported, not fatal)
+            failures[name] = f"{type(exc).__name__}: {exc}"
             continue
         span = plan.predicted["makespan_s"]
         if best is None or span < best[0]:

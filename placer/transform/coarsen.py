@@ -43,6 +43,9 @@ from ..graph import OpGraph
 
 __all__ = ["Coarsening", "coarsen", "heights", "acyclic_matching", "contract"]
 
+#: A round merging fewer pairs than this share of the nodes doubles the size cap (or ends the coarsening).
+STALL_FRACTION = 0.01
+
 
 @dataclass
 class Coarsening:
@@ -369,7 +372,9 @@ def coarsen(graph: OpGraph, target: int, *, labels: np.ndarray | None = None, cl
     matching heaviest edges first (:func:`acyclic_matching`) and contracts it.
     To keep parallelism, a merged node may hold at most twice the average
     compute time of a node of the target graph; the cap doubles whenever a
-    round merges nothing. The last round merges only as many pairs as needed.
+    round merges fewer than ``STALL_FRACTION`` of the nodes, and coarsening
+    ends when even an unlimited cap makes no such progress. The last round
+    merges only as many pairs as needed.
 
     Parameters
     ----------
@@ -420,11 +425,12 @@ def coarsen(graph: OpGraph, target: int, *, labels: np.ndarray | None = None, cl
         rounds += 1
         pairs = acyclic_matching(current, labels=current_labels, size=current.compute_s, size_cap=cap,
                                  max_pairs=current.num_nodes - target)
-        if not pairs:
+        if len(pairs) < STALL_FRACTION * current.num_nodes:   # (nearly) stuck: allow bigger nodes
             if cap >= total:
                 break
             cap *= 2.0
-            continue
+            if not pairs:
+                continue
         merged = _groups_from_pairs(current.num_nodes, pairs)
         coarse, members = contract(current, merged, cluster=cluster)
         step = np.empty(current.num_nodes, dtype=np.int64)
