@@ -100,9 +100,9 @@ def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
     --------
     >>> from placer.generate import training_graph
     >>> g = training_graph(layers=4, branches=2)
-    >>> c = merge_and_colocate(g, target_nodes=12)
+    >>> c = merge_and_colocate(g, target_nodes=16)
     >>> c.graph.num_nodes, c.group_of.shape == (g.num_nodes,)
-    (12, True)
+    (16, True)
     """
     if target_nodes is None and cost_threshold is None:
         raise OptionError("merge_and_colocate needs target_nodes or cost_threshold")
@@ -122,6 +122,9 @@ def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
         pred[d][s] = pred[d].get(s, 0) + b
     cost = node_cost(graph).tolist()
     kind_key = [(graph.device_kinds[i], tuple(sorted(graph.compute_s_by_kind[i] or ()))) for i in range(n)]
+    # At most one colocation key per group: colocated nodes merged into unrelated neighbours would
+    # otherwise tie those groups together, and chains of such ties pin much of the graph to one device.
+    coloc = list(graph.colocation)
     parent = list(range(n))      # merged group -> the group it went into
     version = [0] * n
     heap = [(cost[i], i, 0) for i in range(n)]
@@ -169,6 +172,7 @@ def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
         succ[into].pop(g, None)
         pred[into].pop(g, None)
         parent[g] = into
+        coloc[into] = coloc[into] or coloc[g]
         cost[into] += cost[g]
         version[into] += 1
         heapq.heappush(heap, (cost[into], into, version[into]))
@@ -182,7 +186,8 @@ def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
         candidates = [(h, True) for h, _ in sorted(succ[g].items(), key=lambda kv: (-kv[1], kv[0]))]
         candidates += [(h, False) for h, _ in sorted(pred[g].items(), key=lambda kv: (-kv[1], kv[0]))]
         for h, g_before_h in candidates:
-            if kind_key[h] == kind_key[g] and acyclic_merge(g, h, g_before_h):
+            compatible = kind_key[h] == kind_key[g] and (coloc[g] is None or coloc[h] is None or coloc[g] == coloc[h])
+            if compatible and acyclic_merge(g, h, g_before_h):
                 merge(g, h)
                 alive -= 1
                 break
