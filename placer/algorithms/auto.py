@@ -279,6 +279,14 @@ class _State:
         self.result = result
         mean_finish = float(result.finish.mean()) if result.finish.size else 0.0
         self.key = (result.makespan_s, mean_finish) if result.fits else (np.inf, np.inf)
+        self._critical = None
+
+    @property
+    def critical(self) -> np.ndarray:
+        """The critical path (computed once: many moves are proposed from one state)."""
+        if self._critical is None:
+            self._critical = critical_path_nodes(self.result)
+        return self._critical
 
 
 def _propose(graph: OpGraph, granularity, rng: np.random.Generator, state: _State) -> np.ndarray | None:
@@ -290,7 +298,7 @@ def _propose(graph: OpGraph, granularity, rng: np.random.Generator, state: _Stat
     """
     unit_of, units, allowed = granularity
     current, result = state.device_of, state.result
-    critical = critical_path_nodes(result)
+    critical = state.critical
     node = int(critical[rng.integers(critical.size)]) if critical.size else int(rng.integers(graph.num_nodes))
     u = int(unit_of[node])
     here = int(current[units[u][0]])
