@@ -240,8 +240,10 @@ def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed:
                   deadline: float) -> tuple[np.ndarray, float, int, bool]:
     """Hill-climb on the placement; the earliest-ready order of the reference model runs each candidate.
 
-    Ctrl-C ends the search early with the best placement so far (the last
-    value says whether that happened).
+    A candidate is simulated only if it and placer's final check of the plan
+    (one more simulation) end before ``deadline``. Ctrl-C ends the search
+    early with the best placement so far (the last value says whether that
+    happened).
     """
     rng = np.random.default_rng(seed)
     n_dev = cluster.num_devices
@@ -249,17 +251,21 @@ def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed:
     for labels in (layer_labels(graph, min_layers=8 * n_dev), None):
         unit_of, units = placement_units(graph, labels)
         granularities.append((unit_of, units, unit_allowed(graph, cluster, units)))
+    began = time.perf_counter()
     state = _State(device_of.copy(), simulate(graph, cluster, device_of, check=False))
+    step = time.perf_counter() - began   # seconds per simulation, a running mean
     seen = {device_of.tobytes()}
     evaluations = 0
     try:
-        while evaluations < max_evaluations and time.perf_counter() < deadline and n_dev > 1:
+        while evaluations < max_evaluations and time.perf_counter() + 2 * step < deadline and n_dev > 1:
             candidate = _propose(graph, granularities[evaluations % 2], rng, state)
             evaluations += 1
             if candidate is None or candidate.tobytes() in seen:
                 continue
             seen.add(candidate.tobytes())
+            began = time.perf_counter()
             trial = _State(candidate, simulate(graph, cluster, candidate, check=False))
+            step = 0.5 * step + 0.5 * (time.perf_counter() - began)
             if trial.key < state.key:
                 state = trial
     except KeyboardInterrupt:
