@@ -39,11 +39,13 @@ SEARCHES = ("os_dpos", "m_sct") + SLOW_ALGORITHMS
 #: One-pass algorithms that take seconds even on graphs of 10^4 ops, run first; the others follow in
 #: registry order (m_etf's EFT scan grows with nodes x ready nodes, minutes on inception_v3). The expert
 #: split comes first: it is the quickest to find a plan that fits where memory is tight, and once auto has
-#: a plan it can box every later member in the time left.
-FAST_FIRST = ("expert", "dpos", "heft", "celeritas", "data_parallel", "m_topo", "order_place", "metis")
+#: a plan it can box every later member in the time left. Data parallelism next: where a replica fits it
+#: is often several times faster than any placement (bench/quality.py).
+FAST_FIRST = ("expert", "data_parallel", "dpos", "heft", "celeritas", "m_topo", "order_place", "metis")
 DEFAULT_TIME_LIMIT = 60.0
-#: Share of the time limit kept for the local search (the portfolio may use the rest).
-LOCAL_SEARCH_SHARE = 0.25
+#: Share of the time limit the portfolio may use: a member is worth more than the local search, which
+#: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.
+PORTFOLIO_SHARE = 0.9
 
 
 def critical_path_nodes(result: SimResult) -> np.ndarray:
@@ -97,10 +99,10 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
         Seeds the portfolio members and the choice of moves.
     time_limit : float, optional
         Seconds for the whole search (default 60). The portfolio may use
-        three quarters of it, each member boxed in the time left (searches
-        such as os_dpos get a third of it as their own limit); pesto and
-        placeto join only with a given limit of 60 s or more. The local search
-        uses what remains.
+        90% of it, each member boxed in the time left (searches such as
+        os_dpos get a third of it as their own limit); pesto and placeto
+        join only with a given limit of 60 s or more. The local search uses
+        what remains.
     max_evaluations : int
         Simulations the local search may spend. When this budget, not the
         time limit, ends the search, the result is deterministic for a seed.
@@ -146,14 +148,15 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
             get_algorithm(name)
     else:
         members = default_portfolio(time_limit)
-    best, log, interrupted = _run_portfolio(graph, cluster, members, seed,
-                                            began + (1 - LOCAL_SEARCH_SHARE) * limit)
+    best, log, interrupted, check_s = _run_portfolio(graph, cluster, members, seed, began + PORTFOLIO_SHARE * limit,
+                                            deadline)
     if best is None:
         raise InfeasibleError("auto: no algorithm found a plan that fits (" + "; ".join(log["failed"][:3]) + ")")
     span, origin, plan = best
     info = {"start": origin, "start_makespan_s": span, **log, "evaluations": 0, "local_search_gain": 0.0,
             "interrupted": interrupted}
-    if plan.rewritten_graph is not None or interrupted:   # split graphs are searched by their own algorithm
+    # Split graphs are searched by their own algorithm; the search needs time for a few simulations.
+    if plan.rewritten_graph is not None or interrupted or deadline - time.perf_counter() < 3 * check_s:
         plan.extra["auto"] = info
         return plan
     device_of = np.array([cluster.device_index[plan.placement[i]] for i in graph.ids], dtype=np.int64)
@@ -202,17 +205,25 @@ def _time_box(seconds: float | None):
         signal.signal(signal.SIGALRM, previous)
 
 
-def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: int, deadline: float):
-    """Run ``members`` in order until ``deadline``; the fastest fitting plan, a log, and whether Ctrl-C stopped it.
+def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: int, end: float, deadline: float):
+    """Run ``members`` in order until ``end``.
+
+    Returns the fastest fitting plan (span, name, plan) or None, a log,
+    whether Ctrl-C stopped it, and the longest time placer took to check a
+    member's plan (about two simulations).
 
     Each member is boxed in the time left (a member still runs unboxed while no
     plan has been found, so that auto fits whenever a member does); members
-    that search until a limit get a third of the time left as theirs.
+    that search until a limit get a third of the time left as theirs. The
+    portfolio also ends early enough before ``deadline`` for placer to check
+    the plan it returns, as long as checking a member's plan took.
     """
     best: tuple[float, str, Plan] | None = None
     log: dict[str, list[str]] = {"ran": [], "out_of_time": [], "failed": []}
+    check_s = 0.0
     for name in members:
-        left = deadline - time.perf_counter()
+        began = time.perf_counter()
+        left = min(end, deadline - check_s) - began
         if left <= 0 and best is not None:
             log["out_of_time"].append(name)
             continue
@@ -230,12 +241,13 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
         except KeyboardInterrupt:
             if best is None:
                 raise
-            return best, log, True
+            return best, log, True, check_s
         log["ran"].append(name)
+        check_s = max(check_s, time.perf_counter() - began - plan.search_time_s)
         span = plan.predicted["makespan_s"]
         if best is None or span < best[0]:
             best = (span, name, plan)
-    return best, log, False
+    return best, log, False, check_s
 
 
 def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed: int, max_evaluations: int,
