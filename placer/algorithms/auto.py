@@ -1,17 +1,23 @@
 """``auto``: the best plan the registered algorithms can give, then improved by local search.
 
 Users should not have to pick among a dozen algorithms. ``auto`` runs the
-portfolio, keeps the fastest plan that fits, and hill-climbs on its
-placement: it moves whole layers and single placement units to other devices
-and swaps units between devices, concentrating on the critical path of the
-current schedule, and keeps a move only if the reference simulation gets
-faster and still fits. It never returns a plan slower than any portfolio
-member, and finds a fitting plan whenever any member does.
+portfolio (one-pass list schedulers first, the searches when time allows),
+each member boxed in the time left, keeps the fastest plan that fits, and
+hill-climbs on its placement: it moves whole layers and single placement
+units off the critical path of the current schedule, to the device of a
+neighbour on another device (saving a transfer) or to the least loaded device
+(balancing work), and swaps units between devices, keeping a move only if
+the reference simulation gets faster and still fits. It never returns a plan
+slower than any portfolio member it ran, and finds a fitting plan whenever
+any member does.
 """
 
 from __future__ import annotations
 
+import signal
+import threading
 import time
+from contextlib import contextmanager
 
 import numpy as np
 
@@ -26,9 +32,20 @@ from .registry import available_algorithms, failure_message, get_algorithm, plac
 
 __all__ = ["auto", "critical_path_nodes"]
 
-#: Algorithms auto leaves out of its portfolio: itself, and searches that need minutes.
-SLOW_ALGORITHMS = {"auto", "pesto", "placeto"}
+#: Searches that need minutes: in the portfolio only with a time limit of at least a minute.
+SLOW_ALGORITHMS = ("pesto", "placeto")
+#: Members that search until their ``time_limit``: each gets a share of the time left.
+SEARCHES = ("os_dpos", "m_sct") + SLOW_ALGORITHMS
+#: One-pass algorithms that take seconds even on graphs of 10^4 ops, run first; the others follow in
+#: registry order (m_etf's EFT scan grows with nodes x ready nodes, minutes on inception_v3). The expert
+#: split comes first: it is the quickest to find a plan that fits where memory is tight, and once auto has
+#: a plan it can box every later member in the time left. Data parallelism next: where a replica fits it
+#: is often several times faster than any placement (bench/quality.py).
+FAST_FIRST = ("expert", "data_parallel", "dpos", "heft", "celeritas", "m_topo", "order_place", "metis")
 DEFAULT_TIME_LIMIT = 60.0
+#: Share of the time limit the portfolio may use: a member is worth more than the local search, which
+#: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.
+PORTFOLIO_SHARE = 0.9
 
 
 def critical_path_nodes(result: SimResult) -> np.ndarray:
@@ -81,9 +98,11 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     seed : int
         Seeds the portfolio members and the choice of moves.
     time_limit : float, optional
-        Seconds for the whole search (default 60). Searches that need minutes
-        (pesto, placeto) join the portfolio only with a limit of 60 s or more,
-        each getting a third of the time left.
+        Seconds for the whole search (default 60). The portfolio may use
+        90% of it, each member boxed in the time left (searches such as
+        os_dpos get a third of it as their own limit); pesto and placeto
+        join only with a given limit of 60 s or more. The local search uses
+        what remains.
     max_evaluations : int
         Simulations the local search may spend. When this budget, not the
         time limit, ends the search, the result is deterministic for a seed.
@@ -94,12 +113,31 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     -------
     Plan
         Never slower than any portfolio member's plan; its ``extra["auto"]``
-        says which member it started from and what local search gained.
+        says which member it started from, which members ran, were cut off by
+        the time limit or failed, and what local search gained.
 
     Raises
     ------
+    OptionError
+        An unknown algorithm in ``portfolio``.
     InfeasibleError
         If no portfolio member finds a plan that fits.
+
+    Examples
+    --------
+    >>> from placer.algorithms import place
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> plan = place(training_graph(layers=3), load_cluster("2xV100-nvlink"), "auto", max_evaluations=20)
+    >>> plan.predicted["fits"]
+    True
+
+    References
+    ----------
+    Portfolio of the registered algorithms (their papers are cited in their modules); the
+    local search is a first-improvement hill climb on the critical path of the reference
+    simulation, as in the placement refinement of Mirhoseini et al.'s and Addanki et al.'s
+    baselines (no single paper's algorithm).
     """
     began = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
@@ -109,49 +147,117 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
         for name in members:
             get_algorithm(name)
     else:
-        members = [name for name in available_algorithms() if name not in SLOW_ALGORITHMS]
-        if time_limit is not None and time_limit >= 60:
-            members += [name for name in ("pesto", "placeto") if name in available_algorithms()]
+        members = default_portfolio(time_limit)
+    best, log, interrupted, check_s = _run_portfolio(graph, cluster, members, seed, began + PORTFOLIO_SHARE * limit,
+                                            deadline)
+    if best is None:
+        raise InfeasibleError("auto: no algorithm found a plan that fits (" + "; ".join(log["failed"][:3]) + ")")
+    span, origin, plan = best
+    info = {"start": origin, "start_makespan_s": span, **log, "evaluations": 0, "local_search_gain": 0.0,
+            "interrupted": interrupted}
+    # Split graphs are searched by their own algorithm; the search needs time for a few simulations.
+    if plan.rewritten_graph is not None or interrupted or deadline - time.perf_counter() < 3 * check_s:
+        plan.extra["auto"] = info
+        return plan
+    device_of = np.array([cluster.device_index[plan.placement[i]] for i in graph.ids], dtype=np.int64)
+    improved, improved_span, info["evaluations"], info["interrupted"] = _local_search(
+        graph, cluster, device_of, seed, max_evaluations, deadline)
+    if improved_span < span:
+        plan = Plan.from_arrays(graph, cluster, improved)
+        info["local_search_gain"] = 1 - improved_span / span
+    plan.extra["auto"] = info
+    return plan
+
+
+def default_portfolio(time_limit: float | None) -> list[str]:
+    """The registered algorithms auto runs, in order: fast one-pass ones first, searches last.
+
+    Pesto and placeto join only when a limit of at least a minute is given.
+    """
+    registered = [name for name in available_algorithms() if name != "auto"]
+    first = [name for name in FAST_FIRST if name in registered]
+    searches = [name for name in SEARCHES if name in registered
+                and (name not in SLOW_ALGORITHMS or (time_limit is not None and time_limit >= 60))]
+    rest = [name for name in registered if name not in first and name not in SEARCHES]
+    return first + rest + searches
+
+
+class _OutOfTime(Exception):
+    """A portfolio member ran past the time auto could give it."""
+
+
+@contextmanager
+def _time_box(seconds: float | None):
+    """Interrupt the body with :class:`_OutOfTime` after ``seconds`` (main thread only; None: no box)."""
+    if seconds is None or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def out_of_time(signum, frame):
+        raise _OutOfTime
+
+    previous = signal.signal(signal.SIGALRM, out_of_time)
+    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
+    try:
+        yield
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: int, end: float, deadline: float):
+    """Run ``members`` in order until ``end``.
+
+    Returns the fastest fitting plan (span, name, plan) or None, a log,
+    whether Ctrl-C stopped it, and the longest time placer took to check a
+    member's plan (about two simulations).
+
+    Each member is boxed in the time left (a member still runs unboxed while no
+    plan has been found, so that auto fits whenever a member does); members
+    that search until a limit get a third of the time left as theirs. The
+    portfolio also ends early enough before ``deadline`` for placer to check
+    the plan it returns, as long as checking a member's plan took.
+    """
     best: tuple[float, str, Plan] | None = None
-    failures = []
+    log: dict[str, list[str]] = {"ran": [], "out_of_time": [], "failed": []}
+    check_s = 0.0
     for name in members:
-        left = deadline - time.perf_counter()
-        if left <= 0:
-            break
-        try:
-            plan = place(graph, cluster, name, seed=seed,
-                         time_limit=max(1.0, left / 3) if name in SLOW_ALGORITHMS else None)
-        except PlacerError as exc:
-            failures.append(failure_message(name, exc))
+        began = time.perf_counter()
+        left = min(end, deadline - check_s) - began
+        if left <= 0 and best is not None:
+            log["out_of_time"].append(name)
             continue
+        searches = name in SEARCHES
+        try:
+            with _time_box(left if best is not None else None):
+                plan = place(graph, cluster, name, seed=seed,
+                             time_limit=max(1.0, left / 3) if searches else None)
+        except _OutOfTime:
+            log["out_of_time"].append(name)
+            continue
+        except PlacerError as exc:
+            log["failed"].append(failure_message(name, exc))
+            continue
+        except KeyboardInterrupt:
+            if best is None:
+                raise
+            return best, log, True, check_s
+        log["ran"].append(name)
+        check_s = max(check_s, time.perf_counter() - began - plan.search_time_s)
         span = plan.predicted["makespan_s"]
         if best is None or span < best[0]:
             best = (span, name, plan)
-    if best is None:
-        raise InfeasibleError("auto: no algorithm found a plan that fits (" + "; ".join(failures[:3]) + ")")
-    span, origin, plan = best
-    if plan.rewritten_graph is not None:   # split graphs are searched by their own algorithm
-        plan.extra["auto"] = {"start": origin, "local_search_gain": 0.0}
-        return plan
-    device_of = np.array([cluster.device_index[plan.placement[i]] for i in graph.ids], dtype=np.int64)
-    improved, improved_span, evaluations, interrupted = _local_search(graph, cluster, device_of, seed,
-                                                                      max_evaluations, deadline)
-    if improved_span < span:
-        result = Plan.from_arrays(graph, cluster, improved)
-        result.extra["auto"] = {"start": origin, "start_makespan_s": span, "evaluations": evaluations,
-                                "local_search_gain": 1 - improved_span / span, "interrupted": interrupted}
-        return result
-    plan.extra["auto"] = {"start": origin, "start_makespan_s": span, "evaluations": evaluations,
-                          "local_search_gain": 0.0, "interrupted": interrupted}
-    return plan
+    return best, log, False, check_s
 
 
 def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed: int, max_evaluations: int,
                   deadline: float) -> tuple[np.ndarray, float, int, bool]:
     """Hill-climb on the placement; the earliest-ready order of the reference model runs each candidate.
 
-    Ctrl-C ends the search early with the best placement so far (the last
-    value says whether that happened).
+    A candidate is simulated only if it and placer's final check of the plan
+    (one more simulation) end before ``deadline``. Ctrl-C ends the search
+    early with the best placement so far (the last value says whether that
+    happened).
     """
     rng = np.random.default_rng(seed)
     n_dev = cluster.num_devices
@@ -159,32 +265,79 @@ def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed:
     for labels in (layer_labels(graph, min_layers=8 * n_dev), None):
         unit_of, units = placement_units(graph, labels)
         granularities.append((unit_of, units, unit_allowed(graph, cluster, units)))
-    current = device_of.copy()
-    result = simulate(graph, cluster, current, check=False)
-    current_span = result.makespan_s if result.fits else np.inf
+    began = time.perf_counter()
+    state = _State(device_of.copy(), simulate(graph, cluster, device_of, check=False))
+    step = time.perf_counter() - began   # seconds per simulation, a running mean
+    seen = {device_of.tobytes()}
     evaluations = 0
     try:
-        while evaluations < max_evaluations and time.perf_counter() < deadline and n_dev > 1:
-            current, current_span, result = _try_move(graph, cluster, granularities[evaluations % 2], rng,
-                                                      current, current_span, result)
+        while evaluations < max_evaluations and time.perf_counter() + 2 * step < deadline and n_dev > 1:
+            candidate = _propose(graph, granularities[evaluations % 2], rng, state)
             evaluations += 1
+            if candidate is None or candidate.tobytes() in seen:
+                continue
+            seen.add(candidate.tobytes())
+            began = time.perf_counter()
+            trial = _State(candidate, simulate(graph, cluster, candidate, check=False))
+            step = 0.5 * step + 0.5 * (time.perf_counter() - began)
+            if trial.key < state.key:
+                state = trial
     except KeyboardInterrupt:
-        return current, current_span, evaluations, True
-    return current, current_span, evaluations, False
+        return state.device_of, state.key[0], evaluations, True
+    return state.device_of, state.key[0], evaluations, False
 
 
-def _try_move(graph: OpGraph, cluster: Cluster, granularity, rng: np.random.Generator, current: np.ndarray,
-              current_span: float, result: SimResult):
-    """One move or swap of a unit on the critical path; the new state if it is faster and fits."""
+class _State:
+    """A placement and its simulation; ``key`` orders states: makespan (inf unless it fits), then mean finish.
+
+    The mean finish breaks ties so that the climb can cross plateaus where a
+    move shortens every chain but the longest.
+    """
+
+    def __init__(self, device_of: np.ndarray, result: SimResult):
+        self.device_of = device_of
+        self.result = result
+        mean_finish = float(result.finish.mean()) if result.finish.size else 0.0
+        self.key = (result.makespan_s, mean_finish) if result.fits else (np.inf, np.inf)
+        self._critical = None
+
+    @property
+    def critical(self) -> np.ndarray:
+        """The critical path (computed once: many moves are proposed from one state)."""
+        if self._critical is None:
+            self._critical = critical_path_nodes(self.result)
+        return self._critical
+
+
+def _propose(graph: OpGraph, granularity, rng: np.random.Generator, state: _State) -> np.ndarray | None:
+    """A move (or swap) of the unit of a random critical node, or None where it has nowhere to go.
+
+    The target is, with equal chances, the device of one of the node's
+    producers or consumers elsewhere (the move saves that transfer), the
+    least busy device (it balances work), or any device.
+    """
     unit_of, units, allowed = granularity
-    critical = critical_path_nodes(result)
+    current, result = state.device_of, state.result
+    critical = state.critical
     node = int(critical[rng.integers(critical.size)]) if critical.size else int(rng.integers(graph.num_nodes))
     u = int(unit_of[node])
     here = int(current[units[u][0]])
     options = np.flatnonzero(allowed[u])
     options = options[options != here]
     if options.size == 0:
-        return current, current_span, result
+        return None
+    kind = rng.integers(3)
+    if kind == 0:
+        ptr_in, e_in = graph.in_edges
+        ptr_out, e_out = graph.out_edges
+        neighbours = np.concatenate([graph.src[e_in[ptr_in[node]:ptr_in[node + 1]]],
+                                     graph.dst[e_out[ptr_out[node]:ptr_out[node + 1]]]])
+        near = np.intersect1d(current[neighbours], options)
+        if near.size:
+            options = near
+    elif kind == 1:
+        busy = np.bincount(current, weights=result.finish - result.start, minlength=allowed.shape[1])
+        options = options[busy[options] == busy[options].min()]
     there = int(options[rng.integers(options.size)])
     candidate = current.copy()
     candidate[units[u]] = there
@@ -193,7 +346,4 @@ def _try_move(graph: OpGraph, cluster: Cluster, granularity, rng: np.random.Gene
         residents = residents[(residents != u) & allowed[residents, here]]
         if residents.size:
             candidate[units[int(residents[rng.integers(residents.size)])]] = here
-    trial = simulate(graph, cluster, candidate, check=False)
-    if trial.fits and trial.makespan_s < current_span:
-        return candidate, trial.makespan_s, trial
-    return current, current_span, result
+    return candidate

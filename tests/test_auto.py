@@ -1,0 +1,106 @@
+"""auto: the portfolio's best plan, boxed in the time limit, improved by local search."""
+
+import time
+
+import numpy as np
+import pytest
+
+from placer.algorithms import auto as auto_module
+from placer.algorithms import place
+from placer.algorithms.auto import default_portfolio
+from placer.cluster import load_cluster
+from placer.errors import OptionError
+from placer.generate import training_graph
+from placer.sim.simulator import simulate_plan
+
+MEMBERS = "dpos,heft,expert,single"
+
+
+@pytest.fixture(scope="module")
+def case():
+    return training_graph(layers=5, branches=3, seed=2), load_cluster("4xGPU-pcie")
+
+
+def test_never_slower_than_a_member_and_matches_the_simulator(case):
+    graph, cluster = case
+    plan = place(graph, cluster, "auto", portfolio=MEMBERS, max_evaluations=40)
+    assert plan.extra["auto"]["ran"] == MEMBERS.split(",")
+    for name in MEMBERS.split(","):
+        assert plan.predicted["makespan_s"] <= place(graph, cluster, name).predicted["makespan_s"]
+    assert plan.predicted["makespan_s"] == pytest.approx(simulate_plan(plan, graph, cluster).makespan_s)
+
+
+def test_local_search_improves_a_poor_start(case):
+    graph, cluster = case
+    single = place(graph, cluster, "single")
+    plan = place(graph, cluster, "auto", portfolio="single", max_evaluations=60)
+    assert plan.extra["auto"]["start"] == "single"
+    assert plan.extra["auto"]["local_search_gain"] > 0
+    assert plan.predicted["makespan_s"] < single.predicted["makespan_s"]
+    assert plan.predicted["fits"]
+
+
+def test_deterministic_for_a_seed(case):
+    graph, cluster = case
+    first, second = (place(graph, cluster, "auto", seed=5, portfolio="round_robin", max_evaluations=40)
+                     for _ in range(2))
+    assert first.placement == second.placement
+    assert first.predicted["makespan_s"] == second.predicted["makespan_s"]
+
+
+def test_a_member_past_the_time_limit_is_cut_off(case, monkeypatch):
+    graph, cluster = case
+    real = auto_module.place
+
+    def slow_heft(graph, cluster, name, **options):
+        if name == "heft":
+            time.sleep(30)
+        return real(graph, cluster, name, **options)
+
+    monkeypatch.setattr(auto_module, "place", slow_heft)
+    plan = place(graph, cluster, "auto", portfolio="dpos,heft,expert", time_limit=2, max_evaluations=5)
+    assert "heft" in plan.extra["auto"]["out_of_time"]
+    assert plan.extra["auto"]["ran"][0] == "dpos"
+    assert plan.search_time_s < 30
+
+
+def test_ctrl_c_in_the_portfolio_returns_the_best_so_far(case, monkeypatch):
+    graph, cluster = case
+    real = auto_module.place
+
+    def interrupt_at_heft(graph, cluster, name, **options):
+        if name == "heft":
+            raise KeyboardInterrupt
+        return real(graph, cluster, name, **options)
+
+    monkeypatch.setattr(auto_module, "place", interrupt_at_heft)
+    plan = place(graph, cluster, "auto", portfolio="expert,heft,dpos")
+    assert plan.extra["auto"]["interrupted"] is True
+    assert plan.extra["auto"]["start"] == "expert"
+    plan.validate(graph, cluster)
+    with pytest.raises(KeyboardInterrupt):
+        place(graph, cluster, "auto", portfolio="heft,dpos")
+
+
+def test_default_portfolio_runs_fast_members_first_and_slow_ones_only_with_time():
+    short, long = default_portfolio(20), default_portfolio(120)
+    assert short[:3] == ["expert", "data_parallel", "dpos"]
+    assert "pesto" not in short and "pesto" in long
+    assert "auto" not in long
+    assert long.index("os_dpos") > long.index("m_etf")
+
+
+def test_unknown_member_is_refused(case):
+    graph, cluster = case
+    with pytest.raises(OptionError):
+        place(graph, cluster, "auto", portfolio="dpos,no_such_algorithm")
+
+
+def test_fits_when_only_some_members_do():
+    graph = training_graph(layers=6, branches=2, param_mib=1500, activation_mib=100, seed=5)
+    cluster = load_cluster("4xV100-nvlink")
+    plan = place(graph, cluster, "auto", portfolio="single,expert,dpos", max_evaluations=20)
+    assert plan.predicted["fits"]
+    assert any("single" in failure for failure in plan.extra["auto"]["failed"])
+    peaks = simulate_plan(plan, graph, cluster).peak_memory_bytes
+    assert np.all(peaks <= cluster.memory)
