@@ -85,25 +85,42 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     node on the parent's device goes to that device, and the device waits
     for it: other nodes use it only when it is the only device they may use.
 
-    Ready nodes keep their best (start, device) in a heap and are re-evaluated
-    lazily when the device they chose has changed since, which keeps the
-    whole schedule at O(V log V * devices) estimates.
+    Each device keeps its ready nodes in two heaps: those whose inputs would
+    arrive after the device frees, by data-ready time, and those that could
+    start as soon as it frees, by topological index. Booking a node then
+    changes nothing for the other ready nodes, so wide graphs (a captured
+    training step has hundreds of optimizer operations ready at once) cost
+    O(V log V * devices) rather than O(V * ready). Heap keys are lower bounds
+    (estimates only grow as transfers fill the channels); the winner is
+    re-estimated before it is booked, and goes back with its new key when it
+    grew. A device a node may not use for now (memory, a reservation, the
+    node's favourite parent's device) holds it aside until that changes.
+
+    Raises
+    ------
+    InfeasibleError
+        If the ready nodes left fit no device's remaining memory budget (or no channel reaches one).
     """
     state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale)
-    n = graph.num_nodes
+    n, n_dev = graph.num_nodes, cluster.num_devices
     position = _position(graph).tolist()
     pending = np.bincount(graph.dst, minlength=n).tolist()
     ptr, eids = graph.out_edges
     # One entry per edge (parallel edges included) so that `pending` reaches zero.
     succ = [sorted(graph.dst[eids[ptr[v]:ptr[v + 1]]].tolist()) for v in range(n)]
+    preds = [sorted({u for u, _, _ in inputs}) for inputs in state.inputs]
     fav_child = [-1] * n if favourite is None else favourite.tolist()
     fav_parent = [-1] * n
     for u, v in enumerate(fav_child):
         if v >= 0:
             fav_parent[v] = u
-    reserved_for = [-1] * cluster.num_devices
-    heap: list[tuple[float, int, int, int, int]] = []
+    reserved_for = [-1] * n_dev
     cache: dict = {}
+    waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
+    startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
+    held: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]      # memory or reservation
+    held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
+    held_for_home: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]
 
     def parent_device(v: int) -> int:
         """The device of v's favourite parent while that parent is still the last node there, else -1."""
@@ -121,38 +138,101 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         free = [d for d in devices if reserved_for[d] < 0]
         return free or devices
 
-    def push(v: int) -> None:
-        d, est = state.best_device(v, candidates(v), key=0, cache=cache)
-        heapq.heappush(heap, (est[0], position[v], v, d, state.version[d]))
+    def release(entries: list) -> None:
+        """Put held nodes back in their devices' heaps."""
+        for *key, d in entries:
+            heapq.heappush(waiting[d], tuple(key))
+        entries.clear()
 
     def become_ready(v: int) -> None:
         home = parent_device(v)
         if home >= 0 and home in state.devices_for(v):
             reserved_for[home] = v
-            state.version[home] += 1
-        push(v)
+        fixed = state.unit_device[state.unit_of[v]]
+        allowed = [fixed] if fixed >= 0 else [d for d in range(n_dev) if state.unit_ok[state.unit_of[v]][d]]
+        ready = max((state.finish[u] for u in preds[v]), default=0.0)   # no input arrives earlier
+        for d in allowed:
+            heapq.heappush(waiting[d], (ready, position[v], v))
+
+    def device_front(d: int) -> tuple[float, int, int] | None:
+        """``(start, position, node)`` of the first ready node on device ``d`` by its heap keys."""
+        free = state.devices[d].find(0.0, 0.0, insertion=False)[0]
+        wait, start = waiting[d], startable[d]
+        while wait and (wait[0][0] <= free or state.device_of[wait[0][2]] >= 0):
+            _, pos, v = heapq.heappop(wait)
+            if state.device_of[v] < 0:
+                heapq.heappush(start, (pos, v))
+        while start and state.device_of[start[0][1]] >= 0:
+            heapq.heappop(start)
+        if start:
+            return free, *start[0]
+        return wait[0] if wait else None
+
+    def hold(v: int, d: int, key: float) -> None:
+        """Set ``v`` aside on ``d`` until memory, a reservation or its favourite parent's device changes."""
+        home = parent_device(v)
+        if home >= 0 and home != d and home in state.devices_for(v):
+            held_for_home[home].append((key, position[v], v, d))
+            return
+        held[d].append((key, position[v], v, d))
+        held_used[d] = max(held_used[d], float(state.budget.used[d]))
 
     for v in range(n):
         if pending[v] == 0:
             become_ready(v)
-    done = 0
-    while heap:
-        _, _, v, d, version = heapq.heappop(heap)
-        if state.device_of[v] >= 0:
+    done, stuck = 0, False
+    while done < n:
+        fronts = [(front, d) for d in range(n_dev) if (front := device_front(d)) is not None]
+        if not fronts:
+            waiting_nodes = [entry[2] for entries in held + held_for_home for entry in entries]
+            if stuck or not waiting_nodes:
+                v = min(waiting_nodes, default=-1)
+                raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory budget "
+                                      f"(or no channel reaches one)" if v >= 0 else "no node is ready")
+            for entries in held + held_for_home:   # what held them may have eased elsewhere: weigh them again
+                release(entries)
+            stuck = True
             continue
+        (start, _, v), d = min(fronts)
+        if startable[d] and startable[d][0][1] == v:
+            heapq.heappop(startable[d])
+        else:
+            heapq.heappop(waiting[d])
         fixed = state.unit_device[state.unit_of[v]]
-        if version != state.version[d] or (fixed >= 0 and fixed != d):
-            push(v)
+        if fixed >= 0 and fixed != d:
             continue
-        state.commit(v, d, cache[(v, d)][1])
+        if d not in candidates(v):
+            hold(v, d, start)
+            continue
+        est = state.cached_estimate(v, d, cache)
+        if est[0] == float("inf"):
+            continue        # no channel brings an input to d
+        if est[0] > start:
+            heapq.heappush(waiting[d], (est[0], position[v], v))
+            continue
+        if fixed < 0 and not state.fits(v, d, state.copies(v, d, est[3])):
+            hold(v, d, start)
+            continue
+        state.commit(v, d, est)
+        done += 1
+        stuck = False
+        # Held nodes come back when what held them may have changed: the reservation of d
+        # ended, v's colocation group now lives on d (its other members need no room), d
+        # is no longer the last-node device of its favourite children's parent, memory freed.
         if reserved_for[d] == v:
             reserved_for[d] = -1
-        done += 1
+            release(held[d])
+        elif fixed < 0 and state.grouped[state.unit_of[v]]:
+            release(held[d])
+        release(held_for_home[d])
+        for j in range(n_dev):
+            if held[j] and state.budget.used[j] < held_used[j]:
+                release(held[j])
+                held_used[j] = -np.inf
         for w in succ[v]:
             pending[w] -= 1
             if pending[w] == 0:
                 become_ready(w)
-    assert done == n
     return state.schedule()
 
 

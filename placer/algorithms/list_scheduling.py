@@ -270,6 +270,9 @@ class ScheduleState:
         self.unit_need = [self.budget.unit_need(u) for u in self.units]
         self.unit_device = [-1] * len(self.units)
         self.channel_of = cluster.channel_index.tolist()
+        # The devices each channel brings data to: a booking on it changes their estimates.
+        self.receivers = [sorted({d for row in self.channel_of for d, c in enumerate(row) if c == k})
+                          for k in range(len(cluster.channels))]
         self.ch_lat = [c.latency_s for c in cluster.channels]
         self.ch_inv_bw = [1.0 / c.bandwidth_bytes_per_s for c in cluster.channels]
         ptr, eids = graph.in_edges
@@ -369,6 +372,14 @@ class ScheduleState:
         begin, b, k = self.devices[d].find(ready, length, self.insertion)
         return begin, begin + length, (b, k), bookings
 
+    def cached_estimate(self, v: int, d: int, cache: dict) -> tuple[float, float, tuple[int, int], list]:
+        """:meth:`estimate`, kept in ``cache`` by (node, device) for as long as that device's version holds."""
+        version, est = cache.get((v, d), (-1, None))
+        if version != self.version[d]:
+            est = self.estimate(v, d)
+            cache[(v, d)] = (self.version[d], est)
+        return est
+
     def copies(self, v: int, d: int, bookings: list) -> dict[tuple[int, int, int], float]:
         """Budgeted bytes of the input copies placing ``v`` on ``d`` would create, by (producer, tensor, device).
 
@@ -402,13 +413,7 @@ class ScheduleState:
         best_d, best = -1, None
         fixed = self.unit_device[self.unit_of[v]] >= 0
         for d in (self.devices_for(v) if devices is None else devices):
-            if cache is None:
-                est = self.estimate(v, d)
-            else:
-                version, est = cache.get((v, d), (-1, None))
-                if version != self.version[d]:
-                    est = self.estimate(v, d)
-                    cache[(v, d)] = (self.version[d], est)
+            est = self.estimate(v, d) if cache is None else self.cached_estimate(v, d, cache)
             if not fixed and not self.fits(v, d, self.copies(v, d, est[3])):
                 continue
             if best is None or est[key] < best[key]:
@@ -428,6 +433,8 @@ class ScheduleState:
             if self.contention:
                 channel = self.channels[c]
                 channel.book(*channel.find(s, f - s, insertion=True), f - s)
+                for receiver in self.receivers[c]:
+                    self.version[receiver] += 1
         self.devices[d].book(begin, block, index, end - begin, v)
         self.device_of[v] = d
         self.start[v] = begin
