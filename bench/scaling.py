@@ -5,7 +5,6 @@ Goal (issue 4): DPOS and m-ETF plan a 30k-node graph in under 10 s.
     ./run.sh bench bench/scaling.py                  # both parts
     python bench/scaling.py --part sizes             # plan time at 1k / 10k / 30k / 100k nodes
     python bench/scaling.py --part zoo               # OS-DPOS vs DPOS and data parallelism
-    python bench/scaling.py --part presets           # every algorithm on the zoo models x every preset
 
 ``sizes`` times ``placer.place`` (the algorithm, then the plan's validation
 by the reference simulator) for every list-scheduling algorithm on generated
@@ -101,31 +100,9 @@ def zoo(time_limit: float) -> None:
     print("gain columns: how much faster OS-DPOS's step is than DPOS's and than data parallelism's")
 
 
-def presets() -> None:
-    from placer.capture import capture_spec
-    from placer.cluster import PRESETS
-    from placer.cost.analytic import annotate
-
-    print("simulated step time in ms of every list-scheduling algorithm on every cluster preset "
-          "('-': no fitting plan found, InfeasibleError)")
-    print(f"{'model':>22} {'cluster':>16} " + " ".join(f"{name:>13}" for name in ALGORITHMS))
-    for model, batch in ZOO:
-        graph = annotate(capture_spec(f"zoo:{model}", batch, optimizer="sgd", fake=True).graph)
-        for preset in PRESETS:
-            cluster = load_cluster(preset)
-            cells = []
-            for name in ALGORITHMS:
-                try:
-                    plan = place(graph, cluster, name, **({"time_limit": 5.0} if name == "os_dpos" else {}))
-                    cells.append(f"{plan.predicted['makespan_s'] * 1e3:.0f}")
-                except InfeasibleError:
-                    cells.append("-")
-            print(f"{graph.name:>22} {preset:>16} " + " ".join(f"{c:>13}" for c in cells), flush=True)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--part", choices=("sizes", "zoo", "presets", "all"), default="all")
+    parser.add_argument("--part", choices=("sizes", "zoo", "all"), default="all")
     parser.add_argument("--budget", type=float, default=120.0,
                         help="seconds an algorithm may take at one size before larger sizes are skipped")
     parser.add_argument("--time-limit", type=float, default=20.0, help="OS-DPOS's search time on the zoo models")
@@ -135,8 +112,6 @@ def main() -> None:
         sizes(args.budget)
     if args.part in ("zoo", "all"):
         zoo(args.time_limit)
-    if args.part in ("presets", "all"):
-        presets()
 
 
 if __name__ == "__main__":

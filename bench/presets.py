@@ -1,0 +1,110 @@
+"""Every algorithm on every bundled case: the zoo models x the cluster presets.
+
+Goal (issue 4): on every bundled case each algorithm returns a valid plan; where the
+model does not fit one device, the memory-aware algorithms find a fitting plan whenever
+one of them can.
+
+    ./run.sh bench bench/presets.py [--models vgg19,gnmt] [--clusters 2xcpu,4xGPU-pcie]
+                                    [--algorithms m_etf,dpos] [--time-limit 10]
+
+Each zoo model is captured once at its paper batch size (Adam, meta device; cached under
+--cache, shared with bench/quality.py) and placed on each preset by each algorithm through
+:func:`placer.place`, which validates the plan under the reference model (placement,
+order, colocation, device kinds, memory). Outcomes are stored in ``--results`` as they
+come, so an interrupted run resumes. The searching algorithms (auto, os_dpos, pesto,
+placeto) are left out by default: they start from these and bench/quality.py measures them.
+
+Per case it prints every algorithm's simulated step in ms, or ``-`` where it found no
+plan that fits (``InfeasibleError``; any other exception is a bug and is printed in full);
+then the cases where some algorithm fitted and others did not.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import platform
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import numpy as np
+
+from placer import available_algorithms, load_cluster, place
+from placer.capture.zoo import ZOO
+from placer.cluster import PRESETS
+from placer.errors import InfeasibleError
+from placer.sim import simulate
+
+sys.path.insert(0, str(Path(__file__).parent))
+from quality import captured_graph  # noqa: E402  (the zoo capture cache of bench/quality.py)
+
+SEARCHING = {"auto", "os_dpos", "pesto", "placeto"}
+
+
+def run_one(graph, cluster, name: str, time_limit: float) -> dict:
+    began = time.perf_counter()
+    try:
+        plan = place(graph, cluster, name, seed=0, time_limit=time_limit)
+    except InfeasibleError as exc:
+        return {"makespan_s": math.inf, "wall_s": time.perf_counter() - began, "error": str(exc)[:300]}
+    except Exception:  # noqa: BLE001 - a bug to report, not a result
+        return {"makespan_s": math.inf, "wall_s": time.perf_counter() - began, "bug": traceback.format_exc()}
+    return {"makespan_s": plan.predicted["makespan_s"], "wall_s": time.perf_counter() - began}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=",".join(ZOO))
+    parser.add_argument("--clusters", default=",".join(PRESETS))
+    parser.add_argument("--algorithms", help="comma-separated (default: every registered one but the searching ones)")
+    parser.add_argument("--time-limit", type=float, default=10.0, help="per-algorithm limit in seconds")
+    parser.add_argument("--cache", default="bench/.cache", help="folder for captured graphs")
+    parser.add_argument("--results", default="bench/.cache/presets-results.json",
+                        help="outcomes so far (reused; delete to start afresh)")
+    args = parser.parse_args()
+    names = (args.algorithms.split(",") if args.algorithms
+             else [n for n in available_algorithms() if n not in SEARCHING])
+    results_path = Path(args.results)
+    store = json.loads(results_path.read_text()) if results_path.exists() else {}
+    print(f"python {platform.python_version()}, {platform.machine()}; time limit {args.time_limit:g} s per algorithm")
+    print(f"{'case':>40} {'1 dev':>5} " + " ".join(f"{n[:9]:>9}" for n in names) + "   wall s")
+    partial, bugs, cases, valid, runs = [], [], 0, 0, 0
+    for model in args.models.split(","):
+        graph = captured_graph(model, None, Path(args.cache))
+        for cluster_name in args.clusters.split(","):
+            cluster = load_cluster(cluster_name)
+            case = f"{graph.name}/{cluster_name}"
+            done = store.setdefault(case, {})
+            for name in names:
+                if name not in done:
+                    done[name] = run_one(graph, cluster, name, args.time_limit)
+                    results_path.parent.mkdir(parents=True, exist_ok=True)
+                    results_path.write_text(json.dumps(store, indent=1))
+            biggest = np.full(graph.num_nodes, int(np.argmax(cluster.memory)))
+            one_device = bool(simulate(graph, cluster, biggest, None, check=False).fits)
+            span = {n: done[n]["makespan_s"] for n in names}
+            fitted = [n for n in names if math.isfinite(span[n])]
+            cases += 1
+            runs += len(names)
+            valid += len(fitted)
+            if fitted and len(fitted) < len(names):
+                partial.append((case, one_device, [n for n in names if n not in fitted]))
+            bugs += [(case, n, done[n]["bug"]) for n in names if "bug" in done[n]]
+            cells = [f"{span[n] * 1e3:9.1f}" if math.isfinite(span[n]) else f"{'-':>9}" for n in names]
+            wall = sum(done[n]["wall_s"] for n in names)
+            print(f"{case:>40} {'yes' if one_device else 'no':>5} " + " ".join(cells) + f" {wall:8.1f}", flush=True)
+    print(f"\n{valid}/{runs} runs returned a valid, fitting plan on {cases} cases")
+    print("cases where some algorithms fitted and others did not (does the step fit one device? who did not):")
+    for case, one_device, missing in partial:
+        print(f"  {case} (one device: {'yes' if one_device else 'no'}): {', '.join(missing)}")
+    for case, name, text in bugs:
+        print(f"\nBUG {name} on {case}:\n{text}")
+    print(f"reproduce: ./run.sh bench bench/presets.py --models {args.models} --clusters {args.clusters} "
+          f"--time-limit {args.time_limit:g}")
+
+
+if __name__ == "__main__":
+    main()
