@@ -11,6 +11,7 @@ __all__ = [
     "GraphCycleError",
     "InvalidPlanError",
     "InfeasibleError",
+    "TimeLimitError",
     "OptionError",
 ]
 
@@ -37,6 +38,10 @@ class InvalidPlanError(PlacerError):
 
 class InfeasibleError(PlacerError):
     """No valid plan exists, or the algorithm asked could not find one."""
+
+
+class TimeLimitError(InfeasibleError):
+    """The algorithm found no plan within its ``time_limit``: give it more time, or pick a faster one."""
 
 
 class OptionError(PlacerError, ValueError):

@@ -14,21 +14,19 @@ any member does.
 
 from __future__ import annotations
 
-import signal
-import threading
 import time
-from contextlib import contextmanager
 
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError, PlacerError
+from ..errors import InfeasibleError, PlacerError, TimeLimitError
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import SimResult, simulate
 from .baselines import layer_labels
 from .common import placement_units, unit_allowed
 from .registry import available_algorithms, failure_message, get_algorithm, place, register
+from .timebox import TimeBox
 
 __all__ = ["auto", "critical_path_nodes"]
 
@@ -182,29 +180,6 @@ def default_portfolio(time_limit: float | None) -> list[str]:
     return first + rest + searches
 
 
-class _OutOfTime(Exception):
-    """A portfolio member ran past the time auto could give it."""
-
-
-@contextmanager
-def _time_box(seconds: float | None):
-    """Interrupt the body with :class:`_OutOfTime` after ``seconds`` (main thread only; None: no box)."""
-    if seconds is None or threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def out_of_time(signum, frame):
-        raise _OutOfTime
-
-    previous = signal.signal(signal.SIGALRM, out_of_time)
-    signal.setitimer(signal.ITIMER_REAL, max(seconds, 1e-3))
-    try:
-        yield
-    finally:
-        signal.setitimer(signal.ITIMER_REAL, 0)
-        signal.signal(signal.SIGALRM, previous)
-
-
 def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: int, end: float, deadline: float):
     """Run ``members`` in order until ``end``.
 
@@ -229,10 +204,13 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
             continue
         searches = name in SEARCHES
         try:
-            with _time_box(left if best is not None else None):
+            with TimeBox(left if best is not None else None) as box:
                 plan = place(graph, cluster, name, seed=seed,
                              time_limit=max(1.0, left / 3) if searches else None)
-        except _OutOfTime:
+            if box.expired:
+                log["out_of_time"].append(name)
+                continue
+        except TimeLimitError:
             log["out_of_time"].append(name)
             continue
         except PlacerError as exc:

@@ -151,6 +151,8 @@ def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
 
 #: Seconds OS-DPOS searches for splits when no time limit is given.
 DEFAULT_SEARCH_S = 30.0
+#: Share of os_dpos's time limit for the search; the rest is for placer's check of the plan.
+CHECK_SHARE = 0.9
 
 
 def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = None) -> Schedule | None:
@@ -226,7 +228,9 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     seed : ignored (deterministic, unless the time limit cuts the search short)
     time_limit : float, optional
         Seconds to search for splits (30 s when not given); the best plan so
-        far is returned when it runs out.
+        far is returned when it runs out. No trial split starts that the
+        previous one says would not end within 90% of it (the rest is for
+        placer's check of a plan on the split graph).
     max_parts : int
         Largest number of parts to try (0: the number of devices).
     data_parallel_start : bool
@@ -267,12 +271,17 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
 
     if max_parts < 0 or max_parts == 1:
         raise OptionError(f"option max_parts of 'os_dpos' must be 0 (the number of devices) or >= 2, got {max_parts!r}")
-    deadline = time.perf_counter() + (DEFAULT_SEARCH_S if time_limit is None else time_limit)
+    deadline = time.perf_counter() + CHECK_SHARE * (DEFAULT_SEARCH_S if time_limit is None else time_limit)
     top_parts = max_parts or cluster.num_devices
     current, sched = _start(graph, cluster, data_parallel_start)
     splits: list[dict] = []
+    trial_s = 0.0   # the longest trial so far: one more must fit before the deadline
+
+    def out_of_time() -> bool:
+        return time.perf_counter() + trial_s >= deadline
+
     for v in [current.ids[v] for v in _split_candidates(current, sched)]:
-        if time.perf_counter() >= deadline:
+        if out_of_time():
             break
         x = current.index.get(v)
         if x is None:
@@ -280,14 +289,16 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
         best: tuple[OpGraph, Schedule, dict] | None = None
         for dim, size in sorted(split_dims(current, x).items()):
             for parts in range(2, min(top_parts, size) + 1):
+                if out_of_time():
+                    break
+                trial_began = time.perf_counter()
                 trial = split_operation(current, v, dim, parts)
                 keep = np.array([sched.device_of[current.index[i]] if i in current.index else -1 for i in trial.ids])
                 for candidate in (_dpos_fitting(trial, cluster), _dpos_fitting(trial, cluster, keep)):
                     if candidate is not None and (best is None or candidate.simulated.makespan_s
                                                   < best[1].simulated.makespan_s):
                         best = (trial, candidate, {"node": v, "dim": dim, "parts": parts})
-                if time.perf_counter() >= deadline:
-                    break
+                trial_s = max(trial_s, time.perf_counter() - trial_began)
         if best is None or best[1].simulated.makespan_s >= sched.simulated.makespan_s:
             break
         current, sched = best[0], best[1]

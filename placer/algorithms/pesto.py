@@ -59,6 +59,7 @@ from ..sim.simulator import SimResult, simulate
 from ..transform.coarsen import Coarsening, coarsen
 from .common import liveness_ratio
 from .registry import available_algorithms, place, register
+from .timebox import TimeBox
 
 __all__ = ["pesto", "WARM_START_ALGORITHMS", "EXACT_MAX_NODES"]
 
@@ -84,6 +85,8 @@ MODELS = ("auto", "exact", "relaxed")
 FIFO_MAX_PAIRS = 20000
 #: Share of the time limit after which no further warm-start algorithm starts.
 WARM_START_SHARE = 0.3
+#: Share of the time limit kept for mapping the solution back and placer's check of the plan.
+CHECK_SHARE = 0.1
 #: Solves with a growing memory ratio when the solver's plans overflow memory under the reference model.
 MEMORY_ATTEMPTS = 3
 
@@ -161,53 +164,58 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * (deadline - began), failures)
     warm_device = None if warm is None else np.array([cluster.device_index[warm.placement[i]] for i in graph.ids])
     goal = target or min(200, max(24, 3200 // n_dev**2))
-    warm_done = time.perf_counter()
-    coarse, kept = _coarsen(graph, cluster, goal, warm_device)
-    coarse_done = time.perf_counter()
-    exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
-    report = {"coarse_nodes": coarse.graph.num_nodes, "coarsening_rounds": coarse.rounds,
-              "coarsening_kept_warm_start": kept, "warm_start_failures": failures,
-              "model": "exact" if exact else "relaxed", "warm_start": warm_name,
+    warm_done = coarse_done = time.perf_counter()
+    report = {"warm_start_failures": failures, "warm_start": warm_name,
               "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"]}
     best = None if warm is None else (warm.predicted["makespan_s"], "warm_start", warm)
     valid_bound = 0.0
-    ratio = liveness_ratio(graph, cluster)
-    for attempt in range(1, MEMORY_ATTEMPTS + 1):
-        if deadline - time.perf_counter() < 1.0 and best is not None:
-            break
-        problem = _Problem.build(coarse.graph, cluster, ratio)
-        warm_coarse = None if warm_device is None else _project(graph, warm_device, coarse, problem)
-        if warm_coarse is not None:
-            problem.admit(warm_coarse)
-        cp = _CpModel(problem, exact)
-        if warm_coarse is not None:
-            cp.hint(warm_coarse)
-        built = time.perf_counter()
-        left = deadline - built
-        # Keep a little time to map the solution back and simulate it.
-        status, solver = cp.solve(seed, workers, left - min(2.0, 0.05 * left), DETERMINISTIC_PER_SECOND * left)
-        work = solver.ResponseProto().deterministic_time
-        report.update(solves=attempt, memory_ratio=ratio, resolution_s=problem.resolution,
-                      solver_status=solver.StatusName(status), model_build_s=built - coarse_done,
-                      solver_s=solver.WallTime(), solver_cut_by_wall_clock=bool(
-                          status in (cp_model.FEASIBLE, cp_model.UNKNOWN)
-                          and work < 0.99 * solver.parameters.max_deterministic_time))
-        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            break
-        objective = solver.ObjectiveValue() * problem.resolution
-        bound = solver.BestObjectiveBound() * problem.resolution
-        report.update(solver_objective_s=objective, solver_bound_s=bound,
-                      solver_gap=0.0 if objective <= 0 else max(0.0, (objective - bound) / objective))
-        if cp.is_relaxation(coarse, graph):
-            valid_bound = max(valid_bound, bound - problem.rounding_slack)
-        fitting = [c for c in _candidates(graph, cluster, coarse, cp, solver) if c[1].fits]
-        for label, candidate in fitting:
-            if best is None or candidate.makespan_s < best[0]:
-                best = (candidate.makespan_s, label, candidate)
-        report["solver_plan_makespan_s"] = min((c.makespan_s for _, c in fitting), default=None)
-        if fitting or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
-            break
-        ratio = min(1.0, ratio * 1.5)     # its plans overflow memory: budget more conservatively
+    # With a warm start in hand, coarsening and solving are boxed: what is left of the limit after
+    # them maps the solution back and lets placer check the plan.
+    with TimeBox(None if best is None else deadline - CHECK_SHARE * (deadline - began) - time.perf_counter()) as box:
+        coarse, kept = _coarsen(graph, cluster, goal, warm_device)
+        coarse_done = time.perf_counter()
+        exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
+        report.update(coarse_nodes=coarse.graph.num_nodes, coarsening_rounds=coarse.rounds,
+                      coarsening_kept_warm_start=kept, model="exact" if exact else "relaxed")
+        ratio = liveness_ratio(graph, cluster)
+        for attempt in range(1, MEMORY_ATTEMPTS + 1):
+            if deadline - time.perf_counter() < 1.0 and best is not None:
+                break
+            problem = _Problem.build(coarse.graph, cluster, ratio)
+            warm_coarse = None if warm_device is None else _project(graph, warm_device, coarse, problem)
+            if warm_coarse is not None:
+                problem.admit(warm_coarse)
+            cp = _CpModel(problem, exact)
+            if warm_coarse is not None:
+                cp.hint(warm_coarse)
+            built = time.perf_counter()
+            left = deadline - built
+            # Keep a little time to map the solution back and simulate it.
+            status, solver = cp.solve(seed, workers, left - min(2.0, 0.05 * left), DETERMINISTIC_PER_SECOND * left)
+            work = solver.ResponseProto().deterministic_time
+            report.update(solves=attempt, memory_ratio=ratio, resolution_s=problem.resolution,
+                          solver_status=solver.StatusName(status), model_build_s=built - coarse_done,
+                          solver_s=solver.WallTime(), solver_cut_by_wall_clock=bool(
+                              status in (cp_model.FEASIBLE, cp_model.UNKNOWN)
+                              and work < 0.99 * solver.parameters.max_deterministic_time))
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                break
+            objective = solver.ObjectiveValue() * problem.resolution
+            bound = solver.BestObjectiveBound() * problem.resolution
+            report.update(solver_objective_s=objective, solver_bound_s=bound,
+                          solver_gap=0.0 if objective <= 0 else max(0.0, (objective - bound) / objective))
+            if cp.is_relaxation(coarse, graph):
+                valid_bound = max(valid_bound, bound - problem.rounding_slack)
+            fitting = [c for c in _candidates(graph, cluster, coarse, cp, solver) if c[1].fits]
+            for label, candidate in fitting:
+                if best is None or candidate.makespan_s < best[0]:
+                    best = (candidate.makespan_s, label, candidate)
+            report["solver_plan_makespan_s"] = min((c.makespan_s for _, c in fitting), default=None)
+            if fitting or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
+                break
+            ratio = min(1.0, ratio * 1.5)     # its plans overflow memory: budget more conservatively
+    if box.expired:
+        report["note"] = "the time limit ran out before the solver had a plan: the warm start is returned"
     if best is None:
         raise InfeasibleError(f"pesto: the solver found no plan that fits ({solver.StatusName(status)}) "
                               "and no warm-start algorithm did either")
@@ -221,7 +229,7 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     report.update(returned=origin, solve_time_s=time.perf_counter() - began, warm_start_s=warm_done - began,
                   coarsening_s=coarse_done - warm_done, lower_bound_s=floor,
                   gap=0.0 if span <= 0 else max(0.0, (span - floor) / span))
-    if origin == "warm_start" and "solver_plan_makespan_s" in report:
+    if origin == "warm_start" and "solver_plan_makespan_s" in report and not box.expired:
         report["note"] = ("the solver's plan simulates no faster than the warm start, which is returned"
                           if report["solver_plan_makespan_s"] is not None else
                           "the solver's plans overflow memory under the reference model; the warm start is returned")
@@ -268,7 +276,7 @@ def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float,
                 failures: dict[str, str]) -> tuple[str | None, Plan | None]:
     """The fastest fitting plan among the cheap registered algorithms (name, plan), or (None, None).
 
-    Once a plan is in hand, no further algorithm starts after ``until``. An
+    Once a plan is in hand, no further algorithm starts or runs past ``until``. An
     algorithm that fails only loses its turn; ``failures`` records why (a
     failure other than a :class:`PlacerError` is that algorithm's bug, which
     should not cost pesto its plan).
@@ -281,7 +289,11 @@ def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float,
         if name in SLOW_WARM_START and graph.num_nodes > SLOW_WARM_START_MAX_NODES:
             continue
         try:
-            plan = place(graph, cluster, name, seed=seed)
+            with TimeBox(None if best is None else until - time.perf_counter()) as box:
+                plan = place(graph, cluster, name, seed=seed)
+            if box.expired:
+                failures[name] = "out of the warm start's share of the time limit"
+                continue
         except PlacerError as exc:
             failures[name] = str(exc)
             continue

@@ -20,15 +20,18 @@ from dataclasses import dataclass
 from typing import Any, Callable
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError, InvalidPlanError, OptionError
+from ..errors import InfeasibleError, InvalidPlanError, OptionError, TimeLimitError
 from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.bounds import lower_bound
+from .timebox import TimeBox
 
 __all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message"]
 
 _COMMON = ("seed", "time_limit")
+#: An algorithm still running at this share of its ``time_limit`` is stopped (TimeLimitError).
+BOX_SHARE = 1.05
 
 
 @dataclass(frozen=True)
@@ -137,6 +140,8 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
         Unknown algorithm or option, or a bad option value.
     InfeasibleError
         The problem is impossible, or the algorithm found no plan that fits.
+    TimeLimitError
+        The algorithm had no plan when ``time_limit`` ran out.
 
     Examples
     --------
@@ -145,11 +150,19 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     >>> place(g, PRESETS["2xV100-nvlink"](), "single").predicted["makespan_s"]
     2.0
     """
+    entered = time.perf_counter()
     alg = get_algorithm(algorithm)
     opts = _check_options(alg, options)
     diagnose(graph, cluster)
     began = time.perf_counter()
-    plan = alg.func(graph, cluster, **opts)
+    # Searches stop by themselves within their limit (the box leaves them 5% to return what they
+    # found); the box stops what cannot stop itself (the one-pass schedulers).
+    limit = opts.get("time_limit")
+    with TimeBox(None if limit is None else BOX_SHARE * limit - (began - entered)) as box:
+        plan = alg.func(graph, cluster, **opts)
+    if box.expired:
+        raise TimeLimitError(f"{algorithm} found no plan within its time limit of {opts['time_limit']:g} s "
+                             f"({graph.num_nodes} ops on {cluster.num_devices} devices); give it more time")
     elapsed = time.perf_counter() - began
     try:
         result = plan.validate(graph, cluster)

@@ -1,0 +1,102 @@
+"""Time boxes: stop a piece of work when its seconds are up, even if it never looks at the clock.
+
+One-pass algorithms (the list schedulers) have no natural place to stop, and a
+search's first phase can outlast a short limit; :func:`placer.algorithms.place`
+and ``auto`` box them so that a ``time_limit`` holds. Boxes nest: the innermost
+box whose time is up ends first, and an outer box's expiry passes through the
+inner ones to the outer ``with``.
+
+Boxes use ``SIGALRM``, so they work on the main thread of a POSIX process;
+elsewhere (another thread, Windows) a box never expires and the work runs to
+its end. The interruption lands between Python bytecodes: a long call into C
+(a solver) ends first, which is why solvers get their own time limit too.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+
+__all__ = ["TimeBox", "OutOfTime"]
+
+
+class OutOfTime(BaseException):
+    """Raised inside a box whose time is up; its ``with`` statement swallows it.
+
+    A BaseException, so that an algorithm's ``except Exception`` does not
+    swallow it first.
+    """
+
+    def __init__(self, box: "TimeBox"):
+        super().__init__(f"time box of {box.seconds:g} s expired")
+        self.box = box
+
+
+#: The boxes open now, outermost first.
+_open: list["TimeBox"] = []
+_previous_handler = None
+
+
+def _arm() -> None:
+    """Set the alarm for the box that expires first (or none)."""
+    if _open:
+        left = min(box.deadline for box in _open) - time.perf_counter()
+        signal.setitimer(signal.ITIMER_REAL, max(left, 1e-4))
+    else:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+
+
+def _on_alarm(signum, frame) -> None:
+    now = time.perf_counter()
+    expired = [box for box in _open if box.deadline <= now + 1e-4]
+    if not expired:         # an alarm for a box that has closed since
+        _arm()
+        return
+    # The outermost expired box: everything inside it ends with it.
+    expired[0].expired = True
+    raise OutOfTime(expired[0])
+
+
+class TimeBox:
+    """``with TimeBox(seconds) as box:`` runs the body for at most ``seconds``.
+
+    After the ``with``, ``box.expired`` says whether the body was cut short.
+    ``seconds=None`` never expires.
+
+    Examples
+    --------
+    >>> import time
+    >>> with TimeBox(0.05) as box:
+    ...     while True:
+    ...         time.sleep(0.01)
+    >>> box.expired
+    True
+    """
+
+    def __init__(self, seconds: float | None):
+        self.seconds = seconds
+        self.deadline = float("inf")
+        self.expired = False
+        self._active = False
+
+    def __enter__(self) -> "TimeBox":
+        global _previous_handler
+        if self.seconds is None or threading.current_thread() is not threading.main_thread():
+            return self
+        self.deadline = time.perf_counter() + max(float(self.seconds), 1e-4)
+        if not _open:
+            _previous_handler = signal.signal(signal.SIGALRM, _on_alarm)
+        _open.append(self)
+        self._active = True
+        _arm()
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> bool:
+        if self._active:
+            _open.remove(self)
+            self._active = False
+            _arm()
+            if not _open:
+                signal.signal(signal.SIGALRM, _previous_handler)
+        return isinstance(exc, OutOfTime) and exc.box is self

@@ -1,0 +1,59 @@
+"""Time boxes and time limits: a limit holds even for work that never looks at the clock."""
+
+import time
+
+import pytest
+
+from placer import load_cluster, place
+from placer.algorithms import registry
+from placer.algorithms.timebox import TimeBox
+from placer.errors import TimeLimitError
+from placer.generate import training_graph
+
+
+def spin(seconds):
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
+
+
+def test_a_box_stops_its_body_and_says_so():
+    began = time.perf_counter()
+    with TimeBox(0.1) as box:
+        spin(5)
+    assert box.expired and time.perf_counter() - began < 1.0
+    with TimeBox(1.0) as box:
+        spin(0.01)
+    assert not box.expired
+
+
+def test_the_inner_box_ends_first_and_the_outer_one_goes_on():
+    with TimeBox(2.0) as outer:
+        with TimeBox(0.05) as inner:
+            spin(5)
+        spin(0.05)
+    assert inner.expired and not outer.expired
+
+
+def test_an_outer_expiry_passes_through_the_inner_box():
+    began = time.perf_counter()
+    with TimeBox(0.1) as outer:
+        with TimeBox(5.0) as inner:
+            spin(5)
+        pytest.fail("the outer box's expiry must end the outer body too")
+    assert outer.expired and not inner.expired and time.perf_counter() - began < 1.0
+
+
+def test_an_algorithm_without_a_plan_at_its_limit_raises_time_limit_error(monkeypatch):
+    def slow(graph, cluster, *, seed=0, time_limit=None):
+        spin(10)
+
+    monkeypatch.setitem(registry._REGISTRY, "slow", registry.Algorithm("slow", slow, {"seed": 0, "time_limit": None}, "spins"))
+    began = time.perf_counter()
+    with pytest.raises(TimeLimitError, match=r"slow found no plan within its time limit of 0.2 s"):
+        place(training_graph(layers=2), load_cluster("2xV100-nvlink"), "slow", time_limit=0.2)
+    assert time.perf_counter() - began < 2.0
+    # Without a limit nothing stops it early: the box is there only when a limit is given.
+    with TimeBox(0.3) as box:
+        place(training_graph(layers=2), load_cluster("2xV100-nvlink"), "slow")
+    assert box.expired
