@@ -205,3 +205,29 @@ def test_os_dpos_is_never_slower_than_dpos_or_data_parallel(cluster):
 def test_os_dpos_rejects_a_bad_max_parts():
     with pytest.raises(OptionError, match="max_parts"):
         place(conv_graph(), mesh(2), "os_dpos", max_parts=1)
+
+
+def test_a_matmul_whose_inputs_have_a_weights_size_produces_the_gradient():
+    # 16 rows of 16 features: the activations and the output gradient have the weight's size
+    # (BERT-large at batch 16 x 64 tokens, hidden 1024, is this case). The walk from Adam's state
+    # write stops at the matmul that made the gradient; before, it went on into the backward and
+    # forward passes and the data-parallel graph had a cycle.
+    import torch
+    from torch import nn
+
+    from placer.capture import capture
+
+    class Model(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.a, self.b = nn.Linear(16, 16), nn.Linear(16, 16)
+
+        def forward(self, x, y):
+            return nn.functional.mse_loss(self.b(torch.relu(self.a(x))), y)
+
+    g = capture(Model(), (torch.randn(16, 16), torch.randn(16, 16)), optimizer="adam").graph
+    grads, optimizer = gradients(g)
+    assert len(grads) == 4
+    assert not any(g.op[i] in ("aten.mm", "aten.addmm") for i in np.flatnonzero(optimizer))
+    dp = data_parallel_graph(g, 2)
+    assert dp.graph.num_nodes > 2 * g.num_nodes
