@@ -121,6 +121,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     held: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]      # memory or reservation
     held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
     held_for_home: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]
+    # Each device's first node by its heap keys, recomputed only for devices whose heaps or timeline changed.
+    front: list[tuple[float, int, int] | None] = [None] * n_dev
+    dirty: set[int] = set()
 
     def parent_device(v: int) -> int:
         """The device of v's favourite parent while that parent is still the last node there, else -1."""
@@ -138,10 +141,14 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         free = [d for d in devices if reserved_for[d] < 0]
         return free or devices
 
+    def wait_on(d: int, entry: tuple[float, int, int]) -> None:
+        heapq.heappush(waiting[d], entry)
+        dirty.add(d)
+
     def release(entries: list) -> None:
         """Put held nodes back in their devices' heaps."""
         for *key, d in entries:
-            heapq.heappush(waiting[d], tuple(key))
+            wait_on(d, tuple(key))
         entries.clear()
 
     def become_ready(v: int) -> None:
@@ -152,7 +159,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         allowed = [fixed] if fixed >= 0 else [d for d in range(n_dev) if state.unit_ok[state.unit_of[v]][d]]
         ready = max((state.finish[u] for u in preds[v]), default=0.0)   # no input arrives earlier
         for d in allowed:
-            heapq.heappush(waiting[d], (ready, position[v], v))
+            wait_on(d, (ready, position[v], v))
 
     def device_front(d: int) -> tuple[float, int, int] | None:
         """``(start, position, node)`` of the first ready node on device ``d`` by its heap keys."""
@@ -182,7 +189,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             become_ready(v)
     done, stuck = 0, False
     while done < n:
-        fronts = [(front, d) for d in range(n_dev) if (front := device_front(d)) is not None]
+        for d in dirty:
+            front[d] = device_front(d)
+        dirty.clear()
+        fronts = [(front[d], d) for d in range(n_dev) if front[d] is not None]
         if not fronts:
             waiting_nodes = [entry[2] for entries in held + held_for_home for entry in entries]
             if stuck or not waiting_nodes:
@@ -194,6 +204,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             stuck = True
             continue
         (start, _, v), d = min(fronts)
+        dirty.add(d)
         if startable[d] and startable[d][0][1] == v:
             heapq.heappop(startable[d])
         else:
@@ -208,7 +219,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if est[0] == float("inf"):
             continue        # no channel brings an input to d
         if est[0] > start:
-            heapq.heappush(waiting[d], (est[0], position[v], v))
+            wait_on(d, (est[0], position[v], v))
             continue
         if fixed < 0 and not state.fits(v, d, state.copies(v, d, est[3])):
             hold(v, d, start)
@@ -216,6 +227,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         state.commit(v, d, est)
         done += 1
         stuck = False
+        dirty.update(j for j in range(n_dev) if front[j] is not None and front[j][2] == v)
         # Held nodes come back when what held them may have changed: the reservation of d
         # ended, v's colocation group now lives on d (its other members need no room), d
         # is no longer the last-node device of its favourite children's parent, memory freed.
