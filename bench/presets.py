@@ -15,7 +15,8 @@ come, so an interrupted run resumes. The searching algorithms (auto, os_dpos, pe
 placeto) are left out by default: they start from these and bench/quality.py measures them.
 
 Per case it prints every algorithm's simulated step in ms, or ``-`` where it found no
-plan that fits (``InfeasibleError``; any other exception is a bug and is printed in full);
+plan that fits (``InfeasibleError``), or ``t`` where it had none when its time limit ran out
+(``TimeLimitError``); any other exception is a bug and is printed in full;
 then the cases where some algorithm fitted and others did not.
 """
 
@@ -42,6 +43,8 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quality import captured_graph  # noqa: E402  (the zoo capture cache of bench/quality.py)
 
 SEARCHING = {"auto", "os_dpos", "pesto", "placeto"}
+#: How a TimeLimitError's message reads (placer.algorithms.registry.place).
+TIME_LIMIT_MESSAGE = "found no plan within its time limit"
 
 
 def run_one(graph, cluster, name: str, time_limit: float) -> dict:
@@ -71,7 +74,7 @@ def main() -> None:
     store = json.loads(results_path.read_text()) if results_path.exists() else {}
     print(f"python {platform.python_version()}, {platform.machine()}; time limit {args.time_limit:g} s per algorithm")
     print(f"{'case':>40} {'1 dev':>5} " + " ".join(f"{n[:9]:>9}" for n in names) + "   wall s")
-    partial, bugs, cases, valid, runs = [], [], 0, 0, 0
+    partial, bugs, cases, valid, runs, timeouts = [], [], 0, 0, 0, 0
     for model in args.models.split(","):
         graph = captured_graph(model, None, Path(args.cache))
         for cluster_name in args.clusters.split(","):
@@ -93,10 +96,13 @@ def main() -> None:
             if fitted and len(fitted) < len(names):
                 partial.append((case, one_device, [n for n in names if n not in fitted]))
             bugs += [(case, n, done[n]["bug"]) for n in names if "bug" in done[n]]
-            cells = [f"{span[n] * 1e3:9.1f}" if math.isfinite(span[n]) else f"{'-':>9}" for n in names]
+            timed_out = [n for n in names if TIME_LIMIT_MESSAGE in done[n].get("error", "")]
+            timeouts += len(timed_out)
+            cells = [f"{span[n] * 1e3:9.1f}" if math.isfinite(span[n]) else f"{'t' if n in timed_out else '-':>9}"
+                     for n in names]
             wall = sum(done[n]["wall_s"] for n in names)
             print(f"{case:>40} {'yes' if one_device else 'no':>5} " + " ".join(cells) + f" {wall:8.1f}", flush=True)
-    print(f"\n{valid}/{runs} runs returned a valid, fitting plan on {cases} cases")
+    print(f"\n{valid}/{runs} runs returned a valid, fitting plan on {cases} cases; {timeouts} ran out of time (t)")
     print("cases where some algorithms fitted and others did not (does the step fit one device? who did not):")
     for case, one_device, missing in partial:
         print(f"  {case} (one device: {'yes' if one_device else 'no'}): {', '.join(missing)}")
