@@ -106,6 +106,15 @@ def main() -> None:
     print("cases where some algorithms fitted and others did not (does the step fit one device? who did not):")
     for case, one_device, missing in partial:
         print(f"  {case} (one device: {'yes' if one_device else 'no'}): {', '.join(missing)}")
+    # Where auto ran on a case (``--algorithms auto``), against everything else measured there.
+    judged = [rec for rec in store.values() if "auto" in rec and len(rec) > 1]
+    if judged:
+        best_other = [min(r["makespan_s"] for n, r in rec.items() if n != "auto") for rec in judged]
+        fastest = sum(rec["auto"]["makespan_s"] <= b * (1 + 1e-9) for rec, b in zip(judged, best_other))
+        fits = sum(math.isfinite(rec["auto"]["makespan_s"]) or not math.isfinite(b)
+                   for rec, b in zip(judged, best_other))
+        print(f"auto as fast as the best other algorithm stored for the case on {fastest}/{len(judged)} cases; "
+              f"fits wherever one of them fits on {fits}/{len(judged)}")
     for case, name, text in bugs:
         print(f"\nBUG {name} on {case}:\n{text}")
     print(f"reproduce: ./run.sh bench bench/presets.py --models {args.models} --clusters {args.clusters} "

@@ -118,7 +118,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     cache: dict = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
-    held: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]      # memory or reservation
+    held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # memory or reservation
     held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
     held_for_home: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]
     # Each device's first node by its heap keys, recomputed only for devices whose heaps or timeline changed.
