@@ -13,6 +13,7 @@ from torch import nn
 from torch.utils.flop_counter import FlopCounterMode
 
 from placer.capture import OPTIMIZERS, capture
+from placer.capture.build import conv_backward_flops
 from placer.capture.trace import portable_kernels
 from placer.errors import FormatError, OptionError
 from placer.graph import OpGraph
@@ -141,7 +142,8 @@ def test_two_captured_steps_equal_eager_training(model_name, optimizer):
 
 def _eager_flops(model, inputs, optimizer):
     opt = optimizer.eager(model.parameters())
-    with portable_kernels(), FlopCounterMode(display=False) as counter:
+    mapping = {torch.ops.aten.convolution_backward: conv_backward_flops}
+    with portable_kernels(), FlopCounterMode(display=False, custom_mapping=mapping) as counter:
         model(*inputs).backward()
         opt.step()
     return counter.get_total_flops()
@@ -154,6 +156,26 @@ def test_node_flops_sum_to_flop_counter_of_eager_step(model_name):
     expected = _eager_flops(model, inputs, step.optimizer)
     assert expected > 0
     assert np.nansum(step.graph.flops) == pytest.approx(expected, rel=0.02)
+
+
+class Depthwise(nn.Module):
+    def __init__(self, channels=8):
+        super().__init__()
+        self.conv = nn.Conv2d(channels, channels, 3, padding=1, groups=channels, bias=False)
+
+    def forward(self, x):
+        return self.conv(x).square().mean()
+
+
+def test_depthwise_weight_gradient_does_the_forward_multiply_adds():
+    # torch's own formula counts the weight gradient over every input channel (8x too many here).
+    step = capture(Depthwise(8), (torch.randn(2, 8, 6, 6),), optimizer="sgd")
+    graph = step.graph
+    forward = 2 * 2 * 8 * 1 * 3 * 3 * 6 * 6       # 2 x batch x out channels x in channels per group x 3x3 x 6x6
+    (conv,) = [i for i, op in enumerate(graph.op) if op == "aten.convolution"]
+    (backward,) = [i for i, op in enumerate(graph.op) if op == "aten.convolution_backward"]
+    assert graph.flops[conv] == forward
+    assert graph.flops[backward] == forward      # the input needs no gradient: the weight's alone
 
 
 def test_capture_is_deterministic_and_ids_are_fx_names():

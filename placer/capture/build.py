@@ -10,7 +10,9 @@ them name the output in their ``tensor`` field. Per node:
   which alias an input); ``param_bytes``: the resident state a placeholder holds
   (parameters, buffers, optimizer state); a batch input counts as an output;
 * ``flops``: :data:`torch.utils.flop_counter.flop_registry` on the fake arguments (0 for
-  ops it does not count, as :class:`~torch.utils.flop_counter.FlopCounterMode` does);
+  ops it does not count, as :class:`~torch.utils.flop_counter.FlopCounterMode` does), but
+  :func:`conv_backward_flops` for ``convolution_backward`` (torch's formula ignores groups
+  in the weight gradient);
 * ``node_extra``: ``bytes_accessed`` (input plus output bytes) and ``dtype``.
 
 In-place writes of state (the final ``copy_`` of a new parameter or optimizer state into
@@ -28,11 +30,11 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 import torch.fx as fx
-from torch.utils.flop_counter import flop_registry
+from torch.utils.flop_counter import conv_flop_count, flop_registry, shape_wrapper
 
 from ..graph import OpGraph
 
-__all__ = ["build_graph", "value_bytes"]
+__all__ = ["build_graph", "value_bytes", "conv_backward_flops"]
 
 _aten = torch.ops.aten
 
@@ -138,11 +140,31 @@ def _dtype(value: Any) -> str | None:
     return None
 
 
+def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
+                        _output_padding, _groups, output_mask, out_shape, **kwargs) -> int:
+    """FLOPs of ``aten.convolution_backward``, from shapes (a flop formula for :class:`FlopCounterMode`).
+
+    The input gradient is counted as torch counts it. The weight gradient does
+    the forward convolution's multiply-adds; torch's formula counts it as a
+    convolution over every input channel, ignoring groups, which overstates a
+    depthwise convolution's (NASNet's separable convolutions) by its channel count.
+    """
+    flops = 0
+    if output_mask[0]:
+        flops += conv_flop_count(grad_out_shape, w_shape, out_shape[0], not transposed)
+    if output_mask[1]:
+        flops += conv_flop_count(x_shape, w_shape, grad_out_shape, transposed)
+    return flops
+
+
+_FLOP_FORMULAS = {**flop_registry, _aten.convolution_backward: shape_wrapper(conv_backward_flops)}
+
+
 def _flops(node: fx.Node) -> float:
     target = node.target
     if node.op != "call_function" or not isinstance(target, torch._ops.OpOverload):
         return 0.0
-    count = flop_registry.get(target.overloadpacket)
+    count = _FLOP_FORMULAS.get(target.overloadpacket)
     if count is None:
         return 0.0
     args, kwargs = fx.node.map_arg((node.args, node.kwargs), lambda a: a.meta.get("val"))
