@@ -368,6 +368,23 @@ def test_placer_run_verifies_against_eager_training(file_case, tmp_path, capsys)
     assert "equal eager training" in out and "simulator predicts" in out
 
 
+def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tmp_path, capsys, monkeypatch):
+    import placer.runtime.check as check
+
+    plan = random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3)
+    plan.save(tmp_path / "plan.json")
+    monkeypatch.setattr(check, "state_difference", lambda *args: (3e-3, "parameter 'w'", 4))
+    args = ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1", "--verify"]
+    assert main(args + ["--tolerance", "1e-3"]) == 1
+    out = capsys.readouterr().out
+    assert "FAILED: parameter 'w' differs from eager training by 0.003 (> --tolerance 0.001)" in out
+    assert "--optimizer sgd" in out
+    assert main(args + ["--tolerance", "4e-3"]) == 0
+    assert "equal eager training within 0.004" in capsys.readouterr().out
+    assert main(args + ["--tolerance", "-1"]) != 0
+    assert "--tolerance must be >= 0, got -1.0" in capsys.readouterr().err
+
+
 def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys):
     out_path = tmp_path / "tuned.json"
     code = main(["tune", file_case.spec, "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",

@@ -15,7 +15,7 @@ from ..errors import OptionError
 
 __all__ = ["add_commands", "cmd_run", "cmd_tune", "Measurement", "measure_plan"]
 
-#: Largest absolute difference ``placer run --verify`` accepts.
+#: Largest absolute difference ``placer run --verify`` accepts by default (``--tolerance``).
 VERIFY_TOLERANCE = 1e-6
 
 
@@ -99,6 +99,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
+    if not args.tolerance >= 0:
+        raise OptionError(f"--tolerance must be >= 0, got {args.tolerance}")
     plan = Plan.load(args.plan)
     cluster = load_cluster(args.cluster or plan.cluster_name)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
@@ -121,11 +123,16 @@ def cmd_run(args: argparse.Namespace) -> int:
     reference_optimizer = eager_optimizer(captured, reference.parameters())
     train_eager(reference, inputs, reference_optimizer, args.steps)
     worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
-    if worst <= VERIFY_TOLERANCE:
+    if worst <= args.tolerance:
         print(f"verify: {count} tensors (parameters, buffers, optimizer state) equal eager training "
-              f"within {VERIFY_TOLERANCE:g} (largest difference {worst:.3g})")
+              f"within {args.tolerance:g} (largest difference {worst:.3g})")
         return 0
-    print(f"verify: FAILED: {where} differs from eager training by {worst:.3g} (> {VERIFY_TOLERANCE:g})")
+    print(f"verify: FAILED: {where} differs from eager training by {worst:.3g} (> --tolerance {args.tolerance:g})")
+    if args.optimizer != "sgd":
+        # Measured on an H100: 0.002 after 3 steps at lr 1e-3, from kernels that round differently.
+        print(f"verify: {args.optimizer} moves every parameter by about --lr per step whatever its gradient's "
+              f"size, so rounding differences between kernels (GPUs) can reach 2 x lr x steps: "
+              f"verify with --optimizer sgd, or pass a --tolerance of that size")
     return 1
 
 
@@ -201,8 +208,10 @@ def add_commands(subparsers) -> None:
     p.add_argument("--devices", help="local backend: torch device per plan device, comma-separated "
                                      "(default: cuda:j where there are enough GPUs, else cpu)")
     p.add_argument("--verify", action="store_true",
-                   help=f"compare every parameter, buffer and optimizer state with plain eager training; "
-                        f"exit 1 unless equal within {VERIFY_TOLERANCE:g}")
+                   help="compare every parameter, buffer and optimizer state with plain eager training; "
+                        "exit 1 unless equal within --tolerance")
+    p.add_argument("--tolerance", type=float, default=VERIFY_TOLERANCE,
+                   help=f"largest absolute difference --verify accepts (default {VERIFY_TOLERANCE:g})")
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("tune", help="FastT's loop: measure a plan, refine costs, replan, keep the faster")
