@@ -107,14 +107,19 @@ def main() -> None:
     for case, one_device, missing in partial:
         print(f"  {case} (one device: {'yes' if one_device else 'no'}): {', '.join(missing)}")
     # Where auto ran on a case (``--algorithms auto``), against everything else measured there.
-    judged = [rec for rec in store.values() if "auto" in rec and len(rec) > 1]
+    judged = {case: rec for case, rec in store.items() if "auto" in rec and len(rec) > 1}
     if judged:
-        best_other = [min(r["makespan_s"] for n, r in rec.items() if n != "auto") for rec in judged]
-        fastest = sum(rec["auto"]["makespan_s"] <= b * (1 + 1e-9) for rec, b in zip(judged, best_other))
-        fits = sum(math.isfinite(rec["auto"]["makespan_s"]) or not math.isfinite(b)
-                   for rec, b in zip(judged, best_other))
-        print(f"auto as fast as the best other algorithm stored for the case on {fastest}/{len(judged)} cases; "
-              f"fits wherever one of them fits on {fits}/{len(judged)}")
+        slower, fits = [], 0
+        for case, rec in judged.items():
+            best, best_name = min((r["makespan_s"], n) for n, r in rec.items() if n != "auto")
+            auto = rec["auto"]["makespan_s"]
+            fits += math.isfinite(auto) or not math.isfinite(best)
+            if not auto <= best * (1 + 1e-9):
+                slower.append(f"{case} ({auto * 1e3:.1f} ms, {best_name} {best * 1e3:.1f} ms)")
+        print(f"auto as fast as the best other algorithm stored for the case on {len(judged) - len(slower)}/"
+              f"{len(judged)} cases; fits wherever one of them fits on {fits}/{len(judged)}")
+        for line in slower:
+            print(f"  slower: {line}")
     for case, name, text in bugs:
         print(f"\nBUG {name} on {case}:\n{text}")
     print(f"reproduce: ./run.sh bench bench/presets.py --models {args.models} --clusters {args.clusters} "

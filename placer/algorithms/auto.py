@@ -37,11 +37,11 @@ SEARCHES = ("os_dpos", "m_sct") + SLOW_ALGORITHMS
 #: One-pass algorithms that take at most seconds on graphs of 10^4 ops run first, the others follow in
 #: registry order (m-ETF's estimates under channel contention take longer). The expert split comes first:
 #: it is the quickest to find a plan that fits where memory is tight, and once auto has a plan it can box
-#: every later member in the time left. Data parallelism next: where a replica fits it is often several
-#: times faster than any placement (bench/quality.py). Then the cheapest (a few tenths of a second on
-#: 10^4 ops) before DPOS and HEFT (about a second), so that a short limit still tries most of them
-#: (bench/presets.py: with 10 s, METIS or Celeritas was best and cut off on GNMT and ResNet-200).
-FAST_FIRST = ("expert", "data_parallel", "metis", "celeritas", "order_place", "m_topo", "dpos", "heft")
+#: every later member in the time left. Then the cheapest (a few tenths of a second on 10^4 ops), so
+#: that a short limit on a loaded machine still has their plans, then data parallelism: where a replica
+#: fits it is often several times faster than any placement (bench/quality.py), but its graph holds a
+#: replica per device (6.6 s for GNMT over 8 GPUs, 150k nodes). DPOS and HEFT (about a second) last.
+FAST_FIRST = ("expert", "metis", "celeritas", "order_place", "m_topo", "data_parallel", "dpos", "heft")
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
 #: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.
