@@ -37,11 +37,13 @@ SEARCHES = ("os_dpos", "m_sct") + SLOW_ALGORITHMS
 #: One-pass algorithms that take at most seconds on graphs of 10^4 ops run first, the others follow in
 #: registry order (m-ETF's estimates under channel contention take longer). The expert split comes first:
 #: it is the quickest to find a plan that fits where memory is tight, and once auto has a plan it can box
-#: every later member in the time left. Then the cheapest (a few tenths of a second on 10^4 ops), so
-#: that a short limit on a loaded machine still has their plans, then data parallelism: where a replica
-#: fits it is often several times faster than any placement (bench/quality.py), but its graph holds a
-#: replica per device (6.6 s for GNMT over 8 GPUs, 150k nodes). DPOS and HEFT (about a second) last.
-FAST_FIRST = ("expert", "metis", "celeritas", "order_place", "m_topo", "data_parallel", "dpos", "heft")
+#: every later member in the time left. Data parallelism next: where a replica fits it is often several
+#: times faster than any placement (bench/quality.py), though its replicated graph takes seconds (6.6 s on
+#: GNMT over 8 GPUs). Then the cheapest (tenths of a second on 10^4 ops) before DPOS and HEFT (about a
+#: second). With 10 s on every bundled case (bench/presets.py) this order missed the best plan on 6 of 126
+#: cases (GNMT by 9-37%, where METIS, DPOS or m-TOPO wins; NASNet over two hosts), the cheap members before
+#: data parallelism on 8, by 1.4-4.9x (NASNet, ResNet-200 on CPUs, where data parallelism wins).
+FAST_FIRST = ("expert", "data_parallel", "metis", "celeritas", "order_place", "m_topo", "dpos", "heft")
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
 #: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.
