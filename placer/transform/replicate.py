@@ -38,6 +38,7 @@ JPDC 2009 (the ring).
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -45,7 +46,8 @@ from ..errors import OptionError
 from ..graph import OpGraph
 from .split import batch_dependent, part_rows
 
-__all__ = ["data_parallel_graph", "gradients", "DataParallelGraph", "BUCKET_BYTES"]
+__all__ = ["data_parallel_graph", "gradients", "ring_layout", "chunk_add_time", "DataParallelGraph", "RingLayout",
+           "BUCKET_BYTES"]
 
 BUCKET_BYTES = 25 << 20
 #: What an optimizer's update is made of: element-wise arithmetic, views and copies (aten names, the
@@ -132,6 +134,89 @@ def gradients(graph: OpGraph) -> tuple[list[tuple[int, int]], np.ndarray]:
     return grads, optimizer
 
 
+@dataclass
+class RingLayout:
+    """How a graph is replicated: which nodes shrink with the batch, and the gradient buckets.
+
+    Attributes
+    ----------
+    replicas : int
+    factor : ndarray of float
+        Share of its original time and memory each replica of a node takes (1/replicas or 1).
+    is_grad_edge : ndarray of bool
+        Edges that read a gradient (they read the all-reduced bucket instead).
+    buckets : list of list of (node, tensor)
+        Gradients in the order they are reduced, about ``bucket_bytes`` a bucket.
+    grad_bytes : dict
+        Size of every gradient.
+    """
+
+    replicas: int
+    factor: np.ndarray
+    is_grad_edge: np.ndarray
+    buckets: list[list[tuple[int, int]]]
+    grad_bytes: dict[tuple[int, int], int]
+
+    @property
+    def steps(self) -> int:
+        """Steps of every bucket's ring all-reduce."""
+        return 2 * (self.replicas - 1)
+
+    def bucket_bytes(self, b: int) -> int:
+        return sum(self.grad_bytes[g] for g in self.buckets[b])
+
+    def chunk_bytes(self, b: int) -> int:
+        """What a ring step of bucket ``b`` sends to the next replica: 1/replicas of the bucket."""
+        return -(-self.bucket_bytes(b) // self.replicas)
+
+    def hop_bytes(self) -> list[int]:
+        """Size of every transfer from one replica to the next in the ring (all hops carry the same).
+
+        The first step of a bucket receives each gradient's share from the
+        previous replica; every later step one chunk from the previous
+        replica's step before.
+        """
+        out = []
+        for b, members in enumerate(self.buckets):
+            out += [-(-self.grad_bytes[g] // self.replicas) for g in members]
+            out += [self.chunk_bytes(b)] * (self.steps - 1)
+        return out
+
+
+def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES) -> RingLayout:
+    """The gradients, their buckets and each node's share of the batch for ``replicas`` replicas.
+
+    Raises
+    ------
+    OptionError
+        If ``replicas`` < 1 or ``bucket_bytes`` < 1.
+    """
+    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
+        raise OptionError(f"replicas must be an integer >= 1, got {replicas!r}")
+    if bucket_bytes < 1:
+        raise OptionError(f"bucket_bytes must be >= 1, got {bucket_bytes!r}")
+    r = replicas
+    batch = batch_dependent(graph)
+    grads, optimizer = gradients(graph) if r > 1 else ([], np.zeros(graph.num_nodes, dtype=bool))
+    factor = np.where(batch & ~optimizer, 1.0 / r, 1.0)     # batch-proportional: 1/r of the work per replica
+    grad_set = set(grads)
+    is_grad_edge = np.fromiter(((u, t) in grad_set for u, t in zip(graph.src.tolist(), graph.edge_tensor.tolist())),
+                               dtype=bool, count=graph.num_edges)
+    grad_bytes = {}
+    for e in np.flatnonzero(is_grad_edge).tolist():
+        g = (int(graph.src[e]), int(graph.edge_tensor[e]))
+        grad_bytes[g] = max(grad_bytes.get(g, 0), int(graph.edge_bytes[e]))
+    buckets: list[list[tuple[int, int]]] = []
+    filled = bucket_bytes
+    for g in grads:
+        if filled + grad_bytes[g] > bucket_bytes and filled > 0:
+            buckets.append([])
+            filled = 0
+        buckets[-1].append(g)
+        filled += grad_bytes[g]
+    return RingLayout(r, factor, is_grad_edge, buckets, grad_bytes)
+
+
 def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BUCKET_BYTES) -> DataParallelGraph:
     """``replicas`` copies of the step on 1/``replicas`` of the batch each, with ring all-reduces of the gradients.
 
@@ -162,92 +247,76 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     >>> dp.graph.num_nodes - 2 * g.num_nodes     # two ~16 MiB buckets of 2 (n - 1) steps on each replica
     8
     """
-    if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
-        raise OptionError(f"replicas must be an integer >= 1, got {replicas!r}")
-    if bucket_bytes < 1:
-        raise OptionError(f"bucket_bytes must be >= 1, got {bucket_bytes!r}")
-    n, r = graph.num_nodes, replicas
-    batch = batch_dependent(graph)
-    grads, optimizer = gradients(graph) if r > 1 else ([], np.zeros(n, dtype=bool))
-    scaled = batch & ~optimizer                       # batch-proportional: 1/r of the work per replica
-    factor = np.where(scaled, 1.0 / r, 1.0)
-    is_grad_edge = np.zeros(graph.num_edges, dtype=bool)
-    grad_set = set(grads)
-    for e, (u, t) in enumerate(zip(graph.src.tolist(), graph.edge_tensor.tolist())):
-        is_grad_edge[e] = (u, t) in grad_set
+    layout = ring_layout(graph, replicas, bucket_bytes)
+    n, r, factor = graph.num_nodes, replicas, layout.factor
+    scaled = factor < 1.0
     # A gradient keeps its size; other tensors out of a scaled node shrink with the batch.
-    edge_factor = np.where(is_grad_edge, 1.0, factor[graph.src])
-
-    buckets: list[list[tuple[int, int]]] = []
-    grad_bytes = {}
-    for u, t in grads:
-        sel = (graph.src == u) & (graph.edge_tensor == t)
-        grad_bytes[(u, t)] = int(graph.edge_bytes[sel].max())
-    filled = bucket_bytes
-    for g in grads:
-        if filled + grad_bytes[g] > bucket_bytes and filled > 0:
-            buckets.append([])
-            filled = 0
-        buckets[-1].append(g)
-        filled += grad_bytes[g]
-    bucket_of = {g: b for b, members in enumerate(buckets) for g in members}
-
+    edge_factor = np.where(layout.is_grad_edge, 1.0, factor[graph.src])
+    fields: dict[str, list] = {k: [] for k in _DEFAULTS}
     ids: list[str] = []
-    fields: dict[str, list] = {k: [] for k in ("compute_s", "output_bytes", "param_bytes", "temp_bytes", "flops",
-                                               "op", "layer", "colocation", "device_kinds", "compute_s_by_kind",
-                                               "splittable", "node_extra")}
     replica_of: list[int] = []
     original: list[int] = []
 
-    def add(node_id: str, rep: int, orig: int, **values) -> int:
+    # The replicas, a column at a time (graphs of 10^5 nodes).
+    output_bytes = np.rint(graph.output_bytes * factor).astype(np.int64).tolist()
+    temp_bytes = np.rint(graph.temp_bytes * factor).astype(np.int64).tolist()
+    compute_s = (graph.compute_s * factor).tolist()
+    flops = (graph.flops * factor).tolist()
+    f_list = factor.tolist()
+    for k in range(r):
+        ids += [f"r{k}/{x}" for x in graph.ids]
+        fields["compute_s"] += compute_s
+        fields["output_bytes"] += output_bytes
+        fields["param_bytes"] += graph.param_bytes.tolist()
+        fields["temp_bytes"] += temp_bytes
+        fields["flops"] += flops
+        fields["op"] += graph.op
+        fields["layer"] += graph.layer
+        fields["colocation"] += [None if c is None else f"r{k}/{c}" for c in graph.colocation]
+        fields["device_kinds"] += graph.device_kinds
+        fields["compute_s_by_kind"] += [None if not by_kind else {kind: s * f for kind, s in by_kind.items()}
+                                        for by_kind, f in zip(graph.compute_s_by_kind, f_list)]
+        fields["splittable"] += [_replica_splittable(sp, k, r) if sc else sp
+                                 for sp, sc in zip(graph.splittable, scaled.tolist())]
+        fields["node_extra"] += [{**extra, "replica": k, "replica_of": x} for extra, x in zip(graph.node_extra, graph.ids)]
+        replica_of += [k] * n
+        original += range(n)
+    base = np.arange(r * n, dtype=np.int64).reshape(r, n)
+
+    def add(node_id: str, rep: int, **values) -> int:
         ids.append(node_id)
         for key in fields:
             fields[key].append(values.get(key, _DEFAULTS[key]))
         replica_of.append(rep)
-        original.append(orig)
+        original.append(-1)
         return len(ids) - 1
 
-    base = np.empty((r, n), dtype=np.int64)
-    for k in range(r):
-        for i in range(n):
-            f = factor[i]
-            by_kind = graph.compute_s_by_kind[i]
-            base[k, i] = add(
-                f"r{k}/{graph.ids[i]}", k, i, compute_s=float(graph.compute_s[i]) * f,
-                output_bytes=int(round(graph.output_bytes[i] * f)), param_bytes=int(graph.param_bytes[i]),
-                temp_bytes=int(round(graph.temp_bytes[i] * f)), flops=float(graph.flops[i]) * f,
-                op=graph.op[i], layer=graph.layer[i],
-                colocation=None if graph.colocation[i] is None else f"r{k}/{graph.colocation[i]}",
-                device_kinds=graph.device_kinds[i],
-                compute_s_by_kind=None if not by_kind else {kind: s * f for kind, s in by_kind.items()},
-                splittable=_replica_splittable(graph.splittable[i], k, r) if scaled[i] else graph.splittable[i],
-                node_extra={**graph.node_extra[i], "replica": k, "replica_of": graph.ids[i]})
-    src: list[int] = []
-    dst: list[int] = []
-    ebytes: list[int] = []
-    etensor: list[int] = []
-    for k in range(r):
-        for e in range(graph.num_edges):
-            if is_grad_edge[e]:
-                continue      # readers of a gradient read the all-reduced bucket instead
-            src.append(base[k, graph.src[e]])
-            dst.append(base[k, graph.dst[e]])
-            ebytes.append(int(round(graph.edge_bytes[e] * edge_factor[e])))
-            etensor.append(int(graph.edge_tensor[e]))
+    keep = np.flatnonzero(~layout.is_grad_edge)      # readers of a gradient read the all-reduced bucket instead
+    kept_bytes = np.rint(graph.edge_bytes[keep] * edge_factor[keep]).astype(np.int64)
+    src = [base[k, graph.src[keep]] for k in range(r)]
+    dst = [base[k, graph.dst[keep]] for k in range(r)]
+    ebytes = [kept_bytes] * r
+    etensor = [graph.edge_tensor[keep]] * r
+    extra_src: list[int] = []
+    extra_dst: list[int] = []
+    extra_bytes: list[int] = []
+    extra_tensor: list[int] = []
 
-    steps = 2 * (r - 1)
+    steps = layout.steps
     last_step: dict[tuple[int, int], int] = {}     # (bucket, replica) -> node of its last step
-    for b, members in enumerate(buckets):
-        total = sum(grad_bytes[g] for g in members)
-        chunk = -(-total // r)
+    for b, members in enumerate(layout.buckets):
+        total = layout.bucket_bytes(b)
+        chunk = layout.chunk_bytes(b)
         names = [graph.ids[u] + (f":{t}" if t else "") for u, t in members]
+        add_time = chunk_add_time(chunk)
         step_node = np.empty((r, steps), dtype=np.int64)
         for s in range(steps):
             reduce = s < r - 1
-            cost, by_kind = _chunk_add_time(chunk) if reduce else (0.0, None)
+            cost, by_kind = add_time if reduce else (0.0, None)
             for k in range(r):
                 step_node[k, s] = add(
-                    f"r{k}/allreduce{b}.step{s}", k, -1, compute_s=cost, compute_s_by_kind=by_kind,
+                    f"r{k}/allreduce{b}.step{s}", k, compute_s=cost,
+                    compute_s_by_kind=None if by_kind is None else dict(by_kind),
                     output_bytes=total if s == steps - 1 else chunk, op="allreduce.add" if reduce else "allreduce.copy",
                     node_extra={"replica": k, "allreduce": {"bucket": b, "step": s, "gradients": names}})
         for k in range(r):
@@ -256,31 +325,36 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
             for s in range(steps):
                 if s == 0:
                     for u, t in members:
-                        for rep, nbytes in ((k, grad_bytes[(u, t)]), (prev, -(-grad_bytes[(u, t)] // r))):
-                            src.append(base[rep, u])
-                            dst.append(step_node[k, 0])
-                            ebytes.append(nbytes)
-                            etensor.append(t)
+                        for rep, nbytes in ((k, layout.grad_bytes[(u, t)]), (prev, -(-layout.grad_bytes[(u, t)] // r))):
+                            extra_src.append(base[rep, u])
+                            extra_dst.append(step_node[k, 0])
+                            extra_bytes.append(nbytes)
+                            extra_tensor.append(t)
                 else:
-                    for rep, nbytes in ((k, chunk), (prev, chunk)):
-                        src.append(step_node[rep, s - 1])
-                        dst.append(step_node[k, s])
-                        ebytes.append(nbytes)
-                        etensor.append(0)
+                    for rep in (k, prev):
+                        extra_src.append(step_node[rep, s - 1])
+                        extra_dst.append(step_node[k, s])
+                        extra_bytes.append(chunk)
+                        extra_tensor.append(0)
     # Readers of each gradient read their replica's last step of its bucket.
-    for e in np.flatnonzero(is_grad_edge).tolist():
+    bucket_of = {g: b for b, members in enumerate(layout.buckets) for g in members}
+    for e in np.flatnonzero(layout.is_grad_edge).tolist():
         b = bucket_of[(int(graph.src[e]), int(graph.edge_tensor[e]))]
         for k in range(r):
-            src.append(last_step[(b, k)])
-            dst.append(base[k, graph.dst[e]])
-            ebytes.append(int(graph.edge_bytes[e]))
-            etensor.append(0)
-    out = OpGraph(ids, fields["compute_s"], src, dst, ebytes, etensor, output_bytes=fields["output_bytes"],
+            extra_src.append(last_step[(b, k)])
+            extra_dst.append(base[k, graph.dst[e]])
+            extra_bytes.append(int(graph.edge_bytes[e]))
+            extra_tensor.append(0)
+    out = OpGraph(ids, fields["compute_s"], np.concatenate(src + [np.asarray(extra_src, dtype=np.int64)]),
+                  np.concatenate(dst + [np.asarray(extra_dst, dtype=np.int64)]),
+                  np.concatenate(ebytes + [np.asarray(extra_bytes, dtype=np.int64)]),
+                  np.concatenate(etensor + [np.asarray(extra_tensor, dtype=np.int64)]),
+                  output_bytes=fields["output_bytes"],
                   param_bytes=fields["param_bytes"], temp_bytes=fields["temp_bytes"], flops=fields["flops"],
                   op=fields["op"], layer=fields["layer"], colocation=fields["colocation"],
                   device_kinds=fields["device_kinds"], compute_s_by_kind=fields["compute_s_by_kind"],
                   splittable=fields["splittable"], node_extra=fields["node_extra"], name=graph.name,
-                  extra={**graph.extra, "data_parallel": {"replicas": r, "buckets": len(buckets)}})
+                  extra={**graph.extra, "data_parallel": {"replicas": r, "buckets": len(layout.buckets)}})
     return DataParallelGraph(out, np.asarray(replica_of, dtype=np.int64), np.asarray(original, dtype=np.int64))
 
 
@@ -303,8 +377,12 @@ def _replica_splittable(splittable: list[dict] | None, replica: int, replicas: i
     return out or None
 
 
-def _chunk_add_time(chunk: int) -> tuple[float, dict[str, float]]:
-    """Roofline time of adding a received chunk into the local one (read two, write one)."""
+@lru_cache(maxsize=1024)
+def chunk_add_time(chunk: int) -> tuple[float, dict[str, float]]:
+    """Roofline time of adding a received chunk into the local one (read two, write one).
+
+    Returns the V100 time (``compute_s``, the presets' speed-1.0 kind) and the time on every kind.
+    """
     from ..cost.analytic import DEVICE_SPECS, node_time_s
 
     times = {k: float(node_time_s(k, chunk / 4, 3.0 * chunk)) for k in DEVICE_SPECS}
