@@ -104,3 +104,17 @@ def test_fits_when_only_some_members_do():
     assert any("single" in failure for failure in plan.extra["auto"]["failed"])
     peaks = simulate_plan(plan, graph, cluster).peak_memory_bytes
     assert np.all(peaks <= cluster.memory)
+
+
+@pytest.mark.parametrize("param_mib, runs", [(400.0, False), (0.5, True)])
+def test_data_parallel_runs_only_where_its_lower_bound_can_beat_the_best_plan(param_mib, runs):
+    """400 MiB of gradients per op on PCIe: the all-reduce alone outlasts the expert split, so auto skips it."""
+    graph = training_graph(layers=4, branches=2, param_mib=param_mib, activation_mib=64 if runs else 1)
+    cluster = load_cluster("4xGPU-pcie")
+    plan = place(graph, cluster, "auto", portfolio="expert,data_parallel", max_evaluations=5)
+    data_parallel = place(graph, cluster, "data_parallel").predicted["makespan_s"]
+    expert = place(graph, cluster, "expert").predicted["makespan_s"]
+    assert ("data_parallel" in plan.extra["auto"]["ran"]) is runs
+    assert any(skipped.startswith("data_parallel") for skipped in plan.extra["auto"]["cannot_win"]) is not runs
+    assert (data_parallel < expert) is runs
+    assert plan.predicted["makespan_s"] <= min(data_parallel, expert)

@@ -2,10 +2,12 @@
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from placer import OpGraph, place, simulate
-from placer.algorithms.data_parallel import data_parallel_schedule
-from placer.cluster import Channel, Cluster, Device, load_cluster
+from placer.algorithms.data_parallel import data_parallel_lower_bound, data_parallel_schedule
+from placer.cluster import PRESETS, Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import training_graph
 from placer.transform.replicate import data_parallel_graph, gradients
@@ -168,6 +170,30 @@ def test_data_parallel_leaves_out_devices_of_a_forbidden_kind():
                                          for a in names for b in names if a != b])
     dp, device_of, _ = data_parallel_schedule(g, cluster)
     assert sorted(set(device_of.tolist())) == [0, 2]
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(layers=st.integers(1, 5), branches=st.integers(1, 3), seed=st.integers(0, 50),
+       param_mib=st.sampled_from([0.5, 16.0, 400.0]), cluster=st.sampled_from(sorted(PRESETS)))
+def test_data_parallel_lower_bound_is_the_busiest_device_or_channel_of_its_plan(layers, branches, seed, param_mib,
+                                                                                 cluster):
+    """The bound needs no replicated graph, yet equals what the plan's simulation keeps busiest."""
+    g = training_graph(layers=layers, branches=branches, seed=seed, param_mib=param_mib)
+    c = load_cluster(cluster)
+    bound = data_parallel_lower_bound(g, c)
+    dp, device_of, orders = data_parallel_schedule(g, c)
+    result = simulate(dp.graph, c, device_of, check=False)
+    busy = np.bincount(device_of, weights=result.finish - result.start, minlength=c.num_devices)
+    xf = result.transfers
+    channel_busy = np.bincount(xf.channel, weights=xf.end - xf.start, minlength=len(c.channels))
+    assert bound <= result.makespan_s * (1 + 1e-12)
+    assert bound >= max(busy.max(), channel_busy.max()) * (1 - 1e-12)
+
+
+def test_data_parallel_lower_bound_is_infinite_where_no_device_may_hold_a_replica():
+    g = training_graph(layers=2, branches=1)
+    g = g.replace(device_kinds=[("V100",)] * (g.num_nodes - 1) + [("A100",)])
+    assert data_parallel_lower_bound(g, load_cluster("2xV100-nvlink")) == float("inf")
 
 
 # ------------------------------------------------------------------ os_dpos
