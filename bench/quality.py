@@ -44,7 +44,7 @@ CLUSTERS = ["2xV100-nvlink", "4xV100-nvlink", "8xV100-nvlink", "4xGPU-pcie", "2x
 PAPER_ALGORITHMS = ["m_topo", "m_etf", "m_sct", "heft", "dpos", "os_dpos", "pesto", "order_place", "celeritas",
                     "placeto"]
 #: Algorithms whose plans split ops (a rewritten graph): left out of ``auto_unsplit``.
-SPLITTING = {"data_parallel", "os_dpos"}
+SPLITTING = {"data_parallel", "sharded_data_parallel", "os_dpos"}
 
 
 def captured_graph(model: str, batch: int | None, cache: Path) -> OpGraph:

@@ -86,8 +86,7 @@ def test_gradients_of_the_generated_training_graph_are_its_weight_gradients():
     assert not optimizer.any()     # the update reads the gradient directly
 
 
-@pytest.fixture(scope="module")
-def captured():
+def capture_small_cnn(optimizer):
     import torch
     from torch import nn
 
@@ -103,7 +102,16 @@ def captured():
         def forward(self, x, y):
             return nn.functional.cross_entropy(self.net(x), y)
 
-    return capture(Model(), (torch.randn(8, 3, 8, 8), torch.randint(0, 5, (8,))), optimizer="sgd").graph
+    return capture(Model(), (torch.randn(8, 3, 8, 8), torch.randint(0, 5, (8,))), optimizer=optimizer).graph
+
+
+#: Parameters of capture_small_cnn's model, in bytes: conv 3*4*9 + 4, batch norm 4 + 4, linear 144*5 + 5.
+SMALL_CNN_PARAM_BYTES = 4 * (112 + 8 + 725)
+
+
+@pytest.fixture(scope="module")
+def captured():
+    return capture_small_cnn("sgd")
 
 
 def test_gradients_of_a_captured_step_are_one_per_parameter(captured):
@@ -128,6 +136,41 @@ def test_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_gradients_per_device():
         + (2 * (n - 1) - 1) * chunk
     assert sent.tolist() == [expected] * n
     assert abs(expected - 2 * (n - 1) / n * total) <= 2 * n * len(grads)
+
+
+def test_a_sharded_optimizer_does_1_over_n_of_the_update_and_holds_1_over_n_of_adams_state():
+    g, n = capture_small_cnn("adam"), 4
+    plain, sharded = data_parallel_graph(g, n), data_parallel_graph(g, n, shard_optimizer=True)
+    _, optimizer = gradients(g)
+    update = [f"r0/{g.ids[i]}" for i in np.flatnonzero(optimizer)]
+    assert len(update) >= 12           # Adam's arithmetic on the gradient of each of the six parameters
+    for node_id in update:
+        assert sharded.graph.compute_s[sharded.graph.index[node_id]] == pytest.approx(
+            plain.graph.compute_s[plain.graph.index[node_id]] / n)
+    replica0 = lambda dp: dp.replica[:dp.original.size] == 0        # noqa: E731
+    held = lambda dp: int(dp.graph.param_bytes[replica0(dp)].sum())   # noqa: E731
+    # Parameters, batch-norm buffers and step counters whole; Adam's two moments in quarters (each of the
+    # six rounded up).
+    saved = held(plain) - held(sharded)
+    assert 3 * SMALL_CNN_PARAM_BYTES < held(plain) < 3 * SMALL_CNN_PARAM_BYTES + 100
+    assert 0 <= 2 * SMALL_CNN_PARAM_BYTES * (n - 1) / n - saved <= 2 * 6
+
+
+def test_a_sharded_optimizer_updates_between_its_reduce_scatter_and_all_gather_on_the_same_ring_traffic():
+    g, n = capture_small_cnn("adam"), 4
+    dp = data_parallel_graph(g, n, shard_optimizer=True, bucket_bytes=1 << 40)     # one bucket
+    grads, optimizer = gradients(g)
+    result = simulate(dp.graph, mesh(n), dp.replica)
+    start, finish = result.start, result.finish
+    steps = [dp.graph.index[f"r0/allreduce0.step{s}"] for s in range(2 * (n - 1))]
+    assert [dp.graph.op[i] for i in steps] == ["reduce_scatter.add"] * (n - 1) + ["all_gather.copy"] * (n - 1)
+    update = [dp.graph.index[f"r0/{g.ids[i]}"] for i in np.flatnonzero(optimizer)]
+    assert finish[steps[n - 2]] <= start[update].min() and finish[update].max() <= start[steps[n - 1]]
+    sent = np.bincount(result.transfers.src_device, weights=result.transfers.nbytes, minlength=n)
+    plain = simulate(data_parallel_graph(g, n, bucket_bytes=1 << 40).graph, mesh(n), dp.replica)
+    plain_sent = np.bincount(plain.transfers.src_device, weights=plain.transfers.nbytes, minlength=n)
+    # Reduce-scatter plus all-gather: 2 (n - 1) / n of the gradients, as the all-reduce, up to rounding.
+    assert np.all(np.abs(sent - plain_sent) <= 2 * n * len(grads))
 
 
 def test_strong_scaling_halves_the_batch_work_of_each_replica():
@@ -174,14 +217,14 @@ def test_data_parallel_leaves_out_devices_of_a_forbidden_kind():
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=st.integers(1, 5), branches=st.integers(1, 3), seed=st.integers(0, 50),
-       param_mib=st.sampled_from([0.5, 16.0, 400.0]), cluster=st.sampled_from(sorted(PRESETS)))
+       param_mib=st.sampled_from([0.5, 16.0, 400.0]), cluster=st.sampled_from(sorted(PRESETS)), shard=st.booleans())
 def test_data_parallel_lower_bound_is_the_busiest_device_or_channel_of_its_plan(layers, branches, seed, param_mib,
-                                                                                 cluster):
+                                                                                 cluster, shard):
     """The bound needs no replicated graph, yet equals what the plan's simulation keeps busiest."""
     g = training_graph(layers=layers, branches=branches, seed=seed, param_mib=param_mib)
     c = load_cluster(cluster)
-    bound = data_parallel_lower_bound(g, c)
-    dp, device_of, orders = data_parallel_schedule(g, c)
+    bound = data_parallel_lower_bound(g, c, shard_optimizer=shard)
+    dp, device_of, orders = data_parallel_schedule(g, c, shard_optimizer=shard)
     result = simulate(dp.graph, c, device_of, check=False)
     busy = np.bincount(device_of, weights=result.finish - result.start, minlength=c.num_devices)
     xf = result.transfers

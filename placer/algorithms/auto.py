@@ -16,6 +16,7 @@ parallelism) is skipped where the bound shows it cannot win.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 
@@ -39,18 +40,21 @@ SEARCHES = ("os_dpos", "m_sct") + SLOW_ALGORITHMS
 #: One-pass algorithms that take at most seconds on graphs of 10^4 ops run first, the others follow in
 #: registry order (m-ETF's estimates under channel contention take longer). The expert split comes first:
 #: it is the quickest to find a plan that fits where memory is tight, and once auto has a plan it can box
-#: every later member in the time left. Data parallelism next: where a replica fits it is often several
-#: times faster than any placement (bench/quality.py), though its replicated graph takes seconds (6.6 s on
-#: GNMT over 8 GPUs). Then the cheapest (tenths of a second on 10^4 ops) before DPOS and HEFT (about a
-#: second). With 10 s on every bundled case (bench/presets.py) this order missed the best plan on 6 of 126
-#: cases (GNMT by 9-37%, where METIS, DPOS or m-TOPO wins; NASNet over two hosts), the cheap members before
-#: data parallelism on 8, by 1.4-4.9x (NASNet, ResNet-200 on CPUs, where data parallelism wins).
-FAST_FIRST = ("expert", "data_parallel", "metis", "celeritas", "order_place", "m_topo", "dpos", "heft")
+#: every later member in the time left. Data parallelism next, the sharded optimizer's first (the same
+#: ring traffic, 1/n of the update): where a replica fits it is often several times faster than any
+#: placement (bench/quality.py), though its replicated graph takes seconds on 10^4 ops (their lower bounds
+#: skip them where they cannot win). Then the cheapest (tenths of a second on 10^4 ops) before DPOS and
+#: HEFT (about a second). With 10 s on every bundled case (bench/presets.py), before the bounds, this order
+#: missed the best plan on 6 of 126 cases (GNMT, where data parallelism ate the time; NASNet over two
+#: hosts), the cheap members before data parallelism on 8, by 1.4-4.9x (NASNet, ResNet-200 on CPUs).
+FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "metis", "celeritas", "order_place", "m_topo", "dpos",
+              "heft")
 #: Members whose makespan has a cheap lower bound: one whose bound is no better than the best plan so far
 #: cannot win and does not run. Data parallelism's bound is within 2-17% of its makespan on the bundled
 #: cases and takes a tenth of a second where its plan takes seconds; it skips GNMT (all-reduce-bound) on
 #: every bundled GPU cluster but one, where it loses to the expert split.
-LOWER_BOUNDS = {"data_parallel": data_parallel_lower_bound}
+LOWER_BOUNDS = {"data_parallel": data_parallel_lower_bound,
+                "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True)}
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
 #: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.

@@ -97,13 +97,23 @@ def gradients(graph: OpGraph) -> tuple[list[tuple[int, int]], np.ndarray]:
     optimizer : ndarray of bool
         Nodes between a gradient and the state write (element-wise optimizer arithmetic).
     """
+    walks, optimizer = _state_writes(graph)
+    found = set().union(*(grads for _, grads in walks.values()))
+    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position[graph.topological_order] = np.arange(graph.num_nodes)
+    grads = sorted(found, key=lambda g: (position[g[0]], g[1]))
+    return grads, optimizer
+
+
+def _state_writes(graph: OpGraph) -> tuple[dict[str, tuple[list[int], set[tuple[int, int]]]], np.ndarray]:
+    """Per colocation group holding state: its write nodes and the gradients they derive from; the optimizer."""
     n = graph.num_nodes
     batch = batch_dependent(graph)
     ptr, eids = graph.in_edges
     src, nbytes, tensor = graph.src, graph.edge_bytes, graph.edge_tensor
     optimizer = np.zeros(n, dtype=bool)
-    found: set[tuple[int, int]] = set()
-    for members in graph.colocation_groups.values():
+    walks: dict[str, tuple[list[int], set[tuple[int, int]]]] = {}
+    for key, members in graph.colocation_groups.items():
         size = int(graph.param_bytes[members].max())
         if size <= 0:
             continue
@@ -113,8 +123,10 @@ def gradients(graph: OpGraph) -> tuple[list[tuple[int, int]], np.ndarray]:
             """In-edges of v that carry a batch-dependent tensor from outside the group."""
             return [e for e in eids[ptr[v]:ptr[v + 1]].tolist() if batch[src[e]] and int(src[e]) not in inside]
 
-        stack = [e for w in members.tolist() for e in feeding(w) if nbytes[e] == size]
+        writers = [w for w in members.tolist() if any(nbytes[e] == size for e in feeding(w))]
+        stack = [e for w in writers for e in feeding(w) if nbytes[e] == size]
         seen: set[int] = set()
+        found: set[tuple[int, int]] = set()
         while stack:
             e = stack.pop()
             u = int(src[e])
@@ -128,38 +140,70 @@ def gradients(graph: OpGraph) -> tuple[list[tuple[int, int]], np.ndarray]:
                     stack.extend(further)
             else:
                 found.add((u, int(tensor[e])))
-    position = np.empty(n, dtype=np.int64)
-    position[graph.topological_order] = np.arange(n)
-    grads = sorted(found, key=lambda g: (position[g[0]], g[1]))
-    return grads, optimizer
+        walks[key] = (writers, found)
+    return walks, optimizer
+
+
+def _optimizer_arithmetic(graph: OpGraph, optimizer: np.ndarray, batch: np.ndarray) -> np.ndarray:
+    """The optimizer's element-wise nodes, with those on its state alone (Adam's ``exp_avg_sq * beta2``).
+
+    Walks back from the optimizer's nodes (which read the gradient) through
+    element-wise operations on state that does not depend on the batch, as
+    long as they produce a tensor of the size their reader takes.
+    """
+    out = optimizer.copy()
+    ptr, eids = graph.in_edges
+    stack = np.flatnonzero(optimizer).tolist()
+    while stack:
+        v = stack.pop()
+        for e in eids[ptr[v]:ptr[v + 1]].tolist():
+            u = int(graph.src[e])
+            if (not out[u] and not batch[u] and graph.op[u] not in (None, "placeholder")
+                    and _optimizer_op(graph.op[u]) and graph.output_bytes[u] == graph.edge_bytes[e] > 0):
+                out[u] = True
+                stack.append(u)
+    return out
 
 
 @dataclass
 class RingLayout:
-    """How a graph is replicated: which nodes shrink with the batch, and the gradient buckets.
+    """How a graph is replicated: which nodes shrink, and the gradient buckets.
 
     Attributes
     ----------
     replicas : int
+    sharded : bool
+        Whether the optimizer is sharded (ZeRO stage 1) rather than replicated.
     factor : ndarray of float
         Share of its original time and memory each replica of a node takes (1/replicas or 1).
+    per_batch : ndarray of bool
+        Nodes that shrink because they work on the batch (their batch dimension is cut).
+    param_factor : ndarray of float
+        Share of its ``param_bytes`` each replica holds (a sharded optimizer's state: 1/replicas).
     is_grad_edge : ndarray of bool
-        Edges that read a gradient (they read the all-reduced bucket instead).
+        Edges that read a gradient (they read the reduced bucket instead).
     buckets : list of list of (node, tensor)
         Gradients in the order they are reduced, about ``bucket_bytes`` a bucket.
     grad_bytes : dict
         Size of every gradient.
+    updated : dict
+        Gradient -> the node that writes the parameter it updates (sharded layouts only): the
+        all-gather sends its new value on.
     """
 
     replicas: int
+    sharded: bool
     factor: np.ndarray
+    per_batch: np.ndarray
+    param_factor: np.ndarray
     is_grad_edge: np.ndarray
     buckets: list[list[tuple[int, int]]]
     grad_bytes: dict[tuple[int, int], int]
+    updated: dict[tuple[int, int], int]
 
     @property
     def steps(self) -> int:
-        """Steps of every bucket's ring all-reduce."""
+        """Steps of every bucket's ring all-reduce (or reduce-scatter and all-gather)."""
         return 2 * (self.replicas - 1)
 
     def bucket_bytes(self, b: int) -> int:
@@ -169,22 +213,31 @@ class RingLayout:
         """What a ring step of bucket ``b`` sends to the next replica: 1/replicas of the bucket."""
         return -(-self.bucket_bytes(b) // self.replicas)
 
+    def share_bytes(self, g: tuple[int, int]) -> int:
+        """A replica's share of gradient ``g``."""
+        return -(-self.grad_bytes[g] // self.replicas)
+
     def hop_bytes(self) -> list[int]:
         """Size of every transfer from one replica to the next in the ring (all hops carry the same).
 
         The first step of a bucket receives each gradient's share from the
         previous replica; every later step one chunk from the previous
-        replica's step before.
+        replica's step before. A sharded optimizer's all-gather starts again
+        from each updated parameter's share.
         """
         out = []
         for b, members in enumerate(self.buckets):
-            out += [-(-self.grad_bytes[g] // self.replicas) for g in members]
-            out += [self.chunk_bytes(b)] * (self.steps - 1)
+            shares = [self.share_bytes(g) for g in members]
+            if self.sharded:
+                out += (shares + [self.chunk_bytes(b)] * (self.replicas - 2)) * 2
+            else:
+                out += shares + [self.chunk_bytes(b)] * (self.steps - 1)
         return out
 
 
-def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES) -> RingLayout:
-    """The gradients, their buckets and each node's share of the batch for ``replicas`` replicas.
+def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES, *,
+                shard_optimizer: bool = False) -> RingLayout:
+    """The gradients, their buckets and each node's share of the work for ``replicas`` replicas.
 
     Raises
     ------
@@ -195,10 +248,30 @@ def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES)
         raise OptionError(f"replicas must be an integer >= 1, got {replicas!r}")
     if bucket_bytes < 1:
         raise OptionError(f"bucket_bytes must be >= 1, got {bucket_bytes!r}")
-    r = replicas
+    r, n = replicas, graph.num_nodes
+    sharded = shard_optimizer and r > 1
     batch = batch_dependent(graph)
-    grads, optimizer = gradients(graph) if r > 1 else ([], np.zeros(graph.num_nodes, dtype=bool))
-    factor = np.where(batch & ~optimizer, 1.0 / r, 1.0)     # batch-proportional: 1/r of the work per replica
+    walks, optimizer = _state_writes(graph) if r > 1 else ({}, np.zeros(n, dtype=bool))
+    grads, _ = gradients(graph) if r > 1 else ([], None)
+    per_batch = batch & ~optimizer
+    # ZeRO stage 1: every replica runs the optimizer on its 1/r of every parameter.
+    arithmetic = _optimizer_arithmetic(graph, optimizer, batch)
+    factor = np.where(per_batch | (arithmetic & sharded), 1.0 / r, 1.0)
+    param_factor = np.ones(n)
+    updated: dict[tuple[int, int], int] = {}
+    if sharded:
+        ptr, eids = graph.out_edges
+        for key, (writers, found) in walks.items():
+            members = graph.colocation_groups[key]
+            inside = set(members.tolist())
+            readers = {int(graph.dst[e]) for m in members.tolist() for e in eids[ptr[m]:ptr[m + 1]].tolist()}
+            if all(arithmetic[v] or v in inside for v in readers):
+                param_factor[members] = 1.0 / r       # optimizer state, which only the optimizer reads
+            else:
+                for g in found:                       # a parameter, which the step reads too
+                    updated.setdefault(g, max(writers))
+        for g in grads:   # a gradient no parameter's update was traced to: its first state write
+            updated.setdefault(g, min(w for writers, found in walks.values() if g in found for w in writers))
     grad_set = set(grads)
     is_grad_edge = np.fromiter(((u, t) in grad_set for u, t in zip(graph.src.tolist(), graph.edge_tensor.tolist())),
                                dtype=bool, count=graph.num_edges)
@@ -214,10 +287,11 @@ def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES)
             filled = 0
         buckets[-1].append(g)
         filled += grad_bytes[g]
-    return RingLayout(r, factor, is_grad_edge, buckets, grad_bytes)
+    return RingLayout(r, sharded, factor, per_batch, param_factor, is_grad_edge, buckets, grad_bytes, updated)
 
 
-def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BUCKET_BYTES) -> DataParallelGraph:
+def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BUCKET_BYTES,
+                        shard_optimizer: bool = False) -> DataParallelGraph:
     """``replicas`` copies of the step on 1/``replicas`` of the batch each, with ring all-reduces of the gradients.
 
     Parameters
@@ -227,6 +301,13 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
         Number of replicas (devices), >= 1.
     bucket_bytes : int
         Gradients are reduced in buckets of about this many bytes.
+    shard_optimizer : bool
+        ZeRO stage 1 (Rajbhandari et al., SC 2020): each bucket is
+        reduce-scattered (the first ``n - 1`` ring steps), every replica
+        updates its 1/n of each parameter (the optimizer's nodes take 1/n of
+        the time, its state 1/n of the memory), and the updated parameters
+        are all-gathered (the other ``n - 1`` steps, fed by each parameter's
+        write). Same ring traffic as the all-reduce, 1/n of the optimizer.
 
     Returns
     -------
@@ -247,9 +328,10 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     >>> dp.graph.num_nodes - 2 * g.num_nodes     # two ~16 MiB buckets of 2 (n - 1) steps on each replica
     8
     """
-    layout = ring_layout(graph, replicas, bucket_bytes)
+    layout = ring_layout(graph, replicas, bucket_bytes, shard_optimizer=shard_optimizer)
     n, r, factor = graph.num_nodes, replicas, layout.factor
-    scaled = factor < 1.0
+    scaled = layout.per_batch
+    param_bytes = np.rint(graph.param_bytes * layout.param_factor).astype(np.int64).tolist()
     # A gradient keeps its size; other tensors out of a scaled node shrink with the batch.
     edge_factor = np.where(layout.is_grad_edge, 1.0, factor[graph.src])
     fields: dict[str, list] = {k: [] for k in _DEFAULTS}
@@ -267,7 +349,7 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
         ids += [f"r{k}/{x}" for x in graph.ids]
         fields["compute_s"] += compute_s
         fields["output_bytes"] += output_bytes
-        fields["param_bytes"] += graph.param_bytes.tolist()
+        fields["param_bytes"] += param_bytes
         fields["temp_bytes"] += temp_bytes
         fields["flops"] += flops
         fields["op"] += graph.op
@@ -303,7 +385,10 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     extra_tensor: list[int] = []
 
     steps = layout.steps
-    last_step: dict[tuple[int, int], int] = {}     # (bucket, replica) -> node of its last step
+    # The step whose output the gradients' readers read: the reduced bucket, or a sharded optimizer's shard.
+    reduced = r - 2 if layout.sharded else steps - 1
+    ops = ("reduce_scatter.add", "all_gather.copy") if layout.sharded else ("allreduce.add", "allreduce.copy")
+    last_step: dict[tuple[int, int], int] = {}     # (bucket, replica) -> node of the step the readers read
     for b, members in enumerate(layout.buckets):
         total = layout.bucket_bytes(b)
         chunk = layout.chunk_bytes(b)
@@ -317,33 +402,42 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
                 step_node[k, s] = add(
                     f"r{k}/allreduce{b}.step{s}", k, compute_s=cost,
                     compute_s_by_kind=None if by_kind is None else dict(by_kind),
-                    output_bytes=total if s == steps - 1 else chunk, op="allreduce.add" if reduce else "allreduce.copy",
-                    node_extra={"replica": k, "allreduce": {"bucket": b, "step": s, "gradients": names}})
+                    output_bytes=total if s == steps - 1 else chunk, op=ops[0] if reduce else ops[1],
+                    node_extra={"replica": k, "allreduce": {"bucket": b, "step": s, "gradients": names,
+                                                            "sharded": layout.sharded}})
         for k in range(r):
-            last_step[(b, k)] = int(step_node[k, steps - 1])
+            last_step[(b, k)] = int(step_node[k, reduced])
             prev = (k - 1) % r
             for s in range(steps):
                 if s == 0:
                     for u, t in members:
-                        for rep, nbytes in ((k, layout.grad_bytes[(u, t)]), (prev, -(-layout.grad_bytes[(u, t)] // r))):
+                        for rep, nbytes in ((k, layout.grad_bytes[(u, t)]), (prev, layout.share_bytes((u, t)))):
                             extra_src.append(base[rep, u])
                             extra_dst.append(step_node[k, 0])
                             extra_bytes.append(nbytes)
                             extra_tensor.append(t)
+                elif layout.sharded and s == r - 1:     # the all-gather starts from the updated parameters
+                    for g in members:
+                        for rep in (k, prev):
+                            extra_src.append(base[rep, layout.updated[g]])
+                            extra_dst.append(step_node[k, s])
+                            extra_bytes.append(layout.share_bytes(g))
+                            extra_tensor.append(0)
                 else:
                     for rep in (k, prev):
                         extra_src.append(step_node[rep, s - 1])
                         extra_dst.append(step_node[k, s])
                         extra_bytes.append(chunk)
                         extra_tensor.append(0)
-    # Readers of each gradient read their replica's last step of its bucket.
+    # Readers of each gradient read their replica's reduced bucket (a sharded optimizer: its shard of it).
     bucket_of = {g: b for b, members in enumerate(layout.buckets) for g in members}
     for e in np.flatnonzero(layout.is_grad_edge).tolist():
         b = bucket_of[(int(graph.src[e]), int(graph.edge_tensor[e]))]
+        nbytes = int(graph.edge_bytes[e])
         for k in range(r):
             extra_src.append(last_step[(b, k)])
             extra_dst.append(base[k, graph.dst[e]])
-            extra_bytes.append(int(graph.edge_bytes[e]))
+            extra_bytes.append(-(-nbytes // r) if layout.sharded else nbytes)
             extra_tensor.append(0)
     out = OpGraph(ids, fields["compute_s"], np.concatenate(src + [np.asarray(extra_src, dtype=np.int64)]),
                   np.concatenate(dst + [np.asarray(extra_dst, dtype=np.int64)]),
@@ -354,7 +448,8 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
                   op=fields["op"], layer=fields["layer"], colocation=fields["colocation"],
                   device_kinds=fields["device_kinds"], compute_s_by_kind=fields["compute_s_by_kind"],
                   splittable=fields["splittable"], node_extra=fields["node_extra"], name=graph.name,
-                  extra={**graph.extra, "data_parallel": {"replicas": r, "buckets": len(layout.buckets)}})
+                  extra={**graph.extra, "data_parallel": {"replicas": r, "buckets": len(layout.buckets),
+                                                          "sharded_optimizer": layout.sharded}})
     return DataParallelGraph(out, np.asarray(replica_of, dtype=np.int64), np.asarray(original, dtype=np.int64))
 
 
