@@ -138,9 +138,7 @@ def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit
     Yi et al., FastT, CoNEXT 2020, Section 6 (data parallelism as the baseline,
     Table 1 under strong scaling); Li et al., PyTorch Distributed, VLDB 2020.
     """
-    dp, device_of, orders = data_parallel_schedule(graph, cluster)
-    return Plan.from_arrays(graph, cluster, device_of, orders, placed_graph=dp.graph,
-                            extra={"replicas": int(dp.replica.max(initial=0)) + 1})
+    return _replica_plan(graph, cluster, shard_optimizer=False)
 
 
 @register("sharded_data_parallel")
@@ -152,8 +150,8 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
     parameter and holds 1/n of the optimizer's state, and the updated
     parameters are all-gathered. The ring carries the same bytes; the
     optimizer's time and state shrink n-fold, which is what data parallelism
-    wastes most with Adam under strong scaling (a replicated Adam is 8% of
-    ResNet-50's step on one V100 and 38% of each replica's work over 8).
+    wastes most with Adam under strong scaling (a replicated Adam's arithmetic
+    is 4% of ResNet-50's step on one V100 but 20% of each replica's work over 8).
 
     Parameters
     ----------
@@ -187,6 +185,10 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
     Models", SC 2020, Section 5.1 (optimizer state partitioning, P_os); PyTorch's
     ``ZeroRedundancyOptimizer``.
     """
-    dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=True)
+    return _replica_plan(graph, cluster, shard_optimizer=True)
+
+
+def _replica_plan(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool) -> Plan:
+    dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=shard_optimizer)
     return Plan.from_arrays(graph, cluster, device_of, orders, placed_graph=dp.graph,
                             extra={"replicas": int(dp.replica.max(initial=0)) + 1})
