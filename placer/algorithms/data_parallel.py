@@ -7,7 +7,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import InfeasibleError
 from ..graph import OpGraph
-from ..paths import critical_path_length
+from ..paths import top_levels
 from ..plan import Plan
 from ..sim.simulator import simulate
 from ..transform.replicate import DataParallelGraph, chunk_add_time, data_parallel_graph, ring_layout
@@ -29,10 +29,11 @@ def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimiz
     The longest of: the busiest replica device (its share of the batch, the
     whole optimizer and its all-reduce additions, run one at a time), the
     busiest channel of the ring (FORMATS.md: a channel carries one transfer at
-    a time), and a replica's own critical path. The first two are exactly the
-    busy times the data-parallel plan's simulation would show; for the
-    all-reduce-bound GNMT they come within 2-5% of its makespan, so ``auto``
-    knows before spending seconds on a 10^5-node graph that it cannot win.
+    a time) after the earliest a gradient can be ready, and a replica's own
+    critical path. The busy times are exactly those the data-parallel plan's
+    simulation would show; for the all-reduce-bound GNMT the bound comes
+    within 2-10% of its makespan, so ``auto`` knows before spending seconds
+    on a 10^5-node graph that it cannot win.
 
     Returns ``inf`` where no device may hold a replica or the ring has no channel.
     ``shard_optimizer`` bounds :func:`sharded_data_parallel`'s plans instead.
@@ -52,7 +53,8 @@ def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimiz
     r = len(devices)
     layout = ring_layout(graph, r, shard_optimizer=shard_optimizer)
     share = graph.durations(cluster)[:, devices] * layout.factor[:, None]
-    path = critical_path_length(graph, share.min(axis=1))
+    fastest = share.min(axis=1)
+    finish = top_levels(graph, fastest) + fastest
     busy = share.sum(axis=0)
     if layout.buckets:
         add_times = [chunk_add_time(layout.chunk_bytes(b)) for b in range(len(layout.buckets))]
@@ -68,7 +70,9 @@ def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimiz
                 return float("inf")
             ch = cluster.channels[c]
             channel_busy[c] += hop.size * ch.latency_s + hop.sum() / ch.bandwidth_bytes_per_s
-    return float(max(path, busy.max(), channel_busy.max(initial=0.0)))
+    # Every ring transfer follows some gradient's producer.
+    first_gradient = min((finish[u] for bucket in layout.buckets for u, _ in bucket), default=0.0)
+    return float(max(finish.max(initial=0.0), busy.max(), first_gradient + channel_busy.max(initial=0.0)))
 
 
 def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False
