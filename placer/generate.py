@@ -34,13 +34,15 @@ def training_graph(layers: int = 8, branches: int = 2, *, seed: int = 0, batch: 
     Returns
     -------
     OpGraph
-        ``layers * (4 * branches + 2) + 1`` nodes.
+        ``layers * (4 * branches + 3) + 2`` nodes: per block its branches' forward,
+        data-gradient, weight-gradient and update ops, the join, its backward and the
+        gradient sum; then the input and the loss.
 
     Examples
     --------
     >>> g = training_graph(layers=2, branches=2)
     >>> g.num_nodes
-    21
+    24
     """
     rng = np.random.default_rng(seed)
     ids: list[str] = []
