@@ -135,7 +135,7 @@ class Comparison:
     def print(self, console: Console | None = None) -> None:
         from .tables import print_rows
 
-        header = ["algorithm", "makespan ms", "gap to LB", "x expert", "x single", "peak GiB", "fits", "plan s"]
+        header = ["algorithm", "makespan\nms", "gap to\nLB", "x\nexpert", "x\nsingle", "peak\nGiB", "fits", "plan\ns"]
         rows, notes = [], []
         for row in self.rows():
             if row["makespan_ms"] is None:

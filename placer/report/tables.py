@@ -14,10 +14,15 @@ __all__ = ["print_rows", "print_simulation", "simulation_text"]
 
 def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None,
                console: Console | None = None) -> None:
-    """Print a table of strings."""
+    """Print a table of strings.
+
+    In a narrow terminal, columns of short cells (figures) keep them whole while
+    headers wrap and names in the first column fold.
+    """
     table = Table(title=title)
     for k, h in enumerate(header):
-        table.add_column(h, no_wrap=k == 0)
+        short = max((len(row[k]) for row in rows), default=0) <= 12
+        table.add_column(h, overflow="fold", no_wrap=k > 0 and short)
     for row in rows:
         table.add_row(*row)
     (console or Console()).print(table)
