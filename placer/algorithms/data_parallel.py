@@ -88,16 +88,17 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     InfeasibleError
         If no device may run every node, or a replica does not fit one device.
     """
+    name = "sharded_data_parallel" if shard_optimizer else "data_parallel"
     devices = replica_devices(graph, cluster)
     if not devices:
-        raise InfeasibleError("data_parallel: no device may run every node of the step (device kinds)")
+        raise InfeasibleError(f"{name}: no device may run every node of the step (device kinds)")
     dp = data_parallel_graph(graph, len(devices), shard_optimizer=shard_optimizer)
     device_of = np.asarray(devices, dtype=np.int64)[dp.replica]
     result = simulate(dp.graph, cluster, device_of, check=False)
     if not result.fits:
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
         raise InfeasibleError(
-            f"data_parallel: a replica on 1/{len(devices)} of the batch does not fit one device: "
+            f"{name}: a replica on 1/{len(devices)} of the batch does not fit one device: "
             f"{cluster.devices[j].name!r} would need {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
             f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
     return dp, device_of, result.device_orders()
@@ -186,8 +187,9 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
     References
     ----------
     Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-    Models", SC 2020, Section 5.1 (optimizer state partitioning, P_os); PyTorch's
-    ``ZeroRedundancyOptimizer``.
+    Models", SC 2020, Section 5.1 (optimizer state partitioning, P_os): as in DeepSpeed,
+    each replica owns a contiguous 1/n of every flattened bucket (PyTorch's
+    ``ZeroRedundancyOptimizer`` gives each rank whole parameters instead).
     """
     return _replica_plan(graph, cluster, shard_optimizer=True)
 
