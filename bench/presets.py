@@ -109,15 +109,23 @@ def main() -> None:
     # Where auto ran on a case (``--algorithms auto``), against everything else measured there.
     judged = {case: rec for case, rec in store.items() if "auto" in rec and len(rec) > 1}
     if judged:
-        slower, fits = [], 0
+        slower, fits, gains = [], 0, []
         for case, rec in judged.items():
             best, best_name = min((r["makespan_s"], n) for n, r in rec.items() if n != "auto")
             auto = rec["auto"]["makespan_s"]
             fits += math.isfinite(auto) or not math.isfinite(best)
+            if math.isfinite(auto) and math.isfinite(best):
+                gains.append(best / auto)
             if not auto <= best * (1 + 1e-9):
                 slower.append(f"{case} ({auto * 1e3:.1f} ms, {best_name} {best * 1e3:.1f} ms)")
+        walls = [rec["auto"]["wall_s"] for rec in judged.values()]
         print(f"auto as fast as the best other algorithm stored for the case on {len(judged) - len(slower)}/"
               f"{len(judged)} cases; fits wherever one of them fits on {fits}/{len(judged)}")
+        if gains:
+            print(f"where both have a plan ({len(gains)} cases): the best other's step / auto's, geomean "
+                  f"{math.exp(np.mean(np.log(gains))):.3f}, largest {max(gains):.3f}; auto strictly faster on "
+                  f"{sum(g > 1 + 1e-9 for g in gains)}; auto's wall time mean {np.mean(walls):.1f} s, "
+                  f"largest {max(walls):.1f} s")
         for line in slower:
             print(f"  slower: {line}")
     for case, name, text in bugs:
