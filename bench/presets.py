@@ -67,6 +67,8 @@ def main() -> None:
     parser.add_argument("--cache", default="bench/.cache", help="folder for captured graphs")
     parser.add_argument("--results", default="bench/.cache/presets-results.json",
                         help="outcomes so far (reused; delete to start afresh)")
+    parser.add_argument("--pair", default="sharded_data_parallel,data_parallel",
+                        help="two algorithms to set side by side over every stored case where both ran")
     args = parser.parse_args()
     names = (args.algorithms.split(",") if args.algorithms
              else [n for n in available_algorithms() if n not in SEARCHING])
@@ -128,10 +130,32 @@ def main() -> None:
                   f"largest {max(walls):.1f} s")
         for line in slower:
             print(f"  slower: {line}")
+    print_pair(store, *args.pair.split(","))
     for case, name, text in bugs:
         print(f"\nBUG {name} on {case}:\n{text}")
     print(f"reproduce: ./run.sh bench bench/presets.py --models {args.models} --clusters {args.clusters} "
           f"--time-limit {args.time_limit:g}")
+
+
+def print_pair(store: dict, first: str, second: str) -> None:
+    """``first`` against ``second`` on every stored case where both ran."""
+    both = {case: (rec[first]["makespan_s"], rec[second]["makespan_s"]) for case, rec in store.items()
+            if first in rec and second in rec}
+    if not both:
+        return
+    ratios = {case: b / a for case, (a, b) in both.items() if math.isfinite(a) and math.isfinite(b)}
+    fastest = sum(min(r["makespan_s"] for n, r in store[case].items() if n != "auto") == a and math.isfinite(a)
+                  for case, (a, _) in both.items())
+    print(f"{first} against {second} on {len(both)} cases: both fit on {len(ratios)}, {first} faster on "
+          f"{sum(x > 1 + 1e-9 for x in ratios.values())}, slower on {sum(x < 1 - 1e-9 for x in ratios.values())}")
+    if ratios:
+        best, worst = max(ratios, key=ratios.get), min(ratios, key=ratios.get)
+        print(f"  {second}'s step / {first}'s: geomean {math.exp(np.mean(np.log(list(ratios.values())))):.3f}, "
+              f"largest {ratios[best]:.3f} ({best}), smallest {ratios[worst]:.3f} ({worst})")
+    for a, b, (x, y) in ((first, second, (0, 1)), (second, first, (1, 0))):
+        only = [case for case, spans in both.items() if math.isfinite(spans[x]) and not math.isfinite(spans[y])]
+        print(f"  {a} fits where {b} does not: {', '.join(only) or 'none'}")
+    print(f"  {first} is the fastest of every algorithm stored (auto aside) on {fastest} cases")
 
 
 if __name__ == "__main__":

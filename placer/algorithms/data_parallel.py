@@ -154,9 +154,9 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
     instead of all-reduced, every replica updates only its 1/n of each
     parameter and holds 1/n of the optimizer's state, and the updated
     parameters are all-gathered. The ring carries the same bytes; the
-    optimizer's time and state shrink n-fold, which is what data parallelism
-    wastes most with Adam under strong scaling (a replicated Adam's arithmetic
-    is 4% of ResNet-50's step on one V100 but 20% of each replica's work over 8).
+    optimizer's time and state shrink n-fold: under strong scaling each
+    replica's share of the batch shrinks while a replicated optimizer does
+    not, so it is what data parallelism wastes most with Adam.
 
     Parameters
     ----------
