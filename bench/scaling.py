@@ -4,6 +4,7 @@ Goal (issue 4): DPOS and m-ETF plan a 30k-node graph in under 10 s.
 
     ./run.sh bench bench/scaling.py                  # both parts
     python bench/scaling.py --part sizes             # plan time at 1k / 10k / 30k / 100k nodes
+                            [--algorithms dpos,data_parallel]
     python bench/scaling.py --part zoo               # OS-DPOS vs DPOS and data parallelism
 
 ``sizes`` times ``placer.place`` (the algorithm, then the plan's validation
@@ -35,19 +36,19 @@ from placer.errors import InfeasibleError
 from placer.generate import training_graph
 
 SIZES = {"1k": 67, "10k": 667, "30k": 2000, "100k": 6667}     # blocks of 3 branches: 15 nodes each
-ALGORITHMS = ["m_topo", "m_etf", "m_sct", "heft", "dpos", "data_parallel", "os_dpos"]
+ALGORITHMS = ["m_topo", "m_etf", "m_sct", "heft", "dpos", "data_parallel", "sharded_data_parallel", "os_dpos"]
 ZOO = [("vgg19", 64), ("resnet50", 32), ("inception_v3", 32)]
 
 
-def sizes(budget: float) -> None:
+def sizes(budget: float, algorithms: list[str]) -> None:
     cluster = load_cluster("4xV100-nvlink")
     print(f"plan time (placer.place: algorithm + validation), {cluster.name}; load average {os.getloadavg()[0]:.1f}")
-    print(f"{'nodes':>7} {'edges':>7} " + " ".join(f"{name:>17}" for name in ALGORITHMS))
+    print(f"{'nodes':>7} {'edges':>7} " + " ".join(f"{name[:17]:>17}" for name in algorithms))
     slow: set[str] = set()
     for label, layers in SIZES.items():
         graph = training_graph(layers=layers, branches=3, seed=0, param_mib=0.2, activation_mib=0.2)
         cells = []
-        for name in ALGORITHMS:
+        for name in algorithms:
             if name in slow:
                 cells.append("skipped")
                 continue
@@ -106,10 +107,11 @@ def main() -> None:
     parser.add_argument("--budget", type=float, default=120.0,
                         help="seconds an algorithm may take at one size before larger sizes are skipped")
     parser.add_argument("--time-limit", type=float, default=20.0, help="OS-DPOS's search time on the zoo models")
+    parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated, for the sizes part")
     args = parser.parse_args()
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}")
     if args.part in ("sizes", "all"):
-        sizes(args.budget)
+        sizes(args.budget, args.algorithms.split(","))
     if args.part in ("zoo", "all"):
         zoo(args.time_limit)
 

@@ -270,8 +270,12 @@ def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES,
             else:
                 for g in found:                       # a parameter, which the step reads too
                     updated.setdefault(g, max(writers))
+        first_write: dict[tuple[int, int], int] = {}
+        for writers, found in walks.values():
+            for g in found:
+                first_write[g] = min(first_write.get(g, n), *writers)
         for g in grads:   # a gradient no parameter's update was traced to: its first state write
-            updated.setdefault(g, min(w for writers, found in walks.values() if g in found for w in writers))
+            updated.setdefault(g, first_write[g])
     grad_set = set(grads)
     is_grad_edge = np.fromiter(((u, t) in grad_set for u, t in zip(graph.src.tolist(), graph.edge_tensor.tolist())),
                                dtype=bool, count=graph.num_edges)
