@@ -98,11 +98,15 @@ def gradients(graph: OpGraph) -> tuple[list[tuple[int, int]], np.ndarray]:
         Nodes between a gradient and the state write (element-wise optimizer arithmetic).
     """
     walks, optimizer = _state_writes(graph)
+    return _in_topological_order(graph, walks), optimizer
+
+
+def _in_topological_order(graph: OpGraph, walks: dict) -> list[tuple[int, int]]:
+    """Every gradient the state writes derive from, in topological order of their producers."""
     found = set().union(*(grads for _, grads in walks.values()))
     position = np.empty(graph.num_nodes, dtype=np.int64)
     position[graph.topological_order] = np.arange(graph.num_nodes)
-    grads = sorted(found, key=lambda g: (position[g[0]], g[1]))
-    return grads, optimizer
+    return sorted(found, key=lambda g: (position[g[0]], g[1]))
 
 
 def _state_writes(graph: OpGraph) -> tuple[dict[str, tuple[list[int], set[tuple[int, int]]]], np.ndarray]:
@@ -252,7 +256,7 @@ def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES,
     sharded = shard_optimizer and r > 1
     batch = batch_dependent(graph)
     walks, optimizer = _state_writes(graph) if r > 1 else ({}, np.zeros(n, dtype=bool))
-    grads, _ = gradients(graph) if r > 1 else ([], None)
+    grads = _in_topological_order(graph, walks)
     per_batch = batch & ~optimizer
     # ZeRO stage 1: every replica runs the optimizer on its 1/r of every parameter.
     arithmetic = _optimizer_arithmetic(graph, optimizer, batch)
