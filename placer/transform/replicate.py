@@ -3,8 +3,9 @@
 Strong scaling: the global batch stays fixed, so every batch-proportional
 operation of a replica (forward and backward, the nodes that depend on the
 batch up to the gradients) takes 1/n of the original time and memory, while
-parameters, optimizer state and the optimizer's own arithmetic stay whole in
-every replica.
+parameters, optimizer state, the optimizer's own arithmetic and its writes of
+the new state stay whole in every replica (a sharded optimizer divides the
+last three among the replicas).
 
 Gradients are found where the optimizer reads them: walking back from every
 in-place state write (a colocation group that holds parameters or optimizer
@@ -257,9 +258,13 @@ def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES,
     batch = batch_dependent(graph)
     walks, optimizer = _state_writes(graph) if r > 1 else ({}, np.zeros(n, dtype=bool))
     grads = _in_topological_order(graph, walks)
-    per_batch = batch & ~optimizer
+    # The optimizer's state writes depend on the batch through the gradient, yet write whole tensors.
+    writes = np.zeros(n, dtype=bool)
+    for writers, _ in walks.values():
+        writes[writers] = True
+    per_batch = batch & ~optimizer & ~writes
     # ZeRO stage 1: every replica runs the optimizer on its 1/r of every parameter.
-    arithmetic = _optimizer_arithmetic(graph, optimizer, batch)
+    arithmetic = _optimizer_arithmetic(graph, optimizer, batch) | writes
     factor = np.where(per_batch | (arithmetic & sharded), 1.0 / r, 1.0)
     param_factor = np.ones(n)
     updated: dict[tuple[int, int], int] = {}
