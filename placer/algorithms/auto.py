@@ -50,9 +50,9 @@ SEARCHES = ("os_dpos", "m_sct") + SLOW_ALGORITHMS
 FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "metis", "celeritas", "order_place", "m_topo", "dpos",
               "heft")
 #: Members whose makespan has a cheap lower bound: one whose bound is no better than the best plan so far
-#: cannot win and does not run. Data parallelism's bound is within 2-17% of its makespan on the bundled
-#: cases and takes a tenth of a second where its plan takes seconds; it skips GNMT (all-reduce-bound) on
-#: every bundled GPU cluster but one, where it loses to the expert split.
+#: cannot win and does not run. Data parallelism's bound takes a tenth of a second where its plan takes
+#: seconds, and is tightest where the all-reduce dominates: it skips GNMT, whose replicas lose to the
+#: expert split.
 LOWER_BOUNDS = {"data_parallel": data_parallel_lower_bound,
                 "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True)}
 DEFAULT_TIME_LIMIT = 60.0

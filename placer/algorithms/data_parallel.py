@@ -31,9 +31,9 @@ def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimiz
     busiest channel of the ring (FORMATS.md: a channel carries one transfer at
     a time) after the earliest a gradient can be ready, and a replica's own
     critical path. The busy times are exactly those the data-parallel plan's
-    simulation would show; for the all-reduce-bound GNMT the bound comes
-    within 2-10% of its makespan, so ``auto`` knows before spending seconds
-    on a 10^5-node graph that it cannot win.
+    simulation would show, so where the all-reduce dominates (GNMT) the bound
+    is tight and ``auto`` knows before spending seconds on a 10^5-node graph
+    that it cannot win.
 
     Returns ``inf`` where no device may hold a replica or the ring has no channel.
     ``shard_optimizer`` bounds :func:`sharded_data_parallel`'s plans instead.

@@ -263,12 +263,13 @@ def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES,
     for writers, _ in walks.values():
         writes[writers] = True
     per_batch = batch & ~optimizer & ~writes
-    # ZeRO stage 1: every replica runs the optimizer on its 1/r of every parameter.
-    arithmetic = _optimizer_arithmetic(graph, optimizer, batch) | writes
-    factor = np.where(per_batch | (arithmetic & sharded), 1.0 / r, 1.0)
+    factor = np.where(per_batch, 1.0 / r, 1.0)
     param_factor = np.ones(n)
     updated: dict[tuple[int, int], int] = {}
     if sharded:
+        # ZeRO stage 1: every replica runs the optimizer on its 1/r of every parameter.
+        arithmetic = _optimizer_arithmetic(graph, optimizer, batch) | writes
+        factor[arithmetic] = 1.0 / r
         ptr, eids = graph.out_edges
         for key, (writers, found) in walks.items():
             members = graph.colocation_groups[key]
