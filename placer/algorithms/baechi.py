@@ -115,6 +115,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if v >= 0:
             fav_parent[v] = u
     reserved_for = [-1] * n_dev
+    reserved: set[int] = set()          # devices whose reserved_for is set
     cache: dict = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
@@ -133,13 +134,17 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         d = state.device_of[u]
         return d if d >= 0 and state.devices[d].last_item() == u else -1
 
-    def candidates(v: int) -> list[int]:
+    def may_use(v: int, d: int) -> bool:
+        """Whether ``v`` may go to ``d`` now: among the devices it may use, its favourite parent's
+        device while that parent is last there, else the devices no favourite child reserved (if any)."""
+        if fav_parent[v] < 0 and not reserved:
+            return state.may_take(v, d)     # m-ETF's case, and m-SCT's outside reservations
         devices = state.devices_for(v)
         home = parent_device(v)
         if home in devices:
-            return [home]
-        free = [d for d in devices if reserved_for[d] < 0]
-        return free or devices
+            return d == home
+        free = [j for j in devices if reserved_for[j] < 0]
+        return d in (free or devices)
 
     def wait_on(d: int, entry: tuple[float, int, int]) -> None:
         heapq.heappush(waiting[d], entry)
@@ -155,6 +160,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         home = parent_device(v)
         if home >= 0 and home in state.devices_for(v):
             reserved_for[home] = v
+            reserved.add(home)
         fixed = state.unit_device[state.unit_of[v]]
         allowed = [fixed] if fixed >= 0 else [d for d in range(n_dev) if state.unit_ok[state.unit_of[v]][d]]
         ready = max((state.finish[u] for u in preds[v]), default=0.0)   # no input arrives earlier
@@ -212,7 +218,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         fixed = state.unit_device[state.unit_of[v]]
         if fixed >= 0 and fixed != d:
             continue
-        if d not in candidates(v):
+        if not may_use(v, d):
             hold(v, d, start)
             continue
         est = state.cached_estimate(v, d, cache)
@@ -233,6 +239,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         # is no longer the last-node device of its favourite children's parent, memory freed.
         if reserved_for[d] == v:
             reserved_for[d] = -1
+            reserved.discard(d)
             release(held[d])
         elif fixed < 0 and state.grouped[state.unit_of[v]]:
             release(held[d])

@@ -326,6 +326,14 @@ class ScheduleState:
         ok = self.unit_ok[unit]
         return [d for d in range(self.cluster.num_devices) if ok[d] and self.budget.fits(d, need)]
 
+    def may_take(self, v: int, d: int) -> bool:
+        """Whether ``d`` is among :meth:`devices_for` ``(v)``, without listing them."""
+        unit = self.unit_of[v]
+        fixed = self.unit_device[unit]
+        if fixed >= 0:
+            return d == fixed
+        return self.unit_ok[unit][d] and self.budget.fits(d, self.unit_need[unit])
+
     def data_ready(self, v: int, d: int) -> tuple[float, list[tuple[int, float, float, int]]]:
         """When every input of ``v`` is on device ``d``, and the transfers that would be booked for it.
 
