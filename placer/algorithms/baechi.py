@@ -96,6 +96,13 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     grew. A device a node may not use for now (memory, a reservation, the
     node's favourite parent's device) holds it aside until that changes.
 
+    On shared channels (one per source device: NVSwitch, PCIe, a host's NIC)
+    a booking pushes back every ready node waiting for that channel on every
+    device it reaches, and each would be re-estimated on each device. A node
+    whose inputs reach several devices over the same channels needs the same
+    transfers for each, so one re-estimate raises its key on all of them
+    (:meth:`~placer.algorithms.list_scheduling.ScheduleState.same_routes`).
+
     Raises
     ------
     InfeasibleError
@@ -117,6 +124,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     reserved_for = [-1] * n_dev
     reserved: set[int] = set()          # devices whose reserved_for is set
     cache: dict = {}
+    # (node, device) -> a time before which the node's inputs cannot all be on the device,
+    # learnt from another device that they would reach over the same channels.
+    arrives_after: dict[tuple[int, int], float] = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
     held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # memory or reservation
@@ -221,11 +231,19 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if not may_use(v, d):
             hold(v, d, start)
             continue
+        bound = arrives_after.get((v, d), 0.0)
+        if bound > start and not state.any_input_sent(v, d):
+            wait_on(d, (bound, position[v], v))     # the bound still holds: nothing came to d since
+            continue
         est = state.cached_estimate(v, d, cache)
         if est[0] == float("inf"):
             continue        # no channel brings an input to d
         if est[0] > start:
             wait_on(d, (est[0], position[v], v))
+            # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
+            ready = max((booking[2] for booking in est[3]), default=0.0)
+            for j in state.same_routes(v, d, est[3]):
+                arrives_after[(v, j)] = ready
             continue
         if fixed < 0 and not state.fits(v, d, state.copies(v, d, est[3])):
             hold(v, d, start)

@@ -334,6 +334,29 @@ class ScheduleState:
             return d == fixed
         return self.unit_ok[unit][d] and self.budget.fits(d, self.unit_need[unit])
 
+    def any_input_sent(self, v: int, d: int) -> bool:
+        """Whether some input of ``v`` is on device ``d`` already, sent there for another consumer."""
+        return any((u, t, d) in self.arrival for u, t, _ in self.inputs[v])
+
+    def same_routes(self, v: int, d: int, bookings: list) -> list[int]:
+        """The devices other than ``d`` that every input of ``v`` would reach just as it reaches ``d``.
+
+        ``bookings`` are the transfers :meth:`data_ready` gave for ``d``. When
+        every input of ``v`` must be sent to ``d``, another device that none of
+        them is on or was sent to, and that each reaches over the channel it
+        takes to ``d``, gets the same transfers at the same times; as bookings
+        only fill channels, its data-ready time stays at least what it is for
+        ``d`` now, for as long as none of the inputs is sent there
+        (:meth:`any_input_sent`).
+        """
+        inputs = self.inputs[v]
+        if not bookings or len(bookings) != len(inputs):
+            return []
+        routes = [(self.device_of[inputs[k][0]], c) for c, _, _, k in bookings]
+        return [j for j in range(self.cluster.num_devices)
+                if j != d and all(self.channel_of[du][j] == c and du != j for du, c in routes)
+                and not self.any_input_sent(v, j)]
+
     def data_ready(self, v: int, d: int) -> tuple[float, list[tuple[int, float, float, int]]]:
         """When every input of ``v`` is on device ``d``, and the transfers that would be booked for it.
 
