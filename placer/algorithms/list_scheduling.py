@@ -99,6 +99,10 @@ class Timeline:
         self.payload: list[list] = [[]]
         self.last = [float("-inf")]     # last finish of each block (non-decreasing)
         self.widest = [0.0]             # longest gap before an interval of each block
+        # Per ready time, a job length that found no gap between it and the then last interval:
+        # bookings only shrink gaps, so a job as long need not look there again (list
+        # schedulers ask the same question many times over).
+        self.no_gap: dict[float, tuple[float, float]] = {}
 
     def __len__(self) -> int:
         return sum(len(f) for f in self.finishes)
@@ -123,6 +127,18 @@ class Timeline:
         end = (last_b, len(self.finishes[last_b]))
         if not insertion or self.last[last_b] <= ready:
             return max(ready, self.last[last_b]), *end
+        shortest, searched = self.no_gap.get(ready, (float("inf"), ready))
+        found = self._first_gap(max(ready, searched) if length >= shortest else ready, length)
+        if found is None:
+            self.no_gap[ready] = (length, self.last[last_b])
+            return self.last[last_b], *end
+        return found
+
+    def _first_gap(self, ready: float, length: float) -> tuple[float, int, int] | None:
+        """The earliest idle gap after ``ready`` that holds ``length`` (as :meth:`find`), None if none does."""
+        last_b = len(self.finishes) - 1
+        if self.last[last_b] <= ready:
+            return None
         b = bisect_right(self.last, ready)
         starts, finishes = self.starts[b], self.finishes[b]
         k = bisect_right(finishes, ready)
@@ -143,10 +159,14 @@ class Timeline:
                         return finishes[i - 1], b, i
                     widest = max(widest, starts[i] - finishes[i - 1])
                 self.widest[b] = widest   # bookings only shrink gaps: tighten the bound now that it is known
-        return self.last[last_b], *end
+        return None
 
     def book(self, begin: float, b: int, k: int, length: float, item=None) -> None:
         """Book ``[begin, begin + length)`` at the place :meth:`find` returned."""
+        if k == len(self.starts[b]):
+            # Past the last interval: the idle time before it is a new gap.
+            before = self.last[b] if self.starts[b] else (self.last[b - 1] if b > 0 else 0.0)
+            self.widest[b] = max(self.widest[b], begin - before)
         self.starts[b].insert(k, begin)
         self.finishes[b].insert(k, begin + length)
         self.payload[b].insert(k, item)
@@ -159,7 +179,7 @@ class Timeline:
             self.widest.insert(b + 1, 0.0)
             self._refresh(b)
             self._refresh(b + 1)
-        # A booking only splits a gap, so every block's widest gap stays an upper bound.
+        # Any other booking only splits a gap, so every block's widest gap stays an upper bound.
         self.last[b] = self.finishes[b][-1]
 
     def _refresh(self, b: int) -> None:
@@ -352,9 +372,11 @@ class ScheduleState:
         inputs = self.inputs[v]
         if not bookings or len(bookings) != len(inputs):
             return []
+        others = [j for j in self.receivers[bookings[0][0]] if j != d]
+        if not others:      # a channel per pair of devices
+            return []
         routes = [(self.device_of[inputs[k][0]], c) for c, _, _, k in bookings]
-        return [j for j in range(self.cluster.num_devices)
-                if j != d and all(self.channel_of[du][j] == c and du != j for du, c in routes)
+        return [j for j in others if all(self.channel_of[du][j] == c and du != j for du, c in routes)
                 and not self.any_input_sent(v, j)]
 
     def data_ready(self, v: int, d: int) -> tuple[float, list[tuple[int, float, float, int]]]:
