@@ -77,12 +77,14 @@ def main() -> None:
     print(f"python {platform.python_version()}, {platform.machine()}; time limit {args.time_limit:g} s per algorithm")
     print(f"{'case':>40} {'1 dev':>5} " + " ".join(f"{n[:9]:>9}" for n in names) + "   wall s")
     partial, bugs, cases, valid, runs, timeouts = [], [], 0, 0, 0, 0
+    seen: list[str] = []
     for model in args.models.split(","):
         graph = captured_graph(model, None, Path(args.cache))
         for cluster_name in args.clusters.split(","):
             cluster = load_cluster(cluster_name)
             case = f"{graph.name}/{cluster_name}"
             done = store.setdefault(case, {})
+            seen.append(case)
             for name in names:
                 if name not in done:
                     done[name] = run_one(graph, cluster, name, args.time_limit)
@@ -108,6 +110,7 @@ def main() -> None:
     print("cases where some algorithms fitted and others did not (does the step fit one device? who did not):")
     for case, one_device, missing in partial:
         print(f"  {case} (one device: {'yes' if one_device else 'no'}): {', '.join(missing)}")
+    print_per_algorithm({case: store[case] for case in seen}, names)
     # Where auto ran on a case (``--algorithms auto``), against everything else measured there.
     judged = {case: rec for case, rec in store.items() if "auto" in rec and len(rec) > 1}
     if judged:
@@ -135,6 +138,19 @@ def main() -> None:
         print(f"\nBUG {name} on {case}:\n{text}")
     print(f"reproduce: ./run.sh bench bench/presets.py --models {args.models} --clusters {args.clusters} "
           f"--time-limit {args.time_limit:g}")
+
+
+def print_per_algorithm(store: dict, names: list[str]) -> None:
+    """Per algorithm over ``store``'s cases: fitting plans, time-outs and the wall time of its runs."""
+    print(f"{'algorithm':>22} {'fits':>9} {'time-outs':>9} {'wall s: median':>14} {'largest':>8}")
+    for name in names:
+        runs = [rec[name] for rec in store.values() if name in rec]
+        if not runs:
+            continue
+        walls = [r["wall_s"] for r in runs]
+        fits = sum(math.isfinite(r["makespan_s"]) for r in runs)
+        timeouts = sum(TIME_LIMIT_MESSAGE in r.get("error", "") for r in runs)
+        print(f"{name:>22} {f'{fits}/{len(runs)}':>9} {timeouts:>9} {np.median(walls):>14.1f} {max(walls):>8.1f}")
 
 
 def print_pair(store: dict, first: str, second: str) -> None:
