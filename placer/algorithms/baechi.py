@@ -82,8 +82,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
 
     With ``favourite`` (the favourite child of every node, -1 for none), a
     favourite child that becomes ready while its parent is still the last
-    node on the parent's device goes to that device, and the device waits
-    for it: other nodes use it only when it is the only device they may use.
+    node on the parent's device, and that could start there as soon as the
+    parent finishes and no later than on any other device, runs there next,
+    ahead of every other node (Baechi's m-SCT: the device waits for its
+    favourite child; its "urgent" exception is not modelled).
 
     Each device keeps its ready nodes in two heaps: those whose inputs would
     arrive after the device frees, by data-ready time, and those that could
@@ -93,8 +95,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     O(V log V * devices) rather than O(V * ready). Heap keys are lower bounds
     (estimates only grow as transfers fill the channels); the winner is
     re-estimated before it is booked, and goes back with its new key when it
-    grew. A device a node may not use for now (memory, a reservation, the
-    node's favourite parent's device) holds it aside until that changes.
+    grew. A device whose memory cannot take a node for now holds it aside
+    until memory is freed there.
 
     On shared channels (one per source device: NVSwitch, PCIe, a host's NIC)
     a booking pushes back every ready node waiting for that channel on every
@@ -121,8 +123,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     for u, v in enumerate(fav_child):
         if v >= 0:
             fav_parent[v] = u
-    reserved_for = [-1] * n_dev
-    reserved: set[int] = set()          # devices whose reserved_for is set
     cache: dict = {}
     # (node, device) -> a time before which the node's inputs cannot all be on the device,
     # learnt from another device that they would reach over the same channels.
@@ -131,7 +131,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
     held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # memory or reservation
     held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
-    held_for_home: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]
     # Each device's first node by its heap keys, recomputed only for devices whose heaps or timeline changed.
     front: list[tuple[float, int, int] | None] = [None] * n_dev
     dirty: set[int] = set()
@@ -144,18 +143,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         d = state.device_of[u]
         return d if d >= 0 and state.devices[d].last_item() == u else -1
 
-    def may_use(v: int, d: int) -> bool:
-        """Whether ``v`` may go to ``d`` now: among the devices it may use, its favourite parent's
-        device while that parent is last there, else the devices no favourite child reserved (if any)."""
-        if fav_parent[v] < 0 and not reserved:
-            return state.may_take(v, d)     # m-ETF's case, and m-SCT's outside reservations
-        devices = state.devices_for(v)
-        home = parent_device(v)
-        if home in devices:
-            return d == home
-        free = [j for j in devices if reserved_for[j] < 0]
-        return d in (free or devices)
-
     def wait_on(d: int, entry: tuple[float, int, int]) -> None:
         heapq.heappush(waiting[d], entry)
         dirty.add(d)
@@ -166,11 +153,23 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             wait_on(d, tuple(key))
         entries.clear()
 
+    def starts_earliest_at(v: int, home: int) -> bool:
+        """Whether ``v`` could start on ``home`` when its favourite parent ends there, and nowhere sooner."""
+        at_home = state.estimate(v, home)[0]
+        return at_home <= state.finish[fav_parent[v]] and all(
+            at_home <= state.estimate(v, d)[0] for d in state.devices_for(v) if d != home)
+
     def become_ready(v: int) -> None:
         home = parent_device(v)
-        if home >= 0 and home in state.devices_for(v):
-            reserved_for[home] = v
-            reserved.add(home)
+        if home >= 0 and state.may_take(v, home) and starts_earliest_at(v, home):
+            heapq.heappush(startable[home], (-1, v))    # next on its parent's device, before any other
+            dirty.add(home)
+        else:
+            offer_everywhere(v)
+
+    def offer_everywhere(v: int) -> None:
+        """Put ``v`` in the heap of every device it may use, keyed by when its inputs are done at the earliest."""
+        fav_parent[v] = -1
         fixed = state.unit_device[state.unit_of[v]]
         allowed = [fixed] if fixed >= 0 else [d for d in range(n_dev) if state.unit_ok[state.unit_of[v]][d]]
         ready = max((state.finish[u] for u in preds[v]), default=0.0)   # no input arrives earlier
@@ -192,10 +191,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         return wait[0] if wait else None
 
     def hold(v: int, d: int, key: float) -> None:
-        """Set ``v`` aside on ``d`` until memory, a reservation or its favourite parent's device changes."""
-        home = parent_device(v)
-        if home >= 0 and home != d and home in state.devices_for(v):
-            held_for_home[home].append((key, position[v], v, d))
+        """Set ``v`` aside on ``d`` until memory is freed there (a favourite child goes back to every device)."""
+        if fav_parent[v] >= 0:
+            offer_everywhere(v)
             return
         held[d].append((key, position[v], v, d))
         held_used[d] = max(held_used[d], float(state.budget.used[d]))
@@ -210,12 +208,12 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         dirty.clear()
         fronts = [(front[d], d) for d in range(n_dev) if front[d] is not None]
         if not fronts:
-            waiting_nodes = [entry[2] for entries in held + held_for_home for entry in entries]
+            waiting_nodes = [entry[2] for entries in held for entry in entries]
             if stuck or not waiting_nodes:
                 v = min(waiting_nodes, default=-1)
                 raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory budget "
                                       f"(or no channel reaches one)" if v >= 0 else "no node is ready")
-            for entries in held + held_for_home:   # what held them may have eased elsewhere: weigh them again
+            for entries in held:   # what held them may have eased elsewhere: weigh them again
                 release(entries)
             stuck = True
             continue
@@ -227,8 +225,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             heapq.heappop(waiting[d])
         fixed = state.unit_device[state.unit_of[v]]
         if fixed >= 0 and fixed != d:
+            if fav_parent[v] >= 0:      # a favourite child whose group went elsewhere meanwhile
+                offer_everywhere(v)
             continue
-        if not may_use(v, d):
+        if not state.may_take(v, d):
             hold(v, d, start)
             continue
         bound = arrives_after.get((v, d), 0.0)
@@ -252,16 +252,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         done += 1
         stuck = False
         dirty.update(j for j in range(n_dev) if front[j] is not None and front[j][2] == v)
-        # Held nodes come back when what held them may have changed: the reservation of d
-        # ended, v's colocation group now lives on d (its other members need no room), d
-        # is no longer the last-node device of its favourite children's parent, memory freed.
-        if reserved_for[d] == v:
-            reserved_for[d] = -1
-            reserved.discard(d)
+        # Held nodes come back when what held them may have changed: v's colocation group
+        # now lives on d (its other members need no room), or memory was freed.
+        if fixed < 0 and state.grouped[state.unit_of[v]]:
             release(held[d])
-        elif fixed < 0 and state.grouped[state.unit_of[v]]:
-            release(held[d])
-        release(held_for_home[d])
         for j in range(n_dev):
             if held[j] and state.budget.used[j] < held_used[j]:
                 release(held[j])
