@@ -208,6 +208,18 @@ def test_m_sct_keeps_favourite_children_with_their_parent():
     assert sched.device_of[1] == sched.device_of[2]
 
 
+def test_m_sct_runs_a_ready_favourite_child_next_on_its_parents_device():
+    # a's children both start earliest on a's device (their transfers take 100 s); w comes first in
+    # topological order, so ETF runs it first; c is a's favourite, so m-SCT runs c first instead.
+    g = graph({"a": 1.0, "w": 1.0, "c": 1.0}, [("a", "w", 100), ("a", "c", 100)])
+    cluster = mesh(["X", "X"], bandwidth=1.0)
+    etf = etf_schedule(g, cluster)
+    sct = etf_schedule(g, cluster, favourite=np.array([2, -1, -1]))
+    assert etf.device_of.tolist() == sct.device_of.tolist() == [0, 0, 0]
+    assert etf.start.tolist() == [0.0, 1.0, 2.0]
+    assert sct.start.tolist() == [0.0, 2.0, 1.0]
+
+
 def test_m_sct_rejects_a_bad_theta():
     g, cluster = diamond(), mesh(["X", "X"])
     with pytest.raises(OptionError, match="theta"):
