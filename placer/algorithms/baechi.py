@@ -129,7 +129,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     arrives_after: dict[tuple[int, int], float] = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
-    held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # memory or reservation
+    held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # waiting for memory
     held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
     # Each device's first node by its heap keys, recomputed only for devices whose heaps or timeline changed.
     front: list[tuple[float, int, int] | None] = [None] * n_dev
