@@ -337,17 +337,11 @@ class ScheduleState:
 
     # ------------------------------------------------------------ queries
     def devices_for(self, v: int) -> list[int]:
-        """Devices node ``v`` may go to now: its unit's device once fixed, else the allowed ones with room."""
-        unit = self.unit_of[v]
-        fixed = self.unit_device[unit]
-        if fixed >= 0:
-            return [fixed]
-        need = self.unit_need[unit]
-        ok = self.unit_ok[unit]
-        return [d for d in range(self.cluster.num_devices) if ok[d] and self.budget.fits(d, need)]
+        """Devices node ``v`` may go to now (:meth:`may_take`)."""
+        return [d for d in range(self.cluster.num_devices) if self.may_take(v, d)]
 
     def may_take(self, v: int, d: int) -> bool:
-        """Whether ``d`` is among :meth:`devices_for` ``(v)``, without listing them."""
+        """Whether node ``v`` may go to device ``d`` now: its unit's device once fixed, else an allowed one with room."""
         unit = self.unit_of[v]
         fixed = self.unit_device[unit]
         if fixed >= 0:
