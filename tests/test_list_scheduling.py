@@ -146,6 +146,21 @@ def test_dpos_moves_the_critical_path_when_its_device_is_full():
     assert simulate(g, cluster, sched.device_of, sched.orders).fits
 
 
+def test_dpos_leaves_the_critical_path_device_when_an_input_copy_would_not_fit_there():
+    # Path a -> b -> v stays on d0; u goes to d1 (idle) and its 1-GiB output would have to be copied
+    # to d0 for v, beyond d0's 1.5 GiB beside b's 0.75-GiB parameters: v must run on d1 instead.
+    g = graph({"a": 1.0, "b": 3.0, "u": 2.0, "v": 1.0},
+              [("a", "b", 0), ("a", "u", 0), ("b", "v", 0), ("u", "v", GiB)],
+              param_bytes=[0, 3 * GiB // 4, 0, 0], output_bytes=[0, 0, GiB, 0])
+    cluster = mesh(["X", "X"], bandwidth=1e12, memory=3 * GiB // 2)
+    assert critical_path(g, upward_ranks(g, cluster, "max")) == [0, 1, 3]
+    sched = dpos_schedule(g, cluster)
+    assert sched.device_of.tolist() == [0, 0, 1, 1]
+    assert sched.start[3] == 4.0
+    result = simulate(g, cluster, sched.device_of, sched.orders)
+    assert result.fits and result.makespan_s == sched.makespan_s == 5.0
+
+
 def timeline(intervals):
     t = Timeline()
     for begin, length in intervals:

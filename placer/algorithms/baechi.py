@@ -245,7 +245,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             for j in state.same_routes(v, d, est[3]):
                 arrives_after[(v, j)] = ready
             continue
-        if fixed < 0 and not state.fits(v, d, state.copies(v, d, est[3])):
+        if not state.holds(v, d, est):
             hold(v, d, start)
             continue
         state.commit(v, d, est)

@@ -40,6 +40,11 @@ def critical_path(graph: OpGraph, rank: np.ndarray) -> list[int]:
         path.append(node)
 
 
+def _holds(state: ScheduleState, v: int, d: int, devices: list[int]) -> bool:
+    """Whether ``d`` is among ``devices`` and its budget holds ``v`` with the input copies it would need there."""
+    return d in devices and state.holds(v, d, state.estimate(v, d))
+
+
 def _critical_path_device(state: ScheduleState, remaining: list[int]) -> int:
     """The device on which the remaining critical-path nodes that fit its memory run fastest on average.
 
@@ -102,9 +107,9 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
         if keep is not None and keep[v] in devices:
             devices = [keep[v]]
         if on_path[v] and len(devices) > 1:
-            if cp_device not in devices:
+            if not _holds(state, v, cp_device, devices):
                 cp_device = _critical_path_device(state, path[position[v]:])
-            if cp_device in devices:
+            if _holds(state, v, cp_device, devices):
                 devices = [cp_device]
         d, est = state.best_device(v, devices)
         state.commit(v, d, est)

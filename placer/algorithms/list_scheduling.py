@@ -447,6 +447,13 @@ class ScheduleState:
         need = sum(copies.values()) + (self.unit_need[unit] if self.unit_device[unit] < 0 else 0.0)
         return self.budget.fits(d, need)
 
+    def holds(self, v: int, d: int, estimate: tuple) -> bool:
+        """Whether ``d``'s budget holds ``v`` with the input copies ``estimate``'s transfers create there.
+
+        Always true where ``v``'s unit already lives on ``d``: its reservation was made with the unit.
+        """
+        return self.unit_device[self.unit_of[v]] == d or self.fits(v, d, self.copies(v, d, estimate[3]))
+
     def best_device(self, v: int, devices: list[int] | None = None, key: int = 1,
                     cache: dict | None = None) -> tuple[int, tuple]:
         """The device (among ``devices``, default :meth:`devices_for`) where ``v`` finishes earliest.
@@ -458,10 +465,9 @@ class ScheduleState:
         ``cache`` keeps estimates by (node, device) for as long as that device's version holds.
         """
         best_d, best = -1, None
-        fixed = self.unit_device[self.unit_of[v]] >= 0
         for d in (self.devices_for(v) if devices is None else devices):
             est = self.estimate(v, d) if cache is None else self.cached_estimate(v, d, cache)
-            if not fixed and not self.fits(v, d, self.copies(v, d, est[3])):
+            if not self.holds(v, d, est):
                 continue
             if best is None or est[key] < best[key]:
                 best_d, best = d, est
