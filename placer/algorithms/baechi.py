@@ -58,17 +58,27 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     for v in graph.topological_order.tolist():
         unit = state.unit_of[v]
         d = state.unit_device[unit]
+        if d >= 0:
+            state.commit(v, d, state.estimate(v, d))
+            continue
+        estimates = {}
+
+        def takes(j: int, limit: np.ndarray) -> bool:
+            """Whether device j may run v and hold its unit and the input copies it needs there within limit."""
+            if not state.unit_ok[unit][j]:
+                return False
+            estimates[j] = estimates.get(j) or state.estimate(v, j)
+            need = state.unit_need[unit] + sum(state.copies(v, j, estimates[j][3]).values())
+            return state.budget.used[j] + need <= limit[j]
+
+        choices = ([(j, share) for j in range(current, n_dev)] + [(j, share) for j in range(current)]
+                   + [(j, capacity) for j in range(n_dev)])
+        d = next((j for j, limit in choices if takes(j, limit)), -1)
         if d < 0:
-            need = state.unit_need[unit]
-            fits = [state.unit_ok[unit][j] and state.budget.used[j] + need <= share[j] for j in range(n_dev)]
-            ahead = ([j for j in range(current, n_dev) if fits[j]] or [j for j in range(n_dev) if fits[j]]
-                     or [j for j in range(n_dev) if state.unit_ok[unit][j] and state.budget.fits(j, need)])
-            if not ahead:
-                raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory")
-            d = ahead[0]
-            if state.unit_ok[unit][current] and d > current:
-                current = d
-        state.commit(v, d, state.estimate(v, d))
+            raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory")
+        if state.unit_ok[unit][current] and d > current:
+            current = d
+        state.commit(v, d, estimates[d])
     return state.schedule()
 
 

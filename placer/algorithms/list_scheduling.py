@@ -525,7 +525,7 @@ class ScheduleState:
 
 def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule], graph: OpGraph, cluster: Cluster,
                                  name: str, max_ratio: float = 4.0, min_ratio: float = 0.05,
-                                 tries: int = 10, shrinks: int = 8) -> Schedule:
+                                 tries: int = 10, shrinks: int = 12) -> Schedule:
     """Call ``build(ratio, capacity_scale)`` until its schedule fits under the reference model.
 
     Like :func:`~placer.algorithms.common.fitting_plan_with_retries`, but the
@@ -538,7 +538,8 @@ def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule],
     to place every node; once both happened it bisects between them. If no
     ratio fits, the devices that the last overflowing schedule overflowed get
     a smaller share of their capacity, in proportion to the excess, so that
-    work moves to the others, up to ``shrinks`` times.
+    work moves to the others; where that leaves the scheduler too little room
+    to place every node, the ratio shrinks instead; up to ``shrinks`` tries.
     """
     whole = np.ones(cluster.num_devices)
     ratio = liveness_ratio(graph, cluster)
@@ -589,13 +590,14 @@ def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule],
         scale = whole.copy()
         capacity = cluster.memory.astype(np.float64)
         for _ in range(shrinks):
-            over = peak > capacity
-            scale[over] *= 0.95 * capacity[over] / peak[over]
+            if peak is not None:
+                over = peak > capacity
+                scale[over] *= 0.95 * capacity[over] / peak[over]
+            else:
+                ratio /= 1.2
             outcome = attempt(ratio, scale)
             if isinstance(outcome, Schedule):
                 return outcome
-            if outcome is None:
-                break
             peak = outcome
     assert error is not None
     raise error
