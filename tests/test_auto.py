@@ -84,7 +84,8 @@ def test_ctrl_c_in_the_portfolio_returns_the_best_so_far(case, monkeypatch):
 
 def test_default_portfolio_runs_fast_members_first_and_slow_ones_only_with_time():
     short, long = default_portfolio(20), default_portfolio(120)
-    assert short[:4] == ["expert", "sharded_data_parallel", "data_parallel", "metis"]
+    assert short[:5] == ["expert", "sharded_data_parallel", "data_parallel", "single", "m_sct"]
+    assert len(short) == len(set(short))   # m_sct, a search, runs once
     assert "pesto" not in short and "pesto" in long
     assert "auto" not in long
     assert long.index("os_dpos") > long.index("m_etf")

@@ -37,18 +37,18 @@ __all__ = ["auto", "critical_path_nodes"]
 SLOW_ALGORITHMS = ("pesto", "placeto")
 #: Members that search until their ``time_limit``: each gets a share of the time left.
 SEARCHES = ("os_dpos", "m_sct") + SLOW_ALGORITHMS
-#: One-pass algorithms that take at most seconds on graphs of 10^4 ops run first, the others follow in
-#: registry order (m-ETF's estimates under channel contention take longer). The expert split comes first:
-#: it is the quickest to find a plan that fits where memory is tight, and once auto has a plan it can box
-#: every later member in the time left. Data parallelism next, the sharded optimizer's first (the same
-#: ring traffic, 1/n of the update): where a replica fits it is often several times faster than any
+#: Members in the order they run first; the others follow in registry order, the searches last. The expert
+#: split comes first: it is the quickest to find a plan that fits where memory is tight, and once auto has a
+#: plan it can box every later member in the time left. Data parallelism next, the sharded optimizer's first
+#: (the same ring traffic, 1/n of the update): where a replica fits it is often several times faster than any
 #: placement (bench/quality.py), though its replicated graph takes seconds on 10^4 ops (their lower bounds
-#: skip them where they cannot win). Then the cheapest (tenths of a second on 10^4 ops) before DPOS and
-#: HEFT (about a second). With 10 s on every bundled case (bench/presets.py), before the bounds, this order
-#: missed the best plan on 6 of 126 cases (GNMT, where data parallelism ate the time; NASNet over two
-#: hosts), the cheap members before data parallelism on 8, by 1.4-4.9x (NASNet, ResNet-200 on CPUs).
-FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "metis", "celeritas", "order_place", "m_topo", "dpos",
-              "heft")
+#: skip them where they cannot win). Then the single device (one simulation), m-SCT (Baechi's best, a few
+#: seconds on 10^4 ops) and the cheapest (tenths of a second) before DPOS and HEFT (about a second); m-ETF
+#: (longer under channel contention) after them. With 10 s on every bundled case (bench/presets.py), m-SCT
+#: among the searches at the end missed the best plan on GNMT over 4 A100s (m-SCT's, 1.36x faster); run
+#: before data parallelism, the cheap members missed NASNet and ResNet-200 on CPUs by 1.4-4.9x.
+FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "single", "m_sct", "metis", "celeritas",
+              "order_place", "m_topo", "dpos", "heft")
 #: Members whose makespan has a cheap lower bound: one whose bound is no better than the best plan so far
 #: cannot win and does not run. Data parallelism's bound takes a tenth of a second where its plan takes
 #: seconds, and is tightest where the all-reduce dominates: it skips GNMT, whose replicas lose to the
@@ -191,7 +191,7 @@ def default_portfolio(time_limit: float | None) -> list[str]:
     """
     registered = [name for name in available_algorithms() if name != "auto"]
     first = [name for name in FAST_FIRST if name in registered]
-    searches = [name for name in SEARCHES if name in registered
+    searches = [name for name in SEARCHES if name in registered and name not in first
                 and (name not in SLOW_ALGORITHMS or (time_limit is not None and time_limit >= 60))]
     rest = [name for name in registered if name not in first and name not in SEARCHES]
     return first + rest + searches
