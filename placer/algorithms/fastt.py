@@ -45,8 +45,8 @@ def _holds(state: ScheduleState, v: int, d: int, devices: list[int]) -> bool:
     return d in devices and state.holds(v, d, state.estimate(v, d))
 
 
-def _critical_path_device(state: ScheduleState, remaining: list[int]) -> int:
-    """The device on which the remaining critical-path nodes that fit its memory run fastest on average.
+def _critical_path_device(state: ScheduleState, remaining: list[int], candidates: list[int] | None = None) -> int:
+    """The device (among ``candidates``, default all) on which the remaining critical-path nodes that fit run fastest.
 
     For every device, critical-path nodes are taken in path order while their
     units fit the device's remaining budget (FastT Sec. 5.1); the device with
@@ -55,7 +55,7 @@ def _critical_path_device(state: ScheduleState, remaining: list[int]) -> int:
     """
     best, best_key = -1, None
     budget = state.budget
-    for d in range(state.cluster.num_devices):
+    for d in (range(state.cluster.num_devices) if candidates is None else candidates):
         room = budget.capacity[d] - budget.used[d]
         seen: set[int] = set()
         total, count = 0.0, 0
@@ -108,8 +108,9 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
             devices = [keep[v]]
         if on_path[v] and len(devices) > 1:
             if not _holds(state, v, cp_device, devices):
-                cp_device = _critical_path_device(state, path[position[v]:])
-            if _holds(state, v, cp_device, devices):
+                holding = [d for d in devices if _holds(state, v, d, devices)]
+                cp_device = _critical_path_device(state, path[position[v]:], holding)
+            if cp_device in devices:
                 devices = [cp_device]
         d, est = state.best_device(v, devices)
         state.commit(v, d, est)
