@@ -126,6 +126,18 @@ def test_m_topo_fills_devices_in_topological_order_up_to_their_share():
     assert sched.start.tolist() == [0.0, 1.0, 2.0, 3.0]
 
 
+def test_m_topo_passes_over_a_device_whose_share_cannot_hold_the_input_copies():
+    # Five 1-GiB units, share = 5/2 + 1 = 3.5 GiB: a1, a2, b1 fill d0, b2 and b3 go to d1. c needs
+    # a1's and a2's outputs: on d1 that is 2 GiB of copies beside 2 GiB, past its share; d0 holds them.
+    nodes = {"a1": 1.0, "a2": 1.0, "b1": 1.0, "b2": 1.0, "b3": 1.0, "c": 1.0}
+    g = graph(nodes, [("a1", "c", GiB), ("a2", "c", GiB)],
+              output_bytes=[GiB, GiB, 0, 0, 0, 0], param_bytes=[0, 0, GiB, GiB, GiB, 0])
+    cluster = mesh(["X", "X"], memory=8 * GiB)
+    sched = m_topo_schedule(g, cluster)
+    assert sched.device_of.tolist() == [0, 0, 0, 1, 1, 0]
+    assert simulate(g, cluster, sched.device_of, sched.orders).fits
+
+
 def test_dpos_critical_path_goes_to_the_fastest_device():
     # Chain a -> b -> c (the critical path) plus a short side node s.
     g = graph({"a": 2.0, "b": 4.0, "c": 2.0, "s": 0.5}, [("a", "b", 0), ("b", "c", 0), ("a", "s", 0), ("s", "c", 0)])
