@@ -9,7 +9,7 @@ from placer import OpGraph, place, simulate
 from placer.algorithms.baechi import etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
-from placer.algorithms.list_scheduling import Timeline, upward_ranks
+from placer.algorithms.list_scheduling import Schedule, Timeline, schedule_with_memory_retries, upward_ranks
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
@@ -171,6 +171,29 @@ def test_dpos_leaves_the_critical_path_device_when_an_input_copy_would_not_fit_t
     assert sched.start[3] == 4.0
     result = simulate(g, cluster, sched.device_of, sched.orders)
     assert result.fits and result.makespan_s == sched.makespan_s == 5.0
+
+
+def test_memory_retries_shrink_the_ratio_where_shrinking_a_device_leaves_too_little_room():
+    # Two 1-GiB nodes, 1.5 GiB per device. The scheduler stacks both on d0 (an overflow) while d0 has its
+    # whole capacity, and finds no room at all with d0 shrunk unless the ratio is below 3: the retries
+    # must go on with smaller ratios rather than stop at the first budget too tight to place every node.
+    g = graph({"a": 1.0, "b": 1.0}, [], param_bytes=[GiB, GiB])
+    cluster = mesh(["X", "X"], memory=3 * GiB // 2)
+    tried = []
+
+    def build(ratio, scale):
+        tried.append((ratio, scale[0] < 1))
+        if scale[0] == 1:
+            return Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)],
+                            np.array([0.0, 1.0]), np.array([1.0, 2.0]))
+        if ratio > 3:
+            raise InfeasibleError("too tight")
+        return Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
+
+    sched = schedule_with_memory_retries(build, g, cluster, "test")
+    assert sched.device_of.tolist() == [0, 1] and sched.simulated.fits
+    shrunk = [ratio for ratio, small in tried if small]
+    assert shrunk[0] == 4.0 and shrunk[-1] < 3 and shrunk == sorted(shrunk, reverse=True)
 
 
 def timeline(intervals):
