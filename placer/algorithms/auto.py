@@ -35,8 +35,9 @@ __all__ = ["auto", "critical_path_nodes"]
 
 #: Searches that need minutes: in the portfolio only with a time limit of at least a minute.
 SLOW_ALGORITHMS = ("pesto", "placeto")
-#: Members that search until their ``time_limit``: each gets a share of the time left.
-SEARCHES = ("os_dpos", "m_sct") + SLOW_ALGORITHMS
+#: Members that search until their ``time_limit``: each gets a share of the time left. The others get
+#: all of it (m-SCT's LP solver stops at half its limit).
+SEARCHES = ("os_dpos",) + SLOW_ALGORITHMS
 #: Members in the order they run first; the others follow in registry order, the searches last. The expert
 #: split comes first: it is the quickest to find a plan that fits where memory is tight, and once auto has a
 #: plan it can box every later member in the time left. Data parallelism next, the sharded optimizer's first
@@ -228,7 +229,7 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
         try:
             with TimeBox(left if best is not None else None) as box:
                 plan = place(graph, cluster, name, seed=seed,
-                             time_limit=max(1.0, left / 3) if searches else None)
+                             time_limit=max(1.0, left / 3) if searches else (left if best is not None else None))
             if box.expired:
                 log["out_of_time"].append(name)
                 continue

@@ -433,8 +433,9 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     graph, cluster
     seed : ignored (deterministic)
     time_limit : float, optional
-        Seconds the LP solver may take (60 when not given); if it stops
-        without a solution the schedule is m-ETF's.
+        Seconds for the whole call: the LP solver may take half of them (60 s
+        when not given), the schedule the rest; if the solver stops without
+        a solution the schedule is m-ETF's.
     theta : float
         Rounding threshold in (0, 1): an edge whose LP value is below it may
         be a favourite (Baechi's driver uses 0.1).
@@ -459,7 +460,7 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     """
     if not 0 < theta < 1:
         raise OptionError(f"option theta of 'm_sct' must be in (0, 1), got {theta!r}")
-    favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit)
+    favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit / 2)
     sched = schedule_with_memory_retries(lambda ratio, scale: etf_schedule(graph, cluster, ratio, favourite, scale),
                                          graph, cluster, "m_sct")
     return plan_from_schedule(graph, cluster, sched)
