@@ -41,8 +41,9 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     Each device's share is the total budgeted need over the number of devices
     plus the largest unit's need (capped at its own budget when the devices'
     memories differ). A unit that the current device may not run or cannot
-    hold goes to the next device that can, else to any device with room
-    (beyond its share, within its budget).
+    hold (with the copies of inputs that placing it there makes) goes to the
+    next device that can, else to any device with room (beyond its share,
+    within its budget).
     Every node starts as early as its device and inputs allow, in
     topological order on its device.
     """
@@ -54,29 +55,29 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     if np.unique(capacity).size > 1:
         share = capacity.copy()
     share = np.minimum(share, capacity)
+    def takes(v: int, j: int, limit: np.ndarray, estimates: dict) -> bool:
+        """Whether device j may run v and hold its unit and the input copies it needs there within limit."""
+        unit = state.unit_of[v]
+        if not state.unit_ok[unit][j]:
+            return False
+        if j not in estimates:
+            estimates[j] = state.estimate(v, j)
+        need = state.unit_need[unit] + sum(state.copies(v, j, estimates[j][3]).values())
+        return state.budget.used[j] + need <= limit[j]
+
     current = 0
     for v in graph.topological_order.tolist():
-        unit = state.unit_of[v]
-        d = state.unit_device[unit]
+        d = state.unit_device[state.unit_of[v]]
         if d >= 0:
             state.commit(v, d, state.estimate(v, d))
             continue
-        estimates = {}
-
-        def takes(j: int, limit: np.ndarray) -> bool:
-            """Whether device j may run v and hold its unit and the input copies it needs there within limit."""
-            if not state.unit_ok[unit][j]:
-                return False
-            estimates[j] = estimates.get(j) or state.estimate(v, j)
-            need = state.unit_need[unit] + sum(state.copies(v, j, estimates[j][3]).values())
-            return state.budget.used[j] + need <= limit[j]
-
+        estimates: dict[int, tuple] = {}
         choices = ([(j, share) for j in range(current, n_dev)] + [(j, share) for j in range(current)]
                    + [(j, capacity) for j in range(n_dev)])
-        d = next((j for j, limit in choices if takes(j, limit)), -1)
+        d = next((j for j, limit in choices if takes(v, j, limit, estimates)), -1)
         if d < 0:
             raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory")
-        if state.unit_ok[unit][current] and d > current:
+        if state.unit_ok[state.unit_of[v]][current] and d > current:
             current = d
         state.commit(v, d, estimates[d])
     return state.schedule()
