@@ -187,19 +187,41 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         for d in allowed:
             wait_on(d, (ready, position[v], v))
 
+    def bound_on(v: int, d: int, key: float) -> float:
+        """The bound learnt for ``v`` on ``d`` if it is above ``key`` and still holds, else ``key``."""
+        bound = arrives_after.get((v, d), 0.0)
+        return bound if bound > key and not state.any_input_sent(v, d) else key
+
     def device_front(d: int) -> tuple[float, int, int] | None:
-        """``(start, position, node)`` of the first ready node on device ``d`` by its heap keys."""
+        """``(start, position, node)`` of the first ready node on device ``d`` by its heap keys.
+
+        A node whose key is below a bound learnt from another device goes back with the bound as its
+        key (as the main loop would do on popping it), so that the loop only sees keys that hold.
+        """
         free = state.devices[d].find(0.0, 0.0, insertion=False)[0]
         wait, start = waiting[d], startable[d]
-        while wait and (wait[0][0] <= free or state.device_of[wait[0][2]] >= 0):
-            _, pos, v = heapq.heappop(wait)
-            if state.device_of[v] < 0:
-                heapq.heappush(start, (pos, v))
-        while start and state.device_of[start[0][1]] >= 0:
-            heapq.heappop(start)
-        if start:
-            return free, *start[0]
-        return wait[0] if wait else None
+        while True:
+            while wait and (wait[0][0] <= free or state.device_of[wait[0][2]] >= 0):
+                _, pos, v = heapq.heappop(wait)
+                if state.device_of[v] < 0:
+                    heapq.heappush(start, (pos, v))
+            while start and state.device_of[start[0][1]] >= 0:
+                heapq.heappop(start)
+            if start:
+                pos, v = start[0]
+                bound = bound_on(v, d, free)
+                if bound == free:
+                    return free, pos, v
+                heapq.heappop(start)
+                heapq.heappush(wait, (bound, position[v], v))
+                continue
+            if not wait:
+                return None
+            key, pos, v = wait[0]
+            bound = bound_on(v, d, key)
+            if bound == key:
+                return wait[0]
+            heapq.heapreplace(wait, (bound, pos, v))
 
     def hold(v: int, d: int, key: float) -> None:
         """Set ``v`` aside on ``d`` until memory is freed there (a favourite child goes back to every device)."""

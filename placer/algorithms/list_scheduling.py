@@ -332,6 +332,12 @@ class ScheduleState:
         self.devices = [Timeline() for _ in range(n_dev)]
         self.channels = [Timeline() for _ in cluster.channels]
         self.arrival: dict[tuple[int, int, int], float] = {}
+        # Who reads each tensor, and the (node, device) pairs with some input already sent to the device.
+        self.readers: dict[tuple[int, int], list[int]] = {}
+        for v, inputs in enumerate(self.inputs):
+            for u, t, _ in inputs:
+                self.readers.setdefault((u, t), []).append(v)
+        self.input_sent: set[tuple[int, int]] = set()
         #: Bumped whenever a device's timeline, incoming channels or budget change.
         self.version = [0] * n_dev
 
@@ -350,7 +356,7 @@ class ScheduleState:
 
     def any_input_sent(self, v: int, d: int) -> bool:
         """Whether some input of ``v`` is on device ``d`` already, sent there for another consumer."""
-        return any((u, t, d) in self.arrival for u, t, _ in self.inputs[v])
+        return (v, d) in self.input_sent
 
     def same_routes(self, v: int, d: int, bookings: list) -> list[int]:
         """The devices other than ``d`` that every input of ``v`` would reach just as it reaches ``d``.
@@ -483,6 +489,7 @@ class ScheduleState:
         for c, s, f, k in sorted(bookings, key=lambda booking: booking[1]):
             u, t, _ = self.inputs[v][k]
             self.arrival[(u, t, d)] = f
+            self.input_sent.update((w, d) for w in self.readers[(u, t)])
             if self.contention:
                 channel = self.channels[c]
                 channel.book(*channel.find(s, f - s, insertion=True), f - s)
