@@ -57,13 +57,11 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     share = np.minimum(share, capacity)
     def takes(v: int, j: int, limit: np.ndarray, estimates: dict) -> bool:
         """Whether device j may run v and hold its unit and the input copies it needs there within limit."""
-        unit = state.unit_of[v]
-        if not state.unit_ok[unit][j]:
+        if not state.unit_ok[state.unit_of[v]][j]:
             return False
         if j not in estimates:
             estimates[j] = state.estimate(v, j)
-        need = state.unit_need[unit] + sum(state.copies(v, j, estimates[j][3]).values())
-        return state.budget.used[j] + need <= limit[j]
+        return state.budget.used[j] + state.need(v, j, estimates[j]) <= limit[j]
 
     current = 0
     for v in graph.topological_order.tolist():
@@ -264,8 +262,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if not state.may_take(v, d):
             hold(v, d, start)
             continue
-        bound = arrives_after.get((v, d), 0.0)
-        if bound > start and not state.any_input_sent(v, d):
+        bound = bound_on(v, d, start)
+        if bound > start:
             wait_on(d, (bound, position[v], v))     # the bound still holds: nothing came to d since
             continue
         est = state.cached_estimate(v, d, cache)

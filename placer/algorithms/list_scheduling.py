@@ -447,18 +447,19 @@ class ScheduleState:
                 out[(u, t, d)] = max(out.get((u, t, d), 0.0), self.ratio * b)
         return out
 
-    def fits(self, v: int, d: int, copies: dict[tuple[int, int, int], float]) -> bool:
-        """Whether ``d``'s budget holds ``v``'s unit (unless already placed) and the copies."""
+    def need(self, v: int, d: int, estimate: tuple) -> float:
+        """Budgeted bytes placing ``v`` on ``d`` adds there: its unit (unless already placed) and the
+        input copies ``estimate``'s transfers create."""
         unit = self.unit_of[v]
-        need = sum(copies.values()) + (self.unit_need[unit] if self.unit_device[unit] < 0 else 0.0)
-        return self.budget.fits(d, need)
+        copies = sum(self.copies(v, d, estimate[3]).values())
+        return copies + (self.unit_need[unit] if self.unit_device[unit] < 0 else 0.0)
 
     def holds(self, v: int, d: int, estimate: tuple) -> bool:
         """Whether ``d``'s budget holds ``v`` with the input copies ``estimate``'s transfers create there.
 
         Always true where ``v``'s unit already lives on ``d``: its reservation was made with the unit.
         """
-        return self.unit_device[self.unit_of[v]] == d or self.fits(v, d, self.copies(v, d, estimate[3]))
+        return self.unit_device[self.unit_of[v]] == d or self.budget.fits(d, self.need(v, d, estimate))
 
     def best_device(self, v: int, devices: list[int] | None = None, key: int = 1,
                     cache: dict | None = None) -> tuple[int, tuple]:
