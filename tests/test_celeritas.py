@@ -93,8 +93,8 @@ def test_each_adjustment_is_no_slower_than_order_place(case):
             t_adjust = schedule.finish[k] + back_cost
             if chosen != d_k:
                 assert t_adjust < t_order_end
-            else:
-                assert t_adjust <= t_order_end
+            else:   # the same sum taken in another order: equal up to rounding
+                assert t_adjust <= t_order_end * (1 + 1e-12)
         busy[chosen].append((schedule.start[k], schedule.finish[k]))
 
 

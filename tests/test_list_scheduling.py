@@ -9,7 +9,8 @@ from placer import OpGraph, place, simulate
 from placer.algorithms.baechi import etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
-from placer.algorithms.list_scheduling import Schedule, Timeline, schedule_with_memory_retries, upward_ranks
+from placer.algorithms.list_scheduling import (Schedule, ScheduleState, Timeline, schedule_with_memory_retries,
+                                               upward_ranks)
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
@@ -173,27 +174,49 @@ def test_dpos_leaves_the_critical_path_device_when_an_input_copy_would_not_fit_t
     assert result.fits and result.makespan_s == sched.makespan_s == 5.0
 
 
-def test_memory_retries_shrink_the_ratio_where_shrinking_a_device_leaves_too_little_room():
+def test_memory_retries_shrink_an_overflowed_device_then_the_ratio_where_that_leaves_too_little_room():
     # Two 1-GiB nodes, 1.5 GiB per device. The scheduler stacks both on d0 (an overflow) while d0 has its
-    # whole capacity, and finds no room at all with d0 shrunk unless the ratio is below 3: the retries
-    # must go on with smaller ratios rather than stop at the first budget too tight to place every node.
+    # whole capacity, and finds no room at all with d0 shrunk unless the ratio is below 0.7: the retries
+    # must shrink d0, then go on with smaller ratios rather than stop at the first budget too tight.
     g = graph({"a": 1.0, "b": 1.0}, [], param_bytes=[GiB, GiB])
     cluster = mesh(["X", "X"], memory=3 * GiB // 2)
     tried = []
 
     def build(ratio, scale):
-        tried.append((ratio, scale[0] < 1))
+        tried.append((ratio, scale.tolist()))
         if scale[0] == 1:
             return Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)],
                             np.array([0.0, 1.0]), np.array([1.0, 2.0]))
-        if ratio > 3:
+        if ratio > 0.7:
             raise InfeasibleError("too tight")
         return Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
 
     sched = schedule_with_memory_retries(build, g, cluster, "test")
     assert sched.device_of.tolist() == [0, 1] and sched.simulated.fits
-    shrunk = [ratio for ratio, small in tried if small]
-    assert shrunk[0] == 4.0 and shrunk[-1] < 3 and shrunk == sorted(shrunk, reverse=True)
+    assert tried[0] == (1.0, [1.0, 1.0])
+    # d0 peaked at 2 GiB of 1.5: its share shrinks to 0.95 * 1.5 / 2 and stays there while the ratio shrinks.
+    assert all(scale == [pytest.approx(0.95 * 0.75), 1.0] for _, scale in tried[1:])
+    ratios = [ratio for ratio, _ in tried[1:]]
+    assert ratios[0] == 1.0 and ratios[-1] < 0.7 and ratios == sorted(ratios, reverse=True)
+
+
+def test_memory_counts_a_copy_from_its_transfer_not_from_the_booking_of_its_consumer():
+    # d1 holds x's 6-byte output over [0, 21) (its consumer y runs after a long node). c, booked after y,
+    # reads p's 6 bytes from d0: the reference model sends them to d1 as p ends (t = 1), so with c on d1
+    # d1 would hold 12 bytes of 10 over [1, 21), although at the booking frontier only the copy is live.
+    g = graph({"p": 1.0, "x": 1.0, "long": 19.0, "y": 1.0, "c": 1.0},
+              [("p", "c", 6), ("x", "y", 6), ("long", "y", 0)], output_bytes=[6, 6, 0, 0, 0])
+    cluster = mesh(["X", "X"], bandwidth=1e9, memory=10)
+    state = ScheduleState(g, cluster, 1.0, insertion=False)
+    for v, d in [("p", 0), ("x", 1), ("long", 1), ("y", 1)]:
+        state.commit(g.index[v], d, state.estimate(g.index[v], d))
+    c = g.index["c"]
+    on_d1 = state.estimate(c, 1)
+    assert on_d1[0] == 21.0 and state.memory.used[1] + state.need(c, 1, on_d1) <= 10
+    assert not state.holds(c, 1, on_d1)
+    assert state.best_device(c)[0] == 0
+    overflow = simulate(g, cluster, np.array([0, 1, 1, 1, 1]), [np.array([0]), np.array([1, 2, 3, 4])])
+    assert overflow.peak_memory_bytes[1] == 12 and not overflow.fits
 
 
 def timeline(intervals):

@@ -36,32 +36,38 @@ def _position(graph: OpGraph) -> np.ndarray:
 
 def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                     capacity_scale: np.ndarray | None = None) -> Schedule:
-    """m-TOPO under a memory budget ratio: topological order, devices filled one after another.
+    """m-TOPO under a memory ratio: topological order, devices filled one after another.
 
-    Each device's share is the total budgeted need over the number of devices
-    plus the largest unit's need (capped at its own budget when the devices'
-    memories differ). A unit that the current device may not run or cannot
-    hold (with the copies of inputs that placing it there makes) goes to the
-    next device that can, else to any device with room (beyond its share,
-    within its budget).
+    Each device's share is the total need (every unit's reservation) over the
+    number of devices plus the largest unit's need (capped at its capacity;
+    its capacity when the devices' memories differ); what a device was given
+    counts against its share whether or not it is freed later. A unit that the
+    current device may not run, or that would take it past its share or its
+    memory over time (with the copies of inputs that placing it there makes),
+    goes to the next device that can, else to any device whose memory holds it
+    (beyond its share).
     Every node starts as early as its device and inputs allow, in
     topological order on its device.
     """
     state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale)
     n_dev = cluster.num_devices
-    capacity = state.budget.capacity
+    capacity = state.memory.capacity
     total = float(sum(state.unit_need))
     share = np.full(n_dev, total / n_dev + max(state.unit_need, default=0.0))
     if np.unique(capacity).size > 1:
         share = capacity.copy()
     share = np.minimum(share, capacity)
-    def takes(v: int, j: int, limit: np.ndarray, estimates: dict) -> bool:
-        """Whether device j may run v and hold its unit and the input copies it needs there within limit."""
+    given = np.zeros(n_dev)
+
+    def takes(v: int, j: int, within_share: bool, estimates: dict) -> bool:
+        """Whether device j may run v and hold it, with the input copies it needs there, within its share and memory."""
         if not state.unit_ok[state.unit_of[v]][j]:
             return False
         if j not in estimates:
             estimates[j] = state.estimate(v, j)
-        return state.budget.used[j] + state.need(v, j, estimates[j]) <= limit[j]
+        if within_share and given[j] + state.need(v, j, estimates[j]) > share[j]:
+            return False
+        return state.holds(v, j, estimates[j])
 
     current = 0
     for v in graph.topological_order.tolist():
@@ -70,13 +76,14 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             state.commit(v, d, state.estimate(v, d))
             continue
         estimates: dict[int, tuple] = {}
-        choices = ([(j, share) for j in range(current, n_dev)] + [(j, share) for j in range(current)]
-                   + [(j, capacity) for j in range(n_dev)])
-        d = next((j for j, limit in choices if takes(v, j, limit, estimates)), -1)
+        choices = ([(j, True) for j in range(current, n_dev)] + [(j, True) for j in range(current)]
+                   + [(j, False) for j in range(n_dev)])
+        d = next((j for j, within_share in choices if takes(v, j, within_share, estimates)), -1)
         if d < 0:
             raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory")
         if state.unit_ok[state.unit_of[v]][current] and d > current:
             current = d
+        given[d] += state.need(v, d, estimates[d])
         state.commit(v, d, estimates[d])
     return state.schedule()
 
@@ -117,7 +124,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     Raises
     ------
     InfeasibleError
-        If the ready nodes left fit no device's remaining memory budget (or no channel reaches one).
+        If the ready nodes left fit no device's remaining memory (or no channel reaches one).
     """
     state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale)
     n, n_dev = graph.num_nodes, cluster.num_devices
@@ -227,7 +234,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             offer_everywhere(v)
             return
         held[d].append((key, position[v], v, d))
-        held_used[d] = max(held_used[d], float(state.budget.used[d]))
+        held_used[d] = max(held_used[d], float(state.memory.used[d]))
 
     for v in range(n):
         if pending[v] == 0:
@@ -242,7 +249,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             waiting_nodes = [entry[2] for entries in held for entry in entries]
             if stuck or not waiting_nodes:
                 v = min(waiting_nodes, default=-1)
-                raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory budget "
+                raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory "
                                       f"(or no channel reaches one)" if v >= 0 else "no node is ready")
             for entries in held:   # what held them may have eased elsewhere: weigh them again
                 release(entries)
@@ -284,11 +291,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         stuck = False
         dirty.update(j for j in range(n_dev) if front[j] is not None and front[j][2] == v)
         # Held nodes come back when what held them may have changed: v's colocation group
-        # now lives on d (its other members need no room), or memory was freed.
+        # now lives on d (its parameters are in), or memory was freed.
         if fixed < 0 and state.grouped[state.unit_of[v]]:
             release(held[d])
         for j in range(n_dev):
-            if held[j] and state.budget.used[j] < held_used[j]:
+            if held[j] and state.memory.used[j] < held_used[j]:
                 release(held[j])
                 held_used[j] = -np.inf
         for w in succ[v]:

@@ -54,9 +54,9 @@ def _critical_path_device(state: ScheduleState, remaining: list[int], candidates
     Returns -1 if no device can take any of them.
     """
     best, best_key = -1, None
-    budget = state.budget
+    memory = state.memory
     for d in (range(state.cluster.num_devices) if candidates is None else candidates):
-        room = budget.capacity[d] - budget.used[d]
+        room = memory.capacity[d] - memory.used[d]
         seen: set[int] = set()
         total, count = 0.0, 0
         for v in remaining:
@@ -81,7 +81,7 @@ def _critical_path_device(state: ScheduleState, remaining: list[int], candidates
 
 def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: np.ndarray | None = None,
                   capacity_scale: np.ndarray | None = None) -> Schedule:
-    """DPOS (FastT Algorithm 1) under a memory budget ratio.
+    """DPOS (FastT Algorithm 1) under a memory ratio.
 
     Priorities are upward ranks with each node's largest time over its
     devices and each edge's largest transfer time (line 3). Critical-path
@@ -134,7 +134,7 @@ def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     Raises
     ------
     InfeasibleError
-        If some node fits no device's remaining memory budget, or the
+        If some node fits no device's remaining memory, or the
         schedule does not fit under the reference model even with the most
         conservative budget.
 

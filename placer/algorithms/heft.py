@@ -16,7 +16,7 @@ __all__ = ["heft", "heft_schedule"]
 
 def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, contention: bool = True,
                   capacity_scale: np.ndarray | None = None) -> Schedule:
-    """HEFT's schedule under a memory budget ratio (see :class:`ScheduleState`).
+    """HEFT's schedule under a memory ratio (see :class:`ScheduleState`).
 
     Nodes go in decreasing upward rank computed with mean computation and mean
     communication costs; each takes the device where it finishes earliest,
@@ -48,7 +48,7 @@ def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     Raises
     ------
     InfeasibleError
-        If some node fits no device's remaining memory budget, or the
+        If some node fits no device's remaining memory, or the
         schedule does not fit under the reference model even with the most
         conservative budget.
 

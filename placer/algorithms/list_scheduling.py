@@ -14,8 +14,8 @@ know about the partial schedule, in the terms of the reference model
   finishes, so transfers that share a channel do not overlap, and a tensor
   already sent to a device is reused there;
 - placement units (colocation groups) whose first scheduled member fixes
-  the device of the whole group, kinds a unit may not use, and a per-device
-  memory budget in scaled static-footprint bytes (:class:`MemoryBudget`).
+  the device of the whole group, kinds a unit may not use, and each
+  device's memory over time (:class:`MemoryTimeline`).
 
 The per-device order is the order of each timeline. Without channel
 contention the start times a scheduler predicts are exactly those the
@@ -36,13 +36,14 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import InfeasibleError
 from ..graph import OpGraph
-from ..paths import bottom_levels
+from ..paths import bottom_levels, top_levels
 from ..plan import Plan
+from ..sim.bounds import fastest_durations
 from ..sim.simulator import SimResult, simulate
-from .common import MemoryBudget, liveness_ratio, placement_units, unit_allowed
+from .common import placement_units, unit_allowed
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline",
-           "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "ResidentMemoryBudget"]
+           "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline"]
 
 
 @dataclass
@@ -239,20 +240,77 @@ def priority_order(graph: OpGraph, rank: np.ndarray) -> np.ndarray:
     return np.lexsort((position, -rank))
 
 
-class ResidentMemoryBudget(MemoryBudget):
-    """A memory budget that counts parameters whole and scales only what lives for part of the step.
+class MemoryTimeline:
+    """Memory in use on each device over time, as the reference model counts it, for a partial schedule.
 
-    A node reserves ``param_bytes + ratio * (output_bytes + temp_bytes)``:
-    parameters stay resident for the whole step under the reference model,
-    while outputs and workspaces come and go. ``capacity_scale`` (per device)
-    shrinks the devices that a previous schedule overflowed.
+    Every allocation holds from its start until it is freed at a time known
+    only later (an output, until its last consumer is booked), so each device
+    keeps a step function of time: ``used[d]`` is its level after every known
+    event (what is held for good or not freed yet), and :meth:`fits` checks
+    a new node's allocations against the whole future, not only the booking
+    frontier: a copy sent to a device when its producer ends, long before the
+    consumer booked now, counts from then on (FORMATS.md, rule 6).
+    ``capacity_scale`` (per device) shrinks the devices that a previous
+    schedule overflowed.
+
+    Examples
+    --------
+    >>> m = MemoryTimeline(np.array([10.0]))
+    >>> m.add(0, 2.0, 6.0); m.add(0, 5.0, -6.0)       # 6 bytes held over [2, 5)
+    >>> m.fits(0, [(0.0, 4.0)]), m.fits(0, [(0.0, 5.0)]), m.fits(0, [(5.0, 10.0)])
+    (True, False, True)
+    >>> float(m.used[0])
+    0.0
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float, capacity_scale: np.ndarray | None = None):
-        super().__init__(graph, cluster, ratio)
-        self.need = graph.param_bytes + ratio * (graph.output_bytes + graph.temp_bytes).astype(np.float64)
-        if capacity_scale is not None:
-            self.capacity = self.capacity * capacity_scale
+    def __init__(self, capacity: np.ndarray, capacity_scale: np.ndarray | None = None):
+        self.capacity = capacity.astype(np.float64) * (1.0 if capacity_scale is None else capacity_scale)
+        n_dev = len(self.capacity)
+        self.used = np.zeros(n_dev)
+        # Per device, breakpoints and the level from each until the next (grown by doubling).
+        self.times = [np.full(64, -np.inf) for _ in range(n_dev)]
+        self.levels = [np.zeros(64) for _ in range(n_dev)]
+        self.count = [1] * n_dev
+
+    def _breakpoint(self, d: int, time: float) -> int:
+        """Index of the breakpoint at ``time`` on device ``d``, made where there is none."""
+        n, times, levels = self.count[d], self.times[d], self.levels[d]
+        k = int(np.searchsorted(times[:n], time, side="right")) - 1
+        if times[k] == time:
+            return k
+        if n == len(times):
+            self.times[d] = times = np.concatenate([times, np.full(n, np.inf)])
+            self.levels[d] = levels = np.concatenate([levels, np.zeros(n)])
+        times[k + 2:n + 1] = times[k + 1:n]
+        levels[k + 2:n + 1] = levels[k + 1:n]
+        times[k + 1] = time
+        levels[k + 1] = levels[k]
+        self.count[d] = n + 1
+        return k + 1
+
+    def add(self, d: int, time: float, amount: float) -> None:
+        """Hold ``amount`` more bytes on ``d`` from ``time`` on (less, when negative: a free)."""
+        if amount:
+            k = self._breakpoint(d, time)
+            self.levels[d][k:self.count[d]] += amount
+            self.used[d] += amount
+
+    def fits(self, d: int, events: list[tuple[float, float]], limit: float | None = None) -> bool:
+        """Whether ``d`` stays within ``limit`` (default its capacity) with ``events`` added: (time, bytes) each."""
+        limit = self.capacity[d] if limit is None else limit
+        n, times, levels = self.count[d], self.times[d][:self.count[d]], self.levels[d]
+        events = sorted(events)
+        held = 0.0
+        for i, (time, amount) in enumerate(events):
+            held += amount
+            end = events[i + 1][0] if i + 1 < len(events) else np.inf
+            if end == time:
+                continue
+            lo = int(np.searchsorted(times, time, side="right")) - 1
+            hi = n if end == np.inf else int(np.searchsorted(times, end, side="left"))
+            if levels[lo:max(hi, lo + 1)].max() + held > limit:
+                return False
+        return True
 
 
 class ScheduleState:
@@ -262,8 +320,10 @@ class ScheduleState:
     ----------
     graph, cluster
     ratio : float
-        Memory budget ratio (:class:`ResidentMemoryBudget`): the share of a
-        node's output and workspace it reserves on its device, beside its parameters.
+        Memory ratio: the share of a node's output and workspace (and of
+        the copies of its inputs) it holds on its device's
+        :class:`MemoryTimeline`, beside its parameters (1: the reference model's
+        bytes; :func:`schedule_with_memory_retries` moves it).
     insertion : bool
         Whether operations may take idle gaps between booked ones (HEFT, DPOS)
         or only go at the end of a device's timeline (ETF).
@@ -272,7 +332,7 @@ class ScheduleState:
         model) or every transfer goes at once (the classic model of the
         list-scheduling papers, used to reproduce their examples).
     capacity_scale : array of float, optional
-        Per device, the share of its memory the budget may use (default all).
+        Per device, the share of its memory the schedule may use (default all).
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float, *, insertion: bool,
@@ -286,8 +346,12 @@ class ScheduleState:
         self.unit_of, self.units = placement_units(graph)
         self.unit_ok: list[list[bool]] = unit_allowed(graph, cluster, self.units).tolist()
         self.ratio = ratio
-        self.budget = ResidentMemoryBudget(graph, cluster, ratio, capacity_scale)
-        self.unit_need = [self.budget.unit_need(u) for u in self.units]
+        self.memory = MemoryTimeline(cluster.memory, capacity_scale)
+        params = graph.param_bytes.astype(np.float64)
+        need = params + ratio * (graph.output_bytes + graph.temp_bytes).astype(np.float64)
+        # What a unit holds from its first booking: its parameters for the whole step, the rest from that start.
+        self.unit_params = [float(params[members].sum()) for members in self.units]
+        self.unit_need = [float(need[members].sum()) for members in self.units]
         self.unit_device = [-1] * len(self.units)
         self.channel_of = cluster.channel_index.tolist()
         # The devices each channel brings data to: a booking on it changes their estimates.
@@ -306,23 +370,33 @@ class ScheduleState:
                 key = (src[e], tensor[e])
                 merged[key] = max(merged.get(key, 0), nbytes[e])
             self.inputs.append([(u, t, b) for (u, t), b in merged.items()])
-        # A colocation group reserves, with its first member, room for every tensor it
-        # receives from outside: the gradients an optimizer update bound to its parameters
-        # gets may come from anywhere.
+        # A colocation group's first member fixes the device of the others, so it reserves room
+        # for them there: each member's output and workspace from the earliest the member can
+        # start, and each tensor the group receives from outside (the gradients an optimizer
+        # update bound to its parameters gets may come from anywhere) from the earliest its
+        # producer can end. Booking a member turns its reservations into its allocations, which
+        # start no earlier.
         self.grouped = [len(members) > 1 for members in self.units]
+        fastest = fastest_durations(graph, cluster)
+        earliest = top_levels(graph, np.where(np.isfinite(fastest), fastest, 0.0))
+        self.reserved_at = (earliest.tolist(), (earliest + np.where(np.isfinite(fastest), fastest, 0.0)).tolist())
+        self.incoming: dict[int, dict[tuple[int, int], float]] = {}
         for unit, members in enumerate(self.units):
             if self.grouped[unit]:
-                incoming = {(u, t): b for v in members.tolist() for u, t, b in self.inputs[v]
+                incoming = {(u, t): ratio * b for v in members.tolist() for u, t, b in self.inputs[v]
                             if self.unit_of[u] != unit}
-                self.unit_need[unit] += ratio * sum(incoming.values())
-        #: Copies (producer, tensor, device) already in some device's budget.
+                self.incoming[unit] = incoming
+                self.unit_need[unit] += sum(incoming.values())
+        #: Copies (producer, tensor, device) already on some device's memory timeline.
         self.budgeted: set[tuple[int, int, int]] = set()
-        # Memory comes back as nodes are scheduled (Baechi's m-ETF memory model): a node's
-        # workspace once it is booked, its output and the copies of it once every consumer is.
-        self.consumers_left = [0] * n
+        # When memory is freed is known once the nodes that hold it are booked: a node's
+        # workspace at its finish; its output and the copies of it once every consumer is booked.
+        self.consumers: list[list[int]] = [[] for _ in range(n)]
         for v in range(n):
             for u in {u for u, _, _ in self.inputs[v]}:
-                self.consumers_left[u] += 1
+                self.consumers[u].append(v)
+        self.consumers_left = [len(c) for c in self.consumers]
+        self.sent_until = [0.0] * n     # when the last transfer of each node's outputs ends
         self.copies_held: list[list[tuple[int, float]]] = [[] for _ in range(n)]
         self.transient = (ratio * graph.output_bytes.astype(np.float64)).tolist()
         self.workspace = (ratio * graph.temp_bytes.astype(np.float64)).tolist()
@@ -338,7 +412,7 @@ class ScheduleState:
             for u, t, _ in inputs:
                 self.readers.setdefault((u, t), []).append(v)
         self.input_sent: set[tuple[int, int]] = set()
-        #: Bumped whenever a device's timeline, incoming channels or budget change.
+        #: Bumped whenever a device's timeline, incoming channels or memory change.
         self.version = [0] * n_dev
 
     # ------------------------------------------------------------ queries
@@ -352,7 +426,7 @@ class ScheduleState:
         fixed = self.unit_device[unit]
         if fixed >= 0:
             return d == fixed
-        return self.unit_ok[unit][d] and self.budget.fits(d, self.unit_need[unit])
+        return self.unit_ok[unit][d] and self.memory.used[d] + self.unit_need[unit] <= self.memory.capacity[d]
 
     def any_input_sent(self, v: int, d: int) -> bool:
         """Whether some input of ``v`` is on device ``d`` already, sent there for another consumer."""
@@ -433,41 +507,67 @@ class ScheduleState:
             cache[(v, d)] = (self.version[d], est)
         return est
 
-    def copies(self, v: int, d: int, bookings: list) -> dict[tuple[int, int, int], float]:
-        """Budgeted bytes of the input copies placing ``v`` on ``d`` would create, by (producer, tensor, device).
+    def copies(self, v: int, d: int, bookings: list) -> dict[tuple[int, int, int], tuple[float, float]]:
+        """The input copies placing ``v`` on ``d`` would create: (producer, tensor, device) -> (transfer start, bytes).
 
-        A colocation group's copies are in its reservation already.
+        A copy is held from the start of its transfer (ratio-scaled bytes);
+        a colocation group's copies are in its reservation already.
         """
-        out: dict[tuple[int, int, int], float] = {}
         if self.grouped[self.unit_of[v]]:
-            return out
-        for *_, k in bookings:
+            return {}
+        out = {}
+        for _, begin, _, k in bookings:
             u, t, b = self.inputs[v][k]
             if (u, t, d) not in self.budgeted:
-                out[(u, t, d)] = max(out.get((u, t, d), 0.0), self.ratio * b)
+                out[(u, t, d)] = (begin, self.ratio * b)
         return out
 
     def need(self, v: int, d: int, estimate: tuple) -> float:
-        """Budgeted bytes placing ``v`` on ``d`` adds there: its unit (unless already placed) and the
+        """Bytes placing ``v`` on ``d`` adds there: its unit (unless already placed) and the
         input copies ``estimate``'s transfers create."""
         unit = self.unit_of[v]
-        copies = sum(self.copies(v, d, estimate[3]).values())
+        copies = sum(amount for _, amount in self.copies(v, d, estimate[3]).values())
         return copies + (self.unit_need[unit] if self.unit_device[unit] < 0 else 0.0)
 
-    def holds(self, v: int, d: int, estimate: tuple) -> bool:
-        """Whether ``d``'s budget holds ``v`` with the input copies ``estimate``'s transfers create there.
+    def _allocations(self, v: int, d: int, estimate: tuple) -> list[tuple[float, float]]:
+        """What placing ``v`` on ``d`` adds to its memory timeline, as (time, bytes) steps.
 
-        Always true where ``v``'s unit already lives on ``d``: its reservation was made with the unit.
+        ``v``'s unit's parameters for the whole step (unless the unit is placed
+        already); ``v``'s output and workspace from its start, the workspace
+        freed at its finish; each new copy of an input from the start of its
+        transfer. The output and the copies are freed once every consumer is
+        booked (:meth:`_release`). A colocation group's first member adds
+        the group's reservations instead (see ``__init__``).
         """
-        return self.unit_device[self.unit_of[v]] == d or self.budget.fits(d, self.need(v, d, estimate))
+        unit = self.unit_of[v]
+        steps = [(0.0, self.unit_params[unit])] if self.unit_device[unit] < 0 else []
+        if self.grouped[unit]:
+            if self.unit_device[unit] < 0:
+                start, end = self.reserved_at
+                steps += [(start[m], self.transient[m] + self.workspace[m]) for m in self.units[unit].tolist()]
+                steps += [(end[u], amount) for (u, _), amount in self.incoming[unit].items()]
+            return steps
+        begin, end = estimate[0], estimate[1]
+        steps += [(begin, self.transient[v] + self.workspace[v]), (end, -self.workspace[v])]
+        return steps + list(self.copies(v, d, estimate[3]).values())
+
+    def holds(self, v: int, d: int, estimate: tuple, limit: float | None = None) -> bool:
+        """Whether ``d``'s memory, over the whole step, holds what placing ``v`` there adds (:meth:`_allocations`).
+
+        Always true where ``v``'s colocation group lives on ``d`` already: its
+        reservations there start no later than what ``v`` takes.
+        ``limit`` replaces the device's capacity.
+        """
+        if self.unit_device[self.unit_of[v]] == d:
+            return True
+        return self.memory.fits(d, self._allocations(v, d, estimate), limit)
 
     def best_device(self, v: int, devices: list[int] | None = None, key: int = 1,
                     cache: dict | None = None) -> tuple[int, tuple]:
         """The device (among ``devices``, default :meth:`devices_for`) where ``v`` finishes earliest.
 
-        A device is passed over when its budget cannot also hold the copies of
-        inputs placing ``v`` there would create (:meth:`copies`), unless
-        ``v``'s unit already lives there.
+        A device is passed over when its memory cannot hold ``v`` with the
+        copies of inputs placing it there would create (:meth:`holds`).
         ``key=0`` picks the earliest start instead (ETF). Ties go to the lowest device index.
         ``cache`` keeps estimates by (node, device) for as long as that device's version holds.
         """
@@ -479,7 +579,7 @@ class ScheduleState:
             if best is None or est[key] < best[key]:
                 best_d, best = d, est
         if best is None or best[1] == float("inf"):
-            raise InfeasibleError(f"node {self.graph.ids[v]!r} fits no device's remaining memory budget "
+            raise InfeasibleError(f"node {self.graph.ids[v]!r} fits no device's remaining memory "
                                   f"(or no channel reaches one)")
         return best_d, best
 
@@ -500,15 +600,18 @@ class ScheduleState:
         self.device_of[v] = d
         self.start[v] = begin
         self.finish[v] = end
+        for time, amount in self._allocations(v, d, estimate):
+            self.memory.add(d, time, amount)
         unit = self.unit_of[v]
-        if self.unit_device[unit] < 0:
-            self.unit_device[unit] = d
-            self.budget.add(d, self.unit_need[unit])
-        for key, amount in self.copies(v, d, bookings).items():
+        self.unit_device[unit] = d
+        for key, (sent, amount) in self.copies(v, d, bookings).items():
             self.budgeted.add(key)
-            self.budget.add(d, amount)
             self.copies_held[key[0]].append((d, amount))
-        self.budget.add(d, -self.workspace[v])
+        if self.grouped[unit]:
+            self._claim(v, d, begin, end, bookings)
+        for _, _, f, k in bookings:
+            u = self.inputs[v][k][0]
+            self.sent_until[u] = max(self.sent_until[u], f)
         for u in {u for u, _, _ in self.inputs[v]} | ({v} if self.consumers_left[v] == 0 else set()):
             if u != v:
                 self.consumers_left[u] -= 1
@@ -516,12 +619,38 @@ class ScheduleState:
                 self._release(u)
         self.version[d] += 1
 
+    def _claim(self, v: int, d: int, begin: float, end: float, bookings: list) -> None:
+        """Turn the reservations of ``v``'s colocation group for ``v`` into ``v``'s allocations on ``d``."""
+        start, arrive = self.reserved_at
+        self.memory.add(d, start[v], -(self.transient[v] + self.workspace[v]))
+        self.memory.add(d, begin, self.transient[v] + self.workspace[v])
+        self.memory.add(d, end, -self.workspace[v])
+        sent = {self.inputs[v][k][:2]: s for _, s, _, k in bookings}
+        incoming = self.incoming[self.unit_of[v]]
+        for u, t, _ in self.inputs[v]:
+            amount = incoming.pop((u, t), None)
+            if amount is None:
+                continue
+            self.memory.add(d, arrive[u], -amount)
+            if (u, t) in sent:      # else already on d: no copy
+                self.memory.add(d, sent[(u, t)], amount)
+                self.budgeted.add((u, t, d))
+                self.copies_held[u].append((d, amount))
+
     def _release(self, u: int) -> None:
-        """Every consumer of ``u`` is booked: its output and the copies of it go back to the budgets."""
-        self.budget.add(self.device_of[u], -self.transient[u])
-        self.version[self.device_of[u]] += 1
+        """Every consumer of ``u`` is booked: free its output and the copies of it when the reference model does.
+
+        An output lives until its last consumer on its device has finished and
+        its last transfer has ended; a copy, until its last consumer there has finished.
+        """
+        last: dict[int, float] = {}
+        for w in self.consumers[u]:
+            last[self.device_of[w]] = max(last.get(self.device_of[w], 0.0), self.finish[w])
+        home = self.device_of[u]
+        self.memory.add(home, max(self.finish[u], last.get(home, 0.0), self.sent_until[u]), -self.transient[u])
+        self.version[home] += 1
         for device, amount in self.copies_held[u]:
-            self.budget.add(device, -amount)
+            self.memory.add(device, last[device], -amount)
             self.version[device] += 1
 
     def schedule(self) -> Schedule:
@@ -532,81 +661,43 @@ class ScheduleState:
 
 
 def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule], graph: OpGraph, cluster: Cluster,
-                                 name: str, max_ratio: float = 4.0, min_ratio: float = 0.05,
-                                 tries: int = 10, shrinks: int = 12) -> Schedule:
+                                 name: str, ratio: float = 1.0, tries: int = 16) -> Schedule:
     """Call ``build(ratio, capacity_scale)`` until its schedule fits under the reference model.
 
     Like :func:`~placer.algorithms.common.fitting_plan_with_retries`, but the
     reference simulation runs the schedule's own per-device order, since
-    memory over time depends on it. First the memory ratio is searched with
-    every device's whole capacity: from the liveness ratio it grows (up to
-    ``max_ratio``: the copies that transfers leave on receivers lie beyond
-    the static footprint) while the schedule overflows a device, and shrinks
-    (down to ``min_ratio``) while the budget is too tight for the scheduler
-    to place every node; once both happened it bisects between them. If no
-    ratio fits, the devices that the last overflowing schedule overflowed get
-    a smaller share of their capacity, in proportion to the excess, so that
-    work moves to the others; where that leaves the scheduler too little room
-    to place every node, the ratio shrinks instead; up to ``shrinks`` tries.
+    memory over time depends on it. :class:`ScheduleState` follows each
+    device's memory over time (:class:`MemoryTimeline`), holding every output
+    and copy until its last consumer is booked, so with a ``ratio`` of 1 it
+    counts the reference model's bytes. What it books can still differ from
+    what the simulation runs: the simulator's channels serve transfers first
+    come, first served, which moves when copies arrive. So where a schedule
+    overflows, the devices it overflowed get a smaller share of their
+    capacity, in proportion to the excess, and work moves to the others;
+    where that leaves the scheduler too little room to place every
+    node, the ratio shrinks by a fifth. Up to ``tries`` schedules.
     """
-    whole = np.ones(cluster.num_devices)
-    ratio = liveness_ratio(graph, cluster)
-    overflowed = 0.0           # largest ratio whose schedule overflowed a device
-    too_tight = float("inf")   # smallest ratio at which the scheduler could not place every node
+    scale = np.ones(cluster.num_devices)
+    capacity = cluster.memory.astype(np.float64)
     error: InfeasibleError | None = None
-    overflow: tuple[float, np.ndarray] | None = None    # (ratio, peak memory) of the last overflow
-
-    def attempt(ratio: float, scale: np.ndarray) -> Schedule | np.ndarray | None:
-        """The fitting schedule; else the peaks of an overflowing one; else None (too tight)."""
-        nonlocal error
+    for _ in range(tries):
         try:
             sched = build(ratio, scale)
         except InfeasibleError as exc:
             error = InfeasibleError(f"{name}: {exc}")
-            return None
+            ratio /= 1.2
+            continue
         result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
         if result.fits:
             sched.simulated = result
             return sched
-        j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
+        peak = result.peak_memory_bytes
+        j = int(np.argmax(peak - capacity))
         error = InfeasibleError(
-            f"{name}: device {cluster.devices[j].name!r} would need {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
+            f"{name}: device {cluster.devices[j].name!r} would need {peak[j] / 2**30:.3f} GiB "
             f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
-        return result.peak_memory_bytes
-
-    for _ in range(tries):
-        outcome = attempt(ratio, whole)
-        if isinstance(outcome, Schedule):
-            return outcome
-        if outcome is None:
-            too_tight = min(too_tight, ratio)
-            if overflowed == 0.0 and ratio <= min_ratio:
-                break
-        else:
-            overflowed = max(overflowed, ratio)
-            overflow = (ratio, outcome)
-            if too_tight == float("inf") and ratio >= max_ratio:
-                break
-        if overflowed == 0.0:
-            ratio = max(min_ratio, ratio / 1.5)
-        elif too_tight == float("inf"):
-            ratio = min(max_ratio, ratio * 1.25)
-        else:
-            ratio = (overflowed + too_tight) / 2
-    if overflow is not None:
-        ratio, peak = overflow
-        scale = whole.copy()
-        capacity = cluster.memory.astype(np.float64)
-        for _ in range(shrinks):
-            if peak is not None:
-                over = peak > capacity
-                scale[over] *= 0.95 * capacity[over] / peak[over]
-            else:
-                ratio /= 1.2
-            outcome = attempt(ratio, scale)
-            if isinstance(outcome, Schedule):
-                return outcome
-            peak = outcome
+        over = peak > capacity
+        scale[over] *= 0.95 * capacity[over] / peak[over]
     assert error is not None
     raise error
 
