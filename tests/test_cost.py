@@ -451,3 +451,20 @@ def test_profile_and_predict_commands(tmp_path, capsys):
     assert "'--batch' must be >= 1" in capsys.readouterr().err
     assert main(["profile", spec, "--batch", "2", "--device", "cuda:7", "-o", str(tmp_path / "x.json")]) == 2
     assert "device" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+
+
+def test_python_number_arithmetic_costs_a_gpu_nothing_and_a_cpu_its_per_op_overhead():
+    # Adam's bias corrections are arithmetic on its step count as a Python number: the host runs
+    # them while a GPU goes on with the kernels already queued; on a CPU the host is the device.
+    from placer.capture import capture_spec
+
+    graph = capture_spec("zoo:lenet", 4, optimizer="adam", fake=True).graph
+    host = np.array([op.startswith("_operator.") for op in graph.op])
+    assert host.sum() == 7 * 10    # 3 pow, 2 sub, truediv, neg per parameter tensor; LeNet-5 has 10
+    for reference in ("V100", "cpu"):
+        g = annotate(graph, reference=reference, kinds=("A100", "H100"))
+        expected = DEVICE_SPECS[reference].host_op_s
+        assert np.all(g.compute_s[host] == expected)
+        assert all(g.compute_s_by_kind[i][k] == 0.0 for i in np.flatnonzero(host) for k in ("A100", "H100"))
+        assert np.all(g.compute_s[~host & (g.flops > 0)] >= DEVICE_SPECS[reference].launch_overhead_s)
+    assert DEVICE_SPECS["cpu"].host_op_s == 5e-6

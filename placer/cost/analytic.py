@@ -26,6 +26,11 @@ Choices, and why:
 * Views cost nothing. ``view``, ``reshape``, ``transpose``, ``expand``, ``getitem``
   and the like change tensor metadata only and launch no kernel in PyTorch, so they
   cost 0 s, not a launch overhead (:data:`VIEW_OPS`).
+* Arithmetic on Python numbers (``_operator.*``: Adam's bias corrections on its step
+  count) runs on the host and launches no kernel either. A GPU does not wait for it:
+  PyTorch launches kernels asynchronously, so the host computes it while the GPU runs
+  the kernels already queued, and it costs a GPU 0 s. On a CPU the host is the device
+  and it costs the per-op overhead (:attr:`DeviceSpec.host_op_s`, :func:`host_op`).
 * FP32 convolutions use TF32 on A100/H100: PyTorch's default is
   ``torch.backends.cudnn.allow_tf32 = True`` but ``torch.backends.cuda.matmul.allow_tf32
   = False``, so convolutions get the TF32 tensor-core peak and FP32 matmuls the FP32
@@ -52,7 +57,7 @@ if TYPE_CHECKING:
     from ..graph import OpGraph
 
 __all__ = ["DeviceSpec", "DEVICE_SPECS", "VIEW_OPS", "MATRIX_OPS", "node_time_s", "annotate",
-           "op_base_name", "normalise_dtype"]
+           "op_base_name", "normalise_dtype", "host_op"]
 
 TERA = 1e12
 GIGA = 1e9
@@ -81,6 +86,11 @@ class DeviceSpec:
         Achieved fraction of the peak FLOP/s and of the peak bandwidth.
     source : str
         Where the figures come from.
+    tf32 : bool
+        Whether FP32 convolutions use the TF32 tensor cores (PyTorch's default where they exist).
+    host_op_s : float
+        Time of an operation on Python numbers (:func:`host_op`), which the host
+        runs: 0 on a GPU, which goes on with the kernels already queued meanwhile.
     """
 
     kind: str
@@ -93,6 +103,7 @@ class DeviceSpec:
     memory_efficiency: float
     source: str
     tf32: bool = field(default=False)
+    host_op_s: float = field(default=0.0)
 
     def peak_flops(self, dtype: str, matrix: bool) -> float:
         """Peak FLOP/s for ``dtype`` (normalised name or ``"tf32"``) on matrix or vector units."""
@@ -161,7 +172,7 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         vector_flops={"float32": 80 * GIGA, "float64": 33 * GIGA, "float16": 2 * GIGA,
                       "bfloat16": 80 * GIGA},
         matrix_flops={"bfloat16": 200 * GIGA},
-        memory_bandwidth=30 * GIGA, launch_overhead_s=5e-6,
+        memory_bandwidth=30 * GIGA, launch_overhead_s=5e-6, host_op_s=5e-6,
         compute_efficiency=0.8, memory_efficiency=0.3,
         source="measured on this machine (one Zen 4 core, torch 2.13, 1 thread)"),
 }
@@ -214,6 +225,15 @@ def op_base_name(op: str | None) -> str:
     return parts[0]
 
 
+def host_op(op: str | None) -> bool:
+    """Whether ``op`` is arithmetic on Python numbers (``"_operator.pow"``), which runs on the host.
+
+    >>> host_op("_operator.pow"), host_op("aten.pow.Tensor_Scalar")
+    (True, False)
+    """
+    return bool(op) and op.replace("::", ".").startswith(("_operator.", "operator."))
+
+
 def normalise_dtype(dtype: str | None) -> str:
     """``"torch.float16"`` -> ``"float16"``; integer and boolean dtypes count as float32 work."""
     if not dtype:
@@ -231,7 +251,7 @@ def _spec(kind: str) -> DeviceSpec:
 
 
 def node_time_s(kind: str, flops, bytes_accessed, dtype: "str | Sequence[str]" = "float32",
-                matrix: "bool | Sequence[bool]" = False, views=False) -> np.ndarray:
+                matrix: "bool | Sequence[bool]" = False, views=False, host=False) -> np.ndarray:
     """Roofline time of operations on one device kind (vectorised over operations).
 
     Parameters
@@ -247,6 +267,8 @@ def node_time_s(kind: str, flops, bytes_accessed, dtype: "str | Sequence[str]" =
         Whether each operation may use the matrix units (see :data:`MATRIX_OPS`).
     views : bool or sequence of bool
         Metadata-only operations, which cost 0 s.
+    host : bool or sequence of bool
+        Operations on Python numbers (:func:`host_op`), which cost the kind's ``host_op_s``.
 
     Returns
     -------
@@ -279,6 +301,7 @@ def node_time_s(kind: str, flops, bytes_accessed, dtype: "str | Sequence[str]" =
     time = spec.launch_overhead_s + np.maximum(
         flops / (peak * spec.compute_efficiency),
         nbytes / (spec.memory_bandwidth * spec.memory_efficiency))
+    time = np.where(np.broadcast_to(np.asarray(host, dtype=bool), flops.shape), spec.host_op_s, time)
     return np.where(np.broadcast_to(np.asarray(views, dtype=bool), flops.shape), 0.0, time)
 
 
@@ -336,6 +359,7 @@ def annotate(graph: "OpGraph", *, reference: str = "V100", kinds: Iterable[str] 
         _spec(kind)
     bases = [op_base_name(op) for op in graph.op]
     views = np.array([b in VIEW_OPS for b in bases], dtype=bool)
+    host = np.array([host_op(op) for op in graph.op], dtype=bool)
     matrix = np.array([b in MATRIX_OPS for b in bases], dtype=bool)
     conv = np.array([b in _CONV_OPS for b in bases], dtype=bool)
     dtypes = np.array([normalise_dtype(e.get("dtype")) for e in graph.node_extra])
@@ -343,7 +367,7 @@ def annotate(graph: "OpGraph", *, reference: str = "V100", kinds: Iterable[str] 
 
     def times(kind: str) -> np.ndarray:
         use_tf32 = DEVICE_SPECS[kind].tf32 & (dtypes == "float32") & matrix & (conv | tf32_matmul)
-        return node_time_s(kind, graph.flops, nbytes, np.where(use_tf32, "tf32", dtypes), matrix, views)
+        return node_time_s(kind, graph.flops, nbytes, np.where(use_tf32, "tf32", dtypes), matrix, views, host)
 
     compute_s = times(reference)
     by_kind = [dict(d) if d else {} for d in graph.compute_s_by_kind]
