@@ -9,8 +9,8 @@ from placer import OpGraph, place, simulate
 from placer.algorithms.baechi import etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
-from placer.algorithms.list_scheduling import (Schedule, ScheduleState, Timeline, schedule_with_memory_retries,
-                                               upward_ranks)
+from placer.algorithms.list_scheduling import (MemoryTimeline, Schedule, ScheduleState, Timeline,
+                                               schedule_with_memory_retries, upward_ranks)
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
@@ -261,6 +261,29 @@ def test_timeline_finds_the_earliest_gap_like_a_walk_over_every_interval(jobs, r
     assert starts == sorted(starts) and all(f <= s for f, s in zip(finishes, starts[1:]))
     assert len(t.items()) == len(jobs)
     assert t.find(ready, length, insertion=True)[0] == earliest_gap(t, ready, length)
+
+
+def memory_level(held, time):
+    """Bytes held at ``time``: every (start, bytes) step at or before it (releases are negative steps)."""
+    return sum(amount for start, amount in held if start <= time)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(-5, 10)), max_size=150),
+       st.lists(st.tuples(st.integers(0, 40), st.integers(-5, 10)), min_size=1, max_size=4),
+       st.integers(0, 60))
+def test_memory_timeline_fits_like_a_check_of_every_instant(held, added, limit):
+    # Whole-number times and bytes: the check at every breakpoint is exact.
+    m = MemoryTimeline(np.array([float(limit), 1.0]))
+    for time, amount in held:
+        m.add(0, float(time), float(amount))
+    events = [(float(t), float(a)) for t, a in added]
+    instants = {t for t, _ in held} | {t for t, _ in added} | {0}
+    expected = all(memory_level(held, t) + memory_level(added, t) <= limit for t in instants)
+    assert m.fits(0, events) == expected
+    assert m.used[0] == sum(amount for _, amount in held) and m.used[1] == 0
+    assert m.fits(0, events, limit=limit + 100) == all(
+        memory_level(held, t) + memory_level(added, t) <= limit + 100 for t in instants)
 
 
 def test_timeline_finds_a_gap_left_behind_by_a_later_job_in_its_last_block():
