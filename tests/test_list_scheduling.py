@@ -200,6 +200,27 @@ def test_memory_retries_shrink_an_overflowed_device_then_the_ratio_where_that_le
     assert ratios[0] == 1.0 and ratios[-1] < 0.7 and ratios == sorted(ratios, reverse=True)
 
 
+def test_memory_retries_start_at_the_liveness_ratio_and_count_whole_after_an_overflow():
+    # A chain of three 4-byte outputs: at most two are live at once on one device (8 of 12 bytes).
+    # The first schedule counts outputs at that share; when it overflows, the next counts them whole,
+    # with every device's whole capacity; only an overflow at ratio 1 shrinks a device.
+    g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 4])
+    cluster = mesh(["X", "X"], memory=6)
+    tried = []
+    stacked = Schedule(np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)],
+                       np.arange(3.0), np.arange(1.0, 4.0))                   # 8 bytes on d0: overflows
+
+    def build(ratio, scale):
+        tried.append((ratio, scale.tolist()))
+        return stacked
+
+    with pytest.raises(InfeasibleError):
+        schedule_with_memory_retries(build, g, cluster, "test", tries=3)
+    assert tried[0] == (pytest.approx(8 / 12), [1.0, 1.0])
+    assert tried[1] == (1.0, [1.0, 1.0])
+    assert tried[2][0] == 1.0 and tried[2][1][0] < 1.0 and tried[2][1][1] == 1.0
+
+
 def test_memory_counts_a_copy_from_its_transfer_not_from_the_booking_of_its_consumer():
     # d1 holds x's 6-byte output over [0, 21) (its consumer y runs after a long node). c, booked after y,
     # reads p's 6 bytes from d0: the reference model sends them to d1 as p ends (t = 1), so with c on d1

@@ -40,7 +40,7 @@ from ..paths import bottom_levels, top_levels
 from ..plan import Plan
 from ..sim.bounds import fastest_durations
 from ..sim.simulator import SimResult, simulate
-from .common import placement_units, unit_allowed
+from .common import liveness_ratio, placement_units, unit_allowed
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline"]
@@ -661,25 +661,33 @@ class ScheduleState:
 
 
 def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule], graph: OpGraph, cluster: Cluster,
-                                 name: str, ratio: float = 1.0, tries: int = 16) -> Schedule:
+                                 name: str, ratio: float | None = None, tries: int = 16) -> Schedule:
     """Call ``build(ratio, capacity_scale)`` until its schedule fits under the reference model.
 
     Like :func:`~placer.algorithms.common.fitting_plan_with_retries`, but the
     reference simulation runs the schedule's own per-device order, since
     memory over time depends on it. :class:`ScheduleState` follows each
-    device's memory over time (:class:`MemoryTimeline`), holding every output
-    and copy until its last consumer is booked, so with a ``ratio`` of 1 it
-    counts the reference model's bytes. What it books can still differ from
-    what the simulation runs: the simulator's channels serve transfers first
-    come, first served, which moves when copies arrive. So where a schedule
-    overflows, the devices it overflowed get a smaller share of their
-    capacity, in proportion to the excess, and work moves to the others;
-    where that leaves the scheduler too little room to place every
-    node, the ratio shrinks by a fifth. Up to ``tries`` schedules.
+    device's memory over time (:class:`MemoryTimeline`), but it learns when
+    an output is freed only once its last consumer is booked, so until then
+    it counts the output as held for good: with a ``ratio`` of 1 (outputs,
+    workspaces and copies counted whole) it is safe but pessimistic, and
+    spreads work that would have fitted. So the first schedule counts them
+    at the :func:`~placer.algorithms.common.liveness_ratio` (the share of the
+    step's footprint live at the peak of a one-device run), unless ``ratio``
+    is given; if that schedule overflows, the ratio becomes 1. Where a
+    schedule at ratio 1 still overflows (the simulator's channels serve
+    transfers first come, first served, which moves when copies arrive), the
+    devices it overflowed get a smaller share of their capacity, in
+    proportion to the excess, and work moves to the others; where that leaves
+    the scheduler too little room to place every node, the ratio shrinks by a
+    fifth. Up to ``tries`` schedules.
     """
+    if ratio is None:
+        ratio = liveness_ratio(graph, cluster)
     scale = np.ones(cluster.num_devices)
     capacity = cluster.memory.astype(np.float64)
     error: InfeasibleError | None = None
+    counted_whole = ratio >= 1.0
     for _ in range(tries):
         try:
             sched = build(ratio, scale)
@@ -696,6 +704,9 @@ def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule],
         error = InfeasibleError(
             f"{name}: device {cluster.devices[j].name!r} would need {peak[j] / 2**30:.3f} GiB "
             f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+        if not counted_whole:
+            ratio, counted_whole = 1.0, True
+            continue
         over = peak > capacity
         scale[over] *= 0.95 * capacity[over] / peak[over]
     assert error is not None
