@@ -2,8 +2,10 @@
 
 A *unit* is a set of nodes that must share a device: a colocation group, or
 a single node. Heuristics place units, so colocation holds by construction.
-Memory is budgeted with each node's static footprint scaled by how much of
-it the reference model finds live at the peak (:func:`liveness_ratio`); the
+The placement-only baselines budget memory with each node's static footprint
+scaled by how much of it the reference model finds live at the peak
+(:func:`liveness_ratio`); the list schedulers follow each device's memory over
+time instead (:class:`~placer.algorithms.list_scheduling.MemoryTimeline`). The
 final plan is always checked by simulation.
 """
 
