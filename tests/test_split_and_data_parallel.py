@@ -274,6 +274,28 @@ def test_os_dpos_is_never_slower_than_dpos_or_data_parallel(cluster):
     assert place(g, c, "os_dpos", time_limit=20).predicted["makespan_s"] <= best
 
 
+def test_os_dpos_starts_from_data_parallelism_when_dpos_on_the_replicas_runs_out_of_time(monkeypatch):
+    # DPOS on the replicated graph never ends here: OS-DPOS stops it at its deadline and starts
+    # from data parallelism's own plan instead of ending with no plan.
+    import time
+
+    from placer.algorithms import fastt
+
+    g = convlike(training_graph(layers=4, branches=2, seed=2))
+    c = load_cluster("2xV100-nvlink")
+    plain_dpos = fastt._dpos_fitting
+
+    def stuck_on_replicas(graph, cluster, fixed=None):
+        while "data_parallel" in graph.extra:
+            time.sleep(0.01)
+        return plain_dpos(graph, cluster, fixed)
+
+    monkeypatch.setattr(fastt, "_dpos_fitting", stuck_on_replicas)
+    plan = place(g, c, "os_dpos", time_limit=2)
+    best = min(place(g, c, name).predicted["makespan_s"] for name in ("dpos", "data_parallel"))
+    assert plan.predicted["makespan_s"] <= best
+
+
 def test_os_dpos_rejects_a_bad_max_parts():
     with pytest.raises(OptionError, match="max_parts"):
         place(conv_graph(), mesh(2), "os_dpos", max_parts=1)

@@ -18,6 +18,7 @@ from ..sim.simulator import simulate
 from .list_scheduling import (Schedule, ScheduleState, plan_from_schedule, priority_order,
                               schedule_with_memory_retries, upward_ranks)
 from .registry import register
+from .timebox import TimeBox
 
 __all__ = ["dpos", "os_dpos", "dpos_schedule", "critical_path"]
 
@@ -170,14 +171,18 @@ def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = N
         return None
 
 
-def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool) -> tuple[OpGraph, Schedule]:
+def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
+           deadline: float | None = None) -> tuple[OpGraph, Schedule]:
     """Algorithm 2's input graph and strategy (line 3).
 
     A model that fits one device starts from the data-parallel graph (FastT
     Sec. 5.2), with data parallelism itself as the starting deployment or
     DPOS's schedule of that graph, whichever is faster; DPOS's schedule of
     the model's own graph competes too, so that OS-DPOS never does worse
-    than DPOS. A model that does not fit starts from its own graph.
+    than DPOS. A model that does not fit starts from its own graph. DPOS on
+    the data-parallel graph (n times the model's) stops at ``deadline``
+    (a :func:`time.perf_counter` time, if given), and the other starts
+    compete without it.
     """
     from .data_parallel import data_parallel_schedule
 
@@ -193,7 +198,9 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool) -> tuple
         else:
             result = simulate(dp.graph, cluster, device_of, orders, check=False)
             starts.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, result)))
-            scheduled = _dpos_fitting(dp.graph, cluster)
+            scheduled = None
+            with TimeBox(None if deadline is None else deadline - time.perf_counter()):
+                scheduled = _dpos_fitting(dp.graph, cluster)
             if scheduled is not None:
                 starts.append((dp.graph, scheduled))
     if not starts:
@@ -279,7 +286,7 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
         raise OptionError(f"option max_parts of 'os_dpos' must be 0 (the number of devices) or >= 2, got {max_parts!r}")
     deadline = time.perf_counter() + CHECK_SHARE * (DEFAULT_SEARCH_S if time_limit is None else time_limit)
     top_parts = max_parts or cluster.num_devices
-    current, sched = _start(graph, cluster, data_parallel_start)
+    current, sched = _start(graph, cluster, data_parallel_start, deadline)
     splits: list[dict] = []
     trial_s = 0.0   # the longest trial so far: one more must fit before the deadline
 
