@@ -305,12 +305,16 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
                 if out_of_time():
                     break
                 trial_began = time.perf_counter()
-                trial = split_operation(current, v, dim, parts)
-                keep = np.array([sched.device_of[current.index[i]] if i in current.index else -1 for i in trial.ids])
-                for candidate in (_dpos_fitting(trial, cluster), _dpos_fitting(trial, cluster, keep)):
-                    if candidate is not None and (best is None or candidate.simulated.makespan_s
-                                                  < best[1].simulated.makespan_s):
-                        best = (trial, candidate, {"node": v, "dim": dim, "parts": parts})
+                # The first trial has no time of its own to go by: the deadline stops it.
+                with TimeBox(deadline - trial_began):
+                    trial = split_operation(current, v, dim, parts)
+                    keep = np.array([sched.device_of[current.index[i]] if i in current.index else -1
+                                     for i in trial.ids])
+                    for fixed in (None, keep):
+                        candidate = _dpos_fitting(trial, cluster, fixed)
+                        if candidate is not None and (best is None or candidate.simulated.makespan_s
+                                                      < best[1].simulated.makespan_s):
+                            best = (trial, candidate, {"node": v, "dim": dim, "parts": parts})
                 trial_s = max(trial_s, time.perf_counter() - trial_began)
         if best is None or best[1].simulated.makespan_s >= sched.simulated.makespan_s:
             break
