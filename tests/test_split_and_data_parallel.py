@@ -296,6 +296,24 @@ def test_os_dpos_starts_from_data_parallelism_when_dpos_on_the_replicas_runs_out
     assert plan.predicted["makespan_s"] <= best
 
 
+def test_os_dpos_keeps_its_plan_when_the_first_trial_split_runs_out_of_time(monkeypatch):
+    import time
+
+    from placer.algorithms import fastt
+
+    g, cluster = conv_graph(), mesh(2)
+    plain_dpos = fastt._dpos_fitting
+
+    def stuck_on_splits(graph, cluster, fixed=None):
+        while any("@split" in i for i in graph.ids):
+            time.sleep(0.01)
+        return plain_dpos(graph, cluster, fixed)
+
+    monkeypatch.setattr(fastt, "_dpos_fitting", stuck_on_splits)
+    plan = place(g, cluster, "os_dpos", data_parallel_start=False, time_limit=1)
+    assert plan.splits == [] and plan.predicted["makespan_s"] == place(g, cluster, "dpos").predicted["makespan_s"]
+
+
 def test_os_dpos_rejects_a_bad_max_parts():
     with pytest.raises(OptionError, match="max_parts"):
         place(conv_graph(), mesh(2), "os_dpos", max_parts=1)
