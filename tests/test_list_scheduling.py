@@ -303,7 +303,10 @@ def test_memory_timeline_fits_like_a_check_of_every_instant(held, added, limit):
     expected = all(memory_level(held, t) + memory_level(added, t) <= limit for t in instants)
     assert m.fits(0, events) == expected
     assert m.used[0] == sum(amount for _, amount in held) and m.used[1] == 0
-    assert m.fits(0, events, limit=limit + 100) == all(
+    roomier = MemoryTimeline(np.array([float(limit + 100)]))
+    for time, amount in held:
+        roomier.add(0, float(time), float(amount))
+    assert roomier.fits(0, events) == all(
         memory_level(held, t) + memory_level(added, t) <= limit + 100 for t in instants)
 
 

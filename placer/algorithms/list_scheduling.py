@@ -295,9 +295,9 @@ class MemoryTimeline:
             self.levels[d][k:self.count[d]] += amount
             self.used[d] += amount
 
-    def fits(self, d: int, events: list[tuple[float, float]], limit: float | None = None) -> bool:
-        """Whether ``d`` stays within ``limit`` (default its capacity) with ``events`` added: (time, bytes) each."""
-        limit = self.capacity[d] if limit is None else limit
+    def fits(self, d: int, events: list[tuple[float, float]]) -> bool:
+        """Whether ``d`` stays within its capacity with ``events`` added: (time, bytes) each."""
+        limit = self.capacity[d]
         n, times, levels = self.count[d], self.times[d][:self.count[d]], self.levels[d]
         events = sorted(events)
         held = 0.0
@@ -378,8 +378,9 @@ class ScheduleState:
         # start no earlier.
         self.grouped = [len(members) > 1 for members in self.units]
         fastest = fastest_durations(graph, cluster)
-        earliest = top_levels(graph, np.where(np.isfinite(fastest), fastest, 0.0))
-        self.reserved_at = (earliest.tolist(), (earliest + np.where(np.isfinite(fastest), fastest, 0.0)).tolist())
+        fastest = np.where(np.isfinite(fastest), fastest, 0.0)
+        earliest = top_levels(graph, fastest)
+        self.reserved_at = (earliest.tolist(), (earliest + fastest).tolist())
         self.incoming: dict[int, dict[tuple[int, int], float]] = {}
         for unit, members in enumerate(self.units):
             if self.grouped[unit]:
@@ -551,16 +552,15 @@ class ScheduleState:
         steps += [(begin, self.transient[v] + self.workspace[v]), (end, -self.workspace[v])]
         return steps + list(self.copies(v, d, estimate[3]).values())
 
-    def holds(self, v: int, d: int, estimate: tuple, limit: float | None = None) -> bool:
+    def holds(self, v: int, d: int, estimate: tuple) -> bool:
         """Whether ``d``'s memory, over the whole step, holds what placing ``v`` there adds (:meth:`_allocations`).
 
         Always true where ``v``'s colocation group lives on ``d`` already: its
         reservations there start no later than what ``v`` takes.
-        ``limit`` replaces the device's capacity.
         """
         if self.unit_device[self.unit_of[v]] == d:
             return True
-        return self.memory.fits(d, self._allocations(v, d, estimate), limit)
+        return self.memory.fits(d, self._allocations(v, d, estimate))
 
     def best_device(self, v: int, devices: list[int] | None = None, key: int = 1,
                     cache: dict | None = None) -> tuple[int, tuple]:
@@ -604,7 +604,7 @@ class ScheduleState:
             self.memory.add(d, time, amount)
         unit = self.unit_of[v]
         self.unit_device[unit] = d
-        for key, (sent, amount) in self.copies(v, d, bookings).items():
+        for key, (_, amount) in self.copies(v, d, bookings).items():
             self.budgeted.add(key)
             self.copies_held[key[0]].append((d, amount))
         if self.grouped[unit]:
