@@ -456,11 +456,19 @@ def test_profile_and_predict_commands(tmp_path, capsys):
 def test_python_number_arithmetic_costs_a_gpu_nothing_and_a_cpu_its_per_op_overhead():
     # Adam's bias corrections are arithmetic on its step count as a Python number: the host runs
     # them while a GPU goes on with the kernels already queued; on a CPU the host is the device.
+    # So is the step count itself: torch.optim.Adam keeps state["step"] on the CPU.
+    from collections import Counter
+
     from placer.capture import capture_spec
+    from placer.cost.analytic import step_counter_nodes
 
     graph = capture_spec("zoo:lenet", 4, optimizer="adam", fake=True).graph
     host = np.array([op.startswith("_operator.") for op in graph.op])
     assert host.sum() == 7 * 10    # 3 pow, 2 sub, truediv, neg per parameter tensor; LeNet-5 has 10
+    counter = step_counter_nodes(graph)
+    assert Counter(graph.op[i] for i in np.flatnonzero(counter & ~host)) == {
+        "aten.add": 10, "aten.copy_": 10, "aten._local_scalar_dense": 10}     # step += 1, write-back, .item()
+    host |= counter
     for reference in ("V100", "cpu"):
         g = annotate(graph, reference=reference, kinds=("A100", "H100"))
         expected = DEVICE_SPECS[reference].host_op_s

@@ -147,7 +147,8 @@ def test_interrupted_local_search_returns_its_best_valid_plan(monkeypatch):
         return real(*args, **kwargs)
 
     monkeypatch.setattr(auto_module, "simulate", interrupt_after_a_few)
-    plan = place(graph, cluster, "auto", max_evaluations=1000)
+    # Placements only: local search does not run on a data-parallel plan's replicated graph.
+    plan = place(graph, cluster, "auto", max_evaluations=1000, portfolio="heft,m_topo")
     assert plan.extra["auto"]["interrupted"] is True
     plan.validate(graph, cluster)
 

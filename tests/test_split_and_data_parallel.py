@@ -6,7 +6,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from placer import OpGraph, place, simulate
-from placer.algorithms.data_parallel import data_parallel_lower_bound, data_parallel_schedule, replica_devices
+from placer.algorithms.data_parallel import (data_parallel_lower_bound, data_parallel_schedule, replica_devices,
+                                             replica_hosts)
 from placer.cluster import PRESETS, Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import training_graph
@@ -173,6 +174,70 @@ def test_a_sharded_optimizer_updates_between_its_reduce_scatter_and_all_gather_o
     assert np.all(np.abs(sent - plain_sent) <= 2 * n * len(grads))
 
 
+def one_bucket_traffic(g, cluster, collective):
+    """Bytes each channel carries when the gradients of ``g`` are reduced in one bucket over ``cluster``."""
+    devices = list(range(cluster.num_devices))
+    dp = data_parallel_graph(g, len(devices), bucket_bytes=1 << 40, collective=collective,
+                             hosts=replica_hosts(cluster, devices))
+    result = simulate(dp.graph, cluster, dp.replica)
+    return np.bincount(result.transfers.channel, weights=result.transfers.nbytes, minlength=len(cluster.channels))
+
+
+def test_a_direct_collective_spreads_the_ring_traffic_over_every_link_of_a_mesh():
+    g, n = training_graph(layers=2, branches=1, seed=3), 4
+    grads, _ = gradients(g)
+    sizes = [int(g.edge_bytes[(g.src == u) & (g.edge_tensor == t)].max()) for u, t in grads]
+    ring, direct = (one_bucket_traffic(g, mesh(n), name) for name in ("ring", "direct"))
+    assert np.count_nonzero(ring) == n and np.count_nonzero(direct) == n * (n - 1)
+    # Each replica receives its quarter of every gradient from each other one, then sends its reduced quarter on.
+    assert direct.tolist() == [sum(-(-b // n) for b in sizes) + -(-sum(sizes) // n)] * (n * (n - 1))
+    assert abs(direct.sum() - ring.sum()) <= 2 * n * n * len(grads)       # the same bytes, up to rounding
+
+
+def test_a_direct_collective_sends_the_bucket_between_hosts_once_each_way_where_the_ring_sends_it_1_75_times():
+    g = training_graph(layers=2, branches=1, seed=3)
+    cluster = load_cluster("2x4xV100")
+    assert replica_hosts(cluster, list(range(8))) == [[0, 1, 2, 3], [4, 5, 6, 7]]
+    total = sum(int(g.edge_bytes[(g.src == u) & (g.edge_tensor == t)].max()) for u, t in gradients(g)[0])
+    network = [c for c, ch in enumerate(cluster.channels) if ch.name.startswith("net:")]
+    ring, direct = (one_bucket_traffic(g, cluster, name)[network] for name in ("ring", "direct"))
+    assert np.allclose(ring / total, 2 * 7 / 8, rtol=1e-3) and np.allclose(direct / total, 1.0, rtol=1e-3)
+
+
+@pytest.mark.parametrize("collective, hosts", [("ring", None), ("direct", None), ("direct", [[0, 1], [2, 3]]),
+                                               ("direct", [[0], [1], [2], [3]])])
+@pytest.mark.parametrize("shard", [False, True])
+def test_every_replica_updates_from_the_gradients_of_every_replica(collective, hosts, shard):
+    import networkx as nx
+
+    g, n = training_graph(layers=2, branches=2, seed=1), 4
+    grads, _ = gradients(g)
+    dp = data_parallel_graph(g, n, shard_optimizer=shard, collective=collective, hosts=hosts, bucket_bytes=1 << 20)
+    assert len({e["allreduce"]["bucket"] for e in dp.graph.node_extra if "allreduce" in e}) > 1
+    nxg = dp.graph.to_networkx()
+    readers = [(u, int(w)) for u, t in grads for w in g.dst[(g.src == u) & (g.edge_tensor == t)]]
+    assert len(readers) >= len(grads) == 4
+    for k in range(n):
+        for u, w in readers:      # what reads a gradient reads the sum of every replica's
+            before = nx.ancestors(nxg, f"r{k}/{g.ids[w]}")
+            assert all(f"r{j}/{g.ids[u]}" in before for j in range(n))
+
+
+def test_an_unknown_collective_or_uneven_hosts_are_refused():
+    g = training_graph(layers=2, branches=1)
+    with pytest.raises(OptionError, match="collective"):
+        place(g, load_cluster("4xV100-nvlink"), "data_parallel", collective="tree")
+    with pytest.raises(OptionError, match="hosts"):
+        data_parallel_graph(g, 4, collective="direct", hosts=[[0, 1, 2], [3]])
+
+
+def test_the_best_collective_is_the_faster_of_the_ring_and_the_direct_one():
+    g, cluster = training_graph(layers=3, branches=2, param_mib=64), load_cluster("8xV100-nvlink")
+    spans = {name: place(g, cluster, "sharded_data_parallel", collective=name).predicted["makespan_s"]
+             for name in ("ring", "direct", "best")}
+    assert spans["direct"] < spans["ring"] and spans["best"] == spans["direct"]
+
+
 def test_strong_scaling_halves_the_batch_work_of_each_replica_but_not_the_update():
     g = training_graph(layers=2, branches=2)
     dp = data_parallel_graph(g, 2)
@@ -216,17 +281,19 @@ def test_data_parallel_leaves_out_devices_of_a_forbidden_kind():
     assert sorted(set(device_of.tolist())) == [0, 2]
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(layers=st.integers(1, 5), branches=st.integers(1, 3), seed=st.integers(0, 50),
-       param_mib=st.sampled_from([0.5, 16.0, 400.0]), cluster=st.sampled_from(sorted(PRESETS)), shard=st.booleans())
+       param_mib=st.sampled_from([0.5, 16.0, 400.0]), cluster=st.sampled_from(sorted(PRESETS)), shard=st.booleans(),
+       collective=st.sampled_from(["ring", "direct"]))
 def test_data_parallel_lower_bound_is_the_busiest_device_or_channel_of_its_plan(layers, branches, seed, param_mib,
-                                                                                 cluster, shard):
+                                                                                 cluster, shard, collective):
     """The bound needs no replicated graph, yet equals what the plan's simulation keeps busiest."""
     g = training_graph(layers=layers, branches=branches, seed=seed, param_mib=param_mib)
     c = load_cluster(cluster)
-    bound = data_parallel_lower_bound(g, c, shard_optimizer=shard)
+    bound = data_parallel_lower_bound(g, c, shard_optimizer=shard, collective=collective)
     devices = replica_devices(g, c)          # memory aside: a replica of 400 MiB layers overflows the CPUs
-    dp = data_parallel_graph(g, len(devices), shard_optimizer=shard)
+    dp = data_parallel_graph(g, len(devices), shard_optimizer=shard, collective=collective,
+                             hosts=replica_hosts(c, devices))
     device_of = np.asarray(devices)[dp.replica]
     result = simulate(dp.graph, c, device_of, check=False)
     busy = np.bincount(device_of, weights=result.finish - result.start, minlength=c.num_devices)

@@ -54,8 +54,11 @@ FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "single", "m_s
 #: cannot win and does not run. Data parallelism's bound takes a tenth of a second where its plan takes
 #: seconds, and is tightest where the all-reduce dominates: it skips GNMT, whose replicas lose to the
 #: expert split.
-LOWER_BOUNDS = {"data_parallel": data_parallel_lower_bound,
-                "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True)}
+LOWER_BOUNDS = {"data_parallel": partial(data_parallel_lower_bound, collective="best"),
+                "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True, collective="best")}
+#: Options auto gives members: data parallelism reduces its gradients with whichever collective is faster
+#: for the case (the ring or direct exchanges within and between hosts).
+MEMBER_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_parallel": {"collective": "best"}}
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
 #: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.
@@ -229,7 +232,8 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
         try:
             with TimeBox(left if best is not None else None) as box:
                 plan = place(graph, cluster, name, seed=seed,
-                             time_limit=max(1.0, left / 3) if searches else (left if best is not None else None))
+                             time_limit=max(1.0, left / 3) if searches else (left if best is not None else None),
+                             **MEMBER_OPTIONS.get(name, {}))
             if box.expired:
                 log["out_of_time"].append(name)
                 continue

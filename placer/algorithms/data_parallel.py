@@ -5,16 +5,21 @@ from __future__ import annotations
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError
+from ..errors import InfeasibleError, OptionError
 from ..graph import OpGraph
 from ..paths import top_levels
 from ..plan import Plan
 from ..sim.simulator import simulate
-from ..transform.replicate import DataParallelGraph, chunk_add_time, data_parallel_graph, ring_layout
+from ..transform.replicate import (COLLECTIVES, DataParallelGraph, collective_stages,
+                                   data_parallel_graph, replica_layout)
 from .registry import register
 
-__all__ = ["data_parallel", "sharded_data_parallel", "replica_devices", "data_parallel_schedule",
+__all__ = ["data_parallel", "sharded_data_parallel", "replica_devices", "replica_hosts", "data_parallel_schedule",
            "data_parallel_lower_bound"]
+
+#: The ``collective`` option's values: one of :data:`~placer.transform.replicate.COLLECTIVES`, or the
+#: fastest of them for the case.
+COLLECTIVE_CHOICES = COLLECTIVES + ("best",)
 
 
 def replica_devices(graph: OpGraph, cluster: Cluster) -> list[int]:
@@ -23,20 +28,52 @@ def replica_devices(graph: OpGraph, cluster: Cluster) -> list[int]:
     return np.flatnonzero(allowed.all(axis=0)).tolist() if graph.num_nodes else list(range(cluster.num_devices))
 
 
-def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False) -> float:
+def replica_hosts(cluster: Cluster, devices: list[int]) -> list[list[int]]:
+    """The replicas (indices into ``devices``) of each host, for a ``direct`` collective.
+
+    A host is a set of devices joined by links of their own, one channel per
+    pair (NVLink); devices that reach each other only over a channel shared
+    by several pairs (a network, NVSwitch or PCIe egress) are on different
+    hosts. Where that leaves hosts of different sizes, every replica is one host's.
+    """
+    r = len(devices)
+    label = list(range(r))
+
+    def find(k: int) -> int:
+        while label[k] != k:
+            label[k] = label[label[k]]
+            k = label[k]
+        return k
+
+    for a in range(r):
+        for b in range(r):
+            c = int(cluster.channel_index[devices[a], devices[b]])
+            if a != b and c >= 0 and len(cluster.channels[c].pairs) == 1:
+                label[find(a)] = find(b)
+    hosts: dict[int, list[int]] = {}
+    for k in range(r):
+        hosts.setdefault(find(k), []).append(k)
+    groups = sorted(hosts.values())
+    return groups if len({len(g) for g in groups}) == 1 else [[k] for k in range(r)]
+
+
+def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False,
+                              collective: str = "ring") -> float:
     """No data-parallel plan of ``graph`` on ``cluster`` is faster than this; far cheaper than building one.
 
     The longest of: the busiest replica device (its share of the batch, the
     whole optimizer and its all-reduce additions, run one at a time), the
-    busiest channel of the ring (FORMATS.md: a channel carries one transfer at
-    a time) after the earliest a gradient can be ready, and a replica's own
-    critical path. The busy times are exactly those the data-parallel plan's
-    simulation would show, so where the all-reduce dominates (GNMT) the bound
-    is tight and ``auto`` knows before spending seconds on a 10^5-node graph
-    that it cannot win.
+    busiest channel of the collective (FORMATS.md: a channel carries one
+    transfer at a time) after the earliest a gradient can be ready, and a
+    replica's own critical path. The busy times are exactly those the
+    data-parallel plan's simulation would show, so where the all-reduce
+    dominates (GNMT) the bound is tight and ``auto`` knows before spending
+    seconds on a 10^5-node graph that it cannot win.
 
-    Returns ``inf`` where no device may hold a replica or the ring has no channel.
-    ``shard_optimizer`` bounds :func:`sharded_data_parallel`'s plans instead.
+    Returns ``inf`` where no device may hold a replica or a transfer of the
+    collective has no channel. ``shard_optimizer`` bounds
+    :func:`sharded_data_parallel`'s plans instead; ``collective="best"``
+    the fastest collective's.
 
     Examples
     --------
@@ -47,54 +84,73 @@ def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimiz
     >>> data_parallel_lower_bound(g, c) <= place(g, c, "data_parallel").predicted["makespan_s"]
     True
     """
+    if collective == "best":
+        return min(data_parallel_lower_bound(graph, cluster, shard_optimizer=shard_optimizer, collective=name)
+                   for name in COLLECTIVES)
     devices = replica_devices(graph, cluster)
     if not devices:
         return float("inf")
     r = len(devices)
-    layout = ring_layout(graph, r, shard_optimizer=shard_optimizer)
+    layout = replica_layout(graph, r, shard_optimizer=shard_optimizer)
     share = graph.durations(cluster)[:, devices] * layout.factor[:, None]
     fastest = share.min(axis=1)
     finish = top_levels(graph, fastest) + fastest
     busy = share.sum(axis=0)
-    if layout.buckets:
-        add_times = [chunk_add_time(layout.chunk_bytes(b)) for b in range(len(layout.buckets))]
-        steps = OpGraph([f"allreduce{b}" for b in range(len(add_times))], [t for t, _ in add_times], [], [], [],
-                        compute_s_by_kind=[dict(by_kind) for _, by_kind in add_times])
-        busy = busy + (r - 1) * steps.durations(cluster)[:, devices].sum(axis=0)
     channel_busy = np.zeros(len(cluster.channels))
-    hop = np.asarray(layout.hop_bytes(), dtype=np.float64)
-    if hop.size:
-        for k in range(r):
-            c = int(cluster.channel_index[devices[k - 1], devices[k]])
-            if c < 0:
-                return float("inf")
-            ch = cluster.channels[c]
-            channel_busy[c] += hop.size * ch.latency_s + hop.sum() / ch.bandwidth_bytes_per_s
-    # Every ring transfer follows some gradient's producer.
+    hosts = replica_hosts(cluster, devices)
+    step_times = []
+    for b in range(len(layout.buckets)):
+        stages, _ = collective_stages(layout, b, collective, hosts)
+        for stage in stages:
+            step_times.append(layout.stage_compute(stage))
+            for k in range(r):
+                for q, nbytes in layout.input_transfers(b, stage, k):
+                    c = int(cluster.channel_index[devices[q], devices[k]])
+                    if c < 0:
+                        return float("inf")
+                    ch = cluster.channels[c]
+                    channel_busy[c] += ch.latency_s + nbytes / ch.bandwidth_bytes_per_s
+    if step_times:
+        steps = OpGraph([f"stage{i}" for i in range(len(step_times))], [t for t, _ in step_times], [], [], [],
+                        compute_s_by_kind=[by_kind for _, by_kind in step_times])
+        busy = busy + steps.durations(cluster)[:, devices].sum(axis=0)
+    # Every transfer of the collective follows some gradient's producer.
     first_gradient = min((finish[u] for bucket in layout.buckets for u, _ in bucket), default=0.0)
     return float(max(finish.max(initial=0.0), busy.max(), first_gradient + channel_busy.max(initial=0.0)))
 
 
-def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False
-                           ) -> tuple[DataParallelGraph, np.ndarray, list[np.ndarray]]:
+def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False,
+                           collective: str = "ring") -> tuple[DataParallelGraph, np.ndarray, list[np.ndarray]]:
     """The data-parallel graph over every device that may hold a replica, its placement and order.
 
     Replica ``k`` (with its all-reduce steps) goes to the ``k``-th such device;
     each device runs its nodes in the order the reference model's
-    earliest-ready rule gives, which the plan then fixes.
+    earliest-ready rule gives, which the plan then fixes. ``collective="best"``
+    builds the graph with each collective and keeps the fastest that fits.
 
     Raises
     ------
+    OptionError
+        An unknown ``collective``.
     InfeasibleError
         If no device may run every node, or a replica does not fit one device.
     """
     name = "sharded_data_parallel" if shard_optimizer else "data_parallel"
+    if collective not in COLLECTIVE_CHOICES:
+        raise OptionError(f"option collective of {name!r} must be one of {', '.join(COLLECTIVE_CHOICES)}, "
+                          f"got {collective!r}")
     devices = replica_devices(graph, cluster)
     if not devices:
         raise InfeasibleError(f"{name}: no device may run every node of the step (device kinds)")
-    dp = data_parallel_graph(graph, len(devices), shard_optimizer=shard_optimizer)
-    device_of = np.asarray(devices, dtype=np.int64)[dp.replica]
-    result = simulate(dp.graph, cluster, device_of, check=False)
+    hosts = replica_hosts(cluster, devices)
+    best = None
+    for kind in COLLECTIVES if collective == "best" else (collective,):
+        dp = data_parallel_graph(graph, len(devices), shard_optimizer=shard_optimizer, collective=kind, hosts=hosts)
+        device_of = np.asarray(devices, dtype=np.int64)[dp.replica]
+        result = simulate(dp.graph, cluster, device_of, check=False)
+        if best is None or (result.fits, -result.makespan_s) > (best[2].fits, -best[2].makespan_s):
+            best = (dp, device_of, result)
+    dp, device_of, result = best
     if not result.fits:
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
         raise InfeasibleError(
@@ -105,8 +161,9 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
 
 
 @register("data_parallel")
-def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
-    """Data parallelism: every device runs a replica on 1/n of the batch; gradients are ring all-reduced.
+def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+                  collective: str = "ring") -> Plan:
+    """Data parallelism: every device runs a replica on 1/n of the batch; gradients are all-reduced.
 
     The plan places the data-parallel graph (:func:`~placer.transform.replicate.data_parallel_graph`,
     strong scaling: the global batch stays fixed), which it carries as
@@ -118,6 +175,11 @@ def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit
     ----------
     graph, cluster
     seed, time_limit : ignored (deterministic, immediate)
+    collective : {"ring", "direct", "best"}
+        How the gradients are reduced: NCCL's ring (the default, as PyTorch
+        DDP), direct exchanges within each host then between hosts
+        (:func:`~placer.transform.replicate.collective_stages`), or whichever
+        of the two gives the faster step.
 
     Returns
     -------
@@ -126,6 +188,8 @@ def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit
 
     Raises
     ------
+    OptionError
+        An unknown ``collective``.
     InfeasibleError
         If no device may run every node, or a replica does not fit one device
         (data parallelism needs the whole model on every device).
@@ -143,11 +207,12 @@ def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit
     Yi et al., FastT, CoNEXT 2020, Section 6 (data parallelism as the baseline,
     Table 1 under strong scaling); Li et al., PyTorch Distributed, VLDB 2020.
     """
-    return _replica_plan(graph, cluster, shard_optimizer=False)
+    return _replica_plan(graph, cluster, shard_optimizer=False, collective=collective)
 
 
 @register("sharded_data_parallel")
-def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+                          collective: str = "ring") -> Plan:
     """Data parallelism with the optimizer sharded across the replicas (ZeRO stage 1).
 
     Like :func:`data_parallel`, but each bucket of gradients is reduce-scattered
@@ -162,6 +227,11 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
     ----------
     graph, cluster
     seed, time_limit : ignored (deterministic, immediate)
+    collective : {"ring", "direct", "best"}
+        How the gradients are reduced: NCCL's ring (the default, as PyTorch
+        DDP), direct exchanges within each host then between hosts
+        (:func:`~placer.transform.replicate.collective_stages`), or whichever
+        of the two gives the faster step.
 
     Returns
     -------
@@ -172,6 +242,8 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
 
     Raises
     ------
+    OptionError
+        An unknown ``collective``.
     InfeasibleError
         If no device may run every node, or a replica does not fit one device.
 
@@ -191,10 +263,11 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
     each replica owns a contiguous 1/n of every flattened bucket (PyTorch's
     ``ZeroRedundancyOptimizer`` gives each rank whole parameters instead).
     """
-    return _replica_plan(graph, cluster, shard_optimizer=True)
+    return _replica_plan(graph, cluster, shard_optimizer=True, collective=collective)
 
 
-def _replica_plan(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool) -> Plan:
-    dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=shard_optimizer)
+def _replica_plan(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool, collective: str) -> Plan:
+    dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=shard_optimizer,
+                                                   collective=collective)
     return Plan.from_arrays(graph, cluster, device_of, orders, placed_graph=dp.graph,
                             extra={"replicas": int(dp.replica.max(initial=0)) + 1})

@@ -31,6 +31,9 @@ Choices, and why:
   PyTorch launches kernels asynchronously, so the host computes it while the GPU runs
   the kernels already queued, and it costs a GPU 0 s. On a CPU the host is the device
   and it costs the per-op overhead (:attr:`DeviceSpec.host_op_s`, :func:`host_op`).
+  So does the optimizer's step count itself (``step += 1``, its write-back and
+  ``.item()``): ``torch.optim.Adam`` keeps ``state["step"]`` as a CPU tensor unless
+  ``capturable`` or ``fused`` (:func:`step_counter_nodes`).
 * FP32 convolutions use TF32 on A100/H100: PyTorch's default is
   ``torch.backends.cudnn.allow_tf32 = True`` but ``torch.backends.cuda.matmul.allow_tf32
   = False``, so convolutions get the TF32 tensor-core peak and FP32 matmuls the FP32
@@ -57,7 +60,7 @@ if TYPE_CHECKING:
     from ..graph import OpGraph
 
 __all__ = ["DeviceSpec", "DEVICE_SPECS", "VIEW_OPS", "MATRIX_OPS", "node_time_s", "annotate",
-           "op_base_name", "normalise_dtype", "host_op"]
+           "op_base_name", "normalise_dtype", "host_op", "step_counter_nodes", "STEP_COUNTER_PREFIX"]
 
 TERA = 1e12
 GIGA = 1e9
@@ -234,6 +237,34 @@ def host_op(op: str | None) -> bool:
     return bool(op) and op.replace("::", ".").startswith(("_operator.", "operator."))
 
 
+#: Prefix of the placeholders that hold an optimizer's step count in a captured step
+#: (``s_<state>_<param>``, :mod:`placer.capture.trace`).
+STEP_COUNTER_PREFIX = "s_step_"
+
+
+def step_counter_nodes(graph: OpGraph) -> np.ndarray:
+    """The nodes that only count the optimizer's steps: they run on the host, as :func:`host_op`.
+
+    ``torch.optim.Adam`` (not capturable, not fused) keeps each parameter's
+    ``state["step"]`` as a CPU tensor, so ``step += 1``, its write-back and
+    the ``.item()`` that feeds the bias corrections are host work that
+    launches no GPU kernel. They are the nodes reached from a step-count
+    placeholder through scalar outputs (8 bytes at most); the first node
+    with a larger output (the update that reads the bias correction) is not.
+    """
+    out = np.zeros(graph.num_nodes, dtype=bool)
+    stack = [i for i, name in enumerate(graph.ids)
+             if name.startswith(STEP_COUNTER_PREFIX) and graph.op[i] == "placeholder"]
+    ptr, eids = graph.out_edges
+    while stack:
+        v = stack.pop()
+        for w in graph.dst[eids[ptr[v]:ptr[v + 1]]].tolist():
+            if not out[w] and graph.output_bytes[w] <= 8:
+                out[w] = True
+                stack.append(w)
+    return out
+
+
 def normalise_dtype(dtype: str | None) -> str:
     """``"torch.float16"`` -> ``"float16"``; integer and boolean dtypes count as float32 work."""
     if not dtype:
@@ -359,7 +390,7 @@ def annotate(graph: "OpGraph", *, reference: str = "V100", kinds: Iterable[str] 
         _spec(kind)
     bases = [op_base_name(op) for op in graph.op]
     views = np.array([b in VIEW_OPS for b in bases], dtype=bool)
-    host = np.array([host_op(op) for op in graph.op], dtype=bool)
+    host = np.array([host_op(op) for op in graph.op], dtype=bool) | step_counter_nodes(graph)
     matrix = np.array([b in MATRIX_OPS for b in bases], dtype=bool)
     conv = np.array([b in _CONV_OPS for b in bases], dtype=bool)
     dtypes = np.array([normalise_dtype(e.get("dtype")) for e in graph.node_extra])

@@ -22,10 +22,13 @@ replica ``i`` is a node that receives ``1/n`` of the bucket from step
 channels and queues there like any other transfer. The first ``n - 1``
 steps add a chunk (reduce-scatter), the others copy one (all-gather). Every
 reader of a gradient then reads the bucket's last step on its own replica.
+Where every pair of devices has a link of its own, or hosts share a network,
+a ``direct`` collective exchanges slices with every replica of a host at once,
+then between hosts (:func:`collective_stages`).
 
 Every node records ``node_extra["replica"]`` (its replica) and
 ``"replica_of"`` (the original id); all-reduce steps record
-``"allreduce": {"bucket": b, "step": s, "gradients": [ids]}``.
+``"allreduce": {"bucket": b, "step": s, "gradients": [ids], "collective": c}``.
 
 References
 ----------
@@ -33,7 +36,11 @@ Yi et al., FastT, CoNEXT 2020, Section 5.2 (the data-parallel start graph);
 Li et al., "PyTorch Distributed: Experiences on Accelerating Data Parallel
 Training", VLDB 2020 (gradient buckets, 25 MiB); Patarasuk and Yuan,
 "Bandwidth optimal all-reduce algorithms for clusters of workstations",
-JPDC 2009 (the ring).
+JPDC 2009 (the ring); Thakur, Rabenseifner and Gropp, "Optimization of
+collective communication operations in MPICH", IJHPCA 2005 (reduce-scatter
+then all-gather, by direct exchanges); Jia et al., "Highly scalable deep
+learning training system with mixed-precision", 2018 (hierarchical
+all-reduce: within hosts, then between them).
 """
 
 from __future__ import annotations
@@ -47,8 +54,8 @@ from ..errors import OptionError
 from ..graph import OpGraph
 from .split import batch_dependent, part_rows
 
-__all__ = ["data_parallel_graph", "gradients", "ring_layout", "chunk_add_time", "DataParallelGraph", "RingLayout",
-           "BUCKET_BYTES"]
+__all__ = ["data_parallel_graph", "gradients", "replica_layout", "chunk_add_time", "DataParallelGraph", "ReplicaLayout",
+           "Stage", "collective_stages", "BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
 
 BUCKET_BYTES = 25 << 20
 #: What an optimizer's update is made of: element-wise arithmetic, views and copies (aten names, the
@@ -171,7 +178,7 @@ def _optimizer_arithmetic(graph: OpGraph, optimizer: np.ndarray, batch: np.ndarr
 
 
 @dataclass
-class RingLayout:
+class ReplicaLayout:
     """How a graph is replicated: which nodes shrink, and the gradient buckets.
 
     Attributes
@@ -206,42 +213,139 @@ class RingLayout:
     grad_bytes: dict[tuple[int, int], int]
     updated: dict[tuple[int, int], int]
 
-    @property
-    def steps(self) -> int:
-        """Steps of every bucket's ring all-reduce (or reduce-scatter and all-gather)."""
-        return 2 * (self.replicas - 1)
-
     def bucket_bytes(self, b: int) -> int:
         return sum(self.grad_bytes[g] for g in self.buckets[b])
 
-    def chunk_bytes(self, b: int) -> int:
-        """What a ring step of bucket ``b`` sends to the next replica: 1/replicas of the bucket."""
-        return -(-self.bucket_bytes(b) // self.replicas)
+    def stage_compute(self, stage: "Stage") -> tuple[float, dict[str, float] | None]:
+        """Time of one replica's node of ``stage``: adding what it received, chunk by chunk."""
+        if not stage.adds:
+            return 0.0, None
+        seconds, by_kind = chunk_add_time(stage.add_bytes)
+        return stage.adds * seconds, {kind: stage.adds * t for kind, t in by_kind.items()}
 
-    def share_bytes(self, g: tuple[int, int]) -> int:
-        """A replica's share of gradient ``g``."""
-        return -(-self.grad_bytes[g] // self.replicas)
+    def input_transfers(self, b: int, stage: "Stage", k: int) -> list[tuple[int, int]]:
+        """What replica ``k``'s node of ``stage`` (of bucket ``b``) receives from other replicas: (replica, bytes) each.
 
-    def hop_bytes(self) -> list[int]:
-        """Size of every transfer from one replica to the next in the ring (all hops carry the same).
-
-        The first step of a bucket receives each gradient's share from the
-        previous replica; every later step one chunk from the previous
-        replica's step before. A sharded optimizer's all-gather starts again
-        from each updated parameter's share.
+        Every gradient or updated parameter read is a transfer of its own,
+        as the reference model sends each tensor.
         """
         out = []
-        for b, members in enumerate(self.buckets):
-            shares = [self.share_bytes(g) for g in members]
-            if self.sharded:
-                out += (shares + [self.chunk_bytes(b)] * (self.replicas - 2)) * 2
+        for source, q, amount in stage.inputs[k]:
+            if q == k:
+                continue
+            if source >= 0:
+                out.append((q, amount))
             else:
-                out += shares + [self.chunk_bytes(b)] * (self.steps - 1)
+                out += [(q, -(-self.grad_bytes[g] // amount)) for g in self.buckets[b]]
         return out
 
 
-def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES, *,
-                shard_optimizer: bool = False) -> RingLayout:
+#: Where a :class:`Stage`'s input comes from besides an earlier stage: the bucket's gradients, or the
+#: parameters a sharded optimizer updated (each tensor's share of ``amount``-th).
+GRADIENTS, UPDATED = -1, -2
+#: Collectives that reduce the gradients: PyTorch DDP's (NCCL's) ring, or direct exchanges within each
+#: host, then between hosts.
+COLLECTIVES = ("ring", "direct")
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One step of a bucket's collective: a node on every replica.
+
+    Attributes
+    ----------
+    op : str
+    adds : int
+        Received chunks the node adds into its own, of ``add_bytes`` each.
+    add_bytes, output_bytes : int
+    inputs : list of list of (source, replica, amount)
+        Per replica, what its node reads: ``source`` is an earlier stage
+        (``amount``: bytes read) or :data:`GRADIENTS` / :data:`UPDATED`
+        (every tensor of the bucket, ``1/amount`` of it; whole for 1), of
+        ``replica``.
+    """
+
+    op: str
+    adds: int
+    add_bytes: int
+    output_bytes: int
+    inputs: list[list[tuple[int, int, int]]]
+
+
+def _check_collective(collective: str, hosts: list[list[int]] | None, replicas: int) -> None:
+    """OptionError unless ``collective`` is known and ``hosts`` (if given) splits the replicas into hosts of one size."""
+    if collective not in COLLECTIVES:
+        raise OptionError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
+    if hosts is not None and (sorted(k for members in hosts for k in members) != list(range(replicas))
+                              or len({len(members) for members in hosts}) != 1):
+        raise OptionError(f"hosts must split replicas 0..{replicas - 1} into hosts of one size, got {hosts!r}")
+
+
+def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
+                      hosts: list[list[int]] | None = None) -> tuple[list[Stage], int]:
+    """The stages that reduce bucket ``b`` on every replica, and the one whose output the optimizer reads.
+
+    ``ring``: ``2 (n - 1)`` steps, step ``s`` on replica ``k`` receiving
+    1/n of the bucket from step ``s - 1`` on replica ``k - 1`` (reduce-scatter
+    then all-gather; Patarasuk and Yuan 2009), as NCCL's ring. ``direct``:
+    each replica receives its 1/m slice of the bucket from every other replica
+    of its host (m per host) at once and adds them, then its 1/n part of that
+    slice from the replicas of the same rank on the other hosts; the
+    all-gather retraces the two steps (a two-shot all-reduce within a host,
+    hierarchical between hosts). On links of their own per pair of devices
+    every replica then sends on n - 1 links at once, where the ring uses one,
+    and between hosts the bucket crosses the network once per direction,
+    where the ring sends ``2 (n - 1) / n`` of it. ``hosts`` lists the replicas
+    of each host (equal sizes; default one host).
+    """
+    r = layout.replicas
+    total = layout.bucket_bytes(b)
+    sharded = layout.sharded
+    if collective == "ring":
+        chunk = -(-total // r)
+        steps = []
+        for s in range(2 * (r - 1)):
+            if s == 0:
+                inputs = [[(GRADIENTS, k, 1), (GRADIENTS, (k - 1) % r, r)] for k in range(r)]
+            elif sharded and s == r - 1:     # the all-gather starts from the updated parameters
+                inputs = [[(UPDATED, k, r), (UPDATED, (k - 1) % r, r)] for k in range(r)]
+            else:
+                inputs = [[(s - 1, k, chunk), (s - 1, (k - 1) % r, chunk)] for k in range(r)]
+            reduce = s < r - 1
+            op = ("reduce_scatter.add" if reduce else "all_gather.copy") if sharded else \
+                ("allreduce.add" if reduce else "allreduce.copy")
+            steps.append(Stage(op, int(reduce), chunk, total if s == 2 * r - 3 else chunk, inputs))
+        return steps, (r - 2 if sharded else 2 * r - 3)
+    hosts = hosts or [list(range(r))]
+    m = len(hosts[0])
+    host_of = {k: h for h, members in enumerate(hosts) for k in members}
+    rank = {k: a for members in hosts for a, k in enumerate(members)}
+    within = [hosts[host_of[k]] for k in range(r)]
+    across = [[members[rank[k]] for members in hosts] for k in range(r)]
+    piece, part = -(-total // m), -(-total // r)
+    stages: list[Stage] = []
+    # Reduce-scatter within each host, then between hosts (either is skipped where it has one replica).
+    source = GRADIENTS
+    for peers, size, divisor in ((within, piece, m), (across, part, r)):
+        if len(peers[0]) > 1:
+            own = 1 if source == GRADIENTS else stages[source].output_bytes
+            sent = divisor if source == GRADIENTS else size
+            inputs = [[(source, q, own if q == k else sent) for q in peers[k]] for k in range(r)]
+            stages.append(Stage("reduce_scatter.add", len(peers[0]) - 1, size, size, inputs))
+            source = len(stages) - 1
+    reduced = len(stages) - 1
+    # All-gather: between hosts, then within each host; a sharded optimizer's starts from its updates.
+    source, amount = (UPDATED, r) if sharded else (reduced, part)
+    for peers, size in ((across, piece), (within, total)):
+        if len(peers[0]) > 1:
+            stages.append(Stage("all_gather.copy", 0, 0, size, [[(source, q, amount) for q in peers[k]]
+                                                                  for k in range(r)]))
+            source, amount = len(stages) - 1, size
+    return stages, reduced
+
+
+def replica_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES, *,
+                   shard_optimizer: bool = False) -> ReplicaLayout:
     """The gradients, their buckets and each node's share of the work for ``replicas`` replicas.
 
     Raises
@@ -301,12 +405,13 @@ def ring_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES,
             filled = 0
         buckets[-1].append(g)
         filled += grad_bytes[g]
-    return RingLayout(r, sharded, factor, per_batch, param_factor, is_grad_edge, buckets, grad_bytes, updated)
+    return ReplicaLayout(r, sharded, factor, per_batch, param_factor, is_grad_edge, buckets, grad_bytes, updated)
 
 
 def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BUCKET_BYTES,
-                        shard_optimizer: bool = False) -> DataParallelGraph:
-    """``replicas`` copies of the step on 1/``replicas`` of the batch each, with ring all-reduces of the gradients.
+                        shard_optimizer: bool = False, collective: str = "ring",
+                        hosts: list[list[int]] | None = None) -> DataParallelGraph:
+    """``replicas`` copies of the step on 1/``replicas`` of the batch each, with all-reduces of the gradients.
 
     Parameters
     ----------
@@ -322,6 +427,10 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
         the time, its state 1/n of the memory), and the updated parameters
         are all-gathered (the other ``n - 1`` steps, fed by each parameter's
         write). Same ring traffic as the all-reduce, 1/n of the optimizer.
+    collective : {"ring", "direct"}
+        How each bucket is reduced (:func:`collective_stages`).
+    hosts : list of list of int, optional
+        The replicas of each host, for ``direct`` (equal sizes; default one host).
 
     Returns
     -------
@@ -330,7 +439,8 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     Raises
     ------
     OptionError
-        If ``replicas`` < 1 or ``bucket_bytes`` < 1.
+        If ``replicas`` < 1, ``bucket_bytes`` < 1, ``collective`` is unknown, or
+        ``hosts`` does not split the replicas into hosts of one size.
 
     Examples
     --------
@@ -342,7 +452,8 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     >>> dp.graph.num_nodes - 2 * g.num_nodes     # two ~16 MiB buckets of 2 (n - 1) steps on each replica
     8
     """
-    layout = ring_layout(graph, replicas, bucket_bytes, shard_optimizer=shard_optimizer)
+    layout = replica_layout(graph, replicas, bucket_bytes, shard_optimizer=shard_optimizer)
+    _check_collective(collective, hosts, replicas)
     n, r, factor = graph.num_nodes, replicas, layout.factor
     scaled = layout.per_batch
     param_bytes = np.rint(graph.param_bytes * layout.param_factor).astype(np.int64).tolist()
@@ -398,51 +509,35 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     extra_bytes: list[int] = []
     extra_tensor: list[int] = []
 
-    steps = layout.steps
-    # The step whose output the gradients' readers read: the reduced bucket, or a sharded optimizer's shard.
-    reduced = r - 2 if layout.sharded else steps - 1
-    ops = ("reduce_scatter.add", "all_gather.copy") if layout.sharded else ("allreduce.add", "allreduce.copy")
-    last_step: dict[tuple[int, int], int] = {}     # (bucket, replica) -> node of the step the readers read
+    last_step: dict[tuple[int, int], int] = {}     # (bucket, replica) -> node of the stage the readers read
     for b, members in enumerate(layout.buckets):
-        total = layout.bucket_bytes(b)
-        chunk = layout.chunk_bytes(b)
         names = [graph.ids[u] + (f":{t}" if t else "") for u, t in members]
-        add_time = chunk_add_time(chunk)
-        step_node = np.empty((r, steps), dtype=np.int64)
-        for s in range(steps):
-            reduce = s < r - 1
-            cost, by_kind = add_time if reduce else (0.0, None)
+        stages, reduced = collective_stages(layout, b, collective, hosts)
+        stage_node = np.empty((r, len(stages)), dtype=np.int64)
+        for s, stage in enumerate(stages):
+            cost, by_kind = layout.stage_compute(stage)
             for k in range(r):
-                step_node[k, s] = add(
-                    f"r{k}/allreduce{b}.step{s}", k, compute_s=cost,
-                    compute_s_by_kind=None if by_kind is None else dict(by_kind),
-                    output_bytes=total if s == steps - 1 else chunk, op=ops[0] if reduce else ops[1],
+                stage_node[k, s] = add(
+                    f"r{k}/allreduce{b}.step{s}", k, compute_s=cost, compute_s_by_kind=by_kind and dict(by_kind),
+                    output_bytes=stage.output_bytes, op=stage.op,
                     node_extra={"replica": k, "allreduce": {"bucket": b, "step": s, "gradients": names,
-                                                            "sharded": layout.sharded}})
-        for k in range(r):
-            last_step[(b, k)] = int(step_node[k, reduced])
-            prev = (k - 1) % r
-            for s in range(steps):
-                if s == 0:
-                    for u, t in members:
-                        for rep, nbytes in ((k, layout.grad_bytes[(u, t)]), (prev, layout.share_bytes((u, t)))):
-                            extra_src.append(base[rep, u])
-                            extra_dst.append(step_node[k, 0])
-                            extra_bytes.append(nbytes)
-                            extra_tensor.append(t)
-                elif layout.sharded and s == r - 1:     # the all-gather starts from the updated parameters
-                    for g in members:
-                        for rep in (k, prev):
-                            extra_src.append(base[rep, layout.updated[g]])
-                            extra_dst.append(step_node[k, s])
-                            extra_bytes.append(layout.share_bytes(g))
-                            extra_tensor.append(0)
-                else:
-                    for rep in (k, prev):
-                        extra_src.append(step_node[rep, s - 1])
-                        extra_dst.append(step_node[k, s])
-                        extra_bytes.append(chunk)
+                                                            "sharded": layout.sharded, "collective": collective}})
+            for k in range(r):
+                for source, q, amount in stage.inputs[k]:
+                    if source >= 0:
+                        extra_src.append(stage_node[q, source])
+                        extra_dst.append(stage_node[k, s])
+                        extra_bytes.append(amount)
                         extra_tensor.append(0)
+                        continue
+                    for g in members:
+                        u, t = g if source == GRADIENTS else (layout.updated[g], 0)
+                        extra_src.append(base[q, u])
+                        extra_dst.append(stage_node[k, s])
+                        extra_bytes.append(-(-layout.grad_bytes[g] // amount))
+                        extra_tensor.append(t)
+        for k in range(r):
+            last_step[(b, k)] = int(stage_node[k, reduced])
     # Readers of each gradient read their replica's reduced bucket (a sharded optimizer: its shard of it).
     bucket_of = {g: b for b, members in enumerate(layout.buckets) for g in members}
     for e in np.flatnonzero(layout.is_grad_edge).tolist():
