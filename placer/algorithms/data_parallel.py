@@ -10,8 +10,8 @@ from ..graph import OpGraph
 from ..paths import top_levels
 from ..plan import Plan
 from ..sim.simulator import simulate
-from ..transform.replicate import (COLLECTIVES, DataParallelGraph, collective_stages,
-                                   data_parallel_graph, replica_layout)
+from ..transform.replicate import (COLLECTIVES, DataParallelGraph, collective_stages, data_parallel_graph,
+                                   input_transfers, replica_layout)
 from .registry import register
 
 __all__ = ["data_parallel", "sharded_data_parallel", "replica_devices", "replica_hosts", "data_parallel_schedule",
@@ -104,7 +104,7 @@ def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimiz
         for stage in stages:
             step_times.append(layout.stage_compute(stage))
             for k in range(r):
-                for q, nbytes in layout.input_transfers(b, stage, k):
+                for q, nbytes in input_transfers(stage, k):
                     c = int(cluster.channel_index[devices[q], devices[k]])
                     if c < 0:
                         return float("inf")

@@ -55,7 +55,7 @@ from ..graph import OpGraph
 from .split import batch_dependent, part_rows
 
 __all__ = ["data_parallel_graph", "gradients", "replica_layout", "chunk_add_time", "DataParallelGraph", "ReplicaLayout",
-           "Stage", "collective_stages", "BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
+           "Stage", "collective_stages", "input_transfers", "chunk_copy_time", "BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
 
 BUCKET_BYTES = 25 << 20
 #: What an optimizer's update is made of: element-wise arithmetic, views and copies (aten names, the
@@ -217,27 +217,19 @@ class ReplicaLayout:
         return sum(self.grad_bytes[g] for g in self.buckets[b])
 
     def stage_compute(self, stage: "Stage") -> tuple[float, dict[str, float] | None]:
-        """Time of one replica's node of ``stage``: adding what it received, chunk by chunk."""
-        if not stage.adds:
+        """Time of one replica's node of ``stage``: adding what it received, chunk by chunk, or packing a bucket."""
+        if not stage.adds and not stage.copy_bytes:
             return 0.0, None
-        seconds, by_kind = chunk_add_time(stage.add_bytes)
-        return stage.adds * seconds, {kind: stage.adds * t for kind, t in by_kind.items()}
+        parts = [(stage.adds, chunk_add_time(stage.add_bytes))] if stage.adds else []
+        if stage.copy_bytes:
+            parts.append((1, chunk_copy_time(stage.copy_bytes)))
+        by_kind = {kind: sum(count * times[kind] for count, (_, times) in parts) for kind in parts[0][1][1]}
+        return sum(count * seconds for count, (seconds, _) in parts), by_kind
 
-    def input_transfers(self, b: int, stage: "Stage", k: int) -> list[tuple[int, int]]:
-        """What replica ``k``'s node of ``stage`` (of bucket ``b``) receives from other replicas: (replica, bytes) each.
 
-        Every gradient or updated parameter read is a transfer of its own,
-        as the reference model sends each tensor.
-        """
-        out = []
-        for source, q, amount in stage.inputs[k]:
-            if q == k:
-                continue
-            if source >= 0:
-                out.append((q, amount))
-            else:
-                out += [(q, -(-self.grad_bytes[g] // amount)) for g in self.buckets[b]]
-        return out
+def input_transfers(stage: "Stage", k: int) -> list[tuple[int, int]]:
+    """What replica ``k``'s node of ``stage`` receives from other replicas: (replica, bytes) each."""
+    return [(q, amount) for _, q, amount in stage.inputs[k] if q != k]
 
 
 #: Where a :class:`Stage`'s input comes from besides an earlier stage: the bucket's gradients, or the
@@ -260,9 +252,10 @@ class Stage:
     add_bytes, output_bytes : int
     inputs : list of list of (source, replica, amount)
         Per replica, what its node reads: ``source`` is an earlier stage
-        (``amount``: bytes read) or :data:`GRADIENTS` / :data:`UPDATED`
-        (every tensor of the bucket, ``1/amount`` of it; whole for 1), of
-        ``replica``.
+        (``amount``: bytes read) or, on the replica itself, :data:`GRADIENTS` /
+        :data:`UPDATED` (every tensor of the bucket, ``1/amount`` of it; whole for 1).
+    copy_bytes : int
+        Bytes the node copies into a flat buffer (a bucket of gradients).
     """
 
     op: str
@@ -270,6 +263,7 @@ class Stage:
     add_bytes: int
     output_bytes: int
     inputs: list[list[tuple[int, int, int]]]
+    copy_bytes: int = 0
 
 
 def _check_collective(collective: str, hosts: list[list[int]] | None, replicas: int) -> None:
@@ -297,25 +291,39 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
     and between hosts the bucket crosses the network once per direction,
     where the ring sends ``2 (n - 1) / n`` of it. ``hosts`` lists the replicas
     of each host (equal sizes; default one host).
+
+    Either starts by copying the bucket's gradients into one flat buffer, as
+    DDP does, so that each step sends one slice of it rather than a piece of
+    every gradient; a sharded optimizer's all-gather sends the flat shard it
+    updated (as ZeRO's partitions).
     """
     r = layout.replicas
     total = layout.bucket_bytes(b)
-    sharded = layout.sharded
+    stages: list[Stage] = []
+
+    def append(stage: Stage) -> int:
+        stages.append(stage)
+        return len(stages) - 1
+
+    # As DDP, the gradients are copied into one flat bucket, whose slices the collective sends; a sharded
+    # optimizer updates a flat shard of it, which the all-gather sends on.
+    source = append(Stage("bucket.pack", 0, 0, total, [[(GRADIENTS, k, 1)] for k in range(r)], copy_bytes=total))
+
+    def shard() -> int:
+        return append(Stage("shard.pack", 0, 0, -(-total // r), [[(UPDATED, k, r)] for k in range(r)]))
+
     if collective == "ring":
         chunk = -(-total // r)
-        steps = []
+        own = total
         for s in range(2 * (r - 1)):
-            if s == 0:
-                inputs = [[(GRADIENTS, k, 1), (GRADIENTS, (k - 1) % r, r)] for k in range(r)]
-            elif sharded and s == r - 1:     # the all-gather starts from the updated parameters
-                inputs = [[(UPDATED, k, r), (UPDATED, (k - 1) % r, r)] for k in range(r)]
-            else:
-                inputs = [[(s - 1, k, chunk), (s - 1, (k - 1) % r, chunk)] for k in range(r)]
             reduce = s < r - 1
-            op = ("reduce_scatter.add" if reduce else "all_gather.copy") if sharded else \
+            if layout.sharded and s == r - 1:
+                reduced, source, own = source, shard(), chunk
+            op = ("reduce_scatter.add" if reduce else "all_gather.copy") if layout.sharded else \
                 ("allreduce.add" if reduce else "allreduce.copy")
-            steps.append(Stage(op, int(reduce), chunk, total if s == 2 * r - 3 else chunk, inputs))
-        return steps, (r - 2 if sharded else 2 * r - 3)
+            inputs = [[(source, k, own), (source, (k - 1) % r, chunk)] for k in range(r)]
+            source, own = append(Stage(op, int(reduce), chunk, total if s == 2 * r - 3 else chunk, inputs)), chunk
+        return stages, (reduced if layout.sharded else source)
     hosts = hosts or [list(range(r))]
     m = len(hosts[0])
     host_of = {k: h for h, members in enumerate(hosts) for k in members}
@@ -323,24 +331,21 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
     within = [hosts[host_of[k]] for k in range(r)]
     across = [[members[rank[k]] for members in hosts] for k in range(r)]
     piece, part = -(-total // m), -(-total // r)
-    stages: list[Stage] = []
     # Reduce-scatter within each host, then between hosts (either is skipped where it has one replica).
-    source = GRADIENTS
-    for peers, size, divisor in ((within, piece, m), (across, part, r)):
+    own = total
+    for peers, size in ((within, piece), (across, part)):
         if len(peers[0]) > 1:
-            own = 1 if source == GRADIENTS else stages[source].output_bytes
-            sent = divisor if source == GRADIENTS else size
-            inputs = [[(source, q, own if q == k else sent) for q in peers[k]] for k in range(r)]
-            stages.append(Stage("reduce_scatter.add", len(peers[0]) - 1, size, size, inputs))
-            source = len(stages) - 1
-    reduced = len(stages) - 1
-    # All-gather: between hosts, then within each host; a sharded optimizer's starts from its updates.
-    source, amount = (UPDATED, r) if sharded else (reduced, part)
+            inputs = [[(source, q, own if q == k else size) for q in peers[k]] for k in range(r)]
+            source, own = append(Stage("reduce_scatter.add", len(peers[0]) - 1, size, size, inputs)), size
+    reduced = source
+    # All-gather: between hosts, then within each host.
+    if layout.sharded:
+        source = shard()
+    amount = part
     for peers, size in ((across, piece), (within, total)):
         if len(peers[0]) > 1:
-            stages.append(Stage("all_gather.copy", 0, 0, size, [[(source, q, amount) for q in peers[k]]
-                                                                  for k in range(r)]))
-            source, amount = len(stages) - 1, size
+            inputs = [[(source, q, amount) for q in peers[k]] for k in range(r)]
+            source, amount = append(Stage("all_gather.copy", 0, 0, size, inputs)), size
     return stages, reduced
 
 
@@ -449,8 +454,8 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     >>> dp = data_parallel_graph(g, 2)
     >>> [g.ids[u] for u, _ in gradients(g)[0]]
     ['block1.b0.bwd_weight', 'block0.b0.bwd_weight']
-    >>> dp.graph.num_nodes - 2 * g.num_nodes     # two ~16 MiB buckets of 2 (n - 1) steps on each replica
-    8
+    >>> dp.graph.num_nodes - 2 * g.num_nodes     # two ~16 MiB buckets: a pack and 2 (n - 1) steps on each replica
+    12
     """
     layout = replica_layout(graph, replicas, bucket_bytes, shard_optimizer=shard_optimizer)
     _check_collective(collective, hosts, replicas)
@@ -590,4 +595,13 @@ def chunk_add_time(chunk: int) -> tuple[float, dict[str, float]]:
     from ..cost.analytic import DEVICE_SPECS, node_time_s
 
     times = {k: float(node_time_s(k, chunk / 4, 3.0 * chunk)) for k in DEVICE_SPECS}
+    return times["V100"], times
+
+
+@lru_cache(maxsize=1024)
+def chunk_copy_time(nbytes: int) -> tuple[float, dict[str, float]]:
+    """Roofline time of copying ``nbytes`` into a flat buffer (read and write them), as :func:`chunk_add_time`."""
+    from ..cost.analytic import DEVICE_SPECS, node_time_s
+
+    times = {k: float(node_time_s(k, 0.0, 2.0 * nbytes)) for k in DEVICE_SPECS}
     return times["V100"], times
