@@ -405,7 +405,10 @@ def test_plans_are_valid_fit_keep_colocation_and_are_deterministic(n, seed, grou
 
 
 def plain_etf(g, cluster):
-    """ETF by its definition: at every step, every ready node on every device, the smallest (start, index, device)."""
+    """ETF by its definition: at every step, every ready node on every device, the smallest (start, index, device).
+
+    The start is Baechi's estimate (inputs on idle channels); the winner is booked with its transfers queued.
+    """
     from placer.algorithms.list_scheduling import ScheduleState
 
     state = ScheduleState(g, cluster, 1.0, insertion=False)
@@ -414,9 +417,10 @@ def plain_etf(g, cluster):
     preds = [set(g.src[g.dst == v].tolist()) for v in range(g.num_nodes)]
     while (ready := [v for v in range(g.num_nodes)
                      if state.device_of[v] < 0 and all(state.device_of[u] >= 0 for u in preds[v])]):
-        start, _, d, v, est = min((est[0], position[v], d, v, est) for v in ready
-                                  for d in state.devices_for(v) if (est := state.estimate(v, d))[0] < np.inf)
-        state.commit(v, d, est)
+        free = [state.devices[d].find(0.0, 0.0, insertion=False)[0] for d in range(cluster.num_devices)]
+        _, _, d, v = min((max(free[d], ready_at), position[v], d, v) for v in ready for d in state.devices_for(v)
+                         if (ready_at := state.data_ready(v, d, contended=False)[0]) < np.inf)
+        state.commit(v, d, state.estimate(v, d))
     return state.schedule()
 
 

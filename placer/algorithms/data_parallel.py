@@ -126,7 +126,9 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     Replica ``k`` (with its all-reduce steps) goes to the ``k``-th such device;
     each device runs its nodes in the order the reference model's
     earliest-ready rule gives, which the plan then fixes. ``collective="best"``
-    builds the graph with each collective and keeps the fastest that fits.
+    builds the graph with each collective whose lower bound
+    (:func:`data_parallel_lower_bound`) could beat the step in hand, and keeps
+    the fastest that fits.
 
     Raises
     ------
@@ -143,8 +145,15 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     if not devices:
         raise InfeasibleError(f"{name}: no device may run every node of the step (device kinds)")
     hosts = replica_hosts(cluster, devices)
+    kinds = [collective]
+    if collective == "best":     # the most promising first; one whose lower bound cannot win is not built
+        bounds = {kind: data_parallel_lower_bound(graph, cluster, shard_optimizer=shard_optimizer, collective=kind)
+                  for kind in COLLECTIVES}
+        kinds = sorted(COLLECTIVES, key=bounds.__getitem__)
     best = None
-    for kind in COLLECTIVES if collective == "best" else (collective,):
+    for kind in kinds:
+        if best is not None and best[2].fits and bounds[kind] >= best[2].makespan_s:
+            continue
         dp = data_parallel_graph(graph, len(devices), shard_optimizer=shard_optimizer, collective=kind, hosts=hosts)
         device_of = np.asarray(devices, dtype=np.int64)[dp.replica]
         result = simulate(dp.graph, cluster, device_of, check=False)
