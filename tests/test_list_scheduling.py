@@ -405,10 +405,7 @@ def test_plans_are_valid_fit_keep_colocation_and_are_deterministic(n, seed, grou
 
 
 def plain_etf(g, cluster):
-    """ETF by its definition: at every step, every ready node on every device, the smallest (start, index, device).
-
-    The start is Baechi's estimate (inputs on idle channels); the winner is booked with its transfers queued.
-    """
+    """ETF by its definition: at every step, every ready node on every device, the smallest (start, index, device)."""
     from placer.algorithms.list_scheduling import ScheduleState
 
     state = ScheduleState(g, cluster, 1.0, insertion=False)
@@ -417,11 +414,33 @@ def plain_etf(g, cluster):
     preds = [set(g.src[g.dst == v].tolist()) for v in range(g.num_nodes)]
     while (ready := [v for v in range(g.num_nodes)
                      if state.device_of[v] < 0 and all(state.device_of[u] >= 0 for u in preds[v])]):
-        free = [state.devices[d].find(0.0, 0.0, insertion=False)[0] for d in range(cluster.num_devices)]
-        _, _, d, v = min((max(free[d], ready_at), position[v], d, v) for v in ready for d in state.devices_for(v)
-                         if (ready_at := state.data_ready(v, d, contended=False)[0]) < np.inf)
-        state.commit(v, d, state.estimate(v, d))
+        start, _, d, v, est = min((est[0], position[v], d, v, est) for v in ready
+                                  for d in state.devices_for(v) if (est := state.estimate(v, d))[0] < np.inf)
+        state.commit(v, d, est)
     return state.schedule()
+
+
+@settings(max_examples=30, deadline=None)
+@given(st.integers(2, 40), st.floats(0.1, 0.9), st.integers(0, 2**30), st.integers(2, 4), st.booleans())
+def test_m_etf_books_a_node_that_starts_within_its_tolerance_of_the_earliest(n, p, seed, n_dev, shared):
+    g = uniform_tensor_bytes(random_dag(n, edge_prob=p, seed=seed, max_bytes=1 << 24))
+    g = g.replace(compute_s=np.where(np.arange(n) % 3 == 0, 0.0, g.compute_s))
+    cluster = mesh(["X"] * n_dev, bandwidth=2e9, latency=1e-5, shared=shared)
+    preds = [set(g.src[g.dst == v].tolist()) for v in range(n)]
+    commit = ScheduleState.commit
+    booked = []
+
+    def checked_commit(state, v, d, est):
+        ready = [w for w in range(n) if state.device_of[w] < 0 and all(state.device_of[u] >= 0 for u in preds[w])]
+        earliest = min(state.estimate(w, j)[0] for w in ready for j in state.devices_for(w))
+        assert est[0] <= earliest + 1e-5 + 1e-12        # the tolerance: the cluster's smallest latency
+        booked.append(v)
+        commit(state, v, d, est)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(ScheduleState, "commit", checked_commit)
+        etf_schedule(g, cluster)
+    assert sorted(booked) == list(range(n))
 
 
 @settings(max_examples=40, deadline=None)
@@ -433,7 +452,7 @@ def test_m_etf_heaps_give_the_schedule_of_plain_etf(n, p, seed, n_dev, shared, z
     if zero_length:
         g = g.replace(compute_s=np.where(np.arange(n) % 3 == 0, 0.0, g.compute_s))
     cluster = mesh(["X"] * n_dev, bandwidth=2e9, latency=1e-5, shared=shared)
-    fast, plain = etf_schedule(g, cluster), plain_etf(g, cluster)
+    fast, plain = etf_schedule(g, cluster, tolerance=0.0), plain_etf(g, cluster)
     assert fast.device_of.tolist() == plain.device_of.tolist()
     assert fast.start.tolist() == plain.start.tolist()
     assert [o.tolist() for o in fast.orders] == [o.tolist() for o in plain.orders]

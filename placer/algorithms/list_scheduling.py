@@ -407,6 +407,12 @@ class ScheduleState:
         self.devices = [Timeline() for _ in range(n_dev)]
         self.channels = [Timeline() for _ in cluster.channels]
         self.arrival: dict[tuple[int, int, int], float] = {}
+        # Who reads each tensor, and the (node, device) pairs with some input already sent to the device.
+        self.readers: dict[tuple[int, int], list[int]] = {}
+        for v, inputs in enumerate(self.inputs):
+            for u, t, _ in inputs:
+                self.readers.setdefault((u, t), []).append(v)
+        self.input_sent: set[tuple[int, int]] = set()
         #: Bumped whenever a device's timeline, incoming channels or memory change.
         self.version = [0] * n_dev
 
@@ -423,17 +429,38 @@ class ScheduleState:
             return d == fixed
         return self.unit_ok[unit][d] and self.memory.used[d] + self.unit_need[unit] <= self.memory.capacity[d]
 
-    def data_ready(self, v: int, d: int, contended: bool | None = None
-                   ) -> tuple[float, list[tuple[int, float, float, int]]]:
+    def any_input_sent(self, v: int, d: int) -> bool:
+        """Whether some input of ``v`` is on device ``d`` already, sent there for another consumer."""
+        return (v, d) in self.input_sent
+
+    def same_routes(self, v: int, d: int, bookings: list) -> list[int]:
+        """The devices other than ``d`` that every input of ``v`` would reach just as it reaches ``d``.
+
+        ``bookings`` are the transfers :meth:`data_ready` gave for ``d``. When
+        every input of ``v`` must be sent to ``d``, another device that none of
+        them is on or was sent to, and that each reaches over the channel it
+        takes to ``d``, gets the same transfers at the same times; as bookings
+        only fill channels, its data-ready time stays at least what it is for
+        ``d`` now, for as long as none of the inputs is sent there
+        (:meth:`any_input_sent`).
+        """
+        inputs = self.inputs[v]
+        if not bookings or len(bookings) != len(inputs):
+            return []
+        others = [j for j in self.receivers[bookings[0][0]] if j != d]
+        if not others:      # a channel per pair of devices
+            return []
+        routes = [(self.device_of[inputs[k][0]], c) for c, _, _, k in bookings]
+        return [j for j in others if all(self.channel_of[du][j] == c and du != j for du, c in routes)
+                and not self.any_input_sent(v, j)]
+
+    def data_ready(self, v: int, d: int) -> tuple[float, list[tuple[int, float, float, int]]]:
         """When every input of ``v`` is on device ``d``, and the transfers that would be booked for it.
 
         Transfers are tried in order of their producer's finish (the order
         they would queue in), each in the earliest idle window of its channel;
-        two of them on one channel go one after the other. With
-        ``contended=False`` (default: the state's ``contention``) each goes
-        as soon as its producer ends, as on an idle channel.
+        two of them on one channel go one after the other.
         """
-        contended = self.contention if contended is None else contended
         ready = 0.0
         bookings: list[tuple[int, float, float, int]] = []   # (channel, start, end, input)
         pending = []
@@ -455,7 +482,7 @@ class ScheduleState:
             if c < 0:
                 return float("inf"), []
             length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
-            if contended:
+            if self.contention:
                 begin = self.channels[c].find(max(queued, channel_free.get(c, queued)), length, insertion=True)[0]
                 channel_free[c] = begin + length
             else:
@@ -563,6 +590,7 @@ class ScheduleState:
         for c, s, f, k in sorted(bookings, key=lambda booking: booking[1]):
             u, t, _ = self.inputs[v][k]
             self.arrival[(u, t, d)] = f
+            self.input_sent.update((w, d) for w in self.readers[(u, t)])
             if self.contention:
                 channel = self.channels[c]
                 channel.book(*channel.find(s, f - s, insertion=True), f - s)
