@@ -96,9 +96,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     Repeatedly, among every ready node and every device that may take it,
     the pair with the smallest start time ``max(device free, data ready)``
     is scheduled (ties: lower topological index, then lower device index),
-    or one that starts within ``tolerance`` seconds of it (default: the
-    smallest latency of the cluster's channels, below which a transfer's
-    start is not known anyway; 0 for exact ETF).
+    or one that starts within ``tolerance`` seconds of it (default: twice the
+    smallest latency of the cluster's channels, so that a node pushed back by
+    one small transfer on its channel is booked; 0 for exact ETF).
 
     With ``favourite`` (the favourite child of every node, -1 for none), a
     favourite child that becomes ready while its parent is still the last
@@ -116,11 +116,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     (estimates only grow as transfers fill the channels); the winner is
     re-estimated before it is booked, and goes back with its new key when it
     grew beyond the tolerance. Where many nodes wait for one channel
-    (hundreds of optimizer updates whose state lives on another device),
+    (hundreds of optimizer steps whose state lives on another device),
     each booking on it pushes every other back by one transfer, and exact
     ETF re-estimates all of them after each: the tolerance books the node
     at the heap's top when one transfer more is all it lost (NASNet over 4
-    V100s: 39 s to 5 s). A device whose memory cannot take a node for now
+    V100s: 15 s to 5 s). A device whose memory cannot take a node for now
     holds it aside until memory is freed there.
 
     On shared channels (one per source device: NVSwitch, PCIe, a host's NIC)
@@ -138,7 +138,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale)
     n, n_dev = graph.num_nodes, cluster.num_devices
     if tolerance is None:
-        tolerance = min((c.latency_s for c in cluster.channels), default=0.0)
+        tolerance = 2 * min((c.latency_s for c in cluster.channels), default=0.0)
     position = _position(graph).tolist()
     pending = np.bincount(graph.dst, minlength=n).tolist()
     ptr, eids = graph.out_edges
