@@ -420,6 +420,15 @@ def plain_etf(g, cluster):
     return state.schedule()
 
 
+def test_m_etf_is_exact_etf_where_no_node_keeps_losing_its_place():
+    # Ops of microseconds, as long as the tolerance: applied from a node's first push back, it moved the plan.
+    g = training_graph(layers=60, branches=3, param_mib=0.2, activation_mib=0.2)
+    cluster = load_cluster("4xV100-nvlink")
+    tolerant, exact = etf_schedule(g, cluster), etf_schedule(g, cluster, tolerance=0.0)
+    assert tolerant.device_of.tolist() == exact.device_of.tolist()
+    assert tolerant.start.tolist() == exact.start.tolist()
+
+
 @settings(max_examples=30, deadline=None)
 @given(st.integers(2, 40), st.floats(0.1, 0.9), st.integers(0, 2**30), st.integers(2, 4), st.booleans())
 def test_m_etf_books_a_node_that_starts_within_its_tolerance_of_the_earliest(n, p, seed, n_dev, shared):
