@@ -442,7 +442,7 @@ def test_m_etf_books_a_node_that_starts_within_its_tolerance_of_the_earliest(n, 
     def checked_commit(state, v, d, est):
         ready = [w for w in range(n) if state.device_of[w] < 0 and all(state.device_of[u] >= 0 for u in preds[w])]
         earliest = min(state.estimate(w, j)[0] for w in ready for j in state.devices_for(w))
-        assert est[0] <= earliest + 2e-5 + 1e-12        # the tolerance: twice the cluster's smallest latency
+        assert est[0] <= 1.01 * earliest + 2e-5 + 1e-12    # twice the cluster's smallest latency, and 1%
         booked.append(v)
         commit(state, v, d, est)
 

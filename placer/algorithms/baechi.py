@@ -26,6 +26,8 @@ __all__ = ["m_topo", "m_etf", "m_sct", "m_topo_schedule", "etf_schedule", "favou
 
 #: Times m-ETF sends a node back to a device's heap on exact grounds before its tolerance applies there.
 EXACT_PUSHES = 3
+#: Share of its start time m-ETF's tolerance grows by (see :func:`etf_schedule`).
+RELATIVE_TOLERANCE = 0.01
 #: Seconds m-SCT's LP may take when the caller gives no time limit.
 LP_TIME_LIMIT_S = 60.0
 
@@ -99,10 +101,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     the pair with the smallest start time ``max(device free, data ready)``
     is scheduled (ties: lower topological index, then lower device index).
     A node that was already sent back to a device's heap :data:`EXACT_PUSHES`
-    times is booked there if it starts within ``tolerance`` seconds of that
-    (default: twice the smallest latency of the cluster's channels, so that
-    a node pushed back by one small transfer on its channel is booked; 0 for
-    exact ETF).
+    times is booked there if it starts within ``tolerance`` seconds plus 1%
+    (:data:`RELATIVE_TOLERANCE`) of that smallest start (default: twice the
+    smallest latency of the cluster's channels, so that a node pushed back by
+    a small transfer on its channel is booked; 0 for exact ETF).
 
     With ``favourite`` (the favourite child of every node, -1 for none), a
     favourite child that becomes ready while its parent is still the last
@@ -294,7 +296,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if est[0] == float("inf"):
             continue        # no channel brings an input to d
         pushed = pushes.get((v, d), 0)
-        if est[0] > start + (tolerance if pushed >= EXACT_PUSHES else 0.0):
+        if est[0] > start + (tolerance + RELATIVE_TOLERANCE * start if pushed >= EXACT_PUSHES else 0.0):
             pushes[(v, d)] = pushed + 1
             wait_on(d, (est[0], position[v], v))
             # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
