@@ -127,8 +127,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     ETF re-estimates all of them after each: the tolerance books a node
     that keeps losing one transfer (NASNet over 4 V100s: 15 s to 6 s per
     plan). Applied from the first push, it made plans of generated graphs
-    whose ops take microseconds 40% slower; after three, they are exact ETF's. A device whose memory cannot take a node for now
-    holds it aside until memory is freed there.
+    whose ops take microseconds 40% slower; after three, they are exact
+    ETF's. A device whose memory cannot take a node for now holds it aside
+    until memory is freed there.
 
     On shared channels (one per source device: NVSwitch, PCIe, a host's NIC)
     a booking pushes back every ready node waiting for that channel on every

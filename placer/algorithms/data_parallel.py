@@ -36,24 +36,17 @@ def replica_hosts(cluster: Cluster, devices: list[int]) -> list[list[int]]:
     by several pairs (a network, NVSwitch or PCIe egress) are on different
     hosts. Where that leaves hosts of different sizes, every replica is one host's.
     """
+    from scipy.sparse import csr_matrix
+    from scipy.sparse.csgraph import connected_components
+
     r = len(devices)
-    label = list(range(r))
-
-    def find(k: int) -> int:
-        while label[k] != k:
-            label[k] = label[label[k]]
-            k = label[k]
-        return k
-
+    own_link = np.zeros((r, r), dtype=bool)
     for a in range(r):
         for b in range(r):
             c = int(cluster.channel_index[devices[a], devices[b]])
-            if a != b and c >= 0 and len(cluster.channels[c].pairs) == 1:
-                label[find(a)] = find(b)
-    hosts: dict[int, list[int]] = {}
-    for k in range(r):
-        hosts.setdefault(find(k), []).append(k)
-    groups = sorted(hosts.values())
+            own_link[a, b] = a != b and c >= 0 and len(cluster.channels[c].pairs) == 1
+    count, label = connected_components(csr_matrix(own_link), directed=True, connection="weak")
+    groups = sorted(np.flatnonzero(label == h).tolist() for h in range(count))
     return groups if len({len(g) for g in groups}) == 1 else [[k] for k in range(r)]
 
 
@@ -84,39 +77,47 @@ def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimiz
     >>> data_parallel_lower_bound(g, c) <= place(g, c, "data_parallel").predicted["makespan_s"]
     True
     """
-    if collective == "best":
-        return min(data_parallel_lower_bound(graph, cluster, shard_optimizer=shard_optimizer, collective=name)
-                   for name in COLLECTIVES)
+    names = COLLECTIVES if collective == "best" else (collective,)
+    return min(_collective_lower_bounds(graph, cluster, shard_optimizer, names).values())
+
+
+def _collective_lower_bounds(graph: OpGraph, cluster: Cluster, shard_optimizer: bool,
+                             collectives: tuple[str, ...]) -> dict[str, float]:
+    """:func:`data_parallel_lower_bound` of each of ``collectives``, sharing the replicas' own work."""
     devices = replica_devices(graph, cluster)
     if not devices:
-        return float("inf")
+        return {name: float("inf") for name in collectives}
     r = len(devices)
     layout = replica_layout(graph, r, shard_optimizer=shard_optimizer)
     share = graph.durations(cluster)[:, devices] * layout.factor[:, None]
     fastest = share.min(axis=1)
     finish = top_levels(graph, fastest) + fastest
-    busy = share.sum(axis=0)
-    channel_busy = np.zeros(len(cluster.channels))
-    hosts = replica_hosts(cluster, devices)
-    step_times = []
-    for b in range(len(layout.buckets)):
-        stages, _ = collective_stages(layout, b, collective, hosts)
-        for stage in stages:
-            step_times.append(layout.stage_compute(stage))
-            for k in range(r):
-                for q, nbytes in input_transfers(stage, k):
-                    c = int(cluster.channel_index[devices[q], devices[k]])
-                    if c < 0:
-                        return float("inf")
-                    ch = cluster.channels[c]
-                    channel_busy[c] += ch.latency_s + nbytes / ch.bandwidth_bytes_per_s
-    if step_times:
-        steps = OpGraph([f"stage{i}" for i in range(len(step_times))], [t for t, _ in step_times], [], [], [],
-                        compute_s_by_kind=[by_kind for _, by_kind in step_times])
-        busy = busy + steps.durations(cluster)[:, devices].sum(axis=0)
     # Every transfer of the collective follows some gradient's producer.
     first_gradient = min((finish[u] for bucket in layout.buckets for u, _ in bucket), default=0.0)
-    return float(max(finish.max(initial=0.0), busy.max(), first_gradient + channel_busy.max(initial=0.0)))
+    hosts = replica_hosts(cluster, devices)
+
+    def bound(collective: str) -> float:
+        busy = share.sum(axis=0)
+        channel_busy = np.zeros(len(cluster.channels))
+        step_times = []
+        for b in range(len(layout.buckets)):
+            stages, _ = collective_stages(layout, b, collective, hosts)
+            for stage in stages:
+                step_times.append(layout.stage_compute(stage))
+                for k in range(r):
+                    for q, nbytes in input_transfers(stage, k):
+                        c = int(cluster.channel_index[devices[q], devices[k]])
+                        if c < 0:
+                            return float("inf")
+                        ch = cluster.channels[c]
+                        channel_busy[c] += ch.latency_s + nbytes / ch.bandwidth_bytes_per_s
+        if step_times:
+            steps = OpGraph([f"stage{i}" for i in range(len(step_times))], [t for t, _ in step_times], [], [], [],
+                            compute_s_by_kind=[by_kind for _, by_kind in step_times])
+            busy = busy + steps.durations(cluster)[:, devices].sum(axis=0)
+        return float(max(finish.max(initial=0.0), busy.max(), first_gradient + channel_busy.max(initial=0.0)))
+
+    return {name: bound(name) for name in collectives}
 
 
 def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False,
@@ -147,8 +148,7 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     hosts = replica_hosts(cluster, devices)
     kinds = [collective]
     if collective == "best":     # the most promising first; one whose lower bound cannot win is not built
-        bounds = {kind: data_parallel_lower_bound(graph, cluster, shard_optimizer=shard_optimizer, collective=kind)
-                  for kind in COLLECTIVES}
+        bounds = _collective_lower_bounds(graph, cluster, shard_optimizer, COLLECTIVES)
         kinds = sorted(COLLECTIVES, key=bounds.__getitem__)
     best = None
     for kind in kinds:

@@ -586,22 +586,22 @@ def _replica_splittable(splittable: list[dict] | None, replica: int, replicas: i
     return out or None
 
 
-@lru_cache(maxsize=1024)
 def chunk_add_time(chunk: int) -> tuple[float, dict[str, float]]:
     """Roofline time of adding a received chunk into the local one (read two, write one).
 
     Returns the V100 time (``compute_s``, the presets' speed-1.0 kind) and the time on every kind.
     """
-    from ..cost.analytic import DEVICE_SPECS, node_time_s
-
-    times = {k: float(node_time_s(k, chunk / 4, 3.0 * chunk)) for k in DEVICE_SPECS}
-    return times["V100"], times
+    return _roofline_times(chunk / 4, 3.0 * chunk)
 
 
-@lru_cache(maxsize=1024)
 def chunk_copy_time(nbytes: int) -> tuple[float, dict[str, float]]:
     """Roofline time of copying ``nbytes`` into a flat buffer (read and write them), as :func:`chunk_add_time`."""
+    return _roofline_times(0.0, 2.0 * nbytes)
+
+
+@lru_cache(maxsize=2048)
+def _roofline_times(flops: float, nbytes: float) -> tuple[float, dict[str, float]]:
     from ..cost.analytic import DEVICE_SPECS, node_time_s
 
-    times = {k: float(node_time_s(k, 0.0, 2.0 * nbytes)) for k in DEVICE_SPECS}
+    times = {k: float(node_time_s(k, flops, nbytes)) for k in DEVICE_SPECS}
     return times["V100"], times
