@@ -12,8 +12,13 @@ import numpy as np
 from .cluster import Cluster
 from .errors import InfeasibleError
 from .graph import OpGraph
+from .paths import bottom_levels, top_levels
+from .sim.bounds import fastest_durations
 
-__all__ = ["diagnose", "static_footprint"]
+__all__ = ["diagnose", "static_footprint", "live_memory_bound"]
+
+#: Most nodes at which :func:`live_memory_bound` counts what must be held (one bit each per node).
+LIVE_BOUND_PROBES = 64
 
 
 def static_footprint(graph: OpGraph) -> np.ndarray:
@@ -62,7 +67,114 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
     if total_params > int(memory.sum()):
         raise InfeasibleError(f"the parameters alone need {total_params / 2**30:.3f} GiB, more than the cluster's "
                               f"{memory.sum() / 2**30:.3f} GiB in total")
+    _check_live_memory(graph, cluster)
     _check_reachability(graph, cluster)
+
+
+def live_memory_bound(graph: OpGraph, cluster: Cluster) -> tuple[int, int]:
+    """A lower bound on the memory any plan holds at one instant, summed over the devices.
+
+    While a node x runs (for a positive time wherever it may run), the
+    reference model (FORMATS.md, rule 6) holds every parameter, x's output
+    and workspace, and each tensor that an ancestor of x produced and a
+    descendant of x reads: the producer's output until its last transfer
+    ends, or else a copy on every device that reads it. In a training step
+    the loss is such an x, with every activation the backward pass reads:
+    no placement, order or split of the batch shrinks them.
+
+    The bound is evaluated at up to ``LIVE_BOUND_PROBES`` nodes of the
+    critical path (fastest durations), those with the most bytes crossing
+    their position in a topological order; ancestry is propagated as one
+    bit per probe.
+
+    Parameters
+    ----------
+    graph, cluster
+
+    Returns
+    -------
+    bound : int
+        Bytes (the parameters alone if no node qualifies).
+    node : int
+        The node where it holds, or -1.
+
+    Examples
+    --------
+    >>> from placer.cluster import PRESETS
+    >>> g = OpGraph(["x", "loss", "grad"], [1.0, 1.0, 1.0], [0, 0, 1], [1, 2, 2], [100, 100, 4],
+    ...             output_bytes=[100, 4, 100], param_bytes=[0, 0, 10])
+    >>> live_memory_bound(g, PRESETS["2xV100-nvlink"]())
+    (114, 1)
+    """
+    params = int(graph.param_bytes.sum())
+    fastest = fastest_durations(graph, cluster)
+    probes = _live_bound_probes(graph, fastest)
+    if probes.size == 0:
+        return params, -1
+    bit = [0] * graph.num_nodes
+    for i, v in enumerate(probes.tolist()):
+        bit[v] = 1 << i
+    # below[v]: the probes v strictly descends from; above[v]: those it strictly precedes.
+    below, above = [0] * graph.num_nodes, [0] * graph.num_nodes
+    src, dst = graph.src.tolist(), graph.dst.tolist()
+    for ptr_eids, ends, into, outwards in ((graph.in_edges, src, below, False), (graph.out_edges, dst, above, True)):
+        ptr, eids = (a.tolist() for a in ptr_eids)
+        order = graph.topological_order.tolist()
+        for v in (reversed(order) if outwards else order):
+            reach = 0
+            for k in range(ptr[v], ptr[v + 1]):
+                u = ends[eids[k]]
+                reach |= into[u] | bit[u]
+            into[v] = reach
+    crossing = (np.array(above, dtype=np.uint64)[graph.src] & np.array(below, dtype=np.uint64)[graph.dst])
+    # Per (producer, tensor) the largest edge, per producer the sum, capped by its output.
+    order = np.lexsort((graph.edge_tensor, graph.src))
+    src_sorted, tensor_sorted = graph.src[order], graph.edge_tensor[order]
+    key_starts = np.flatnonzero(np.r_[True, (np.diff(src_sorted) != 0) | (np.diff(tensor_sorted) != 0)])
+    producer_of_key = src_sorted[key_starts]
+    producer_starts = np.flatnonzero(np.r_[True, np.diff(producer_of_key) != 0])
+    cap = graph.output_bytes[producer_of_key[producer_starts]]
+    nbytes = graph.edge_bytes[order]
+    crossing = crossing[order]
+    totals = []
+    for i, v in enumerate(probes.tolist()):
+        held = np.where((crossing >> np.uint64(i)) & np.uint64(1), nbytes, 0)
+        per_producer = np.add.reduceat(np.maximum.reduceat(held, key_starts), producer_starts)
+        totals.append(int(np.minimum(per_producer, cap).sum()) + int(graph.output_bytes[v] + graph.temp_bytes[v]))
+    best = int(np.argmax(totals))
+    return params + totals[best], int(probes[best])
+
+
+def _live_bound_probes(graph: OpGraph, fastest: np.ndarray) -> np.ndarray:
+    """Nodes of the critical path that take time everywhere, most bytes across their topological position first."""
+    if graph.num_edges == 0:
+        return np.zeros(0, dtype=np.int64)
+    weight = np.where(np.isfinite(fastest), fastest, 0.0)
+    through = top_levels(graph, weight) + bottom_levels(graph, weight)
+    on_path = (through >= through.max() * (1 - 1e-9)) & (weight > 0)
+    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position[graph.topological_order] = np.arange(graph.num_nodes)
+    # Bytes of edges spanning each position (an overcount of what is held there, to rank the probes).
+    span = np.zeros(graph.num_nodes + 1)
+    first, last = position[graph.src], position[graph.dst]
+    np.add.at(span, first + 1, graph.edge_bytes)
+    np.add.at(span, last, -graph.edge_bytes)
+    across = np.cumsum(span)[position]
+    candidates = np.flatnonzero(on_path)
+    return candidates[np.argsort(-across[candidates], kind="stable")[:LIVE_BOUND_PROBES]]
+
+
+def _check_live_memory(graph: OpGraph, cluster: Cluster) -> None:
+    total = int(cluster.memory.sum())
+    # The bound never exceeds every parameter, output and workspace at once: skip it when those fit.
+    if int(graph.param_bytes.sum() + graph.output_bytes.sum() + graph.temp_bytes.max(initial=0)) <= total:
+        return
+    bound, node = live_memory_bound(graph, cluster)
+    if bound > total:
+        raise InfeasibleError(
+            f"while node {graph.ids[node]!r} runs, any plan holds at least {bound / 2**30:.3f} GiB over all devices "
+            f"(every parameter, and each tensor made before it and read after it), more than the cluster's "
+            f"{total / 2**30:.3f} GiB in total")
 
 
 def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:

@@ -85,6 +85,7 @@ IMPOSSIBLE = {
     "device kind nobody has": (dict(device_kinds=["TPUv4"]), "may run only on kinds ['TPUv4']"),
     "colocation group larger than every device": (None, "colocation group 'big' needs at least"),
     "graph larger than the cluster": (None, "the parameters alone need"),
+    "activations larger than the cluster": (None, "while node 'block1.join' runs, any plan holds at least 36.1"),
 }
 
 
@@ -99,6 +100,15 @@ def test_impossible_problems_are_diagnosed_before_any_search(tmp_path, capsys, c
     if case == "graph larger than the cluster":
         for node in doc["nodes"][:5]:
             node.update(param_bytes=7 * GIB)
+    if case == "activations larger than the cluster":
+        # Four 9 GiB activations, each read by the backward pass: all held while the loss runs.
+        forward = {"block0.b0.fwd", "block0.b1.fwd", "block1.b0.fwd", "block1.b1.fwd"}
+        for node in doc["nodes"]:
+            if node["id"] in forward:
+                node.update(output_bytes=9 * GIB)
+        for edge in doc["edges"]:
+            if edge["src"] in forward:
+                edge.update(bytes=9 * GIB)
     graph = _write(tmp_path, "g.json", doc)
     out = tmp_path / "plan.json"
     assert main(["plan", str(graph), "--cluster", "2xV100-nvlink", "--algorithm", algorithm, "-o", str(out)]) == 2

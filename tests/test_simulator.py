@@ -8,6 +8,7 @@ from hypothesis import strategies as st
 from placer import OpGraph, Plan, place, simulate
 from placer.cluster import PRESETS, Channel, Cluster, Device
 from placer.errors import InvalidPlanError
+from placer.feasibility import live_memory_bound
 from placer.generate import random_dag, training_graph
 from placer.sim import lower_bound, simulate_plan
 
@@ -228,3 +229,41 @@ def test_plan_predictions_equal_a_fresh_independent_simulation(seed, algorithm, 
     assert close(plan.predicted["makespan_s"], ref["makespan_s"], rel=1e-6)
     assert plan.predicted["peak_memory_bytes"] == ref["peak_memory_bytes"]
     assert close(simulate_plan(plan, g, cluster).makespan_s, ref["makespan_s"], rel=1e-6)
+
+
+@settings(max_examples=80, deadline=None)
+@given(placed_graphs(max_nodes=30), st.randoms(use_true_random=False))
+def test_live_memory_bound_holds_while_its_node_runs_under_any_placement_and_order(case, rnd):
+    g, cluster, device_of = case
+    bound, node = live_memory_bound(g, cluster)
+    assert bound >= g.param_bytes.sum()
+    if node < 0:
+        return
+    indeg = np.bincount(g.dst, minlength=g.num_nodes).tolist()
+    ready, topo = [i for i in range(g.num_nodes) if indeg[i] == 0], []
+    while ready:
+        u = ready.pop(rnd.randrange(len(ready)))
+        topo.append(u)
+        for v in g.successors(u).tolist():
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    order = [[i for i in topo if device_of[i] == j] for j in range(cluster.num_devices)]
+    r = simulate(g, cluster, device_of, order)
+    middle = (r.start[node] + r.finish[node]) / 2
+    held = 0
+    for j in range(cluster.num_devices):
+        times, levels = r.memory_timeline(j)
+        held += int(levels[np.searchsorted(times, middle, side="right") - 1])
+    assert held >= bound
+
+
+def test_live_memory_bound_counts_what_crosses_the_loss():
+    # x feeds the loss and, past it, the gradient: x's 100 bytes are held while the loss runs.
+    g = OpGraph(["x", "loss", "grad"], [1.0, 1.0, 1.0], [0, 0, 1], [1, 2, 2], [100, 100, 4],
+                output_bytes=[100, 4, 100], param_bytes=[0, 0, 10], temp_bytes=[0, 7, 0])
+    assert live_memory_bound(g, PRESETS["2xV100-nvlink"]()) == (10 + 100 + 4 + 7, 1)
+    # A tensor read only by the loss is not held past it: the largest is x's own output while x runs.
+    g = OpGraph(["x", "loss", "grad"], [1.0, 1.0, 1.0], [0, 1], [1, 2], [100, 4],
+                output_bytes=[100, 4, 50], param_bytes=[0, 0, 10])
+    assert live_memory_bound(g, PRESETS["2xV100-nvlink"]()) == (10 + 100, 0)
