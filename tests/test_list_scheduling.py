@@ -9,11 +9,14 @@ from placer import OpGraph, place, simulate
 from placer.algorithms.baechi import etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
-from placer.algorithms.list_scheduling import (MemoryTimeline, Schedule, ScheduleState, Timeline,
+from placer.algorithms import list_scheduling
+from placer.algorithms.list_scheduling import (STALE_SCHEDULES, MemoryTimeline, Schedule, ScheduleState, Timeline,
                                                schedule_with_memory_retries, upward_ranks)
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
+from placer.sim.simulator import simulate as simulate_placement
+from placer.transform import colocate
 
 LIST_SCHEDULERS = ["heft", "dpos", "m_topo", "m_etf", "m_sct"]
 SCHEDULES = {"heft": heft_schedule, "dpos": dpos_schedule, "m_topo": m_topo_schedule, "m_etf": etf_schedule}
@@ -182,7 +185,7 @@ def test_memory_retries_shrink_an_overflowed_device_then_the_ratio_where_that_le
     cluster = mesh(["X", "X"], memory=3 * GiB // 2)
     tried = []
 
-    def build(ratio, scale):
+    def build(g, ratio, scale):
         tried.append((ratio, scale.tolist()))
         if scale[0] == 1:
             return Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)],
@@ -210,7 +213,7 @@ def test_memory_retries_start_at_the_liveness_ratio_and_count_whole_after_an_ove
     stacked = Schedule(np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)],
                        np.arange(3.0), np.arange(1.0, 4.0))                   # 8 bytes on d0: overflows
 
-    def build(ratio, scale):
+    def build(g, ratio, scale):
         tried.append((ratio, scale.tolist()))
         return stacked
 
@@ -219,6 +222,68 @@ def test_memory_retries_start_at_the_liveness_ratio_and_count_whole_after_an_ove
     assert tried[0] == (pytest.approx(8 / 12), [1.0, 1.0])
     assert tried[1] == (1.0, [1.0, 1.0])
     assert tried[2][0] == 1.0 and tried[2][1][0] < 1.0 and tried[2][1][1] == 1.0
+
+
+def test_memory_retries_stop_when_moving_work_only_moves_the_excess():
+    # The same overflowing schedule whatever the budget: after the liveness-ratio schedule and the first
+    # one counted whole, STALE_SCHEDULES more without progress end the retries (no layers to fall back on).
+    g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 4])
+    stacked = Schedule(np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)],
+                       np.arange(3.0), np.arange(1.0, 4.0))
+    tried = []
+
+    def build(g, ratio, scale):
+        tried.append(ratio)
+        return stacked
+
+    with pytest.raises(InfeasibleError, match="device 'd0' would need"):
+        schedule_with_memory_retries(build, g, mesh(["X", "X"], memory=6), "test")
+    assert len(tried) == 2 + STALE_SCHEDULES
+
+
+def test_colocate_layers_joins_each_layer_with_the_colocation_groups_it_touches():
+    g = graph({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0, "e": 1.0}, [("a", "b", 1), ("b", "c", 1), ("c", "d", 1)],
+              layer=["L1", "L1", "L2", "L3", None], colocation=[None, "p", "p", None, None])
+    # L1 and L2 meet in group p; L3 is alone in its layer, e in none.
+    assert colocate.colocate_layers(g).colocation == ["layer0", "layer0", "layer0", None, None]
+    assert colocate.colocate_layers(graph({"a": 1.0, "b": 1.0}, [], layer=["L1", "L2"])) is None
+
+
+def test_memory_retries_fall_back_on_colocated_layers():
+    # Node-level schedules overflow; the retries then schedule the graph with every layer colocated.
+    g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)], output_bytes=[4, 4], layer=["L", "L"])
+    split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
+    together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
+                        np.array([1.0, 2.0]))
+    seen = []
+
+    def build(g, ratio, scale):
+        seen.append(g.colocation)
+        return together if g.colocation[0] is not None else split
+
+    two = mesh(["X", "X"])
+    cluster = Cluster("test", [Device("d0", "X", 100), Device("d1", "X", 3)], two.channels)  # b's input overflows d1
+    sched = schedule_with_memory_retries(build, g, cluster, "test")
+    assert sched.device_of.tolist() == [0, 0] and sched.simulated.fits
+    assert seen[0] == [None, None] and seen[-1] == ["layer0", "layer0"]
+
+
+@pytest.mark.parametrize("algorithm", ["m_etf", "m_sct", "heft", "dpos"])
+def test_list_schedulers_fit_by_colocating_layers_where_their_own_placements_overflow(algorithm, monkeypatch):
+    # Two CPUs with 70% of what the step needs on one each (found by search): every node-level schedule
+    # overflows one CPU or the other with the activations it copies across; a layer per device fits.
+    g = training_graph(layers=6, branches=2, seed=0, param_mib=1, activation_mib=64)
+    cpus = load_cluster("2xcpu")
+    need = simulate_placement(g, cpus, np.zeros(g.num_nodes, dtype=int), check=False).peak_memory_bytes[0]
+    cluster = Cluster("two-small-cpus", [Device(d.name, d.kind, int(0.7 * need), d.speed) for d in cpus.devices],
+                      cpus.channels)
+    plan = place(g, cluster, algorithm)
+    device_of = np.array([cluster.device_index[plan.placement[i]] for i in g.ids])
+    for layer in set(g.layer):
+        assert len(set(device_of[[i for i, name in enumerate(g.layer) if name == layer]].tolist())) == 1
+    monkeypatch.setattr(list_scheduling, "colocate_layers", lambda graph: None)
+    with pytest.raises(InfeasibleError):
+        place(g, cluster, algorithm)
 
 
 def test_memory_counts_a_copy_from_its_transfer_not_from_the_booking_of_its_consumer():

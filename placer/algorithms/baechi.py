@@ -436,7 +436,7 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     >>> sorted(set(m_topo(training_graph(layers=2), load_cluster("2xV100-nvlink")).placement.values()))
     ['gpu0', 'gpu1']
     """
-    sched = schedule_with_memory_retries(lambda ratio, scale: m_topo_schedule(graph, cluster, ratio, scale),
+    sched = schedule_with_memory_retries(lambda g, ratio, scale: m_topo_schedule(g, cluster, ratio, scale),
                                          graph, cluster, "m_topo")
     return plan_from_schedule(graph, cluster, sched)
 
@@ -468,7 +468,7 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     >>> len(m_etf(training_graph(layers=2), load_cluster("2xV100-nvlink")).placement)
     24
     """
-    sched = schedule_with_memory_retries(lambda ratio, scale: etf_schedule(graph, cluster, ratio, capacity_scale=scale),
+    sched = schedule_with_memory_retries(lambda g, ratio, scale: etf_schedule(g, cluster, ratio, capacity_scale=scale),
                                          graph, cluster, "m_etf")
     return plan_from_schedule(graph, cluster, sched)
 
@@ -511,7 +511,7 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     if not 0 < theta < 1:
         raise OptionError(f"option theta of 'm_sct' must be in (0, 1), got {theta!r}")
     favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit / 2)
-    sched = schedule_with_memory_retries(lambda ratio, scale: etf_schedule(graph, cluster, ratio, favourite, scale),
+    sched = schedule_with_memory_retries(lambda g, ratio, scale: etf_schedule(g, cluster, ratio, favourite, scale),
                                          graph, cluster, "m_sct")
     return plan_from_schedule(graph, cluster, sched)
 

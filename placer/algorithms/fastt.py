@@ -151,7 +151,7 @@ def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     ----------
     Yi et al., FastT, CoNEXT 2020, Section 5.1, Algorithm 1 (DPOS).
     """
-    sched = schedule_with_memory_retries(lambda ratio, scale: dpos_schedule(graph, cluster, ratio, capacity_scale=scale),
+    sched = schedule_with_memory_retries(lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, capacity_scale=scale),
                                          graph, cluster, "dpos")
     return plan_from_schedule(graph, cluster, sched)
 
@@ -165,7 +165,7 @@ CHECK_SHARE = 0.9
 def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = None) -> Schedule | None:
     """DPOS's schedule that fits under the reference model, with its simulation; None if it finds none."""
     try:
-        return schedule_with_memory_retries(lambda ratio, scale: dpos_schedule(graph, cluster, ratio, fixed, scale),
+        return schedule_with_memory_retries(lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, fixed, scale),
                                             graph, cluster, "os_dpos")
     except InfeasibleError:
         return None

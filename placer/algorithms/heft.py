@@ -66,6 +66,6 @@ def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     task scheduling for heterogeneous computing", IEEE TPDS 13(3), 2002,
     Section 4.1 (Fig. 3, the HEFT algorithm).
     """
-    sched = schedule_with_memory_retries(lambda ratio, scale: heft_schedule(graph, cluster, ratio, capacity_scale=scale),
+    sched = schedule_with_memory_retries(lambda g, ratio, scale: heft_schedule(g, cluster, ratio, capacity_scale=scale),
                                          graph, cluster, "heft")
     return plan_from_schedule(graph, cluster, sched)

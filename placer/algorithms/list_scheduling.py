@@ -40,6 +40,7 @@ from ..paths import bottom_levels, top_levels
 from ..plan import Plan
 from ..sim.bounds import fastest_durations
 from ..sim.simulator import SimResult, simulate
+from ..transform.colocate import colocate_layers
 from .common import liveness_ratio, placement_units, unit_allowed
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline",
@@ -660,9 +661,15 @@ class ScheduleState:
                         np.asarray(self.start), np.asarray(self.finish))
 
 
-def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule], graph: OpGraph, cluster: Cluster,
-                                 name: str, ratio: float | None = None, tries: int = 16) -> Schedule:
-    """Call ``build(ratio, capacity_scale)`` until its schedule fits under the reference model.
+#: Overflowing schedules in a row that do not cut the smallest excess so far by a tenth, before
+#: :func:`schedule_with_memory_retries` gives up on the node-level placement.
+STALE_SCHEDULES = 1
+
+
+def schedule_with_memory_retries(build: Callable[[OpGraph, float, np.ndarray], Schedule], graph: OpGraph,
+                                 cluster: Cluster, name: str, ratio: float | None = None,
+                                 tries: int = 16) -> Schedule:
+    """Call ``build(graph, ratio, capacity_scale)`` until its schedule fits under the reference model.
 
     Like :func:`~placer.algorithms.common.fitting_plan_with_retries`, but the
     reference simulation runs the schedule's own per-device order, since
@@ -681,16 +688,43 @@ def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule],
     proportion to the excess, and work moves to the others; where that leaves
     the scheduler too little room to place every node, the ratio shrinks by a
     fifth. Up to ``tries`` schedules.
+
+    Where moving work only moves the excess (:data:`STALE_SCHEDULES`
+    overflowing schedules without progress, or ``tries`` spent), the copies
+    of activations sent between devices are what overflows: the retries
+    start again, as many, from the ratio reached, on the graph with every
+    layer colocated (:func:`~placer.transform.colocate.colocate_layers`),
+    whose schedules send only what one layer hands the next. ``build`` gets
+    the graph to schedule; the schedule's nodes are the same.
     """
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
+    sched, error, ratio = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries)
+    if sched is None:
+        layered = colocate_layers(graph)
+        if layered is not None:
+            # The liveness ratio and whole counting were tried on the nodes: go on from the ratio reached.
+            sched, _, _ = _retry(build, layered, graph, cluster, name, ratio, True, tries)
+    if sched is None:
+        raise error
+    return sched
+
+
+def _retry(build: Callable[[OpGraph, float, np.ndarray], Schedule], stage: OpGraph, graph: OpGraph,
+           cluster: Cluster, name: str, ratio: float, counted_whole: bool,
+           tries: int) -> tuple[Schedule | None, InfeasibleError, float]:
+    """One stage of :func:`schedule_with_memory_retries` on ``stage`` (``graph``, or it with its layers colocated).
+
+    Returns the fitting schedule (None if there is none), the last reason a schedule failed, and the ratio
+    the retries reached.
+    """
     scale = np.ones(cluster.num_devices)
     capacity = cluster.memory.astype(np.float64)
-    error: InfeasibleError | None = None
-    counted_whole = ratio >= 1.0
+    error = InfeasibleError(f"{name}: no schedule tried")
+    least_excess, stale = np.inf, 0
     for _ in range(tries):
         try:
-            sched = build(ratio, scale)
+            sched = build(stage, ratio, scale)
         except InfeasibleError as exc:
             error = InfeasibleError(f"{name}: {exc}")
             ratio /= 1.2
@@ -698,7 +732,7 @@ def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule],
         result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
         if result.fits:
             sched.simulated = result
-            return sched
+            return sched, error, ratio
         peak = result.peak_memory_bytes
         j = int(np.argmax(peak - capacity))
         error = InfeasibleError(
@@ -707,10 +741,13 @@ def schedule_with_memory_retries(build: Callable[[float, np.ndarray], Schedule],
         if not counted_whole:
             ratio, counted_whole = 1.0, True
             continue
+        excess = float(np.maximum(peak - capacity, 0).sum())
+        least_excess, stale = (excess, 0) if excess < 0.9 * least_excess else (least_excess, stale + 1)
+        if stale >= STALE_SCHEDULES:
+            break
         over = peak > capacity
         scale[over] *= 0.95 * capacity[over] / peak[over]
-    assert error is not None
-    raise error
+    return None, error, ratio
 
 
 def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, **kwargs) -> Plan:

@@ -1,0 +1,61 @@
+"""Colocate each layer: keep a layer's forward, backward and update on one device.
+
+A training step's backward pass reads the activations its layer's forward
+pass made. Where a placement splits a layer, those activations are copied to
+the other device, and until the backward pass reads them they are held on
+both; a memory-bound placement that spreads the forward pass over devices can
+need more memory in all than one device would. Colocating every layer (the
+``layer`` of each node: its module, as capture records it for forward,
+backward and optimizer operations alike) leaves copies only where one layer
+hands its output to the next. The list schedulers fall back on it when their
+own placements overflow memory
+(:func:`~placer.algorithms.list_scheduling.schedule_with_memory_retries`).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from scipy.sparse import coo_matrix
+from scipy.sparse.csgraph import connected_components
+
+from ..graph import OpGraph
+
+__all__ = ["colocate_layers"]
+
+
+def colocate_layers(graph: OpGraph) -> OpGraph | None:
+    """The graph with every layer, and every colocation group it joins, in one colocation group.
+
+    Parameters
+    ----------
+    graph : OpGraph
+
+    Returns
+    -------
+    OpGraph or None
+        The same nodes and edges with a new ``colocation`` (``"layer<k>"``
+        for each group of two or more nodes); None when no two nodes share a
+        layer (nothing to colocate).
+
+    Examples
+    --------
+    >>> g = OpGraph(["fc.fwd", "relu", "fc.bwd", "fc.update"], [1.0] * 4, [0, 1, 2], [1, 2, 3], [4, 4, 4],
+    ...             layer=["fc", None, "fc", "fc"], colocation=[None, None, "p", "p"])
+    >>> colocate_layers(g).colocation
+    ['layer0', None, 'layer0', 'layer0']
+    """
+    layers = [layer for layer in graph.layer if layer is not None]
+    if len(set(layers)) == len(layers):
+        return None
+    n = graph.num_nodes
+    first: dict[tuple[str, str], int] = {}
+    pairs: list[tuple[int, int]] = []
+    for i, (layer, group) in enumerate(zip(graph.layer, graph.colocation)):
+        for key in (("layer", layer), ("colocation", group)):
+            if key[1] is not None:
+                pairs.append((first.setdefault(key, i), i))
+    a, b = np.array(pairs, dtype=np.int64).T
+    _, label = connected_components(coo_matrix((np.ones(a.size), (a, b)), shape=(n, n)), directed=False)
+    sizes = np.bincount(label, minlength=n)
+    names = {int(c): f"layer{k}" for k, c in enumerate(dict.fromkeys(label[sizes[label] > 1].tolist()))}
+    return graph.replace(colocation=[names.get(int(c)) for c in label])
