@@ -50,15 +50,16 @@ SEARCHES = ("os_dpos",) + SLOW_ALGORITHMS
 #: before data parallelism, the cheap members missed NASNet and ResNet-200 on CPUs by 1.4-4.9x.
 FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "single", "m_sct", "metis", "celeritas",
               "order_place", "m_topo", "dpos", "heft")
-#: Members whose makespan has a cheap lower bound: one whose bound is no better than the best plan so far
-#: cannot win and does not run. Data parallelism's bound takes a tenth of a second where its plan takes
-#: seconds, and is tightest where the all-reduce dominates: it skips GNMT, whose replicas lose to the
-#: expert split.
-LOWER_BOUNDS = {"data_parallel": partial(data_parallel_lower_bound, collective="best"),
-                "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True, collective="best")}
 #: Options auto gives members: data parallelism reduces its gradients with whichever collective is faster
 #: for the case (the ring or direct exchanges within and between hosts).
 MEMBER_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_parallel": {"collective": "best"}}
+#: Members whose makespan has a cheap lower bound (for the options above): one whose bound is no better than
+#: the best plan so far cannot win and does not run. Data parallelism's bound takes a tenth of a second where
+#: its plan takes seconds, and is tightest where the all-reduce dominates: it skips GNMT, whose replicas lose
+#: to the expert split.
+LOWER_BOUNDS = {"data_parallel": partial(data_parallel_lower_bound, **MEMBER_OPTIONS["data_parallel"]),
+                "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True,
+                                                 **MEMBER_OPTIONS["sharded_data_parallel"])}
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
 #: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.
