@@ -6,6 +6,7 @@ Goal (issue 4): DPOS and m-ETF plan a 30k-node graph in under 10 s.
     python bench/scaling.py --part sizes             # plan time at 1k / 10k / 30k / 100k nodes
                             [--algorithms dpos,data_parallel]
     python bench/scaling.py --part zoo               # OS-DPOS vs DPOS and data parallelism
+                            [--zoo-clusters 4xGPU-pcie,2x4xV100]
 
 ``sizes`` times ``placer.place`` (the algorithm, then the plan's validation
 by the reference simulator) for every list-scheduling algorithm on generated
@@ -16,7 +17,8 @@ at the larger ones.
 
 ``zoo`` captures convolutional zoo models (``placer.capture``, SGD), costs
 them with the analytic roofline (``placer.cost.analytic.annotate``), and
-compares on 1, 2 and 4 V100s with the global batch fixed (strong scaling):
+compares on one V100 and each of ``--zoo-clusters`` (2 and 4 V100s with NVLink by
+default) with the global batch fixed (strong scaling):
 one device, DPOS, data parallelism, OS-DPOS (from the data-parallel graph,
 as the paper) and OS-DPOS started from the model's own graph.
 """
@@ -69,7 +71,7 @@ def sizes(budget: float, algorithms: list[str]) -> None:
           "'skipped': over the budget at a smaller size")
 
 
-def zoo(time_limit: float) -> None:
+def zoo(time_limit: float, clusters: list[str]) -> None:
     from placer.capture import capture_spec
     from placer.cost.analytic import annotate
 
@@ -83,7 +85,7 @@ def zoo(time_limit: float) -> None:
           + f" {'os_dpos vs dpos':>16} {'vs data_par.':>13}")
     for model, batch in ZOO:
         graph = annotate(capture_spec(f"zoo:{model}", batch, optimizer="sgd", fake=True).graph)
-        for cluster in (one_v100, load_cluster("2xV100-nvlink"), load_cluster("4xV100-nvlink")):
+        for cluster in [one_v100] + [load_cluster(name) for name in clusters]:
             cells, spans = [], {}
             for label, (name, options) in zip(labels, rows):
                 try:
@@ -108,12 +110,14 @@ def main() -> None:
                         help="seconds an algorithm may take at one size before larger sizes are skipped")
     parser.add_argument("--time-limit", type=float, default=20.0, help="OS-DPOS's search time on the zoo models")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated, for the sizes part")
+    parser.add_argument("--zoo-clusters", default="2xV100-nvlink,4xV100-nvlink",
+                        help="comma-separated presets or cluster files, for the zoo part (one V100 is always first)")
     args = parser.parse_args()
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}")
     if args.part in ("sizes", "all"):
         sizes(args.budget, args.algorithms.split(","))
     if args.part in ("zoo", "all"):
-        zoo(args.time_limit)
+        zoo(args.time_limit, args.zoo_clusters.split(","))
 
 
 if __name__ == "__main__":
