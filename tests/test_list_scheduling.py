@@ -11,10 +11,11 @@ from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
 from placer.algorithms import list_scheduling
 from placer.algorithms.list_scheduling import (STALE_SCHEDULES, MemoryTimeline, Schedule, ScheduleState, Timeline,
-                                               schedule_with_memory_retries, upward_ranks)
+                                               plan_from_schedule, schedule_with_memory_retries, upward_ranks)
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
+from placer.sim import simulate_plan
 from placer.sim.simulator import simulate as simulate_placement
 from placer.transform import colocate
 
@@ -532,3 +533,21 @@ def test_m_etf_heaps_give_the_schedule_of_plain_etf(n, p, seed, n_dev, shared, z
     assert fast.device_of.tolist() == plain.device_of.tolist()
     assert fast.start.tolist() == plain.start.tolist()
     assert [o.tolist() for o in fast.orders] == [o.tolist() for o in plain.orders]
+
+
+def test_a_baechi_plan_takes_earliest_ready_dispatch_where_its_order_waits_for_a_transfer():
+    # a (d0) sends b (d1) 4 bytes at 1 byte/s (1..5); c (d1) needs nothing. The order [b, c] idles d1
+    # until b's input arrives (b 5..6, c 6..8); dispatch runs c first (c 0..2, b 5..6).
+    g = graph({"a": 1.0, "b": 1.0, "c": 2.0}, [("a", "b", 4)])
+    cluster = mesh(["X", "X"], bandwidth=1.0)
+    sched = Schedule(np.array([0, 1, 1]), [np.array([0]), np.array([1, 2])], np.array([0.0, 5.0, 6.0]),
+                     np.array([1.0, 6.0, 8.0]))
+    assert plan_from_schedule(g, cluster, sched).order["d1"] == ["b", "c"]
+    plan = plan_from_schedule(g, cluster, sched, dispatch=True)
+    assert plan.order["d1"] == ["c", "b"]
+    assert simulate_plan(plan, g, cluster).makespan_s == 6.0
+    # Where dispatch would not fit, the schedule's order stays: c's 3-byte output (0..2) beside b's
+    # 4-byte copy (from 1, the start of its transfer) overflows d1's 5 bytes; in the order [b, c] they never meet.
+    g = graph({"a": 1.0, "b": 1.0, "c": 2.0}, [("a", "b", 4)], output_bytes=[4, 0, 3])
+    cluster = mesh(["X", "X"], bandwidth=1.0, memory=5)
+    assert plan_from_schedule(g, cluster, sched, dispatch=True).order["d1"] == ["b", "c"]

@@ -421,7 +421,9 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     Returns
     -------
     Plan
-        Placement and each device's nodes in topological order.
+        Placement and each device's nodes in topological order, or the reference model's
+        earliest-ready order where that fits and is faster (Baechi outputs a placement, which the
+        framework runs; :func:`~placer.algorithms.list_scheduling.plan_from_schedule`).
 
     Raises
     ------
@@ -438,7 +440,7 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     """
     sched = schedule_with_memory_retries(lambda g, ratio, scale: m_topo_schedule(g, cluster, ratio, scale),
                                          graph, cluster, "m_topo")
-    return plan_from_schedule(graph, cluster, sched)
+    return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
 @register("m_etf")
@@ -453,7 +455,8 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     Returns
     -------
     Plan
-        Placement and the per-device order of the ETF schedule.
+        Placement and the per-device order of the ETF schedule, or the reference model's
+        earliest-ready order where that fits and is faster (as :func:`m_topo`).
 
     Raises
     ------
@@ -470,7 +473,7 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     """
     sched = schedule_with_memory_retries(lambda g, ratio, scale: etf_schedule(g, cluster, ratio, capacity_scale=scale),
                                          graph, cluster, "m_etf")
-    return plan_from_schedule(graph, cluster, sched)
+    return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
 @register("m_sct")
@@ -493,6 +496,7 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     Returns
     -------
     Plan
+        As :func:`m_etf`.
 
     Raises
     ------
@@ -513,7 +517,7 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit / 2)
     sched = schedule_with_memory_retries(lambda g, ratio, scale: etf_schedule(g, cluster, ratio, favourite, scale),
                                          graph, cluster, "m_sct")
-    return plan_from_schedule(graph, cluster, sched)
+    return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
 m_topo.__doc__ += _REFERENCE.format(section="4.1, m-TOPO")

@@ -750,6 +750,23 @@ def _retry(build: Callable[[OpGraph, float, np.ndarray], Schedule], stage: OpGra
     return None, error, ratio
 
 
-def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, **kwargs) -> Plan:
-    """A plan with the schedule's placement and per-device order."""
-    return Plan.from_arrays(graph, cluster, sched.device_of, sched.orders, **kwargs)
+def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, *, dispatch: bool = False,
+                       **kwargs) -> Plan:
+    """A plan with the schedule's placement and per-device order.
+
+    With ``dispatch``, the order is instead the one the reference model's
+    earliest-ready dispatch gives the placement (FORMATS.md, rule 2: no
+    order), where that fits and is faster: for placers whose output is a
+    placement that the framework then runs (Baechi's), as Celeritas keeps
+    the faster of its own order and that one. A schedule's order can lose to
+    it where transfers queue on a channel: the channel serves them first
+    come, first served, not in the order the schedule booked them.
+    """
+    orders = sched.orders
+    if dispatch:
+        ordered = sched.simulated if sched.simulated is not None else simulate(graph, cluster, sched.device_of, orders,
+                                                                                check=False)
+        dispatched = simulate(graph, cluster, sched.device_of, check=False)
+        if dispatched.fits and dispatched.makespan_s < ordered.makespan_s:
+            orders = dispatched.device_orders()
+    return Plan.from_arrays(graph, cluster, sched.device_of, orders, **kwargs)
