@@ -1,5 +1,7 @@
 """List schedulers (HEFT, DPOS, m-TOPO, m-ETF, m-SCT) against hand-computed schedules and the simulator."""
 
+import time
+
 import numpy as np
 import pytest
 from hypothesis import given, settings
@@ -9,6 +11,7 @@ from placer import OpGraph, place, simulate
 from placer.algorithms.baechi import etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
+from placer.algorithms.timebox import TimeBox
 from placer.algorithms import list_scheduling
 from placer.algorithms.list_scheduling import (STALE_SCHEDULES, MemoryTimeline, Schedule, ScheduleState, Timeline,
                                                plan_from_schedule, schedule_with_memory_retries, upward_ranks)
@@ -535,19 +538,39 @@ def test_m_etf_heaps_give_the_schedule_of_plain_etf(n, p, seed, n_dev, shared, z
     assert [o.tolist() for o in fast.orders] == [o.tolist() for o in plain.orders]
 
 
-def test_a_baechi_plan_takes_earliest_ready_dispatch_where_its_order_waits_for_a_transfer():
+def _order_waiting_for_a_transfer(**kw):
     # a (d0) sends b (d1) 4 bytes at 1 byte/s (1..5); c (d1) needs nothing. The order [b, c] idles d1
     # until b's input arrives (b 5..6, c 6..8); dispatch runs c first (c 0..2, b 5..6).
-    g = graph({"a": 1.0, "b": 1.0, "c": 2.0}, [("a", "b", 4)])
-    cluster = mesh(["X", "X"], bandwidth=1.0)
+    g = graph({"a": 1.0, "b": 1.0, "c": 2.0}, [("a", "b", 4)], **kw)
     sched = Schedule(np.array([0, 1, 1]), [np.array([0]), np.array([1, 2])], np.array([0.0, 5.0, 6.0]),
                      np.array([1.0, 6.0, 8.0]))
+    return g, sched
+
+
+def test_a_baechi_plan_takes_earliest_ready_dispatch_where_its_order_waits_for_a_transfer():
+    g, sched = _order_waiting_for_a_transfer()
+    cluster = mesh(["X", "X"], bandwidth=1.0)
     assert plan_from_schedule(g, cluster, sched).order["d1"] == ["b", "c"]
     plan = plan_from_schedule(g, cluster, sched, dispatch=True)
     assert plan.order["d1"] == ["c", "b"]
     assert simulate_plan(plan, g, cluster).makespan_s == 6.0
     # Where dispatch would not fit, the schedule's order stays: c's 3-byte output (0..2) beside b's
     # 4-byte copy (from 1, the start of its transfer) overflows d1's 5 bytes; in the order [b, c] they never meet.
-    g = graph({"a": 1.0, "b": 1.0, "c": 2.0}, [("a", "b", 4)], output_bytes=[4, 0, 3])
+    g, sched = _order_waiting_for_a_transfer(output_bytes=[4, 0, 3])
     cluster = mesh(["X", "X"], bandwidth=1.0, memory=5)
     assert plan_from_schedule(g, cluster, sched, dispatch=True).order["d1"] == ["b", "c"]
+
+
+def test_dispatch_is_given_up_rather_than_cost_the_plan_when_the_time_limit_runs_out(monkeypatch):
+    g, sched = _order_waiting_for_a_transfer()
+    real = list_scheduling.simulate
+
+    def slow_dispatch(graph, cluster, device_of, order=None, **kw):
+        if order is None:
+            time.sleep(5)
+        return real(graph, cluster, device_of, order, **kw)
+
+    monkeypatch.setattr(list_scheduling, "simulate", slow_dispatch)
+    with TimeBox(0.5) as limit:
+        plan = plan_from_schedule(g, mesh(["X", "X"], bandwidth=1.0), sched, dispatch=True)
+    assert not limit.expired and plan.order["d1"] == ["b", "c"]

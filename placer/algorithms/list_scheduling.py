@@ -42,6 +42,7 @@ from ..sim.bounds import fastest_durations
 from ..sim.simulator import SimResult, simulate
 from ..transform.colocate import colocate_layers
 from .common import liveness_ratio, placement_units, unit_allowed
+from .timebox import TimeBox, seconds_left
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline"]
@@ -661,6 +662,9 @@ class ScheduleState:
                         np.asarray(self.start), np.asarray(self.finish))
 
 
+#: Share of a running time limit's remaining seconds that :func:`plan_from_schedule` may spend on
+#: simulating earliest-ready dispatch.
+DISPATCH_SHARE = 0.9
 #: Overflowing schedules in a row that do not cut the smallest excess so far by a tenth, before
 #: :func:`schedule_with_memory_retries` gives up on the node-level placement.
 STALE_SCHEDULES = 1
@@ -766,7 +770,10 @@ def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, *, dis
     if dispatch:
         ordered = sched.simulated if sched.simulated is not None else simulate(graph, cluster, sched.device_of, orders,
                                                                                 check=False)
-        dispatched = simulate(graph, cluster, sched.device_of, check=False)
-        if dispatched.fits and dispatched.makespan_s < ordered.makespan_s:
+        # Optional: where a time limit is running, it must not cost the plan in hand.
+        left = seconds_left()
+        with TimeBox(None if left is None else DISPATCH_SHARE * left) as box:
+            dispatched = simulate(graph, cluster, sched.device_of, check=False)
+        if not box.expired and dispatched.fits and dispatched.makespan_s < ordered.makespan_s:
             orders = dispatched.device_orders()
     return Plan.from_arrays(graph, cluster, sched.device_of, orders, **kwargs)

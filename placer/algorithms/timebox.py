@@ -18,7 +18,7 @@ import signal
 import threading
 import time
 
-__all__ = ["TimeBox", "OutOfTime"]
+__all__ = ["TimeBox", "OutOfTime", "seconds_left"]
 
 
 class OutOfTime(BaseException):
@@ -36,6 +36,14 @@ class OutOfTime(BaseException):
 #: The boxes open now, outermost first.
 _open: list["TimeBox"] = []
 _previous_handler = None
+
+
+def seconds_left() -> float | None:
+    """Seconds until the first open box expires, or None when no box is open: for optional work
+    that should rather be skipped than cost the result in hand."""
+    if not _open:
+        return None
+    return max(0.0, min(box.deadline for box in _open) - time.perf_counter())
 
 
 def _arm() -> None:
