@@ -18,6 +18,7 @@ from placer.algorithms.list_scheduling import (STALE_SCHEDULES, MemoryTimeline, 
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
+from placer.transform.replicate import data_parallel_graph
 from placer.sim import simulate_plan
 from placer.sim.simulator import simulate as simulate_placement
 from placer.transform import colocate
@@ -251,6 +252,12 @@ def test_colocate_layers_joins_each_layer_with_the_colocation_groups_it_touches(
     # L1 and L2 meet in group p; L3 is alone in its layer, e in none.
     assert colocate.colocate_layers(g).colocation == ["layer0", "layer0", "layer0", None, None]
     assert colocate.colocate_layers(graph({"a": 1.0, "b": 1.0}, [], layer=["L1", "L2"])) is None
+    # Replicas of a layer stay apart: each replica's layer is a group of its own.
+    dp = data_parallel_graph(training_graph(layers=2, branches=1), 2).graph
+    groups = colocate.colocate_layers(dp).colocation
+    for key in set(groups) - {None}:
+        members = [i for i, k in enumerate(groups) if k == key]
+        assert len({dp.node_extra[i].get("replica") for i in members}) == 1
 
 
 def test_memory_retries_fall_back_on_colocated_layers():

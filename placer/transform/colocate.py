@@ -26,6 +26,10 @@ __all__ = ["colocate_layers"]
 def colocate_layers(graph: OpGraph) -> OpGraph | None:
     """The graph with every layer, and every colocation group it joins, in one colocation group.
 
+    A layer's replicas in a data-parallel graph (``node_extra["replica"]``)
+    and the parts of a split operation (``node_extra["part"]``) count as
+    layers of their own, so that colocating does not undo the rewrite.
+
     Parameters
     ----------
     graph : OpGraph
@@ -44,13 +48,16 @@ def colocate_layers(graph: OpGraph) -> OpGraph | None:
     >>> colocate_layers(g).colocation
     ['layer0', None, 'layer0', 'layer0']
     """
-    layers = [layer for layer in graph.layer if layer is not None]
-    if len(set(layers)) == len(layers):
+    # Replicas of a layer (data parallelism) and parts of a split operation stay apart.
+    layers = [None if layer is None else (layer, extra.get("replica"), extra.get("part"))
+              for layer, extra in zip(graph.layer, graph.node_extra)]
+    named = [layer for layer in layers if layer is not None]
+    if len(set(named)) == len(named):
         return None
     n = graph.num_nodes
-    first: dict[tuple[str, str], int] = {}
+    first: dict[tuple, int] = {}
     pairs: list[tuple[int, int]] = []
-    for i, (layer, group) in enumerate(zip(graph.layer, graph.colocation)):
+    for i, (layer, group) in enumerate(zip(layers, graph.colocation)):
         for key in (("layer", layer), ("colocation", group)):
             if key[1] is not None:
                 pairs.append((first.setdefault(key, i), i))
