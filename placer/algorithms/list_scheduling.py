@@ -10,9 +10,12 @@ know about the partial schedule, in the terms of the reference model
   rule), or the end of the timeline (append, ETF's rule);
 - one timeline per *channel*: a tensor sent to another device is one
   transfer per (producer, tensor, destination device), booked on the
-  channel of that pair in its earliest idle window after the producer
-  finishes, so transfers that share a channel do not overlap, and a tensor
-  already sent to a device is reused there;
+  channel of that pair after the producer finishes and after every
+  transfer booked there before it (not in an earlier idle window: the
+  reference model's channel serves its queue in order, so a transfer
+  slipped into a gap would wait its turn there; bench/list_prediction.py),
+  so transfers that share a channel do not overlap, and a tensor already
+  sent to a device is reused there;
 - placement units (colocation groups) whose first scheduled member fixes
   the device of the whole group, kinds a unit may not use, and each
   device's memory over time (:class:`MemoryTimeline`).
@@ -485,7 +488,7 @@ class ScheduleState:
                 return float("inf"), []
             length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
             if self.contention:
-                begin = self.channels[c].find(max(queued, channel_free.get(c, queued)), length, insertion=True)[0]
+                begin = self.channels[c].find(max(queued, channel_free.get(c, queued)), length, insertion=False)[0]
                 channel_free[c] = begin + length
             else:
                 begin = queued
@@ -595,7 +598,7 @@ class ScheduleState:
             self.input_sent.update((w, d) for w in self.readers[(u, t)])
             if self.contention:
                 channel = self.channels[c]
-                channel.book(*channel.find(s, f - s, insertion=True), f - s)
+                channel.book(*channel.find(s, f - s, insertion=False), f - s)
                 for receiver in self.receivers[c]:
                     self.version[receiver] += 1
         self.devices[d].book(begin, block, index, end - begin, v)
