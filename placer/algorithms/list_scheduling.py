@@ -463,8 +463,9 @@ class ScheduleState:
         """When every input of ``v`` is on device ``d``, and the transfers that would be booked for it.
 
         Transfers are tried in order of their producer's finish (the order
-        they would queue in), each in the earliest idle window of its channel;
-        two of them on one channel go one after the other.
+        they would queue in), each after its producer ends and after every
+        transfer booked on its channel so far (the channel serves its queue in
+        order); two of them on one channel go one after the other.
         """
         ready = 0.0
         bookings: list[tuple[int, float, float, int]] = []   # (channel, start, end, input)
