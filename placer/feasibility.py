@@ -117,10 +117,10 @@ def live_memory_bound(graph: OpGraph, cluster: Cluster) -> tuple[int, int]:
     # below[v]: the probes v strictly descends from; above[v]: those it strictly precedes.
     below, above = [0] * graph.num_nodes, [0] * graph.num_nodes
     src, dst = graph.src.tolist(), graph.dst.tolist()
+    topological = graph.topological_order.tolist()
     for ptr_eids, ends, into, outwards in ((graph.in_edges, src, below, False), (graph.out_edges, dst, above, True)):
         ptr, eids = (a.tolist() for a in ptr_eids)
-        order = graph.topological_order.tolist()
-        for v in (reversed(order) if outwards else order):
+        for v in (reversed(topological) if outwards else topological):
             reach = 0
             for k in range(ptr[v], ptr[v + 1]):
                 u = ends[eids[k]]

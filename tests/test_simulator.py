@@ -168,17 +168,8 @@ def _compare_with_reference(g, cluster, device_of, order=None):
     return ours
 
 
-@settings(max_examples=120, deadline=None)
-@given(placed_graphs())
-def test_matches_independent_reference_without_order(case):
-    _compare_with_reference(*case)
-
-
-@settings(max_examples=80, deadline=None)
-@given(placed_graphs(), st.randoms(use_true_random=False))
-def test_matches_independent_reference_with_random_valid_order(case, rnd):
-    g, cluster, device_of = case
-    # A random topological order, split per device, is always a valid order.
+def _random_valid_order(g, cluster, device_of, rnd):
+    """A random topological order, split per device: always a valid order."""
     indeg = np.bincount(g.dst, minlength=g.num_nodes).tolist()
     ready = [i for i in range(g.num_nodes) if indeg[i] == 0]
     topo = []
@@ -189,8 +180,20 @@ def test_matches_independent_reference_with_random_valid_order(case, rnd):
             indeg[v] -= 1
             if indeg[v] == 0:
                 ready.append(v)
-    order = [[i for i in topo if device_of[i] == j] for j in range(cluster.num_devices)]
-    _compare_with_reference(g, cluster, device_of, order)
+    return [[i for i in topo if device_of[i] == j] for j in range(cluster.num_devices)]
+
+
+@settings(max_examples=120, deadline=None)
+@given(placed_graphs())
+def test_matches_independent_reference_without_order(case):
+    _compare_with_reference(*case)
+
+
+@settings(max_examples=80, deadline=None)
+@given(placed_graphs(), st.randoms(use_true_random=False))
+def test_matches_independent_reference_with_random_valid_order(case, rnd):
+    g, cluster, device_of = case
+    _compare_with_reference(g, cluster, device_of, _random_valid_order(g, cluster, device_of, rnd))
 
 
 @settings(max_examples=60, deadline=None)
@@ -239,17 +242,7 @@ def test_live_memory_bound_holds_while_its_node_runs_under_any_placement_and_ord
     assert bound >= g.param_bytes.sum()
     if node < 0:
         return
-    indeg = np.bincount(g.dst, minlength=g.num_nodes).tolist()
-    ready, topo = [i for i in range(g.num_nodes) if indeg[i] == 0], []
-    while ready:
-        u = ready.pop(rnd.randrange(len(ready)))
-        topo.append(u)
-        for v in g.successors(u).tolist():
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    order = [[i for i in topo if device_of[i] == j] for j in range(cluster.num_devices)]
-    r = simulate(g, cluster, device_of, order)
+    r = simulate(g, cluster, device_of, _random_valid_order(g, cluster, device_of, rnd))
     middle = (r.start[node] + r.finish[node]) / 2
     held = 0
     for j in range(cluster.num_devices):
