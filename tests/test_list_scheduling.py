@@ -1,5 +1,6 @@
 """List schedulers (HEFT, DPOS, m-TOPO, m-ETF, m-SCT) against hand-computed schedules and the simulator."""
 
+import copy
 import time
 
 import numpy as np
@@ -295,6 +296,24 @@ def test_list_schedulers_fit_by_colocating_layers_where_their_own_placements_ove
     monkeypatch.setattr(list_scheduling, "colocate_layers", lambda graph: None)
     with pytest.raises(InfeasibleError):
         place(g, cluster, algorithm)
+
+
+@pytest.mark.parametrize("schedule", [heft_schedule, dpos_schedule, etf_schedule, m_topo_schedule])
+def test_schedules_share_the_graphs_tables_and_leave_them_as_they_were(schedule):
+    # The memory retries schedule one graph many times on tables built once: a schedule that
+    # changed them would change the next one.
+    g = training_graph(layers=4, branches=2, seed=1, param_mib=1, activation_mib=16)
+    cluster = load_cluster("2xcpu")
+    tables = list_scheduling.schedule_tables(g, cluster)
+    assert list_scheduling.schedule_tables(g, cluster) is tables
+    assert list_scheduling.schedule_tables(g, load_cluster("2xcpu")) is not tables
+    assert any(tables.grouped)      # optimizer updates colocated with their parameters
+    before = copy.deepcopy(tables.__dict__)
+    first = schedule(g, cluster, 0.5)
+    np.testing.assert_equal(tables.__dict__, before)
+    second = schedule(g, cluster, 0.5)
+    assert first.device_of.tolist() == second.device_of.tolist()
+    assert [o.tolist() for o in first.orders] == [o.tolist() for o in second.orders]
 
 
 def test_memory_counts_a_copy_from_its_transfer_not_from_the_booking_of_its_consumer():

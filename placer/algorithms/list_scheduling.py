@@ -30,6 +30,7 @@ reports the simulator's figures.
 
 from __future__ import annotations
 
+import weakref
 from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Callable
@@ -318,6 +319,101 @@ class MemoryTimeline:
         return True
 
 
+class ScheduleTables:
+    """What every schedule of one graph on one cluster reads and none changes (:func:`schedule_tables`).
+
+    Attributes
+    ----------
+    dur : list of list of float
+        Each node's time on each device.
+    unit_of, units : placement units (:func:`~placer.algorithms.common.placement_units`)
+    unit_ok : list of list of bool
+        Whether each unit may use each device.
+    params, output_bytes, temp_bytes, dynamic : array of float
+        Per node, its parameter, output and workspace bytes, and the last two summed.
+    unit_params : list of float
+        Parameter bytes of each unit.
+    grouped : list of bool
+        Whether each unit is a colocation group of several nodes.
+    reserved_at : (list of float, list of float)
+        Per node, the earliest it can start and end (its fastest time, no transfers).
+    incoming : dict
+        Per colocation group, the bytes of each tensor (producer, tensor) it
+        reads from outside it.
+    inputs : list of list of (producer, tensor, bytes)
+        Each node's inputs; edges carrying the same tensor merge at their max.
+    consumers : list of list of int
+        Each node's consumers.
+    readers : dict
+        Per tensor (producer, tensor), the nodes reading it.
+    channel_of, receivers, ch_lat, ch_inv_bw
+        Channel of each device pair, the devices each channel brings data to,
+        each channel's latency and inverse bandwidth.
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster):
+        n = graph.num_nodes
+        self.dur = graph.durations(cluster).tolist()
+        self.unit_of, self.units = placement_units(graph)
+        self.unit_ok: list[list[bool]] = unit_allowed(graph, cluster, self.units).tolist()
+        self.params = graph.param_bytes.astype(np.float64)
+        self.dynamic = (graph.output_bytes + graph.temp_bytes).astype(np.float64)
+        self.output_bytes = graph.output_bytes.astype(np.float64)
+        self.temp_bytes = graph.temp_bytes.astype(np.float64)
+        self.unit_params = [float(self.params[members].sum()) for members in self.units]
+        self.channel_of = cluster.channel_index.tolist()
+        # The devices each channel brings data to: a booking on it changes their estimates.
+        self.receivers = [sorted({d for row in self.channel_of for d, c in enumerate(row) if c == k})
+                          for k in range(len(cluster.channels))]
+        self.ch_lat = [c.latency_s for c in cluster.channels]
+        self.ch_inv_bw = [1.0 / c.bandwidth_bytes_per_s for c in cluster.channels]
+        ptr, eids = graph.in_edges
+        src, tensor, nbytes = graph.src.tolist(), graph.edge_tensor.tolist(), graph.edge_bytes.tolist()
+        eids = eids.tolist()
+        self.inputs: list[list[tuple[int, int, int]]] = []
+        for v in range(n):
+            merged: dict[tuple[int, int], int] = {}
+            for e in eids[ptr[v]:ptr[v + 1]]:
+                key = (src[e], tensor[e])
+                merged[key] = max(merged.get(key, 0), nbytes[e])
+            self.inputs.append([(u, t, b) for (u, t), b in merged.items()])
+        # A colocation group reserves room for its members from the earliest each can start, and
+        # for each tensor it receives from outside (the gradients an optimizer update bound to its
+        # parameters gets may come from anywhere) from the earliest its producer can end.
+        self.grouped = [len(members) > 1 for members in self.units]
+        fastest = fastest_durations(graph, cluster)
+        fastest = np.where(np.isfinite(fastest), fastest, 0.0)
+        earliest = top_levels(graph, fastest)
+        self.reserved_at = (earliest.tolist(), (earliest + fastest).tolist())
+        self.incoming: dict[int, dict[tuple[int, int], int]] = {
+            unit: {(u, t): b for v in members.tolist() for u, t, b in self.inputs[v] if self.unit_of[u] != unit}
+            for unit, members in enumerate(self.units) if self.grouped[unit]}
+        self.consumers: list[list[int]] = [[] for _ in range(n)]
+        for v in range(n):
+            for u in {u for u, _, _ in self.inputs[v]}:
+                self.consumers[u].append(v)
+        self.readers: dict[tuple[int, int], list[int]] = {}
+        for v, inputs in enumerate(self.inputs):
+            for u, t, _ in inputs:
+                self.readers.setdefault((u, t), []).append(v)
+
+
+_TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def schedule_tables(graph: OpGraph, cluster: Cluster) -> ScheduleTables:
+    """The :class:`ScheduleTables` of ``graph`` on ``cluster``, built once while both live.
+
+    The memory retries schedule one graph many times (:func:`schedule_with_memory_retries`);
+    building these tables took a third of each schedule of a 29k-node graph.
+    """
+    per_cluster = _TABLES.setdefault(graph, weakref.WeakKeyDictionary())
+    tables = per_cluster.get(cluster)
+    if tables is None:
+        tables = per_cluster[cluster] = ScheduleTables(graph, cluster)
+    return tables
+
+
 class ScheduleState:
     """A partial list schedule under the reference model's devices, channels and memory.
 
@@ -347,76 +443,42 @@ class ScheduleState:
         self.insertion = insertion
         self.contention = contention
         n, n_dev = graph.num_nodes, cluster.num_devices
-        self.dur = graph.durations(cluster).tolist()
-        self.unit_of, self.units = placement_units(graph)
-        self.unit_ok: list[list[bool]] = unit_allowed(graph, cluster, self.units).tolist()
+        tables = schedule_tables(graph, cluster)
+        # Read-only, shared by every schedule of this graph on this cluster.
+        self.dur, self.unit_of, self.units, self.unit_ok = tables.dur, tables.unit_of, tables.units, tables.unit_ok
+        self.unit_params, self.grouped, self.reserved_at = tables.unit_params, tables.grouped, tables.reserved_at
+        self.channel_of, self.receivers = tables.channel_of, tables.receivers
+        self.ch_lat, self.ch_inv_bw = tables.ch_lat, tables.ch_inv_bw
+        self.inputs, self.consumers, self.readers = tables.inputs, tables.consumers, tables.readers
         self.ratio = ratio
         self.memory = MemoryTimeline(cluster.memory, capacity_scale)
-        params = graph.param_bytes.astype(np.float64)
-        need = params + ratio * (graph.output_bytes + graph.temp_bytes).astype(np.float64)
         # What a unit holds from its first booking: its parameters for the whole step, the rest from that start.
-        self.unit_params = [float(params[members].sum()) for members in self.units]
+        need = tables.params + ratio * tables.dynamic
         self.unit_need = [float(need[members].sum()) for members in self.units]
         self.unit_device = [-1] * len(self.units)
-        self.channel_of = cluster.channel_index.tolist()
-        # The devices each channel brings data to: a booking on it changes their estimates.
-        self.receivers = [sorted({d for row in self.channel_of for d, c in enumerate(row) if c == k})
-                          for k in range(len(cluster.channels))]
-        self.ch_lat = [c.latency_s for c in cluster.channels]
-        self.ch_inv_bw = [1.0 / c.bandwidth_bytes_per_s for c in cluster.channels]
-        ptr, eids = graph.in_edges
-        src, tensor, nbytes = graph.src.tolist(), graph.edge_tensor.tolist(), graph.edge_bytes.tolist()
-        eids = eids.tolist()
-        # Inputs of each node as (producer, tensor, bytes); edges carrying the same tensor merge at their max.
-        self.inputs: list[list[tuple[int, int, int]]] = []
-        for v in range(n):
-            merged: dict[tuple[int, int], int] = {}
-            for e in eids[ptr[v]:ptr[v + 1]]:
-                key = (src[e], tensor[e])
-                merged[key] = max(merged.get(key, 0), nbytes[e])
-            self.inputs.append([(u, t, b) for (u, t), b in merged.items()])
         # A colocation group's first member fixes the device of the others, so it reserves room
-        # for them there: each member's output and workspace from the earliest the member can
-        # start, and each tensor the group receives from outside (the gradients an optimizer
-        # update bound to its parameters gets may come from anywhere) from the earliest its
-        # producer can end. Booking a member turns its reservations into its allocations, which
-        # start no earlier.
-        self.grouped = [len(members) > 1 for members in self.units]
-        fastest = fastest_durations(graph, cluster)
-        fastest = np.where(np.isfinite(fastest), fastest, 0.0)
-        earliest = top_levels(graph, fastest)
-        self.reserved_at = (earliest.tolist(), (earliest + fastest).tolist())
-        self.incoming: dict[int, dict[tuple[int, int], float]] = {}
-        for unit, members in enumerate(self.units):
-            if self.grouped[unit]:
-                incoming = {(u, t): ratio * b for v in members.tolist() for u, t, b in self.inputs[v]
-                            if self.unit_of[u] != unit}
-                self.incoming[unit] = incoming
-                self.unit_need[unit] += sum(incoming.values())
+        # for them there (see ScheduleTables.incoming); booking a member turns its reservations
+        # into its allocations, which start no later.
+        self.incoming: dict[int, dict[tuple[int, int], float]] = {
+            unit: {key: ratio * b for key, b in incoming.items()} for unit, incoming in tables.incoming.items()}
+        for unit, incoming in self.incoming.items():
+            self.unit_need[unit] += sum(incoming.values())
         #: Copies (producer, tensor, device) already on some device's memory timeline.
         self.budgeted: set[tuple[int, int, int]] = set()
         # When memory is freed is known once the nodes that hold it are booked: a node's
         # workspace at its finish; its output and the copies of it once every consumer is booked.
-        self.consumers: list[list[int]] = [[] for _ in range(n)]
-        for v in range(n):
-            for u in {u for u, _, _ in self.inputs[v]}:
-                self.consumers[u].append(v)
         self.consumers_left = [len(c) for c in self.consumers]
         self.sent_until = [0.0] * n     # when the last transfer of each node's outputs ends
         self.copies_held: list[list[tuple[int, float]]] = [[] for _ in range(n)]
-        self.transient = (ratio * graph.output_bytes.astype(np.float64)).tolist()
-        self.workspace = (ratio * graph.temp_bytes.astype(np.float64)).tolist()
+        self.transient = (ratio * tables.output_bytes).tolist()
+        self.workspace = (ratio * tables.temp_bytes).tolist()
         self.device_of = [-1] * n
         self.start = [0.0] * n
         self.finish = [0.0] * n
         self.devices = [Timeline() for _ in range(n_dev)]
         self.channels = [Timeline() for _ in cluster.channels]
         self.arrival: dict[tuple[int, int, int], float] = {}
-        # Who reads each tensor, and the (node, device) pairs with some input already sent to the device.
-        self.readers: dict[tuple[int, int], list[int]] = {}
-        for v, inputs in enumerate(self.inputs):
-            for u, t, _ in inputs:
-                self.readers.setdefault((u, t), []).append(v)
+        #: The (node, device) pairs with some input already sent to the device.
         self.input_sent: set[tuple[int, int]] = set()
         #: Bumped whenever a device's timeline, incoming channels or memory change.
         self.version = [0] * n_dev
