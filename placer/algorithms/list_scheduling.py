@@ -277,6 +277,9 @@ class MemoryTimeline:
         self.times = [np.full(64, -np.inf) for _ in range(n_dev)]
         self.levels = [np.zeros(64) for _ in range(n_dev)]
         self.count = [1] * n_dev
+        # Per device, a level no instant exceeds: raised by every allocation, reset to the true
+        # peak when it is too high to settle a question on its own (frees do not lower it).
+        self.ceiling = [0.0] * n_dev
 
     def _breakpoint(self, d: int, time: float) -> int:
         """Index of the breakpoint at ``time`` on device ``d``, made where there is none."""
@@ -300,11 +303,19 @@ class MemoryTimeline:
             k = self._breakpoint(d, time)
             self.levels[d][k:self.count[d]] += amount
             self.used[d] += amount
+            if amount > 0:
+                self.ceiling[d] += amount
 
     def fits(self, d: int, events: list[tuple[float, float]]) -> bool:
         """Whether ``d`` stays within its capacity with ``events`` added: (time, bytes) each."""
         limit = self.capacity[d]
         n, times, levels = self.count[d], self.times[d][:self.count[d]], self.levels[d]
+        added = sum(amount for _, amount in events if amount > 0)
+        if self.ceiling[d] + added <= limit:
+            return True
+        self.ceiling[d] = float(levels[:n].max())
+        if self.ceiling[d] + added <= limit:
+            return True
         events = sorted(events)
         held = 0.0
         for i, (time, amount) in enumerate(events):
