@@ -564,6 +564,15 @@ def test_m_etf_heaps_give_the_schedule_of_plain_etf(n, p, seed, n_dev, shared, z
     assert [o.tolist() for o in fast.orders] == [o.tolist() for o in plain.orders]
 
 
+def test_m_etf_takes_back_a_node_held_for_room_once_its_device_has_it():
+    # a's 6-byte output leaves no room for x's 5 on the one 10-byte device until b, a's consumer,
+    # is booked; x then goes before c and d, which come after it in topological order.
+    g = graph({"a": 1.0, "x": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, [("a", "b", 6), ("b", "c", 0), ("c", "d", 0)],
+              output_bytes=[6, 5, 0, 0, 0])
+    sched = etf_schedule(g, mesh(["X"], memory=10))
+    assert [g.ids[v] for v in sched.orders[0].tolist()] == ["a", "b", "x", "c", "d"]
+
+
 def _order_waiting_for_a_transfer(**kw):
     # a (d0) sends b (d1) 4 bytes at 1 byte/s (1..5); c (d1) needs nothing. The order [b, c] idles d1
     # until b's input arrives (b 5..6, c 6..8); dispatch runs c first (c 0..2, b 5..6).
