@@ -15,7 +15,8 @@ from placer.algorithms.heft import heft_schedule
 from placer.algorithms.timebox import TimeBox
 from placer.algorithms import list_scheduling
 from placer.algorithms.list_scheduling import (STALE_SCHEDULES, MemoryTimeline, Schedule, ScheduleState, Timeline,
-                                               plan_from_schedule, schedule_with_memory_retries, upward_ranks)
+                                               earliest_start_priorities, plan_from_schedule, priority_order,
+                                               schedule_with_memory_retries, upward_ranks)
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
@@ -278,6 +279,48 @@ def test_memory_retries_fall_back_on_colocated_layers():
     sched = schedule_with_memory_retries(build, g, cluster, "test")
     assert sched.device_of.tolist() == [0, 0] and sched.simulated.fits
     assert seen[0] == [None, None] and seen[-1] == ["layer0", "layer0"]
+
+
+def test_memory_retries_end_with_the_pressed_build_on_colocated_layers():
+    # Both stages of the build overflow; the pressed build then schedules the colocated layers.
+    g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)], output_bytes=[4, 4], layer=["L", "L"])
+    split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
+    together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
+                        np.array([1.0, 2.0]))
+    built, pressed = [], []
+
+    def build(g, ratio, scale):
+        built.append(g.colocation[0])
+        return split
+
+    def press(g, ratio, scale):
+        pressed.append(g.colocation[0])
+        return together
+
+    two = mesh(["X", "X"])
+    cluster = Cluster("test", [Device("d0", "X", 100), Device("d1", "X", 3)], two.channels)  # b's input overflows d1
+    sched = schedule_with_memory_retries(build, g, cluster, "test", pressed=press)
+    assert sched.device_of.tolist() == [0, 0]
+    assert built[0] is None and built[-1] == "layer0" and pressed == ["layer0"]
+    built.clear()
+    with pytest.raises(InfeasibleError):
+        schedule_with_memory_retries(build, g, cluster, "test")
+    assert built[-1] == "layer0"
+
+
+@pytest.mark.parametrize("schedule", [heft_schedule, dpos_schedule])
+def test_rank_ordered_schedulers_book_by_earliest_start_when_pressed(schedule):
+    # On one device nothing waits for a transfer, so the device runs nodes in booking order.
+    g = training_graph(layers=4, branches=2, seed=3)
+    cluster = mesh(["X"])
+    reduce = "mean" if schedule is heft_schedule else "max"
+    by_rank = priority_order(g, upward_ranks(g, cluster, reduce))
+    by_start = priority_order(g, earliest_start_priorities(g, cluster, reduce))
+    assert by_rank.tolist() != by_start.tolist()
+    assert schedule(g, cluster).orders[0].tolist() == by_rank.tolist()
+    assert schedule(g, cluster, earliest_first=True).orders[0].tolist() == by_start.tolist()
+    top = -earliest_start_priorities(g, cluster, reduce)
+    assert np.all(np.diff(top[by_start]) >= 0)
 
 
 @pytest.mark.parametrize("algorithm", ["m_etf", "m_sct", "heft", "dpos"])

@@ -15,8 +15,8 @@ from ..errors import InfeasibleError, OptionError
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import simulate
-from .list_scheduling import (Schedule, ScheduleState, plan_from_schedule, priority_order,
-                              schedule_with_memory_retries, upward_ranks)
+from .list_scheduling import (Schedule, ScheduleState, earliest_start_priorities, plan_from_schedule,
+                              priority_order, schedule_with_memory_retries, upward_ranks)
 from .registry import register
 from .timebox import TimeBox
 
@@ -81,7 +81,7 @@ def _critical_path_device(state: ScheduleState, remaining: list[int], candidates
 
 
 def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: np.ndarray | None = None,
-                  capacity_scale: np.ndarray | None = None) -> Schedule:
+                  capacity_scale: np.ndarray | None = None, earliest_first: bool = False) -> Schedule:
     """DPOS (FastT Algorithm 1) under a memory ratio.
 
     Priorities are upward ranks with each node's largest time over its
@@ -94,6 +94,10 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
     ``fixed`` (a device per node, -1 where free) is the strategy ``S`` that
     Algorithm 2 hands to DPOS: nodes with a device keep it where they may,
     and only the others are placed.
+
+    ``earliest_first`` books nodes in order of their earliest start instead of
+    by rank (:func:`~placer.algorithms.list_scheduling.earliest_start_priorities`),
+    under memory pressure; the critical path stays the one the ranks give.
     """
     rank = upward_ranks(graph, cluster, "max")
     state = ScheduleState(graph, cluster, ratio, insertion=True, capacity_scale=capacity_scale)
@@ -103,7 +107,8 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
     position = {v: k for k, v in enumerate(path)}
     cp_device = _critical_path_device(state, path)
     keep = None if fixed is None else fixed.tolist()
-    for v in priority_order(graph, rank).tolist():
+    booking = earliest_start_priorities(graph, cluster, "max") if earliest_first else rank
+    for v in priority_order(graph, booking).tolist():
         devices = state.devices_for(v)
         if keep is not None and keep[v] in devices:
             devices = [keep[v]]
@@ -151,8 +156,9 @@ def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     ----------
     Yi et al., FastT, CoNEXT 2020, Section 5.1, Algorithm 1 (DPOS).
     """
-    sched = schedule_with_memory_retries(lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, capacity_scale=scale),
-                                         graph, cluster, "dpos")
+    sched = schedule_with_memory_retries(
+        lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, capacity_scale=scale), graph, cluster, "dpos",
+        pressed=lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=True))
     return plan_from_schedule(graph, cluster, sched)
 
 
@@ -165,8 +171,9 @@ CHECK_SHARE = 0.9
 def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = None) -> Schedule | None:
     """DPOS's schedule that fits under the reference model, with its simulation; None if it finds none."""
     try:
-        return schedule_with_memory_retries(lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, fixed, scale),
-                                            graph, cluster, "os_dpos")
+        return schedule_with_memory_retries(
+            lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, fixed, scale), graph, cluster, "os_dpos",
+            pressed=lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, fixed, scale, earliest_first=True))
     except InfeasibleError:
         return None
 

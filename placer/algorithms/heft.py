@@ -7,23 +7,25 @@ import numpy as np
 from ..cluster import Cluster
 from ..graph import OpGraph
 from ..plan import Plan
-from .list_scheduling import (Schedule, ScheduleState, plan_from_schedule, priority_order,
-                              schedule_with_memory_retries, upward_ranks)
+from .list_scheduling import (Schedule, ScheduleState, earliest_start_priorities, plan_from_schedule,
+                              priority_order, schedule_with_memory_retries, upward_ranks)
 from .registry import register
 
 __all__ = ["heft", "heft_schedule"]
 
 
 def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, contention: bool = True,
-                  capacity_scale: np.ndarray | None = None) -> Schedule:
+                  capacity_scale: np.ndarray | None = None, earliest_first: bool = False) -> Schedule:
     """HEFT's schedule under a memory ratio (see :class:`ScheduleState`).
 
     Nodes go in decreasing upward rank computed with mean computation and mean
     communication costs; each takes the device where it finishes earliest,
     using idle gaps between booked operations (insertion policy).
     ``contention=False`` lets transfers overlap on a channel, as the paper's model does.
+    ``earliest_first`` takes nodes in order of their earliest start instead
+    (:func:`~placer.algorithms.list_scheduling.earliest_start_priorities`), under memory pressure.
     """
-    rank = upward_ranks(graph, cluster, "mean")
+    rank = (earliest_start_priorities if earliest_first else upward_ranks)(graph, cluster, "mean")
     state = ScheduleState(graph, cluster, ratio, insertion=True, contention=contention, capacity_scale=capacity_scale)
     for v in priority_order(graph, rank).tolist():
         d, est = state.best_device(v)
@@ -66,6 +68,7 @@ def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     task scheduling for heterogeneous computing", IEEE TPDS 13(3), 2002,
     Section 4.1 (Fig. 3, the HEFT algorithm).
     """
-    sched = schedule_with_memory_retries(lambda g, ratio, scale: heft_schedule(g, cluster, ratio, capacity_scale=scale),
-                                         graph, cluster, "heft")
+    sched = schedule_with_memory_retries(
+        lambda g, ratio, scale: heft_schedule(g, cluster, ratio, capacity_scale=scale), graph, cluster, "heft",
+        pressed=lambda g, ratio, scale: heft_schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=True))
     return plan_from_schedule(graph, cluster, sched)
