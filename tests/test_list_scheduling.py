@@ -281,8 +281,9 @@ def test_memory_retries_fall_back_on_colocated_layers():
     assert seen[0] == [None, None] and seen[-1] == ["layer0", "layer0"]
 
 
-def test_memory_retries_end_with_the_pressed_build_on_colocated_layers():
-    # Both stages of the build overflow; the pressed build then schedules the colocated layers.
+def test_memory_retries_try_the_pressed_build_after_the_first_overflow_and_last_on_colocated_layers():
+    # The build always overflows. The pressed build is tried once at the first schedule's ratio, then
+    # the build's retries go on (nodes, then colocated layers), and last the pressed build on the layers.
     g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)], output_bytes=[4, 4], layer=["L", "L"])
     split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
     together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
@@ -290,22 +291,37 @@ def test_memory_retries_end_with_the_pressed_build_on_colocated_layers():
     built, pressed = [], []
 
     def build(g, ratio, scale):
-        built.append(g.colocation[0])
+        built.append((g.colocation[0], ratio))
         return split
 
     def press(g, ratio, scale):
-        pressed.append(g.colocation[0])
-        return together
+        pressed.append((g.colocation[0], ratio))
+        return together if g.colocation[0] is not None else split
 
     two = mesh(["X", "X"])
     cluster = Cluster("test", [Device("d0", "X", 100), Device("d1", "X", 3)], two.channels)  # b's input overflows d1
-    sched = schedule_with_memory_retries(build, g, cluster, "test", pressed=press)
+    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5, pressed=press)
     assert sched.device_of.tolist() == [0, 0]
-    assert built[0] is None and built[-1] == "layer0" and pressed == ["layer0"]
+    assert built[0] == (None, 0.5) and built[1] == (None, 1.0) and built[-1][0] == "layer0"
+    assert pressed[0] == (None, 0.5) and [layer for layer, _ in pressed[1:]] == ["layer0"]
     built.clear()
     with pytest.raises(InfeasibleError):
-        schedule_with_memory_retries(build, g, cluster, "test")
-    assert built[-1] == "layer0"
+        schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
+    assert built[1] == (None, 1.0) and built[-1][0] == "layer0"
+
+
+def test_memory_retries_keep_the_pressed_schedule_where_it_fits_at_the_first_ratio():
+    g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)], output_bytes=[4, 4])
+    split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
+    together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
+                        np.array([1.0, 2.0]))
+    calls = []
+    two = mesh(["X", "X"])
+    cluster = Cluster("test", [Device("d0", "X", 100), Device("d1", "X", 3)], two.channels)
+    sched = schedule_with_memory_retries(lambda g, ratio, scale: calls.append(("build", ratio)) or split, g, cluster,
+                                         "test", ratio=0.5,
+                                         pressed=lambda g, ratio, scale: calls.append(("pressed", ratio)) or together)
+    assert calls == [("build", 0.5), ("pressed", 0.5)] and sched is together
 
 
 @pytest.mark.parametrize("schedule", [heft_schedule, dpos_schedule])

@@ -800,13 +800,16 @@ def schedule_with_memory_retries(build: Callable[[OpGraph, float, np.ndarray], S
     whose schedules send only what one layer hands the next. ``build`` gets
     the graph to schedule; the schedule's nodes are the same.
 
-    Where that fails too and ``pressed`` is given (a scheduler's other way
-    of ordering its nodes, one that holds less memory at once), the
-    colocated-layer retries run again with ``pressed``, from the ratio reached.
+    ``pressed`` (optional) is a scheduler's other way of ordering its nodes,
+    one that holds less memory at once: where the first schedule overflows,
+    ``pressed`` schedules once at the same ratio before the ratio becomes 1
+    (the overflow may be the order's, not the placement's); and where every
+    retry above fails, the colocated-layer retries run again with
+    ``pressed``, from the ratio reached.
     """
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
-    sched, error, ratio = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries)
+    sched, error, ratio = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, pressed)
     layered = colocate_layers(graph) if sched is None else None
     if layered is not None:
         # The liveness ratio and whole counting were tried on the nodes: go on from the ratio reached.
@@ -819,10 +822,13 @@ def schedule_with_memory_retries(build: Callable[[OpGraph, float, np.ndarray], S
 
 
 def _retry(build: Callable[[OpGraph, float, np.ndarray], Schedule], stage: OpGraph, graph: OpGraph,
-           cluster: Cluster, name: str, ratio: float, counted_whole: bool,
-           tries: int) -> tuple[Schedule | None, InfeasibleError, float]:
+           cluster: Cluster, name: str, ratio: float, counted_whole: bool, tries: int,
+           pressed: Callable[[OpGraph, float, np.ndarray], Schedule] | None = None,
+           ) -> tuple[Schedule | None, InfeasibleError, float]:
     """One stage of :func:`schedule_with_memory_retries` on ``stage`` (``graph``, or it with its layers colocated).
 
+    With ``pressed``, a schedule that overflows before outputs are counted
+    whole is followed by one of ``pressed`` at the same ratio.
     Returns the fitting schedule (None if there is none), the last reason a schedule failed, and the ratio
     the retries reached.
     """
@@ -830,12 +836,16 @@ def _retry(build: Callable[[OpGraph, float, np.ndarray], Schedule], stage: OpGra
     capacity = cluster.memory.astype(np.float64)
     error = InfeasibleError(f"{name}: no schedule tried")
     least_excess, stale = np.inf, 0
+    use_pressed = False
     for _ in range(tries):
         try:
-            sched = build(stage, ratio, scale)
+            sched = (pressed if use_pressed else build)(stage, ratio, scale)
         except InfeasibleError as exc:
             error = InfeasibleError(f"{name}: {exc}")
-            ratio /= 1.2
+            if use_pressed:     # go on as if it had overflowed
+                use_pressed, ratio, counted_whole = False, 1.0, True
+            else:
+                ratio /= 1.2
             continue
         result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
         if result.fits:
@@ -847,7 +857,10 @@ def _retry(build: Callable[[OpGraph, float, np.ndarray], Schedule], stage: OpGra
             f"{name}: device {cluster.devices[j].name!r} would need {peak[j] / 2**30:.3f} GiB "
             f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
         if not counted_whole:
-            ratio, counted_whole = 1.0, True
+            if pressed is not None and not use_pressed:
+                use_pressed = True
+                continue
+            use_pressed, ratio, counted_whole = False, 1.0, True
             continue
         excess = float(np.maximum(peak - capacity, 0).sum())
         least_excess, stale = (excess, 0) if excess < 0.9 * least_excess else (least_excess, stale + 1)
