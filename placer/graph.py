@@ -25,7 +25,7 @@ if TYPE_CHECKING:
 
     from .cluster import Cluster
 
-__all__ = ["OpGraph", "GRAPH_FORMAT", "topological_sort"]
+__all__ = ["OpGraph", "GRAPH_FORMAT", "topological_sort", "joined_groups"]
 
 GRAPH_FORMAT = "placer.graph/1"
 
@@ -401,6 +401,29 @@ class OpGraph:
     def save(self, path: str | os.PathLike) -> None:
         """Write the ``placer.graph/1`` file atomically."""
         write_json_atomic(path, self.to_dict())
+
+
+def joined_groups(n: int, *labellings: Sequence[Any]) -> np.ndarray:
+    """A group number per node: nodes that share a label in any labelling are in one group.
+
+    Each labelling gives every node a hashable label or None (no label);
+    labels of different labellings never match. Groups are numbered from 0
+    in the order of their lowest node.
+
+    Examples
+    --------
+    >>> joined_groups(4, ["a", None, "a", None], [None, "p", "p", None]).tolist()
+    [0, 0, 0, 1]
+    """
+    from scipy.sparse import coo_matrix
+    from scipy.sparse.csgraph import connected_components
+
+    first: dict[tuple[int, Any], int] = {}
+    pairs = [(first.setdefault((k, label), i), i) for k, labels in enumerate(labellings)
+             for i, label in enumerate(labels) if label is not None]
+    a, b = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
+    _, group = connected_components(coo_matrix((np.ones(a.size), (a, b)), shape=(n, n)), directed=False)
+    return group.astype(np.int64)
 
 
 def topological_sort(n: int, src: np.ndarray, dst: np.ndarray) -> np.ndarray:

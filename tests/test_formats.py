@@ -241,3 +241,26 @@ def test_mutated_cluster_files_raise_only_placer_errors(data):
         Cluster.from_dict(doc)
     except FormatError:
         pass
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(st.one_of(st.none(), st.integers(0, 5)), min_size=12, max_size=12), min_size=0, max_size=3))
+def test_joined_groups_are_the_smallest_groups_closed_under_shared_labels(labellings):
+    from placer.graph import joined_groups
+
+    n = 12
+    group = joined_groups(n, *labellings).tolist()
+    # By hand: merge any two groups that share a label, until none do.
+    mine = list(range(n))
+    changed = True
+    while changed:
+        changed = False
+        for labels in labellings:
+            for i in range(n):
+                for j in range(n):
+                    if labels[i] is not None and labels[i] == labels[j] and mine[i] != mine[j]:
+                        old = mine[j]
+                        mine = [mine[i] if g == old else g for g in mine]
+                        changed = True
+    assert all((group[i] == group[j]) == (mine[i] == mine[j]) for i in range(n) for j in range(n))
+    assert group[0] == 0 and sorted(set(group)) == list(range(len(set(group))))

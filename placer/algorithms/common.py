@@ -16,7 +16,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import InfeasibleError
 from ..feasibility import static_footprint
-from ..graph import OpGraph
+from ..graph import OpGraph, joined_groups
 from ..sim.simulator import simulate
 
 __all__ = ["placement_units", "liveness_ratio", "MemoryBudget", "unit_allowed", "fitting_plan_with_retries"]
@@ -39,33 +39,7 @@ def placement_units(graph: OpGraph, extra_groups: np.ndarray | None = None) -> t
         Node indices of each unit, in topological order.
     """
     n = graph.num_nodes
-    parent = np.arange(n)
-
-    def find(x: int) -> int:
-        root = x
-        while parent[root] != root:
-            root = parent[root]
-        while parent[x] != root:
-            parent[x], x = root, parent[x]
-        return root
-
-    def join(members: np.ndarray) -> None:
-        head = find(int(members[0]))
-        for m in members[1:].tolist():
-            r = find(m)
-            if r != head:
-                parent[r] = head
-
-    for members in graph.colocation_groups.values():
-        join(members)
-    if extra_groups is not None:
-        order = np.argsort(extra_groups, kind="stable")
-        labels = extra_groups[order]
-        cuts = np.flatnonzero(np.diff(labels)) + 1
-        for members in np.split(order, cuts):
-            if members.size > 1:
-                join(members)
-    roots = np.array([find(i) for i in range(n)], dtype=np.int64)
+    roots = joined_groups(n, graph.colocation, *([] if extra_groups is None else [extra_groups.tolist()]))
     topo = graph.topological_order
     first_seen: dict[int, int] = {}
     for i in topo.tolist():

@@ -15,10 +15,8 @@ own placements overflow memory
 from __future__ import annotations
 
 import numpy as np
-from scipy.sparse import coo_matrix
-from scipy.sparse.csgraph import connected_components
 
-from ..graph import OpGraph
+from ..graph import OpGraph, joined_groups
 
 __all__ = ["colocate_layers"]
 
@@ -55,14 +53,7 @@ def colocate_layers(graph: OpGraph) -> OpGraph | None:
     if len(set(named)) == len(named):
         return None
     n = graph.num_nodes
-    first: dict[tuple, int] = {}
-    pairs: list[tuple[int, int]] = []
-    for i, (layer, group) in enumerate(zip(layers, graph.colocation)):
-        for key in (("layer", layer), ("colocation", group)):
-            if key[1] is not None:
-                pairs.append((first.setdefault(key, i), i))
-    a, b = np.array(pairs, dtype=np.int64).T
-    _, label = connected_components(coo_matrix((np.ones(a.size), (a, b)), shape=(n, n)), directed=False)
+    label = joined_groups(n, layers, graph.colocation)
     sizes = np.bincount(label, minlength=n)
     names = {int(c): f"layer{k}" for k, c in enumerate(dict.fromkeys(label[sizes[label] > 1].tolist()))}
     return graph.replace(colocation=[names.get(int(c)) for c in label])
