@@ -145,3 +145,24 @@ def reference_simulate(graph: dict, cluster: dict, placement: dict, order: dict 
 
 def close(a: float, b: float, rel: float = 1e-9) -> bool:
     return math.isclose(a, b, rel_tol=rel, abs_tol=1e-15)
+
+
+def random_valid_order(graph, num_devices: int, device_of, rnd) -> list[list[int]]:
+    """A random topological order of ``graph`` (a placer OpGraph), split per device: always a valid order.
+
+    ``rnd`` is a :class:`random.Random`; ``device_of`` gives each node's device.
+    """
+    indeg = [0] * graph.num_nodes
+    for v in graph.dst.tolist():
+        indeg[v] += 1
+    ready = [i for i in range(graph.num_nodes) if indeg[i] == 0]
+    topo = []
+    while ready:
+        u = ready.pop(rnd.randrange(len(ready)))
+        topo.append(u)
+        for v in graph.successors(u).tolist():
+            indeg[v] -= 1
+            if indeg[v] == 0:
+                ready.append(v)
+    return [[i for i in topo if device_of[i] == j] for j in range(num_devices)]
+

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import os
+import random
 import signal
 import textwrap
 import time
@@ -30,6 +31,8 @@ from placer.runtime.distributed import (RunError, free_port, run_distributed, ru
 from placer.runtime.program import compile_program, copy_to, pack, receive_buffer, unpack, value_spec
 from placer.transform.replicate import data_parallel_graph
 from placer.transform.split import split_operation
+
+from .reference_model import random_valid_order
 
 STEPS = 3
 TOLERANCE = 1e-6
@@ -120,19 +123,7 @@ def random_plan(graph, cluster, seed: int) -> Plan:
     rng = np.random.default_rng(seed)
     unit_of, units = placement_units(graph)
     device_of = rng.integers(0, cluster.num_devices, len(units))[unit_of]
-    priority = rng.random(graph.num_nodes)
-    pending = np.bincount(graph.dst, minlength=graph.num_nodes)
-    ready = [i for i in range(graph.num_nodes) if pending[i] == 0]
-    topo = []
-    while ready:
-        i = min(ready, key=lambda k: priority[k])
-        ready.remove(i)
-        topo.append(i)
-        for j in graph.successors(i).tolist():
-            pending[j] -= 1
-            if pending[j] == 0:
-                ready.append(j)
-    order = [[i for i in topo if device_of[i] == d] for d in range(cluster.num_devices)]
+    order = random_valid_order(graph, cluster.num_devices, device_of, random.Random(seed))
     return Plan.from_arrays(graph, cluster, device_of, order, algorithm="random")
 
 

@@ -12,7 +12,7 @@ from placer.feasibility import live_memory_bound
 from placer.generate import random_dag, training_graph
 from placer.sim import lower_bound, simulate_plan
 
-from .reference_model import close, reference_simulate
+from .reference_model import close, random_valid_order, reference_simulate
 
 
 def line_cluster(n=3, bandwidth=1.0, latency=0.0, shared=False, memory=10**12):
@@ -168,21 +168,6 @@ def _compare_with_reference(g, cluster, device_of, order=None):
     return ours
 
 
-def _random_valid_order(g, cluster, device_of, rnd):
-    """A random topological order, split per device: always a valid order."""
-    indeg = np.bincount(g.dst, minlength=g.num_nodes).tolist()
-    ready = [i for i in range(g.num_nodes) if indeg[i] == 0]
-    topo = []
-    while ready:
-        u = ready.pop(rnd.randrange(len(ready)))
-        topo.append(u)
-        for v in g.successors(u).tolist():
-            indeg[v] -= 1
-            if indeg[v] == 0:
-                ready.append(v)
-    return [[i for i in topo if device_of[i] == j] for j in range(cluster.num_devices)]
-
-
 @settings(max_examples=120, deadline=None)
 @given(placed_graphs())
 def test_matches_independent_reference_without_order(case):
@@ -193,7 +178,7 @@ def test_matches_independent_reference_without_order(case):
 @given(placed_graphs(), st.randoms(use_true_random=False))
 def test_matches_independent_reference_with_random_valid_order(case, rnd):
     g, cluster, device_of = case
-    _compare_with_reference(g, cluster, device_of, _random_valid_order(g, cluster, device_of, rnd))
+    _compare_with_reference(g, cluster, device_of, random_valid_order(g, cluster.num_devices, device_of, rnd))
 
 
 @settings(max_examples=60, deadline=None)
@@ -242,7 +227,7 @@ def test_live_memory_bound_holds_while_its_node_runs_under_any_placement_and_ord
     assert bound >= g.param_bytes.sum()
     if node < 0:
         return
-    r = simulate(g, cluster, device_of, _random_valid_order(g, cluster, device_of, rnd))
+    r = simulate(g, cluster, device_of, random_valid_order(g, cluster.num_devices, device_of, rnd))
     middle = (r.start[node] + r.finish[node]) / 2
     held = 0
     for j in range(cluster.num_devices):
