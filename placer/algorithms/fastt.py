@@ -7,6 +7,7 @@ clusters" (FastT), CoNEXT 2020, Section 5.
 from __future__ import annotations
 
 import time
+from functools import partial
 
 import numpy as np
 
@@ -156,10 +157,7 @@ def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     ----------
     Yi et al., FastT, CoNEXT 2020, Section 5.1, Algorithm 1 (DPOS).
     """
-    sched = schedule_with_memory_retries(
-        lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, capacity_scale=scale), graph, cluster, "dpos",
-        pressed=lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=True))
-    return plan_from_schedule(graph, cluster, sched)
+    return plan_from_schedule(graph, cluster, _dpos_with_retries(graph, cluster, None, "dpos"))
 
 
 #: Seconds OS-DPOS searches for splits when no time limit is given.
@@ -168,12 +166,18 @@ DEFAULT_SEARCH_S = 30.0
 CHECK_SHARE = 0.9
 
 
+def _dpos_with_retries(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None, name: str) -> Schedule:
+    """DPOS's schedule that fits under the reference model, with its simulation (its memory retries)."""
+    def build(g: OpGraph, ratio: float, scale: np.ndarray, earliest_first: bool = False) -> Schedule:
+        return dpos_schedule(g, cluster, ratio, fixed, scale, earliest_first)
+
+    return schedule_with_memory_retries(build, graph, cluster, name, pressed=partial(build, earliest_first=True))
+
+
 def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = None) -> Schedule | None:
     """DPOS's schedule that fits under the reference model, with its simulation; None if it finds none."""
     try:
-        return schedule_with_memory_retries(
-            lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, fixed, scale), graph, cluster, "os_dpos",
-            pressed=lambda g, ratio, scale: dpos_schedule(g, cluster, ratio, fixed, scale, earliest_first=True))
+        return _dpos_with_retries(graph, cluster, fixed, "os_dpos")
     except InfeasibleError:
         return None
 

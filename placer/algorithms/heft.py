@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from functools import partial
+
 import numpy as np
 
 from ..cluster import Cluster
@@ -68,7 +70,8 @@ def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     task scheduling for heterogeneous computing", IEEE TPDS 13(3), 2002,
     Section 4.1 (Fig. 3, the HEFT algorithm).
     """
-    sched = schedule_with_memory_retries(
-        lambda g, ratio, scale: heft_schedule(g, cluster, ratio, capacity_scale=scale), graph, cluster, "heft",
-        pressed=lambda g, ratio, scale: heft_schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=True))
+    def build(g: OpGraph, ratio: float, scale: np.ndarray, earliest_first: bool = False) -> Schedule:
+        return heft_schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=earliest_first)
+
+    sched = schedule_with_memory_retries(build, graph, cluster, "heft", pressed=partial(build, earliest_first=True))
     return plan_from_schedule(graph, cluster, sched)

@@ -361,8 +361,8 @@ class ScheduleTables:
     unit_of, units : placement units (:func:`~placer.algorithms.common.placement_units`)
     unit_ok : list of list of bool
         Whether each unit may use each device.
-    params, output_bytes, temp_bytes, dynamic : array of float
-        Per node, its parameter, output and workspace bytes, and the last two summed.
+    params, output_bytes, temp_bytes : array of float
+        Per node, its parameter, output and workspace bytes.
     unit_params : list of float
         Parameter bytes of each unit.
     grouped : list of bool
@@ -389,7 +389,6 @@ class ScheduleTables:
         self.unit_of, self.units = placement_units(graph)
         self.unit_ok: list[list[bool]] = unit_allowed(graph, cluster, self.units).tolist()
         self.params = graph.param_bytes.astype(np.float64)
-        self.dynamic = (graph.output_bytes + graph.temp_bytes).astype(np.float64)
         self.output_bytes = graph.output_bytes.astype(np.float64)
         self.temp_bytes = graph.temp_bytes.astype(np.float64)
         self.unit_params = [float(self.params[members].sum()) for members in self.units]
@@ -485,7 +484,7 @@ class ScheduleState:
         self.ratio = ratio
         self.memory = MemoryTimeline(cluster.memory, capacity_scale)
         # What a unit holds from its first booking: its parameters for the whole step, the rest from that start.
-        need = tables.params + ratio * tables.dynamic
+        need = tables.params + ratio * (tables.output_bytes + tables.temp_bytes)
         self.unit_need = [float(need[members].sum()) for members in self.units]
         self.unit_device = [-1] * len(self.units)
         # A colocation group's first member fixes the device of the others, so it reserves room
