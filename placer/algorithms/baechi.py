@@ -10,6 +10,7 @@ memory budget, and emit the per-device order of their schedule.
 from __future__ import annotations
 
 import heapq
+import math
 
 import numpy as np
 
@@ -28,6 +29,9 @@ __all__ = ["m_topo", "m_etf", "m_sct", "m_topo_schedule", "etf_schedule", "favou
 EXACT_PUSHES = 3
 #: Share of its start time m-ETF's tolerance grows by (see :func:`etf_schedule`).
 RELATIVE_TOLERANCE = 0.01
+#: Resolution (s) at which m-ETF compares start times: estimates of one time reached by sums in another
+#: order differ in their last bits, and a heap key a few ulps high would lose a tie it should win.
+TICK_S = 2.0 ** -40
 #: Seconds m-SCT's LP may take when the caller gives no time limit.
 LP_TIME_LIMIT_S = 60.0
 
@@ -99,7 +103,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
 
     Repeatedly, among every ready node and every device that may take it,
     the pair with the smallest start time ``max(device free, data ready)``
-    is scheduled (ties: lower topological index, then lower device index).
+    is scheduled (ties: lower topological index, then lower device index;
+    start times are compared to :data:`TICK_S`, below float noise).
     A node that was already sent back to a device's heap :data:`EXACT_PUSHES`
     times is booked there if it starts within ``tolerance`` seconds plus 1%
     (:data:`RELATIVE_TOLERANCE`) of that smallest start (default: twice the
@@ -185,7 +190,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         return d if d >= 0 and state.devices[d].last_item() == u else -1
 
     def wait_on(d: int, entry: tuple[float, int, int]) -> None:
-        heapq.heappush(waiting[d], entry)
+        heapq.heappush(waiting[d], (_tick(entry[0]), *entry[1:]))
         dirty.add(d)
 
     def release(entries: list) -> None:
@@ -228,7 +233,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         A node whose key is below a bound learnt from another device goes back with the bound as its
         key (as the main loop would do on popping it), so that the loop only sees keys that hold.
         """
-        free = state.devices[d].find(0.0, 0.0, insertion=False)[0]
+        free = _tick(state.devices[d].find(0.0, 0.0, insertion=False)[0])
         wait, start = waiting[d], startable[d]
         while True:
             while wait and (wait[0][0] <= free or state.device_of[wait[0][2]] >= 0):
@@ -318,13 +323,13 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if est[0] == float("inf"):
             continue        # no channel brings an input to d
         pushed = pushes.get((v, d), 0)
-        if est[0] > start + (tolerance + RELATIVE_TOLERANCE * start if pushed >= EXACT_PUSHES else 0.0):
+        if _tick(est[0]) > start + (tolerance + RELATIVE_TOLERANCE * start if pushed >= EXACT_PUSHES else 0.0):
             pushes[(v, d)] = pushed + 1
             wait_on(d, (est[0], position[v], v))
             # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
             ready = max((booking[2] for booking in est[3]), default=0.0)
             for j in state.same_routes(v, d, est[3]):
-                arrives_after[(v, j)] = ready
+                arrives_after[(v, j)] = _tick(ready)
             continue
         if not state.holds(v, d, est):
             hold(v, d, start)
@@ -348,6 +353,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             if pending[w] == 0:
                 become_ready(w)
     return state.schedule()
+
+
+def _tick(t: float) -> float:
+    """``t`` rounded down to a multiple of :data:`TICK_S` (infinity as it is)."""
+    return t if t == math.inf else math.floor(t / TICK_S) * TICK_S
 
 
 def favourite_children(graph: OpGraph, cluster: Cluster, theta: float = 0.1,
