@@ -262,20 +262,26 @@ def test_colocate_layers_joins_each_layer_with_the_colocation_groups_it_touches(
         assert len({dp.node_extra[i].get("replica") for i in members}) == 1
 
 
-def test_memory_retries_fall_back_on_colocated_layers():
-    # Node-level schedules overflow; the retries then schedule the graph with every layer colocated.
+def _one_layer_over_a_small_device():
+    """A two-node layer, a cluster whose second device cannot hold b's input, and two schedules of it:
+    ``split`` (b on the small device: overflows) and ``together`` (both on the first: fits)."""
     g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)], output_bytes=[4, 4], layer=["L", "L"])
+    cluster = Cluster("test", [Device("d0", "X", 100), Device("d1", "X", 3)], mesh(["X", "X"]).channels)
     split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
     together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
                         np.array([1.0, 2.0]))
+    return g, cluster, split, together
+
+
+def test_memory_retries_fall_back_on_colocated_layers():
+    # Node-level schedules overflow; the retries then schedule the graph with every layer colocated.
+    g, cluster, split, together = _one_layer_over_a_small_device()
     seen = []
 
     def build(g, ratio, scale):
         seen.append(g.colocation)
         return together if g.colocation[0] is not None else split
 
-    two = mesh(["X", "X"])
-    cluster = Cluster("test", [Device("d0", "X", 100), Device("d1", "X", 3)], two.channels)  # b's input overflows d1
     sched = schedule_with_memory_retries(build, g, cluster, "test")
     assert sched.device_of.tolist() == [0, 0] and sched.simulated.fits
     assert seen[0] == [None, None] and seen[-1] == ["layer0", "layer0"]
@@ -284,10 +290,7 @@ def test_memory_retries_fall_back_on_colocated_layers():
 def test_memory_retries_try_the_pressed_build_after_the_first_overflow_and_last_on_colocated_layers():
     # The build always overflows. The pressed build is tried once at the first schedule's ratio, then
     # the build's retries go on (nodes, then colocated layers), and last the pressed build on the layers.
-    g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)], output_bytes=[4, 4], layer=["L", "L"])
-    split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
-    together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
-                        np.array([1.0, 2.0]))
+    g, cluster, split, together = _one_layer_over_a_small_device()
     built, pressed = [], []
 
     def build(g, ratio, scale):
@@ -298,8 +301,6 @@ def test_memory_retries_try_the_pressed_build_after_the_first_overflow_and_last_
         pressed.append((g.colocation[0], ratio))
         return together if g.colocation[0] is not None else split
 
-    two = mesh(["X", "X"])
-    cluster = Cluster("test", [Device("d0", "X", 100), Device("d1", "X", 3)], two.channels)  # b's input overflows d1
     sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5, pressed=press)
     assert sched.device_of.tolist() == [0, 0]
     assert built[0] == (None, 0.5) and built[1] == (None, 1.0) and built[-1][0] == "layer0"
@@ -311,13 +312,8 @@ def test_memory_retries_try_the_pressed_build_after_the_first_overflow_and_last_
 
 
 def test_memory_retries_keep_the_pressed_schedule_where_it_fits_at_the_first_ratio():
-    g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)], output_bytes=[4, 4])
-    split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
-    together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
-                        np.array([1.0, 2.0]))
+    g, cluster, split, together = _one_layer_over_a_small_device()
     calls = []
-    two = mesh(["X", "X"])
-    cluster = Cluster("test", [Device("d0", "X", 100), Device("d1", "X", 3)], two.channels)
     sched = schedule_with_memory_retries(lambda g, ratio, scale: calls.append(("build", ratio)) or split, g, cluster,
                                          "test", ratio=0.5,
                                          pressed=lambda g, ratio, scale: calls.append(("pressed", ratio)) or together)
