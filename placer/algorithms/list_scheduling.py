@@ -10,28 +10,31 @@ know about the partial schedule, in the terms of the reference model
   rule), or the end of the timeline (append, ETF's rule);
 - one timeline per *channel*: a tensor sent to another device is one
   transfer per (producer, tensor, destination device), booked on the
-  channel of that pair after the producer finishes and after every
-  transfer booked there before it (not in an earlier idle window: the
-  reference model's channel serves its queue in order, so a transfer
-  slipped into a gap would wait its turn there; bench/list_prediction.py),
-  so transfers that share a channel do not overlap, and a tensor already
-  sent to a device is reused there;
+  channel of that pair where the channel's first-come-first-served queue
+  puts it: once its producer has finished and every transfer booked there
+  that queues ahead of it has ended (:class:`QueueOrder`). Where that slot
+  is taken, the channel is crowded, and more of the crowd is still to be
+  booked (a scheduler books a transfer when it places the consumer), so
+  the transfer goes after every transfer booked there. Transfers that
+  share a channel do not overlap, and a tensor already sent to a device
+  is reused there;
 - placement units (colocation groups) whose first scheduled member fixes
   the device of the whole group, kinds a unit may not use, and each
   device's memory over time (:class:`MemoryTimeline`).
 
-The per-device order is the order of each timeline. Without channel
-contention the start times a scheduler predicts are exactly those the
-reference simulator measures when it runs that order; where several
-transfers queue for one channel, the simulator's first-come-first-served
-channels may differ from the booking, and :func:`~placer.algorithms.registry.place`
-reports the simulator's figures.
+The per-device order is the order of each timeline. Where no transfer waits
+for its channel, the start times a scheduler predicts are exactly those the
+reference simulator measures when it runs that order. Where transfers
+queue they can differ: the reference model serves a transfer booked late
+before the booked ones that queue behind it, and delays those; a list
+scheduler learns of a transfer only when it places the consumer.
+:func:`~placer.algorithms.registry.place` reports the simulator's figures.
 """
 
 from __future__ import annotations
 
 import weakref
-from bisect import bisect_right
+from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 from typing import Callable
 
@@ -48,7 +51,7 @@ from ..transform.colocate import colocate_layers
 from .common import liveness_ratio, placement_units, unit_allowed
 from .timebox import TimeBox, seconds_left
 
-__all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline",
+__all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline",
            "earliest_start_priorities"]
 
@@ -199,6 +202,67 @@ class Timeline:
             if gap > widest:
                 widest = gap
         self.widest[b] = widest
+
+
+class QueueOrder:
+    """The transfers booked on one channel, by their place in its queue, that tell when those ahead of a new one end.
+
+    The reference model's channel serves its queue first come, first served
+    (FORMATS.md, rule 4): by the time a transfer joined the queue (its
+    producer's finish), ties by producer, destination device name and
+    tensor. A transfer cannot start before every transfer that queues ahead
+    of it has ended; :meth:`ahead_until` gives that time. A list scheduler
+    books transfers out of queue order, so the keys are kept sorted in
+    blocks of a few dozen, each with the latest end among its transfers.
+
+    Examples
+    --------
+    >>> q = QueueOrder()
+    >>> q.add((2.0, 7, 0, 0), 5.0)
+    >>> q.add((0.5, 3, 1, 0), 1.5)
+    >>> q.ahead_until((1.0, 4, 0, 0)), q.ahead_until((3.0, 1, 0, 0)), q.ahead_until((0.0, 1, 0, 0))
+    (1.5, 5.0, 0.0)
+    """
+
+    BLOCK = 64
+
+    def __init__(self) -> None:
+        self.keys: list[list[tuple]] = [[]]     # consecutive ranges of keys
+        self.ends: list[list[float]] = [[]]
+        self.latest = [0.0]                     # latest end in each block
+        self.firsts: list[tuple] = []           # first key of each block but the first
+        self.last_key: tuple = ()               # the largest key (() sorts before every key)
+        self.latest_end = 0.0                   # the latest end of all
+
+    def ahead_until(self, key: tuple) -> float:
+        """When the last transfer queued ahead of ``key`` ends (0 if none is)."""
+        if key > self.last_key:     # most transfers are booked in the order they queue
+            return self.latest_end
+        b = bisect_right(self.firsts, key)
+        until = max(self.latest[:b], default=0.0)
+        keys = self.keys[b]
+        i = bisect_left(keys, key)
+        if i == len(keys):
+            return max(until, self.latest[b])
+        return max(until, max(self.ends[b][:i])) if i else until
+
+    def add(self, key: tuple, end: float) -> None:
+        """Record a transfer booked with queue key ``key`` that ends at ``end``."""
+        b = bisect_right(self.firsts, key)
+        keys, ends = self.keys[b], self.ends[b]
+        i = bisect_right(keys, key)
+        keys.insert(i, key)
+        ends.insert(i, end)
+        self.latest[b] = max(self.latest[b], end)
+        self.last_key, self.latest_end = max(self.last_key, key), max(self.latest_end, end)
+        if len(keys) > 2 * self.BLOCK:
+            half = self.BLOCK
+            self.keys.insert(b + 1, keys[half:])
+            self.ends.insert(b + 1, ends[half:])
+            del keys[half:], ends[half:]
+            self.latest[b] = max(ends)
+            self.latest.insert(b + 1, max(self.ends[b + 1]))
+            self.firsts.insert(b, self.keys[b + 1][0])
 
 
 def edge_transfer_times(graph: OpGraph, cluster: Cluster, reduce: str) -> np.ndarray:
@@ -381,6 +445,9 @@ class ScheduleTables:
     channel_of, receivers, ch_lat, ch_inv_bw
         Channel of each device pair, the devices each channel brings data to,
         each channel's latency and inverse bandwidth.
+    name_rank : list of int
+        Each device's place among the devices sorted by name (the channel
+        queue's tie rule: :class:`QueueOrder`).
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster):
@@ -398,6 +465,7 @@ class ScheduleTables:
                           for k in range(len(cluster.channels))]
         self.ch_lat = [c.latency_s for c in cluster.channels]
         self.ch_inv_bw = [1.0 / c.bandwidth_bytes_per_s for c in cluster.channels]
+        self.name_rank = np.argsort(np.argsort([d.name for d in cluster.devices], kind="stable")).tolist()
         ptr, eids = graph.in_edges
         src, tensor, nbytes = graph.src.tolist(), graph.edge_tensor.tolist(), graph.edge_bytes.tolist()
         eids = eids.tolist()
@@ -479,7 +547,7 @@ class ScheduleState:
         self.dur, self.unit_of, self.units, self.unit_ok = tables.dur, tables.unit_of, tables.units, tables.unit_ok
         self.unit_params, self.grouped, self.reserved_at = tables.unit_params, tables.grouped, tables.reserved_at
         self.channel_of, self.receivers = tables.channel_of, tables.receivers
-        self.ch_lat, self.ch_inv_bw = tables.ch_lat, tables.ch_inv_bw
+        self.ch_lat, self.ch_inv_bw, self.name_rank = tables.ch_lat, tables.ch_inv_bw, tables.name_rank
         self.inputs, self.consumers, self.readers = tables.inputs, tables.consumers, tables.readers
         self.ratio = ratio
         self.memory = MemoryTimeline(cluster.memory, capacity_scale)
@@ -508,6 +576,9 @@ class ScheduleState:
         self.finish = [0.0] * n
         self.devices = [Timeline() for _ in range(n_dev)]
         self.channels = [Timeline() for _ in cluster.channels]
+        self.queues = [QueueOrder() for _ in cluster.channels]
+        #: Per (producer, channel), the name ranks of the devices a transfer of it is booked to, sorted.
+        self.sent_to: dict[tuple[int, int], list[int]] = {}
         self.arrival: dict[tuple[int, int, int], float] = {}
         #: The (node, device) pairs with some input already sent to the device.
         self.input_sent: set[tuple[int, int]] = set()
@@ -540,7 +611,9 @@ class ScheduleState:
         takes to ``d``, gets the same transfers at the same times; as bookings
         only fill channels, its data-ready time stays at least what it is for
         ``d`` now, for as long as none of the inputs is sent there
-        (:meth:`any_input_sent`).
+        (:meth:`any_input_sent`), and while no transfer of the same producer
+        is booked on that channel to a device whose name sorts between the
+        two (the queue's ties go by destination name).
         """
         inputs = self.inputs[v]
         if not bookings or len(bookings) != len(inputs):
@@ -549,16 +622,27 @@ class ScheduleState:
         if not others:      # a channel per pair of devices
             return []
         routes = [(self.device_of[inputs[k][0]], c) for c, _, _, k in bookings]
-        return [j for j in others if all(self.channel_of[du][j] == c and du != j for du, c in routes)
+        # The name ranks a device may have: none of those sent to lies between it and d's.
+        rank, lowest, highest = self.name_rank, -1, len(self.name_rank)
+        for c, _, _, k in bookings:
+            sent = self.sent_to.get((inputs[k][0], c))
+            if sent:
+                i = bisect_left(sent, rank[d])
+                lowest = max(lowest, sent[i - 1]) if i else lowest
+                i = bisect_right(sent, rank[d])
+                highest = min(highest, sent[i]) if i < len(sent) else highest
+        return [j for j in others
+                if lowest <= rank[j] <= highest and all(self.channel_of[du][j] == c and du != j for du, c in routes)
                 and not self.any_input_sent(v, j)]
 
     def data_ready(self, v: int, d: int) -> tuple[float, list[tuple[int, float, float, int]]]:
         """When every input of ``v`` is on device ``d``, and the transfers that would be booked for it.
 
-        Transfers are tried in order of their producer's finish (the order
-        they would queue in), each after its producer ends and after every
-        transfer booked on its channel so far (the channel serves its queue in
-        order); two of them on one channel go one after the other.
+        Transfers are tried in the order they would queue in, each once its
+        producer ends and every transfer booked on its channel that queues
+        ahead of it has ended (:class:`QueueOrder`) if the channel is idle
+        then, else after every transfer booked there (see the module's
+        docstring); two of them on one channel go one after the other.
         """
         ready = 0.0
         bookings: list[tuple[int, float, float, int]] = []   # (channel, start, end, input)
@@ -572,17 +656,24 @@ class ScheduleState:
             if known is not None:
                 ready = max(ready, known)
                 continue
-            pending.append((self.finish[u], u, k))
+            pending.append((self.finish[u], u, t, k))
         pending.sort()
         # This node's own transfers on one channel go in the order they queue, one after another.
         channel_free: dict[int, float] = {}
-        for queued, u, k in pending:
+        for queued, u, t, k in pending:
             c = self.channel_of[self.device_of[u]][d]
             if c < 0:
                 return float("inf"), []
             length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
             if self.contention:
-                begin = self.channels[c].find(max(queued, channel_free.get(c, queued)), length, insertion=False)[0]
+                after = max(queued, channel_free.get(c, queued),
+                            self.queues[c].ahead_until((queued, u, self.name_rank[d], t)))
+                channel = self.channels[c]
+                begin = channel.find(after, length, insertion=True)[0]
+                if begin > after:
+                    # Its slot in the queue is taken: the rest of the crowd comes ahead of it too
+                    # (bench/list_prediction.py).
+                    begin = channel.find(after, length, insertion=False)[0]
                 channel_free[c] = begin + length
             else:
                 begin = queued
@@ -690,9 +781,11 @@ class ScheduleState:
             u, t, _ = self.inputs[v][k]
             self.arrival[(u, t, d)] = f
             self.input_sent.update((w, d) for w in self.readers[(u, t)])
+            insort(self.sent_to.setdefault((u, c), []), self.name_rank[d])
             if self.contention:
                 channel = self.channels[c]
-                channel.book(*channel.find(s, f - s, insertion=False), f - s)
+                channel.book(*channel.find(s, f - s, insertion=True), f - s)
+                self.queues[c].add((self.finish[u], u, self.name_rank[d], t), f)
                 for receiver in self.receivers[c]:
                     self.version[receiver] += 1
         self.devices[d].book(begin, block, index, end - begin, v)
