@@ -145,6 +145,14 @@ class Timeline:
             return self.last[last_b], *end
         return found
 
+    def idle_at(self, begin: float, length: float) -> bool:
+        """Whether no booked interval overlaps ``[begin, begin + length)`` (as :meth:`find` with insertion sees it)."""
+        last_b = len(self.finishes) - 1
+        if self.last[last_b] <= begin:
+            return True
+        b = bisect_right(self.last, begin)
+        return begin + length <= self.starts[b][bisect_right(self.finishes[b], begin)]
+
     def _first_gap(self, ready: float, length: float) -> tuple[float, int, int] | None:
         """The earliest idle gap after ``ready`` that holds ``length`` (as :meth:`find`), None if none does."""
         last_b = len(self.finishes) - 1
@@ -669,11 +677,9 @@ class ScheduleState:
                 after = max(queued, channel_free.get(c, queued),
                             self.queues[c].ahead_until((queued, u, self.name_rank[d], t)))
                 channel = self.channels[c]
-                begin = channel.find(after, length, insertion=True)[0]
-                if begin > after:
-                    # Its slot in the queue is taken: the rest of the crowd comes ahead of it too
-                    # (bench/list_prediction.py).
-                    begin = channel.find(after, length, insertion=False)[0]
+                # Where its slot in the queue is taken, the rest of the crowd comes ahead of it too
+                # (bench/list_prediction.py).
+                begin = after if channel.idle_at(after, length) else channel.find(after, length, insertion=False)[0]
                 channel_free[c] = begin + length
             else:
                 begin = queued
