@@ -424,15 +424,19 @@ def earliest_gap(t, ready, length):
 @given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 5)), max_size=300), st.floats(0, 100), st.floats(0, 5))
 def test_timeline_finds_the_earliest_gap_like_a_walk_over_every_interval(jobs, ready, length):
     t = Timeline()
+    t.BLOCK = 4     # blocks split often
     for begin, job in jobs:
         # The same question again and again as the timeline fills, as list schedulers ask it.
         assert t.find(ready, length, insertion=True)[0] == earliest_gap(t, ready, length)
+        assert t.idle_at(ready, length) == (earliest_gap(t, ready, length) == ready)
         t.book(*t.find(begin, job, insertion=True), job, begin)
     starts = [s for block in t.starts for s in block]
     finishes = [f for block in t.finishes for f in block]
     assert starts == sorted(starts) and all(f <= s for f, s in zip(finishes, starts[1:]))
     assert len(t.items()) == len(jobs)
     assert t.find(ready, length, insertion=True)[0] == earliest_gap(t, ready, length)
+    for begin in finishes[::7]:     # every block
+        assert t.idle_at(begin, length) == (earliest_gap(t, begin, length) == begin)
 
 
 def memory_level(held, time):
