@@ -45,12 +45,13 @@ def main() -> None:
     print("per scheduler: predicted / simulated with its order / simulated with earliest-ready dispatch, in ms "
           "('!' where that plan does not fit memory)")
     print(f"{'case':>36} " + " ".join(f"{name:>26}" for name in SCHEDULERS) + "   wall s")
+    errors: dict[str, list[float]] = {name: [] for name in SCHEDULERS}   # |predicted / simulated - 1|
     for case in args.cases.split(","):
         model, cluster_name = case.split("/")
         graph, cluster = captured_graph(model, None, Path(args.cache)), load_cluster(cluster_name)
         ratio = liveness_ratio(graph, cluster)
         began, cells = time.perf_counter(), []
-        for schedule in SCHEDULERS.values():
+        for name, schedule in SCHEDULERS.items():
             try:
                 sched = schedule(graph, cluster, ratio)
             except InfeasibleError:
@@ -58,10 +59,13 @@ def main() -> None:
                 continue
             ordered = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
             dispatched = simulate(graph, cluster, sched.device_of, check=False)
+            errors[name].append(abs(sched.finish.max() / ordered.makespan_s - 1))
             cells.append(f"{sched.finish.max() * 1e3:.1f} / {ordered.makespan_s * 1e3:.1f}{'' if ordered.fits else '!'}"
                          f" / {dispatched.makespan_s * 1e3:.1f}{'' if dispatched.fits else '!'}")
         print(f"{graph.name + '/' + cluster.name:>36} " + " ".join(f"{c:>26}" for c in cells)
               + f"   {time.perf_counter() - began:.1f}", flush=True)
+    print("mean |predicted / simulated with its order - 1|: " + ", ".join(
+        f"{name} {100 * sum(e) / len(e):.1f}% over {len(e)}" for name, e in errors.items() if e))
     print(f"reproduce: ./run.sh bench bench/list_prediction.py --cases {args.cases}")
 
 
