@@ -688,6 +688,23 @@ def test_queue_order_gives_the_latest_end_among_the_keys_ahead(booked, asked):
         ahead = [end for other, (_, _, end) in zip(keys, booked) if other < key]
         assert queue.ahead_until(key) == max(ahead, default=0.0)
 
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(3, 30), st.integers(0, 2**30), st.integers(3, 5))
+def test_same_routes_names_devices_whose_inputs_arrive_no_earlier(n, seed, n_dev):
+    # m-ETF raises a node's key on every device same_routes names: a lower bound only if this holds.
+    # Producers with two tensors make the queue's ties by destination name, then tensor, matter.
+    g = random_dag(n, edge_prob=0.6, seed=seed, max_bytes=1 << 24)
+    state = ScheduleState(g, mesh(["X"] * n_dev, bandwidth=2e9, latency=1e-5, shared=True), 1.0, insertion=False)
+    rng = np.random.default_rng(seed)
+    for v in g.topological_order.tolist():
+        for d in range(n_dev):
+            ready, bookings = state.data_ready(v, d)
+            for j in state.same_routes(v, d, bookings):
+                assert state.data_ready(v, j)[0] >= ready
+        d = int(rng.integers(n_dev))
+        state.commit(v, d, state.estimate(v, d))
+
 def test_a_transfer_takes_the_idle_window_before_one_that_queues_after_it():
     # a then z on d0, whose one egress channel is shared; z's 4 bytes to d1 are booked first (2..6).
     # a's byte to d2 queues at 1, ahead of z's: it takes the idle second before them (1..2), as the

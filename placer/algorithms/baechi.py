@@ -124,7 +124,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     changes nothing for the other ready nodes, so wide graphs (a captured
     training step has hundreds of optimizer operations ready at once) cost
     O(V log V * devices) rather than O(V * ready). Heap keys are lower bounds
-    (estimates only grow as transfers fill the channels); the winner is
+    (estimates grow as transfers fill the channels, but for a transfer that
+    found its slot in its channel's queue taken and goes after the crowd:
+    once a transfer queued ahead of it is booked to end later, an idle slot
+    there may bring it forward, which a key does not follow); the winner is
     re-estimated before it is booked, and goes back with its new key when it
     grew beyond the tolerance. Where many nodes wait for one channel
     (hundreds of optimizer steps whose state lives on another device),

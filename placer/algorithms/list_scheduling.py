@@ -585,8 +585,8 @@ class ScheduleState:
         self.devices = [Timeline() for _ in range(n_dev)]
         self.channels = [Timeline() for _ in cluster.channels]
         self.queues = [QueueOrder() for _ in cluster.channels]
-        #: Per (producer, channel), the name ranks of the devices a transfer of it is booked to, sorted.
-        self.sent_to: dict[tuple[int, int], list[int]] = {}
+        #: Per (producer, channel), the (destination name rank, tensor) of its transfers booked there, sorted.
+        self.sent_to: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.arrival: dict[tuple[int, int, int], float] = {}
         #: The (node, device) pairs with some input already sent to the device.
         self.input_sent: set[tuple[int, int]] = set()
@@ -619,9 +619,10 @@ class ScheduleState:
         takes to ``d``, gets the same transfers at the same times; as bookings
         only fill channels, its data-ready time stays at least what it is for
         ``d`` now, for as long as none of the inputs is sent there
-        (:meth:`any_input_sent`), and while no transfer of the same producer
-        is booked on that channel to a device whose name sorts between the
-        two (the queue's ties go by destination name).
+        (:meth:`any_input_sent`), provided the same transfers queue ahead of
+        each input on its way to either device: none of the same producer
+        is booked on that channel whose (destination name, tensor) sorts
+        between the input's to ``d`` and to the other (the queue's ties).
         """
         inputs = self.inputs[v]
         if not bookings or len(bookings) != len(inputs):
@@ -630,17 +631,18 @@ class ScheduleState:
         if not others:      # a channel per pair of devices
             return []
         routes = [(self.device_of[inputs[k][0]], c) for c, _, _, k in bookings]
-        # The name ranks a device may have: none of those sent to lies between it and d's.
-        rank, lowest, highest = self.name_rank, -1, len(self.name_rank)
+        # Per input whose producer has transfers booked on its channel: the (rank, tensor) ties next
+        # below and above its own to d, between which its tie to another device must fall.
+        rank, windows = self.name_rank, []
         for c, _, _, k in bookings:
-            sent = self.sent_to.get((inputs[k][0], c))
+            u, t, _ = inputs[k]
+            sent = self.sent_to.get((u, c))
             if sent:
-                i = bisect_left(sent, rank[d])
-                lowest = max(lowest, sent[i - 1]) if i else lowest
-                i = bisect_right(sent, rank[d])
-                highest = min(highest, sent[i]) if i < len(sent) else highest
+                i = bisect_left(sent, (rank[d], t))
+                windows.append((sent[i - 1] if i else (-1, -1), sent[i] if i < len(sent) else (len(rank), 0), t))
         return [j for j in others
-                if lowest <= rank[j] <= highest and all(self.channel_of[du][j] == c and du != j for du, c in routes)
+                if all(below < (rank[j], t) < above for below, above, t in windows)
+                and all(self.channel_of[du][j] == c and du != j for du, c in routes)
                 and not self.any_input_sent(v, j)]
 
     def data_ready(self, v: int, d: int) -> tuple[float, list[tuple[int, float, float, int]]]:
@@ -787,7 +789,7 @@ class ScheduleState:
             u, t, _ = self.inputs[v][k]
             self.arrival[(u, t, d)] = f
             self.input_sent.update((w, d) for w in self.readers[(u, t)])
-            insort(self.sent_to.setdefault((u, c), []), self.name_rank[d])
+            insort(self.sent_to.setdefault((u, c), []), (self.name_rank[d], t))
             if self.contention:
                 channel = self.channels[c]
                 channel.book(*channel.find(s, f - s, insertion=True), f - s)
