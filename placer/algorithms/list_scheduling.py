@@ -676,12 +676,14 @@ class ScheduleState:
                 return float("inf"), []
             length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
             if self.contention:
-                after = max(queued, channel_free.get(c, queued),
-                            self.queues[c].ahead_until((queued, u, self.name_rank[d], t)))
-                channel = self.channels[c]
+                after = max(queued, channel_free.get(c, queued))
+                queue, channel = self.queues[c], self.channels[c]
+                if queue.latest_end > after:
+                    after = max(after, queue.ahead_until((queued, u, self.name_rank[d], t)))
                 # Where its slot in the queue is taken, the rest of the crowd comes ahead of it too
                 # (bench/list_prediction.py).
-                begin = after if channel.idle_at(after, length) else channel.find(after, length, insertion=False)[0]
+                begin = (after if channel.last[-1] <= after or channel.idle_at(after, length)
+                         else channel.find(after, length, insertion=False)[0])
                 channel_free[c] = begin + length
             else:
                 begin = queued
