@@ -115,6 +115,11 @@ class Cluster:
         return f"Cluster({self.name!r}, devices={self.num_devices}, channels={len(self.channels)})"
 
     @property
+    def name_rank(self) -> np.ndarray:
+        """Each device's place among the devices sorted by name (a channel's tie rule: FORMATS.md, rule 4)."""
+        return np.argsort(np.argsort([d.name for d in self.devices], kind="stable"))
+
+    @property
     def memory(self) -> np.ndarray:
         return np.array([d.memory_bytes for d in self.devices], dtype=np.int64)
 

@@ -705,15 +705,22 @@ def test_same_routes_names_devices_whose_inputs_arrive_no_earlier(n, seed, n_dev
         d = int(rng.integers(n_dev))
         state.commit(v, d, state.estimate(v, d))
 
+
+def booked(g, cluster, placements):
+    """A HEFT-style partial schedule of ``g`` with each (node, device) of ``placements`` committed in turn."""
+    state = ScheduleState(g, cluster, 1.0, insertion=True)
+    for v, d in placements:
+        state.commit(v, d, state.estimate(v, d))
+    return state
+
+
 def test_a_transfer_takes_the_idle_window_before_one_that_queues_after_it():
     # a then z on d0, whose one egress channel is shared; z's 4 bytes to d1 are booked first (2..6).
     # a's byte to d2 queues at 1, ahead of z's: it takes the idle second before them (1..2), as the
     # reference model's channel serves it, and the step is what the simulator measures.
     g = graph({"a": 1.0, "z": 1.0, "x": 1.0, "y": 1.0}, [("z", "x", 4), ("a", "y", 1)])
     cluster = mesh(["X", "X", "X"], bandwidth=1.0, shared=True)
-    state = ScheduleState(g, cluster, 1.0, insertion=True)
-    for v, d in ((0, 0), (1, 0), (2, 1), (3, 2)):
-        state.commit(v, d, state.estimate(v, d))
+    state = booked(g, cluster, ((0, 0), (1, 0), (2, 1), (3, 2)))
     sched = state.schedule()
     assert (state.start[2], state.start[3]) == (6.0, 2.0)
     assert simulate(g, cluster, sched.device_of, sched.orders).start.tolist() == sched.start.tolist()
@@ -725,9 +732,7 @@ def test_a_transfer_waits_for_every_transfer_booked_on_its_channel_that_queues_a
     # b's byte to d1 queues at 2, behind a's, so it waits for them (11..12) though 2..5 is idle.
     g = graph({"a": 1.0, "b": 1.0, "z": 3.0, "x": 1.0, "y": 1.0, "w": 1.0},
               [("z", "x", 1), ("a", "y", 5), ("b", "w", 1)])
-    state = ScheduleState(g, mesh(["X", "X", "X"], bandwidth=1.0, shared=True), 1.0, insertion=True)
-    for v, d in ((0, 0), (1, 0), (2, 0), (3, 1), (4, 2)):
-        state.commit(v, d, state.estimate(v, d))
+    state = booked(g, mesh(["X", "X", "X"], bandwidth=1.0, shared=True), ((0, 0), (1, 0), (2, 0), (3, 1), (4, 2)))
     assert (state.start[3], state.start[4]) == (6.0, 11.0)
     assert state.estimate(5, 1)[0] == 12.0
 
@@ -739,8 +744,6 @@ def test_a_transfer_whose_place_in_the_queue_is_taken_goes_after_every_transfer_
     # not into the idle window 6..10.
     g = graph({"a": 1.0, "z": 1.0, "q": 8.0, "x": 1.0, "r": 1.0, "y": 1.0},
               [("z", "x", 4), ("q", "r", 1), ("a", "y", 2)])
-    state = ScheduleState(g, mesh(["X", "X", "X"], bandwidth=1.0, shared=True), 1.0, insertion=True)
-    for v, d in ((0, 0), (1, 0), (2, 0), (3, 1), (4, 1)):
-        state.commit(v, d, state.estimate(v, d))
+    state = booked(g, mesh(["X", "X", "X"], bandwidth=1.0, shared=True), ((0, 0), (1, 0), (2, 0), (3, 1), (4, 1)))
     assert (state.start[3], state.start[4]) == (6.0, 11.0)
     assert state.estimate(5, 2)[0] == 13.0

@@ -454,8 +454,8 @@ class ScheduleTables:
         Channel of each device pair, the devices each channel brings data to,
         each channel's latency and inverse bandwidth.
     name_rank : list of int
-        Each device's place among the devices sorted by name (the channel
-        queue's tie rule: :class:`QueueOrder`).
+        :attr:`~placer.cluster.Cluster.name_rank` (the channel queue's tie
+        rule: :class:`QueueOrder`).
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster):
@@ -473,7 +473,7 @@ class ScheduleTables:
                           for k in range(len(cluster.channels))]
         self.ch_lat = [c.latency_s for c in cluster.channels]
         self.ch_inv_bw = [1.0 / c.bandwidth_bytes_per_s for c in cluster.channels]
-        self.name_rank = np.argsort(np.argsort([d.name for d in cluster.devices], kind="stable")).tolist()
+        self.name_rank = cluster.name_rank.tolist()
         ptr, eids = graph.in_edges
         src, tensor, nbytes = graph.src.tolist(), graph.edge_tensor.tolist(), graph.edge_bytes.tolist()
         eids = eids.tolist()

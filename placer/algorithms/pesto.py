@@ -493,8 +493,7 @@ class _CpModel:
         pairwise rules only while they number at most ``FIFO_MAX_PAIRS``.
         """
         p, m = self.p, self.model
-        names = [d.name for d in p.cluster.devices]
-        name_rank = np.argsort(np.argsort(names, kind="stable")).tolist()
+        name_rank = p.cluster.name_rank.tolist()
 
         def queue_key(entry):
             k, d = entry[0], entry[1]

@@ -205,7 +205,7 @@ def _plan_transfers(graph: OpGraph, cluster: Cluster, device_of: np.ndarray):
     cross = np.flatnonzero(sdev != ddev)
     local = np.flatnonzero(sdev == ddev)
     # The channel tie rule orders by producer, destination device *name*, tensor.
-    name_rank = np.argsort(np.argsort([d.name for d in cluster.devices], kind="stable"))
+    name_rank = cluster.name_rank
     keys = np.stack([src[cross], name_rank[ddev[cross]], graph.edge_tensor[cross]])
     if cross.size:
         uniq, edge_to_xfer = np.unique(keys, axis=1, return_inverse=True)
