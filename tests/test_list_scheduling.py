@@ -17,7 +17,7 @@ from placer.algorithms import list_scheduling
 from placer.algorithms.list_scheduling import (STALE_SCHEDULES, MemoryTimeline, QueueOrder, Schedule, ScheduleState,
                                                Timeline,
                                                earliest_start_priorities, plan_from_schedule, priority_order,
-                                               schedule_with_memory_retries, upward_ranks)
+                                               schedule_with_memory_retries, simulated_sends, upward_ranks)
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
@@ -193,7 +193,7 @@ def test_memory_retries_shrink_an_overflowed_device_then_the_ratio_where_that_le
     cluster = mesh(["X", "X"], memory=3 * GiB // 2)
     tried = []
 
-    def build(g, ratio, scale):
+    def build(g, ratio, scale, sends=None):
         tried.append((ratio, scale.tolist()))
         if scale[0] == 1:
             return Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)],
@@ -221,7 +221,7 @@ def test_memory_retries_start_at_the_liveness_ratio_and_count_whole_after_an_ove
     stacked = Schedule(np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)],
                        np.arange(3.0), np.arange(1.0, 4.0))                   # 8 bytes on d0: overflows
 
-    def build(g, ratio, scale):
+    def build(g, ratio, scale, sends=None):
         tried.append((ratio, scale.tolist()))
         return stacked
 
@@ -240,7 +240,7 @@ def test_memory_retries_stop_when_moving_work_only_moves_the_excess():
                        np.arange(3.0), np.arange(1.0, 4.0))
     tried = []
 
-    def build(g, ratio, scale):
+    def build(g, ratio, scale, sends=None):
         tried.append(ratio)
         return stacked
 
@@ -279,7 +279,7 @@ def test_memory_retries_fall_back_on_colocated_layers():
     g, cluster, split, together = _one_layer_over_a_small_device()
     seen = []
 
-    def build(g, ratio, scale):
+    def build(g, ratio, scale, sends=None):
         seen.append(g.colocation)
         return together if g.colocation[0] is not None else split
 
@@ -294,18 +294,19 @@ def test_memory_retries_try_the_pressed_build_after_the_first_overflow_and_last_
     g, cluster, split, together = _one_layer_over_a_small_device()
     built, pressed = [], []
 
-    def build(g, ratio, scale):
+    def build(g, ratio, scale, sends=None):
         built.append((g.colocation[0], ratio))
         return split
 
-    def press(g, ratio, scale):
+    def press(g, ratio, scale, sends=None):
         pressed.append((g.colocation[0], ratio))
         return together if g.colocation[0] is not None else split
 
     sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5, pressed=press)
     assert sched.device_of.tolist() == [0, 0]
     assert built[0] == (None, 0.5) and built[1] == (None, 1.0) and built[-1][0] == "layer0"
-    assert pressed[0] == (None, 0.5) and [layer for layer, _ in pressed[1:]] == ["layer0"]
+    # On the layers: the fitting schedule, then the same build knowing its transfers (no faster: kept out).
+    assert pressed[0] == (None, 0.5) and [layer for layer, _ in pressed[1:]] == ["layer0", "layer0"]
     built.clear()
     with pytest.raises(InfeasibleError):
         schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
@@ -315,10 +316,11 @@ def test_memory_retries_try_the_pressed_build_after_the_first_overflow_and_last_
 def test_memory_retries_keep_the_pressed_schedule_where_it_fits_at_the_first_ratio():
     g, cluster, split, together = _one_layer_over_a_small_device()
     calls = []
-    sched = schedule_with_memory_retries(lambda g, ratio, scale: calls.append(("build", ratio)) or split, g, cluster,
-                                         "test", ratio=0.5,
-                                         pressed=lambda g, ratio, scale: calls.append(("pressed", ratio)) or together)
-    assert calls == [("build", 0.5), ("pressed", 0.5)] and sched is together
+    sched = schedule_with_memory_retries(
+        lambda g, ratio, scale, sends=None: calls.append(("build", ratio, sends)) or split, g, cluster, "test",
+        ratio=0.5, pressed=lambda g, ratio, scale, sends=None: calls.append(("pressed", ratio, sends)) or together)
+    # The last call is the pressed build's refinement, told the transfers of its schedule (none here).
+    assert calls == [("build", 0.5, None), ("pressed", 0.5, None), ("pressed", 0.5, {})] and sched is together
 
 
 @pytest.mark.parametrize("schedule", [heft_schedule, dpos_schedule])
@@ -372,18 +374,22 @@ def test_schedules_share_the_graphs_tables_and_leave_them_as_they_were(schedule)
     assert [o.tolist() for o in first.orders] == [o.tolist() for o in second.orders]
 
 
-def test_memory_counts_a_copy_from_its_transfer_not_from_the_booking_of_its_consumer():
+@pytest.mark.parametrize("sent_ahead", [False, True])
+def test_memory_counts_a_copy_from_its_transfer_not_from_the_booking_of_its_consumer(sent_ahead):
     # d1 holds x's 6-byte output over [0, 21) (its consumer y runs after a long node). c, booked after y,
     # reads p's 6 bytes from d0: the reference model sends them to d1 as p ends (t = 1), so with c on d1
     # d1 would hold 12 bytes of 10 over [1, 21), although at the booking frontier only the copy is live.
+    # Sent ahead (booked with p), the copy counts from then too, but only once a consumer on d1 needs it.
     g = graph({"p": 1.0, "x": 1.0, "long": 19.0, "y": 1.0, "c": 1.0},
               [("p", "c", 6), ("x", "y", 6), ("long", "y", 0)], output_bytes=[6, 6, 0, 0, 0])
     cluster = mesh(["X", "X"], bandwidth=1e9, memory=10)
-    state = ScheduleState(g, cluster, 1.0, insertion=False)
+    state = ScheduleState(g, cluster, 1.0, insertion=False, sends={0: [(0, 1, 6)]} if sent_ahead else None)
     for v, d in [("p", 0), ("x", 1), ("long", 1), ("y", 1)]:
         state.commit(g.index[v], d, state.estimate(g.index[v], d))
+    assert ((0, 0, 1) in state.arrival) == sent_ahead and state.memory.fits(1, [(0.0, 4.0)])
     c = g.index["c"]
     on_d1 = state.estimate(c, 1)
+    assert state.copies(c, 1, on_d1[3]) == {(0, 0, 1): (1.0, 6.0)}
     assert on_d1[0] == 21.0 and state.memory.used[1] + state.need(c, 1, on_d1) <= 10
     assert not state.holds(c, 1, on_d1)
     assert state.best_device(c)[0] == 0
@@ -706,9 +712,9 @@ def test_same_routes_names_devices_whose_inputs_arrive_no_earlier(n, seed, n_dev
         state.commit(v, d, state.estimate(v, d))
 
 
-def booked(g, cluster, placements):
+def booked(g, cluster, placements, sends=None):
     """A HEFT-style partial schedule of ``g`` with each (node, device) of ``placements`` committed in turn."""
-    state = ScheduleState(g, cluster, 1.0, insertion=True)
+    state = ScheduleState(g, cluster, 1.0, insertion=True, sends=sends)
     for v, d in placements:
         state.commit(v, d, state.estimate(v, d))
     return state
@@ -747,3 +753,66 @@ def test_a_transfer_whose_place_in_the_queue_is_taken_goes_after_every_transfer_
     state = booked(g, mesh(["X", "X", "X"], bandwidth=1.0, shared=True), ((0, 0), (1, 0), (2, 0), (3, 1), (4, 1)))
     assert (state.start[3], state.start[4]) == (6.0, 11.0)
     assert state.estimate(5, 2)[0] == 13.0
+
+
+def test_transfers_sent_ahead_are_booked_with_their_producer_where_the_reference_model_queues_them():
+    # The last case run by the reference model: a's 2 bytes to d2 go first (1..3), z's 4 bytes to d1
+    # next (3..7), q's byte last (10..11). Told those transfers, the same bookings book each as its
+    # producer is booked, and the schedule is the simulator's; without, y starts at 13, not 3.
+    g = graph({"a": 1.0, "z": 1.0, "q": 8.0, "x": 1.0, "r": 1.0, "y": 1.0},
+              [("z", "x", 4), ("q", "r", 1), ("a", "y", 2)])
+    cluster = mesh(["X", "X", "X"], bandwidth=1.0, shared=True)
+    placements = ((0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 2))
+    first = booked(g, cluster, placements).schedule()
+    simulated = simulate(g, cluster, first.device_of, first.orders)
+    assert (first.start[5], simulated.start[5]) == (13.0, 3.0)
+    sends = simulated_sends(simulated)
+    assert sends == {0: [(2, 2, 2)], 1: [(0, 1, 4)], 2: [(1, 1, 1)]}   # producer: [(tensor, device, bytes)]
+    again = booked(g, cluster, placements, sends).schedule()
+    assert again.start.tolist() == simulated.start.tolist() == [0.0, 1.0, 2.0, 7.0, 11.0, 3.0]
+
+
+def _two_schedules():
+    # a sends b 4 bytes at 1 byte/s: apart, a step of 6 s; together on d0, 2 s.
+    g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)])
+    apart = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.array([0.0, 5.0]), np.array([1.0, 6.0]))
+    together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
+                        np.array([1.0, 2.0]))
+    return g, mesh(["X", "X"], bandwidth=1.0), apart, together
+
+
+@pytest.mark.parametrize("faster_again", [True, False])
+def test_memory_retries_build_again_knowing_the_transfers_and_keep_the_faster(faster_again):
+    g, cluster, apart, together = _two_schedules()
+    first, again = (apart, together) if faster_again else (together, apart)
+    told = []
+
+    def build(g, ratio, scale, sends=None):
+        told.append(sends)
+        return first if sends is None else again
+
+    sched = schedule_with_memory_retries(build, g, cluster, "test")
+    assert sched is together
+    # Told the transfers the first schedule's simulation ran; a try that is no faster ends the refinement.
+    assert told[0] is None and told[1] == ({0: [(0, 1, 4)]} if faster_again else {})
+    assert len(told) == (2 + (list_scheduling.REFINEMENTS > 1) if faster_again else 2)
+    assert sched.simulated.makespan_s == 2.0
+
+
+def test_a_refinement_cut_short_by_the_time_limit_is_dropped_or_skipped_where_it_would_be():
+    g, cluster, apart, together = _two_schedules()
+
+    def build(g, ratio, scale, sends=None):
+        if sends is not None:
+            time.sleep(5)
+        return apart if sends is None else together
+
+    with TimeBox(0.5) as limit:
+        sched = schedule_with_memory_retries(build, g, cluster, "test")
+    assert not limit.expired and sched is apart
+    # A try that would not fit its share of the seconds left, going by the last one's time, is not made.
+    calls = []
+    with TimeBox(0.5):
+        kept = list_scheduling.refined_schedule(lambda *args, **kw: calls.append(kw) or build(*args, **kw),
+                                                g, cluster, sched, 1.0, np.ones(2), took_s=0.3)
+    assert kept is apart and calls == []

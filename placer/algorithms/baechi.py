@@ -43,7 +43,7 @@ def _position(graph: OpGraph) -> np.ndarray:
 
 
 def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
-                    capacity_scale: np.ndarray | None = None) -> Schedule:
+                    capacity_scale: np.ndarray | None = None, sends: dict | None = None) -> Schedule:
     """m-TOPO under a memory ratio: topological order, devices filled one after another.
 
     Each device's share is the total need (every unit's reservation) over the
@@ -57,7 +57,7 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     Every node starts as early as its device and inputs allow, in
     topological order on its device.
     """
-    state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale)
+    state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale, sends=sends)
     n_dev = cluster.num_devices
     capacity = state.memory.capacity
     total = float(sum(state.unit_need))
@@ -98,7 +98,7 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
 
 def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                  favourite: np.ndarray | None = None, capacity_scale: np.ndarray | None = None,
-                 tolerance: float | None = None) -> Schedule:
+                 tolerance: float | None = None, sends: dict | None = None) -> Schedule:
     """Earliest-time-first list scheduling (m-ETF), or m-SCT when ``favourite`` children are given.
 
     Repeatedly, among every ready node and every device that may take it,
@@ -154,7 +154,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     InfeasibleError
         If the ready nodes left fit no device's remaining memory (or no channel reaches one).
     """
-    state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale)
+    state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale, sends=sends)
     n, n_dev = graph.num_nodes, cluster.num_devices
     if tolerance is None:
         tolerance = 2 * min((c.latency_s for c in cluster.channels), default=0.0)
@@ -474,8 +474,8 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     >>> sorted(set(m_topo(training_graph(layers=2), load_cluster("2xV100-nvlink")).placement.values()))
     ['gpu0', 'gpu1']
     """
-    sched = schedule_with_memory_retries(lambda g, ratio, scale: m_topo_schedule(g, cluster, ratio, scale),
-                                         graph, cluster, "m_topo")
+    sched = schedule_with_memory_retries(
+        lambda g, ratio, scale, sends=None: m_topo_schedule(g, cluster, ratio, scale, sends), graph, cluster, "m_topo")
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
@@ -507,8 +507,9 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     >>> len(m_etf(training_graph(layers=2), load_cluster("2xV100-nvlink")).placement)
     24
     """
-    sched = schedule_with_memory_retries(lambda g, ratio, scale: etf_schedule(g, cluster, ratio, capacity_scale=scale),
-                                         graph, cluster, "m_etf")
+    sched = schedule_with_memory_retries(
+        lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, capacity_scale=scale, sends=sends),
+        graph, cluster, "m_etf")
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
@@ -551,8 +552,9 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     if not 0 < theta < 1:
         raise OptionError(f"option theta of 'm_sct' must be in (0, 1), got {theta!r}")
     favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit / 2)
-    sched = schedule_with_memory_retries(lambda g, ratio, scale: etf_schedule(g, cluster, ratio, favourite, scale),
-                                         graph, cluster, "m_sct")
+    sched = schedule_with_memory_retries(
+        lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, favourite, scale, sends=sends),
+        graph, cluster, "m_sct")
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 

@@ -82,7 +82,8 @@ def _critical_path_device(state: ScheduleState, remaining: list[int], candidates
 
 
 def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: np.ndarray | None = None,
-                  capacity_scale: np.ndarray | None = None, earliest_first: bool = False) -> Schedule:
+                  capacity_scale: np.ndarray | None = None, earliest_first: bool = False,
+                  sends: dict | None = None) -> Schedule:
     """DPOS (FastT Algorithm 1) under a memory ratio.
 
     Priorities are upward ranks with each node's largest time over its
@@ -101,7 +102,7 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
     under memory pressure; the critical path stays the one the ranks give.
     """
     rank = upward_ranks(graph, cluster, "max")
-    state = ScheduleState(graph, cluster, ratio, insertion=True, capacity_scale=capacity_scale)
+    state = ScheduleState(graph, cluster, ratio, insertion=True, capacity_scale=capacity_scale, sends=sends)
     path = critical_path(graph, rank)
     on_path = np.zeros(graph.num_nodes, dtype=bool)
     on_path[path] = True
@@ -168,8 +169,9 @@ CHECK_SHARE = 0.9
 
 def _dpos_with_retries(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None, name: str) -> Schedule:
     """DPOS's schedule that fits under the reference model, with its simulation (its memory retries)."""
-    def build(g: OpGraph, ratio: float, scale: np.ndarray, earliest_first: bool = False) -> Schedule:
-        return dpos_schedule(g, cluster, ratio, fixed, scale, earliest_first)
+    def build(g: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None,
+              earliest_first: bool = False) -> Schedule:
+        return dpos_schedule(g, cluster, ratio, fixed, scale, earliest_first, sends)
 
     return schedule_with_memory_retries(build, graph, cluster, name, pressed=partial(build, earliest_first=True))
 

@@ -17,7 +17,8 @@ __all__ = ["heft", "heft_schedule"]
 
 
 def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, contention: bool = True,
-                  capacity_scale: np.ndarray | None = None, earliest_first: bool = False) -> Schedule:
+                  capacity_scale: np.ndarray | None = None, earliest_first: bool = False,
+                  sends: dict | None = None) -> Schedule:
     """HEFT's schedule under a memory ratio (see :class:`ScheduleState`).
 
     Nodes go in decreasing upward rank computed with mean computation and mean
@@ -28,7 +29,8 @@ def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, conte
     (:func:`~placer.algorithms.list_scheduling.earliest_start_priorities`), under memory pressure.
     """
     rank = (earliest_start_priorities if earliest_first else upward_ranks)(graph, cluster, "mean")
-    state = ScheduleState(graph, cluster, ratio, insertion=True, contention=contention, capacity_scale=capacity_scale)
+    state = ScheduleState(graph, cluster, ratio, insertion=True, contention=contention, capacity_scale=capacity_scale,
+                          sends=sends)
     for v in priority_order(graph, rank).tolist():
         d, est = state.best_device(v)
         state.commit(v, d, est)
@@ -70,8 +72,9 @@ def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     task scheduling for heterogeneous computing", IEEE TPDS 13(3), 2002,
     Section 4.1 (Fig. 3, the HEFT algorithm).
     """
-    def build(g: OpGraph, ratio: float, scale: np.ndarray, earliest_first: bool = False) -> Schedule:
-        return heft_schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=earliest_first)
+    def build(g: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None,
+              earliest_first: bool = False) -> Schedule:
+        return heft_schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=earliest_first, sends=sends)
 
     sched = schedule_with_memory_retries(build, graph, cluster, "heft", pressed=partial(build, earliest_first=True))
     return plan_from_schedule(graph, cluster, sched)

@@ -27,12 +27,17 @@ for its channel, the start times a scheduler predicts are exactly those the
 reference simulator measures when it runs that order. Where transfers
 queue they can differ: the reference model serves a transfer booked late
 before the booked ones that queue behind it, and delays those; a list
-scheduler learns of a transfer only when it places the consumer.
+scheduler learns of a transfer only when it places the consumer. So
+:func:`schedule_with_memory_retries` builds a schedule again, told the
+transfers the simulation of the last one ran (``sends``): each is booked
+as soon as its producer is, as the reference model queues it, and kept
+where the step gets shorter.
 :func:`~placer.algorithms.registry.place` reports the simulator's figures.
 """
 
 from __future__ import annotations
 
+import time
 import weakref
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
@@ -53,7 +58,7 @@ from .timebox import TimeBox, seconds_left
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline",
-           "earliest_start_priorities"]
+           "earliest_start_priorities", "simulated_sends", "refined_schedule"]
 
 
 @dataclass
@@ -541,10 +546,16 @@ class ScheduleState:
         list-scheduling papers, used to reproduce their examples).
     capacity_scale : array of float, optional
         Per device, the share of its memory the schedule may use (default all).
+    sends : dict, optional
+        Per node, the transfers of its outputs to book as soon as it is
+        booked, as ``(tensor, device, bytes)``: the reference model queues a
+        transfer at its producer's finish, before a list scheduler would
+        place the consumer that needs it (:func:`simulated_sends`).
     """
 
     def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float, *, insertion: bool,
-                 contention: bool = True, capacity_scale: np.ndarray | None = None):
+                 contention: bool = True, capacity_scale: np.ndarray | None = None,
+                 sends: dict[int, list[tuple[int, int, int]]] | None = None):
         self.graph = graph
         self.cluster = cluster
         self.insertion = insertion
@@ -590,6 +601,9 @@ class ScheduleState:
         self.arrival: dict[tuple[int, int, int], float] = {}
         #: The (node, device) pairs with some input already sent to the device.
         self.input_sent: set[tuple[int, int]] = set()
+        self.sends = sends or {}
+        #: Start of each transfer booked from ``sends``, by (producer, tensor, device).
+        self.sent_ahead: dict[tuple[int, int, int], float] = {}
         #: Bumped whenever a device's timeline, incoming channels or memory change.
         self.version = [0] * n_dev
 
@@ -676,20 +690,26 @@ class ScheduleState:
                 return float("inf"), []
             length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
             if self.contention:
-                after = max(queued, channel_free.get(c, queued))
-                queue, channel = self.queues[c], self.channels[c]
-                if queue.latest_end > after:
-                    after = max(after, queue.ahead_until((queued, u, self.name_rank[d], t)))
-                # Where its slot in the queue is taken, the rest of the crowd comes ahead of it too
-                # (bench/list_prediction.py).
-                begin = (after if channel.last[-1] <= after or channel.idle_at(after, length)
-                         else channel.find(after, length, insertion=False)[0])
+                begin = self._channel_slot(c, (queued, u, self.name_rank[d], t), channel_free.get(c, queued), length)
                 channel_free[c] = begin + length
             else:
                 begin = queued
             bookings.append((c, begin, begin + length, k))
             ready = max(ready, begin + length)
         return ready, bookings
+
+    def _channel_slot(self, c: int, key: tuple, after: float, length: float) -> float:
+        """Where channel ``c`` would start a transfer of ``length`` with queue key ``key`` (producer's
+        finish first), not before ``after``: see the module's docstring."""
+        after = max(after, key[0])
+        queue, channel = self.queues[c], self.channels[c]
+        if queue.latest_end > after:
+            after = max(after, queue.ahead_until(key))
+        # Where its slot in the queue is taken, the rest of the crowd comes ahead of it too
+        # (bench/list_prediction.py).
+        if channel.last[-1] <= after or channel.idle_at(after, length):
+            return after
+        return channel.find(after, length, insertion=False)[0]
 
     def estimate(self, v: int, d: int) -> tuple[float, float, tuple[int, int], list]:
         """``(EST, EFT, place on the device's timeline, transfer bookings)`` of node ``v`` on device ``d``."""
@@ -721,6 +741,11 @@ class ScheduleState:
             u, t, b = self.inputs[v][k]
             if (u, t, d) not in self.budgeted:
                 out[(u, t, d)] = (begin, self.ratio * b)
+        if self.sent_ahead:
+            for u, t, b in self.inputs[v]:
+                begin = self.sent_ahead.get((u, t, d))
+                if begin is not None and (u, t, d) not in self.budgeted:
+                    out[(u, t, d)] = (begin, self.ratio * b)
         return out
 
     def need(self, v: int, d: int, estimate: tuple) -> float:
@@ -789,15 +814,7 @@ class ScheduleState:
         begin, end, (block, index), bookings = estimate
         for c, s, f, k in sorted(bookings, key=lambda booking: booking[1]):
             u, t, _ = self.inputs[v][k]
-            self.arrival[(u, t, d)] = f
-            self.input_sent.update((w, d) for w in self.readers[(u, t)])
-            insort(self.sent_to.setdefault((u, c), []), (self.name_rank[d], t))
-            if self.contention:
-                channel = self.channels[c]
-                channel.book(*channel.find(s, f - s, insertion=True), f - s)
-                self.queues[c].add((self.finish[u], u, self.name_rank[d], t), f)
-                for receiver in self.receivers[c]:
-                    self.version[receiver] += 1
+            self._book_transfer(u, t, d, c, s, f)
         self.devices[d].book(begin, block, index, end - begin, v)
         self.device_of[v] = d
         self.start[v] = begin
@@ -820,6 +837,37 @@ class ScheduleState:
             if self.consumers_left[u] == 0:
                 self._release(u)
         self.version[d] += 1
+        self._send_ahead(v)
+
+    def _book_transfer(self, u: int, t: int, d: int, c: int, begin: float, end: float) -> None:
+        """Book the transfer of output ``t`` of ``u`` to device ``d`` on channel ``c`` over ``[begin, end)``."""
+        self.arrival[(u, t, d)] = end
+        self.input_sent.update((w, d) for w in self.readers[(u, t)])
+        insort(self.sent_to.setdefault((u, c), []), (self.name_rank[d], t))
+        if self.contention:
+            channel = self.channels[c]
+            channel.book(*channel.find(begin, end - begin, insertion=True), end - begin)
+            self.queues[c].add((self.finish[u], u, self.name_rank[d], t), end)
+            for receiver in self.receivers[c]:
+                self.version[receiver] += 1
+
+    def _send_ahead(self, u: int) -> None:
+        """Book the transfers of ``u``'s outputs that ``sends`` names, as the reference model queues them at its finish.
+
+        A copy sent ahead is budgeted on its device's memory once a consumer
+        there uses it (:meth:`copies`); until then it only takes channel time.
+        """
+        home, rank = self.device_of[u], self.name_rank
+        for t, d, nbytes in sorted(self.sends.get(u, ()), key=lambda send: (rank[send[1]], send[0])):  # queue order
+            c = self.channel_of[home][d]
+            if d == home or c < 0 or (u, t, d) in self.arrival:
+                continue
+            length = self.ch_lat[c] + nbytes * self.ch_inv_bw[c]
+            begin = (self._channel_slot(c, (self.finish[u], u, self.name_rank[d], t), self.finish[u], length)
+                     if self.contention else self.finish[u])
+            self._book_transfer(u, t, d, c, begin, begin + length)
+            self.sent_ahead[(u, t, d)] = begin
+            self.sent_until[u] = max(self.sent_until[u], begin + length)
 
     def _claim(self, v: int, d: int, begin: float, end: float, bookings: list) -> None:
         """Turn the reservations of ``v``'s colocation group for ``v`` into ``v``'s allocations on ``d``."""
@@ -834,8 +882,9 @@ class ScheduleState:
             if amount is None:
                 continue
             self.memory.add(d, arrive[u], -amount)
-            if (u, t) in sent:      # else already on d: no copy
-                self.memory.add(d, sent[(u, t)], amount)
+            copied_from = sent.get((u, t), self.sent_ahead.get((u, t, d)))
+            if copied_from is not None and (u, t, d) not in self.budgeted:      # else already on d: no new copy
+                self.memory.add(d, copied_from, amount)
                 self.budgeted.add((u, t, d))
                 self.copies_held[u].append((d, amount))
 
@@ -865,16 +914,24 @@ class ScheduleState:
 #: Share of a running time limit's remaining seconds that :func:`plan_from_schedule` may spend on
 #: simulating earliest-ready dispatch.
 DISPATCH_SHARE = 0.9
+#: Schedules built again knowing the transfers of the best so far (:func:`refined_schedule`).
+REFINEMENTS = 3
+#: Share of a running time limit's remaining seconds that each of those may take.
+REFINE_SHARE = 0.5
 #: Overflowing schedules in a row that do not cut the smallest excess so far by a tenth, before
 #: :func:`schedule_with_memory_retries` gives up on the node-level placement.
 STALE_SCHEDULES = 1
 
 
-def schedule_with_memory_retries(build: Callable[[OpGraph, float, np.ndarray], Schedule], graph: OpGraph,
+def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
                                  cluster: Cluster, name: str, ratio: float | None = None,
                                  tries: int = 16,
-                                 pressed: Callable[[OpGraph, float, np.ndarray], Schedule] | None = None) -> Schedule:
+                                 pressed: Callable[..., Schedule] | None = None) -> Schedule:
     """Call ``build(graph, ratio, capacity_scale)`` until its schedule fits under the reference model.
+
+    The fitting schedule is then built again, knowing the transfers its
+    simulation ran (``build(graph, ratio, capacity_scale, sends=...)``:
+    :func:`refined_schedule`), while that makes the step shorter.
 
     Like :func:`~placer.algorithms.common.fitting_plan_with_retries`, but the
     reference simulation runs the schedule's own per-device order, since
@@ -923,9 +980,9 @@ def schedule_with_memory_retries(build: Callable[[OpGraph, float, np.ndarray], S
     return sched
 
 
-def _retry(build: Callable[[OpGraph, float, np.ndarray], Schedule], stage: OpGraph, graph: OpGraph,
+def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
            cluster: Cluster, name: str, ratio: float, counted_whole: bool, tries: int,
-           pressed: Callable[[OpGraph, float, np.ndarray], Schedule] | None = None,
+           pressed: Callable[..., Schedule] | None = None,
            ) -> tuple[Schedule | None, InfeasibleError, float]:
     """One stage of :func:`schedule_with_memory_retries` on ``stage`` (``graph``, or it with its layers colocated).
 
@@ -940,8 +997,10 @@ def _retry(build: Callable[[OpGraph, float, np.ndarray], Schedule], stage: OpGra
     least_excess, stale = np.inf, 0
     use_pressed = False
     for _ in range(tries):
+        began = time.perf_counter()
         try:
-            sched = (pressed if use_pressed else build)(stage, ratio, scale)
+            maker = pressed if use_pressed else build
+            sched = maker(stage, ratio, scale)
         except InfeasibleError as exc:
             error = InfeasibleError(f"{name}: {exc}")
             if use_pressed:     # go on as if it had overflowed
@@ -952,7 +1011,8 @@ def _retry(build: Callable[[OpGraph, float, np.ndarray], Schedule], stage: OpGra
         result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
         if result.fits:
             sched.simulated = result
-            return sched, error, ratio
+            return (refined_schedule(maker, graph, cluster, sched, ratio, scale, stage, time.perf_counter() - began),
+                    error, ratio)
         peak = result.peak_memory_bytes
         j = int(np.argmax(peak - capacity))
         error = InfeasibleError(
@@ -971,6 +1031,61 @@ def _retry(build: Callable[[OpGraph, float, np.ndarray], Schedule], stage: OpGra
         over = peak > capacity
         scale[over] *= 0.95 * capacity[over] / peak[over]
     return None, error, ratio
+
+
+def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cluster, sched: Schedule,
+                     ratio: float, scale: np.ndarray, stage: OpGraph | None = None, took_s: float = 0.0) -> Schedule:
+    """``sched``, or a faster fitting schedule that ``build`` makes knowing what ``sched`` sends.
+
+    A list scheduler books a transfer when it places the consumer; the
+    reference model queues it at its producer's finish, so a transfer booked
+    late can go ahead of those booked earlier and delay them. Knowing the
+    transfers the simulation of ``sched`` ran, the next schedule books
+    each as soon as its producer is booked (:class:`ScheduleState`'s
+    ``sends``), where the channel's queue puts it. Repeated while the step
+    gets shorter, up to :data:`REFINEMENTS` times. Optional work: where a
+    time limit is running, each try gets :data:`REFINE_SHARE` of the
+    seconds left (the rest is for what follows, such as the plan's
+    validation), is skipped where the last one took longer than that, and
+    is dropped if cut short.
+
+    Parameters
+    ----------
+    build : callable
+        ``build(stage, ratio, scale, sends=...)``, as :func:`schedule_with_memory_retries` calls it.
+    graph, cluster
+    sched : Schedule
+        A schedule of ``graph`` with its reference simulation (``sched.simulated``), which fits.
+    ratio, scale
+        The memory ratio and capacity scale ``sched`` was built with.
+    stage : OpGraph, optional
+        The graph ``build`` schedules (``graph``, or it with its layers colocated); default ``graph``.
+    took_s : float
+        Seconds ``sched`` took to build and simulate.
+
+    Returns
+    -------
+    Schedule
+        The fastest schedule tried, with its simulation.
+    """
+    best = sched
+    for _ in range(REFINEMENTS):
+        left = seconds_left()
+        if left is not None and REFINE_SHARE * left < took_s:
+            break
+        began = time.perf_counter()
+        with TimeBox(None if left is None else REFINE_SHARE * left) as box:
+            try:
+                again = build(graph if stage is None else stage, ratio, scale, sends=simulated_sends(best.simulated))
+            except InfeasibleError:
+                break
+            result = simulate(graph, cluster, again.device_of, again.orders, check=False)
+        took_s = time.perf_counter() - began
+        if box.expired or not result.fits or result.makespan_s >= best.simulated.makespan_s:
+            break
+        again.simulated = result
+        best = again
+    return best
 
 
 def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, *, dispatch: bool = False,
@@ -996,3 +1111,12 @@ def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, *, dis
         if not box.expired and dispatched.fits and dispatched.makespan_s < ordered.makespan_s:
             orders = dispatched.device_orders()
     return Plan.from_arrays(graph, cluster, sched.device_of, orders, **kwargs)
+
+
+def simulated_sends(result: SimResult) -> dict[int, list[tuple[int, int, int]]]:
+    """The transfers of a simulated step as :class:`ScheduleState`'s ``sends``: per producer, (tensor, device, bytes)."""
+    sent = result.transfers
+    sends: dict[int, list[tuple[int, int, int]]] = {}
+    for u, t, d, b in zip(sent.producer.tolist(), sent.tensor.tolist(), sent.dst_device.tolist(), sent.nbytes.tolist()):
+        sends.setdefault(u, []).append((t, d, b))
+    return sends
