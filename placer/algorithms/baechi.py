@@ -446,13 +446,19 @@ _REFERENCE = """
 
 
 @register("m_topo")
-def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+           refine: bool = True) -> Plan:
     """Baechi's m-TOPO: topological order, each device filled to its memory share before the next.
 
     Parameters
     ----------
     graph, cluster
-    seed, time_limit : ignored (deterministic, one pass)
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        Held by :func:`~placer.algorithms.place`; the refinement takes a share of what is left.
+    refine : bool
+        Schedule again knowing the transfers the last schedule sent, keeping what shortens the step
+        (:func:`~placer.algorithms.list_scheduling.refined_schedule`); False: the paper's one pass.
 
     Returns
     -------
@@ -475,18 +481,25 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     ['gpu0', 'gpu1']
     """
     sched = schedule_with_memory_retries(
-        lambda g, ratio, scale, sends=None: m_topo_schedule(g, cluster, ratio, scale, sends), graph, cluster, "m_topo")
+        lambda g, ratio, scale, sends=None: m_topo_schedule(g, cluster, ratio, scale, sends), graph, cluster, "m_topo",
+        refine=refine)
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
 @register("m_etf")
-def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+          refine: bool = True) -> Plan:
     """Baechi's m-ETF: earliest-time-first list scheduling within each device's memory.
 
     Parameters
     ----------
     graph, cluster
-    seed, time_limit : ignored (deterministic, one pass)
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        Held by :func:`~placer.algorithms.place`; the refinement takes a share of what is left.
+    refine : bool
+        Schedule again knowing the transfers the last schedule sent, keeping what shortens the step
+        (:func:`~placer.algorithms.list_scheduling.refined_schedule`); False: the paper's one pass.
 
     Returns
     -------
@@ -509,13 +522,13 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     """
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, capacity_scale=scale, sends=sends),
-        graph, cluster, "m_etf")
+        graph, cluster, "m_etf", refine=refine)
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
 @register("m_sct")
 def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-          theta: float = 0.1) -> Plan:
+          theta: float = 0.1, refine: bool = True) -> Plan:
     """Baechi's m-SCT: m-ETF that keeps each LP-chosen favourite child on its parent's device.
 
     Parameters
@@ -529,6 +542,9 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     theta : float
         Rounding threshold in (0, 1): an edge whose LP value is below it may
         be a favourite (Baechi's driver uses 0.1).
+    refine : bool
+        Schedule again knowing the transfers the last schedule sent, keeping what shortens the step
+        (:func:`~placer.algorithms.list_scheduling.refined_schedule`); False: the paper's one pass.
 
     Returns
     -------
@@ -554,7 +570,7 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit / 2)
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, favourite, scale, sends=sends),
-        graph, cluster, "m_sct")
+        graph, cluster, "m_sct", refine=refine)
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 

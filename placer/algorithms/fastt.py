@@ -126,13 +126,19 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
 
 
 @register("dpos")
-def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+         refine: bool = True) -> Plan:
     """FastT's DPOS: rank_u priorities, a critical-path device, insertion-based earliest finish elsewhere.
 
     Parameters
     ----------
     graph, cluster
-    seed, time_limit : ignored (DPOS is deterministic and runs in one pass)
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        Held by :func:`~placer.algorithms.place`; the refinement takes a share of what is left.
+    refine : bool
+        Schedule again knowing the transfers the last schedule sent, keeping what shortens the step
+        (:func:`~placer.algorithms.list_scheduling.refined_schedule`); False: the paper's one pass.
 
     Returns
     -------
@@ -158,7 +164,7 @@ def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     ----------
     Yi et al., FastT, CoNEXT 2020, Section 5.1, Algorithm 1 (DPOS).
     """
-    return plan_from_schedule(graph, cluster, _dpos_with_retries(graph, cluster, None, "dpos"))
+    return plan_from_schedule(graph, cluster, _dpos_with_retries(graph, cluster, None, "dpos", refine))
 
 
 #: Seconds OS-DPOS searches for splits when no time limit is given.
@@ -167,13 +173,15 @@ DEFAULT_SEARCH_S = 30.0
 CHECK_SHARE = 0.9
 
 
-def _dpos_with_retries(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None, name: str) -> Schedule:
+def _dpos_with_retries(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None, name: str,
+                       refine: bool = True) -> Schedule:
     """DPOS's schedule that fits under the reference model, with its simulation (its memory retries)."""
     def build(g: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None,
               earliest_first: bool = False) -> Schedule:
         return dpos_schedule(g, cluster, ratio, fixed, scale, earliest_first, sends)
 
-    return schedule_with_memory_retries(build, graph, cluster, name, pressed=partial(build, earliest_first=True))
+    return schedule_with_memory_retries(build, graph, cluster, name, pressed=partial(build, earliest_first=True),
+                                        refine=refine)
 
 
 def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = None) -> Schedule | None:

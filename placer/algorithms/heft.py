@@ -38,13 +38,19 @@ def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, conte
 
 
 @register("heft")
-def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
+def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
+         refine: bool = True) -> Plan:
     """HEFT: upward-rank priorities, insertion-based earliest finish time on every device.
 
     Parameters
     ----------
     graph, cluster
-    seed, time_limit : ignored (HEFT is deterministic and runs in one pass)
+    seed : ignored (deterministic)
+    time_limit : float, optional
+        Held by :func:`~placer.algorithms.place`; the refinement takes a share of what is left.
+    refine : bool
+        Schedule again knowing the transfers the last schedule sent, keeping what shortens the step
+        (:func:`~placer.algorithms.list_scheduling.refined_schedule`); False: the paper's one pass.
 
     Returns
     -------
@@ -76,5 +82,6 @@ def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
               earliest_first: bool = False) -> Schedule:
         return heft_schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=earliest_first, sends=sends)
 
-    sched = schedule_with_memory_retries(build, graph, cluster, "heft", pressed=partial(build, earliest_first=True))
+    sched = schedule_with_memory_retries(build, graph, cluster, "heft", pressed=partial(build, earliest_first=True),
+                                         refine=refine)
     return plan_from_schedule(graph, cluster, sched)

@@ -925,13 +925,13 @@ STALE_SCHEDULES = 1
 
 def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
                                  cluster: Cluster, name: str, ratio: float | None = None,
-                                 tries: int = 16,
-                                 pressed: Callable[..., Schedule] | None = None) -> Schedule:
+                                 tries: int = 16, pressed: Callable[..., Schedule] | None = None,
+                                 refine: bool = True) -> Schedule:
     """Call ``build(graph, ratio, capacity_scale)`` until its schedule fits under the reference model.
 
-    The fitting schedule is then built again, knowing the transfers its
-    simulation ran (``build(graph, ratio, capacity_scale, sends=...)``:
-    :func:`refined_schedule`), while that makes the step shorter.
+    With ``refine``, the fitting schedule is then built again, knowing the
+    transfers its simulation ran (``build(graph, ratio, capacity_scale,
+    sends=...)``: :func:`refined_schedule`), while that makes the step shorter.
 
     Like :func:`~placer.algorithms.common.fitting_plan_with_retries`, but the
     reference simulation runs the schedule's own per-device order, since
@@ -968,20 +968,21 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     """
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
-    sched, error, ratio = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, pressed)
+    sched, error, ratio = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, refine, pressed)
     layered = colocate_layers(graph) if sched is None else None
     if layered is not None:
         # The liveness ratio and whole counting were tried on the nodes: go on from the ratio reached.
-        sched, _, ratio = _retry(build, layered, graph, cluster, name, ratio, True, tries)
+        sched, _, ratio = _retry(build, layered, graph, cluster, name, ratio, True, tries, refine)
     if sched is None and pressed is not None:
-        sched, _, _ = _retry(pressed, graph if layered is None else layered, graph, cluster, name, ratio, True, tries)
+        sched, _, _ = _retry(pressed, graph if layered is None else layered, graph, cluster, name, ratio, True, tries,
+                             refine)
     if sched is None:
         raise error
     return sched
 
 
 def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
-           cluster: Cluster, name: str, ratio: float, counted_whole: bool, tries: int,
+           cluster: Cluster, name: str, ratio: float, counted_whole: bool, tries: int, refine: bool,
            pressed: Callable[..., Schedule] | None = None,
            ) -> tuple[Schedule | None, InfeasibleError, float]:
     """One stage of :func:`schedule_with_memory_retries` on ``stage`` (``graph``, or it with its layers colocated).
@@ -1011,8 +1012,9 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
         result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
         if result.fits:
             sched.simulated = result
-            return (refined_schedule(maker, graph, cluster, sched, ratio, scale, stage, time.perf_counter() - began),
-                    error, ratio)
+            if refine:
+                sched = refined_schedule(maker, graph, cluster, sched, ratio, scale, stage, time.perf_counter() - began)
+            return sched, error, ratio
         peak = result.peak_memory_bytes
         j = int(np.argmax(peak - capacity))
         error = InfeasibleError(
