@@ -916,6 +916,9 @@ class ScheduleState:
 DISPATCH_SHARE = 0.9
 #: Schedules built again knowing the transfers of the best so far (:func:`refined_schedule`).
 REFINEMENTS = 3
+#: The share by which a schedule built again must shorten the step for another to be tried: most of
+#: the gain comes from the first (bench/list_prediction.py), and each costs a whole schedule.
+REFINE_GAIN = 0.02
 #: Share of a running time limit's remaining seconds that each of those may take.
 REFINE_SHARE = 0.5
 #: Overflowing schedules in a row that do not cut the smallest excess so far by a tenth, before
@@ -1044,8 +1047,9 @@ def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cl
     late can go ahead of those booked earlier and delay them. Knowing the
     transfers the simulation of ``sched`` ran, the next schedule books
     each as soon as its producer is booked (:class:`ScheduleState`'s
-    ``sends``), where the channel's queue puts it. Repeated while the step
-    gets shorter, up to :data:`REFINEMENTS` times. Optional work: where a
+    ``sends``), where the channel's queue puts it. Kept where the step gets
+    shorter, and tried again while it gets shorter by :data:`REFINE_GAIN`,
+    up to :data:`REFINEMENTS` times. Optional work: where a
     time limit is running, each try gets :data:`REFINE_SHARE` of the
     seconds left (the rest is for what follows, such as the plan's
     validation), is skipped where the last one took longer than that, and
@@ -1085,8 +1089,11 @@ def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cl
         took_s = time.perf_counter() - began
         if box.expired or not result.fits or result.makespan_s >= best.simulated.makespan_s:
             break
+        gain = 1 - result.makespan_s / best.simulated.makespan_s
         again.simulated = result
         best = again
+        if gain < REFINE_GAIN:
+            break
     return best
 
 
