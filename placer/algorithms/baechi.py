@@ -482,7 +482,7 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     """
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: m_topo_schedule(g, cluster, ratio, scale, sends), graph, cluster, "m_topo",
-        refine=refine)
+        refine=refine, dispatch=True)
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
@@ -522,7 +522,7 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     """
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, capacity_scale=scale, sends=sends),
-        graph, cluster, "m_etf", refine=refine)
+        graph, cluster, "m_etf", refine=refine, dispatch=True)
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
@@ -570,7 +570,7 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit / 2)
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, favourite, scale, sends=sends),
-        graph, cluster, "m_sct", refine=refine)
+        graph, cluster, "m_sct", refine=refine, dispatch=True)
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 

@@ -58,7 +58,7 @@ from .timebox import TimeBox, seconds_left
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline",
-           "earliest_start_priorities", "simulated_sends", "refined_schedule"]
+           "earliest_start_priorities", "simulated_sends", "refined_schedule", "plan_simulation"]
 
 
 @dataclass
@@ -81,6 +81,8 @@ class Schedule:
     finish: np.ndarray
     #: The reference simulation of the schedule, once :func:`schedule_with_memory_retries` ran it.
     simulated: SimResult | None = None
+    #: The reference simulation of its placement under earliest-ready dispatch, once run (:func:`plan_simulation`).
+    dispatched: SimResult | None = None
 
     @property
     def makespan_s(self) -> float:
@@ -929,12 +931,13 @@ STALE_SCHEDULES = 1
 def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
                                  cluster: Cluster, name: str, ratio: float | None = None,
                                  tries: int = 16, pressed: Callable[..., Schedule] | None = None,
-                                 refine: bool = True) -> Schedule:
+                                 refine: bool = True, dispatch: bool = False) -> Schedule:
     """Call ``build(graph, ratio, capacity_scale)`` until its schedule fits under the reference model.
 
     With ``refine``, the fitting schedule is then built again, knowing the
     transfers its simulation ran (``build(graph, ratio, capacity_scale,
-    sends=...)``: :func:`refined_schedule`), while that makes the step shorter.
+    sends=...)``: :func:`refined_schedule`), while that makes the step shorter:
+    the step of the plan :func:`plan_from_schedule` makes of it with ``dispatch``.
 
     Like :func:`~placer.algorithms.common.fitting_plan_with_retries`, but the
     reference simulation runs the schedule's own per-device order, since
@@ -971,27 +974,29 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     """
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
-    sched, error, ratio = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, refine, pressed)
+    refine_with = {"dispatch": dispatch} if refine else None
+    sched, error, ratio = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, refine_with, pressed)
     layered = colocate_layers(graph) if sched is None else None
     if layered is not None:
         # The liveness ratio and whole counting were tried on the nodes: go on from the ratio reached.
-        sched, _, ratio = _retry(build, layered, graph, cluster, name, ratio, True, tries, refine)
+        sched, _, ratio = _retry(build, layered, graph, cluster, name, ratio, True, tries, refine_with)
     if sched is None and pressed is not None:
         sched, _, _ = _retry(pressed, graph if layered is None else layered, graph, cluster, name, ratio, True, tries,
-                             refine)
+                             refine_with)
     if sched is None:
         raise error
     return sched
 
 
 def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
-           cluster: Cluster, name: str, ratio: float, counted_whole: bool, tries: int, refine: bool,
+           cluster: Cluster, name: str, ratio: float, counted_whole: bool, tries: int, refine_with: dict | None,
            pressed: Callable[..., Schedule] | None = None,
            ) -> tuple[Schedule | None, InfeasibleError, float]:
     """One stage of :func:`schedule_with_memory_retries` on ``stage`` (``graph``, or it with its layers colocated).
 
     With ``pressed``, a schedule that overflows before outputs are counted
-    whole is followed by one of ``pressed`` at the same ratio.
+    whole is followed by one of ``pressed`` at the same ratio. ``refine_with``: the options of
+    :func:`refined_schedule` for the fitting schedule (None: not refined).
     Returns the fitting schedule (None if there is none), the last reason a schedule failed, and the ratio
     the retries reached.
     """
@@ -1015,8 +1020,9 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
         result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
         if result.fits:
             sched.simulated = result
-            if refine:
-                sched = refined_schedule(maker, graph, cluster, sched, ratio, scale, stage, time.perf_counter() - began)
+            if refine_with is not None:
+                sched = refined_schedule(maker, graph, cluster, sched, ratio, scale, stage, time.perf_counter() - began,
+                                         **refine_with)
             return sched, error, ratio
         peak = result.peak_memory_bytes
         j = int(np.argmax(peak - capacity))
@@ -1039,7 +1045,8 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
 
 
 def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cluster, sched: Schedule,
-                     ratio: float, scale: np.ndarray, stage: OpGraph | None = None, took_s: float = 0.0) -> Schedule:
+                     ratio: float, scale: np.ndarray, stage: OpGraph | None = None, took_s: float = 0.0,
+                     dispatch: bool = False) -> Schedule:
     """``sched``, or a faster fitting schedule that ``build`` makes knowing what ``sched`` sends.
 
     A list scheduler books a transfer when it places the consumer; the
@@ -1068,6 +1075,9 @@ def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cl
         The graph ``build`` schedules (``graph``, or it with its layers colocated); default ``graph``.
     took_s : float
         Seconds ``sched`` took to build and simulate.
+    dispatch : bool
+        Compare schedules by the step of the plan :func:`plan_from_schedule` makes with
+        ``dispatch`` (:func:`plan_simulation`), not by their own order's.
 
     Returns
     -------
@@ -1081,20 +1091,35 @@ def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cl
             break
         began = time.perf_counter()
         with TimeBox(None if left is None else REFINE_SHARE * left) as box:
+            step = plan_simulation(graph, cluster, best, dispatch).makespan_s
             try:
                 again = build(graph if stage is None else stage, ratio, scale, sends=simulated_sends(best.simulated))
             except InfeasibleError:
                 break
-            result = simulate(graph, cluster, again.device_of, again.orders, check=False)
+            again.simulated = simulate(graph, cluster, again.device_of, again.orders, check=False)
+            if again.simulated.fits:
+                new_step = plan_simulation(graph, cluster, again, dispatch).makespan_s
         took_s = time.perf_counter() - began
-        if box.expired or not result.fits or result.makespan_s >= best.simulated.makespan_s:
+        if box.expired or not again.simulated.fits or new_step >= step:
             break
-        gain = 1 - result.makespan_s / best.simulated.makespan_s
-        again.simulated = result
         best = again
-        if gain < REFINE_GAIN:
+        if new_step > (1 - REFINE_GAIN) * step:
             break
     return best
+
+
+def plan_simulation(graph: OpGraph, cluster: Cluster, sched: Schedule, dispatch: bool) -> SimResult:
+    """The reference simulation of the plan :func:`plan_from_schedule` makes of ``sched`` (simulated).
+
+    Its own order's; with ``dispatch``, the earliest-ready dispatch of its
+    placement where that fits and is faster (simulated once, kept in ``sched.dispatched``).
+    """
+    if not dispatch:
+        return sched.simulated
+    if sched.dispatched is None:
+        sched.dispatched = simulate(graph, cluster, sched.device_of, check=False)
+    faster = sched.dispatched.fits and sched.dispatched.makespan_s < sched.simulated.makespan_s
+    return sched.dispatched if faster else sched.simulated
 
 
 def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, *, dispatch: bool = False,
@@ -1111,14 +1136,14 @@ def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, *, dis
     """
     orders = sched.orders
     if dispatch:
-        ordered = sched.simulated if sched.simulated is not None else simulate(graph, cluster, sched.device_of, orders,
-                                                                                check=False)
+        if sched.simulated is None:
+            sched.simulated = simulate(graph, cluster, sched.device_of, orders, check=False)
         # Optional: where a time limit is running, it must not cost the plan in hand.
         left = seconds_left()
         with TimeBox(None if left is None else DISPATCH_SHARE * left) as box:
-            dispatched = simulate(graph, cluster, sched.device_of, check=False)
-        if not box.expired and dispatched.fits and dispatched.makespan_s < ordered.makespan_s:
-            orders = dispatched.device_orders()
+            run = plan_simulation(graph, cluster, sched, dispatch)
+        if not box.expired and run is sched.dispatched:
+            orders = run.device_orders()
     return Plan.from_arrays(graph, cluster, sched.device_of, orders, **kwargs)
 
 
