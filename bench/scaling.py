@@ -4,7 +4,7 @@ Goal (issue 4): DPOS and m-ETF plan a 30k-node graph in under 10 s.
 
     ./run.sh bench bench/scaling.py                  # both parts
     python bench/scaling.py --part sizes             # plan time at 1k / 10k / 30k / 100k nodes
-                            [--algorithms dpos,data_parallel]
+                            [--algorithms dpos,data_parallel,dpos:refine=false]
     python bench/scaling.py --part zoo               # OS-DPOS vs DPOS and data parallelism
                             [--zoo-clusters 4xGPU-pcie,2x4xV100]
 
@@ -13,7 +13,8 @@ by the reference simulator) for every list-scheduling algorithm on generated
 training graphs (``placer.generate.training_graph``, 3 parallel branches per
 block, small tensors so that every size fits) on ``4xV100-nvlink``; an
 algorithm that takes longer than ``--budget`` seconds at one size is not run
-at the larger ones.
+at the larger ones. ``name:option=value`` runs an algorithm with an option
+(``heft:refine=false``: HEFT's one pass, without the refinement).
 
 ``zoo`` captures convolutional zoo models (``placer.capture``, SGD), costs
 them with the analytic roofline (``placer.cost.analytic.annotate``), and
@@ -50,12 +51,14 @@ def sizes(budget: float, algorithms: list[str]) -> None:
     for label, layers in SIZES.items():
         graph = training_graph(layers=layers, branches=3, seed=0, param_mib=0.2, activation_mib=0.2)
         cells = []
-        for name in algorithms:
-            if name in slow:
+        for spec in algorithms:
+            if spec in slow:
                 cells.append("skipped")
                 continue
+            name, options = _algorithm(spec)
             # os_dpos searches for splits until its time limit; the graphs here have none to split.
-            options = {"time_limit": budget} if name in ("m_sct", "os_dpos") else {}
+            if name in ("m_sct", "os_dpos"):
+                options["time_limit"] = budget
             began, cpu = time.perf_counter(), time.process_time()
             try:
                 plan = place(graph, cluster, name, **options)
@@ -64,11 +67,21 @@ def sizes(budget: float, algorithms: list[str]) -> None:
             except InfeasibleError:
                 cell = "infeasible"
             if time.perf_counter() - began > budget:
-                slow.add(name)
+                slow.add(spec)
             cells.append(cell)
         print(f"{graph.num_nodes:>7} {graph.num_edges:>7} " + " ".join(f"{c:>17}" for c in cells), flush=True)
     print("cells: CPU seconds / wall seconds to plan (the plan's simulated step time); "
           "'skipped': over the budget at a smaller size")
+
+
+def _algorithm(spec: str) -> tuple[str, dict]:
+    """``name`` or ``name:option=value`` -> (name, options); true/false and numbers are parsed."""
+    name, _, option = spec.partition(":")
+    if not option:
+        return name, {}
+    key, _, text = option.partition("=")
+    value = {"true": True, "false": False}.get(text.lower())
+    return name, {key: value if value is not None else float(text)}
 
 
 def zoo(time_limit: float, clusters: list[str]) -> None:
