@@ -7,7 +7,6 @@ clusters" (FastT), CoNEXT 2020, Section 5.
 from __future__ import annotations
 
 import time
-from functools import partial
 
 import numpy as np
 
@@ -17,7 +16,7 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import simulate
 from .list_scheduling import (Schedule, ScheduleState, earliest_start_priorities, plan_from_schedule,
-                              priority_order, schedule_with_memory_retries, upward_ranks)
+                              priority_order, rank_ordered_with_memory_retries, upward_ranks)
 from .registry import register
 from .timebox import TimeBox
 
@@ -176,12 +175,7 @@ CHECK_SHARE = 0.9
 def _dpos_with_retries(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None, name: str,
                        refine: bool = True) -> Schedule:
     """DPOS's schedule that fits under the reference model, with its simulation (its memory retries)."""
-    def build(g: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None,
-              earliest_first: bool = False) -> Schedule:
-        return dpos_schedule(g, cluster, ratio, fixed, scale, earliest_first, sends)
-
-    return schedule_with_memory_retries(build, graph, cluster, name, pressed=partial(build, earliest_first=True),
-                                        refine=refine)
+    return rank_ordered_with_memory_retries(dpos_schedule, graph, cluster, name, refine, fixed=fixed)
 
 
 def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = None) -> Schedule | None:

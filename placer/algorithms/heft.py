@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from functools import partial
-
 import numpy as np
 
 from ..cluster import Cluster
 from ..graph import OpGraph
 from ..plan import Plan
 from .list_scheduling import (Schedule, ScheduleState, earliest_start_priorities, plan_from_schedule,
-                              priority_order, schedule_with_memory_retries, upward_ranks)
+                              priority_order, rank_ordered_with_memory_retries, upward_ranks)
 from .registry import register
 
 __all__ = ["heft", "heft_schedule"]
@@ -78,10 +76,5 @@ def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     task scheduling for heterogeneous computing", IEEE TPDS 13(3), 2002,
     Section 4.1 (Fig. 3, the HEFT algorithm).
     """
-    def build(g: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None,
-              earliest_first: bool = False) -> Schedule:
-        return heft_schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=earliest_first, sends=sends)
-
-    sched = schedule_with_memory_retries(build, graph, cluster, "heft", pressed=partial(build, earliest_first=True),
-                                         refine=refine)
-    return plan_from_schedule(graph, cluster, sched)
+    return plan_from_schedule(graph, cluster, rank_ordered_with_memory_retries(heft_schedule, graph, cluster, "heft",
+                                                                               refine))

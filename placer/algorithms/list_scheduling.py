@@ -41,6 +41,7 @@ import time
 import weakref
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
+from functools import partial
 from typing import Callable
 
 import numpy as np
@@ -58,7 +59,8 @@ from .timebox import TimeBox, seconds_left
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline",
-           "earliest_start_priorities", "simulated_sends", "refined_schedule", "plan_simulation"]
+           "earliest_start_priorities", "simulated_sends", "refined_schedule", "plan_simulation",
+           "rank_ordered_with_memory_retries"]
 
 
 @dataclass
@@ -692,13 +694,17 @@ class ScheduleState:
                 return float("inf"), []
             length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
             if self.contention:
-                begin = self._channel_slot(c, (queued, u, self.name_rank[d], t), channel_free.get(c, queued), length)
+                begin = self._channel_slot(c, self._queue_key(u, t, d), channel_free.get(c, queued), length)
                 channel_free[c] = begin + length
             else:
                 begin = queued
             bookings.append((c, begin, begin + length, k))
             ready = max(ready, begin + length)
         return ready, bookings
+
+    def _queue_key(self, u: int, t: int, d: int) -> tuple:
+        """Where the transfer of output ``t`` of ``u`` to device ``d`` stands in its channel's queue (:class:`QueueOrder`)."""
+        return self.finish[u], u, self.name_rank[d], t
 
     def _channel_slot(self, c: int, key: tuple, after: float, length: float) -> float:
         """Where channel ``c`` would start a transfer of ``length`` with queue key ``key`` (producer's
@@ -849,7 +855,7 @@ class ScheduleState:
         if self.contention:
             channel = self.channels[c]
             channel.book(*channel.find(begin, end - begin, insertion=True), end - begin)
-            self.queues[c].add((self.finish[u], u, self.name_rank[d], t), end)
+            self.queues[c].add(self._queue_key(u, t, d), end)
             for receiver in self.receivers[c]:
                 self.version[receiver] += 1
 
@@ -865,7 +871,7 @@ class ScheduleState:
             if d == home or c < 0 or (u, t, d) in self.arrival:
                 continue
             length = self.ch_lat[c] + nbytes * self.ch_inv_bw[c]
-            begin = (self._channel_slot(c, (self.finish[u], u, self.name_rank[d], t), self.finish[u], length)
+            begin = (self._channel_slot(c, self._queue_key(u, t, d), self.finish[u], length)
                      if self.contention else self.finish[u])
             self._book_transfer(u, t, d, c, begin, begin + length)
             self.sent_ahead[(u, t, d)] = begin
@@ -986,6 +992,22 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     if sched is None:
         raise error
     return sched
+
+
+def rank_ordered_with_memory_retries(schedule: Callable[..., Schedule], graph: OpGraph, cluster: Cluster, name: str,
+                                     refine: bool = True, **options) -> Schedule:
+    """:func:`schedule_with_memory_retries` for a scheduler that books by rank (HEFT, DPOS).
+
+    ``schedule(graph, cluster, ratio, capacity_scale=..., earliest_first=..., sends=..., **options)``;
+    its way of holding less memory at once (``pressed``) is booking by earliest start
+    (:func:`earliest_start_priorities`).
+    """
+    def build(g: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None,
+              earliest_first: bool = False) -> Schedule:
+        return schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=earliest_first, sends=sends, **options)
+
+    return schedule_with_memory_retries(build, graph, cluster, name, pressed=partial(build, earliest_first=True),
+                                        refine=refine)
 
 
 def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
