@@ -868,7 +868,7 @@ class ScheduleState:
         home, rank = self.device_of[u], self.name_rank
         for t, d, nbytes in sorted(self.sends.get(u, ()), key=lambda send: (rank[send[1]], send[0])):  # queue order
             c = self.channel_of[home][d]
-            if d == home or c < 0 or (u, t, d) in self.arrival:
+            if d == home or c < 0 or (u, t, d) in self.arrival or (u, t) not in self.readers:
                 continue
             length = self.ch_lat[c] + nbytes * self.ch_inv_bw[c]
             begin = (self._channel_slot(c, self._queue_key(u, t, d), self.finish[u], length)
