@@ -755,26 +755,29 @@ def test_a_transfer_waits_for_every_transfer_booked_on_its_channel_that_queues_a
     assert state.estimate(5, 1)[0] == 12.0
 
 
-def test_a_transfer_whose_place_in_the_queue_is_taken_goes_after_every_transfer_booked_on_its_channel():
-    # a, z, q on d0 (0..1, 1..2, 2..10), one shared egress channel; z's 4 bytes (2..6) and q's byte (10..11)
-    # to d1 are booked first. a's 2 bytes to d2 queue at 1, ahead of both, but 1..3 is taken: the queue
-    # is crowded, and more of it may be booked yet, so they go after everything booked there (11..13),
-    # not into the idle window 6..10.
+def _crowd_on_a_shared_channel():
+    """a, z, q on d0 (0..1, 1..2, 2..10), one shared egress channel; x and r on d1 read z's 4 bytes and
+    q's byte, y on d2 reads a's 2 bytes. Placements in booking order: y's last."""
     g = graph({"a": 1.0, "z": 1.0, "q": 8.0, "x": 1.0, "r": 1.0, "y": 1.0},
               [("z", "x", 4), ("q", "r", 1), ("a", "y", 2)])
-    state = booked(g, mesh(["X", "X", "X"], bandwidth=1.0, shared=True), ((0, 0), (1, 0), (2, 0), (3, 1), (4, 1)))
+    return g, mesh(["X", "X", "X"], bandwidth=1.0, shared=True), ((0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 2))
+
+
+def test_a_transfer_whose_place_in_the_queue_is_taken_goes_after_every_transfer_booked_on_its_channel():
+    # z's 4 bytes (2..6) and q's byte (10..11) to d1 are booked first. a's 2 bytes to d2 queue at 1,
+    # ahead of both, but 1..3 is taken: the queue is crowded, and more of it may be booked yet, so they
+    # go after everything booked there (11..13), not into the idle window 6..10.
+    g, cluster, placements = _crowd_on_a_shared_channel()
+    state = booked(g, cluster, placements[:-1])
     assert (state.start[3], state.start[4]) == (6.0, 11.0)
     assert state.estimate(5, 2)[0] == 13.0
 
 
 def test_transfers_sent_ahead_are_booked_with_their_producer_where_the_reference_model_queues_them():
-    # The last case run by the reference model: a's 2 bytes to d2 go first (1..3), z's 4 bytes to d1
+    # The reference model runs the case above with a's 2 bytes to d2 first (1..3), z's 4 bytes to d1
     # next (3..7), q's byte last (10..11). Told those transfers, the same bookings book each as its
     # producer is booked, and the schedule is the simulator's; without, y starts at 13, not 3.
-    g = graph({"a": 1.0, "z": 1.0, "q": 8.0, "x": 1.0, "r": 1.0, "y": 1.0},
-              [("z", "x", 4), ("q", "r", 1), ("a", "y", 2)])
-    cluster = mesh(["X", "X", "X"], bandwidth=1.0, shared=True)
-    placements = ((0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 2))
+    g, cluster, placements = _crowd_on_a_shared_channel()
     first = booked(g, cluster, placements).schedule()
     simulated = simulate(g, cluster, first.device_of, first.orders)
     assert (first.start[5], simulated.start[5]) == (13.0, 3.0)
