@@ -584,36 +584,20 @@ def plain_etf(g, cluster):
     return state.schedule()
 
 
-def test_m_etf_is_exact_etf_where_no_node_keeps_losing_its_place():
-    # Ops of microseconds, as long as the tolerance: applied from a node's first push back, it moved the plan.
-    g = training_graph(layers=60, branches=3, param_mib=0.2, activation_mib=0.2)
-    cluster = load_cluster("4xV100-nvlink")
-    tolerant, exact = etf_schedule(g, cluster), etf_schedule(g, cluster, tolerance=0.0)
-    assert tolerant.device_of.tolist() == exact.device_of.tolist()
-    assert tolerant.start.tolist() == exact.start.tolist()
-
-
-@settings(max_examples=30, deadline=None)
-@given(st.integers(2, 40), st.floats(0.1, 0.9), st.integers(0, 2**30), st.integers(2, 4), st.booleans())
-def test_m_etf_books_a_node_that_starts_within_its_tolerance_of_the_earliest(n, p, seed, n_dev, shared):
-    g = uniform_tensor_bytes(random_dag(n, edge_prob=p, seed=seed, max_bytes=1 << 24))
-    g = g.replace(compute_s=np.where(np.arange(n) % 3 == 0, 0.0, g.compute_s))
-    cluster = mesh(["X"] * n_dev, bandwidth=2e9, latency=1e-5, shared=shared)
-    preds = [set(g.src[g.dst == v].tolist()) for v in range(n)]
-    commit = ScheduleState.commit
-    booked = []
-
-    def checked_commit(state, v, d, est):
-        ready = [w for w in range(n) if state.device_of[w] < 0 and all(state.device_of[u] >= 0 for u in preds[w])]
-        earliest = min(state.estimate(w, j)[0] for w in ready for j in state.devices_for(w))
-        assert est[0] <= 1.01 * earliest + 2e-5 + 1e-12    # twice the cluster's smallest latency, and 1%
-        booked.append(v)
-        commit(state, v, d, est)
-
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(ScheduleState, "commit", checked_commit)
-        etf_schedule(g, cluster)
-    assert sorted(booked) == list(range(n))
+@pytest.mark.parametrize("shared", [False, True])
+def test_m_etf_crowds_waiting_for_one_channel_get_the_schedule_of_plain_etf(shared):
+    # Ten sources of small tensors, each read by six short nodes: the readers that go elsewhere queue
+    # on their source's channels, and each booking there moves every other one back (a crowd).
+    # Times are powers of two, so that sums in any order are exact and ties are ties.
+    sources = [f"s{i}" for i in range(10)]
+    readers = {f"r{i}_{j}": 2.0**-20 for i in range(10) for j in range(6)}
+    g = graph({**{s: 2.0**-18 for s in sources}, **readers},
+              [(f"s{i}", f"r{i}_{j}", 4096) for i in range(10) for j in range(6)])
+    cluster = mesh(["X"] * 4, bandwidth=2.0**30, shared=shared)
+    fast, plain = etf_schedule(g, cluster), plain_etf(g, cluster)
+    assert len(set(fast.device_of.tolist())) == 4      # readers were sent away: their transfers queued
+    assert fast.device_of.tolist() == plain.device_of.tolist()
+    assert fast.start.tolist() == plain.start.tolist()
 
 
 @settings(max_examples=40, deadline=None)
@@ -627,7 +611,7 @@ def test_m_etf_heaps_give_the_schedule_of_plain_etf(n, p, seed, n_dev, shared, z
     if zero_length:
         g = g.replace(compute_s=np.where(np.arange(n) % 3 == 0, 0.0, g.compute_s))
     cluster = mesh(["X"] * n_dev, bandwidth=2e9, latency=1e-5, shared=shared)
-    fast, plain = etf_schedule(g, cluster, tolerance=0.0), plain_etf(g, cluster)
+    fast, plain = etf_schedule(g, cluster), plain_etf(g, cluster)
     assert fast.device_of.tolist() == plain.device_of.tolist()
     assert fast.start.tolist() == plain.start.tolist()
     assert [o.tolist() for o in fast.orders] == [o.tolist() for o in plain.orders]

@@ -10,6 +10,7 @@ memory budget, and emit the per-device order of their schedule.
 from __future__ import annotations
 
 import heapq
+import itertools
 import math
 
 import numpy as np
@@ -25,13 +26,11 @@ from .registry import register
 __all__ = ["m_topo", "m_etf", "m_sct", "m_topo_schedule", "etf_schedule", "favourite_children"]
 
 
-#: Times m-ETF sends a node back to a device's heap on exact grounds before its tolerance applies there.
-EXACT_PUSHES = 3
-#: Share of its start time m-ETF's tolerance grows by (see :func:`etf_schedule`).
-RELATIVE_TOLERANCE = 0.01
 #: Resolution (s) at which m-ETF compares start times: estimates of one time reached by sums in another
 #: order differ in their last bits, and a heap key a few ulps high would lose a tie it should win.
 TICK_S = 2.0 ** -40
+# Where device_front found a device's first node (the heaps of etf_schedule); a channel's index otherwise.
+_STARTABLE, _WAITING = -2, -1
 #: Seconds m-SCT's LP may take when the caller gives no time limit.
 LP_TIME_LIMIT_S = 60.0
 
@@ -98,18 +97,13 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
 
 def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                  favourite: np.ndarray | None = None, capacity_scale: np.ndarray | None = None,
-                 tolerance: float | None = None, sends: dict | None = None) -> Schedule:
+                 sends: dict | None = None) -> Schedule:
     """Earliest-time-first list scheduling (m-ETF), or m-SCT when ``favourite`` children are given.
 
     Repeatedly, among every ready node and every device that may take it,
     the pair with the smallest start time ``max(device free, data ready)``
     is scheduled (ties: lower topological index, then lower device index;
     start times are compared to :data:`TICK_S`, below float noise).
-    A node that was already sent back to a device's heap :data:`EXACT_PUSHES`
-    times is booked there if it starts within ``tolerance`` seconds plus 1%
-    (:data:`RELATIVE_TOLERANCE`) of that smallest start (default: twice the
-    smallest latency of the cluster's channels, so that a node pushed back by
-    a small transfer on its channel is booked; 0 for exact ETF).
 
     With ``favourite`` (the favourite child of every node, -1 for none), a
     favourite child that becomes ready while its parent is still the last
@@ -129,14 +123,20 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     once a transfer queued ahead of it is booked to end later, an idle slot
     there may bring it forward, which a key does not follow); the winner is
     re-estimated before it is booked, and goes back with its new key when it
-    grew beyond the tolerance. Where many nodes wait for one channel
-    (hundreds of optimizer steps whose state lives on another device),
-    each booking on it pushes every other back by one transfer, and exact
-    ETF re-estimates all of them after each: the tolerance books a node
-    that keeps losing one transfer (NASNet over 4 V100s: 15 s to 6 s per
-    plan). Applied from the first push, it made plans of generated graphs
-    whose ops take microseconds 40% slower; after three, they are exact
-    ETF's. A device whose memory cannot take a node for now holds it aside
+    grew. Where many nodes wait for one channel (hundreds of optimizer
+    steps whose state lives on another device), each booking on it pushes
+    every other back by one transfer, and re-estimating all of them after
+    each costs k squared estimates for a crowd of k. So a node sent back
+    because its inputs come last on their channel, after every transfer
+    booked there, waits in a heap of that channel's crowd on the device,
+    keyed by how long after the channel's last booking ends its inputs
+    would be there: a booking on the channel moves the whole crowd back
+    without touching the heap, and each node is re-estimated only when its
+    turn comes (NASNet over 8 H100s, where 93% of the re-estimates were of
+    such nodes: a schedule in 12 s before, 4 s after). Session 10 had
+    instead booked a node within a tolerance of the smallest start after
+    it lost its place three times, which this makes needless: m-ETF is
+    exact ETF again. A device whose memory cannot take a node for now holds it aside
     until memory is freed there; one whose unit needs more room than the
     device has left comes back once the device has that room, not at every
     free (NASNet with its layers colocated over 2 V100s: hundreds of large
@@ -156,8 +156,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     """
     state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale, sends=sends)
     n, n_dev = graph.num_nodes, cluster.num_devices
-    if tolerance is None:
-        tolerance = 2 * min((c.latency_s for c in cluster.channels), default=0.0)
     position = _position(graph).tolist()
     pending = np.bincount(graph.dst, minlength=n).tolist()
     ptr, eids = graph.out_edges
@@ -170,18 +168,22 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if v >= 0:
             fav_parent[v] = u
     cache: dict = {}
-    pushes: dict[tuple[int, int], int] = {}      # (node, device) -> times its re-estimate sent it back
     # (node, device) -> a time before which the node's inputs cannot all be on the device,
     # learnt from another device that they would reach over the same channels.
-    arrives_after: dict[tuple[int, int], float] = {}
+    # The bound is `static`, or with a channel `c` (not -1) the channel's last booking's end plus `rel` (the crowd).
+    arrives_after: dict[tuple[int, int], tuple[float, int, float]] = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
+    # Per device and channel, nodes whose inputs come last in that channel's crowd: (rel, position, node, serial).
+    crowds: list[dict[int, list[tuple[float, int, int, int]]]] = [{} for _ in range(n_dev)]
+    crowd_serial: dict[tuple[int, int], int] = {}   # (node, device) -> serial of its live crowd entry
+    serials = itertools.count()
     held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # waiting for memory
     held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
     # Nodes whose unit needs more room than a device has left, by that need: (need, key, position, node, device).
     held_for_room: list[list[tuple[float, float, int, int, int]]] = [[] for _ in range(n_dev)]
     # Each device's first node by its heap keys, recomputed only for devices whose heaps or timeline changed.
-    front: list[tuple[float, int, int] | None] = [None] * n_dev
+    front: list[tuple[float, int, int, int] | None] = [None] * n_dev
     dirty: set[int] = set()
 
     def parent_device(v: int) -> int:
@@ -225,19 +227,60 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         for d in allowed:
             wait_on(d, (ready, position[v], v))
 
-    def bound_on(v: int, d: int, key: float) -> float:
-        """The bound learnt for ``v`` on ``d`` if it is above ``key`` and still holds, else ``key``."""
-        bound = arrives_after.get((v, d), 0.0)
-        return bound if bound > key and not state.any_input_sent(v, d) else key
+    def channel_end(c: int) -> float:
+        return state.channels[c].last[-1]
 
-    def device_front(d: int) -> tuple[float, int, int] | None:
-        """``(start, position, node)`` of the first ready node on device ``d`` by its heap keys.
+    def bound_on(v: int, d: int, key: float) -> tuple[float, int]:
+        """The bound learnt for ``v`` on ``d`` and its channel if it is above ``key`` and still holds, else ``(key, -1)``."""
+        static, c, rel = arrives_after.get((v, d), (0.0, -1, 0.0))
+        bound = static if c < 0 else _tick(channel_end(c) + rel)
+        return (bound, c) if bound > key and not state.any_input_sent(v, d) else (key, -1)
 
+    def join_crowd(v: int, d: int, c: int, rel: float, key: float) -> None:
+        """Put ``v`` in channel ``c``'s crowd on ``d``, ``rel`` after the channel's last booking and no sooner than ``key``."""
+        serial = next(serials)
+        crowd_serial[(v, d)] = serial
+        heapq.heappush(crowds[d].setdefault(c, []), (rel, position[v], v, serial, key))
+        dirty.add(d)
+
+    def crowd_key(c: int, entry: tuple) -> float:
+        """When a node in channel ``c``'s crowd could start at the earliest (its key for the main loop)."""
+        return max(_tick(channel_end(c) + entry[0]), entry[4])
+
+    def lift(v: int, d: int, bound: float, c: int) -> None:
+        """Put ``v`` back on ``d`` at a bound that holds: in channel ``c``'s crowd, or by ``bound`` (``c`` is -1)."""
+        if c < 0:
+            heapq.heappush(waiting[d], (bound, position[v], v))
+        else:
+            join_crowd(v, d, c, arrives_after[(v, d)][2], bound)
+
+    def device_front(d: int) -> tuple[float, int, int, int] | None:
+        """``(start, position, node, heap)`` of the first ready node on device ``d`` by its heap keys.
+
+        ``heap`` is where it waits: ``_STARTABLE``, ``_WAITING`` or a channel's crowd.
         A node whose key is below a bound learnt from another device goes back with the bound as its
         key (as the main loop would do on popping it), so that the loop only sees keys that hold.
         """
         free = _tick(state.devices[d].find(0.0, 0.0, insertion=False)[0])
         wait, start = waiting[d], startable[d]
+        crowd_best = None
+        for c, crowd in list(crowds[d].items()):
+            while crowd:
+                _, pos, v, serial, _ = top = crowd[0]
+                if crowd_serial.get((v, d)) != serial:      # it left the crowd
+                    heapq.heappop(crowd)
+                    continue
+                key = crowd_key(c, top)
+                if key > free:
+                    crowd_best = min(crowd_best, (key, pos, v, c)) if crowd_best else (key, pos, v, c)
+                    break
+                # Due by the time d frees, it could start then: it goes by position, as startable ones do.
+                heapq.heappop(crowd)
+                del crowd_serial[(v, d)]
+                heapq.heappush(start, (pos, v))
+            if not crowd:
+                del crowds[d][c]
+        best, lifted = None, False
         while True:
             while wait and (wait[0][0] <= free or state.device_of[wait[0][2]] >= 0):
                 _, pos, v = heapq.heappop(wait)
@@ -247,19 +290,47 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                 heapq.heappop(start)
             if start:
                 pos, v = start[0]
-                bound = bound_on(v, d, free)
+                bound, c = bound_on(v, d, free)
                 if bound == free:
-                    return free, pos, v
+                    best = free, pos, v, _STARTABLE
+                    break
                 heapq.heappop(start)
-                heapq.heappush(wait, (bound, position[v], v))
+                lift(v, d, bound, c)
+                lifted |= c >= 0
                 continue
             if not wait:
-                return None
+                break
             key, pos, v = wait[0]
-            bound = bound_on(v, d, key)
+            bound, c = bound_on(v, d, key)
             if bound == key:
-                return wait[0]
-            heapq.heapreplace(wait, (bound, pos, v))
+                best = key, pos, v, _WAITING
+                break
+            heapq.heappop(wait)
+            lift(v, d, bound, c)
+            lifted |= c >= 0
+        if lifted:      # a crowd may have a new first node
+            crowd_best = min((crowd_key(c, crowd[0]), *crowd[0][1:3], c) for c, crowd in crowds[d].items())
+        return min(best, crowd_best) if best and crowd_best else best or crowd_best
+
+    def crowd_of(v: int, d: int, est: tuple) -> tuple[int, float]:
+        """``(channel, rel)`` where ``v``'s inputs reach ``d`` last in a channel's crowd, ``rel`` after
+        its last booking ends (the estimate's start); ``(-1, 0)`` otherwise.
+
+        They do when the input that arrives last is sent after every transfer
+        booked on its channel, right after ``v``'s other inputs on it, if any.
+        """
+        bookings = est[3]
+        if not bookings or state.any_input_sent(v, d):
+            return -1, 0.0
+        c, _, end, _ = max(bookings, key=lambda booking: booking[2])
+        previous = channel_end(c)
+        if previous < 0 or _tick(end) != _tick(est[0]):
+            return -1, 0.0
+        for begin, finish in sorted((begin, finish) for channel, begin, finish, _ in bookings if channel == c):
+            if _tick(begin) != _tick(previous):
+                return -1, 0.0
+            previous = finish
+        return c, _tick(end - channel_end(c))     # ticked: crowds of equal lengths order by position
 
     def hold(v: int, d: int, key: float) -> None:
         """Set ``v`` aside on ``d`` until memory is freed there (a favourite child goes back to every device)."""
@@ -291,7 +362,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         for d in dirty:
             front[d] = device_front(d)
         dirty.clear()
-        fronts = [(front[d], d) for d in range(n_dev) if front[d] is not None]
+        # Ties: lower position, then lower device index (whichever heap the node waits in).
+        fronts = [(f[0], f[1], f[2], d, f[3]) for d, f in enumerate(front) if f is not None]
         if not fronts:
             waiting_nodes = ([entry[2] for entries in held for entry in entries]
                              + [entry[3] for entries in held_for_room for entry in entries])
@@ -304,12 +376,15 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                 release_room(j, everything=True)
             stuck = True
             continue
-        (start, _, v), d = min(fronts)
+        start, _, v, d, source = min(fronts)
         dirty.add(d)
-        if startable[d] and startable[d][0][1] == v:
+        if source == _STARTABLE:
             heapq.heappop(startable[d])
-        else:
+        elif source == _WAITING:
             heapq.heappop(waiting[d])
+        else:
+            heapq.heappop(crowds[d][source])
+            del crowd_serial[(v, d)]
         fixed = state.unit_device[state.unit_of[v]]
         if fixed >= 0 and fixed != d:
             if fav_parent[v] >= 0:      # a favourite child whose group went elsewhere meanwhile
@@ -318,27 +393,39 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if not state.may_take(v, d):
             hold_for_room(v, d, start)
             continue
-        bound = bound_on(v, d, start)
+        bound, c = bound_on(v, d, start)
         if bound > start:
-            wait_on(d, (bound, position[v], v))     # the bound still holds: nothing came to d since
+            lift(v, d, bound, c)     # the bound still holds: nothing came to d since
             continue
         est = state.cached_estimate(v, d, cache)
         if est[0] == float("inf"):
             continue        # no channel brings an input to d
-        pushed = pushes.get((v, d), 0)
-        if _tick(est[0]) > start + (tolerance + RELATIVE_TOLERANCE * start if pushed >= EXACT_PUSHES else 0.0):
-            pushes[(v, d)] = pushed + 1
-            wait_on(d, (est[0], position[v], v))
+        if _tick(est[0]) > start:
+            c, rel = crowd_of(v, d, est)
+            if c < 0:
+                wait_on(d, (est[0], position[v], v))
+            else:
+                join_crowd(v, d, c, rel, _tick(est[0]))
             # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
             ready = max((booking[2] for booking in est[3]), default=0.0)
             for j in state.same_routes(v, d, est[3]):
-                arrives_after[(v, j)] = _tick(ready)
+                arrives_after[(v, j)] = (_tick(ready), c, rel)
+                if front[j] is not None and front[j][2] == v:
+                    dirty.add(j)    # its front is v at a key the bound now lifts
             continue
         if not state.holds(v, d, est):
             hold(v, d, start)
             continue
         state.commit(v, d, est)
         done += 1
+        for _, _, _, k in est[3]:    # readers of an input now on d leave d's crowds: weigh them again
+            for w in state.readers[state.inputs[v][k][:2]]:
+                if crowd_serial.pop((w, d), None) is not None:
+                    wait_on(d, (0.0, position[w], w))
+        # Bookings on a channel move its crowds back: the devices they wait for are due again.
+        for c in {booking[0] for booking in est[3]} | {state.channel_of[d][j] for _, j, _ in state.sends.get(v, ())}:
+            if c >= 0:
+                dirty.update(j for j in state.receivers[c] if c in crowds[j])
         stuck = False
         dirty.update(j for j in range(n_dev) if front[j] is not None and front[j][2] == v)
         # Held nodes come back when what held them may have changed: v's colocation group
