@@ -212,7 +212,7 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
             pass
         else:
             result = simulate(dp.graph, cluster, device_of, orders, check=False)
-            starts.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, result)))
+            starts.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, simulated=result)))
             scheduled = None
             with TimeBox(None if deadline is None else deadline - time.perf_counter()):
                 scheduled = _dpos_fitting(dp.graph, cluster)
