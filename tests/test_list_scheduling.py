@@ -232,30 +232,6 @@ def test_memory_retries_start_at_the_liveness_ratio_and_count_whole_after_an_ove
     assert tried[2][0] == 1.0 and tried[2][1][0] < 1.0 and tried[2][1][1] == 1.0
 
 
-def test_memory_retries_shrink_a_device_from_what_the_schedule_counted_there_when_that_was_less():
-    # The chain stacked on d0 holds 8 bytes of 6 in the reference model, but the scheduler counted
-    # 4 there (transfers and frees came at other times): its 6-byte budget shrunk by the excess,
-    # 0.95 * 6 / 8 of it (4.275 bytes), is more than it used and would give the same schedule,
-    # so d0's budget shrinks from the 4 bytes counted instead.
-    g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 4])
-    stacked = Schedule(np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)],
-                       np.arange(3.0), np.arange(1.0, 4.0), memory_peak=np.array([4.0, 0.0]))
-    tried = []
-
-    def build(g, ratio, scale, sends=None):
-        tried.append(scale.tolist())
-        return stacked
-
-    with pytest.raises(InfeasibleError):
-        schedule_with_memory_retries(build, g, mesh(["X", "X"], memory=6), "test", ratio=1.0, tries=2)
-    assert tried == [[1.0, 1.0], [pytest.approx(0.95 * 4 / 8), 1.0]]
-    stacked.memory_peak = np.array([5.0, 0.0])     # above 4.275: the budget shrinks from its 6 bytes
-    tried.clear()
-    with pytest.raises(InfeasibleError):
-        schedule_with_memory_retries(build, g, mesh(["X", "X"], memory=6), "test", ratio=1.0, tries=2)
-    assert tried == [[1.0, 1.0], [pytest.approx(0.95 * 6 / 8), 1.0]]
-
-
 def test_memory_retries_stop_when_moving_work_only_moves_the_excess():
     # The same overflowing schedule whatever the budget: after the liveness-ratio schedule and the first
     # one counted whole, STALE_SCHEDULES more without progress end the retries (no layers to fall back on).
@@ -364,12 +340,12 @@ def test_rank_ordered_schedulers_book_by_earliest_start_when_pressed(schedule):
 
 @pytest.mark.parametrize("algorithm", ["m_etf", "m_sct", "heft", "dpos"])
 def test_list_schedulers_fit_by_colocating_layers_where_their_own_placements_overflow(algorithm, monkeypatch):
-    # Two CPUs with 65% of what the step needs on one each (found by search): every node-level schedule
+    # Two CPUs with 70% of what the step needs on one each (found by search): every node-level schedule
     # overflows one CPU or the other with the activations it copies across; a layer per device fits.
-    g = training_graph(layers=6, branches=2, seed=1, param_mib=1, activation_mib=64)
+    g = training_graph(layers=6, branches=2, seed=0, param_mib=1, activation_mib=64)
     cpus = load_cluster("2xcpu")
     need = simulate_placement(g, cpus, np.zeros(g.num_nodes, dtype=int), check=False).peak_memory_bytes[0]
-    cluster = Cluster("two-small-cpus", [Device(d.name, d.kind, int(0.65 * need), d.speed) for d in cpus.devices],
+    cluster = Cluster("two-small-cpus", [Device(d.name, d.kind, int(0.7 * need), d.speed) for d in cpus.devices],
                       cpus.channels)
     plan = place(g, cluster, algorithm)
     device_of = np.array([cluster.device_index[plan.placement[i]] for i in g.ids])

@@ -174,8 +174,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     arrives_after: dict[tuple[int, int], tuple[float, int, float]] = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
-    # Per device and channel, nodes whose inputs come last in that channel's crowd: (rel, position, node, serial).
-    crowds: list[dict[int, list[tuple[float, int, int, int]]]] = [{} for _ in range(n_dev)]
+    # Per device and channel, nodes whose inputs come last in that channel's crowd, `rel` after its last
+    # booking ends: (rel, position, node, serial, a key they start no sooner than).
+    crowds: list[dict[int, list[tuple[float, int, int, int, float]]]] = [{} for _ in range(n_dev)]
     crowd_serial: dict[tuple[int, int], int] = {}   # (node, device) -> serial of its live crowd entry
     serials = itertools.count()
     held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # waiting for memory

@@ -85,8 +85,6 @@ class Schedule:
     simulated: SimResult | None = None
     #: The reference simulation of its placement under earliest-ready dispatch, once run (:func:`plan_simulation`).
     dispatched: SimResult | None = None
-    #: The most memory the scheduler counted on each device at once (bytes, at its ratio), where it counted.
-    memory_peak: np.ndarray | None = None
 
     @property
     def makespan_s(self) -> float:
@@ -432,10 +430,6 @@ class MemoryTimeline:
             if levels[lo:max(hi, lo + 1)].max() + held > limit:
                 return False
         return True
-
-    def peaks(self) -> np.ndarray:
-        """The most memory held on each device at any instant."""
-        return np.array([levels[:n].max() for levels, n in zip(self.levels, self.count)])
 
 
 class ScheduleTables:
@@ -922,7 +916,7 @@ class ScheduleState:
         """The finished schedule (every node committed)."""
         return Schedule(np.asarray(self.device_of, dtype=np.int64),
                         [np.asarray(t.items(), dtype=np.int64) for t in self.devices],
-                        np.asarray(self.start), np.asarray(self.finish), memory_peak=self.memory.peaks())
+                        np.asarray(self.start), np.asarray(self.finish))
 
 
 #: Share of a running time limit's remaining seconds that :func:`plan_from_schedule` may spend on
@@ -1068,14 +1062,7 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
         if stale >= STALE_SCHEDULES:
             break
         over = peak > capacity
-        shrink = 0.95 * capacity[over] / peak[over]
-        budget = scale[over] * capacity[over] * shrink
-        if sched.memory_peak is not None:
-            # The scheduler may have counted less there than the reference model holds (copies arrive and
-            # outputs are freed at other times): a budget it stays below would give the same schedule.
-            counted = sched.memory_peak[over]
-            budget = np.where(counted <= budget, counted * shrink, budget)
-        scale[over] = budget / capacity[over]
+        scale[over] *= 0.95 * capacity[over] / peak[over]
     return None, error, ratio
 
 
