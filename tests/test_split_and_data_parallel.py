@@ -364,6 +364,27 @@ def test_os_dpos_starts_from_data_parallelism_when_dpos_on_the_replicas_runs_out
     assert plan.predicted["makespan_s"] <= best
 
 
+def test_os_dpos_starts_from_data_parallelism_when_dpos_on_the_model_runs_out_of_time(monkeypatch):
+    # DPOS on the model's own graph never ends here: with data parallelism's start in hand, OS-DPOS
+    # stops it at its deadline (before placer's check) rather than run past its time limit.
+    import time
+
+    from placer.algorithms import fastt
+
+    g = convlike(training_graph(layers=4, branches=2, seed=2))
+    c = load_cluster("2xV100-nvlink")
+    plain_dpos = fastt._dpos_fitting
+
+    def stuck_on_the_model(graph, cluster, fixed=None):
+        while "data_parallel" not in graph.extra:
+            time.sleep(0.01)
+        return plain_dpos(graph, cluster, fixed)
+
+    monkeypatch.setattr(fastt, "_dpos_fitting", stuck_on_the_model)
+    plan = place(g, c, "os_dpos", time_limit=2)
+    assert plan.predicted["makespan_s"] <= place(g, c, "data_parallel").predicted["makespan_s"]
+
+
 def test_os_dpos_keeps_its_plan_when_the_first_trial_split_runs_out_of_time(monkeypatch):
     import time
 

@@ -194,17 +194,15 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
     Sec. 5.2), with data parallelism itself as the starting deployment or
     DPOS's schedule of that graph, whichever is faster; DPOS's schedule of
     the model's own graph competes too, so that OS-DPOS never does worse
-    than DPOS. A model that does not fit starts from its own graph. DPOS on
-    the data-parallel graph (n times the model's) stops at ``deadline``
-    (a :func:`time.perf_counter` time, if given), and the other starts
-    compete without it.
+    than DPOS where it has the time. A model that does not fit starts from
+    its own graph. Once data parallelism's start is in hand, DPOS on the
+    model's graph and on the data-parallel graph (n times the model's) stop
+    at ``deadline`` (a :func:`time.perf_counter` time, if given), and the
+    other starts compete without them.
     """
     from .data_parallel import data_parallel_schedule
 
-    starts: list[tuple[OpGraph, Schedule]] = []
-    own = _dpos_fitting(graph, cluster)
-    if own is not None:
-        starts.append((graph, own))
+    data_parallel: list[tuple[OpGraph, Schedule]] = []
     if data_parallel_start and cluster.num_devices > 1:
         try:
             dp, device_of, orders = data_parallel_schedule(graph, cluster)
@@ -212,12 +210,21 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
             pass
         else:
             result = simulate(dp.graph, cluster, device_of, orders, check=False)
-            starts.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, simulated=result)))
-            scheduled = None
-            with TimeBox(None if deadline is None else deadline - time.perf_counter()):
-                scheduled = _dpos_fitting(dp.graph, cluster)
-            if scheduled is not None:
-                starts.append((dp.graph, scheduled))
+            data_parallel.append((dp.graph, Schedule(device_of, orders, result.start, result.finish,
+                                                      simulated=result)))
+
+    def dpos_start(start_graph: OpGraph) -> Schedule | None:
+        scheduled = None
+        with TimeBox(None if deadline is None or not data_parallel else deadline - time.perf_counter()):
+            scheduled = _dpos_fitting(start_graph, cluster)
+        return scheduled
+
+    own = dpos_start(graph)
+    starts = ([] if own is None else [(graph, own)]) + data_parallel
+    for dp_graph, _ in data_parallel:
+        scheduled = dpos_start(dp_graph)
+        if scheduled is not None:
+            starts.append((dp_graph, scheduled))
     if not starts:
         raise InfeasibleError("os_dpos: DPOS found no schedule that fits the devices' memory")
     return min(starts, key=lambda start: start[1].simulated.makespan_s)
