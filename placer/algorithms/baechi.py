@@ -324,14 +324,14 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if not bookings or state.any_input_sent(v, d):
             return -1, 0.0
         c, _, end, _ = max(bookings, key=lambda booking: booking[2])
-        previous = channel_end(c)
-        if previous < 0 or _tick(end) != _tick(est[0]):
+        last = previous = channel_end(c)
+        if last < 0 or _tick(end) != _tick(est[0]):
             return -1, 0.0
         for begin, finish in sorted((begin, finish) for channel, begin, finish, _ in bookings if channel == c):
             if _tick(begin) != _tick(previous):
                 return -1, 0.0
             previous = finish
-        return c, _tick(end - channel_end(c))     # ticked: crowds of equal lengths order by position
+        return c, _tick(end - last)     # ticked: crowds of equal lengths order by position
 
     def hold(v: int, d: int, key: float) -> None:
         """Set ``v`` aside on ``d`` until memory is freed there (a favourite child goes back to every device)."""
