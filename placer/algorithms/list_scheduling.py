@@ -85,6 +85,8 @@ class Schedule:
     simulated: SimResult | None = None
     #: The reference simulation of its placement under earliest-ready dispatch, once run (:func:`plan_simulation`).
     dispatched: SimResult | None = None
+    #: Per device, the most memory the scheduler counted there while building it (:attr:`MemoryTimeline.seen`).
+    memory_seen: np.ndarray | None = None
 
     @property
     def makespan_s(self) -> float:
@@ -382,6 +384,8 @@ class MemoryTimeline:
         # Per device, a level no instant exceeds: raised by every allocation, reset to the true
         # peak when it is too high to settle a question on its own (frees do not lower it).
         self.ceiling = [0.0] * n_dev
+        #: Per device, the highest level the timeline ever reached: what its checks compared with the capacity.
+        self.seen = np.zeros(n_dev)
 
     def _breakpoint(self, d: int, time: float) -> int:
         """Index of the breakpoint at ``time`` on device ``d``, made where there is none."""
@@ -403,10 +407,12 @@ class MemoryTimeline:
         """Hold ``amount`` more bytes on ``d`` from ``time`` on (less, when negative: a free)."""
         if amount:
             k = self._breakpoint(d, time)
-            self.levels[d][k:self.count[d]] += amount
+            after = self.levels[d][k:self.count[d]]
+            after += amount
             self.used[d] += amount
             if amount > 0:
                 self.ceiling[d] += amount
+                self.seen[d] = max(self.seen[d], after.max())
 
     def fits(self, d: int, events: list[tuple[float, float]]) -> bool:
         """Whether ``d`` stays within its capacity with ``events`` added: (time, bytes) each."""
@@ -916,7 +922,7 @@ class ScheduleState:
         """The finished schedule (every node committed)."""
         return Schedule(np.asarray(self.device_of, dtype=np.int64),
                         [np.asarray(t.items(), dtype=np.int64) for t in self.devices],
-                        np.asarray(self.start), np.asarray(self.finish))
+                        np.asarray(self.start), np.asarray(self.finish), memory_seen=self.memory.seen.copy())
 
 
 #: Share of a running time limit's remaining seconds that :func:`plan_from_schedule` may spend on
@@ -959,7 +965,12 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     schedule at ratio 1 still overflows (the simulator's channels serve
     transfers first come, first served, which moves when copies arrive), the
     devices it overflowed get a smaller share of their capacity, in
-    proportion to the excess, and work moves to the others; where that leaves
+    proportion to the excess, and work moves to the others. Where every cut
+    share would still hold the most the scheduler counted on its device while
+    building (:attr:`Schedule.memory_seen`), the same schedule would come
+    back (the devices overflowed because the simulated times differ from the
+    predicted ones, never full in the count): the cuts are made from those
+    counts instead. Where that leaves
     the scheduler too little room to place every node, the ratio shrinks by a
     fifth. Up to ``tries`` schedules.
 
@@ -1062,7 +1073,16 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
         if stale >= STALE_SCHEDULES:
             break
         over = peak > capacity
-        scale[over] *= 0.95 * capacity[over] / peak[over]
+        shrink = 0.95 * capacity[over] / peak[over]
+        cut = scale[over] * shrink
+        if sched.memory_seen is not None:
+            # Where every cut capacity still holds the most the scheduler counted there, each booking would
+            # pass its memory check again and the same schedule would come back (it overflowed from timing,
+            # its devices never full in the count): cut from that count instead.
+            counted = sched.memory_seen[over] / capacity[over]
+            if np.all(cut >= counted):
+                cut = counted * shrink
+        scale[over] = cut
     return None, error, ratio
 
 
