@@ -338,8 +338,23 @@ def test_os_dpos_keeps_nothing_that_does_not_help():
 def test_os_dpos_is_never_slower_than_dpos_or_data_parallel(cluster):
     g = convlike(training_graph(layers=4, branches=2, seed=2))
     c = load_cluster(cluster)
-    best = min(place(g, c, name).predicted["makespan_s"] for name in ("dpos", "data_parallel"))
+    best = min(place(g, c, name).predicted["makespan_s"] for name in ("dpos", "data_parallel", "sharded_data_parallel"))
     assert place(g, c, "os_dpos", time_limit=20).predicted["makespan_s"] <= best
+
+
+def test_os_dpos_starts_from_each_parameter_updated_once_where_that_beats_replicated_updates():
+    # LeNet with Adam over 2 V100s: replicas that each update every parameter lose to updating each
+    # parameter once (the sharded start), and OS-DPOS's split of a convolution goes further still.
+    from placer.capture import capture_spec
+    from placer.cost.analytic import annotate
+
+    g = annotate(capture_spec("zoo:lenet", 256, optimizer="adam", fake=True).graph)
+    c = load_cluster("2xV100-nvlink")
+    replicated, sharded = (place(g, c, name).predicted["makespan_s"]
+                           for name in ("data_parallel", "sharded_data_parallel"))
+    plan = place(g, c, "os_dpos", time_limit=20)
+    assert plan.rewritten_graph.extra["data_parallel"]["sharded_optimizer"] and plan.splits
+    assert plan.predicted["makespan_s"] < sharded < replicated
 
 
 def test_os_dpos_starts_from_data_parallelism_when_dpos_on_the_replicas_runs_out_of_time(monkeypatch):

@@ -190,28 +190,31 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
            deadline: float | None = None) -> tuple[OpGraph, Schedule]:
     """Algorithm 2's input graph and strategy (line 3).
 
-    A model that fits one device starts from the data-parallel graph (FastT
+    A model that fits one device starts from a data-parallel graph (FastT
     Sec. 5.2), with data parallelism itself as the starting deployment or
-    DPOS's schedule of that graph, whichever is faster; DPOS's schedule of
-    the model's own graph competes too, so that OS-DPOS never does worse
-    than DPOS where it has the time. A model that does not fit starts from
-    its own graph. Once data parallelism's start is in hand, DPOS on the
-    model's graph and on the data-parallel graph (n times the model's) stop
-    at ``deadline`` (a :func:`time.perf_counter` time, if given), and the
-    other starts compete without them.
+    DPOS's schedule of that graph, whichever is faster. Two data-parallel
+    graphs compete: gradients all-reduced and every replica updating every
+    parameter (PyTorch DDP, :func:`~placer.algorithms.data_parallel.data_parallel`),
+    and each parameter updated once, by the replica that owns its shard
+    (:func:`~placer.algorithms.data_parallel.sharded_data_parallel`), as the
+    parameter-server data parallelism of the paper's TensorFlow updates each
+    variable once. DPOS's schedule of the model's own graph competes too, so
+    that OS-DPOS never does worse than DPOS where it has the time. A model
+    that does not fit starts from its own graph. Once a data-parallel start
+    is in hand, DPOS on the model's graph and on the data-parallel graphs
+    (n times the model's) stop at ``deadline`` (a :func:`time.perf_counter`
+    time, if given), and the other starts compete without them.
     """
     from .data_parallel import data_parallel_schedule
 
     data_parallel: list[tuple[OpGraph, Schedule]] = []
-    if data_parallel_start and cluster.num_devices > 1:
+    for shard_optimizer in ((False, True) if data_parallel_start and cluster.num_devices > 1 else ()):
         try:
-            dp, device_of, orders = data_parallel_schedule(graph, cluster)
+            dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=shard_optimizer)
         except InfeasibleError:
-            pass
-        else:
-            result = simulate(dp.graph, cluster, device_of, orders, check=False)
-            data_parallel.append((dp.graph, Schedule(device_of, orders, result.start, result.finish,
-                                                      simulated=result)))
+            continue
+        result = simulate(dp.graph, cluster, device_of, orders, check=False)
+        data_parallel.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, simulated=result)))
 
     def dpos_start(start_graph: OpGraph) -> Schedule | None:
         scheduled = None
@@ -269,8 +272,10 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     max_parts : int
         Largest number of parts to try (0: the number of devices).
     data_parallel_start : bool
-        When every replica fits one device, start from the data-parallel
-        graph as the paper does (data parallelism or DPOS's schedule of it),
+        When every replica fits one device, start from a data-parallel
+        graph as the paper does (data parallelism or DPOS's schedule of it;
+        gradients all-reduced with every replica updating every parameter,
+        or each parameter updated once by the replica owning its shard),
         unless DPOS's schedule of the model's own graph is faster already;
         with false, always from the model's own graph.
 
@@ -300,7 +305,8 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
 
     References
     ----------
-    Yi et al., FastT, CoNEXT 2020, Section 5.2, Algorithm 2 (OS-DPOS).
+    Yi et al., FastT, CoNEXT 2020, Section 5.2, Algorithm 2 (OS-DPOS); the sharded
+    start's update of each parameter once: Rajbhandari et al., ZeRO, SC 2020, Section 5.1.
     """
     from ..transform.split import split_dims, split_operation
 
