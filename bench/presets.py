@@ -5,13 +5,14 @@ model does not fit one device, the memory-aware algorithms find a fitting plan w
 one of them can.
 
     ./run.sh bench bench/presets.py [--models vgg19,gnmt] [--clusters 2xcpu,4xGPU-pcie]
-                                    [--algorithms m_etf,dpos] [--time-limit 10]
+                                    [--algorithms m_etf,dpos,m_etf:coplace=true] [--time-limit 10]
 
 Each zoo model is captured once at its paper batch size (Adam, meta device; cached under
 --cache, shared with bench/quality.py) and placed on each preset by each algorithm through
 :func:`placer.place`, which validates the plan under the reference model (placement,
 order, colocation, device kinds, memory). Outcomes are stored in ``--results`` as they
-come, so an interrupted run resumes. The searching algorithms (auto, os_dpos, pesto,
+come, so an interrupted run resumes. An algorithm given as ``NAME:KEY=VALUE`` runs
+with that option (the value parsed as JSON), stored under that spelling. The searching algorithms (auto, os_dpos, pesto,
 placeto) are left out by default: they start from these and bench/quality.py measures them.
 
 Per case it prints every algorithm's simulated step in ms, or ``-`` where it found no
@@ -47,10 +48,14 @@ SEARCHING = {"auto", "os_dpos", "pesto", "placeto"}
 TIME_LIMIT_MESSAGE = "found no plan within its time limit"
 
 
-def run_one(graph, cluster, name: str, time_limit: float) -> dict:
+def run_one(graph, cluster, spec: str, time_limit: float) -> dict:
+    """``spec``: an algorithm's name, or ``NAME:KEY=VALUE`` to run it with that option."""
+    name, _, option = spec.partition(":")
+    key, _, value = option.partition("=")
+    options = {key: json.loads(value)} if option else {}
     began = time.perf_counter()
     try:
-        plan = place(graph, cluster, name, seed=0, time_limit=time_limit)
+        plan = place(graph, cluster, name, seed=0, time_limit=time_limit, **options)
     except InfeasibleError as exc:
         return {"makespan_s": math.inf, "wall_s": time.perf_counter() - began, "error": str(exc)[:300]}
     except Exception:  # noqa: BLE001 - a bug to report, not a result

@@ -403,25 +403,32 @@ class OpGraph:
         write_json_atomic(path, self.to_dict())
 
 
-def joined_groups(n: int, *labellings: Sequence[Any]) -> np.ndarray:
+def joined_groups(n: int, *labellings: Sequence[Any],
+                  pairs: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """A group number per node: nodes that share a label in any labelling are in one group.
 
     Each labelling gives every node a hashable label or None (no label);
-    labels of different labellings never match. Groups are numbered from 0
-    in the order of their lowest node.
+    labels of different labellings never match. ``pairs`` (two index arrays)
+    joins each ``pairs[0][k]`` with ``pairs[1][k]`` too. Groups are numbered
+    from 0 in the order of their lowest node.
 
     Examples
     --------
     >>> joined_groups(4, ["a", None, "a", None], [None, "p", "p", None]).tolist()
     [0, 0, 0, 1]
+    >>> joined_groups(4, ["a", None, "a", None], pairs=(np.array([3]), np.array([1]))).tolist()
+    [0, 1, 0, 1]
     """
     from scipy.sparse import coo_matrix
     from scipy.sparse.csgraph import connected_components
 
     first: dict[tuple[int, Any], int] = {}
-    pairs = [(first.setdefault((k, label), i), i) for k, labels in enumerate(labellings)
-             for i, label in enumerate(labels) if label is not None]
-    a, b = np.array(pairs, dtype=np.int64).reshape(-1, 2).T
+    labelled = [(first.setdefault((k, label), i), i) for k, labels in enumerate(labellings)
+                for i, label in enumerate(labels) if label is not None]
+    a, b = np.array(labelled, dtype=np.int64).reshape(-1, 2).T
+    if pairs is not None:
+        a = np.concatenate([a, np.asarray(pairs[0], dtype=np.int64)])
+        b = np.concatenate([b, np.asarray(pairs[1], dtype=np.int64)])
     _, group = connected_components(coo_matrix((np.ones(a.size), (a, b)), shape=(n, n)), directed=False)
     return group.astype(np.int64)
 

@@ -283,6 +283,40 @@ def test_colocate_layers_joins_each_layer_with_the_colocation_groups_it_touches(
         assert len({dp.node_extra[i].get("replica") for i in members}) == 1
 
 
+def test_colocate_sole_consumers_makes_each_free_operation_follow_its_only_reader():
+    # w (a parameter's group) -> t -> mm -> relu -> loss, mm also -> loss; cpu_only reads relu alone but
+    # may run only on CPUs; relu has two readers.
+    g = graph({"w": 0.0, "t": 0.0, "mm": 1.0, "relu": 1.0, "loss": 1.0, "cpu_only": 1.0},
+              [("w", "t", 4), ("t", "mm", 4), ("mm", "relu", 4), ("mm", "loss", 4), ("relu", "loss", 4),
+               ("relu", "cpu_only", 4), ("cpu_only", "loss", 4), ("cpu_only", "loss", 8)],
+              colocation=["p", None, None, None, "q", None], device_kinds=[None] * 5 + [["cpu"]])
+    grouped = colocate.colocate_sole_consumers(g)
+    # t follows mm (its only reader); w stays in p; cpu_only is bound to CPUs and loss's group q is not.
+    assert grouped.colocation == ["p", "coplace:mm", "coplace:mm", None, "q", None]
+    assert (grouped.src.tolist(), grouped.dst.tolist(), grouped.compute_s.tolist()) == (
+        g.src.tolist(), g.dst.tolist(), g.compute_s.tolist())
+    # Two tensors to one reader are one reader: a free op reading like cpu_only follows it.
+    free = g.replace(device_kinds=None)
+    assert colocate.colocate_sole_consumers(free).colocation == ["p", "coplace:mm", "coplace:mm", None, "q", "q"]
+    assert colocate.colocate_sole_consumers(graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 1), ("a", "c", 1)])) \
+        is None
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(2, 40), st.integers(0, 10**6), st.sampled_from(["m_topo", "m_etf", "m_sct"]),
+       st.integers(2, 4))
+def test_baechi_co_placement_puts_each_free_operation_with_its_only_reader(n, seed, algorithm, devices):
+    g = random_dag(n, edge_prob=0.5, seed=seed, max_bytes=1 << 20, colocation_groups=3)
+    cluster = mesh(["X"] * devices, bandwidth=1e9, latency=1e-5)
+    plan = place(g, cluster, algorithm, coplace=True)   # place checks the plan under the reference model
+    readers = [set() for _ in range(n)]
+    for u, v in zip(g.src.tolist(), g.dst.tolist()):
+        readers[u].add(v)
+    for u, reader in enumerate(readers):
+        if len(reader) == 1 and g.colocation[u] is None:
+            assert plan.placement[g.ids[u]] == plan.placement[g.ids[reader.pop()]]
+
+
 def _one_layer_over_a_small_device():
     """A two-node layer, a cluster whose second device cannot hold b's input, and two schedules of it:
     ``split`` (b on the small device: overflows) and ``together`` (both on the first: fits)."""

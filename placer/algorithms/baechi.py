@@ -19,6 +19,7 @@ from ..cluster import Cluster
 from ..errors import InfeasibleError, OptionError
 from ..graph import OpGraph
 from ..plan import Plan
+from ..transform.colocate import colocate_sole_consumers
 from .list_scheduling import (Schedule, ScheduleState, edge_transfer_times, plan_from_schedule,
                               schedule_with_memory_retries)
 from .registry import register
@@ -33,6 +34,11 @@ TICK_S = 2.0 ** -40
 _STARTABLE, _WAITING = -2, -1
 #: Seconds m-SCT's LP may take when the caller gives no time limit.
 LP_TIME_LIMIT_S = 60.0
+
+
+def _grouped(graph: OpGraph, coplace: bool) -> OpGraph:
+    """The graph to schedule: with Baechi's co-placement where asked (same nodes and edges, more colocated)."""
+    return (colocate_sole_consumers(graph) if coplace else None) or graph
 
 
 def _position(graph: OpGraph) -> np.ndarray:
@@ -535,7 +541,7 @@ _REFERENCE = """
 
 @register("m_topo")
 def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-           refine: bool = True) -> Plan:
+           refine: bool = True, coplace: bool = False) -> Plan:
     """Baechi's m-TOPO: topological order, each device filled to its memory share before the next.
 
     Parameters
@@ -547,6 +553,10 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     refine : bool
         Schedule again knowing the transfers the last schedule sent, keeping what shortens the step
         (:func:`~placer.algorithms.list_scheduling.refined_schedule`); False: the paper's one pass.
+    coplace : bool
+        Place each operation whose outputs one operation reads with that operation (Baechi's
+        co-placement, :func:`~placer.transform.colocate.colocate_sole_consumers`); off by default, as in
+        Baechi's driver.
 
     Returns
     -------
@@ -569,14 +579,14 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     ['gpu0', 'gpu1']
     """
     sched = schedule_with_memory_retries(
-        lambda g, ratio, scale, sends=None: m_topo_schedule(g, cluster, ratio, scale, sends), graph, cluster, "m_topo",
-        refine=refine, dispatch=True)
+        lambda g, ratio, scale, sends=None: m_topo_schedule(g, cluster, ratio, scale, sends),
+        _grouped(graph, coplace), cluster, "m_topo", refine=refine, dispatch=True)
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
 @register("m_etf")
 def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-          refine: bool = True) -> Plan:
+          refine: bool = True, coplace: bool = False) -> Plan:
     """Baechi's m-ETF: earliest-time-first list scheduling within each device's memory.
 
     Parameters
@@ -588,6 +598,8 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     refine : bool
         Schedule again knowing the transfers the last schedule sent, keeping what shortens the step
         (:func:`~placer.algorithms.list_scheduling.refined_schedule`); False: the paper's one pass.
+    coplace : bool
+        Baechi's co-placement first, as :func:`m_topo`.
 
     Returns
     -------
@@ -610,13 +622,13 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     """
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, capacity_scale=scale, sends=sends),
-        graph, cluster, "m_etf", refine=refine, dispatch=True)
+        _grouped(graph, coplace), cluster, "m_etf", refine=refine, dispatch=True)
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
 @register("m_sct")
 def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-          theta: float = 0.1, refine: bool = True) -> Plan:
+          theta: float = 0.1, refine: bool = True, coplace: bool = False) -> Plan:
     """Baechi's m-SCT: m-ETF that keeps each LP-chosen favourite child on its parent's device.
 
     Parameters
@@ -633,6 +645,8 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     refine : bool
         Schedule again knowing the transfers the last schedule sent, keeping what shortens the step
         (:func:`~placer.algorithms.list_scheduling.refined_schedule`); False: the paper's one pass.
+    coplace : bool
+        Baechi's co-placement first, as :func:`m_topo`.
 
     Returns
     -------
@@ -658,7 +672,7 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit / 2)
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, favourite, scale, sends=sends),
-        graph, cluster, "m_sct", refine=refine, dispatch=True)
+        _grouped(graph, coplace), cluster, "m_sct", refine=refine, dispatch=True)
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 

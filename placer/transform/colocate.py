@@ -1,4 +1,6 @@
-"""Colocate each layer: keep a layer's forward, backward and update on one device.
+"""Colocation passes: each layer on one device; each operation with its only consumer.
+
+Colocate each layer: keep a layer's forward, backward and update on one device.
 
 A training step's backward pass reads the activations its layer's forward
 pass made. Where a placement splits a layer, those activations are copied to
@@ -10,6 +12,9 @@ backward and optimizer operations alike) leaves copies only where one layer
 hands its output to the next. The list schedulers fall back on it when their
 own placements overflow memory
 (:func:`~placer.algorithms.list_scheduling.schedule_with_memory_retries`).
+
+Colocate sole consumers: Baechi's co-placement (:func:`colocate_sole_consumers`),
+an option of its placers.
 """
 
 from __future__ import annotations
@@ -18,7 +23,7 @@ import numpy as np
 
 from ..graph import OpGraph, joined_groups
 
-__all__ = ["colocate_layers"]
+__all__ = ["colocate_layers", "colocate_sole_consumers"]
 
 
 def colocate_layers(graph: OpGraph) -> OpGraph | None:
@@ -57,3 +62,61 @@ def colocate_layers(graph: OpGraph) -> OpGraph | None:
     sizes = np.bincount(label, minlength=n)
     names = {int(c): f"layer{k}" for k, c in enumerate(dict.fromkeys(label[sizes[label] > 1].tolist()))}
     return graph.replace(colocation=[names.get(int(c)) for c in label])
+
+
+def colocate_sole_consumers(graph: OpGraph) -> OpGraph | None:
+    """The graph with every operation whose outputs only one operation reads in that operation's group.
+
+    Baechi's co-placement grouping: an operation whose outputs go to a single
+    consumer gains nothing from another device but a transfer, so it joins its
+    consumer's colocation group, and chains of such operations join the group
+    at their end. Baechi's code merges the two operations' whole groups; in a
+    captured training step a weight's gradient goes only to its parameter's
+    update, so that chains every parameter's group to the next through the
+    backward pass, and a convolutional network ends in one group (ResNet-50:
+    all 4,548 operations). Here only operations in no group of their own, and
+    free to run on any device kind, follow their consumer: each new group
+    holds at most one original group, and runs where that group may.
+
+    Parameters
+    ----------
+    graph : OpGraph
+
+    Returns
+    -------
+    OpGraph or None
+        The same nodes and edges with a new ``colocation``: an original group
+        keeps its name, a new one is named ``"coplace:<id>"`` after the
+        consumer its members follow; None when no operation follows its
+        consumer (nothing to colocate).
+
+    Examples
+    --------
+    >>> g = OpGraph(["w", "t", "mm", "relu", "loss"], [0.0, 0.0, 1.0, 1.0, 1.0], [0, 1, 2, 2, 3], [1, 2, 3, 4, 4],
+    ...             [4] * 5, colocation=["p", None, None, None, None])
+    >>> colocate_sole_consumers(g).colocation
+    ['p', 'coplace:mm', 'coplace:mm', 'coplace:loss', 'coplace:loss']
+
+    References
+    ----------
+    B. Jeon et al., "Baechi: fast device placement of machine learning graphs",
+    ACM SoCC 2020, Section 4.4 (co-placement); ``shared/notes/baechi.md``.
+    """
+    n = graph.num_nodes
+    pairs = np.unique(np.stack([graph.src, graph.dst], axis=1), axis=0)  # distinct (producer, consumer)
+    consumers = np.bincount(pairs[:, 0], minlength=n)
+    free = np.array([c is None and k is None for c, k in zip(graph.colocation, graph.device_kinds)], dtype=bool)
+    follows = pairs[(consumers[pairs[:, 0]] == 1) & free[pairs[:, 0]]]
+    if follows.size == 0:
+        return None
+    label = joined_groups(n, graph.colocation, pairs=(follows[:, 0], follows[:, 1]))
+    # Each new group has one member that follows no one (its original group's members, or the chains' end).
+    leader = np.ones(n, dtype=bool)
+    leader[follows[:, 0]] = False
+    names: dict[int, str] = {}
+    for i in np.flatnonzero(leader).tolist():
+        name = graph.colocation[i] or f"coplace:{graph.ids[i]}"
+        names.setdefault(int(label[i]), name)
+    sizes = np.bincount(label, minlength=n)
+    return graph.replace(colocation=[names[c] if sizes[c] > 1 else own
+                                     for c, own in zip(label.tolist(), graph.colocation)])
