@@ -11,7 +11,7 @@ kept, and the reference model's for that placement under earliest-ready dispatch
 FORMATS.md, rule 2), which Baechi's placers keep where it is faster
 (``plan_from_schedule(..., dispatch=True)``).
 
-    ./run.sh bench bench/list_prediction.py [--cases resnet50/4xGPU-pcie,gnmt/4xGPU-pcie]
+    ./run.sh bench bench/list_prediction.py [--cases resnet50/4xGPU-pcie,gnmt/4xGPU-pcie] [--coplace]
 
 Zoo models are captured at their paper batch size (Adam) and cached with bench/quality.py's cache.
 """
@@ -34,6 +34,7 @@ from placer.algorithms.heft import heft_schedule
 from placer.algorithms.list_scheduling import refined_schedule
 from placer.errors import InfeasibleError
 from placer.sim import simulate
+from placer.transform.colocate import colocate_sole_consumers
 
 sys.path.insert(0, str(Path(__file__).parent))
 from quality import captured_graph  # noqa: E402  (the zoo capture cache of bench/quality.py)
@@ -49,6 +50,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=CASES, help="comma-separated model/cluster pairs")
     parser.add_argument("--cache", default="bench/.cache", help="folder for captured graphs")
+    parser.add_argument("--coplace", action="store_true",
+                        help="schedule with Baechi's co-placement (each operation with its only reader)")
     args = parser.parse_args()
     print(f"python {platform.python_version()}, {platform.machine()}")
     print("per scheduler: the first schedule's predicted / simulated step, then the kept schedule's predicted / "
@@ -58,6 +61,8 @@ def main() -> None:
     for case in args.cases.split(","):
         model, cluster_name = case.split("/")
         graph, cluster = captured_graph(model, None, Path(args.cache)), load_cluster(cluster_name)
+        if args.coplace:
+            graph = colocate_sole_consumers(graph) or graph
         ratio, scale = liveness_ratio(graph, cluster), np.ones(cluster.num_devices)
         began, cells = time.perf_counter(), []
         for name, schedule in SCHEDULERS.items():
@@ -83,7 +88,8 @@ def main() -> None:
     for which, per_scheduler in errors.items():
         print(f"mean |predicted / simulated with its order - 1|, {which} schedule: " + ", ".join(
             f"{name} {100 * sum(e) / len(e):.1f}% over {len(e)}" for name, e in per_scheduler.items()))
-    print(f"reproduce: ./run.sh bench bench/list_prediction.py --cases {args.cases}")
+    print(f"reproduce: ./run.sh bench bench/list_prediction.py --cases {args.cases}"
+          + (" --coplace" if args.coplace else ""))
 
 
 if __name__ == "__main__":

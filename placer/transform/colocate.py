@@ -70,13 +70,12 @@ def colocate_sole_consumers(graph: OpGraph) -> OpGraph | None:
     Baechi's co-placement grouping: an operation whose outputs go to a single
     consumer gains nothing from another device but a transfer, so it joins its
     consumer's colocation group, and chains of such operations join the group
-    at their end. Baechi's code merges the two operations' whole groups; in a
-    captured training step a weight's gradient goes only to its parameter's
-    update, so that chains every parameter's group to the next through the
-    backward pass, and a convolutional network ends in one group (ResNet-50:
-    all 4,548 operations). Here only operations in no group of their own, and
-    free to run on any device kind, follow their consumer: each new group
-    holds at most one original group, and runs where that group may.
+    at their end. Baechi's code merges the two operations' whole groups; here
+    only operations in no group of their own, and free to run on any device
+    kind, follow their consumer, so that two groups never join: each new
+    group holds at most one original group and runs where that group may.
+    On every zoo model's captured step the two rules give the same groups
+    (no operation of a group there has its only reader outside the group).
 
     Parameters
     ----------
