@@ -617,6 +617,27 @@ def test_prediction_equals_simulation_without_congestion(n, p, seed, n_dev, name
         assert np.isclose(result.makespan_s, sched.makespan_s, rtol=1e-9)
 
 
+def test_priority_order_takes_zero_time_sources_first_in_graph_order():
+    g = graph({"x": 1.0, "p1": 0.0, "p0": 0.0, "a": 1.0, "b": 1.0}, [("x", "a", 1), ("p1", "a", 1), ("p0", "b", 1)])
+    order = list_scheduling.priority_order(g, np.array([9.0, 5.0, 8.0, 4.0, 1.0]))
+    # p1 and p0 (no input, no time) first in graph order whatever their ranks; x (it takes time) after them.
+    assert [g.ids[i] for i in order] == ["p1", "p0", "x", "a", "b"]
+
+
+@pytest.mark.parametrize("schedule", [heft_schedule, dpos_schedule])
+def test_a_schedule_told_the_sends_books_the_transfers_made_at_time_zero_in_graph_order(schedule):
+    # Two parameters on d0 (their earliest finish ties everywhere: the lowest index) read on d1 (kind B),
+    # p1's reader a on the longer path: ranked first. The reference model sends both at time 0, p0's first.
+    g = graph({"p0": 0.0, "p1": 0.0, "a": 1.0, "b": 1.0, "c": 5.0}, [("p0", "b", 2), ("p1", "a", 2), ("a", "c", 1)],
+              device_kinds=[None, None, ("B",), ("B",), ("B",)])
+    cluster = mesh(["A", "B"])
+    first = schedule(g, cluster)
+    again = schedule(g, cluster, sends=simulated_sends(simulate(g, cluster, first.device_of, first.orders)))
+    result = simulate(g, cluster, again.device_of, again.orders)
+    assert result.transfers.start.tolist() == [0.0, 2.0]
+    assert np.allclose(again.start, result.start) and again.makespan_s == result.makespan_s
+
+
 @settings(max_examples=25, deadline=None)
 @given(st.integers(3, 40), st.integers(0, 2**30), st.integers(0, 3),
        st.sampled_from(LIST_SCHEDULERS + ["data_parallel", "os_dpos"]))

@@ -339,15 +339,25 @@ def _node_and_edge_costs(graph: OpGraph, cluster: Cluster, reduce: str) -> tuple
 
 
 def priority_order(graph: OpGraph, rank: np.ndarray) -> np.ndarray:
-    """Nodes by decreasing rank, ties in topological order: always a topological order.
+    """Zero-time sources in graph order, then the other nodes by decreasing rank, ties in topological order.
 
-    A predecessor's upward rank is never below its successor's (nor is its
-    :func:`earliest_start_priorities`), so sorting by decreasing rank with the
-    topological position breaking ties respects every edge.
+    Always a topological order: a predecessor's upward rank is never below
+    its successor's (nor is its :func:`earliest_start_priorities`), so sorting
+    by decreasing rank with the topological position breaking ties respects
+    every edge, and a source has no predecessor. A source that takes no time
+    (a parameter, an optimizer state, an input) starts at 0 wherever it goes;
+    the reference model queues its transfers at 0, in graph order, ahead of
+    everything produced later. Booked first and in that order, the transfers
+    a schedule built again sends from it (``sends``) are booked where the
+    channels' queues put them (bench/list_prediction.py).
     """
     position = np.empty(graph.num_nodes, dtype=np.int64)
     position[graph.topological_order] = np.arange(graph.num_nodes)
-    return np.lexsort((position, -rank))
+    no_time = (graph.compute_s == 0) & np.array([not (by_kind and any(by_kind.values()))
+                                                 for by_kind in graph.compute_s_by_kind], dtype=bool)
+    sources = no_time & (np.bincount(graph.dst, minlength=graph.num_nodes) == 0)
+    # Kahn's order (graph.topological_order) puts the sources first, in graph order.
+    return np.lexsort((position, np.where(sources, 0.0, -rank), ~sources))
 
 
 class MemoryTimeline:
