@@ -617,10 +617,12 @@ def test_prediction_equals_simulation_without_congestion(n, p, seed, n_dev, name
         assert np.isclose(result.makespan_s, sched.makespan_s, rtol=1e-9)
 
 
-def test_priority_order_takes_zero_time_sources_first_in_graph_order():
+def test_priority_order_can_take_zero_time_sources_first_in_graph_order():
     g = graph({"x": 1.0, "p1": 0.0, "p0": 0.0, "a": 1.0, "b": 1.0}, [("x", "a", 1), ("p1", "a", 1), ("p0", "b", 1)])
-    order = list_scheduling.priority_order(g, np.array([9.0, 5.0, 8.0, 4.0, 1.0]))
-    # p1 and p0 (no input, no time) first in graph order whatever their ranks; x (it takes time) after them.
+    rank = np.array([9.0, 5.0, 8.0, 4.0, 1.0])
+    assert [g.ids[i] for i in list_scheduling.priority_order(g, rank)] == ["x", "p0", "p1", "a", "b"]
+    # For a schedule built again: p1 and p0 (no input, no time) first in graph order whatever their ranks.
+    order = list_scheduling.priority_order(g, rank, sources_first=True)
     assert [g.ids[i] for i in order] == ["p1", "p0", "x", "a", "b"]
 
 

@@ -109,7 +109,7 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
     cp_device = _critical_path_device(state, path)
     keep = None if fixed is None else fixed.tolist()
     booking = earliest_start_priorities(graph, cluster, "max") if earliest_first else rank
-    for v in priority_order(graph, booking).tolist():
+    for v in priority_order(graph, booking, sources_first=bool(sends)).tolist():
         devices = state.devices_for(v)
         if keep is not None and keep[v] in devices:
             devices = [keep[v]]

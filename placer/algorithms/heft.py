@@ -29,7 +29,7 @@ def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, conte
     rank = (earliest_start_priorities if earliest_first else upward_ranks)(graph, cluster, "mean")
     state = ScheduleState(graph, cluster, ratio, insertion=True, contention=contention, capacity_scale=capacity_scale,
                           sends=sends)
-    for v in priority_order(graph, rank).tolist():
+    for v in priority_order(graph, rank, sources_first=bool(sends)).tolist():
         d, est = state.best_device(v)
         state.commit(v, d, est)
     return state.schedule()
