@@ -626,6 +626,109 @@ def test_priority_order_can_take_zero_time_sources_first_in_graph_order():
     assert [g.ids[i] for i in order] == ["p1", "p0", "x", "a", "b"]
 
 
+def _three_speeds():
+    """A two-node layer on d0 (fast, roomy), d1 (fast, too small for b's input) and d2 (slow, roomy), and three
+    schedules of it: ``split`` (a on d0, b on d1: overflows, step 2), ``slow`` (both on d2: fits, step 8) and
+    ``together`` (both on d0: fits, step 2)."""
+    g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)], output_bytes=[4, 4], layer=["L", "L"])
+    devices = [Device("d0", "X", 100), Device("d1", "X", 3), Device("d2", "X", 100, 0.25)]
+    cluster = Cluster("test", devices, mesh(["X", "X", "X"]).channels)
+    ends = {0: np.array([1.0, 2.0]), 2: np.array([4.0, 8.0])}
+    split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
+                     np.array([1.0, 2.0]))
+    on = {d: Schedule(np.array([d, d]), [np.array([0, 1]) if j == d else np.array([], dtype=int) for j in range(3)],
+                      ends[d] - ends[d][0], ends[d]) for d in (0, 2)}
+    return g, cluster, split, on[2], on[0]
+
+
+def test_memory_retries_search_the_ratio_for_a_faster_fitting_schedule_where_memory_cost_dearly():
+    # On the nodes the build overflows below ratio 1 and fits only at 1, slowly (8 against the first
+    # schedule's 2); on the colocated layers it fits at every ratio up to 0.75, quickly. The retries stop
+    # at the slow one; the search finds the fast one at the first ratio on the layers and keeps it.
+    g, cluster, split, slow, together = _three_speeds()
+    tried = []
+
+    def build(g, ratio, scale, sends=None):
+        layered = g.colocation[0] is not None
+        tried.append(("layers" if layered else "nodes", ratio, sends is not None))
+        if layered:
+            if ratio > 0.75:
+                raise InfeasibleError("no room")
+            return together
+        return slow if ratio == 1.0 else split
+
+    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
+    assert sched is together
+    searched = [t[:2] for t in tried if not t[2]]
+    # The retries (0.5 overflows, 1 fits slowly), then the layers at 0.5 (fits: nothing smaller to try),
+    # then the nodes between 0.5 (overflowed) and 1 (fitted), halving three times.
+    assert searched == [("nodes", 0.5), ("nodes", 1.0), ("layers", 0.5), ("nodes", 0.75), ("nodes", 0.875),
+                        ("nodes", 0.9375)]
+
+
+def test_memory_retries_search_halves_the_ratio_between_overflow_and_no_room():
+    # On the layers: overflows below 0.6, fits from 0.6 to 0.8 (on the slow device from 0.7), no room above.
+    g, cluster, split, slow, together = _three_speeds()
+    probes = []
+
+    def build(g, ratio, scale, sends=None):
+        if g.colocation[0] is None:
+            return slow if ratio == 1.0 else split
+        if sends is None:
+            probes.append(ratio)
+        if ratio > 0.8:
+            raise InfeasibleError("no room")
+        return split if ratio < 0.6 else together if ratio < 0.7 else slow
+
+    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
+    assert probes == [0.5, 1.0, 0.75, 0.625, 0.5625]
+    assert sched is together
+
+
+def test_memory_retries_do_not_search_where_memory_cost_little():
+    # The fitting schedule's step (2) is the first schedule's: no search, one build more (the refinement).
+    g, cluster, split, slow, together = _three_speeds()
+    tried = []
+    sched = schedule_with_memory_retries(
+        lambda g, ratio, scale, sends=None: tried.append(ratio) or (together if ratio == 1.0 else split), g,
+        cluster, "test", ratio=0.5)
+    assert sched is together and tried == [0.5, 1.0, 1.0]
+    assert list_scheduling.PRESSURE_COST * 2.0 < 8.0
+
+
+def _with_and_without_the_search(g, share, algorithm, monkeypatch):
+    """Steps of ``algorithm``'s plans on 3 devices that each hold ``share`` of the memory ``g`` needs on one
+    device: with the budget search, and with the retries alone."""
+    roomy = mesh(["X"] * 3, bandwidth=1e9, latency=1e-5)
+    need = simulate(g, roomy, np.zeros(g.num_nodes, dtype=int)).peak_memory_bytes[0]
+    cluster = mesh(["X"] * 3, bandwidth=1e9, latency=1e-5, memory=int(share * need))
+    searched = place(g, cluster, algorithm).predicted["makespan_s"]
+    with monkeypatch.context() as patch:
+        patch.setattr(list_scheduling, "PRESSURE_COST", np.inf)
+        return searched, place(g, cluster, algorithm).predicted["makespan_s"]
+
+
+@pytest.mark.parametrize("algorithm, layers, branches, seed, share", [
+    ("heft", 5, 3, 360322, 0.884), ("dpos", 3, 1, 88935, 0.889), ("m_etf", 5, 3, 890396, 0.774)])
+def test_the_budget_search_finds_a_far_faster_fitting_schedule(algorithm, layers, branches, seed, share, monkeypatch):
+    searched, retried = _with_and_without_the_search(training_graph(layers=layers, branches=branches, seed=seed),
+                                                     share, algorithm, monkeypatch)
+    assert searched < retried / 2
+
+
+@settings(max_examples=20, deadline=None)
+@given(st.integers(1, 5), st.integers(1, 3), st.integers(0, 10**6), st.sampled_from(["heft", "dpos", "m_etf"]),
+       st.floats(0.3, 0.9))
+def test_the_budget_search_never_makes_a_list_schedule_slower(layers, branches, seed, algorithm, share):
+    g = training_graph(layers=layers, branches=branches, seed=seed)
+    try:
+        with pytest.MonkeyPatch.context() as monkeypatch:
+            searched, retried = _with_and_without_the_search(g, share, algorithm, monkeypatch)
+    except InfeasibleError:
+        return
+    assert searched <= retried * (1 + 1e-9)
+
+
 @pytest.mark.parametrize("schedule", [heft_schedule, dpos_schedule])
 def test_a_schedule_told_the_sends_books_the_transfers_made_at_time_zero_in_graph_order(schedule):
     # Two parameters on d0 (their earliest finish ties everywhere: the lowest index) read on d1 (kind B),

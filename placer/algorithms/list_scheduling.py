@@ -954,6 +954,13 @@ REFINE_SHARE = 0.5
 #: Overflowing schedules in a row that do not cut the smallest excess so far by a tenth, before
 #: :func:`schedule_with_memory_retries` gives up on the node-level placement.
 STALE_SCHEDULES = 1
+#: Where the fitting schedule's step is within this factor of the first schedule's (which
+#: overflowed), memory cost the step little, and :func:`_search_budgets` does not run.
+PRESSURE_COST = 1.25
+#: Schedules :func:`_search_budgets` may build.
+SEARCH_BUILDS = 16
+#: Halvings of the ratio interval per way of scheduling in :func:`_search_budgets`.
+SEARCH_HALVINGS = 3
 
 
 def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
@@ -1004,21 +1011,44 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     (the overflow may be the order's, not the placement's); and where every
     retry above fails, the colocated-layer retries run again with
     ``pressed``, from the ratio reached.
+
+    The first schedule that fits is seldom the fastest that does: counting
+    outputs whole spreads work that would have fitted, and another way of
+    scheduling (on the colocated layers, or ``pressed``) may fit with far less
+    spread. So where the fitting schedule's step exceeds the first schedule's
+    (which overflowed) by more than :data:`PRESSURE_COST`, the memory cost the
+    step dearly, and :func:`_search_budgets` looks for the fastest fitting
+    schedule over the ratio for every way of scheduling; that one is refined.
     """
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
-    refine_with = {"dispatch": dispatch} if refine else None
-    sched, error, ratio = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, refine_with, pressed)
-    layered = colocate_layers(graph) if sched is None else None
-    if layered is not None:
-        # The liveness ratio and whole counting were tried on the nodes: go on from the ratio reached.
-        sched, _, ratio = _retry(build, layered, graph, cluster, name, ratio, True, tries, refine_with)
-    if sched is None and pressed is not None:
-        sched, _, _ = _retry(pressed, graph if layered is None else layered, graph, cluster, name, ratio, True, tries,
-                             refine_with)
-    if sched is None:
+    first = ratio
+    fit, error, ratio, free_step = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, pressed)
+    layered = None
+    if fit is None:
+        layered = colocate_layers(graph)
+        if layered is not None:
+            # The liveness ratio and whole counting were tried on the nodes: go on from the ratio reached.
+            fit, _, ratio, _ = _retry(build, layered, graph, cluster, name, ratio, True, tries)
+    if fit is None and pressed is not None:
+        fit, _, _, _ = _retry(pressed, graph if layered is None else layered, graph, cluster, name, ratio, True, tries)
+    if fit is None:
         raise error
-    return sched
+    fits = [fit]
+    if plan_simulation(graph, cluster, fit.sched, dispatch).makespan_s > PRESSURE_COST * free_step:
+        if layered is None:
+            layered = colocate_layers(graph)
+        ways = [(stage, maker) for stage in (layered, graph) if stage is not None
+                for maker in (build, pressed) if maker is not None]
+        found = _search_budgets(fit, ways, graph, cluster, first, dispatch)
+        if found is not fit:
+            fits.insert(0, found)
+    if not refine:
+        return fits[0].sched
+    # Each is refined, the most promising first: a schedule built again can overtake one that was faster.
+    kept = [refined_schedule(f.build, graph, cluster, f.sched, f.ratio, f.scale, f.stage, f.took_s, dispatch)
+            for f in fits]
+    return min(kept, key=lambda sched: plan_simulation(graph, cluster, sched, dispatch).makespan_s)
 
 
 def rank_ordered_with_memory_retries(schedule: Callable[..., Schedule], graph: OpGraph, cluster: Cluster, name: str,
@@ -1037,23 +1067,35 @@ def rank_ordered_with_memory_retries(schedule: Callable[..., Schedule], graph: O
                                         refine=refine)
 
 
+@dataclass
+class _Fit:
+    """A fitting schedule (simulated) and how it was built, so that it can be built again."""
+
+    sched: Schedule
+    build: Callable[..., Schedule]
+    stage: OpGraph
+    ratio: float
+    scale: np.ndarray
+    took_s: float
+
+
 def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
-           cluster: Cluster, name: str, ratio: float, counted_whole: bool, tries: int, refine_with: dict | None,
+           cluster: Cluster, name: str, ratio: float, counted_whole: bool, tries: int,
            pressed: Callable[..., Schedule] | None = None,
-           ) -> tuple[Schedule | None, InfeasibleError, float]:
+           ) -> tuple[_Fit | None, InfeasibleError, float, float]:
     """One stage of :func:`schedule_with_memory_retries` on ``stage`` (``graph``, or it with its layers colocated).
 
     With ``pressed``, a schedule that overflows before outputs are counted
-    whole is followed by one of ``pressed`` at the same ratio. ``refine_with``: the options of
-    :func:`refined_schedule` for the fitting schedule (None: not refined).
-    Returns the fitting schedule (None if there is none), the last reason a schedule failed, and the ratio
-    the retries reached.
+    whole is followed by one of ``pressed`` at the same ratio.
+    Returns the fitting schedule (None if there is none), the last reason a schedule failed, the ratio
+    the retries reached, and the simulated step of the first schedule built (inf if none was).
     """
     scale = np.ones(cluster.num_devices)
     capacity = cluster.memory.astype(np.float64)
     error = InfeasibleError(f"{name}: no schedule tried")
     least_excess, stale = np.inf, 0
     use_pressed = False
+    first_step = np.inf
     for _ in range(tries):
         began = time.perf_counter()
         try:
@@ -1067,12 +1109,10 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
                 ratio /= 1.2
             continue
         result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
+        first_step = min(first_step, result.makespan_s) if np.isinf(first_step) else first_step
         if result.fits:
             sched.simulated = result
-            if refine_with is not None:
-                sched = refined_schedule(maker, graph, cluster, sched, ratio, scale, stage, time.perf_counter() - began,
-                                         **refine_with)
-            return sched, error, ratio
+            return _Fit(sched, maker, stage, ratio, scale, time.perf_counter() - began), error, ratio, first_step
         peak = result.peak_memory_bytes
         j = int(np.argmax(peak - capacity))
         error = InfeasibleError(
@@ -1099,7 +1139,80 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
             if np.all(cut >= counted):
                 cut = counted * shrink
         scale[over] = cut
-    return None, error, ratio
+    return None, error, ratio, first_step
+
+
+def _search_budgets(fit: _Fit, ways: list[tuple[OpGraph, Callable[..., Schedule]]], graph: OpGraph,
+                    cluster: Cluster, low: float, dispatch: bool) -> _Fit:
+    """The fastest fitting schedule among ``fit`` and those each way of scheduling builds over the ratio.
+
+    For each ``(stage, build)`` of ``ways``, the ratio (every device's
+    whole capacity) is halved between ``low``, where budgets are loosest,
+    and 1: a schedule that overflows raises the lower end, one that fits or
+    that finds no device with room for some node (InfeasibleError) lowers the
+    upper end, since a smaller ratio leaves work less spread. Every schedule
+    that fits competes by the step of its plan (:func:`plan_simulation`).
+    Up to :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings
+    per way. Optional work, like :func:`refined_schedule`: under a running
+    time limit each build gets :data:`REFINE_SHARE` of the seconds left, and
+    the search stops where the last took longer.
+    """
+    best, best_step = fit, plan_simulation(graph, cluster, fit.sched, dispatch).makespan_s
+    unit = np.ones(cluster.num_devices)
+    took_s, builds = fit.took_s, 0
+    # The retries' first schedules, at the loosest ratio on the nodes, did not fit (else no search);
+    # their fitting one did.
+    known: dict[tuple[int, int, float], str] = {(id(graph), id(build), low): "overflows" for _, build in ways
+                                                if low < 1.0}
+    if np.all(fit.scale == 1.0):
+        known[id(fit.stage), id(fit.build), fit.ratio] = "fits"
+
+    def probe(stage: OpGraph, build: Callable[..., Schedule], ratio: float) -> str | None:
+        """``"fits"``, ``"overflows"``, ``"infeasible"``; None where the search must stop."""
+        nonlocal best, best_step, took_s, builds
+        key = (id(stage), id(build), ratio)
+        if key in known:
+            return known[key]
+        left = seconds_left()
+        if builds >= SEARCH_BUILDS or left is not None and REFINE_SHARE * left < took_s:
+            return None
+        builds += 1
+        began = time.perf_counter()
+        with TimeBox(None if left is None else REFINE_SHARE * left) as box:
+            try:
+                sched = build(stage, ratio, unit)
+            except InfeasibleError:
+                outcome = "infeasible"
+            else:
+                sched.simulated = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
+                outcome = "fits" if sched.simulated.fits else "overflows"
+                if outcome == "fits":
+                    step = plan_simulation(graph, cluster, sched, dispatch).makespan_s
+        took_s = time.perf_counter() - began
+        if box.expired:
+            return None
+        if outcome == "fits" and step < best_step:
+            best, best_step = _Fit(sched, build, stage, ratio, unit, took_s), step
+        known[key] = outcome
+        return outcome
+
+    for stage, build in ways:
+        lo, hi = low, 1.0
+        for ratio in (lo, hi):
+            outcome = probe(stage, build, ratio)
+            if outcome != "overflows":
+                break
+        if outcome is None:
+            break
+        if ratio == lo or outcome == "overflows":
+            continue        # the loosest budgets fit or leave no room, or the tightest overflow: nothing between
+        for _ in range(SEARCH_HALVINGS):
+            mid = (lo + hi) / 2
+            outcome = probe(stage, build, mid)
+            if outcome is None:
+                return best
+            lo, hi = (mid, hi) if outcome == "overflows" else (lo, mid)
+    return best
 
 
 def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cluster, sched: Schedule,
