@@ -949,7 +949,8 @@ REFINEMENTS = 3
 #: The share by which a schedule built again must shorten the step for another to be tried: most of
 #: the gain comes from the first (bench/list_prediction.py), and each costs a whole schedule.
 REFINE_GAIN = 0.02
-#: Share of a running time limit's remaining seconds that each of those may take.
+#: Share of a running time limit's remaining seconds that each piece of optional work may take (a
+#: schedule built again, one of the budget search's).
 REFINE_SHARE = 0.5
 #: Overflowing schedules in a row that do not cut the smallest excess so far by a tenth, before
 #: :func:`schedule_with_memory_retries` gives up on the node-level placement.
@@ -961,6 +962,19 @@ PRESSURE_COST = 1.25
 SEARCH_BUILDS = 16
 #: Halvings of the ratio interval per way of scheduling in :func:`_search_budgets`.
 SEARCH_HALVINGS = 3
+
+
+def _optional_work(took_s: float) -> TimeBox | None:
+    """A time box for optional work expected to take ``took_s`` seconds, or None where there is no time for it.
+
+    Where a time limit is running, the work gets :data:`REFINE_SHARE` of the
+    seconds left (the rest is for what follows, such as the plan's
+    validation), and none where the last such work took longer than that.
+    """
+    left = seconds_left()
+    if left is not None and REFINE_SHARE * left < took_s:
+        return None
+    return TimeBox(None if left is None else REFINE_SHARE * left)
 
 
 def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
@@ -1018,7 +1032,8 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     spread. So where the fitting schedule's step exceeds the first schedule's
     (which overflowed) by more than :data:`PRESSURE_COST`, the memory cost the
     step dearly, and :func:`_search_budgets` looks for the fastest fitting
-    schedule over the ratio for every way of scheduling; that one is refined.
+    schedule over the ratio for every way of scheduling. With ``refine``, the
+    one it finds and the retries' are both refined, and the faster kept.
     """
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
@@ -1041,8 +1056,7 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
         ways = [(stage, maker) for stage in (layered, graph) if stage is not None
                 for maker in (build, pressed) if maker is not None]
         found = _search_budgets(fit, ways, graph, cluster, first, dispatch)
-        if found is not fit:
-            fits.insert(0, found)
+        fits = [found, fit] if found is not fit else fits
     if not refine:
         return fits[0].sched
     # Each is refined, the most promising first: a schedule built again can overtake one that was faster.
@@ -1109,7 +1123,8 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
                 ratio /= 1.2
             continue
         result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
-        first_step = min(first_step, result.makespan_s) if np.isinf(first_step) else first_step
+        if np.isinf(first_step):
+            first_step = result.makespan_s
         if result.fits:
             sched.simulated = result
             return _Fit(sched, maker, stage, ratio, scale, time.perf_counter() - began), error, ratio, first_step
@@ -1153,15 +1168,13 @@ def _search_budgets(fit: _Fit, ways: list[tuple[OpGraph, Callable[..., Schedule]
     upper end, since a smaller ratio leaves work less spread. Every schedule
     that fits competes by the step of its plan (:func:`plan_simulation`).
     Up to :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings
-    per way. Optional work, like :func:`refined_schedule`: under a running
-    time limit each build gets :data:`REFINE_SHARE` of the seconds left, and
-    the search stops where the last took longer.
+    per way. Optional work (:func:`_optional_work`), like :func:`refined_schedule`.
     """
     best, best_step = fit, plan_simulation(graph, cluster, fit.sched, dispatch).makespan_s
-    unit = np.ones(cluster.num_devices)
+    whole = np.ones(cluster.num_devices)       # every device's whole capacity
     took_s, builds = fit.took_s, 0
-    # The retries' first schedules, at the loosest ratio on the nodes, did not fit (else no search);
-    # their fitting one did.
+    # Outcomes by (stage, build, ratio), the stages and builds being the very objects of ``ways``. The
+    # retries' first schedules, at the loosest ratio on the nodes, did not fit (else no search); theirs did.
     known: dict[tuple[int, int, float], str] = {(id(graph), id(build), low): "overflows" for _, build in ways
                                                 if low < 1.0}
     if np.all(fit.scale == 1.0):
@@ -1173,14 +1186,14 @@ def _search_budgets(fit: _Fit, ways: list[tuple[OpGraph, Callable[..., Schedule]
         key = (id(stage), id(build), ratio)
         if key in known:
             return known[key]
-        left = seconds_left()
-        if builds >= SEARCH_BUILDS or left is not None and REFINE_SHARE * left < took_s:
+        box = _optional_work(took_s) if builds < SEARCH_BUILDS else None
+        if box is None:
             return None
         builds += 1
         began = time.perf_counter()
-        with TimeBox(None if left is None else REFINE_SHARE * left) as box:
+        with box:
             try:
-                sched = build(stage, ratio, unit)
+                sched = build(stage, ratio, whole)
             except InfeasibleError:
                 outcome = "infeasible"
             else:
@@ -1192,7 +1205,7 @@ def _search_budgets(fit: _Fit, ways: list[tuple[OpGraph, Callable[..., Schedule]
         if box.expired:
             return None
         if outcome == "fits" and step < best_step:
-            best, best_step = _Fit(sched, build, stage, ratio, unit, took_s), step
+            best, best_step = _Fit(sched, build, stage, ratio, whole, took_s), step
         known[key] = outcome
         return outcome
 
@@ -1227,11 +1240,8 @@ def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cl
     each as soon as its producer is booked (:class:`ScheduleState`'s
     ``sends``), where the channel's queue puts it. Kept where the step gets
     shorter, and tried again while it gets shorter by :data:`REFINE_GAIN`,
-    up to :data:`REFINEMENTS` times. Optional work: where a
-    time limit is running, each try gets :data:`REFINE_SHARE` of the
-    seconds left (the rest is for what follows, such as the plan's
-    validation), is skipped where the last one took longer than that, and
-    is dropped if cut short.
+    up to :data:`REFINEMENTS` times. Optional work (:func:`_optional_work`):
+    a try cut short by a running time limit is dropped.
 
     Parameters
     ----------
@@ -1257,11 +1267,11 @@ def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cl
     """
     best = sched
     for _ in range(REFINEMENTS):
-        left = seconds_left()
-        if left is not None and REFINE_SHARE * left < took_s:
+        box = _optional_work(took_s)
+        if box is None:
             break
         began = time.perf_counter()
-        with TimeBox(None if left is None else REFINE_SHARE * left) as box:
+        with box:
             step = plan_simulation(graph, cluster, best, dispatch).makespan_s
             try:
                 again = build(graph if stage is None else stage, ratio, scale, sends=simulated_sends(best.simulated))
