@@ -685,6 +685,24 @@ def test_memory_retries_search_halves_the_ratio_between_overflow_and_no_room():
     assert sched is together
 
 
+def test_memory_retries_search_gives_way_to_a_running_time_limit():
+    # Every schedule on the layers takes 5 s: under a 1 s limit the search gives up on it, and the
+    # retries' fitting schedule comes back in time.
+    g, cluster, split, slow, together = _three_speeds()
+
+    def build(g, ratio, scale, sends=None):
+        if g.colocation[0] is not None:
+            time.sleep(5)
+            return together
+        return slow if ratio == 1.0 else split
+
+    began = time.perf_counter()
+    with TimeBox(1.0) as limit:
+        sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
+    assert not limit.expired and time.perf_counter() - began < 1.0
+    assert sched is slow
+
+
 def test_memory_retries_do_not_search_where_memory_cost_little():
     # The fitting schedule's step (2) is the first schedule's: no search, one build more (the refinement).
     g, cluster, split, slow, together = _three_speeds()

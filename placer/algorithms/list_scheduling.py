@@ -1168,7 +1168,8 @@ def _search_budgets(fit: _Fit, ways: list[tuple[OpGraph, Callable[..., Schedule]
     upper end, since a smaller ratio leaves work less spread. Every schedule
     that fits competes by the step of its plan (:func:`plan_simulation`).
     Up to :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings
-    per way. Optional work (:func:`_optional_work`), like :func:`refined_schedule`.
+    per way. Optional work (:func:`_optional_work`) as a whole and each build
+    in it, like :func:`refined_schedule`.
     """
     best, best_step = fit, plan_simulation(graph, cluster, fit.sched, dispatch).makespan_s
     whole = np.ones(cluster.num_devices)       # every device's whole capacity
@@ -1209,22 +1210,29 @@ def _search_budgets(fit: _Fit, ways: list[tuple[OpGraph, Callable[..., Schedule]
         known[key] = outcome
         return outcome
 
-    for stage, build in ways:
-        lo, hi = low, 1.0
-        for ratio in (lo, hi):
-            outcome = probe(stage, build, ratio)
-            if outcome != "overflows":
-                break
-        if outcome is None:
-            break
-        if ratio == lo or outcome == "overflows":
-            continue        # the loosest budgets fit or leave no room, or the tightest overflow: nothing between
-        for _ in range(SEARCH_HALVINGS):
-            mid = (lo + hi) / 2
-            outcome = probe(stage, build, mid)
+    def search() -> None:
+        for stage, build in ways:
+            lo, hi = low, 1.0
+            for ratio in (lo, hi):
+                outcome = probe(stage, build, ratio)
+                if outcome != "overflows":
+                    break
             if outcome is None:
-                return best
-            lo, hi = (mid, hi) if outcome == "overflows" else (lo, mid)
+                return
+            if ratio == lo or outcome == "overflows":
+                continue    # the loosest budgets fit or leave no room, or the tightest overflow: nothing between
+            for _ in range(SEARCH_HALVINGS):
+                mid = (lo + hi) / 2
+                outcome = probe(stage, build, mid)
+                if outcome is None:
+                    return
+                lo, hi = (mid, hi) if outcome == "overflows" else (lo, mid)
+
+    # The whole search is optional work too, so that a running time limit leaves room to refine.
+    box = _optional_work(took_s)
+    if box is not None:
+        with box:
+            search()
     return best
 
 
