@@ -18,12 +18,15 @@ For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
    says once it knows the runtime's real costs.
 
 Error = (predicted - measured) / measured. Prints a Markdown table and the
-command to reproduce it.
+command to reproduce it. With ``--traces DIR``, each run's last measured step
+(:func:`placer.runtime.trace.run_trace`) and the simulator's timeline of the
+plan with the run's own op times (:func:`placer.sim.trace.chrome_trace`) are
+written there side by side, to see where they part.
 
 Usage::
 
     PYTHONPATH=. python bench/fidelity.py [--steps 8] [--models lenet,alexnet,vgg,resnet]
-        [--clusters 2xcpu,4xcpu] [--plans expert,metis,round_robin]
+        [--clusters 2xcpu,4xcpu] [--plans expert,metis,round_robin] [--traces DIR]
 
 Run it on a quiet machine with a core per rank: on a loaded one the ranks
 wait for CPU time the simulator knows nothing about.
@@ -55,6 +58,7 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--clusters", default="2xcpu,4xcpu", help="comma-separated cpu presets")
     parser.add_argument("--plans", default=",".join(PLANS), help="comma-separated registered algorithms")
+    parser.add_argument("--traces", help="folder for each run's measured and simulated timelines")
     args = parser.parse_args()
 
     from placer.algorithms import place
@@ -64,7 +68,9 @@ def main() -> int:
     from placer.cost.profile import Profile, apply_profile, profile_module
     from placer.runtime.distributed import run_distributed
     from placer.runtime.feedback import measured_cluster, measured_graph
+    from placer.runtime.trace import write_run_trace
     from placer.sim import simulate_plan
+    from placer.sim.trace import write_trace
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -98,7 +104,13 @@ def main() -> int:
                                          carrier=captured.carrier, timeout_s=120)
                 measured = statistics.median(result.step_s[2:] or result.step_s)
                 fed = measured_graph(graph, plan.bind(graph, cluster), cluster, result.op_s)
-                fed_predicted = simulate_plan(plan, fed, cluster).makespan_s
+                fed_run = simulate_plan(plan, fed, cluster)
+                fed_predicted = fed_run.makespan_s
+                if args.traces:
+                    os.makedirs(args.traces, exist_ok=True)
+                    stem = os.path.join(args.traces, f"{name}-{cluster_name}-{algorithm}")
+                    write_run_trace(result, cluster, stem + "-measured.json")
+                    write_trace(fed_run, stem + "-simulated.json")
                 both = simulate_plan(plan, fed, measured_cluster(cluster, result.transfer_s)).makespan_s
                 rows.append((name, graph.num_nodes, cluster_name, algorithm, len(set(plan.placement.values())),
                              predicted, measured, fed_predicted, both))
@@ -120,7 +132,7 @@ def main() -> int:
     print(f"\nmean |error| over {len(rows)} runs: {means[0]:.1%} calibrated, {means[1]:.1%} with the run's own op "
           f"times, {means[2]:.1%} with its op and transfer times; load average now {os.getloadavg()[0]:.1f}")
     print(f"reproduce: PYTHONPATH=. python bench/fidelity.py --steps {args.steps} --models {args.models} "
-          f"--clusters {args.clusters} --plans {args.plans}")
+          f"--clusters {args.clusters} --plans {args.plans}" + (f" --traces {args.traces}" if args.traces else ""))
     return 0
 
 

@@ -296,6 +296,42 @@ def test_measured_transfers_refit_the_link():
     assert measured_cluster(cluster, transfers[:1]) is cluster      # one size: nothing to fit
 
 
+def test_a_distributed_run_records_each_ranks_timeline_in_plan_order(file_case):
+    captured = file_case.captured
+    cluster = load_cluster("2xcpu")
+    plan = random_plan(captured.graph, cluster, seed=5)
+    model, optimizer = file_case.fresh()
+    flat = captured.step_inputs(model, file_case.inputs, optimizer)
+    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier)
+    graph = captured.graph
+    assert sorted(result.timeline) == [0, 1]
+    for rank, ops in result.timeline.items():
+        # Every operation the plan gives the rank (its inputs, placeholders, are not run), in plan order.
+        ran = [name for name, *_ in ops if name in graph.index]
+        assert ran == [v for v in plan.order[cluster.devices[rank].name] if graph.op[graph.index[v]] != "placeholder"]
+        ends = [0.0] + [ended for *_, ended in ops]
+        for (name, began, waited, ended), before in zip(ops, ends):
+            assert before <= began and waited >= 0 and began + waited <= ended
+    assert min(ops[0][1] for ops in result.timeline.values()) >= 0.0
+
+
+def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):
+    import json
+
+    plan = random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3)
+    plan.save(tmp_path / "plan.json")
+    args = ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--trace",
+            str(tmp_path / "run.json")]
+    assert main(args + ["--backend", "distributed"]) == 0
+    assert "timeline of the last step" in capsys.readouterr().out
+    events = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
+    graph = file_case.captured.graph
+    ran = {e["name"] for e in events if e.get("cat") == "op"} & set(graph.ids)
+    assert ran == {v for v, op in zip(graph.ids, graph.op) if op != "placeholder"}
+    assert main(args) == 2
+    assert "--trace needs --backend distributed" in capsys.readouterr().err
+
+
 def test_a_plan_for_another_graph_is_refused(file_case):
     other = capture(*load_model(file_case.spec, 2))
     cluster = load_cluster("2xcpu")

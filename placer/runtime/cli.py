@@ -21,7 +21,8 @@ VERIFY_TOLERANCE = 1e-6
 
 @dataclass
 class Measurement:
-    """A placed run's step times (all steps, warm-up first), per-node and per-transfer times."""
+    """A placed run's step times (all steps, warm-up first), per-node and per-transfer times, and (distributed)
+    the last step's timeline (:attr:`placer.runtime.distributed.DistributedResult.timeline`)."""
 
     step_s: list[float]
     op_s: dict[str, float]
@@ -29,6 +30,7 @@ class Measurement:
     outputs: list
     state: dict[int, Any]
     transfer_s: list = field(default_factory=list)
+    timeline: dict = field(default_factory=dict)
 
 
 def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: int, backend: str,
@@ -64,7 +66,7 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
         if result is None:          # a rank other than 0 under torchrun: rank 0 reports
             return None
         return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state,
-                           result.transfer_s)
+                           result.transfer_s, result.timeline)
     raise OptionError(f"backend must be 'local' or 'distributed', got {backend!r}")
 
 
@@ -101,6 +103,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
     if not args.tolerance >= 0:
         raise OptionError(f"--tolerance must be >= 0, got {args.tolerance}")
+    if args.trace and args.backend != "distributed":
+        raise OptionError("--trace needs --backend distributed (one process per device, each with its own timeline)")
     plan = Plan.load(args.plan)
     cluster = load_cluster(args.cluster or plan.cluster_name)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
@@ -118,6 +122,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     print(f"{captured.graph.name} on {cluster.name} ({args.backend}, {cluster.num_devices} devices): "
           f"{args.steps} steps, step {times.median_s * 1e3:.3f} ms (median of {len(times.counted)} after "
           f"{times.warmup} warm-up), simulator predicts {m.predicted_s * 1e3:.3f} ms{loss}")
+    if args.trace:
+        from .trace import write_run_trace
+
+        write_run_trace(m, cluster, args.trace)
+        print(f"timeline of the last step -> {args.trace} (open in ui.perfetto.dev; the simulator's: "
+              f"placer simulate GRAPH PLAN --trace FILE)")
     if not args.verify:
         return 0
     reference_optimizer = eager_optimizer(captured, reference.parameters())
@@ -212,6 +222,7 @@ def add_commands(subparsers) -> None:
                         "exit 1 unless equal within --tolerance")
     p.add_argument("--tolerance", type=float, default=VERIFY_TOLERANCE,
                    help=f"largest absolute difference --verify accepts (default {VERIFY_TOLERANCE:g})")
+    p.add_argument("--trace", help="distributed: write the last step's measured timeline (Chrome trace JSON) here")
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("tune", help="FastT's loop: measure a plan, refine costs, replan, keep the faster")

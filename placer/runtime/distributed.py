@@ -99,6 +99,13 @@ class DistributedResult:
         rank had to wait for, after the first step (CPU ranks on one host).
     predicted_s : float
         The reference simulator's step time for the plan.
+    timeline : dict of int to list of (str, float, float, float)
+        Per rank, the last step's operations in the order it ran them: ``(node id,
+        began, seconds waiting for its inputs, ended)``, in seconds from the step's
+        start on the first rank to start it (ranks on one host, which share a clock;
+        empty otherwise). On GPUs an operation's host times are its launch's unless the
+        run profiles. What the measured step spent where, beside the simulator's
+        timeline of the plan (:func:`placer.runtime.trace.run_trace`).
     """
 
     step_s: list[float]
@@ -107,6 +114,7 @@ class DistributedResult:
     op_s: dict[str, float] = field(default_factory=dict)
     predicted_s: float = math.nan
     transfer_s: list[tuple[int, int, int, float]] = field(default_factory=list)
+    timeline: dict[int, list[tuple[str, float, float, float]]] = field(default_factory=dict)
 
 
 def under_torchrun() -> bool:
@@ -162,6 +170,8 @@ class _RankRunner:
         # which are the transfers on the step's critical path.
         self.sent_at: list[dict[int, float]] = []
         self.arrived_at: list[dict[int, float]] = []
+        # The last step's operations: (node, when it began, seconds waiting for inputs, when it ended).
+        self.timeline: list[tuple[fx.Node, float, float, float]] = []
         # On GPUs an op's host time is its launch; with profile, synchronize around each op.
         self.profile_gpu = False
 
@@ -238,6 +248,7 @@ class _RankRunner:
             send(prog.placeholders[k], state[k])
         clock = time.perf_counter
         op_s = self.op_s
+        timeline = self.timeline = []
         for v in self.schedule:
             # On a CPU an op's time is the rank's busy time for it (receiving less the
             # waiting, running, sending, freeing), as the simulator's device is busy with
@@ -258,7 +269,9 @@ class _RankRunner:
             send(v, out)
             for a in self.frees_after.get(v, ()):
                 env.pop(a, None)
-            op_s.setdefault(v, []).append(clock() - t0 - waited)
+            ended = clock()
+            op_s.setdefault(v, []).append(ended - t0 - waited)
+            timeline.append((v, t0, waited, ended))
         for work, _ in sending:
             work.wait()
         return {i: env[v] if isinstance(v, fx.Node) else v for i, v in enumerate(prog.outputs)
@@ -302,7 +315,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         outputs: dict[int, Any] = {}
         for _ in range(job.steps):
             _barrier(backend, device)
-            t0 = time.perf_counter()
+            t0 = began = time.perf_counter()
             outputs = runner.step(state)
             if backend == "nccl":
                 torch.cuda.synchronize(device)
@@ -318,6 +331,9 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             "step_s": step_s,
             "sent_at": runner.sent_at,
             "arrived_at": runner.arrived_at,
+            "began": began,
+            "timeline": [(program.node_id(v) if v in program.graph_node else v.name, t0, waited, ended)
+                         for v, t0, waited, ended in runner.timeline],
         }
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
@@ -325,7 +341,8 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             return None
         merged = {"step_s": gathered[0]["step_s"], "state": {}, "outputs": {}, "op_s": {},
                   "predicted_s": program.predicted_s, "num_outputs": len(program.outputs),
-                  "transfer_s": _transfer_times(program, gathered) if job.same_host else []}
+                  "transfer_s": _transfer_times(program, gathered) if job.same_host else [],
+                  "timeline": _timeline(gathered) if job.same_host else {}}
         for part in gathered:
             for key in ("state", "outputs", "op_s"):
                 merged[key].update(part[key])
@@ -354,6 +371,13 @@ def _transfer_times(program: Program, gathered: list[dict]) -> list[tuple[int, i
                 if sent is not None and arrived > sent:
                     out.append((x.src, x.dst, message_bytes(value_spec(x.node)), arrived - sent))
     return out
+
+
+def _timeline(gathered: list[dict]) -> dict[int, list[tuple[str, float, float, float]]]:
+    """Every rank's operations in the last step, in seconds from the first rank's start of it (one host, one clock)."""
+    zero = min(part["began"] for part in gathered)
+    return {rank: [(name, t0 - zero, waited, ended - zero) for name, t0, waited, ended in part["timeline"]]
+            for rank, part in enumerate(gathered)}
 
 
 def _to_cpu(value: Any) -> Any:
@@ -445,7 +469,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         merged = torch.load(result_path, weights_only=False)
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
-                             merged["transfer_s"])
+                             merged["transfer_s"], merged["timeline"])
 
 
 def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
@@ -476,7 +500,7 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
         return None
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
-                             merged["transfer_s"])
+                             merged["transfer_s"], merged["timeline"])
 
 
 def _wait(processes: list, deadline: float, timeout_s: float, error_dir: str) -> None:
