@@ -1029,11 +1029,12 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     The first schedule that fits is seldom the fastest that does: counting
     outputs whole spreads work that would have fitted, and another way of
     scheduling (on the colocated layers, or ``pressed``) may fit with far less
-    spread. So where the fitting schedule's step exceeds the first schedule's
-    (which overflowed) by more than :data:`PRESSURE_COST`, the memory cost the
-    step dearly, and :func:`_search_budgets` looks for the fastest fitting
-    schedule over the ratio for every way of scheduling. With ``refine``, the
-    one it finds and the retries' are both refined, and the faster kept.
+    spread. So where the fitting schedule's step (refined) exceeds the first
+    schedule's (which overflowed) by more than :data:`PRESSURE_COST`, the
+    memory cost the step dearly, and :func:`_search_budgets` looks for the
+    fastest fitting schedule over the ratio for every way of scheduling, with
+    the time that the retries and the refinement left; one that is faster is
+    refined in turn, and kept where it stays faster.
     """
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
@@ -1049,20 +1050,26 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
         fit, _, _, _ = _retry(pressed, graph if layered is None else layered, graph, cluster, name, ratio, True, tries)
     if fit is None:
         raise error
-    fits = [fit]
-    if plan_simulation(graph, cluster, fit.sched, dispatch).makespan_s > PRESSURE_COST * free_step:
+
+    def kept(fit: _Fit) -> Schedule:
+        if not refine:
+            return fit.sched
+        return refined_schedule(fit.build, graph, cluster, fit.sched, fit.ratio, fit.scale, fit.stage, fit.took_s,
+                                dispatch)
+
+    sched = kept(fit)
+    step = plan_simulation(graph, cluster, sched, dispatch).makespan_s
+    if step > PRESSURE_COST * free_step:
         if layered is None:
             layered = colocate_layers(graph)
         ways = [(stage, maker) for stage in (layered, graph) if stage is not None
                 for maker in (build, pressed) if maker is not None]
-        found = _search_budgets(fit, ways, graph, cluster, first, dispatch)
-        fits = [found, fit] if found is not fit else fits
-    if not refine:
-        return fits[0].sched
-    # Each is refined, the most promising first: a schedule built again can overtake one that was faster.
-    kept = [refined_schedule(f.build, graph, cluster, f.sched, f.ratio, f.scale, f.stage, f.took_s, dispatch)
-            for f in fits]
-    return min(kept, key=lambda sched: plan_simulation(graph, cluster, sched, dispatch).makespan_s)
+        found = _search_budgets(fit, step, ways, graph, cluster, first, dispatch)
+        if found is not None:
+            again = kept(found)
+            if plan_simulation(graph, cluster, again, dispatch).makespan_s < step:
+                sched = again
+    return sched
 
 
 def rank_ordered_with_memory_retries(schedule: Callable[..., Schedule], graph: OpGraph, cluster: Cluster, name: str,
@@ -1157,21 +1164,23 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
     return None, error, ratio, first_step
 
 
-def _search_budgets(fit: _Fit, ways: list[tuple[OpGraph, Callable[..., Schedule]]], graph: OpGraph,
-                    cluster: Cluster, low: float, dispatch: bool) -> _Fit:
-    """The fastest fitting schedule among ``fit`` and those each way of scheduling builds over the ratio.
+def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[..., Schedule]]], graph: OpGraph,
+                    cluster: Cluster, low: float, dispatch: bool) -> _Fit | None:
+    """The fastest fitting schedule that a way of scheduling builds over the ratio, where its step is below ``step``.
+
+    ``fit`` is the retries' fitting schedule, whose budgets need not be built again.
 
     For each ``(stage, build)`` of ``ways``, the ratio (every device's
     whole capacity) is halved between ``low``, where budgets are loosest,
     and 1: a schedule that overflows raises the lower end, one that fits or
     that finds no device with room for some node (InfeasibleError) lowers the
     upper end, since a smaller ratio leaves work less spread. Every schedule
-    that fits competes by the step of its plan (:func:`plan_simulation`).
+    that fits competes by the step of its plan (:func:`plan_simulation`); None where none is below ``step``.
     Up to :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings
     per way. Optional work (:func:`_optional_work`) as a whole and each build
     in it, like :func:`refined_schedule`.
     """
-    best, best_step = fit, plan_simulation(graph, cluster, fit.sched, dispatch).makespan_s
+    best, best_step = None, step
     whole = np.ones(cluster.num_devices)       # every device's whole capacity
     took_s, builds = fit.took_s, 0
     # Outcomes by (stage, build, ratio), the stages and builds being the very objects of ``ways``. The
