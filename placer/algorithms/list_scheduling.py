@@ -1034,7 +1034,7 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     memory cost the step dearly, and :func:`_search_budgets` looks for the
     fastest fitting schedule over the ratio for every way of scheduling, with
     the time that the retries and the refinement left; one that is faster is
-    refined in turn, and kept where it stays faster.
+    refined in turn and kept.
     """
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
@@ -1051,13 +1051,13 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     if fit is None:
         raise error
 
-    def kept(fit: _Fit) -> Schedule:
+    def refined(chosen: _Fit) -> Schedule:
         if not refine:
-            return fit.sched
-        return refined_schedule(fit.build, graph, cluster, fit.sched, fit.ratio, fit.scale, fit.stage, fit.took_s,
-                                dispatch)
+            return chosen.sched
+        return refined_schedule(chosen.build, graph, cluster, chosen.sched, chosen.ratio, chosen.scale, chosen.stage,
+                                chosen.took_s, dispatch)
 
-    sched = kept(fit)
+    sched = refined(fit)
     step = plan_simulation(graph, cluster, sched, dispatch).makespan_s
     if step > PRESSURE_COST * free_step:
         if layered is None:
@@ -1065,10 +1065,8 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
         ways = [(stage, maker) for stage in (layered, graph) if stage is not None
                 for maker in (build, pressed) if maker is not None]
         found = _search_budgets(fit, step, ways, graph, cluster, first, dispatch)
-        if found is not None:
-            again = kept(found)
-            if plan_simulation(graph, cluster, again, dispatch).makespan_s < step:
-                sched = again
+        if found is not None:       # faster already; refining never slows a schedule
+            sched = refined(found)
     return sched
 
 
