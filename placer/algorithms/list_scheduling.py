@@ -964,17 +964,20 @@ SEARCH_BUILDS = 16
 SEARCH_HALVINGS = 3
 
 
-def _optional_work(took_s: float) -> TimeBox | None:
+def _optional_work(took_s: float, at_most_s: float | None = None) -> TimeBox | None:
     """A time box for optional work expected to take ``took_s`` seconds, or None where there is no time for it.
 
     Where a time limit is running, the work gets :data:`REFINE_SHARE` of the
     seconds left (the rest is for what follows, such as the plan's
-    validation), and none where the last such work took longer than that.
+    validation), and no more than ``at_most_s``; none where the last such
+    work took longer than that share. Without a time limit the box never expires.
     """
     left = seconds_left()
-    if left is not None and REFINE_SHARE * left < took_s:
+    if left is None:
+        return TimeBox(None)
+    if REFINE_SHARE * left < took_s:
         return None
-    return TimeBox(None if left is None else REFINE_SHARE * left)
+    return TimeBox(REFINE_SHARE * left if at_most_s is None else min(REFINE_SHARE * left, at_most_s))
 
 
 def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
@@ -1036,6 +1039,7 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     the time that the retries and the refinement left; one that is faster is
     refined in turn and kept.
     """
+    began = time.perf_counter()
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
     first = ratio
@@ -1064,7 +1068,7 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
             layered = colocate_layers(graph)
         ways = [(stage, maker) for stage in (layered, graph) if stage is not None
                 for maker in (build, pressed) if maker is not None]
-        found = _search_budgets(fit, step, ways, graph, cluster, first, dispatch)
+        found = _search_budgets(fit, step, ways, graph, cluster, first, dispatch, time.perf_counter() - began)
         if found is not None:       # faster already; refining never slows a schedule
             sched = refined(found)
     return sched
@@ -1163,7 +1167,7 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
 
 
 def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[..., Schedule]]], graph: OpGraph,
-                    cluster: Cluster, low: float, dispatch: bool) -> _Fit | None:
+                    cluster: Cluster, low: float, dispatch: bool, spent_s: float) -> _Fit | None:
     """The fastest fitting schedule that a way of scheduling builds over the ratio, where its step is below ``step``.
 
     ``fit`` is the retries' fitting schedule, whose budgets need not be built again.
@@ -1176,7 +1180,10 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
     that fits competes by the step of its plan (:func:`plan_simulation`); None where none is below ``step``.
     Up to :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings
     per way. Optional work (:func:`_optional_work`) as a whole and each build
-    in it, like :func:`refined_schedule`.
+    in it, like :func:`refined_schedule`; under a running time limit, the
+    whole search also takes no longer than ``spent_s``, the seconds the
+    schedule took so far, so that it at most doubles what the scheduler costs
+    its caller (``auto``, Pesto's warm start).
     """
     best, best_step = None, step
     whole = np.ones(cluster.num_devices)       # every device's whole capacity
@@ -1236,7 +1243,7 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
                 lo, hi = (mid, hi) if outcome == "overflows" else (lo, mid)
 
     # The whole search is optional work too, so that a running time limit leaves room to refine.
-    box = _optional_work(took_s)
+    box = _optional_work(took_s, spent_s)
     if box is not None:
         with box:
             search()
