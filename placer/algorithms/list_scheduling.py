@@ -1042,7 +1042,7 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     began = time.perf_counter()
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
-    first = ratio
+    loosest = ratio
     fit, error, ratio, free_step = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, pressed)
     layered = None
     if fit is None:
@@ -1068,7 +1068,7 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
             layered = colocate_layers(graph)
         ways = [(stage, maker) for stage in (layered, graph) if stage is not None
                 for maker in (build, pressed) if maker is not None]
-        found = _search_budgets(fit, step, ways, graph, cluster, first, dispatch, time.perf_counter() - began)
+        found = _search_budgets(fit, step, ways, graph, cluster, loosest, dispatch, time.perf_counter() - began)
         if found is not None:       # faster already; refining never slows a schedule
             sched = refined(found)
     return sched
@@ -1215,12 +1215,12 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
                 sched.simulated = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
                 outcome = "fits" if sched.simulated.fits else "overflows"
                 if outcome == "fits":
-                    step = plan_simulation(graph, cluster, sched, dispatch).makespan_s
+                    its_step = plan_simulation(graph, cluster, sched, dispatch).makespan_s
         took_s = time.perf_counter() - began
         if box.expired:
             return None
-        if outcome == "fits" and step < best_step:
-            best, best_step = _Fit(sched, build, stage, ratio, whole, took_s), step
+        if outcome == "fits" and its_step < best_step:
+            best, best_step = _Fit(sched, build, stage, ratio, whole, took_s), its_step
         known[key] = outcome
         return outcome
 
