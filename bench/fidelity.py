@@ -109,7 +109,8 @@ def main() -> int:
                 if args.traces:
                     os.makedirs(args.traces, exist_ok=True)
                     stem = os.path.join(args.traces, f"{name}-{cluster_name}-{algorithm}")
-                    write_run_trace(result, cluster, stem + "-measured.json")
+                    write_run_trace(stem + "-measured.json", result.timeline, cluster, step_s=result.step_s[-1],
+                                    predicted_s=predicted)
                     write_trace(fed_run, stem + "-simulated.json")
                 both = simulate_plan(plan, fed, measured_cluster(cluster, result.transfer_s)).makespan_s
                 rows.append((name, graph.num_nodes, cluster_name, algorithm, len(set(plan.placement.values())),

@@ -125,7 +125,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.trace:
         from .trace import write_run_trace
 
-        write_run_trace(m, cluster, args.trace)
+        write_run_trace(args.trace, m.timeline, cluster, step_s=m.step_s[-1], predicted_s=m.predicted_s)
         print(f"timeline of the last step -> {args.trace} (open in ui.perfetto.dev; the simulator's: "
               f"placer simulate GRAPH PLAN --trace FILE)")
     if not args.verify:

@@ -315,7 +315,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         outputs: dict[int, Any] = {}
         for _ in range(job.steps):
             _barrier(backend, device)
-            t0 = began = time.perf_counter()
+            t0 = time.perf_counter()
             outputs = runner.step(state)
             if backend == "nccl":
                 torch.cuda.synchronize(device)
@@ -331,7 +331,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             "step_s": step_s,
             "sent_at": runner.sent_at,
             "arrived_at": runner.arrived_at,
-            "began": began,
+            "began": t0,            # the last step's start
             "timeline": [(program.node_id(v) if v in program.graph_node else v.name, t0, waited, ended)
                          for v, t0, waited, ended in runner.timeline],
         }
