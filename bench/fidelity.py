@@ -21,7 +21,10 @@ Error = (predicted - measured) / measured. Prints a Markdown table and the
 command to reproduce it. With ``--traces DIR``, each run's last measured step
 (:func:`placer.runtime.trace.run_trace`) and the simulator's timeline of the
 plan with the run's own op times (:func:`placer.sim.trace.chrome_trace`) are
-written there side by side, to see where they part.
+written there side by side, to see where they part, with what the run measured
+in full (the profiled graph, the calibrated cluster, the plan, and the run's
+step, operation and transfer times and timeline) to test other cost models
+against later.
 
 Usage::
 
@@ -66,6 +69,7 @@ def main() -> int:
     from placer.cluster import load_cluster
     from placer.cost.calibrate import apply_calibration, calibrate
     from placer.cost.profile import Profile, apply_profile, profile_module
+    from placer.io import write_json_atomic
     from placer.runtime.distributed import run_distributed
     from placer.runtime.feedback import measured_cluster, measured_graph
     from placer.runtime.trace import write_run_trace
@@ -112,6 +116,13 @@ def main() -> int:
                     write_run_trace(stem + "-measured.json", result.timeline, cluster, step_s=result.step_s[-1],
                                     predicted_s=predicted)
                     write_trace(fed_run, stem + "-simulated.json")
+                    # What the run measured, in full, to test other cost models against it later.
+                    graph.save(os.path.join(args.traces, f"{name}-graph.json"))
+                    cluster.save(os.path.join(args.traces, f"{cluster_name}-cluster.json"))
+                    plan.save(stem + "-plan.json")
+                    write_json_atomic(stem + "-run.json", {
+                        "step_s": result.step_s, "op_s": result.op_s, "transfer_s": result.transfer_s,
+                        "timeline": {str(rank): ops for rank, ops in result.timeline.items()}})
                 both = simulate_plan(plan, fed, measured_cluster(cluster, result.transfer_s)).makespan_s
                 rows.append((name, graph.num_nodes, cluster_name, algorithm, len(set(plan.placement.values())),
                              predicted, measured, fed_predicted, both))
