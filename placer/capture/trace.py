@@ -383,9 +383,10 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
 
     traced._orig_mod = model   # lets make_fx record each op's module path (nn_module_stack)
     try:
-        # Stack traces of every op cost a fifth of the trace and are not used.
-        with fx_traceback.preserve_node_meta(), patch.object(torch.fx.config, "do_not_emit_stack_traces", True), \
-                portable_kernels():
+        # Stack traces of every op cost a fifth of the trace and are not used (torch 2.11 has no such
+        # switch: ``create`` lets it record them there).
+        with fx_traceback.preserve_node_meta(), \
+                patch.object(torch.fx.config, "do_not_emit_stack_traces", True, create=True), portable_kernels():
             gm = make_fx(traced, tracing_mode="fake", record_module_stack=True)(*flat)
     except FormatError:
         raise
