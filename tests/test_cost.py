@@ -453,6 +453,16 @@ def test_profile_and_predict_commands(tmp_path, capsys):
     assert "device" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
 
 
+def test_a_gpu_index_beyond_the_machines_gpus_is_an_option_error(monkeypatch):
+    # On a one-GPU machine, torch itself would fail with a bare AssertionError inside get_device_name.
+    from placer.cost.profile import device_kind_of
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(OptionError, match="'cuda:7' but this machine has 1 GPU"):
+        device_kind_of("cuda:7")
+
+
 def test_python_number_arithmetic_costs_a_gpu_nothing_and_a_cpu_its_per_op_overhead():
     # Adam's bias corrections are arithmetic on its step count as a Python number: the host runs
     # them while a GPU goes on with the kernels already queued; on a CPU the host is the device.

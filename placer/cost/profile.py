@@ -167,6 +167,8 @@ def device_kind_of(device: str) -> tuple[str, str]:
         raise OptionError(f"option 'device' must be 'cpu' or 'cuda:N', got {device!r}")
     if not torch.cuda.is_available():
         raise OptionError(f"option 'device' is {device!r} but CUDA is not available here")
+    if (dev.index or 0) >= torch.cuda.device_count():
+        raise OptionError(f"option 'device' is {device!r} but this machine has {torch.cuda.device_count()} GPU(s)")
     name = torch.cuda.get_device_name(dev)
     kind = next((k for k in _KNOWN_GPUS if k in name.upper()), name)
     return kind, name

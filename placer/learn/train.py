@@ -398,7 +398,8 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
     curve: dict[str, list] = {"update": [], "episodes": [], "return": [], "speedup": [], "seconds": []}
     pool = None
     if config.workers > 1:
-        pool = multiprocessing.get_context("fork").Pool(
+        # Not fork: a parent that has run autograd where CUDA is present cannot fork workers that run it.
+        pool = multiprocessing.get_context("spawn").Pool(
             config.workers, initializer=_init_problems, initargs=(graphs, clusters, config))
     _init_problems(graphs, clusters, config)
     try:
