@@ -293,7 +293,21 @@ def test_measured_transfers_refit_the_link():
     for ch in fitted.channels:
         assert ch.latency_s == pytest.approx(50e-6, rel=1e-6)
         assert ch.bandwidth_bytes_per_s == pytest.approx(1e9, rel=1e-6)
-    assert measured_cluster(cluster, transfers[:1]) is cluster      # one size: nothing to fit
+    assert measured_cluster(cluster, []) is cluster
+
+
+def test_transfers_a_line_cannot_fit_set_the_latency_and_keep_the_bandwidth():
+    # In a running step messages of a few similar sizes take about the same time, whatever the size.
+    cluster = load_cluster("2xcpu")
+    bandwidth = cluster.channels[0].bandwidth_bytes_per_s
+    flat = [(0, 1, n, t) for n, t in ((32_768, 210e-6), (65_536, 190e-6), (262_144, 200e-6))]
+    one_size = [(1, 0, 65_536, t) for t in (150e-6, 250e-6, 200e-6)]
+    for transfers in (flat, one_size):
+        fitted = measured_cluster(cluster, transfers)
+        expected = np.median([t - n / bandwidth for _, _, n, t in transfers])
+        for ch in fitted.channels:
+            assert ch.bandwidth_bytes_per_s == bandwidth
+            assert ch.latency_s == pytest.approx(expected, rel=1e-9)
 
 
 def test_a_distributed_run_records_each_ranks_timeline_in_plan_order(file_case):
@@ -313,6 +327,8 @@ def test_a_distributed_run_records_each_ranks_timeline_in_plan_order(file_case):
         for (name, began, waited, ended), before in zip(ops, ends):
             assert before <= began and waited >= 0 and began + waited <= ended
     assert min(ops[0][1] for ops in result.timeline.values()) >= 0.0
+    # Every node has a measured time, the placeholders their rank's share of its work before its first op.
+    assert set(result.op_s) == set(graph.ids) and all(s > 0 for s in result.op_s.values())
 
 
 def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):

@@ -50,6 +50,10 @@ from .program import (Program, call_node, compile_program, copy_to, message_byte
 __all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
            "resolve_backend", "under_torchrun", "free_port"]
 
+#: A receive's wait longer than this blocked: its message arrived during it (an arrived
+#: message's wait returns in about 15 us on a 2-core machine).
+BLOCKED_WAIT_S = 50e-6
+
 
 class RunError(PlacerError):
     """A placed run failed: a rank raised, died, or did not finish in time."""
@@ -93,10 +97,13 @@ class DistributedResult:
         Flat input position -> its value after the last step, for every input
         the step writes (parameters, buffers, optimizer state), on the CPU.
     op_s : dict of str to float
-        Graph node id -> median seconds of its runs on its rank (after the first step).
+        Graph node id -> median seconds of its runs on its rank (after the first step);
+        a state input's is its share of its rank's work before the first operation.
     transfer_s : list of (int, int, int, float)
         ``(source rank, destination rank, bytes, seconds)`` of the transfers a
-        rank had to wait for, after the first step (CPU ranks on one host).
+        rank had to wait for (its wait blocked over ``BLOCKED_WAIT_S``), from
+        the producer's send to the wait's end, after the first step (CPU ranks
+        on one host).
     predicted_s : float
         The reference simulator's step time for the plan.
     timeline : dict of int to list of (str, float, float, float)
@@ -227,15 +234,20 @@ class _RankRunner:
                 next_post[x.src] += 1
             work, buf = posted.pop(x.index)
             if work is not None:
-                early = work.is_completed()
+                began = time.perf_counter()
                 try:
                     work.wait()
                 except RuntimeError as exc:
                     raise RuntimeError(f"rank {rank}: {a.name!r} from rank {x.src} did not arrive: {exc}") from exc
-                if not early and self.device.type == "cpu":
-                    arrived_at[x.index] = time.perf_counter()
+                ended = time.perf_counter()
+                # Gloo's receive says it is complete only once waited on, so only a wait
+                # that blocked dates the message's arrival (it came as the wait ended).
+                if ended - began > BLOCKED_WAIT_S and self.device.type == "cpu":
+                    arrived_at[x.index] = ended
             return unpack(buf, self.specs[a], self.device)
 
+        clock = time.perf_counter
+        began = clock()
         if self.backend == "gloo":
             # Gloo moves a message once its receive is posted: post them all now, so that
             # every transfer starts when its producer finishes, as in the simulator.
@@ -246,8 +258,13 @@ class _RankRunner:
                     next_post[src] += 1
         for k in self.owned:
             send(prog.placeholders[k], state[k])
-        clock = time.perf_counter
         op_s = self.op_s
+        # The rank's work before its first operation (posting its receives, sending its
+        # state: milliseconds with hundreds of messages) is charged to its state inputs,
+        # which plans run first on their device, so that the simulator sees it.
+        share = (clock() - began) / max(1, len(self.owned))
+        for k in self.owned:
+            op_s.setdefault(prog.placeholders[k], []).append(share)
         timeline = self.timeline = []
         for v in self.schedule:
             # On a CPU an op's time is the rank's busy time for it (receiving less the
@@ -270,7 +287,11 @@ class _RankRunner:
             for a in self.frees_after.get(v, ()):
                 env.pop(a, None)
             ended = clock()
-            op_s.setdefault(v, []).append(ended - t0 - waited)
+            owner = prog.runs_with.get(v)
+            if owner in op_s:
+                op_s[owner][-1] += ended - t0 - waited     # its op ran earlier in this step
+            else:
+                op_s.setdefault(v, []).append(ended - t0 - waited)
             timeline.append((v, t0, waited, ended))
         for work, _ in sending:
             work.wait()

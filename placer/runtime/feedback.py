@@ -8,15 +8,19 @@ Here a node's measured seconds on a device become its ``compute_s_by_kind``
 for that device's kind (the reference model prefers them over the analytic
 ``compute_s / speed``), through :func:`placer.cost.profile.apply_profile`;
 measured transfers refit each link type's latency and bandwidth, through
-:func:`placer.cost.calibrate.fit_link` and ``apply_calibration``.
+:func:`placer.cost.calibrate.fit_link` and ``apply_calibration``: in a running
+step a message costs more than in an idle ping-pong (on the lent 16-core
+machine, about 0.13 to 0.36 ms from a producer's end to its consumer's start
+against 0.03 to 0.08 ms calibrated, docs/benchmarks.md "Fidelity").
 """
 
 from __future__ import annotations
 
+import statistics
 from typing import Sequence
 
 from ..cluster import Cluster
-from ..cost.calibrate import Calibration, apply_calibration, fit_link
+from ..cost.calibrate import Calibration, LinkFit, apply_calibration, fit_link
 from ..cost.profile import Profile, apply_profile
 from ..errors import PlacerError
 from ..graph import OpGraph
@@ -67,19 +71,25 @@ def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, 
     Returns
     -------
     Cluster
-        A link keeps its figures where its transfers cannot be fitted (fewer
-        than two sizes, or times that do not grow with size).
+        Where a link's transfers cannot be fitted by a line (one size, or times
+        that do not grow with size over the sizes seen, as with a few messages
+        of similar sizes), it keeps its bandwidth and takes as latency the
+        median time its transfers took beyond it: the per-message cost is what
+        such a run measures best. A link without transfers keeps its figures.
     """
     samples: dict[str, list[tuple[int, float]]] = {}
+    bandwidth: dict[str, float] = {}
     for src, dst, nbytes, seconds in transfers:
         c = cluster.channel_index[src, dst]
         link = cluster.channels[c].extra.get("link") if c >= 0 else None
         if link is not None:
             samples.setdefault(link, []).append((nbytes, seconds))
+            bandwidth.setdefault(link, cluster.channels[c].bandwidth_bytes_per_s)
     links = {}
     for link, points in samples.items():
         try:
             links[link] = fit_link([b for b, _ in points], [t for _, t in points], link)
         except PlacerError:
-            continue
+            latency = statistics.median(t - b / bandwidth[link] for b, t in points)
+            links[link] = LinkFit(max(0.0, latency), bandwidth[link], r2=0.0, samples=list(points))
     return apply_calibration(cluster, Calibration(links, {"source": "measured in a placed run"})) if links else cluster

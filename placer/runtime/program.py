@@ -87,6 +87,12 @@ class Program:
         The output node's flat arguments (fx.Node or constants).
     predicted_s : float
         The reference simulator's step time for this plan.
+    graph_node : dict of fx.Node to int
+        The fx nodes that are graph nodes, and their graph index.
+    runs_with : dict of fx.Node to fx.Node
+        For a call node the graph leaves out (a ``getitem``, say), the graph
+        node it runs with: what it costs (sending the output it picks) is that
+        node's, as the simulator sees it.
     """
 
     gm: fx.GraphModule
@@ -103,7 +109,8 @@ class Program:
     frees: list[list[tuple[fx.Node, int]]]
     outputs: list
     predicted_s: float
-    graph_node: dict[fx.Node, int] = field(default_factory=dict)   # fx node -> graph index
+    graph_node: dict[fx.Node, int] = field(default_factory=dict)
+    runs_with: dict[fx.Node, fx.Node] = field(default_factory=dict)
 
     @property
     def num_devices(self) -> int:
@@ -172,10 +179,12 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     writes = {v: _written_roots(v) for v in calls}
     writes = {v: w for v, w in writes.items() if w}
     device_of: dict[fx.Node, int] = {v: int(bound.device_of[i]) for v, i in graph_node.items()}
+    runs_with: dict[fx.Node, fx.Node] = {}
     for v in nodes:
         owner = carrier.get(v.name)
         if v not in device_of and owner in target.index:
             device_of[v] = int(bound.device_of[target.index[owner]])
+            runs_with[v] = node_of[owner]
     _place_unplaced(calls, placeholders, writes, device_of, graph_node, sim.start_rank)
     for v, roots in writes.items():
         for root in roots:
@@ -204,7 +213,7 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     return Program(gm=gm, graph=target, cluster=cluster, device_of=device_of, schedule=schedule,
                    placeholders=placeholders, transfers=transfers, sends=sends, recv=recv, writes=writes,
                    guard=guard, frees=_frees(schedule, device_of, outputs), outputs=outputs,
-                   predicted_s=float(sim.makespan_s), graph_node=graph_node)
+                   predicted_s=float(sim.makespan_s), graph_node=graph_node, runs_with=runs_with)
 
 
 def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list) -> list[list[tuple[fx.Node, int]]]:
