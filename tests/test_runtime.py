@@ -411,6 +411,19 @@ def test_placer_run_verifies_against_eager_training(file_case, tmp_path, capsys)
     assert "equal eager training" in out and "simulator predicts" in out
 
 
+def test_verify_trains_the_eager_reference_where_the_plans_first_device_ran(monkeypatch):
+    # A GPU run compared with eager training on the CPU would differ by the kernels (TF32 and all).
+    from placer.runtime.cli import _first_device
+
+    assert _first_device("local", ["cpu", "cpu"], 2) == torch.device("cpu")
+    assert _first_device("local", ["cuda:1", "cuda:0"], 2) == torch.device("cuda", 1)
+    assert _first_device("distributed", None, 2) == torch.device("cpu")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert _first_device("local", None, 2) == torch.device("cuda", 0)
+    assert _first_device("local", None, 4) == torch.device("cpu")       # too few GPUs: every device is the CPU
+
+
 def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tmp_path, capsys, monkeypatch):
     import placer.runtime.check as check
 
@@ -420,10 +433,10 @@ def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tm
     args = ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1", "--verify"]
     assert main(args + ["--tolerance", "1e-3"]) == 1
     out = capsys.readouterr().out
-    assert "FAILED: parameter 'w' differs from eager training by 0.003 (> --tolerance 0.001)" in out
+    assert "FAILED: parameter 'w' differs from eager training on cpu by 0.003 (> --tolerance 0.001)" in out
     assert "--optimizer sgd" in out
     assert main(args + ["--tolerance", "4e-3"]) == 0
-    assert "equal eager training within 0.004" in capsys.readouterr().out
+    assert "equal eager training on cpu within 0.004" in capsys.readouterr().out
     assert main(args + ["--tolerance", "-1"]) != 0
     assert "--tolerance must be >= 0, got -1.0" in capsys.readouterr().err
 

@@ -70,6 +70,16 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
     raise OptionError(f"backend must be 'local' or 'distributed', got {backend!r}")
 
 
+def _first_device(backend: str, devices: list[str] | None, num_devices: int) -> torch.device:
+    """The torch device the plan's first device ran on, for ``backend`` and ``--devices``."""
+    from .distributed import resolve_backend
+    from .local import default_devices
+
+    if backend == "local":
+        return torch.device(devices[0]) if devices else default_devices(num_devices)[0]
+    return torch.device("cuda", 0) if resolve_backend("auto", num_devices) == "nccl" else torch.device("cpu")
+
+
 def _batch(args: argparse.Namespace, graph_name: str) -> int:
     if args.batch is not None:
         return args.batch
@@ -98,6 +108,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster
     from ..plan import Plan
     from .check import eager_optimizer, state_difference, step_times, train_eager
+    from .program import copy_to
 
     if args.steps < 1:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
@@ -130,14 +141,18 @@ def cmd_run(args: argparse.Namespace) -> int:
               f"placer simulate GRAPH PLAN --trace FILE)")
     if not args.verify:
         return 0
+    # Eager training where the plan's first device ran: the same kernels (a GPU's, not the CPU's).
+    home = _first_device(args.backend, devices, cluster.num_devices)
+    reference.to(home)
     reference_optimizer = eager_optimizer(captured, reference.parameters())
-    train_eager(reference, inputs, reference_optimizer, args.steps)
+    train_eager(reference, [copy_to(x, home) for x in inputs], reference_optimizer, args.steps)
     worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
     if worst <= args.tolerance:
-        print(f"verify: {count} tensors (parameters, buffers, optimizer state) equal eager training "
+        print(f"verify: {count} tensors (parameters, buffers, optimizer state) equal eager training on {home} "
               f"within {args.tolerance:g} (largest difference {worst:.3g})")
         return 0
-    print(f"verify: FAILED: {where} differs from eager training by {worst:.3g} (> --tolerance {args.tolerance:g})")
+    print(f"verify: FAILED: {where} differs from eager training on {home} by {worst:.3g} "
+          f"(> --tolerance {args.tolerance:g})")
     if args.optimizer != "sgd":
         # Measured on an H100: 0.002 after 3 steps at lr 1e-3, from kernels that round differently.
         print(f"verify: {args.optimizer} moves every parameter by about --lr per step whatever its gradient's "
