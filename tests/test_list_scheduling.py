@@ -660,10 +660,11 @@ def test_memory_retries_search_the_ratio_for_a_faster_fitting_schedule_where_mem
     sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
     assert sched is together
     searched = [t[:2] for t in tried if not t[2]]
-    # The retries (0.5 overflows, 1 fits slowly), then the layers at 0.5 (fits: nothing smaller to try),
-    # then the nodes between 0.5 (overflowed) and 1 (fitted), halving three times.
-    assert searched == [("nodes", 0.5), ("nodes", 1.0), ("layers", 0.5), ("nodes", 0.75), ("nodes", 0.875),
-                        ("nodes", 0.9375)]
+    # The retries (0.5 overflows, 1 fits slowly), then the layers at 0.5 (fits: nothing smaller to try)
+    # and a notch above (no faster: no further), then the nodes between 0.5 (overflowed) and 1 (fitted),
+    # halving three times (nothing above 1).
+    assert searched == [("nodes", 0.5), ("nodes", 1.0), ("layers", 0.5), ("layers", 0.5 * 1.15), ("nodes", 0.75),
+                        ("nodes", 0.875), ("nodes", 0.9375)]
 
 
 def test_memory_retries_search_halves_the_ratio_between_overflow_and_no_room():
@@ -681,7 +682,28 @@ def test_memory_retries_search_halves_the_ratio_between_overflow_and_no_room():
         return split if ratio < 0.6 else together if ratio < 0.7 else slow
 
     sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
-    assert probes == [0.5, 1.0, 0.75, 0.625, 0.5625]
+    # Halvings, then a notch above the smallest fit (0.625), on the slow device: no further.
+    assert probes == [0.5, 1.0, 0.75, 0.625, 0.5625, 0.625 * 1.15]
+    assert sched is together
+
+
+def test_memory_retries_search_climbs_above_the_smallest_fitting_ratio_while_faster():
+    # On the layers: fits from 0.5, but slowly there (on d2); from 0.55 together on d0, the fastest; no room
+    # from 0.7. The smallest fit is slow; a notch above it is faster, the next no faster.
+    g, cluster, split, slow, together = _three_speeds()
+    probes = []
+
+    def build(g, ratio, scale, sends=None):
+        if g.colocation[0] is None:
+            return slow if ratio == 1.0 else split
+        if sends is None:
+            probes.append(round(ratio, 6))
+        if ratio >= 0.7:
+            raise InfeasibleError("no room")
+        return slow if ratio < 0.55 else together
+
+    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
+    assert probes == [0.5, round(0.5 * 1.15, 6), round(0.5 * 1.15 ** 2, 6)]
     assert sched is together
 
 
