@@ -667,29 +667,10 @@ def test_memory_retries_search_the_ratio_for_a_faster_fitting_schedule_where_mem
                         ("nodes", 0.875), ("nodes", 0.9375)]
 
 
-def test_memory_retries_search_halves_the_ratio_between_overflow_and_no_room():
-    # On the layers: overflows below 0.6, fits from 0.6 to 0.8 (on the slow device from 0.7), no room above.
-    g, cluster, split, slow, together = _three_speeds()
-    probes = []
-
-    def build(g, ratio, scale, sends=None):
-        if g.colocation[0] is None:
-            return slow if ratio == 1.0 else split
-        if sends is None:
-            probes.append(ratio)
-        if ratio > 0.8:
-            raise InfeasibleError("no room")
-        return split if ratio < 0.6 else together if ratio < 0.7 else slow
-
-    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
-    # Halvings, then a notch above the smallest fit (0.625), on the slow device: no further.
-    assert probes == [0.5, 1.0, 0.75, 0.625, 0.5625, 0.625 * 1.15]
-    assert sched is together
-
-
-def test_memory_retries_search_climbs_above_the_smallest_fitting_ratio_while_faster():
-    # On the layers: fits from 0.5, but slowly there (on d2); from 0.55 together on d0, the fastest; no room
-    # from 0.7. The smallest fit is slow; a notch above it is faster, the next no faster.
+def _searched_on_layers(layers):
+    """The ratios the budget search tries on the colocated layers of :func:`_three_speeds` (whose nodes
+    overflow below ratio 1 and fit slowly at 1), and the schedule it returns; ``layers(ratio, split, slow,
+    together)`` is the layers' schedule at a ratio."""
     g, cluster, split, slow, together = _three_speeds()
     probes = []
 
@@ -698,11 +679,30 @@ def test_memory_retries_search_climbs_above_the_smallest_fitting_ratio_while_fas
             return slow if ratio == 1.0 else split
         if sends is None:
             probes.append(round(ratio, 6))
-        if ratio >= 0.7:
-            raise InfeasibleError("no room")
-        return slow if ratio < 0.55 else together
+        return layers(ratio, split, slow, together)
 
-    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
+    return probes, schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5), together
+
+
+def _no_room():
+    raise InfeasibleError("no room")
+
+
+def test_memory_retries_search_halves_the_ratio_between_overflow_and_no_room():
+    # On the layers: overflows below 0.6, fits from 0.6 to 0.8 (on the slow device from 0.7), no room above.
+    probes, sched, together = _searched_on_layers(
+        lambda ratio, split, slow, together: _no_room() if ratio > 0.8 else
+        split if ratio < 0.6 else together if ratio < 0.7 else slow)
+    # Halvings, then a notch above the smallest fit (0.625), on the slow device: no further.
+    assert probes == [0.5, 1.0, 0.75, 0.625, 0.5625, round(0.625 * 1.15, 6)]
+    assert sched is together
+
+
+def test_memory_retries_search_climbs_above_the_smallest_fitting_ratio_while_faster():
+    # On the layers: fits from 0.5, but slowly there (on d2); from 0.55 together on d0, the fastest; no room
+    # from 0.7. The smallest fit is slow; a notch above it is faster, the next no faster.
+    probes, sched, together = _searched_on_layers(
+        lambda ratio, split, slow, together: _no_room() if ratio >= 0.7 else slow if ratio < 0.55 else together)
     assert probes == [0.5, round(0.5 * 1.15, 6), round(0.5 * 1.15 ** 2, 6)]
     assert sched is together
 
