@@ -660,11 +660,11 @@ def test_memory_retries_search_the_ratio_for_a_faster_fitting_schedule_where_mem
     sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5)
     assert sched is together
     searched = [t[:2] for t in tried if not t[2]]
-    # The retries (0.5 overflows, 1 fits slowly), then the layers at 0.5 (fits: nothing smaller to try)
-    # and a notch above (no faster: no further), then the nodes between 0.5 (overflowed) and 1 (fitted),
-    # halving three times (nothing above 1).
-    assert searched == [("nodes", 0.5), ("nodes", 1.0), ("layers", 0.5), ("layers", 0.5 * 1.15), ("nodes", 0.75),
-                        ("nodes", 0.875), ("nodes", 0.9375)]
+    # The retries (0.5 overflows, 1 fits slowly), then the layers at 0.5 (fits: nothing smaller to try),
+    # the nodes between 0.5 (overflowed) and 1 (fitted), halving three times; then the climbs: the layers
+    # a notch above 0.5 (no faster: no further), nothing above 1 on the nodes.
+    assert searched == [("nodes", 0.5), ("nodes", 1.0), ("layers", 0.5), ("nodes", 0.75), ("nodes", 0.875),
+                        ("nodes", 0.9375), ("layers", 0.5 * 1.15)]
 
 
 def _searched_on_layers(layers):

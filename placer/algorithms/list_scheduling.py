@@ -1183,8 +1183,9 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
     upper end, since a smaller ratio leaves work less spread. The step is not
     monotone in the ratio, though: budgets a notch tighter than the smallest
     that fits can spread the work better (Inception-v3 over ``2xcpu``, HEFT on
-    the layers: 483.7 ms at the liveness ratio 0.44, 352.0 ms at 0.50), so the
-    search then climbs from there by :data:`SEARCH_CLIMB` while that is faster.
+    the layers: 483.7 ms at the liveness ratio 0.44, 352.0 ms at 0.50), so once
+    every way is halved, the search climbs from each way's smallest fitting
+    ratio by :data:`SEARCH_CLIMB` while that is faster.
     Every schedule that fits competes by the step of its plan
     (:func:`plan_simulation`); None where none is below ``step``. Up to
     :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings and
@@ -1276,9 +1277,11 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
         return True
 
     def search() -> None:
-        for stage, build in ways:
-            if not (halve(stage, build) and climb(stage, build)):
-                return
+        # Every way's halvings first: the climbs, which seldom pay as much, get what is left.
+        for part in (halve, climb):
+            for stage, build in ways:
+                if not part(stage, build):
+                    return
 
     # The whole search is optional work too, so that a running time limit leaves room to refine.
     box = _optional_work(took_s, spent_s)
