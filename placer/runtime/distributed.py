@@ -234,7 +234,7 @@ class _RankRunner:
                 next_post[x.src] += 1
             work, buf = posted.pop(x.index)
             if work is not None:
-                began = time.perf_counter()
+                waiting = time.perf_counter()
                 try:
                     work.wait()
                 except RuntimeError as exc:
@@ -242,12 +242,12 @@ class _RankRunner:
                 ended = time.perf_counter()
                 # Gloo's receive says it is complete only once waited on, so only a wait
                 # that blocked dates the message's arrival (it came as the wait ended).
-                if ended - began > BLOCKED_WAIT_S and self.device.type == "cpu":
+                if ended - waiting > BLOCKED_WAIT_S and self.device.type == "cpu":
                     arrived_at[x.index] = ended
             return unpack(buf, self.specs[a], self.device)
 
         clock = time.perf_counter
-        began = clock()
+        step_began = clock()
         if self.backend == "gloo":
             # Gloo moves a message once its receive is posted: post them all now, so that
             # every transfer starts when its producer finishes, as in the simulator.
@@ -262,7 +262,7 @@ class _RankRunner:
         # The rank's work before its first operation (posting its receives, sending its
         # state: milliseconds with hundreds of messages) is charged to its state inputs,
         # which plans run first on their device, so that the simulator sees it.
-        share = (clock() - began) / max(1, len(self.owned))
+        share = (clock() - step_began) / max(1, len(self.owned))
         for k in self.owned:
             op_s.setdefault(prog.placeholders[k], []).append(share)
         timeline = self.timeline = []
