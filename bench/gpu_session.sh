@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# The checks a lent GPU machine is for, in one run (session 19 used about 5 of its 15 device minutes):
+# the CUDA paths (bench/cuda_check.py), fidelity on its quiet CPU cores (bench/fidelity.py, recorded),
+# and the test suite under that machine's torch.
+#
+# The machine has torch but not every dependency: first, on the development machine, download the
+# missing ones as cp312 wheels into ./.whl (git-ignored through .git/info/exclude), e.g.
+#   echo /.whl/ >> .git/info/exclude
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+#     -d .whl pymetis==2025.2.2 ortools==9.15.6755 protobuf==6.33.6 immutabledict
+# then run this script there with `.whl` carried. Everything it measures lands in $OUT (or ./gpu-out).
+set -uo pipefail
+export PYTHONUNBUFFERED=1
+out=${OUT:-gpu-out}
+py=${PYTHON:-python3}     # the machine's python with torch
+mkdir -p "$out"
+if ls .whl/*.whl >/dev/null 2>&1; then
+  "$py" -m pip install -q --upgrade --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl
+  export PYTHONPATH=/tmp/site:$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+nproc; uptime; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+echo "== cuda paths"
+timeout 150 "$py" bench/cuda_check.py --steps 3 --batch 8 2>&1 | tee "$out/cuda_check.log"
+echo "== fidelity (quiet cores: run before anything else loads the machine)"
+timeout 240 "$py" bench/fidelity.py --steps 12 --plans expert,metis,round_robin --record /tmp/fidelity-record \
+  2>&1 | tee "$out/fidelity.log"
+tar cJf "$out/fidelity-record.tar.xz" -C /tmp fidelity-record
+echo "== tests under this machine's torch"
+timeout 300 "$py" -m pytest -n "$(nproc)" -q -p no:cacheprovider --maxfail=25 > "$out/tests.log" 2>&1
+tail -5 "$out/tests.log"
