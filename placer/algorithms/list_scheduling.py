@@ -1202,7 +1202,7 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
     # retries' first schedules, at the loosest ratio on the nodes, did not fit (else no search); theirs did.
     known: dict[tuple[int, int, float], str] = {(id(graph), id(build), low): "overflows" for _, build in ways
                                                 if low < 1.0}
-    steps: dict[tuple[int, int, float], float] = {}     # the plan's step of each fitting schedule
+    steps: dict[tuple[int, int, float], float] = {}     # the plan's step of each schedule that fits
     if np.all(fit.scale == 1.0):
         known[id(fit.stage), id(fit.build), fit.ratio] = "fits"
         steps[id(fit.stage), id(fit.build), fit.ratio] = step     # refined: a climb from it must beat that
@@ -1259,8 +1259,7 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
 
     def climb(stage: OpGraph, build: Callable[..., Schedule]) -> bool:
         """Climb from the way's smallest fitting ratio while faster; False where the search must stop."""
-        fitting = [ratio for (s, b, ratio), outcome in known.items()
-                   if s == id(stage) and b == id(build) and outcome == "fits"]
+        fitting = [ratio for s, b, ratio in steps if s == id(stage) and b == id(build)]
         if not fitting:
             return True
         ratio = min(fitting)
