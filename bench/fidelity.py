@@ -78,6 +78,13 @@ def predictions(graph, plan, cluster, step_s, op_s, transfer_s) -> tuple:
     return measured, fed_run.makespan_s, both, fed_run
 
 
+def table_row(name: str, cluster_name: str, algorithm: str, graph, plan, measured: float, fed: float,
+              both: float) -> tuple:
+    """One run's line of the table: the case, its calibrated prediction, what was measured, the other two."""
+    return (name, graph.num_nodes, cluster_name, algorithm, len(set(plan.placement.values())),
+            plan.predicted["makespan_s"], measured, fed, both)
+
+
 def record_run(folder: str, name: str, cluster_name: str, algorithm: str, graph, cluster, plan, result,
                fed_run) -> None:
     """Keep what one run measured under ``folder`` (the layout :func:`replayed_rows` reads)."""
@@ -124,8 +131,7 @@ def replayed_rows(source: str) -> list[tuple]:
                 run = json.load(f)
             measured, fed, both, _ = predictions(graph, plan, cluster, run["step_s"], run["op_s"],
                                                  [tuple(x) for x in run["transfer_s"]])
-            rows.append((name, graph.num_nodes, cluster_name, algorithm, len(set(plan.placement.values())),
-                         plan.predicted["makespan_s"], measured, fed, both))
+            rows.append(table_row(name, cluster_name, algorithm, graph, plan, measured, fed, both))
     return rows
 
 
@@ -186,8 +192,7 @@ def measure(args: argparse.Namespace) -> list[tuple]:
                                                            result.transfer_s)
                 if args.record:
                     record_run(args.record, name, cluster_name, algorithm, graph, cluster, plan, result, fed_run)
-                rows.append((name, graph.num_nodes, cluster_name, algorithm, len(set(plan.placement.values())),
-                             predicted, measured, fed, both))
+                rows.append(table_row(name, cluster_name, algorithm, graph, plan, measured, fed, both))
                 print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: predicted {predicted * 1e3:8.2f} ms, measured "
                       f"{measured * 1e3:8.2f} ms ({(predicted - measured) / measured:+.1%}); with the run's own op "
                       f"times {fed * 1e3:8.2f} ms ({(fed - measured) / measured:+.1%}), and "
