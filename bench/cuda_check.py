@@ -7,8 +7,10 @@
    the unplaced captured step run on GPU 0 bit for bit (same kernels, other
    streams; splits within 1e-5), the expert one also timed per operation and
    transfer with CUDA events, and is compared with eager ``torch.optim``
-   training on GPU 0
-   (single-tensor path, as captured).
+   training on GPU 0 (single-tensor path, as captured) in full float32, as
+   ``placer run --verify`` trains; the unplaced step's difference from eager
+   training under torch's default precision (TF32 convolutions) is printed
+   first.
 2. Distributed executor over NCCL, where there are at least two GPUs: the same
    plans with one process per GPU must equal the local placed run.
 
@@ -92,7 +94,7 @@ def main() -> int:
     from placer.capture.spec import capture_spec, load_model
     from placer.cluster import load_cluster
     from placer.runtime.check import eager_optimizer
-    from placer.runtime.distributed import run_distributed
+    from placer.runtime.distributed import float32_precision, run_distributed, set_float32_precision
     from placer.runtime.local import LocalExecutor
     from placer.runtime.program import compile_program, copy_to, value_spec
 
@@ -110,20 +112,28 @@ def main() -> int:
     inputs = tuple(copy_to(x, gpu0) for x in inputs)
     start = [t.detach().clone() for t in captured.step_inputs(model, inputs)]
 
-    # Reference 1: the captured step unplaced on GPU 0.
-    flat = [t.clone() for t in start]
-    for _ in range(args.steps):
-        captured.gm(*flat)
-    torch.cuda.synchronize()
-    unplaced = flat
-    # Reference 2: eager torch.optim on GPU 0.
-    eager_model = copy.deepcopy(model)
-    eager_opt = eager_optimizer(captured, eager_model.parameters())
-    for _ in range(args.steps):
-        eager_opt.zero_grad()
-        eager_model(*inputs).backward()
-        eager_opt.step()
-    eager_flat = captured.step_inputs(eager_model, inputs, eager_opt)
+    def references():
+        """The captured step unplaced on GPU 0, and eager torch.optim training there, after ``--steps`` steps."""
+        flat = [t.clone() for t in start]
+        for _ in range(args.steps):
+            captured.gm(*flat)
+        torch.cuda.synchronize()
+        eager_model = copy.deepcopy(model)
+        eager_opt = eager_optimizer(captured, eager_model.parameters())
+        for _ in range(args.steps):
+            eager_opt.zero_grad()
+            eager_model(*inputs).backward()
+            eager_opt.step()
+        return flat, captured.step_inputs(eager_model, inputs, eager_opt)
+
+    unplaced, eager_flat = references()
+    print(f"torch's default float32 precision {float32_precision()}: unplaced captured step vs eager torch.optim "
+          f"max diff {_max_diff(unplaced, eager_flat):.3g}")
+    # The placed runs, as `placer run --verify` trains: full float32, no TF32.
+    set_float32_precision(("ieee", "ieee"))
+    unplaced, eager_flat = references()
+    print(f"full float32 {float32_precision()}: unplaced captured step vs eager torch.optim max diff "
+          f"{_max_diff(unplaced, eager_flat):.3g}")
 
     failures = 0
     for cluster_name in ("2xV100-nvlink", "4xV100-nvlink"):

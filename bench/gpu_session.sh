@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine is for, in one run (session 19 used about 5 of its 15 device minutes):
-# the CUDA paths (bench/cuda_check.py), fidelity on its quiet CPU cores (bench/fidelity.py, recorded),
-# and the test suite under that machine's torch.
+# The checks a lent GPU machine is for, in one run (about 9 minutes): fidelity on its quiet CPU cores
+# (bench/fidelity.py, recorded), the CUDA paths (bench/cuda_check.py; `placer run --verify` on a GPU,
+# SGD and Adam), and the test suite under that machine's torch (cut short when time runs out).
 #
 # The machine has torch but not every dependency: first, on the development machine, download the
 # missing ones as cp312 wheels into ./.whl (git-ignored through .git/info/exclude), e.g.
@@ -22,12 +22,20 @@ else
   export PYTHONPATH=$PWD
 fi
 nproc; uptime; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-echo "== cuda paths"
-timeout 150 "$py" bench/cuda_check.py --steps 3 --batch 8 2>&1 | tee "$out/cuda_check.log"
 echo "== fidelity (quiet cores: run before anything else loads the machine)"
-timeout 240 "$py" bench/fidelity.py --steps 12 --plans expert,metis,round_robin --record /tmp/fidelity-record \
+timeout 300 "$py" bench/fidelity.py --steps 10 --plans expert,metis,round_robin --record /tmp/fidelity-record \
   2>&1 | tee "$out/fidelity.log"
 tar cJf "$out/fidelity-record.tar.xz" -C /tmp fidelity-record
+echo "== cuda paths"
+timeout 90 "$py" bench/cuda_check.py --steps 3 --batch 8 2>&1 | tee "$out/cuda_check.log"
+echo "== placer run --verify on the GPU"
+spec='zoo:resnet50?depth=14&image_size=32&width=8&classes=10'
+for optimizer in sgd adam; do
+  "$py" -m placer capture "$spec" --batch 8 --optimizer $optimizer -o /tmp/verify-graph.json &&
+  "$py" -m placer plan /tmp/verify-graph.json --cluster 2xV100-nvlink --algorithm expert -o /tmp/verify-plan.json &&
+  timeout 60 "$py" -m placer run "$spec" --plan /tmp/verify-plan.json --optimizer $optimizer --steps 5 \
+    --devices cuda:0,cuda:0 --verify
+done 2>&1 | tee "$out/verify.log"
 echo "== tests under this machine's torch"
-timeout 300 "$py" -m pytest -n "$(nproc)" -q -p no:cacheprovider --maxfail=25 > "$out/tests.log" 2>&1
+timeout 100 "$py" -m pytest -n "$(nproc)" -q -p no:cacheprovider --maxfail=25 > "$out/tests.log" 2>&1
 tail -5 "$out/tests.log"

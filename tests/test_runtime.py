@@ -24,11 +24,11 @@ from placer.cli import main
 from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
-from placer.runtime.check import state_difference, train_eager
-from placer.runtime.feedback import measured_cluster
-from placer.runtime.distributed import (RunError, free_port, run_distributed, run_under_torchrun,
-                                        under_torchrun)
-from placer.runtime.program import compile_program, copy_to, pack, receive_buffer, unpack, value_spec
+from placer.runtime.check import exact_float32, state_difference, train_eager
+from placer.runtime.feedback import MessageCost, measured_cluster, messages_graph
+from placer.runtime.distributed import (RunError, float32_precision, free_port, run_distributed,
+                                        run_under_torchrun, under_torchrun)
+from placer.runtime.program import compile_program, copy_to, message_bytes, pack, receive_buffer, unpack, value_spec
 from placer.transform.replicate import data_parallel_graph
 from placer.transform.split import split_operation
 
@@ -285,6 +285,56 @@ def test_data_parallel_replicas_are_refused(zoo_case):
         compile_program(zoo_case.captured.gm, graph, plan, cluster, carrier=zoo_case.captured.carrier)
 
 
+def test_a_distributed_run_reports_each_messages_host_time_and_each_ops_share_of_it(file_case):
+    cluster = load_cluster("2xcpu")
+    captured = file_case.captured
+    plan = random_plan(captured.graph, cluster, seed=1)
+    flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
+    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=3, carrier=captured.carrier,
+                             timeout_s=30)
+    program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
+    sent = [x for x in program.transfers if message_bytes(value_spec(x.node)) > 0]     # empty tensors are not
+    assert sent
+    assert len(result.message_s) == 2 * len(sent)          # every message, after the first step
+    for src, dst, nbytes, sending, receiving in result.message_s:
+        assert src != dst and nbytes > 0 and sending > 0 and receiving > 0
+    assert set(result.op_message_s) <= set(result.op_s)
+    assert all(0 <= result.op_message_s[k] <= result.op_s[k] for k in result.op_message_s)
+    assert sum(result.op_message_s.values()) > 0
+
+
+def test_message_cost_fits_a_line_per_side_never_below_zero():
+    line = [(0, 1, n, 20e-6 + n * 1e-9, 5e-6 + n * 2e-10) for n in (1_000, 10_000, 100_000)]
+    cost = MessageCost.fit(line)
+    assert cost.send_s(50_000) == pytest.approx(70e-6) and cost.receive_s(50_000) == pytest.approx(15e-6)
+    one_size = MessageCost.fit([(0, 1, 4096, 10e-6, 1e-6), (1, 0, 4096, 30e-6, 3e-6)])
+    assert (one_size.send_fixed_s, one_size.send_per_byte_s) == (pytest.approx(20e-6), 0.0)
+    falling = MessageCost.fit([(0, 1, 1_000, 30e-6, 0.0), (0, 1, 2_000, 10e-6, 0.0)])
+    assert (falling.send_fixed_s, falling.send_per_byte_s) == (pytest.approx(20e-6), 0.0)
+    through_zero = MessageCost.fit([(0, 1, 1_000, 0.0, 0.0), (0, 1, 2_000, 1e-6, 0.0)])
+    assert through_zero.send_fixed_s == 0.0 and through_zero.send_s(2_000) > 0
+    with pytest.raises(ValueError, match="at least one message"):
+        MessageCost.fit([])
+
+
+def test_messages_graph_charges_a_plans_messages_to_their_producer_and_first_consumer():
+    from placer.graph import OpGraph
+
+    # a's one output goes to b and c on the other device (one message, of the larger edge), and to d beside it.
+    graph = OpGraph(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], [0, 0, 0], [1, 2, 3], [100, 300, 50],
+                    name="fan-out")
+    cluster = load_cluster("2xcpu")
+    cost = MessageCost(send_fixed_s=0.1, send_per_byte_s=1e-3, receive_fixed_s=0.2, receive_per_byte_s=0.0)
+    plan = Plan.from_arrays(graph, cluster, [0, 1, 1, 0], order=[[0, 3], [2, 1]])
+    costed = messages_graph(graph, plan.bind(graph, cluster), cluster, {"a": 0.5, "b": 0.25}, cost)
+    assert costed.durations(cluster)[:, 0].tolist() == pytest.approx([0.5 + 0.1 + 0.3, 0.25, 1.0 + 0.2, 1.0])
+    # Another order, another first consumer; no order: the graph's.
+    for order in ([[0, 3], [1, 2]], None):
+        plan = Plan.from_arrays(graph, cluster, [0, 1, 1, 0], order=order)
+        costed = messages_graph(graph, plan.bind(graph, cluster), cluster, {}, cost)
+        assert costed.durations(cluster)[:, 1].tolist() == pytest.approx([1.4, 1.2, 1.0, 1.0])
+
+
 def test_measured_transfers_set_the_links_latency_to_their_mean_excess():
     # In a running step messages of a few similar sizes take about the same time, whatever the size.
     cluster = load_cluster("2xcpu")
@@ -429,6 +479,40 @@ def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tm
     assert "equal eager training on cpu within 0.004" in capsys.readouterr().out
     assert main(args + ["--tolerance", "-1"]) != 0
     assert "--tolerance must be >= 0, got -1.0" in capsys.readouterr().err
+
+
+def test_a_verified_run_trains_both_ways_in_full_float32_and_restores_the_setting(file_case, tmp_path, monkeypatch):
+    # GPUs' default TF32 convolutions turn last-bit differences into 1e-3 (seen on an H200).
+    import placer.runtime.check as check
+
+    seen = []
+    train = check.train_eager
+    monkeypatch.setattr(check, "train_eager", lambda *args: seen.append(float32_precision()) or train(*args))
+    plan = random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3)
+    plan.save(tmp_path / "plan.json")
+    before = float32_precision()
+    assert before[0] == "tf32"          # torch's default for cuDNN convolutions
+    assert main(["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1", "--verify"]) == 0
+    assert seen == [("ieee", "ieee")]
+    assert float32_precision() == before
+
+
+def _expect_exact_float32(rank: int) -> None:
+    if float32_precision() != ("ieee", "ieee"):
+        raise ValueError(f"rank {rank} runs with float32 precision {float32_precision()}")
+
+
+def test_spawned_ranks_take_the_launchers_float32_precision(file_case):
+    cluster = load_cluster("2xcpu")
+    captured = file_case.captured
+    plan = random_plan(captured.graph, cluster, seed=1)
+    flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
+    with exact_float32():
+        run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1, carrier=captured.carrier,
+                        timeout_s=30, hook=_expect_exact_float32)
+    with pytest.raises(RunError, match="float32 precision"):
+        run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1, carrier=captured.carrier,
+                        timeout_s=30, hook=_expect_exact_float32)
 
 
 def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import statistics
 from dataclasses import dataclass
 from typing import Any, Sequence
@@ -9,7 +10,26 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-__all__ = ["eager_optimizer", "train_eager", "state_difference", "StepTimes", "step_times"]
+__all__ = ["exact_float32", "eager_optimizer", "train_eager", "state_difference", "StepTimes", "step_times"]
+
+
+@contextlib.contextmanager
+def exact_float32():
+    """Full float32 convolutions and matrix products (no TF32) inside the block, here and in ranks started there.
+
+    Torch lets cuDNN convolutions use TF32 (a 10-bit mantissa) on Ampere and
+    newer GPUs by default: two trainings whose values part in the last bit
+    then drift apart by about 1e-3 within a few steps, far beyond what a
+    comparison within 1e-6 can tell from a placement error.
+    """
+    from .distributed import float32_precision, set_float32_precision
+
+    saved = float32_precision()
+    set_float32_precision(("ieee", "ieee"))
+    try:
+        yield
+    finally:
+        set_float32_precision(saved)
 
 
 def eager_optimizer(captured: Any, params) -> torch.optim.Optimizer:

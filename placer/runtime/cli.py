@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import copy
 import re
 from dataclasses import dataclass, field
@@ -105,6 +106,15 @@ def _load(args: argparse.Namespace, batch: int):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
+    from .check import exact_float32
+
+    # A verified run trains both ways in full float32: the GPUs' default TF32 convolutions
+    # would turn last-bit differences into 1e-3 (docs/benchmarks.md, "The CUDA paths").
+    with exact_float32() if args.verify else contextlib.nullcontext():
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster
     from ..plan import Plan
     from .check import eager_optimizer, state_difference, step_times, train_eager
@@ -234,7 +244,7 @@ def add_commands(subparsers) -> None:
                                      "(default: cuda:j where there are enough GPUs, else cpu)")
     p.add_argument("--verify", action="store_true",
                    help="compare every parameter, buffer and optimizer state with plain eager training; "
-                        "exit 1 unless equal within --tolerance")
+                        "exit 1 unless equal within --tolerance (both train in full float32: no TF32 on GPUs)")
     p.add_argument("--tolerance", type=float, default=VERIFY_TOLERANCE,
                    help=f"largest absolute difference --verify accepts (default {VERIFY_TOLERANCE:g})")
     p.add_argument("--trace", help="distributed: write the last step's measured timeline (Chrome trace JSON) here")

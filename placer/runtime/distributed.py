@@ -59,6 +59,16 @@ class RunError(PlacerError):
     """A placed run failed: a rank raised, died, or did not finish in time."""
 
 
+def float32_precision() -> tuple[str, str]:
+    """This process's float32 precision of cuDNN convolutions and of matrix products (``"tf32"``, ``"ieee"``...)."""
+    return torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision
+
+
+def set_float32_precision(precision: tuple[str, str]) -> None:
+    """Set what :func:`float32_precision` reads."""
+    torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision = precision
+
+
 @dataclass
 class RankJob:
     """Everything a rank needs; picklable (the fx module pickles as its code).
@@ -81,6 +91,8 @@ class RankJob:
     result_path: str | None = None
     profile: bool = False
     same_host: bool = True          # ranks share a clock: transfer times can be measured
+    # The launcher's float32 precision of convolutions and matrix products (TF32 or not), for spawned ranks.
+    float32_precision: tuple[str, str] | None = None
 
 
 @dataclass
@@ -113,6 +125,17 @@ class DistributedResult:
         empty otherwise). On GPUs an operation's host times are its launch's unless the
         run profiles. What the measured step spent where, beside the simulator's
         timeline of the plan (:func:`placer.runtime.trace.run_trace`).
+    op_message_s : dict of str to float
+        Of ``op_s``, the host seconds the node's messages took: packing and
+        sending its outputs (a state input: its share of the rank's start).
+        What is left is the operation's own, whatever the plan sends
+        (:func:`placer.runtime.feedback.messages_graph`).
+    message_s : list of (int, int, int, float, float)
+        ``(source rank, destination rank, bytes, sending seconds, receiving
+        seconds)`` of every message after the first step: the host time
+        each side spent on it (sending: packing and the send call; receiving:
+        posting, a wait that did not block, unpacking), which a rank cannot
+        spend computing.
     """
 
     step_s: list[float]
@@ -122,6 +145,8 @@ class DistributedResult:
     predicted_s: float = math.nan
     transfer_s: list[tuple[int, int, int, float]] = field(default_factory=list)
     timeline: dict[int, list[tuple[str, float, float, float]]] = field(default_factory=dict)
+    op_message_s: dict[str, float] = field(default_factory=dict)
+    message_s: list[tuple[int, int, int, float, float]] = field(default_factory=list)
 
 
 def under_torchrun() -> bool:
@@ -172,6 +197,10 @@ class _RankRunner:
                 self.frees_after.setdefault(v, []).extend(dead)
         self.pair_groups: dict[tuple[int, int], Any] = {}
         self.op_s: dict[fx.Node, list[float]] = {}     # seconds of every run of each node
+        self.op_message_s: dict[fx.Node, list[float]] = {}     # of those, the host time of its messages
+        # Per step, transfer index -> host seconds this rank spent on it (sending: packing and
+        # the send call; receiving: posting, a wait that did not block, unpacking).
+        self.host_s: list[dict[int, float]] = []
         # Per step, transfer index -> when it was sent here / when it arrived here. An arrival
         # is known only for a message this rank had to wait for (it came when the wait ended),
         # which are the transfers on the step's critical path.
@@ -212,19 +241,30 @@ class _RankRunner:
         sending: list[tuple[Any, Any]] = []
         sent_at: dict[int, float] = {}
         arrived_at: dict[int, float] = {}
+        host_s: dict[int, float] = {}
         self.sent_at.append(sent_at)
         self.arrived_at.append(arrived_at)
+        self.host_s.append(host_s)
+        clock = time.perf_counter
 
-        def send(v, value):
+        def send(v, value) -> float:
+            """Send ``v``'s value to every rank that needs it; the host seconds it took."""
+            total = 0.0
             for x in prog.sends.get(v, ()):
+                began = clock()
                 buf = pack(value, self.specs[v], self.device, x.snapshot)
                 if buf is not None:
                     sending.append((self._isend(buf, x), buf))
-                    sent_at[x.index] = time.perf_counter()
+                    sent_at[x.index] = clock()
+                    host_s[x.index] = sent_at[x.index] - began
+                    total += host_s[x.index]
+            return total
 
         def post(y):
+            began = clock()
             buf = receive_buffer(self.specs[y.node], self.device)
             posted[y.index] = (None if buf is None else self._irecv(buf, y), buf)
+            host_s[y.index] = clock() - began
 
         def receive(a):
             x = prog.recv[(a, rank)]
@@ -233,20 +273,21 @@ class _RankRunner:
                 post(queue[next_post[x.src]])
                 next_post[x.src] += 1
             work, buf = posted.pop(x.index)
+            began = clock()
             if work is not None:
-                waiting = time.perf_counter()
                 try:
                     work.wait()
                 except RuntimeError as exc:
                     raise RuntimeError(f"rank {rank}: {a.name!r} from rank {x.src} did not arrive: {exc}") from exc
-                ended = time.perf_counter()
+                ended = clock()
                 # Gloo's receive says it is complete only once waited on, so only a wait
                 # that blocked dates the message's arrival (it came as the wait ended).
-                if ended - waiting > BLOCKED_WAIT_S and self.device.type == "cpu":
-                    arrived_at[x.index] = ended
-            return unpack(buf, self.specs[a], self.device)
+                if ended - began > BLOCKED_WAIT_S and self.device.type == "cpu":
+                    arrived_at[x.index] = began = ended        # waiting, not work
+            value = unpack(buf, self.specs[a], self.device)
+            host_s[x.index] = host_s.get(x.index, 0.0) + clock() - began
+            return value
 
-        clock = time.perf_counter
         step_began = clock()
         if self.backend == "gloo":
             # Gloo moves a message once its receive is posted: post them all now, so that
@@ -258,13 +299,14 @@ class _RankRunner:
                     next_post[src] += 1
         for k in self.owned:
             send(prog.placeholders[k], state[k])
-        op_s = self.op_s
+        op_s, op_message_s = self.op_s, self.op_message_s
         # The rank's work before its first operation (posting its receives, sending its
         # state: milliseconds with hundreds of messages) is charged to its state inputs,
         # which plans run first on their device, so that the simulator sees it.
         share = (clock() - step_began) / max(1, len(self.owned))
         for k in self.owned:
             op_s.setdefault(prog.placeholders[k], []).append(share)
+            op_message_s.setdefault(prog.placeholders[k], []).append(share)
         timeline = self.timeline = []
         for v in self.schedule:
             # On a CPU an op's time is the rank's busy time for it (receiving less the
@@ -283,15 +325,17 @@ class _RankRunner:
             if self.profile_gpu:
                 torch.cuda.synchronize(self.device)
             env[v] = out
-            send(v, out)
+            sent = send(v, out)
             for a in self.frees_after.get(v, ()):
                 env.pop(a, None)
             ended = clock()
             owner = prog.runs_with.get(v)
             if owner in op_s:
                 op_s[owner][-1] += ended - t0 - waited     # its op ran earlier in this step
+                op_message_s[owner][-1] += sent
             else:
                 op_s.setdefault(v, []).append(ended - t0 - waited)
+                op_message_s.setdefault(v, []).append(sent)
             timeline.append((v, t0, waited, ended))
         for work, _ in sending:
             work.wait()
@@ -313,6 +357,8 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
     Under ``torchrun`` call it from every rank with ``init_method="env://"``.
     """
     torch.set_num_threads(max(1, job.threads))
+    if job.float32_precision is not None:
+        set_float32_precision(job.float32_precision)
     backend = job.backend
     local = rank if local_rank is None else local_rank
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
@@ -349,6 +395,9 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             # the first step warms up caches and allocators
             "op_s": {program.node_id(v): statistics.median(s[1:] or s) for v, s in runner.op_s.items()
                      if v in program.graph_node},
+            "op_message_s": {program.node_id(v): statistics.median(s[1:] or s)
+                             for v, s in runner.op_message_s.items() if v in program.graph_node},
+            "host_s": runner.host_s,
             "step_s": step_s,
             "sent_at": runner.sent_at,
             "arrived_at": runner.arrived_at,
@@ -360,12 +409,13 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         dist.gather_object(payload, gathered, dst=0)
         if rank != 0:
             return None
-        merged = {"step_s": gathered[0]["step_s"], "state": {}, "outputs": {}, "op_s": {},
+        merged = {"step_s": gathered[0]["step_s"], "state": {}, "outputs": {}, "op_s": {}, "op_message_s": {},
                   "predicted_s": program.predicted_s, "num_outputs": len(program.outputs),
                   "transfer_s": _transfer_times(program, gathered) if job.same_host else [],
+                  "message_s": _message_times(program, gathered),
                   "timeline": _timeline(gathered) if job.same_host else {}}
         for part in gathered:
-            for key in ("state", "outputs", "op_s"):
+            for key in ("state", "outputs", "op_s", "op_message_s"):
                 merged[key].update(part[key])
         if job.result_path:
             torch.save(merged, job.result_path)
@@ -391,6 +441,18 @@ def _transfer_times(program: Program, gathered: list[dict]) -> list[tuple[int, i
                 sent = gathered[x.src]["sent_at"][step].get(index)
                 if sent is not None and arrived > sent:
                     out.append((x.src, x.dst, message_bytes(value_spec(x.node)), arrived - sent))
+    return out
+
+
+def _message_times(program: Program, gathered: list[dict]) -> list[tuple[int, int, int, float, float]]:
+    """``(src, dst, bytes, sending seconds, receiving seconds)`` of every message after the first step."""
+    out = []
+    for step in range(1, len(gathered[0]["host_s"])):
+        for x in program.transfers:
+            sent = gathered[x.src]["host_s"][step].get(x.index)
+            received = gathered[x.dst]["host_s"][step].get(x.index)
+            if sent is not None and received is not None:
+                out.append((x.src, x.dst, message_bytes(value_spec(x.node)), sent, received))
     return out
 
 
@@ -481,7 +543,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     with tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
         result_path = str(Path(tmp) / "result.pt")
         job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, backend, timeout_s,
-                      carrier, threads, hook, result_path, profile)
+                      carrier, threads, hook, result_path, profile, float32_precision=float32_precision())
         # fork shares the captured module without pickling it; CUDA needs fresh processes.
         method = "spawn" if backend == "nccl" else "fork"
         context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp),
@@ -490,7 +552,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         merged = torch.load(result_path, weights_only=False)
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
-                             merged["transfer_s"], merged["timeline"])
+                             merged["transfer_s"], merged["timeline"], merged["op_message_s"], merged["message_s"])
 
 
 def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
@@ -521,7 +583,7 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
         return None
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
-                             merged["transfer_s"], merged["timeline"])
+                             merged["transfer_s"], merged["timeline"], merged["op_message_s"], merged["message_s"])
 
 
 def _wait(processes: list, deadline: float, timeout_s: float, error_dir: str) -> None:
