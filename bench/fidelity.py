@@ -12,30 +12,41 @@ For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
    one intra-op thread each): the measured step is the median of the steps
    after two warm-ups (barrier to barrier);
 4. also predict from the per-operation times the run itself measured (FastT's
-   feedback, :func:`placer.runtime.feedback.measured_graph`), and from those
+   feedback, :func:`placer.runtime.feedback.measured_graph`), from those
    with the links' latency set to the transfers the run measured
-   (:func:`placer.runtime.feedback.measured_cluster`): what the simulator
-   says once it knows the runtime's real costs.
+   (:func:`placer.runtime.feedback.measured_cluster`), and from the
+   operations' own times (less the host time of their messages) with the
+   host cost of a message fitted to the run's messages
+   (:class:`placer.runtime.feedback.MessageCost`, charged by
+   :func:`placer.runtime.feedback.messages_graph`): what the simulator says
+   once it knows the runtime's real costs;
+5. predict each plan from another plan's run of the same model and cluster,
+   as ``placer tune`` must (out of sample): from its op and transfer times,
+   and from its operations' own times and message cost.
 
-Error = (predicted - measured) / measured. Prints a Markdown table and the
-command to reproduce it.
+Error = (predicted - measured) / measured. Prints Markdown tables and the
+command to reproduce them.
 
-With ``--record DIR``, what each run measured is kept there in full (the
-profiled graph, the calibrated cluster, the plan, and the run's step,
-operation and transfer times and last-step timeline), beside each run's last
-measured step as a Chrome trace (:func:`placer.runtime.trace.run_trace`) and
-the simulator's timeline of the plan with the run's own op times
+With ``--record DIR``, what each run measured is kept there (the profiled
+graph, the calibrated cluster, the plan, and the run's step, operation,
+message and transfer times, to 0.1 us), beside each run's last measured step
+as a Chrome trace (:func:`placer.runtime.trace.run_trace`) and the
+simulator's timeline of the plan with the run's own op times
 (:func:`placer.sim.trace.chrome_trace`), to see where they part.
-``--replay DIR_OR_ARCHIVE`` prints the table again from such a record, with
+``--replay DIR_OR_ARCHIVE`` prints the tables again from such a record, with
 the cost model of the code at hand: how a change to the model would have
-predicted runs measured on a quiet machine, without that machine
-(``bench/data/fidelity-h200.tar.xz`` holds the runs of docs/benchmarks.md).
+predicted runs measured on a quiet machine, without that machine.
+``bench/data`` holds the records of docs/benchmarks.md, without their traces
+(``tar cJf NAME.tar.xz --exclude '*-measured.json' --exclude
+'*-simulated.json' DIR``): ``fidelity-h200.tar.xz`` (session 19, 24 runs,
+no message times) and ``fidelity-h200-s20a.tar.xz``, ``-s20b`` (session 20,
+two samples of 42 runs).
 
 Usage::
 
-    PYTHONPATH=. python bench/fidelity.py [--steps 8] [--models lenet,alexnet,vgg,resnet]
+    PYTHONPATH=. python bench/fidelity.py [--steps 8] [--models lenet,alexnet,...,rnnlm]
         [--clusters 2xcpu,4xcpu] [--plans expert,metis,round_robin] [--record DIR]
-    PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200.tar.xz
+    PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200-s20a.tar.xz
 
 Run it on a quiet machine with a core per rank: on a loaded one the ranks
 wait for CPU time the simulator knows nothing about.
@@ -147,7 +158,7 @@ def table_row(run: Run) -> tuple:
 
 def record_run(folder: str, run: Run, result) -> None:
     """Keep what one run measured under ``folder`` (the layout :func:`recorded_runs` reads)."""
-    from placer.io import write_json_atomic
+    from placer.io import write_text_atomic
     from placer.runtime.trace import write_run_trace
     from placer.sim import simulate_plan
     from placer.sim.trace import write_trace
@@ -160,10 +171,21 @@ def record_run(folder: str, run: Run, result) -> None:
     run.graph.save(os.path.join(folder, f"{run.model}-graph.json"))
     run.cluster.save(os.path.join(folder, f"{run.cluster_name}-cluster.json"))
     run.plan.save(stem + "-plan.json")
-    write_json_atomic(stem + "-run.json", {
+    # Times to 0.1 us (a clock read costs more), compact: tens of thousands of messages per model.
+    write_text_atomic(stem + "-run.json", json.dumps(_rounded({
         "step_s": result.step_s, "op_s": result.op_s, "transfer_s": result.transfer_s,
-        "op_message_s": result.op_message_s, "message_s": result.message_s,
-        "timeline": {str(rank): ops for rank, ops in result.timeline.items()}})
+        "op_message_s": result.op_message_s, "message_s": result.message_s}), separators=(",", ":")))
+
+
+def _rounded(value):
+    """``value`` with every float rounded to 0.1 us."""
+    if isinstance(value, float):
+        return round(value, 7)
+    if isinstance(value, dict):
+        return {k: _rounded(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_rounded(v) for v in value]
+    return value
 
 
 def recorded_runs(source: str) -> list[Run]:
