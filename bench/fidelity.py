@@ -98,6 +98,7 @@ class Run:
     transfer_s: list
     op_message_s: dict = dataclasses.field(default_factory=dict)     # recorded since session 20
     message_s: list = dataclasses.field(default_factory=list)
+    calibrated_message_cost: Any = None                              # recorded since session 20b
 
     @property
     def measured_s(self) -> float:
@@ -133,7 +134,7 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     plan's run with the source run's transfer times instead: 19.7% and 24.0% mean error; with the
     calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed).
     """
-    from placer.runtime.feedback import MessageCost, messages_graph
+    from placer.cost.messages import MessageCost, messages_graph
     from placer.sim import simulate_plan
 
     if not source.message_s:
@@ -144,16 +145,34 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     return simulate_plan(run.plan, graph, run.cluster).makespan_s
 
 
-def table_row(run: Run) -> tuple:
-    """One run's line of the table: the case, its calibrated prediction, what was measured, and what the
-    simulator predicts from the run's own op times, from its op and transfer times, and from the operations'
-    own times and its message cost (None for a run recorded without messages)."""
+#: The predictions of a run the table shows: key, column, and how the summary says it.
+PREDICTIONS = (
+    ("calibrated", "calibrated", "calibrated"),
+    ("calibrated_messages", "calibrated, message cost", "calibrated with the calibrated message cost"),
+    ("op", "run's op times", "with the run's own op times"),
+    ("op_transfer", "run's op and transfer times", "with its op and transfer times"),
+    ("own_messages", "ops' own times, message cost", "with the ops' own times and its message cost"),
+)
+
+
+def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
+    """One run's line of the table: the case, what was measured, and each of :data:`PREDICTIONS` (None
+    where the record lacks what it needs)."""
+    from placer.cost.messages import messages_graph
     from placer.sim import simulate_plan
 
-    fed = simulate_plan(run.plan, fed_graph(run, run), run.cluster).makespan_s
-    return (run.model, run.graph.num_nodes, run.cluster_name, run.algorithm, len(set(run.plan.placement.values())),
-            run.plan.predicted["makespan_s"], run.measured_s, fed, predicted_from(run, run),
-            predicted_with_messages(run, run))
+    calibrated_messages = None
+    if run.calibrated_message_cost is not None:
+        graph = messages_graph(run.graph, run.plan.bind(run.graph, run.cluster), run.cluster, {},
+                               run.calibrated_message_cost)
+        calibrated_messages = simulate_plan(run.plan, graph, run.cluster).makespan_s
+    case = (run.model, run.graph.num_nodes, run.cluster_name, run.algorithm, len(set(run.plan.placement.values())))
+    return case, run.measured_s, {
+        "calibrated": run.plan.predicted["makespan_s"],
+        "calibrated_messages": calibrated_messages,
+        "op": simulate_plan(run.plan, fed_graph(run, run), run.cluster).makespan_s,
+        "op_transfer": predicted_from(run, run),
+        "own_messages": predicted_with_messages(run, run)}
 
 
 def record_run(folder: str, run: Run, result) -> None:
@@ -172,9 +191,11 @@ def record_run(folder: str, run: Run, result) -> None:
     run.cluster.save(os.path.join(folder, f"{run.cluster_name}-cluster.json"))
     run.plan.save(stem + "-plan.json")
     # Times to 0.1 us (a clock read costs more), compact: tens of thousands of messages per model.
-    write_text_atomic(stem + "-run.json", json.dumps(_rounded({
-        "step_s": result.step_s, "op_s": result.op_s, "transfer_s": result.transfer_s,
-        "op_message_s": result.op_message_s, "message_s": result.message_s}), separators=(",", ":")))
+    measured = _rounded({"step_s": result.step_s, "op_s": result.op_s, "transfer_s": result.transfer_s,
+                         "op_message_s": result.op_message_s, "message_s": result.message_s})
+    if run.calibrated_message_cost is not None:
+        measured["calibrated_message_cost"] = run.calibrated_message_cost.to_dict()
+    write_text_atomic(stem + "-run.json", json.dumps(measured, separators=(",", ":")))
 
 
 def _rounded(value):
@@ -191,6 +212,7 @@ def _rounded(value):
 def recorded_runs(source: str) -> list[Run]:
     """The runs of a record (a folder, or a ``.tar.*`` archive of one)."""
     from placer.cluster import load_cluster
+    from placer.cost.messages import MessageCost
     from placer.graph import OpGraph
     from placer.plan import Plan
 
@@ -213,32 +235,29 @@ def recorded_runs(source: str) -> list[Run]:
                             load_cluster(os.path.join(folder, f"{cluster_name}-cluster.json")),
                             Plan.load(os.path.join(folder, f"{stem}-plan.json")), measured["step_s"],
                             measured["op_s"], [tuple(x) for x in measured["transfer_s"]],
-                            measured.get("op_message_s", {}), [tuple(x) for x in measured.get("message_s", [])]))
+                            measured.get("op_message_s", {}), [tuple(x) for x in measured.get("message_s", [])],
+                            measured.get("calibrated_message_cost") and
+                            MessageCost.from_dict(measured["calibrated_message_cost"])))
     return runs
 
 
 def print_table(rows: list[tuple]) -> None:
-    messages = all(row[9] is not None for row in rows)
-    print("| model | nodes | cluster | plan | devices used | predicted (calibrated) | measured | error | "
-          "predicted (run's op times) | error | predicted (run's op and transfer times) | error |"
-          + (" predicted (ops' own times, message cost) | error |" if messages else ""))
-    print("|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|---:|" + ("---:|---:|" if messages else ""))
-    for name, n, cluster_name, algorithm, used, *predictions in rows:
-        measured = predictions[1]
-        cells = [f"{p * 1e3:.2f} ms | {(p - measured) / measured:+.1%}"
-                 for k, p in enumerate(predictions) if k != 1 and p is not None]
-        calibrated = predictions[0]
-        print(f"| {name} | {n} | {cluster_name} | {algorithm} | {used} | {calibrated * 1e3:.2f} ms | "
-              f"{measured * 1e3:.2f} ms | {(calibrated - measured) / measured:+.1%} | " + " | ".join(cells[1:]) + " |")
+    shown = [(key, column, phrase) for key, column, phrase in PREDICTIONS
+             if all(predicted[key] is not None for _, _, predicted in rows)]
+    print("| model | nodes | cluster | plan | devices used | measured | "
+          + " | ".join(f"predicted ({column}) | error" for _, column, _ in shown) + " |")
+    print("|---|---:|---|---|---:|---:|" + "---:|---:|" * len(shown))
+    for case, measured, predicted in rows:
+        print("| " + " | ".join(map(str, case)) + f" | {measured * 1e3:.2f} ms | " + " | ".join(
+            f"{predicted[key] * 1e3:.2f} ms | {(predicted[key] - measured) / measured:+.1%}" for key, _, _ in shown)
+            + " |")
     print()
     for label, kinds in (("all", None), ("expert and metis", ("expert", "metis")), ("round_robin", ("round_robin",))):
-        chosen = [row for row in rows if kinds is None or row[3] in kinds]
+        chosen = [row for row in rows if kinds is None or row[0][3] in kinds]
         if chosen:
-            means = [statistics.mean(abs(row[k] - row[6]) / row[6] for row in chosen) for k in (5, 7, 8, 9)
-                     if messages or k < 9]
-            print(f"mean |error| over {len(chosen)} runs ({label}): {means[0]:.1%} calibrated, {means[1]:.1%} "
-                  f"with the run's own op times, {means[2]:.1%} with its op and transfer times"
-                  + (f", {means[3]:.1%} with the ops' own times and its message cost" if messages else ""))
+            means = [f"{statistics.mean(abs(p[key] - m) / m for _, m, p in chosen):.1%} {phrase}"
+                     for key, _, phrase in shown]
+            print(f"mean |error| over {len(chosen)} runs ({label}): " + ", ".join(means))
 
 
 def print_cross(runs: list[Run], predict=predicted_from,
@@ -306,9 +325,12 @@ def measure(args: argparse.Namespace) -> list[Run]:
     t0 = time.perf_counter()
     calibration = calibrate("gloo", ranks=2)
     link = calibration.links["gloo"]
+    cost = calibration.message_cost
     print(f"gloo link: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s "
-          f"(R^2 {link.r2:.3f}), measured in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPU cores, "
-          f"load average {os.getloadavg()[0]:.1f}")
+          f"(R^2 {link.r2:.3f}); a message's host cost: sending {cost.send_fixed_s * 1e6:.1f} us + "
+          f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
+          f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; measured in {time.perf_counter() - t0:.1f} s; "
+          f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}")
     runs = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         spec, batch = MODELS[name]
@@ -330,15 +352,14 @@ def measure(args: argparse.Namespace) -> list[Run]:
                 result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=args.steps,
                                          carrier=captured.carrier, timeout_s=120)
                 run = Run(name, cluster_name, algorithm, graph, cluster, plan, result.step_s, result.op_s,
-                          result.transfer_s, result.op_message_s, result.message_s)
+                          result.transfer_s, result.op_message_s, result.message_s, calibration.message_cost)
                 if args.record:
                     record_run(args.record, run, result)
                 runs.append(run)
-                _, _, _, _, _, predicted, measured, fed, both, _ = table_row(run)
-                print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: predicted {predicted * 1e3:8.2f} ms, measured "
-                      f"{measured * 1e3:8.2f} ms ({(predicted - measured) / measured:+.1%}); with the run's own op "
-                      f"times {fed * 1e3:8.2f} ms ({(fed - measured) / measured:+.1%}), and "
-                      f"transfer times {both * 1e3:8.2f} ms ({(both - measured) / measured:+.1%})", flush=True)
+                _, measured, predicted = table_row(run)
+                print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: measured {measured * 1e3:8.2f} ms; predicted "
+                      + ", ".join(f"{column} {predicted[key] * 1e3:.2f} ms ({(predicted[key] - measured) / measured:+.1%})"
+                                  for key, column, _ in PREDICTIONS if predicted[key] is not None), flush=True)
     return runs
 
 

@@ -99,6 +99,7 @@ def test_annotated_graph_durations_on_presets():
 # -------------------------------------------------------------- calibration
 from placer.cost.calibrate import (Calibration, LinkFit, apply_calibration, calibrate, fit_link,  # noqa: E402
                                    load_calibration, measure_gloo)
+from placer.cost.messages import MessageCost  # noqa: E402
 from placer.errors import FormatError, PlacerError  # noqa: E402
 
 
@@ -131,8 +132,10 @@ def test_fit_refuses_unusable_points(sizes, times, message):
 
 
 def _calibration() -> Calibration:
+    messages = [(0, 1, 1024, 2e-5, 1e-5), (0, 1, 1 << 20, 3e-4, 5e-5)]
     return Calibration({"gloo": LinkFit(3e-5, 4e9, 0.99, [(1024, 3.1e-5), (1 << 20, 2.9e-4)]),
-                        "cuda-peer": LinkFit(-1e-6, 2e11, 0.9)}, {"backend": "gloo"})
+                        "cuda-peer": LinkFit(-1e-6, 2e11, 0.9)}, {"backend": "gloo"},
+                       MessageCost.fit(messages), messages)
 
 
 def test_calibration_round_trip_and_apply(tmp_path):
@@ -141,6 +144,8 @@ def test_calibration_round_trip_and_apply(tmp_path):
     cal = load_calibration(path)
     assert cal.links["gloo"].samples == [(1024, 3.1e-5), (1 << 20, 2.9e-4)]
     assert cal.meta == {"backend": "gloo"}
+    assert cal.message_cost == _calibration().message_cost and cal.message_samples == _calibration().message_samples
+    assert cal.message_cost.send_s(1024) == pytest.approx(2e-5)
     cluster = apply_calibration(load_cluster("2xcpu"), cal)
     assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in cluster.channels} == {(3e-5, 4e9)}
     assert cluster.transfer_s(0, 1, 4e9) == pytest.approx(1.0 + 3e-5)
@@ -160,6 +165,11 @@ def test_calibration_round_trip_and_apply(tmp_path):
      "'bandwidth_bytes_per_s' must be > 0"),
     ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9,
                                                           "samples": [[1, 2, 3]]}}}, "sample #0"),
+    ({"format": "placer.calibration/1", "links": {}, "messages": {"send_fixed_s": 1e-5}},
+     "field 'messages': missing required field 'send_per_byte_s'"),
+    ({"format": "placer.calibration/1", "links": {}, "messages": {
+        "send_fixed_s": 1e-5, "send_per_byte_s": 0, "receive_fixed_s": 1e-5, "receive_per_byte_s": 0,
+        "samples": [[0, 1, 1024, 1e-5]]}}, "'messages': sample #0 must be"),
 ])
 def test_bad_calibration_files(tmp_path, doc, message):
     path = tmp_path / "bad.json"
@@ -178,6 +188,10 @@ def test_real_gloo_calibration_two_ranks():
     assert all(t > 0 for _, t in fit.samples)
     assert fit.bandwidth_bytes_per_s > 0 and np.isfinite(fit.r2)
     assert cal.meta["ranks"] == 2 and cal.meta["backend"] == "gloo"
+    # A message's host cost, timed for the sizes up to MESSAGE_SIZE_LIMIT, on both sides.
+    assert [(src, dst, b) for src, dst, b, _, _ in cal.message_samples] == [(0, 1, 1024)]
+    assert all(sent > 0 and received > 0 for *_, sent, received in cal.message_samples)
+    assert cal.message_cost.send_s(1024) > 0 and cal.message_cost.receive_s(1024) > 0
 
 
 def test_gloo_calibration_times_out_cleanly():

@@ -25,7 +25,8 @@ from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import exact_float32, state_difference, train_eager
-from placer.runtime.feedback import MessageCost, measured_cluster, messages_graph
+from placer.cost.messages import MessageCost, messages_graph
+from placer.runtime.feedback import measured_cluster
 from placer.runtime.distributed import (RunError, float32_precision, free_port, run_distributed,
                                         run_under_torchrun, under_torchrun)
 from placer.runtime.program import compile_program, copy_to, message_bytes, pack, receive_buffer, unpack, value_spec

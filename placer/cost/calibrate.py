@@ -33,6 +33,7 @@ import numpy as np
 from ..cluster import Channel, Cluster
 from ..errors import FormatError, OptionError, PlacerError
 from ..io import Field, check_format, check_number, read_json, write_json_atomic
+from .messages import MessageCost
 
 __all__ = ["LinkFit", "Calibration", "CALIBRATION_FORMAT", "DEFAULT_SIZES", "fit_link",
            "measure_gloo", "measure_cuda", "calibrate", "load_calibration", "apply_calibration"]
@@ -41,6 +42,8 @@ CALIBRATION_FORMAT = "placer.calibration/1"
 
 #: 1 KiB to 64 MiB by factors of 4.
 DEFAULT_SIZES: tuple[int, ...] = tuple(1024 * 4**k for k in range(9))
+#: The largest message whose host cost :func:`measure_gloo` times (a plan's are mostly far smaller).
+MESSAGE_SIZE_LIMIT = 4 << 20
 
 
 @dataclass
@@ -117,16 +120,22 @@ def fit_link(nbytes: Sequence[float], seconds: Sequence[float], link: str = "lin
 
 @dataclass
 class Calibration:
-    """Fitted links (link type -> :class:`LinkFit`) and where they were measured."""
+    """Fitted links (link type -> :class:`LinkFit`), where they were measured, and (gloo) the host
+    cost of a message with the ``(0, 1, bytes, sending seconds, receiving seconds)`` it was fitted to."""
 
     links: dict[str, LinkFit]
     meta: dict[str, Any] = field(default_factory=dict)
+    message_cost: MessageCost | None = None
+    message_samples: list[tuple[int, int, int, float, float]] = field(default_factory=list)
 
     def to_dict(self) -> dict:
-        return {"format": CALIBRATION_FORMAT, **self.meta,
-                "links": {name: {"latency_s": f.latency_s, "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s,
-                                 "r2": f.r2, "samples": [list(s) for s in f.samples]}
-                          for name, f in self.links.items()}}
+        doc = {"format": CALIBRATION_FORMAT, **self.meta,
+               "links": {name: {"latency_s": f.latency_s, "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s,
+                                "r2": f.r2, "samples": [list(s) for s in f.samples]}
+                         for name, f in self.links.items()}}
+        if self.message_cost is not None:
+            doc["messages"] = {**self.message_cost.to_dict(), "samples": [list(m) for m in self.message_samples]}
+        return doc
 
     def save(self, path: str | os.PathLike) -> None:
         write_json_atomic(path, self.to_dict())
@@ -157,7 +166,19 @@ class Calibration:
                 bandwidth_bytes_per_s=f.number("bandwidth_bytes_per_s", required=True, positive=True),
                 r2=f.number("r2", default=float("nan"), minimum=None),
                 samples=samples)
-        return cls(links, top.extra({"format", "links"}))
+        message_cost, message_samples = None, []
+        messages = top.mapping("messages")
+        if messages is not None:
+            where_messages = f"{where}: field 'messages'"
+            message_cost = MessageCost.from_dict({k: v for k, v in messages.items() if k != "samples"},
+                                                 where_messages)
+            for k, m in enumerate(Field(messages, where_messages).array("samples") or []):
+                if not (isinstance(m, list) and len(m) == 5):
+                    raise FormatError(f"{where_messages}: sample #{k} must be [source, destination, bytes, "
+                                      f"sending seconds, receiving seconds], got {m!r}")
+                numbers = [check_number(x, f"{where_messages}: sample #{k}") for x in m]
+                message_samples.append((int(numbers[0]), int(numbers[1]), int(numbers[2]), numbers[3], numbers[4]))
+        return cls(links, top.extra({"format", "links", "messages"}), message_cost, message_samples)
 
 
 def load_calibration(path: str | os.PathLike) -> Calibration:
@@ -226,7 +247,8 @@ def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
                             timeout=timedelta(seconds=timeout_s))
-    samples = []
+    samples, messages = [], []
+    pair = dist.new_group([0, 1])      # every rank must create it
     try:
         for peer in range(1, ranks):
             warm = torch.zeros(1024)
@@ -251,21 +273,65 @@ def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: in
                         dist.send(buf, 0)
                 if rank == 0:
                     samples.append([buf.numel() * 4, statistics.median(trips[1:]) / 2])
+        if rank < 2:
+            messages = _message_host_times(rank, pair, [s for s in sizes if s <= MESSAGE_SIZE_LIMIT], repeats)
     finally:
         dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps(samples))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"trips": samples, "messages": messages}))
+
+
+def _message_host_times(rank: int, pair, sizes: list[int], repeats: int) -> list[list[float]]:
+    """``[bytes, median host seconds]`` of one message per size, on rank 0 sending it, on rank 1 receiving it.
+
+    As the runtime handles a message: the receive is posted before the send
+    (a step posts them all at its start) and waited for once the message is
+    there (the wait does not block), the sender's call returns before it is
+    delivered (``isend``).
+    """
+    import torch
+    import torch.distributed as dist
+
+    out = []
+    for size in sizes:
+        value = torch.ones(max(1, size // 4))
+        times = []
+        for rep in range(repeats + 1):      # the first one warms up
+            began = time.perf_counter()
+            if rank == 1:
+                buf = torch.empty_like(value)
+                work = dist.irecv(buf, src=0, tag=rep)
+            spent = time.perf_counter() - began
+            dist.barrier(group=pair)
+            if rank == 0:
+                began = time.perf_counter()
+                work = dist.isend(value.view(-1), dst=1, tag=rep)
+                spent = time.perf_counter() - began
+                work.wait()
+            dist.barrier(group=pair)
+            if rank == 1:
+                time.sleep(0.002 + size / 1e9)          # until it has surely arrived
+                began = time.perf_counter()
+                work.wait()
+                buf.view(value.shape)
+                spent += time.perf_counter() - began
+            times.append(spent)
+        out.append([value.numel() * 4, statistics.median(times[1:])])
+    return out
 
 
 def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5,
-                 timeout_s: float = 120.0) -> list[tuple[int, float]]:
-    """One-way transfer times between CPU processes over gloo on 127.0.0.1.
+                 timeout_s: float = 120.0) -> tuple[list[tuple[int, float]], list[tuple[int, int, int, float, float]]]:
+    """One-way transfer times between CPU processes over gloo on 127.0.0.1, and a message's host cost.
 
     Spawns ``ranks`` processes; rank 0 exchanges a tensor of each size with every other
-    rank (ping-pong), and a one-way time is half the median round trip.
+    rank (ping-pong), and a one-way time is half the median round trip. Then rank 0
+    sends rank 1 messages of each size up to ``MESSAGE_SIZE_LIMIT`` as the runtime does
+    (``isend`` to a posted ``irecv``) and each side times what the message cost it
+    (median): the host time :class:`placer.cost.messages.MessageCost` fits.
 
     Returns
     -------
-    list of (bytes, seconds)
+    (list of (bytes, seconds), list of (0, 1, bytes, sending seconds, receiving seconds))
 
     Raises
     ------
@@ -310,7 +376,11 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
         if errors:
             rank, message = next(iter(errors.items()))
             raise PlacerError(f"gloo calibration: rank {rank} failed: {message}")
-        return [(int(b), float(t)) for b, t in json.loads(Path(out_dir, "rank0.json").read_text())]
+        sender, receiver = (json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in (0, 1))
+        trips = [(int(b), float(t)) for b, t in sender["trips"]]
+        messages = [(0, 1, int(b), float(sent), float(received))
+                    for (b, sent), (_, received) in zip(sender["messages"], receiver["messages"])]
+        return trips, messages
 
 
 def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict[str, list[tuple[int, float]]]:
@@ -376,8 +446,10 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
     import torch
 
     sizes = list(sizes)
+    messages = []
     if backend == "gloo":
-        measured = {"gloo": measure_gloo(ranks, sizes, repeats, timeout_s)}
+        trips, messages = measure_gloo(ranks, sizes, repeats, timeout_s)
+        measured = {"gloo": trips}
     elif backend == "cuda":
         measured = measure_cuda(sizes, repeats)
     else:
@@ -387,5 +459,5 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
             "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if backend == "gloo":
         meta["ranks"] = ranks
-    return Calibration(links, meta)
+    return Calibration(links, meta, MessageCost.fit(messages) if messages else None, messages)
 

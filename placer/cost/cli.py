@@ -75,6 +75,14 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print_rows(["bytes", "measured us", "fit us"],
                    [[str(b), f"{t * 1e6:.1f}", f"{float(f.predict(b)) * 1e6:.1f}"] for b, t in f.samples],
                    title=f"{name} points")
+    if cal.message_cost is not None:
+        cost = cal.message_cost
+        print_rows(["bytes", "sending us", "receiving us"],
+                   [[str(b), f"{sent * 1e6:.1f}", f"{received * 1e6:.1f}"] for _, _, b, sent, received
+                    in cal.message_samples],
+                   title=f"a message's host cost: sending {cost.send_fixed_s * 1e6:.1f} us + "
+                         f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
+                         f"{cost.receive_per_byte_s * 1e12:.0f} ps/B")
     print(f"calibration -> {args.output}")
     if args.cluster:
         from ..cluster import load_cluster

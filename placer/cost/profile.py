@@ -27,10 +27,11 @@ from ..io import Field, check_format, check_number, read_json, write_json_atomic
 if TYPE_CHECKING:
     import torch
 
+    from ..cluster import Cluster
     from ..graph import OpGraph
 
 __all__ = ["Profile", "PROFILE_FORMAT", "profile_module", "profile_step", "load_profile",
-           "apply_profile", "device_kind_of"]
+           "apply_profile", "apply_placed_times", "device_kind_of"]
 
 PROFILE_FORMAT = "placer.profile/1"
 
@@ -151,6 +152,33 @@ def apply_profile(graph: "OpGraph", profile: Profile, kind: str | None = None) -
         i = graph.index[node_id]
         by_kind[i] = {**(by_kind[i] or {}), kind: float(seconds)}
     return graph.replace(compute_s_by_kind=by_kind)
+
+
+def apply_placed_times(graph: "OpGraph", device_of, cluster: "Cluster", seconds: dict[str, float]) -> "OpGraph":
+    """A copy of ``graph`` with each listed node's seconds as its time on the kind of device it is placed on.
+
+    Parameters
+    ----------
+    graph : OpGraph
+    device_of : array of int
+        Device index of every node (a bound plan's ``device_of``).
+    cluster : Cluster
+    seconds : dict of str to float
+        Node id -> seconds; ids the graph lacks are ignored, nodes not listed keep their costs.
+
+    Returns
+    -------
+    OpGraph
+        Same ids and edges (plans for ``graph`` stay valid for it).
+    """
+    by_kind: dict[str, dict[str, float]] = {}
+    for node_id, s in seconds.items():
+        i = graph.index.get(node_id)
+        if i is not None:
+            by_kind.setdefault(cluster.devices[device_of[i]].kind, {})[node_id] = float(s)
+    for kind, times in by_kind.items():
+        graph = apply_profile(graph, Profile(graph.name, graph.digest(), kind, times))
+    return graph
 
 
 def device_kind_of(device: str) -> tuple[str, str]:
