@@ -523,6 +523,7 @@ def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys)
     out = capsys.readouterr().out
     assert code == 0, out
     assert "round 1:" in out and ("kept" in out or "rolled back" in out)
+    assert "ms with its messages' host cost" in out
     tuned = Plan.load(out_path)
     tuned.bind(file_case.captured.graph, load_cluster("2xcpu"))
     assert tuned.extra["measured_step_s"] > 0

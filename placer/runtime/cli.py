@@ -32,6 +32,12 @@ class Measurement:
     state: dict[int, Any]
     transfer_s: list = field(default_factory=list)
     timeline: dict = field(default_factory=dict)
+    op_message_s: dict[str, float] = field(default_factory=dict)
+    message_s: list = field(default_factory=list)
+
+    def own_s(self) -> dict[str, float]:
+        """Each node's measured seconds less the host time of its messages: its cost under any plan."""
+        return {k: seconds - self.op_message_s.get(k, 0.0) for k, seconds in self.op_s.items()}
 
 
 def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: int, backend: str,
@@ -67,7 +73,7 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
         if result is None:          # a rank other than 0 under torchrun: rank 0 reports
             return None
         return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state,
-                           result.transfer_s, result.timeline)
+                           result.transfer_s, result.timeline, result.op_message_s, result.message_s)
     raise OptionError(f"backend must be 'local' or 'distributed', got {backend!r}")
 
 
@@ -174,6 +180,8 @@ def _run(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms import place
     from ..cluster import load_cluster
+    from ..cost.messages import MessageCost, messages_graph
+    from ..sim import simulate_plan
     from .check import step_times
     from .feedback import measured_cluster, measured_graph
 
@@ -191,14 +199,24 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          backend=args.backend, threads=args.threads, timeout_s=args.timeout)
         return step_times(m.step_s, 1).median_s, m
 
+    def with_messages(plan) -> str:
+        """The candidate's step with the host cost of its messages, fitted to the best run's (a richer mode)."""
+        if not m.message_s:
+            return ""
+        costed = messages_graph(graph, plan.bind(graph, calibrated), calibrated, m.own_s(),
+                                MessageCost.fit(m.message_s))
+        return f", {simulate_plan(plan, costed, calibrated).makespan_s * 1e3:.3f} ms with its messages' host cost"
+
+    calibrated = cluster
     plan = place(graph, cluster, args.algorithm, seed=0)
     best_s, m = run(plan)
     print(f"round 0: {args.algorithm} on analytic costs: measured {best_s * 1e3:.3f} ms, "
           f"predicted {plan.predicted['makespan_s'] * 1e3:.3f} ms")
     best = plan
     for r in range(1, args.rounds + 1):
-        graph = measured_graph(graph, best.bind(graph, cluster), cluster, m.op_s)
-        cluster = measured_cluster(cluster, m.transfer_s)
+        # The ops' own times: what the last plan's messages added to them another plan need not pay.
+        graph = measured_graph(graph, best.bind(graph, cluster), cluster, m.own_s())
+        cluster = measured_cluster(calibrated, m.transfer_s)
         if m.transfer_s and cluster.channels:
             ch = cluster.channels[0]
             print(f"round {r}: {len(m.op_s)} measured op times, {len(m.transfer_s)} measured transfers; "
@@ -207,8 +225,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         candidate = place(graph, cluster, args.algorithm, seed=r)
         measured_s, m_new = run(candidate)
         kept = measured_s < best_s
-        print(f"round {r}: replanned on measured costs: predicted {candidate.predicted['makespan_s'] * 1e3:.3f} ms, "
-              f"measured {measured_s * 1e3:.3f} ms -> {'kept' if kept else 'rolled back'} "
+        print(f"round {r}: replanned on measured costs: predicted {candidate.predicted['makespan_s'] * 1e3:.3f} ms"
+              f"{with_messages(candidate)}, measured {measured_s * 1e3:.3f} ms -> {'kept' if kept else 'rolled back'} "
               f"(best {min(best_s, measured_s) * 1e3:.3f} ms)")
         if kept:
             best, best_s, m = candidate, measured_s, m_new
