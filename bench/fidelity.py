@@ -98,7 +98,7 @@ class Run:
     transfer_s: list
     op_message_s: dict = dataclasses.field(default_factory=dict)     # recorded since session 20
     message_s: list = dataclasses.field(default_factory=list)
-    calibrated_message_cost: Any = None                              # recorded since session 20b
+    calibrated_message_cost: Any = None                              # recorded since sample s20c
 
     @property
     def measured_s(self) -> float:
@@ -132,7 +132,7 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     The links keep their calibrated latency: with the messages' host time on the ranks, what a run's
     transfers took beyond it depends on that plan's traffic (on the session 20 records, predicting another
     plan's run with the source run's transfer times instead: 19.7% and 24.0% mean error; with the
-    calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed).
+    calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed, the third gave 19.9%).
     """
     from placer.cost.messages import MessageCost, messages_graph
     from placer.sim import simulate_plan

@@ -203,11 +203,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         """The candidate's step with the host cost of its messages, fitted to the best run's (a richer mode)."""
         if not m.message_s:
             return ""
-        costed = messages_graph(graph, plan.bind(graph, calibrated), calibrated, m.own_s(),
-                                MessageCost.fit(m.message_s))
-        return f", {simulate_plan(plan, costed, calibrated).makespan_s * 1e3:.3f} ms with its messages' host cost"
+        costed = messages_graph(graph, plan.bind(graph, given), given, m.own_s(), MessageCost.fit(m.message_s))
+        return f", {simulate_plan(plan, costed, given).makespan_s * 1e3:.3f} ms with its messages' host cost"
 
-    calibrated = cluster
+    given = cluster         # its links as calibrated, not as a run's traffic made them
     plan = place(graph, cluster, args.algorithm, seed=0)
     best_s, m = run(plan)
     print(f"round 0: {args.algorithm} on analytic costs: measured {best_s * 1e3:.3f} ms, "
@@ -216,7 +215,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for r in range(1, args.rounds + 1):
         # The ops' own times: what the last plan's messages added to them another plan need not pay.
         graph = measured_graph(graph, best.bind(graph, cluster), cluster, m.own_s())
-        cluster = measured_cluster(calibrated, m.transfer_s)
+        cluster = measured_cluster(given, m.transfer_s)
         if m.transfer_s and cluster.channels:
             ch = cluster.channels[0]
             print(f"round {r}: {len(m.op_s)} measured op times, {len(m.transfer_s)} measured transfers; "
