@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import os
 import random
+import re
 import signal
 import textwrap
 import time
@@ -380,7 +381,9 @@ def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):
     args = ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--trace",
             str(tmp_path / "run.json")]
     assert main(args + ["--backend", "distributed"]) == 0
-    assert "timeline of the last step" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "timeline of the last step" in out
+    assert re.search(r"messages: \d+ per step took the ranks \d+% of their busy time", out)
     events = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
     graph = file_case.captured.graph
     ran = {e["name"] for e in events if e.get("cat") == "op"} & set(graph.ids)

@@ -149,6 +149,11 @@ def _run(args: argparse.Namespace) -> int:
     print(f"{captured.graph.name} on {cluster.name} ({args.backend}, {cluster.num_devices} devices): "
           f"{args.steps} steps, step {times.median_s * 1e3:.3f} ms (median of {len(times.counted)} after "
           f"{times.warmup} warm-up), simulator predicts {m.predicted_s * 1e3:.3f} ms{loss}")
+    if m.message_s:
+        busy = sum(m.op_s.values())
+        print(f"messages: {len(m.message_s) // max(1, args.steps - 1)} per step took the ranks "
+              f"{sum(m.op_message_s.values()) / busy:.0%} of their busy time (host: packing, sending, posting "
+              f"receives; the reference model charges them to no device)")
     if args.trace:
         from .trace import write_run_trace
 
