@@ -106,15 +106,36 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         write_trace(result, args.trace)
     report = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster)}
+    if args.message_cost:
+        report["with_message_cost_s"] = _with_message_cost(graph, plan, cluster, args.message_cost)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
     from .report.tables import print_simulation
 
     print_simulation(result, report)
+    if args.message_cost:
+        print(f"with the host cost of its messages ({args.message_cost}; a richer mode than the reference "
+              f"model): {report['with_message_cost_s'] * 1e3:.3f} ms")
     if args.trace:
         print(f"timeline written to {args.trace} (open in ui.perfetto.dev)")
     return 0
+
+
+def _with_message_cost(graph, plan, cluster, calibration_path: str) -> float:
+    """The plan's step with each message's host cost, from a calibration file, on its nodes."""
+    from .cost.calibrate import load_calibration
+    from .cost.messages import messages_graph
+    from .plan import BoundPlan
+    from .sim.simulator import simulate_bound
+
+    cost = load_calibration(calibration_path).message_cost
+    if cost is None:
+        raise OptionError(f"calibration {calibration_path} has no message cost (`placer calibrate --backend gloo` "
+                          f"times one)")
+    bound = plan.bind(graph, cluster)          # the rewritten graph's, when the plan splits ops
+    costed = messages_graph(bound.graph, bound, cluster, {}, cost)
+    return simulate_bound(BoundPlan(costed, cluster, bound.device_of, bound.order)).makespan_s
 
 
 def cmd_algorithms(args: argparse.Namespace) -> int:
@@ -233,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", help="preset or file (default: the cluster the plan names)")
     p.add_argument("--json", action="store_true", help="print makespan_s, peak_memory_bytes, fits, lower_bound_s as JSON")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace / Perfetto timeline")
+    p.add_argument("--message-cost", metavar="CALIBRATION",
+                   help="also give the step with each message's host cost from this calibration file "
+                        "(one process per device over gloo; a richer mode beside the reference model)")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("algorithms", help="list the registered algorithms")

@@ -56,6 +56,32 @@ def test_simulate_writes_a_trace(tmp_path, capsys, graph_file):
     assert transfers, "the expert split on two devices sends tensors"
 
 
+def test_simulate_with_a_calibrated_message_cost(tmp_path, capsys, graph_file):
+    from placer.cluster import load_cluster
+    from placer.cost.calibrate import Calibration, LinkFit
+    from placer.cost.messages import MessageCost, messages_graph
+    from placer.graph import OpGraph
+    from placer.plan import Plan
+    from placer.sim import simulate_plan
+
+    plan_file, calibration = tmp_path / "p.json", tmp_path / "cal.json"
+    assert run(capsys, "plan", graph_file, "--cluster", "2xcpu", "--algorithm", "round_robin", "-o", plan_file)[0] == 0
+    cost = MessageCost(50e-6, 1e-10, 30e-6, 0.0)
+    Calibration({"gloo": LinkFit(3e-5, 4e9, 1.0)}, {}, cost, [(0, 1, 1024, 50e-6, 30e-6)]).save(calibration)
+    code, out, err = run(capsys, "simulate", graph_file, plan_file, "--message-cost", calibration, "--json")
+    assert code == 0, err
+    report = json.loads(out)
+    graph, plan, cluster = OpGraph.load(graph_file), Plan.load(plan_file), load_cluster("2xcpu")
+    expected = simulate_plan(plan, messages_graph(graph, plan.bind(graph, cluster), cluster, {}, cost), cluster)
+    assert report["with_message_cost_s"] == pytest.approx(expected.makespan_s, rel=1e-12)
+    assert report["with_message_cost_s"] > report["makespan_s"]         # round robin sends between its devices
+    code, out, _ = run(capsys, "simulate", graph_file, plan_file, "--message-cost", calibration)
+    assert code == 0 and "with the host cost of its messages" in out
+    Calibration({"gloo": LinkFit(3e-5, 4e9, 1.0)}).save(calibration)
+    code, _, err = run(capsys, "simulate", graph_file, plan_file, "--message-cost", calibration)
+    assert code == 2 and "has no message cost" in err
+
+
 @pytest.mark.parametrize("argv, message", [
     (["plan", "{graph}", "--cluster", "nope", "-o", "{out}"], "unknown cluster 'nope'"),
     (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--algorithm", "nope", "-o", "{out}"], "unknown algorithm 'nope'"),
