@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine is for, in one run (about 9 minutes): fidelity on its quiet CPU cores
+# The checks a lent GPU machine is for, in one run (5.5 minutes in session 20): fidelity on its quiet CPU cores
 # (bench/fidelity.py, recorded), the CUDA paths (bench/cuda_check.py; `placer run --verify` on a GPU,
 # SGD and Adam), and the test suite under that machine's torch (cut short when time runs out).
 #
