@@ -43,13 +43,15 @@ SEARCHES = ("os_dpos",) + SLOW_ALGORITHMS
 #: plan it can box every later member in the time left. Data parallelism next, the sharded optimizer's first
 #: (the same ring traffic, 1/n of the update): where a replica fits it is often several times faster than any
 #: placement (bench/quality.py), though its replicated graph takes seconds on 10^4 ops (their lower bounds
-#: skip them where they cannot win). Then the single device (one simulation), m-SCT (Baechi's best, a few
-#: seconds on 10^4 ops) and the cheapest (tenths of a second) before DPOS and HEFT (about a second); m-ETF
-#: (longer under channel contention) after them. With 10 s on every bundled case (bench/presets.py), m-SCT
-#: among the searches at the end missed the best plan on GNMT over 4 A100s (m-SCT's, 1.36x faster); run
-#: before data parallelism, the cheap members missed NASNet and ResNet-200 on CPUs by 1.4-4.9x.
-FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "single", "m_sct", "metis", "celeritas",
-              "order_place", "m_topo", "dpos", "heft")
+#: skip them where they cannot win). Then the single device (one simulation) and the cheapest (tenths of a
+#: second), m-SCT (Baechi's best, seconds on 10^4 ops), then DPOS and HEFT (about a second); m-ETF (longer
+#: under channel contention) after them. With 10 s on every bundled case (bench/presets.py), m-SCT among the
+#: searches at the end missed the best plan on GNMT over 4 A100s (m-SCT's, 1.36x faster); run before data
+#: parallelism, the cheap members missed NASNet and ResNet-200 on CPUs by 1.4-4.9x; run after m-SCT, they
+#: never ran on GNMT over two hosts, where m-SCT used the time left without a plan and METIS's was 1.14x
+#: faster than auto's (session 20).
+FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "single", "metis", "celeritas", "order_place",
+              "m_sct", "m_topo", "dpos", "heft")
 #: Options auto gives members: data parallelism reduces its gradients with whichever collective is faster
 #: for the case (the ring or direct exchanges within and between hosts).
 MEMBER_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_parallel": {"collective": "best"}}

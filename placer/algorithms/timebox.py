@@ -61,9 +61,23 @@ def _on_alarm(signum, frame) -> None:
     if not expired:         # an alarm for a box that has closed since
         _arm()
         return
+    if _opening_or_closing(frame):
+        # Raised there, it would leave the ``with`` with the box still open (its body may well have
+        # ended in time): look again once the box is open or closed.
+        signal.setitimer(signal.ITIMER_REAL, 1e-4)
+        return
     # The outermost expired box: everything inside it ends with it.
     expired[0].expired = True
     raise OutOfTime(expired[0])
+
+
+def _opening_or_closing(frame) -> bool:
+    """Whether ``frame`` (where the alarm came) runs in a box's ``__enter__`` or ``__exit__``."""
+    while frame is not None:
+        if frame.f_code in _BOOKKEEPING:
+            return True
+        frame = frame.f_back
+    return False
 
 
 class TimeBox:
@@ -108,3 +122,6 @@ class TimeBox:
             if not _open:
                 signal.signal(signal.SIGALRM, _previous_handler)
         return isinstance(exc, OutOfTime) and exc.box is self
+
+
+_BOOKKEEPING = {TimeBox.__enter__.__code__, TimeBox.__exit__.__code__, _arm.__code__}
