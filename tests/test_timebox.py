@@ -60,6 +60,21 @@ def test_a_body_that_ends_as_its_box_expires_never_escapes_it():
         assert not timebox._open
 
 
+class _SlowToDelete:
+    def __del__(self):
+        spin(0.2)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_an_expiry_swallowed_where_it_landed_comes_again():
+    # Raised inside a __del__ (or a weakref callback), the exception is printed and dropped.
+    began = time.perf_counter()
+    with TimeBox(0.05) as box:
+        _SlowToDelete()         # deleted at once: the alarm lands in its __del__
+        spin(5)
+    assert box.expired and time.perf_counter() - began < 1.0
+
+
 def test_an_algorithm_without_a_plan_at_its_limit_raises_time_limit_error(monkeypatch):
     def slow(graph, cluster, *, seed=0, time_limit=None):
         spin(10)

@@ -9,7 +9,10 @@ inner ones to the outer ``with``.
 Boxes use ``SIGALRM``, so they work on the main thread of a POSIX process;
 elsewhere (another thread, Windows) a box never expires and the work runs to
 its end. The interruption lands between Python bytecodes: a long call into C
-(a solver) ends first, which is why solvers get their own time limit too.
+(a solver) ends first, which is why solvers get their own time limit too. It
+waits while a box opens or closes (raised there, it would escape the ``with``
+and leave the box open), and comes again where Python swallowed it (a weakref
+callback or a ``__del__`` prints such an exception and goes on).
 """
 
 from __future__ import annotations
@@ -32,6 +35,9 @@ class OutOfTime(BaseException):
         super().__init__(f"time box of {box.seconds:g} s expired")
         self.box = box
 
+
+#: Seconds after an expiry's exception until the alarm comes again, in case it was swallowed.
+RETRY_S = 0.05
 
 #: The boxes open now, outermost first.
 _open: list["TimeBox"] = []
@@ -66,8 +72,11 @@ def _on_alarm(signum, frame) -> None:
         # ended in time): look again once the box is open or closed.
         signal.setitimer(signal.ITIMER_REAL, 1e-4)
         return
-    # The outermost expired box: everything inside it ends with it.
+    # The outermost expired box: everything inside it ends with it. Should the exception land where
+    # Python swallows it (a weakref callback, a __del__), the alarm comes again; once the box has
+    # closed, its __exit__ re-arms for the boxes left.
     expired[0].expired = True
+    signal.setitimer(signal.ITIMER_REAL, RETRY_S)
     raise OutOfTime(expired[0])
 
 
