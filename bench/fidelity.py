@@ -56,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import glob
 import itertools
 import json
@@ -84,7 +85,7 @@ PLANS = ("expert", "metis", "round_robin")
 WARMUP_STEPS = 2
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)       # a run is itself: predictions are cached by (run, source)
 class Run:
     """One placed run: the case, what was planned for it and what it measured."""
 
@@ -117,6 +118,7 @@ def fed_graph(run: Run, source: Run):
     return measured_graph(run.graph, source.plan.bind(run.graph, run.cluster), run.cluster, source.op_s)
 
 
+@functools.cache        # the tables and the pair count ask for the same predictions
 def predicted_from(run: Run, source: Run) -> float:
     """The simulator's step for ``run``'s plan from the op and transfer times ``source`` measured."""
     from placer.runtime.feedback import measured_cluster
@@ -125,6 +127,7 @@ def predicted_from(run: Run, source: Run) -> float:
     return simulate_plan(run.plan, fed_graph(run, source), measured_cluster(run.cluster, source.transfer_s)).makespan_s
 
 
+@functools.cache
 def predicted_with_messages(run: Run, source: Run) -> float | None:
     """The simulator's step for ``run``'s plan from the operations' own times ``source`` measured and the
     host cost of a message fitted to its messages, charged as ``run``'s plan sends them, over the calibrated
