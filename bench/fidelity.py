@@ -139,11 +139,12 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed, the third gave 19.9%).
     """
     from placer.cost.messages import MessageCost, messages_graph
+    from placer.runtime.feedback import own_times
     from placer.sim import simulate_plan
 
     if not source.message_s:
         return None
-    own = {k: seconds - source.op_message_s.get(k, 0.0) for k, seconds in source.op_s.items()}
+    own = own_times(source.op_s, source.op_message_s)
     graph = messages_graph(run.graph, run.plan.bind(run.graph, run.cluster), run.cluster, own,
                            MessageCost.fit(source.message_s))
     return simulate_plan(run.plan, graph, run.cluster).makespan_s
@@ -383,9 +384,10 @@ def measure(args: argparse.Namespace) -> list[Run]:
                     record_run(args.record, run, result)
                 runs.append(run)
                 _, measured, predicted = table_row(run)
+                said = [f"{column} {predicted[key] * 1e3:.2f} ms ({(predicted[key] - measured) / measured:+.1%})"
+                        for key, column, _ in PREDICTIONS if predicted[key] is not None]
                 print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: measured {measured * 1e3:8.2f} ms; predicted "
-                      + ", ".join(f"{column} {predicted[key] * 1e3:.2f} ms ({(predicted[key] - measured) / measured:+.1%})"
-                                  for key, column, _ in PREDICTIONS if predicted[key] is not None), flush=True)
+                      + ", ".join(said), flush=True)
     return runs
 
 

@@ -35,9 +35,6 @@ class Measurement:
     op_message_s: dict[str, float] = field(default_factory=dict)
     message_s: list = field(default_factory=list)
 
-    def own_s(self) -> dict[str, float]:
-        """Each node's measured seconds less the host time of its messages: its cost under any plan."""
-        return {k: seconds - self.op_message_s.get(k, 0.0) for k, seconds in self.op_s.items()}
 
 
 def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: int, backend: str,
@@ -188,7 +185,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..cost.messages import MessageCost, messages_graph
     from ..sim import simulate_plan
     from .check import step_times
-    from .feedback import measured_cluster, measured_graph
+    from .feedback import measured_cluster, measured_graph, own_times
 
     if args.rounds < 1 or args.steps < 2:
         raise OptionError("--rounds must be >= 1 and --steps >= 2 (one warm-up step)")
@@ -208,7 +205,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         """The candidate's step with the host cost of its messages, fitted to the best run's (a richer mode)."""
         if not m.message_s:
             return ""
-        costed = messages_graph(graph, plan.bind(graph, given), given, m.own_s(), MessageCost.fit(m.message_s))
+        costed = messages_graph(graph, plan.bind(graph, given), given, own_times(m.op_s, m.op_message_s),
+                                MessageCost.fit(m.message_s))
         return f", {simulate_plan(plan, costed, given).makespan_s * 1e3:.3f} ms with its messages' host cost"
 
     given = cluster         # its links as calibrated, not as a run's traffic made them
@@ -219,7 +217,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best = plan
     for r in range(1, args.rounds + 1):
         # The ops' own times: what the last plan's messages added to them another plan need not pay.
-        graph = measured_graph(graph, best.bind(graph, cluster), cluster, m.own_s())
+        graph = measured_graph(graph, best.bind(graph, cluster), cluster, own_times(m.op_s, m.op_message_s))
         cluster = measured_cluster(given, m.transfer_s)
         if m.transfer_s and cluster.channels:
             ch = cluster.channels[0]

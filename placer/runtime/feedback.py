@@ -25,7 +25,7 @@ from ..cost.profile import apply_placed_times
 from ..graph import OpGraph
 from ..plan import BoundPlan
 
-__all__ = ["measured_graph", "measured_cluster"]
+__all__ = ["measured_graph", "measured_cluster", "own_times"]
 
 
 def measured_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, op_s: dict[str, float]) -> OpGraph:
@@ -46,6 +46,15 @@ def measured_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, op_s: dic
         Same ids and edges (plans for ``graph`` stay valid for it).
     """
     return apply_placed_times(graph, bound.device_of, cluster, op_s)
+
+
+def own_times(op_s: dict[str, float], op_message_s: dict[str, float]) -> dict[str, float]:
+    """Each node's measured seconds less the host time of its messages: its cost under any plan.
+
+    ``op_s`` and ``op_message_s`` as :class:`placer.runtime.distributed.DistributedResult` gives them;
+    what is left is what :func:`placer.cost.messages.messages_graph` adds a plan's messages to.
+    """
+    return {k: seconds - op_message_s.get(k, 0.0) for k, seconds in op_s.items()}
 
 
 def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, float]]) -> Cluster:
