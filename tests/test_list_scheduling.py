@@ -269,6 +269,51 @@ def test_memory_retries_stop_when_moving_work_only_moves_the_excess():
     assert len(tried) == 2 + STALE_SCHEDULES
 
 
+def _chain_over_two_devices():
+    """a (4 bytes) -> b (4) -> c (1), one layer, over devices of 8 and 4 bytes, and schedules by placement:
+    the reference model's peaks are (0,1,0) [5, 8], (0,1,1) [4, 8], (0,0,1) [8, 5] and (1,0,0) [8, 4]."""
+    g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 1],
+              layer=["L", "L", "L"])
+    cluster = Cluster("test", [Device("d0", "X", 8), Device("d1", "X", 4)], mesh(["X", "X"]).channels)
+
+    def placed(*devices):
+        device_of = np.array(devices)
+        orders = [np.flatnonzero(device_of == d) for d in range(2)]
+        return Schedule(device_of, orders, np.arange(3.0), np.arange(1.0, 4.0))
+
+    return g, cluster, placed
+
+
+def test_memory_retries_leave_the_nodes_when_the_peaks_sum_over_every_device():
+    # (0,1,0) peaks at 5 + 8 bytes of 8 + 4: cutting d1's share would only move the excess, so the retries
+    # go to the colocated layers at once (the node stage's second schedule is not built).
+    g, cluster, placed = _chain_over_two_devices()
+    seen = []
+
+    def build(g, ratio, scale, sends=None):
+        seen.append("layers" if g.colocation[0] is not None else "nodes")
+        return placed(0, 0, 0) if seen[-1] == "layers" else placed(0, 1, 0)
+
+    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=1.0)
+    assert sched.device_of.tolist() == [0, 0, 0] and sched.simulated.fits
+    assert seen[:2] == ["nodes", "layers"]
+
+
+def test_memory_retries_go_on_cutting_while_the_cuts_shrink_the_excess():
+    # First (0,1,1): over by 4 bytes, peaks within the 12 bytes. The cut brings (0,0,1): peaks 13 bytes,
+    # over by 1 only, so the cuts go on and (1,0,0) fits on the nodes.
+    g, cluster, placed = _chain_over_two_devices()
+    seen = []
+
+    def build(g, ratio, scale, sends=None):
+        seen.append("layers" if g.colocation[0] is not None else "nodes")
+        return [placed(0, 1, 1), placed(0, 0, 1), placed(1, 0, 0)][min(len(seen), 3) - 1]
+
+    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=1.0, refine=False)
+    assert sched.device_of.tolist() == [1, 0, 0] and sched.simulated.fits
+    assert seen == ["nodes"] * 3
+
+
 def test_colocate_layers_joins_each_layer_with_the_colocation_groups_it_touches():
     g = graph({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0, "e": 1.0}, [("a", "b", 1), ("b", "c", 1), ("c", "d", 1)],
               layer=["L1", "L1", "L2", "L3", None], colocation=[None, "p", "p", None, None])

@@ -1019,7 +1019,9 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     fifth. Up to ``tries`` schedules.
 
     Where moving work only moves the excess (:data:`STALE_SCHEDULES`
-    overflowing schedules without progress, or ``tries`` spent), the copies
+    overflowing schedules without progress, a schedule whose devices' peaks
+    sum to more than their capacities unless the cut before it shrank the
+    excess, or ``tries`` spent), the copies
     of activations sent between devices are what overflows: the retries
     start again, as many, from the ratio reached, on the graph with every
     layer colocated (:func:`~placer.transform.colocate.colocate_layers`),
@@ -1153,7 +1155,13 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
             use_pressed, ratio, counted_whole = False, 1.0, True
             continue
         excess = float(np.maximum(peak - capacity, 0).sum())
-        least_excess, stale = (excess, 0) if excess < 0.9 * least_excess else (least_excess, stale + 1)
+        progress = excess < 0.9 * least_excess
+        if peak.sum() > capacity.sum() and not (progress and np.isfinite(least_excess)):
+            # A cut moves work, it sheds none: where the peaks sum to more than the devices hold and no cut
+            # made this schedule's excess smaller (or none was made yet), the next cut would only move it
+            # (ResNet-200 over 2xcpu, m-ETF: 10.4 + 6.7 GiB of 8 + 8, then 8.6 + 12.0 after the cut).
+            break
+        least_excess, stale = (excess, 0) if progress else (least_excess, stale + 1)
         if stale >= STALE_SCHEDULES:
             break
         over = peak > capacity
