@@ -269,12 +269,13 @@ def test_memory_retries_stop_when_moving_work_only_moves_the_excess():
     assert len(tried) == 2 + STALE_SCHEDULES
 
 
-def _chain_over_two_devices():
+def _chain_over_two_devices(memory=(8, 4)):
     """a (4 bytes) -> b (4) -> c (1), one layer, over devices of 8 and 4 bytes, and schedules by placement:
-    the reference model's peaks are (0,1,0) [5, 8], (0,1,1) [4, 8], (0,0,1) [8, 5] and (1,0,0) [8, 4]."""
+    the reference model's peaks are (0,1,0) [5, 8], (0,1,1) [4, 8], (0,0,1) [8, 5], (1,0,0) [8, 4] and
+    (0,0,0) [8, 0]."""
     g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 1],
               layer=["L", "L", "L"])
-    cluster = Cluster("test", [Device("d0", "X", 8), Device("d1", "X", 4)], mesh(["X", "X"]).channels)
+    cluster = Cluster("test", [Device("d0", "X", memory[0]), Device("d1", "X", memory[1])], mesh(["X", "X"]).channels)
 
     def placed(*devices):
         device_of = np.array(devices)
@@ -312,6 +313,18 @@ def test_memory_retries_go_on_cutting_while_the_cuts_shrink_the_excess():
     sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=1.0, refine=False)
     assert sched.device_of.tolist() == [1, 0, 0] and sched.simulated.fits
     assert seen == ["nodes"] * 3
+
+
+def test_memory_retries_refuse_with_the_schedule_closest_to_fitting():
+    # Over devices of 7 and 4 bytes the nodes' schedule (0,1,0) is 4 bytes over, the layers' (0,0,0) 1 byte:
+    # the refusal names the layers' excess, not the last stage's nor the first's.
+    g, cluster, placed = _chain_over_two_devices(memory=(7, 4))
+
+    def build(g, ratio, scale, sends=None):
+        return placed(0, 0, 0) if g.colocation[0] is not None else placed(0, 1, 0)
+
+    with pytest.raises(InfeasibleError, match=r"device 'd0' would need .* \(its layers colocated\)"):
+        schedule_with_memory_retries(build, g, cluster, "test", ratio=1.0)
 
 
 def test_colocate_layers_joins_each_layer_with_the_colocation_groups_it_touches():

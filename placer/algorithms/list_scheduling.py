@@ -1049,17 +1049,21 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
     loosest = ratio
-    fit, error, ratio, free_step = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, pressed)
+    fit, failure, ratio, free_step = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, pressed)
+    failures = [failure]
     layered = None
     if fit is None:
         layered = colocate_layers(graph)
         if layered is not None:
             # The liveness ratio and whole counting were tried on the nodes: go on from the ratio reached.
-            fit, _, ratio, _ = _retry(build, layered, graph, cluster, name, ratio, True, tries)
+            fit, failure, ratio, _ = _retry(build, layered, graph, cluster, name, ratio, True, tries)
+            failures.append(failure)
     if fit is None and pressed is not None:
-        fit, _, _, _ = _retry(pressed, graph if layered is None else layered, graph, cluster, name, ratio, True, tries)
+        fit, failure, _, _ = _retry(pressed, graph if layered is None else layered, graph, cluster, name, ratio, True,
+                                    tries)
+        failures.append(failure)
     if fit is None:
-        raise error
+        raise min(failures, key=lambda excess_and_error: excess_and_error[0])[1]     # the closest to fitting
 
     def refined(chosen: _Fit) -> Schedule:
         if not refine:
@@ -1116,12 +1120,16 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
 
     With ``pressed``, a schedule that overflows before outputs are counted
     whole is followed by one of ``pressed`` at the same ratio.
-    Returns the fitting schedule (None if there is none), the last reason a schedule failed, the ratio
-    the retries reached, and the simulated step of the first schedule built (inf if none was).
+    Returns the fitting schedule (None if there is none); why the schedule closest to fitting failed,
+    as its excess over the devices' capacities in bytes and the error to raise (the last build's
+    failure, with an infinite excess, where no schedule was built); the ratio the retries reached;
+    and the simulated step of the first schedule built (inf if none was).
     """
     scale = np.ones(cluster.num_devices)
     capacity = cluster.memory.astype(np.float64)
     error = InfeasibleError(f"{name}: no schedule tried")
+    closest = np.inf
+    on_layers = "" if stage is graph else " (its layers colocated)"
     least_excess, stale = np.inf, 0
     use_pressed = False
     first_step = np.inf
@@ -1131,7 +1139,8 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
             maker = pressed if use_pressed else build
             sched = maker(stage, ratio, scale)
         except InfeasibleError as exc:
-            error = InfeasibleError(f"{name}: {exc}")
+            if np.isinf(closest):       # an overflow says more: how far from fitting
+                error = InfeasibleError(f"{name}: {exc}")
             if use_pressed:     # go on as if it had overflowed
                 use_pressed, ratio, counted_whole = False, 1.0, True
             else:
@@ -1142,19 +1151,21 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
             first_step = result.makespan_s
         if result.fits:
             sched.simulated = result
-            return _Fit(sched, maker, stage, ratio, scale, time.perf_counter() - began), error, ratio, first_step
+            return (_Fit(sched, maker, stage, ratio, scale, time.perf_counter() - began), (closest, error), ratio,
+                    first_step)
         peak = result.peak_memory_bytes
-        j = int(np.argmax(peak - capacity))
-        error = InfeasibleError(
-            f"{name}: device {cluster.devices[j].name!r} would need {peak[j] / 2**30:.3f} GiB "
-            f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+        excess = float(np.maximum(peak - capacity, 0).sum())
+        if excess < closest:
+            j = int(np.argmax(peak - capacity))
+            closest, error = excess, InfeasibleError(
+                f"{name}: device {cluster.devices[j].name!r} would need {peak[j] / 2**30:.3f} GiB "
+                f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB{on_layers}")
         if not counted_whole:
             if pressed is not None and not use_pressed:
                 use_pressed = True
                 continue
             use_pressed, ratio, counted_whole = False, 1.0, True
             continue
-        excess = float(np.maximum(peak - capacity, 0).sum())
         progress = excess < 0.9 * least_excess
         if peak.sum() > capacity.sum() and not (progress and np.isfinite(least_excess)):
             # A cut moves work, it sheds none: where the peaks sum to more than the devices hold and no cut
@@ -1175,7 +1186,7 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
             if np.all(cut >= counted):
                 cut = counted * shrink
         scale[over] = cut
-    return None, error, ratio, first_step
+    return None, (closest, error), ratio, first_step
 
 
 def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[..., Schedule]]], graph: OpGraph,
