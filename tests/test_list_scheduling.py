@@ -270,7 +270,7 @@ def test_memory_retries_stop_when_moving_work_only_moves_the_excess():
 
 
 def _chain_over_two_devices(memory=(8, 4)):
-    """a (4 bytes) -> b (4) -> c (1), one layer, over devices of 8 and 4 bytes, and schedules by placement:
+    """a (4 bytes) -> b (4) -> c (1), one layer, over devices of ``memory`` bytes, and schedules by placement:
     the reference model's peaks are (0,1,0) [5, 8], (0,1,1) [4, 8], (0,0,1) [8, 5], (1,0,0) [8, 4] and
     (0,0,0) [8, 0]."""
     g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 1],
@@ -317,7 +317,7 @@ def test_memory_retries_go_on_cutting_while_the_cuts_shrink_the_excess():
 
 def test_memory_retries_refuse_with_the_schedule_closest_to_fitting():
     # Over devices of 7 and 4 bytes the nodes' schedule (0,1,0) is 4 bytes over, the layers' (0,0,0) 1 byte:
-    # the refusal names the layers' excess, not the last stage's nor the first's.
+    # the refusal names the layers' excess, not the node stage's (whose error used to be raised).
     g, cluster, placed = _chain_over_two_devices(memory=(7, 4))
 
     def build(g, ratio, scale, sends=None):
