@@ -126,6 +126,30 @@ def layer_labels(graph: OpGraph, min_layers: int = 1) -> np.ndarray:
     return label
 
 
+def forward_ordered(graph: OpGraph, unit_of: np.ndarray, units: list[np.ndarray]) -> list[np.ndarray]:
+    """``units`` in the order of their first operation that reads another unit's output: for layers, forward order.
+
+    Parameters, optimizer states and inputs are sources, all first in a
+    topological order, and so are the updates that read only them (Adam's step
+    count, batch norm's count of batches), so units numbered by their first node
+    (:func:`placement_units`) put every unit that holds a parameter ahead of
+    those that hold none: a ResNet block's own ReLUs and addition came after
+    every convolution of the model, and a contiguous split of that order was
+    not contiguous in the graph.
+    """
+    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position[graph.topological_order] = np.arange(graph.num_nodes)
+    outside = unit_of[graph.src] != unit_of[graph.dst]
+    reads_another = np.zeros(graph.num_nodes, dtype=bool)
+    reads_another[graph.dst[outside]] = True
+
+    def first_read(members: np.ndarray) -> int:
+        readers = members[reads_another[members]]
+        return int(position[readers if readers.size else members].min())
+
+    return sorted(units, key=first_read)
+
+
 @register("expert")
 def expert(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
     """The human split: contiguous groups of layers per device, balanced by compute within memory.
@@ -146,7 +170,7 @@ def expert(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     Addanki et al., Placeto (NeurIPS 2019), Section 5 "human experts";
     Kaufmann et al., Pesto (Middleware 2021), Section 5 baselines.
     """
-    _, units = placement_units(graph, layer_labels(graph, min_layers=4 * cluster.num_devices))
+    units = forward_ordered(graph, *placement_units(graph, layer_labels(graph, min_layers=4 * cluster.num_devices)))
     allowed = unit_allowed(graph, cluster, units)
     dur = graph.durations(cluster)
     unit_time = np.array([dur[u].sum(axis=0) for u in units]).reshape(len(units), cluster.num_devices)
