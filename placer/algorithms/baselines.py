@@ -127,27 +127,30 @@ def layer_labels(graph: OpGraph, min_layers: int = 1) -> np.ndarray:
 
 
 def forward_ordered(graph: OpGraph, unit_of: np.ndarray, units: list[np.ndarray]) -> list[np.ndarray]:
-    """``units`` in the order of their first operation that reads another unit's output: for layers, forward order.
+    """``units`` in the order the data flows through them: for layers, forward order.
 
-    Parameters, optimizer states and inputs are sources, all first in a
-    topological order, and so are the updates that read only them (Adam's step
-    count, batch norm's count of batches), so units numbered by their first node
-    (:func:`placement_units`) put every unit that holds a parameter ahead of
-    those that hold none: a ResNet block's own ReLUs and addition came after
-    every convolution of the model, and a contiguous split of that order was
-    not contiguous in the graph.
+    A unit's place is the first time it reads another unit's output or
+    another unit reads its own (just before that reader), in topological
+    order. Parameters, optimizer states and inputs are sources, all first in
+    a topological order, and so are the updates that read only them (Adam's
+    step count, batch norm's count of batches): units numbered by their first
+    node (:func:`placement_units`) put every unit that holds a parameter ahead
+    of those that hold none, so a ResNet block's own ReLUs and addition came
+    after every convolution of the model, and a contiguous split of that
+    order was not contiguous in the graph. A unit of weights shared by many
+    layers (a recurrent cell's, over its time steps) goes where its first
+    reader is.
     """
-    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position = np.empty(graph.num_nodes, dtype=np.float64)
     position[graph.topological_order] = np.arange(graph.num_nodes)
     outside = unit_of[graph.src] != unit_of[graph.dst]
-    reads_another = np.zeros(graph.num_nodes, dtype=bool)
-    reads_another[graph.dst[outside]] = True
-
-    def first_read(members: np.ndarray) -> int:
-        readers = members[reads_another[members]]
-        return int(position[readers if readers.size else members].min())
-
-    return sorted(units, key=first_read)
+    reader = position[graph.dst[outside]]
+    place = np.full(len(units), np.inf)
+    np.minimum.at(place, unit_of[graph.dst[outside]], reader)
+    np.minimum.at(place, unit_of[graph.src[outside]], reader - 0.5)
+    alone = np.isinf(place)
+    place[alone] = [position[units[u]].min() for u in np.flatnonzero(alone)]
+    return [units[u] for u in np.argsort(place, kind="stable")]
 
 
 @register("expert")
