@@ -17,7 +17,7 @@ from ..sim.simulator import simulate
 from .common import MemoryBudget, fitting_plan_with_retries, placement_units, unit_allowed
 from .registry import register
 
-__all__ = ["single", "round_robin", "expert", "metis", "layer_labels"]
+__all__ = ["single", "round_robin", "expert", "metis", "layer_labels", "forward_ordered"]
 
 
 @register("single")
