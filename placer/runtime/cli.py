@@ -36,7 +36,6 @@ class Measurement:
     message_s: list = field(default_factory=list)
 
 
-
 def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: int, backend: str,
                  threads: int = 1, timeout_s: float = 60.0, devices: list[str] | None = None) -> Measurement | None:
     """Train ``steps`` steps of ``captured`` as ``plan`` says; the local backend updates ``flat`` in place.
