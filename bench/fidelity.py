@@ -39,8 +39,13 @@ predicted runs measured on a quiet machine, without that machine.
 ``bench/data`` holds the records of docs/benchmarks.md, without their traces
 (``tar cJf NAME.tar.xz --exclude '*-measured.json' --exclude
 '*-simulated.json' DIR``): ``fidelity-h200.tar.xz`` (session 19, 24 runs,
-no message times) and ``fidelity-h200-s20a.tar.xz``, ``-s20b`` (session 20,
-two samples of 42 runs).
+no message times), ``fidelity-h200-s20a.tar.xz``, ``-s20b``, ``-s20c``
+(session 20, three samples of 42 runs) and ``fidelity-h200-s22.tar.xz``
+(session 22, 42 runs, the expert split's new order; the calibration without
+streams). Since session 22 the calibration also times streams of messages
+(:attr:`placer.cost.messages.MessageCost.by_gap`), and the prediction with
+the calibrated message cost charges each message at its gap in the simulated
+schedule (:func:`placer.cost.messages.simulate_with_messages`).
 
 Usage::
 
@@ -138,16 +143,13 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     plan's run with the source run's transfer times instead: 19.7% and 24.0% mean error; with the
     calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed, the third gave 19.9%).
     """
-    from placer.cost.messages import MessageCost, messages_graph
+    from placer.cost.messages import MessageCost, simulate_with_messages
     from placer.runtime.feedback import own_times
-    from placer.sim import simulate_plan
 
     if not source.message_s:
         return None
-    own = own_times(source.op_s, source.op_message_s)
-    graph = messages_graph(run.graph, run.plan.bind(run.graph, run.cluster), run.cluster, own,
-                           MessageCost.fit(source.message_s))
-    return simulate_plan(run.plan, graph, run.cluster).makespan_s
+    return simulate_with_messages(run.plan.bind(run.graph, run.cluster), MessageCost.fit(source.message_s),
+                                  own_times(source.op_s, source.op_message_s)).makespan_s
 
 
 #: The predictions of a run the table shows: key, column, and how the summary says it.
@@ -163,14 +165,13 @@ PREDICTIONS = (
 def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
     """One run's line of the table: the case, what was measured, and each of :data:`PREDICTIONS` (None
     where the record lacks what it needs)."""
-    from placer.cost.messages import messages_graph
+    from placer.cost.messages import simulate_with_messages
     from placer.sim import simulate_plan
 
     calibrated_messages = None
     if run.calibrated_message_cost is not None:
-        graph = messages_graph(run.graph, run.plan.bind(run.graph, run.cluster), run.cluster, {},
-                               run.calibrated_message_cost)
-        calibrated_messages = simulate_plan(run.plan, graph, run.cluster).makespan_s
+        calibrated_messages = simulate_with_messages(run.plan.bind(run.graph, run.cluster),
+                                                     run.calibrated_message_cost).makespan_s
     case = (run.model, run.graph.num_nodes, run.cluster_name, run.algorithm, len(set(run.plan.placement.values())))
     return case, run.measured_s, {
         "calibrated": run.plan.predicted["makespan_s"],
@@ -356,7 +357,9 @@ def measure(args: argparse.Namespace) -> list[Run]:
     print(f"gloo link: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s "
           f"(R^2 {link.r2:.3f}); a message's host cost: sending {cost.send_fixed_s * 1e6:.1f} us + "
           f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
-          f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; measured in {time.perf_counter() - t0:.1f} s; "
+          f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; in streams (sending, receiving us by us between them) "
+          + ", ".join(f"{gap * 1e6:.0f}: {sent * 1e6:.1f}, {received * 1e6:.1f}" for gap, sent, received in cost.by_gap)
+          + f"; measured in {time.perf_counter() - t0:.1f} s; "
           f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}")
     runs = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:

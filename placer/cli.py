@@ -125,17 +125,14 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 def _with_message_cost(graph, plan, cluster, calibration_path: str) -> float:
     """The plan's step with each message's host cost, from a calibration file, on its nodes."""
     from .cost.calibrate import load_calibration
-    from .cost.messages import messages_graph
-    from .plan import BoundPlan
-    from .sim.simulator import simulate_bound
+    from .cost.messages import simulate_with_messages
 
     cost = load_calibration(calibration_path).message_cost
     if cost is None:
         raise OptionError(f"calibration {calibration_path} has no message cost (`placer calibrate --backend gloo` "
                           f"times one)")
-    bound = plan.bind(graph, cluster)          # the rewritten graph's, when the plan splits ops
-    costed = messages_graph(bound.graph, bound, cluster, {}, cost)
-    return simulate_bound(BoundPlan(costed, cluster, bound.device_of, bound.order)).makespan_s
+    # The rewritten graph's, when the plan splits ops.
+    return simulate_with_messages(plan.bind(graph, cluster), cost).makespan_s
 
 
 def cmd_algorithms(args: argparse.Namespace) -> int:

@@ -97,8 +97,10 @@ def test_annotated_graph_durations_on_presets():
 
 
 # -------------------------------------------------------------- calibration
-from placer.cost.calibrate import (Calibration, LinkFit, apply_calibration, calibrate, fit_link,  # noqa: E402
-                                   load_calibration, measure_gloo)
+from placer.cost.calibrate import (MESSAGE_GAPS, Calibration, LinkFit, apply_calibration, calibrate,  # noqa: E402
+                                   fit_link, load_calibration, measure_gloo)
+from dataclasses import replace  # noqa: E402
+
 from placer.cost.messages import MessageCost  # noqa: E402
 from placer.errors import FormatError, PlacerError  # noqa: E402
 
@@ -135,7 +137,7 @@ def _calibration() -> Calibration:
     messages = [(0, 1, 1024, 2e-5, 1e-5), (0, 1, 1 << 20, 3e-4, 5e-5)]
     return Calibration({"gloo": LinkFit(3e-5, 4e9, 0.99, [(1024, 3.1e-5), (1 << 20, 2.9e-4)]),
                         "cuda-peer": LinkFit(-1e-6, 2e11, 0.9)}, {"backend": "gloo"},
-                       MessageCost.fit(messages), messages)
+                       replace(MessageCost.fit(messages), by_gap=((0.0, 5e-6, 4e-6), (1e-3, 1e-5, 8e-6))), messages)
 
 
 def test_calibration_round_trip_and_apply(tmp_path):
@@ -146,6 +148,7 @@ def test_calibration_round_trip_and_apply(tmp_path):
     assert cal.meta == {"backend": "gloo"}
     assert cal.message_cost == _calibration().message_cost and cal.message_samples == _calibration().message_samples
     assert cal.message_cost.send_s(1024) == pytest.approx(2e-5)
+    assert cal.message_cost.send_s(1024, 1e-3) == pytest.approx(1e-5 + 1024 * cal.message_cost.send_per_byte_s)
     cluster = apply_calibration(load_cluster("2xcpu"), cal)
     assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in cluster.channels} == {(3e-5, 4e9)}
     assert cluster.transfer_s(0, 1, 4e9) == pytest.approx(1.0 + 3e-5)
@@ -192,6 +195,9 @@ def test_real_gloo_calibration_two_ranks():
     assert [(src, dst, b) for src, dst, b, _, _ in cal.message_samples] == [(0, 1, 1024)]
     assert all(sent > 0 and received > 0 for *_, sent, received in cal.message_samples)
     assert cal.message_cost.send_s(1024) > 0 and cal.message_cost.receive_s(1024) > 0
+    # And in streams, a message every gap of MESSAGE_GAPS.
+    assert [gap for gap, _, _ in cal.message_cost.by_gap] == list(MESSAGE_GAPS)
+    assert all(sent >= 0 and received >= 0 for _, sent, received in cal.message_cost.by_gap)
 
 
 def test_gloo_calibration_times_out_cleanly():

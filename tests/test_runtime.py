@@ -9,7 +9,7 @@ import re
 import signal
 import textwrap
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 import pytest
@@ -23,7 +23,7 @@ from placer.capture import capture
 from placer.capture.spec import capture_spec, load_model
 from placer.cli import main
 from placer.cluster import load_cluster
-from placer.errors import InvalidPlanError, OptionError
+from placer.errors import FormatError, InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import exact_float32, state_difference, train_eager
 from placer.cost.messages import MessageCost, messages_graph
@@ -335,6 +335,71 @@ def test_messages_graph_charges_a_plans_messages_to_their_producer_and_first_con
         plan = Plan.from_arrays(graph, cluster, [0, 1, 1, 0], order=order)
         costed = messages_graph(graph, plan.bind(graph, cluster), cluster, {}, cost)
         assert costed.durations(cluster)[:, 1].tolist() == pytest.approx([1.4, 1.2, 1.0, 1.0])
+
+
+def test_a_message_costs_what_its_gap_on_its_rank_gives():
+    cost = MessageCost(0.1, 1e-3, 0.2, 0.0, by_gap=((0.0, 0.01, 0.02), (1.0, 0.05, 0.06)))
+    assert (cost.send_s(10), cost.receive_s(10)) == (pytest.approx(0.11), 0.2)          # alone
+    assert (cost.send_s(10, 0.5), cost.receive_s(10, 0.5)) == (pytest.approx(0.04), pytest.approx(0.04))
+    assert (cost.send_s(0, 9.0), cost.receive_s(0, 0.0)) == (pytest.approx(0.05), pytest.approx(0.02))
+    assert MessageCost.from_dict(cost.to_dict()) == cost
+    assert "by_gap" not in MessageCost(0.1, 0.0, 0.2, 0.0).to_dict()
+    doc = MessageCost(0.1, 0.0, 0.2, 0.0).to_dict()
+    with pytest.raises(FormatError, match="'by_gap': point #1 must be"):
+        MessageCost.from_dict({**doc, "by_gap": [[0, 1e-5, 1e-5], [1e-3, 1e-5]]}, "cal.json")
+    with pytest.raises(FormatError, match="cal.json: field 'by_gap': gaps must ascend"):
+        MessageCost.from_dict({**doc, "by_gap": [[1e-3, 1e-5, 1e-5], [0, 1e-5, 1e-5]]}, "cal.json")
+
+
+def _ping_pong():
+    """a (device 0) -> b (device 1) -> c (device 0): two messages, 1 s operations over ``2xcpu``."""
+    from placer.graph import OpGraph
+
+    graph = OpGraph(["a", "b", "c"], [1.0, 1.0, 1.0], [0, 1], [1, 2], [64, 64], name="ping-pong")
+    cluster = load_cluster("2xcpu")
+    return graph, cluster, Plan.from_arrays(graph, cluster, [0, 1, 0]).bind(graph, cluster)
+
+
+def test_message_gaps_are_the_time_since_the_ranks_previous_message():
+    from types import SimpleNamespace
+
+    from placer.cost.messages import message_gaps, plan_messages
+
+    graph, _, bound = _ping_pong()
+    messages = plan_messages(graph, bound)
+    assert messages == [(0, 1, 64), (1, 2, 64)]
+    # a ends at 1.0 and b starts at 1.5; b ends at 2.5 and c starts at 3.0; the step takes 4.
+    schedule = SimpleNamespace(start=np.array([0.0, 1.5, 3.0]), finish=np.array([1.0, 2.5, 4.0]), makespan_s=4.0)
+    # Device 0: a's send at 1.0 follows c's receive of the step before (3.0 - 4); c's receive follows it by 2.
+    # Device 1: b's receive at 1.5 follows its send of the step before (2.5 - 4); its send follows it by 1.
+    assert message_gaps(messages, bound, schedule) == [(2.0, 3.0), (1.0, 2.0)]
+
+
+def test_simulate_with_messages_charges_each_message_at_its_gap():
+    from placer.cost.messages import simulate_with_messages
+    from placer.sim import simulate_bound
+
+    graph, cluster, bound = _ping_pong()
+    alone = MessageCost(0.5, 0.0, 0.25, 0.0)
+
+    def step(**gaps_given) -> float:
+        costed = messages_graph(graph, bound, cluster, {}, curve, **gaps_given)
+        return simulate_bound(Plan.from_arrays(costed, cluster, [0, 1, 0]).bind(costed, cluster)).makespan_s
+
+    curve = alone
+    assert simulate_with_messages(bound, alone).makespan_s == pytest.approx(step())
+    # Without measured gaps, or with a flat curve at the cost alone, the same step.
+    curve = replace(alone, by_gap=((0.0, 0.5, 0.25),))
+    assert simulate_with_messages(bound, curve).makespan_s == pytest.approx(step())
+    # Cheap in a stream, dear once a second apart: the first pass charges each message as in a stream,
+    # the next at the gaps it left (over a second each), then they stay.
+    curve = replace(alone, by_gap=((0.0, 0.05, 0.05), (1.0, 0.5, 0.25)))
+    streamed = step(gaps=[(0.0, 0.0)] * 2)
+    assert simulate_with_messages(bound, curve, passes=1).makespan_s == pytest.approx(streamed)
+    assert simulate_with_messages(bound, curve).makespan_s == pytest.approx(step())
+    assert step() > streamed
+    with pytest.raises(OptionError, match="passes"):
+        simulate_with_messages(bound, curve, passes=0)
 
 
 def test_measured_transfers_set_the_links_latency_to_their_mean_excess():

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
@@ -44,6 +44,11 @@ CALIBRATION_FORMAT = "placer.calibration/1"
 DEFAULT_SIZES: tuple[int, ...] = tuple(1024 * 4**k for k in range(9))
 #: The largest message whose host cost :func:`measure_gloo` times (a plan's are mostly far smaller).
 MESSAGE_SIZE_LIMIT = 4 << 20
+#: The computation between messages in the streams whose host cost :func:`measure_gloo` times: from
+#: back to back (a round-robin plan's hundreds per step) to milliseconds apart (an expert split's few).
+MESSAGE_GAPS: tuple[float, ...] = (0.0, 25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3)
+#: The size of a streamed message (small: its cost is the fixed part).
+STREAM_MESSAGE_BYTES = 1024
 
 
 @dataclass
@@ -247,7 +252,7 @@ def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
                             timeout=timedelta(seconds=timeout_s))
-    samples, messages = [], []
+    samples, messages, streams = [], [], []
     pair = dist.new_group([0, 1])      # every rank must create it
     try:
         for peer in range(1, ranks):
@@ -275,9 +280,11 @@ def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: in
                     samples.append([buf.numel() * 4, statistics.median(trips[1:]) / 2])
         if rank < 2:
             messages = _message_host_times(rank, pair, [s for s in sizes if s <= MESSAGE_SIZE_LIMIT], repeats)
+            streams = _stream_host_times(rank, pair, MESSAGE_GAPS, max(16, repeats))
     finally:
         dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"trips": samples, "messages": messages}))
+    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"trips": samples, "messages": messages,
+                                                             "streams": streams if rank < 2 else []}))
 
 
 def _message_host_times(rank: int, pair, sizes: list[int], repeats: int) -> list[list[float]]:
@@ -319,19 +326,85 @@ def _message_host_times(rank: int, pair, sizes: list[int], repeats: int) -> list
     return out
 
 
+def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> list[list[float]]:
+    """``[gap, median host seconds]`` of a message in a stream of ``count`` with ``gap`` seconds of computation
+    between them, for each gap: on rank 0 sending, on rank 1 receiving.
+
+    As a step handles them: rank 1 posts every receive first, rank 0 sends each
+    message ``gap`` after the one before, computing meanwhile (small tensor ops,
+    as a rank runs operations between its messages), and rank 1 takes each one,
+    also ``gap`` apart, a millisecond after it was sent: a receive's cost is its
+    posting, its wait (none where the wait blocked, as the runtime counts it) and
+    unpacking.
+    """
+    import torch
+    import torch.distributed as dist
+
+    from ..runtime.distributed import BLOCKED_WAIT_S
+
+    work = torch.ones(4096)
+    clock = time.perf_counter
+
+    def compute_until(deadline: float) -> None:
+        while clock() < deadline:
+            work.mul_(1.0)
+
+    value = torch.ones(STREAM_MESSAGE_BYTES // 4)
+    lag = 1e-3
+    out = []
+    for gap in gaps:
+        total = count + 2       # the first two warm up
+        spent = [0.0] * total
+        if rank == 1:
+            posted = []
+            for i in range(total):
+                began = clock()
+                buf = torch.empty_like(value)
+                posted.append((dist.irecv(buf, src=0, tag=i), buf))
+                spent[i] = clock() - began
+        dist.barrier(group=pair)
+        start = clock()
+        if rank == 0:
+            sending = []
+            for i in range(total):
+                compute_until(start + i * gap)
+                began = clock()
+                sending.append(dist.isend(value, dst=1, tag=i))
+                spent[i] = clock() - began
+            for sent in sending:
+                sent.wait()
+        else:
+            for i, (received, buf) in enumerate(posted):
+                compute_until(start + lag + i * gap)
+                began = clock()
+                received.wait()
+                if clock() - began > BLOCKED_WAIT_S:
+                    began = clock()          # it blocked: waiting, not work
+                buf.view(value.shape)
+                spent[i] += clock() - began
+        dist.barrier(group=pair)
+        out.append([gap, statistics.median(spent[2:])])
+    return out
+
+
 def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5,
-                 timeout_s: float = 120.0) -> tuple[list[tuple[int, float]], list[tuple[int, int, int, float, float]]]:
+                 timeout_s: float = 120.0) -> tuple[list[tuple[int, float]], list[tuple[int, int, int, float, float]],
+                                                    list[tuple[float, float, float]]]:
     """One-way transfer times between CPU processes over gloo on 127.0.0.1, and a message's host cost.
 
     Spawns ``ranks`` processes; rank 0 exchanges a tensor of each size with every other
     rank (ping-pong), and a one-way time is half the median round trip. Then rank 0
     sends rank 1 messages of each size up to ``MESSAGE_SIZE_LIMIT`` as the runtime does
-    (``isend`` to a posted ``irecv``) and each side times what the message cost it
-    (median): the host time :class:`placer.cost.messages.MessageCost` fits.
+    (``isend`` to a posted ``irecv``), one at a time, and each side times what the
+    message cost it (median): the host time :class:`placer.cost.messages.MessageCost`
+    fits. Last, streams of ``STREAM_MESSAGE_BYTES`` messages with each of
+    ``MESSAGE_GAPS`` of computation between them, timed the same way: a message costs
+    less in a stream (:attr:`placer.cost.messages.MessageCost.by_gap`).
 
     Returns
     -------
-    (list of (bytes, seconds), list of (0, 1, bytes, sending seconds, receiving seconds))
+    (list of (bytes, seconds), list of (0, 1, bytes, sending seconds, receiving seconds),
+    list of (gap seconds, sending seconds, receiving seconds))
 
     Raises
     ------
@@ -380,7 +453,9 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
         trips = [(int(b), float(t)) for b, t in sender["trips"]]
         messages = [(0, 1, int(b), float(sent), float(received))
                     for (b, sent), (_, received) in zip(sender["messages"], receiver["messages"])]
-        return trips, messages
+        streams = [(float(gap), float(sent), float(received))
+                   for (gap, sent), (_, received) in zip(sender["streams"], receiver["streams"])]
+        return trips, messages, streams
 
 
 def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict[str, list[tuple[int, float]]]:
@@ -446,9 +521,9 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
     import torch
 
     sizes = list(sizes)
-    messages = []
+    messages, streams = [], []
     if backend == "gloo":
-        trips, messages = measure_gloo(ranks, sizes, repeats, timeout_s)
+        trips, messages, streams = measure_gloo(ranks, sizes, repeats, timeout_s)
         measured = {"gloo": trips}
     elif backend == "cuda":
         measured = measure_cuda(sizes, repeats)
@@ -459,5 +534,16 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
             "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if backend == "gloo":
         meta["ranks"] = ranks
-    return Calibration(links, meta, MessageCost.fit(messages) if messages else None, messages)
+    return Calibration(links, meta, _message_cost(messages, streams) if messages else None, messages)
+
+
+def _message_cost(messages: list[tuple[int, int, int, float, float]],
+                  streams: list[tuple[float, float, float]]) -> MessageCost:
+    """The cost fitted to the messages timed alone, with the streams' fixed parts by gap (their bytes' share
+    at the fitted per-byte cost taken off)."""
+    alone = MessageCost.fit(messages)
+    by_gap = tuple((gap, max(0.0, sent - STREAM_MESSAGE_BYTES * alone.send_per_byte_s),
+                    max(0.0, received - STREAM_MESSAGE_BYTES * alone.receive_per_byte_s))
+                   for gap, sent, received in streams)
+    return replace(alone, by_gap=by_gap)
 

@@ -83,6 +83,11 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                    title=f"a message's host cost: sending {cost.send_fixed_s * 1e6:.1f} us + "
                          f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
                          f"{cost.receive_per_byte_s * 1e12:.0f} ps/B")
+        if cost.by_gap:
+            print_rows(["computing between messages us", "sending us", "receiving us"],
+                       [[f"{gap * 1e6:.0f}", f"{sent * 1e6:.1f}", f"{received * 1e6:.1f}"]
+                        for gap, sent, received in cost.by_gap],
+                       title="a message's fixed host cost in a stream of them")
     print(f"calibration -> {args.output}")
     if args.cluster:
         from ..cluster import load_cluster

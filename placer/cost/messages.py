@@ -9,33 +9,53 @@ a plan that send and receive, as a richer mode beside the reference one
 (named as such wherever it is reported). Its figures come from a run
 (:attr:`placer.runtime.distributed.DistributedResult.message_s`) or from a
 calibration before any run (:func:`placer.cost.calibrate.calibrate`).
+
+A message costs less when the rank exchanged another shortly before it: over
+gloo a message alone cost 77 us to send and 149 us to receive on the lent
+H200 machine's cores, one in a round-robin plan's stream of hundreds 25 to
+35 us (docs/benchmarks.md, "Fidelity", session 22). A calibration also times
+streams of messages with computation between them (:attr:`MessageCost.by_gap`);
+:func:`simulate_with_messages` then charges each message at the gap the
+simulated schedule leaves before it on its rank.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import FormatError
+from ..errors import FormatError, OptionError
 from ..graph import OpGraph
-from ..io import Field
+from ..io import Field, check_number
 from ..plan import BoundPlan
 from .profile import apply_placed_times
 
-__all__ = ["MessageCost", "messages_graph"]
+if TYPE_CHECKING:
+    from ..sim import SimResult
+
+__all__ = ["MessageCost", "messages_graph", "plan_messages", "message_gaps", "simulate_with_messages"]
 
 
 @dataclasses.dataclass(frozen=True)
 class MessageCost:
-    """Host seconds one message of ``b`` bytes takes a rank: ``fixed_s + b * per_byte_s`` on each side."""
+    """Host seconds one message of ``b`` bytes takes a rank: ``fixed_s + b * per_byte_s`` on each side.
+
+    ``by_gap`` holds ``(gap_s, send_fixed_s, receive_fixed_s)`` by ascending gap:
+    the fixed parts measured in streams of messages ``gap_s`` of computation apart
+    (:func:`placer.cost.calibrate.measure_gloo`). Where it is given, a message
+    ``gap`` seconds after the rank's previous one pays the fixed parts
+    interpolated there (held beyond the ends); ``send_fixed_s`` and
+    ``receive_fixed_s`` are then a message's alone, as without it.
+    """
 
     send_fixed_s: float
     send_per_byte_s: float
     receive_fixed_s: float
     receive_per_byte_s: float
+    by_gap: tuple[tuple[float, float, float], ...] = ()
 
     @classmethod
     def fit(cls, messages: Sequence[tuple[int, int, int, float, float]]) -> "MessageCost":
@@ -70,7 +90,12 @@ class MessageCost:
         return cls(*line(np.array([m[3] for m in messages])), *line(np.array([m[4] for m in messages])))
 
     def to_dict(self) -> dict:
-        return dataclasses.asdict(self)
+        doc = dataclasses.asdict(self)
+        if self.by_gap:
+            doc["by_gap"] = [list(point) for point in self.by_gap]
+        else:
+            del doc["by_gap"]
+        return doc
 
     @classmethod
     def from_dict(cls, doc: Any, where: str = "message cost") -> "MessageCost":
@@ -78,17 +103,33 @@ class MessageCost:
         if not isinstance(doc, dict):
             raise FormatError(f"{where}: expected an object, got {type(doc).__name__}")
         f = Field(doc, where)
-        return cls(*(f.number(name.name, required=True) for name in dataclasses.fields(cls)))
+        by_gap = []
+        for k, point in enumerate(f.array("by_gap") or []):
+            if not (isinstance(point, list) and len(point) == 3):
+                raise FormatError(f"{where}: field 'by_gap': point #{k} must be [gap seconds, sending seconds, "
+                                  f"receiving seconds], got {point!r}")
+            by_gap.append(tuple(check_number(x, f"{where}: field 'by_gap': point #{k}") for x in point))
+        if any(b[0] <= a[0] for a, b in zip(by_gap, by_gap[1:])):
+            raise FormatError(f"{where}: field 'by_gap': gaps must ascend, got {[p[0] for p in by_gap]}")
+        return cls(*(f.number(name.name, required=True) for name in dataclasses.fields(cls)[:4]), tuple(by_gap))
 
-    def send_s(self, nbytes: float) -> float:
-        return self.send_fixed_s + nbytes * self.send_per_byte_s
+    def _fixed(self, side: int, alone: float, gap_s: float | None) -> float:
+        if gap_s is None or not self.by_gap:
+            return alone
+        gaps = [point[0] for point in self.by_gap]
+        return float(np.interp(min(gap_s, gaps[-1]), gaps, [point[side] for point in self.by_gap]))
 
-    def receive_s(self, nbytes: float) -> float:
-        return self.receive_fixed_s + nbytes * self.receive_per_byte_s
+    def send_s(self, nbytes: float, gap_s: float | None = None) -> float:
+        """Seconds to send ``nbytes``, ``gap_s`` after the rank's previous message (None: alone)."""
+        return self._fixed(1, self.send_fixed_s, gap_s) + nbytes * self.send_per_byte_s
+
+    def receive_s(self, nbytes: float, gap_s: float | None = None) -> float:
+        """Seconds to receive ``nbytes``, ``gap_s`` after the rank's previous message (None: alone)."""
+        return self._fixed(2, self.receive_fixed_s, gap_s) + nbytes * self.receive_per_byte_s
 
 
 def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: dict[str, float],
-                   cost: MessageCost) -> OpGraph:
+                   cost: MessageCost, gaps: Sequence[tuple[float, float]] | None = None) -> OpGraph:
     """``graph`` costed for one plan: each node's own time plus the host time of the messages the plan gives it.
 
     The plan's messages are the reference model's transfers (FORMATS.md rule 4:
@@ -108,6 +149,10 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
         Node id -> seconds of the operation itself, without messages. Nodes
         without one keep their time, plus their messages'.
     cost : MessageCost
+    gaps : sequence of (float, float), optional
+        Each of :func:`plan_messages`' messages' gap before it on its sending and
+        its receiving rank (:func:`message_gaps`): it then costs what ``cost``
+        gives there; without them, a message's cost alone.
 
     Returns
     -------
@@ -116,14 +161,25 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
         device kind (:func:`placer.cost.profile.apply_placed_times`).
     """
     device_of = bound.device_of
+    durations = graph.durations(cluster)[np.arange(graph.num_nodes), device_of]
+    seconds = np.array([own_s.get(node_id, durations[i]) for i, node_id in enumerate(graph.ids)], dtype=float)
+    messages = plan_messages(graph, bound)
+    for (producer, consumer, nbytes), (send_gap, receive_gap) in zip(messages, gaps or [(None, None)] * len(messages)):
+        seconds[producer] += cost.send_s(nbytes, send_gap)
+        seconds[consumer] += cost.receive_s(nbytes, receive_gap)
+    return apply_placed_times(graph, device_of, cluster, dict(zip(graph.ids, seconds.tolist())))
+
+
+def plan_messages(graph: OpGraph, bound: BoundPlan) -> list[tuple[int, int, int]]:
+    """``(producer, first consumer on the destination device, bytes)`` of every message of the plan (see
+    :func:`messages_graph`)."""
+    device_of = bound.device_of
     position = np.zeros(graph.num_nodes, dtype=np.int64)
     if bound.order is not None:
         for nodes in bound.order:
             position[nodes] = np.arange(len(nodes))
     else:
         position[:] = np.arange(graph.num_nodes)
-    durations = graph.durations(cluster)[np.arange(graph.num_nodes), device_of]
-    seconds = np.array([own_s.get(node_id, durations[i]) for i, node_id in enumerate(graph.ids)], dtype=float)
     # (producer, tensor, destination device) -> [largest bytes, first consumer there]
     messages: dict[tuple[int, int, int], list[int]] = {}
     for s, d, t, b in zip(graph.src.tolist(), graph.dst.tolist(), graph.edge_tensor.tolist(),
@@ -133,7 +189,61 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
             message[0] = max(message[0], b)
             if position[d] < position[message[1]]:
                 message[1] = d
-    for (producer, _, _), (nbytes, consumer) in messages.items():
-        seconds[producer] += cost.send_s(nbytes)
-        seconds[consumer] += cost.receive_s(nbytes)
-    return apply_placed_times(graph, device_of, cluster, dict(zip(graph.ids, seconds.tolist())))
+    return [(producer, consumer, nbytes) for (producer, _, _), (nbytes, consumer) in messages.items()]
+
+
+def message_gaps(messages: Sequence[tuple[int, int, int]], bound: BoundPlan,
+                 schedule: "SimResult") -> list[tuple[float, float]]:
+    """``(sending gap, receiving gap)`` of each of :func:`plan_messages`' messages in ``schedule``.
+
+    A message is sent as its producer ends and received as its consumer starts; its
+    gap on each side is the time since the previous message its rank sent or
+    received, the step taken as repeating (a rank's first message follows its last
+    of the step before). A rank with one message has the step as its gap.
+    """
+    events: dict[int, list[tuple[float, int, int]]] = {}
+    for k, (producer, consumer, _) in enumerate(messages):
+        events.setdefault(int(bound.device_of[producer]), []).append((float(schedule.finish[producer]), k, 0))
+        events.setdefault(int(bound.device_of[consumer]), []).append((float(schedule.start[consumer]), k, 1))
+    step = schedule.makespan_s
+    gaps = [[step, step] for _ in messages]
+    for ranked in events.values():
+        ranked.sort()
+        for j, (at, k, side) in enumerate(ranked):
+            before = ranked[j - 1][0] if j else ranked[-1][0] - step
+            gaps[k][side] = at - before if len(ranked) > 1 else step
+    return [(send, receive) for send, receive in gaps]
+
+
+def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str, float] | None = None,
+                           passes: int = 3) -> "SimResult":
+    """The plan simulated with its messages' host cost (:func:`messages_graph`) on its nodes.
+
+    Where ``cost`` has costs by gap, a message's gap depends on the schedule its cost
+    shapes: the first pass charges each message as if it followed another at once
+    (the runtime posts every receive as a step begins and sends as each producer
+    ends), each later one the cost at its gap in the pass before (``passes`` in all,
+    fewer once the step moves by 0.1% or less). Started from each message alone
+    instead, the passes settle on longer gaps: on the session 20 and 22 fidelity
+    records, with a step-shaped cost, 15.7% and 15.9% mean error against 12.8%
+    and 14.1% (docs/benchmarks.md, "Fidelity").
+
+    Returns
+    -------
+    SimResult
+        The last pass (its graph carries the charged times).
+    """
+    from ..sim.simulator import simulate_bound
+
+    if passes < 1:
+        raise OptionError(f"option 'passes' must be >= 1, got {passes}")
+    messages = plan_messages(bound.graph, bound)
+    gaps = [(0.0, 0.0)] * len(messages) if cost.by_gap else None
+    schedule = None
+    for _ in range(passes if cost.by_gap else 1):
+        costed = messages_graph(bound.graph, bound, bound.cluster, own_s or {}, cost, gaps)
+        before, schedule = schedule, simulate_bound(BoundPlan(costed, bound.cluster, bound.device_of, bound.order))
+        if before is not None and abs(schedule.makespan_s - before.makespan_s) <= 1e-3 * before.makespan_s:
+            break
+        gaps = message_gaps(messages, bound, schedule)
+    return schedule

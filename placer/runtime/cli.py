@@ -181,8 +181,7 @@ def _run(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms import place
     from ..cluster import load_cluster
-    from ..cost.messages import MessageCost, messages_graph
-    from ..sim import simulate_plan
+    from ..cost.messages import MessageCost, simulate_with_messages
     from .check import step_times
     from .feedback import measured_cluster, measured_graph, own_times
 
@@ -204,9 +203,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
         """The candidate's step with the host cost of its messages, fitted to the best run's (a richer mode)."""
         if not m.message_s:
             return ""
-        costed = messages_graph(graph, plan.bind(graph, given), given, own_times(m.op_s, m.op_message_s),
-                                MessageCost.fit(m.message_s))
-        return f", {simulate_plan(plan, costed, given).makespan_s * 1e3:.3f} ms with its messages' host cost"
+        step_s = simulate_with_messages(plan.bind(graph, given), MessageCost.fit(m.message_s),
+                                        own_times(m.op_s, m.op_message_s)).makespan_s
+        return f", {step_s * 1e3:.3f} ms with its messages' host cost"
 
     given = cluster         # its links as calibrated, not as a run's traffic made them
     plan = place(graph, cluster, args.algorithm, seed=0)
