@@ -40,9 +40,10 @@ predicted runs measured on a quiet machine, without that machine.
 (``tar cJf NAME.tar.xz --exclude '*-measured.json' --exclude
 '*-simulated.json' DIR``): ``fidelity-h200.tar.xz`` (session 19, 24 runs,
 no message times), ``fidelity-h200-s20a.tar.xz``, ``-s20b``, ``-s20c``
-(session 20, three samples of 42 runs) and ``fidelity-h200-s22.tar.xz``
-(session 22, 42 runs, the expert split's new order; the calibration without
-streams). Since session 22 the calibration also times streams of messages
+(session 20, three samples of 42 runs) and ``fidelity-h200-s22a.tar.xz``,
+``-s22b``, ``-s22c`` (session 22: the expert split's new order; a's
+calibration without streams, b's one way, c's both ways). Since session 22
+the calibration also times streams of messages
 (:attr:`placer.cost.messages.MessageCost.by_gap`), and the prediction with
 the calibrated message cost charges each message at its gap in the simulated
 schedule (:func:`placer.cost.messages.simulate_with_messages`).
