@@ -338,7 +338,9 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
     it) and unpacking. Both ways at once, as a plan's ranks exchange them: with
     one rank only sending and the other only receiving, a message cost half as
     much to send as in a round-robin plan's run (on the 2-core development
-    machine, 14.5 us against 30.8 us; both ways, 35 us).
+    machine, 14.5 us against 30.8 us; both ways, 35 us). On the lent H200
+    machine both ways still measured 17 us back to back, against its
+    round-robin runs' 24 to 43 us (docs/benchmarks.md, "Fidelity", session 22).
     """
     import torch
     import torch.distributed as dist

@@ -11,9 +11,9 @@ a plan that send and receive, as a richer mode beside the reference one
 calibration before any run (:func:`placer.cost.calibrate.calibrate`).
 
 A message costs less when the rank exchanged another shortly before it: over
-gloo a message alone cost 77 us to send and 149 us to receive on the lent
-H200 machine's cores, one in a round-robin plan's stream of hundreds 25 to
-35 us (docs/benchmarks.md, "Fidelity", session 22). A calibration also times
+gloo on the lent H200 machine's cores a message alone cost 77 to 89 us to send
+and 107 to 149 us to receive, one in a round-robin plan's run, with hundreds a
+step, 24 to 43 us and 20 to 31 us (docs/benchmarks.md, "Fidelity", session 22). A calibration also times
 streams of messages with computation between them (:attr:`MessageCost.by_gap`);
 :func:`simulate_with_messages` then charges each message at the gap the
 simulated schedule leaves before it on its rank.
