@@ -136,21 +136,43 @@ def predicted_from(run: Run, source: Run) -> float:
 @functools.cache
 def predicted_with_messages(run: Run, source: Run) -> float | None:
     """The simulator's step for ``run``'s plan from the operations' own times ``source`` measured and the
-    host cost of a message fitted to its messages, charged as ``run``'s plan sends them, over the calibrated
-    links; None for a run recorded without messages.
+    host cost of a message fitted to its messages (:func:`run_message_cost`), charged as ``run``'s plan sends
+    them, over the calibrated links; None for a run recorded without messages.
 
     The links keep their calibrated latency: with the messages' host time on the ranks, what a run's
     transfers took beyond it depends on that plan's traffic (on the session 20 records, predicting another
     plan's run with the source run's transfer times instead: 19.7% and 24.0% mean error; with the
     calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed, the third gave 19.9%).
     """
-    from placer.cost.messages import MessageCost, simulate_with_messages
-    from placer.runtime.feedback import own_times
+    from placer.cost.messages import simulate_with_messages
 
-    if not source.message_s:
+    cost = run_message_cost(source)
+    if cost is None:
         return None
-    return simulate_with_messages(run.plan.bind(run.graph, run.cluster), MessageCost.fit(source.message_s),
-                                  own_times(source.op_s, source.op_message_s)).makespan_s
+    return simulate_with_messages(run.plan.bind(run.graph, run.cluster), cost, own_times(source)).makespan_s
+
+
+def own_times(run: Run) -> dict:
+    """Each operation's own time in ``run``: its measured time less its messages' host time."""
+    from placer.runtime.feedback import own_times as less_messages
+
+    return less_messages(run.op_s, run.op_message_s)
+
+
+@functools.cache
+def run_message_cost(run: Run):
+    """The host cost of a message fitted to ``run``'s messages, shaped over gaps by its calibration's costs by
+    gap where it has them (:func:`placer.cost.messages.spread_over_gaps`); None for a run recorded without
+    messages."""
+    from placer.cost.messages import MessageCost, spread_over_gaps
+
+    if not run.message_s:
+        return None
+    fitted = MessageCost.fit(run.message_s)
+    if run.calibrated_message_cost is None:
+        return fitted
+    return spread_over_gaps(fitted, run.calibrated_message_cost, run.plan.bind(run.graph, run.cluster),
+                            own_times(run))
 
 
 #: The predictions of a run the table shows: key, column, and how the summary says it.

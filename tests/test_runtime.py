@@ -402,6 +402,25 @@ def test_simulate_with_messages_charges_each_message_at_its_gap():
         simulate_with_messages(bound, curve, passes=0)
 
 
+def test_spread_over_gaps_gives_a_runs_cost_the_calibrations_shape():
+    from placer.cost.messages import message_gaps, plan_messages, simulate_with_messages, spread_over_gaps
+
+    graph, _, bound = _ping_pong()
+    fitted = MessageCost(0.02, 1e-3, 0.01, 0.0)
+    alone = MessageCost(0.5, 0.0, 0.25, 0.0)
+    assert spread_over_gaps(fitted, alone, bound, {}) is fitted        # no shape to give
+    curve = replace(alone, by_gap=((0.0, 0.05, 0.05), (10.0, 0.15, 0.25)))
+    spread = spread_over_gaps(fitted, curve, bound, {"a": 0.5})
+    # At the gaps the run's messages had (its plan with the fitted cost), the shaped cost averages the run's.
+    gaps = message_gaps(plan_messages(graph, bound), bound, simulate_with_messages(bound, fitted, {"a": 0.5}))
+    assert np.mean([spread.send_s(0, send) for send, _ in gaps]) == pytest.approx(0.02)
+    assert np.mean([spread.receive_s(0, receive) for _, receive in gaps]) == pytest.approx(0.01)
+    # Each side keeps the calibration's shape, and the run's per-byte parts.
+    (_, send_0, receive_0), (_, send_10, receive_10) = spread.by_gap
+    assert (send_10 / send_0, receive_10 / receive_0) == (pytest.approx(3.0), pytest.approx(5.0))
+    assert [gap for gap, _, _ in spread.by_gap] == [0.0, 10.0] and spread.send_per_byte_s == 1e-3
+
+
 def test_measured_transfers_set_the_links_latency_to_their_mean_excess():
     # In a running step messages of a few similar sizes take about the same time, whatever the size.
     cluster = load_cluster("2xcpu")
