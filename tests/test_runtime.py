@@ -603,10 +603,17 @@ def test_spawned_ranks_take_the_launchers_float32_precision(file_case):
                         timeout_s=30, hook=_expect_exact_float32)
 
 
+def _calibration_file(path, by_gap=((0.0, 2e-5, 1e-5), (1e-3, 8e-5, 6e-5))):
+    from placer.cost.calibrate import Calibration, LinkFit
+
+    Calibration({"gloo": LinkFit(3e-5, 4e9, 1.0)}, {}, MessageCost(1e-4, 0.0, 1e-4, 0.0, by_gap=by_gap)).save(path)
+    return str(path)
+
+
 def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys):
     out_path = tmp_path / "tuned.json"
     code = main(["tune", file_case.spec, "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",
-                 "-o", str(out_path)])
+                 "--message-cost", _calibration_file(tmp_path / "cal.json"), "-o", str(out_path)])
     out = capsys.readouterr().out
     assert code == 0, out
     assert "round 1:" in out and ("kept" in out or "rolled back" in out)
@@ -614,6 +621,15 @@ def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys)
     tuned = Plan.load(out_path)
     tuned.bind(file_case.captured.graph, load_cluster("2xcpu"))
     assert tuned.extra["measured_step_s"] > 0
+
+
+def test_placer_tune_refuses_a_calibration_without_costs_by_gap(file_case, tmp_path, capsys):
+    calibration = _calibration_file(tmp_path / "cal.json", by_gap=())
+    code = main(["tune", file_case.spec, "--cluster", "2xcpu", "--batch", "4", "--message-cost", calibration,
+                 "-o", str(tmp_path / "tuned.json")])
+    assert code == 2
+    assert f"calibration {calibration} has no message cost by gap" in capsys.readouterr().err
+    assert not (tmp_path / "tuned.json").exists()
 
 
 def _torchrun_rank(rank: int, port: int, case: Case, plan: Plan, out: str) -> None:

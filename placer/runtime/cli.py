@@ -181,7 +181,8 @@ def _run(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms import place
     from ..cluster import load_cluster
-    from ..cost.messages import MessageCost, simulate_with_messages
+    from ..cost.calibrate import load_calibration
+    from ..cost.messages import MessageCost, simulate_with_messages, spread_over_gaps
     from .check import step_times
     from .feedback import measured_cluster, measured_graph, own_times
 
@@ -190,6 +191,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     if args.batch is None:
         raise OptionError("pass --batch")
+    calibrated = None
+    if args.message_cost:
+        calibrated = load_calibration(args.message_cost).message_cost
+        if calibrated is None or not calibrated.by_gap:
+            raise OptionError(f"calibration {args.message_cost} has no message cost by gap (`placer calibrate "
+                              f"--backend gloo` times one)")
     model, inputs, _, captured = _load(args, args.batch)
     flat = captured.step_inputs(model, inputs, None)
     graph = captured.graph
@@ -203,8 +210,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
         """The candidate's step with the host cost of its messages, fitted to the best run's (a richer mode)."""
         if not m.message_s:
             return ""
-        step_s = simulate_with_messages(plan.bind(graph, given), MessageCost.fit(m.message_s),
-                                        own_times(m.op_s, m.op_message_s)).makespan_s
+        own = own_times(m.op_s, m.op_message_s)
+        cost = MessageCost.fit(m.message_s)
+        if calibrated is not None:
+            cost = spread_over_gaps(cost, calibrated, best.bind(graph, given), own)
+        step_s = simulate_with_messages(plan.bind(graph, given), cost, own).makespan_s
         return f", {step_s * 1e3:.3f} ms with its messages' host cost"
 
     given = cluster         # its links as calibrated, not as a run's traffic made them
@@ -275,6 +285,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with")
     p.add_argument("--rounds", type=int, default=2, help="replanning rounds after the first plan (default 2)")
     p.add_argument("--output", "-o", required=True, help="plan file for the fastest measured plan")
+    p.add_argument("--message-cost", metavar="CAL",
+                   help="placer.calibration/1 file with a gloo message cost by gap (`placer calibrate`): the "
+                        "candidates' steps with their messages' host cost then give the best run's cost that shape")
     # One process per device measures what a placement changes; the local backend on a CPU
     # runs every device's work in turn.
     p.set_defaults(func=cmd_tune, backend="distributed")
