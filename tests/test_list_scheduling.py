@@ -285,6 +285,31 @@ def _chain_over_two_devices(memory=(8, 4)):
     return g, cluster, placed
 
 
+@pytest.mark.parametrize("d1_bytes, retimed", [(46, True), (40, False)])
+def test_memory_retries_retime_a_slight_overflow_at_the_liveness_ratio(d1_bytes, retimed):
+    # a (40 bytes) -> b (40) -> c (10): placed (0, 0, 1) it peaks at 80 + 50 bytes, (0, 0, 0) at 80 + 0.
+    # Over d1's 46 bytes by 4 (within RETIME_EXCESS), the schedule is built once again at the same ratio,
+    # told the transfers its simulation ran, and that one fits; over 40 bytes by 10, the ratio gives way.
+    g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 40), ("b", "c", 40)], output_bytes=[40, 40, 10])
+    cluster = Cluster("test", [Device("d0", "X", 80), Device("d1", "X", d1_bytes)], mesh(["X", "X"]).channels)
+
+    def placed(*devices):
+        device_of = np.array(devices)
+        return Schedule(device_of, [np.flatnonzero(device_of == d) for d in range(2)], np.arange(3.0),
+                        np.arange(1.0, 4.0))
+
+    calls = []
+
+    def build(g, ratio, scale, sends=None):
+        calls.append((ratio, sends is not None))
+        return placed(0, 0, 0) if sends is not None or ratio == 1.0 else placed(0, 0, 1)
+
+    assert list_scheduling.RETIME_EXCESS == 0.1
+    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5, refine=False)
+    assert sched.device_of.tolist() == [0, 0, 0] and sched.simulated.fits
+    assert calls == ([(0.5, False), (0.5, True)] if retimed else [(0.5, False), (1.0, False)])
+
+
 def test_memory_retries_leave_the_nodes_when_the_peaks_sum_over_every_device():
     # (0,1,0) peaks at 5 + 8 bytes of 8 + 4: cutting d1's share would only move the excess, so the retries
     # go to the colocated layers at once (the node stage's second schedule is not built).
