@@ -272,9 +272,10 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
     if not calibrated.by_gap or not messages:
         return fitted
     gaps = message_gaps(messages, bound, simulate_with_messages(bound, fitted, own_s))
-    scale = []
-    for side, run_fixed in ((1, fitted.send_fixed_s), (2, fitted.receive_fixed_s)):
-        at_gaps = float(np.mean([calibrated._fixed(side, 0.0, gap[side - 1]) for gap in gaps]))
-        scale.append(run_fixed / at_gaps if at_gaps > 0 else 1.0)
-    return dataclasses.replace(fitted, by_gap=tuple((gap, sent * scale[0], received * scale[1])
+    # What the calibration's fixed parts average at those gaps (a message of no bytes).
+    sending = float(np.mean([calibrated.send_s(0, send_gap) for send_gap, _ in gaps]))
+    receiving = float(np.mean([calibrated.receive_s(0, receive_gap) for _, receive_gap in gaps]))
+    to_send = fitted.send_fixed_s / sending if sending > 0 else 1.0
+    to_receive = fitted.receive_fixed_s / receiving if receiving > 0 else 1.0
+    return dataclasses.replace(fitted, by_gap=tuple((gap, sent * to_send, received * to_receive)
                                                     for gap, sent, received in calibrated.by_gap))
