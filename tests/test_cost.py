@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import numpy as np
 import pytest
 
@@ -99,8 +101,6 @@ def test_annotated_graph_durations_on_presets():
 # -------------------------------------------------------------- calibration
 from placer.cost.calibrate import (MESSAGE_GAPS, Calibration, LinkFit, apply_calibration, calibrate,  # noqa: E402
                                    fit_link, load_calibration, measure_gloo)
-from dataclasses import replace  # noqa: E402
-
 from placer.cost.messages import MessageCost  # noqa: E402
 from placer.errors import FormatError, PlacerError  # noqa: E402
 
