@@ -145,18 +145,13 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed, the third gave 19.9%).
     """
     from placer.cost.messages import simulate_with_messages
+    from placer.runtime.feedback import own_times
 
     cost = run_message_cost(source)
     if cost is None:
         return None
-    return simulate_with_messages(run.plan.bind(run.graph, run.cluster), cost, own_times(source)).makespan_s
-
-
-def own_times(run: Run) -> dict:
-    """Each operation's own time in ``run``: its measured time less its messages' host time."""
-    from placer.runtime.feedback import own_times as less_messages
-
-    return less_messages(run.op_s, run.op_message_s)
+    return simulate_with_messages(run.plan.bind(run.graph, run.cluster), cost,
+                                  own_times(source.op_s, source.op_message_s)).makespan_s
 
 
 @functools.cache
@@ -165,6 +160,7 @@ def run_message_cost(run: Run):
     gap where it has them (:func:`placer.cost.messages.spread_over_gaps`); None for a run recorded without
     messages."""
     from placer.cost.messages import MessageCost, spread_over_gaps
+    from placer.runtime.feedback import own_times
 
     if not run.message_s:
         return None
@@ -172,7 +168,7 @@ def run_message_cost(run: Run):
     if run.calibrated_message_cost is None:
         return fitted
     return spread_over_gaps(fitted, run.calibrated_message_cost, run.plan.bind(run.graph, run.cluster),
-                            own_times(run))
+                            own_times(run.op_s, run.op_message_s))
 
 
 #: The predictions of a run the table shows: key, column, and how the summary says it.

@@ -206,11 +206,11 @@ def cmd_tune(args: argparse.Namespace) -> int:
                          backend=args.backend, threads=args.threads, timeout_s=args.timeout)
         return step_times(m.step_s, 1).median_s, m
 
-    def with_messages(plan) -> str:
-        """The candidate's step with the host cost of its messages, fitted to the best run's (a richer mode)."""
+    def with_messages(plan, own: dict[str, float]) -> str:
+        """The candidate's step with the host cost of its messages, fitted to the best run's, whose ops' own
+        times are ``own`` (a richer mode)."""
         if not m.message_s:
             return ""
-        own = own_times(m.op_s, m.op_message_s)
         cost = MessageCost.fit(m.message_s)
         if calibrated is not None:
             cost = spread_over_gaps(cost, calibrated, best.bind(graph, given), own)
@@ -225,7 +225,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best = plan
     for r in range(1, args.rounds + 1):
         # The ops' own times: what the last plan's messages added to them another plan need not pay.
-        graph = measured_graph(graph, best.bind(graph, cluster), cluster, own_times(m.op_s, m.op_message_s))
+        own = own_times(m.op_s, m.op_message_s)
+        graph = measured_graph(graph, best.bind(graph, cluster), cluster, own)
         cluster = measured_cluster(given, m.transfer_s)
         if m.transfer_s and cluster.channels:
             ch = cluster.channels[0]
@@ -236,7 +237,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         measured_s, m_new = run(candidate)
         kept = measured_s < best_s
         print(f"round {r}: replanned on measured costs: predicted {candidate.predicted['makespan_s'] * 1e3:.3f} ms"
-              f"{with_messages(candidate)}, measured {measured_s * 1e3:.3f} ms -> {'kept' if kept else 'rolled back'} "
+              f"{with_messages(candidate, own)}, measured {measured_s * 1e3:.3f} ms -> {'kept' if kept else 'rolled back'} "
               f"(best {min(best_s, measured_s) * 1e3:.3f} ms)")
         if kept:
             best, best_s, m = candidate, measured_s, m_new
