@@ -1,0 +1,321 @@
+"""Why do operations run slower in a placed step than profiled alone? Probes for a quiet many-core machine.
+
+``--part load`` (the default), for each model of bench/fidelity.py: every node
+timed alone (the profile the calibration takes), and again while ``K - 1``
+other processes time the same step (a machine as loaded as ``K`` busy ranks),
+free and pinned to cores of their own; then plans run with the distributed
+executor, each rank's thread free to move between cores, then pinned to a
+core of its own; per run, what its operations took over what the alone profile
+says, for those that read a tensor another rank sent and for the rest.
+
+``--part drift``: rounds of (a profile alone, a one-rank run of the whole step),
+each preceded by a gauge (:func:`gauge_s`, a fixed mix of one-thread work) in
+the parent and in every rank: how far the same step's time moves between
+rounds seconds apart, and whether the gauge follows it. Prints each round,
+then a summary: per model the steps' spread around their median, and the mean
+error of the one-rank step predicted by the round's profile, plain and scaled
+by the gauges (the rank's before the run over the parent's before the profile).
+``--replay LOG`` prints that summary again from such a run's printed rounds.
+
+    PYTHONPATH=. python bench/op_slowdown.py [--part load|drift] [--models resnet,vgg] [--rounds 6]
+    PYTHONPATH=. python bench/op_slowdown.py --replay bench/data/op_slowdown-h200-s23-drift2.log
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import multiprocessing as mp
+import os
+import re
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).parent))
+from fidelity import MODELS  # noqa: E402
+
+
+def physical_cores() -> list[int]:
+    """One logical CPU per physical core this process may use (the first of each sibling set)."""
+    allowed = sorted(os.sched_getaffinity(0))
+    chosen, seen = [], set()
+    for cpu in allowed:
+        path = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings_list")
+        siblings = path.read_text().strip() if path.exists() else str(cpu)
+        if siblings not in seen:
+            seen.add(siblings)
+            chosen.append(cpu)
+    return chosen
+
+
+def _captured(name: str):
+    from placer.capture.spec import capture_spec, load_model
+
+    spec, batch = MODELS[name]
+    captured = capture_spec(spec, batch)
+    model, inputs = load_model(spec, batch)
+    return captured, captured.step_inputs(model, inputs)
+
+
+def _profile(name: str, core: int | None, barrier, queue) -> None:
+    from placer.cost.profile import profile_module
+
+    torch.set_num_threads(1)
+    if core is not None:
+        os.sched_setaffinity(0, {core})
+    captured, flat = _captured(name)
+    barrier.wait()
+    seconds = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
+                             node_ids=set(captured.graph.ids))
+    queue.put(seconds)
+
+
+def concurrent_profiles(name: str, k: int, cores: list[int] | None) -> list[dict[str, float]]:
+    """Every node's seconds in each of ``k`` processes profiling ``name`` at once (pinned to ``cores``)."""
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(k), ctx.Queue()
+    procs = [ctx.Process(target=_profile, args=(name, None if cores is None else cores[i % len(cores)], barrier,
+                                                queue)) for i in range(k)]
+    for p in procs:
+        p.start()
+    results = [queue.get() for _ in procs]
+    for p in procs:
+        p.join()
+    return results
+
+
+class Pin:
+    """A run's rank hook: pin each rank's thread to a core of its own."""
+
+    def __init__(self, cores: list[int]):
+        self.cores = cores
+
+    def __call__(self, rank: int) -> None:
+        os.sched_setaffinity(0, {self.cores[rank % len(self.cores)]})
+
+
+def ratios(graph, plan, cluster, op_s: dict[str, float], op_message_s: dict[str, float],
+           alone: dict[str, float]) -> tuple[float, float]:
+    """Sum of the run's own op times over the alone profile's, for ops over 20 us reading a remote input / not."""
+    from placer.runtime.feedback import own_times
+
+    own = own_times(op_s, op_message_s)
+    bound = plan.bind(graph, cluster)
+    dev = bound.device_of
+    remote = np.zeros(graph.num_nodes, bool)
+    cross = dev[graph.src] != dev[graph.dst]
+    remote[graph.dst[cross]] = True
+    out = []
+    for mask in (remote, ~remote):
+        ids = [graph.ids[i] for i in np.flatnonzero(mask) if graph.ids[i] in own and alone.get(graph.ids[i], 0) > 20e-6]
+        out.append(sum(own[i] for i in ids) / sum(alone[i] for i in ids) if ids else float("nan"))
+    return out[0], out[1]
+
+
+_GAUGE: dict = {}
+
+
+def gauge_s() -> float:
+    """Thread seconds of a fixed mix of one-thread work (a convolution, a matrix product, elementwise ops):
+    the machine's speed now. The least of 7 tries, on tensors made once."""
+    if not _GAUGE:
+        g = torch.Generator().manual_seed(0)
+        _GAUGE.update(x=torch.randn(16, 8, 32, 32, generator=g), w=torch.randn(8, 8, 3, 3, generator=g),
+                      a=torch.randn(256, 256, generator=g), b=torch.randn(256, 256, generator=g),
+                      c=torch.empty(256, 256), v=torch.randn(1 << 20, generator=g), u=torch.empty(1 << 20))
+    t = _GAUGE
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    times = []
+    for _ in range(8):
+        t0 = time.thread_time()
+        for _ in range(4):
+            torch.nn.functional.conv2d(t["x"], t["w"], padding=1)
+            torch.mm(t["a"], t["b"], out=t["c"])
+            torch.add(t["v"], 1.0, out=t["u"]).relu_()
+        times.append(time.thread_time() - t0)
+    torch.set_num_threads(threads)
+    return min(times[1:])
+
+
+class GaugeInRank:
+    """A run's rank hook: gauge the rank's core before its first step, into ``folder/rank-N``."""
+
+    def __init__(self, folder: str):
+        self.folder = folder
+
+    def __call__(self, rank: int) -> None:
+        Path(self.folder, f"rank-{rank}").write_text(f"{gauge_s()!r}")
+
+
+#: A round as :func:`drift` prints it, and its gauges (the first probe on the H200, session 23, had none).
+ROUND = re.compile(r"(?P<model>\w+) round \d+: profile alone (?P<profile>[\d.]+) ms; one-rank run: "
+                   r"step (?P<step>[\d.]+) ms, its ops (?P<ops>[\d.]+) ms")
+GAUGES = re.compile(r"before profile (?P<gauge_profile>[\d.]+) ms, before run (?P<gauge_run>[\d.]+) ms")
+RANK_GAUGE = re.compile(r"gauge in rank 0: (?P<gauge_rank>[\d.]+) ms")
+
+
+def drift(args) -> None:
+    """Rounds of (profile alone, one-rank run of the whole step), with gauges: does the machine's speed move?"""
+    from placer.algorithms import place
+    from placer.cluster import load_cluster
+    from placer.cost.profile import Profile, apply_profile, profile_module
+    from placer.runtime.distributed import run_distributed
+
+    torch.set_num_threads(1)
+    cluster = load_cluster("2xcpu")
+    lines = []
+    for name in args.models.split(","):
+        captured, flat = _captured(name)
+        graph = captured.graph
+        for k in range(args.rounds):
+            before = gauge_s()
+            alone = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
+                                   node_ids=set(graph.ids))
+            total = sum(alone.values())
+            plan = place(apply_profile(graph, Profile(graph.name, graph.digest(), "cpu", alone)), cluster, "single")
+            between = gauge_s()
+            # The rank that works (rank 0) gauges its core first (the rank hook), then runs.
+            with tempfile.TemporaryDirectory() as folder:
+                result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=args.steps,
+                                         carrier=captured.carrier, timeout_s=120, hook=GaugeInRank(folder))
+                in_rank = float(Path(folder, "rank-0").read_text())
+            own = sum(result.op_s.values())
+            step = statistics.median(result.step_s[2:])
+            line = (f"gauge in rank 0: {in_rank * 1e3:.2f} ms; gauge before profile {before * 1e3:.2f} ms, "
+                    f"before run {between * 1e3:.2f} ms, after {gauge_s() * 1e3:.2f} ms; "
+                    f"{name} round {k}: profile alone {total * 1e3:.2f} ms; "
+                    f"one-rank run: step {step * 1e3:.2f} ms, its ops {own * 1e3:.2f} ms "
+                    f"({own / total:.2f}x the profile), outside ops {(step - own) * 1e3:.2f} ms")
+            print(line, flush=True)
+            lines.append(line)
+    print()
+    summarize(lines)
+
+
+def summarize(lines: list[str]) -> None:
+    """Per model, the one-rank steps' spread around their median; the error of each round's step predicted by
+    its profile, plain and scaled by the gauges (rank 0's before the run over the parent's before the profile)."""
+    rounds: dict[str, list[dict]] = {}
+    for line in lines:
+        found = ROUND.search(line)
+        if found:
+            values = {key: float(value) for key, value in found.groupdict().items() if key != "model"}
+            for pattern in (GAUGES, RANK_GAUGE):
+                gauge = pattern.search(line)
+                values.update({key: float(value) for key, value in (gauge.groupdict() if gauge else {}).items()})
+            rounds.setdefault(found["model"], []).append(values)
+    deviations, plain, gauged, ratios = [], [], [], []
+    for model, seen in rounds.items():
+        steps = [r["step"] for r in seen]
+        middle = statistics.median(steps)
+        deviation = [abs(step - middle) / middle for step in steps]
+        deviations += deviation
+        ratios += [r["ops"] / r["profile"] for r in seen]
+        plain += [abs(r["profile"] - r["step"]) / r["step"] for r in seen]
+        with_gauges = [r for r in seen if "gauge_rank" in r and "gauge_profile" in r]
+        gauged += [abs(r["profile"] * r["gauge_rank"] / r["gauge_profile"] - r["step"]) / r["step"]
+                   for r in with_gauges]
+        gauges = "".join(f"; gauge {where} {min(r[key] for r in with_gauges):.2f} to "
+                         f"{max(r[key] for r in with_gauges):.2f} ms"
+                         for where, key in (("in the parent", "gauge_profile"), ("in the rank", "gauge_rank"))
+                         if with_gauges)
+        print(f"{model}: {len(seen)} rounds, one-rank step {min(steps):.2f} to {max(steps):.2f} ms "
+              f"({min(steps) / middle:.2f} to {max(steps) / middle:.2f}x the median {middle:.2f} ms, "
+              f"mean |deviation| {statistics.mean(deviation):.1%}){gauges}")
+    if not plain:
+        print("no rounds found")
+        return
+    print(f"over {len(plain)} rounds: the steps' mean |deviation| from their model's median "
+          f"{statistics.mean(deviations):.1%}; the run's ops over the round's profile, median "
+          f"{statistics.median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f}); mean |error| of the step "
+          f"predicted by the round's profile {statistics.mean(plain):.1%}"
+          + (f"; over the {len(gauged)} with gauges, scaled by them {statistics.mean(gauged):.1%}" if gauged else ""))
+
+
+def load(args) -> None:
+    """Profiles alone and under load, then runs free and pinned: what each run's operations took over the profile."""
+    from placer.algorithms import place
+    from placer.cluster import load_cluster
+    from placer.cost.calibrate import apply_calibration, calibrate
+    from placer.cost.profile import Profile, apply_profile
+    from placer.runtime.distributed import run_distributed
+
+    torch.set_num_threads(1)
+    cores = physical_cores()
+    print(f"{os.cpu_count()} logical CPUs, {len(cores)} physical cores allowed: {cores}; "
+          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    calibration = calibrate("gloo", ranks=2)
+    raw: dict = {}
+    for name in args.models.split(","):
+        began = time.perf_counter()
+        captured, flat = _captured(name)
+        graph = captured.graph
+        profiles = {"alone": concurrent_profiles(name, 1, None)[0]}
+        for k in (2, 4):
+            loaded = concurrent_profiles(name, k, None)
+            profiles[f"{k} at once"] = {n: statistics.median(p[n] for p in loaded) for n in loaded[0]}
+            pinned = concurrent_profiles(name, k, cores[1:k + 1] or cores)
+            profiles[f"{k} at once, pinned"] = {n: statistics.median(p[n] for p in pinned) for n in pinned[0]}
+        alone = profiles["alone"]
+        total = sum(alone.values())
+        print(f"{name}: {graph.num_nodes} nodes, profiled alone {total * 1e3:.2f} ms; "
+              + ", ".join(f"{key} x{sum(p.values()) / total:.3f}" for key, p in profiles.items() if key != "alone"),
+              flush=True)
+        graph = apply_profile(graph, Profile(graph.name, graph.digest(), "cpu", alone))
+        raw[name] = {"profiles": profiles, "runs": []}
+        for cluster_name in args.clusters.split(","):
+            cluster = apply_calibration(load_cluster(cluster_name), calibration)
+            for algorithm in args.plans.split(","):
+                plan = place(graph, cluster, algorithm)
+                for pin in (False, True):
+                    result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=args.steps,
+                                             carrier=captured.carrier, timeout_s=120,
+                                             hook=Pin(cores[1:] or cores) if pin else None)
+                    step = statistics.median(result.step_s[2:])
+                    remote, local = ratios(graph, plan, cluster, result.op_s, result.op_message_s, alone)
+                    how = "pinned" if pin else "free  "
+                    print(f"  {cluster_name} {algorithm:11s} {how}: step {step * 1e3:8.2f} ms "
+                          f"(predicted {plan.predicted['makespan_s'] * 1e3:8.2f}); own op time / alone profile: "
+                          f"remote-input ops {remote:.2f}, others {local:.2f}", flush=True)
+                    raw[name]["runs"].append({"cluster": cluster_name, "plan": algorithm, "pinned": pin,
+                                              "placement": plan.placement, "step_s": result.step_s,
+                                              "op_s": result.op_s, "op_message_s": result.op_message_s})
+        print(f"  ({time.perf_counter() - began:.0f} s)", flush=True)
+        if args.out:        # after every model, so that a run cut short keeps what it measured
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+            Path(args.out, "op_slowdown.json").write_text(json.dumps(raw))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--models", default="resnet,vgg,inception,transformer,rnnlm")
+    parser.add_argument("--clusters", default="2xcpu,4xcpu")
+    parser.add_argument("--plans", default="single,expert,round_robin")
+    parser.add_argument("--steps", type=int, default=10)
+    parser.add_argument("--part", choices=("load", "drift"), default="load")
+    parser.add_argument("--rounds", type=int, default=6, help="rounds per model (--part drift)")
+    parser.add_argument("--out", default=None, help="folder for the raw times (JSON; --part load)")
+    parser.add_argument("--replay", help="a --part drift run's printed output: its summary again")
+    args = parser.parse_args()
+    if args.replay:
+        summarize(Path(args.replay).read_text().splitlines())
+        return 0
+    if args.part == "drift":
+        drift(args)
+    else:
+        load(args)
+    print(f"reproduce: PYTHONPATH=. python bench/op_slowdown.py --part {args.part} --models {args.models} "
+          + (f"--rounds {args.rounds}" if args.part == "drift" else f"--clusters {args.clusters} --plans {args.plans}")
+          + f" --steps {args.steps}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
