@@ -27,6 +27,14 @@ For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
 Error = (predicted - measured) / measured. Prints Markdown tables and the
 command to reproduce them.
 
+With ``--rounds R``, each model is profiled and every plan of it run R times in
+turn, so that the machine's own speed, which moves over seconds on the lent
+machines (docs/benchmarks.md, "Session 23: the machine's own speed"), weighs
+on both sides alike: a plan's measured step is the median of every round's
+steps after warm-up, its operations' times the median over the rounds, and
+its prediction comes from the median of the rounds' profiles (the plans are
+made from the first).
+
 With ``--record DIR``, what each run measured is kept there (the profiled
 graph, the calibrated cluster, the plan, and the run's step, operation,
 message and transfer times, to 0.1 us), beside each run's last measured step
@@ -51,7 +59,7 @@ schedule (:func:`placer.cost.messages.simulate_with_messages`).
 Usage::
 
     PYTHONPATH=. python bench/fidelity.py [--steps 8] [--models lenet,alexnet,...,rnnlm]
-        [--clusters 2xcpu,4xcpu] [--plans expert,metis,round_robin] [--record DIR]
+        [--clusters 2xcpu,4xcpu] [--plans expert,metis,round_robin] [--rounds 1] [--record DIR]
     PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200-s20a.tar.xz
 
 Run it on a quiet machine with a core per rank: on a loaded one the ranks
@@ -201,7 +209,8 @@ def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
 
 
 def record_run(folder: str, run: Run, result) -> None:
-    """Keep what one run measured under ``folder`` (the layout :func:`recorded_runs` reads)."""
+    """Keep what one run measured under ``folder`` (the layout :func:`recorded_runs` reads); the traces are
+    ``result``'s (its last round's)."""
     from placer.io import write_text_atomic
     from placer.runtime.trace import write_run_trace
     from placer.sim import simulate_plan
@@ -216,8 +225,8 @@ def record_run(folder: str, run: Run, result) -> None:
     run.cluster.save(os.path.join(folder, f"{run.cluster_name}-cluster.json"))
     run.plan.save(stem + "-plan.json")
     # Times to 0.1 us (a clock read costs more), compact: tens of thousands of messages per model.
-    measured = _rounded({"step_s": result.step_s, "op_s": result.op_s, "transfer_s": result.transfer_s,
-                         "op_message_s": result.op_message_s, "message_s": result.message_s})
+    measured = _rounded({"step_s": run.step_s, "op_s": run.op_s, "transfer_s": run.transfer_s,
+                         "op_message_s": run.op_message_s, "message_s": run.message_s})
     if run.calibrated_message_cost is not None:
         measured["calibrated_message_cost"] = run.calibrated_message_cost.to_dict()
     write_text_atomic(stem + "-run.json", json.dumps(measured, separators=(",", ":")))
@@ -367,6 +376,7 @@ def measure(args: argparse.Namespace) -> list[Run]:
     from placer.cost.calibrate import apply_calibration, calibrate
     from placer.cost.profile import Profile, apply_profile, profile_module
     from placer.runtime.distributed import run_distributed
+    from placer.sim import simulate_plan
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -386,31 +396,60 @@ def measure(args: argparse.Namespace) -> list[Run]:
         captured = capture_spec(spec, batch)
         model, inputs = load_model(spec, batch)
         flat = captured.step_inputs(model, inputs)
-        graph = captured.graph
-        seconds = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
-                                 node_ids=set(graph.ids))
-        graph = apply_profile(graph, Profile(graph.name, graph.digest(), "cpu", seconds))
-        for cluster_name in args.clusters.split(","):
-            cluster = apply_calibration(load_cluster(cluster_name), calibration)
-            for algorithm in args.plans.split(","):
-                try:
-                    plan = place(graph, cluster, algorithm)
-                except ImportError as exc:          # e.g. metis without pymetis installed
-                    print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: skipped ({exc})")
-                    continue
-                result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=args.steps,
-                                         carrier=captured.carrier, timeout_s=120)
-                run = Run(name, cluster_name, algorithm, graph, cluster, plan, result.step_s, result.op_s,
-                          result.transfer_s, result.op_message_s, result.message_s, calibration.message_cost)
-                if args.record:
-                    record_run(args.record, run, result)
-                runs.append(run)
-                _, measured, predicted = table_row(run)
-                said = [f"{column} {predicted[key] * 1e3:.2f} ms ({(predicted[key] - measured) / measured:+.1%})"
-                        for key, column, _ in PREDICTIONS if predicted[key] is not None]
-                print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: measured {measured * 1e3:8.2f} ms; predicted "
-                      + ", ".join(said), flush=True)
+
+        def profiled(seconds: dict[str, float]):
+            return apply_profile(captured.graph, Profile(captured.graph.name, captured.graph.digest(), "cpu", seconds))
+
+        profiles, jobs = [], []         # jobs: (cluster name, cluster, algorithm, plan, its runs)
+        for round_ in range(args.rounds):
+            # Each round profiles again, then runs every plan: the machine's speed moves over seconds
+            # (docs/benchmarks.md, "Session 23: the machine's own speed"), so rounds spread both over time.
+            profiles.append(profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
+                                           node_ids=set(captured.graph.ids)))
+            if round_ == 0:         # the plans come from the first profile
+                for cluster_name in args.clusters.split(","):
+                    cluster = apply_calibration(load_cluster(cluster_name), calibration)
+                    for algorithm in args.plans.split(","):
+                        try:
+                            plan = place(profiled(profiles[0]), cluster, algorithm)
+                        except ImportError as exc:          # e.g. metis without pymetis installed
+                            print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: skipped ({exc})")
+                            continue
+                        jobs.append((cluster_name, cluster, algorithm, plan, []))
+            for _, cluster, _, plan, rounds in jobs:
+                rounds.append(run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=args.steps,
+                                              carrier=captured.carrier, timeout_s=120))
+        graph = profiled({node: statistics.median(p[node] for p in profiles) for node in profiles[0]})
+        for cluster_name, cluster, algorithm, plan, rounds in jobs:
+            if args.rounds > 1:     # predicted from every round's profile
+                plan.predicted = simulate_plan(plan, graph, cluster).predicted()
+            run = Run(name, cluster_name, algorithm, graph, cluster, plan, *pooled(rounds), calibration.message_cost)
+            if args.record:
+                record_run(args.record, run, rounds[-1])
+            runs.append(run)
+            _, measured, predicted = table_row(run)
+            said = [f"{column} {predicted[key] * 1e3:.2f} ms ({(predicted[key] - measured) / measured:+.1%})"
+                    for key, column, _ in PREDICTIONS if predicted[key] is not None]
+            print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: measured {measured * 1e3:8.2f} ms; predicted "
+                  + ", ".join(said), flush=True)
     return runs
+
+
+def pooled(rounds: list) -> tuple[list, dict, list, dict, list]:
+    """One plan's runs in rounds as one :class:`Run`'s ``step_s, op_s, transfer_s, op_message_s, message_s``.
+
+    Every round's steps after its warm-up (the first round's warm-up kept first, as :attr:`Run.measured_s`
+    expects), each node's median over the rounds, every transfer and message of every round.
+    """
+    first = rounds[0]
+    step_s = list(first.step_s) + [s for result in rounds[1:] for s in result.step_s[WARMUP_STEPS:]]
+
+    def per_node(field: str) -> dict:
+        return {node: statistics.median(getattr(result, field)[node] for result in rounds
+                                        if node in getattr(result, field)) for node in getattr(first, field)}
+
+    return (step_s, per_node("op_s"), [t for result in rounds for t in result.transfer_s], per_node("op_message_s"),
+            [m for result in rounds for m in result.message_s])
 
 
 def main() -> int:
@@ -419,6 +458,9 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--clusters", default="2xcpu,4xcpu", help="comma-separated cpu presets")
     parser.add_argument("--plans", default=",".join(PLANS), help="comma-separated registered algorithms")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="profile, then run every plan, this many times per model; each plan's steps and op "
+                             "times pooled over the rounds, its prediction from every round's profile")
     parser.add_argument("--record", help="folder to keep what each run measured (and its traces) in")
     parser.add_argument("--replay", help="a --record folder or archive: predict its runs again, run nothing")
     args = parser.parse_args()
@@ -434,7 +476,8 @@ def main() -> int:
     report(runs)
     print(f"load average now {os.getloadavg()[0]:.1f}")
     print(f"reproduce: PYTHONPATH=. python bench/fidelity.py --steps {args.steps} --models {args.models} "
-          f"--clusters {args.clusters} --plans {args.plans}" + (f" --record {args.record}" if args.record else ""))
+          f"--clusters {args.clusters} --plans {args.plans} --rounds {args.rounds}"
+          + (f" --record {args.record}" if args.record else ""))
     return 0
 
 
