@@ -5,7 +5,8 @@ timed alone (the profile the calibration takes), and again while ``K - 1``
 other processes time the same step (a machine as loaded as ``K`` busy ranks),
 free and pinned to cores of their own; then plans run with the distributed
 executor, each rank's thread free to move between cores, then pinned to a
-core of its own; per run, what its operations took over what the alone profile
+core of its own (pinned only where the machine has a core for each process
+beside the parent's: one logical CPU per physical core); per run, what its operations took over what the alone profile
 says, for those that read a tensor another rank sent and for the rest.
 
 ``--part drift``: rounds of (a profile alone, a one-rank run of the whole step),
@@ -80,8 +81,8 @@ def concurrent_profiles(name: str, k: int, cores: list[int] | None) -> list[dict
     """Every node's seconds in each of ``k`` processes profiling ``name`` at once (pinned to ``cores``)."""
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(k), ctx.Queue()
-    procs = [ctx.Process(target=_profile, args=(name, None if cores is None else cores[i % len(cores)], barrier,
-                                                queue)) for i in range(k)]
+    procs = [ctx.Process(target=_profile, args=(name, None if cores is None else cores[i], barrier, queue))
+             for i in range(k)]
     for p in procs:
         p.start()
     results = [queue.get() for _ in procs]
@@ -97,7 +98,7 @@ class Pin:
         self.cores = cores
 
     def __call__(self, rank: int) -> None:
-        os.sched_setaffinity(0, {self.cores[rank % len(self.cores)]})
+        os.sched_setaffinity(0, {self.cores[rank]})
 
 
 def ratios(graph, plan, cluster, op_s: dict[str, float], op_message_s: dict[str, float],
@@ -261,8 +262,9 @@ def load(args) -> None:
         for k in (2, 4):
             loaded = concurrent_profiles(name, k, None)
             profiles[f"{k} at once"] = {n: statistics.median(p[n] for p in loaded) for n in loaded[0]}
-            pinned = concurrent_profiles(name, k, cores[1:k + 1] or cores)
-            profiles[f"{k} at once, pinned"] = {n: statistics.median(p[n] for p in pinned) for n in pinned[0]}
+            if len(cores) > k:      # a core of its own for each, beside the parent's
+                pinned = concurrent_profiles(name, k, cores[1:k + 1])
+                profiles[f"{k} at once, pinned"] = {n: statistics.median(p[n] for p in pinned) for n in pinned[0]}
         alone = profiles["alone"]
         total = sum(alone.values())
         print(f"{name}: {graph.num_nodes} nodes, profiled alone {total * 1e3:.2f} ms; "
@@ -274,10 +276,10 @@ def load(args) -> None:
             cluster = apply_calibration(load_cluster(cluster_name), calibration)
             for algorithm in args.plans.split(","):
                 plan = place(graph, cluster, algorithm)
-                for pin in (False, True):
+                for pin in (False, True)[:1 + (len(cores) > cluster.num_devices)]:
                     result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=args.steps,
                                              carrier=captured.carrier, timeout_s=120,
-                                             hook=Pin(cores[1:] or cores) if pin else None)
+                                             hook=Pin(cores[1:]) if pin else None)
                     step = statistics.median(result.step_s[2:])
                     remote, local = ratios(graph, plan, cluster, result.op_s, result.op_message_s, alone)
                     how = "pinned" if pin else "free  "
