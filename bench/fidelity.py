@@ -416,9 +416,12 @@ def measure(args: argparse.Namespace) -> list[Run]:
                             print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: skipped ({exc})")
                             continue
                         jobs.append((cluster_name, cluster, algorithm, plan, []))
-            for _, cluster, _, plan, rounds in jobs:
+            for cluster_name, cluster, algorithm, plan, rounds in jobs:
                 rounds.append(run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=args.steps,
                                               carrier=captured.carrier, timeout_s=120))
+                if args.rounds > 1:
+                    print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: round {round_ + 1} of {args.rounds}, step "
+                          f"{statistics.median(rounds[-1].step_s[WARMUP_STEPS:]) * 1e3:.2f} ms", flush=True)
         graph = profiled({node: statistics.median(p[node] for p in profiles) for node in profiles[0]})
         for cluster_name, cluster, algorithm, plan, rounds in jobs:
             if args.rounds > 1:     # predicted from every round's profile
@@ -464,6 +467,8 @@ def main() -> int:
     parser.add_argument("--record", help="folder to keep what each run measured (and its traces) in")
     parser.add_argument("--replay", help="a --record folder or archive: predict its runs again, run nothing")
     args = parser.parse_args()
+    if args.rounds < 1:
+        parser.error(f"--rounds must be at least 1, got {args.rounds}")
 
     if args.replay:
         print(f"replaying the runs recorded in {args.replay} with this code's cost model")

@@ -85,7 +85,7 @@ def concurrent_profiles(name: str, k: int, cores: list[int] | None) -> list[dict
              for i in range(k)]
     for p in procs:
         p.start()
-    results = [queue.get() for _ in procs]
+    results = [queue.get(timeout=600) for _ in procs]       # a process that died raises queue.Empty
     for p in procs:
         p.join()
     return results
