@@ -130,7 +130,8 @@ class MessageCost:
 
 
 def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: dict[str, float],
-                   cost: MessageCost, gaps: Sequence[tuple[float, float]] | None = None) -> OpGraph:
+                   cost: MessageCost, gaps: Sequence[tuple[float, float]] | None = None,
+                   messages: Sequence[tuple[int, int, int]] | None = None) -> OpGraph:
     """``graph`` costed for one plan: each node's own time plus the host time of the messages the plan gives it.
 
     The plan's messages are the reference model's transfers (FORMATS.md rule 4:
@@ -151,9 +152,12 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
         without one keep their time, plus their messages'.
     cost : MessageCost
     gaps : sequence of (float, float), optional
-        Each of :func:`plan_messages`' messages' gap before it on its sending and
-        its receiving rank (:func:`message_gaps`): it then costs what ``cost``
-        gives there; without them, a message's cost alone.
+        Each message's gap before it on its sending and its receiving rank
+        (:func:`message_gaps`): it then costs what ``cost`` gives there;
+        without them, a message's cost alone.
+    messages : sequence of (int, int, int), optional
+        The plan's messages, as :func:`plan_messages` gives them (computed
+        when not given): ``gaps`` follow their order.
 
     Returns
     -------
@@ -164,7 +168,8 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
     device_of = bound.device_of
     durations = graph.durations(cluster)[np.arange(graph.num_nodes), device_of]
     seconds = np.array([own_s.get(node_id, durations[i]) for i, node_id in enumerate(graph.ids)], dtype=float)
-    messages = plan_messages(graph, bound)
+    if messages is None:
+        messages = plan_messages(graph, bound)
     for (producer, consumer, nbytes), (send_gap, receive_gap) in zip(messages, gaps or [(None, None)] * len(messages)):
         seconds[producer] += cost.send_s(nbytes, send_gap)
         seconds[consumer] += cost.receive_s(nbytes, receive_gap)
@@ -242,7 +247,7 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
     gaps = [(0.0, 0.0)] * len(messages) if cost.by_gap else None
     schedule = None
     for _ in range(passes if cost.by_gap else 1):
-        costed = messages_graph(bound.graph, bound, bound.cluster, own_s or {}, cost, gaps)
+        costed = messages_graph(bound.graph, bound, bound.cluster, own_s or {}, cost, gaps, messages)
         before, schedule = schedule, simulate_bound(BoundPlan(costed, bound.cluster, bound.device_of, bound.order))
         if before is not None and abs(schedule.makespan_s - before.makespan_s) <= 1e-3 * before.makespan_s:
             break
