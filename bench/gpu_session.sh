@@ -24,8 +24,9 @@ fi
 nproc; uptime; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 echo "== fidelity (quiet cores: run before anything else loads the machine)"
 # FIDELITY_ARGS picks a subset or rounds (the machine's speed moves over seconds: docs/benchmarks.md,
-# "Session 23"), e.g. FIDELITY_ARGS="--rounds 3 --models resnet,vgg,transformer,rnnlm" (not yet timed there).
-timeout 300 "$py" bench/fidelity.py --steps 10 --plans expert,metis,round_robin --record /tmp/fidelity-record \
+# "Session 23"), e.g. FIDELITY_ARGS="--rounds 3 --models resnet,vgg,transformer,rnnlm" (72 runs, not yet
+# timed there: allow more than the default run of 42), with FIDELITY_TIMEOUT (seconds, default 300).
+timeout "${FIDELITY_TIMEOUT:-300}" "$py" bench/fidelity.py --steps 10 --plans expert,metis,round_robin --record /tmp/fidelity-record \
   ${FIDELITY_ARGS:-} 2>&1 | tee "$out/fidelity.log"
 tar cJf "$out/fidelity-record.tar.xz" -C /tmp fidelity-record
 echo "== cuda paths"
