@@ -189,6 +189,7 @@ PREDICTIONS = (
 )
 
 
+@functools.cache        # a live run prints its line as it ends, then again in the table
 def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
     """One run's line of the table: the case, what was measured, and each of :data:`PREDICTIONS` (None
     where the record lacks what it needs)."""
