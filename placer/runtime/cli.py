@@ -237,7 +237,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
         measured_s, m_new = run(candidate)
         kept = measured_s < best_s
         print(f"round {r}: replanned on measured costs: predicted {candidate.predicted['makespan_s'] * 1e3:.3f} ms"
-              f"{with_messages(candidate, own)}, measured {measured_s * 1e3:.3f} ms -> {'kept' if kept else 'rolled back'} "
+              f"{with_messages(candidate, own)}, measured {measured_s * 1e3:.3f} ms -> "
+              f"{'kept' if kept else 'rolled back'} "
               f"(best {min(best_s, measured_s) * 1e3:.3f} ms)")
         if kept:
             best, best_s, m = candidate, measured_s, m_new
