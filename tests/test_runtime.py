@@ -455,6 +455,13 @@ def test_a_distributed_run_records_each_ranks_timeline_in_plan_order(file_case):
     assert min(ops[0][1] for ops in result.timeline.values()) >= 0.0
     # Every node has a measured time, the placeholders their rank's share of its work before its first op.
     assert set(result.op_s) == set(graph.ids) and all(s > 0 for s in result.op_s.values())
+    # The ops' times (the last step's, with two steps) tile their rank's span: each counts from the
+    # previous op's end, so the executor's own work between two ops is busy time; only waits are not.
+    for ops in result.timeline.values():
+        busy = sum(result.op_s[name] for name, *_ in ops if name in graph.index)
+        waits = sum(waited for _, _, waited, _ in ops)
+        span = ops[-1][3] - ops[0][1]
+        assert span <= busy + waits <= span + 1e-3
 
 
 def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):

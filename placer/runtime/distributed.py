@@ -109,8 +109,10 @@ class DistributedResult:
         Flat input position -> its value after the last step, for every input
         the step writes (parameters, buffers, optimizer state), on the CPU.
     op_s : dict of str to float
-        Graph node id -> median seconds of its runs on its rank (after the first step);
-        a state input's is its share of its rank's work before the first operation.
+        Graph node id -> median seconds of its runs on its rank (after the first step),
+        from the rank's previous operation's end, less the waiting for its inputs (the
+        rank's busy time: the executor's own work between operations included); a state
+        input's is its share of its rank's work before the first operation.
     transfer_s : list of (int, int, int, float)
         ``(source rank, destination rank, bytes, seconds)`` of the transfers a
         rank had to wait for (its wait blocked over ``BLOCKED_WAIT_S``), from
@@ -308,19 +310,25 @@ class _RankRunner:
             op_s.setdefault(prog.placeholders[k], []).append(share)
             op_message_s.setdefault(prog.placeholders[k], []).append(share)
         timeline = self.timeline = []
+        previous_end = clock()
         for v in self.schedule:
             # On a CPU an op's time is the rank's busy time for it (receiving less the
             # waiting, running, sending, freeing), as the simulator's device is busy with
-            # it; on a GPU, with profile_gpu, the kernel time between synchronisations.
+            # it, from the previous op's end: the executor's own work between two ops
+            # (a few microseconds, thousands of times a step) is busy time too, which the
+            # simulator has nowhere else to see. On a GPU, with profile_gpu, the kernel
+            # time between synchronisations.
             t0 = clock()
             waited = 0.0
             for a in v.all_input_nodes:
                 if a not in env:
                     env[a] = receive(a)
                     waited = clock() - t0
+            busy_from = previous_end
             if self.profile_gpu:
                 torch.cuda.synchronize(self.device)
-                t0, waited = clock(), 0.0
+                t0 = busy_from = clock()
+                waited = 0.0
             out = call_node(v, env, self.device)
             if self.profile_gpu:
                 torch.cuda.synchronize(self.device)
@@ -328,13 +336,13 @@ class _RankRunner:
             sent = send(v, out)
             for a in self.frees_after.get(v, ()):
                 env.pop(a, None)
-            ended = clock()
+            ended = previous_end = clock()
             owner = prog.runs_with.get(v)
             if owner in op_s:
-                op_s[owner][-1] += ended - t0 - waited     # its op ran earlier in this step
+                op_s[owner][-1] += ended - busy_from - waited     # its op ran earlier in this step
                 op_message_s[owner][-1] += sent
             else:
-                op_s.setdefault(v, []).append(ended - t0 - waited)
+                op_s.setdefault(v, []).append(ended - busy_from - waited)
                 op_message_s.setdefault(v, []).append(sent)
             timeline.append((v, t0, waited, ended))
         for work, _ in sending:
