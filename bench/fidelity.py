@@ -17,12 +17,15 @@ For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
    (:func:`placer.runtime.feedback.measured_cluster`), and from the
    operations' own times (less the host time of their messages) with the
    host cost of a message fitted to the run's messages
-   (:class:`placer.runtime.feedback.MessageCost`, charged by
-   :func:`placer.runtime.feedback.messages_graph`): what the simulator says
-   once it knows the runtime's real costs;
+   (:class:`placer.cost.messages.MessageCost`, charged by
+   :func:`placer.cost.messages.messages_graph`): what the simulator says
+   once it knows the runtime's real costs; each of these plus the end of the
+   step after its last operation, which no operation's time holds (the
+   barrier: :attr:`placer.runtime.distributed.DistributedResult.tail_s`);
 5. predict each plan from another plan's run of the same model and cluster,
    as ``placer tune`` must (out of sample): from its op and transfer times,
-   and from its operations' own times and message cost.
+   and from its operations' own times and message cost (plus that run's step
+   end).
 
 Error = (predicted - measured) / measured. Prints Markdown tables and the
 command to reproduce them.
@@ -48,9 +51,13 @@ predicted runs measured on a quiet machine, without that machine.
 (``tar cJf NAME.tar.xz --exclude '*-measured.json' --exclude
 '*-simulated.json' DIR``): ``fidelity-h200.tar.xz`` (session 19, 24 runs,
 no message times), ``fidelity-h200-s20a.tar.xz``, ``-s20b``, ``-s20c``
-(session 20, three samples of 42 runs) and ``fidelity-h200-s22a.tar.xz``,
+(session 20, three samples of 42 runs), ``fidelity-h200-s22a.tar.xz``,
 ``-s22b``, ``-s22c`` (session 22: the expert split's new order; a's
-calibration without streams, b's one way, c's both ways). Since session 22
+calibration without streams, b's one way, c's both ways) and
+``fidelity-h200-s24a.tar.xz``, ``-s24b``, ``-s24c`` (session 24: in rounds,
+3, 3 and 2; c with each op's time counted from its rank's previous op's
+end, and with its measured traces, from which the replay takes each run's
+step end). Since session 22
 the calibration also times streams of messages
 (:attr:`placer.cost.messages.MessageCost.by_gap`), and the prediction with
 the calibrated message cost charges each message at its gap in the simulated
@@ -115,6 +122,7 @@ class Run:
     op_message_s: dict = dataclasses.field(default_factory=dict)     # recorded since session 20
     message_s: list = dataclasses.field(default_factory=list)
     calibrated_message_cost: Any = None                              # recorded since sample s20c
+    tail_s: float = 0.0          # recorded since session 24 (sample s24c: from its traces, see recorded_runs)
 
     @property
     def measured_s(self) -> float:
@@ -134,11 +142,13 @@ def fed_graph(run: Run, source: Run):
 
 @functools.cache        # the tables and the pair count ask for the same predictions
 def predicted_from(run: Run, source: Run) -> float:
-    """The simulator's step for ``run``'s plan from the op and transfer times ``source`` measured."""
+    """The simulator's step for ``run``'s plan from the op and transfer times ``source`` measured, plus the
+    end of a step ``source`` measured (:attr:`placer.runtime.distributed.DistributedResult.tail_s`)."""
     from placer.runtime.feedback import measured_cluster
     from placer.sim import simulate_plan
 
-    return simulate_plan(run.plan, fed_graph(run, source), measured_cluster(run.cluster, source.transfer_s)).makespan_s
+    return simulate_plan(run.plan, fed_graph(run, source),
+                         measured_cluster(run.cluster, source.transfer_s)).makespan_s + source.tail_s
 
 
 @functools.cache
@@ -151,6 +161,7 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     transfers took beyond it depends on that plan's traffic (on the session 20 records, predicting another
     plan's run with the source run's transfer times instead: 19.7% and 24.0% mean error; with the
     calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed, the third gave 19.9%).
+    Plus the end of a step ``source`` measured, as :func:`predicted_from`.
     """
     from placer.cost.messages import simulate_with_messages
     from placer.runtime.feedback import own_times
@@ -159,7 +170,7 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     if cost is None:
         return None
     return simulate_with_messages(run.plan.bind(run.graph, run.cluster), cost,
-                                  own_times(source.op_s, source.op_message_s)).makespan_s
+                                  own_times(source.op_s, source.op_message_s)).makespan_s + source.tail_s
 
 
 @functools.cache
@@ -204,7 +215,7 @@ def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
     return case, run.measured_s, {
         "calibrated": run.plan.predicted["makespan_s"],
         "calibrated_messages": calibrated_messages,
-        "op": simulate_plan(run.plan, fed_graph(run, run), run.cluster).makespan_s,
+        "op": simulate_plan(run.plan, fed_graph(run, run), run.cluster).makespan_s + run.tail_s,
         "op_transfer": predicted_from(run, run),
         "own_messages": predicted_with_messages(run, run)}
 
@@ -227,7 +238,7 @@ def record_run(folder: str, run: Run, result) -> None:
     run.plan.save(stem + "-plan.json")
     # Times to 0.1 us (a clock read costs more), compact: tens of thousands of messages per model.
     measured = _rounded({"step_s": run.step_s, "op_s": run.op_s, "transfer_s": run.transfer_s,
-                         "op_message_s": run.op_message_s, "message_s": run.message_s})
+                         "op_message_s": run.op_message_s, "message_s": run.message_s, "tail_s": run.tail_s})
     if run.calibrated_message_cost is not None:
         measured["calibrated_message_cost"] = run.calibrated_message_cost.to_dict()
     write_text_atomic(stem + "-run.json", json.dumps(measured, separators=(",", ":")))
@@ -272,8 +283,23 @@ def recorded_runs(source: str) -> list[Run]:
                             measured["op_s"], [tuple(x) for x in measured["transfer_s"]],
                             measured.get("op_message_s", {}), [tuple(x) for x in measured.get("message_s", [])],
                             measured.get("calibrated_message_cost") and
-                            MessageCost.from_dict(measured["calibrated_message_cost"])))
+                            MessageCost.from_dict(measured["calibrated_message_cost"]),
+                            measured.get("tail_s", trace_tail_s(os.path.join(folder, f"{stem}-measured.json")))))
     return runs
+
+
+def trace_tail_s(path: str) -> float:
+    """The end of the last step after its last operation, from a run's trace at ``path`` (0 without one).
+
+    For the records before runs measured it (sample s24c keeps its traces for this): the trace's clock starts
+    with the first rank to start, which may precede the measuring rank's start, so this is at most the tail.
+    """
+    if not os.path.exists(path):
+        return 0.0
+    with open(path, encoding="utf-8") as f:
+        trace = json.load(f)
+    ended = max((e["ts"] + e["dur"]) / 1e6 for e in trace["traceEvents"] if e.get("ph") == "X")
+    return max(0.0, trace["otherData"]["step_s"] - ended)
 
 
 def print_table(rows: list[tuple]) -> None:
@@ -427,7 +453,8 @@ def measure(args: argparse.Namespace) -> list[Run]:
         for cluster_name, cluster, algorithm, plan, rounds in jobs:
             if args.rounds > 1:     # predicted from every round's profile
                 plan.predicted = simulate_plan(plan, graph, cluster).predicted()
-            run = Run(name, cluster_name, algorithm, graph, cluster, plan, *pooled(rounds), calibration.message_cost)
+            run = Run(name, cluster_name, algorithm, graph, cluster, plan, **pooled(rounds),
+                      calibrated_message_cost=calibration.message_cost)
             if args.record:
                 record_run(args.record, run, rounds[-1])
             runs.append(run)
@@ -439,11 +466,13 @@ def measure(args: argparse.Namespace) -> list[Run]:
     return runs
 
 
-def pooled(rounds: list) -> tuple[list, dict, list, dict, list]:
-    """One plan's runs in rounds as one :class:`Run`'s ``step_s, op_s, transfer_s, op_message_s, message_s``.
+def pooled(rounds: list) -> dict[str, Any]:
+    """One plan's runs in rounds as one :class:`Run`'s ``step_s, op_s, transfer_s, op_message_s, message_s,
+    tail_s``.
 
     Every round's steps after its warm-up (the first round's warm-up kept first, as :attr:`Run.measured_s`
-    expects), each node's median over the rounds, every transfer and message of every round.
+    expects), each node's median over the rounds, every transfer and message of every round, the median
+    round's step end.
     """
     first = rounds[0]
     step_s = list(first.step_s) + [s for result in rounds[1:] for s in result.step_s[WARMUP_STEPS:]]
@@ -452,8 +481,10 @@ def pooled(rounds: list) -> tuple[list, dict, list, dict, list]:
         return {node: statistics.median(getattr(result, field)[node] for result in rounds
                                         if node in getattr(result, field)) for node in getattr(first, field)}
 
-    return (step_s, per_node("op_s"), [t for result in rounds for t in result.transfer_s], per_node("op_message_s"),
-            [m for result in rounds for m in result.message_s])
+    return {"step_s": step_s, "op_s": per_node("op_s"), "op_message_s": per_node("op_message_s"),
+            "transfer_s": [t for result in rounds for t in result.transfer_s],
+            "message_s": [m for result in rounds for m in result.message_s],
+            "tail_s": statistics.median(result.tail_s for result in rounds)}
 
 
 def main() -> int:

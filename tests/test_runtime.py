@@ -462,6 +462,8 @@ def test_a_distributed_run_records_each_ranks_timeline_in_plan_order(file_case):
         waits = sum(waited for _, _, waited, _ in ops)
         span = ops[-1][3] - ops[0][1]
         assert span <= busy + waits <= span + 1e-3
+    # What the step spent after the last operation (its barrier) is measured, and is part of the step.
+    assert 0.0 < result.tail_s < result.step_s[-1]
 
 
 def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):

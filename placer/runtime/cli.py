@@ -23,7 +23,8 @@ VERIFY_TOLERANCE = 1e-6
 @dataclass
 class Measurement:
     """A placed run's step times (all steps, warm-up first), per-node and per-transfer times, and (distributed)
-    the last step's timeline (:attr:`placer.runtime.distributed.DistributedResult.timeline`)."""
+    the last step's timeline and the step's end after its last operation
+    (:attr:`placer.runtime.distributed.DistributedResult.timeline`, ``tail_s``)."""
 
     step_s: list[float]
     op_s: dict[str, float]
@@ -34,6 +35,7 @@ class Measurement:
     timeline: dict = field(default_factory=dict)
     op_message_s: dict[str, float] = field(default_factory=dict)
     message_s: list = field(default_factory=list)
+    tail_s: float = 0.0
 
 
 def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: int, backend: str,
@@ -69,7 +71,7 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
         if result is None:          # a rank other than 0 under torchrun: rank 0 reports
             return None
         return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state,
-                           result.transfer_s, result.timeline, result.op_message_s, result.message_s)
+                           result.transfer_s, result.timeline, result.op_message_s, result.message_s, result.tail_s)
     raise OptionError(f"backend must be 'local' or 'distributed', got {backend!r}")
 
 
@@ -208,14 +210,14 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     def with_messages(plan, own: dict[str, float]) -> str:
         """The candidate's step with the host cost of its messages, fitted to the best run's, whose ops' own
-        times are ``own`` (a richer mode)."""
+        times are ``own``, and the best run's step end after its last operation (a richer mode)."""
         if not m.message_s:
             return ""
         cost = MessageCost.fit(m.message_s)
         if calibrated is not None:
             cost = spread_over_gaps(cost, calibrated, best.bind(graph, given), own)
-        step_s = simulate_with_messages(plan.bind(graph, given), cost, own).makespan_s
-        return f", {step_s * 1e3:.3f} ms with its messages' host cost"
+        step_s = simulate_with_messages(plan.bind(graph, given), cost, own).makespan_s + m.tail_s
+        return f", {step_s * 1e3:.3f} ms with its messages' host cost and the step's end"
 
     given = cluster         # its links as calibrated, not as a run's traffic made them
     plan = place(graph, cluster, args.algorithm, seed=0)

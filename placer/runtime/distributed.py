@@ -138,6 +138,12 @@ class DistributedResult:
         each side spent on it (sending: packing and the send call; receiving:
         posting, a wait that did not block, unpacking), which a rank cannot
         spend computing.
+    tail_s : float
+        Median seconds (after the first step) from the end of the last operation
+        of the rank that ended last to the step's end: its outstanding sends and
+        the barrier that ends every step, which are in each measured step but in
+        no operation's time (on GPUs without ``profile``, also the kernels still
+        queued then).
     """
 
     step_s: list[float]
@@ -149,6 +155,7 @@ class DistributedResult:
     timeline: dict[int, list[tuple[str, float, float, float]]] = field(default_factory=dict)
     op_message_s: dict[str, float] = field(default_factory=dict)
     message_s: list[tuple[int, int, int, float, float]] = field(default_factory=list)
+    tail_s: float = 0.0
 
 
 def under_torchrun() -> bool:
@@ -210,6 +217,7 @@ class _RankRunner:
         self.arrived_at: list[dict[int, float]] = []
         # The last step's operations: (node, when it began, seconds waiting for inputs, when it ended).
         self.timeline: list[tuple[fx.Node, float, float, float]] = []
+        self.ops_ended = 0.0        # clock when the last step's operations ended (its sends may not have)
         # On GPUs an op's host time is its launch; with profile, synchronize around each op.
         self.profile_gpu = False
 
@@ -345,6 +353,7 @@ class _RankRunner:
                 op_s.setdefault(v, []).append(ended - busy_from - waited)
                 op_message_s.setdefault(v, []).append(sent)
             timeline.append((v, t0, waited, ended))
+        self.ops_ended = clock()
         for work, _ in sending:
             work.wait()
         return {i: env[v] if isinstance(v, fx.Node) else v for i, v in enumerate(prog.outputs)
@@ -387,6 +396,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         if job.hook is not None:
             job.hook(rank)
         step_s: list[float] = []
+        tail_s: list[float] = []
         outputs: dict[int, Any] = {}
         for _ in range(job.steps):
             _barrier(backend, device)
@@ -395,7 +405,9 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             if backend == "nccl":
                 torch.cuda.synchronize(device)
             _barrier(backend, device)
-            step_s.append(time.perf_counter() - t0)
+            ended = time.perf_counter()
+            step_s.append(ended - t0)
+            tail_s.append(ended - runner.ops_ended)
         written = {root for roots in program.writes.values() for root in roots}
         payload = {
             "state": {k: _to_cpu(state[k]) for k in runner.owned if program.placeholders[k] in written},
@@ -407,6 +419,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
                              for v, s in runner.op_message_s.items() if v in program.graph_node},
             "host_s": runner.host_s,
             "step_s": step_s,
+            "tail_s": statistics.median(tail_s[1:] or tail_s),
             "sent_at": runner.sent_at,
             "arrived_at": runner.arrived_at,
             "began": t0,            # the last step's start
@@ -421,7 +434,9 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
                   "predicted_s": program.predicted_s, "num_outputs": len(program.outputs),
                   "transfer_s": _transfer_times(program, gathered) if job.same_host else [],
                   "message_s": _message_times(program, gathered),
-                  "timeline": _timeline(gathered) if job.same_host else {}}
+                  "timeline": _timeline(gathered) if job.same_host else {},
+                  # The ranks leave the barrier together: the last to end its operations waits least.
+                  "tail_s": min(part["tail_s"] for part in gathered)}
         for part in gathered:
             for key in ("state", "outputs", "op_s", "op_message_s"):
                 merged[key].update(part[key])
@@ -560,7 +575,8 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         merged = torch.load(result_path, weights_only=False)
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
-                             merged["transfer_s"], merged["timeline"], merged["op_message_s"], merged["message_s"])
+                             merged["transfer_s"], merged["timeline"], merged["op_message_s"], merged["message_s"],
+                             merged["tail_s"])
 
 
 def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
@@ -591,7 +607,8 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
         return None
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
-                             merged["transfer_s"], merged["timeline"], merged["op_message_s"], merged["message_s"])
+                             merged["transfer_s"], merged["timeline"], merged["op_message_s"], merged["message_s"],
+                             merged["tail_s"])
 
 
 def _wait(processes: list, deadline: float, timeout_s: float, error_dir: str) -> None:
