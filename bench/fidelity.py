@@ -82,6 +82,7 @@ import glob
 import itertools
 import json
 import os
+import re
 import statistics
 import sys
 import tarfile
@@ -89,6 +90,7 @@ import tempfile
 import time
 from typing import Any
 
+import numpy as np
 import torch
 
 # name -> (spec, batch)
@@ -123,6 +125,7 @@ class Run:
     message_s: list = dataclasses.field(default_factory=list)
     calibrated_message_cost: Any = None                              # recorded since sample s20c
     tail_s: float = 0.0          # recorded since session 24 (sample s24c: from its traces, see recorded_runs)
+    round_step_s: list = dataclasses.field(default_factory=list)    # each round's median step, with --rounds
 
     @property
     def measured_s(self) -> float:
@@ -238,7 +241,8 @@ def record_run(folder: str, run: Run, result) -> None:
     run.plan.save(stem + "-plan.json")
     # Times to 0.1 us (a clock read costs more), compact: tens of thousands of messages per model.
     measured = _rounded({"step_s": run.step_s, "op_s": run.op_s, "transfer_s": run.transfer_s,
-                         "op_message_s": run.op_message_s, "message_s": run.message_s, "tail_s": run.tail_s})
+                         "op_message_s": run.op_message_s, "message_s": run.message_s, "tail_s": run.tail_s,
+                         "round_step_s": run.round_step_s})
     if run.calibrated_message_cost is not None:
         measured["calibrated_message_cost"] = run.calibrated_message_cost.to_dict()
     write_text_atomic(stem + "-run.json", json.dumps(measured, separators=(",", ":")))
@@ -284,7 +288,8 @@ def recorded_runs(source: str) -> list[Run]:
                             measured.get("op_message_s", {}), [tuple(x) for x in measured.get("message_s", [])],
                             measured.get("calibrated_message_cost") and
                             MessageCost.from_dict(measured["calibrated_message_cost"]),
-                            measured.get("tail_s", trace_tail_s(os.path.join(folder, f"{stem}-measured.json")))))
+                            measured.get("tail_s", trace_tail_s(os.path.join(folder, f"{stem}-measured.json"))),
+                            measured.get("round_step_s", [])))
     return runs
 
 
@@ -378,8 +383,128 @@ def ordered_pairs(runs: list[Run], predict) -> tuple[int, int]:
     return right, total
 
 
+def print_gap_parts(runs: list[Run]) -> None:
+    """Where the calibrated prediction with message cost parts from the run's: each run predicted with its op
+    times and its message cost each either calibrated (profiled) or the run's, without the step's end."""
+    from placer.cost.messages import simulate_with_messages
+    from placer.runtime.feedback import own_times
+
+    runs = [run for run in runs if run.message_s and run.calibrated_message_cost is not None]
+    if not runs:
+        return
+    errors: dict[tuple[str, str], list[float]] = {}
+    for run in runs:
+        bound = run.plan.bind(run.graph, run.cluster)
+        for ops, op_s in (("profiled", {}), ("the run's own", own_times(run.op_s, run.op_message_s))):
+            for messages, cost in (("calibrated", run.calibrated_message_cost), ("the run's", run_message_cost(run))):
+                predicted = simulate_with_messages(bound, cost, op_s).makespan_s
+                errors.setdefault((ops, messages), []).append(predicted / run.measured_s - 1)
+    print(f"mean |error| (mean error) over {len(runs)} runs, op times and message cost each calibrated or the "
+          "run's, without the step's end: " + "; ".join(
+              f"{ops} op times, {messages} message cost {statistics.mean(map(abs, e)):.1%} ({statistics.mean(e):+.1%})"
+              for (ops, messages), e in errors.items()))
+
+
+def rank_slowdowns(run: Run, over_s: float = 50e-6) -> dict[int, float]:
+    """Per rank, its operations' own time in the run over their profiled time (operations profiled over
+    ``over_s``): how much slower each rank computed than the profile said."""
+    from placer.runtime.feedback import own_times
+
+    device_of = run.plan.bind(run.graph, run.cluster).device_of
+    profiled = run.graph.durations(run.cluster)[np.arange(run.graph.num_nodes), device_of]
+    own = own_times(run.op_s, run.op_message_s)
+    ran = np.array([own.get(node, np.nan) for node in run.graph.ids])
+    timed = (profiled > over_s) & ~np.isnan(ran)
+    return {rank: float(ran[timed & (device_of == rank)].sum() / profiled[timed & (device_of == rank)].sum())
+            for rank in range(run.cluster.num_devices) if (timed & (device_of == rank)).sum() >= 5}
+
+
+def per_op_residual_s(run: Run, probe_s: float = 3e-6) -> float:
+    """The time per operation that, added to every node's own time, would make the prediction from the run's own
+    times and message cost (:func:`predicted_with_messages`) equal the run: a linear estimate from that
+    prediction and the same with ``probe_s`` added to every node. What the run spent per operation that no
+    operation's time holds."""
+    from placer.cost.messages import simulate_with_messages
+    from placer.runtime.feedback import own_times
+
+    bound = run.plan.bind(run.graph, run.cluster)
+    device_of = bound.device_of
+    profiled = run.graph.durations(run.cluster)[np.arange(run.graph.num_nodes), device_of]
+    own = own_times(run.op_s, run.op_message_s)
+    probed = {node: own.get(node, profiled[i]) + probe_s for i, node in enumerate(run.graph.ids)}
+    base = predicted_with_messages(run, run)
+    more = simulate_with_messages(bound, run_message_cost(run), probed).makespan_s + run.tail_s
+    return probe_s * (run.measured_s - base) / (more - base)
+
+
+def print_residuals(runs: list[Run]) -> None:
+    """The step's end the runs measured, and what each run spent per operation beyond its operations' times."""
+    tails = [run.tail_s for run in runs if run.tail_s > 0]
+    if tails:
+        print(f"the step's end after the last operation: {statistics.median(tails) * 1e3:.2f} ms (median over "
+              f"{len(tails)} runs), {min(tails) * 1e3:.2f} to {max(tails) * 1e3:.2f} ms")
+    if not all(run.message_s for run in runs):
+        return
+    by_plan: dict[str, list[float]] = {}
+    for run in runs:
+        by_plan.setdefault(run.algorithm, []).append(per_op_residual_s(run))
+    print("left per operation, beyond the run's own times, message cost and step end (linear estimate, median "
+          "over runs): " + ", ".join(f"{plan} {statistics.median(r) * 1e6:.1f} us" for plan, r in by_plan.items()))
+
+
+def print_round_spread(runs: list[Run]) -> None:
+    """With rounds: how far a plan's rounds lie from their median, and the prediction before a run compared with
+    each round alone and with the rounds pooled (the machine's noise against the model's gap)."""
+    runs = [run for run in runs if len(run.round_step_s) > 1]
+    if not runs:
+        return
+    deviations = [abs(step / statistics.median(run.round_step_s) - 1) for run in runs for step in run.round_step_s]
+    ratios = [max(run.round_step_s) / min(run.round_step_s) for run in runs]
+    print(f"rounds: over {len(runs)} plans, a round's median step lies {statistics.mean(deviations):.1%} from its "
+          f"plan's median round on average, the slowest round up to {max(ratios):.2f} times the fastest")
+    rounds = min(len(run.round_step_s) for run in runs)
+    for key, column, _ in PREDICTIONS[:2]:
+        predicted = [table_row(run)[2][key] for run in runs]
+        if None in predicted:
+            continue
+        alone = [statistics.mean(abs(p / run.round_step_s[k] - 1) for p, run in zip(predicted, runs))
+                 for k in range(rounds)]
+        pooled_error = statistics.mean(abs(p / run.measured_s - 1) for p, run in zip(predicted, runs))
+        print(f"  predicted ({column}) against each round alone: " + ", ".join(f"{e:.1%}" for e in alone)
+              + f"; against the rounds pooled: {pooled_error:.1%}")
+
+
+def rounds_from_log(path: str) -> dict[tuple[str, str, str], list[float]]:
+    """(model, cluster, plan) -> each round's median step, from a live ``--rounds`` run's printed lines (the
+    records of session 24 predate :attr:`Run.round_step_s`; their logs are kept beside them)."""
+    pattern = re.compile(r"^(\w+)\s+(\w+)\s+(\w+)\s*: round \d+ of \d+, step ([\d.]+) ms$")
+    found: dict[tuple[str, str, str], list[float]] = {}
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            match = pattern.match(line.strip())
+            if match:
+                found.setdefault(match.group(1, 2, 3), []).append(float(match.group(4)) / 1e3)
+    return found
+
+
+def print_rank_slowdowns(runs: list[Run]) -> None:
+    print("Each rank's operations (those profiled over 50 us), their time in the run over the profile's:")
+    spreads, least = [], 0
+    for run in runs:
+        factors = rank_slowdowns(run)
+        print(f"  {run.model:12s}{run.cluster_name:6s}{run.algorithm:12s}"
+              + "  ".join(f"rank {rank} {factor:.2f}" for rank, factor in factors.items()))
+        if len(factors) > 1:
+            spreads.append(max(factors.values()) / min(factors.values()))
+            least += min(factors, key=factors.get) == 0
+    if spreads:
+        print(f"over the {len(spreads)} runs with several such ranks: the slowest rank's factor over the fastest's "
+              f"{statistics.median(spreads):.2f} (median), up to {max(spreads):.2f}; rank 0 the fastest in {least}")
+
+
 def report(runs: list[Run]) -> None:
-    """The tables: each run predicted from its own measurements, then from another plan's run."""
+    """The tables: each run predicted from its own measurements, then from another plan's run, then how much
+    slower each rank computed than profiled."""
     print_table([table_row(run) for run in runs])
     print()
     print_cross(runs)
@@ -394,6 +519,11 @@ def report(runs: list[Run]) -> None:
         if predict is predicted_from or with_messages:
             right, total = ordered_pairs(runs, predict)
             print(f"the faster of two plans of a case, predicted from a run's {label}: right in {right} of {total}")
+    print()
+    print_gap_parts(runs)
+    print_residuals(runs)
+    print_round_spread(runs)
+    print_rank_slowdowns(runs)
 
 
 def measure(args: argparse.Namespace) -> list[Run]:
@@ -468,11 +598,11 @@ def measure(args: argparse.Namespace) -> list[Run]:
 
 def pooled(rounds: list) -> dict[str, Any]:
     """One plan's runs in rounds as one :class:`Run`'s ``step_s, op_s, transfer_s, op_message_s, message_s,
-    tail_s``.
+    tail_s, round_step_s``.
 
     Every round's steps after its warm-up (the first round's warm-up kept first, as :attr:`Run.measured_s`
     expects), each node's median over the rounds, every transfer and message of every round, the median
-    round's step end.
+    round's step end, and each round's median step.
     """
     first = rounds[0]
     step_s = list(first.step_s) + [s for result in rounds[1:] for s in result.step_s[WARMUP_STEPS:]]
@@ -484,7 +614,8 @@ def pooled(rounds: list) -> dict[str, Any]:
     return {"step_s": step_s, "op_s": per_node("op_s"), "op_message_s": per_node("op_message_s"),
             "transfer_s": [t for result in rounds for t in result.transfer_s],
             "message_s": [m for result in rounds for m in result.message_s],
-            "tail_s": statistics.median(result.tail_s for result in rounds)}
+            "tail_s": statistics.median(result.tail_s for result in rounds),
+            "round_step_s": [statistics.median(result.step_s[WARMUP_STEPS:]) for result in rounds]}
 
 
 def main() -> int:
@@ -498,6 +629,8 @@ def main() -> int:
                              "times pooled over the rounds, its prediction from every round's profile")
     parser.add_argument("--record", help="folder to keep what each run measured (and its traces) in")
     parser.add_argument("--replay", help="a --record folder or archive: predict its runs again, run nothing")
+    parser.add_argument("--rounds-log", help="with --replay: a live --rounds run's output, for the rounds of a "
+                                             "record made before records kept them (session 24)")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -505,8 +638,13 @@ def main() -> int:
     if args.replay:
         print(f"replaying the runs recorded in {args.replay} with this code's cost model")
         runs = recorded_runs(args.replay)
+        if args.rounds_log:
+            logged = rounds_from_log(args.rounds_log)
+            for run in runs:
+                run.round_step_s = run.round_step_s or logged.get((run.model, run.cluster_name, run.algorithm), [])
         report(runs)
-        print(f"reproduce: PYTHONPATH=. python bench/fidelity.py --replay {args.replay}")
+        print(f"reproduce: PYTHONPATH=. python bench/fidelity.py --replay {args.replay}"
+              + (f" --rounds-log {args.rounds_log}" if args.rounds_log else ""))
         return 0
     runs = measure(args)
     print()

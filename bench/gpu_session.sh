@@ -22,6 +22,8 @@ else
   export PYTHONPATH=$PWD
 fi
 nproc; uptime; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+# The ranks' operations run 1.2x apart between ranks of one run (docs/benchmarks.md, "Session 24"): the topology.
+lscpu | grep -i -E "model name|socket|core|thread|numa|cache" || true
 echo "== fidelity (quiet cores: run before anything else loads the machine)"
 # FIDELITY_ARGS picks a subset or rounds (the machine's speed moves over seconds: docs/benchmarks.md,
 # "Session 23"), e.g. FIDELITY_ARGS="--rounds 3 --models resnet,vgg,transformer,rnnlm" (72 runs, not yet
