@@ -25,12 +25,12 @@ nproc; uptime; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 # The ranks' operations run 1.2x apart between ranks of one run (docs/benchmarks.md, "Session 24"): the topology.
 lscpu | grep -i -E "model name|socket|core|thread|numa|cache" || true
 echo "== fidelity (quiet cores: run before anything else loads the machine)"
-# FIDELITY_ARGS picks a subset or rounds (the machine's speed moves over seconds: docs/benchmarks.md,
-# "Session 23"), e.g. FIDELITY_ARGS="--rounds 3 --models resnet,vgg,transformer,rnnlm" (72 runs, not yet
-# timed there: allow more than the default run of 42), with FIDELITY_TIMEOUT (seconds, default 300).
-timeout "${FIDELITY_TIMEOUT:-300}" "$py" bench/fidelity.py --steps 10 --plans expert,metis,round_robin --record /tmp/fidelity-record \
-  ${FIDELITY_ARGS:-} 2>&1 | tee "$out/fidelity.log"
-tar cJf "$out/fidelity-record.tar.xz" -C /tmp fidelity-record
+# FIDELITY_ARGS picks a subset or rounds, e.g. FIDELITY_ARGS="--rounds 2" (session 24 on the H200: the seven
+# models in 2 rounds 245 s, in 3 rounds 288 s), with FIDELITY_TIMEOUT (seconds, default 300).
+timeout "${FIDELITY_TIMEOUT:-300}" "$py" bench/fidelity.py --steps 10 --plans expert,metis,round_robin \
+  --record /tmp/fidelity-record ${FIDELITY_ARGS:-} 2>&1 | tee "$out/fidelity.log"
+# Without the simulated traces (the replay makes them again); the measured ones give each run's step end.
+tar cJf "$out/fidelity-record.tar.xz" -C /tmp --exclude '*-simulated.json' fidelity-record
 echo "== cuda paths"
 timeout 90 "$py" bench/cuda_check.py --steps 3 --batch 8 2>&1 | tee "$out/cuda_check.log"
 echo "== placer run --verify on the GPU"
