@@ -477,6 +477,7 @@ def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):
     out = capsys.readouterr().out
     assert "timeline of the last step" in out
     assert re.search(r"messages: \d+ per step took the ranks \d+% of their busy time", out)
+    assert re.search(r"a step ended \d+\.\d{3} ms after its last operation", out)
     events = json.loads((tmp_path / "run.json").read_text())["traceEvents"]
     graph = file_case.captured.graph
     ran = {e["name"] for e in events if e.get("cat") == "op"} & set(graph.ids)
