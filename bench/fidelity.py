@@ -27,8 +27,11 @@ For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
    and from its operations' own times and message cost (plus that run's step
    end).
 
-Error = (predicted - measured) / measured. Prints Markdown tables and the
-command to reproduce them.
+Error = (predicted - measured) / measured. Prints Markdown tables, then where
+the prediction before a run parts from the run's (op times, message cost, the
+step's end, what is left per operation; with rounds, their spread) and how
+much slower each rank computed than profiled, and the command to reproduce
+them.
 
 With ``--rounds R``, each model is profiled and every plan of it run R times in
 turn, so that the machine's own speed, which moves over seconds on the lent
@@ -68,6 +71,8 @@ Usage::
     PYTHONPATH=. python bench/fidelity.py [--steps 8] [--models lenet,alexnet,...,rnnlm]
         [--clusters 2xcpu,4xcpu] [--plans expert,metis,round_robin] [--rounds 1] [--record DIR]
     PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200-s20a.tar.xz
+    PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200-s24b.tar.xz \
+        --rounds-log bench/data/fidelity-h200-s24b.log
 
 Run it on a quiet machine with a core per rank: on a loaded one the ranks
 wait for CPU time the simulator knows nothing about.
