@@ -308,8 +308,8 @@ def trace_tail_s(path: str) -> float:
         return 0.0
     with open(path, encoding="utf-8") as f:
         trace = json.load(f)
-    ended = max((e["ts"] + e["dur"]) / 1e6 for e in trace["traceEvents"] if e.get("ph") == "X")
-    return max(0.0, trace["otherData"]["step_s"] - ended)
+    ended = max(((e["ts"] + e["dur"]) / 1e6 for e in trace["traceEvents"] if e.get("ph") == "X"), default=None)
+    return 0.0 if ended is None else max(0.0, trace["otherData"]["step_s"] - ended)
 
 
 def print_table(rows: list[tuple]) -> None:

@@ -461,7 +461,7 @@ def test_a_distributed_run_records_each_ranks_timeline_in_plan_order(file_case):
         busy = sum(result.op_s[name] for name, *_ in ops if name in graph.index)
         waits = sum(waited for _, _, waited, _ in ops)
         span = ops[-1][3] - ops[0][1]
-        assert span <= busy + waits <= span + 1e-3
+        assert span - 1e-9 <= busy + waits <= span + 1e-2
     # What the step spent after the last operation (its barrier) is measured, and is part of the step.
     assert 0.0 < result.tail_s < result.step_s[-1]
 
