@@ -121,3 +121,30 @@ def test_data_parallel_runs_only_where_its_lower_bound_can_beat_the_best_plan(pa
     assert any(skipped.startswith("data_parallel") for skipped in plan.extra["auto"]["cannot_win"]) is not runs
     assert (data_parallel < expert) is runs
     assert plan.predicted["makespan_s"] <= min(data_parallel, expert)
+
+
+def test_a_members_plan_is_not_checked_again_but_a_changed_one_is(case, monkeypatch):
+    from placer.algorithms import registry
+    from placer.errors import InfeasibleError
+    from placer.plan import Plan
+
+    graph, cluster = case
+    checks = []
+    validate = Plan.validate
+    monkeypatch.setattr(Plan, "validate", lambda plan, *args: checks.append(plan) or validate(plan, *args))
+    plan = place(graph, cluster, "auto", portfolio="expert", max_evaluations=0)
+    assert plan.extra["auto"]["start"] == "expert" and plan.algorithm == "auto"
+    assert checks == [plan]             # checked once, by the member's place(); auto returned it as it was
+    assert plan.predicted["makespan_s"] == pytest.approx(simulate_plan(plan, graph, cluster).makespan_s)
+
+    def tampering(graph, cluster, *, seed=0, time_limit=None):
+        """Returns a plan place() checked, then reverses one device's order (against the dependencies)."""
+        checked = place(graph, cluster, "expert")
+        device = max(checked.order, key=lambda d: len(checked.order[d]))
+        checked.order[device].reverse()
+        return checked
+
+    monkeypatch.setitem(registry._REGISTRY, "tampering",
+                        registry.Algorithm("tampering", tampering, {"seed": 0, "time_limit": None}, ""))
+    with pytest.raises(InfeasibleError, match="tampering found no valid plan"):
+        place(graph, cluster, "tampering")

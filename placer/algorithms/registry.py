@@ -8,7 +8,9 @@ An algorithm is a plain function registered under a name::
 Its keyword-only parameters are its options; :func:`place` validates them at
 the door, diagnoses impossible problems, runs the algorithm, then checks the
 plan against the reference model and fills in its predicted figures, so
-every plan that leaves :func:`place` is valid and fits in memory.
+every plan that leaves :func:`place` is valid and fits in memory (a plan it
+already checked for the same graph and cluster and that comes back unchanged,
+as ``auto`` returns a member's, keeps that check's figures).
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from __future__ import annotations
 import inspect
 import math
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -45,6 +48,19 @@ class Algorithm:
 
 
 _REGISTRY: dict[str, Algorithm] = {}
+
+#: Plans :func:`place` checked, with what the check depended on and its figures: a plan an algorithm
+#: returns as place() checked it for the same graph and cluster (``auto`` returns a member's plan)
+#: is not simulated again, which takes seconds on a replicated graph of 10^5 operations.
+_checked: "weakref.WeakKeyDictionary[Plan, tuple[tuple, dict]]" = weakref.WeakKeyDictionary()
+
+
+def _check_key(plan: Plan, graph: OpGraph, cluster: Cluster) -> tuple:
+    """Everything a check of ``plan`` on ``graph`` and ``cluster`` depends on (the objects by identity)."""
+    order = None if plan.order is None else tuple((device, tuple(ids)) for device, ids in plan.order.items())
+    rewritten = None if plan.rewritten_graph is None else id(plan.rewritten_graph)
+    return (weakref.ref(graph), weakref.ref(cluster), rewritten, plan.graph_digest, plan.graph_name,
+            repr(plan.splits), tuple(plan.placement.items()), order)
 
 
 def register(name: str) -> Callable[[Callable[..., Plan]], Callable[..., Plan]]:
@@ -164,16 +180,22 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
         raise TimeLimitError(f"{algorithm} found no plan within its time limit of {opts['time_limit']:g} s "
                              f"({graph.num_nodes} ops on {cluster.num_devices} devices); give it more time")
     elapsed = time.perf_counter() - began
-    try:
-        result = plan.validate(graph, cluster)
-    except InvalidPlanError as exc:
-        raise InfeasibleError(f"{algorithm} found no valid plan: {exc}") from None
-    if plan.order is None:
-        names = [d.name for d in cluster.devices]
-        target = plan.target_graph(graph)
-        plan.order = {names[j]: [target.ids[i] for i in seq.tolist()]
-                      for j, seq in enumerate(result.device_orders())}
+    known = _checked.get(plan)
+    if known is not None and known[0] == _check_key(plan, graph, cluster):
+        figures = known[1]
+    else:
+        try:
+            result = plan.validate(graph, cluster)
+        except InvalidPlanError as exc:
+            raise InfeasibleError(f"{algorithm} found no valid plan: {exc}") from None
+        if plan.order is None:
+            names = [d.name for d in cluster.devices]
+            target = plan.target_graph(graph)
+            plan.order = {names[j]: [target.ids[i] for i in seq.tolist()]
+                          for j, seq in enumerate(result.device_orders())}
+        figures = result.predicted()
+        _checked[plan] = (_check_key(plan, graph, cluster), figures)
     plan.algorithm = algorithm
-    plan.predicted = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster)}
+    plan.predicted = {**figures, "lower_bound_s": lower_bound(graph, cluster)}
     plan.search_time_s = elapsed
     return plan
