@@ -293,7 +293,8 @@ def recorded_runs(source: str) -> list[Run]:
                             measured.get("op_message_s", {}), [tuple(x) for x in measured.get("message_s", [])],
                             measured.get("calibrated_message_cost") and
                             MessageCost.from_dict(measured["calibrated_message_cost"]),
-                            measured.get("tail_s", trace_tail_s(os.path.join(folder, f"{stem}-measured.json"))),
+                            measured["tail_s"] if "tail_s" in measured
+                            else trace_tail_s(os.path.join(folder, f"{stem}-measured.json")),
                             measured.get("round_step_s", [])))
     return runs
 
