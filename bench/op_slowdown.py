@@ -18,7 +18,15 @@ error of the one-rank step predicted by the round's profile, plain and scaled
 by the gauges (the rank's before the run over the parent's before the profile).
 ``--replay LOG`` prints that summary again from such a run's printed rounds.
 
-    PYTHONPATH=. python bench/op_slowdown.py [--part load|drift] [--models resnet,vgg] [--rounds 6]
+``--part ranks``: does a rank's core set its slowdown? The ranks of one run
+compute at factors up to 1.95x apart over the profile (docs/benchmarks.md,
+"Session 24"). Each plan runs with every rank gauging its core (:func:`gauge_s`)
+and saying which CPU and memory node it is on before its first step; per rank,
+its operations' time over the profile (:func:`fidelity.rank_slowdowns`) beside
+its gauge over the parent's (taken before the profile). If the core's speed
+sets the factor, the two agree.
+
+    PYTHONPATH=. python bench/op_slowdown.py [--part load|drift|ranks] [--models resnet,vgg] [--rounds 6]
     PYTHONPATH=. python bench/op_slowdown.py --replay bench/data/op_slowdown-h200-s23-drift2.log
 """
 
@@ -39,7 +47,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fidelity import MODELS  # noqa: E402
+from fidelity import MODELS, Run, rank_slowdowns  # noqa: E402
 
 
 def physical_cores() -> list[int]:
@@ -146,13 +154,27 @@ def gauge_s() -> float:
 
 
 class GaugeInRank:
-    """A run's rank hook: gauge the rank's core before its first step, into ``folder/rank-N``."""
+    """A run's rank hook: gauge the rank's core before its first step, into ``folder/rank-N``; with ``where``,
+    the CPU and memory node it ran the gauge on into ``folder/rank-N.where``."""
 
-    def __init__(self, folder: str):
+    def __init__(self, folder: str, where: bool = False):
         self.folder = folder
+        self.where = where
 
     def __call__(self, rank: int) -> None:
         Path(self.folder, f"rank-{rank}").write_text(f"{gauge_s()!r}")
+        if self.where:
+            Path(self.folder, f"rank-{rank}.where").write_text(current_cpu_and_node())
+
+
+def current_cpu_and_node() -> str:
+    """``cpu C, node N`` this process last ran on (Linux /proc and /sys; ``?`` where they do not say)."""
+    try:        # field 39 of /proc/self/stat, counted after the command's closing parenthesis
+        cpu = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[36]
+    except (OSError, IndexError):
+        return "cpu ?, node ?"
+    nodes = [p.name[4:] for p in Path(f"/sys/devices/system/cpu/cpu{cpu}").glob("node[0-9]*")]
+    return f"cpu {cpu}, node {nodes[0] if nodes else '?'}"
 
 
 #: A round as :func:`drift` prints it, and its gauges (the first probe on the H200, session 23, had none).
@@ -295,13 +317,59 @@ def load(args) -> None:
             Path(args.out, "op_slowdown.json").write_text(json.dumps(raw))
 
 
+def ranks(args) -> None:
+    """Each plan run with every rank gauging its core first: its operations' slowdown beside its core's speed."""
+    from placer.algorithms import place
+    from placer.cluster import load_cluster
+    from placer.cost.profile import Profile, apply_profile, profile_module
+    from placer.runtime.distributed import run_distributed
+
+    torch.set_num_threads(1)
+    print(f"{os.cpu_count()} logical CPUs; parent on {current_cpu_and_node()}; load average "
+          f"{os.getloadavg()[0]:.1f}", flush=True)
+    pairs = []          # (rank's gauge over the parent's, rank's slowdown factor)
+    for name in args.models.split(","):
+        captured, flat = _captured(name)
+        parent = gauge_s()
+        alone = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
+                               node_ids=set(captured.graph.ids))
+        graph = apply_profile(captured.graph, Profile(captured.graph.name, captured.graph.digest(), "cpu", alone))
+        for cluster_name in args.clusters.split(","):
+            cluster = load_cluster(cluster_name)
+            for algorithm in args.plans.split(","):
+                plan = place(graph, cluster, algorithm)
+                with tempfile.TemporaryDirectory() as folder:
+                    result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=args.steps,
+                                             carrier=captured.carrier, timeout_s=120,
+                                             hook=GaugeInRank(folder, where=True))
+                    gauges, where = {}, {}
+                    for rank in range(cluster.num_devices):
+                        gauges[rank] = float(Path(folder, f"rank-{rank}").read_text())
+                        where[rank] = Path(folder, f"rank-{rank}.where").read_text()
+                run = Run(name, cluster_name, algorithm, graph, cluster, plan, result.step_s, result.op_s,
+                          result.transfer_s, result.op_message_s, result.message_s)
+                factors = rank_slowdowns(run)
+                step = statistics.median(result.step_s[2:])
+                print(f"{name:12s}{cluster_name:6s}{algorithm:12s}step {step * 1e3:8.2f} ms; parent's gauge "
+                      f"{parent * 1e3:.2f} ms; " + "; ".join(
+                          f"rank {rank} ({where[rank]}): gauge x{gauges[rank] / parent:.2f}, ops x{factor:.2f}"
+                          for rank, factor in factors.items()), flush=True)
+                pairs += [(gauges[rank] / parent, factor) for rank, factor in factors.items()]
+    if len(pairs) > 2:
+        gauge, factor = np.array(pairs).T
+        print(f"over {len(pairs)} ranks: ops' factor {np.median(factor):.2f} (median), the core's gauge over the "
+              f"parent's {np.median(gauge):.2f}; correlation {np.corrcoef(gauge, factor)[0, 1]:+.2f}; the factor "
+              f"over the gauge's ratio {np.median(factor / gauge):.2f} (median), {np.min(factor / gauge):.2f} to "
+              f"{np.max(factor / gauge):.2f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnet,vgg,inception,transformer,rnnlm")
     parser.add_argument("--clusters", default="2xcpu,4xcpu")
     parser.add_argument("--plans", default="single,expert,round_robin")
     parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--part", choices=("load", "drift"), default="load")
+    parser.add_argument("--part", choices=("load", "drift", "ranks"), default="load")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per model (--part drift)")
     parser.add_argument("--out", default=None, help="folder for the raw times (JSON; --part load)")
     parser.add_argument("--replay", help="a --part drift run's printed output: its summary again")
@@ -309,10 +377,7 @@ def main() -> int:
     if args.replay:
         summarize(Path(args.replay).read_text().splitlines())
         return 0
-    if args.part == "drift":
-        drift(args)
-    else:
-        load(args)
+    {"drift": drift, "ranks": ranks, "load": load}[args.part](args)
     print(f"reproduce: PYTHONPATH=. python bench/op_slowdown.py --part {args.part} --models {args.models} "
           + (f"--rounds {args.rounds}" if args.part == "drift" else f"--clusters {args.clusters} --plans {args.plans}")
           + f" --steps {args.steps}")
