@@ -3,7 +3,9 @@
 For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
 
 1. calibrate: the gloo link's latency and bandwidth measured by
-   :func:`placer.cost.calibrate.calibrate` (ping-pong between two processes);
+   :func:`placer.cost.calibrate.calibrate` (ping-pong between two processes),
+   a message's host cost, and the barrier that ends a step (added to the
+   prediction with the calibrated message cost);
    every operation's time measured alone, one thread, by
    :func:`placer.cost.profile.profile_module` (median of 5 runs);
 2. plan on the calibrated graph and cluster; the reference simulator's
@@ -131,6 +133,7 @@ class Run:
     calibrated_message_cost: Any = None                              # recorded since sample s20c
     tail_s: float = 0.0          # recorded since session 24 (sample s24c: from its traces, see recorded_runs)
     round_step_s: list = dataclasses.field(default_factory=list)    # each round's median step, with --rounds
+    calibrated_barrier_s: float = 0.0                                # recorded since session 24 (after s24c)
 
     @property
     def measured_s(self) -> float:
@@ -218,7 +221,7 @@ def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
     calibrated_messages = None
     if run.calibrated_message_cost is not None:
         calibrated_messages = simulate_with_messages(run.plan.bind(run.graph, run.cluster),
-                                                     run.calibrated_message_cost).makespan_s
+                                                     run.calibrated_message_cost).makespan_s + run.calibrated_barrier_s
     case = (run.model, run.graph.num_nodes, run.cluster_name, run.algorithm, len(set(run.plan.placement.values())))
     return case, run.measured_s, {
         "calibrated": run.plan.predicted["makespan_s"],
@@ -247,7 +250,7 @@ def record_run(folder: str, run: Run, result) -> None:
     # Times to 0.1 us (a clock read costs more), compact: tens of thousands of messages per model.
     measured = _rounded({"step_s": run.step_s, "op_s": run.op_s, "transfer_s": run.transfer_s,
                          "op_message_s": run.op_message_s, "message_s": run.message_s, "tail_s": run.tail_s,
-                         "round_step_s": run.round_step_s})
+                         "round_step_s": run.round_step_s, "calibrated_barrier_s": run.calibrated_barrier_s})
     if run.calibrated_message_cost is not None:
         measured["calibrated_message_cost"] = run.calibrated_message_cost.to_dict()
     write_text_atomic(stem + "-run.json", json.dumps(measured, separators=(",", ":")))
@@ -295,7 +298,7 @@ def recorded_runs(source: str) -> list[Run]:
                             MessageCost.from_dict(measured["calibrated_message_cost"]),
                             measured["tail_s"] if "tail_s" in measured
                             else trace_tail_s(os.path.join(folder, f"{stem}-measured.json")),
-                            measured.get("round_step_s", [])))
+                            measured.get("round_step_s", []), measured.get("calibrated_barrier_s", 0.0)))
     return runs
 
 
@@ -551,8 +554,9 @@ def measure(args: argparse.Namespace) -> list[Run]:
           f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
           f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; in streams (sending, receiving us by us between them) "
           + ", ".join(f"{gap * 1e6:.0f}: {sent * 1e6:.1f}, {received * 1e6:.1f}" for gap, sent, received in cost.by_gap)
-          + f"; measured in {time.perf_counter() - t0:.1f} s; "
-          f"{os.cpu_count()} CPU cores, load average {os.getloadavg()[0]:.1f}")
+          + f"; the last rank in a barrier {(calibration.barrier_s or 0.0) * 1e6:.1f} us; "
+          f"measured in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPU cores, load average "
+          f"{os.getloadavg()[0]:.1f}")
     runs = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         spec, batch = MODELS[name]
@@ -590,7 +594,8 @@ def measure(args: argparse.Namespace) -> list[Run]:
             if args.rounds > 1:     # predicted from every round's profile
                 plan.predicted = simulate_plan(plan, graph, cluster).predicted()
             run = Run(name, cluster_name, algorithm, graph, cluster, plan, **pooled(rounds),
-                      calibrated_message_cost=calibration.message_cost)
+                      calibrated_message_cost=calibration.message_cost,
+                      calibrated_barrier_s=calibration.barrier_s or 0.0)
             if args.record:
                 record_run(args.record, run, rounds[-1])
             runs.append(run)

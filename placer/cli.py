@@ -115,24 +115,26 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     print_simulation(result, report)
     if args.message_cost:
-        print(f"with the host cost of its messages ({args.message_cost}; a richer mode than the reference "
-              f"model): {report['with_message_cost_s'] * 1e3:.3f} ms")
+        print(f"with the host cost of its messages and the barrier that ends a step ({args.message_cost}; a "
+              f"richer mode than the reference model): {report['with_message_cost_s'] * 1e3:.3f} ms")
     if args.trace:
         print(f"timeline written to {args.trace} (open in ui.perfetto.dev)")
     return 0
 
 
 def _with_message_cost(graph, plan, cluster, calibration_path: str) -> float:
-    """The plan's step with each message's host cost, from a calibration file, on its nodes."""
+    """The plan's step with each message's host cost, from a calibration file, on its nodes, and the
+    calibrated barrier that ends a step of the process-per-device runtime (where the file has one)."""
     from .cost.calibrate import load_calibration
     from .cost.messages import simulate_with_messages
 
-    cost = load_calibration(calibration_path).message_cost
-    if cost is None:
+    calibration = load_calibration(calibration_path)
+    if calibration.message_cost is None:
         raise OptionError(f"calibration {calibration_path} has no message cost (`placer calibrate --backend gloo` "
                           f"times one)")
     # The rewritten graph's, when the plan splits ops.
-    return simulate_with_messages(plan.bind(graph, cluster), cost).makespan_s
+    step_s = simulate_with_messages(plan.bind(graph, cluster), calibration.message_cost).makespan_s
+    return step_s + (calibration.barrier_s or 0.0)
 
 
 def cmd_algorithms(args: argparse.Namespace) -> int:

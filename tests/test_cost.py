@@ -137,7 +137,8 @@ def _calibration() -> Calibration:
     messages = [(0, 1, 1024, 2e-5, 1e-5), (0, 1, 1 << 20, 3e-4, 5e-5)]
     return Calibration({"gloo": LinkFit(3e-5, 4e9, 0.99, [(1024, 3.1e-5), (1 << 20, 2.9e-4)]),
                         "cuda-peer": LinkFit(-1e-6, 2e11, 0.9)}, {"backend": "gloo"},
-                       replace(MessageCost.fit(messages), by_gap=((0.0, 5e-6, 4e-6), (1e-3, 1e-5, 8e-6))), messages)
+                       replace(MessageCost.fit(messages), by_gap=((0.0, 5e-6, 4e-6), (1e-3, 1e-5, 8e-6))), messages,
+                       barrier_s=2e-4)
 
 
 def test_calibration_round_trip_and_apply(tmp_path):
@@ -147,6 +148,7 @@ def test_calibration_round_trip_and_apply(tmp_path):
     assert cal.links["gloo"].samples == [(1024, 3.1e-5), (1 << 20, 2.9e-4)]
     assert cal.meta == {"backend": "gloo"}
     assert cal.message_cost == _calibration().message_cost and cal.message_samples == _calibration().message_samples
+    assert cal.barrier_s == _calibration().barrier_s == 2e-4
     assert cal.message_cost.send_s(1024) == pytest.approx(2e-5)
     assert cal.message_cost.send_s(1024, 1e-3) == pytest.approx(1e-5 + 1024 * cal.message_cost.send_per_byte_s)
     cluster = apply_calibration(load_cluster("2xcpu"), cal)
@@ -170,6 +172,7 @@ def test_calibration_round_trip_and_apply(tmp_path):
                                                           "samples": [[1, 2, 3]]}}}, "sample #0"),
     ({"format": "placer.calibration/1", "links": {}, "messages": {"send_fixed_s": 1e-5}},
      "field 'messages': missing required field 'send_per_byte_s'"),
+    ({"format": "placer.calibration/1", "links": {}, "barrier_s": -1e-4}, "field 'barrier_s'"),
     ({"format": "placer.calibration/1", "links": {}, "messages": {
         "send_fixed_s": 1e-5, "send_per_byte_s": 0, "receive_fixed_s": 1e-5, "receive_per_byte_s": 0,
         "samples": [[0, 1, 1024, 1e-5]]}}, "'messages': sample #0 must be"),
@@ -198,6 +201,8 @@ def test_real_gloo_calibration_two_ranks():
     # And in streams, a message every gap of MESSAGE_GAPS.
     assert [gap for gap, _, _ in cal.message_cost.by_gap] == list(MESSAGE_GAPS)
     assert all(sent >= 0 and received >= 0 for _, sent, received in cal.message_cost.by_gap)
+    # And the barrier that ends a step, for the last rank to reach it.
+    assert 0 < cal.barrier_s < 1.0
 
 
 def test_gloo_calibration_times_out_cleanly():

@@ -126,12 +126,15 @@ def fit_link(nbytes: Sequence[float], seconds: Sequence[float], link: str = "lin
 @dataclass
 class Calibration:
     """Fitted links (link type -> :class:`LinkFit`), where they were measured, and (gloo) the host
-    cost of a message with the ``(0, 1, bytes, sending seconds, receiving seconds)`` it was fitted to."""
+    cost of a message with the ``(0, 1, bytes, sending seconds, receiving seconds)`` it was fitted to,
+    and the seconds the last rank to reach a barrier spends in it (what ends a step of
+    :mod:`placer.runtime.distributed` after its last operation, with its last sends)."""
 
     links: dict[str, LinkFit]
     meta: dict[str, Any] = field(default_factory=dict)
     message_cost: MessageCost | None = None
     message_samples: list[tuple[int, int, int, float, float]] = field(default_factory=list)
+    barrier_s: float | None = None
 
     def to_dict(self) -> dict:
         doc = {"format": CALIBRATION_FORMAT, **self.meta,
@@ -140,6 +143,8 @@ class Calibration:
                          for name, f in self.links.items()}}
         if self.message_cost is not None:
             doc["messages"] = {**self.message_cost.to_dict(), "samples": [list(m) for m in self.message_samples]}
+        if self.barrier_s is not None:
+            doc["barrier_s"] = self.barrier_s
         return doc
 
     def save(self, path: str | os.PathLike) -> None:
@@ -183,7 +188,9 @@ class Calibration:
                                       f"sending seconds, receiving seconds], got {m!r}")
                 numbers = [check_number(x, f"{where_messages}: sample #{k}") for x in m]
                 message_samples.append((int(numbers[0]), int(numbers[1]), int(numbers[2]), numbers[3], numbers[4]))
-        return cls(links, top.extra({"format", "links", "messages"}), message_cost, message_samples)
+        barrier_s = top.number("barrier_s")
+        return cls(links, top.extra({"format", "links", "messages", "barrier_s"}), message_cost, message_samples,
+                   barrier_s)
 
 
 def load_calibration(path: str | os.PathLike) -> Calibration:
@@ -281,10 +288,28 @@ def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: in
         if rank < 2:
             messages = _message_host_times(rank, pair, [s for s in sizes if s <= MESSAGE_SIZE_LIMIT], repeats)
             streams = _stream_host_times(rank, pair, MESSAGE_GAPS, max(16, repeats))
+        barrier = _last_rank_barrier_s(rank, ranks, max(16, repeats))
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"trips": samples, "messages": messages,
-                                                             "streams": streams if rank < 2 else []}))
+                                                             "streams": streams if rank < 2 else [],
+                                                             "barrier": barrier}))
+
+
+def _last_rank_barrier_s(rank: int, ranks: int, count: int) -> float | None:
+    """Median seconds the last rank to reach a barrier of all ``ranks`` spends in it (the others wait there
+    already), as the rank that ends a runtime's step last does; None on the other ranks."""
+    import torch.distributed as dist
+
+    times = []
+    for _ in range(count + 1):          # the first one warms up
+        dist.barrier()
+        if rank == ranks - 1:
+            time.sleep(0.002)           # until the others surely wait
+        began = time.perf_counter()
+        dist.barrier()
+        times.append(time.perf_counter() - began)
+    return statistics.median(times[1:]) if rank == ranks - 1 else None
 
 
 def _message_host_times(rank: int, pair, sizes: list[int], repeats: int) -> list[list[float]]:
@@ -390,7 +415,7 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
 
 def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5,
                  timeout_s: float = 120.0) -> tuple[list[tuple[int, float]], list[tuple[int, int, int, float, float]],
-                                                    list[tuple[float, float, float]]]:
+                                                    list[tuple[float, float, float]], float]:
     """One-way transfer times between CPU processes over gloo on 127.0.0.1, and a message's host cost.
 
     Spawns ``ranks`` processes; rank 0 exchanges a tensor of each size with every other
@@ -401,12 +426,13 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
     fits. Last, streams of ``STREAM_MESSAGE_BYTES`` messages both ways between ranks 0
     and 1 with each of ``MESSAGE_GAPS`` of computation between them, timed the same
     way (medians over both ranks): a message costs less in a stream
-    (:attr:`placer.cost.messages.MessageCost.by_gap`).
+    (:attr:`placer.cost.messages.MessageCost.by_gap`). And the seconds the last rank
+    to reach a barrier of all ranks spends in it (median): how a runtime's step ends.
 
     Returns
     -------
     (list of (bytes, seconds), list of (0, 1, bytes, sending seconds, receiving seconds),
-    list of (gap seconds, sending seconds, receiving seconds))
+    list of (gap seconds, sending seconds, receiving seconds), barrier seconds)
 
     Raises
     ------
@@ -458,7 +484,8 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
         streams = [(float(gap), statistics.median(sent + sent_by_1), statistics.median(received + received_by_1))
                    for (gap, sent, received), (_, sent_by_1, received_by_1) in zip(sender["streams"],
                                                                                   receiver["streams"])]
-        return trips, messages, streams
+        last = json.loads(Path(out_dir, f"rank{ranks - 1}.json").read_text())
+        return trips, messages, streams, float(last["barrier"])
 
 
 def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict[str, list[tuple[int, float]]]:
@@ -524,9 +551,9 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
     import torch
 
     sizes = list(sizes)
-    messages, streams = [], []
+    messages, streams, barrier_s = [], [], None
     if backend == "gloo":
-        trips, messages, streams = measure_gloo(ranks, sizes, repeats, timeout_s)
+        trips, messages, streams, barrier_s = measure_gloo(ranks, sizes, repeats, timeout_s)
         measured = {"gloo": trips}
     elif backend == "cuda":
         measured = measure_cuda(sizes, repeats)
@@ -537,7 +564,7 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
             "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if backend == "gloo":
         meta["ranks"] = ranks
-    return Calibration(links, meta, _message_cost(messages, streams) if messages else None, messages)
+    return Calibration(links, meta, _message_cost(messages, streams) if messages else None, messages, barrier_s)
 
 
 def _message_cost(messages: list[tuple[int, int, int, float, float]],
