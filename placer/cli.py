@@ -254,8 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print makespan_s, peak_memory_bytes, fits, lower_bound_s as JSON")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace / Perfetto timeline")
     p.add_argument("--message-cost", metavar="CALIBRATION",
-                   help="also give the step with each message's host cost from this calibration file "
-                        "(one process per device over gloo; a richer mode beside the reference model)")
+                   help="also give the step with each message's host cost and the barrier that ends a step "
+                        "from this calibration file (one process per device over gloo; a richer mode beside the "
+                        "reference model)")
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("algorithms", help="list the registered algorithms")
