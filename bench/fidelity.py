@@ -174,14 +174,21 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed, the third gave 19.9%).
     Plus the end of a step ``source`` measured, as :func:`predicted_from`.
     """
-    from placer.cost.messages import simulate_with_messages
-    from placer.runtime.feedback import own_times
-
     cost = run_message_cost(source)
     if cost is None:
         return None
-    return simulate_with_messages(run.plan.bind(run.graph, run.cluster), cost,
-                                  own_times(source.op_s, source.op_message_s)).makespan_s + source.tail_s
+    return step_with_messages(run, cost, source) + source.tail_s
+
+
+@functools.cache        # the tables and the gap's split ask for the same simulations
+def step_with_messages(run: Run, cost, ops_from: Run | None) -> float:
+    """``run``'s plan simulated with ``cost`` charged for its messages, each node at the own time ``ops_from``
+    measured (:func:`placer.runtime.feedback.own_times`) or, without one, at its profiled time."""
+    from placer.cost.messages import simulate_with_messages
+    from placer.runtime.feedback import own_times
+
+    own = {} if ops_from is None else own_times(ops_from.op_s, ops_from.op_message_s)
+    return simulate_with_messages(run.plan.bind(run.graph, run.cluster), cost, own).makespan_s
 
 
 @functools.cache
@@ -215,13 +222,11 @@ PREDICTIONS = (
 def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
     """One run's line of the table: the case, what was measured, and each of :data:`PREDICTIONS` (None
     where the record lacks what it needs)."""
-    from placer.cost.messages import simulate_with_messages
     from placer.sim import simulate_plan
 
     calibrated_messages = None
     if run.calibrated_message_cost is not None:
-        calibrated_messages = simulate_with_messages(run.plan.bind(run.graph, run.cluster),
-                                                     run.calibrated_message_cost).makespan_s + run.calibrated_barrier_s
+        calibrated_messages = step_with_messages(run, run.calibrated_message_cost, None) + run.calibrated_barrier_s
     case = (run.model, run.graph.num_nodes, run.cluster_name, run.algorithm, len(set(run.plan.placement.values())))
     return case, run.measured_s, {
         "calibrated": run.plan.predicted["makespan_s"],
@@ -395,18 +400,14 @@ def ordered_pairs(runs: list[Run], predict) -> tuple[int, int]:
 def print_gap_parts(runs: list[Run]) -> None:
     """Where the calibrated prediction with message cost parts from the run's: each run predicted with its op
     times and its message cost each either calibrated (profiled) or the run's, without the step's end."""
-    from placer.cost.messages import simulate_with_messages
-    from placer.runtime.feedback import own_times
-
     runs = [run for run in runs if run.message_s and run.calibrated_message_cost is not None]
     if not runs:
         return
     errors: dict[tuple[str, str], list[float]] = {}
     for run in runs:
-        bound = run.plan.bind(run.graph, run.cluster)
-        for ops, op_s in (("profiled", {}), ("the run's own", own_times(run.op_s, run.op_message_s))):
+        for ops, ops_from in (("profiled", None), ("the run's own", run)):
             for messages, cost in (("calibrated", run.calibrated_message_cost), ("the run's", run_message_cost(run))):
-                predicted = simulate_with_messages(bound, cost, op_s).makespan_s
+                predicted = step_with_messages(run, cost, ops_from)
                 errors.setdefault((ops, messages), []).append(predicted / run.measured_s - 1)
     print(f"mean |error| (mean error) over {len(runs)} runs, op times and message cost each calibrated or the "
           "run's, without the step's end: " + "; ".join(
