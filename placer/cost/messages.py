@@ -222,7 +222,7 @@ def message_gaps(messages: Sequence[tuple[int, int, int]], bound: BoundPlan,
 
 
 def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str, float] | None = None,
-                           passes: int = 3) -> "SimResult":
+                           passes: int = 3, messages: Sequence[tuple[int, int, int]] | None = None) -> "SimResult":
     """The plan simulated with its messages' host cost (:func:`messages_graph`) on its nodes.
 
     Where ``cost`` has costs by gap, a message's gap depends on the schedule its cost
@@ -232,7 +232,8 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
     fewer once the step moves by 0.1% or less). Started from each message alone
     instead, the passes settle on longer gaps: on the session 20 and 22 fidelity
     records, with a step-shaped cost, 15.7% and 15.9% mean error against 12.8%
-    and 14.1% (docs/benchmarks.md, "Fidelity").
+    and 14.1% (docs/benchmarks.md, "Fidelity"). ``messages``, where the caller
+    has them, are the plan's (:func:`plan_messages`, computed when not given).
 
     Returns
     -------
@@ -243,7 +244,8 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
 
     if passes < 1:
         raise OptionError(f"option 'passes' must be >= 1, got {passes}")
-    messages = plan_messages(bound.graph, bound)
+    if messages is None:
+        messages = plan_messages(bound.graph, bound)
     gaps = [(0.0, 0.0)] * len(messages) if cost.by_gap else None
     schedule = None
     for _ in range(passes if cost.by_gap else 1):
@@ -276,7 +278,7 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
     messages = plan_messages(bound.graph, bound)
     if not calibrated.by_gap or not messages:
         return fitted
-    gaps = message_gaps(messages, bound, simulate_with_messages(bound, fitted, own_s))
+    gaps = message_gaps(messages, bound, simulate_with_messages(bound, fitted, own_s, messages=messages))
     # What the calibration's fixed parts average at those gaps (a message of no bytes).
     sending = float(np.mean([calibrated.send_s(0, send_gap) for send_gap, _ in gaps]))
     receiving = float(np.mean([calibrated.receive_s(0, receive_gap) for _, receive_gap in gaps]))
