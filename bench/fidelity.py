@@ -144,6 +144,16 @@ class Run:
         return self.model, self.cluster_name
 
 
+def captured_model(name: str):
+    """The captured training step of :data:`MODELS`' ``name`` and its flat inputs."""
+    from placer.capture.spec import capture_spec, load_model
+
+    spec, batch = MODELS[name]
+    captured = capture_spec(spec, batch)
+    model, inputs = load_model(spec, batch)
+    return captured, captured.step_inputs(model, inputs)
+
+
 def fed_graph(run: Run, source: Run):
     """``run``'s graph with the op times ``source`` measured (FastT's feedback)."""
     from placer.runtime.feedback import measured_graph
@@ -538,7 +548,6 @@ def report(runs: list[Run]) -> None:
 
 def measure(args: argparse.Namespace) -> list[Run]:
     from placer.algorithms import place
-    from placer.capture.spec import capture_spec, load_model
     from placer.cluster import load_cluster
     from placer.cost.calibrate import apply_calibration, calibrate
     from placer.cost.profile import Profile, apply_profile, profile_module
@@ -560,10 +569,7 @@ def measure(args: argparse.Namespace) -> list[Run]:
           f"{os.getloadavg()[0]:.1f}")
     runs = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
-        spec, batch = MODELS[name]
-        captured = capture_spec(spec, batch)
-        model, inputs = load_model(spec, batch)
-        flat = captured.step_inputs(model, inputs)
+        captured, flat = captured_model(name)
 
         def profiled(seconds: dict[str, float]):
             return apply_profile(captured.graph, Profile(captured.graph.name, captured.graph.digest(), "cpu", seconds))

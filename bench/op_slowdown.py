@@ -47,7 +47,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).parent))
-from fidelity import MODELS, Run, rank_slowdowns  # noqa: E402
+from fidelity import Run, captured_model, rank_slowdowns  # noqa: E402
 
 
 def physical_cores() -> list[int]:
@@ -63,22 +63,13 @@ def physical_cores() -> list[int]:
     return chosen
 
 
-def _captured(name: str):
-    from placer.capture.spec import capture_spec, load_model
-
-    spec, batch = MODELS[name]
-    captured = capture_spec(spec, batch)
-    model, inputs = load_model(spec, batch)
-    return captured, captured.step_inputs(model, inputs)
-
-
 def _profile(name: str, core: int | None, barrier, queue) -> None:
     from placer.cost.profile import profile_module
 
     torch.set_num_threads(1)
     if core is not None:
         os.sched_setaffinity(0, {core})
-    captured, flat = _captured(name)
+    captured, flat = captured_model(name)
     barrier.wait()
     seconds = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
                              node_ids=set(captured.graph.ids))
@@ -195,7 +186,7 @@ def drift(args) -> None:
     cluster = load_cluster("2xcpu")
     lines = []
     for name in args.models.split(","):
-        captured, flat = _captured(name)
+        captured, flat = captured_model(name)
         graph = captured.graph
         for k in range(args.rounds):
             before = gauge_s()
@@ -278,7 +269,7 @@ def load(args) -> None:
     raw: dict = {}
     for name in args.models.split(","):
         began = time.perf_counter()
-        captured, flat = _captured(name)
+        captured, flat = captured_model(name)
         graph = captured.graph
         profiles = {"alone": concurrent_profiles(name, 1, None)[0]}
         for k in (2, 4):
@@ -329,7 +320,7 @@ def ranks(args) -> None:
           f"{os.getloadavg()[0]:.1f}", flush=True)
     pairs = []          # (rank's gauge over the parent's, rank's slowdown factor)
     for name in args.models.split(","):
-        captured, flat = _captured(name)
+        captured, flat = captured_model(name)
         parent = gauge_s()
         alone = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
                                node_ids=set(captured.graph.ids))
