@@ -31,9 +31,10 @@ For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
 
 Error = (predicted - measured) / measured. Prints Markdown tables, then where
 the prediction before a run parts from the run's (op times, message cost, the
-step's end, what is left per operation; with rounds, their spread) and how
-much slower each rank computed than profiled, and the command to reproduce
-them.
+step's end, what is left per operation; with rounds, their spread), how
+much slower each rank computed than profiled and, from the traces, whether
+operations run slower just after their rank blocked, and the command to
+reproduce them.
 
 With ``--rounds R``, each model is profiled and every plan of it run R times in
 turn, so that the machine's own speed, which moves over seconds on the lent
@@ -134,6 +135,8 @@ class Run:
     tail_s: float = 0.0          # recorded since session 24 (sample s24c: from its traces, see recorded_runs)
     round_step_s: list = dataclasses.field(default_factory=list)    # each round's median step, with --rounds
     calibrated_barrier_s: float = 0.0                                # recorded since session 24 (after s24c)
+    # The last step's measured trace events (run_trace's), where the record keeps them (live runs, sample s24c).
+    trace_events: list = dataclasses.field(default_factory=list)
 
     @property
     def measured_s(self) -> float:
@@ -304,6 +307,7 @@ def recorded_runs(source: str) -> list[Run]:
             name, cluster_name, algorithm = stem.split("-", 2)
             with open(path, encoding="utf-8") as f:
                 measured = json.load(f)
+            trace = measured_trace(os.path.join(folder, f"{stem}-measured.json"))
             runs.append(Run(name, cluster_name, algorithm, OpGraph.load(os.path.join(folder, f"{name}-graph.json")),
                             load_cluster(os.path.join(folder, f"{cluster_name}-cluster.json")),
                             Plan.load(os.path.join(folder, f"{stem}-plan.json")), measured["step_s"],
@@ -311,22 +315,28 @@ def recorded_runs(source: str) -> list[Run]:
                             measured.get("op_message_s", {}), [tuple(x) for x in measured.get("message_s", [])],
                             measured.get("calibrated_message_cost") and
                             MessageCost.from_dict(measured["calibrated_message_cost"]),
-                            measured["tail_s"] if "tail_s" in measured
-                            else trace_tail_s(os.path.join(folder, f"{stem}-measured.json")),
-                            measured.get("round_step_s", []), measured.get("calibrated_barrier_s", 0.0)))
+                            measured["tail_s"] if "tail_s" in measured else trace_tail_s(trace),
+                            measured.get("round_step_s", []), measured.get("calibrated_barrier_s", 0.0),
+                            [] if trace is None else trace["traceEvents"]))
     return runs
 
 
-def trace_tail_s(path: str) -> float:
-    """The end of the last step after its last operation, from a run's trace at ``path`` (0 without one).
+def measured_trace(path: str) -> dict | None:
+    """A run's recorded trace of its last step (:func:`placer.runtime.trace.run_trace`), None where not kept."""
+    if not os.path.exists(path):
+        return None
+    with open(path, encoding="utf-8") as f:
+        return json.load(f)
+
+
+def trace_tail_s(trace: dict | None) -> float:
+    """The end of the last step after its last operation, from a run's trace (0 without one).
 
     For the records before runs measured it (sample s24c keeps its traces for this): the trace's clock starts
     with the first rank to start, which may precede the measuring rank's start, so this is at most the tail.
     """
-    if not os.path.exists(path):
+    if trace is None:
         return 0.0
-    with open(path, encoding="utf-8") as f:
-        trace = json.load(f)
     ended = max(((e["ts"] + e["dur"]) / 1e6 for e in trace["traceEvents"] if e.get("ph") == "X"), default=None)
     return 0.0 if ended is None else max(0.0, trace["otherData"]["step_s"] - ended)
 
@@ -439,6 +449,70 @@ def rank_slowdowns(run: Run, over_s: float = 50e-6) -> dict[int, float]:
             for rank in range(run.cluster.num_devices) if (timed & (device_of == rank)).sum() >= 5}
 
 
+def after_blocking(run: Run, window_s: float = 200e-6, over_s: float = 50e-6) -> tuple[np.ndarray, np.ndarray, int]:
+    """Whether the rank had just blocked, against the operations' time in the run over the profile's.
+
+    From the run's trace of its last step: the operations profiled over ``over_s`` with no input or output on
+    another rank (no message of their own to count), each as (run's seconds, profiled seconds, whether it
+    started within ``window_s`` of its rank's last blocking wait (over ``BLOCKED_WAIT_S``) or of the step's
+    start, after the barrier); and the number of such wakes (the ranks' starts and blocking waits). Empty without
+    a trace.
+    """
+    from placer.runtime.distributed import BLOCKED_WAIT_S
+
+    graph = run.graph
+    device_of = run.plan.bind(graph, run.cluster).device_of
+    profiled = graph.durations(run.cluster)[np.arange(graph.num_nodes), device_of]
+    crossing = device_of[graph.src] != device_of[graph.dst]
+    messaging = np.zeros(graph.num_nodes, dtype=bool)
+    messaging[graph.src[crossing]] = messaging[graph.dst[crossing]] = True
+    index = {node: i for i, node in enumerate(graph.ids)}
+    lanes: dict[int, list[dict]] = {}
+    for event in run.trace_events:
+        if event.get("ph") == "X":
+            lanes.setdefault(event["tid"], []).append(event)
+    rows, wakes = [], len(lanes)
+    for events in lanes.values():
+        woke = 0.0          # the step starts after the barrier, a wait too
+        for event in sorted(events, key=lambda e: e["ts"]):
+            start, seconds = event["ts"] / 1e6, event["dur"] / 1e6
+            if event.get("cat") == "wait":
+                if seconds > BLOCKED_WAIT_S:
+                    woke, wakes = start + seconds, wakes + 1
+                continue
+            i = index.get(event["name"])
+            if i is not None and not messaging[i] and profiled[i] > over_s:
+                rows.append((seconds, profiled[i], start - woke < window_s))
+    table = np.array(rows, dtype=float).reshape(-1, 3)
+    return table[:, :2], table[:, 2].astype(bool), wakes
+
+
+def print_after_blocking(runs: list[Run]) -> None:
+    """Do operations run slower just after their rank blocked (woken, its caches cold)? Pooled over the runs
+    with a trace, the round-robin plans apart (nearly all their operations send or receive)."""
+    traced = [run for run in runs if run.trace_events and run.algorithm != "round_robin"]
+    if not traced:
+        return
+    seconds, near, wakes, steps = [], [], 0, 0.0
+    for run in traced:
+        times, close, woken = after_blocking(run)
+        seconds.append(times)
+        near.append(close)
+        wakes += woken
+        steps += run.measured_s
+    times, close = np.concatenate(seconds), np.concatenate(near)
+    if not close.any() or close.all():
+        return
+    soon = times[close, 0].sum() / times[close, 1].sum()
+    later = times[~close, 0].sum() / times[~close, 1].sum()
+    excess = times[close, 0].sum() - later * times[close, 1].sum()
+    print(f"operations with no message of their own, profiled over 50 us, in the traced steps of {len(traced)} runs "
+          f"(round robin apart): within 200 us of their rank's last blocking wait or the step's start, "
+          f"{soon:.2f}x their profile ({int(close.sum())} ops); later, {later:.2f}x ({int((~close).sum())} ops); "
+          f"the excess {excess * 1e6 / wakes:.1f} us per wake ({wakes} wakes: the ranks' starts and their blocking "
+          f"waits), {excess / steps:.1%} of the steps")
+
+
 def per_op_residual_s(run: Run, probe_s: float = 3e-6) -> float:
     """The time per operation that, added to every node's own time, would make the prediction from the run's own
     times and message cost (:func:`predicted_with_messages`) equal the run: a linear estimate from that
@@ -544,6 +618,7 @@ def report(runs: list[Run]) -> None:
     print_residuals(runs)
     print_round_spread(runs)
     print_rank_slowdowns(runs)
+    print_after_blocking(runs)
 
 
 def measure(args: argparse.Namespace) -> list[Run]:
@@ -552,6 +627,7 @@ def measure(args: argparse.Namespace) -> list[Run]:
     from placer.cost.calibrate import apply_calibration, calibrate
     from placer.cost.profile import Profile, apply_profile, profile_module
     from placer.runtime.distributed import run_distributed
+    from placer.runtime.trace import run_trace
     from placer.sim import simulate_plan
 
     torch.set_num_threads(1)
@@ -602,7 +678,8 @@ def measure(args: argparse.Namespace) -> list[Run]:
                 plan.predicted = simulate_plan(plan, graph, cluster).predicted()
             run = Run(name, cluster_name, algorithm, graph, cluster, plan, **pooled(rounds),
                       calibrated_message_cost=calibration.message_cost,
-                      calibrated_barrier_s=calibration.barrier_s or 0.0)
+                      calibrated_barrier_s=calibration.barrier_s or 0.0,
+                      trace_events=run_trace(rounds[-1].timeline, cluster)["traceEvents"])
             if args.record:
                 record_run(args.record, run, rounds[-1])
             runs.append(run)
