@@ -33,8 +33,8 @@ Error = (predicted - measured) / measured. Prints Markdown tables, then where
 the prediction before a run parts from the run's (op times, message cost, the
 step's end, what is left per operation; with rounds, their spread), how
 much slower each rank computed than profiled and, from the traces, whether
-operations run slower just after their rank blocked, and the command to
-reproduce them.
+operations run slower just after their rank blocked or while the other ranks
+compute, and the command to reproduce them.
 
 With ``--rounds R``, each model is profiled and every plan of it run R times in
 turn, so that the machine's own speed, which moves over seconds on the lent
@@ -449,14 +449,14 @@ def rank_slowdowns(run: Run, over_s: float = 50e-6) -> dict[int, float]:
             for rank in range(run.cluster.num_devices) if (timed & (device_of == rank)).sum() >= 5}
 
 
-def after_blocking(run: Run, window_s: float = 200e-6, over_s: float = 50e-6) -> tuple[np.ndarray, np.ndarray, int]:
-    """Whether the rank had just blocked, against the operations' time in the run over the profile's.
+def traced_ops(run: Run, over_s: float = 50e-6) -> tuple[np.ndarray, int]:
+    """What was going on around each operation of the run's traced step, beside its time in the run.
 
-    From the run's trace of its last step: the operations profiled over ``over_s`` with no input or output on
-    another rank (no message of their own to count), each as (run's seconds, profiled seconds, whether it
-    started within ``window_s`` of its rank's last blocking wait (over ``BLOCKED_WAIT_S``) or of the step's
-    start, after the barrier); and the number of such wakes (the ranks' starts and blocking waits). Empty without
-    a trace.
+    From the run's trace of its last step, the operations profiled over ``over_s`` with no input or output on
+    another rank (no message of their own to count), one row each: the run's seconds, the profiled seconds,
+    the seconds since its rank last woke (from a blocking wait, over ``BLOCKED_WAIT_S``, or at the step's start,
+    after the barrier), and the share of the operation's time the other ranks spent in operations. Also the
+    number of wakes (the ranks' starts and blocking waits). No rows without a trace or with one rank.
     """
     from placer.runtime.distributed import BLOCKED_WAIT_S
 
@@ -471,46 +471,56 @@ def after_blocking(run: Run, window_s: float = 200e-6, over_s: float = 50e-6) ->
     for event in run.trace_events:
         if event.get("ph") == "X":
             lanes.setdefault(event["tid"], []).append(event)
+    if len(lanes) < 2:
+        return np.zeros((0, 4)), 0
+    busy = {lane: np.array([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "op"]).reshape(-1, 2)
+            for lane, events in lanes.items()}
     rows, wakes = [], len(lanes)
-    for events in lanes.values():
-        woke = 0.0          # the step starts after the barrier, a wait too
+    for lane, events in lanes.items():
+        woke = 0.0
         for event in sorted(events, key=lambda e: e["ts"]):
-            start, seconds = event["ts"] / 1e6, event["dur"] / 1e6
+            start, end = event["ts"], event["ts"] + event["dur"]
             if event.get("cat") == "wait":
-                if seconds > BLOCKED_WAIT_S:
-                    woke, wakes = start + seconds, wakes + 1
+                if event["dur"] / 1e6 > BLOCKED_WAIT_S:
+                    woke, wakes = end, wakes + 1
                 continue
             i = index.get(event["name"])
-            if i is not None and not messaging[i] and profiled[i] > over_s:
-                rows.append((seconds, profiled[i], start - woke < window_s))
-    table = np.array(rows, dtype=float).reshape(-1, 3)
-    return table[:, :2], table[:, 2].astype(bool), wakes
+            if i is None or messaging[i] or profiled[i] <= over_s or end <= start:
+                continue
+            others = sum(np.clip(np.minimum(spans[:, 1], end) - np.maximum(spans[:, 0], start), 0, None).sum()
+                         for other, spans in busy.items() if other != lane)
+            rows.append((event["dur"] / 1e6, profiled[i], (start - woke) / 1e6,
+                         others / (end - start) / (len(lanes) - 1)))
+    return np.array(rows, dtype=float).reshape(-1, 4), wakes
 
 
-def print_after_blocking(runs: list[Run]) -> None:
-    """Do operations run slower just after their rank blocked (woken, its caches cold)? Pooled over the runs
-    with a trace, the round-robin plans apart (nearly all their operations send or receive)."""
+def print_traced_slowdowns(runs: list[Run], window_s: float = 200e-6) -> None:
+    """Do operations run slower just after their rank blocked (woken, its caches cold), or while the other ranks
+    compute (sharing the host's caches and memory)? Pooled over the runs with a trace, the round-robin plans
+    apart (nearly all their operations send or receive)."""
     traced = [run for run in runs if run.trace_events and run.algorithm != "round_robin"]
-    if not traced:
+    tables = [traced_ops(run) for run in traced]
+    rows = np.concatenate([table for table, _ in tables]) if tables else np.zeros((0, 4))
+    if not len(rows):
         return
-    seconds, near, wakes, steps = [], [], 0, 0.0
-    for run in traced:
-        times, close, woken = after_blocking(run)
-        seconds.append(times)
-        near.append(close)
-        wakes += woken
-        steps += run.measured_s
-    times, close = np.concatenate(seconds), np.concatenate(near)
-    if not close.any() or close.all():
-        return
-    soon = times[close, 0].sum() / times[close, 1].sum()
-    later = times[~close, 0].sum() / times[~close, 1].sum()
-    excess = times[close, 0].sum() - later * times[close, 1].sum()
+    wakes = sum(woken for _, woken in tables)
+
+    def slowdown(chosen: np.ndarray) -> str:
+        return (f"{rows[chosen, 0].sum() / rows[chosen, 1].sum():.2f}x their profile ({int(chosen.sum())} ops)"
+                if chosen.any() else "none")
+
+    soon = rows[:, 2] < window_s
+    later = rows[~soon, 0].sum() / rows[~soon, 1].sum()
+    excess = rows[soon, 0].sum() - later * rows[soon, 1].sum()
     print(f"operations with no message of their own, profiled over 50 us, in the traced steps of {len(traced)} runs "
-          f"(round robin apart): within 200 us of their rank's last blocking wait or the step's start, "
-          f"{soon:.2f}x their profile ({int(close.sum())} ops); later, {later:.2f}x ({int((~close).sum())} ops); "
-          f"the excess {excess * 1e6 / wakes:.1f} us per wake ({wakes} wakes: the ranks' starts and their blocking "
-          f"waits), {excess / steps:.1%} of the steps")
+          f"(round robin apart): within {window_s * 1e6:.0f} us of their rank's last blocking wait or the step's "
+          f"start, {slowdown(soon)}; later, {slowdown(~soon)}; the excess {excess * 1e6 / wakes:.1f} us per wake "
+          f"({wakes} wakes: the ranks' starts and their blocking waits), "
+          f"{excess / sum(run.measured_s for run in traced):.1%} of the steps")
+    share = rows[:, 3]
+    print("the same operations by the share of their time the other ranks spent in operations: "
+          f"under 25%, {slowdown(share < 0.25)}; 25 to 50%, {slowdown((share >= 0.25) & (share < 0.5))}; "
+          f"50 to 75%, {slowdown((share >= 0.5) & (share < 0.75))}; 75% or more, {slowdown(share >= 0.75)}")
 
 
 def per_op_residual_s(run: Run, probe_s: float = 3e-6) -> float:
@@ -618,7 +628,7 @@ def report(runs: list[Run]) -> None:
     print_residuals(runs)
     print_round_spread(runs)
     print_rank_slowdowns(runs)
-    print_after_blocking(runs)
+    print_traced_slowdowns(runs)
 
 
 def measure(args: argparse.Namespace) -> list[Run]:
