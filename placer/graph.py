@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from .errors import FormatError, GraphCycleError
+from .gcpause import gc_paused
 from .io import Field, check_format, check_number, read_json, write_json_atomic
 
 if TYPE_CHECKING:
@@ -268,6 +269,7 @@ class OpGraph:
         return g
 
     # ---------------------------------------------------------------- io
+    @gc_paused()        # a dict per node: placer.gcpause
     def to_dict(self) -> dict:
         """The ``placer.graph/1`` document."""
         nodes = []
@@ -305,6 +307,7 @@ class OpGraph:
         return doc
 
     @classmethod
+    @gc_paused()
     def from_dict(cls, doc: Any, source: str | None = None) -> "OpGraph":
         """Build a graph from a ``placer.graph/1`` document, validating every field.
 

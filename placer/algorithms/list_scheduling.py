@@ -48,6 +48,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..errors import InfeasibleError
+from ..gcpause import gc_paused
 from ..graph import OpGraph
 from ..paths import bottom_levels, top_levels
 from ..plan import Plan
@@ -987,6 +988,7 @@ def _optional_work(took_s: float, at_most_s: float | None = None) -> TimeBox | N
     return TimeBox(REFINE_SHARE * left if at_most_s is None else min(REFINE_SHARE * left, at_most_s))
 
 
+@gc_paused()     # its schedules book hundreds of thousands of tuples: placer.gcpause
 def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
                                  cluster: Cluster, name: str, ratio: float | None = None,
                                  tries: int = 16, pressed: Callable[..., Schedule] | None = None,

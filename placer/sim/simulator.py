@@ -22,6 +22,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..errors import InvalidPlanError
+from ..gcpause import gc_paused
 from ..graph import OpGraph
 from ..plan import BoundPlan, Plan, check_order_acyclic, check_placement
 
@@ -241,6 +242,7 @@ def _group(keys: np.ndarray, values: np.ndarray, n: int) -> list[list[int]]:
     return [vals[bounds[k]:bounds[k + 1]] for k in range(n)]
 
 
+@gc_paused()
 def _run(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[np.ndarray] | None) -> SimResult:
     n, n_dev, n_ch = graph.num_nodes, cluster.num_devices, len(cluster.channels)
     dur = _durations_on(graph, cluster, device_of)
