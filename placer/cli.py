@@ -92,7 +92,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
 def cmd_simulate(args: argparse.Namespace) -> int:
     from .cluster import load_cluster
     from .plan import Plan
-    from .sim import lower_bound, simulate_plan
+    from .sim import simulate_plan
 
     graph = _load_graph(args.graph)
     plan = Plan.load(args.plan)
@@ -105,7 +105,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from .sim.trace import write_trace
 
         write_trace(result, args.trace)
-    report = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster)}
+    report = {**result.predicted(), "lower_bound_s": plan.lower_bound(graph, cluster)}
     if args.message_cost:
         report["with_message_cost_s"] = _with_message_cost(graph, plan, cluster, args.message_cost)
     if args.json:

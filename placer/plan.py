@@ -120,6 +120,23 @@ class Plan:
         """The graph this plan places: its rewritten graph if it has one, else ``graph``."""
         return self.rewritten_graph if self.rewritten_graph is not None else graph
 
+    @property
+    def rewrites_graph(self) -> bool:
+        """Whether the plan splits operations or replicates the step (it places a rewritten graph)."""
+        return bool(self.splits) or self.rewritten_graph is not None
+
+    def lower_bound(self, graph: OpGraph, cluster: Cluster) -> float:
+        """The lower bound on the makespan (FORMATS.md) that holds for this plan of ``graph``, in seconds.
+
+        A plan that splits operations or replicates the step (OS-DPOS, data
+        parallelism: a rewritten graph) shortens the graph's critical path, so
+        only the work term bounds it (:func:`placer.sim.bounds.lower_bound` with
+        ``splits=True``); any other plan gets the full bound.
+        """
+        from .sim.bounds import lower_bound
+
+        return lower_bound(graph, cluster, splits=self.rewrites_graph)
+
     # -------------------------------------------------------- checking
     def bind(self, graph: OpGraph, cluster: Cluster) -> BoundPlan:
         """Resolve ids to indices and check FORMATS.md rule 8 (memory is :meth:`validate`'s).
@@ -206,14 +223,13 @@ class Plan:
         :func:`placer.plan`.
         """
         from .report.tables import simulation_text
-        from .sim.bounds import lower_bound
 
         graph = graph or self.context.get("graph")
         cluster = cluster or self.context.get("cluster")
         if graph is None or cluster is None:
             raise InvalidPlanError("report() needs the graph and cluster the plan is for")
         result = self.validate(graph, cluster)
-        return simulation_text(result, {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster)})
+        return simulation_text(result, {**result.predicted(), "lower_bound_s": self.lower_bound(graph, cluster)})
 
     def apply(self, model: Any, optimizer: Any = None, **options: Any) -> Any:
         """A training-step callable that runs this plan on ``model``: ``loss = step(*inputs)``.

@@ -447,3 +447,16 @@ def test_a_matmul_whose_inputs_have_a_weights_size_produces_the_gradient():
     assert not any(g.op[i] in ("aten.mm", "aten.addmm") for i in np.flatnonzero(optimizer))
     dp = data_parallel_graph(g, 2)
     assert dp.graph.num_nodes > 2 * g.num_nodes
+
+
+@pytest.mark.parametrize("algorithm", ["data_parallel", "sharded_data_parallel"])
+def test_a_replicated_plan_reports_the_bound_that_holds_for_it(algorithm):
+    # Light weights, a chain of layers: the replicas on a quarter of the batch each beat the graph's own
+    # critical path, so only the work term bounds them (a bound above the makespan would be no bound).
+    from placer.sim.bounds import lower_bound
+
+    graph, cluster = training_graph(layers=6, branches=1, param_mib=0.01), load_cluster("4xV100-nvlink")
+    plan = place(graph, cluster, algorithm)
+    assert plan.predicted["makespan_s"] < lower_bound(graph, cluster)
+    assert plan.predicted["lower_bound_s"] == lower_bound(graph, cluster, splits=True) <= plan.predicted["makespan_s"]
+    assert place(graph, cluster, "expert").predicted["lower_bound_s"] == lower_bound(graph, cluster)

@@ -87,6 +87,8 @@ def _check_plan(plan: Plan, graph: OpGraph, cluster: Cluster, label: str) -> Non
         j = cluster.device_index[name]
         assert peak == int(result.peak_memory_bytes[j]), f"{label}: predicted peak memory of {name} differs"
     assert again.order is not None, f"{label}: plan has no per-device order"
+    bound = plan.predicted["lower_bound_s"]
+    assert bound <= predicted * (1 + 1e-9), f"{label}: makespan {predicted} under its lower bound {bound}"
 
 
 def check_valid_plans(name: str, **options) -> None:

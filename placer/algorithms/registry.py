@@ -27,7 +27,6 @@ from ..errors import InfeasibleError, InvalidPlanError, OptionError, TimeLimitEr
 from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..plan import Plan
-from ..sim.bounds import lower_bound
 from .timebox import TimeBox
 
 __all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message"]
@@ -196,6 +195,6 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
         figures = result.predicted()
         _checked[plan] = (_check_key(plan, graph, cluster), figures)
     plan.algorithm = algorithm
-    plan.predicted = {**figures, "lower_bound_s": lower_bound(graph, cluster)}
+    plan.predicted = {**figures, "lower_bound_s": plan.lower_bound(graph, cluster)}
     plan.search_time_s = elapsed
     return plan

@@ -63,8 +63,7 @@ class Comparison:
 
     def bound_for(self, entry: Entry) -> float:
         """The lower bound that holds for ``entry``'s plan: the split bound when it splits or rewrites the graph."""
-        splits = entry.plan is not None and (entry.plan.splits or entry.plan.rewritten_graph is not None)
-        return self.split_lower_bound_s if splits else self.lower_bound_s
+        return self.split_lower_bound_s if entry.plan is not None and entry.plan.rewrites_graph else self.lower_bound_s
 
     def entry(self, algorithm: str) -> Entry | None:
         return next((e for e in self.entries if e.algorithm == algorithm), None)
