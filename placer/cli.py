@@ -94,8 +94,8 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .plan import Plan
     from .sim import simulate_plan
 
-    graph = _load_graph(args.graph)
-    plan = Plan.load(args.plan)
+    plan = Plan.load(args.plan)     # a bad plan file fails before a model is captured
+    graph = _load_graph(args.graph, args)
     cluster_spec = args.cluster or plan.cluster_name
     if not cluster_spec:
         raise OptionError("the plan names no cluster; pass --cluster")
@@ -248,8 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="simulate a plan under the reference model")
-    p.add_argument("graph")
+    p.add_argument("graph", metavar="GRAPH|MODEL", help="the plan's placer.graph/1 file, or the model spec it was "
+                   "planned from (zoo:NAME / file.py:FACTORY, with the same --batch and --optimizer)")
     p.add_argument("plan")
+    _add_model_options(p)
     p.add_argument("--cluster", help="preset or file (default: the cluster the plan names)")
     p.add_argument("--json", action="store_true", help="print makespan_s, peak_memory_bytes, fits, lower_bound_s as JSON")
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace / Perfetto timeline")

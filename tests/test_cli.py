@@ -131,3 +131,17 @@ def test_installed_command_runs_demo(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "best:" in done.stdout
     assert (tmp_path / "demo" / "graph.json").exists()
+
+
+def test_simulate_takes_the_model_spec_a_plan_was_made_from(tmp_path, capsys):
+    plan_file = tmp_path / "p.json"
+    spec = ["zoo:lenet", "--batch", "8", "--optimizer", "sgd"]
+    assert run(capsys, "plan", *spec[:1], "--cluster", "2xcpu", "--algorithm", "round_robin", "-o", plan_file,
+               *spec[1:])[0] == 0
+    code, out, err = run(capsys, "simulate", spec[0], plan_file, *spec[1:], "--json")
+    assert code == 0, err
+    assert close(json.loads(out)["makespan_s"], json.loads(plan_file.read_text())["predicted"]["makespan_s"], rel=1e-9)
+    code, _, err = run(capsys, "simulate", spec[0], plan_file, "--batch", "16", "--optimizer", "sgd")
+    assert code == 2 and "made for graph 'lenet-bs8-sgd', not 'lenet-bs16-sgd'" in err
+    code, _, err = run(capsys, "simulate", spec[0], plan_file)
+    assert code == 2 and "needs --batch" in err
