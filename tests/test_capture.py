@@ -198,7 +198,7 @@ def test_graph_round_trips_and_costs_are_filled(tmp_path):
     again = OpGraph.load(path)
     assert again.to_dict() == graph.to_dict()
     assert (graph.compute_s >= 0).all() and graph.compute_s.sum() > 0
-    assert all(set(k) == {"A100", "H100"} for k in graph.compute_s_by_kind if k)
+    assert all(set(k) == {"A100", "H100", "cpu"} for k in graph.compute_s_by_kind if k)
     assert all("bytes_accessed" in e for e in graph.node_extra)
 
 

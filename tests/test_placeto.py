@@ -20,7 +20,7 @@ def test_family_graphs_are_training_steps_with_costs(family):
     g = family_graph(family, 3)
     assert g.name == f"{family}-3"
     assert g.compute_s.sum() > 0 and np.all(np.isfinite(g.compute_s))
-    assert all(set(k) == {"A100", "H100"} for k in g.compute_s_by_kind)
+    assert all(set(k) == {"A100", "H100", "cpu"} for k in g.compute_s_by_kind)
     ops = set(g.op)
     assert "aten._foreach_add" in ops and any(o.endswith("_backward") for o in ops)  # backward and update
     # every update is colocated with the variable it writes

@@ -344,7 +344,7 @@ def _node_bytes(graph: "OpGraph") -> np.ndarray:
     return np.where(np.isnan(given), fallback, given)
 
 
-def annotate(graph: "OpGraph", *, reference: str = "V100", kinds: Iterable[str] = ("A100", "H100"),
+def annotate(graph: "OpGraph", *, reference: str = "V100", kinds: Iterable[str] | None = None,
              tf32_matmul: bool = False) -> "OpGraph":
     """A copy of ``graph`` costed by the roofline model.
 
@@ -356,9 +356,12 @@ def annotate(graph: "OpGraph", *, reference: str = "V100", kinds: Iterable[str] 
         its input edges plus its output; a node without ``dtype`` is float32.
     reference : str
         Kind whose times become ``compute_s`` (the speed-1.0 kind of the cluster presets).
-    kinds : iterable of str
+    kinds : iterable of str, optional
         Other kinds whose times go into ``compute_s_by_kind`` (existing entries of other
-        kinds are kept; these kinds are overwritten).
+        kinds are kept; these kinds are overwritten). By default every kind of
+        :data:`DEVICE_SPECS`, so that a device of any preset (the ``cpu`` ones
+        included) runs at its own kind's speed, not at the reference's times
+        scaled by its ``speed``.
     tf32_matmul : bool
         Let FP32 matmuls use TF32 tensor cores too (PyTorch's
         ``torch.backends.cuda.matmul.allow_tf32``); FP32 convolutions always do, as in
@@ -385,7 +388,7 @@ def annotate(graph: "OpGraph", *, reference: str = "V100", kinds: Iterable[str] 
     >>> sorted(g.compute_s_by_kind[0])
     ['A100']
     """
-    kinds = [k for k in dict.fromkeys(kinds) if k != reference]
+    kinds = [k for k in dict.fromkeys(DEVICE_SPECS if kinds is None else kinds) if k != reference]
     for kind in [reference, *kinds]:
         _spec(kind)
     bases = [op_base_name(op) for op in graph.op]

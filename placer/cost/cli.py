@@ -109,7 +109,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from .profile import apply_profile, load_profile
 
     graph = OpGraph.load(args.graph)
-    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds else []
+    kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds is not None else None
     graph = annotate(graph, reference=args.reference, kinds=kinds)
     for path in args.profile:
         profile = load_profile(path, graph)
@@ -169,7 +169,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("cost", help="cost a graph: analytic roofline per device kind, then measured profiles")
     p.add_argument("graph", help="placer.graph/1 file")
     p.add_argument("--reference", default="V100", help="kind whose times become compute_s (default V100)")
-    p.add_argument("--kinds", default="A100,H100", help="other kinds for compute_s_by_kind (default A100,H100)")
+    p.add_argument("--kinds", help="other kinds for compute_s_by_kind, comma-separated (default: every kind the "
+                   "analytic model knows: V100, A100, H100, cpu)")
     p.add_argument("--profile", action="append", default=[], help="placer.profile/1 file to apply; repeatable")
     p.add_argument("--output", "-o", required=True)
     p.set_defaults(func=cmd_cost)
