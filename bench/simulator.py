@@ -79,6 +79,7 @@ def main() -> None:
                              graph.num_nodes / best))
     if not args.no_zoo:
         zoo_case(args.repeat, Path(args.cache))
+    print(f"reproduce: ./run.sh bench bench/simulator.py --repeat {args.repeat}" + (" --no-zoo" if args.no_zoo else ""))
 
 
 if __name__ == "__main__":
