@@ -91,6 +91,14 @@ def test_annotate_fills_reference_and_other_kinds():
     assert tf32_mm.compute_s_by_kind[1]["A100"] == pytest.approx(launch + 1e12 / (156e12 * eff))
 
 
+def test_annotate_costs_every_known_kind_by_default_so_cpu_presets_run_at_cpu_speed():
+    g = annotate(_hand_graph())
+    assert set(g.compute_s_by_kind[1]) == set(DEVICE_SPECS) - {"V100"}
+    on_cpu = g.durations(load_cluster("2xcpu"))[:, 0]
+    np.testing.assert_allclose(on_cpu[1:], [g.compute_s_by_kind[i]["cpu"] for i in range(1, 5)])
+    assert on_cpu[1] > 50 * g.compute_s[1]      # a matrix product on one core, not at the V100's speed
+
+
 def test_annotated_graph_durations_on_presets():
     g = annotate(_hand_graph(), kinds=("A100", "H100"))
     d = g.durations(load_cluster("4xA100-nvlink"))
