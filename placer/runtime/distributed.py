@@ -573,10 +573,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                                      nprocs=world, join=False, start_method=method)
         _wait(context.processes, deadline, timeout_s, tmp)
         merged = torch.load(result_path, weights_only=False)
-    outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
-    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
-                             merged["transfer_s"], merged["timeline"], merged["op_message_s"], merged["message_s"],
-                             merged["tail_s"])
+    return _result(merged)
 
 
 def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
@@ -605,6 +602,11 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
     merged = rank_main(int(os.environ["RANK"]), world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))
     if merged is None:
         return None
+    return _result(merged)
+
+
+def _result(merged: dict) -> DistributedResult:
+    """The result of a run from rank 0's merge of every rank's measurements (:func:`rank_main`)."""
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
     return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
                              merged["transfer_s"], merged["timeline"], merged["op_message_s"], merged["message_s"],
