@@ -435,13 +435,19 @@ def print_gap_parts(runs: list[Run]) -> None:
               for (ops, messages), e in errors.items()))
 
 
+def placed_profile(run: Run):
+    """The run's plan bound to its graph and cluster, and each node's profiled seconds on its device."""
+    bound = run.plan.bind(run.graph, run.cluster)
+    return bound, run.graph.durations(run.cluster)[np.arange(run.graph.num_nodes), bound.device_of]
+
+
 def rank_slowdowns(run: Run, over_s: float = 50e-6) -> dict[int, float]:
     """Per rank, its operations' own time in the run over their profiled time (operations profiled over
     ``over_s``): how much slower each rank computed than the profile said."""
     from placer.runtime.feedback import own_times
 
-    device_of = run.plan.bind(run.graph, run.cluster).device_of
-    profiled = run.graph.durations(run.cluster)[np.arange(run.graph.num_nodes), device_of]
+    bound, profiled = placed_profile(run)
+    device_of = bound.device_of
     own = own_times(run.op_s, run.op_message_s)
     ran = np.array([own.get(node, np.nan) for node in run.graph.ids])
     timed = (profiled > over_s) & ~np.isnan(ran)
@@ -461,8 +467,8 @@ def traced_ops(run: Run, over_s: float = 50e-6) -> tuple[np.ndarray, int]:
     from placer.runtime.distributed import BLOCKED_WAIT_S
 
     graph = run.graph
-    device_of = run.plan.bind(graph, run.cluster).device_of
-    profiled = graph.durations(run.cluster)[np.arange(graph.num_nodes), device_of]
+    bound, profiled = placed_profile(run)
+    device_of = bound.device_of
     crossing = device_of[graph.src] != device_of[graph.dst]
     messaging = np.zeros(graph.num_nodes, dtype=bool)
     messaging[graph.src[crossing]] = messaging[graph.dst[crossing]] = True
@@ -531,9 +537,7 @@ def per_op_residual_s(run: Run, probe_s: float = 3e-6) -> float:
     from placer.cost.messages import simulate_with_messages
     from placer.runtime.feedback import own_times
 
-    bound = run.plan.bind(run.graph, run.cluster)
-    device_of = bound.device_of
-    profiled = run.graph.durations(run.cluster)[np.arange(run.graph.num_nodes), device_of]
+    bound, profiled = placed_profile(run)
     own = own_times(run.op_s, run.op_message_s)
     probed = {node: own.get(node, profiled[i]) + probe_s for i, node in enumerate(run.graph.ids)}
     base = predicted_with_messages(run, run)
