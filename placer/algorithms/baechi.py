@@ -124,10 +124,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     changes nothing for the other ready nodes, so wide graphs (a captured
     training step has hundreds of optimizer operations ready at once) cost
     O(V log V * devices) rather than O(V * ready). Heap keys are lower bounds
-    (estimates grow as transfers fill the channels, but for a transfer that
-    found its slot in its channel's queue taken and goes after the crowd:
-    once a transfer queued ahead of it is booked to end later, an idle slot
-    there may bring it forward, which a key does not follow); the winner is
+    (estimates grow as transfers fill the channels); the winner is
     re-estimated before it is booked, and goes back with its new key when it
     grew. Where many nodes wait for one channel (hundreds of optimizer
     steps whose state lives on another device), each booking on it pushes
@@ -139,10 +136,19 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     would be there: a booking on the channel moves the whole crowd back
     without touching the heap, and each node is re-estimated only when its
     turn comes (NASNet over 8 H100s, where 93% of the re-estimates were of
-    such nodes: a schedule in 12 s before, 4 s after). Session 10 had
-    instead booked a node within a tolerance of the smallest start after
-    it lost its place three times, which this makes needless: m-ETF is
-    exact ETF again. A device whose memory cannot take a node for now holds it aside
+    such nodes: a schedule in 12 s before, 4 s after). A member that came
+    due (its key reached the time its device frees) and is overtaken by the
+    next booking on its channel goes back to the crowd without an estimate
+    (ResNet-152 over ``2xcpu``: hundreds of step counts, each waiting for
+    one transfer on a device faster than the channel, 308k estimates and
+    6.2 s a schedule before, 16.5k and 2.1 s after). A crowd's keys hold
+    while every booking on its channel starts where the last one ended; a
+    transfer booked in an idle slot, or after one it leaves idle, may let a
+    member's transfer start sooner (its turn in the queue now finds the
+    channel idle), so the crowd then goes back to be estimated again.
+    Session 10 had instead booked a node within a tolerance of the smallest
+    start after it lost its place three times, which this makes needless:
+    m-ETF is exact ETF. A device whose memory cannot take a node for now holds it aside
     until memory is freed there; one whose unit needs more room than the
     device has left comes back once the device has that room, not at every
     free (NASNet with its layers colocated over 2 V100s: hundreds of large
@@ -176,14 +182,19 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     cache: dict = {}
     # (node, device) -> a time before which the node's inputs cannot all be on the device,
     # learnt from another device that they would reach over the same channels.
-    # The bound is `static`, or with a channel `c` (not -1) the channel's last booking's end plus `rel` (the crowd).
-    arrives_after: dict[tuple[int, int], tuple[float, int, float]] = {}
+    # The bound is `static`, or with a channel `c` (not -1) the channel's last booking's end plus `rel`
+    # (the crowd), for as long as the channel takes no booking off its end (`gaps`, its count then).
+    arrives_after: dict[tuple[int, int], tuple[float, int, float, int]] = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
     # Per device and channel, nodes whose inputs come last in that channel's crowd, `rel` after its last
     # booking ends: (rel, position, node, serial, a key they start no sooner than).
     crowds: list[dict[int, list[tuple[float, int, int, int, float]]]] = [{} for _ in range(n_dev)]
     crowd_serial: dict[tuple[int, int], int] = {}   # (node, device) -> serial of its live crowd entry
+    # (device, channel) -> the channel's count of bookings off its end when that crowd's keys were taken.
+    crowd_gaps: dict[tuple[int, int], int] = {}
+    # (node, device) -> (channel, rel, key, gaps) of a crowd member that came due and waits among the startable.
+    came_due: dict[tuple[int, int], tuple[int, float, float, int]] = {}
     serials = itertools.count()
     held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # waiting for memory
     held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
@@ -239,15 +250,39 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
 
     def bound_on(v: int, d: int, key: float) -> tuple[float, int]:
         """The bound learnt for ``v`` on ``d`` and its channel if it is above ``key`` and still holds, else ``(key, -1)``."""
-        static, c, rel = arrives_after.get((v, d), (0.0, -1, 0.0))
+        static, c, rel, gaps = arrives_after.get((v, d), (0.0, -1, 0.0, 0))
+        if c >= 0 and gaps != state.gap_bookings[c]:
+            return key, -1
         bound = static if c < 0 else _tick(channel_end(c) + rel)
         return (bound, c) if bound > key and not state.any_input_sent(v, d) else (key, -1)
 
     def join_crowd(v: int, d: int, c: int, rel: float, key: float) -> None:
         """Put ``v`` in channel ``c``'s crowd on ``d``, ``rel`` after the channel's last booking and no sooner than ``key``."""
+        if c in crowds[d]:
+            check_crowd(d, c)
+        crowd_gaps[(d, c)] = state.gap_bookings[c]
         serial = next(serials)
         crowd_serial[(v, d)] = serial
         heapq.heappush(crowds[d].setdefault(c, []), (rel, position[v], v, serial, key))
+        dirty.add(d)
+
+    def check_crowd(d: int, c: int) -> None:
+        """Disband channel ``c``'s crowd on ``d`` if the channel took a booking off its end since its keys were taken.
+
+        A crowd's keys (the channel's last booking's end plus ``rel``) hold
+        while every booking on the channel starts where the last one ended:
+        the channel is then busy from before each member's turn in its queue
+        to its end, so each member still goes after the last booking. A
+        booking in an idle slot, or one that leaves the channel idle before
+        it, may let a member's transfer start sooner: then every member goes
+        back among the startable, to be estimated again.
+        """
+        if crowd_gaps[(d, c)] == state.gap_bookings[c]:
+            return
+        for _, pos, v, serial, _ in crowds[d].pop(c):
+            if crowd_serial.get((v, d)) == serial:
+                del crowd_serial[(v, d)]
+                heapq.heappush(startable[d], (pos, v))
         dirty.add(d)
 
     def crowd_key(c: int, entry: tuple) -> float:
@@ -261,6 +296,26 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         else:
             join_crowd(v, d, c, arrives_after[(v, d)][2], bound)
 
+    def behind_crowd_again(d: int, v: int, free: float) -> bool:
+        """Put ``v``, first among ``d``'s startable, back in the crowd it came due from if bookings on the
+        crowd's channel (all at its end) have since moved its key past ``d``'s free time; say whether it did.
+
+        Without this, each booking on a channel would have every member of its
+        crowd that came due estimated again, k squared estimates for a crowd of k
+        (hundreds of step counts, each waiting for one transfer, on a device
+        faster than the channel: ResNet-152 over ``2xcpu``).
+        """
+        due = came_due.get((v, d))
+        if due is None:
+            return False
+        c, rel, key, gaps = due
+        if gaps != state.gap_bookings[c] or max(_tick(channel_end(c) + rel), key) <= free:
+            return False
+        heapq.heappop(startable[d])
+        del came_due[(v, d)]
+        join_crowd(v, d, c, rel, key)
+        return True
+
     def device_front(d: int) -> tuple[float, int, int, int] | None:
         """``(start, position, node, heap)`` of the first ready node on device ``d`` by its heap keys.
 
@@ -271,6 +326,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         free = _tick(state.devices[d].find(0.0, 0.0, insertion=False)[0])
         wait, start = waiting[d], startable[d]
         crowd_best = None
+        for c in list(crowds[d]):
+            check_crowd(d, c)
         for c, crowd in list(crowds[d].items()):
             while crowd:
                 _, pos, v, serial, _ = top = crowd[0]
@@ -285,6 +342,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                 heapq.heappop(crowd)
                 del crowd_serial[(v, d)]
                 heapq.heappush(start, (pos, v))
+                came_due[(v, d)] = (c, top[0], top[4], crowd_gaps[(d, c)])
             if not crowd:
                 del crowds[d][c]
         best, lifted = None, False
@@ -295,6 +353,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                     heapq.heappush(start, (pos, v))
             while start and state.device_of[start[0][1]] >= 0:
                 heapq.heappop(start)
+            if start and behind_crowd_again(d, start[0][1], free):
+                lifted = True
+                continue
             if start:
                 pos, v = start[0]
                 bound, c = bound_on(v, d, free)
@@ -302,6 +363,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                     best = free, pos, v, _STARTABLE
                     break
                 heapq.heappop(start)
+                came_due.pop((v, d), None)
                 lift(v, d, bound, c)
                 lifted |= c >= 0
                 continue
@@ -387,6 +449,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         dirty.add(d)
         if source == _STARTABLE:
             heapq.heappop(startable[d])
+            came_due.pop((v, d), None)
         elif source == _WAITING:
             heapq.heappop(waiting[d])
         else:
@@ -416,7 +479,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
             ready = max((booking[2] for booking in est[3]), default=0.0)
             for j in state.same_routes(v, d, est[3]):
-                arrives_after[(v, j)] = (_tick(ready), c, rel)
+                arrives_after[(v, j)] = (_tick(ready), c, rel, state.gap_bookings[c] if c >= 0 else 0)
                 if front[j] is not None and front[j][2] == v:
                     dirty.add(j)    # its front is v at a key the bound now lifts
             continue
@@ -427,6 +490,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         done += 1
         for _, _, _, k in est[3]:    # readers of an input now on d leave d's crowds: weigh them again
             for w in state.readers[state.inputs[v][k][:2]]:
+                came_due.pop((w, d), None)
                 if crowd_serial.pop((w, d), None) is not None:
                     wait_on(d, (0.0, position[w], w))
         # Bookings on a channel move its crowds back: the devices they wait for are due again.
