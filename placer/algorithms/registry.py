@@ -192,9 +192,9 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
             target = plan.target_graph(graph)
             plan.order = {names[j]: [target.ids[i] for i in seq.tolist()]
                           for j, seq in enumerate(result.device_orders())}
-        figures = result.predicted()
+        figures = {**result.predicted(), "lower_bound_s": plan.lower_bound(graph, cluster)}
         _checked[plan] = (_check_key(plan, graph, cluster), figures)
     plan.algorithm = algorithm
-    plan.predicted = {**figures, "lower_bound_s": plan.lower_bound(graph, cluster)}
+    plan.predicted = dict(figures)
     plan.search_time_s = elapsed
     return plan

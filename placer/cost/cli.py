@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import OptionError
+from .analytic import DEVICE_SPECS, annotate
 
 __all__ = ["add_commands"]
 
@@ -34,7 +35,6 @@ def _positive(value: int | None, option: str) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from ..capture import capture_spec, load_model
-    from .analytic import DEVICE_SPECS, annotate
     from .profile import apply_profile, device_kind_of, profile_step
 
     _positive(args.batch, "--batch")
@@ -105,7 +105,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
 
 def cmd_cost(args: argparse.Namespace) -> int:
     from ..graph import OpGraph
-    from .analytic import annotate
     from .profile import apply_profile, load_profile
 
     graph = OpGraph.load(args.graph)
@@ -170,7 +169,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("graph", help="placer.graph/1 file")
     p.add_argument("--reference", default="V100", help="kind whose times become compute_s (default V100)")
     p.add_argument("--kinds", help="other kinds for compute_s_by_kind, comma-separated (default: every kind the "
-                   "analytic model knows: V100, A100, H100, cpu)")
+                   f"analytic model knows: {', '.join(DEVICE_SPECS)})")
     p.add_argument("--profile", action="append", default=[], help="placer.profile/1 file to apply; repeatable")
     p.add_argument("--output", "-o", required=True)
     p.set_defaults(func=cmd_cost)
