@@ -124,8 +124,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     changes nothing for the other ready nodes, so wide graphs (a captured
     training step has hundreds of optimizer operations ready at once) cost
     O(V log V * devices) rather than O(V * ready). Heap keys are lower bounds
-    (estimates grow as transfers fill the channels); the winner is
-    re-estimated before it is booked, and goes back with its new key when it
+    (below); the winner is re-estimated before it is booked, and goes back with its new key when it
     grew. Where many nodes wait for one channel (hundreds of optimizer
     steps whose state lives on another device), each booking on it pushes
     every other back by one transfer, and re-estimating all of them after
@@ -141,14 +140,19 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     next booking on its channel goes back to the crowd without an estimate
     (ResNet-152 over ``2xcpu``: hundreds of step counts, each waiting for
     one transfer on a device faster than the channel, 308k estimates and
-    6.2 s a schedule before, 16.5k and 2.1 s after). A crowd's keys hold
-    while every booking on its channel starts where the last one ended; a
-    transfer booked in an idle slot, or after one it leaves idle, may let a
-    member's transfer start sooner (its turn in the queue now finds the
-    channel idle), so the crowd then goes back to be estimated again.
+    6.2 s a schedule before, 16.5k and 2.1 s after). Keys are lower bounds
+    because an estimate only grows as the schedule fills, but for two
+    events, after which the nodes they concern are estimated again: a
+    transfer booked off its channel's end (in an idle slot, or after one it
+    leaves idle) may let a transfer that went at the channel's end start
+    sooner, where its turn in the queue now finds the channel idle (the
+    channel's crowds, and the nodes waiting by such a transfer:
+    ``tail_channels``); and an input sent to a device for another reader
+    may arrive there sooner than a transfer of one's own would (a copy of
+    fewer bytes: one tensor's edges in a captured graph may differ).
     Session 10 had instead booked a node within a tolerance of the smallest
     start after it lost its place three times, which this makes needless:
-    m-ETF is exact ETF. A device whose memory cannot take a node for now holds it aside
+    m-ETF is exact ETF (``plain_etf`` in the tests). A device whose memory cannot take a node for now holds it aside
     until memory is freed there; one whose unit needs more room than the
     device has left comes back once the device has that room, not at every
     free (NASNet with its layers colocated over 2 V100s: hundreds of large
