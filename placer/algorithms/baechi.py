@@ -124,8 +124,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     changes nothing for the other ready nodes, so wide graphs (a captured
     training step has hundreds of optimizer operations ready at once) cost
     O(V log V * devices) rather than O(V * ready). Heap keys are lower bounds
-    (below); the winner is re-estimated before it is booked, and goes back with its new key when it
-    grew. Where many nodes wait for one channel (hundreds of optimizer
+    (below); the winner is re-estimated before it is booked, and goes back
+    with its new key when it grew. Where many nodes wait for one channel (hundreds of optimizer
     steps whose state lives on another device), each booking on it pushes
     every other back by one transfer, and re-estimating all of them after
     each costs k squared estimates for a crowd of k. So a node sent back
@@ -152,8 +152,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     fewer bytes: one tensor's edges in a captured graph may differ).
     Session 10 had instead booked a node within a tolerance of the smallest
     start after it lost its place three times, which this makes needless:
-    m-ETF is exact ETF (``plain_etf`` in the tests). A device whose memory cannot take a node for now holds it aside
-    until memory is freed there; one whose unit needs more room than the
+    m-ETF is exact ETF (``plain_etf`` in the tests). A device whose memory
+    cannot take a node for now holds it aside until memory is freed there; one whose unit needs more room than the
     device has left comes back once the device has that room, not at every
     free (NASNet with its layers colocated over 2 V100s: hundreds of large
     units were weighed again after every booking, 11 s to 0.7 s a schedule).
