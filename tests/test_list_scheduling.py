@@ -968,6 +968,17 @@ def test_m_etf_heaps_give_the_schedule_of_plain_etf(n, p, seed, n_dev, shared, z
     assert [o.tolist() for o in fast.orders] == [o.tolist() for o in plain.orders]
 
 
+def test_m_sct_keeps_a_favourite_child_that_another_reader_brings_its_input_to():
+    # S's tensor goes to X (on C) first over S's shared channel, so it reaches A at 12, after P ends:
+    # P's favourite child W and the other reader R wait for it on A. R books it there (lower
+    # position, same start); W, still P's favourite, must wait on A for its turn, not be dropped.
+    g = OpGraph(["S", "P", "R", "W", "X"], [0.0, 10.0, 1.0, 1.0, 1.0], [0, 0, 0, 1], [2, 3, 4, 3], [6, 6, 6, 1],
+                [0, 0, 0, 0], device_kinds=[("B",), ("A",), ("A",), ("A",), ("C",)])
+    sched = etf_schedule(g, mesh(["A", "B", "C"], shared=True), favourite=np.array([-1, 3, -1, -1, -1]))
+    assert sched.device_of.tolist() == [1, 0, 0, 0, 2]
+    assert sched.start.tolist() == [0.0, 0.0, 12.0, 13.0, 6.0]
+
+
 def test_m_etf_takes_back_a_node_held_for_room_once_its_device_has_it():
     # a's 6-byte output leaves no room for x's 5 on the one 10-byte device until b, a's consumer,
     # is booked; x then goes before c and d, which come after it in topological order.

@@ -262,9 +262,15 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         return (bound, c) if bound > key and not state.any_input_sent(v, d) else (key, -1)
 
     def may_wait_on(v: int, d: int) -> bool:
-        """Whether ready node ``v`` is offered to device ``d`` (its unit's device, or a kind it may use)."""
+        """Whether ``v`` may wait on device ``d`` (its unit's device, or a kind it may use)."""
         fixed = state.unit_device[state.unit_of[v]]
         return fixed == d if fixed >= 0 else state.unit_ok[state.unit_of[v]][d]
+
+    def offered(v: int, d: int) -> bool:
+        """Whether ready node ``v`` waits on device ``d``: its favourite parent's, or any it may use."""
+        if fav_parent[v] >= 0:
+            return state.device_of[fav_parent[v]] == d
+        return may_wait_on(v, d)
 
     def gap_count(channels: tuple[int, ...]) -> int:
         return sum(state.gap_bookings[c] for c in channels)
@@ -534,7 +540,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             for w in state.readers[state.inputs[v][k][:2]]:
                 came_due.pop((w, d), None)
                 crowd_serial.pop((w, d), None)
-                if pending[w] == 0 and state.device_of[w] < 0 and fav_parent[w] < 0 and may_wait_on(w, d):
+                if pending[w] == 0 and state.device_of[w] < 0 and offered(w, d):
                     wait_on(d, (0.0, position[w], w))
         # Bookings on a channel move its crowds back: the devices they wait for are due again.
         for c in booked:
