@@ -144,13 +144,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     because an estimate only grows as the schedule fills, but for two
     events, after which the nodes they concern are estimated again: a
     transfer booked off its channel's end (in an idle slot, or after one it
-    leaves idle) may let a transfer that went at the channel's end start
-    sooner, where its turn in the queue now finds the channel idle (the
-    channel's crowds, and the nodes waiting by such a transfer:
-    ``tail_channels``); and an input sent to a device for another reader
-    may arrive there sooner than a transfer of one's own would (a copy of
-    fewer bytes: one tensor's edges in a captured graph may differ).
-    Session 10 had instead booked a node within a tolerance of the smallest
+    leaves idle) may let a crowd's transfer start sooner, where its turn in
+    the queue now finds the channel idle (``check_crowd``); and an
+    input sent to a device for another reader may arrive there sooner than
+    a transfer of one's own would (a copy of fewer bytes: one tensor's
+    edges in a captured graph may differ). Session 10 had instead booked a node within a tolerance of the smallest
     start after it lost its place three times, which this makes needless:
     m-ETF is exact ETF (``plain_etf`` in the tests). A device whose memory
     cannot take a node for now holds it aside until memory is freed there; one whose unit needs more room than the
@@ -187,8 +185,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     # (node, device) -> a time before which the node's inputs cannot all be on the device,
     # learnt from another device that they would reach over the same channels.
     # The bound is `static`, or with a channel `c` (not -1) the channel's last booking's end plus `rel`
-    # (the crowd), for as long as the `watched` channels take no booking off their end (`gaps`, their count then).
-    arrives_after: dict[tuple[int, int], tuple[float, int, float, tuple[int, ...], int]] = {}
+    # (the crowd), for as long as the channel takes no booking off its end (`gaps`, its count then).
+    arrives_after: dict[tuple[int, int], tuple[float, int, float, int]] = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
     # Per device and channel, nodes whose inputs come last in that channel's crowd, `rel` after its last
@@ -199,8 +197,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     crowd_gaps: dict[tuple[int, int], int] = {}
     # (node, device) -> (channel, rel, key, gaps) of a crowd member that came due and waits among the startable.
     came_due: dict[tuple[int, int], tuple[int, float, float, int]] = {}
-    # (device, channel) -> nodes waiting on the device by a key a transfer at the channel's end set (tail_channels).
-    tail_waiters: dict[tuple[int, int], list[int]] = {}
     serials = itertools.count()
     held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # waiting for memory
     held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
@@ -255,8 +251,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
 
     def bound_on(v: int, d: int, key: float) -> tuple[float, int]:
         """The bound learnt for ``v`` on ``d`` and its channel if it is above ``key`` and still holds, else ``(key, -1)``."""
-        static, c, rel, watched, gaps = arrives_after.get((v, d), (0.0, -1, 0.0, (), 0))
-        if gap_count(watched) != gaps:
+        static, c, rel, gaps = arrives_after.get((v, d), (0.0, -1, 0.0, 0))
+        if c >= 0 and gaps != state.gap_bookings[c]:
             return key, -1
         bound = static if c < 0 else _tick(channel_end(c) + rel)
         return (bound, c) if bound > key and not state.any_input_sent(v, d) else (key, -1)
@@ -271,21 +267,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if fav_parent[v] >= 0:
             return state.device_of[fav_parent[v]] == d
         return may_wait_on(v, d)
-
-    def gap_count(channels: tuple[int, ...]) -> int:
-        return sum(state.gap_bookings[c] for c in channels)
-
-    def tail_channels(est: tuple) -> tuple[int, ...]:
-        """The channels where a transfer that sets ``est``'s start goes at the channel's end.
-
-        Only such a transfer can later start sooner (where a booking off the
-        channel's end leaves its turn in the queue idle: check_crowd), so only
-        these make a key that a later estimate may undercut.
-        """
-        bookings = est[3]
-        if not bookings or _tick(max(booking[2] for booking in bookings)) != _tick(est[0]):
-            return ()
-        return tuple(sorted({c for c, begin, _, _ in bookings if begin == channel_end(c)}))
 
     def join_crowd(v: int, d: int, c: int, rel: float, key: float) -> None:
         """Put ``v`` in channel ``c``'s crowd on ``d``, ``rel`` after the channel's last booking and no sooner than ``key``."""
@@ -503,37 +484,22 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             continue        # no channel brings an input to d
         if _tick(est[0]) > start:
             c, rel = crowd_of(v, d, est)
-            watched = (c,) if c >= 0 else tail_channels(est)
             if c < 0:
                 wait_on(d, (est[0], position[v], v))
-                for tail in watched:
-                    tail_waiters.setdefault((d, tail), []).append(v)
             else:
                 join_crowd(v, d, c, rel, _tick(est[0]))
             # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
             ready = max((booking[2] for booking in est[3]), default=0.0)
             for j in state.same_routes(v, d, est[3]):
-                arrives_after[(v, j)] = (_tick(ready), c, rel, watched, gap_count(watched))
+                arrives_after[(v, j)] = (_tick(ready), c, rel, state.gap_bookings[c] if c >= 0 else 0)
                 if front[j] is not None and front[j][2] == v:
                     dirty.add(j)    # its front is v at a key the bound now lifts
             continue
         if not state.holds(v, d, est):
             hold(v, d, start)
             continue
-        booked = {booking[0] for booking in est[3]} | {state.channel_of[d][j] for _, j, _ in state.sends.get(v, ())}
-        booked.discard(-1)
-        gaps_before = {c: state.gap_bookings[c] for c in booked}
         state.commit(v, d, est)
         done += 1
-        # A booking off a channel's end may bring forward a transfer that went at its end: weigh again
-        # the nodes waiting by such a transfer (their crowds, check_crowd does).
-        for c in booked:
-            if state.gap_bookings[c] != gaps_before[c]:
-                for j in state.receivers[c]:
-                    for w in tail_waiters.pop((j, c), ()):
-                        if state.device_of[w] < 0:
-                            heapq.heappush(startable[j], (position[w], w))
-                            dirty.add(j)
         # Readers of an input now on d may have it sooner than by a transfer of their own (a copy of
         # fewer bytes, or sent earlier): those waiting for d weigh it again.
         for _, _, _, k in est[3]:
@@ -543,8 +509,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                 if pending[w] == 0 and state.device_of[w] < 0 and offered(w, d):
                     wait_on(d, (0.0, position[w], w))
         # Bookings on a channel move its crowds back: the devices they wait for are due again.
-        for c in booked:
-            dirty.update(j for j in state.receivers[c] if c in crowds[j])
+        for c in {booking[0] for booking in est[3]} | {state.channel_of[d][j] for _, j, _ in state.sends.get(v, ())}:
+            if c >= 0:
+                dirty.update(j for j in state.receivers[c] if c in crowds[j])
         stuck = False
         dirty.update(j for j in range(n_dev) if front[j] is not None and front[j][2] == v)
         # Held nodes come back when what held them may have changed: v's colocation group
