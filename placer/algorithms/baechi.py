@@ -125,36 +125,37 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     training step has hundreds of optimizer operations ready at once) cost
     O(V log V * devices) rather than O(V * ready). Heap keys are lower bounds
     (below); the winner is re-estimated before it is booked, and goes back
-    with its new key when it grew. Where many nodes wait for one channel (hundreds of optimizer
-    steps whose state lives on another device), each booking on it pushes
-    every other back by one transfer, and re-estimating all of them after
-    each costs k squared estimates for a crowd of k. So a node sent back
-    because its inputs come last on their channel, after every transfer
-    booked there, waits in a heap of that channel's crowd on the device,
-    keyed by how long after the channel's last booking ends its inputs
+    with its new key when it grew. Where many nodes wait for one channel
+    (hundreds of optimizer steps whose state lives on another device), each
+    booking on it pushes every other back by one transfer, and re-estimating
+    all of them after each costs k squared estimates for a crowd of k. So a
+    node sent back because its inputs come last on their channel, after every
+    transfer booked there, waits in a heap of that channel's crowd on the
+    device, keyed by how long after the channel's last booking ends its inputs
     would be there: a booking on the channel moves the whole crowd back
     without touching the heap, and each node is re-estimated only when its
     turn comes (NASNet over 8 H100s, where 93% of the re-estimates were of
-    such nodes: a schedule in 12 s before, 4 s after). A member that came
-    due (its key reached the time its device frees) and is overtaken by the
-    next booking on its channel goes back to the crowd without an estimate
-    (ResNet-152 over ``2xcpu``: hundreds of step counts, each waiting for
-    one transfer on a device faster than the channel, 308k estimates and
-    6.2 s a schedule before, 16.5k and 2.1 s after). Keys are lower bounds
-    because an estimate only grows as the schedule fills, but for two
-    events, after which the nodes they concern are estimated again: a
-    transfer booked off its channel's end (in an idle slot, or after one it
-    leaves idle) may let a crowd's transfer start sooner, where its turn in
-    the queue now finds the channel idle (``check_crowd``); and an
-    input sent to a device for another reader may arrive there sooner than
-    a transfer of one's own would (a copy of fewer bytes: one tensor's
-    edges in a captured graph may differ). Session 10 had instead booked a node within a tolerance of the smallest
+    such nodes: a schedule in 12 s before, 4 s after). A member that came due
+    (its key reached the time its device frees) and is overtaken by the next
+    booking on its channel goes back to the crowd without an estimate
+    (ResNet-152 over ``2xcpu``: hundreds of step counts, each waiting for one
+    transfer on a device faster than the channel, 308k estimates and 6.2 s a
+    schedule before, 16.5k and 2.1 s after). Keys are lower bounds because an
+    estimate only grows as the schedule fills, but for two events, after which
+    the nodes they concern are estimated again: a transfer booked off its
+    channel's end (in an idle slot, or after one it leaves idle) may let a
+    crowd's transfer start sooner, where its turn in the queue now finds the
+    channel idle (``check_crowd``); and an input sent to a device for another
+    reader may arrive there sooner than a transfer of one's own would (a copy
+    of fewer bytes: one tensor's edges in a captured graph may differ).
+    Session 10 had instead booked a node within a tolerance of the smallest
     start after it lost its place three times, which this makes needless:
     m-ETF is exact ETF (``plain_etf`` in the tests). A device whose memory
-    cannot take a node for now holds it aside until memory is freed there; one whose unit needs more room than the
-    device has left comes back once the device has that room, not at every
-    free (NASNet with its layers colocated over 2 V100s: hundreds of large
-    units were weighed again after every booking, 11 s to 0.7 s a schedule).
+    cannot take a node for now holds it aside until memory is freed there; one
+    whose unit needs more room than the device has left comes back once the
+    device has that room, not at every free (NASNet with its layers colocated
+    over 2 V100s: hundreds of large units were weighed again after every
+    booking, 11 s to 0.7 s a schedule).
 
     On shared channels (one per source device: NVSwitch, PCIe, a host's NIC)
     a booking pushes back every ready node waiting for that channel on every
@@ -467,6 +468,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         else:
             heapq.heappop(crowds[d][source])
             del crowd_serial[(v, d)]
+        if state.device_of[v] >= 0:
+            continue        # booked already from another of its entries (a reader weighed again waits twice)
         fixed = state.unit_device[state.unit_of[v]]
         if fixed >= 0 and fixed != d:
             if fav_parent[v] >= 0:      # a favourite child whose group went elsewhere meanwhile
