@@ -298,9 +298,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                 heapq.heappush(startable[d], (pos, v))
         dirty.add(d)
 
-    def crowd_key(c: int, entry: tuple) -> float:
-        """When a node in channel ``c``'s crowd could start at the earliest (its key for the main loop)."""
-        return max(_tick(channel_end(c) + entry[0]), entry[4])
+    def crowd_key(c: int, rel: float, no_sooner: float) -> float:
+        """When a node in channel ``c``'s crowd, ``rel`` after its last booking and no sooner than ``no_sooner``,
+        could start at the earliest (its key for the main loop)."""
+        return max(_tick(channel_end(c) + rel), no_sooner)
 
     def lift(v: int, d: int, bound: float, c: int) -> None:
         """Put ``v`` back on ``d`` at a bound that holds: in channel ``c``'s crowd, or by ``bound`` (``c`` is -1)."""
@@ -322,7 +323,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if due is None:
             return False
         c, rel, key, gaps = due
-        if gaps != state.gap_bookings[c] or max(_tick(channel_end(c) + rel), key) <= free:
+        if gaps != state.gap_bookings[c] or crowd_key(c, rel, key) <= free:
             return False
         heapq.heappop(startable[d])
         del came_due[(v, d)]
@@ -347,7 +348,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                 if crowd_serial.get((v, d)) != serial:      # it left the crowd
                     heapq.heappop(crowd)
                     continue
-                key = crowd_key(c, top)
+                key = crowd_key(c, top[0], top[4])
                 if key > free:
                     crowd_best = min(crowd_best, (key, pos, v, c)) if crowd_best else (key, pos, v, c)
                     break
@@ -391,7 +392,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             lift(v, d, bound, c)
             lifted |= c >= 0
         if lifted:      # a crowd may have a new first node
-            crowd_best = min((crowd_key(c, crowd[0]), *crowd[0][1:3], c) for c, crowd in crowds[d].items())
+            crowd_best = min((crowd_key(c, crowd[0][0], crowd[0][4]), *crowd[0][1:3], c)
+                             for c, crowd in crowds[d].items())
         return min(best, crowd_best) if best and crowd_best else best or crowd_best
 
     def crowd_of(v: int, d: int, est: tuple) -> tuple[int, float]:
