@@ -36,6 +36,31 @@ _STARTABLE, _WAITING = -2, -1
 LP_TIME_LIMIT_S = 60.0
 
 
+class _Crowd:
+    """The nodes waiting on one device for one channel (m-ETF's crowd), in buckets that come due together."""
+
+    __slots__ = ("buckets", "order", "gaps")
+
+    def __init__(self, gaps: int):
+        self.buckets: dict[float, _Bucket] = {}    # rel -> its bucket
+        self.order: list[tuple[float, int, _Bucket]] = []     # the buckets not due: (rel, bucket serial, bucket)
+        self.gaps = gaps    # the channel's count of bookings off its end when the keys were taken
+
+
+class _Bucket:
+    """A crowd's members whose inputs would arrive ``rel`` after the channel's last booking ends, by position."""
+
+    __slots__ = ("channel", "rel", "serial", "members", "due", "entry", "alive")
+
+    def __init__(self, channel: int, rel: float, serial: int):
+        self.channel, self.rel, self.serial = channel, rel, serial
+        # Heap of (position, node, membership serial, a key the node starts no sooner than).
+        self.members: list[tuple[int, int, int, float]] = []
+        self.due = False        # its key has reached the time the device frees: it competes by position
+        self.entry = -1         # the position of its live entry among the device's due buckets
+        self.alive = True
+
+
 def _grouped(graph: OpGraph, coplace: bool) -> OpGraph:
     """The graph to schedule: with Baechi's co-placement where asked (same nodes and edges, more colocated)."""
     return (colocate_sole_consumers(graph) if coplace else None) or graph
@@ -135,12 +160,15 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     would be there: a booking on the channel moves the whole crowd back
     without touching the heap, and each node is re-estimated only when its
     turn comes (NASNet over 8 H100s, where 93% of the re-estimates were of
-    such nodes: a schedule in 12 s before, 4 s after). A member that came due
-    (its key reached the time its device frees) and is overtaken by the next
-    booking on its channel goes back to the crowd without an estimate
-    (ResNet-152 over ``2xcpu``: hundreds of step counts, each waiting for one
-    transfer on a device faster than the channel, 308k estimates and 6.2 s a
-    schedule before, 16.5k and 2.1 s after). Keys are lower bounds because an
+    such nodes: a schedule in 12 s before, 4 s after). A crowd keeps its
+    members in buckets of equal ``rel``, by position, which come due whole
+    (their key reached the time the device frees, where they compete by
+    position with the startable nodes) and go back whole when the next
+    booking on their channel overtakes them, without an estimate (ResNet-152
+    over ``2xcpu``: hundreds of step counts, each waiting for one transfer on
+    a device faster than the channel, 308k estimates and 6.2 s a schedule
+    when each was estimated again, 16.5k and 2.1 s when each went back alone,
+    0.85 s by buckets). Keys are lower bounds because an
     estimate only grows as the schedule fills, but for two events, after which
     the nodes they concern are estimated again: a transfer booked off its
     channel's end (in an idle slot, or after one it leaves idle) may let a
@@ -191,13 +219,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
     # Per device and channel, nodes whose inputs come last in that channel's crowd, `rel` after its last
-    # booking ends: (rel, position, node, serial, a key they start no sooner than).
-    crowds: list[dict[int, list[tuple[float, int, int, int, float]]]] = [{} for _ in range(n_dev)]
-    crowd_serial: dict[tuple[int, int], int] = {}   # (node, device) -> serial of its live crowd entry
-    # (device, channel) -> the channel's count of bookings off its end when that crowd's keys were taken.
-    crowd_gaps: dict[tuple[int, int], int] = {}
-    # (node, device) -> (channel, rel, key, gaps) of a crowd member that came due and waits among the startable.
-    came_due: dict[tuple[int, int], tuple[int, float, float, int]] = {}
+    # booking ends (and no sooner than a floor, where rounding put their estimate a tick above that).
+    crowds: list[dict[int, _Crowd]] = [{} for _ in range(n_dev)]
+    crowd_serial: dict[tuple[int, int], int] = {}   # (node, device) -> serial of its live crowd membership
+    # Per device, the crowds' buckets that came due, by their first member's position: (position, serial, bucket).
+    due_buckets: list[list[tuple[int, int, _Bucket]]] = [[] for _ in range(n_dev)]
     serials = itertools.count()
     held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # waiting for memory
     held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
@@ -271,16 +297,25 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
 
     def join_crowd(v: int, d: int, c: int, rel: float, key: float) -> None:
         """Put ``v`` in channel ``c``'s crowd on ``d``, ``rel`` after the channel's last booking and no sooner than ``key``."""
-        if c in crowds[d]:
-            check_crowd(d, c)
-        crowd_gaps[(d, c)] = state.gap_bookings[c]
-        serial = next(serials)
+        crowd = crowds[d].get(c)
+        if crowd is None or check_crowd(d, c):
+            crowd = crowds[d][c] = _Crowd(state.gap_bookings[c])
+        crowd.gaps = state.gap_bookings[c]
+        bucket = crowd.buckets.get(rel)
+        if bucket is None:
+            bucket = crowd.buckets[rel] = _Bucket(c, rel, next(serials))
+            heapq.heappush(crowd.order, (rel, bucket.serial, bucket))
+        serial, pos = next(serials), position[v]
         crowd_serial[(v, d)] = serial
-        heapq.heappush(crowds[d].setdefault(c, []), (rel, position[v], v, serial, key))
+        heapq.heappush(bucket.members, (pos, v, serial, key))
+        if bucket.due and pos < bucket.entry:
+            bucket.entry = pos
+            heapq.heappush(due_buckets[d], (pos, bucket.serial, bucket))
         dirty.add(d)
 
-    def check_crowd(d: int, c: int) -> None:
-        """Disband channel ``c``'s crowd on ``d`` if the channel took a booking off its end since its keys were taken.
+    def check_crowd(d: int, c: int) -> bool:
+        """Disband channel ``c``'s crowd on ``d`` if the channel took a booking off its end since its keys were
+        taken; say whether it did.
 
         A crowd's keys (the channel's last booking's end plus ``rel``) hold
         while every booking on the channel starts where the last one ended:
@@ -290,18 +325,81 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         it, may let a member's transfer start sooner: then every member goes
         back among the startable, to be estimated again.
         """
-        if crowd_gaps[(d, c)] == state.gap_bookings[c]:
-            return
-        for _, pos, v, serial, _ in crowds[d].pop(c):
-            if crowd_serial.get((v, d)) == serial:
-                del crowd_serial[(v, d)]
-                heapq.heappush(startable[d], (pos, v))
+        crowd = crowds[d][c]
+        if crowd.gaps == state.gap_bookings[c]:
+            return False
+        for bucket in crowd.buckets.values():
+            bucket.alive = False
+            for pos, v, serial, _ in bucket.members:
+                if crowd_serial.get((v, d)) == serial:
+                    del crowd_serial[(v, d)]
+                    heapq.heappush(startable[d], (pos, v))
+        del crowds[d][c]
         dirty.add(d)
+        return True
 
-    def crowd_key(c: int, rel: float, no_sooner: float) -> float:
-        """When a node in channel ``c``'s crowd, ``rel`` after its last booking and no sooner than ``no_sooner``,
+    def crowd_key(c: int, rel: float, floor: float) -> float:
+        """When a node in channel ``c``'s crowd, ``rel`` after its last booking and no sooner than ``floor``,
         could start at the earliest (its key for the main loop)."""
-        return max(_tick(channel_end(c) + rel), no_sooner)
+        return max(_tick(channel_end(c) + rel), floor)
+
+    def first_member(d: int, bucket: _Bucket) -> tuple[int, int, float] | None:
+        """``(position, node, key)`` of ``bucket``'s first member still waiting in it, its key where it would
+        start at the earliest; None when none is (the bucket is removed)."""
+        members = bucket.members
+        while members:
+            pos, v, serial, floor = members[0]
+            if crowd_serial.get((v, d)) == serial and state.device_of[v] < 0:
+                return pos, v, crowd_key(bucket.channel, bucket.rel, floor)
+            heapq.heappop(members)
+        bucket.alive = False
+        crowd = crowds[d][bucket.channel]
+        del crowd.buckets[bucket.rel]
+        if not crowd.buckets:
+            del crowds[d][bucket.channel]
+        return None
+
+    def come_due(d: int, free: float) -> None:
+        """Move the buckets whose key has reached ``free`` (when ``d`` frees) among ``d``'s due buckets."""
+        for crowd in list(crowds[d].values()):
+            order = crowd.order
+            while order:
+                bucket = order[0][2]
+                first = first_member(d, bucket) if bucket.alive else None
+                if first is not None and first[2] > free:
+                    break
+                heapq.heappop(order)
+                if first is not None:
+                    bucket.due, bucket.entry = True, first[0]
+                    heapq.heappush(due_buckets[d], (first[0], bucket.serial, bucket))
+
+    def first_due(d: int, free: float) -> tuple[int, int, _Bucket] | None:
+        """``(position, node, bucket)`` of the first member of ``d``'s due buckets by position.
+
+        A bucket that bookings on its channel (all at its end) have moved past
+        ``free`` goes back among its crowd's, whole: without buckets, each
+        booking on a channel would have every member that came due estimated
+        again, k squared estimates for a crowd of k (hundreds of step counts,
+        each waiting for one transfer, on a device faster than the channel:
+        ResNet-152 over ``2xcpu``), and moving them back one by one was k
+        squared heap moves (ResNet-200 over ``2xcpu``).
+        """
+        due = due_buckets[d]
+        while due:
+            pos, _, bucket = due[0]
+            first = first_member(d, bucket) if bucket.alive and bucket.due and bucket.entry == pos else None
+            if first is None:
+                heapq.heappop(due)
+            elif first[0] != pos:      # its first member left: the bucket goes by its next one
+                heapq.heapreplace(due, (first[0], bucket.serial, bucket))
+                bucket.entry = first[0]
+            elif first[2] > free:
+                heapq.heappop(due)
+                bucket.due = False
+                heapq.heappush(crowds[d][bucket.channel].order, (bucket.rel, bucket.serial, bucket))
+            else:
+                return pos, first[1], bucket
+        return None
 
     def lift(v: int, d: int, bound: float, c: int) -> None:
         """Put ``v`` back on ``d`` at a bound that holds: in channel ``c``'s crowd, or by ``bound`` (``c`` is -1)."""
@@ -309,26 +407,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             heapq.heappush(waiting[d], (bound, position[v], v))
         else:
             join_crowd(v, d, c, arrives_after[(v, d)][2], bound)
-
-    def behind_crowd_again(d: int, v: int, free: float) -> bool:
-        """Put ``v``, first among ``d``'s startable, back in the crowd it came due from if bookings on the
-        crowd's channel (all at its end) have since moved its key past ``d``'s free time; say whether it did.
-
-        Without this, each booking on a channel would have every member of its
-        crowd that came due estimated again, k squared estimates for a crowd of k
-        (hundreds of step counts, each waiting for one transfer, on a device
-        faster than the channel: ResNet-152 over ``2xcpu``).
-        """
-        due = came_due.get((v, d))
-        if due is None:
-            return False
-        c, rel, key, gaps = due
-        if gaps != state.gap_bookings[c] or crowd_key(c, rel, key) <= free:
-            return False
-        heapq.heappop(startable[d])
-        del came_due[(v, d)]
-        join_crowd(v, d, c, rel, key)
-        return True
 
     def device_front(d: int) -> tuple[float, int, int, int] | None:
         """``(start, position, node, heap)`` of the first ready node on device ``d`` by its heap keys.
@@ -339,27 +417,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         """
         free = _tick(state.devices[d].find(0.0, 0.0, insertion=False)[0])
         wait, start = waiting[d], startable[d]
-        crowd_best = None
         for c in list(crowds[d]):
             check_crowd(d, c)
-        for c, crowd in list(crowds[d].items()):
-            while crowd:
-                _, pos, v, serial, _ = top = crowd[0]
-                if crowd_serial.get((v, d)) != serial:      # it left the crowd
-                    heapq.heappop(crowd)
-                    continue
-                key = crowd_key(c, top[0], top[4])
-                if key > free:
-                    crowd_best = min(crowd_best, (key, pos, v, c)) if crowd_best else (key, pos, v, c)
-                    break
-                # Due by the time d frees, it could start then: it goes by position, as startable ones do.
-                heapq.heappop(crowd)
-                del crowd_serial[(v, d)]
-                heapq.heappush(start, (pos, v))
-                came_due[(v, d)] = (c, top[0], top[4], crowd_gaps[(d, c)])
-            if not crowd:
-                del crowds[d][c]
-        best, lifted = None, False
+        come_due(d, free)
+        best = None
         while True:
             while wait and (wait[0][0] <= free or state.device_of[wait[0][2]] >= 0):
                 _, pos, v = heapq.heappop(wait)
@@ -367,19 +428,25 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                     heapq.heappush(start, (pos, v))
             while start and state.device_of[start[0][1]] >= 0:
                 heapq.heappop(start)
-            if start and behind_crowd_again(d, start[0][1], free):
-                lifted = True
-                continue
-            if start:
+            due = first_due(d, free)
+            # Startable nodes and due crowd members could all start when d frees: they go by position.
+            if start and (due is None or start[0][0] <= due[0]):
                 pos, v = start[0]
                 bound, c = bound_on(v, d, free)
                 if bound == free:
                     best = free, pos, v, _STARTABLE
                     break
                 heapq.heappop(start)
-                came_due.pop((v, d), None)
                 lift(v, d, bound, c)
-                lifted |= c >= 0
+                continue
+            if due is not None:
+                pos, v, bucket = due
+                bound, c = bound_on(v, d, free)
+                if bound == free:
+                    best = free, pos, v, bucket.channel
+                    break
+                del crowd_serial[(v, d)]
+                lift(v, d, bound, c)
                 continue
             if not wait:
                 break
@@ -390,10 +457,17 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                 break
             heapq.heappop(wait)
             lift(v, d, bound, c)
-            lifted |= c >= 0
-        if lifted:      # a crowd may have a new first node
-            crowd_best = min((crowd_key(c, crowd[0][0], crowd[0][4]), *crowd[0][1:3], c)
-                             for c, crowd in crowds[d].items())
+        crowd_best = None
+        for c, crowd in list(crowds[d].items()):
+            order = crowd.order
+            while order:
+                bucket = order[0][2]
+                first = first_member(d, bucket) if bucket.alive else None
+                if first is not None:
+                    candidate = (first[2], *first[:2], c)
+                    crowd_best = min(crowd_best, candidate) if crowd_best else candidate
+                    break
+                heapq.heappop(order)
         return min(best, crowd_best) if best and crowd_best else best or crowd_best
 
     def crowd_of(v: int, d: int, est: tuple) -> tuple[int, float]:
@@ -464,12 +538,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         dirty.add(d)
         if source == _STARTABLE:
             heapq.heappop(startable[d])
-            came_due.pop((v, d), None)
         elif source == _WAITING:
             heapq.heappop(waiting[d])
         else:
-            heapq.heappop(crowds[d][source])
-            del crowd_serial[(v, d)]
+            del crowd_serial[(v, d)]     # its bucket drops it when it comes first there
         if state.device_of[v] >= 0:
             continue        # booked already from another of its entries (a reader weighed again waits twice)
         fixed = state.unit_device[state.unit_of[v]]
@@ -509,7 +581,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         # fewer bytes, or sent earlier): those waiting for d weigh it again.
         for _, _, _, k in est[3]:
             for w in state.readers[state.inputs[v][k][:2]]:
-                came_due.pop((w, d), None)
                 crowd_serial.pop((w, d), None)
                 if pending[w] == 0 and state.device_of[w] < 0 and offered(w, d):
                     wait_on(d, (0.0, position[w], w))
