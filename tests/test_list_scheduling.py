@@ -9,7 +9,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from placer import OpGraph, place, simulate
-from placer.algorithms.baechi import etf_schedule, favourite_children, m_topo_schedule
+from placer.algorithms.baechi import _tick, etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
 from placer.algorithms.timebox import TimeBox
@@ -889,15 +889,18 @@ def test_plans_are_valid_fit_keep_colocation_and_are_deterministic(n, seed, grou
 
 
 def plain_etf(g, cluster, sends=None):
-    """ETF by its definition: at every step, every ready node on every device, the smallest (start, index, device)."""
+    """ETF by its definition: at every step, every ready node on every device, the smallest (start, index, device).
+
+    Starts are compared at m-ETF's resolution (``TICK_S``): two estimates of one time reached by sums in
+    another order may differ in their last bits, a tie all the same."""
     state = ScheduleState(g, cluster, 1.0, insertion=False, sends=sends)
     position = np.empty(g.num_nodes, dtype=np.int64)
     position[g.topological_order] = np.arange(g.num_nodes)
     preds = [set(g.src[g.dst == v].tolist()) for v in range(g.num_nodes)]
     while (ready := [v for v in range(g.num_nodes)
                      if state.device_of[v] < 0 and all(state.device_of[u] >= 0 for u in preds[v])]):
-        start, _, d, v, est = min((est[0], position[v], d, v, est) for v in ready
-                                  for d in state.devices_for(v) if (est := state.estimate(v, d))[0] < np.inf)
+        _, _, d, v, est = min((_tick(est[0]), position[v], d, v, est) for v in ready
+                              for d in state.devices_for(v) if (est := state.estimate(v, d))[0] < np.inf)
         state.commit(v, d, est)
     return state.schedule()
 
@@ -948,6 +951,8 @@ def test_m_etf_estimates_a_crowd_that_outpaces_its_channel_a_bounded_number_of_t
 @example(49, 0.5286875619575842, 439366547, 4, True, False, 2e10, True, True)
 # A tensor read with fewer bytes by another node reached the device sooner than by a transfer of one's own.
 @example(48, 0.6848313278023622, 193582272, 2, True, False, 2e9, False, False)
+# Two devices' starts of node 13 one ulp apart: a tie at m-ETF's resolution, which goes to the lower device.
+@example(41, 0.7183831768537, 544186824, 4, False, True, 2e10, True, True)
 def test_m_etf_heaps_give_the_schedule_of_plain_etf(n, p, seed, n_dev, shared, zero_length, bandwidth, told_sends,
                                                     uniform_bytes):
     # Zero-length nodes (as captured graphs have hundreds of) make many ties on start times; a captured

@@ -242,8 +242,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         return d if d >= 0 and state.devices[d].last_item() == u else -1
 
     def wait_on(d: int, entry: tuple[float, int, int]) -> None:
-        heapq.heappush(waiting[d], (_tick(entry[0]), *entry[1:]))
-        dirty.add(d)
+        key = _tick(entry[0])
+        heapq.heappush(waiting[d], (key, *entry[1:]))
+        if front[d] is None or key <= front[d][0]:      # later than d's first node, it cannot come first there
+            dirty.add(d)
 
     def release(entries: list) -> None:
         """Put held nodes back in their devices' heaps."""
@@ -252,10 +254,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         entries.clear()
 
     def starts_earliest_at(v: int, home: int) -> bool:
-        """Whether ``v`` could start on ``home`` when its favourite parent ends there, and nowhere sooner."""
-        at_home = state.estimate(v, home)[0]
-        return at_home <= state.finish[fav_parent[v]] and all(
-            at_home <= state.estimate(v, d)[0] for d in state.devices_for(v) if d != home)
+        """Whether ``v`` could start on ``home`` when its favourite parent ends there, and nowhere sooner.
+
+        Nowhere sooner follows: no device has an input before its producer ends.
+        """
+        return state.estimate(v, home)[0] <= state.finish[fav_parent[v]]
 
     def become_ready(v: int) -> None:
         home = parent_device(v)
