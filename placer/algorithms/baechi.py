@@ -44,7 +44,7 @@ class _Crowd:
     def __init__(self, gaps: int):
         self.buckets: dict[float, _Bucket] = {}    # rel -> its bucket
         self.order: list[tuple[float, int, _Bucket]] = []     # the buckets not due: (rel, bucket serial, bucket)
-        self.gaps = gaps    # the channel's count of bookings off its end when the keys were taken
+        self.gaps = gaps    # the channel's count of bookings that left it idle when the keys were taken
 
 
 class _Bucket:
@@ -170,10 +170,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     when each was estimated again, 16.5k and 2.1 s when each went back alone,
     0.85 s by buckets). Keys are lower bounds because an
     estimate only grows as the schedule fills, but for two events, after which
-    the nodes they concern are estimated again: a transfer booked off its
-    channel's end (in an idle slot, or after one it leaves idle) may let a
-    crowd's transfer start sooner, where its turn in the queue now finds the
-    channel idle (``check_crowd``); and an input sent to a device for another
+    the nodes they concern are estimated again: a transfer booked after its
+    channel's end, leaving it idle before, may let a crowd's transfer start
+    sooner, where its turn in the queue now finds the channel idle
+    (``check_crowd``); and an input sent to a device for another
     reader may arrive there sooner than a transfer of one's own would (a copy
     of fewer bytes: one tensor's edges in a captured graph may differ).
     Session 10 had instead booked a node within a tolerance of the smallest
@@ -214,7 +214,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     # (node, device) -> a time before which the node's inputs cannot all be on the device,
     # learnt from another device that they would reach over the same channels.
     # The bound is `static`, or with a channel `c` (not -1) the channel's last booking's end plus `rel`
-    # (the crowd), for as long as the channel takes no booking off its end (`gaps`, its count then).
+    # (the crowd), for as long as no booking leaves the channel idle (`gaps`, its count of those then).
     arrives_after: dict[tuple[int, int], tuple[float, int, float, int]] = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
@@ -231,6 +231,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     held_for_room: list[list[tuple[float, float, int, int, int]]] = [[] for _ in range(n_dev)]
     # Each device's first node by its heap keys, recomputed only for devices whose heaps or timeline changed.
     front: list[tuple[float, int, int, int] | None] = [None] * n_dev
+    free_at = [0.0] * n_dev     # when each device frees, as its front was found (its timeline is the same since)
     dirty: set[int] = set()
 
     def parent_device(v: int) -> int:
@@ -244,7 +245,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     def wait_on(d: int, entry: tuple[float, int, int]) -> None:
         key = _tick(entry[0])
         heapq.heappush(waiting[d], (key, *entry[1:]))
-        if front[d] is None or key <= front[d][0]:      # later than d's first node, it cannot come first there
+        first = front[d]
+        # It could start at max(key, free) at the earliest: behind d's first node, it cannot come first there.
+        if first is None or (max(key, free_at[d]), entry[1]) < first[:2]:
             dirty.add(d)
 
     def release(entries: list) -> None:
@@ -317,15 +320,15 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         dirty.add(d)
 
     def check_crowd(d: int, c: int) -> bool:
-        """Disband channel ``c``'s crowd on ``d`` if the channel took a booking off its end since its keys were
-        taken; say whether it did.
+        """Disband channel ``c``'s crowd on ``d`` if a booking left the channel idle since its keys were taken;
+        say whether it did.
 
         A crowd's keys (the channel's last booking's end plus ``rel``) hold
-        while every booking on the channel starts where the last one ended:
-        the channel is then busy from before each member's turn in its queue
-        to its end, so each member still goes after the last booking. A
-        booking in an idle slot, or one that leaves the channel idle before
-        it, may let a member's transfer start sooner: then every member goes
+        while no booking on the channel leaves it idle before it: the channel
+        is then busy from before each member's turn in its queue to its end
+        (a booking in an idle slot only fills it), so each member still goes
+        after the last booking. A booking that leaves the channel idle before
+        it may let a member's transfer start sooner: then every member goes
         back among the startable, to be estimated again.
         """
         crowd = crowds[d][c]
@@ -379,7 +382,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     def first_due(d: int, free: float) -> tuple[int, int, _Bucket] | None:
         """``(position, node, bucket)`` of the first member of ``d``'s due buckets by position.
 
-        A bucket that bookings on its channel (all at its end) have moved past
+        A bucket that bookings on its channel (none leaving it idle) have moved past
         ``free`` goes back among its crowd's, whole: without buckets, each
         booking on a channel would have every member that came due estimated
         again, k squared estimates for a crowd of k (hundreds of step counts,
@@ -418,7 +421,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         A node whose key is below a bound learnt from another device goes back with the bound as its
         key (as the main loop would do on popping it), so that the loop only sees keys that hold.
         """
-        free = _tick(state.devices[d].find(0.0, 0.0, insertion=False)[0])
+        free = free_at[d] = _tick(state.devices[d].find(0.0, 0.0, insertion=False)[0])
         wait, start = waiting[d], startable[d]
         for c in list(crowds[d]):
             check_crowd(d, c)

@@ -633,8 +633,9 @@ class ScheduleState:
         self.sent_ahead: dict[tuple[int, int, int], float] = {}
         #: Bumped whenever a device's timeline, incoming channels or memory change.
         self.version = [0] * n_dev
-        #: Per channel, how many transfers were booked anywhere but right at its end (in an idle slot,
-        #: or after one left idle): only such a booking can bring a transfer still to book forward.
+        #: Per channel, how many transfers were booked after its end, leaving it idle before them: only
+        #: such a booking can bring a transfer still to book forward (one in an idle slot only takes
+        #: time from the channel, and a transfer starts at its turn in the queue or at the channel's end).
         self.gap_bookings = [0] * len(cluster.channels)
 
     # ------------------------------------------------------------ queries
@@ -880,7 +881,7 @@ class ScheduleState:
         insort(self.sent_to.setdefault((u, c), []), (self.name_rank[d], t))
         if self.contention:
             channel = self.channels[c]
-            if begin != channel.last[-1]:
+            if begin > channel.last[-1]:
                 self.gap_bookings[c] += 1
             channel.book(*channel.find(begin, end - begin, insertion=True), end - begin)
             self.queues[c].add(self._queue_key(u, t, d), end)
