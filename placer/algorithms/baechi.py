@@ -421,7 +421,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         A node whose key is below a bound learnt from another device goes back with the bound as its
         key (as the main loop would do on popping it), so that the loop only sees keys that hold.
         """
-        free = free_at[d] = _tick(state.devices[d].find(0.0, 0.0, insertion=False)[0])
+        free = free_at[d] = _tick(max(0.0, state.devices[d].last[-1]))     # when its last booking ends
         wait, start = waiting[d], startable[d]
         for c in list(crowds[d]):
             check_crowd(d, c)
