@@ -365,25 +365,31 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             del crowds[d][bucket.channel]
         return None
 
+    def first_not_due(d: int, crowd: _Crowd) -> tuple[_Bucket, tuple[int, int, float]] | None:
+        """``crowd``'s first bucket not due (smallest ``rel``) and its first member (:func:`first_member`)."""
+        order = crowd.order
+        while order:
+            bucket = order[0][2]
+            first = first_member(d, bucket) if bucket.alive else None
+            if first is not None:
+                return bucket, first
+            heapq.heappop(order)
+        return None
+
     def come_due(d: int, free: float) -> None:
         """Move the buckets whose key has reached ``free`` (when ``d`` frees) among ``d``'s due buckets."""
         for crowd in list(crowds[d].values()):
-            order = crowd.order
-            while order:
-                bucket = order[0][2]
-                first = first_member(d, bucket) if bucket.alive else None
-                if first is not None and first[2] > free:
-                    break
-                heapq.heappop(order)
-                if first is not None:
-                    bucket.due, bucket.entry = True, first[0]
-                    heapq.heappush(due_buckets[d], (first[0], bucket.serial, bucket))
+            while (top := first_not_due(d, crowd)) is not None and top[1][2] <= free:
+                bucket, (pos, _, _) = top
+                heapq.heappop(crowd.order)
+                bucket.due, bucket.entry = True, pos
+                heapq.heappush(due_buckets[d], (pos, bucket.serial, bucket))
 
     def first_due(d: int, free: float) -> tuple[int, int, _Bucket] | None:
         """``(position, node, bucket)`` of the first member of ``d``'s due buckets by position.
 
-        A bucket that bookings on its channel (none leaving it idle) have moved past
-        ``free`` goes back among its crowd's, whole: without buckets, each
+        A bucket that bookings on its channel (none leaving it idle) have moved
+        past ``free`` goes back among its crowd's, whole: without buckets, each
         booking on a channel would have every member that came due estimated
         again, k squared estimates for a crowd of k (hundreds of step counts,
         each waiting for one transfer, on a device faster than the channel:
@@ -465,15 +471,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             lift(v, d, bound, c)
         crowd_best = None
         for c, crowd in list(crowds[d].items()):
-            order = crowd.order
-            while order:
-                bucket = order[0][2]
-                first = first_member(d, bucket) if bucket.alive else None
-                if first is not None:
-                    candidate = (first[2], *first[:2], c)
-                    crowd_best = min(crowd_best, candidate) if crowd_best else candidate
-                    break
-                heapq.heappop(order)
+            top = first_not_due(d, crowd)
+            if top is not None:
+                pos, v, key = top[1]
+                crowd_best = min(crowd_best, (key, pos, v, c)) if crowd_best else (key, pos, v, c)
         return min(best, crowd_best) if best and crowd_best else best or crowd_best
 
     def crowd_of(v: int, d: int, est: tuple) -> tuple[int, float]:
