@@ -325,6 +325,29 @@ def test_memory_retries_leave_the_nodes_when_the_peaks_sum_over_every_device():
     assert seen[:2] == ["nodes", "layers"]
 
 
+@pytest.mark.parametrize("first, overfilled", [((0, 1, 0), True), ((0, 1, 1), False)])
+def test_memory_retries_leave_the_nodes_when_counting_whole_leaves_no_room_after_an_overfilled_start(first,
+                                                                                                  overfilled):
+    # At the first ratio (0,1,0) peaks at 5 + 8 bytes, more than the 8 + 4 of both devices; (0,1,1) at 4 + 8.
+    # Counting whole then leaves no room for some node: after the overfilled start the retries go to the
+    # colocated layers from the next ratio down; otherwise the nodes are tried at that ratio first.
+    g, cluster, placed = _chain_over_two_devices()
+    seen = []
+
+    def build(g, ratio, scale, sends=None):
+        seen.append(("layers" if g.colocation[0] is not None else "nodes", ratio))
+        if seen[-1][0] == "layers":
+            return placed(0, 0, 0)
+        if ratio == 1.0:
+            raise InfeasibleError("no room")
+        return placed(*first) if ratio == 0.5 else placed(0, 0, 0)
+
+    sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=0.5, refine=False)
+    assert sched.device_of.tolist() == [0, 0, 0] and sched.simulated.fits
+    after = ("layers" if overfilled else "nodes", pytest.approx(1 / 1.2))
+    assert seen[:3] == [("nodes", 0.5), ("nodes", 1.0), after]
+
+
 def test_memory_retries_go_on_cutting_while_the_cuts_shrink_the_excess():
     # First (0,1,1): over by 4 bytes, peaks within the 12 bytes. The cut brings (0,0,1): peaks 13 bytes,
     # over by 1 only, so the cuts go on and (1,0,0) fits on the nodes.
