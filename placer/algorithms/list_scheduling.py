@@ -1165,9 +1165,9 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
             ratio /= 1.2
             if overfilled and np.all(scale == 1.0):
                 # Counting outputs whole leaves no room for every node, and the first ratio's schedules
-                # held more than the devices do together: the smaller ratios ahead build schedules like
-                # those (NASNet over 4xcpu: 1.26x the cluster's memory at 0.345, 1.27x at 0.579 after
-                # three builds at 1, 0.833 and 0.694 failed, 2 s each), so the layers are tried next.
+                # held more than the devices do together: on no bundled case did a smaller ratio then fit
+                # on the nodes (NASNet over 4xcpu: 1.26x the cluster's memory at 0.345, 1.27x at 0.579
+                # after builds at 1, 0.833 and 0.694 failed, 2 s each), so the layers are tried next.
                 break
             continue
         result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
