@@ -201,11 +201,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     n, n_dev = graph.num_nodes, cluster.num_devices
     position = _position(graph).tolist()
     pending = np.bincount(graph.dst, minlength=n).tolist()
-    # One entry per edge (parallel edges included) so that `pending` reaches zero; the edges sorted
-    # by (source, consumer) at once (a sort per node took 0.1 s of each NASNet schedule).
-    consumer = graph.dst[np.lexsort((graph.dst, graph.src))].tolist()
-    bounds = graph.out_edges[0].tolist()
-    succ = [consumer[bounds[v]:bounds[v + 1]] for v in range(n)]
+    ptr, eids = graph.out_edges
+    # One entry per edge (parallel edges included) so that `pending` reaches zero.
+    succ = [sorted(graph.dst[eids[ptr[v]:ptr[v + 1]]].tolist()) for v in range(n)]
     preds = [sorted({u for u, _, _ in inputs}) for inputs in state.inputs]
     fav_child = [-1] * n if favourite is None else favourite.tolist()
     fav_parent = [-1] * n
