@@ -1192,8 +1192,7 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
             return (_Fit(sched, maker, stage, ratio, scale, time.perf_counter() - began), (closest, error), ratio,
                     first_step)
         peak = result.peak_memory_bytes
-        if not counted_whole:
-            overfilled = peak.sum() > capacity.sum() and (overfilled or not use_pressed)
+        held_more = peak.sum() > capacity.sum()     # than all the devices together
         excess = float(np.maximum(peak - capacity, 0).sum())
         if excess < closest:
             j = int(np.argmax(peak - capacity))
@@ -1201,13 +1200,14 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
                 f"{name}: device {cluster.devices[j].name!r} would need {peak[j] / 2**30:.3f} GiB "
                 f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB{on_layers}")
         if not counted_whole:
+            overfilled = held_more and (overfilled or not use_pressed)
             if pressed is not None and not use_pressed:
                 use_pressed = True
                 continue
             use_pressed, ratio, counted_whole = False, 1.0, True
             continue
         progress = excess < 0.9 * least_excess
-        if peak.sum() > capacity.sum() and not (progress and np.isfinite(least_excess)):
+        if held_more and not (progress and np.isfinite(least_excess)):
             # A cut moves work, it sheds none: where the peaks sum to more than the devices hold and no cut
             # made this schedule's excess smaller (or none was made yet), the next cut would only move it
             # (ResNet-200 over 2xcpu, m-ETF: 10.4 + 6.7 GiB of 8 + 8, then 8.6 + 12.0 after the cut).
