@@ -306,7 +306,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         crowd = crowds[d].get(c)
         if crowd is None or check_crowd(d, c):
             crowd = crowds[d][c] = _Crowd(state.gap_bookings[c])
-        crowd.gaps = state.gap_bookings[c]
         bucket = crowd.buckets.get(rel)
         if bucket is None:
             bucket = crowd.buckets[rel] = _Bucket(c, rel, next(serials))
