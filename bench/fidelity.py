@@ -63,7 +63,12 @@ calibration without streams, b's one way, c's both ways) and
 ``fidelity-h200-s24a.tar.xz``, ``-s24b``, ``-s24c`` (session 24: in rounds,
 3, 3 and 2; c with each op's time counted from its rank's previous op's
 end, and with its measured traces, from which the replay takes each run's
-step end). Since session 22
+step end), and ``fidelity-dev-s29.tar.xz`` (session 29: the 2-core
+development machine, 2 ranks, four plans of the seven models in 3 rounds;
+its live output ``fidelity-dev-s29.log``). ``--calibration FILE`` replays a
+record with another calibration's message cost and barrier (``placer
+calibrate`` writes one): how far the calibration alone moves the prediction
+before a run. Since session 22
 the calibration also times streams of messages
 (:attr:`placer.cost.messages.MessageCost.by_gap`), and the prediction with
 the calibrated message cost charges each message at its gap in the simulated
@@ -76,6 +81,7 @@ Usage::
     PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200-s20a.tar.xz
     PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200-s24b.tar.xz \
         --rounds-log bench/data/fidelity-h200-s24b.log
+    PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-dev-s29.tar.xz --calibration cal.json
 
 Run it on a quiet machine with a core per rank: on a loaded one the ranks
 wait for CPU time the simulator knows nothing about.
@@ -740,6 +746,8 @@ def main() -> int:
     parser.add_argument("--replay", help="a --record folder or archive: predict its runs again, run nothing")
     parser.add_argument("--rounds-log", help="with --replay: a live --rounds run's output, for the rounds of a "
                                              "record made before records kept them (session 24)")
+    parser.add_argument("--calibration", help="with --replay: a `placer calibrate` file whose message cost and "
+                                              "barrier the predictions before the runs take, instead of the recorded")
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -751,9 +759,23 @@ def main() -> int:
             logged = rounds_from_log(args.rounds_log)
             for run in runs:
                 run.round_step_s = run.round_step_s or logged.get((run.model, run.cluster_name, run.algorithm), [])
+        if args.calibration:
+            from placer.cost.calibrate import load_calibration
+            from placer.errors import PlacerError
+
+            try:
+                calibration = load_calibration(args.calibration)
+            except PlacerError as exc:
+                parser.error(str(exc))
+            if calibration.message_cost is None:
+                parser.error(f"--calibration {args.calibration}: it has no message cost (a gloo calibration has)")
+            for run in runs:
+                run.calibrated_message_cost = calibration.message_cost
+                run.calibrated_barrier_s = calibration.barrier_s or 0.0
         report(runs)
         print(f"reproduce: PYTHONPATH=. python bench/fidelity.py --replay {args.replay}"
-              + (f" --rounds-log {args.rounds_log}" if args.rounds_log else ""))
+              + (f" --rounds-log {args.rounds_log}" if args.rounds_log else "")
+              + (f" --calibration {args.calibration}" if args.calibration else ""))
         return 0
     runs = measure(args)
     print()
