@@ -81,7 +81,12 @@ def cmd_plan(args: argparse.Namespace) -> int:
         options["seed"] = args.seed
     if args.time_limit is not None:
         options["time_limit"] = args.time_limit
-    plan = place(graph, cluster, args.algorithm, **options)
+    from rich.console import Console
+
+    # A search can take its whole limit (auto: a minute by default); say what runs meanwhile.
+    limit = "" if args.time_limit is None else f", within {args.time_limit:g} s"
+    with Console(stderr=True).status(f"planning {graph.name} on {cluster.name} with {args.algorithm}{limit} ..."):
+        plan = place(graph, cluster, args.algorithm, **options)
     plan.save(args.output)
     p = plan.predicted
     print(f"{args.algorithm}: makespan {p['makespan_s'] * 1e3:.3f} ms (lower bound {p['lower_bound_s'] * 1e3:.3f} ms), "
