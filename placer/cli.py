@@ -81,11 +81,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
         options["seed"] = args.seed
     if args.time_limit is not None:
         options["time_limit"] = args.time_limit
-    from rich.console import Console
+    from .report.tables import working
 
     # A search can take its whole limit (auto: a minute by default); say what runs meanwhile.
     limit = "" if args.time_limit is None else f", within {args.time_limit:g} s"
-    with Console(stderr=True).status(f"planning {graph.name} on {cluster.name} with {args.algorithm}{limit} ..."):
+    with working(f"planning {graph.name} on {cluster.name} with {args.algorithm}{limit} ..."):
         plan = place(graph, cluster, args.algorithm, **options)
     plan.save(args.output)
     p = plan.predicted

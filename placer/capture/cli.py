@@ -8,11 +8,10 @@ __all__ = ["add_commands", "cmd_capture"]
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from rich.console import Console
+    from ..report.tables import working
 
-    console = Console(stderr=True)
-    with console.status(f"capturing one training step of {args.spec} at batch {args.batch} "
-                        f"({args.optimizer}{', meta device' if args.fake else ''})..."):
+    with working(f"capturing one training step of {args.spec} at batch {args.batch} "
+                 f"({args.optimizer}{', meta device' if args.fake else ''})..."):
         from .spec import capture_spec
 
         step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, lr=args.lr,

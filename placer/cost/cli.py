@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import OptionError
+from ..report.tables import working
 from .analytic import DEVICE_SPECS, annotate
 
 __all__ = ["add_commands"]
@@ -40,10 +41,12 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _positive(args.batch, "--batch")
     _positive(args.repeats, "--repeats")
     device_kind_of(args.device)  # refuse a bad device before capturing
-    step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, fake=False)
-    model, inputs = load_model(args.spec, args.batch)
-    profile = profile_step(step, model, inputs, device=args.device, repeats=args.repeats,
-                           gpu_timing=args.gpu_timing)
+    with working(f"capturing {args.spec} at batch {args.batch}, then timing every operation on {args.device} "
+                 f"({args.repeats} runs each) ..."):
+        step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, fake=False)
+        model, inputs = load_model(args.spec, args.batch)
+        profile = profile_step(step, model, inputs, device=args.device, repeats=args.repeats,
+                               gpu_timing=args.gpu_timing)
     profile.save(args.output)
     line = (f"{step.graph.name}: {len(profile.node_seconds)} nodes timed on {profile.meta['device_name']} "
             f"({profile.device_kind}), sum {profile.total_s * 1e3:.3f} ms")
@@ -65,7 +68,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     _positive(args.repeats, "--repeats")
     if not args.timeout > 0:
         raise OptionError(f"option '--timeout' must be > 0, got {args.timeout}")
-    cal = calibrate(args.backend, ranks=args.ranks, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout)
+    processes = f", {args.ranks} processes" if args.backend == "gloo" else ""
+    with working(f"timing transfers ({args.backend}{processes}) ..."):
+        cal = calibrate(args.backend, ranks=args.ranks, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout)
     cal.save(args.output)
     rows = [[name, f"{f.latency_s * 1e6:.1f}", f"{f.bandwidth_bytes_per_s / 1e9:.3f}", f"{f.r2:.4f}",
              str(len(f.samples))] for name, f in cal.links.items()]
@@ -126,7 +131,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     batches = _ints(args.batches, "--batches")
     _positive(args.target, "--target")
     device = None if args.device == "none" else args.device
-    model = standard_evaluation(args.spec, batches, optimizer=args.optimizer, device=device, repeats=args.repeats)
+    with working(f"capturing {args.spec} at batches {', '.join(map(str, batches))} and fitting each node's costs ..."):
+        model = standard_evaluation(args.spec, batches, optimizer=args.optimizer, device=device,
+                                    repeats=args.repeats)
     graph = model.predict(args.target)
     graph.save(args.output)
     kind = model.time_kind or "compute_s"

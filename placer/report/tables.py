@@ -9,7 +9,15 @@ from rich.table import Table
 
 from ..sim.simulator import SimResult
 
-__all__ = ["print_rows", "print_simulation", "simulation_text"]
+__all__ = ["print_rows", "print_simulation", "simulation_text", "working"]
+
+
+def working(message: str):
+    """A spinner and ``message`` on stderr while a long step runs (``with working(...):``).
+
+    Rich draws it on a terminal only: on a pipe or in a log nothing is written.
+    """
+    return Console(stderr=True).status(message)
 
 
 def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None,

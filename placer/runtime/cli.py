@@ -136,8 +136,11 @@ def _run(args: argparse.Namespace) -> int:
     optimizer = captured.optimizer.eager(model.parameters())
     flat = captured.step_inputs(model, inputs, optimizer)
     devices = args.devices.split(",") if args.devices else None
-    m = measure_plan(captured, plan, cluster, flat, steps=args.steps, backend=args.backend, threads=args.threads,
-                     timeout_s=args.timeout, devices=devices)
+    from ..report.tables import working
+
+    with working(f"training {args.steps} steps of {captured.graph.name} as the plan places it ({args.backend}) ..."):
+        m = measure_plan(captured, plan, cluster, flat, steps=args.steps, backend=args.backend,
+                         threads=args.threads, timeout_s=args.timeout, devices=devices)
     if m is None:
         return 0
     if args.backend == "distributed":
@@ -165,7 +168,8 @@ def _run(args: argparse.Namespace) -> int:
     home = _first_device(args.backend, devices, cluster.num_devices)
     reference.to(home)
     reference_optimizer = eager_optimizer(captured, reference.parameters())
-    train_eager(reference, [copy_to(x, home) for x in inputs], reference_optimizer, args.steps)
+    with working(f"training {args.steps} steps eagerly on {home} to compare ..."):
+        train_eager(reference, [copy_to(x, home) for x in inputs], reference_optimizer, args.steps)
     worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
     if worst <= args.tolerance:
         print(f"verify: {count} tensors (parameters, buffers, optimizer state) equal eager training on {home} "
