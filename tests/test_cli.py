@@ -44,6 +44,17 @@ def test_plan_then_simulate_json_agrees_with_reference(tmp_path, capsys, graph_f
     assert report["fits"] is True and report["lower_bound_s"] <= report["makespan_s"]
 
 
+def test_long_steps_say_what_they_do_on_stderr_and_leave_a_pipe_clean(capsys):
+    from placer.report.tables import working
+
+    with working("planning ..."):       # a spinner: drawn on a terminal only
+        print("result")
+    with working("timing ...", measuring=True):     # a line: no drawing thread beside what is timed
+        pass
+    out = capsys.readouterr()
+    assert out.out == "result\n" and out.err == "timing ...\n"
+
+
 def test_simulate_writes_a_trace(tmp_path, capsys, graph_file):
     plan_file, trace = tmp_path / "p.json", tmp_path / "t.json"
     assert run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "-o", plan_file)[0] == 0

@@ -42,7 +42,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _positive(args.repeats, "--repeats")
     device_kind_of(args.device)  # refuse a bad device before capturing
     with working(f"capturing {args.spec} at batch {args.batch}, then timing every operation on {args.device} "
-                 f"({args.repeats} runs each) ..."):
+                 f"({args.repeats} runs each) ...", measuring=True):
         step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, fake=False)
         model, inputs = load_model(args.spec, args.batch)
         profile = profile_step(step, model, inputs, device=args.device, repeats=args.repeats,
@@ -69,7 +69,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     if not args.timeout > 0:
         raise OptionError(f"option '--timeout' must be > 0, got {args.timeout}")
     processes = f", {args.ranks} processes" if args.backend == "gloo" else ""
-    with working(f"timing transfers ({args.backend}{processes}) ..."):
+    with working(f"timing transfers ({args.backend}{processes}) ...", measuring=True):
         cal = calibrate(args.backend, ranks=args.ranks, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout)
     cal.save(args.output)
     rows = [[name, f"{f.latency_s * 1e6:.1f}", f"{f.bandwidth_bytes_per_s / 1e9:.3f}", f"{f.r2:.4f}",
@@ -131,7 +131,9 @@ def cmd_predict(args: argparse.Namespace) -> int:
     batches = _ints(args.batches, "--batches")
     _positive(args.target, "--target")
     device = None if args.device == "none" else args.device
-    with working(f"capturing {args.spec} at batches {', '.join(map(str, batches))} and fitting each node's costs ..."):
+    # With a device it times every operation at each batch.
+    with working(f"capturing {args.spec} at batches {', '.join(map(str, batches))} and fitting each node's "
+                 f"costs ...", measuring=device is not None):
         model = standard_evaluation(args.spec, batches, optimizer=args.optimizer, device=device,
                                     repeats=args.repeats)
     graph = model.predict(args.target)

@@ -1,7 +1,9 @@
-"""Terminal tables with rich."""
+"""Terminal output with rich: tables, and what a long command is doing meanwhile."""
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from typing import Sequence
 
 from rich.console import Console
@@ -12,11 +14,16 @@ from ..sim.simulator import SimResult
 __all__ = ["print_rows", "print_simulation", "simulation_text", "working"]
 
 
-def working(message: str):
-    """A spinner and ``message`` on stderr while a long step runs (``with working(...):``).
+def working(message: str, measuring: bool = False):
+    """Say on stderr what a long step is doing while it runs: ``with working(message):``.
 
-    Rich draws it on a terminal only: on a pipe or in a log nothing is written.
+    A spinner, which rich draws on a terminal only (on a pipe or in a log
+    nothing is written). Where the step times something (``measuring``), one
+    line instead: the spinner's drawing thread would take time from it.
     """
+    if measuring:
+        print(message, file=sys.stderr)
+        return contextlib.nullcontext()
     return Console(stderr=True).status(message)
 
 

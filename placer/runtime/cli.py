@@ -138,7 +138,8 @@ def _run(args: argparse.Namespace) -> int:
     devices = args.devices.split(",") if args.devices else None
     from ..report.tables import working
 
-    with working(f"training {args.steps} steps of {captured.graph.name} as the plan places it ({args.backend}) ..."):
+    with working(f"training {args.steps} steps of {captured.graph.name} as the plan places it ({args.backend}) ...",
+                 measuring=True):
         m = measure_plan(captured, plan, cluster, flat, steps=args.steps, backend=args.backend,
                          threads=args.threads, timeout_s=args.timeout, devices=devices)
     if m is None:
