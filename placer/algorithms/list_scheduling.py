@@ -88,6 +88,8 @@ class Schedule:
     dispatched: SimResult | None = None
     #: Per device, the most memory the scheduler counted there while building it (:attr:`MemoryTimeline.seen`).
     memory_seen: np.ndarray | None = None
+    #: The transfers the scheduler booked: (producer, tensor, device) -> (channel, start, end).
+    transfers: dict[tuple[int, int, int], tuple[int, float, float]] | None = None
 
     @property
     def makespan_s(self) -> float:
@@ -626,6 +628,8 @@ class ScheduleState:
         #: Per (producer, channel), the (destination name rank, tensor) of its transfers booked there, sorted.
         self.sent_to: dict[tuple[int, int], list[tuple[int, int]]] = {}
         self.arrival: dict[tuple[int, int, int], float] = {}
+        #: Channel and start of each transfer booked, by (producer, tensor, device) (it ends at its ``arrival``).
+        self.booked: dict[tuple[int, int, int], tuple[int, float]] = {}
         #: The (node, device) pairs with some input already sent to the device.
         self.input_sent: set[tuple[int, int]] = set()
         self.sends = sends or {}
@@ -877,6 +881,7 @@ class ScheduleState:
     def _book_transfer(self, u: int, t: int, d: int, c: int, begin: float, end: float) -> None:
         """Book the transfer of output ``t`` of ``u`` to device ``d`` on channel ``c`` over ``[begin, end)``."""
         self.arrival[(u, t, d)] = end
+        self.booked[(u, t, d)] = (c, begin)
         self.input_sent.update((w, d) for w in self.readers[(u, t)])
         insort(self.sent_to.setdefault((u, c), []), (self.name_rank[d], t))
         if self.contention:
@@ -945,7 +950,8 @@ class ScheduleState:
         """The finished schedule (every node committed)."""
         return Schedule(np.asarray(self.device_of, dtype=np.int64),
                         [np.asarray(t.items(), dtype=np.int64) for t in self.devices],
-                        np.asarray(self.start), np.asarray(self.finish), memory_seen=self.memory.seen.copy())
+                        np.asarray(self.start), np.asarray(self.finish), memory_seen=self.memory.seen.copy(),
+                        transfers={key: (c, begin, self.arrival[key]) for key, (c, begin) in self.booked.items()})
 
 
 #: Share of a running time limit's remaining seconds that :func:`plan_from_schedule` may spend on
