@@ -633,8 +633,8 @@ class ScheduleState:
         #: The (node, device) pairs with some input already sent to the device.
         self.input_sent: set[tuple[int, int]] = set()
         self.sends = sends or {}
-        #: Start of each transfer booked from ``sends``, by (producer, tensor, device).
-        self.sent_ahead: dict[tuple[int, int, int], float] = {}
+        #: The transfers booked from ``sends``, by (producer, tensor, device) (their start: ``booked``).
+        self.sent_ahead: set[tuple[int, int, int]] = set()
         #: Bumped whenever a device's timeline, incoming channels or memory change.
         self.version = [0] * n_dev
         #: Per channel, how many transfers were booked after its end, leaving it idle before them: only
@@ -782,9 +782,8 @@ class ScheduleState:
                 out[(u, t, d)] = (begin, self.ratio * b)
         if self.sent_ahead:
             for u, t, b in self.inputs[v]:
-                begin = self.sent_ahead.get((u, t, d))
-                if begin is not None and (u, t, d) not in self.budgeted:
-                    out[(u, t, d)] = (begin, self.ratio * b)
+                if (u, t, d) in self.sent_ahead and (u, t, d) not in self.budgeted:
+                    out[(u, t, d)] = (self.booked[(u, t, d)][1], self.ratio * b)
         return out
 
     def need(self, v: int, d: int, estimate: tuple) -> float:
@@ -908,7 +907,7 @@ class ScheduleState:
             begin = (self._channel_slot(c, self._queue_key(u, t, d), self.finish[u], length)
                      if self.contention else self.finish[u])
             self._book_transfer(u, t, d, c, begin, begin + length)
-            self.sent_ahead[(u, t, d)] = begin
+            self.sent_ahead.add((u, t, d))
             self.sent_until[u] = max(self.sent_until[u], begin + length)
 
     def _claim(self, v: int, d: int, begin: float, end: float, bookings: list) -> None:
@@ -924,7 +923,7 @@ class ScheduleState:
             if amount is None:
                 continue
             self.memory.add(d, arrive[u], -amount)
-            copied_from = sent.get((u, t), self.sent_ahead.get((u, t, d)))
+            copied_from = sent.get((u, t), self.booked[(u, t, d)][1] if (u, t, d) in self.sent_ahead else None)
             if copied_from is not None and (u, t, d) not in self.budgeted:      # else already on d: no new copy
                 self.memory.add(d, copied_from, amount)
                 self.budgeted.add((u, t, d))
