@@ -563,7 +563,7 @@ def test_memory_counts_a_copy_from_its_transfer_not_from_the_booking_of_its_cons
     state = ScheduleState(g, cluster, 1.0, insertion=False, sends={0: [(0, 1, 6)]} if sent_ahead else None)
     for v, d in [("p", 0), ("x", 1), ("long", 1), ("y", 1)]:
         state.commit(g.index[v], d, state.estimate(g.index[v], d))
-    assert ((0, 0, 1) in state.arrival) == sent_ahead and state.memory.fits(1, [(0.0, 4.0)])
+    assert ((0, 0, 1) in state.booked) == sent_ahead and state.memory.fits(1, [(0.0, 4.0)])
     c = g.index["c"]
     on_d1 = state.estimate(c, 1)
     assert state.copies(c, 1, on_d1[3]) == {(0, 0, 1): (1.0, 6.0)}

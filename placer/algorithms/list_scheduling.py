@@ -627,9 +627,8 @@ class ScheduleState:
         self.queues = [QueueOrder() for _ in cluster.channels]
         #: Per (producer, channel), the (destination name rank, tensor) of its transfers booked there, sorted.
         self.sent_to: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        self.arrival: dict[tuple[int, int, int], float] = {}
-        #: Channel and start of each transfer booked, by (producer, tensor, device) (it ends at its ``arrival``).
-        self.booked: dict[tuple[int, int, int], tuple[int, float]] = {}
+        #: Channel, start and end (its arrival) of each transfer booked, by (producer, tensor, device).
+        self.booked: dict[tuple[int, int, int], tuple[int, float, float]] = {}
         #: The (node, device) pairs with some input already sent to the device.
         self.input_sent: set[tuple[int, int]] = set()
         self.sends = sends or {}
@@ -711,9 +710,9 @@ class ScheduleState:
             if du == d:
                 ready = max(ready, self.finish[u])
                 continue
-            known = self.arrival.get((u, t, d))
+            known = self.booked.get((u, t, d))
             if known is not None:
-                ready = max(ready, known)
+                ready = max(ready, known[2])
                 continue
             pending.append((self.finish[u], u, t, k))
         pending.sort()
@@ -879,8 +878,7 @@ class ScheduleState:
 
     def _book_transfer(self, u: int, t: int, d: int, c: int, begin: float, end: float) -> None:
         """Book the transfer of output ``t`` of ``u`` to device ``d`` on channel ``c`` over ``[begin, end)``."""
-        self.arrival[(u, t, d)] = end
-        self.booked[(u, t, d)] = (c, begin)
+        self.booked[(u, t, d)] = (c, begin, end)
         self.input_sent.update((w, d) for w in self.readers[(u, t)])
         insort(self.sent_to.setdefault((u, c), []), (self.name_rank[d], t))
         if self.contention:
@@ -901,7 +899,7 @@ class ScheduleState:
         home, rank = self.device_of[u], self.name_rank
         for t, d, nbytes in sorted(self.sends.get(u, ()), key=lambda send: (rank[send[1]], send[0])):  # queue order
             c = self.channel_of[home][d]
-            if d == home or c < 0 or (u, t, d) in self.arrival or (u, t) not in self.readers:
+            if d == home or c < 0 or (u, t, d) in self.booked or (u, t) not in self.readers:
                 continue
             length = self.ch_lat[c] + nbytes * self.ch_inv_bw[c]
             begin = (self._channel_slot(c, self._queue_key(u, t, d), self.finish[u], length)
@@ -950,7 +948,7 @@ class ScheduleState:
         return Schedule(np.asarray(self.device_of, dtype=np.int64),
                         [np.asarray(t.items(), dtype=np.int64) for t in self.devices],
                         np.asarray(self.start), np.asarray(self.finish), memory_seen=self.memory.seen.copy(),
-                        transfers={key: (c, begin, self.arrival[key]) for key, (c, begin) in self.booked.items()})
+                        transfers=dict(self.booked))
 
 
 #: Share of a running time limit's remaining seconds that :func:`plan_from_schedule` may spend on
