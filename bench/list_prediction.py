@@ -54,9 +54,7 @@ CASES = ("resnet50/4xV100-nvlink,resnet50/4xGPU-pcie,inception_v3/4xV100-nvlink,
 def where_they_part(graph, sched) -> str:
     """``sched``'s booked transfers (:attr:`Schedule.transfers`) against those of its simulation."""
     sent = sched.simulated.transfers
-    ran = {(u, t, d): (start, end) for u, t, d, start, end in zip(sent.producer.tolist(), sent.tensor.tolist(),
-                                                                  sent.dst_device.tolist(), sent.start.tolist(),
-                                                                  sent.end.tolist())}
+    ran = {key: (float(sent.start[x]), float(sent.end[x])) for key, x in sent.rows().items()}
     source = np.bincount(graph.dst, minlength=graph.num_nodes) == 0
     early = [key for key, (_, start, _) in sched.transfers.items() if key in ran and ran[key][0] < start - 1e-12]
     late = sum(1 for key, (_, start, _) in sched.transfers.items() if key in ran and ran[key][0] > start + 1e-12)

@@ -723,12 +723,12 @@ def test_prediction_equals_simulation_without_congestion(n, p, seed, n_dev, name
         assert np.isclose(result.makespan_s, sched.makespan_s, rtol=1e-9)
         # And the transfers: each one the reference model ran, booked on its channel for the same interval.
         sent = result.transfers
-        ran = {(u, t, d): (c, s, e) for u, t, d, c, s, e in zip(sent.producer.tolist(), sent.tensor.tolist(),
-                                                               sent.dst_device.tolist(), sent.channel.tolist(),
-                                                               sent.start.tolist(), sent.end.tolist())}
+        ran = sent.rows()
         assert ran.keys() == sched.transfers.keys()
         for key, (c, start, end) in sched.transfers.items():
-            assert ran[key][0] == c and np.allclose(ran[key][1:], (start, end), rtol=1e-9, atol=1e-12)
+            x = ran[key]
+            assert sent.channel[x] == c and np.allclose((sent.start[x], sent.end[x]), (start, end), rtol=1e-9,
+                                                        atol=1e-12)
 
 
 def test_priority_order_can_take_zero_time_sources_first_in_graph_order():

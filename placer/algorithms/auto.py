@@ -85,8 +85,7 @@ def critical_path_nodes(result: SimResult) -> np.ndarray:
     xf = result.transfers
     if len(xf):
         cross = result.device_of[g.src] != result.device_of[g.dst]
-        key = {(p, t, d): x for x, (p, t, d) in enumerate(zip(xf.producer.tolist(), xf.tensor.tolist(),
-                                                               xf.dst_device.tolist()))}
+        key = xf.rows()
         for e in np.flatnonzero(cross).tolist():
             arrival[e] = xf.end[key[(int(g.src[e]), int(g.edge_tensor[e]), int(result.device_of[g.dst[e]]))]]
     ptr, eids = g.in_edges

@@ -46,6 +46,11 @@ class Transfers:
     def __len__(self) -> int:
         return int(self.producer.size)
 
+    def rows(self) -> dict[tuple[int, int, int], int]:
+        """The entry of each transfer by (producer, tensor, destination device): one per triple (rule 4)."""
+        return {key: x for x, key in enumerate(zip(self.producer.tolist(), self.tensor.tolist(),
+                                                    self.dst_device.tolist()))}
+
 
 @dataclass
 class SimResult:
