@@ -75,6 +75,32 @@ def test_an_expiry_swallowed_where_it_landed_comes_again():
     assert box.expired and time.perf_counter() - began < 1.0
 
 
+def test_an_expiry_waits_for_an_import_to_end(tmp_path, monkeypatch):
+    # A module left half imported breaks every later import of it (torch's crashed the process).
+    (tmp_path / "slow_to_import.py").write_text("import time\nend = time.perf_counter() + 0.3\n"
+                                               "while time.perf_counter() < end:\n    pass\nDONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with TimeBox(0.05) as box:
+        import slow_to_import
+        spin(5)
+    assert box.expired and slow_to_import.DONE
+
+
+def test_an_error_raised_by_what_an_expiry_interrupted_stays_in_the_box():
+    def library_call():     # as numpy's comparisons turn an exception from Python code into theirs
+        try:
+            spin(5)
+        except BaseException:
+            raise TypeError("cannot compare") from None
+
+    with TimeBox(0.05) as box:
+        library_call()
+    assert box.expired
+    with pytest.raises(TypeError):      # an error of the body's own, with time left, is not the box's
+        with TimeBox(5.0):
+            raise TypeError("a bug")
+
+
 def test_an_algorithm_without_a_plan_at_its_limit_raises_time_limit_error(monkeypatch):
     def slow(graph, cluster, *, seed=0, time_limit=None):
         spin(10)

@@ -11,8 +11,12 @@ elsewhere (another thread, Windows) a box never expires and the work runs to
 its end. The interruption lands between Python bytecodes: a long call into C
 (a solver) ends first, which is why solvers get their own time limit too. It
 waits while a box opens or closes (raised there, it would escape the ``with``
-and leave the box open), and comes again where Python swallowed it (a weakref
-callback or a ``__del__`` prints such an exception and goes on).
+and leave the box open) and while a module is imported (a module left half
+imported breaks every later import of it: torch's crashes the process), and
+comes again where Python swallowed it (a weakref callback or a ``__del__``
+prints such an exception and goes on). Where a library turns it into an error
+of its own (numpy's comparisons re-raise it as a TypeError), the box that
+expired swallows that error too: its body was cut short either way.
 """
 
 from __future__ import annotations
@@ -67,9 +71,9 @@ def _on_alarm(signum, frame) -> None:
     if not expired:         # an alarm for a box that has closed since
         _arm()
         return
-    if _opening_or_closing(frame):
-        # Raised there, it would leave the ``with`` with the box still open (its body may well have
-        # ended in time): look again once the box is open or closed.
+    if _must_wait(frame):
+        # Raised in a box's bookkeeping, it would leave the ``with`` with the box still open (its body
+        # may well have ended in time); raised in an import, it would leave the module half imported.
         signal.setitimer(signal.ITIMER_REAL, 1e-4)
         return
     # The outermost expired box: everything inside it ends with it. Should the exception land where
@@ -80,10 +84,11 @@ def _on_alarm(signum, frame) -> None:
     raise OutOfTime(expired[0])
 
 
-def _opening_or_closing(frame) -> bool:
-    """Whether ``frame`` (where the alarm came) runs in a box's ``__enter__`` or ``__exit__``."""
+def _must_wait(frame) -> bool:
+    """Whether ``frame`` (where the alarm came) runs in a box's ``__enter__`` or ``__exit__``, or in an import."""
     while frame is not None:
-        if frame.f_code in _BOOKKEEPING:
+        code = frame.f_code
+        if code in _BOOKKEEPING or code.co_filename.startswith("<frozen importlib"):
             return True
         frame = frame.f_back
     return False
@@ -130,7 +135,9 @@ class TimeBox:
             _arm()
             if not _open:
                 signal.signal(signal.SIGALRM, _previous_handler)
-        return isinstance(exc, OutOfTime) and exc.box is self
+        if isinstance(exc, OutOfTime):
+            return exc.box is self
+        return self.expired and isinstance(exc, Exception)     # raised by what the expiry interrupted
 
 
 _BOOKKEEPING = {TimeBox.__enter__.__code__, TimeBox.__exit__.__code__, _arm.__code__}
