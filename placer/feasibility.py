@@ -37,7 +37,7 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
     Checks: a node allowed on no device of the cluster; a node, or a
     colocation group, that cannot fit any device it may use; parameters that
     exceed the cluster's total memory; a connected part of the graph whose
-    parameters exceed every set of devices that can all reach each other.
+    parameters exceed every set of devices that channels connect.
     """
     allowed = graph.allowed(cluster)
     memory = cluster.memory
@@ -178,20 +178,22 @@ def _check_live_memory(graph: OpGraph, cluster: Cluster) -> None:
 
 
 def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
-    """Refuse a graph whose connected parts cannot fit any set of mutually reachable devices.
+    """Refuse a graph whose connected parts cannot fit any set of devices that channels connect.
 
-    Transfers go over one channel, never through a third device, so the
-    nodes of one weakly connected part of the graph must sit on devices that
-    all have channels between each other (a clique of the reachability graph).
+    Transfers go over one channel, never through a third device, so two
+    nodes joined by an edge sit on one device or on two that a channel
+    joins: the devices of one weakly connected part of the graph lie in one
+    connected part of the channels' graph (a pipeline needs channels only
+    between neighbouring stages, so nothing stronger holds in general).
     """
     unreachable = cluster.unreachable_pairs()
     if not unreachable or graph.num_nodes == 0:
         return
     reach = nx.Graph()
     reach.add_nodes_from(range(cluster.num_devices))
-    connected = (cluster.channel_index >= 0) & (cluster.channel_index.T >= 0)
-    reach.add_edges_from(zip(*np.nonzero(np.triu(connected, 1))))
-    room = max(int(cluster.memory[sorted(c)].sum()) for c in nx.find_cliques(reach))
+    joined = (cluster.channel_index >= 0) | (cluster.channel_index.T >= 0)
+    reach.add_edges_from(zip(*np.nonzero(np.triu(joined, 1))))
+    room = max(int(cluster.memory[sorted(c)].sum()) for c in nx.connected_components(reach))
     parts = nx.connected_components(nx.Graph(zip(graph.src.tolist(), graph.dst.tolist())))
     for part in parts:
         need = int(graph.param_bytes[sorted(part)].sum())
@@ -200,4 +202,4 @@ def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
             raise InfeasibleError(
                 f"devices {a!r} and {b!r} (and maybe others) have no channel between them; the connected part "
                 f"of the graph around node {graph.ids[min(part)]!r} needs {need / 2**30:.3f} GiB of parameters, "
-                f"more than any set of devices that can all reach each other ({room / 2**30:.3f} GiB)")
+                f"more than any set of devices that channels connect ({room / 2**30:.3f} GiB)")

@@ -21,7 +21,7 @@ from functools import partial
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError, PlacerError, TimeLimitError
+from ..errors import InfeasibleError, InvalidPlanError, PlacerError, TimeLimitError
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import SimResult, simulate
@@ -286,7 +286,10 @@ def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed:
                 continue
             seen.add(candidate.tobytes())
             began = time.perf_counter()
-            trial = _State(candidate, simulate(graph, cluster, candidate, check=False))
+            try:
+                trial = _State(candidate, simulate(graph, cluster, candidate, check=False))
+            except InvalidPlanError:    # a move to a device no channel reaches from a neighbour
+                continue
             step = 0.5 * step + 0.5 * (time.perf_counter() - began)
             if trial.key < state.key:
                 state = trial

@@ -11,7 +11,7 @@ import time
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError, OptionError
+from ..errors import InfeasibleError, InvalidPlanError, OptionError
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import simulate
@@ -211,9 +211,9 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
     for shard_optimizer in ((False, True) if data_parallel_start and cluster.num_devices > 1 else ()):
         try:
             dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=shard_optimizer)
-        except InfeasibleError:
+            result = simulate(dp.graph, cluster, device_of, orders, check=False)
+        except (InfeasibleError, InvalidPlanError):     # no room for a replica, or no channel for its ring
             continue
-        result = simulate(dp.graph, cluster, device_of, orders, check=False)
         data_parallel.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, simulated=result)))
 
     def dpos_start(start_graph: OpGraph) -> Schedule | None:

@@ -173,8 +173,11 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     # Searches stop by themselves within their limit (the box leaves them 5% to return what they
     # found); the box stops what cannot stop itself (the one-pass schedulers).
     limit = opts.get("time_limit")
-    with TimeBox(None if limit is None else BOX_SHARE * limit - (began - entered)) as box:
-        plan = alg.func(graph, cluster, **opts)
+    try:
+        with TimeBox(None if limit is None else BOX_SHARE * limit - (began - entered)) as box:
+            plan = alg.func(graph, cluster, **opts)
+    except InvalidPlanError as exc:     # the algorithm's own check of what it built (a baseline's fixed rule)
+        raise InfeasibleError(failure_message(algorithm, f"found no valid plan: {exc}")) from None
     if box.expired:
         raise TimeLimitError(f"{algorithm} found no plan within its time limit of {opts['time_limit']:g} s "
                              f"({graph.num_nodes} ops on {cluster.num_devices} devices); give it more time")

@@ -109,10 +109,16 @@ class PlacementMDP:
         allowed = coarse.allowed(cluster)
         self.allowed = torch.as_tensor(np.array([allowed[t].all(axis=0) for t in self.tie]).reshape(n, -1))
         self.order = coarse.topological_order.tolist()
-        self.start = self._round_robin()
         self.memory = cluster.memory.astype(np.float64)
         self._reference = None
-        self._reference = self.cost(self.start)[1]
+        self.start_s = self.finish_s = torch.zeros(n)   # the last valid placement's times (none yet)
+        self.start = self._round_robin()
+        reference = self.cost(self.start)[1]
+        if reference == math.inf:
+            # Round robin sends between devices no channel connects: start from each node's first device.
+            self.start = torch.as_tensor(self.allowed.to(torch.int8).argmax(dim=1), dtype=torch.int64)
+            reference = self.cost(self.start)[1]
+        self._reference = reference if math.isfinite(reference) else None
 
     def _round_robin(self) -> torch.Tensor:
         """The starting placement: coarse nodes dealt to their allowed devices in turn, in topological order.
