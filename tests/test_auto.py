@@ -64,6 +64,19 @@ def test_a_member_past_the_time_limit_is_cut_off(case, monkeypatch):
     assert plan.search_time_s < 30
 
 
+def test_a_slow_lower_bound_keeps_to_the_time_limit_and_the_plan_in_hand(case, monkeypatch):
+    graph, cluster = case
+
+    def slow_bound(graph, cluster):
+        time.sleep(30)
+        return 0.0
+
+    monkeypatch.setitem(auto_module.LOWER_BOUNDS, "data_parallel", slow_bound)
+    plan = place(graph, cluster, "auto", portfolio="expert,data_parallel", time_limit=2, max_evaluations=5)
+    assert plan.extra["auto"]["start"] == "expert" and "data_parallel" in plan.extra["auto"]["out_of_time"]
+    assert plan.search_time_s < 30
+
+
 def test_ctrl_c_in_the_portfolio_returns_the_best_so_far(case, monkeypatch):
     graph, cluster = case
     real = auto_module.place

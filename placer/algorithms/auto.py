@@ -226,7 +226,12 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
             log["out_of_time"].append(name)
             continue
         if name in LOWER_BOUNDS and best is not None:
-            bound = LOWER_BOUNDS[name](graph, cluster)
+            with TimeBox(left) as box:      # seconds on a big graph: within the time left, which it then shortens
+                bound = LOWER_BOUNDS[name](graph, cluster)
+            left = min(end, deadline - check_s) - time.perf_counter()
+            if box.expired or left <= 0:
+                log["out_of_time"].append(name)
+                continue
             if bound >= best[0]:
                 log["cannot_win"].append(f"{name} (at least {bound:.4g} s)")
                 continue
