@@ -284,7 +284,8 @@ def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed:
     seen = {device_of.tobytes()}
     evaluations = 0
     try:
-        while evaluations < max_evaluations and time.perf_counter() + 2 * step < deadline and n_dev > 1:
+        while (evaluations < max_evaluations and time.perf_counter() + 2 * step < deadline and n_dev > 1
+               and graph.num_nodes):
             candidate = _propose(graph, granularities[evaluations % 2], rng, state)
             evaluations += 1
             if candidate is None or candidate.tobytes() in seen:

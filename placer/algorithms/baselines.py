@@ -255,7 +255,7 @@ def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         pair_bytes[(x, y)] = pair_bytes.get((x, y), 0) + w
     adjacency: list[list[int]] = [[] for _ in range(n_units)]
     weights: list[list[int]] = [[] for _ in range(n_units)]
-    top = max(pair_bytes.values(), default=1)
+    top = max(max(pair_bytes.values(), default=1), 1)     # edges of 0 bytes weigh the least, as others would
     for (x, y), w in sorted(pair_bytes.items()):
         scaled = max(1, int(round(w / top * 1e6)))
         adjacency[x].append(y)

@@ -271,7 +271,9 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
     if best is None:
         raise errors[0]
     _, schedule, order, rounds, policy = best
-    stats = {"clusters": fused.num_clusters, "ccr_before": fused.ccr_before, "ccr_after": fused.ccr_after,
+    # A graph without compute has an infinite CCR, which a plan file (JSON) cannot hold: None there.
+    ccr_before, ccr_after = (x if np.isfinite(x) else None for x in (fused.ccr_before, fused.ccr_after))
+    stats = {"clusters": fused.num_clusters, "ccr_before": ccr_before, "ccr_after": ccr_after,
              "coarse_makespan_s": schedule.makespan_s, "rounds": rounds, "policy": policy}
     return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
 
@@ -403,7 +405,7 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
     Plan
         With a per-device order taken from the coarse schedule (or the
         reference model's earliest-ready order where that is faster), and
-        ``extra["celeritas"]``: clusters, CCR before and after fusion, and
+        ``extra["celeritas"]``: clusters, CCR before and after fusion (None without compute), and
         ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did).
 
     Raises

@@ -72,12 +72,20 @@ def contract_cases() -> list[tuple[str, OpGraph, Cluster]]:
         ("two-hosts", training_graph(layers=4, branches=2, seed=4), load_cluster("2x4xV100")),
         ("parallel-edges", _with_parallel_edges(training_graph(layers=2, branches=2, seed=5)),
          load_cluster("4xV100-nvlink")),
+        ("empty", OpGraph([], [], [], [], [], name="empty"), load_cluster("2xV100-nvlink")),
+        ("free", _free(training_graph(layers=2, branches=2, seed=6)), load_cluster("4xGPU-pcie")),
     ]
+
+
+def _free(graph: OpGraph) -> OpGraph:
+    """No compute and no bytes on any edge: every ratio of times or of bytes is 0 / 0."""
+    return graph.replace(compute_s=np.zeros(graph.num_nodes), edge_bytes=np.zeros(graph.num_edges, dtype=np.int64),
+                         compute_s_by_kind=None)
 
 
 def _check_plan(plan: Plan, graph: OpGraph, cluster: Cluster, label: str) -> None:
     # Read the plan back from its file form: what a user gets must simulate to what it predicts.
-    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict())))
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict(), allow_nan=False)))   # as Plan.save writes it
     result = simulate_plan(again, graph, cluster)
     assert result.fits, f"{label}: plan does not fit memory"
     predicted = plan.predicted["makespan_s"]

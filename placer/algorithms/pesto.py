@@ -159,7 +159,8 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
 
     failures: dict[str, str] = {}
     warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * (deadline - began), failures)
-    warm_device = None if warm is None else np.array([cluster.device_index[warm.placement[i]] for i in graph.ids])
+    warm_device = None if warm is None else np.array([cluster.device_index[warm.placement[i]] for i in graph.ids],
+                                                     dtype=np.int64)
     goal = target or min(200, max(24, 3200 // n_dev**2))
     warm_done = coarse_done = time.perf_counter()
     report = {"warm_start_failures": failures, "warm_start": warm_name,
