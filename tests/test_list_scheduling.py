@@ -1270,3 +1270,16 @@ def test_any_transfers_sent_ahead_leave_a_valid_schedule(n, seed, n_dev, name, s
     assert sorted(np.concatenate(sched.orders).tolist()) == list(range(n))
     assert np.all(sched.start[g.dst] >= sched.finish[g.src] - 1e-12)
     simulate(g, cluster, sched.device_of, sched.orders)      # raises on an order it cannot run
+
+
+def test_a_generous_time_limit_gives_the_same_plan_every_time(monkeypatch):
+    from placer.algorithms.checks import random_cases
+
+    _, graph, cluster = random_cases(count=8, seed=6)[5]    # small memories: the memory share is searched
+    searched = []
+    real = list_scheduling._search_budgets
+    monkeypatch.setattr(list_scheduling, "_search_budgets", lambda *a: searched.append(1) or real(*a))
+    for name in ("dpos", "heft"):
+        plans = [place(graph, cluster, name, time_limit=5) for _ in range(4)]
+        assert all(p.placement == plans[0].placement and p.order == plans[0].order for p in plans), name
+    assert searched     # else the case no longer reaches the search this pins

@@ -981,20 +981,20 @@ SEARCH_CLIMB = 1.15
 SEARCH_CLIMBS = 2
 
 
-def _optional_work(took_s: float, at_most_s: float | None = None) -> TimeBox | None:
+def _optional_work(took_s: float) -> TimeBox | None:
     """A time box for optional work expected to take ``took_s`` seconds, or None where there is no time for it.
 
     Where a time limit is running, the work gets :data:`REFINE_SHARE` of the
     seconds left (the rest is for what follows, such as the plan's
-    validation), and no more than ``at_most_s``; none where the last such
-    work took longer than that share. Without a time limit the box never expires.
+    validation); none where the last such work took longer than that share.
+    Without a time limit the box never expires.
     """
     left = seconds_left()
     if left is None:
         return TimeBox(None)
     if REFINE_SHARE * left < took_s:
         return None
-    return TimeBox(REFINE_SHARE * left if at_most_s is None else min(REFINE_SHARE * left, at_most_s))
+    return TimeBox(REFINE_SHARE * left)
 
 
 @gc_paused()     # its schedules book hundreds of thousands of tuples: placer.gcpause
@@ -1065,7 +1065,16 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
     the time that the retries and the refinement left; one that is faster is
     refined in turn and kept.
     """
-    began = time.perf_counter()
+    built = 0
+
+    def counted(maker: Callable[..., Schedule] | None) -> Callable[..., Schedule] | None:
+        def build_and_count(*args, **kwargs) -> Schedule:
+            nonlocal built
+            built += 1
+            return maker(*args, **kwargs)
+        return None if maker is None else build_and_count
+
+    build, pressed = counted(build), counted(pressed)
     if ratio is None:
         ratio = liveness_ratio(graph, cluster)
     loosest = ratio
@@ -1098,7 +1107,7 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
             layered = colocate_layers(graph)
         ways = [(stage, maker) for stage in (layered, graph) if stage is not None
                 for maker in (build, pressed) if maker is not None]
-        found = _search_budgets(fit, step, ways, graph, cluster, loosest, dispatch, time.perf_counter() - began)
+        found = _search_budgets(fit, step, ways, graph, cluster, loosest, dispatch, built)
         if found is not None:       # faster already; refining never slows a schedule
             sched = refined(found)
     return sched
@@ -1233,7 +1242,7 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
 
 
 def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[..., Schedule]]], graph: OpGraph,
-                    cluster: Cluster, low: float, dispatch: bool, spent_s: float) -> _Fit | None:
+                    cluster: Cluster, low: float, dispatch: bool, spent_builds: int) -> _Fit | None:
     """The fastest fitting schedule that a way of scheduling builds over the ratio, where its step is below ``step``.
 
     ``fit`` is the retries' fitting schedule, whose budgets need not be built again.
@@ -1253,13 +1262,15 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
     :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings and
     :data:`SEARCH_CLIMBS` climbs per way. Optional work (:func:`_optional_work`) as a whole and each build
     in it, like :func:`refined_schedule`; under a running time limit, the
-    whole search also takes no longer than ``spent_s``, the seconds the
-    schedule took so far, so that it at most doubles what the scheduler costs
-    its caller (``auto``, Pesto's warm start).
+    search also builds no more schedules than ``spent_builds``, those the
+    scheduler built so far, so that it at most doubles what the scheduler
+    costs its caller (``auto``, Pesto's warm start). A count, not seconds:
+    the plan must not depend on how fast the machine ran that day.
     """
     best, best_step = None, step
     whole = np.ones(cluster.num_devices)       # every device's whole capacity
     took_s, builds = fit.took_s, 0
+    most_builds = SEARCH_BUILDS if seconds_left() is None else min(SEARCH_BUILDS, spent_builds)
     # Outcomes by (stage, build, ratio), the stages and builds being the very objects of ``ways``. The
     # retries' first schedules, at the loosest ratio on the nodes, did not fit (else no search); theirs did.
     known: dict[tuple[int, int, float], str] = {(id(graph), id(build), low): "overflows" for _, build in ways
@@ -1275,7 +1286,7 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
         key = (id(stage), id(build), ratio)
         if key in known:
             return known[key]
-        box = _optional_work(took_s) if builds < SEARCH_BUILDS else None
+        box = _optional_work(took_s) if builds < most_builds else None
         if box is None:
             return None
         builds += 1
@@ -1345,7 +1356,7 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
                     return
 
     # The whole search is optional work too, so that a running time limit leaves room to refine.
-    box = _optional_work(took_s, spent_s)
+    box = _optional_work(took_s)
     if box is not None:
         with box:
             search()
