@@ -11,7 +11,7 @@ from placer.algorithms.data_parallel import (data_parallel_lower_bound, data_par
 from placer.cluster import PRESETS, Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import training_graph
-from placer.transform.replicate import data_parallel_graph, gradients
+from placer.transform.replicate import data_parallel_graph, gradients, replica_layout
 from placer.transform.split import batch_dependent, original_ids, split_operation
 
 GiB = 1 << 30
@@ -460,3 +460,60 @@ def test_a_replicated_plan_reports_the_bound_that_holds_for_it(algorithm):
     assert plan.predicted["makespan_s"] < lower_bound(graph, cluster)
     assert plan.predicted["lower_bound_s"] == lower_bound(graph, cluster, splits=True) <= plan.predicted["makespan_s"]
     assert place(graph, cluster, "expert").predicted["lower_bound_s"] == lower_bound(graph, cluster)
+
+
+def chained_update_graph():
+    """Two parameter groups whose first update (u1) feeds the second's gradient (g2), as in a step that
+    applies one layer's new weights before computing the next layer's gradient."""
+    MiB = 1 << 20
+    ids = ["x", "f1", "g1", "u1", "f2", "g2", "u2"]
+    ops = ["placeholder", "aten.mm", "aten.mm", "aten._foreach_add", "aten.mm", "aten.mm", "aten._foreach_add"]
+    edges = [("x", "f1", 16), ("x", "g1", 16), ("g1", "u1", 8), ("f1", "g1", 16), ("x", "g2", 16), ("u1", "g2", 8),
+             ("f2", "g2", 16), ("x", "f2", 16), ("g2", "u2", 8)]
+    ix = {k: i for i, k in enumerate(ids)}
+    return OpGraph(ids, [1e-3] * 7, [ix[a] for a, _, _ in edges], [ix[b] for _, b, _ in edges],
+                   [n * MiB for *_, n in edges], op=ops, colocation=[None, "A", None, "A", "B", None, "B"],
+                   param_bytes=[0, 8 * MiB, 0, 0, 8 * MiB, 0, 0], output_bytes=[m * MiB for m in (16, 16, 8, 8, 16, 8, 8)])
+
+
+@pytest.mark.parametrize("shard", [False, True])
+@pytest.mark.parametrize("collective", ["ring", "direct"])
+def test_a_gradient_that_follows_another_groups_update_is_reduced_in_a_later_bucket(shard, collective):
+    # g1 and g2 fit one 25 MiB bucket, but g2 is computed after u1, which reads the reduced g1: one
+    # bucket would wait on its own reader (a cycle). g2 starts a bucket of its own.
+    g = chained_update_graph()
+    layout = replica_layout(g, 2, shard_optimizer=shard)
+    assert [[g.ids[u] for u, _ in bucket] for bucket in layout.buckets] == [["g1"], ["g2"]]
+    dp = data_parallel_graph(g, 2, shard_optimizer=shard, collective=collective)
+    assert len(dp.graph.topological_order) == dp.graph.num_nodes       # acyclic
+    idx = dp.graph.index
+    # Every replica's u1 reads the reduced first bucket, and the second bucket packs g2 after it.
+    for k in range(2):
+        readers = {dp.graph.ids[int(s)] for s in dp.graph.src[dp.graph.dst == idx[f"r{k}/u1"]]}
+        assert all(dp.graph.node_extra[idx[s]]["allreduce"]["bucket"] == 0 for s in readers)
+        assert dp.graph.node_extra[idx[f"r{k}/allreduce1.step0"]]["allreduce"]["gradients"] == ["g2"]
+
+
+@pytest.mark.parametrize("algorithm", ["data_parallel", "sharded_data_parallel", "os_dpos"])
+def test_replicating_a_step_whose_update_feeds_another_gradient_places_it(algorithm):
+    g, c = chained_update_graph(), load_cluster("2xV100-nvlink")
+    plan = place(g, c, algorithm, **({"time_limit": 10} if algorithm == "os_dpos" else {}))
+    assert plan.predicted["makespan_s"] > 0
+    if algorithm != "os_dpos":
+        assert plan.extra["replicas"] == 2 and plan.rewritten_graph.extra["data_parallel"]["buckets"] == 2
+
+
+def test_the_all_reduce_steps_ids_never_collide_with_the_graphs_own():
+    g = training_graph(layers=2, branches=2, seed=1)
+    ids = list(g.ids)
+    ids[ids.index("loss")] = "allreduce0.step0"
+    g = g.replace(ids=ids)
+    dp = data_parallel_graph(g, 2)
+    assert len(set(dp.graph.ids)) == dp.graph.num_nodes
+    idx = dp.graph.index
+    # The graph's node keeps its replica's id; the generated step takes the next free one.
+    assert dp.graph.node_extra[idx["r0/allreduce0.step0"]]["replica_of"] == "allreduce0.step0"
+    assert dp.graph.node_extra[idx["r0/allreduce0.step0~1"]]["allreduce"]["step"] == 0
+    for algorithm in ("data_parallel", "sharded_data_parallel"):
+        plan = place(g, load_cluster("2xV100-nvlink"), algorithm)
+        assert plan.extra["replicas"] == 2

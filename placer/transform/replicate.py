@@ -15,7 +15,9 @@ batch-dependent inputs all have the state's size), to the first node that is
 not: the backward operation that produced the gradient.
 
 They are reduced as PyTorch DDP does: in buckets of about 25 MiB, filled in
-the order the gradients are produced, each bucket by a ring all-reduce of
+the order the gradients are produced (a gradient computed after a reader of
+another in the bucket, as when one parameter group's update feeds the next
+group's gradient, starts a new one), each bucket by a ring all-reduce of
 ``2 (n - 1)`` steps (Patarasuk and Yuan 2009). Step ``s`` of a bucket on
 replica ``i`` is a node that receives ``1/n`` of the bucket from step
 ``s - 1`` on replica ``i - 1``, so the ring's traffic travels on the
@@ -28,7 +30,9 @@ then between hosts (:func:`collective_stages`).
 
 Every node records ``node_extra["replica"]`` (its replica) and
 ``"replica_of"`` (the original id); all-reduce steps record
-``"allreduce": {"bucket": b, "step": s, "gradients": [ids], "collective": c}``.
+``"allreduce": {"bucket": b, "step": s, "gradients": [ids], "collective": c}``
+and the id ``r{k}/allreduce{b}.step{s}`` (with ``~1``, ``~2``, ... where the
+id is a replica of one of the graph's own nodes already).
 
 References
 ----------
@@ -52,7 +56,7 @@ import numpy as np
 
 from ..errors import OptionError
 from ..graph import OpGraph
-from .split import batch_dependent, part_rows
+from .split import batch_dependent, fresh_id, part_rows
 
 __all__ = ["data_parallel_graph", "gradients", "replica_layout", "chunk_add_time", "DataParallelGraph", "ReplicaLayout",
            "Stage", "collective_stages", "input_transfers", "chunk_copy_time", "BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
@@ -402,15 +406,45 @@ def replica_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYT
     for e in np.flatnonzero(is_grad_edge).tolist():
         g = (int(graph.src[e]), int(graph.edge_tensor[e]))
         grad_bytes[g] = max(grad_bytes.get(g, 0), int(graph.edge_bytes[e]))
+    # A bucket is reduced once all its gradients are, and its readers wait for it: a gradient computed
+    # after a reader of another (one parameter group's update feeding the next one's gradient) starts a
+    # bucket of its own, or the bucket would wait on its own readers. Buckets follow the producers'
+    # topological order, so they never wait on one another in a circle either.
+    after = _reads_reduced(graph, grads, is_grad_edge)
     buckets: list[list[tuple[int, int]]] = []
-    filled = bucket_bytes
-    for g in grads:
-        if filled + grad_bytes[g] > bucket_bytes and filled > 0:
+    filled, first = bucket_bytes, 0
+    for i, g in enumerate(grads):
+        if (filled + grad_bytes[g] > bucket_bytes and filled > 0) or after[g[0]] >= first:
             buckets.append([])
-            filled = 0
+            filled, first = 0, i
         buckets[-1].append(g)
         filled += grad_bytes[g]
     return ReplicaLayout(r, sharded, factor, per_batch, param_factor, is_grad_edge, buckets, grad_bytes, updated)
+
+
+def _reads_reduced(graph: OpGraph, grads: list[tuple[int, int]], is_grad_edge: np.ndarray) -> list[int]:
+    """Per node, the highest index into ``grads`` of a gradient whose reader it is or depends on; -1 for none.
+
+    A gradient whose producer has a value ``>= i`` cannot share a bucket with gradient ``i``: it is
+    computed after the reduced bucket is read.
+    """
+    after = [-1] * graph.num_nodes
+    if not grads:
+        return after
+    index = {g: i for i, g in enumerate(grads)}
+    src, dst, tensor = graph.src.tolist(), graph.dst.tolist(), graph.edge_tensor.tolist()
+    for e in np.flatnonzero(is_grad_edge).tolist():
+        after[dst[e]] = max(after[dst[e]], index[(src[e], tensor[e])])
+    ptr, eids = graph.out_edges
+    ptr, eids = ptr.tolist(), eids.tolist()
+    for u in graph.topological_order.tolist():
+        a = after[u]
+        if a >= 0:
+            for k in range(ptr[u], ptr[u + 1]):
+                v = dst[eids[k]]
+                if after[v] < a:
+                    after[v] = a
+    return after
 
 
 def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BUCKET_BYTES,
@@ -515,6 +549,7 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     extra_tensor: list[int] = []
 
     last_step: dict[tuple[int, int], int] = {}     # (bucket, replica) -> node of the stage the readers read
+    taken = set(ids)                                 # the steps' ids are new, whatever the graph's are named
     for b, members in enumerate(layout.buckets):
         names = [graph.ids[u] + (f":{t}" if t else "") for u, t in members]
         stages, reduced = collective_stages(layout, b, collective, hosts)
@@ -523,8 +558,8 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
             cost, by_kind = layout.stage_compute(stage)
             for k in range(r):
                 stage_node[k, s] = add(
-                    f"r{k}/allreduce{b}.step{s}", k, compute_s=cost, compute_s_by_kind=by_kind and dict(by_kind),
-                    output_bytes=stage.output_bytes, op=stage.op,
+                    fresh_id(f"r{k}/allreduce{b}.step{s}", taken), k, compute_s=cost,
+                    compute_s_by_kind=by_kind and dict(by_kind), output_bytes=stage.output_bytes, op=stage.op,
                     node_extra={"replica": k, "allreduce": {"bucket": b, "step": s, "gradients": names,
                                                             "sharded": layout.sharded, "collective": collective}})
             for k in range(r):

@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import OptionError
 from ..graph import OpGraph
 
-__all__ = ["split_operation", "batch_dependent", "split_dims", "original_ids", "part_rows"]
+__all__ = ["split_operation", "batch_dependent", "split_dims", "original_ids", "part_rows", "fresh_id"]
 
 #: The dimension names this transform knows how to split.
 SUPPORTED_DIMS = ("batch",)
@@ -165,18 +165,10 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
 
     taken = set(graph.ids)
 
-    def fresh(name: str) -> str:
-        candidate, k = name, 0
-        while candidate in taken:
-            k += 1
-            candidate = f"{name}~{k}"
-        taken.add(candidate)
-        return candidate
-
     base = {"split_of": node, "parts": parts, "dim": dim}
     new_nodes: list[dict[str, Any]] = []      # constructor fields of each new node
     new_edges: list[tuple[str, str, int, int]] = []
-    part_ids = [fresh(f"{node}@part{k}") for k in range(parts)]
+    part_ids = [fresh_id(f"{node}@part{k}", taken) for k in range(parts)]
     extra_x = graph.node_extra[x]
     for j, ((u, t), nbytes) in enumerate(sorted(inputs.items())):
         source = graph.ids[u]
@@ -184,7 +176,7 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
             for pid in part_ids:                 # weights and other batch-free inputs go whole to every part
                 new_edges.append((source, pid, nbytes, t))
             continue
-        sid = fresh(f"{node}@split{j}")
+        sid = fresh_id(f"{node}@split{j}", taken)
         new_nodes.append(dict(id=sid, compute_s=0.0, op="aten.split", layer=graph.layer[x],
                               device_kinds=graph.device_kinds[x], node_extra={**base, "role": "split",
                                                                                "source": source, "tensor": t}))
@@ -208,7 +200,7 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
             node_extra=extra))
     concat_of: dict[int, str] = {}
     for t, nbytes in sorted(outputs.items()):
-        cid = fresh(f"{node}@concat{t}")
+        cid = fresh_id(f"{node}@concat{t}", taken)
         concat_of[t] = cid
         reference, kinds = _copy_time(graph, x, nbytes)
         new_nodes.append(dict(id=cid, compute_s=reference, compute_s_by_kind=kinds, op="aten.cat",
@@ -226,6 +218,25 @@ _NODE_DEFAULTS = dict(output_bytes=0, param_bytes=0, temp_bytes=0, flops=np.nan,
                       colocation=None, device_kinds=None, compute_s_by_kind=None, splittable=None, node_extra=None)
 _NODE_ARRAYS = ("compute_s", "output_bytes", "param_bytes", "temp_bytes", "flops")
 _NODE_LISTS = ("op", "layer", "colocation", "device_kinds", "compute_s_by_kind", "splittable", "node_extra")
+
+
+def fresh_id(name: str, taken: set[str]) -> str:
+    """``name``, or ``name~1``, ``name~2``, ... the first that ``taken`` lacks; adds it to ``taken``.
+
+    Ids a transform generates never collide with the graph's own (a user may name a node ``conv@part0``).
+
+    Examples
+    --------
+    >>> taken = {"a", "a~1"}
+    >>> fresh_id("a", taken), fresh_id("b", taken), sorted(taken)
+    ('a~2', 'b', ['a', 'a~1', 'a~2', 'b'])
+    """
+    candidate, k = name, 0
+    while candidate in taken:
+        k += 1
+        candidate = f"{name}~{k}"
+    taken.add(candidate)
+    return candidate
 
 
 def _rebuild(graph: OpGraph, removed: int, new_nodes: list[dict], new_edges: list[tuple[str, str, int, int]]) -> OpGraph:
