@@ -106,10 +106,12 @@ def test_default_portfolio_runs_fast_members_first_and_slow_ones_only_with_time(
     assert long.index("os_dpos") > long.index("m_etf")
 
 
-def test_unknown_member_is_refused(case):
+@pytest.mark.parametrize("options", [{"portfolio": "dpos,no_such_algorithm"}, {"portfolio": " , "},
+                                     {"max_evaluations": -1}])
+def test_bad_options_are_refused(case, options):
     graph, cluster = case
     with pytest.raises(OptionError):
-        place(graph, cluster, "auto", portfolio="dpos,no_such_algorithm")
+        place(graph, cluster, "auto", **options)
 
 
 def test_fits_when_only_some_members_do():

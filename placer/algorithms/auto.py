@@ -21,7 +21,7 @@ from functools import partial
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError, InvalidPlanError, PlacerError, TimeLimitError
+from ..errors import InfeasibleError, InvalidPlanError, OptionError, PlacerError, TimeLimitError
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import SimResult, simulate
@@ -140,7 +140,7 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     Raises
     ------
     OptionError
-        An unknown algorithm in ``portfolio``.
+        An unknown algorithm in ``portfolio`` or none at all, or a negative ``max_evaluations``.
     InfeasibleError
         If no portfolio member finds a plan that fits.
 
@@ -163,8 +163,12 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     began = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
     deadline = began + limit
+    if max_evaluations < 0:
+        raise OptionError(f"option max_evaluations of 'auto' must be >= 0, got {max_evaluations!r}")
     if portfolio:
         members = [name.strip() for name in portfolio.split(",") if name.strip()]
+        if not members:
+            raise OptionError(f"option portfolio of 'auto' names no algorithm: {portfolio!r}")
         for name in members:
             get_algorithm(name)
     else:
