@@ -198,6 +198,12 @@ def test_shipped_policy_places_a_held_out_graph_zero_shot():
     assert again.placement == plan.placement
 
 
+def test_walks_stop_at_the_time_limit_with_the_best_placement_so_far():
+    graph, cluster = training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink")
+    plan = place(graph, cluster, "placeto", passes=10**9, time_limit=1.5)   # more passes than could ever run
+    assert plan.predicted["fits"]
+
+
 def test_fine_tuning_keeps_the_better_placement():
     graph = training_graph(layers=3, branches=2, seed=1)
     cluster = load_cluster("2xV100-nvlink")

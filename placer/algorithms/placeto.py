@@ -181,7 +181,11 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
         except InfeasibleError:
             from .baselines import expert
 
-            fallback = expert(graph, cluster, seed=seed)
+            try:
+                fallback = expert(graph, cluster, seed=seed)
+            except InfeasibleError as exc:
+                raise InfeasibleError(f"placeto: the policy's placement overflows device memory, and so does the "
+                                      f"expert split it falls back to ({exc})") from None
             device_of = np.array([cluster.device_index[fallback.placement[i]] for i in graph.ids], dtype=np.int64)
             info["memory_repair"] = "the policy's placement exceeded device memory and could not be repaired; " \
                                     "the expert split (memory-aware) was used instead"

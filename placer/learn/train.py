@@ -177,6 +177,8 @@ class PlacementMDP:
         log_probs, entropies, rewards = [], [], []
         probs = torch.zeros(self.ctx.num_nodes, self.ctx.num_devices)
         for _ in range(passes):
+            if deadline is not None and time.perf_counter() > deadline:
+                break
             visited = torch.zeros(self.ctx.num_nodes)
             for v in self.order:
                 if deadline is not None and time.perf_counter() > deadline:
