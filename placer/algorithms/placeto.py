@@ -34,6 +34,8 @@ __all__ = ["placeto", "SHIPPED_POLICY", "load_policy"]
 
 #: The pre-trained policy shipped with the package (see docs/benchmarks.md, "Placeto").
 SHIPPED_POLICY = Path(__file__).resolve().parent.parent / "learn" / "policy.pt"
+#: Share of a time limit the walks (and fine-tuning) may take; the rest is for a memory repair and the plan.
+WALK_SHARE = 0.9
 
 
 @lru_cache(maxsize=4)
@@ -81,7 +83,7 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     seed : int
         Seeds fine-tuning's sampling; zero-shot placement is deterministic.
     time_limit : float, optional
-        Seconds; the walk stops when it runs out and keeps its best placement so far.
+        Seconds; the walks stop at :data:`WALK_SHARE` of it and keep their best placement so far.
     policy : str
         A policy file written by ``placer train placeto`` ('' = the shipped one).
     samples : int
@@ -139,7 +141,8 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     trained = net.metadata.get("train_config", {})
     passes = passes or int(trained.get("passes", 2))
     target_nodes = target_nodes or int(trained.get("target_nodes", 24))
-    deadline = None if time_limit is None else began + time_limit
+    # The walks stop at WALK_SHARE of the limit: a memory repair and the plan come after them.
+    deadline = None if time_limit is None else began + WALK_SHARE * time_limit
     if graph.num_nodes == 0:
         return Plan.from_arrays(graph, cluster, np.zeros(0, dtype=np.int64))
 
