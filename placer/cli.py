@@ -12,13 +12,16 @@ there has ``add_commands(subparsers)``, which adds parsers whose
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib
 import json
+import math
+import os
 import sys
 from pathlib import Path
 from typing import Any, Sequence
 
-from .errors import OptionError, PlacerError
+from .errors import InvalidPlanError, OptionError, PlacerError
 
 __all__ = ["main", "COMMAND_MODULES"]
 
@@ -63,6 +66,62 @@ def _load_graph(source: str, args: argparse.Namespace | None = None):
     return graph
 
 
+def _check_output(path: str, what: str, inputs: Sequence[str | None] = (), folder: bool = False) -> None:
+    """Refuse, before any long work, an output path that cannot be written or that is one of the inputs."""
+    from .io import check_output
+
+    out = check_output(path, what, folder=folder)
+    for source in inputs:
+        if source and os.path.exists(source) and out.exists() and os.path.samefile(out, source):
+            raise OptionError(f"{what} {path} is the input file {source}; pick another output")
+
+
+def _algorithm_names(text: str | None) -> list[str] | None:
+    """The names of ``--algorithms a,b``; None (every algorithm) without it."""
+    if text is None:
+        return None
+    names = [a.strip() for a in text.split(",") if a.strip()]
+    if not names:
+        raise OptionError(f"option '--algorithms' names no algorithm: {text!r}")
+    return names
+
+
+def _plan_cluster(plan, path: str, cluster=None, spec: str | None = None):
+    """The cluster to check the plan at ``path`` on: ``cluster`` (loaded from ``--cluster spec``), else the
+    one the plan names, which must have the figures the plan was made for where the plan records them."""
+    from .cluster import PRESETS, load_cluster
+
+    if cluster is not None:
+        if plan.cluster_digest and cluster.digest() != plan.cluster_digest:
+            # Not an error: a plan may be simulated on other clusters on purpose.
+            print(f"placer: note: plan {path} was made for cluster {plan.cluster_name!r}, whose figures differ "
+                  f"from those of --cluster {spec or cluster.name}", file=sys.stderr)
+        return cluster
+    name = plan.cluster_name
+    if not name:
+        raise OptionError(f"plan {path} names no cluster; pass --cluster")
+    if name not in PRESETS and not Path(name).is_file():
+        raise OptionError(f"plan {path} was made for cluster {name!r} (its \"cluster\" field), which is no preset "
+                          f"and no file; pass --cluster FILE")
+    cluster = load_cluster(name)
+    if plan.cluster_digest and cluster.digest() != plan.cluster_digest:
+        raise OptionError(f"plan {path} was made for cluster {name!r} (its \"cluster\" field) with other figures "
+                          f"than the {'preset' if name in PRESETS else 'file'} {name!r}; pass --cluster FILE")
+    return cluster
+
+
+@contextlib.contextmanager
+def _naming_plan(path: str, plan, cluster):
+    """Errors from checking the plan at ``path`` name it, and the cluster it was made for where another is used."""
+    try:
+        yield
+    except PlacerError as exc:
+        other = ""
+        if plan.cluster_name and plan.cluster_name != cluster.name:
+            other = f" (the plan was made for cluster {plan.cluster_name!r}, not {cluster.name!r})"
+        raise type(exc)(f"{path}: {exc}{other}") from None
+
+
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="batch size when GRAPH is a model spec")
     p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
@@ -74,6 +133,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .algorithms import place
     from .cluster import load_cluster
 
+    _check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
     graph = _load_graph(args.graph, args)
     cluster = load_cluster(args.cluster)
     options = dict(_parse_option(o) for o in args.option)
@@ -100,19 +160,23 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .sim import simulate_plan
 
     plan = Plan.load(args.plan)     # a bad plan file fails before a model is captured
+    if args.trace:
+        _check_output(args.trace, "trace file",
+                      inputs=[args.graph, args.plan, args.cluster, args.profile, args.message_cost])
+    cluster = _plan_cluster(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     graph = _load_graph(args.graph, args)
-    cluster_spec = args.cluster or plan.cluster_name
-    if not cluster_spec:
-        raise OptionError("the plan names no cluster; pass --cluster")
-    cluster = load_cluster(cluster_spec)
-    result = simulate_plan(plan, graph, cluster)
+    with _naming_plan(args.plan, plan, cluster):
+        result = simulate_plan(plan, graph, cluster)
+        if not math.isfinite(result.makespan_s):
+            raise InvalidPlanError(f"the simulated step overflows (makespan {result.makespan_s}): a figure of "
+                                   f"the graph or cluster is out of range")
     if args.trace:
         from .sim.trace import write_trace
 
         write_trace(result, args.trace)
     report = {**result.predicted(), "lower_bound_s": plan.lower_bound(graph, cluster)}
     if args.message_cost:
-        report["with_message_cost_s"] = _with_message_cost(graph, plan, cluster, args.message_cost)
+        report["with_message_cost_s"] = _with_message_cost(graph, plan, cluster, args.message_cost, args.plan)
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
@@ -127,7 +191,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _with_message_cost(graph, plan, cluster, calibration_path: str) -> float:
+def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: str) -> float:
     """The plan's step with each message's host cost, from a calibration file, on its nodes, and the
     calibrated barrier that ends a step of the process-per-device runtime (where the file has one)."""
     from .cost.calibrate import load_calibration
@@ -138,7 +202,9 @@ def _with_message_cost(graph, plan, cluster, calibration_path: str) -> float:
         raise OptionError(f"calibration {calibration_path} has no message cost (`placer calibrate --backend gloo` "
                           f"times one)")
     # The rewritten graph's, when the plan splits ops.
-    step_s = simulate_with_messages(plan.bind(graph, cluster), calibration.message_cost).makespan_s
+    with _naming_plan(plan_path, plan, cluster):
+        bound = plan.bind(graph, cluster)
+    step_s = simulate_with_messages(bound, calibration.message_cost).makespan_s
     return step_s + (calibration.barrier_s or 0.0)
 
 
@@ -174,47 +240,62 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .cluster import Cluster, load_cluster
+    from .cluster import load_cluster
+
+    if args.cluster and not args.graph:
+        raise OptionError("option '--cluster' checks plans against a cluster, which needs '--graph' too")
+    graph = _load_graph(args.graph, args) if args.graph else None
+    cluster = load_cluster(args.cluster) if args.cluster else None
+    failed = 0
+    for path in args.files:     # each file is checked, and each failure reported on its own line
+        try:
+            print(_validate_file(path, graph, cluster, args.cluster))
+        except PlacerError as exc:
+            if args.debug:
+                raise
+            print(f"placer: error: {exc}", file=sys.stderr)
+            failed += 1
+    return 2 if failed else 0
+
+
+def _validate_file(path: str, graph, cluster, cluster_spec: str | None) -> str:
+    """Check one graph, cluster or plan file; what it holds, on one line."""
+    from .cluster import Cluster
     from .graph import OpGraph
     from .io import read_json
     from .plan import Plan
 
-    graph = _load_graph(args.graph) if args.graph else None
-    cluster = load_cluster(args.cluster) if args.cluster else None
-    for path in args.files:
-        doc = read_json(path, "file")
-        tag = doc.get("format") if isinstance(doc, dict) else None
-        if tag == "placer.graph/1":
-            g = OpGraph.from_dict(doc, source=path)
-            print(f"{path}: valid graph {g.name!r}: {g.num_nodes} nodes, {g.num_edges} edges")
-        elif tag == "placer.cluster/1":
-            c = Cluster.from_dict(doc, source=path)
-            print(f"{path}: valid cluster {c.name!r}: {c.num_devices} devices, {len(c.channels)} channels")
-        elif tag == "placer.plan/1":
-            plan = Plan.from_dict(doc, source=path)
-            if graph is None:
-                print(f"{path}: well-formed plan for graph {plan.graph_name!r} "
-                      f"(pass --graph and --cluster to check it against them)")
-                continue
-            plan_cluster = cluster or load_cluster(plan.cluster_name)
-            try:
-                result = plan.validate(graph, plan_cluster)
-            except PlacerError as exc:
-                raise type(exc)(f"{path}: {exc}") from None
-            print(f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory")
-        else:
-            raise PlacerError(f"{path}: unknown document format {tag!r} "
-                              f"(expected placer.graph/1, placer.cluster/1 or placer.plan/1)")
-    return 0
+    doc = read_json(path, "file")
+    tag = doc.get("format") if isinstance(doc, dict) else None
+    if tag == "placer.graph/1":
+        g = OpGraph.from_dict(doc, source=path)
+        return f"{path}: valid graph {g.name!r}: {g.num_nodes} nodes, {g.num_edges} edges"
+    if tag == "placer.cluster/1":
+        c = Cluster.from_dict(doc, source=path)
+        return f"{path}: valid cluster {c.name!r}: {c.num_devices} devices, {len(c.channels)} channels"
+    if tag == "placer.plan/1":
+        plan = Plan.from_dict(doc, source=path)
+        if graph is None:
+            return (f"{path}: well-formed plan for graph {plan.graph_name!r} "
+                    f"(pass --graph and --cluster to check it against them)")
+        plan_cluster = _plan_cluster(plan, path, cluster, cluster_spec)
+        with _naming_plan(path, plan, plan_cluster):
+            result = plan.validate(graph, plan_cluster)
+        return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory"
+    raise PlacerError(f"{path}: unknown document format {tag!r} "
+                      f"(expected placer.graph/1, placer.cluster/1 or placer.plan/1)")
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
     from .cluster import load_cluster
-    from .report.compare import compare
+    from .report.compare import check_options, compare
 
+    names = _algorithm_names(args.algorithms)
+    check_options(names, seed=args.seed, time_limit=args.time_limit)
+    if args.output:
+        _check_output(args.output, "report folder", folder=True)
     graph = _load_graph(args.graph, args)
     cluster = load_cluster(args.cluster)
-    names = [a.strip() for a in args.algorithms.split(",") if a.strip()] if args.algorithms else None
     comparison = compare(graph, cluster, names, seed=args.seed, time_limit=args.time_limit)
     comparison.print()
     if args.output:
@@ -226,7 +307,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
-    names = [a.strip() for a in args.algorithms.split(",") if a.strip()] if args.algorithms else None
+    names = _algorithm_names(args.algorithms)
     return run_demo(Path(args.output), model=args.model, batch=args.batch, cluster=args.cluster,
                     algorithms=names, time_limit=args.time_limit)
 
@@ -274,8 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check graph, cluster and plan files")
     p.add_argument("files", nargs="+")
-    p.add_argument("--graph", help="graph to check plans against")
-    p.add_argument("--cluster", help="cluster to check plans against (default: the plan's)")
+    p.add_argument("--graph", metavar="GRAPH|MODEL", help="graph to check plans against: a placer.graph/1 file, "
+                   "or the model spec they were planned from (zoo:NAME / file.py:FACTORY, with --batch)")
+    p.add_argument("--cluster", help="cluster to check plans against, with --graph (default: the plan's)")
+    _add_model_options(p)
     p.set_defaults(func=cmd_validate)
 
     p = sub.add_parser("compare", help="run several algorithms on one graph and compare their plans")

@@ -8,6 +8,8 @@ preset's figures say where they come from.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -156,6 +158,14 @@ class Cluster:
         return [(self.devices[i].name, self.devices[j].name)
                 for i in range(n) for j in range(n) if i != j and self.channel_index[i, j] < 0]
 
+    def digest(self) -> str:
+        """A short fingerprint of the devices and channels' figures (not the names of the cluster or its
+        channels), to tell a plan's cluster from another of the same name."""
+        figures = [[[d.name, d.kind, int(d.memory_bytes), float(d.speed)] for d in self.devices],
+                   [[float(c.bandwidth_bytes_per_s), float(c.latency_s), [list(p) for p in c.pairs]]
+                    for c in self.channels]]
+        return hashlib.sha256(json.dumps(figures).encode()).hexdigest()[:16]
+
     # ---------------------------------------------------------------- io
     def to_dict(self) -> dict:
         doc: dict[str, Any] = {"format": CLUSTER_FORMAT, "name": self.name}
@@ -207,7 +217,7 @@ class Cluster:
         return cls.from_dict(read_json(path, "cluster file"), source=str(path))
 
     def save(self, path: str | os.PathLike) -> None:
-        write_json_atomic(path, self.to_dict())
+        write_json_atomic(path, self.to_dict(), "cluster file")
 
 
 # ------------------------------------------------------------------ presets

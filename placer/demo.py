@@ -15,7 +15,8 @@ from pathlib import Path
 from rich.console import Console
 
 from .cluster import load_cluster
-from .report.compare import compare
+from .io import check_output
+from .report.compare import check_options, compare
 
 __all__ = ["run_demo", "DEFAULT_MODEL", "DEFAULT_BATCH", "DEFAULT_CLUSTER", "DEFAULT_TIME_LIMIT"]
 
@@ -36,6 +37,8 @@ def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_B
     from .capture import capture_spec
 
     console = console or Console()
+    check_options(algorithms, seed=0, time_limit=time_limit)     # before the capture, as the output folder
+    check_output(output, "report folder", folder=True)
     target = load_cluster(cluster)
     began = time.perf_counter()
     with console.status(f"capturing one training step of {model} at batch {batch} (Adam) ..."):

@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import FormatError, GraphCycleError
 from .gcpause import gc_paused
-from .io import Field, check_format, check_number, read_json, write_json_atomic
+from .io import MAX_INTEGER, Field, check_format, check_number, read_json, write_json_atomic
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -33,6 +33,8 @@ GRAPH_FORMAT = "placer.graph/1"
 _NODE_FIELDS = {"id", "op", "compute_s", "output_bytes", "param_bytes", "temp_bytes", "layer",
                 "colocation", "device_kinds", "compute_s_by_kind", "flops", "splittable"}
 _EDGE_FIELDS = {"src", "dst", "bytes", "tensor"}
+#: The most seconds one node may take: sums over a graph of such nodes stay finite.
+MAX_COMPUTE_S = 1e9
 
 
 class OpGraph:
@@ -344,7 +346,7 @@ class OpGraph:
             seen.add(node_id)
             ids.append(node_id)
             f.where = f"{where}: node {node_id!r}"
-            compute[i] = f.number("compute_s", required=True)
+            compute[i] = f.number("compute_s", required=True, maximum=MAX_COMPUTE_S)
             out_b[i] = f.integer("output_bytes", default=0)
             par_b[i] = f.integer("param_bytes", default=0)
             tmp_b[i] = f.integer("temp_bytes", default=0)
@@ -361,8 +363,8 @@ class OpGraph:
                 kinds[i] = tuple(dk)
             bk = f.mapping("compute_s_by_kind")
             if bk is not None:
-                by_kind[i] = {str(k): check_number(v, f"{f.where}: field 'compute_s_by_kind.{k}'")
-                              for k, v in bk.items()}
+                by_kind[i] = {str(k): check_number(v, f"{f.where}: field 'compute_s_by_kind.{k}'",
+                                                   maximum=MAX_COMPUTE_S) for k, v in bk.items()}
             sp = f.array("splittable")
             if sp is not None:
                 for k, item in enumerate(sp):
@@ -390,6 +392,11 @@ class OpGraph:
             eb[e] = f.integer("bytes", required=True)
             et[e] = f.integer("tensor", default=0)
             e_extra.append(f.extra(_EDGE_FIELDS))
+        # Each size is at most 2**62; their sums (memory, traffic) must fit int64 too.
+        total = sum(float(a.sum(dtype=np.float64)) for a in (out_b, par_b, tmp_b, eb))
+        if total > MAX_INTEGER:
+            raise FormatError(f"{where}: the nodes' output_bytes, param_bytes and temp_bytes and the edges' bytes "
+                              f"add up to {total:.4g}, more than 2**62")
         return cls(ids, compute, src, dst, eb, et, output_bytes=out_b, param_bytes=par_b,
                    temp_bytes=tmp_b, flops=flops, op=op, layer=layer, colocation=coloc,
                    device_kinds=kinds, compute_s_by_kind=by_kind, splittable=split,
@@ -403,7 +410,7 @@ class OpGraph:
 
     def save(self, path: str | os.PathLike) -> None:
         """Write the ``placer.graph/1`` file atomically."""
-        write_json_atomic(path, self.to_dict())
+        write_json_atomic(path, self.to_dict(), "graph file")
 
 
 def joined_groups(n: int, *labellings: Sequence[Any],

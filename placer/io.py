@@ -13,9 +13,14 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from .errors import FormatError
+from .errors import FormatError, PlacerError
 
-__all__ = ["read_json", "write_json_atomic", "write_text_atomic", "check_format", "Field"]
+__all__ = ["read_json", "write_json_atomic", "write_text_atomic", "json_text", "check_output", "WriteError",
+           "check_format", "Field"]
+
+
+class WriteError(PlacerError, OSError):
+    """An output file or folder cannot be written; the message names it (not the temporary file)."""
 
 
 def read_json(path: str | os.PathLike, what: str) -> Any:
@@ -35,6 +40,8 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
         return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise FormatError(f"{what} {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
+    except RecursionError:
+        raise FormatError(f"{what} {path}: invalid JSON: nested too deeply") from None
     except ValueError as exc:
         raise FormatError(f"{what} {path}: {exc}") from None
 
@@ -43,21 +50,52 @@ def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid number in placer files")
 
 
-def write_text_atomic(path: str | os.PathLike, text: str) -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one."""
+def check_output(path: str | os.PathLike, what: str = "file", folder: bool = False) -> Path:
+    """Raise WriteError unless ``path`` can be written as a file (``folder``: a folder); return it.
+
+    Missing folders above it are fine (they are made); the nearest existing one
+    must be a writable folder, and a file must not be an existing folder.
+    """
+    if not os.fspath(path):
+        raise WriteError(f"cannot write {what} '': the path is empty")
     path = Path(path)
+    if path.is_dir() and not folder:
+        raise WriteError(f"cannot write {what} {path}: is a directory")
+    if path.exists() and folder and not path.is_dir():
+        raise WriteError(f"cannot write {what} {path}: it is a file, not a folder")
+    above = path if folder else path.parent
+    while not above.exists() and above != above.parent:
+        above = above.parent
+    if not above.is_dir():
+        raise WriteError(f"cannot write {what} {path}: {above} is a file, not a folder")
+    if not os.access(above, os.W_OK | os.X_OK):
+        raise WriteError(f"cannot write {what} {path}: folder {above} is not writable")
+    return path
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") -> None:
+    """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
+
+    Raises WriteError, naming ``path`` as ``what``, where it cannot be written.
+    """
+    path = check_output(path, what)
     folder = path.parent if str(path.parent) else Path(".")
-    folder.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+    tmp = None
     try:
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the permissions open() would
         with os.fdopen(fd, "w", encoding="utf-8") as handle:
             handle.write(text)
             handle.flush()
             os.fsync(handle.fileno())
         os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
+    except BaseException as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        if isinstance(exc, OSError):
+            reason = exc.strerror or str(exc)
+            raise WriteError(f"cannot write {what} {path}: {reason[:1].lower()}{reason[1:]}") from None
         raise
 
 
@@ -67,9 +105,14 @@ def _umask() -> int:
     return mask
 
 
-def write_json_atomic(path: str | os.PathLike, doc: Any) -> None:
+def json_text(doc: Any) -> str:
+    """``doc`` as the indented JSON text placer writes."""
+    return json.dumps(doc, indent=1, allow_nan=False) + "\n"
+
+
+def write_json_atomic(path: str | os.PathLike, doc: Any, what: str = "file") -> None:
     """Write ``doc`` as indented JSON, atomically."""
-    write_text_atomic(path, json.dumps(doc, indent=1, allow_nan=False) + "\n")
+    write_text_atomic(path, json_text(doc), what)
 
 
 def check_format(doc: Any, expected: str, where: str) -> None:
@@ -111,11 +154,13 @@ class Field:
         return value
 
     def number(self, key: str, required: bool = False, default: float | None = None,
-               minimum: float | None = 0.0, positive: bool = False) -> float | None:
+               minimum: float | None = 0.0, positive: bool = False,
+               maximum: float | None = None) -> float | None:
         value = self._get(key, required)
         if value is None:
             return default
-        return check_number(value, f"{self.where}: field '{key}'", minimum=minimum, positive=positive)
+        return check_number(value, f"{self.where}: field '{key}'", minimum=minimum, positive=positive,
+                            maximum=maximum)
 
     def integer(self, key: str, required: bool = False, default: int | None = None,
                 minimum: int | None = 0) -> int | None:
@@ -145,17 +190,23 @@ class Field:
         return {k: v for k, v in self.obj.items() if k not in known}
 
 
-def check_number(value: Any, where: str, minimum: float | None = 0.0, positive: bool = False) -> float:
-    """A finite real number (not a bool), at least ``minimum``, and > 0 if ``positive``."""
+def check_number(value: Any, where: str, minimum: float | None = 0.0, positive: bool = False,
+                 maximum: float | None = None) -> float:
+    """A finite real number (not a bool), at least ``minimum``, at most ``maximum``, and > 0 if ``positive``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise FormatError(f"{where} must be a number, got {value!r}")
-    value = float(value)
+    try:
+        value = float(value)
+    except OverflowError:
+        value = math.inf
     if not math.isfinite(value):
         raise FormatError(f"{where} must be finite, got {value!r}")
     if positive and value <= 0:
         raise FormatError(f"{where} must be > 0, got {value!r}")
     if minimum is not None and value < minimum:
         raise FormatError(f"{where} must be >= {minimum:g}, got {value!r}")
+    if maximum is not None and value > maximum:
+        raise FormatError(f"{where} is too large ({value!r} > {maximum:g})")
     return value
 
 

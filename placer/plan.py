@@ -25,7 +25,7 @@ __all__ = ["Plan", "BoundPlan", "PLAN_FORMAT"]
 
 PLAN_FORMAT = "placer.plan/1"
 _PLAN_FIELDS = {"format", "graph", "cluster", "algorithm", "placement", "order", "splits",
-                "rewritten_graph", "predicted", "search_time_s", "graph_digest"}
+                "rewritten_graph", "predicted", "search_time_s", "graph_digest", "cluster_digest"}
 
 
 class BoundPlan:
@@ -68,13 +68,16 @@ class Plan:
     search_time_s : float, optional
     graph_digest : str, optional
         Fingerprint of the graph the plan was made for (:meth:`OpGraph.digest`).
+    cluster_digest : str, optional
+        Fingerprint of the cluster the plan was made for (:meth:`Cluster.digest`).
     """
 
     def __init__(self, placement: dict[str, str], order: dict[str, list[str]] | None = None, *,
                  graph_name: str = "", cluster_name: str = "", algorithm: str = "",
                  splits: list[dict] | None = None, rewritten_graph: OpGraph | None = None,
                  predicted: dict | None = None, search_time_s: float | None = None,
-                 graph_digest: str | None = None, extra: dict | None = None):
+                 graph_digest: str | None = None, cluster_digest: str | None = None,
+                 extra: dict | None = None):
         self.placement = dict(placement)
         self.order = None if order is None else {d: list(v) for d, v in order.items()}
         self.graph_name = graph_name
@@ -85,6 +88,7 @@ class Plan:
         self.predicted = dict(predicted or {})
         self.search_time_s = search_time_s
         self.graph_digest = graph_digest
+        self.cluster_digest = cluster_digest
         self.extra = dict(extra or {})
         #: What the plan was made from (graph, cluster, captured model), when placer.plan() made it; not saved.
         self.context: dict[str, Any] = {}
@@ -114,7 +118,8 @@ class Plan:
             order_doc = {names[j]: [ids[i] for i in np.asarray(seq).tolist()] for j, seq in enumerate(order)}
         return cls(placement, order_doc, graph_name=graph.name, cluster_name=cluster.name,
                    algorithm=algorithm, splits=splits,
-                   rewritten_graph=placed_graph, graph_digest=graph.digest(), **kwargs)
+                   rewritten_graph=placed_graph, graph_digest=graph.digest(),
+                   cluster_digest=cluster.digest(), **kwargs)
 
     def target_graph(self, graph: OpGraph) -> OpGraph:
         """The graph this plan places: its rewritten graph if it has one, else ``graph``."""
@@ -153,6 +158,10 @@ class Plan:
                                    f"digest {self.graph_digest}), not {graph.name!r} (digest {graph.digest()})")
         if self.graph_name and graph.name and self.graph_name != graph.name:
             raise InvalidPlanError(f"the plan was made for graph {self.graph_name!r}, not {graph.name!r}")
+        if self.rewritten_graph is None:
+            for k, split in enumerate(self.splits):
+                if split["node"] not in graph.index:
+                    raise InvalidPlanError(f"splits[{k}] names unknown node {split['node']!r}")
         target = self.target_graph(graph)
         n = target.num_nodes
         device_of = np.full(n, -1, dtype=np.int64)
@@ -254,6 +263,8 @@ class Plan:
         doc["search_time_s"] = self.search_time_s
         if self.graph_digest:
             doc["graph_digest"] = self.graph_digest
+        if self.cluster_digest:
+            doc["cluster_digest"] = self.cluster_digest
         doc.update(self.extra)
         return doc
 
@@ -282,14 +293,15 @@ class Plan:
                    cluster_name=f.string("cluster", default=""), algorithm=f.string("algorithm", default=""),
                    splits=splits, rewritten_graph=rewritten_graph, predicted=f.mapping("predicted") or {},
                    search_time_s=f.number("search_time_s"), graph_digest=f.string("graph_digest"),
-                   extra=f.extra(_PLAN_FIELDS))
+                   cluster_digest=f.string("cluster_digest"), extra=f.extra(_PLAN_FIELDS))
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
         return cls.from_dict(read_json(path, "plan file"), source=str(path))
 
     def save(self, path: str | os.PathLike) -> None:
-        write_json_atomic(path, self.to_dict())
+        """Write the ``placer.plan/1`` file atomically, with the digests of its graph and cluster."""
+        write_json_atomic(path, self.to_dict(), "plan file")
 
 
 def check_placement(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> None:

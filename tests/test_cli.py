@@ -156,3 +156,152 @@ def test_simulate_takes_the_model_spec_a_plan_was_made_from(tmp_path, capsys):
     assert code == 2 and "made for graph 'lenet-bs8-sgd', not 'lenet-bs16-sgd'" in err
     code, _, err = run(capsys, "simulate", spec[0], plan_file)
     assert code == 2 and "needs --batch" in err
+
+
+@pytest.fixture
+def planned(tmp_path, capsys, graph_file):
+    """A plan of ``graph_file`` made on a cluster file named like the preset 2xV100-nvlink but 100x slower."""
+    from placer.cluster import load_cluster
+
+    doc = load_cluster("2xV100-nvlink").to_dict()
+    for channel in doc["channels"]:
+        channel["bandwidth_bytes_per_s"] = 25e7
+    slow, plan_file = tmp_path / "slow.json", tmp_path / "p.json"
+    slow.write_text(json.dumps(doc))
+    assert run(capsys, "plan", graph_file, "--cluster", slow, "--algorithm", "round_robin", "-o", plan_file)[0] == 0
+    return slow, plan_file
+
+
+def test_a_plan_is_checked_on_the_cluster_it_was_made_for(tmp_path, capsys, graph_file, planned):
+    slow, plan_file = planned
+    for argv in (["simulate", graph_file, plan_file], ["validate", plan_file, "--graph", graph_file]):
+        code, _, err = run(capsys, *argv)      # not the preset of that name, with other figures
+        assert code == 2 and err.count("\n") == 1, err
+        assert f"plan {plan_file} was made for cluster '2xV100-nvlink' (its \"cluster\" field)" in err
+        assert "pass --cluster FILE" in err
+    code, out, err = run(capsys, "simulate", graph_file, plan_file, "--cluster", slow, "--json")
+    assert code == 0 and err == ""
+    assert json.loads(out)["makespan_s"] == pytest.approx(json.loads(plan_file.read_text())["predicted"]["makespan_s"])
+    # Another cluster on purpose: a note, not an error.
+    code, out, err = run(capsys, "simulate", graph_file, plan_file, "--cluster", "2xV100-nvlink", "--json")
+    assert code == 0 and json.loads(out)["makespan_s"]
+    assert err.startswith("placer: note: ") and err.count("\n") == 1 and "figures differ" in err
+    # A plan made for a cluster file named as no preset and no file.
+    doc = json.loads(slow.read_text())
+    doc["name"] = "mybox"
+    slow.write_text(json.dumps(doc))
+    assert run(capsys, "plan", graph_file, "--cluster", slow, "-o", plan_file)[0] == 0
+    code, _, err = run(capsys, "validate", plan_file, "--graph", graph_file)
+    assert code == 2 and "made for cluster 'mybox' (its \"cluster\" field), which is no preset and no file" in err
+    # Plans from before the digest was recorded still find their cluster by name.
+    assert run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "-o", plan_file)[0] == 0
+    doc = json.loads(plan_file.read_text())
+    doc.pop("cluster_digest")
+    plan_file.write_text(json.dumps(doc))
+    code, out, err = run(capsys, "simulate", graph_file, plan_file)
+    assert code == 0 and err == "" and "makespan" in out
+
+
+def test_simulate_errors_name_the_plan_file_and_its_cluster(tmp_path, capsys, graph_file):
+    plan_file = tmp_path / "p.json"
+    assert run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "-o", plan_file)[0] == 0
+    code, _, err = run(capsys, "simulate", graph_file, plan_file, "--cluster", "2xcpu")
+    note, error = err.splitlines()      # the note that the cluster differs, then the error
+    assert code == 2 and note.startswith("placer: note: ") and error.startswith(f"placer: error: {plan_file}: node ")
+    assert error.endswith("(the plan was made for cluster '2xV100-nvlink', not '2xcpu')")
+    doc = json.loads(plan_file.read_text())
+    doc["placement"].pop("input")
+    plan_file.write_text(json.dumps(doc))
+    code, _, err = run(capsys, "simulate", graph_file, plan_file)
+    assert code == 2 and err == f"placer: error: {plan_file}: the plan leaves 1 node(s) unplaced, e.g. 'input'\n"
+    doc["placement"]["input"] = "gpu0"
+    doc["splits"] = [{"node": "ghost", "dim": "batch", "parts": 2}]
+    plan_file.write_text(json.dumps(doc))
+    code, _, err = run(capsys, "simulate", graph_file, plan_file)
+    assert code == 2 and err == f"placer: error: {plan_file}: splits[0] names unknown node 'ghost'\n"
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["plan", "{graph}", "--cluster", "2xcpu", "-o", "{dir}"], "cannot write plan file {dir}: is a directory"),
+    (["plan", "{graph}", "--cluster", "2xcpu", "-o", "{graph}/p.json"],
+     "cannot write plan file {graph}/p.json: {graph} is a file, not a folder"),
+    (["plan", "{graph}", "--cluster", "2xcpu", "-o", ""], "cannot write plan file '': the path is empty"),
+    (["plan", "{graph}", "--cluster", "2xcpu", "-o", "{graph}"],
+     "plan file {graph} is the input file {graph}; pick another output"),
+    (["simulate", "{graph}", "{plan}", "--trace", "{dir}"], "cannot write trace file {dir}: is a directory"),
+    (["compare", "{graph}", "--cluster", "2xcpu", "-o", "{graph}"],
+     "cannot write report folder {graph}: it is a file, not a folder"),
+    (["cost", "{graph}", "-o", "{dir}"], "cannot write graph file {dir}: is a directory"),
+    (["capture", "zoo:lenet", "--batch", "2", "-o", "{dir}"], "cannot write graph file {dir}: is a directory"),
+    (["demo", "-o", "{graph}"], "cannot write report folder {graph}: it is a file, not a folder"),
+])
+def test_output_paths_are_checked_before_the_work(tmp_path, capsys, monkeypatch, graph_file, argv, message):
+    import placer.algorithms
+    import placer.capture
+    import placer.capture.spec
+    import placer.report.compare
+
+    plan_file, folder = tmp_path / "p.json", tmp_path / "adir"
+    assert run(capsys, "plan", graph_file, "--cluster", "2xcpu", "-o", plan_file)[0] == 0
+    folder.mkdir()
+    before = graph_file.read_text()
+
+    def never(*args, **kwargs):
+        raise AssertionError("the work ran before the output path was checked")
+
+    for module, name in ((placer.algorithms, "place"), (placer.report.compare, "place"),
+                         (placer.capture, "capture_spec"), (placer.capture.spec, "capture_spec")):
+        monkeypatch.setattr(module, name, never)
+    code, _, err = run(capsys, *[a.format(graph=graph_file, plan=plan_file, dir=folder) for a in argv])
+    assert code == 2 and err == "placer: error: " + message.format(graph=graph_file, dir=folder) + "\n"
+    assert graph_file.read_text() == before and not list(folder.iterdir())
+
+
+def test_validate_checks_every_file_and_takes_a_model_spec(tmp_path, capsys, graph_file):
+    plan_file, broken = tmp_path / "p.json", tmp_path / "broken.json"
+    assert run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "-o", plan_file)[0] == 0
+    broken.write_text('{"format": ')
+    code, out, err = run(capsys, "validate", graph_file, broken, plan_file, "--graph", graph_file)
+    assert code == 2
+    assert out.splitlines()[0].startswith(f"{graph_file}: valid graph")
+    assert out.splitlines()[1].startswith(f"{plan_file}: valid plan")
+    assert err == f"placer: error: file {broken}: invalid JSON at line 1 column 12: Expecting value\n"
+    code, _, err = run(capsys, "validate", plan_file, "--cluster", "2xV100-nvlink")
+    assert code == 2 and "option '--cluster' checks plans against a cluster, which needs '--graph' too" in err
+    lenet = tmp_path / "lenet.json"
+    assert run(capsys, "plan", "zoo:lenet", "--batch", "2", "--cluster", "2xcpu", "-o", lenet)[0] == 0
+    code, out, err = run(capsys, "validate", lenet, "--graph", "zoo:lenet", "--batch", "2")
+    assert code == 0 and "valid plan" in out, err
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--algorithms", ",,"], "option '--algorithms' names no algorithm: ',,'"),
+    (["--time-limit", "-1"], "option time_limit must be a positive number of seconds, got -1.0"),
+    (["--seed", "-1"], "option seed must be a non-negative integer, got -1"),
+])
+def test_compare_refuses_bad_options_up_front(capsys, monkeypatch, graph_file, option, message):
+    import placer.report.compare
+
+    monkeypatch.setattr(placer.report.compare, "place", lambda *a, **k: pytest.fail("an algorithm ran"))
+    code, out, err = run(capsys, "compare", graph_file, "--cluster", "2xcpu", *option)
+    assert code == 2 and out == "" and err == f"placer: error: {message}\n"
+
+
+def test_compare_on_a_graph_with_no_compute_writes_the_whole_report(tmp_path, capsys, monkeypatch):
+    from placer.cluster import load_cluster
+    from placer.graph import OpGraph
+    from placer.report.compare import Comparison, compare
+
+    g = training_graph(layers=2, branches=1, seed=3)
+    zero = tmp_path / "zero.json"
+    OpGraph.from_dict({**g.to_dict(), "nodes": [{**n, "compute_s": 0} for n in g.to_dict()["nodes"]]}).save(zero)
+    code, out, err = run(capsys, "compare", zero, "--cluster", "2xcpu", "--algorithms", "single,expert",
+                         "-o", tmp_path / "report")
+    assert code == 0, err
+    assert (tmp_path / "report" / "report.html").exists() and (tmp_path / "report" / "plan-expert.json").exists()
+    # A late error leaves no half-written folder.
+    comparison = compare(g, load_cluster("2xcpu"), ["single"], progress=False)
+    monkeypatch.setattr(Comparison, "to_dict", lambda self: {"bad": float("inf")})
+    with pytest.raises(ValueError):
+        comparison.write(tmp_path / "late")
+    assert not (tmp_path / "late").exists()

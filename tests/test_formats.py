@@ -64,6 +64,12 @@ def bad(mutate):
     (lambda d: d["edges"][0].update(bytes=-4), "field 'bytes' must be >= 0"),
     (lambda d: d["nodes"][0].update(device_kinds="V100"), "field 'device_kinds' must be a list"),
     (lambda d: d["nodes"][0].update(splittable=[{"dim": "batch"}]), "splittable[0]: missing required field 'size'"),
+    # Figures whose sums overflow (to inf, or past int64) are refused at the door.
+    (lambda d: d["nodes"][1].update(compute_s=1e308), "node 'relu1': field 'compute_s' is too large"),
+    (lambda d: d["nodes"][1].update(compute_s=10**400), "node 'relu1': field 'compute_s' must be finite"),
+    (lambda d: d["nodes"][0]["compute_s_by_kind"].update(A100=1e300),
+     "node 'conv1': field 'compute_s_by_kind.A100' is too large"),
+    (lambda d: [n.update(param_bytes=2**62) for n in d["nodes"]], "add up to 9.223e+18, more than 2**62"),
 ])
 def test_graph_errors_name_the_node_and_field(mutate, message):
     with pytest.raises(FormatError) as info:
@@ -93,6 +99,27 @@ def test_file_errors(tmp_path):
         OpGraph.load(nan)
     with pytest.raises(FormatError, match="no such file"):
         OpGraph.load(tmp_path / "missing.json")
+    deep = tmp_path / "deep.json"
+    deep.write_text('{"format": "placer.graph/1", "x": ' + "[" * 100000 + "]" * 100000 + "}")
+    with pytest.raises(FormatError, match="deep.json: invalid JSON: nested too deeply"):
+        OpGraph.load(deep)
+
+
+@pytest.mark.parametrize("target, message", [
+    ("adir", "cannot write plan file {dir}/adir: is a directory"),
+    ("g.json/p.json", "cannot write plan file {dir}/g.json/p.json: {dir}/g.json is a file, not a folder"),
+])
+def test_unwritable_outputs_raise_placer_errors_naming_the_output(tmp_path, target, message):
+    from placer.errors import PlacerError
+
+    (tmp_path / "adir").mkdir()
+    (tmp_path / "g.json").write_text("{}")
+    plan = place(training_graph(layers=2, branches=1), load_cluster("2xV100-nvlink"), "single")
+    with pytest.raises(PlacerError) as info:
+        plan.save(tmp_path / target)
+    assert str(info.value) == message.format(dir=tmp_path)
+    assert isinstance(info.value, OSError)      # still what callers that catch OSError expect
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["adir", "g.json"] and not list((tmp_path / "adir").iterdir())
 
 
 def test_presets_round_trip_and_are_connected():
@@ -139,6 +166,31 @@ def test_plan_round_trip_and_binding(tmp_path):
     again = Plan.load(tmp_path / "p.json")
     assert again.to_dict() == plan.to_dict()
     assert again.validate(g, cluster).makespan_s == plan.predicted["makespan_s"]
+
+
+def test_plan_records_the_digest_of_its_cluster(tmp_path):
+    g = training_graph(layers=2, branches=2)
+    cluster = load_cluster("2xV100-nvlink")
+    plan = place(g, cluster, "expert")
+    plan.save(tmp_path / "p.json")
+    assert json.loads((tmp_path / "p.json").read_text())["cluster_digest"] == cluster.digest()
+    assert Plan.load(tmp_path / "p.json").cluster_digest == cluster.digest()
+    # Figures change the digest; names of the cluster and its channels and extra fields do not.
+    doc = cluster.to_dict()
+    doc.update(name="other", note="x")
+    doc["channels"][0]["name"] = "renamed"
+    assert Cluster.from_dict(doc).digest() == cluster.digest()
+    doc["channels"][0]["bandwidth_bytes_per_s"] = 1e8
+    assert Cluster.from_dict(doc).digest() != cluster.digest()
+
+
+def test_plan_splits_must_name_nodes_of_the_graph():
+    g = training_graph(layers=2, branches=2)
+    cluster = load_cluster("2xV100-nvlink")
+    doc = place(g, cluster, "single").to_dict()
+    doc["splits"] = [{"node": "ghost", "dim": "batch", "parts": 2}]
+    with pytest.raises(InvalidPlanError, match="splits\\[0\\] names unknown node 'ghost'"):
+        Plan.from_dict(doc).bind(g, cluster)
 
 
 def test_plan_for_another_graph_is_refused():

@@ -29,7 +29,8 @@ from ..graph import OpGraph
 from ..plan import Plan
 from .timebox import TimeBox
 
-__all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message"]
+__all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message",
+           "checked_options"]
 
 _COMMON = ("seed", "time_limit")
 #: An algorithm still running at this share of its ``time_limit`` is stopped (TimeLimitError).
@@ -99,7 +100,8 @@ def failure_message(name: str, exc: Exception) -> str:
     return message if message.startswith(f"{name}:") else f"{name}: {message}"
 
 
-def _check_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:
+def checked_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:
+    """``alg``'s options with ``options`` applied, each validated (OptionError naming the option otherwise)."""
     unknown = sorted(set(options) - set(alg.options))
     if unknown:
         raise OptionError(f"algorithm {alg.name!r} has no option {unknown[0]!r}; "
@@ -167,7 +169,7 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     """
     entered = time.perf_counter()
     alg = get_algorithm(algorithm)
-    opts = _check_options(alg, options)
+    opts = checked_options(alg, options)
     diagnose(graph, cluster)
     began = time.perf_counter()
     # Searches stop by themselves within their limit (the box leaves them 5% to return what they
@@ -198,6 +200,7 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
         figures = {**result.predicted(), "lower_bound_s": plan.lower_bound(graph, cluster)}
         _checked[plan] = (_check_key(plan, graph, cluster), figures)
     plan.algorithm = algorithm
+    plan.cluster_digest = cluster.digest()
     plan.predicted = dict(figures)
     plan.search_time_s = elapsed
     return plan

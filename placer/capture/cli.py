@@ -8,8 +8,10 @@ __all__ = ["add_commands", "cmd_capture"]
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
+    from ..io import check_output
     from ..report.tables import working
 
+    check_output(args.output, "graph file")     # before the capture
     with working(f"capturing one training step of {args.spec} at batch {args.batch} "
                  f"({args.optimizer}{', meta device' if args.fake else ''})..."):
         from .spec import capture_spec

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import OptionError
+from ..io import check_output
 from ..report.tables import working
 from .analytic import DEVICE_SPECS, annotate
 
@@ -41,6 +42,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _positive(args.batch, "--batch")
     _positive(args.repeats, "--repeats")
     device_kind_of(args.device)  # refuse a bad device before capturing
+    check_output(args.output, "profile file")
+    if args.graph_output:
+        check_output(args.graph_output, "graph file")
     with working(f"capturing {args.spec} at batch {args.batch}, then timing every operation on {args.device} "
                  f"({args.repeats} runs each) ...", measuring=True):
         step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, fake=False)
@@ -68,6 +72,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     _positive(args.repeats, "--repeats")
     if not args.timeout > 0:
         raise OptionError(f"option '--timeout' must be > 0, got {args.timeout}")
+    check_output(args.output, "calibration file")
+    if args.cluster_output:
+        check_output(args.cluster_output, "cluster file")
     processes = f", {args.ranks} processes" if args.backend == "gloo" else ""
     with working(f"timing transfers ({args.backend}{processes}) ...", measuring=True):
         cal = calibrate(args.backend, ranks=args.ranks, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout)
@@ -112,6 +119,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from ..graph import OpGraph
     from .profile import apply_profile, load_profile
 
+    check_output(args.output, "graph file")
     graph = OpGraph.load(args.graph)
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds is not None else None
     graph = annotate(graph, reference=args.reference, kinds=kinds)
@@ -130,6 +138,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
 
     batches = _ints(args.batches, "--batches")
     _positive(args.target, "--target")
+    check_output(args.output, "graph file")
     device = None if args.device == "none" else args.device
     # With a device it times every operation at each batch.
     with working(f"capturing {args.spec} at batches {', '.join(map(str, batches))} and fitting each node's "

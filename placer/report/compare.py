@@ -21,16 +21,16 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
 from ..algorithms import available_algorithms, get_algorithm, place
-from ..algorithms.registry import failure_message
+from ..algorithms.registry import checked_options, failure_message
 from ..cluster import Cluster
-from ..errors import PlacerError
+from ..errors import OptionError, PlacerError
 from ..graph import OpGraph
-from ..io import write_json_atomic, write_text_atomic
+from ..io import check_output, json_text, write_text_atomic
 from ..plan import Plan
 from ..sim import lower_bound, simulate_plan
 from ..sim.simulator import SimResult
 
-__all__ = ["Comparison", "Entry", "compare"]
+__all__ = ["Comparison", "Entry", "compare", "check_options"]
 
 COLUMNS = ["algorithm", "makespan_ms", "gap_to_lower_bound", "speedup_over_expert", "speedup_over_single",
            "max_peak_memory_gib", "fits", "plan_time_s", "note"]
@@ -89,8 +89,8 @@ class Comparison:
                 "algorithm": e.algorithm,
                 "makespan_ms": span * 1e3,
                 "gap_to_lower_bound": span / bound - 1 if bound > 0 else 0.0,
-                "speedup_over_expert": reference["expert"] / span if math.isfinite(reference["expert"]) else None,
-                "speedup_over_single": reference["single"] / span if math.isfinite(reference["single"]) else None,
+                "speedup_over_expert": _speedup(reference["expert"], span),
+                "speedup_over_single": _speedup(reference["single"], span),
                 "max_peak_memory_gib": float(e.result.peak_memory_bytes.max()) / 2**30,
                 "fits": e.result.fits,
                 "plan_time_s": e.plan.search_time_s,
@@ -151,29 +151,48 @@ class Comparison:
             (console or Console()).print(f"no plan: {note}", highlight=False)
 
     def write(self, folder: str | os.PathLike) -> dict[str, Path]:
-        """Write the table (md, csv, json), plans, charts and ``report.html``; return the paths by role."""
+        """Write the table (md, csv, json), plans, charts and ``report.html``; return the paths by role.
+
+        The tables and plans are made before the first file is written: a late error leaves no half report.
+        """
         from .charts import gantt_chart, memory_chart
         from .html import html_report
 
-        folder = Path(folder)
-        folder.mkdir(parents=True, exist_ok=True)
+        folder = check_output(folder, "report folder", folder=True)
         paths = {"markdown": folder / "comparison.md", "csv": folder / "comparison.csv",
                  "json": folder / "comparison.json", "html": folder / "report.html"}
-        write_text_atomic(paths["markdown"], self.markdown())
-        write_text_atomic(paths["csv"], self.csv())
-        write_json_atomic(paths["json"], self.to_dict())
+        texts = {paths["markdown"]: self.markdown(), paths["csv"]: self.csv(), paths["json"]: json_text(self.to_dict())}
+        planned = [e for e in self.entries if e.result is not None]
+        for e in planned:
+            texts[folder / f"plan-{e.algorithm}.json"] = json_text(e.plan.to_dict())
+        folder.mkdir(parents=True, exist_ok=True)
         charts = {}
-        for e in self.entries:
-            if e.result is None:
-                continue
-            e.plan.save(folder / f"plan-{e.algorithm}.json")
+        for e in planned:
             gantt, memory = folder / f"gantt-{e.algorithm}.png", folder / f"memory-{e.algorithm}.png"
             gantt_chart(e.result, gantt, title=f"{e.algorithm}: {self.graph.name} on {self.cluster.name}, "
                                                f"makespan {e.makespan_s * 1e3:.3f} ms")
             memory_chart(e.result, memory, title=f"{e.algorithm}: memory per device (dotted: capacity)")
             charts[e.algorithm] = (gantt, memory)
-        write_text_atomic(paths["html"], html_report(self, charts))
+        texts[paths["html"]] = html_report(self, charts)
+        for path, text in texts.items():
+            write_text_atomic(path, text, "report file")
         return paths
+
+
+def _speedup(reference: float, span: float) -> float | None:
+    """``reference / span``, or None where there is no reference or the span is 0 (a graph with no compute)."""
+    return reference / span if math.isfinite(reference) and span > 0 else None
+
+
+def check_options(algorithms: Iterable[str] | None, *, seed: int = 0, time_limit: float | None = None) -> list[str]:
+    """The names to compare (default: every registered algorithm), each known and taking ``seed`` and
+    ``time_limit``; OptionError otherwise, before anything runs."""
+    names = list(algorithms) if algorithms is not None else available_algorithms()
+    if not names:
+        raise OptionError("no algorithm to compare: the list of algorithms is empty")
+    for name in names:
+        checked_options(get_algorithm(name), {"seed": seed, "time_limit": time_limit})
+    return names
 
 
 def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None = None, *, seed: int = 0,
@@ -193,12 +212,10 @@ def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None =
     Returns
     -------
     Comparison
-        An algorithm that finds no plan appears with its error; unknown names
-        raise OptionError before anything runs.
+        An algorithm that finds no plan appears with its error; unknown names,
+        no names and a bad seed or time limit raise OptionError before anything runs.
     """
-    names = list(algorithms) if algorithms is not None else available_algorithms()
-    for name in names:
-        get_algorithm(name)
+    names = check_options(algorithms, seed=seed, time_limit=time_limit)
     entries: list[Entry] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, disable=not progress, transient=True) as bar:
