@@ -51,6 +51,8 @@ def _load_graph(source: str, args: argparse.Namespace | None = None):
 
     is_spec = source.startswith("zoo:") or ".py:" in source
     if not is_spec:
+        if getattr(args, "batch", None) is not None:
+            raise OptionError(f"--batch applies to a model spec; {source} is a graph file, captured at its own batch")
         graph = OpGraph.load(source)
     elif args is None or getattr(args, "batch", None) is None:
         raise OptionError(f"{source}: a model spec needs --batch N")

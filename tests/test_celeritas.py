@@ -195,7 +195,7 @@ def test_beats_the_expert_split_on_a_model_too_big_for_one_device():
 
 
 @pytest.mark.parametrize("algorithm", ["celeritas", "order_place"])
-@pytest.mark.parametrize("options", [{"exploration_range": 0}, {"memory_fraction": -1.0}])
+@pytest.mark.parametrize("options", [{"exploration_range": 0}, {"memory_fraction": -1.0}, {"memory_fraction": 2.5}])
 def test_bad_options_are_refused(algorithm, options):
     with pytest.raises(OptionError, match=next(iter(options))):
         place(training_graph(layers=2), load_cluster("2xV100-nvlink"), algorithm, **options)

@@ -156,6 +156,10 @@ def test_simulate_takes_the_model_spec_a_plan_was_made_from(tmp_path, capsys):
     assert code == 2 and "made for graph 'lenet-bs8-sgd', not 'lenet-bs16-sgd'" in err
     code, _, err = run(capsys, "simulate", spec[0], plan_file)
     assert code == 2 and "needs --batch" in err
+    graph_file = tmp_path / "g.json"
+    assert run(capsys, "capture", *spec, "-o", graph_file)[0] == 0
+    code, _, err = run(capsys, "simulate", graph_file, plan_file, "--batch", "16")
+    assert code == 2 and "--batch applies to a model spec" in err
 
 
 @pytest.fixture

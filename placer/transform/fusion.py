@@ -262,7 +262,7 @@ def fuse(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200, memo
     Raises
     ------
     OptionError
-        ``exploration_range`` below 1 or ``memory_fraction`` not positive.
+        ``exploration_range`` below 1 or ``memory_fraction`` not in (0, 1].
 
     Examples
     --------
@@ -279,8 +279,9 @@ def fuse(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200, memo
     """
     if isinstance(exploration_range, bool) or not isinstance(exploration_range, (int, np.integer)) or exploration_range < 1:
         raise OptionError(f"option exploration_range must be an integer >= 1, got {exploration_range!r}")
-    if not (isinstance(memory_fraction, (int, float)) and np.isfinite(memory_fraction) and memory_fraction > 0):
-        raise OptionError(f"option memory_fraction must be a positive number, got {memory_fraction!r}")
+    if not (isinstance(memory_fraction, (int, float)) and 0 < memory_fraction <= 1):
+        raise OptionError(f"option memory_fraction must be in (0, 1], a share of the smallest device's memory, "
+                          f"got {memory_fraction!r}")
     n = graph.num_nodes
     node_w, edge_c = link_costs(graph, cluster)
     order = cpd_topo_order(graph, node_w, edge_c)
