@@ -520,3 +520,34 @@ def test_mlp_graph_properties(widths, batch, optimizer):
     groups = graph.colocation_groups
     assert len(groups) == len(step.layout.params) * (1 + len(step.layout.state_names))
     assert all(len(members) == 2 for members in groups.values())   # each state tensor and its write-back
+
+
+def test_batch_splittable_ops_record_the_rows_a_split_cuts():
+    """A (batch, seq, features) activation viewed as (batch * seq, features): a split cuts all those rows."""
+    step = capture(*_lm(batch=2), optimizer="sgd")
+    graph = step.graph
+    sizes = set()
+    for node in step.gm.graph.nodes:
+        split = graph.splittable[graph.index[node.name]] if node.name in graph.index else None
+        if split:
+            packet = node.target.overloadpacket
+            first = node.args[1] if packet in (torch.ops.aten.addmm, torch.ops.aten.baddbmm) else node.args[0]
+            assert split == [{"dim": "batch", "size": first.meta["val"].shape[0]}], node.name
+            sizes.add(split[0]["size"])
+    assert 2 * 5 in sizes                       # batch 2 x 5 tokens
+
+    class Gram(nn.Module):
+        """x @ (x^T x): the second operand depends on the batch too, so rows of x alone cannot be cut."""
+
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(4, 4)
+
+        def forward(self, x):
+            h = self.fc(x)
+            return (h @ (h.t() @ h)).pow(2).mean()
+
+    gram = capture(Gram(), (torch.randn(4, 4),), optimizer="sgd")
+    outer = [n for n in gram.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default)
+             if n.args[0].name == "addmm"]
+    assert outer and all(gram.graph.splittable[gram.graph.index[n.name]] is None for n in outer)

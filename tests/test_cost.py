@@ -323,7 +323,8 @@ def _step_at(batch: int, prefix: str = "") -> OpGraph:
                    temp_bytes=[0, 64 * batch + 32, 0, 0], flops=[np.nan, 1e6 * batch, 2e3 * batch, 3e3],
                    op=["aten.clone", "aten.mm", "aten.sum", "aten.add"],
                    node_extra=[{}, {"bytes_accessed": 1000 * batch + 10}, {}, {}],
-                   splittable=[None, [{"dim": "batch", "size": batch}], None, None], name=f"step-bs{batch}")
+                   splittable=[None, [{"dim": "batch", "size": batch}], [{"dim": "batch", "size": 16 * batch}], None],
+                   name=f"step-bs{batch}")      # the loss's rows: 16 per sample (batch x sequence)
 
 
 def test_standard_evaluation_predicts_linear_costs_exactly():
@@ -335,7 +336,7 @@ def test_standard_evaluation_predicts_linear_costs_exactly():
     np.testing.assert_allclose(big.compute_s, truth.compute_s, rtol=1e-9)
     np.testing.assert_allclose(big.flops, truth.flops, rtol=1e-9)
     assert big.node_extra[1]["bytes_accessed"] == 256010 and big.node_extra[0] == {}
-    assert big.splittable[1] == [{"dim": "batch", "size": 256}]
+    assert big.splittable == truth.splittable
     assert big.extra["standard_evaluation"]["matched_by"] == "id"
     assert max(model.fit_error.values()) < 1e-9
     with pytest.raises(OptionError, match="batch"):

@@ -28,6 +28,7 @@ from placer.plan import Plan
 from placer.runtime.check import exact_float32, state_difference, train_eager
 from placer.cost.messages import MessageCost, messages_graph
 from placer.runtime.feedback import measured_cluster
+from placer.runtime.local import LocalExecutor
 from placer.runtime.distributed import (RunError, float32_precision, free_port, run_distributed,
                                         run_under_torchrun, under_torchrun)
 from placer.runtime.program import compile_program, copy_to, message_bytes, pack, receive_buffer, unpack, value_spec
@@ -207,10 +208,16 @@ def _hang_rank_1(rank: int) -> None:
         time.sleep(600)
 
 
+def _exit_rank_1(rank: int) -> None:
+    if rank == 1:
+        os._exit(3)                 # no exception, no signal: only its exit status tells
+
+
 @pytest.mark.parametrize("hook, message", [
     (_kill_rank_1, "rank 1 was killed by signal SIGKILL"),
     (_raise_on_rank_1, "rank 1 failed: ValueError: injected failure"),
     (_hang_rank_1, r"rank 0 failed: .*rank\(s\) \[1\] were still running"),  # rank 0 gives up waiting
+    (_exit_rank_1, "^rank 1 exited with status 3;"),               # not rank 0's echo of its death
 ])
 def test_a_failing_rank_stops_the_run_with_an_error(file_case, hook, message):
     cluster = load_cluster("2xcpu")
@@ -668,3 +675,295 @@ def test_ranks_started_by_torchrun_run_the_plan_together(file_case, tmp_path):
     state = torch.load(out, weights_only=False)
     file_case.captured.write_back([state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     file_case.assert_matches(model, optimizer)
+
+
+# ------------------------------------------------- what a placed step may not change
+class _TwoDropouts(torch.nn.Module):
+    """Two independent dropouts: the loss is exactly 0 only if both draw the same mask."""
+
+    def __init__(self):
+        super().__init__()
+        self.a, self.b = torch.nn.Linear(4, 32), torch.nn.Linear(4, 32)
+        self.d1, self.d2 = torch.nn.Dropout(0.5), torch.nn.Dropout(0.5)
+
+    def forward(self, x):
+        ones = torch.ones(x.shape[0], 32)
+        return (self.d1(ones + self.a(x)) - self.d2(ones + self.b(x))).pow(2).mean()
+
+
+def test_random_operations_draw_their_own_streams_the_same_on_both_backends():
+    torch.manual_seed(0)
+    model, inputs = _TwoDropouts(), (torch.randn(2, 4),)
+    captured = capture(model, inputs, optimizer="sgd")
+    cluster = load_cluster("2xcpu")
+    plan = place(captured.graph, cluster, "round_robin")
+    program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
+    assert sorted(program.device_of[v] for v in program.random) == [0, 1]      # one dropout per rank
+    flat = captured.step_inputs(model, inputs)
+    torch.manual_seed(1)
+    local = LocalExecutor(program)
+    local_flat = [t.clone() for t in flat]
+    losses = [float(local.run(local_flat)[0]) for _ in range(2)]
+    torch.manual_seed(1)            # the same base seed: the same draws, whatever the backend
+    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier,
+                             timeout_s=30)
+    assert losses[0] > 0.1 and losses[0] != losses[1]        # independent masks, new ones every step
+    assert float(result.outputs[0]) == losses[1]
+    for k, value in result.state.items():
+        assert torch.equal(value, local_flat[k])
+
+
+def test_verify_refuses_a_step_that_draws_random_numbers_naming_them(tmp_path, capsys):
+    path = tmp_path / "drop.py"
+    path.write_text(textwrap.dedent('''
+        import torch
+        from torch import nn
+
+        def make(batch_size):
+            torch.manual_seed(0)
+            model = nn.Sequential(nn.Linear(4, 8), nn.Dropout(0.5), nn.Linear(8, 1))
+            class Loss(nn.Module):
+                def __init__(self):
+                    super().__init__()
+                    self.net = model
+                def forward(self, x):
+                    return self.net(x).pow(2).mean()
+            return Loss(), (torch.randn(batch_size, 4),)
+    '''))
+    captured = capture_spec(f"{path}:make", 2)
+    place(captured.graph, load_cluster("2xcpu"), "round_robin").save(tmp_path / "plan.json")
+    args = ["run", f"{path}:make", "--plan", str(tmp_path / "plan.json"), "--steps", "1"]
+    assert main(args + ["--verify"]) == 2
+    err = capsys.readouterr().err
+    assert "--verify cannot compare" in err and "'bernoulli' (aten.bernoulli in net.1)" in err
+    assert main(args) == 0                      # training is fine
+
+
+class _Scaled(torch.nn.Module):
+    """Linear, batch norm, a mean over ``x.shape[0]`` (a number in the capture) and a non-tensor argument."""
+
+    def __init__(self):
+        super().__init__()
+        self.l1, self.bn, self.l2 = torch.nn.Linear(8, 16), torch.nn.BatchNorm1d(16), torch.nn.Linear(16, 3)
+
+    def forward(self, x, y, scale):
+        logits = self.l2(torch.relu(self.bn(self.l1(x)))) * scale
+        return torch.nn.functional.cross_entropy(logits, y, reduction="sum") / x.shape[0]
+
+
+def _scaled_step(batch=4):
+    import placer
+
+    torch.manual_seed(0)
+    model = _Scaled()
+    inputs = (torch.randn(batch, 8), torch.randint(0, 3, (batch,)), 1.0)
+    plan = placer.plan(model, inputs, cluster="2xcpu", algorithm="round_robin")
+    optimizer = torch.optim.Adam(model.parameters())
+    return model, optimizer, plan, inputs
+
+
+def test_a_placed_step_refuses_inputs_unlike_the_captured_ones_before_running():
+    model, optimizer, plan, (x, y, scale) = _scaled_step()
+    step = plan.apply(model, optimizer)
+    step(x, y, scale)
+    before = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
+    with pytest.raises(OptionError, match=r"input 0: .* shape \(4, 8\), got .* shape \(8, 8\)"):
+        step(torch.randn(8, 8), torch.randint(0, 3, (8,)), scale)
+    with pytest.raises(OptionError, match="input 1: .* torch.int64 .* got a torch.int32"):
+        step(x, y.int(), scale)
+    with pytest.raises(OptionError, match="input 2: the step was captured with 1.0 there, got 5.0"):
+        step(x, y, 5.0)
+    after = (model.state_dict(), optimizer.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
+    assert [float(s["step"]) for s in after[1]["state"].values()] == [1.0] * len(after[1]["state"])
+    # Another layout of the same values is the same input.
+    reference = copy.deepcopy((model, optimizer))
+    loss = step(x.t().contiguous().t(), y, scale)
+    assert loss == plan.apply(*reference)(x, y, scale)
+
+
+def test_a_placed_step_refuses_a_changed_learning_rate_mode_or_optimizer():
+    model, optimizer, plan, inputs = _scaled_step()
+    step = plan.apply(model, optimizer)
+    step(*inputs)
+    optimizer.param_groups[0]["lr"] = 1e-4          # what a learning-rate scheduler does
+    with pytest.raises(OptionError, match="lr is now 0.0001, but the placed step was captured with lr 0.001.*"
+                                          "schedulers are not supported yet"):
+        step(*inputs)
+    plan.apply(model, optimizer)(*inputs)                # a step captured with the new lr, on the same plan
+    optimizer.param_groups[0]["lr"] = 1e-3
+    model.bn.eval()
+    with pytest.raises(OptionError, match="module 'bn' is in eval mode, but the step was captured in training mode"):
+        step(*inputs)
+    model.train()
+    step(*inputs)
+    model.eval()                     # before the first call too: the plan's capture was made in training mode
+    with pytest.raises(OptionError, match="the model is in eval mode"):
+        plan.apply(model, optimizer)(*inputs)
+    model.train()
+    with pytest.raises(OptionError, match="made for a training step with Adam, but the optimizer is SGD"):
+        plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1))(*inputs)
+
+
+class _Constants(torch.nn.Module):
+    """A tensor made in forward and a plain (not registered) tensor attribute: constants of the step."""
+
+    def __init__(self):
+        super().__init__()
+        self.l = torch.nn.Linear(8, 3)
+        self.shift = torch.tensor([0.5, -0.5, 0.0])
+
+    def forward(self, x, y):
+        weight = torch.tensor([1.0, 2.0, 0.5])
+        return torch.nn.functional.cross_entropy(self.l(x) + self.shift, y, weight=weight)
+
+
+@pytest.mark.parametrize("backend", ["local", "distributed"])
+def test_tensor_constants_of_the_step_run_where_the_plan_puts_them(backend):
+    torch.manual_seed(0)
+    model, inputs = _Constants(), (torch.randn(4, 8), torch.randint(0, 3, (4,)))
+    captured = capture(model, inputs, optimizer="sgd")
+    constants = [v.name for v in captured.gm.graph.nodes if v.op == "get_attr"]
+    assert len(constants) == 2
+    cluster = load_cluster("2xcpu")
+    plan = random_plan(captured.graph, cluster, seed=0)
+    _check_spread(plan)
+    reference = copy.deepcopy(model)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=1e-3)
+    train_eager(reference, inputs, reference_optimizer, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    if backend == "local":
+        plan.context["captured"] = captured
+        step = plan.apply(model, optimizer)
+        for _ in range(2):
+            step(*inputs)
+    else:
+        flat = captured.step_inputs(model, inputs, optimizer)
+        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier,
+                                 timeout_s=30)
+        captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+    worst, where, _ = state_difference(model, optimizer, reference, reference_optimizer)
+    assert worst <= TOLERANCE, f"{where} differs by {worst}"
+
+
+class _Tokens(torch.nn.Module):
+    """Linear layers over (batch, seq, features): their matrix products have batch x seq rows."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb, self.fc, self.out = torch.nn.Embedding(20, 8), torch.nn.Linear(8, 8), torch.nn.Linear(8, 20)
+
+    def forward(self, tokens, labels):
+        logits = self.out(torch.relu(self.fc(self.emb(tokens))))
+        return torch.nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
+
+
+def test_splits_of_batch_times_sequence_rows_run():
+    torch.manual_seed(0)
+    model, inputs = _Tokens(), (torch.randint(0, 20, (3, 4)), torch.randint(0, 20, (3, 4)))
+    captured = capture(model, inputs, optimizer="sgd")
+    graph, cluster = captured.graph, load_cluster("2xcpu")
+    names = [graph.ids[i] for i, s in enumerate(graph.splittable) if s and s[0]["size"] == 12]
+    assert names
+    target = graph
+    for name in names:
+        target = split_operation(target, name, "batch", 3)
+    unit_of, units = placement_units(target)
+    device_of = np.random.default_rng(0).integers(0, 2, len(units))[unit_of]
+    plan = Plan.from_arrays(graph, cluster, device_of, placed_graph=target,
+                            splits=[{"node": n, "dim": "batch", "parts": 3} for n in names])
+    plan.context["captured"] = captured
+    reference = copy.deepcopy(model)
+    reference_optimizer = torch.optim.SGD(reference.parameters(), lr=1e-3)
+    train_eager(reference, inputs, reference_optimizer, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
+    step = plan.apply(model, optimizer)
+    for _ in range(2):
+        step(*inputs)
+    worst, where, _ = state_difference(model, optimizer, reference, reference_optimizer)
+    assert worst <= TOLERANCE, f"{where} differs by {worst}"
+
+
+def test_verify_counts_nan_against_nan_as_equal():
+    a, b = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    with torch.no_grad():
+        for m in (a, b):
+            m.weight.copy_(torch.tensor([[float("nan"), 1.0], [float("inf"), 2.0]]))
+            m.bias.fill_(0.5)
+    assert state_difference(a, None, b, None)[0] == 0.0
+    with torch.no_grad():
+        b.weight[0, 1] = float("nan")
+    assert state_difference(a, None, b, None)[:2] == (float("inf"), "weight")
+
+
+# ---------------------------------------------------------- the launcher's lifetime
+LAUNCHER = textwrap.dedent('''
+    import os, signal, sys, torch
+    from torch import nn
+    from placer.algorithms import place
+    from placer.capture import capture
+    from placer.cluster import load_cluster
+    from placer.runtime.distributed import run_distributed
+
+    def hook(rank):
+        with open(os.path.join(sys.argv[1], f"rank{rank}.pid"), "w") as f:
+            f.write(str(os.getpid()))
+
+    class Loss(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l1, self.l2 = nn.Linear(4, 4), nn.Linear(4, 1)
+        def forward(self, x):
+            return self.l2(self.l1(x)).pow(2).mean()
+
+    if sys.argv[2] == "ignore-sigint":        # as a shell's background job does (then torch's own
+        signal.signal(signal.SIGINT, signal.SIG_IGN)    # parent-death SIGINT to its ranks does nothing)
+    model, inputs = Loss(), (torch.randn(2, 4),)
+    captured = capture(model, inputs, optimizer="sgd")
+    cluster = load_cluster("2xcpu")
+    plan = place(captured.graph, cluster, "round_robin")
+    run_distributed(captured.gm, captured.graph, plan, cluster, captured.step_inputs(model, inputs),
+                    steps=10**7, carrier=captured.carrier, timeout_s=30, hook=hook)
+''')
+
+
+def _running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT, signal.SIGKILL])
+def test_ranks_stop_when_the_launcher_is_interrupted_terminated_or_killed(tmp_path, sig):
+    import subprocess
+    import sys
+
+    script = tmp_path / "launch.py"
+    script.write_text(LAUNCHER)
+    sigint = "default" if sig == signal.SIGINT else "ignore-sigint"
+    launcher = subprocess.Popen([sys.executable, str(script), str(tmp_path), sigint], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, start_new_session=True,
+                                env={**os.environ, "TMPDIR": str(tmp_path)})
+    ranks: list[int] = []
+    try:
+        deadline = time.monotonic() + 60
+        while len(ranks) < 2 and time.monotonic() < deadline and launcher.poll() is None:
+            time.sleep(0.1)
+            ranks = [int(p.read_text()) for p in tmp_path.glob("rank*.pid") if p.read_text()]
+        assert len(ranks) == 2, "the ranks did not start"
+        os.kill(launcher.pid, sig)
+        deadline = time.monotonic() + 15
+        while any(map(_running, ranks)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not any(map(_running, ranks)), f"ranks still running {sig.name} after the launcher got it"
+        launcher.wait(timeout=15)
+        if sig != signal.SIGKILL:
+            assert not list(tmp_path.glob("placer-run-*")), "the launcher left its directory behind"
+    finally:
+        for pid in ranks + [launcher.pid]:
+            if _running(pid):
+                os.kill(pid, signal.SIGKILL)
+        launcher.wait(timeout=15)

@@ -246,14 +246,44 @@ def _leading_size(node: Any) -> int:
     return int(val.shape[0]) if isinstance(val, torch.Tensor) and val.dim() >= 1 else 0
 
 
-def _splittable(node: fx.Node, batch: int | None, leading: set[fx.Node]) -> list[dict] | None:
-    """``[{"dim": "batch", "size": B}]`` for a matrix op whose first operand is batch-leading."""
+def batch_dependent(nodes: Iterable[fx.Node], input_nodes: Iterable[fx.Node]) -> set[fx.Node]:
+    """Nodes whose value derives from the step's inputs (what a split of an operation slices)."""
+    dependent = set(input_nodes)
+    for node in nodes:
+        if node not in dependent and any(a in dependent for a in node.all_input_nodes):
+            dependent.add(node)
+    return dependent
+
+
+def _splittable(node: fx.Node, batch: int | None, leading: set[fx.Node],
+                dependent: set[fx.Node] | None = None) -> list[dict] | None:
+    """``[{"dim": "batch", "size": R}]`` for a matrix op whose first operand is batch-leading, R its rows.
+
+    R is the first operand's leading size: the batch, or a multiple of it where
+    samples are blocks of rows (a ``(batch, seq, features)`` activation viewed
+    as ``(batch * seq, features)``); each row computes alone, so a split may
+    cut the rows anywhere. A split slices every input that depends on the
+    step's inputs (``dependent``), so those must all lead with the same R rows
+    for a batched product (``bmm``), and be the first operand alone for the others
+    (the weights of ``mm``, ``addmm`` and ``convolution`` go whole to every part).
+    """
     target = node.target
     if batch is None or not isinstance(target, torch._ops.OpOverload) or target.overloadpacket not in _BATCH_SPLITTABLE:
         return None
-    if node in leading and _first_operand(node) in leading:
-        return [{"dim": "batch", "size": int(batch)}]
-    return None
+    first = _first_operand(node)
+    if node not in leading or first not in leading:
+        return None
+    rows = _leading_size(first)
+    if not rows or _leading_size(node) != rows:
+        return None
+    if dependent is not None:
+        others = [a for a in node.all_input_nodes if a is not first and a in dependent]
+        if target.overloadpacket in (_aten.bmm, _aten.baddbmm):
+            if any(a not in leading or _leading_size(a) != rows for a in others):
+                return None
+        elif others:
+            return None
+    return [{"dim": "batch", "size": int(rows)}]
 
 
 class _UnionFind:
@@ -303,6 +333,7 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
     batch_names = set(batch_inputs)
     leading = batch_leading(nodes, [n for n in nodes if n.name in batch_names], batch) if batch else set()
+    dependent = batch_dependent(nodes, [n for n in nodes if n.op == "placeholder" and n.name not in resident])
     index: dict[fx.Node, int] = {}
     carrier: dict[fx.Node, tuple[int, int]] = {}   # fx node -> (graph index, output number)
     ids: list[str] = []
@@ -336,7 +367,7 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
         elif not _aliases_input(node):
             output_bytes[i] = size
         flops[i] = _flops(node)
-        splittable.append(_splittable(node, batch, leading))
+        splittable.append(_splittable(node, batch, leading, dependent))
         inputs = _arg_nodes(node)
         accessed = sum(value_bytes(a.meta.get("val")) for a in inputs) + (0 if _aliases_input(node) else value_bytes(val))
         info: dict[str, Any] = {"bytes_accessed": int(accessed)}

@@ -107,6 +107,10 @@ class CapturedStep:
         Input position -> the non-tensor input baked into the step.
     source : tuple or None
         ``(model, inputs)`` of a real (not fake) capture, for :meth:`example_args`.
+    modes : dict
+        Module name (``""`` for the model) -> whether it was in training mode at
+        capture: the step is traced in those modes (dropout on or off, batch
+        norm's batch or running statistics).
     """
 
     graph: OpGraph
@@ -119,6 +123,7 @@ class CapturedStep:
     fake: bool
     constants: dict[int, Any] = field(default_factory=dict)
     source: tuple[nn.Module, tuple] | None = field(default=None, repr=False)
+    modes: dict[str, bool] = field(default_factory=dict, repr=False)
 
     # ----------------------------------------------------------------- execution
     def step_inputs(self, model: nn.Module, inputs: Sequence[Any],
@@ -163,6 +168,60 @@ class CapturedStep:
         if len(inputs) != self.layout.num_inputs:
             raise OptionError(f"the step was captured with {self.layout.num_inputs} inputs, got {len(inputs)}")
         return list(flat[:self.layout.input_offset]) + [inputs[k] for k in self.layout.input_slots]
+
+    def checked_inputs(self, inputs: Any) -> tuple:
+        """``inputs`` if they are what the step was captured for, else an :class:`OptionError` saying what differs.
+
+        The captured step bakes in every input's shape and dtype (``x.shape[0]``
+        in the model becomes a number) and every non-tensor input's value: a
+        call with another batch size or another setting would run silently
+        wrong, or fail half-way. A tensor whose strides alone differ is copied
+        into the captured layout.
+        """
+        inputs = _as_tuple(inputs)
+        if len(inputs) != self.layout.num_inputs:
+            raise OptionError(f"the step was captured with {self.layout.num_inputs} inputs, got {len(inputs)}")
+        specs = self.__dict__.get("_input_specs")
+        if specs is None:                   # the traced value of every tensor input, once
+            placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"][self.layout.input_offset:]
+            specs = self.__dict__["_input_specs"] = [n.meta.get("val") for n in placeholders]
+        out = list(inputs)
+        replan = "; the captured step holds it fixed: plan (capture) again for these inputs"
+        for slot, val in zip(self.layout.input_slots, specs):
+            x = inputs[slot]
+            if not isinstance(val, torch.Tensor):
+                continue
+            want = f"a {val.dtype} tensor of shape {tuple(val.shape)}"
+            if not isinstance(x, torch.Tensor):
+                raise OptionError(f"input {slot}: the step was captured with {want}, got a {type(x).__name__}{replan}")
+            if tuple(x.shape) != tuple(val.shape) or x.dtype != val.dtype:
+                raise OptionError(f"input {slot}: the step was captured with {want}, got a {x.dtype} tensor of "
+                                  f"shape {tuple(x.shape)}{replan}")
+            if not _same_strides(x.shape, x.stride(), val.stride()) and _dense(val.shape, val.stride()):
+                laid = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=x.dtype, device=x.device)
+                out[slot] = laid.copy_(x)
+        for slot, value in self.constants.items():
+            if not _same_value(inputs[slot], value):
+                got = _short(inputs[slot])
+                if _holds_tensors(value):
+                    got = ("other values" if got == _short(value) else got) + \
+                        "; tensors inside a list, tuple or dict argument are constants of the captured step: " \
+                        "pass each tensor as an argument of its own"
+                else:
+                    got += replan
+                raise OptionError(f"input {slot}: the step was captured with {_short(value)} there, got {got}")
+        return tuple(out)
+
+    def check_modes(self, model: nn.Module) -> None:
+        """Raise :class:`OptionError` if a module of ``model`` is not in the training/eval mode of the capture."""
+        for name, module in model.named_modules():
+            captured = self.modes.get(name)
+            if captured is not None and module.training != captured:
+                mode, was = ("training", "eval") if module.training else ("eval", "training")
+                what = f"module {name!r}" if name else "the model"
+                raise OptionError(f"{what} is in {mode} mode, but the step was captured in {was} mode (dropout and "
+                                  f"batch norm run as captured): call .{'eval' if captured is False else 'train'}() "
+                                  f"on it again, or plan (capture) again in {mode} mode")
 
     def _state_of(self, param: torch.Tensor, optimizer: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
         if optimizer is None:
@@ -223,6 +282,51 @@ class CapturedStep:
     def run(self, model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
         """One training step of ``model`` (and ``optimizer``'s state) through :attr:`gm`; the loss."""
         return self.gm(*self.step_inputs(model, inputs, optimizer))
+
+
+def _same_strides(size: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:
+    """Whether two strides lay out a tensor of ``size`` alike (dimensions of size 1 do not count)."""
+    return all(n <= 1 or x == y for n, x, y in zip(size, a, b))
+
+
+def _dense(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether a layout holds each element once, without gaps (no ``expand``)."""
+    expected = 1
+    for n, st in sorted(((n, st) for n, st in zip(size, stride) if n != 1), key=lambda p: p[1]):
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def _same_value(a: Any, b: Any) -> bool:
+    """Whether a non-tensor input equals its captured value (same type; tensors inside compared by value)."""
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
+                and a.dtype == b.dtype and bool(torch.equal(a.detach().cpu(), b.detach().cpu())))
+    if type(a) is not type(b):
+        return False
+    if isinstance(a, (list, tuple)):
+        return len(a) == len(b) and all(_same_value(x, y) for x, y in zip(a, b))
+    if isinstance(a, dict):
+        return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
+    try:
+        return bool(a == b) or (a != a and b != b)          # NaN equals NaN here
+    except Exception:  # noqa: BLE001 - values that cannot be compared are not the same
+        return a is b
+
+
+def _holds_tensors(value: Any) -> bool:
+    return any(isinstance(leaf, torch.Tensor) for leaf in torch.utils._pytree.tree_leaves(value))
+
+
+def _short(value: Any) -> str:
+    if isinstance(value, torch.Tensor):
+        return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
+    if _holds_tensors(value):
+        return f"a {type(value).__name__} of tensors"
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def _as_tuple(inputs: Any) -> tuple:
@@ -406,8 +510,9 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
 
     graph = annotate(graph)
     constants = {k: x for k, x in enumerate(inputs) if k not in slots}
+    modes = {name: module.training for name, module in model.named_modules()}
     return CapturedStep(graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants,
-                        None if fake else (model, inputs))
+                        None if fake else (model, inputs), modes)
 
 
 @contextmanager

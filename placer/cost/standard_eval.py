@@ -132,7 +132,10 @@ class BatchModel:
         accessed = self.predict_field("bytes_accessed", batch)
         extra = [({**e, "bytes_accessed": int(round(a))} if "bytes_accessed" in e else e)
                  for e, a in zip(g.node_extra, accessed.tolist())]
-        splittable = [None if s is None else [{**d, "size": batch} if d.get("dim") == "batch" else d for d in s]
+        # A split's rows are the batch or a multiple of it (batch x sequence): they scale with the batch.
+        base = max(self.batches)
+        splittable = [None if s is None else [{**d, "size": d["size"] * batch // base} if d.get("dim") == "batch"
+                                              else d for d in s]
                       for s in g.splittable]
         name = f"{g.name}@batch{batch}"
         info = {"batches": self.batches, "target_batch": batch, "matched_by": self.matched_by,

@@ -55,7 +55,21 @@ class PlacedStep:
     optimizer.step()`` would (no ``zero_grad`` needed: gradients are not kept).
 
     The step is captured on the first call, from that call's inputs, and must
-    be the graph the plan was made for (same node ids and edges).
+    be the graph the plan was made for (same node ids and edges); a plan made
+    by :func:`placer.plan` from a module uses its own capture. The capture holds
+    fixed what it was made with, so every call checks, before running
+    anything, that it still holds: the inputs' shapes and dtypes (the batch
+    size) and non-tensor values, the optimizer's settings (``lr`` included:
+    learning-rate schedulers are not supported yet) and every module's
+    training/eval mode; otherwise it raises :class:`~placer.errors.OptionError`
+    saying what differs (for a new ``lr`` apply the plan again; for the rest
+    plan again). A step that fails once running may have updated part of the
+    state (keeping a copy of it all would double its memory).
+
+    Random operations (dropout) each draw from their own stream, seeded from
+    a base seed drawn from torch's global generator on the first call
+    (:class:`~placer.runtime.local.LocalExecutor`): ``torch.manual_seed`` makes
+    the draws repeatable, but they are not those of eager training.
 
     Parameters
     ----------
@@ -93,8 +107,17 @@ class PlacedStep:
         self._flat: list | None = None
 
     def __call__(self, *inputs: Any) -> torch.Tensor:
+        name, lr = optimizer_name(self.optimizer)         # the settings may have changed since the last call
+        if self.captured is not None and lr != self.lr:
+            raise OptionError(f"the optimizer's lr is now {lr:g}, but the placed step was captured with lr "
+                              f"{self.lr:g}, which it holds as a constant (learning-rate schedulers are not "
+                              f"supported yet): apply the plan again, plan.apply(model, optimizer), for a step "
+                              f"captured with the new lr")
         if self.captured is None:
+            self.optimizer_name, self.lr = name, lr
             self._prepare(inputs)
+        inputs = self.captured.checked_inputs(inputs)
+        self.captured.check_modes(self.model)
         if self.optimizer is not None or self._flat is None:
             self._flat = self.captured.step_inputs(self.model, inputs, self.optimizer)
         else:
@@ -106,12 +129,22 @@ class PlacedStep:
         from ..capture import capture
 
         captured = self.plan.context.get("captured")
-        if captured is not None and (captured.optimizer.name != self.optimizer_name
-                                     or captured.optimizer.hyper.get("lr") != self.lr):
-            captured = None      # planned with another optimizer: capture this one
+        this = (type(self.optimizer).__name__ if self.optimizer is not None else "the default Adam") \
+            + f" (lr {self.lr:g})"
+        if captured is not None and captured.optimizer.name != self.optimizer_name:
+            raise OptionError(f"the plan was made for a training step with {captured.optimizer.torch_class.__name__}, "
+                              f"but the optimizer is {this}: its update is part of the placed step; plan again "
+                              f"with optimizer={self.optimizer_name!r}")
+        if captured is not None and captured.optimizer.hyper.get("lr") != self.lr:
+            captured = None      # planned with another lr (a constant of the same graph): capture this one
         if captured is None:
             captured = capture(self.model, inputs, optimizer=self.optimizer_name, lr=self.lr,
                                name=self.plan.graph_name or None)
+            if self.plan.graph_digest and self.plan.graph_digest != captured.graph.digest():
+                raise InvalidPlanError(
+                    f"the plan was made for another training step (digest {self.plan.graph_digest}) than this "
+                    f"model's with these inputs and {this} (digest {captured.graph.digest()}): another model, "
+                    f"batch size or optimizer needs its own plan")
         program = compile_program(captured.gm, captured.graph, self.plan, self.cluster, carrier=captured.carrier)
         self.executor = LocalExecutor(program, self.devices, profile=self.profile)
         self.captured = captured

@@ -10,7 +10,8 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
-__all__ = ["exact_float32", "eager_optimizer", "train_eager", "state_difference", "StepTimes", "step_times"]
+__all__ = ["exact_float32", "eager_optimizer", "train_eager", "state_difference", "StepTimes", "step_times",
+           "refuse_random_ops"]
 
 
 @contextlib.contextmanager
@@ -45,6 +46,34 @@ def eager_optimizer(captured: Any, params) -> torch.optim.Optimizer:
     return optimizer
 
 
+def refuse_random_ops(captured: Any) -> None:
+    """Refuse to verify a step that draws random numbers: it cannot equal eager training bit for bit.
+
+    A placed step gives each random operation its own stream
+    (:func:`placer.runtime.program.op_seed`), where eager training draws from
+    torch's one global stream in its own order.
+
+    Raises
+    ------
+    OptionError
+        Naming the random operations (node and module).
+    """
+    from ..errors import OptionError
+    from .program import random_nodes
+
+    found = random_nodes(captured.gm)
+    if not found:
+        return
+    layer = dict(zip(captured.graph.ids, captured.graph.layer))
+    named = [f"{v.name!r} (aten.{v.target.overloadpacket.__name__}"
+             + (f" in {layer[v.name]})" if layer.get(v.name) else ")") for v in found[:4]]
+    more = f" and {len(found) - 4} more" if len(found) > 4 else ""
+    raise OptionError(f"--verify cannot compare this step with eager training: it draws random numbers "
+                      f"({', '.join(named)}{more}), which a placed step draws from a stream per operation, not "
+                      f"from eager training's one stream; turn them off to verify (dropout probability 0), or run "
+                      f"without --verify")
+
+
 def train_eager(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer, steps: int) -> list[float]:
     """Train ``steps`` plain eager steps (``zero_grad``, loss, ``backward``, ``step``); the losses."""
     losses = []
@@ -66,7 +95,8 @@ def state_difference(model: nn.Module, optimizer: torch.optim.Optimizer | None, 
     (float, str, int)
         The difference, the name of the tensor where it is largest, and how
         many tensors were compared. A shape mismatch or missing state counts
-        as an infinite difference.
+        as an infinite difference; NaN where the other has NaN (the same
+        infinity) counts as equal, NaN against a number as infinitely far.
     """
     worst, where, count = 0.0, "", 0
     pairs: list[tuple[str, Any, Any]] = []
@@ -85,7 +115,10 @@ def state_difference(model: nn.Module, optimizer: torch.optim.Optimizer | None, 
         elif a.numel() == 0:
             diff = 0.0
         else:
-            diff = float((a.detach().double().cpu() - b.detach().double().cpu()).abs().max())
+            x, y = a.detach().double().cpu(), b.detach().double().cpu()
+            gap = (x - y).abs()
+            gap = torch.where((x == y) | (x.isnan() & y.isnan()), 0.0, gap)     # equal infinities, NaN and NaN
+            diff = float(torch.nan_to_num(gap, nan=float("inf"), posinf=float("inf")).max())
         if diff > worst or count == 1:
             worst, where = diff, name
     return worst, where, count

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from ..errors import OptionError
+from ..io import check_output
 
 __all__ = ["add_commands", "cmd_run", "cmd_tune", "Measurement", "measure_plan"]
 
@@ -121,7 +122,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _run(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster
     from ..plan import Plan
-    from .check import eager_optimizer, state_difference, step_times, train_eager
+    from .check import eager_optimizer, refuse_random_ops, state_difference, step_times, train_eager
     from .program import copy_to
 
     if args.steps < 1:
@@ -133,6 +134,8 @@ def _run(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     cluster = load_cluster(args.cluster or plan.cluster_name)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
+    if args.verify:
+        refuse_random_ops(captured)         # random draws cannot equal eager training's: say so before training
     optimizer = captured.optimizer.eager(model.parameters())
     flat = captured.step_inputs(model, inputs, optimizer)
     devices = args.devices.split(",") if args.devices else None
@@ -196,6 +199,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if args.rounds < 1 or args.steps < 2:
         raise OptionError("--rounds must be >= 1 and --steps >= 2 (one warm-up step)")
+    check_output(args.output, "plan file")
     cluster = load_cluster(args.cluster)
     if args.batch is None:
         raise OptionError("pass --batch")
@@ -251,6 +255,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if kept:
             best, best_s, m = candidate, measured_s, m_new
     best.extra["measured_step_s"] = best_s
+    best.cluster_digest = given.digest()    # the cluster it runs on, not its measured figures
     best.save(args.output)
     print(f"best plan: measured {best_s * 1e3:.3f} ms per step -> {args.output}")
     return 0

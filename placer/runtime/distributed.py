@@ -19,7 +19,13 @@ under ``torchrun`` on one or several hosts (:func:`rank_main` with
 ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE`` set). Every blocking
 wait is bounded by the process group's timeout, and the launcher stops every
 rank as soon as one fails, dies or outlives the deadline, raising
-:class:`RunError` with the failing rank's message.
+:class:`RunError` with the failing rank's message; it stops them too when it
+is interrupted (SIGINT) or terminated (SIGTERM), and ranks it started exit when
+it dies.
+
+Random operations draw from per-operation streams seeded from one base seed
+(:func:`~placer.runtime.program.op_seed`), the same on every rank: a run draws
+what the local executor draws with the same base seed.
 """
 
 from __future__ import annotations
@@ -30,7 +36,9 @@ import signal
 import socket
 import statistics
 import tempfile
+import threading
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -44,8 +52,8 @@ from ..cluster import Cluster
 from ..errors import OptionError, PlacerError
 from ..graph import OpGraph
 from ..plan import Plan
-from .program import (Program, call_node, compile_program, copy_to, message_bytes, pack, receive_buffer,
-                      unpack, value_spec)
+from .program import (Program, call_node, compile_program, copy_to, draw_seed, message_bytes, op_seed, pack,
+                      receive_buffer, unpack, value_spec)
 
 __all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
            "resolve_backend", "under_torchrun", "free_port"]
@@ -93,6 +101,8 @@ class RankJob:
     same_host: bool = True          # ranks share a clock: transfer times can be measured
     # The launcher's float32 precision of convolutions and matrix products (TF32 or not), for spawned ranks.
     float32_precision: tuple[str, str] | None = None
+    # Base seed of the random operations (None: rank 0 draws one and sends it to the others).
+    seed: int | None = None
 
 
 @dataclass
@@ -185,8 +195,10 @@ def resolve_backend(backend: str, world: int) -> str:
 class _RankRunner:
     """One rank's part of every step."""
 
-    def __init__(self, program: Program, rank: int, device: torch.device, backend: str):
+    def __init__(self, program: Program, rank: int, device: torch.device, backend: str, seed: int = 0):
         self.program = program
+        self.seed = seed
+        self.steps_run = 0
         self.rank = rank
         self.device = device
         self.backend = backend
@@ -337,7 +349,8 @@ class _RankRunner:
                 torch.cuda.synchronize(self.device)
                 t0 = busy_from = clock()
                 waited = 0.0
-            out = call_node(v, env, self.device)
+            out = call_node(v, env, self.device,
+                            op_seed(self.seed, self.steps_run, v.name) if v in prog.random else None)
             if self.profile_gpu:
                 torch.cuda.synchronize(self.device)
             env[v] = out
@@ -354,6 +367,7 @@ class _RankRunner:
                 op_message_s.setdefault(v, []).append(sent)
             timeline.append((v, t0, waited, ended))
         self.ops_ended = clock()
+        self.steps_run += 1
         for work, _ in sending:
             work.wait()
         return {i: env[v] if isinstance(v, fx.Node) else v for i, v in enumerate(prog.outputs)
@@ -388,7 +402,13 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         program = compile_program(job.gm, job.graph, Plan.from_dict(job.plan), job.cluster, carrier=job.carrier)
         if program.num_devices != world:
             raise RunError(f"the plan has {program.num_devices} devices but {world} ranks were started")
-        runner = _RankRunner(program, rank, device, backend)
+        seed = job.seed
+        if seed is None and program.random:
+            # Under torchrun every rank captured the step itself: rank 0's seed is everyone's.
+            shared = [draw_seed() if rank == 0 else None]
+            dist.broadcast_object_list(shared, src=0)
+            seed = shared[0]
+        runner = _RankRunner(program, rank, device, backend, seed or 0)
         runner.profile_gpu = job.profile and device.type == "cuda"
         if backend == "nccl":
             runner.make_pair_groups()
@@ -490,7 +510,35 @@ def _to_cpu(value: Any) -> Any:
     return value.detach().cpu() if isinstance(value, torch.Tensor) else value
 
 
-def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str, error_dir: str) -> None:
+def _die_with_launcher(launcher: int) -> None:
+    """Make this rank exit when the launcher (process ``launcher``, its parent) dies.
+
+    Linux: the kernel sends SIGKILL when the parent goes (``PR_SET_PDEATHSIG``);
+    elsewhere a daemon thread watches the parent pid.
+    """
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        armed = libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0          # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        armed = False
+    if os.getppid() != launcher:                # it died before we asked
+        os._exit(1)
+    if armed:
+        return
+
+    def watch() -> None:
+        while os.getppid() == launcher:
+            time.sleep(0.5)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="placer-launcher-watch", daemon=True).start()
+
+
+def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str, error_dir: str, launcher: int) -> None:
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)      # not the launcher's handler (forked): stop means stop
+    _die_with_launcher(launcher)
     try:
         rank_main(rank, world, job, init_method)
     except BaseException as exc:
@@ -513,7 +561,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                     *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
                     carrier: dict[str, str] | None = None, threads: int = 1,
                     hook: Callable[[int], None] | None = None, deadline_s: float | None = None,
-                    profile: bool = False) -> DistributedResult:
+                    profile: bool = False, seed: int | None = None) -> DistributedResult:
     """Train ``steps`` steps with one local process per plan device; return times, outputs and state.
 
     Parameters
@@ -541,6 +589,9 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     profile : bool
         On GPUs, synchronise around every operation so that ``op_s`` holds kernel
         times (it slows the step). On CPUs operations are always timed.
+    seed : int, optional
+        Base seed of the random operations (as :class:`~placer.runtime.local.LocalExecutor`'s;
+        default: drawn from torch's global generator, when the step has random operations).
 
     Returns
     -------
@@ -551,7 +602,8 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     OptionError
         Bad ``steps``, ``timeout_s`` or backend.
     RunError
-        A rank raised, died or did not finish by the deadline; every rank is stopped.
+        A rank raised, died or did not finish by the deadline; every rank is stopped
+        (as it is when this process is interrupted or terminated).
     """
     import torch.multiprocessing as mp
 
@@ -561,19 +613,55 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         raise OptionError(f"timeout_s must be > 0, got {timeout_s!r}")
     world = cluster.num_devices
     backend = resolve_backend(backend, world)
-    compile_program(gm, graph, plan, cluster, carrier=carrier)       # refuse a bad plan here, not in every rank
+    program = compile_program(gm, graph, plan, cluster, carrier=carrier)   # refuse a bad plan here, not in every rank
+    if seed is None and program.random:
+        seed = draw_seed()
     deadline = time.monotonic() + (deadline_s if deadline_s is not None else timeout_s * (steps + 3))
-    with tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
+    # (SIGTERM's handler outside the directory: it is removed before the process terminates.)
+    with _terminate_raises(), tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
         result_path = str(Path(tmp) / "result.pt")
         job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, backend, timeout_s,
-                      carrier, threads, hook, result_path, profile, float32_precision=float32_precision())
+                      carrier, threads, hook, result_path, profile, float32_precision=float32_precision(),
+                      seed=seed)
         # fork shares the captured module without pickling it; CUDA needs fresh processes.
         method = "spawn" if backend == "nccl" else "fork"
-        context = mp.start_processes(_spawned_rank, args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp),
+        context = mp.start_processes(_spawned_rank,
+                                     args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
                                      nprocs=world, join=False, start_method=method)
-        _wait(context.processes, deadline, timeout_s, tmp)
+        try:
+            _wait(context.processes, deadline, timeout_s, tmp)
+        except BaseException:
+            _stop(context.processes)            # interrupted, terminated, or a failure: no rank outlives the run
+            raise
         merged = torch.load(result_path, weights_only=False)
     return _result(merged)
+
+
+class _Terminated(BaseException):
+    """SIGTERM arrived while the launcher waited for its ranks."""
+
+
+@contextmanager
+def _terminate_raises():
+    """Inside the block SIGTERM raises :class:`_Terminated` (so the ranks are stopped); afterwards the
+    process terminates as SIGTERM asked. Only in the main thread, and only where SIGTERM had its default action."""
+    if threading.current_thread() is not threading.main_thread() \
+            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+        yield
+        return
+
+    def handler(signum, frame):
+        raise _Terminated()
+
+    signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    except _Terminated:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        signal.raise_signal(signal.SIGTERM)       # terminate, now that the ranks are stopped
+        raise                                     # (not reached)
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
@@ -643,15 +731,19 @@ def _failure_message(codes: list, error_dir: str, timeout_s: float) -> str:
         if path.exists():
             when, _, text = path.read_text().partition("\n")
             reports.append((float(when), r, text))
+    reported = {r for _, r, _ in reports}
+    # A rank that died without a word (a signal, or an exit with a status but no report) is the
+    # cause: the others' reports are their echoes of its death.
+    exited = [r for r, c in enumerate(codes) if c is not None and c > 0 and r not in reported]
     if killed:
         r, c = killed[0]
         cause = f"rank {r} was killed by signal {signal.Signals(-c).name}"
+    elif exited:
+        r = exited[0]
+        cause = f"rank {r} exited with status {codes[r]}"
     elif reports:
         _, r, text = min(reports)
         cause = f"rank {r} failed: {text}"
-    elif any(c not in (None, 0) for c in codes):
-        r = next(r for r, c in enumerate(codes) if c not in (None, 0))
-        cause = f"rank {r} exited with status {codes[r]}"
     else:
         cause = f"the run did not finish by its deadline (raise timeout_s from {timeout_s:g} s if it is just slow)"
     if running:

@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import OptionError
-from .program import Program, call_node, copy_to
+from .program import Program, call_node, copy_to, draw_seed, op_seed
 
 __all__ = ["LocalExecutor", "default_devices"]
 
@@ -43,6 +43,11 @@ class LocalExecutor:
     profile : bool
         Time every operation and transfer (CUDA events on GPUs); the figures of
         the last step are in :attr:`op_s` and :attr:`transfer_s`.
+    seed : int, optional
+        Base seed of the step's random operations (each draws from its own
+        stream, :func:`~placer.runtime.program.op_seed` of it, the step number
+        and its name); default: drawn from torch's global generator, when the
+        step has random operations.
 
     Attributes
     ----------
@@ -63,8 +68,10 @@ class LocalExecutor:
     """
 
     def __init__(self, program: Program, devices: Sequence[str | torch.device] | None = None, *,
-                 profile: bool = False):
+                 profile: bool = False, seed: int | None = None):
         self.program = program
+        self.seed = seed if seed is not None else (draw_seed() if program.random else 0)
+        self.steps_run = 0
         n = program.num_devices
         self.devices = default_devices(n) if devices is None else [torch.device(d) for d in devices]
         if len(self.devices) != n:
@@ -111,11 +118,15 @@ class LocalExecutor:
             outputs = self._run_cuda(env)
         else:
             outputs = self._run_sequential(env)
+        self.steps_run += 1
         for original, local in moved:
             original.copy_(local)
         return outputs
 
     # ------------------------------------------------------------ internals
+    def _seed_of(self, v: fx.Node) -> int | None:
+        return op_seed(self.seed, self.steps_run, v.name) if v in self.program.random else None
+
     def _outputs(self, env) -> list[Any]:
         prog = self.program
         return [env[(v, prog.device_of[v])] if isinstance(v, fx.Node) else v for v in prog.outputs]
@@ -134,7 +145,7 @@ class LocalExecutor:
             d = prog.device_of[v]
             values = {a: env[(a, d)] for a in v.all_input_nodes}
             t0 = clock()
-            out = call_node(v, values, self.devices[d])
+            out = call_node(v, values, self.devices[d], self._seed_of(v))
             op_s[v] = clock() - t0
             env[(v, d)] = out
             for x in prog.sends.get(v, ()):
@@ -187,7 +198,7 @@ class LocalExecutor:
                 if self.profile and stream is not None:
                     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     t0.record(stream)
-                out = call_node(v, values, self.devices[d])
+                out = call_node(v, values, self.devices[d], self._seed_of(v))
                 if self.profile and stream is not None:
                     t1.record(stream)
                     timing.append((v, t0, t1))

@@ -23,11 +23,22 @@ and a cluster:
   or is waited for before the write (CUDA streams).
 
 Operations split by OS-DPOS (``node_extra["split_of"]``) run as real slices,
-parts and a concat (:mod:`placer.runtime.splits`).
+parts and a concat (:mod:`placer.runtime.splits`). Tensor constants of the step
+(``get_attr`` nodes: a ``torch.tensor([...])`` in ``forward``, a plain tensor
+attribute) run like operations: where the plan puts them, each step copies the
+constant from the GraphModule to its device.
+
+Random operations (:func:`random_nodes`: dropout's ``bernoulli``, ``rand``, ...)
+each draw from their own stream, seeded by :func:`op_seed` from the executor's
+base seed, the step number and the node's name: whatever the plan and the
+backend, the same base seed gives the same draws, and no two operations, ranks
+or steps share one (eager training draws from one global stream instead, so a
+step with random operations does not equal eager training bit for bit).
 """
 
 from __future__ import annotations
 
+import hashlib
 import heapq
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -41,7 +52,7 @@ from ..graph import OpGraph
 from ..plan import Plan
 from .splits import split_step
 
-__all__ = ["Program", "Transfer", "compile_program"]
+__all__ = ["Program", "Transfer", "compile_program", "random_nodes", "op_seed", "draw_seed"]
 
 
 @dataclass(frozen=True)
@@ -93,6 +104,9 @@ class Program:
         For a call node the graph leaves out (a ``getitem``, say), the graph
         node it runs with: what it costs (sending the output it picks) is that
         node's, as the simulator sees it.
+    random : frozenset of fx.Node
+        The nodes that draw random numbers (:func:`random_nodes`); the
+        executors run each with its own seed (:func:`op_seed`).
     """
 
     gm: fx.GraphModule
@@ -111,6 +125,7 @@ class Program:
     predicted_s: float
     graph_node: dict[fx.Node, int] = field(default_factory=dict)
     runs_with: dict[fx.Node, fx.Node] = field(default_factory=dict)
+    random: frozenset = frozenset()
 
     @property
     def num_devices(self) -> int:
@@ -165,8 +180,9 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     nodes = list(gm.graph.nodes)
     position = {v: k for k, v in enumerate(nodes)}
     placeholders = [v for v in nodes if v.op == "placeholder"]
-    calls = [v for v in nodes if v.op == "call_function"]
-    others = [v for v in nodes if v.op not in ("placeholder", "call_function", "output")]
+    # Constants (get_attr) run like operations: each step copies the constant to its device.
+    calls = [v for v in nodes if v.op in ("call_function", "get_attr")]
+    others = [v for v in nodes if v.op not in ("placeholder", "call_function", "get_attr", "output")]
     if others:
         raise InvalidPlanError(f"the captured step has a {others[0].op!r} node {others[0].name!r}; "
                                f"only flat aten graphs (make_fx) can run")
@@ -188,6 +204,10 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     _place_unplaced(calls, placeholders, writes, device_of, graph_node, sim.start_rank)
     for v, roots in writes.items():
         for root in roots:
+            if root.op == "get_attr":
+                raise InvalidPlanError(f"node {v.name!r} writes the tensor constant {root.target!r} of the captured "
+                                       f"step in place; the runtime copies constants afresh every step (register "
+                                       f"the tensor as a buffer of the model)")
             if device_of[root] != device_of[v]:
                 raise InvalidPlanError(
                     f"node {v.name!r} writes {root.name!r} in place on {cluster.devices[device_of[v]].name!r}, "
@@ -201,7 +221,7 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     sends: dict[fx.Node, list[Transfer]] = {}
     recv: dict[tuple[fx.Node, int], Transfer] = {}
     for v in placeholders + schedule:
-        dests = sorted({device_of[u] for u in v.users if u.op == "call_function"} - {device_of[v]})
+        dests = sorted({device_of[u] for u in v.users if u.op in ("call_function", "get_attr")} - {device_of[v]})
         for d in dests:
             x = Transfer(len(transfers), v, device_of[v], d, root_of[v] in written)
             transfers.append(x)
@@ -213,7 +233,8 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     return Program(gm=gm, graph=target, cluster=cluster, device_of=device_of, schedule=schedule,
                    placeholders=placeholders, transfers=transfers, sends=sends, recv=recv, writes=writes,
                    guard=guard, frees=_frees(schedule, device_of, outputs), outputs=outputs,
-                   predicted_s=float(sim.makespan_s), graph_node=graph_node, runs_with=runs_with)
+                   predicted_s=float(sim.makespan_s), graph_node=graph_node, runs_with=runs_with,
+                   random=frozenset(random_nodes(gm)))
 
 
 def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list) -> list[list[tuple[fx.Node, int]]]:
@@ -366,19 +387,90 @@ def _issue_order(calls, graph_node, start_rank, writes, position) -> list[fx.Nod
     return order
 
 
+# ---------------------------------------------------------------- random operations
+def _is_random(v: fx.Node) -> bool:
+    """Whether call node ``v`` draws random numbers (an aten op tagged ``nondeterministic_seeded``)
+    that change its result: a ``bernoulli`` of probability 0 or 1, or a dropout of probability 0
+    or out of training, draws nothing that matters."""
+    target = v.target
+    if v.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
+            or torch.Tag.nondeterministic_seeded not in target.tags:
+        return False
+    packet = target.overloadpacket
+    p = v.args[1] if len(v.args) > 1 else v.kwargs.get("p")
+    if packet is torch.ops.aten.bernoulli and isinstance(p, (int, float)) and p in (0, 1):
+        return False
+    if packet is torch.ops.aten.native_dropout:
+        train = v.args[2] if len(v.args) > 2 else v.kwargs.get("train")
+        if train is False or (isinstance(p, (int, float)) and p == 0):
+            return False
+    return True
+
+
+def random_nodes(gm: fx.GraphModule) -> list[fx.Node]:
+    """The nodes of a captured step that draw random numbers (dropout's ``bernoulli``, ``rand``, ...)."""
+    return [v for v in gm.graph.nodes if _is_random(v)]
+
+
+def op_seed(base: int, step: int, name: str) -> int:
+    """The seed of random node ``name`` in step ``step`` (from 0) of a run with base seed ``base``.
+
+    A hash, the same in every process (unlike Python's ``hash``): local and
+    distributed runs with the same base seed draw the same numbers.
+    """
+    digest = hashlib.blake2b(f"{int(base)}:{int(step)}:{name}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little") & ((1 << 63) - 1)
+
+
+def draw_seed() -> int:
+    """A base seed drawn from torch's global generator (so ``torch.manual_seed`` makes a run repeatable)."""
+    return int(torch.randint(0, 2**62, (1,), dtype=torch.int64).item())
+
+
+def _default_generator(device: torch.device) -> torch.Generator | None:
+    if device.type == "cpu":
+        return torch.default_generator
+    if device.type == "cuda":
+        return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+    return None
+
+
 # ---------------------------------------------------------------- running nodes
 def resolve(arg: Any, env: dict[fx.Node, Any]) -> Any:
     """An fx argument with every node replaced by its value in ``env``."""
     return fx.node.map_arg(arg, lambda n: env[n])
 
 
-def call_node(v: fx.Node, env: dict[fx.Node, Any], device: torch.device) -> Any:
-    """Run call node ``v`` on its inputs in ``env``; factory ops create their tensors on ``device``."""
+def constant_value(v: fx.Node) -> Any:
+    """The value of ``get_attr`` node ``v``: the attribute of the GraphModule that owns its graph."""
+    value: Any = v.graph.owning_module
+    for part in str(v.target).split("."):
+        value = getattr(value, part)
+    return value
+
+
+def call_node(v: fx.Node, env: dict[fx.Node, Any], device: torch.device, seed: int | None = None) -> Any:
+    """Run call node ``v`` on its inputs in ``env``; factory ops create their tensors on ``device``.
+
+    A ``get_attr`` node gives a copy of its constant on ``device``. With
+    ``seed``, a random operation draws from ``device``'s generator seeded with
+    it, which is then restored as it was.
+    """
+    if v.op == "get_attr":
+        return copy_to(constant_value(v), device)
     args = resolve(v.args, env)
     kwargs = resolve(v.kwargs, env)
     if "device" in kwargs:
         kwargs = dict(kwargs, device=device)
-    return v.target(*args, **kwargs)
+    generator = None if seed is None else _default_generator(device)
+    if generator is None:
+        return v.target(*args, **kwargs)
+    saved = generator.get_state()
+    generator.manual_seed(seed)
+    try:
+        return v.target(*args, **kwargs)
+    finally:
+        generator.set_state(saved)
 
 
 def python_scalar_kind(value: Any) -> torch.dtype | None:
