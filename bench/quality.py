@@ -28,6 +28,7 @@ place (no data_parallel, no os_dpos), and is compared with the best of those.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import math
 import platform
@@ -47,13 +48,21 @@ PAPER_ALGORITHMS = ["m_topo", "m_etf", "m_sct", "heft", "dpos", "os_dpos", "pest
 SPLITTING = {"data_parallel", "sharded_data_parallel", "os_dpos"}
 
 
+def _capture_digest() -> str:
+    """A fingerprint of placer's capture code and zoo: graphs cached before a change to them are not reused."""
+    import placer.capture
+
+    sources = sorted(Path(placer.capture.__file__).parent.rglob("*.py"))
+    return hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:10]
+
+
 def captured_graph(model: str, batch: int | None, cache: Path) -> OpGraph:
     """The zoo model's training step at ``batch`` (default: its paper batch), captured once and cached."""
     from placer.capture import capture_spec
     from placer.capture.zoo import ZOO
 
     batch = batch or ZOO[model].paper_batch
-    path = cache / f"{model}-bs{batch}.json"
+    path = cache / f"{model}-bs{batch}-{_capture_digest()}.json"     # a change to capture makes a new one
     if path.exists():
         return OpGraph.load(path)
     began = time.perf_counter()
