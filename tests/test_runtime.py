@@ -967,3 +967,14 @@ def test_ranks_stop_when_the_launcher_is_interrupted_terminated_or_killed(tmp_pa
             if _running(pid):
                 os.kill(pid, signal.SIGKILL)
         launcher.wait(timeout=15)
+
+
+@pytest.mark.parametrize("devices, message", [(["cpu", "meta"], "runs on 'cpu' and 'cuda:N'"),
+                                              (["cpu", "cuda:99"], "names a CUDA device"),
+                                              (["cpu", "not-a-device"], "is not a torch device")])
+def test_the_local_executor_refuses_devices_it_cannot_run_on(file_case, devices, message):
+    cluster = load_cluster("2xcpu")
+    program = compile_program(file_case.captured.gm, file_case.captured.graph,
+                              random_plan(file_case.captured.graph, cluster, 0), cluster)
+    with pytest.raises(OptionError, match=message):
+        LocalExecutor(program, devices)

@@ -32,6 +32,21 @@ def default_devices(num_devices: int) -> list[torch.device]:
     return [torch.device("cpu")] * num_devices
 
 
+def _torch_device(spec: str | torch.device) -> torch.device:
+    """A device this process can run operations on: the CPU, or a CUDA device that is present."""
+    try:
+        device = torch.device(spec)
+    except RuntimeError as exc:
+        raise OptionError(f"devices: {spec!r} is not a torch device ({exc})") from None
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if (device.index or 0) >= count:
+            raise OptionError(f"devices: {spec!r} names a CUDA device, but this machine has {count}")
+    elif device.type != "cpu":
+        raise OptionError(f"devices: {spec!r}: the local executor runs on 'cpu' and 'cuda:N' devices")
+    return device
+
+
 class LocalExecutor:
     """Run a :class:`~placer.runtime.program.Program` in this process.
 
@@ -59,7 +74,7 @@ class LocalExecutor:
     Raises
     ------
     OptionError
-        If ``devices`` does not give one device per plan device.
+        If ``devices`` does not give one device per plan device, or names one this machine lacks.
 
     Examples
     --------
@@ -73,7 +88,7 @@ class LocalExecutor:
         self.seed = seed if seed is not None else (draw_seed() if program.random else 0)
         self.steps_run = 0
         n = program.num_devices
-        self.devices = default_devices(n) if devices is None else [torch.device(d) for d in devices]
+        self.devices = default_devices(n) if devices is None else [_torch_device(d) for d in devices]
         if len(self.devices) != n:
             raise OptionError(f"devices: {len(self.devices)} given for a plan over {n} devices")
         self.profile = profile
