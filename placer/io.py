@@ -27,7 +27,7 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     """Parse the JSON document at ``path``; ``what`` names it in errors ("graph file")."""
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")     # a byte-order mark (some Windows editors) is no error
     except FileNotFoundError:
         raise FormatError(f"{what} {path}: no such file") from None
     except IsADirectoryError:

@@ -40,6 +40,13 @@ def test_graph_round_trip_keeps_every_field_and_unknown_ones(tmp_path):
     assert again.digest() == g.digest()
 
 
+def test_a_file_with_a_byte_order_mark_reads(tmp_path):
+    graph = training_graph(layers=1, branches=1, seed=0)
+    path = tmp_path / "bom.json"
+    path.write_bytes(b"\xef\xbb\xbf" + json.dumps(graph.to_dict()).encode())
+    assert OpGraph.load(path).digest() == graph.digest()
+
+
 def test_generated_graphs_round_trip():
     for g in (training_graph(layers=3, branches=2), random_dag(50, colocation_groups=4)):
         assert OpGraph.from_dict(json.loads(json.dumps(g.to_dict()))).to_dict() == g.to_dict()
