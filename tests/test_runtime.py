@@ -177,6 +177,19 @@ def test_distributed_executor_trains_like_eager(case, how, cluster_name):
     case.assert_matches(model, optimizer)
 
 
+def test_spawned_ranks_get_the_step_by_pickle_and_train_like_eager(zoo_case):
+    # NCCL needs fresh processes, which get their job by pickle; a captured GraphModule does not pickle.
+    cluster = load_cluster("2xcpu")
+    captured = zoo_case.captured
+    plan = make_plan("random", captured.graph, cluster)
+    model, optimizer = zoo_case.fresh()
+    flat = captured.step_inputs(model, zoo_case.inputs, optimizer)
+    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
+                             carrier=captured.carrier, timeout_s=60, start_method="spawn")
+    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+    zoo_case.assert_matches(model, optimizer)
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(seed=st.integers(0, 2**31 - 1), devices=st.sampled_from(CLUSTERS))
 def test_any_placement_and_order_trains_exactly_like_eager(file_case, seed, devices):

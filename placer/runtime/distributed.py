@@ -52,6 +52,7 @@ from ..cluster import Cluster
 from ..errors import OptionError, PlacerError
 from ..graph import OpGraph
 from ..plan import Plan
+from .portable import PortableStep
 from .program import (Program, call_node, compile_program, copy_to, draw_seed, message_bytes, op_seed, pack,
                       receive_buffer, unpack, value_spec)
 
@@ -79,13 +80,14 @@ def set_float32_precision(precision: tuple[str, str]) -> None:
 
 @dataclass
 class RankJob:
-    """Everything a rank needs; picklable (the fx module pickles as its code).
+    """Everything a rank needs; picklable where ``gm`` is a :class:`~placer.runtime.portable.PortableStep`
+    (a captured GraphModule does not pickle: spawned ranks get it so; forked ones share the module).
 
     ``hook(rank)`` runs in every rank after the process group is up and
     before the first step (fault injection in tests, logging).
     """
 
-    gm: fx.GraphModule
+    gm: fx.GraphModule | PortableStep
     graph: OpGraph
     plan: dict
     cluster: Cluster
@@ -399,7 +401,8 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout,
                             **({"device_id": device} if backend == "nccl" else {}))
     try:
-        program = compile_program(job.gm, job.graph, Plan.from_dict(job.plan), job.cluster, carrier=job.carrier)
+        gm = job.gm.module() if isinstance(job.gm, PortableStep) else job.gm
+        program = compile_program(gm, job.graph, Plan.from_dict(job.plan), job.cluster, carrier=job.carrier)
         if program.num_devices != world:
             raise RunError(f"the plan has {program.num_devices} devices but {world} ranks were started")
         seed = job.seed
@@ -561,7 +564,8 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                     *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
                     carrier: dict[str, str] | None = None, threads: int = 1,
                     hook: Callable[[int], None] | None = None, deadline_s: float | None = None,
-                    profile: bool = False, seed: int | None = None) -> DistributedResult:
+                    profile: bool = False, seed: int | None = None,
+                    start_method: str | None = None) -> DistributedResult:
     """Train ``steps`` steps with one local process per plan device; return times, outputs and state.
 
     Parameters
@@ -592,6 +596,10 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     seed : int, optional
         Base seed of the random operations (as :class:`~placer.runtime.local.LocalExecutor`'s;
         default: drawn from torch's global generator, when the step has random operations).
+    start_method : {"fork", "spawn"}, optional
+        How ranks start: ``fork`` shares the captured module, ``spawn`` (fresh
+        processes, which CUDA needs) sends it as a :class:`~placer.runtime.portable.PortableStep`.
+        Default: ``spawn`` with NCCL, else ``fork``.
 
     Returns
     -------
@@ -613,6 +621,9 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         raise OptionError(f"timeout_s must be > 0, got {timeout_s!r}")
     world = cluster.num_devices
     backend = resolve_backend(backend, world)
+    method = start_method or ("spawn" if backend == "nccl" else "fork")
+    if method not in ("fork", "spawn"):
+        raise OptionError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
     program = compile_program(gm, graph, plan, cluster, carrier=carrier)   # refuse a bad plan here, not in every rank
     if seed is None and program.random:
         seed = draw_seed()
@@ -620,11 +631,9 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     # (SIGTERM's handler outside the directory: it is removed before the process terminates.)
     with _terminate_raises(), tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
         result_path = str(Path(tmp) / "result.pt")
-        job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, backend, timeout_s,
-                      carrier, threads, hook, result_path, profile, float32_precision=float32_precision(),
-                      seed=seed)
-        # fork shares the captured module without pickling it; CUDA needs fresh processes.
-        method = "spawn" if backend == "nccl" else "fork"
+        job = RankJob(PortableStep(gm) if method == "spawn" else gm, graph, plan.to_dict(), cluster,
+                      list(flat_inputs), steps, backend, timeout_s, carrier, threads, hook, result_path, profile,
+                      float32_precision=float32_precision(), seed=seed)
         context = mp.start_processes(_spawned_rank,
                                      args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
                                      nprocs=world, join=False, start_method=method)
