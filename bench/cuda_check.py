@@ -12,7 +12,9 @@
    training under torch's default precision (TF32 convolutions) is printed
    first.
 2. Distributed executor over NCCL, where there are at least two GPUs: the same
-   plans with one process per GPU must equal the local placed run.
+   plans with one process per GPU must equal the local placed run; and on any
+   GPU machine one rank (a spawned process that gets the step by pickle) must
+   equal the unplaced step.
 
 Prints one line per case and the command that reproduces it; exits 1 if an
 equality that must hold does not.
@@ -92,7 +94,7 @@ def main() -> int:
         return 1
     from placer.algorithms import place
     from placer.capture.spec import capture_spec, load_model
-    from placer.cluster import load_cluster
+    from placer.cluster import Cluster, load_cluster
     from placer.runtime.check import eager_optimizer
     from placer.runtime.distributed import float32_precision, run_distributed, set_float32_precision
     from placer.runtime.local import LocalExecutor
@@ -176,6 +178,16 @@ def main() -> int:
                       f"run (max diff {vs_local:.3g}); step {np.median(result.step_s[1:]) * 1e3:.2f} ms")
             else:
                 print(f"nccl   {cluster_name:14s} {how:7s}: skipped, needs {n} GPUs ({gpus} here)")
+    # One rank over NCCL: a spawned process that gets the step by pickle (PortableStep), on any GPU machine.
+    one = Cluster("1xV100", [load_cluster("2xV100-nvlink").devices[0]], [])
+    plan = place(captured.graph, one, "single")
+    result = run_distributed(captured.gm, captured.graph, plan, one, [t.cpu() for t in start], steps=args.steps,
+                             backend="nccl", carrier=captured.carrier, timeout_s=120)
+    vs_unplaced = _max_diff([result.state.get(k, t.cpu()) for k, t in enumerate(start)], [t.cpu() for t in unplaced])
+    ok = vs_unplaced == 0.0
+    failures += not ok
+    print(f"nccl   1xV100         single  (1 rank, spawned): {'OK' if ok else 'MISMATCH'} vs unplaced step "
+          f"(max diff {vs_unplaced:.3g}); step {np.median(result.step_s[1:] or result.step_s) * 1e3:.2f} ms")
     print("reproduce: PYTHONPATH=. python bench/cuda_check.py "
           f"--steps {args.steps} --batch {args.batch}")
     return 1 if failures else 0
