@@ -40,7 +40,7 @@ from ..graph import OpGraph
 from .build import build_graph
 from .optim import OptimizerSpec, optimizer_spec
 
-__all__ = ["CapturedStep", "StepLayout", "capture", "portable_kernels"]
+__all__ = ["CapturedStep", "StepLayout", "capture", "portable_kernels", "dense_layout"]
 
 
 @dataclass(frozen=True)
@@ -197,7 +197,7 @@ class CapturedStep:
             if tuple(x.shape) != tuple(val.shape) or x.dtype != val.dtype:
                 raise OptionError(f"input {slot}: the step was captured with {want}, got a {x.dtype} tensor of "
                                   f"shape {tuple(x.shape)}{replan}")
-            if not _same_strides(x.shape, x.stride(), val.stride()) and _dense(val.shape, val.stride()):
+            if not _same_strides(x.shape, x.stride(), val.stride()) and dense_layout(val.shape, val.stride()):
                 laid = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=x.dtype, device=x.device)
                 out[slot] = laid.copy_(x)
         for slot, value in self.constants.items():
@@ -289,8 +289,9 @@ def _same_strides(size: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bo
     return all(n <= 1 or x == y for n, x, y in zip(size, a, b))
 
 
-def _dense(size: Sequence[int], stride: Sequence[int]) -> bool:
-    """Whether a layout holds each element once, without gaps (no ``expand``)."""
+def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether a (size, stride) view fills one block of memory, each element once, in any dimension order
+    (no gaps, no ``expand``)."""
     expected = 1
     for n, st in sorted(((n, st) for n, st in zip(size, stride) if n != 1), key=lambda p: p[1]):
         if st != expected:

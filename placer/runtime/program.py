@@ -46,6 +46,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
+from ..capture.trace import dense_layout
 from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
@@ -507,16 +508,6 @@ def storage_span(size: Sequence[int], stride: Sequence[int]) -> int:
     if any(n == 0 for n in size):
         return 0
     return 1 + sum((n - 1) * st for n, st in zip(size, stride))
-
-
-def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
-    """Whether a (size, stride) view fills one block of memory, each element once, in any dimension order."""
-    expected = 1
-    for n, st in sorted(((n, st) for n, st in zip(size, stride) if n != 1), key=lambda p: p[1]):
-        if st != expected:
-            return False
-        expected *= n
-    return True
 
 
 def copy_to(t: Any, device: torch.device) -> Any:
