@@ -224,5 +224,6 @@ def check_integer(value: Any, where: str, minimum: int | None = 0) -> int:
     if minimum is not None and value < minimum:
         raise FormatError(f"{where} must be >= {minimum}, got {value!r}")
     if abs(value) > MAX_INTEGER:
-        raise FormatError(f"{where} is too large ({value!r} > 2**62)")
+        digits = len(str(abs(value)))
+        raise FormatError(f"{where} is too large (a number of {digits} digits, more than 2**62)")
     return value
