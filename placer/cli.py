@@ -88,7 +88,7 @@ def _algorithm_names(text: str | None) -> list[str] | None:
     return names
 
 
-def _plan_cluster(plan, path: str, cluster=None, spec: str | None = None):
+def cluster_for_plan(plan, path: str, cluster=None, spec: str | None = None):
     """The cluster to check the plan at ``path`` on: ``cluster`` (loaded from ``--cluster spec``), else the
     one the plan names, which must have the figures the plan was made for where the plan records them."""
     from .cluster import PRESETS, load_cluster
@@ -165,7 +165,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         _check_output(args.trace, "trace file",
                       inputs=[args.graph, args.plan, args.cluster, args.profile, args.message_cost])
-    cluster = _plan_cluster(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
+    cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     graph = _load_graph(args.graph, args)
     with _naming_plan(args.plan, plan, cluster):
         result = simulate_plan(plan, graph, cluster)
@@ -280,7 +280,7 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None) -> str:
         if graph is None:
             return (f"{path}: well-formed plan for graph {plan.graph_name!r} "
                     f"(pass --graph and --cluster to check it against them)")
-        plan_cluster = _plan_cluster(plan, path, cluster, cluster_spec)
+        plan_cluster = cluster_for_plan(plan, path, cluster, cluster_spec)
         with _naming_plan(path, plan, plan_cluster):
             result = plan.validate(graph, plan_cluster)
         return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory"

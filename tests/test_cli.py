@@ -178,7 +178,8 @@ def planned(tmp_path, capsys, graph_file):
 
 def test_a_plan_is_checked_on_the_cluster_it_was_made_for(tmp_path, capsys, graph_file, planned):
     slow, plan_file = planned
-    for argv in (["simulate", graph_file, plan_file], ["validate", plan_file, "--graph", graph_file]):
+    for argv in (["simulate", graph_file, plan_file], ["validate", plan_file, "--graph", graph_file],
+                 ["run", "zoo:lenet", "--plan", plan_file]):
         code, _, err = run(capsys, *argv)      # not the preset of that name, with other figures
         assert code == 2 and err.count("\n") == 1, err
         assert f"plan {plan_file} was made for cluster '2xV100-nvlink' (its \"cluster\" field)" in err

@@ -120,6 +120,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from ..cli import cluster_for_plan
     from ..cluster import load_cluster
     from ..plan import Plan
     from .check import eager_optimizer, refuse_random_ops, state_difference, step_times, train_eager
@@ -132,7 +133,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.trace and args.backend != "distributed":
         raise OptionError("--trace needs --backend distributed (one process per device, each with its own timeline)")
     plan = Plan.load(args.plan)
-    cluster = load_cluster(args.cluster or plan.cluster_name)
+    cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
     if args.verify:
         refuse_random_ops(captured)         # random draws cannot equal eager training's: say so before training
