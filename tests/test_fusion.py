@@ -166,3 +166,16 @@ def test_fusion_reduces_a_large_graph():
 def test_bad_options_are_refused(options):
     with pytest.raises(OptionError, match=next(iter(options))):
         fuse(training_graph(layers=2), CLUSTER, **options)
+
+
+def test_fused_times_are_the_members_sums_on_devices_of_one_kind_at_other_speeds():
+    from placer.cluster import Channel, Cluster, Device
+
+    cluster = Cluster("c", [Device("slow", "A", 10**12, 1.0), Device("fast", "A", 10**12, 2.0)],
+                      [Channel("s>f", 1e9, 0.0, (("slow", "fast"),)), Channel("f>s", 1e9, 0.0, (("fast", "slow"),))])
+    # A measured time for a kind the cluster lacks must not pin the kind A devices to one speed.
+    graph = OpGraph(["a", "b"], [2.0, 2.0], [0], [1], [8], compute_s_by_kind=[None, {"B": 1.0}])
+    fused = fuse(graph, cluster)
+    summed = np.zeros((fused.num_clusters, 2))
+    np.add.at(summed, fused.cluster_of, graph.durations(cluster))
+    np.testing.assert_allclose(fused.coarse.durations(cluster), summed)

@@ -41,7 +41,7 @@ from ..cluster import Cluster
 from ..errors import GraphCycleError, OptionError
 from ..graph import OpGraph
 
-__all__ = ["Coarsening", "coarsen", "heights", "acyclic_matching", "contract"]
+__all__ = ["Coarsening", "coarsen", "heights", "acyclic_matching", "contract", "summed_times_by_kind"]
 
 #: A round merging fewer pairs than this share of the nodes doubles the size cap (or ends the coarsening).
 STALL_FRACTION = 0.01
@@ -263,7 +263,7 @@ def contract(graph: OpGraph, group_of: np.ndarray, *, cluster: Cluster | None = 
             for name in ("output_bytes", "param_bytes")}
     temp = np.zeros(n_groups, dtype=np.int64)
     np.maximum.at(temp, group_of, graph.temp_bytes)
-    by_kind = _summed_times_by_kind(graph, members, cluster)
+    by_kind = summed_times_by_kind(graph, members, cluster)
 
     group_label = _joined_colocation(graph, members)
     ids, op, layer, coloc, kinds = [], [], [], [], []
@@ -339,8 +339,10 @@ def _joined_colocation(graph: OpGraph, members: list[np.ndarray]) -> dict[str, s
     return {c: "|".join(sorted(component[find(c)])) if len(component[find(c)]) > 1 else c for c in parent}
 
 
-def _summed_times_by_kind(graph: OpGraph, members: list[np.ndarray], cluster: Cluster | None) -> list[dict | None]:
-    """Per coarse node, the summed time per device kind where a sum of ``compute_s`` would be wrong."""
+def summed_times_by_kind(graph: OpGraph, members: list[np.ndarray], cluster: Cluster | None) -> list[dict | None]:
+    """Per coarse node (its ``members``), the summed time per device kind where a sum of ``compute_s`` would
+    be wrong: exact for every kind whose devices share one speed (those of one kind at other speeds keep
+    ``compute_s / speed``, which a kind's entry would override)."""
     measured = {k for d in graph.compute_s_by_kind if d for k in d}
     if not measured:
         return [None] * len(members)

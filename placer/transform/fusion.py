@@ -26,6 +26,7 @@ from ..errors import OptionError
 from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..paths import bottom_levels, top_levels
+from .coarsen import summed_times_by_kind
 
 __all__ = ["FusedGraph", "fuse", "link_costs", "ccr", "cpath", "cpd_topo_order", "dfs_topo_order",
            "head_first_order", "optimal_breakpoints", "group_allowed"]
@@ -323,15 +324,9 @@ def _coarse_graph(graph: OpGraph, cluster: Cluster, cluster_of: np.ndarray, k: i
     pair = cluster_of[s[last]] * k + d[last]
     pairs, inverse = np.unique(pair, return_inverse=True)
     pair_bytes = np.bincount(inverse, weights=b[last], minlength=pairs.size).astype(np.int64)
-    durations = graph.durations(cluster)
-    by_kind = None
-    if any(graph.compute_s_by_kind):
-        kinds: dict[str, int] = {}
-        for j, device in enumerate(cluster.devices):
-            kinds.setdefault(device.kind, j)
-        summed = np.zeros((k, cluster.num_devices))
-        np.add.at(summed, cluster_of, durations)
-        by_kind = [{kind: float(summed[c, j]) for kind, j in kinds.items()} for c in range(k)]
+    by_order = np.argsort(cluster_of, kind="stable")
+    members = np.split(by_order, np.flatnonzero(np.diff(cluster_of[by_order])) + 1) if k else []
+    by_kind = summed_times_by_kind(graph, members, cluster)
     temp = np.zeros(k, dtype=np.int64)
     np.maximum.at(temp, cluster_of, graph.temp_bytes)
     return OpGraph([f"cluster{c}" for c in range(k)],
