@@ -101,7 +101,7 @@ def reference_simulate(graph: dict, cluster: dict, placement: dict, order: dict 
                 continue
             k = min(cands, key=lambda k: (x_queued[k], index[k[0]], k[2], k[1]))
             x_start[k] = time
-            x_end[k] = time + ch["latency_s"] + transfers[k]["bytes"] / ch["bandwidth_bytes_per_s"]
+            x_end[k] = time + (ch["latency_s"] + transfers[k]["bytes"] / ch["bandwidth_bytes_per_s"])   # a duration, as rule 4
             ch_running[name] = k
         pending = [t for t in list(finish.values()) + list(x_end.values()) if t > time]
         zero_now = any(dev_running[d] is not None and finish[dev_running[d]] == time for d in devices) or \
