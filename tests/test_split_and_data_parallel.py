@@ -517,3 +517,16 @@ def test_the_all_reduce_steps_ids_never_collide_with_the_graphs_own():
     for algorithm in ("data_parallel", "sharded_data_parallel"):
         plan = place(g, load_cluster("2xV100-nvlink"), algorithm)
         assert plan.extra["replicas"] == 2
+
+
+@pytest.mark.parametrize("parts", [2, 3, 4])
+def test_split_parts_share_bytes_in_whole_bytes_that_add_up(parts):
+    graph = OpGraph(["x", "conv", "y"], [0.0, 4.0, 1.0], [0, 1], [1, 2], [5, 3],
+                    op=["placeholder", "aten.convolution", "aten.relu"], output_bytes=[5, 3, 3], temp_bytes=[0, 5, 0],
+                    splittable=[None, [{"dim": "batch", "size": 4}], None])
+    split = split_operation(graph, "conv", "batch", parts)
+    part = [i for i, extra in enumerate(split.node_extra) if "part" in extra]
+    assert split.output_bytes[part].sum() == 3 and split.temp_bytes[part].sum() == 5
+    slices = [e for e in range(split.num_edges) if split.ids[split.src[e]] == "conv@split0"]
+    pieces = [e for e in range(split.num_edges) if split.ids[split.dst[e]] == "conv@concat0"]
+    assert split.edge_bytes[slices].sum() == 5 and split.edge_bytes[pieces].sum() == 3

@@ -148,7 +148,13 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
     if not 2 <= parts <= dims[dim]:
         raise OptionError(f"node {node!r}: parts must be between 2 and {dims[dim]} (its {dim!r} extent), got {parts!r}")
     rows = part_rows(dims[dim], parts)
-    share = [(hi - lo) / dims[dim] for lo, hi in rows]
+    extent = dims[dim]
+    share = [(hi - lo) / extent for lo, hi in rows]
+
+    def piece(total: int, k: int) -> int:
+        """Part ``k``'s share of ``total`` bytes, in whole bytes that add up to ``total`` over the parts."""
+        lo, hi = rows[k]
+        return int(total) * hi // extent - int(total) * lo // extent
     sliced = batch_dependent(graph)
 
     # Inputs of x merged per (producer, tensor) at their largest bytes; outputs per tensor.
@@ -182,17 +188,17 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
                                                                                "source": source, "tensor": t}))
         new_edges.append((source, sid, nbytes, t))
         for k, pid in enumerate(part_ids):       # one tensor per slice: each travels on its own
-            new_edges.append((sid, pid, int(round(nbytes * share[k])), k))
+            new_edges.append((sid, pid, piece(nbytes, k), k))
     by_kind = graph.compute_s_by_kind[x]
     for k, pid in enumerate(part_ids):
         f = share[k]
         extra = {key: value for key, value in extra_x.items() if key != "bytes_accessed"}
         if "bytes_accessed" in extra_x:
-            extra["bytes_accessed"] = int(round(extra_x["bytes_accessed"] * f))
+            extra["bytes_accessed"] = piece(extra_x["bytes_accessed"], k)
         extra.update({**base, "part": k, "rows": list(rows[k])})
         new_nodes.append(dict(
             id=pid, compute_s=float(graph.compute_s[x]) * f, op=graph.op[x], layer=graph.layer[x],
-            output_bytes=int(round(graph.output_bytes[x] * f)), temp_bytes=int(round(graph.temp_bytes[x] * f)),
+            output_bytes=piece(graph.output_bytes[x], k), temp_bytes=piece(graph.temp_bytes[x], k),
             # Every part needs the whole weights; the first keeps the op's colocation (its state's home).
             param_bytes=int(graph.param_bytes[x]), colocation=graph.colocation[x] if k == 0 else None,
             device_kinds=graph.device_kinds[x], flops=float(graph.flops[x]) * f,
@@ -207,7 +213,7 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
                               layer=graph.layer[x], output_bytes=nbytes, device_kinds=graph.device_kinds[x],
                               node_extra={**base, "role": "concat", "tensor": t}))
         for k, pid in enumerate(part_ids):
-            new_edges.append((pid, cid, int(round(nbytes * share[k])), t))
+            new_edges.append((pid, cid, piece(nbytes, k), t))
     for e in out_edges.tolist():
         new_edges.append((concat_of[int(graph.edge_tensor[e])], graph.ids[int(graph.dst[e])],
                           int(graph.edge_bytes[e]), 0))
