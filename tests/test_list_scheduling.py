@@ -387,6 +387,11 @@ def test_colocate_layers_joins_each_layer_with_the_colocation_groups_it_touches(
     for key in set(groups) - {None}:
         members = [i for i, k in enumerate(groups) if k == key]
         assert len({dp.node_extra[i].get("replica") for i in members}) == 1
+    # An operation held to a device kind keeps out of its layer: a CPU-only and a GPU-only one run nowhere together.
+    kinds = graph({"load": 1.0, "fwd": 1.0, "bwd": 1.0, "upd": 1.0}, [("load", "fwd", 1), ("fwd", "bwd", 1),
+                                                                    ("bwd", "upd", 1)],
+                  layer=["fc"] * 4, device_kinds=[("cpu",), ("V100",), None, None])
+    assert colocate.colocate_layers(kinds).colocation == [None, None, "layer0", "layer0"]
 
 
 def test_colocate_sole_consumers_makes_each_free_operation_follow_its_only_reader():

@@ -31,7 +31,9 @@ def colocate_layers(graph: OpGraph) -> OpGraph | None:
 
     A layer's replicas in a data-parallel graph (``node_extra["replica"]``)
     and the parts of a split operation (``node_extra["part"]``) count as
-    layers of their own, so that colocating does not undo the rewrite.
+    layers of their own, so that colocating does not undo the rewrite. An
+    operation with ``device_kinds`` keeps out of its layer's group (a CPU-only
+    and a GPU-only operation of one layer could run nowhere together).
 
     Parameters
     ----------
@@ -51,9 +53,10 @@ def colocate_layers(graph: OpGraph) -> OpGraph | None:
     >>> colocate_layers(g).colocation
     ['layer0', None, 'layer0', 'layer0']
     """
-    # Replicas of a layer (data parallelism) and parts of a split operation stay apart.
-    layers = [None if layer is None else (layer, extra.get("replica"), extra.get("part"))
-              for layer, extra in zip(graph.layer, graph.node_extra)]
+    # Replicas of a layer (data parallelism) and parts of a split operation stay apart; an operation
+    # held to some device kinds stays out of its layer, which could hold others no device has with it.
+    layers = [None if layer is None or kinds is not None else (layer, extra.get("replica"), extra.get("part"))
+              for layer, kinds, extra in zip(graph.layer, graph.device_kinds, graph.node_extra)]
     named = [layer for layer in layers if layer is not None]
     if len(set(named)) == len(named):
         return None
