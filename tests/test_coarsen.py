@@ -141,3 +141,11 @@ def test_training_graph_coarsens_to_target_quickly():
     c = coarsen(g, 100)
     assert c.graph.num_nodes == 100
     assert quotient_is_acyclic(g, c.group_of)
+
+
+def test_a_joined_group_takes_a_name_no_group_of_the_graph_has():
+    # Groups "a" and "b" share a coarse node; an unrelated group is named "a|b" already.
+    graph = OpGraph(["p", "q", "r"], [1.0, 1.0, 1.0], [0], [1], [8],
+                    colocation=["a", "b", "a|b"], device_kinds=[("A",), ("A",), ("B",)])
+    coarse, _ = contract(graph, np.array([0, 0, 1]))
+    assert {k: v.tolist() for k, v in coarse.colocation_groups.items()} == {"a|b~1": [0], "a|b": [1]}

@@ -40,6 +40,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import GraphCycleError, OptionError
 from ..graph import OpGraph
+from .split import fresh_id
 
 __all__ = ["Coarsening", "coarsen", "heights", "acyclic_matching", "contract", "summed_times_by_kind"]
 
@@ -317,7 +318,8 @@ def contract(graph: OpGraph, group_of: np.ndarray, *, cluster: Cluster | None = 
 def _joined_colocation(graph: OpGraph, members: list[np.ndarray]) -> dict[str, str]:
     """Colocation label -> label of its joined group: groups sharing a coarse node become one.
 
-    The joined group is named by its members' labels, sorted and joined by ``|``.
+    The joined group is named by its members' labels, sorted and joined by ``|`` (with ``~1``, ... where
+    the graph has a label of that name already).
     """
     parent = {c: c for c in graph.colocation if c is not None}
 
@@ -336,7 +338,9 @@ def _joined_colocation(graph: OpGraph, members: list[np.ndarray]) -> dict[str, s
     component: dict[str, list[str]] = {}
     for c in parent:
         component.setdefault(find(c), []).append(c)
-    return {c: "|".join(sorted(component[find(c)])) if len(component[find(c)]) > 1 else c for c in parent}
+    taken = set(parent)     # a joined name must not be a label of the graph already (a group "a|b" of its own)
+    joined = {root: fresh_id("|".join(sorted(labels)), taken) for root, labels in component.items() if len(labels) > 1}
+    return {c: joined.get(find(c), c) for c in parent}
 
 
 def summed_times_by_kind(graph: OpGraph, members: list[np.ndarray], cluster: Cluster | None) -> list[dict | None]:
