@@ -991,3 +991,15 @@ def test_the_local_executor_refuses_devices_it_cannot_run_on(file_case, devices,
                               random_plan(file_case.captured.graph, cluster, 0), cluster)
     with pytest.raises(OptionError, match=message):
         LocalExecutor(program, devices)
+
+
+def test_auto_plans_only_what_the_runtime_runs_when_asked(file_case, tmp_path, capsys):
+    captured, cluster = file_case.captured, load_cluster("2xcpu")
+    plan = place(captured.graph, cluster, "auto", runnable=True, max_evaluations=5, time_limit=20)
+    assert plan.extra["auto"]["start"] not in ("data_parallel", "sharded_data_parallel")
+    compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)   # no replica to refuse
+    with pytest.raises(OptionError, match="replicate the model"):
+        place(captured.graph, cluster, "auto", runnable=True, portfolio="expert,data_parallel")
+    code = main(["tune", file_case.spec, "--cluster", "2xcpu", "--batch", "4", "--algorithm", "data_parallel",
+                 "-o", str(tmp_path / "tuned.json")])
+    assert code == 2 and "cannot run yet" in capsys.readouterr().err

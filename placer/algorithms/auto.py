@@ -62,6 +62,10 @@ MEMBER_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_paralle
 LOWER_BOUNDS = {"data_parallel": partial(data_parallel_lower_bound, **MEMBER_OPTIONS["data_parallel"]),
                 "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True,
                                                  **MEMBER_OPTIONS["sharded_data_parallel"])}
+#: Members whose plans replicate the model (data parallelism), which the runtime cannot run yet: with
+#: ``runnable``, auto leaves them out and OS-DPOS starts from the model's own graph.
+REPLICATING = ("data_parallel", "sharded_data_parallel")
+RUNNABLE_OPTIONS = {"os_dpos": {"data_parallel_start": False}}
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
 #: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.
@@ -108,7 +112,7 @@ def critical_path_nodes(result: SimResult) -> np.ndarray:
 
 @register("auto")
 def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-         max_evaluations: int = 300, portfolio: str = "") -> Plan:
+         max_evaluations: int = 300, portfolio: str = "", runnable: bool = False) -> Plan:
     """The fastest fitting plan of the registered algorithms, improved by local search.
 
     Parameters
@@ -127,6 +131,10 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
         time limit, ends the search, the result is deterministic for a seed.
     portfolio : str
         Comma-separated algorithm names to run instead of the default portfolio.
+    runnable : bool
+        Only plans that ``plan.apply`` and ``placer run`` can execute: no
+        data-parallel replicas (:data:`REPLICATING` leave the portfolio, and
+        OS-DPOS splits operations of the model's own graph).
 
     Returns
     -------
@@ -140,7 +148,8 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     Raises
     ------
     OptionError
-        An unknown algorithm in ``portfolio`` or none at all, or a negative ``max_evaluations``.
+        An unknown algorithm in ``portfolio`` or none at all, a replicating one with ``runnable``, or a
+        negative ``max_evaluations``.
     InfeasibleError
         If no portfolio member finds a plan that fits.
 
@@ -171,10 +180,14 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
             raise OptionError(f"option portfolio of 'auto' names no algorithm: {portfolio!r}")
         for name in members:
             get_algorithm(name)
+            if runnable and name in REPLICATING:
+                raise OptionError(f"option portfolio of 'auto' names {name!r}, whose plans replicate the model, "
+                                  f"which the runtime cannot run yet (runnable=true)")
     else:
-        members = default_portfolio(time_limit)
+        members = [name for name in default_portfolio(time_limit) if not (runnable and name in REPLICATING)]
+    options = {**MEMBER_OPTIONS, **(RUNNABLE_OPTIONS if runnable else {})}
     best, log, interrupted, check_s = _run_portfolio(graph, cluster, members, seed, began + PORTFOLIO_SHARE * limit,
-                                            deadline)
+                                            deadline, options)
     if best is None:
         raise InfeasibleError("auto: no algorithm found a plan that fits (" + "; ".join(log["failed"][:3]) + ")")
     span, origin, plan = best
@@ -207,8 +220,9 @@ def default_portfolio(time_limit: float | None) -> list[str]:
     return first + rest + searches
 
 
-def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: int, end: float, deadline: float):
-    """Run ``members`` in order until ``end``.
+def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: int, end: float, deadline: float,
+                   options: dict[str, dict]):
+    """Run ``members`` (each with its ``options``) in order until ``end``.
 
     Returns the fastest fitting plan (span, name, plan) or None, a log,
     whether Ctrl-C stopped it, and the time placer took to check the best
@@ -244,7 +258,7 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
             with TimeBox(left if best is not None else None) as box:
                 plan = place(graph, cluster, name, seed=seed,
                              time_limit=max(1.0, left / 3) if searches else (left if best is not None else None),
-                             **MEMBER_OPTIONS.get(name, {}))
+                             **options.get(name, {}))
             if box.expired:
                 log["out_of_time"].append(name)
                 continue

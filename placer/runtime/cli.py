@@ -190,6 +190,16 @@ def _run(args: argparse.Namespace) -> int:
     return 1
 
 
+def _runnable_options(algorithm: str) -> dict:
+    """Options that make ``algorithm`` plan what the runtime can run (no data-parallel replicas yet)."""
+    from ..algorithms.auto import REPLICATING, RUNNABLE_OPTIONS
+
+    if algorithm in REPLICATING:
+        raise OptionError(f"--algorithm {algorithm} replicates the model, which the runtime cannot run yet; "
+                          f"tune another algorithm (auto leaves data parallelism out here)")
+    return {"runnable": True} if algorithm == "auto" else RUNNABLE_OPTIONS.get(algorithm, {})
+
+
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms import place
     from ..cluster import load_cluster
@@ -204,6 +214,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     if args.batch is None:
         raise OptionError("pass --batch")
+    options = _runnable_options(args.algorithm)
     calibrated = None
     if args.message_cost:
         calibrated = load_calibration(args.message_cost).message_cost
@@ -231,7 +242,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return f", {step_s * 1e3:.3f} ms with its messages' host cost and the step's end"
 
     given = cluster         # its links as calibrated, not as a run's traffic made them
-    plan = place(graph, cluster, args.algorithm, seed=0)
+    plan = place(graph, cluster, args.algorithm, seed=0, **options)
     best_s, m = run(plan)
     print(f"round 0: {args.algorithm} on analytic costs: measured {best_s * 1e3:.3f} ms, "
           f"predicted {plan.predicted['makespan_s'] * 1e3:.3f} ms")
@@ -246,7 +257,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(f"round {r}: {len(m.op_s)} measured op times, {len(m.transfer_s)} measured transfers; "
                   f"{ch.extra.get('link', ch.name)} link now {ch.latency_s * 1e6:.1f} us + "
                   f"{ch.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
-        candidate = place(graph, cluster, args.algorithm, seed=r)
+        candidate = place(graph, cluster, args.algorithm, seed=r, **options)
         measured_s, m_new = run(candidate)
         kept = measured_s < best_s
         print(f"round {r}: replanned on measured costs: predicted {candidate.predicted['makespan_s'] * 1e3:.3f} ms"

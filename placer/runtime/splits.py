@@ -80,9 +80,10 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
     groups: dict[str, list[int]] = {}
     for i, extra in enumerate(target.node_extra):
         if "replica_of" in extra or "allreduce" in extra:
-            raise InvalidPlanError(f"node {target.ids[i]!r} belongs to a data-parallel replica; the runtime "
-                                   f"runs the captured step's own operations (plan os_dpos with "
-                                   f"data_parallel_start=False)")
+            raise InvalidPlanError(f"node {target.ids[i]!r} belongs to a data-parallel replica, which the runtime "
+                                   f"cannot run yet (it runs the captured step's own operations): plan with auto's "
+                                   f"option runnable=true, os_dpos's data_parallel_start=false, or another "
+                                   f"algorithm than data parallelism")
         if "split_of" in extra:
             groups.setdefault(extra["split_of"], []).append(i)
     if not groups:
