@@ -225,6 +225,18 @@ def test_gloo_calibration_options(kwargs, message):
         measure_gloo(**{"ranks": 2, "sizes": [1024], "repeats": 1, **kwargs})
 
 
+def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_path, capsys, monkeypatch):
+    from placer.cli import main
+    from placer.cost import calibrate as calibrate_module
+
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: pytest.fail("measured before the check"))
+    out = ["-o", str(tmp_path / "cal.json"), "--cluster-output", str(tmp_path / "c.json")]
+    assert main(["calibrate", "--backend", "gloo", "--cluster", "4xV100-nvlink", *out]) == 2
+    assert "map one with --link LINK=gloo" in capsys.readouterr().err
+    assert main(["calibrate", "--backend", "gloo", "--cluster", "4xV100-nvlink", "-o", str(tmp_path / "c.json")]) == 2
+    assert "needs '--cluster-output'" in capsys.readouterr().err
+
+
 # ------------------------------------------------------------------ profiles
 import json  # noqa: E402
 

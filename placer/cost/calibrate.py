@@ -237,7 +237,7 @@ def apply_calibration(cluster: Cluster, calibration: Calibration,
     if not matched:
         have = sorted({str(ch.extra.get("link")) for ch in cluster.channels})
         raise OptionError(f"calibration links {sorted(calibration.links)} match no channel of cluster "
-                          f"{cluster.name!r} (its links: {have}); pass a link map")
+                          f"{cluster.name!r} (its links: {have}); map one (link_map; --link CHANNEL_LINK=MEASURED_LINK)")
     return Cluster(cluster.name, cluster.devices, channels, extra=dict(cluster.extra))
 
 

@@ -75,6 +75,18 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     check_output(args.output, "calibration file")
     if args.cluster_output:
         check_output(args.cluster_output, "cluster file")
+    cluster = link_map = None
+    if args.cluster:        # checked before the seconds of measuring
+        from ..cluster import load_cluster
+
+        if not args.cluster_output:
+            raise OptionError("option '--cluster' needs '--cluster-output' (where to write the calibrated cluster)")
+        cluster = load_cluster(args.cluster)
+        link_map = dict(pair.split("=", 1) for pair in args.link) if args.link else None
+        links = {(link_map or {}).get(ch.extra.get("link"), ch.extra.get("link")) for ch in cluster.channels}
+        if args.backend == "gloo" and "gloo" not in links:
+            raise OptionError(f"no channel of cluster {cluster.name!r} has the link 'gloo' that --backend gloo "
+                              f"measures (its links: {sorted(map(str, links))}); map one with --link LINK=gloo")
     processes = f", {args.ranks} processes" if args.backend == "gloo" else ""
     with working(f"timing transfers ({args.backend}{processes}) ...", measuring=True):
         cal = calibrate(args.backend, ranks=args.ranks, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout)
@@ -104,13 +116,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"the last of {args.ranks} ranks to reach a barrier spends {cal.barrier_s * 1e6:.1f} us in it "
               f"(how a step of the process-per-device runtime ends)")
     print(f"calibration -> {args.output}")
-    if args.cluster:
-        from ..cluster import load_cluster
-
-        if not args.cluster_output:
-            raise OptionError("option '--cluster' needs '--cluster-output' (where to write the calibrated cluster)")
-        link_map = dict(pair.split("=", 1) for pair in args.link) if args.link else None
-        apply_calibration(load_cluster(args.cluster), cal, link_map).save(args.cluster_output)
+    if cluster is not None:
+        apply_calibration(cluster, cal, link_map).save(args.cluster_output)
         print(f"calibrated cluster -> {args.cluster_output}")
     return 0
 
