@@ -148,8 +148,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     check_output(args.output, "graph file")
     device = None if args.device == "none" else args.device
     # With a device it times every operation at each batch.
-    with working(f"capturing {args.spec} at batches {', '.join(map(str, batches))} and fitting each node's "
-                 f"costs ...", measuring=device is not None):
+    timing = f", timing every operation on {device} (minutes for a large model; --device none fits the analytic " \
+             f"times)" if device is not None else ""
+    with working(f"capturing {args.spec} at batches {', '.join(map(str, batches))}{timing} and fitting each "
+                 f"node's costs ...", measuring=device is not None):
         model = standard_evaluation(args.spec, batches, optimizer=args.optimizer, device=device,
                                     repeats=args.repeats)
     graph = model.predict(args.target)
