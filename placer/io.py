@@ -32,7 +32,9 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
         raise FormatError(f"{what} {path}: no such file") from None
     except IsADirectoryError:
         raise FormatError(f"{what} {path}: is a directory, not a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
+    except UnicodeDecodeError:
+        raise FormatError(f"{what} {path}: not a JSON text file (not UTF-8)") from None
+    except OSError as exc:
         raise FormatError(f"{what} {path}: cannot read: {exc}") from None
     if not text.strip():
         raise FormatError(f"{what} {path}: the file is empty")

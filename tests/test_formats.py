@@ -40,6 +40,13 @@ def test_graph_round_trip_keeps_every_field_and_unknown_ones(tmp_path):
     assert again.digest() == g.digest()
 
 
+def test_a_binary_file_is_not_json(tmp_path):
+    path = tmp_path / "policy.pt"
+    path.write_bytes(b"\x80\x02binary")
+    with pytest.raises(FormatError, match="policy.pt: not a JSON text file"):
+        OpGraph.load(path)
+
+
 def test_a_file_with_a_byte_order_mark_reads(tmp_path):
     graph = training_graph(layers=1, branches=1, seed=0)
     path = tmp_path / "bom.json"
