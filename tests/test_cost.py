@@ -355,6 +355,15 @@ def test_standard_evaluation_predicts_linear_costs_exactly():
         model.predict(0)
 
 
+def test_standard_evaluation_scales_the_times_of_every_kind():
+    def at(batch):
+        g = _step_at(batch)
+        return g.replace(compute_s_by_kind=[{"cpu": 10 * c} for c in g.compute_s.tolist()])
+
+    big = fit_batch_model([at(b) for b in (1, 2, 4)], [1, 2, 4]).predict(256)
+    assert [d["cpu"] for d in big.compute_s_by_kind] == pytest.approx((10 * _step_at(256).compute_s).tolist())
+
+
 def test_standard_evaluation_with_profiles_fills_the_measured_kind():
     graphs = [_step_at(b) for b in (1, 2)]
     profiles = [Profile(g.name, g.digest(), "cpu", {"fwd": 1e-3 * b, "loss": 2e-4}) for g, b in zip(graphs, (1, 2))]
@@ -362,7 +371,8 @@ def test_standard_evaluation_with_profiles_fills_the_measured_kind():
     assert big.compute_s_by_kind[1]["cpu"] == pytest.approx(1e-2)
     assert big.compute_s_by_kind[2]["cpu"] == pytest.approx(2e-4)
     assert big.compute_s_by_kind[0]["cpu"] == pytest.approx(1e-5)  # unprofiled: the graph's own time
-    np.testing.assert_array_equal(big.compute_s, graphs[1].compute_s)
+    # The reference kind's times, not fitted, scale node by node as the fitted ones did (fwd: x5 from batch 2).
+    assert big.compute_s[1:3] == pytest.approx([graphs[1].compute_s[1] * 5, graphs[1].compute_s[2]])
 
 
 def test_nodes_match_by_position_when_ids_differ():

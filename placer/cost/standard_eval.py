@@ -123,11 +123,16 @@ class BatchModel:
             return np.rint(self.predict_field(name, batch)).astype(np.int64)
 
         times = self.predict_field("time", batch)
-        compute_s, by_kind = g.compute_s, list(g.compute_s_by_kind)
-        if self.time_kind is None:
-            compute_s = times
-        else:
-            by_kind = [{**(d or {}), self.time_kind: float(t)} for d, t in zip(by_kind, times.tolist())]
+        kind = self.time_kind
+        # The times the fit did not cover (the other kinds') scale with the fitted one, node by node, from
+        # the base graph's batch: kept as they were, they would be the largest measured batch's.
+        measured = self.predict_field("time", max(self.batches))
+        scale = np.divide(times, measured, out=np.ones_like(times), where=measured > 0).tolist()
+        compute_s = times if kind is None else g.compute_s * np.asarray(scale)
+        by_kind = [None if not d else {k: (v * f if k != kind else t) for k, v in d.items()}
+                   for d, f, t in zip(g.compute_s_by_kind, scale, times.tolist())]
+        if kind is not None:
+            by_kind = [{**(d or {}), kind: t} for d, t in zip(by_kind, times.tolist())]
         flops = np.where(np.isnan(g.flops), np.nan, self.predict_field("flops", batch))
         accessed = self.predict_field("bytes_accessed", batch)
         extra = [({**e, "bytes_accessed": int(round(a))} if "bytes_accessed" in e else e)
