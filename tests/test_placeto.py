@@ -252,3 +252,17 @@ def test_cli_trains_a_policy_with_checkpoint_and_curve(tmp_path, capsys):
     assert main(["plan", str(graph_file), "--cluster", "2xV100-nvlink", "--algorithm", "placeto",
                  "--option", f"policy={out}", "-o", str(plan_out)]) == 0
     assert "trained in" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--output", "{tmp}/p.png"], "would both be written to"),
+    (["--output", "{tmp}/p.pt", "--curve", "{tmp}/c.txt"], ".png, .pdf or .svg"),
+    (["--output", "{tmp}"], "is a directory"),
+    (["--output", "{tmp}/p.pt", "--init", "{tmp}/nosuch.pt"], "policy file"),
+    (["--output", "{tmp}/p.pt", "--cluster", "nosuch"], "nosuch")])
+def test_cli_refuses_bad_outputs_and_inputs_before_training(tmp_path, capsys, monkeypatch, extra, message):
+    from placer.learn import train as train_module
+
+    monkeypatch.setattr(train_module, "train", lambda *a, **k: pytest.fail("trained before the check"))
+    code = main(["train", "placeto", "--episodes", "2", *[x.format(tmp=tmp_path) for x in extra]])
+    assert code == 2 and message in capsys.readouterr().err

@@ -12,7 +12,6 @@ writes ``policy.pt`` (loadable with ``--option policy=policy.pt`` of
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 __all__ = ["add_commands", "cmd_train"]
 
@@ -43,7 +42,9 @@ def add_commands(subparsers) -> None:
 def cmd_train(args: argparse.Namespace) -> int:
     from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+    from ..cluster import load_cluster
     from ..errors import OptionError
+    from ..io import check_output
     from .families import dataset
     from .policy import PlacetoPolicy
     from .train import TrainConfig, plot_curve, save_result, train
@@ -62,10 +63,18 @@ def cmd_train(args: argparse.Namespace) -> int:
         settings["target_nodes"] = args.target_nodes
     config = TrainConfig(**settings)
     config.check()
-    graphs = dataset(args.family, "train")
+    output = check_output(args.output, "policy file")     # before the training, not after it
+    output.parent.mkdir(parents=True, exist_ok=True)       # its checkpoints go beside it while training
+    curve_path = check_output(args.curve or output.with_suffix(".png"), "learning-curve file")
+    if curve_path.resolve() == output.resolve():
+        raise OptionError(f"the learning curve and the policy would both be written to {output}; pass --curve")
+    if curve_path.suffix.lower() not in (".png", ".pdf", ".svg"):
+        raise OptionError(f"--curve {curve_path}: the learning curve is a .png, .pdf or .svg picture")
     clusters = args.cluster or ["4xV100-nvlink"]
-    output = Path(args.output)
+    for name in clusters:
+        load_cluster(name)
     init = PlacetoPolicy.load(args.init) if args.init else None
+    graphs = dataset(args.family, "train")
     updates = max(1, config.episodes // config.rollouts_per_update)
     print(f"training placeto on {len(graphs)} {args.family} graphs x {', '.join(map(str, clusters))}: "
           f"{config.episodes} episodes in {updates} updates, {config.workers} worker(s), seed {config.seed}")
@@ -80,7 +89,6 @@ def cmd_train(args: argparse.Namespace) -> int:
         result = train(graphs, clusters, config, policy=init, checkpoint=output.with_name(output.name + ".ckpt"),
                        progress=progress)
     save_result(result, output, config)
-    curve_path = Path(args.curve) if args.curve else output.with_suffix(".png")
     plot_curve(result.curve, curve_path, title=f"Placeto on {args.family} ({config.episodes} episodes)")
     k = max(1, len(result.curve["return"]) // 10)
     first = sum(result.curve["return"][:k]) / k

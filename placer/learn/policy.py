@@ -35,6 +35,7 @@ Hidden sizes follow the appendix's scale (``d = 8`` per layer, embeddings of
 
 from __future__ import annotations
 
+import pickle
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -42,6 +43,7 @@ import torch
 from torch import nn
 
 from ..cluster import Cluster
+from ..errors import FormatError
 from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..paths import bottom_levels, top_levels
@@ -251,9 +253,18 @@ class PlacetoPolicy(nn.Module):
 
     @classmethod
     def load(cls, path) -> "PlacetoPolicy":
-        """Read a policy written by :meth:`save` (weights only; no code runs on load)."""
-        doc = torch.load(path, map_location="cpu", weights_only=True)
-        policy = cls(PolicyConfig(**doc["config"]))
-        policy.load_state_dict(doc["state_dict"])
+        """Read a policy written by :meth:`save` (weights only; no code runs on load).
+
+        Raises FormatError naming ``path`` where it is missing or not such a file.
+        """
+        try:
+            doc = torch.load(path, map_location="cpu", weights_only=True)
+            policy = cls(PolicyConfig(**doc["config"]))
+            policy.load_state_dict(doc["state_dict"])
+        except FileNotFoundError:
+            raise FormatError(f"policy file {path}: no such file") from None
+        except (OSError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as exc:
+            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise FormatError(f"policy file {path}: not a Placeto policy ({reason})") from None
         policy.metadata = doc.get("metadata", {})
         return policy
