@@ -338,6 +338,13 @@ def vector_loss(batch_size):
             return (self.b(self.a(x)) - y) ** 2
     return PerSample(), (torch.randn(batch_size, 10), torch.randn(batch_size, 1))
 
+def data_dependent(batch_size):
+    class Positive(Net):
+        def forward(self, x, y):
+            out = self.b(self.a(x))
+            return out[out > 0].sum()
+    return Positive(), (torch.randn(batch_size, 10), torch.randn(batch_size, 1))
+
 NOT_A_FUNCTION = 3
 '''
 
@@ -363,10 +370,11 @@ def test_file_spec_captures_an_unchanged_model_file(model_file):
 
 @pytest.mark.parametrize("factory, error, words", [
     ("broken", FormatError, "factory 'broken' .* raised ValueError: no data here"),
-    ("missing", FormatError, "no factory 'missing'.*broken, make"),
+    ("missing", FormatError, "no factory 'missing'.*broken, data_dependent, make"),
     ("NOT_A_FUNCTION", FormatError, "non-callable factory"),
     ("model_only", FormatError, r"must return \(model, inputs\)"),
     ("vector_loss", FormatError, "scalar"),
+    ("data_dependent", FormatError, "size depends on the data"),
 ])
 def test_bad_file_specs_say_what_is_wrong(model_file, factory, error, words):
     from placer.capture import capture_spec

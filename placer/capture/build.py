@@ -32,6 +32,7 @@ import torch
 import torch.fx as fx
 from torch.utils.flop_counter import conv_flop_count, flop_registry, shape_wrapper
 
+from ..errors import FormatError
 from ..graph import OpGraph
 
 __all__ = ["build_graph", "value_bytes", "conv_backward_flops"]
@@ -331,6 +332,13 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     """
     resident = set(resident)
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
+    for node in nodes:
+        val = node.meta.get("val")
+        for v in (val if isinstance(val, (tuple, list)) else (val,)):
+            if isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape):
+                raise FormatError(f"node {node.name!r} ({_op_name(node)}) of the training step makes a tensor whose "
+                                  f"size depends on the data (as x[x > 0] does); placer needs every size known "
+                                  f"before the step runs")
     batch_names = set(batch_inputs)
     leading = batch_leading(nodes, [n for n in nodes if n.name in batch_names], batch) if batch else set()
     dependent = batch_dependent(nodes, [n for n in nodes if n.op == "placeholder" and n.name not in resident])
