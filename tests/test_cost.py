@@ -235,6 +235,8 @@ def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_pat
     assert "map one with --link LINK=gloo" in capsys.readouterr().err
     assert main(["calibrate", "--backend", "gloo", "--cluster", "4xV100-nvlink", "-o", str(tmp_path / "c.json")]) == 2
     assert "needs '--cluster-output'" in capsys.readouterr().err
+    assert main(["calibrate", "--backend", "gloo", "--cluster", "2xcpu", "--link", "foo", *out]) == 2
+    assert "give CHANNEL_LINK=MEASURED_LINK" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------ profiles

@@ -82,6 +82,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if not args.cluster_output:
             raise OptionError("option '--cluster' needs '--cluster-output' (where to write the calibrated cluster)")
         cluster = load_cluster(args.cluster)
+        bad = [pair for pair in args.link if pair.count("=") != 1 or "" in pair.split("=")]
+        if bad:
+            raise OptionError(f"--link {bad[0]!r}: give CHANNEL_LINK=MEASURED_LINK, e.g. --link nvlink2=gloo")
         link_map = dict(pair.split("=", 1) for pair in args.link) if args.link else None
         links = {(link_map or {}).get(ch.extra.get("link"), ch.extra.get("link")) for ch in cluster.channels}
         if args.backend == "gloo" and "gloo" not in links:
