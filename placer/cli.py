@@ -401,6 +401,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("placer: interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:
+        # The reader left (`placer clusters | head`): stop quietly, and let no flush at exit raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
 
 
 if __name__ == "__main__":

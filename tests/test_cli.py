@@ -310,3 +310,17 @@ def test_compare_on_a_graph_with_no_compute_writes_the_whole_report(tmp_path, ca
     with pytest.raises(ValueError):
         comparison.write(tmp_path / "late")
     assert not (tmp_path / "late").exists()
+
+
+def test_a_reader_that_leaves_early_gets_no_traceback():
+    import subprocess
+    import sys
+
+    # `placer clusters | head -1`: the pipe closes while the table is written.
+    proc = subprocess.Popen([sys.executable, "-m", "placer", "clusters"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE)
+    proc.stdout.readline()
+    proc.stdout.close()
+    err = proc.stderr.read().decode()
+    proc.wait(timeout=60)
+    assert "Traceback" not in err, err
