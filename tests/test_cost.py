@@ -265,6 +265,9 @@ def test_profile_round_trip_and_apply(tmp_path):
     # Under another kind name, and keeping entries already there.
     both = apply_profile(annotate(graph, kinds=("A100",)), loaded, kind="H100")
     assert set(both.compute_s_by_kind[0]) == {"A100", "H100"}
+    # The same operations under another name (another batch: the digest does not see sizes) are refused.
+    with pytest.raises(FormatError, match="made for graph .* not for graph 'other-bs512'"):
+        apply_profile(graph.replace(name="other-bs512"), loaded)
 
 
 def _write(tmp_path, doc) -> str:

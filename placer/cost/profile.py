@@ -94,6 +94,10 @@ class Profile:
         if self.graph_digest != graph.digest():
             raise FormatError(f"{where}: made for graph {self.graph_name!r} (digest {self.graph_digest}), "
                               f"not for graph {graph.name!r} (digest {graph.digest()})")
+        if self.graph_name and graph.name and self.graph_name != graph.name:
+            # The digest covers operations and edges, not sizes: the same model at another batch has it too.
+            raise FormatError(f"{where}: made for graph {self.graph_name!r}, not for graph {graph.name!r} (the same "
+                              f"operations at another batch or size time otherwise: profile that graph)")
         unknown = [n for n in self.node_seconds if n not in graph.index]
         if unknown:
             raise FormatError(f"{where}: node {unknown[0]!r} is not in graph {graph.name!r}"
