@@ -22,7 +22,7 @@ import time
 import traceback
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from functools import partial
+from functools import cached_property, partial
 from typing import Any, Sequence
 from unittest.mock import patch
 
@@ -169,6 +169,12 @@ class CapturedStep:
             raise OptionError(f"the step was captured with {self.layout.num_inputs} inputs, got {len(inputs)}")
         return list(flat[:self.layout.input_offset]) + [inputs[k] for k in self.layout.input_slots]
 
+    @cached_property
+    def _input_specs(self) -> list:
+        """The traced value of every input of the step (a fake tensor, or a constant's value)."""
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"][self.layout.input_offset:]
+        return [n.meta.get("val") for n in placeholders]
+
     def checked_inputs(self, inputs: Any) -> tuple:
         """``inputs`` if they are what the step was captured for, else an :class:`OptionError` saying what differs.
 
@@ -181,10 +187,7 @@ class CapturedStep:
         inputs = _as_tuple(inputs)
         if len(inputs) != self.layout.num_inputs:
             raise OptionError(f"the step was captured with {self.layout.num_inputs} inputs, got {len(inputs)}")
-        specs = self.__dict__.get("_input_specs")
-        if specs is None:                   # the traced value of every tensor input, once
-            placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"][self.layout.input_offset:]
-            specs = self.__dict__["_input_specs"] = [n.meta.get("val") for n in placeholders]
+        specs = self._input_specs
         out = list(inputs)
         replan = "; the captured step holds it fixed: plan (capture) again for these inputs"
         for slot, val in zip(self.layout.input_slots, specs):

@@ -53,7 +53,7 @@ from ..errors import OptionError, PlacerError
 from ..graph import OpGraph
 from ..plan import Plan
 from .portable import PortableStep
-from .program import (Program, call_node, compile_program, copy_to, draw_seed, message_bytes, op_seed, pack,
+from .program import (Program, call_node, compile_program, copy_to, draw_seed, message_bytes, pack,
                       receive_buffer, unpack, value_spec)
 
 __all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
@@ -351,8 +351,7 @@ class _RankRunner:
                 torch.cuda.synchronize(self.device)
                 t0 = busy_from = clock()
                 waited = 0.0
-            out = call_node(v, env, self.device,
-                            op_seed(self.seed, self.steps_run, v.name) if v in prog.random else None)
+            out = call_node(v, env, self.device, prog.seed_of(v, self.seed, self.steps_run))
             if self.profile_gpu:
                 torch.cuda.synchronize(self.device)
             env[v] = out

@@ -20,7 +20,7 @@ import torch
 import torch.fx as fx
 
 from ..errors import OptionError
-from .program import Program, call_node, copy_to, draw_seed, op_seed
+from .program import Program, call_node, copy_to, draw_seed
 
 __all__ = ["LocalExecutor", "default_devices"]
 
@@ -139,9 +139,6 @@ class LocalExecutor:
         return outputs
 
     # ------------------------------------------------------------ internals
-    def _seed_of(self, v: fx.Node) -> int | None:
-        return op_seed(self.seed, self.steps_run, v.name) if v in self.program.random else None
-
     def _outputs(self, env) -> list[Any]:
         prog = self.program
         return [env[(v, prog.device_of[v])] if isinstance(v, fx.Node) else v for v in prog.outputs]
@@ -160,7 +157,7 @@ class LocalExecutor:
             d = prog.device_of[v]
             values = {a: env[(a, d)] for a in v.all_input_nodes}
             t0 = clock()
-            out = call_node(v, values, self.devices[d], self._seed_of(v))
+            out = call_node(v, values, self.devices[d], self.program.seed_of(v, self.seed, self.steps_run))
             op_s[v] = clock() - t0
             env[(v, d)] = out
             for x in prog.sends.get(v, ()):
@@ -213,7 +210,7 @@ class LocalExecutor:
                 if self.profile and stream is not None:
                     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     t0.record(stream)
-                out = call_node(v, values, self.devices[d], self._seed_of(v))
+                out = call_node(v, values, self.devices[d], self.program.seed_of(v, self.seed, self.steps_run))
                 if self.profile and stream is not None:
                     t1.record(stream)
                     timing.append((v, t0, t1))

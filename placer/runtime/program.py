@@ -132,6 +132,11 @@ class Program:
     def num_devices(self) -> int:
         return self.cluster.num_devices
 
+    def seed_of(self, v: fx.Node, base: int, step: int) -> int | None:
+        """The seed node ``v`` draws from in step ``step`` of a run with base seed ``base`` (:func:`op_seed`);
+        None for a node that draws nothing."""
+        return op_seed(base, step, v.name) if v in self.random else None
+
     def node_id(self, v: fx.Node) -> str | None:
         """The graph node id of fx node ``v`` (None for nodes the graph leaves out)."""
         i = self.graph_node.get(v)
