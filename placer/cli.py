@@ -45,6 +45,15 @@ def _parse_option(text: str) -> tuple[str, Any]:
     return key.replace("-", "_"), value
 
 
+def _check_search_flags(args: argparse.Namespace) -> None:
+    """``--time-limit`` and ``--seed`` refused by their flags' names, before anything is captured or run."""
+    limit, seed = getattr(args, "time_limit", None), getattr(args, "seed", None)
+    if limit is not None and not (math.isfinite(limit) and limit > 0):
+        raise OptionError(f"option '--time-limit' must be a positive number of seconds, got {limit:g}")
+    if seed is not None and seed < 0:
+        raise OptionError(f"option '--seed' must be a non-negative integer, got {seed}")
+
+
 def _load_graph(source: str, args: argparse.Namespace | None = None):
     """A graph file, or a model spec (zoo:NAME, file.py:FACTORY) captured at ``--batch``."""
     from .graph import OpGraph
@@ -133,16 +142,19 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from .algorithms import place
+    from .algorithms.registry import checked_options, get_algorithm
     from .cluster import load_cluster
 
-    _check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
-    graph = _load_graph(args.graph, args)
-    cluster = load_cluster(args.cluster)
+    _check_search_flags(args)
     options = dict(_parse_option(o) for o in args.option)
     if args.seed is not None:
         options["seed"] = args.seed
     if args.time_limit is not None:
         options["time_limit"] = args.time_limit
+    checked_options(get_algorithm(args.algorithm), options)    # before a model is captured
+    _check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
+    graph = _load_graph(args.graph, args)
+    cluster = load_cluster(args.cluster)
     from .report.tables import working
 
     # A search can take its whole limit (auto: a minute by default); say what runs meanwhile.
@@ -292,6 +304,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     from .cluster import load_cluster
     from .report.compare import check_options, compare
 
+    _check_search_flags(args)
     names = _algorithm_names(args.algorithms)
     check_options(names, seed=args.seed, time_limit=args.time_limit)
     if args.output:
@@ -309,6 +322,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
 def cmd_demo(args: argparse.Namespace) -> int:
     from .demo import run_demo
 
+    _check_search_flags(args)
     names = _algorithm_names(args.algorithms)
     return run_demo(Path(args.output), model=args.model, batch=args.batch, cluster=args.cluster,
                     algorithms=names, time_limit=args.time_limit)

@@ -97,7 +97,7 @@ def test_simulate_with_a_calibrated_message_cost(tmp_path, capsys, graph_file):
     (["plan", "{graph}", "--cluster", "nope", "-o", "{out}"], "unknown cluster 'nope'"),
     (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--algorithm", "nope", "-o", "{out}"], "unknown algorithm 'nope'"),
     (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--option", "x=1", "-o", "{out}"], "has no option 'x'"),
-    (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--time-limit", "-1", "-o", "{out}"], "time_limit must be"),
+    (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--time-limit", "-1", "-o", "{out}"], "option '--time-limit' must be"),
     (["plan", "{missing}", "--cluster", "2xV100-nvlink", "-o", "{out}"], "no such file"),
     (["plan", "{big}", "--cluster", "2xV100-nvlink", "--algorithm", "single", "-o", "{out}"], "single: no one device"),
 ])
@@ -281,8 +281,8 @@ def test_validate_checks_every_file_and_takes_a_model_spec(tmp_path, capsys, gra
 
 @pytest.mark.parametrize("option, message", [
     (["--algorithms", ",,"], "option '--algorithms' names no algorithm: ',,'"),
-    (["--time-limit", "-1"], "option time_limit must be a positive number of seconds, got -1.0"),
-    (["--seed", "-1"], "option seed must be a non-negative integer, got -1"),
+    (["--time-limit", "-1"], "option '--time-limit' must be a positive number of seconds, got -1"),
+    (["--seed", "-1"], "option '--seed' must be a non-negative integer, got -1"),
 ])
 def test_compare_refuses_bad_options_up_front(capsys, monkeypatch, graph_file, option, message):
     import placer.report.compare
@@ -290,6 +290,21 @@ def test_compare_refuses_bad_options_up_front(capsys, monkeypatch, graph_file, o
     monkeypatch.setattr(placer.report.compare, "place", lambda *a, **k: pytest.fail("an algorithm ran"))
     code, out, err = run(capsys, "compare", graph_file, "--cluster", "2xcpu", *option)
     assert code == 2 and out == "" and err == f"placer: error: {message}\n"
+
+
+@pytest.mark.parametrize("option, message", [
+    (["--time-limit", "0"], "option '--time-limit' must be a positive number of seconds, got 0"),
+    (["--seed", "-2"], "option '--seed' must be a non-negative integer, got -2"),
+    (["--option", "x=1"], "algorithm 'expert' has no option 'x'"),
+    (["--algorithm", "m_etf", "--option", "coplace=3"], "option coplace of 'm_etf' must be true or false"),
+])
+def test_plan_refuses_bad_options_before_capturing_the_model(tmp_path, capsys, monkeypatch, option, message):
+    import placer.capture
+
+    monkeypatch.setattr(placer.capture, "capture_spec", lambda *a, **k: pytest.fail("the model was captured"))
+    code, out, err = run(capsys, "plan", "zoo:lenet", "--batch", "2", "--cluster", "2xcpu",
+                         "-o", tmp_path / "p.json", *option)
+    assert code == 2 and out == "" and message in err and err.count("\n") == 1, err
 
 
 def test_compare_on_a_graph_with_no_compute_writes_the_whole_report(tmp_path, capsys, monkeypatch):
