@@ -294,6 +294,41 @@ def test_bad_arguments_give_named_errors():
         capture(lambda x: x, (torch.randn(2),))
 
 
+class LossOfInputsOnly(MLP):
+    def forward(self, x, y):
+        return (x * 2).sum()
+
+
+class DetachedLoss(MLP):
+    def forward(self, x, y):
+        return super().forward(x, y).detach()
+
+
+class LossUnderNoGrad(MLP):
+    def forward(self, x, y):
+        with torch.no_grad():
+            return super().forward(x, y)
+
+
+@pytest.mark.parametrize("model", [LossOfInputsOnly(), DetachedLoss(), LossUnderNoGrad()],
+                         ids=lambda m: type(m).__name__)
+def test_a_loss_without_gradient_is_refused(model):
+    # It used to capture a forward pass with zero gradients and no backward, silently.
+    with pytest.raises(FormatError, match=f"training step of {type(model).__name__}: its loss has no gradient, "
+                                          r"it depends on none of the trainable parameters \(fc1.weight"):
+        capture(model, (torch.randn(4, 6), torch.randint(0, 3, (4,))))
+
+
+def test_a_model_without_trainable_parameters_is_refused():
+    model, inputs = _mlp()
+    model.requires_grad_(False)
+    with pytest.raises(FormatError, match="training step of MLP: it has no trainable parameter "
+                                          r"\(its 4 parameters all have requires_grad=False\)"):
+        capture(model, inputs)
+    with pytest.raises(FormatError, match=r"no trainable parameter \(it has no parameters\)"):
+        capture(nn.MSELoss(), (torch.randn(4, 2), torch.randn(4, 2)))
+
+
 class BranchesOnValues(nn.Module):
     def __init__(self):
         super().__init__()

@@ -385,6 +385,12 @@ def _step_function(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inp
                 what = (f"a tensor of shape {tuple(loss.shape)} and dtype {loss.dtype}"
                         if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
                 raise FormatError(f"model(*inputs) must return the scalar floating-point loss, got {what}")
+            if not loss.requires_grad:
+                # Every gradient would be zero and the step a forward pass with no backward: surely a mistake.
+                some = ", ".join(layout.params[:3]) + (", ..." if len(layout.params) > 3 else "")
+                raise FormatError(f"cannot capture the training step of {type(model).__name__}: its loss has no "
+                                  f"gradient, it depends on none of the trainable parameters ({some}); is it "
+                                  f"computed under torch.no_grad(), detached, or from the inputs alone?")
             _tag_backward(loss)
             return loss
 
@@ -431,8 +437,9 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     OptionError
         Unknown optimizer, bad ``lr``, ``model`` not a module or bad ``inputs``.
     FormatError
-        If ``model(*inputs)`` does not return a scalar floating-point loss, or the step
-        cannot be traced (the message says why).
+        If ``model(*inputs)`` does not return a scalar floating-point loss, the model has
+        no trainable parameter or the loss depends on none of them (no backward to
+        capture), or the step cannot be traced (the message says why).
 
     Notes
     -----
@@ -471,6 +478,11 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     params = {n: p for n, p in model.named_parameters() if p.requires_grad}
     buffers = {n: p for n, p in model.named_parameters() if not p.requires_grad}
     buffers.update(model.named_buffers())
+    if not params:      # a training step would compute no gradient and update nothing
+        count = sum(1 for _ in model.parameters())
+        why = f"its {count} parameters all have requires_grad=False" if count else "it has no parameters"
+        raise FormatError(f"cannot capture the training step of {type(model).__name__}: it has no trainable "
+                          f"parameter ({why})")
     fake = bool(fake) or any(t.is_meta for t in (*params.values(), *buffers.values()))
     slots = tuple(k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor))
     layout = StepLayout(tuple(params), tuple(buffers), opt.state_names, slots, len(inputs))
