@@ -239,6 +239,34 @@ def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_pat
     assert "give CHANNEL_LINK=MEASURED_LINK" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("sizes, message", [
+    ("1.5", "option '--sizes': '1.5' is 1.5 bytes, not a whole number of bytes"),      # was read as 1 byte
+    ("4K,0.3K", "option '--sizes': '0.3K' is 307.2 bytes, not a whole number"),      # was 307
+    ("-1K", "option '--sizes': sizes must be at least 4 bytes (one float32), got '-1K'"),
+    ("0", "option '--sizes': sizes must be at least 4 bytes"),
+    ("inf", "option '--sizes' expects sizes in bytes like 4096, 64K, 1.5M or 1G (K = 1024), got 'inf'"),  # a crash
+    ("4K,,8K", "option '--sizes' expects sizes in bytes like 4096, 64K, 1.5M or 1G (K = 1024), got ''"),
+    ("12 parsecs", "got '12 parsecs'"),
+])
+def test_calibrate_sizes_are_read_exactly_or_refused_before_measuring(tmp_path, capsys, monkeypatch, sizes, message):
+    from placer.cli import main
+    from placer.cost import calibrate as calibrate_module
+
+    measured = []
+
+    def fake_calibrate(backend, *, sizes, **options):
+        measured.append(sizes)
+        raise OptionError("stop before measuring")
+
+    monkeypatch.setattr(calibrate_module, "calibrate", fake_calibrate)
+    out = ["-o", str(tmp_path / "cal.json")]
+    assert main(["calibrate", "--sizes", "1.5K,64K, 2MiB,.25K,1e3,4096B", *out]) == 2
+    assert measured == [[1536, 65536, 2 << 20, 256, 1000, 4096]]
+    assert main(["calibrate", f"--sizes={sizes}", *out]) == 2
+    assert message in capsys.readouterr().err
+    assert len(measured) == 1
+
+
 # ------------------------------------------------------------------ profiles
 import json  # noqa: E402
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import re
+from fractions import Fraction
 
 from ..errors import OptionError
 from ..io import check_output
@@ -12,15 +14,29 @@ from .analytic import DEVICE_SPECS, annotate
 __all__ = ["add_commands"]
 
 
+# A number (decimal or exponent form), then an optional K/M/G with KiB/KB spellings, then an optional B.
+_SIZE = re.compile(r"([+-]?(?:\d+\.?\d*|\.\d+)(?:E[+-]?\d+)?)\s*(?:([KMG])I?)?B?")
+_SIZE_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+
+
 def _size(text: str) -> int:
-    """``"4096"``, ``"64K"``, ``"1M"``, ``"1G"`` (binary multiples) -> bytes."""
-    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
-    text = text.strip().upper().removesuffix("B").removesuffix("I")
-    scale = units.get(text[-1:], 1)
-    try:
-        return int(float(text[:-1] if text[-1:] in units else text) * scale)
-    except ValueError:
-        raise OptionError(f"option '--sizes' expects sizes like 4096, 64K or 1M, got {text!r}") from None
+    """``"4096"``, ``"64K"``, ``"1.5K"``, ``"1M"``, ``"1GiB"`` (binary multiples) -> bytes.
+
+    The value is read exactly (1.5K is 1536 bytes): a size that is not a whole number of
+    bytes (``"1.5"``, ``"0.3K"``) is refused rather than truncated, and so is one below
+    the 4 bytes (one float32) of the smallest transfer either backend times.
+    """
+    found = _SIZE.fullmatch(text.strip().upper())
+    if found is None:
+        raise OptionError(f"option '--sizes' expects sizes in bytes like 4096, 64K, 1.5M or 1G "
+                          f"(K = 1024), got {text!r}")
+    number, unit = found.groups()
+    size = Fraction(number) * _SIZE_UNITS[unit or ""]
+    if size.denominator != 1:
+        raise OptionError(f"option '--sizes': {text!r} is {float(size)} bytes, not a whole number of bytes")
+    if size < 4:
+        raise OptionError(f"option '--sizes': sizes must be at least 4 bytes (one float32), got {text!r}")
+    return int(size)
 
 
 def _ints(text: str, option: str) -> list[int]:
@@ -185,7 +201,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("calibrate", help="measure transfers and fit latency + bytes/bandwidth per link")
     p.add_argument("--backend", choices=("gloo", "cuda"), default="gloo")
     p.add_argument("--ranks", type=int, default=2, help="processes for gloo (default 2)")
-    p.add_argument("--sizes", help="comma-separated transfer sizes (default 1K to 64M by 4x)")
+    p.add_argument("--sizes", help="comma-separated transfer sizes in bytes, K/M/G binary multiples read exactly "
+                   "(1.5K = 1536; a size that is not whole bytes is refused; default 1K to 64M by 4x)")
     p.add_argument("--repeats", type=int, default=10)
     p.add_argument("--timeout", type=float, default=120.0, help="seconds before the processes are killed")
     p.add_argument("--output", "-o", required=True, help="placer.calibration/1 file to write")
