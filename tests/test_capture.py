@@ -435,6 +435,20 @@ def test_bad_specs_and_batches(tmp_path):
         ("zoo", "gpt2", {"layers": 2, "dropout": 0.1, "tied": True, "act": "gelu"})
 
 
+@pytest.mark.parametrize("query, message", [
+    ("depth=50&depth=101", r"size option 'depth' is given twice \('depth=50' and 'depth=101'\)"),
+    ("image-size=64&width=8&image_size=64", r"size option 'image_size' is given twice \('image-size=64' and"),
+])
+def test_a_size_option_given_twice_is_refused(query, message):
+    # The last one used to win silently.
+    from placer.capture import capture_spec, parse_spec
+
+    with pytest.raises(OptionError, match=message):
+        parse_spec(f"zoo:resnet50?{query}")
+    with pytest.raises(OptionError, match=message):
+        capture_spec(f"zoo:resnet50?{query}", 2)
+
+
 def test_cli_capture_writes_the_graph_atomically(model_file, tmp_path, capsys):
     from placer.cli import main
 

@@ -33,18 +33,24 @@ def parse_spec(spec: str) -> tuple[str, str, Any]:
     Raises
     ------
     OptionError
-        If ``spec`` has neither form or an option is malformed.
+        If ``spec`` has neither form, an option is malformed or an option is given twice.
     """
     if not isinstance(spec, str) or not spec.strip():
         raise OptionError(f"model spec must be 'zoo:NAME' or 'path/to/file.py:FACTORY', got {spec!r}")
     if spec.startswith("zoo:"):
         name, _, query = spec[4:].partition("?")
         options: dict[str, Any] = {}
+        given: dict[str, str] = {}      # option -> the item that set it, to name a repeated one
         for item in filter(None, query.split("&")):
             key, sep, raw = item.partition("=")
             if not sep or not key:
                 raise OptionError(f"model spec {spec!r}: size option {item!r} is not KEY=VALUE")
-            options[key.replace("-", "_")] = _option_value(raw)
+            key = key.replace("-", "_")
+            if key in given:        # which one would win is a guess: refuse rather than take one
+                raise OptionError(f"model spec {spec!r}: size option {key!r} is given twice "
+                                  f"({given[key]!r} and {item!r})")
+            given[key] = item
+            options[key] = _option_value(raw)
         return "zoo", name, options
     path, sep, factory = spec.rpartition(":")
     if not sep or not path or not factory.isidentifier():
