@@ -237,9 +237,63 @@ def test_a_failing_rank_stops_the_run_with_an_error(file_case, hook, message):
     captured = file_case.captured
     plan = random_plan(captured.graph, cluster, seed=1)
     flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
+    before = [t.clone() for t in flat]
     with pytest.raises(RunError, match=message):
         run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier,
                         timeout_s=3, hook=hook)
+    assert all(torch.equal(a, b) for a, b in zip(flat, before))      # ranks train copies: nothing half-written
+
+
+def _state(model, optimizer) -> dict[str, torch.Tensor]:
+    """Copies of the model's parameters and buffers and of the optimizer's state, by name."""
+    state = {f"model.{name}": t.clone() for name, t in model.state_dict().items()}
+    for index, tensors in optimizer.state_dict()["state"].items():
+        state.update({f"optimizer.{index}.{name}": torch.as_tensor(t).clone() for name, t in tensors.items()})
+    return state
+
+
+@pytest.mark.parametrize("failing_step", [1, 2])
+@pytest.mark.parametrize("fails", ["after batch norm", "last update"])
+def test_a_step_that_fails_part_way_leaves_the_model_and_optimizer_as_they_were(file_case, monkeypatch,
+                                                                                failing_step, fails):
+    """An operation fails after the plan's order has run writes of the step's new state (batch norm's
+    running statistics, new parameters and optimizer state): none of them reaches the model or the
+    optimizer, and training goes on as if the failed step had not been tried."""
+    import placer.runtime.local as local
+
+    captured, cluster = file_case.captured, load_cluster("2xcpu")
+    plan = random_plan(captured.graph, cluster, seed=3)
+    plan.context["captured"] = captured
+    program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
+    position = {v.name: k for k, v in enumerate(program.schedule)}
+    batch_norm = next(v.name for v in program.schedule if "batch_norm" in str(v.target))
+    others = [v.name for v in program.schedule if v not in program.writes]
+    failing = next(n for n in others if position[n] > position[batch_norm]) if fails == "after batch norm" \
+        else others[-1]
+    assert min(position[v.name] for v in program.writes) < position[failing]     # writes were in its way
+    model, optimizer = file_case.fresh()
+    step = plan.apply(model, optimizer)
+    for _ in range(failing_step - 1):
+        step(*file_case.inputs)
+    before = _state(model, optimizer)
+    run = local.call_node
+
+    def call_node(v, *args):
+        if v.name == failing:
+            raise RuntimeError("injected failure")
+        return run(v, *args)
+
+    monkeypatch.setattr(local, "call_node", call_node)
+    with pytest.raises(RuntimeError, match="injected failure"):
+        step(*file_case.inputs)
+    after = _state(model, optimizer)
+    assert after.keys() == before.keys()
+    changed = [name for name in before if not torch.equal(before[name], after[name])]
+    assert not changed, f"the failed step wrote {changed}"
+    monkeypatch.undo()
+    for _ in range(STEPS - failing_step + 1):
+        step(*file_case.inputs)
+    file_case.assert_matches(model, optimizer)
 
 
 # ------------------------------------------------------------ plan checks
@@ -597,6 +651,16 @@ def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tm
     assert "equal eager training on cpu within 0.004" in capsys.readouterr().out
     assert main(args + ["--tolerance", "-1"]) != 0
     assert "--tolerance must be >= 0, got -1.0" in capsys.readouterr().err
+
+
+def test_placer_run_refuses_a_tolerance_without_verify(file_case, tmp_path, capsys):
+    # Without --verify nothing is compared: a --tolerance there would be silently ignored.
+    plan = random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3)
+    plan.save(tmp_path / "plan.json")
+    code = main(["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1", "--tolerance", "1e-3"])
+    captured = capsys.readouterr()
+    assert code == 2
+    assert "--tolerance needs --verify" in captured.err and "simulator predicts" not in captured.out
 
 
 def test_a_verified_run_trains_both_ways_in_full_float32_and_restores_the_setting(file_case, tmp_path, monkeypatch):

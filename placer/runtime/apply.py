@@ -63,8 +63,10 @@ class PlacedStep:
     learning-rate schedulers are not supported yet) and every module's
     training/eval mode; otherwise it raises :class:`~placer.errors.OptionError`
     saying what differs (for a new ``lr`` apply the plan again; for the rest
-    plan again). A step that fails once running may have updated part of the
-    state (keeping a copy of it all would double its memory).
+    plan again). A step that raises once running changes neither ``model`` nor
+    ``optimizer``: the new state is written only once every other operation
+    has succeeded (:class:`~placer.runtime.local.LocalExecutor`), so the step
+    can be called again.
 
     Random operations (dropout) each draw from their own stream, seeded from
     a base seed drawn from torch's global generator on the first call
@@ -118,11 +120,20 @@ class PlacedStep:
             self._prepare(inputs)
         inputs = self.captured.checked_inputs(inputs)
         self.captured.check_modes(self.model)
-        if self.optimizer is not None or self._flat is None:
-            self._flat = self.captured.step_inputs(self.model, inputs, self.optimizer)
-        else:
-            self._flat = self.captured.with_inputs(self._flat, inputs)
-        outputs = self.executor.run(self._flat)
+        # step_inputs gives a parameter without optimizer state the fresh state of torch.optim's first
+        # step: a step that fails has not taken it.
+        stateless = [] if self.optimizer is None else \
+            [p for group in self.optimizer.param_groups for p in group["params"] if not self.optimizer.state.get(p)]
+        try:
+            if self.optimizer is not None or self._flat is None:
+                self._flat = self.captured.step_inputs(self.model, inputs, self.optimizer)
+            else:
+                self._flat = self.captured.with_inputs(self._flat, inputs)
+            outputs = self.executor.run(self._flat)
+        except BaseException:
+            for p in stateless:
+                self.optimizer.state.pop(p, None)
+            raise
         return outputs[0]
 
     def _prepare(self, inputs: tuple) -> None:

@@ -128,8 +128,12 @@ def _run(args: argparse.Namespace) -> int:
 
     if args.steps < 1:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
-    if not args.tolerance >= 0:
-        raise OptionError(f"--tolerance must be >= 0, got {args.tolerance}")
+    if args.tolerance is not None and not args.verify:
+        raise OptionError("--tolerance needs --verify (it is the largest difference --verify accepts; without "
+                          "--verify nothing is compared)")
+    tolerance = VERIFY_TOLERANCE if args.tolerance is None else args.tolerance
+    if not tolerance >= 0:
+        raise OptionError(f"--tolerance must be >= 0, got {tolerance}")
     if args.trace and args.backend != "distributed":
         raise OptionError("--trace needs --backend distributed (one process per device, each with its own timeline)")
     plan = Plan.load(args.plan)
@@ -176,12 +180,12 @@ def _run(args: argparse.Namespace) -> int:
     with working(f"training {args.steps} steps eagerly on {home} to compare ..."):
         train_eager(reference, [copy_to(x, home) for x in inputs], reference_optimizer, args.steps)
     worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
-    if worst <= args.tolerance:
+    if worst <= tolerance:
         print(f"verify: {count} tensors (parameters, buffers, optimizer state) equal eager training on {home} "
-              f"within {args.tolerance:g} (largest difference {worst:.3g})")
+              f"within {tolerance:g} (largest difference {worst:.3g})")
         return 0
     print(f"verify: FAILED: {where} differs from eager training on {home} by {worst:.3g} "
-          f"(> --tolerance {args.tolerance:g})")
+          f"(> --tolerance {tolerance:g})")
     if args.optimizer != "sgd":
         # Measured on an H100: 0.002 after 3 steps at lr 1e-3, from kernels that round differently.
         print(f"verify: {args.optimizer} moves every parameter by about --lr per step whatever its gradient's "
@@ -300,8 +304,8 @@ def add_commands(subparsers) -> None:
     p.add_argument("--verify", action="store_true",
                    help="compare every parameter, buffer and optimizer state with plain eager training; "
                         "exit 1 unless equal within --tolerance (both train in full float32: no TF32 on GPUs)")
-    p.add_argument("--tolerance", type=float, default=VERIFY_TOLERANCE,
-                   help=f"largest absolute difference --verify accepts (default {VERIFY_TOLERANCE:g})")
+    p.add_argument("--tolerance", type=float,
+                   help=f"with --verify: the largest absolute difference it accepts (default {VERIFY_TOLERANCE:g})")
     p.add_argument("--trace", help="distributed: write the last step's measured timeline (Chrome trace JSON) here")
     p.set_defaults(func=cmd_run)
 

@@ -9,6 +9,12 @@ pair its own copy stream; events order a copy after its producer and a
 consumer after its copy, so computation on different devices and transfers
 overlap as in the simulator. Where it is not, every device is the CPU and the
 step runs sequentially in the same order, with the same copies.
+
+A step is all or nothing for the caller's tensors: the writes of the new
+parameters and optimizer state (:attr:`Program.deferred`) run after every other
+operation, and a tensor written during the step (batch norm's running
+statistics) is written in a copy, copied back once the step has succeeded. A
+step that raises leaves its inputs as they were.
 """
 
 from __future__ import annotations
@@ -92,6 +98,9 @@ class LocalExecutor:
         if len(self.devices) != n:
             raise OptionError(f"devices: {len(self.devices)} given for a plan over {n} devices")
         self.profile = profile
+        # Inputs written during the step, not after it: the step writes a copy (see run).
+        self.staged = {root for v, roots in program.writes.items() if v not in program.deferred
+                       for root in roots if root.op == "placeholder"}
         self.cuda = any(d.type == "cuda" for d in self.devices)
         self.op_s: dict[str, float] = {}
         self.transfer_s: list[tuple[Any, float]] = []      # (Transfer, seconds)
@@ -108,9 +117,11 @@ class LocalExecutor:
     def run(self, flat_inputs: Sequence[Any]) -> list[Any]:
         """Run one step; return the step's flat outputs.
 
-        Inputs on their plan device are used in place, so the step's in-place
-        writes (new parameters, optimizer state) land in them; others are
-        copied there and the written ones copied back afterwards.
+        Inputs on their plan device are used in place, so the step's last
+        writes (new parameters, optimizer state) land in them once every other
+        operation has run; the others, and the inputs the step writes before
+        its end, are copied there and the written ones copied back once the
+        step has succeeded. A step that raises writes no input.
         """
         prog = self.program
         if len(flat_inputs) != len(prog.placeholders):
@@ -120,7 +131,7 @@ class LocalExecutor:
         written = {root for roots in prog.writes.values() for root in roots}
         for p, value in zip(prog.placeholders, flat_inputs):
             home = self.devices[prog.device_of[p]]
-            if isinstance(value, torch.Tensor) and value.device != home:
+            if isinstance(value, torch.Tensor) and (value.device != home or p in self.staged):
                 local = copy_to(value, home)
                 if p in written:
                     moved.append((value, local))
@@ -153,9 +164,13 @@ class LocalExecutor:
                 t0 = clock()
                 env[(p, x.dst)] = copy_to(env[(p, x.src)], self.devices[x.dst])
                 transfer_s.append((x, clock() - t0))
+        deferred = []
         for k, v in enumerate(prog.schedule):
             d = prog.device_of[v]
             values = {a: env[(a, d)] for a in v.all_input_nodes}
+            if v in prog.deferred:
+                deferred.append((v, values))
+                continue
             t0 = clock()
             out = call_node(v, values, self.devices[d], self.program.seed_of(v, self.seed, self.steps_run))
             op_s[v] = clock() - t0
@@ -166,6 +181,10 @@ class LocalExecutor:
                 transfer_s.append((x, clock() - t0))
             for key in prog.frees[k]:
                 env.pop(key, None)
+        for v, values in deferred:          # every other operation has succeeded: write the new state
+            t0 = clock()
+            call_node(v, values, self.devices[prog.device_of[v]], self.program.seed_of(v, self.seed, self.steps_run))
+            op_s[v] = clock() - t0
         if self.profile:
             self.op_s = {prog.node_id(v): s for v, s in op_s.items() if v in prog.graph_node}
             self.transfer_s = transfer_s
@@ -190,9 +209,9 @@ class LocalExecutor:
         for s in self.compute:
             if s is not None:
                 s.wait_event(entry[s.device])
-        for p in prog.placeholders:
-            send(p, env[(p, prog.device_of[p])])
-        for k, v in enumerate(prog.schedule):
+
+        def issue(v, values):
+            """Queue node ``v`` on its device's stream, after the transfers it reads or overwrites."""
             d = prog.device_of[v]
             stream = stream_of(d)
             with _maybe_stream(stream):
@@ -206,7 +225,6 @@ class LocalExecutor:
                 for x in prog.guard.get(v, ()):
                     if x.index in arrived and stream is not None:
                         stream.wait_event(arrived[x.index])
-                values = {a: env[(a, d)] for a in v.all_input_nodes}
                 if self.profile and stream is not None:
                     t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                     t0.record(stream)
@@ -218,10 +236,25 @@ class LocalExecutor:
                     ev = torch.cuda.Event()
                     ev.record(stream)
                     done[v] = ev
+            return out
+
+        for p in prog.placeholders:
+            send(p, env[(p, prog.device_of[p])])
+        deferred = []
+        for k, v in enumerate(prog.schedule):
+            d = prog.device_of[v]
+            values = {a: env[(a, d)] for a in v.all_input_nodes}
+            if v in prog.deferred:
+                deferred.append((v, values))
+                continue
+            out = issue(v, values)
             env[(v, d)] = out
             send(v, out)
             for key in prog.frees[k]:
                 env.pop(key, None)
+        # Every other operation was queued without an error: queue the writes of the new state.
+        for v, values in deferred:
+            issue(v, values)
         for dev in entry:
             torch.cuda.synchronize(dev)
         if self.profile:

@@ -20,7 +20,13 @@ and a cluster:
   ``Tensor(a!)`` argument) must share that tensor's device, and keeps its
   program order against every other reader of the tensor and of its views; a
   transfer of such a tensor is a snapshot taken when it is sent (processes),
-  or is waited for before the write (CUDA streams).
+  or is waited for before the write (CUDA streams);
+* a writer whose value nothing reads, that is the last node to touch what it
+  writes, and whose inputs nothing writes later (the ``copy_`` of a new
+  parameter or optimizer state into its input) is :attr:`Program.deferred`:
+  running it after the step's last operation changes nothing else, so the
+  local executor writes the caller's tensors only once the rest of the step
+  has succeeded.
 
 Operations split by OS-DPOS (``node_extra["split_of"]``) run as real slices,
 parts and a concat (:mod:`placer.runtime.splits`). Tensor constants of the step
@@ -108,6 +114,13 @@ class Program:
     random : frozenset of fx.Node
         The nodes that draw random numbers (:func:`random_nodes`); the
         executors run each with its own seed (:func:`op_seed`).
+    deferred : frozenset of fx.Node
+        In-place writers whose value nothing reads, that are the last node to
+        touch every storage they write, and whose inputs no later node writes
+        (the writes of the new parameters and optimizer state): run after the
+        step's last operation, on the inputs they would have read, they write
+        the same. Other writers (batch norm's running statistics) must run in
+        their place.
     """
 
     gm: fx.GraphModule
@@ -127,6 +140,7 @@ class Program:
     graph_node: dict[fx.Node, int] = field(default_factory=dict)
     runs_with: dict[fx.Node, fx.Node] = field(default_factory=dict)
     random: frozenset = frozenset()
+    deferred: frozenset = frozenset()
 
     @property
     def num_devices(self) -> int:
@@ -240,7 +254,7 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                    placeholders=placeholders, transfers=transfers, sends=sends, recv=recv, writes=writes,
                    guard=guard, frees=_frees(schedule, device_of, outputs), outputs=outputs,
                    predicted_s=float(sim.makespan_s), graph_node=graph_node, runs_with=runs_with,
-                   random=frozenset(random_nodes(gm)))
+                   random=frozenset(random_nodes(gm)), deferred=_deferrable(schedule, writes))
 
 
 def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list) -> list[list[tuple[fx.Node, int]]]:
@@ -311,6 +325,22 @@ def _written_roots(v: fx.Node) -> list[fx.Node]:
         if root not in roots:
             roots.append(root)
     return roots
+
+
+def _deferrable(schedule: list[fx.Node], writes: dict[fx.Node, list[fx.Node]]) -> frozenset:
+    """The writers whose value nothing reads, that are the last node of ``schedule`` to touch (read, write
+    or view) every storage they write, and whose inputs no later node writes: run after the last node
+    (on the inputs they would have read, which the runtime keeps), they write the same."""
+    touched: dict[fx.Node, int] = {}
+    written: dict[fx.Node, int] = {}
+    for k, v in enumerate(schedule):
+        for a in v.all_input_nodes:
+            touched[_alias_root(a)] = k
+        for root in writes.get(v, ()):
+            written[root] = k
+    return frozenset(v for k, v in enumerate(schedule) if v in writes and not v.users
+                     and all(touched[root] == k for root in writes[v])
+                     and all(written.get(_alias_root(a), k) <= k for a in v.all_input_nodes))
 
 
 def _place_unplaced(calls, placeholders, writes, device_of, graph_node, start_rank) -> None:
