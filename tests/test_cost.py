@@ -542,6 +542,31 @@ def test_profile_and_predict_commands(tmp_path, capsys):
     assert "device" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
 
 
+def test_profile_and_predict_take_the_optimizers_capture_takes(tmp_path, capsys):
+    # profile and predict took any --optimizer text (SGD, which capture refuses; a typo only failed
+    # after loading the model): all three now add the option through one helper.
+    import argparse
+    import subprocess
+    import sys
+
+    from placer.capture import OPTIMIZERS
+    from placer.cli import build_parser
+
+    commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
+    for command in ("capture", "profile", "predict"):
+        option = next(a for a in commands[command]._actions if "--optimizer" in a.option_strings)
+        assert (set(option.choices or ()), option.default) == (set(OPTIMIZERS), "adam"), command
+        with pytest.raises(SystemExit) as exited:
+            main([command, "zoo:lenet", "--batch", "2", "--target", "4", "--optimizer", "SGD",
+                  "-o", str(tmp_path / "x.json")])
+        assert exited.value.code == 2
+        assert "argument --optimizer: invalid choice: 'SGD'" in capsys.readouterr().err
+    assert not (tmp_path / "x.json").exists()
+    # Offering the choices does not load torch.
+    code = "import sys; from placer.capture.optim import OPTIMIZERS; assert 'torch' not in sys.modules, OPTIMIZERS"
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
 def test_a_gpu_index_beyond_the_machines_gpus_is_an_option_error(monkeypatch):
     # On a one-GPU machine, torch itself would fail with a bare AssertionError inside get_device_name.
     from placer.cost.profile import device_kind_of

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_commands", "cmd_capture"]
+__all__ = ["add_commands", "add_optimizer_option", "cmd_capture"]
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
@@ -28,6 +28,19 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
+def add_optimizer_option(parser: argparse.ArgumentParser) -> None:
+    """Add ``--optimizer`` (default adam) to a command that captures a training step.
+
+    Every such command (``capture``, ``profile``, ``predict``) takes it from here, so that
+    all accept the same names, :data:`placer.capture.OPTIMIZERS` (those
+    :func:`placer.capture.capture` accepts), and none takes one another refuses.
+    """
+    from .optim import OPTIMIZERS
+
+    parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS,
+                        help="optimizer whose update ends the captured step, torch's defaults (default adam)")
+
+
 def add_commands(subparsers) -> None:
     """Add ``placer capture`` to the ``placer`` command."""
     p = subparsers.add_parser("capture", help="capture a PyTorch training step as a graph file",
@@ -37,7 +50,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("spec", help="zoo:NAME[?key=value&...] or path/to/file.py:FACTORY "
                                 "(FACTORY(batch_size) returns (model, inputs), model(*inputs) the loss)")
     p.add_argument("--batch", type=int, required=True, help="batch size passed to the factory")
-    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd", "adamw"))
+    add_optimizer_option(p)
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
     p.add_argument("--output", "-o", required=True, help="graph file to write")
     p.add_argument("--name", help="graph name (default NAME-bsBATCH-OPTIMIZER)")

@@ -5,18 +5,20 @@ Each optimizer is applied one parameter at a time through the functional form th
 ``foreach=False``: the single-tensor path eager PyTorch takes for CPU tensors, so a
 captured step reproduces ``torch.optim`` bit for bit. Hyper-parameters are torch's
 defaults for the class, except ``lr``.
+
+torch is imported on first use, not with this module, so that the command line can
+offer :data:`OPTIMIZERS` as the choices of ``--optimizer`` without loading torch.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Callable
-
-import torch
-from torch.optim.adam import adam as _functional_adam
-from torch.optim.sgd import sgd as _functional_sgd
+from typing import TYPE_CHECKING, Any, Callable
 
 from ..errors import OptionError
+
+if TYPE_CHECKING:
+    import torch
 
 __all__ = ["OPTIMIZERS", "OptimizerSpec", "optimizer_spec"]
 
@@ -50,6 +52,8 @@ class OptimizerSpec:
 
     def initial_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Fresh state for ``param``, as ``torch.optim`` creates it on its first step."""
+        import torch
+
         if not self.state_names:
             return {}
         step = torch.zeros((), dtype=torch.float32, device=param.device)
@@ -63,27 +67,32 @@ class OptimizerSpec:
 
 
 def _adam_update(hyper: dict, param, grad, state) -> None:
+    from torch.optim.adam import adam as _functional_adam
+
     beta1, beta2 = hyper["betas"]
     _functional_adam(
         [param], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
         foreach=False, capturable=False, differentiable=False, fused=None,
-        has_complex=torch.is_complex(param),
+        has_complex=param.is_complex(),
         decoupled_weight_decay=hyper.get("decoupled_weight_decay", False),
         amsgrad=False, beta1=beta1, beta2=beta2, lr=hyper["lr"],
         weight_decay=hyper["weight_decay"], eps=hyper["eps"], maximize=hyper["maximize"])
 
 
 def _sgd_update(hyper: dict, param, grad, state) -> None:
+    from torch.optim.sgd import sgd as _functional_sgd
+
     _functional_sgd(
         [param], [grad], [None], foreach=False, fused=None,
         weight_decay=hyper["weight_decay"], momentum=0.0, lr=hyper["lr"],
         dampening=hyper["dampening"], nesterov=False, maximize=hyper["maximize"])
 
 
-_TABLE: dict[str, tuple[type, tuple[str, ...], Callable[..., None]]] = {
-    "sgd": (torch.optim.SGD, (), _sgd_update),
-    "adam": (torch.optim.Adam, ("step", "exp_avg", "exp_avg_sq"), _adam_update),
-    "adamw": (torch.optim.AdamW, ("step", "exp_avg", "exp_avg_sq"), _adam_update),
+# Name -> (the torch.optim class's name, its per-parameter state, the update).
+_TABLE: dict[str, tuple[str, tuple[str, ...], Callable[..., None]]] = {
+    "sgd": ("SGD", (), _sgd_update),
+    "adam": ("Adam", ("step", "exp_avg", "exp_avg_sq"), _adam_update),
+    "adamw": ("AdamW", ("step", "exp_avg", "exp_avg_sq"), _adam_update),
 }
 
 #: Names accepted by :func:`optimizer_spec`.
@@ -106,7 +115,10 @@ def optimizer_spec(name: str, lr: float = 1e-3) -> OptimizerSpec:
         raise OptionError(f"optimizer {name!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or lr != lr or lr == float("inf"):
         raise OptionError(f"lr must be a positive finite number, got {lr!r}")
-    torch_class, state_names, update = _TABLE[name.lower()]
+    import torch
+
+    class_name, state_names, update = _TABLE[name.lower()]
+    torch_class = getattr(torch.optim, class_name)
     hyper: dict[str, Any] = dict(torch_class([torch.zeros(1)], lr=float(lr)).defaults)
     for key, required in _UNSUPPORTED.items():
         if key in hyper and hyper[key] != required and hyper[key] is not None:

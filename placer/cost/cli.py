@@ -6,6 +6,7 @@ import argparse
 import re
 from fractions import Fraction
 
+from ..capture.cli import add_optimizer_option
 from ..errors import OptionError
 from ..io import check_output
 from ..report.tables import working
@@ -190,7 +191,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spec", help="zoo:NAME or path/file.py:FACTORY")
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
-    p.add_argument("--optimizer", default="adam")
+    add_optimizer_option(p)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per node; the median is kept")
     p.add_argument("--gpu-timing", choices=("kernel", "wall"), default="kernel",
                    help="on a GPU: sum of each node's kernel times (default) or synchronised wall time")
@@ -226,7 +227,7 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", default="2,4,8", help="small batch sizes to run (default 2,4,8)")
     p.add_argument("--target", type=int, required=True, help="batch size to predict")
     p.add_argument("--device", default="cpu", help="where to time nodes: cpu, cuda:N, or none (fit compute_s)")
-    p.add_argument("--optimizer", default="adam")
+    add_optimizer_option(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--output", "-o", required=True)
     p.set_defaults(func=cmd_predict)
