@@ -254,11 +254,12 @@ def _state(model, optimizer) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("failing_step", [1, 2])
 @pytest.mark.parametrize("fails", ["after batch norm", "last update"])
-def test_a_step_that_fails_part_way_leaves_the_model_and_optimizer_as_they_were(file_case, monkeypatch,
-                                                                                failing_step, fails):
+def test_an_atomic_step_that_fails_part_way_leaves_the_model_and_optimizer_as_they_were(file_case, monkeypatch,
+                                                                                       failing_step, fails):
     """An operation fails after the plan's order has run writes of the step's new state (batch norm's
-    running statistics, new parameters and optimizer state): none of them reaches the model or the
-    optimizer, and training goes on as if the failed step had not been tried."""
+    running statistics, new parameters and optimizer state): in an atomic step none of them reaches the
+    model or the optimizer, and training goes on as if the failed step had not been tried; by default
+    the error says that the state is partly written."""
     import placer.runtime.local as local
 
     captured, cluster = file_case.captured, load_cluster("2xcpu")
@@ -271,11 +272,6 @@ def test_a_step_that_fails_part_way_leaves_the_model_and_optimizer_as_they_were(
     failing = next(n for n in others if position[n] > position[batch_norm]) if fails == "after batch norm" \
         else others[-1]
     assert min(position[v.name] for v in program.writes) < position[failing]     # writes were in its way
-    model, optimizer = file_case.fresh()
-    step = plan.apply(model, optimizer)
-    for _ in range(failing_step - 1):
-        step(*file_case.inputs)
-    before = _state(model, optimizer)
     run = local.call_node
 
     def call_node(v, *args):
@@ -283,9 +279,23 @@ def test_a_step_that_fails_part_way_leaves_the_model_and_optimizer_as_they_were(
             raise RuntimeError("injected failure")
         return run(v, *args)
 
+    model, optimizer = file_case.fresh()
+    step = plan.apply(model, optimizer)
     monkeypatch.setattr(local, "call_node", call_node)
-    with pytest.raises(RuntimeError, match="injected failure"):
+    with pytest.raises(RuntimeError, match="injected failure") as failed:
         step(*file_case.inputs)
+    assert "atomic=True" in "".join(failed.value.__notes__)
+    monkeypatch.undo()
+
+    model, optimizer = file_case.fresh()
+    step = plan.apply(model, optimizer, atomic=True)
+    for _ in range(failing_step - 1):
+        step(*file_case.inputs)
+    before = _state(model, optimizer)
+    monkeypatch.setattr(local, "call_node", call_node)
+    with pytest.raises(RuntimeError, match="injected failure") as failed:
+        step(*file_case.inputs)
+    assert not getattr(failed.value, "__notes__", None)
     after = _state(model, optimizer)
     assert after.keys() == before.keys()
     changed = [name for name in before if not torch.equal(before[name], after[name])]

@@ -63,10 +63,9 @@ class PlacedStep:
     learning-rate schedulers are not supported yet) and every module's
     training/eval mode; otherwise it raises :class:`~placer.errors.OptionError`
     saying what differs (for a new ``lr`` apply the plan again; for the rest
-    plan again). A step that raises once running changes neither ``model`` nor
-    ``optimizer``: the new state is written only once every other operation
-    has succeeded (:class:`~placer.runtime.local.LocalExecutor`), so the step
-    can be called again.
+    plan again). A step that raises once running may have written part of the
+    new state, where the plan puts its writes (the error says so); with
+    ``atomic=True`` it changes neither ``model`` nor ``optimizer``.
 
     Random operations (dropout) each draw from their own stream, seeded from
     a base seed drawn from torch's global generator on the first call
@@ -87,11 +86,17 @@ class PlacedStep:
         Torch device of every plan device (see :class:`LocalExecutor`).
     profile : bool
         Time every operation (:attr:`executor` ``.op_s``).
+    atomic : bool
+        Write the new parameters, buffers and optimizer state only once the
+        rest of the step has run without error, so that a step that raises can
+        be called again. The new values are then held until the step's end, up
+        to one more copy of the state than the plan's memory counts where the
+        plan writes early (:class:`~placer.runtime.local.LocalExecutor`).
     """
 
     def __init__(self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  cluster: Cluster | str | None = None, devices: Sequence[str] | None = None,
-                 profile: bool = False):
+                 profile: bool = False, atomic: bool = False):
         self.plan = plan
         self.model = model
         self.optimizer = optimizer
@@ -104,6 +109,7 @@ class PlacedStep:
         self.cluster = load_cluster(cluster) if isinstance(cluster, str) else cluster
         self.devices = devices
         self.profile = profile
+        self.atomic = atomic
         self.captured = None
         self.executor: LocalExecutor | None = None
         self._flat: list | None = None
@@ -121,8 +127,8 @@ class PlacedStep:
         inputs = self.captured.checked_inputs(inputs)
         self.captured.check_modes(self.model)
         # step_inputs gives a parameter without optimizer state the fresh state of torch.optim's first
-        # step: a step that fails has not taken it.
-        stateless = [] if self.optimizer is None else \
+        # step: an atomic step that fails has not taken it.
+        stateless = [] if self.optimizer is None or not self.atomic else \
             [p for group in self.optimizer.param_groups for p in group["params"] if not self.optimizer.state.get(p)]
         try:
             if self.optimizer is not None or self._flat is None:
@@ -157,5 +163,5 @@ class PlacedStep:
                     f"model's with these inputs and {this} (digest {captured.graph.digest()}): another model, "
                     f"batch size or optimizer needs its own plan")
         program = compile_program(captured.gm, captured.graph, self.plan, self.cluster, carrier=captured.carrier)
-        self.executor = LocalExecutor(program, self.devices, profile=self.profile)
+        self.executor = LocalExecutor(program, self.devices, profile=self.profile, atomic=self.atomic)
         self.captured = captured

@@ -10,11 +10,14 @@ consumer after its copy, so computation on different devices and transfers
 overlap as in the simulator. Where it is not, every device is the CPU and the
 step runs sequentially in the same order, with the same copies.
 
-A step is all or nothing for the caller's tensors: the writes of the new
-parameters and optimizer state (:attr:`Program.deferred`) run after every other
-operation, and a tensor written during the step (batch norm's running
-statistics) is written in a copy, copied back once the step has succeeded. A
-step that raises leaves its inputs as they were.
+By default the new parameters and optimizer state are written where the plan
+puts their writes, which the plan's memory counts on: a step that raises part
+way may have written some of them. With ``atomic`` a step is all or nothing for
+the caller's tensors: those writes (:attr:`Program.deferred`) run after every
+other operation, holding the new values until then (up to one more copy of
+the state written early), and a tensor written during the step (batch norm's
+running statistics) is written in a copy, copied back once the step has
+succeeded.
 """
 
 from __future__ import annotations
@@ -69,6 +72,9 @@ class LocalExecutor:
         stream, :func:`~placer.runtime.program.op_seed` of it, the step number
         and its name); default: drawn from torch's global generator, when the
         step has random operations.
+    atomic : bool
+        Write the caller's tensors only once the rest of the step has run
+        without error (see the module's docstring).
 
     Attributes
     ----------
@@ -89,7 +95,7 @@ class LocalExecutor:
     """
 
     def __init__(self, program: Program, devices: Sequence[str | torch.device] | None = None, *,
-                 profile: bool = False, seed: int | None = None):
+                 profile: bool = False, seed: int | None = None, atomic: bool = False):
         self.program = program
         self.seed = seed if seed is not None else (draw_seed() if program.random else 0)
         self.steps_run = 0
@@ -98,9 +104,10 @@ class LocalExecutor:
         if len(self.devices) != n:
             raise OptionError(f"devices: {len(self.devices)} given for a plan over {n} devices")
         self.profile = profile
-        # Inputs written during the step, not after it: the step writes a copy (see run).
-        self.staged = {root for v, roots in program.writes.items() if v not in program.deferred
-                       for root in roots if root.op == "placeholder"}
+        self.deferred = program.deferred if atomic else frozenset()
+        # Atomic: inputs written during the step, not after it, are written in a copy (see run).
+        self.staged = {root for v, roots in program.writes.items() if v not in self.deferred
+                       for root in roots if root.op == "placeholder"} if atomic else set()
         self.cuda = any(d.type == "cuda" for d in self.devices)
         self.op_s: dict[str, float] = {}
         self.transfer_s: list[tuple[Any, float]] = []      # (Transfer, seconds)
@@ -117,11 +124,10 @@ class LocalExecutor:
     def run(self, flat_inputs: Sequence[Any]) -> list[Any]:
         """Run one step; return the step's flat outputs.
 
-        Inputs on their plan device are used in place, so the step's last
-        writes (new parameters, optimizer state) land in them once every other
-        operation has run; the others, and the inputs the step writes before
-        its end, are copied there and the written ones copied back once the
-        step has succeeded. A step that raises writes no input.
+        Inputs on their plan device are used in place, so the step's writes
+        (new parameters, optimizer state) land in them; others are copied there
+        and the written ones copied back once the step has succeeded. With
+        ``atomic`` a step that raises writes no input.
         """
         prog = self.program
         if len(flat_inputs) != len(prog.placeholders):
@@ -129,6 +135,7 @@ class LocalExecutor:
         env: dict[tuple[fx.Node, int], Any] = {}
         moved: list[tuple[Any, Any]] = []
         written = {root for roots in prog.writes.values() for root in roots}
+        copied = set()      # the inputs the step works on a copy of
         for p, value in zip(prog.placeholders, flat_inputs):
             home = self.devices[prog.device_of[p]]
             if isinstance(value, torch.Tensor) and (value.device != home or p in self.staged):
@@ -136,14 +143,22 @@ class LocalExecutor:
                 if p in written:
                     moved.append((value, local))
                 value = local
+                copied.add(p)
             env[(p, prog.device_of[p])] = value
-        if self.cuda:
-            for d in self.devices:
-                if d.type == "cuda":
-                    torch.cuda.current_stream(d).synchronize()
-            outputs = self._run_cuda(env)
-        else:
-            outputs = self._run_sequential(env)
+        try:
+            if self.cuda:
+                for d in self.devices:
+                    if d.type == "cuda":
+                        torch.cuda.current_stream(d).synchronize()
+                outputs = self._run_cuda(env)
+            else:
+                outputs = self._run_sequential(env)
+        except Exception as exc:
+            if not self.deferred and any(p in written and p not in copied for p in prog.placeholders):
+                exc.add_note("placer: the step failed part way; the new parameters and optimizer state it wrote "
+                             "before failing are in the model and optimizer already (plan.apply(..., atomic=True) "
+                             "writes them only once the whole step has succeeded)")
+            raise
         self.steps_run += 1
         for original, local in moved:
             original.copy_(local)
@@ -168,7 +183,7 @@ class LocalExecutor:
         for k, v in enumerate(prog.schedule):
             d = prog.device_of[v]
             values = {a: env[(a, d)] for a in v.all_input_nodes}
-            if v in prog.deferred:
+            if v in self.deferred:
                 deferred.append((v, values))
                 continue
             t0 = clock()
@@ -244,7 +259,7 @@ class LocalExecutor:
         for k, v in enumerate(prog.schedule):
             d = prog.device_of[v]
             values = {a: env[(a, d)] for a in v.all_input_nodes}
-            if v in prog.deferred:
+            if v in self.deferred:
                 deferred.append((v, values))
                 continue
             out = issue(v, values)
