@@ -567,6 +567,26 @@ def test_profile_and_predict_take_the_optimizers_capture_takes(tmp_path, capsys)
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_predict_names_its_graph_as_capture_names_that_step(tmp_path):
+    # predict named its graph after the model's class and the largest fitted batch ("Net-bs4-sgd@batch16"):
+    # a profile of the step at that batch was refused for it, and the runtime read batch 4 from "-bs4-".
+    model_file = tmp_path / "net.py"
+    model_file.write_text(_MODEL_FILE)
+    spec = f"{model_file}:make"
+    assert main(["capture", spec, "--batch", "16", "--optimizer", "sgd", "-o", str(tmp_path / "c.json")]) == 0
+    assert main(["predict", spec, "--batches", "2,4", "--target", "16", "--optimizer", "sgd", "--device", "none",
+                 "-o", str(tmp_path / "p.json")]) == 0
+    captured, predicted = OpGraph.load(tmp_path / "c.json"), OpGraph.load(tmp_path / "p.json")
+    assert predicted.name == captured.name == "make-bs16-sgd" and predicted.ids == captured.ids
+    profile = _profile_for(captured)
+    assert apply_profile(predicted, profile).compute_s_by_kind[0]["cpu"] == profile.node_seconds[captured.ids[0]]
+    # In Python: a factory is named as a file's FACTORY is, a lambda as capture names the model.
+    fitted = standard_evaluation(_tiny, (2, 4), optimizer="SGD", device=None)
+    assert (fitted.base.name, fitted.predict(8).name) == ("_tiny-bs4-sgd", "_tiny-bs8-sgd")
+    fitted = standard_evaluation(lambda batch: _tiny(batch), (2, 4), optimizer="sgd", device=None)
+    assert fitted.predict(8).name == capture(*_tiny(8), optimizer="sgd").graph.name == "_TinyNet-bs8-sgd"
+
+
 def test_a_gpu_index_beyond_the_machines_gpus_is_an_option_error(monkeypatch):
     # On a one-GPU machine, torch itself would fail with a bare AssertionError inside get_device_name.
     from placer.cost.profile import device_kind_of

@@ -24,7 +24,7 @@ from torch import nn
 
 from ..errors import FormatError, OptionError
 
-__all__ = ["load_model", "capture_spec", "parse_spec"]
+__all__ = ["load_model", "capture_spec", "parse_spec", "spec_label"]
 
 
 def parse_spec(spec: str) -> tuple[str, str, Any]:
@@ -57,6 +57,20 @@ def parse_spec(spec: str) -> tuple[str, str, Any]:
         raise OptionError(f"model spec {spec!r}: expected 'zoo:NAME' or 'path/to/file.py:FACTORY' "
                           f"(FACTORY a Python name)")
     return "file", path, factory
+
+
+def spec_label(spec: str) -> str:
+    """The model's part of the graph name of a step captured from ``spec`` (see
+    :func:`placer.capture.step_name`): the zoo name with its size options as written
+    (``gpt2?layers=2``), or the factory's name.
+
+    Raises
+    ------
+    OptionError
+        As :func:`parse_spec`.
+    """
+    kind, _, detail = parse_spec(spec)
+    return spec[len("zoo:"):] if kind == "zoo" else detail
 
 
 def _option_value(raw: str) -> Any:
@@ -187,8 +201,9 @@ def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 
         True: build on the meta device (no memory, any size). False: build for real.
         None: try the meta device and build for real if the factory cannot run there.
     name : str, optional
-        Graph name (default ``NAME-bsBATCH-OPTIMIZER`` with NAME the zoo name with its size
-        options as written, or the factory's name).
+        Graph name (default :func:`placer.capture.step_name`, ``NAME-bsBATCH-OPTIMIZER``
+        with NAME the :func:`spec_label`: the zoo name with its size options as written, or
+        the factory's name).
 
     Returns
     -------
@@ -199,12 +214,9 @@ def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 
     OptionError, FormatError
         As :func:`load_model` and :func:`placer.capture.capture`.
     """
-    from .trace import capture
+    from .trace import capture, step_name
 
-    kind, where, detail = parse_spec(spec)
-    label = spec[len("zoo:"):] if kind == "zoo" else detail   # zoo size options stay in the name
-    options = dict(optimizer=optimizer, lr=lr,
-                   name=name or f"{label}-bs{batch}-{str(optimizer).lower()}")
+    options = dict(optimizer=optimizer, lr=lr, name=name or step_name(spec_label(spec), batch, optimizer))
     if fake is None:
         try:
             return capture(*load_model(spec, batch, meta=True), fake=True, **options)

@@ -40,7 +40,7 @@ from ..graph import OpGraph
 from .build import build_graph
 from .optim import OptimizerSpec, optimizer_spec
 
-__all__ = ["CapturedStep", "StepLayout", "capture", "portable_kernels", "dense_layout"]
+__all__ = ["CapturedStep", "StepLayout", "capture", "step_name", "portable_kernels", "dense_layout"]
 
 
 @dataclass(frozen=True)
@@ -404,6 +404,17 @@ def _step_function(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inp
     return step
 
 
+def step_name(label: str, batch: int | None, optimizer: str) -> str:
+    """The name of a captured training step's graph: ``LABEL-bsBATCH-OPTIMIZER`` (``resnet50-bs64-adam``).
+
+    Whatever captures or predicts a step (:func:`capture`, :func:`placer.capture.capture_spec`,
+    ``placer profile``, ``placer predict``) names its graph here, so that the same model,
+    batch and optimizer get the same name everywhere: a profile is matched to its graph by
+    name (the digest does not see sizes), and the runtime reads the batch from ``-bsN-``.
+    """
+    return f"{label}-bs{batch}-{str(optimizer).lower()}"
+
+
 def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float = 1e-3,
             name: str | None = None, fake: bool = False) -> CapturedStep:
     """Capture one training step (forward, loss, backward, optimizer update) of ``model``.
@@ -421,7 +432,8 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     lr : float
         Learning rate.
     name : str, optional
-        Graph name (default: the model's class name, batch size and optimizer).
+        Graph name (default: :func:`step_name` of the model's class name, batch size and
+        optimizer).
     fake : bool
         Do not read the model's values; automatic when its parameters are on the meta
         device. Tracing always uses fake tensors, so this only marks the step as not
@@ -487,7 +499,7 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     slots = tuple(k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor))
     layout = StepLayout(tuple(params), tuple(buffers), opt.state_names, slots, len(inputs))
     batch = next((int(inputs[k].shape[0]) for k in slots if inputs[k].dim() >= 1), None)
-    name = name or f"{type(model).__name__}-bs{batch}-{opt.name}"
+    name = name or step_name(type(model).__name__, batch, opt.name)
 
     fake_mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True, allow_non_fake_inputs=True)
     with fake_mode:

@@ -16,6 +16,7 @@ sequential memory-bounded placement) needs the runtime, not this module.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from functools import partial
 from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
@@ -94,6 +95,11 @@ class BatchModel:
         Device kind the measured times are for (None: the graphs' ``compute_s``).
     fit_error : dict
         Field name -> largest relative residual of the fit at the measured batch sizes.
+    name_at : callable or None
+        Batch size -> name of the predicted graph: the name a capture at that batch
+        would get (:func:`placer.capture.step_name`, as :func:`standard_evaluation` sets
+        it), so that profiles and the runtime take the prediction for that step. None:
+        the base graph's name with ``@batchN``.
     """
 
     base: "OpGraph"
@@ -102,6 +108,7 @@ class BatchModel:
     coef: dict[str, np.ndarray]
     time_kind: str | None = None
     fit_error: dict[str, float] = field(default_factory=dict)
+    name_at: Callable[[int], str] | None = None
 
     def predict_field(self, name: str, batch: int) -> np.ndarray:
         intercept, slope = self.coef[name]
@@ -142,7 +149,7 @@ class BatchModel:
         splittable = [None if s is None else [{**d, "size": d["size"] * batch // base} if d.get("dim") == "batch"
                                               else d for d in s]
                       for s in g.splittable]
-        name = f"{g.name}@batch{batch}"
+        name = self.name_at(int(batch)) if self.name_at is not None else f"{g.name}@batch{batch}"
         info = {"batches": self.batches, "target_batch": batch, "matched_by": self.matched_by,
                 "time_kind": self.time_kind}
         return g.replace(compute_s=compute_s, compute_s_by_kind=by_kind, output_bytes=sizes("output_bytes"),
@@ -152,7 +159,8 @@ class BatchModel:
 
 
 def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
-                    profiles: "Sequence[Profile] | None" = None) -> BatchModel:
+                    profiles: "Sequence[Profile] | None" = None, *,
+                    name_at: Callable[[int], str] | None = None) -> BatchModel:
     """Fit per-node time and memory, linear in the batch size, from graphs at small batches.
 
     Parameters
@@ -163,6 +171,8 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
     profiles : sequence of Profile, optional
         Measured times of each graph (one device kind); without them the graphs'
         ``compute_s`` are fitted.
+    name_at : callable, optional
+        Batch size -> graph name of a prediction (see :attr:`BatchModel.name_at`).
 
     Returns
     -------
@@ -230,7 +240,7 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
         residual = np.abs(coef[name][0] + np.outer(x, coef[name][1]) - y)
         scale = np.maximum(np.abs(y), 1e-300)
         fit_error[name] = float((residual / scale).max()) if y.size else 0.0
-    return BatchModel(base, batches, how, coef, next(iter(kinds)) if kinds else None, fit_error)
+    return BatchModel(base, batches, how, coef, next(iter(kinds)) if kinds else None, fit_error, name_at)
 
 
 def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[int] = (2, 4, 8), *,
@@ -254,7 +264,9 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
     Returns
     -------
     BatchModel
-        ``model.predict(target)`` is the graph at the target batch size.
+        ``model.predict(target)`` is the graph at the target batch size, named as a
+        capture of ``spec`` at that batch would be (:func:`placer.capture.step_name` of
+        :func:`placer.capture.spec_label`, or of a factory's name).
 
     Raises
     ------
@@ -265,13 +277,18 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
     ----------
     Celeritas, section 4.2.1.
     """
-    from ..capture import capture
+    from ..capture import capture, spec_label, step_name
     from .profile import profile_step
 
     if callable(spec):
         factory = spec
+        # A factory is named as the FACTORY of a file.py:FACTORY spec; a lambda as capture names a model.
+        label = getattr(spec, "__name__", "")
+        label = label if label.isidentifier() else None
     else:
         from ..capture import load_model
+
+        label = spec_label(spec)
 
         def factory(batch):
             return load_model(spec, batch)
@@ -279,8 +296,10 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
     graphs, profiles = [], []
     for batch in batches:
         model, inputs = factory(batch)
-        step = capture(model, inputs, optimizer=optimizer)
+        label = label or type(model).__name__
+        step = capture(model, inputs, optimizer=optimizer, name=step_name(label, batch, optimizer))
         graphs.append(step.graph)
         if device:
             profiles.append(profile_step(step, model, inputs, device=device, repeats=repeats))
-    return fit_batch_model(graphs, batches, profiles if device else None)
+    return fit_batch_model(graphs, batches, profiles if device else None,
+                           name_at=partial(step_name, label, optimizer=optimizer))
