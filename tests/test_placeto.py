@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
@@ -252,6 +255,53 @@ def test_cli_trains_a_policy_with_checkpoint_and_curve(tmp_path, capsys):
     assert main(["plan", str(graph_file), "--cluster", "2xV100-nvlink", "--algorithm", "placeto",
                  "--option", f"policy={out}", "-o", str(plan_out)]) == 0
     assert "trained in" in capsys.readouterr().out
+
+
+def _group_running(pgid: int) -> list[int]:
+    """Processes of process group ``pgid`` that have not exited (zombies excepted)."""
+    running = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+        except OSError:     # it exited while we looked
+            continue
+        if fields[0] != "Z" and int(fields[2]) == pgid:
+            running.append(int(stat.parent.name))
+    return running
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_ctrl_c_stops_training_with_workers_and_writes_no_policy(tmp_path):
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "policy.pt"
+    proc = subprocess.Popen([sys.executable, "-m", "placer", "train", "placeto", "--family", "rnn",
+                             "--episodes", "100000", "--workers", "2", "--rollouts-per-update", "2",
+                             "--target-nodes", "6", "--passes", "1", "--checkpoint-every", "1", "--output", str(out)],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    try:
+        # The first checkpoint: the workers are up and have run an update's rollouts.
+        deadline = time.monotonic() + 120
+        while not (tmp_path / "policy.pt.ckpt").exists():
+            assert proc.poll() is None and time.monotonic() < deadline, "training did not get under way"
+            time.sleep(0.1)
+        os.killpg(proc.pid, signal.SIGINT)     # as Ctrl-C does: to the workers too
+        err = proc.communicate(timeout=60)[1].decode()
+        deadline = time.monotonic() + 30
+        while _group_running(proc.pid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert not _group_running(proc.pid), "workers left running"
+    finally:
+        if proc.poll() is None or _group_running(proc.pid):
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+    assert proc.returncode == 130 and "placer: interrupted" in err and "Traceback" not in err, err
+    # No policy, curve or temporary file; the last checkpoint is whole.
+    assert [p.name for p in tmp_path.iterdir()] == ["policy.pt.ckpt"]
+    assert PlacetoPolicy.load(tmp_path / "policy.pt.ckpt").metadata["curve"]["return"]
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -29,6 +29,7 @@ from __future__ import annotations
 import math
 import multiprocessing
 import os
+import signal
 import time
 from collections import deque
 from dataclasses import asdict, dataclass, field
@@ -308,6 +309,16 @@ def _init_problems(graphs: Sequence[OpGraph], clusters: Sequence[Cluster], confi
     torch.set_num_threads(1)
 
 
+def _init_worker(graphs: Sequence[OpGraph], clusters: Sequence[Cluster], config: TrainConfig) -> None:
+    """Set up a pool worker; Ctrl-C is the parent's to handle.
+
+    The terminal sends SIGINT to the workers too: one that died of it would take its
+    rollout with it, and the parent, which terminates the pool, would print its traceback.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    _init_problems(graphs, clusters, config)
+
+
 def _mdp(graph_index: int, cluster_index: int) -> PlacementMDP:
     key = (graph_index, cluster_index)
     if key not in _PROBLEMS["mdps"]:
@@ -318,10 +329,15 @@ def _mdp(graph_index: int, cluster_index: int) -> PlacementMDP:
 
 
 def _rollout(task: tuple) -> tuple:
-    """One rollout and its REINFORCE gradient: (gradients, returns, stats)."""
+    """One rollout and its REINFORCE gradient: (gradients, returns, stats, best).
+
+    The weights come and the gradients go as numpy arrays, not tensors: between processes torch
+    shares a tensor's memory over a socket, which a worker terminated part way (Ctrl-C) breaks,
+    and the parent prints a traceback.
+    """
     state, graph_index, cluster_index, seed, baseline, entropy_coef = task
     policy = _PROBLEMS["policy"]
-    policy.load_state_dict(state)
+    policy.load_state_dict({k: torch.from_numpy(v) for k, v in state.items()})
     policy.zero_grad()
     mdp = _mdp(graph_index, cluster_index)
     gen = torch.Generator().manual_seed(seed)
@@ -339,7 +355,8 @@ def _rollout(task: tuple) -> tuple:
     loss = -(torch.stack(ep.log_probs) * torch.as_tensor(advantage, dtype=torch.float32)).sum() / steps \
         - entropy_coef * torch.stack(ep.entropies).sum() / steps
     loss.backward()
-    grads = [p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p) for p in policy.parameters()]
+    grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy().copy()
+             for p in policy.parameters()]
     stats = (float(ep.rewards.sum()), ep.start_makespan_s / ep.best_makespan_s if ep.best_makespan_s > 0 else 1.0)
     best = (not ep.best_fits, ep.best_cost, ep.best_makespan_s, ep.best_device_of)
     return grads, returns, stats, best
@@ -404,12 +421,12 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
     baselines: dict[tuple[int, int], deque] = {}
     best: dict[tuple[int, int], tuple] = {}
     curve: dict[str, list] = {"update": [], "episodes": [], "return": [], "speedup": [], "seconds": []}
+    _init_problems(graphs, clusters, config)
     pool = None
     if config.workers > 1:
         # Not fork: a parent that has run autograd where CUDA is present cannot fork workers that run it.
         pool = multiprocessing.get_context("spawn").Pool(
-            config.workers, initializer=_init_problems, initargs=(graphs, clusters, config))
-    _init_problems(graphs, clusters, config)
+            config.workers, initializer=_init_worker, initargs=(graphs, clusters, config))
     try:
         for update in range(updates):
             if deadline is not None and time.perf_counter() >= deadline:
@@ -418,7 +435,7 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
             for group in optimizer.param_groups:
                 group["lr"] = config.lr + (config.lr_final - config.lr) * frac
             entropy_coef = config.entropy + (config.entropy_final - config.entropy) * frac
-            state = {k: v.detach().clone() for k, v in policy.state_dict().items()}
+            state = {k: v.detach().numpy().copy() for k, v in policy.state_dict().items()}
             tasks = []
             for k in range(config.rollouts_per_update):
                 key = (int(rng.integers(len(graphs))), int(rng.integers(len(clusters))))
@@ -428,7 +445,7 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
             results = pool.map(_rollout, tasks) if pool is not None else [_rollout(t) for t in tasks]
             optimizer.zero_grad()
             for p, *grads in zip(policy.parameters(), *(r[0] for r in results)):
-                p.grad = torch.stack(grads).mean(0)
+                p.grad = torch.stack([torch.from_numpy(g) for g in grads]).mean(0)
             optimizer.step()
             for task, (_, returns, _, found) in zip(tasks, results):
                 baselines.setdefault(task[1:3], deque(maxlen=config.baseline_window)).append(returns)
@@ -446,18 +463,32 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
                 _save(policy, checkpoint, config, curve)
     finally:
         if pool is not None:
-            pool.close()
+            # Not close() and join(): after Ctrl-C or an error they would wait for the rollouts in
+            # flight, forever for one whose worker died (a worker still starting dies of the SIGINT).
+            pool.terminate()
             pool.join()
         torch.set_num_threads(threads)
     return TrainResult(policy, curve, time.perf_counter() - began, best)
 
 
-def _save(policy: PlacetoPolicy, path, config: TrainConfig, curve: dict) -> None:
-    """Write the policy atomically (a checkpoint is never half written)."""
+def _write_atomic(path, write: Callable[[Path], None]) -> None:
+    """``write(tmp)`` a file beside ``path``, then rename it to ``path``.
+
+    An error or Ctrl-C part way leaves the old file (or none) and no temporary one, never half a file.
+    """
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
-    policy.save(tmp, train_config=asdict(config), curve=curve)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _save(policy: PlacetoPolicy, path, config: TrainConfig, curve: dict) -> None:
+    """Write the policy atomically (a checkpoint is never half written)."""
+    _write_atomic(path, lambda tmp: policy.save(tmp, train_config=asdict(config), curve=curve))
 
 
 def save_result(result: TrainResult, path, config: TrainConfig) -> None:
@@ -487,5 +518,7 @@ def plot_curve(curve: dict, path, *, title: str = "Placeto training", window: in
         ax.legend(loc="lower right", fontsize=8)
     fig.suptitle(title)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    # The format named, as the temporary file's name does not end in it.
+    picture = Path(path).suffix[1:] or "png"
+    _write_atomic(path, lambda tmp: fig.savefig(tmp, format=picture, dpi=110))
     plt.close(fig)
