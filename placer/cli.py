@@ -403,12 +403,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    args = None
     try:
+        # Inside the try: the command modules import torch, a second or two in which Ctrl-C may come.
+        args = build_parser().parse_args(argv)
         return args.func(args)
     except PlacerError as exc:
-        if args.debug:
+        if getattr(args, "debug", False):
             raise
         print(f"placer: error: {exc}", file=sys.stderr)
         return 2

@@ -339,3 +339,15 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     err = proc.stderr.read().decode()
     proc.wait(timeout=60)
     assert "Traceback" not in err, err
+
+
+def test_ctrl_c_while_the_commands_load_ends_with_status_130(capsys, monkeypatch):
+    """The command modules import torch before any command runs: Ctrl-C then is an interrupt, not a traceback."""
+    import placer.cli
+
+    def interrupted():
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(placer.cli, "build_parser", interrupted)
+    code, out, err = run(capsys, "algorithms")
+    assert code == 130 and out == "" and err == "placer: interrupted\n"
