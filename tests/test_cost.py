@@ -508,6 +508,37 @@ def test_cost_command_annotates_and_applies_profiles(tmp_path, capsys):
     assert "unknown device kind 'TPU'" in capsys.readouterr().err
 
 
+def test_cost_command_refuses_to_replace_measured_times_unless_told(tmp_path, capsys):
+    # It wrote the analytic model's times over those of 'placer profile --graph-output', silently.
+    graph = training_graph(layers=2)
+    profile = _profile_for(graph)
+    profile.save(tmp_path / "p.json")
+    measured = tmp_path / "measured.json"
+    apply_profile(graph, profile).save(measured)
+    out = tmp_path / "costed.json"
+    assert main(["cost", str(measured), "-o", str(out)]) == 2
+    assert f"graph file {measured} has measured times that the analytic model would replace: " \
+           f"{graph.num_nodes} for kind 'cpu' (node {graph.ids[0]!r}: 0.0001 s -> " in capsys.readouterr().err
+    assert not out.exists()
+
+    def cpu_times():
+        return [d["cpu"] for d in OpGraph.load(out).compute_s_by_kind]
+
+    # Kept when cpu is not costed, or measured again by a profile; replaced when asked, saying so.
+    assert main(["cost", str(measured), "--kinds", "A100", "-o", str(out)]) == 0
+    assert cpu_times() == [profile.node_seconds[i] for i in graph.ids]
+    assert main(["cost", str(measured), "--profile", str(tmp_path / "p.json"), "-o", str(out)]) == 0
+    assert cpu_times() == [profile.node_seconds[i] for i in graph.ids]
+    capsys.readouterr()
+    assert main(["cost", str(measured), "--overwrite-measured", "-o", str(out)]) == 0
+    assert f"replaced {graph.num_nodes} measured times for kind 'cpu' by the analytic model's" in capsys.readouterr().out
+    assert cpu_times() == [d["cpu"] for d in annotate(graph).compute_s_by_kind]
+    # The analytic model's own times (a captured graph's) are costed again without a word.
+    annotate(graph).save(tmp_path / "analytic.json")
+    assert main(["cost", str(tmp_path / "analytic.json"), "--reference", "A100", "-o", str(out)]) == 0
+    assert "replaced" not in capsys.readouterr().out
+
+
 _MODEL_FILE = '''
 import torch
 class Net(torch.nn.Module):

@@ -3,14 +3,21 @@
 from __future__ import annotations
 
 import argparse
+import math
 import re
 from fractions import Fraction
+
+from typing import TYPE_CHECKING
 
 from ..capture.cli import add_optimizer_option
 from ..errors import OptionError
 from ..io import check_output
 from ..report.tables import working
 from .analytic import DEVICE_SPECS, annotate
+
+if TYPE_CHECKING:
+    from ..graph import OpGraph
+    from .profile import Profile
 
 __all__ = ["add_commands"]
 
@@ -142,18 +149,49 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def _replaced_times(before: OpGraph, after: OpGraph,
+                    profiles: list[Profile]) -> dict[str, list[tuple[str, float, float]]]:
+    """Kind -> (node, old seconds, new seconds) of each ``compute_s_by_kind`` entry of ``before``
+    that ``after`` changes and no profile of ``profiles`` re-measures.
+
+    The analytic model writes the same value again over one of its own times (a captured
+    graph's), so a value it changes came from elsewhere: a profile (``placer profile
+    --graph-output``), a prediction from measured times, or another tool, which FORMATS.md
+    calls measured.
+    """
+    remeasured = {(p.device_kind, node) for p in profiles for node in p.node_seconds}
+    replaced: dict[str, list[tuple[str, float, float]]] = {}
+    for node, old, new in zip(before.ids, before.compute_s_by_kind, after.compute_s_by_kind):
+        for kind, seconds in (old or {}).items():
+            now = (new or {}).get(kind, seconds)
+            if not math.isclose(now, seconds, rel_tol=1e-9, abs_tol=1e-15) and (kind, node) not in remeasured:
+                replaced.setdefault(kind, []).append((node, seconds, now))
+    return replaced
+
+
 def cmd_cost(args: argparse.Namespace) -> int:
     from ..graph import OpGraph
     from .profile import apply_profile, load_profile
 
     check_output(args.output, "graph file")
-    graph = OpGraph.load(args.graph)
+    original = OpGraph.load(args.graph)
+    profiles = [load_profile(path, original) for path in args.profile]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds is not None else None
-    graph = annotate(graph, reference=args.reference, kinds=kinds)
-    for path in args.profile:
-        profile = load_profile(path, graph)
+    graph = annotate(original, reference=args.reference, kinds=kinds)
+    for profile in profiles:
         graph = apply_profile(graph, profile)
-        print(f"{path}: {len(profile.node_seconds)} measured times for kind {profile.device_kind!r}")
+    replaced = _replaced_times(original, graph, profiles)
+    if replaced and not args.overwrite_measured:
+        counts = "; ".join(f"{len(times)} for kind {kind!r} (node {times[0][0]!r}: {times[0][1]:.4g} s -> "
+                           f"{times[0][2]:.4g} s)" for kind, times in replaced.items())
+        raise OptionError(f"graph file {args.graph} has measured times that the analytic model would replace: "
+                          f"{counts}. Give --kinds without {', '.join(map(repr, replaced))} to keep them, or "
+                          f"--overwrite-measured to replace them")
+    for kind, times in replaced.items():
+        print(f"{args.graph}: replaced {len(times)} measured times for kind {kind!r} by the analytic model's "
+              f"(--overwrite-measured)")
+    for profile in profiles:
+        print(f"{profile.source}: {len(profile.node_seconds)} measured times for kind {profile.device_kind!r}")
     graph.save(args.output)
     print(f"{graph.name}: {graph.num_nodes} nodes, {graph.compute_s.sum() * 1e3:.3f} ms on {args.reference} "
           f"(analytic) -> {args.output}")
@@ -213,12 +251,20 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                    help="apply a measured link to channels of another link type; repeatable")
     p.set_defaults(func=cmd_calibrate)
 
-    p = sub.add_parser("cost", help="cost a graph: analytic roofline per device kind, then measured profiles")
+    p = sub.add_parser("cost", help="cost a graph: analytic roofline per device kind, then measured profiles",
+                       description="Write the analytic model's times into the graph (compute_s for --reference, "
+                                   "compute_s_by_kind for --kinds), then the times of each --profile. A graph that "
+                                   "already holds measured times for one of --kinds (from 'placer profile "
+                                   "--graph-output', 'placer predict --device', another tool: any time the analytic "
+                                   "model would change) is refused rather than losing them: leave that kind out "
+                                   "of --kinds to keep them, give a --profile of it, or --overwrite-measured.")
     p.add_argument("graph", help="placer.graph/1 file")
     p.add_argument("--reference", default="V100", help="kind whose times become compute_s (default V100)")
     p.add_argument("--kinds", help="other kinds for compute_s_by_kind, comma-separated (default: every kind the "
                    f"analytic model knows: {', '.join(DEVICE_SPECS)})")
     p.add_argument("--profile", action="append", default=[], help="placer.profile/1 file to apply; repeatable")
+    p.add_argument("--overwrite-measured", action="store_true",
+                   help="replace the graph's measured times of --kinds by the analytic model's (default: refuse)")
     p.add_argument("--output", "-o", required=True)
     p.set_defaults(func=cmd_cost)
 
