@@ -135,8 +135,9 @@ def _naming_plan(path: str, plan, cluster):
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="batch size when GRAPH is a model spec")
-    p.add_argument("--optimizer", default="adam", choices=["sgd", "adam", "adamw"],
-                   help="optimizer of the captured step when GRAPH is a model spec")
+    from .capture.cli import add_optimizer_option
+
+    add_optimizer_option(p, "optimizer of the captured step when GRAPH is a model spec (default adam)")
     p.add_argument("--profile", metavar="FILE", help="placer.profile/1 file of measured times to use")
 
 

@@ -28,17 +28,17 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_optimizer_option(parser: argparse.ArgumentParser) -> None:
+def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
     """Add ``--optimizer`` (default adam) to a command that captures a training step.
 
-    Every such command (``capture``, ``profile``, ``predict``) takes it from here, so that
+    Every such command (``capture``, ``profile``, ``predict``, ``plan``, ``run`` ...) takes it from here, so that
     all accept the same names, :data:`placer.capture.OPTIMIZERS` (those
     :func:`placer.capture.capture` accepts), and none takes one another refuses.
     """
     from .optim import OPTIMIZERS
 
-    parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS,
-                        help="optimizer whose update ends the captured step, torch's defaults (default adam)")
+    parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS, help=help or (
+        "optimizer whose update ends the captured step, torch's defaults (default adam)"))
 
 
 def add_commands(subparsers) -> None:

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from ..capture.cli import add_optimizer_option
 from ..errors import OptionError
 from ..io import check_output
 
@@ -284,7 +285,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="local: one process, every device a CUDA stream or the CPU; distributed: one process "
                         "per device over torch.distributed (gloo on CPU, NCCL on GPUs), started here, or "
                         "the ranks of `torchrun --nproc-per-node N [--nnodes ...] -m placer run ...`")
-    p.add_argument("--optimizer", default="adam", choices=("adam", "sgd", "adamw"))
+    add_optimizer_option(p)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (per rank; default 1)")
     p.add_argument("--timeout", type=float, default=60.0,
