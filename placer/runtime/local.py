@@ -169,16 +169,12 @@ class LocalExecutor:
         prog = self.program
         return [env[(v, prog.device_of[v])] if isinstance(v, fx.Node) else v for v in prog.outputs]
 
-    def _run_sequential(self, env) -> list[Any]:
+    def _walk(self, env, issue, send) -> None:
+        """Run ``issue(v, values)`` on every node in the plan's order, then ``send(v, out)`` its transfers;
+        the deferred writes (:attr:`deferred`) last, once every other node has run (or been queued)."""
         prog = self.program
-        op_s: dict[str, float] = {}
-        transfer_s = []
-        clock = time.perf_counter
         for p in prog.placeholders:
-            for x in prog.sends.get(p, ()):
-                t0 = clock()
-                env[(p, x.dst)] = copy_to(env[(p, x.src)], self.devices[x.dst])
-                transfer_s.append((x, clock() - t0))
+            send(p, env[(p, prog.device_of[p])])
         deferred = []
         for k, v in enumerate(prog.schedule):
             d = prog.device_of[v]
@@ -186,20 +182,33 @@ class LocalExecutor:
             if v in self.deferred:
                 deferred.append((v, values))
                 continue
-            t0 = clock()
-            out = call_node(v, values, self.devices[d], self.program.seed_of(v, self.seed, self.steps_run))
-            op_s[v] = clock() - t0
+            out = issue(v, values)
             env[(v, d)] = out
-            for x in prog.sends.get(v, ()):
-                t0 = clock()
-                env[(v, x.dst)] = copy_to(out, self.devices[x.dst])
-                transfer_s.append((x, clock() - t0))
+            send(v, out)
             for key in prog.frees[k]:
                 env.pop(key, None)
-        for v, values in deferred:          # every other operation has succeeded: write the new state
+        for v, values in deferred:
+            issue(v, values)
+
+    def _run_sequential(self, env) -> list[Any]:
+        prog = self.program
+        op_s: dict[str, float] = {}
+        transfer_s = []
+        clock = time.perf_counter
+
+        def issue(v, values):
             t0 = clock()
-            call_node(v, values, self.devices[prog.device_of[v]], self.program.seed_of(v, self.seed, self.steps_run))
+            out = call_node(v, values, self.devices[prog.device_of[v]], prog.seed_of(v, self.seed, self.steps_run))
             op_s[v] = clock() - t0
+            return out
+
+        def send(v, value):
+            for x in prog.sends.get(v, ()):
+                t0 = clock()
+                env[(v, x.dst)] = copy_to(value, self.devices[x.dst])
+                transfer_s.append((x, clock() - t0))
+
+        self._walk(env, issue, send)
         if self.profile:
             self.op_s = {prog.node_id(v): s for v, s in op_s.items() if v in prog.graph_node}
             self.transfer_s = transfer_s
@@ -253,23 +262,7 @@ class LocalExecutor:
                     done[v] = ev
             return out
 
-        for p in prog.placeholders:
-            send(p, env[(p, prog.device_of[p])])
-        deferred = []
-        for k, v in enumerate(prog.schedule):
-            d = prog.device_of[v]
-            values = {a: env[(a, d)] for a in v.all_input_nodes}
-            if v in self.deferred:
-                deferred.append((v, values))
-                continue
-            out = issue(v, values)
-            env[(v, d)] = out
-            send(v, out)
-            for key in prog.frees[k]:
-                env.pop(key, None)
-        # Every other operation was queued without an error: queue the writes of the new state.
-        for v, values in deferred:
-            issue(v, values)
+        self._walk(env, issue, send)
         for dev in entry:
             torch.cuda.synchronize(dev)
         if self.profile:
