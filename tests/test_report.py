@@ -8,6 +8,7 @@ import pytest
 
 from placer import load_cluster, place, simulate_plan
 from placer.algorithms.auto import critical_path_nodes
+from placer.cluster import Channel, Cluster, Device
 from placer.cli import main
 from placer.generate import random_dag, training_graph
 from placer.report.compare import compare
@@ -97,3 +98,14 @@ def test_no_plan_beats_the_lower_bound_that_holds_for_it():
         assert row["gap_to_lower_bound"] >= -1e-9, (name, row)
     splitting = [e for e in comparison.entries if e.plan is not None and e.plan.rewritten_graph is not None]
     assert splitting and all(comparison.bound_for(e) == comparison.split_lower_bound_s for e in splitting)
+
+
+def test_names_with_dollar_signs_are_drawn_as_written(tmp_path):
+    # matplotlib reads $...$ as math: a graph, cluster or device so named made the charts raise after the run.
+    graph = training_graph(layers=2, branches=2, name="cost $x^$ model")
+    cluster = Cluster("box $\\frac$", [Device("gpu$0$", "V100", 16 << 30), Device("gpu$1", "V100", 16 << 30)],
+                      [Channel("gpu$0$->gpu$1", 25e9, 1e-5, (("gpu$0$", "gpu$1"),)),
+                       Channel("gpu$1->gpu$0$", 25e9, 1e-5, (("gpu$1", "gpu$0$"),))])
+    paths = compare(graph, cluster, ["single", "round_robin"], progress=False).write(tmp_path)
+    assert (tmp_path / "gantt-round_robin.png").read_bytes()[:4] == b"\x89PNG"
+    assert "cost $x^$ model" in paths["html"].read_text()

@@ -2,7 +2,8 @@
 
 The Gantt chart has one lane per device and one per channel that carried a
 transfer; operations are coloured by layer so that a layer split is visible
-at a glance, transfers are drawn in their channel's lane.
+at a glance, transfers are drawn in their channel's lane. Names are drawn as
+written: a ``$`` in a graph, cluster or device name is not read as math.
 """
 
 from __future__ import annotations
@@ -20,6 +21,9 @@ from ..sim.simulator import SimResult  # noqa: E402
 
 __all__ = ["gantt_chart", "memory_chart"]
 
+#: Text as written, never mathtext (``$x^$`` in a name would make matplotlib raise while drawing).
+_PLAIN_TEXT = {"text.parse_math": False}
+
 
 def _layer_colours(result: SimResult) -> list:
     cmap = plt.get_cmap("tab20")
@@ -27,6 +31,7 @@ def _layer_colours(result: SimResult) -> list:
             for layer, op in zip(result.graph.layer, result.graph.op)]
 
 
+@matplotlib.rc_context(_PLAIN_TEXT)
 def gantt_chart(result: SimResult, path: str | os.PathLike, title: str = "") -> None:
     """Write a PNG Gantt chart of ``result`` (devices, then the channels used, as lanes)."""
     cluster = result.cluster
@@ -55,6 +60,7 @@ def gantt_chart(result: SimResult, path: str | os.PathLike, title: str = "") -> 
     plt.close(fig)
 
 
+@matplotlib.rc_context(_PLAIN_TEXT)
 def memory_chart(result: SimResult, path: str | os.PathLike, title: str = "") -> None:
     """Write a PNG of memory in use per device over the step, with each device's capacity."""
     fig, ax = plt.subplots(figsize=(12, 3.2), dpi=100)
