@@ -109,3 +109,24 @@ def test_names_with_dollar_signs_are_drawn_as_written(tmp_path):
     paths = compare(graph, cluster, ["single", "round_robin"], progress=False).write(tmp_path)
     assert (tmp_path / "gantt-round_robin.png").read_bytes()[:4] == b"\x89PNG"
     assert "cost $x^$ model" in paths["html"].read_text()
+
+
+def test_interrupted_write_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
+    # The charts are the slow part: Ctrl-C (or an error) while they are drawn wrote some charts and no report.
+    import placer.report.charts
+
+    graph, cluster = training_graph(layers=2, branches=2), load_cluster("2xcpu")
+    folder = tmp_path / "report"
+    compare(graph, cluster, ["single"], progress=False).write(folder)
+    before = {p.name: p.read_bytes() for p in folder.iterdir()}
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(placer.report.charts, "memory_chart", interrupted)
+    again = compare(graph, cluster, ["round_robin", "expert"], progress=False)
+    for target in (folder, tmp_path / "fresh"):
+        with pytest.raises(KeyboardInterrupt):
+            again.write(target)
+    assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
+    assert not any((tmp_path / "fresh").iterdir())

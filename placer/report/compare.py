@@ -13,6 +13,7 @@ import csv
 import io
 import math
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -153,7 +154,9 @@ class Comparison:
     def write(self, folder: str | os.PathLike) -> dict[str, Path]:
         """Write the table (md, csv, json), plans, charts and ``report.html``; return the paths by role.
 
-        The tables and plans are made before the first file is written: a late error leaves no half report.
+        Everything is made before the first file lands in ``folder``: the tables and plans in memory, the
+        charts (the slow part) in a temporary folder inside it, which is removed on any error or Ctrl-C.
+        An interrupted write leaves no half report, nor new charts beside an earlier report.
         """
         from .charts import gantt_chart, memory_chart
         from .html import html_report
@@ -166,14 +169,17 @@ class Comparison:
         for e in planned:
             texts[folder / f"plan-{e.algorithm}.json"] = json_text(e.plan.to_dict())
         folder.mkdir(parents=True, exist_ok=True)
-        charts = {}
-        for e in planned:
-            gantt, memory = folder / f"gantt-{e.algorithm}.png", folder / f"memory-{e.algorithm}.png"
-            gantt_chart(e.result, gantt, title=f"{e.algorithm}: {self.graph.name} on {self.cluster.name}, "
-                                               f"makespan {e.makespan_s * 1e3:.3f} ms")
-            memory_chart(e.result, memory, title=f"{e.algorithm}: memory per device (dotted: capacity)")
-            charts[e.algorithm] = (gantt, memory)
-        texts[paths["html"]] = html_report(self, charts)
+        with tempfile.TemporaryDirectory(prefix=".report-", dir=folder) as scratch_name:
+            scratch, charts = Path(scratch_name), {}
+            for e in planned:
+                gantt, memory = scratch / f"gantt-{e.algorithm}.png", scratch / f"memory-{e.algorithm}.png"
+                gantt_chart(e.result, gantt, title=f"{e.algorithm}: {self.graph.name} on {self.cluster.name}, "
+                                                   f"makespan {e.makespan_s * 1e3:.3f} ms")
+                memory_chart(e.result, memory, title=f"{e.algorithm}: memory per device (dotted: capacity)")
+                charts[e.algorithm] = (gantt, memory)
+            texts[paths["html"]] = html_report(self, charts)
+            for chart in (chart for pair in charts.values() for chart in pair):
+                os.replace(chart, folder / chart.name)
         for path, text in texts.items():
             write_text_atomic(path, text, "report file")
         return paths
