@@ -11,6 +11,7 @@ from placer.algorithms.auto import critical_path_nodes
 from placer.cluster import Channel, Cluster, Device
 from placer.cli import main
 from placer.generate import random_dag, training_graph
+from placer.graph import OpGraph
 from placer.report.compare import compare
 from placer.sim import simulate
 
@@ -130,3 +131,19 @@ def test_interrupted_write_leaves_the_folder_as_it_was(tmp_path, monkeypatch):
             again.write(target)
     assert {p.name: p.read_bytes() for p in folder.iterdir()} == before
     assert not any((tmp_path / "fresh").iterdir())
+
+
+def test_gap_to_a_zero_lower_bound(tmp_path, capsys):
+    # Operations that take no time: the bound is 0, and a plan whose transfers take time has no finite gap to
+    # it (it read 0%, as if the plan were optimal); a plan that takes no time either is at the bound.
+    graph = OpGraph(["a", "b", "c"], [0.0, 0.0, 0.0], [0, 1], [1, 2], [1 << 20, 1 << 20], name="free")
+    comparison = compare(graph, load_cluster("2xcpu"), ["single", "round_robin"], progress=False)
+    rows = {row["algorithm"]: row for row in comparison.rows()}
+    assert comparison.lower_bound_s == 0 and rows["round_robin"]["makespan_ms"] > 0
+    assert rows["round_robin"]["gap_to_lower_bound"] is None
+    assert rows["single"]["gap_to_lower_bound"] == 0.0
+    comparison.print()
+    assert "round_robin" in capsys.readouterr().out
+    paths = comparison.write(tmp_path)
+    assert json.loads(paths["json"].read_text())["rows"][1]["gap_to_lower_bound"] is None
+    assert f"<td>round_robin</td><td>{rows['round_robin']['makespan_ms']:.3f}</td><td>-</td>" in paths["html"].read_text()

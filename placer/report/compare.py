@@ -89,7 +89,7 @@ class Comparison:
             rows.append({
                 "algorithm": e.algorithm,
                 "makespan_ms": span * 1e3,
-                "gap_to_lower_bound": span / bound - 1 if bound > 0 else 0.0,
+                "gap_to_lower_bound": _gap(span, bound),
                 "speedup_over_expert": _speedup(reference["expert"], span),
                 "speedup_over_single": _speedup(reference["single"], span),
                 "max_peak_memory_gib": float(e.result.peak_memory_bytes.max()) / 2**30,
@@ -109,6 +109,10 @@ class Comparison:
         if isinstance(value, float):
             return f"{value:.3f}"
         return str(value)
+
+    @staticmethod
+    def _percent(value: float | None) -> str:
+        return "-" if value is None else f"{100 * value:.1f}%"
 
     def markdown(self) -> str:
         lines = [f"# {self.graph.name} on {self.cluster.name}", "",
@@ -142,7 +146,7 @@ class Comparison:
                 rows.append([row["algorithm"], "no plan", "-", "-", "-", "-", "-", "-"])
                 notes.append(row["note"])
                 continue
-            rows.append([row["algorithm"], f"{row['makespan_ms']:.5g}", f"{100 * row['gap_to_lower_bound']:.1f}%",
+            rows.append([row["algorithm"], f"{row['makespan_ms']:.5g}", self._percent(row["gap_to_lower_bound"]),
                          self._cell(row["speedup_over_expert"]), self._cell(row["speedup_over_single"]),
                          f"{row['max_peak_memory_gib']:.2f}", self._cell(row["fits"]), f"{row['plan_time_s']:.2f}"])
         print_rows(header, rows, console=console,
@@ -183,6 +187,14 @@ class Comparison:
         for path, text in texts.items():
             write_text_atomic(path, text, "report file")
         return paths
+
+
+def _gap(span: float, bound: float) -> float | None:
+    """``span / bound - 1``; at a bound of 0 (operations that take no time), 0 for a span of 0 and None for any
+    other (no finite gap: 0 would call a plan slowed by its transfers optimal)."""
+    if bound > 0:
+        return span / bound - 1
+    return 0.0 if span == 0 else None
 
 
 def _speedup(reference: float, span: float) -> float | None:

@@ -48,7 +48,7 @@ def html_report(comparison: "Comparison", charts: dict[str, tuple[Path, Path]]) 
         cls = " class='best'" if best is not None and row["algorithm"] == best.algorithm else ""
         cell = c._cell
         parts.append(f"<tr{cls}><td>{esc(row['algorithm'])}</td><td>{row['makespan_ms']:.3f}</td>"
-                     f"<td>{100 * row['gap_to_lower_bound']:.1f}%</td><td>{cell(row['speedup_over_expert'])}</td>"
+                     f"<td>{c._percent(row['gap_to_lower_bound'])}</td><td>{cell(row['speedup_over_expert'])}</td>"
                      f"<td>{cell(row['speedup_over_single'])}</td><td>{row['max_peak_memory_gib']:.2f}</td>"
                      f"<td>{cell(row['fits'])}</td><td>{row['plan_time_s']:.2f}</td></tr>")
     parts.append("</table>")
