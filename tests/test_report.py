@@ -2,6 +2,7 @@
 
 import csv
 import json
+import re
 
 import numpy as np
 import pytest
@@ -12,7 +13,8 @@ from placer.cluster import Channel, Cluster, Device
 from placer.cli import main
 from placer.generate import random_dag, training_graph
 from placer.graph import OpGraph
-from placer.report.compare import compare
+from placer.report.compare import COLUMNS, compare
+from placer.report.tables import simulation_text
 from placer.sim import simulate
 
 
@@ -147,3 +149,20 @@ def test_gap_to_a_zero_lower_bound(tmp_path, capsys):
     paths = comparison.write(tmp_path)
     assert json.loads(paths["json"].read_text())["rows"][1]["gap_to_lower_bound"] is None
     assert f"<td>round_robin</td><td>{rows['round_robin']['makespan_ms']:.3f}</td><td>-</td>" in paths["html"].read_text()
+
+
+def test_small_peaks_keep_their_differences(tmp_path):
+    # A small model's peaks are MiB: in GiB to two or three places they all read 0.00 (a LeNet's on every device).
+    graph = training_graph(layers=2, branches=2, param_mib=0.05, activation_mib=0.02)
+    comparison = compare(graph, load_cluster("2xcpu"), ["single", "round_robin"], progress=False)
+    paths = comparison.write(tmp_path)
+    per_device = paths["html"].read_text().split("Peak memory per device")[1]
+    markdown = {line.split(" | ")[0][2:]: line.split(" | ") for line in paths["markdown"].read_text().splitlines()}
+    for e in comparison.entries:
+        peaks = e.result.peak_memory_bytes / 2**30
+        assert 0 < peaks.max() < 0.005
+        shown = re.findall(r"<td>([^<]*)</td>", re.search(rf"<tr><td>{e.algorithm}</td>(.*?)</tr>", per_device)[1])
+        assert [float(x) for x in shown] == pytest.approx(peaks, rel=0.01)
+        assert float(markdown[e.algorithm][COLUMNS.index("max_peak_memory_gib")]) == pytest.approx(peaks.max(), rel=0.01)
+        text = simulation_text(e.result, {**e.result.predicted(), "lower_bound_s": comparison.lower_bound_s})
+        assert [float(x) for x in re.findall(r"(\S+) / 8 GiB", text)] == pytest.approx(peaks, rel=0.01)

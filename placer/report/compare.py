@@ -30,6 +30,7 @@ from ..io import check_output, json_text, write_text_atomic
 from ..plan import Plan
 from ..sim import lower_bound, simulate_plan
 from ..sim.simulator import SimResult
+from .tables import figure, print_rows
 
 __all__ = ["Comparison", "Entry", "compare", "check_options"]
 
@@ -107,7 +108,7 @@ class Comparison:
         if isinstance(value, bool):
             return "yes" if value else "no"
         if isinstance(value, float):
-            return f"{value:.3f}"
+            return figure(value, 3)
         return str(value)
 
     @staticmethod
@@ -137,8 +138,6 @@ class Comparison:
                 "lower_bound_s": self.lower_bound_s, "split_lower_bound_s": self.split_lower_bound_s, "rows": self.rows(), "peak_memory_bytes": peaks}
 
     def print(self, console: Console | None = None) -> None:
-        from .tables import print_rows
-
         header = ["algorithm", "makespan\nms", "gap to\nLB", "x\nexpert", "x\nsingle", "peak\nGiB", "fits", "plan\ns"]
         rows, notes = [], []
         for row in self.rows():
@@ -148,7 +147,7 @@ class Comparison:
                 continue
             rows.append([row["algorithm"], f"{row['makespan_ms']:.5g}", self._percent(row["gap_to_lower_bound"]),
                          self._cell(row["speedup_over_expert"]), self._cell(row["speedup_over_single"]),
-                         f"{row['max_peak_memory_gib']:.2f}", self._cell(row["fits"]), f"{row['plan_time_s']:.2f}"])
+                         figure(row["max_peak_memory_gib"], 2), self._cell(row["fits"]), f"{row['plan_time_s']:.2f}"])
         print_rows(header, rows, console=console,
                    title=f"{self.graph.name} on {self.cluster.name} (lower bound {self.lower_bound_s * 1e3:.3f} ms; "
                          f"{self.split_lower_bound_s * 1e3:.3f} ms for plans that split operations)")

@@ -7,6 +7,8 @@ import html
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .tables import figure
+
 if TYPE_CHECKING:
     from .compare import Comparison
 
@@ -49,7 +51,7 @@ def html_report(comparison: "Comparison", charts: dict[str, tuple[Path, Path]]) 
         cell = c._cell
         parts.append(f"<tr{cls}><td>{esc(row['algorithm'])}</td><td>{row['makespan_ms']:.3f}</td>"
                      f"<td>{c._percent(row['gap_to_lower_bound'])}</td><td>{cell(row['speedup_over_expert'])}</td>"
-                     f"<td>{cell(row['speedup_over_single'])}</td><td>{row['max_peak_memory_gib']:.2f}</td>"
+                     f"<td>{cell(row['speedup_over_single'])}</td><td>{figure(row['max_peak_memory_gib'], 2)}</td>"
                      f"<td>{cell(row['fits'])}</td><td>{row['plan_time_s']:.2f}</td></tr>")
     parts.append("</table>")
     parts.append("<h2>Peak memory per device (GiB)</h2><table><tr><th>algorithm</th>" +
@@ -57,9 +59,9 @@ def html_report(comparison: "Comparison", charts: dict[str, tuple[Path, Path]]) 
     for e in c.entries:
         if e.result is not None:
             parts.append(f"<tr><td>{esc(e.algorithm)}</td>" + "".join(
-                f"<td>{p / 2**30:.2f}</td>" for p in e.result.peak_memory_bytes) + "</tr>")
+                f"<td>{figure(p / 2**30, 2)}</td>" for p in e.result.peak_memory_bytes) + "</tr>")
     parts.append("<tr><td>capacity</td>" + "".join(
-        f"<td>{d.memory_bytes / 2**30:.2f}</td>" for d in c.cluster.devices) + "</tr></table>")
+        f"<td>{figure(d.memory_bytes / 2**30, 2)}</td>" for d in c.cluster.devices) + "</tr></table>")
     for e in c.entries:
         if e.algorithm in charts:
             gantt, memory = charts[e.algorithm]

@@ -11,7 +11,7 @@ from rich.table import Table
 
 from ..sim.simulator import SimResult
 
-__all__ = ["print_rows", "print_simulation", "simulation_text", "working"]
+__all__ = ["figure", "print_rows", "print_simulation", "simulation_text", "working"]
 
 
 def working(message: str, measuring: bool = False):
@@ -25,6 +25,12 @@ def working(message: str, measuring: bool = False):
         print(message, file=sys.stderr)
         return contextlib.nullcontext()
     return Console(stderr=True).status(message)
+
+
+def figure(value: float, decimals: int) -> str:
+    """``value`` to ``decimals`` places, or below 1 to three significant figures, so that small values keep
+    their differences (a LeNet's peaks in GiB all read 0.00 to two places)."""
+    return f"{value:.{decimals}f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
 
 
 def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None,
@@ -51,7 +57,7 @@ def print_simulation(result: SimResult, report: dict, console: Console | None = 
     for j, d in enumerate(result.cluster.devices):
         peak = int(result.peak_memory_bytes[j])
         rows.append([d.name, d.kind, str(int((result.device_of == j).sum())), f"{busy[j] * 1e3:.3f}",
-                     f"{100 * busy[j] / span:.0f}%", f"{peak / 2**30:.3f} / {d.memory_bytes / 2**30:.0f} GiB",
+                     f"{100 * busy[j] / span:.0f}%", f"{figure(peak / 2**30, 3)} / {figure(d.memory_bytes / 2**30, 0)} GiB",
                      "yes" if peak <= d.memory_bytes else "NO"])
     print_rows(["device", "kind", "ops", "busy ms", "utilisation", "peak memory", "fits"], rows,
                title=f"{result.graph.name} on {result.cluster.name}", console=console)
