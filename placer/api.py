@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from .algorithms import place
+from .algorithms import get_algorithm, place
+from .algorithms.auto import REPLICATING, RUNNABLE_OPTIONS
+from .algorithms.registry import checked_options
 from .cluster import Cluster, load_cluster
 from .errors import OptionError
 from .graph import OpGraph
@@ -22,7 +24,7 @@ __all__ = ["plan"]
 
 def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluster" = "4xV100-nvlink",
          algorithm: str = "auto", batch: int | None = None, optimizer: str = "adam", lr: float = 1e-3,
-         profile: "str | os.PathLike | None" = None, **options: Any) -> Plan:
+         profile: "str | os.PathLike | None" = None, runnable: bool = False, **options: Any) -> Plan:
     """Capture one training step of ``model``, place it on ``cluster`` and check the plan.
 
     Parameters
@@ -32,18 +34,22 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
         (``"zoo:NAME"``, ``"path/file.py:FACTORY"``) captured at ``batch``; or
         an already captured :class:`OpGraph`.
     inputs : tuple of tensors, optional
-        Example inputs of one step (required with a module).
+        Example inputs of one step (required with a module, refused otherwise).
     cluster : str, path or Cluster
         A preset name or a ``placer.cluster/1`` file.
     algorithm : str
         A registered algorithm (``placer.available_algorithms()``).
     batch : int, optional
-        Batch size for a model spec (required with one).
+        Batch size for a model spec (required with one, refused otherwise).
     optimizer, lr
         The optimizer whose update is part of the captured step.
     profile : path, optional
         A ``placer.profile/1`` file of measured per-node times to use instead
         of the analytic costs for its device kind.
+    runnable : bool
+        Only plans that ``plan.apply`` can run: ``auto`` leaves data
+        parallelism out and ``os_dpos`` starts from the model's own graph;
+        ``data_parallel`` and ``sharded_data_parallel`` are refused.
     **options
         The algorithm's options (``seed``, ``time_limit``, ...).
 
@@ -56,7 +62,9 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     Raises
     ------
     OptionError, FormatError, InfeasibleError
-        Bad arguments, a bad model spec, or no valid plan.
+        Bad arguments, a bad model spec, or no valid plan. The cluster, the
+        algorithm, its options and the profile are checked before the capture,
+        which takes minutes for a large model.
 
     Examples
     --------
@@ -65,29 +73,63 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     >>> plan.predicted["fits"]                                   # doctest: +SKIP
     True
     """
-    captured = None
-    if isinstance(model, OpGraph):
-        graph = model
-    elif isinstance(model, str):
-        from .capture import capture_spec
-
-        if batch is None:
-            raise OptionError(f"placer.plan({model!r}): a model spec needs batch=N")
-        captured = capture_spec(model, batch, optimizer=optimizer, lr=lr)
-        graph = captured.graph
-    else:
-        if inputs is None:
-            raise OptionError("placer.plan(model, inputs): a module needs example inputs (a tuple of tensors)")
-        from .capture import capture
-
-        captured = capture(model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,),
-                           optimizer=optimizer, lr=lr)
-        graph = captured.graph
+    target = load_cluster(cluster)
+    if runnable:
+        options = {**options, **_runnable_options(algorithm)}
+    checked_options(get_algorithm(algorithm), options)
+    measured = None
     if profile is not None:
         from .cost.profile import apply_profile, load_profile
 
-        graph = apply_profile(graph, load_profile(profile))
-    target = load_cluster(cluster)
+        measured = load_profile(profile)
+    graph, captured = _captured(model, inputs, batch, optimizer, lr)
+    if measured is not None:
+        graph = apply_profile(graph, measured)
     result = place(graph, target, algorithm, **options)
     result.context.update(graph=graph, cluster=target, captured=captured)
     return result
+
+
+def _runnable_options(algorithm: str) -> dict[str, Any]:
+    """The options that keep ``algorithm`` to plans the runtime can run (it runs no data-parallel replicas yet)."""
+    if algorithm in REPLICATING:
+        raise OptionError(f"placer.plan(algorithm={algorithm!r}, runnable=True): {algorithm} replicates the model, "
+                          f"which the runtime cannot run yet; choose another algorithm (auto leaves data "
+                          f"parallelism out with runnable=True)")
+    return {"runnable": True} if algorithm == "auto" else RUNNABLE_OPTIONS.get(algorithm, {})
+
+
+def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: float) -> tuple[OpGraph, Any]:
+    """The graph of ``model``'s training step and the captured step (None for a graph), refusing an argument
+    that would be ignored (a batch or inputs beside a graph, inputs beside a spec, a batch beside a module)."""
+    if isinstance(model, OpGraph):
+        if batch is not None or inputs is not None:
+            given = "batch=" if batch is not None else "inputs"
+            raise OptionError(f"placer.plan(graph {model.name!r}): {given} is for a model to capture; the graph is "
+                              f"captured already, at its own batch")
+        return model, None
+    if isinstance(model, str):
+        from .capture import capture_spec
+
+        if inputs is not None:
+            raise OptionError(f"placer.plan({model!r}, inputs): a model spec makes its own inputs at batch=N; "
+                              f"inputs are for a module")
+        if batch is None:
+            raise OptionError(f"placer.plan({model!r}): a model spec needs batch=N")
+        captured = capture_spec(model, batch, optimizer=optimizer, lr=lr)
+        return captured.graph, captured
+    from torch import nn
+
+    if not isinstance(model, nn.Module):
+        raise OptionError(f"placer.plan(model): model must be a torch.nn.Module, a model spec ('zoo:NAME', "
+                          f"'path/file.py:FACTORY') or an OpGraph, got {type(model).__name__}")
+    if inputs is None:
+        raise OptionError("placer.plan(model, inputs): a module needs example inputs (a tuple of tensors)")
+    if batch is not None:
+        raise OptionError(f"placer.plan(model, inputs, batch={batch!r}): a module's batch is that of its inputs; "
+                          f"batch= is for a model spec")
+    from .capture import capture
+
+    captured = capture(model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,),
+                       optimizer=optimizer, lr=lr)
+    return captured.graph, captured

@@ -10,7 +10,8 @@ from torch import nn
 
 import placer
 from placer.cli import main
-from placer.errors import OptionError
+from placer.errors import OptionError, PlacerError
+from placer.generate import training_graph
 
 
 class TinyNet(nn.Module):
@@ -74,3 +75,43 @@ def test_cli_plans_and_compares_a_model_spec(tmp_path, capsys):
     assert "round_robin" in capsys.readouterr().out
     assert main(["plan", "zoo:lenet", "--cluster", "2xcpu", "-o", str(out)]) == 2
     assert "needs --batch N" in capsys.readouterr().err
+
+
+def test_plan_checks_its_arguments_before_capturing(tmp_path, monkeypatch):
+    # A capture takes minutes for a large model: a misspelt algorithm, cluster, option or profile was
+    # reported only after it.
+    import placer.capture.spec
+
+    monkeypatch.setattr(placer.capture.spec, "capture_spec",
+                        lambda *args, **kwargs: pytest.fail("captured before checking the arguments"))
+    for arguments, message in [({"algorithm": "nope"}, "unknown algorithm 'nope'"),
+                               ({"cluster": "3xfoo"}, "unknown cluster '3xfoo'"),
+                               ({"algorithm": "expert", "seed": -1}, "option seed must be"),
+                               ({"algorithm": "expert", "depth": 3}, "has no option 'depth'"),
+                               ({"profile": tmp_path / "missing.json"}, "missing.json: no such file")]:
+        with pytest.raises(PlacerError, match=message):
+            placer.plan("zoo:resnet50", batch=64, **{"cluster": "2xcpu", **arguments})
+
+
+def test_plan_refuses_arguments_it_would_ignore():
+    graph = training_graph(layers=2, branches=2)
+    model, inputs = _model_and_inputs()
+    for call, message in [(lambda: placer.plan(graph, batch=64), "batch= is for a model to capture"),
+                          (lambda: placer.plan(graph, inputs), "inputs is for a model to capture"),
+                          (lambda: placer.plan("zoo:lenet", inputs, batch=4), "a model spec makes its own inputs"),
+                          (lambda: placer.plan(model, inputs, batch=64), "a module's batch is that of its inputs"),
+                          (lambda: placer.plan(None), "must be a torch.nn.Module, a model spec .* got NoneType")]:
+        with pytest.raises(OptionError, match=message):
+            call()
+
+
+def test_runnable_plans_are_ones_the_runtime_runs():
+    # runnable=True was auto's option only: os_dpos (which starts from replicas) and every other algorithm
+    # refused it as an unknown option, and data parallelism was not refused.
+    model, inputs = _model_and_inputs()
+    plan = placer.plan(model, inputs, cluster="2xcpu", algorithm="os_dpos", runnable=True, optimizer="sgd", lr=0.1)
+    step = plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    assert float(step(*inputs)) > 0
+    assert placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="expert", runnable=True).placement
+    with pytest.raises(OptionError, match="data_parallel replicates the model, which the runtime cannot run yet"):
+        placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="data_parallel", runnable=True)
