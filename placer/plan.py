@@ -16,7 +16,7 @@ import numpy as np
 from .cluster import Cluster
 from .errors import FormatError, InvalidPlanError
 from .graph import OpGraph, topological_sort
-from .io import Field, check_format, read_json, write_json_atomic
+from .io import Field, check_format, check_number, read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from .sim.simulator import SimResult
@@ -289,9 +289,15 @@ class Plan:
             sf.integer("parts", required=True, minimum=2)
         rewritten = doc.get("rewritten_graph")
         rewritten_graph = None if rewritten is None else OpGraph.from_dict(rewritten, source=f"{where} (rewritten_graph)")
+        predicted = f.mapping("predicted") or {}
+        figures = Field(predicted, f"{where}: predicted")
+        figures.number("makespan_s")
+        figures.number("lower_bound_s")
+        for device, peak in (figures.mapping("peak_memory_bytes") or {}).items():
+            check_number(peak, f"{figures.where}: field 'peak_memory_bytes.{device}'")
         return cls(placement, order, graph_name=f.string("graph", default=""),
                    cluster_name=f.string("cluster", default=""), algorithm=f.string("algorithm", default=""),
-                   splits=splits, rewritten_graph=rewritten_graph, predicted=f.mapping("predicted") or {},
+                   splits=splits, rewritten_graph=rewritten_graph, predicted=predicted,
                    search_time_s=f.number("search_time_s"), graph_digest=f.string("graph_digest"),
                    cluster_digest=f.string("cluster_digest"), extra=f.extra(_PLAN_FIELDS))
 

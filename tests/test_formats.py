@@ -207,6 +207,21 @@ def test_plan_splits_must_name_nodes_of_the_graph():
         Plan.from_dict(doc).bind(g, cluster)
 
 
+@pytest.mark.parametrize("predicted, message", [
+    ({"makespan_s": "soon"}, "plan p.json: predicted: field 'makespan_s' must be a number, got 'soon'"),
+    ({"lower_bound_s": -1}, "plan p.json: predicted: field 'lower_bound_s' must be >= 0"),
+    ({"peak_memory_bytes": [1]}, "plan p.json: predicted: field 'peak_memory_bytes' must be an object"),
+    ({"peak_memory_bytes": {"gpu0": None}}, "field 'peak_memory_bytes.gpu0' must be a number, got None"),
+])
+def test_plan_predicted_figures_must_be_numbers(predicted, message):
+    # A figure of another type loaded silently, and repr(plan) then failed formatting it.
+    doc = place(training_graph(layers=1, branches=1), load_cluster("2xcpu"), "single").to_dict()
+    doc["predicted"] = predicted
+    with pytest.raises(FormatError) as info:
+        Plan.from_dict(doc, source="p.json")
+    assert message in str(info.value)
+
+
 def test_plan_for_another_graph_is_refused():
     cluster = load_cluster("2xV100-nvlink")
     plan = place(training_graph(layers=2, branches=2, seed=0), cluster, "expert")
