@@ -39,7 +39,7 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     if not text.strip():
         raise FormatError(f"{what} {path}: the file is empty")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
     except json.JSONDecodeError as exc:
         raise FormatError(f"{what} {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
@@ -50,6 +50,13 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid number in placer files")
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):    # 1e400: Python reads inf, which no JSON file can hold again
+        raise ValueError(f"{text} is out of range for a number in placer files")
+    return value
 
 
 def check_output(path: str | os.PathLike, what: str = "file", folder: bool = False) -> Path:
