@@ -13,7 +13,7 @@ from placer.cluster import Channel, Cluster, Device
 from placer.cli import main
 from placer.generate import random_dag, training_graph
 from placer.graph import OpGraph
-from placer.report.compare import COLUMNS, compare
+from placer.report.compare import COLUMNS, Comparison, Entry, compare
 from placer.report.tables import simulation_text
 from placer.sim import simulate
 
@@ -166,3 +166,13 @@ def test_small_peaks_keep_their_differences(tmp_path):
         assert float(markdown[e.algorithm][COLUMNS.index("max_peak_memory_gib")]) == pytest.approx(peaks.max(), rel=0.01)
         text = simulation_text(e.result, {**e.result.predicted(), "lower_bound_s": comparison.lower_bound_s})
         assert [float(x) for x in re.findall(r"(\S+) / 8 GiB", text)] == pytest.approx(peaks, rel=0.01)
+
+
+def test_a_note_of_several_lines_stays_in_its_markdown_row():
+    # An internal error's message may span lines (a parser's, with a caret): it ended the row and the table.
+    comparison = Comparison(training_graph(layers=2, branches=2), load_cluster("2xcpu"),
+                            [Entry("broken", error="broken: internal error (please report): ValueError: \nx^\n  ^"),
+                             Entry("other", error="other: no plan | none")])
+    rows = comparison.markdown().splitlines()[-2:]
+    assert rows == ["| broken | - | - | - | - | - | no | - | broken: internal error (please report): ValueError: x^ ^ |",
+                    "| other | - | - | - | - | - | no | - | other: no plan / none |"]

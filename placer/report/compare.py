@@ -120,8 +120,9 @@ class Comparison:
                  f"{self.graph.num_nodes} operations; lower bound {self.lower_bound_s * 1e3:.3f} ms "
                  f"({self.split_lower_bound_s * 1e3:.3f} ms for plans that split operations).", "",
                  "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        for row in self.rows():
-            lines.append("| " + " | ".join(self._cell(row[c]).replace("|", "/") for c in COLUMNS) + " |")
+        for row in self.rows():     # a cell holds no | and no line break, which would end it or its row
+            lines.append("| " + " | ".join(" ".join(self._cell(row[c]).replace("|", "/").split()) for c in COLUMNS)
+                         + " |")
         return "\n".join(lines) + "\n"
 
     def csv(self) -> str:
