@@ -14,7 +14,7 @@ from placer.cli import main
 from placer.generate import random_dag, training_graph
 from placer.graph import OpGraph
 from placer.report.compare import COLUMNS, Comparison, Entry, compare
-from placer.report.tables import simulation_text
+from placer.report.tables import figure, simulation_text
 from placer.sim import simulate
 
 
@@ -176,3 +176,8 @@ def test_a_note_of_several_lines_stays_in_its_markdown_row():
     rows = comparison.markdown().splitlines()[-2:]
     assert rows == ["| broken | - | - | - | - | - | no | - | broken: internal error (please report): ValueError: x^ ^ |",
                     "| other | - | - | - | - | - | no | - | other: no plan / none |"]
+
+
+def test_figures_below_one_keep_their_trailing_zeros():
+    assert [figure(v, 3) for v in (0.58, 0.5798, 1.5e-5, 0.0, 16.0, 2.5)] == [
+        "0.580", "0.580", "1.50e-05", "0.000", "16.000", "2.500"]

@@ -30,7 +30,7 @@ def working(message: str, measuring: bool = False):
 def figure(value: float, decimals: int) -> str:
     """``value`` to ``decimals`` places, or below 1 to three significant figures, so that small values keep
     their differences (a LeNet's peaks in GiB all read 0.00 to two places)."""
-    return f"{value:.{decimals}f}" if abs(value) >= 1 or value == 0 else f"{value:.3g}"
+    return f"{value:.{decimals}f}" if abs(value) >= 1 or value == 0 else f"{value:#.3g}"
 
 
 def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None,
