@@ -24,6 +24,12 @@ __all__ = ["Device", "Channel", "Cluster", "PRESETS", "PRESET_SOURCES", "load_cl
 
 CLUSTER_FORMAT = "placer.cluster/1"
 GiB = 1 << 30
+#: Bounds on a cluster file's figures that keep every duration finite, and sums of many: a node's time
+#: (at most placer.graph.MAX_COMPUTE_S) over its device's speed, a transfer's bytes (at most 2**62) over
+#: its channel's bandwidth plus its latency.
+MIN_SPEED, MAX_SPEED = 1e-9, 1e9
+MIN_BANDWIDTH = 1.0
+MAX_LATENCY_S = 1e9
 
 
 @dataclass(frozen=True)
@@ -191,7 +197,7 @@ class Cluster:
             devices.append(Device(
                 name=dname, kind=f.string("kind", required=True),
                 memory_bytes=f.integer("memory_bytes", required=True, minimum=1),
-                speed=f.number("speed", default=1.0, positive=True),
+                speed=f.number("speed", default=1.0, positive=True, minimum=MIN_SPEED, maximum=MAX_SPEED),
                 extra=f.extra({"name", "kind", "memory_bytes", "speed"})))
         channels = []
         for k, raw in enumerate(top.array("channels") or []):
@@ -205,8 +211,9 @@ class Cluster:
                 pairs.append((p[0], p[1]))
             channels.append(Channel(
                 name=cname,
-                bandwidth_bytes_per_s=f.number("bandwidth_bytes_per_s", required=True, positive=True),
-                latency_s=f.number("latency_s", default=0.0),
+                bandwidth_bytes_per_s=f.number("bandwidth_bytes_per_s", required=True, positive=True,
+                                               minimum=MIN_BANDWIDTH),
+                latency_s=f.number("latency_s", default=0.0, maximum=MAX_LATENCY_S),
                 pairs=tuple(pairs),
                 extra=f.extra({"name", "bandwidth_bytes_per_s", "latency_s", "pairs"})))
         return cls(name, devices, channels, extra=top.extra({"format", "name", "devices", "channels"}),

@@ -160,6 +160,13 @@ def test_shared_channels_in_presets():
 @pytest.mark.parametrize("mutate, message", [
     (lambda d: d["devices"][0].update(memory_bytes=0), "device 'gpu0': field 'memory_bytes' must be >= 1"),
     (lambda d: d["channels"][0].update(bandwidth_bytes_per_s=0), "field 'bandwidth_bytes_per_s' must be > 0"),
+    # Figures that made a plan's simulated times inf (and its peak memory wrong), or speeds whose sum is inf
+    # (metis divided by it), are refused at the door.
+    (lambda d: d["devices"][0].update(speed=1e-320), "device 'gpu0': field 'speed' must be >= 1e-09, got 1e-320"),
+    (lambda d: d["devices"][0].update(speed=1e308), "device 'gpu0': field 'speed' is too large"),
+    (lambda d: d["channels"][0].update(bandwidth_bytes_per_s=1e-320),
+     "channel 'gpu0->gpu1': field 'bandwidth_bytes_per_s' must be >= 1, got 1e-320"),
+    (lambda d: d["channels"][0].update(latency_s=1e308), "channel 'gpu0->gpu1': field 'latency_s' is too large"),
     (lambda d: d["channels"][0].update(pairs=[["gpu0", "gpu9"]]), "names unknown device 'gpu9'"),
     (lambda d: d["devices"].append(dict(d["devices"][0])), "duplicate device name 'gpu0'"),
     (lambda d: d["channels"][1].update(pairs=d["channels"][0]["pairs"]), "is listed by channels"),
