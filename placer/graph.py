@@ -19,7 +19,7 @@ import numpy as np
 
 from .errors import FormatError, GraphCycleError
 from .gcpause import gc_paused
-from .io import MAX_INTEGER, Field, check_format, check_number, read_json, write_json_atomic
+from .io import MAX_INTEGER, Field, check_finite, check_format, check_number, read_json, write_json_atomic
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -371,6 +371,7 @@ class OpGraph:
                     sf = Field(item, f"{f.where}: splittable[{k}]")
                     sf.string("dim", required=True)
                     sf.integer("size", required=True, minimum=1)
+                    check_finite(item, sf.where)
                 split[i] = sp
             extra[i] = f.extra(_NODE_FIELDS)
         m = len(edges)

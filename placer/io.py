@@ -16,7 +16,7 @@ from typing import Any
 from .errors import FormatError, PlacerError
 
 __all__ = ["read_json", "write_json_atomic", "write_text_atomic", "json_text", "check_output", "WriteError",
-           "check_format", "Field"]
+           "check_format", "check_finite", "Field"]
 
 
 class WriteError(PlacerError, OSError):
@@ -39,7 +39,7 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     if not text.strip():
         raise FormatError(f"{what} {path}: the file is empty")
     try:
-        return json.loads(text, parse_constant=_reject_constant, parse_float=_finite_float)
+        return json.loads(text, parse_constant=_reject_constant)
     except json.JSONDecodeError as exc:
         raise FormatError(f"{what} {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
@@ -50,13 +50,6 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid number in placer files")
-
-
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):    # 1e400: Python reads inf, which no JSON file can hold again
-        raise ValueError(f"{text} is out of range for a number in placer files")
-    return value
 
 
 def check_output(path: str | os.PathLike, what: str = "file", folder: bool = False) -> Path:
@@ -196,7 +189,23 @@ class Field:
 
     def extra(self, known: set[str]) -> dict:
         """Fields this version does not know; kept so that they survive a round trip."""
-        return {k: v for k, v in self.obj.items() if k not in known}
+        extra = {k: v for k, v in self.obj.items() if k not in known}
+        for key, value in extra.items():
+            check_finite(value, f"{self.where}: field '{key}'")
+        return extra
+
+
+def check_finite(value: Any, where: str) -> None:
+    """Raise FormatError if the JSON ``value`` holds a float that is not finite.
+
+    A file's 1e400 reads as inf, which no JSON file can hold: a document keeping it could not be saved.
+    """
+    stack = [value]     # not recursive: the JSON may nest as deeply as the parser allows
+    while stack:
+        value = stack.pop()
+        if isinstance(value, float) and not math.isfinite(value):
+            raise FormatError(f"{where} must be finite, got {value!r}")
+        stack.extend(value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
 
 
 def check_number(value: Any, where: str, minimum: float | None = 0.0, positive: bool = False,

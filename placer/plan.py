@@ -16,7 +16,7 @@ import numpy as np
 from .cluster import Cluster
 from .errors import FormatError, InvalidPlanError
 from .graph import OpGraph, topological_sort
-from .io import Field, check_format, check_number, read_json, write_json_atomic
+from .io import Field, check_finite, check_format, check_number, read_json, write_json_atomic
 
 if TYPE_CHECKING:
     from .sim.simulator import SimResult
@@ -287,6 +287,7 @@ class Plan:
             sf = Field(item, f"{where}: splits[{k}]")
             sf.string("node", required=True)
             sf.integer("parts", required=True, minimum=2)
+            check_finite(item, sf.where)
         rewritten = doc.get("rewritten_graph")
         rewritten_graph = None if rewritten is None else OpGraph.from_dict(rewritten, source=f"{where} (rewritten_graph)")
         predicted = f.mapping("predicted") or {}
@@ -295,6 +296,7 @@ class Plan:
         figures.number("lower_bound_s")
         for device, peak in (figures.mapping("peak_memory_bytes") or {}).items():
             check_number(peak, f"{figures.where}: field 'peak_memory_bytes.{device}'")
+        check_finite(predicted, figures.where)
         return cls(placement, order, graph_name=f.string("graph", default=""),
                    cluster_name=f.string("cluster", default=""), algorithm=f.string("algorithm", default=""),
                    splits=splits, rewritten_graph=rewritten_graph, predicted=predicted,
