@@ -39,7 +39,7 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     if not text.strip():
         raise FormatError(f"{what} {path}: the file is empty")
     try:
-        return json.loads(text, parse_constant=_reject_constant)
+        return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
         raise FormatError(f"{what} {path}: invalid JSON at line {exc.lineno} column {exc.colno}: {exc.msg}") from None
     except RecursionError:
@@ -50,6 +50,16 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
 
 def _reject_constant(name: str) -> Any:
     raise ValueError(f"{name} is not a valid number in placer files")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):      # json would keep the last silently; another reader may keep the first
+        seen: set[str] = set()
+        key = next(k for k, _ in pairs if k in seen or seen.add(k))
+        named = next((f" (the object with {k} {obj[k]!r})" for k in ("id", "name") if isinstance(obj.get(k), str)), "")
+        raise ValueError(f"field {key!r} appears twice in one object{named}")
+    return obj
 
 
 def check_output(path: str | os.PathLike, what: str = "file", folder: bool = False) -> Path:

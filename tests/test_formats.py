@@ -116,6 +116,15 @@ def test_file_errors(tmp_path):
     huge.write_text(json.dumps({**EXAMPLE, "note": [1.5]}).replace("1.5", "-1e400"))
     with pytest.raises(FormatError, match="huge.json: field 'note' must be finite, got -inf"):
         OpGraph.load(huge)
+    # json keeps the last of two equal keys silently (another reader may keep the first).
+    twice = tmp_path / "twice.json"
+    twice.write_text(json.dumps(EXAMPLE).replace('"compute_s": 0.0001', '"compute_s": 0.0001, "compute_s": -1'))
+    with pytest.raises(FormatError, match="twice.json: field 'compute_s' appears twice in one object "
+                                          "\\(the object with id 'relu1'\\)"):
+        OpGraph.load(twice)
+    twice.write_text('{"format": "placer.graph/1", "nodes": [], "x": {"a": 1, "a": 2}}')
+    with pytest.raises(FormatError, match="twice.json: field 'a' appears twice in one object$"):
+        OpGraph.load(twice)
     with pytest.raises(FormatError, match="no such file"):
         OpGraph.load(tmp_path / "missing.json")
     deep = tmp_path / "deep.json"
