@@ -12,7 +12,7 @@ import os
 from typing import Any
 
 from .algorithms import get_algorithm, place
-from .algorithms.auto import REPLICATING, RUNNABLE_OPTIONS
+from .algorithms.auto import runnable_options
 from .algorithms.registry import checked_options
 from .cluster import Cluster, load_cluster
 from .errors import OptionError
@@ -75,7 +75,7 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     """
     target = load_cluster(cluster)
     if runnable:
-        options = {**options, **_runnable_options(algorithm)}
+        options = {**options, **runnable_options(algorithm, f"placer.plan(algorithm={algorithm!r}, runnable=True)")}
     checked_options(get_algorithm(algorithm), options)
     measured = None
     if profile is not None:
@@ -88,15 +88,6 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     result = place(graph, target, algorithm, **options)
     result.context.update(graph=graph, cluster=target, captured=captured)
     return result
-
-
-def _runnable_options(algorithm: str) -> dict[str, Any]:
-    """The options that keep ``algorithm`` to plans the runtime can run (it runs no data-parallel replicas yet)."""
-    if algorithm in REPLICATING:
-        raise OptionError(f"placer.plan(algorithm={algorithm!r}, runnable=True): {algorithm} replicates the model, "
-                          f"which the runtime cannot run yet; choose another algorithm (auto leaves data "
-                          f"parallelism out with runnable=True)")
-    return {"runnable": True} if algorithm == "auto" else RUNNABLE_OPTIONS.get(algorithm, {})
 
 
 def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: float) -> tuple[OpGraph, Any]:

@@ -31,7 +31,7 @@ from .data_parallel import data_parallel_lower_bound
 from .registry import available_algorithms, failure_message, get_algorithm, place, register
 from .timebox import TimeBox
 
-__all__ = ["auto", "critical_path_nodes"]
+__all__ = ["auto", "critical_path_nodes", "runnable_options"]
 
 #: Searches that need minutes: in the portfolio only with a time limit of at least a minute.
 SLOW_ALGORITHMS = ("pesto", "placeto")
@@ -66,6 +66,18 @@ LOWER_BOUNDS = {"data_parallel": partial(data_parallel_lower_bound, **MEMBER_OPT
 #: ``runnable``, auto leaves them out and OS-DPOS starts from the model's own graph.
 REPLICATING = ("data_parallel", "sharded_data_parallel")
 RUNNABLE_OPTIONS = {"os_dpos": {"data_parallel_start": False}}
+
+
+def runnable_options(algorithm: str, asked: str) -> dict:
+    """The options that keep ``algorithm`` to plans the runtime can run (it runs no data-parallel replicas yet).
+
+    Raises OptionError for an algorithm that always replicates the model,
+    its message starting with ``asked`` (how the caller asked for it).
+    """
+    if algorithm in REPLICATING:
+        raise OptionError(f"{asked}: {algorithm} replicates the model, which the runtime cannot run yet; choose "
+                          f"another algorithm (auto leaves data parallelism out with runnable=True)")
+    return {"runnable": True} if algorithm == "auto" else RUNNABLE_OPTIONS.get(algorithm, {})
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
 #: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.

@@ -195,18 +195,9 @@ def _run(args: argparse.Namespace) -> int:
     return 1
 
 
-def _runnable_options(algorithm: str) -> dict:
-    """Options that make ``algorithm`` plan what the runtime can run (no data-parallel replicas yet)."""
-    from ..algorithms.auto import REPLICATING, RUNNABLE_OPTIONS
-
-    if algorithm in REPLICATING:
-        raise OptionError(f"--algorithm {algorithm} replicates the model, which the runtime cannot run yet; "
-                          f"tune another algorithm (auto leaves data parallelism out here)")
-    return {"runnable": True} if algorithm == "auto" else RUNNABLE_OPTIONS.get(algorithm, {})
-
-
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms import place
+    from ..algorithms.auto import runnable_options
     from ..cluster import load_cluster
     from ..cost.calibrate import load_calibration
     from ..cost.messages import MessageCost, simulate_with_messages, spread_over_gaps
@@ -219,7 +210,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     cluster = load_cluster(args.cluster)
     if args.batch is None:
         raise OptionError("pass --batch")
-    options = _runnable_options(args.algorithm)
+    options = runnable_options(args.algorithm, f"placer tune --algorithm {args.algorithm}")
     calibrated = None
     if args.message_cost:
         calibrated = load_calibration(args.message_cost).message_cost
