@@ -115,3 +115,12 @@ def test_runnable_plans_are_ones_the_runtime_runs():
     assert placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="expert", runnable=True).placement
     with pytest.raises(OptionError, match="data_parallel replicates the model, which the runtime cannot run yet"):
         placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="data_parallel", runnable=True)
+
+
+def test_failure_messages_name_the_algorithm_once():
+    from placer.algorithms.registry import failure_message
+
+    assert failure_message("pesto", TimeoutError("pesto found no plan within its time limit")) == \
+        "pesto found no plan within its time limit"
+    assert failure_message("pesto", ValueError("pesto: no solver")) == "pesto: no solver"
+    assert failure_message("pesto", ValueError("pestos are green")) == "pesto: pestos are green"

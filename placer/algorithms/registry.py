@@ -95,9 +95,10 @@ def get_algorithm(name: str) -> Algorithm:
 
 
 def failure_message(name: str, exc: Exception) -> str:
-    """``exc``'s message, prefixed with the algorithm's name unless it already starts with it."""
+    """``exc``'s message, prefixed with the algorithm's name unless it already starts with it
+    (``"pesto: ..."``, ``"pesto found no plan ..."``)."""
     message = str(exc)
-    return message if message.startswith(f"{name}:") else f"{name}: {message}"
+    return message if message.startswith((f"{name}:", f"{name} ")) else f"{name}: {message}"
 
 
 def checked_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:
