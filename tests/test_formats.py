@@ -1,6 +1,7 @@
 """Reading and writing placer.graph/1, placer.cluster/1 and placer.plan/1, and their errors."""
 
 import copy
+import functools
 import json
 
 import numpy as np
@@ -366,3 +367,117 @@ def test_joined_groups_are_the_smallest_groups_closed_under_shared_labels(labell
                         changed = True
     assert all((group[i] == group[j]) == (mine[i] == mine[j]) for i in range(n) for j in range(n))
     assert group[0] == 0 and sorted(set(group)) == list(range(len(set(group))))
+
+
+
+# ---------------------------------------------------------------- fuzzing all three files together
+# Each example makes one or two changes to a valid graph, cluster and plan, writes the three files and
+# loads them as the command line does. Loading raises FormatError naming the file, or binding and simulating the plan
+# raises InvalidPlanError, or the plan simulates to finite figures and every document saves and reads back.
+
+_HUGE = "__fuzz: the literal 1e400__"       # written to the file as 1e400 (a float Python reads as inf)
+_EXTREME = st.sampled_from([0, -1, 0.5, 5e-324, 1e-300, 1e-12, 1e12, 1e308, 2**62, 2**63, 10**30, _HUGE])
+_JUNK = st.one_of(
+    st.none(), st.booleans(), st.integers(-3, 3), _EXTREME, st.floats(allow_nan=False),
+    st.text(max_size=4), st.sampled_from(["", "x" * 5000, "gpu0", "\u00e9\u4e2d\U0001f600", "\ud800"]),
+    st.lists(st.one_of(st.integers(-2, 2), st.text(max_size=3)), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.one_of(st.integers(-2, 2), st.text(max_size=3)), max_size=2))
+
+
+@functools.lru_cache(maxsize=1)
+def _valid_documents() -> str:
+    graph = training_graph(layers=2, branches=2)
+    cluster = load_cluster("2xcpu")
+    return json.dumps({"graph": graph.to_dict(), "cluster": cluster.to_dict(),
+                       "plan": place(graph, cluster, "expert").to_dict()})
+
+
+_BY_ID = ("placement", "order", "peak_memory_bytes", "compute_s_by_kind")     # objects keyed by node, device, kind
+
+
+def _slots(value, shape, out):
+    """Every (container, key) inside ``value``, grouped by the path's shape (list indices and ids as ``*``)."""
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, item in items:
+        inner = f"{shape}.{'*' if isinstance(value, list) or shape.endswith(_BY_ID) else key}"
+        out.setdefault(inner, []).append((value, key))
+        _slots(item, inner, out)
+    return out
+
+
+def _strings(value):
+    if isinstance(value, str):
+        yield value
+    for item in value.values() if isinstance(value, dict) else value if isinstance(value, list) else ():
+        yield from _strings(item)
+
+
+def _mutate(data, doc, others):
+    """One mutation of ``doc`` at a field drawn from all its kinds of field alike (a device's speed as
+    often as a node's id): delete, replace with junk, an extreme number or a string of the documents
+    (an id, a device), add an unknown field, duplicate or empty a list, swap an edge's ends, or nest
+    the graph document (as the plan's rewritten graph, say)."""
+    slots = _slots(doc, "", {"": [({"doc": doc}, "doc")]})
+    container, key = data.draw(st.sampled_from(slots[data.draw(st.sampled_from(sorted(slots)))]))
+    value = container[key]
+    ways = ["junk", "string"] + ["delete"] * (value is not doc)
+    ways += ["extreme"] * 3 * (isinstance(value, (int, float)) and not isinstance(value, bool))
+    ways += ["duplicate"] * (isinstance(value, list) and bool(value)) + ["empty"] * isinstance(value, (list, dict))
+    ways += ["add", "graph"] * isinstance(value, dict) + ["swap"] * (isinstance(value, dict) and "src" in value)
+    how = data.draw(st.sampled_from(ways))
+    if how == "junk":
+        container[key] = data.draw(_JUNK)
+    elif how == "string":
+        container[key] = data.draw(st.sampled_from(sorted({s for d in others for s in _strings(d)})))
+    elif how == "delete":
+        del container[key]
+    elif how == "extreme":
+        container[key] = data.draw(_EXTREME)
+    elif how == "duplicate":
+        value.insert(data.draw(st.integers(0, len(value))), copy.deepcopy(data.draw(st.sampled_from(value))))
+    elif how == "empty":
+        value.clear()
+    elif how == "add":
+        value[data.draw(st.sampled_from(["note", "x" * 300]))] = data.draw(_JUNK)
+    elif how == "graph":
+        container[key] = copy.deepcopy(others[0])
+    else:
+        value["src"], value["dst"] = value.get("dst"), value["src"]
+
+
+def _check_round_trip(cls, obj, path):
+    obj.save(path)
+    assert cls.load(path).to_dict() == obj.to_dict()
+
+
+@settings(max_examples=150, deadline=None)
+@given(data=st.data())
+def test_mutated_files_raise_only_documented_errors_or_simulate_to_finite_figures(data, tmp_path_factory):
+    from placer.sim import simulate_plan
+
+    docs = json.loads(_valid_documents())
+    for _ in range(data.draw(st.integers(1, 2))):
+        name = data.draw(st.sampled_from(sorted(docs)))
+        _mutate(data, docs[name], [docs["graph"], docs["cluster"], docs["plan"]])
+    folder = tmp_path_factory.mktemp("fuzz")
+    paths = {}
+    for name, doc in docs.items():
+        paths[name] = folder / f"{name}.json"
+        paths[name].write_text(json.dumps(doc).replace(json.dumps(_HUGE), "1e400"))
+    try:
+        graph = OpGraph.load(paths["graph"])
+        cluster = Cluster.load(paths["cluster"])
+        plan = Plan.load(paths["plan"])
+    except FormatError as exc:
+        assert any(str(p) in str(exc) for p in paths.values()), exc
+        return
+    repr(plan)
+    for cls, obj in ((OpGraph, graph), (Cluster, cluster), (Plan, plan)):
+        _check_round_trip(cls, obj, folder / f"again-{cls.__name__}.json")
+    try:
+        result = simulate_plan(plan, graph, cluster)
+    except InvalidPlanError:
+        return
+    assert np.all(np.isfinite(result.finish)), f"makespan {result.makespan_s}"
+    assert np.all(result.peak_memory_bytes >= 0), result.peak_memory_bytes
+    assert np.isfinite(plan.lower_bound(graph, cluster))
