@@ -369,7 +369,6 @@ def test_joined_groups_are_the_smallest_groups_closed_under_shared_labels(labell
     assert group[0] == 0 and sorted(set(group)) == list(range(len(set(group))))
 
 
-
 # ---------------------------------------------------------------- fuzzing all three files together
 # Each example makes one or two changes to a valid graph, cluster and plan, writes the three files and
 # loads them as the command line does. Loading raises FormatError naming the file, or binding and simulating the plan
