@@ -608,3 +608,32 @@ def test_batch_splittable_ops_record_the_rows_a_split_cuts():
     outer = [n for n in gram.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default)
              if n.args[0].name == "addmm"]
     assert outer and all(gram.graph.splittable[gram.graph.index[n.name]] is None for n in outer)
+
+
+@pytest.mark.parametrize("optimizer", ["adam", "sgd"])
+def test_no_ordering_edge_is_implied_by_a_path(optimizer):
+    """An in-place write's ordering edges are added only where no path of the graph orders the two nodes
+    already: each makes its target a consumer, which holds its source's output (a convolution's activation)
+    until the target (the weight's update) ends."""
+    import networkx as nx
+
+    class Net(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv, self.norm, self.fc = nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.Linear(4 * 6 * 6, 5)
+
+        def forward(self, x, y):
+            return nn.functional.cross_entropy(self.fc(self.norm(self.conv(x)).relu().flatten(1)), y)
+
+    g = capture(Net(), (torch.randn(2, 3, 8, 8), torch.tensor([1, 3])), optimizer=optimizer).graph
+    writes = {i for i, op in enumerate(g.op) if op in ("aten.copy_", "aten.native_batch_norm")}
+    zero = {e for e in range(g.num_edges) if g.edge_bytes[e] == 0 and {int(g.src[e]), int(g.dst[e])} & writes}
+    others = nx.DiGraph([(int(g.src[e]), int(g.dst[e])) for e in range(g.num_edges)])
+    implied = []
+    for e in zero:
+        u, v = int(g.src[e]), int(g.dst[e])
+        others.remove_edge(u, v)
+        if nx.has_path(others, u, v):
+            implied.append((g.ids[u], g.ids[v]))
+        others.add_edge(u, v)
+    assert zero and not implied

@@ -19,7 +19,10 @@ In-place writes of state (the final ``copy_`` of a new parameter or optimizer st
 its placeholder, ``native_batch_norm`` updating running statistics, any ``(a!)`` schema
 argument) make the writer share a colocation group with what it writes, and add
 ordering edges (0 bytes) between the writer and every other reader of that tensor, in
-program order, so that any plan keeps the step's meaning.
+program order, so that any plan keeps the step's meaning; but not where a path of the
+graph orders them already (the reader of a weight whose result leads to the weight's
+update): an edge makes its target a consumer, which holds its source's output until the
+target ends (FORMATS.md, rule 6).
 """
 
 from __future__ import annotations
@@ -389,6 +392,11 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
             src, tensor = carrier[a]
             key = (src, i, tensor)
             edges[key] = max(edges.get(key, 0), value_bytes(a.meta.get("val")))
+            owner, owned = carrier[_alias_base(a)]
+            if owner != src and output_bytes[owner]:
+                # A view's reader holds its base's storage: an edge (0 bytes) keeps the base's output
+                # until this reader ends, as rule 6 of FORMATS.md counts a consumer's.
+                edges.setdefault((owner, i, owned), 0)
 
     colocation = _state_writes(kept, index, carrier, ids, edges)
     src, dst, tensor = (np.array([k[j] for k in edges], dtype=np.int64) for j in range(3))
@@ -408,6 +416,7 @@ def _state_writes(kept: list[fx.Node], index: dict[fx.Node, int], carrier: dict[
     """
     groups = _UnionFind()
     position = {node: k for k, node in enumerate(kept)}
+    ordering: set[tuple[int, int, int]] = set()
     for writer in kept:
         for target in _written_args(writer):
             base = _alias_base(target)
@@ -419,7 +428,10 @@ def _state_writes(kept: list[fx.Node], index: dict[fx.Node, int], carrier: dict[
                     continue
                 before = position.get(kept[r], -1) < position[writer]
                 key = (r, w, 0) if before else (w, r, 0)
-                edges.setdefault(key, 0)
+                if key not in edges:
+                    edges[key] = 0
+                    ordering.add(key)
+    _drop_implied(edges, ordering, len(ids))
     members: dict[int, list[int]] = {}
     for x in list(groups.parent):
         members.setdefault(groups.find(x), []).append(x)
@@ -429,6 +441,37 @@ def _state_writes(kept: list[fx.Node], index: dict[fx.Node, int], carrier: dict[
         for x in group:
             colocation[x] = label
     return colocation
+
+
+def _drop_implied(edges: dict[tuple[int, int, int], int], ordering: set[tuple[int, int, int]], n: int) -> None:
+    """Remove the ordering edges ``(u, v)`` of ``edges`` that another path from ``u`` to ``v`` implies.
+
+    Such an edge orders nothing more, but under the reference model it makes
+    ``v`` a consumer of ``u``, so ``u``'s output would be held until ``v``
+    ends (FORMATS.md, rule 6): a convolution's activation until its weight's
+    update, at the end of the step. In a DAG, removing every edge that some
+    other path implies keeps every path (a transitive reduction). Graph
+    indices follow the program, so every edge goes from a lower index to a
+    higher one, and each node's reach (a bit per ordering edge's target) is
+    the union of its successors'.
+    """
+    if not ordering:
+        return
+    bit = {v: k for k, v in enumerate(sorted({v for _, v, _ in ordering}))}
+    successors: list[set[int]] = [set() for _ in range(n)]
+    for u, v, _ in edges:
+        successors[u].add(v)
+    reach = [0] * n
+    for u in range(n - 1, -1, -1):
+        r = 1 << bit[u] if u in bit else 0
+        for v in successors[u]:
+            r |= reach[v]
+        reach[u] = r
+    data = {(u, v) for u, v, t in edges if (u, v, t) not in ordering}
+    for key in ordering:
+        u, v, _ = key
+        if (u, v) in data or any(reach[x] >> bit[v] & 1 for x in successors[u] if x != v):
+            del edges[key]
 
 
 def _readers(base: fx.Node) -> list[fx.Node]:

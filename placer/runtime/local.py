@@ -25,6 +25,7 @@ from __future__ import annotations
 import time
 from typing import Any, Sequence
 
+import numpy as np
 import torch
 import torch.fx as fx
 
@@ -56,6 +57,20 @@ def _torch_device(spec: str | torch.device) -> torch.device:
     return device
 
 
+def _held_bytes(env: dict, num_devices: int) -> np.ndarray:
+    """Per plan device, the bytes of the distinct tensor storages that ``env``'s values there hold."""
+    held = np.zeros(num_devices, dtype=np.int64)
+    seen = set()
+    for (_, d), value in env.items():
+        for t in value if isinstance(value, (tuple, list)) else (value,):
+            if isinstance(t, torch.Tensor):
+                storage = t.untyped_storage()
+                if (storage.data_ptr(), storage.device) not in seen:
+                    seen.add((storage.data_ptr(), storage.device))
+                    held[d] += storage.nbytes()
+    return held
+
+
 class LocalExecutor:
     """Run a :class:`~placer.runtime.program.Program` in this process.
 
@@ -75,6 +90,12 @@ class LocalExecutor:
     atomic : bool
         Write the caller's tensors only once the rest of the step has run
         without error (see the module's docstring).
+    track_memory : bool
+        After every operation, add up the tensor storage each plan device
+        holds (its inputs, parameters, outputs and received copies, each
+        storage once): :attr:`peak_bytes` is what the reference model's peak
+        memory (FORMATS.md, rule 6) stands for, measured. It walks every held
+        value after every operation: for checks and benchmarks, not training.
 
     Attributes
     ----------
@@ -82,6 +103,9 @@ class LocalExecutor:
         Seconds per graph node id, from the last profiled step.
     transfer_s : list of (Transfer, float)
         Seconds per transfer, from the last profiled step.
+    peak_bytes : ndarray of int, or None
+        With ``track_memory``, per plan device, the most bytes of storage the
+        last step held there after any operation.
 
     Raises
     ------
@@ -95,7 +119,8 @@ class LocalExecutor:
     """
 
     def __init__(self, program: Program, devices: Sequence[str | torch.device] | None = None, *,
-                 profile: bool = False, seed: int | None = None, atomic: bool = False):
+                 profile: bool = False, seed: int | None = None, atomic: bool = False,
+                 track_memory: bool = False):
         self.program = program
         self.seed = seed if seed is not None else (draw_seed() if program.random else 0)
         self.steps_run = 0
@@ -104,6 +129,8 @@ class LocalExecutor:
         if len(self.devices) != n:
             raise OptionError(f"devices: {len(self.devices)} given for a plan over {n} devices")
         self.profile = profile
+        self.track_memory = track_memory
+        self.peak_bytes: np.ndarray | None = None
         self.deferred = program.deferred if atomic else frozenset()
         # Atomic: inputs written during the step, not after it, are written in a copy (see run).
         self.staged = {root for v, roots in program.writes.items() if v not in self.deferred
@@ -176,6 +203,8 @@ class LocalExecutor:
         for p in prog.placeholders:
             send(p, env[(p, prog.device_of[p])])
         deferred = []
+        if self.track_memory:
+            self.peak_bytes = np.zeros(prog.num_devices, dtype=np.int64)
         for k, v in enumerate(prog.schedule):
             d = prog.device_of[v]
             values = {a: env[(a, d)] for a in v.all_input_nodes}
@@ -185,6 +214,8 @@ class LocalExecutor:
             out = issue(v, values)
             env[(v, d)] = out
             send(v, out)
+            if self.track_memory:       # its inputs, its output and the copies just sent are all held now
+                np.maximum(self.peak_bytes, _held_bytes(env, prog.num_devices), out=self.peak_bytes)
             for key in prog.frees[k]:
                 env.pop(key, None)
         for v, values in deferred:

@@ -136,8 +136,10 @@ def _state_writes(graph: OpGraph) -> tuple[dict[str, tuple[list[int], set[tuple[
         inside = set(members.tolist())
 
         def feeding(v: int) -> list[int]:
-            """In-edges of v that carry a batch-dependent tensor from outside the group."""
-            return [e for e in eids[ptr[v]:ptr[v + 1]].tolist() if batch[src[e]] and int(src[e]) not in inside]
+            """In-edges of v that carry a batch-dependent tensor from outside the group (an edge of 0 bytes
+            carries none: it orders, or holds a view's base)."""
+            return [e for e in eids[ptr[v]:ptr[v + 1]].tolist()
+                    if batch[src[e]] and nbytes[e] and int(src[e]) not in inside]
 
         writers = [w for w in members.tolist() if any(nbytes[e] == size for e in feeding(w))]
         stack = [e for w in writers for e in feeding(w) if nbytes[e] == size]

@@ -178,8 +178,10 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
     extra_x = graph.node_extra[x]
     for j, ((u, t), nbytes) in enumerate(sorted(inputs.items())):
         source = graph.ids[u]
-        if not sliced[u]:
-            for pid in part_ids:                 # weights and other batch-free inputs go whole to every part
+        if not sliced[u] or not nbytes:
+            # Weights and other batch-free inputs go whole to every part, as do edges that carry
+            # nothing (an order, or a view's base held while the view is read).
+            for pid in part_ids:
                 new_edges.append((source, pid, nbytes, t))
             continue
         sid = fresh_id(f"{node}@split{j}", taken)
