@@ -49,9 +49,8 @@ def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_B
                   f"({target.num_devices} x {target.devices[0].memory_bytes / 2**30:.0f} GiB)")
     comparison = compare(graph, target, algorithms, seed=0, time_limit=time_limit, console=console)
     comparison.print(console)
-    output.mkdir(parents=True, exist_ok=True)
+    paths = comparison.write(output)        # the report first: a failure there leaves no lone graph.json
     graph.save(output / "graph.json")
-    paths = comparison.write(output)
     best = comparison.best
     if best is None:
         console.print("no algorithm found a plan that fits")

@@ -144,6 +144,19 @@ def test_installed_command_runs_demo(tmp_path):
     assert (tmp_path / "demo" / "graph.json").exists()
 
 
+def test_a_demo_whose_report_fails_leaves_no_lone_graph(tmp_path, monkeypatch):
+    from placer.demo import run_demo
+    from placer.report.compare import Comparison
+
+    def fail(self, folder):
+        raise OSError("disk full")
+
+    monkeypatch.setattr(Comparison, "write", fail)
+    with pytest.raises(OSError, match="disk full"):
+        run_demo(tmp_path / "demo", model="zoo:lenet", batch=2, cluster="2xcpu", algorithms=["single"], time_limit=2)
+    assert not (tmp_path / "demo" / "graph.json").exists()
+
+
 def test_simulate_takes_the_model_spec_a_plan_was_made_from(tmp_path, capsys):
     plan_file = tmp_path / "p.json"
     spec = ["zoo:lenet", "--batch", "8", "--optimizer", "sgd"]
