@@ -181,3 +181,17 @@ def test_a_note_of_several_lines_stays_in_its_markdown_row():
 def test_figures_below_one_keep_their_trailing_zeros():
     assert [figure(v, 3) for v in (0.58, 0.5798, 1.5e-5, 0.0, 16.0, 2.5)] == [
         "0.580", "0.580", "1.50e-05", "0.000", "16.000", "2.500"]
+
+
+def test_a_report_written_again_keeps_no_plan_or_chart_of_the_earlier_one(tmp_path):
+    from placer.cluster import load_cluster
+    from placer.generate import training_graph
+    from placer.report.compare import compare
+
+    graph, cluster = training_graph(layers=2, branches=1, seed=1), load_cluster("2xcpu")
+    compare(graph, cluster, ["single", "expert"], progress=False).write(tmp_path)
+    (tmp_path / "notes.txt").write_text("mine")
+    compare(graph, cluster, ["single"], progress=False).write(tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "comparison.csv", "comparison.json", "comparison.md", "gantt-single.png", "memory-single.png", "notes.txt",
+        "plan-single.json", "report.html"]

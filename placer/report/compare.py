@@ -160,7 +160,8 @@ class Comparison:
 
         Everything is made before the first file lands in ``folder``: the tables and plans in memory, the
         charts (the slow part) in a temporary folder inside it, which is removed on any error or Ctrl-C.
-        An interrupted write leaves no half report, nor new charts beside an earlier report.
+        An interrupted write leaves no half report, nor new charts beside an earlier report. Plans and
+        charts an earlier report left in ``folder`` for algorithms this one did not plan are removed.
         """
         from .charts import gantt_chart, memory_chart
         from .html import html_report
@@ -186,6 +187,12 @@ class Comparison:
                 os.replace(chart, folder / chart.name)
         for path, text in texts.items():
             write_text_atomic(path, text, "report file")
+        # An earlier report's plans and charts of algorithms this one did not plan would read as this run's.
+        made = {path.name for path in texts} | {chart.name for pair in charts.values() for chart in pair}
+        for pattern in ("plan-*.json", "gantt-*.png", "memory-*.png"):
+            for stale in folder.glob(pattern):
+                if stale.name not in made:
+                    stale.unlink()
         return paths
 
 
