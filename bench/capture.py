@@ -21,6 +21,8 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shlex
+import sys
 import time
 
 import numpy as np
@@ -153,6 +155,7 @@ def main() -> None:
     if args.device == "cpu":
         print("\n## Part 3: single-thread CPU figures")
         print("\n".join(cpu_figures()))
+    print(f"reproduce: ./run.sh bench bench/capture.py {shlex.join(sys.argv[1:])}")
 
 
 if __name__ == "__main__":

@@ -27,6 +27,8 @@ from __future__ import annotations
 
 import argparse
 import platform
+import shlex
+import sys
 import time
 
 import numpy as np
@@ -116,6 +118,7 @@ def main() -> None:
             cells.append(f"{time.perf_counter() - wall:6.2f}/{time.process_time() - cpu:6.2f} {step}")
         print(f"{graph.name:>18} {graph.num_nodes:>7} {fused.ccr_before:>6.2f} {fused.num_clusters:>6} "
               f"{fused.ccr_after:>6.2f} {cells[0]:>11} | " + " | ".join(cells[1:]))
+    print(f"reproduce: ./run.sh bench bench/celeritas.py {shlex.join(sys.argv[1:])}")
 
 
 if __name__ == "__main__":

@@ -20,6 +20,8 @@ from __future__ import annotations
 import argparse
 import json
 import platform
+import shlex
+import sys
 import time
 
 import numpy as np
@@ -100,6 +102,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(rows, f, indent=1)
+    print(f"reproduce: ./run.sh bench bench/placeto.py {shlex.join(sys.argv[1:])}")
 
 
 if __name__ == "__main__":

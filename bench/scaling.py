@@ -29,6 +29,8 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import shlex
+import sys
 import time
 
 import numpy as np
@@ -131,6 +133,7 @@ def main() -> None:
         sizes(args.budget, args.algorithms.split(","))
     if args.part in ("zoo", "all"):
         zoo(args.time_limit, args.zoo_clusters.split(","))
+    print(f"reproduce: ./run.sh bench bench/scaling.py {shlex.join(sys.argv[1:])}")
 
 
 if __name__ == "__main__":
