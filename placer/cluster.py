@@ -18,7 +18,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .errors import FormatError
-from .io import Field, check_format, read_json, write_json_atomic
+from .io import Field, check_format, read_json, shown, write_json_atomic
 
 __all__ = ["Device", "Channel", "Cluster", "PRESETS", "PRESET_SOURCES", "load_cluster", "CLUSTER_FORMAT"]
 
@@ -207,7 +207,7 @@ class Cluster:
             pairs = []
             for p in f.array("pairs", required=True):
                 if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)):
-                    raise FormatError(f"{f.where}: each entry of 'pairs' must be [source, destination] device names, got {p!r}")
+                    raise FormatError(f"{f.where}: each entry of 'pairs' must be [source, destination] device names, got {shown(p)}")
                 pairs.append((p[0], p[1]))
             channels.append(Channel(
                 name=cname,

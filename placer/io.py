@@ -16,7 +16,7 @@ from typing import Any
 from .errors import FormatError, PlacerError
 
 __all__ = ["read_json", "write_json_atomic", "write_text_atomic", "json_text", "check_output", "WriteError",
-           "check_format", "check_finite", "Field"]
+           "check_format", "check_finite", "Field", "shown"]
 
 
 class WriteError(PlacerError, OSError):
@@ -162,7 +162,7 @@ class Field:
         if value is None:
             return default
         if not isinstance(value, str):
-            raise FormatError(f"{self.where}: field '{key}' must be a string, got {value!r}")
+            raise FormatError(f"{self.where}: field '{key}' must be a string, got {shown(value)}")
         return value
 
     def number(self, key: str, required: bool = False, default: float | None = None,
@@ -205,6 +205,21 @@ class Field:
         return extra
 
 
+#: The longest a value is quoted in an error message: a file's junk (a long list, a nested object)
+#: would make the one-line message of the command line run on for pages.
+SHOWN_CHARS = 80
+
+
+def shown(value: Any) -> str:
+    """``repr(value)``, cut to :data:`SHOWN_CHARS` characters with the full length said where it is longer.
+
+    >>> shown("x" * 200)
+    "'xxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxxx... (202 characters)"
+    """
+    text = repr(value)
+    return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
 def check_finite(value: Any, where: str) -> None:
     """Raise FormatError if the JSON ``value`` holds a float that is not finite.
 
@@ -214,7 +229,7 @@ def check_finite(value: Any, where: str) -> None:
     while stack:
         value = stack.pop()
         if isinstance(value, float) and not math.isfinite(value):
-            raise FormatError(f"{where} must be finite, got {value!r}")
+            raise FormatError(f"{where} must be finite, got {shown(value)}")
         stack.extend(value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
 
 
@@ -222,17 +237,17 @@ def check_number(value: Any, where: str, minimum: float | None = 0.0, positive: 
                  maximum: float | None = None) -> float:
     """A finite real number (not a bool), at least ``minimum``, at most ``maximum``, and > 0 if ``positive``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise FormatError(f"{where} must be a number, got {value!r}")
+        raise FormatError(f"{where} must be a number, got {shown(value)}")
     try:
         value = float(value)
     except OverflowError:
         value = math.inf
     if not math.isfinite(value):
-        raise FormatError(f"{where} must be finite, got {value!r}")
+        raise FormatError(f"{where} must be finite, got {shown(value)}")
     if positive and value <= 0:
-        raise FormatError(f"{where} must be > 0, got {value!r}")
+        raise FormatError(f"{where} must be > 0, got {shown(value)}")
     if minimum is not None and value < minimum:
-        raise FormatError(f"{where} must be >= {minimum:g}, got {value!r}")
+        raise FormatError(f"{where} must be >= {minimum:g}, got {shown(value)}")
     if maximum is not None and value > maximum:
         raise FormatError(f"{where} is too large ({value!r} > {maximum:g})")
     return value
@@ -244,13 +259,13 @@ MAX_INTEGER = 2**62  # sizes are held as int64; sums of many must not overflow
 def check_integer(value: Any, where: str, minimum: int | None = 0) -> int:
     """An integer (an integral float such as 1.2e10 is accepted), at least ``minimum``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise FormatError(f"{where} must be an integer, got {value!r}")
+        raise FormatError(f"{where} must be an integer, got {shown(value)}")
     if isinstance(value, float):
         if not math.isfinite(value) or not value.is_integer():
-            raise FormatError(f"{where} must be an integer, got {value!r}")
+            raise FormatError(f"{where} must be an integer, got {shown(value)}")
         value = int(value)
     if minimum is not None and value < minimum:
-        raise FormatError(f"{where} must be >= {minimum}, got {value!r}")
+        raise FormatError(f"{where} must be >= {minimum}, got {shown(value)}")
     if abs(value) > MAX_INTEGER:
         digits = len(str(abs(value)))
         raise FormatError(f"{where} is too large (a number of {digits} digits, more than 2**62)")

@@ -16,7 +16,7 @@ import numpy as np
 from .cluster import Cluster
 from .errors import FormatError, InvalidPlanError
 from .graph import OpGraph, topological_sort
-from .io import Field, check_finite, check_format, check_number, read_json, write_json_atomic
+from .io import Field, check_finite, check_format, check_number, read_json, shown, write_json_atomic
 
 if TYPE_CHECKING:
     from .sim.simulator import SimResult
@@ -276,7 +276,7 @@ class Plan:
         placement = f.mapping("placement", required=True)
         for node_id, device in placement.items():
             if not isinstance(device, str):
-                raise FormatError(f"{where}: placement of node {node_id!r} must be a device name, got {device!r}")
+                raise FormatError(f"{where}: placement of node {node_id!r} must be a device name, got {shown(device)}")
         order = f.mapping("order")
         if order is not None:
             for device, seq in order.items():

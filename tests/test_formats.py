@@ -480,3 +480,15 @@ def test_mutated_files_raise_only_documented_errors_or_simulate_to_finite_figure
     assert np.all(np.isfinite(result.finish)), f"makespan {result.makespan_s}"
     assert np.all(result.peak_memory_bytes >= 0), result.peak_memory_bytes
     assert np.isfinite(plan.lower_bound(graph, cluster))
+
+
+def test_a_long_bad_value_is_quoted_short(tmp_path):
+    """A file's junk (here a list of 10,000 numbers where a time belongs) is quoted in one short line."""
+    doc = training_graph(layers=2, branches=1).to_dict()
+    doc["nodes"][0]["compute_s"] = list(range(10_000))
+    path = tmp_path / "g.json"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(FormatError) as failed:
+        OpGraph.load(path)
+    message = str(failed.value)
+    assert "compute_s" in message and "(58890 characters)" in message and len(message) < 300, message
