@@ -37,6 +37,7 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 
 from ..errors import FormatError, OptionError
 from ..graph import OpGraph
+from ..io import shown
 from .build import build_graph
 from .optim import OptimizerSpec, optimizer_spec
 
@@ -329,8 +330,7 @@ def _short(value: Any) -> str:
         return f"a {value.dtype} tensor of shape {tuple(value.shape)}"
     if _holds_tensors(value):
         return f"a {type(value).__name__} of tensors"
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
+    return shown(value)
 
 
 def _as_tuple(inputs: Any) -> tuple:
