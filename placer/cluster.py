@@ -67,9 +67,10 @@ class Cluster:
     Raises
     ------
     FormatError
-        Duplicate device or channel names, non-positive memory, speed or
-        bandwidth, a channel naming an unknown device, or a pair listed by two
-        channels.
+        Duplicate device or channel names, non-positive memory, a speed,
+        bandwidth or latency out of the range a file may hold (:data:`MIN_SPEED`
+        and the others), a channel naming an unknown device, or a pair listed by
+        two channels.
     """
 
     def __init__(self, name: str, devices: list[Device], channels: list[Channel],
@@ -89,6 +90,9 @@ class Cluster:
                 raise FormatError(f"{where}: device {d.name!r}: field 'memory_bytes' must be > 0")
             if not d.speed > 0:
                 raise FormatError(f"{where}: device {d.name!r}: field 'speed' must be > 0")
+            if not MIN_SPEED <= d.speed <= MAX_SPEED:   # a cluster built in code, not read from a file
+                raise FormatError(f"{where}: device {d.name!r}: field 'speed' must lie in [{MIN_SPEED:g}, "
+                                  f"{MAX_SPEED:g}], got {d.speed!r}")
             self.device_index[d.name] = j
         n = len(self.devices)
         self.channel_index = np.full((n, n), -1, dtype=np.int64)
@@ -99,8 +103,14 @@ class Cluster:
             names.add(ch.name)
             if not ch.bandwidth_bytes_per_s > 0:
                 raise FormatError(f"{where}: channel {ch.name!r}: field 'bandwidth_bytes_per_s' must be > 0")
+            if not ch.bandwidth_bytes_per_s >= MIN_BANDWIDTH:
+                raise FormatError(f"{where}: channel {ch.name!r}: field 'bandwidth_bytes_per_s' must be >= "
+                                  f"{MIN_BANDWIDTH:g}, got {ch.bandwidth_bytes_per_s!r}")
             if ch.latency_s < 0:
                 raise FormatError(f"{where}: channel {ch.name!r}: field 'latency_s' must be >= 0")
+            if not ch.latency_s <= MAX_LATENCY_S:
+                raise FormatError(f"{where}: channel {ch.name!r}: field 'latency_s' must be <= {MAX_LATENCY_S:g}, "
+                                  f"got {ch.latency_s!r}")
             for s, d in ch.pairs:
                 for end in (s, d):
                     if end not in self.device_index:

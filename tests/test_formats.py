@@ -492,3 +492,17 @@ def test_a_long_bad_value_is_quoted_short(tmp_path):
         OpGraph.load(path)
     message = str(failed.value)
     assert "compute_s" in message and "(58890 characters)" in message and len(message) < 300, message
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("speed", 1e-320, "field 'speed' must lie in"), ("speed", float("inf"), "field 'speed' must lie in"),
+    ("bandwidth", 1e-320, "'bandwidth_bytes_per_s' must be >= 1"), ("latency", 1e308, r"'latency_s' must be <= 1e\+09"),
+])
+def test_a_cluster_built_in_code_holds_the_ranges_a_file_does(field, value, message):
+    from placer.cluster import Channel, Device
+
+    speed, bandwidth, latency = (value if field == f else default
+                                 for f, default in (("speed", 1.0), ("bandwidth", 1e9), ("latency", 1e-5)))
+    with pytest.raises(FormatError, match=message):
+        Cluster("c", [Device("a", "V100", 1 << 30, speed), Device("b", "V100", 1 << 30)],
+                [Channel("a-b", bandwidth, latency, (("a", "b"), ("b", "a")))])
