@@ -11,11 +11,11 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .errors import FormatError, PlacerError
 
-__all__ = ["read_json", "write_json_atomic", "write_text_atomic", "json_text", "check_output", "WriteError",
+__all__ = ["read_json", "write_atomic", "write_json_atomic", "write_text_atomic", "json_text", "check_output", "WriteError",
            "check_format", "check_finite", "Field", "shown"]
 
 
@@ -85,8 +85,9 @@ def check_output(path: str | os.PathLike, what: str = "file", folder: bool = Fal
     return path
 
 
-def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") -> None:
-    """Write ``text`` to ``path`` so that readers see the old file or the whole new one.
+def write_atomic(path: str | os.PathLike, write: Callable[[Path], None], what: str = "file") -> None:
+    """Make ``path`` with ``write(tmp)``, a temporary file beside it, then rename that into place, so
+    that readers see the old file or the whole new one; an error or Ctrl-C part way leaves no temporary file.
 
     Raises WriteError, naming ``path`` as ``what``, where it cannot be written.
     """
@@ -96,11 +97,9 @@ def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") ->
     try:
         folder.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=folder)
+        os.close(fd)
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; give the permissions open() would
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-            handle.flush()
-            os.fsync(handle.fileno())
+        write(Path(tmp))
         os.replace(tmp, path)
     except BaseException as exc:
         if tmp is not None:
@@ -109,6 +108,17 @@ def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") ->
             reason = exc.strerror or str(exc)
             raise WriteError(f"cannot write {what} {path}: {reason[:1].lower()}{reason[1:]}") from None
         raise
+
+
+def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") -> None:
+    """Write ``text`` to ``path`` atomically (:func:`write_atomic`)."""
+    def write(tmp: Path) -> None:
+        with open(tmp, "w", encoding="utf-8") as handle:
+            handle.write(text)
+            handle.flush()
+            os.fsync(handle.fileno())
+
+    write_atomic(path, write, what)
 
 
 def _umask() -> int:

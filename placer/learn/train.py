@@ -42,6 +42,7 @@ import torch
 from ..cluster import Cluster, load_cluster
 from ..errors import InvalidPlanError, OptionError
 from ..graph import OpGraph
+from ..io import write_atomic
 from ..sim.simulator import simulate
 from ..transform.merge import merge_and_colocate
 from .policy import GraphContext, PlacetoPolicy, PolicyConfig
@@ -471,24 +472,9 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
     return TrainResult(policy, curve, time.perf_counter() - began, best)
 
 
-def _write_atomic(path, write: Callable[[Path], None]) -> None:
-    """``write(tmp)`` a file beside ``path``, then rename it to ``path``.
-
-    An error or Ctrl-C part way leaves the old file (or none) and no temporary one, never half a file.
-    """
-    path = Path(path)
-    tmp = path.with_name(path.name + ".tmp")
-    try:
-        write(tmp)
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-
-
 def _save(policy: PlacetoPolicy, path, config: TrainConfig, curve: dict) -> None:
     """Write the policy atomically (a checkpoint is never half written)."""
-    _write_atomic(path, lambda tmp: policy.save(tmp, train_config=asdict(config), curve=curve))
+    write_atomic(path, lambda tmp: policy.save(tmp, train_config=asdict(config), curve=curve), "policy file")
 
 
 def save_result(result: TrainResult, path, config: TrainConfig) -> None:
@@ -520,5 +506,5 @@ def plot_curve(curve: dict, path, *, title: str = "Placeto training", window: in
     fig.tight_layout()
     # The format named, as the temporary file's name does not end in it.
     picture = Path(path).suffix[1:] or "png"
-    _write_atomic(path, lambda tmp: fig.savefig(tmp, format=picture, dpi=110))
+    write_atomic(path, lambda tmp: fig.savefig(tmp, format=picture, dpi=110), "curve file")
     plt.close(fig)
