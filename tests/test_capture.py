@@ -610,6 +610,44 @@ def test_batch_splittable_ops_record_the_rows_a_split_cuts():
     assert outer and all(gram.graph.splittable[gram.graph.index[n.name]] is None for n in outer)
 
 
+def test_each_output_of_a_multi_output_op_is_a_node_held_until_its_own_readers_end():
+    """Batch norm's output is read at once (by the ReLU), its saved statistics in the backward pass: each
+    output picked (an fx ``getitem``) is its own node, colocated with the op, holding that output's bytes
+    until its own readers end (FORMATS.md, rule 6); the op holds all its outputs until its picks have run."""
+    step = capture(*_cnn(), optimizer="sgd")
+    graph, gm = step.graph, step.gm
+    (norm,) = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.native_batch_norm.default)
+    x = graph.index[norm.name]
+    picks = {int(p.args[1]): p for p in norm.users}
+    assert set(picks) == {0, 1, 2} and set(step.carrier[p.name] for p in picks.values()) == {p.name for p in picks.values()}
+    out = graph.out_edges
+    consumers = {int(graph.dst[e]): (int(graph.edge_tensor[e]), int(graph.edge_bytes[e])) for e in out[1][out[0][x]:out[0][x + 1]]}
+    assert consumers == {graph.index[p.name]: (k, p.meta["val"].numel() * 4) for k, p in picks.items()}
+    assert graph.output_bytes[x] == sum(graph.output_bytes[graph.index[p.name]] for p in picks.values())
+    y = graph.index[picks[0].name]
+    assert graph.output_bytes[y] == picks[0].meta["val"].numel() * 4
+    assert {graph.colocation[graph.index[p.name]] for p in picks.values()} == {graph.colocation[x]}
+    assert graph.op[y] == "_operator.getitem" and graph.compute_s[y] == 0
+
+
+def test_outputs_that_are_views_of_an_input_hold_nothing_and_keep_their_base():
+    """``unsafe_split`` (an LSTM's gates) returns views of its input, though its schema does not say so: its
+    outputs allocate nothing, and each reader of one keeps the split input's producer held (a 0-byte edge)."""
+    step = capture(*_lstm(), optimizer="sgd")
+    graph, gm = step.graph, step.gm
+    splits = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.unsafe_split.Tensor)
+    assert splits
+    for split in splits:
+        base = graph.index[split.args[0].name]
+        assert graph.output_bytes[base] > 0 and graph.output_bytes[graph.index[split.name]] == 0
+        for pick in split.users:
+            assert graph.output_bytes[graph.index[pick.name]] == 0
+            for reader in pick.users:
+                r = graph.index[reader.name]
+                held = [e for e in range(graph.num_edges) if graph.src[e] == base and graph.dst[e] == r]
+                assert held and graph.edge_bytes[held[0]] == 0
+
+
 @pytest.mark.parametrize("optimizer", ["adam", "sgd"])
 def test_no_ordering_edge_is_implied_by_a_path(optimizer):
     """An in-place write's ordering edges are added only where no path of the graph orders the two nodes

@@ -1,19 +1,24 @@
 """From the fx graph of a captured training step to an :class:`~placer.graph.OpGraph`.
 
-Every fx node becomes a graph node with the same id, except ``getitem`` nodes that
-pick one output of a multi-output op: they fold into that op, and the edges leaving
-them name the output in their ``tensor`` field. Per node:
+Every fx node but the output becomes a graph node with the same id. A ``getitem`` that
+picks output ``k`` of a multi-output op is a node too, colocated with the op, its edge
+from the op naming the output in its ``tensor`` field: batch norm's output is read at once
+and its saved statistics in the backward pass, so each output must be held until its own
+readers end (FORMATS.md, rule 6). The op holds all its outputs until its picks have run;
+each pick then holds its own. Per node:
 
 * ``op``: ``aten.<overload packet>`` (``aten.convolution``), ``_operator.<name>`` for
   Python scalar arithmetic, ``placeholder`` / ``get_attr`` for the step's inputs;
-* ``output_bytes``: the storage the node allocates (0 for views and in-place writes,
-  which alias an input); ``param_bytes``: the resident state a placeholder holds
+* ``output_bytes``: the storages of its outputs that no earlier node holds (0 for views
+  and in-place writes, which use an input's, also where the schema does not say so, as
+  with ``unsafe_split``); a reader of a view gets an edge (0 bytes) from the holder of its
+  storage, which keeps it held; ``param_bytes``: the resident state a placeholder holds
   (parameters, buffers, optimizer state); a batch input counts as an output;
 * ``flops``: :data:`torch.utils.flop_counter.flop_registry` on the fake arguments (0 for
   ops it does not count, as :class:`~torch.utils.flop_counter.FlopCounterMode` does), but
   :func:`conv_backward_flops` for ``convolution_backward`` (torch's formula ignores groups
   in the weight gradient);
-* ``node_extra``: ``bytes_accessed`` (input plus output bytes) and ``dtype``.
+* ``node_extra``: ``bytes_accessed`` (input plus output bytes; 0 for a pick) and ``dtype``.
 
 In-place writes of state (the final ``copy_`` of a new parameter or optimizer state into
 its placeholder, ``native_batch_norm`` updating running statistics, any ``(a!)`` schema
@@ -33,6 +38,7 @@ from typing import Any, Iterable
 import numpy as np
 import torch
 import torch.fx as fx
+from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import conv_flop_count, flop_registry, shape_wrapper
 
 from ..errors import FormatError
@@ -73,13 +79,27 @@ def value_bytes(value: Any) -> int:
     return 0
 
 
-def _storage_bytes(value: Any) -> int:
-    """Bytes a value's tensors allocate (their storages, so that a strided output counts once)."""
+def _tensors(value: Any) -> list[torch.Tensor]:
     if isinstance(value, torch.Tensor):
-        return value.untyped_storage().nbytes()
+        return [value]
     if isinstance(value, (tuple, list)):
-        return sum(_storage_bytes(v) for v in value)
-    return 0
+        return [t for v in value for t in _tensors(v)]
+    return []
+
+
+def _storages(value: Any) -> dict[StorageWeakRef, int]:
+    """The storages a traced value's tensors use, each once, with their bytes (a view uses its base's)."""
+    return {StorageWeakRef(t.untyped_storage()): t.untyped_storage().nbytes() for t in _tensors(value)}
+
+
+def _picked(node: fx.Node) -> tuple[fx.Node, int] | None:
+    """``(op, k)`` for a ``getitem`` that picks output ``k`` of multi-output op ``op``, else None."""
+    if node.target is not operator.getitem or len(node.args) < 2:
+        return None
+    source = node.args[0]
+    if isinstance(source, fx.Node) and isinstance(source.meta.get("val"), (tuple, list)):
+        return source, int(node.args[1])
+    return None
 
 
 def _op_name(node: fx.Node) -> str:
@@ -331,7 +351,7 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     Returns
     -------
     (OpGraph, dict)
-        The graph, and fx node name -> graph node id (getitem nodes map to their op).
+        The graph, and fx node name -> graph node id (each fx node is its own).
     """
     resident = set(resident)
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
@@ -345,20 +365,8 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     batch_names = set(batch_inputs)
     leading = batch_leading(nodes, [n for n in nodes if n.name in batch_names], batch) if batch else set()
     dependent = batch_dependent(nodes, [n for n in nodes if n.op == "placeholder" and n.name not in resident])
-    index: dict[fx.Node, int] = {}
-    carrier: dict[fx.Node, tuple[int, int]] = {}   # fx node -> (graph index, output number)
-    ids: list[str] = []
-    kept: list[fx.Node] = []
-    for node in nodes:
-        source = node.args[0] if node.target is operator.getitem and node.args else None
-        if isinstance(source, fx.Node) and source in index and isinstance(source.meta.get("val"), (tuple, list)):
-            carrier[node] = (index[source], int(node.args[1]))
-            continue
-        index[node] = len(ids)
-        carrier[node] = (len(ids), 0)
-        ids.append(node.name)
-        kept.append(node)
-
+    index = {node: i for i, node in enumerate(nodes)}
+    ids = [node.name for node in nodes]
     n = len(ids)
     output_bytes = np.zeros(n, dtype=np.int64)
     param_bytes = np.zeros(n, dtype=np.int64)
@@ -368,19 +376,24 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     splittable: list[list[dict] | None] = []
     extra: list[dict] = []
     edges: dict[tuple[int, int, int], int] = {}
-    for i, node in enumerate(kept):
+    holder: dict[StorageWeakRef, int] = {}     # storage -> the graph node that holds it (FORMATS.md, rule 6)
+    picks: list[tuple[int, int]] = []          # (pick, multi-output op)
+    for i, node in enumerate(nodes):
         val = node.meta.get("val")
         ops.append(_op_name(node))
         layer.append(layers.get(node.name))
-        size = _storage_bytes(val)
+        picked = _picked(node)
+        storages = _storages(val)
         if node.op in ("placeholder", "get_attr") and (node.name in resident or node.op == "get_attr"):
-            param_bytes[i] = size
-        elif not _aliases_input(node):
-            output_bytes[i] = size
+            param_bytes[i] = sum(storages.values())
         flops[i] = _flops(node)
         splittable.append(_splittable(node, batch, leading, dependent))
         inputs = _arg_nodes(node)
-        accessed = sum(value_bytes(a.meta.get("val")) for a in inputs) + (0 if _aliases_input(node) else value_bytes(val))
+        if picked:
+            accessed = 0
+        else:
+            accessed = sum(value_bytes(a.meta.get("val")) for a in inputs) + (
+                0 if _aliases_input(node) else value_bytes(val))
         info: dict[str, Any] = {"bytes_accessed": int(accessed)}
         dtype = _dtype(val)
         if dtype is None:
@@ -389,45 +402,62 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
             info["dtype"] = dtype
         extra.append(info)
         for a in inputs:
-            src, tensor = carrier[a]
+            src, read = index[a], a.meta.get("val")
+            tensor = 0
+            if picked and a is picked[0]:
+                tensor = picked[1]
+                read = read[tensor]
             key = (src, i, tensor)
-            edges[key] = max(edges.get(key, 0), value_bytes(a.meta.get("val")))
-            owner, owned = carrier[_alias_base(a)]
-            if owner != src and output_bytes[owner]:
-                # A view's reader holds its base's storage: an edge (0 bytes) keeps the base's output
-                # until this reader ends, as rule 6 of FORMATS.md counts a consumer's.
-                edges.setdefault((owner, i, owned), 0)
+            edges[key] = max(edges.get(key, 0), value_bytes(read))
+            for storage in _storages(read):
+                owner = holder.get(storage)
+                if owner is not None and owner not in (src, i) and output_bytes[owner]:
+                    # A view's reader holds its base's storage: an edge (0 bytes) keeps the base's output
+                    # until this reader ends, as rule 6 of FORMATS.md counts a consumer's.
+                    edges.setdefault((owner, i, 0), 0)
+        # A node holds the storages no earlier node holds (none for a view or an in-place write); a pick of
+        # a multi-output op's output holds that output from the op on, while the op holds all of its outputs
+        # until its picks have run, so none of them goes uncounted in between.
+        source = index[picked[0]] if picked else -1
+        own = {s: b for s, b in storages.items() if holder.get(s, source) == source}
+        if not param_bytes[i]:
+            output_bytes[i] = sum(own.values())
+        holder.update(dict.fromkeys(own, i))
+        if picked:
+            picks.append((i, source))
 
-    colocation = _state_writes(kept, index, carrier, ids, edges)
+    colocation = _state_writes(nodes, index, ids, edges, picks)
     src, dst, tensor = (np.array([k[j] for k in edges], dtype=np.int64) for j in range(3))
     graph = OpGraph(ids, np.zeros(n), src, dst, np.array(list(edges.values()), dtype=np.int64), tensor,
                     output_bytes=output_bytes, param_bytes=param_bytes, flops=flops, op=ops, layer=layer,
                     colocation=colocation, splittable=splittable, node_extra=extra, name=name)
-    return graph, {node.name: ids[carrier[node][0]] for node in nodes}
+    return graph, {node.name: node.name for node in nodes}
 
 
-def _state_writes(kept: list[fx.Node], index: dict[fx.Node, int], carrier: dict[fx.Node, tuple[int, int]],
-                  ids: list[str], edges: dict[tuple[int, int, int], int]) -> list[str | None]:
-    """Colocate every in-place writer with what it writes; order it against the other readers.
+def _state_writes(nodes: list[fx.Node], index: dict[fx.Node, int], ids: list[str],
+                  edges: dict[tuple[int, int, int], int], picks: list[tuple[int, int]]) -> list[str | None]:
+    """Colocate every in-place writer with what it writes, and every pick with its op; order writers.
 
     Readers of the written tensor (directly or through views of it) listed before the
     writer in the program get an edge reader -> writer, those after it writer -> reader:
-    the program's own order, so the edges never form a cycle.
+    the program's own order, so the edges never form a cycle. A ``getitem`` picking an
+    output of a multi-output op goes with the op, which holds that output until it has run.
     """
     groups = _UnionFind()
-    position = {node: k for k, node in enumerate(kept)}
+    for pick, op in picks:
+        groups.union(pick, op)
     ordering: set[tuple[int, int, int]] = set()
-    for writer in kept:
+    writes: set[int] = set()
+    for writer in nodes:
         for target in _written_args(writer):
-            base = _alias_base(target)
-            w, b = index[writer], carrier[base][0]
+            w, b = index[writer], index[_alias_base(target)]
             groups.union(w, b)
-            for reader in _readers(base):
-                r = carrier[reader][0]
+            writes.add(w)
+            for reader in _readers(nodes[b]):
+                r = index[reader]
                 if r in (w, b):
                     continue
-                before = position.get(kept[r], -1) < position[writer]
-                key = (r, w, 0) if before else (w, r, 0)
+                key = (r, w, 0) if r < w else (w, r, 0)
                 if key not in edges:
                     edges[key] = 0
                     ordering.add(key)
@@ -437,7 +467,7 @@ def _state_writes(kept: list[fx.Node], index: dict[fx.Node, int], carrier: dict[
         members.setdefault(groups.find(x), []).append(x)
     colocation: list[str | None] = [None] * len(ids)
     for root, group in members.items():
-        label = f"state:{ids[root]}"
+        label = f"{'state' if writes.intersection(group) else 'outputs'}:{ids[root]}"
         for x in group:
             colocation[x] = label
     return colocation

@@ -82,8 +82,8 @@ class CapturedStep:
     Attributes
     ----------
     graph : OpGraph
-        Node ids are fx node names of :attr:`gm` (``getitem`` nodes fold into their
-        producer; :attr:`carrier` maps every fx node to its graph node).
+        Node ids are the names of :attr:`gm`'s fx nodes, every one but the output
+        (:mod:`placer.capture.build`).
     gm : torch.fx.GraphModule
         The pure step. Call ``gm(*flat)`` with ``flat = step.step_inputs(model, inputs,
         optimizer)``: it returns the loss (a 0-d tensor) and updates every parameter,
@@ -95,8 +95,8 @@ class CapturedStep:
     optimizer : OptimizerSpec
         The optimizer and its hyper-parameters (torch's defaults, with ``lr``).
     carrier : dict
-        fx node name -> graph node id that carries it (itself, or the multi-output op a
-        ``getitem`` reads); a runtime runs a node where its carrier is placed.
+        fx node name -> graph node id that carries it (itself, for a captured step; a
+        split operation's parts carry theirs); a runtime runs a node where its carrier is placed.
     batch_size : int or None
         The leading dimension of the first tensor input.
     capture_s : float

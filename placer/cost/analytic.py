@@ -231,10 +231,12 @@ def op_base_name(op: str | None) -> str:
 def host_op(op: str | None) -> bool:
     """Whether ``op`` is arithmetic on Python numbers (``"_operator.pow"``), which runs on the host.
 
-    >>> host_op("_operator.pow"), host_op("aten.pow.Tensor_Scalar")
-    (True, False)
+    Picking an output of a multi-output op (``_operator.getitem``) is no arithmetic: a view.
+
+    >>> host_op("_operator.pow"), host_op("aten.pow.Tensor_Scalar"), host_op("_operator.getitem")
+    (True, False, False)
     """
-    return bool(op) and op.replace("::", ".").startswith(("_operator.", "operator."))
+    return bool(op) and op.replace("::", ".").startswith(("_operator.", "operator.")) and op_base_name(op) != "getitem"
 
 
 #: Prefix of the placeholders that hold an optimizer's step count in a captured step

@@ -378,8 +378,8 @@ def profile_step(captured: Any, model: Any = None, inputs: Any = None, *, device
     Parameters
     ----------
     captured : placer.capture.CapturedStep
-        Its ``.gm`` is run node by node; its ``.graph`` names the nodes (fx nodes folded
-        into a graph node, such as ``getitem``, add their time to it; placeholders cost 0).
+        Its ``.gm`` is run node by node; its ``.graph`` names the nodes (an fx node the
+        graph leaves out adds its time to the node its ``carrier`` names; placeholders cost 0).
     model, inputs : optional
         The live model and a batch, fed through ``captured.step_inputs`` on copies (the
         model and its optimizer state are not changed). Without them, random tensors of

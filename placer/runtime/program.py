@@ -4,9 +4,9 @@ Both executors run a :class:`Program`. It is built once from the step's
 ``torch.fx.GraphModule`` (its nodes are the graph's nodes, by name), a plan
 and a cluster:
 
-* every fx node gets a device: graph nodes the plan's; a ``getitem`` that of
-  the op whose output it picks (the capture's ``carrier``); other nodes the
-  graph leaves out that of their producer; a placeholder the graph leaves out
+* every fx node gets a device: graph nodes the plan's; a node the graph
+  leaves out that of the graph node that carries it (``carrier``: the parts
+  of a split operation), else that of its producer; a placeholder the graph leaves out
   that of the node that writes it (state lives where it is updated), else
   that of its first reader;
 * the nodes are issued in the plan's per-device order, interleaved by the
