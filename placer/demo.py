@@ -1,7 +1,7 @@
 """``placer demo``: the main job on the built-in default, with no GPU and no input.
 
 It captures one training step of a zoo model that does not fit one GPU of
-the default cluster (Inception-v3 at batch 128 with Adam: about 17 GiB
+the default cluster (Inception-v3 at batch 192 with Adam: about 18 GiB
 against 16 GiB V100s), compares every registered algorithm on it, prints the
 table and writes the full report (tables, plans, Gantt and memory charts,
 report.html) with the captured graph beside it.
@@ -21,7 +21,7 @@ from .report.compare import check_options, compare
 __all__ = ["run_demo", "DEFAULT_MODEL", "DEFAULT_BATCH", "DEFAULT_CLUSTER", "DEFAULT_TIME_LIMIT"]
 
 DEFAULT_MODEL = "zoo:inception_v3"
-DEFAULT_BATCH = 128
+DEFAULT_BATCH = 192
 DEFAULT_CLUSTER = "4xV100-nvlink"
 #: Per-algorithm search limit, so that the whole demo stays within a few minutes on 2 cores.
 DEFAULT_TIME_LIMIT = 20.0
