@@ -612,6 +612,64 @@ def test_transfers_keep_values_and_strides(name):
     assert out.stride() == t.stride() and torch.equal(out, t)
 
 
+@pytest.mark.parametrize("name", list(_views()))
+def test_compact_transfers_send_a_view_with_gaps_as_its_elements_alone(name):
+    """Where the step reads no strides (:attr:`Program.compact_views`), a view with gaps travels as the bytes
+    the graph's edge counts, contiguous; the others keep their layout (an ``expand`` its shorter span)."""
+    t = _views()[name]
+    gapped = name in ("gapped", "offset")
+
+    class Node:
+        name = "v"
+        meta = {"val": t}
+
+    spec = value_spec(Node, compact=True)
+    for out in (copy_to(t, torch.device("cpu"), compact=True),
+                unpack(pack(t, spec, torch.device("cpu"), snapshot=True), spec, torch.device("cpu"))):
+        assert torch.equal(out, t)
+        assert out.is_contiguous() if gapped else out.stride() == t.stride()
+    assert message_bytes(spec) == (t.numel() * 4 if gapped else message_bytes(value_spec(Node)))
+
+
+class _Gates(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc, self.out = torch.nn.Linear(16, 64), torch.nn.Linear(16, 3)
+
+    def forward(self, x, y):
+        keep, write = self.fc(x).chunk(4, dim=1)[:2]
+        return torch.nn.functional.cross_entropy(self.out(keep.sigmoid() * write.tanh()), y)
+
+
+class _Strided(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(8, 8)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(torch.as_strided(self.fc(x), (4, 4), (8, 1)), y)
+
+
+def test_a_gate_read_on_another_device_holds_there_what_the_graph_counts():
+    """An LSTM-like gate (a view with gaps of one projection) read on another device: the copy there holds
+    the gate's own bytes, as the reference model counts the received copy, not the projection it spans."""
+    torch.manual_seed(0)
+    captured = capture(_Gates(), (torch.randn(256, 16), torch.randint(0, 3, (256,))), optimizer="sgd")
+    graph, cluster = captured.graph, load_cluster("2xcpu")
+    readers = {graph.index[n.name] for n in captured.gm.graph.nodes if str(n.target) in ("aten.sigmoid.default",
+                                                                                          "aten.tanh.default")}
+    placement = {node_id: "cpu1" if i in readers else "cpu0" for i, node_id in enumerate(graph.ids)}
+    plan = Plan(placement, graph_name=graph.name)
+    program = compile_program(captured.gm, graph, plan, cluster, carrier=captured.carrier)
+    assert program.compact_views
+    executor = LocalExecutor(program, track_memory=True)
+    executor.run(captured.example_args())
+    assert executor.peak_bytes[1] == plan.validate(graph, cluster).peak_memory_bytes[1] > 0
+    strided = capture(_Strided(), (torch.randn(4, 8), torch.randint(0, 4, (4,))), optimizer="sgd")
+    assert not compile_program(strided.gm, strided.graph, place(strided.graph, cluster, "single"), cluster,
+                               carrier=strided.carrier).compact_views
+
+
 @pytest.mark.parametrize("value", [0.1 + 0.2, 7, True])
 def test_python_scalars_travel_exactly(value):
     class Node:

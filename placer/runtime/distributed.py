@@ -207,7 +207,7 @@ class _RankRunner:
         prog = program
         self.schedule = prog.schedule_of(rank)
         self.owned = [k for k, p in enumerate(prog.placeholders) if prog.device_of[p] == rank]
-        self.specs = {x.node: value_spec(x.node) for x in prog.transfers if rank in (x.src, x.dst)}
+        self.specs = {x.node: value_spec(x.node, prog.compact_views) for x in prog.transfers if rank in (x.src, x.dst)}
         # Receives from each peer, in the order that peer sends them.
         self.incoming: dict[int, list] = {}
         for x in prog.transfers:
@@ -485,7 +485,7 @@ def _transfer_times(program: Program, gathered: list[dict]) -> list[tuple[int, i
                 x = program.transfers[index]
                 sent = gathered[x.src]["sent_at"][step].get(index)
                 if sent is not None and arrived > sent:
-                    out.append((x.src, x.dst, message_bytes(value_spec(x.node)), arrived - sent))
+                    out.append((x.src, x.dst, message_bytes(value_spec(x.node, program.compact_views)), arrived - sent))
     return out
 
 
@@ -497,7 +497,7 @@ def _message_times(program: Program, gathered: list[dict]) -> list[tuple[int, in
             sent = gathered[x.src]["host_s"][step].get(x.index)
             received = gathered[x.dst]["host_s"][step].get(x.index)
             if sent is not None and received is not None:
-                out.append((x.src, x.dst, message_bytes(value_spec(x.node)), sent, received))
+                out.append((x.src, x.dst, message_bytes(value_spec(x.node, program.compact_views)), sent, received))
     return out
 
 

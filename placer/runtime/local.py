@@ -236,7 +236,7 @@ class LocalExecutor:
         def send(v, value):
             for x in prog.sends.get(v, ()):
                 t0 = clock()
-                env[(v, x.dst)] = copy_to(value, self.devices[x.dst])
+                env[(v, x.dst)] = copy_to(value, self.devices[x.dst], prog.compact_views)
                 transfer_s.append((x, clock() - t0))
 
         self._walk(env, issue, send)
@@ -315,7 +315,7 @@ class LocalExecutor:
             if self.profile:
                 t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 t0.record(dst_stream or src_stream)
-            out = copy_to(value, self.devices[x.dst])
+            out = copy_to(value, self.devices[x.dst], self.program.compact_views)
             if self.profile:
                 t1.record(dst_stream or src_stream)
                 timing.append((x, t0, t1))

@@ -121,6 +121,11 @@ class Program:
         step's last operation, on the inputs they would have read, they write
         the same. Other writers (batch norm's running statistics) must run in
         their place.
+    compact_views : bool
+        Whether a transfer of a view with gaps (an LSTM gate, a strided slice)
+        sends its elements alone, contiguous, as the graph's edge bytes count
+        them: true unless the step reads a tensor's strides
+        (:data:`STRIDE_READERS`), where it sends the storage the view spans.
     """
 
     gm: fx.GraphModule
@@ -141,6 +146,7 @@ class Program:
     runs_with: dict[fx.Node, fx.Node] = field(default_factory=dict)
     random: frozenset = frozenset()
     deferred: frozenset = frozenset()
+    compact_views: bool = False
 
     @property
     def num_devices(self) -> int:
@@ -254,7 +260,8 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                    placeholders=placeholders, transfers=transfers, sends=sends, recv=recv, writes=writes,
                    guard=guard, frees=_frees(schedule, device_of, outputs), outputs=outputs,
                    predicted_s=float(sim.makespan_s), graph_node=graph_node, runs_with=runs_with,
-                   random=frozenset(random_nodes(gm)), deferred=_deferrable(schedule, writes))
+                   random=frozenset(random_nodes(gm)), deferred=_deferrable(schedule, writes),
+                   compact_views=not any(_reads_strides(v) for v in calls))
 
 
 def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list) -> list[list[tuple[fx.Node, int]]]:
@@ -520,11 +527,44 @@ def python_scalar_kind(value: Any) -> torch.dtype | None:
     return None
 
 
-def value_spec(v: fx.Node) -> tuple:
-    """What a node's value looks like, from its trace metadata: ``("tensor", size, stride, dtype)``
-    or ``("scalar", dtype)``."""
+#: Operations whose result depends on the strides of an input, not only on its values.
+STRIDE_READERS = frozenset({torch.ops.aten.as_strided, torch.ops.aten.as_strided_, torch.ops.aten.as_strided_scatter,
+                            torch.ops.aten.as_strided_copy, torch.ops.aten._reshape_alias,
+                            torch.ops.aten._reshape_alias_copy, torch.ops.aten.set_})
+
+
+def _reads_strides(v: fx.Node) -> bool:
+    return getattr(v.target, "overloadpacket", None) in STRIDE_READERS
+
+
+def value_spec(v: fx.Node, compact: bool = False) -> tuple:
+    """What a node's value looks like as it travels, from its trace metadata: ``("tensor", size, stride,
+    dtype)`` or ``("scalar", dtype)``; with ``compact``, a view with gaps as its elements alone (contiguous)."""
     if "placer_spec" in v.meta:          # nodes made by split_step
-        return v.meta["placer_spec"]
+        spec = v.meta["placer_spec"]
+    else:
+        spec = _value_spec(v)
+    if compact and spec[0] == "tensor" and storage_span(spec[1], spec[2]) > _numel(spec[1]):
+        spec = ("tensor", spec[1], _contiguous_strides(spec[1]), spec[3])
+    return spec
+
+
+def _numel(size: Sequence[int]) -> int:
+    count = 1
+    for n in size:
+        count *= n
+    return count
+
+
+def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for n in reversed(size):
+        strides.append(step)
+        step *= max(n, 1)
+    return tuple(reversed(strides))
+
+
+def _value_spec(v: fx.Node) -> tuple:
     val = v.meta.get("val")
     if isinstance(val, torch.Tensor):
         return ("tensor", tuple(int(s) for s in val.shape), tuple(int(s) for s in val.stride()), val.dtype)
@@ -545,17 +585,21 @@ def storage_span(size: Sequence[int], stride: Sequence[int]) -> int:
     return 1 + sum((n - 1) * st for n, st in zip(size, stride))
 
 
-def copy_to(t: Any, device: torch.device) -> Any:
+def copy_to(t: Any, device: torch.device, compact: bool = False) -> Any:
     """A copy of ``t`` on ``device`` with the same strides (Python scalars pass through).
 
     A view with gaps or repeats (a strided slice, an ``expand``) is copied as
-    the storage it spans, so the copy has the same strides and values.
+    the storage it spans, so the copy has the same strides and values; with
+    ``compact``, one with gaps is copied as its elements alone, contiguous
+    (the same values; :attr:`Program.compact_views`).
     """
     if not isinstance(t, torch.Tensor):
         return t
     if dense_layout(t.shape, t.stride()):
         return t.to(device, copy=True, non_blocking=True)
     span = storage_span(t.shape, t.stride())
+    if compact and span > t.numel():
+        return t.to(device, copy=True, non_blocking=True, memory_format=torch.contiguous_format)
     raw = t.as_strided((span,), (1,), t.storage_offset()).to(device, copy=True, non_blocking=True)
     return raw.as_strided(t.shape, t.stride(), 0)
 
