@@ -650,6 +650,31 @@ class _Strided(torch.nn.Module):
         return torch.nn.functional.cross_entropy(torch.as_strided(self.fc(x), (4, 4), (8, 1)), y)
 
 
+class _Wide(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(256, 256)
+
+    def forward(self, x, y):
+        return torch.nn.functional.cross_entropy(self.fc(x), y)
+
+
+def test_a_view_taken_of_a_received_copy_keeps_the_copy_held_for_its_readers():
+    """A weight's transpose and its reader on another device than the weight: the transpose is a view of the
+    copy received there, which its reader keeps held; the graph says so with an edge (0 bytes) from every node
+    a view was taken through to the view's readers."""
+    torch.manual_seed(0)
+    captured = capture(_Wide(), (torch.randn(4, 256), torch.randint(0, 256, (4,))), optimizer="sgd")
+    graph, gm = captured.graph, captured.gm
+    (view,) = [n for n in gm.graph.nodes if n.target is torch.ops.aten.t.default and n.args[0].op == "placeholder"]
+    moved = {view.name, *(reader.name for reader in view.users)}
+    plan = Plan({node_id: "cpu1" if node_id in moved else "cpu0" for node_id in graph.ids}, graph_name=graph.name)
+    cluster = load_cluster("2xcpu")
+    executor = LocalExecutor(compile_program(gm, graph, plan, cluster, carrier=captured.carrier), track_memory=True)
+    executor.run(captured.example_args())
+    assert executor.peak_bytes[1] == plan.validate(graph, cluster).peak_memory_bytes[1] > 256 * 256 * 4
+
+
 def test_a_gate_read_on_another_device_holds_there_what_the_graph_counts():
     """An LSTM-like gate (a view with gaps of one projection) read on another device: the copy there holds
     the gate's own bytes, as the reference model counts the received copy, not the projection it spans."""

@@ -12,7 +12,8 @@ each pick then holds its own. Per node:
 * ``output_bytes``: the storages of its outputs that no earlier node holds (0 for views
   and in-place writes, which use an input's, also where the schema does not say so, as
   with ``unsafe_split``); a reader of a view gets an edge (0 bytes) from the holder of its
-  storage, which keeps it held; ``param_bytes``: the resident state a placeholder holds
+  storage and from every view between (on another device, one of them is a received copy),
+  which keeps it held; ``param_bytes``: the resident state a placeholder holds
   (parameters, buffers, optimizer state); a batch input counts as an output;
 * ``flops``: :data:`torch.utils.flop_counter.flop_registry` on the fake arguments (0 for
   ops it does not count, as :class:`~torch.utils.flop_counter.FlopCounterMode` does), but
@@ -378,6 +379,8 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     edges: dict[tuple[int, int, int], int] = {}
     holder: dict[StorageWeakRef, int] = {}     # storage -> the graph node that holds it (FORMATS.md, rule 6)
     picks: list[tuple[int, int]] = []          # (pick, multi-output op)
+    # Per view, the nodes it was taken through, back to its storage's holder.
+    through: dict[fx.Node, tuple[int, ...]] = {}
     for i, node in enumerate(nodes):
         val = node.meta.get("val")
         ops.append(_op_name(node))
@@ -409,12 +412,12 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
                 read = read[tensor]
             key = (src, i, tensor)
             edges[key] = max(edges.get(key, 0), value_bytes(read))
-            for storage in _storages(read):
-                owner = holder.get(storage)
-                if owner is not None and owner not in (src, i) and output_bytes[owner]:
-                    # A view's reader holds its base's storage: an edge (0 bytes) keeps the base's output
-                    # until this reader ends, as rule 6 of FORMATS.md counts a consumer's.
-                    edges.setdefault((owner, i, 0), 0)
+            for base in through.get(a, ()):
+                # A view's reader holds what the view was taken from, its storage's holder and the views
+                # between (one of them may be a copy received from another device): an edge (0 bytes) from
+                # each keeps it held until this reader ends, as rule 6 of FORMATS.md counts a consumer's.
+                if base != i:
+                    edges.setdefault((base, i, 0), 0)
         # A node holds the storages no earlier node holds (none for a view or an in-place write); a pick of
         # a multi-output op's output holds that output from the op on, while the op holds all of its outputs
         # until its picks have run, so none of them goes uncounted in between.
@@ -423,6 +426,12 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
         if not param_bytes[i]:
             output_bytes[i] = sum(own.values())
         holder.update(dict.fromkeys(own, i))
+        viewed = storages.keys() - own.keys()
+        base = next((a for a in inputs if viewed & _storages(a.meta.get("val")).keys()), None)
+        if base is not None:
+            # A multi-output op is never sent (its picks are), so it holds nothing for a reader elsewhere.
+            taken = () if isinstance(base.meta.get("val"), (tuple, list)) else (index[base],)
+            through[node] = through.get(base, ()) + taken
         if picked:
             picks.append((i, source))
 
