@@ -41,7 +41,7 @@ from placer.errors import InfeasibleError
 from placer.sim import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
-from quality import captured_graph  # noqa: E402  (the zoo capture cache of bench/quality.py)
+from quality import captured_graph, reproduce_line  # noqa: E402  (bench/quality.py's zoo capture cache)
 
 SEARCHING = {"auto", "os_dpos", "pesto", "placeto"}
 #: How a TimeLimitError's message reads (placer.algorithms.registry.place).
@@ -141,8 +141,7 @@ def main() -> None:
     print_pair(store, *args.pair.split(","))
     for case, name, text in bugs:
         print(f"\nBUG {name} on {case}:\n{text}")
-    print(f"reproduce: ./run.sh bench bench/presets.py --models {args.models} --clusters {args.clusters} "
-          f"--time-limit {args.time_limit:g}")
+    print(reproduce_line("presets.py", parser, args))
 
 
 def print_per_algorithm(store: dict, names: list[str]) -> None:

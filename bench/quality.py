@@ -73,6 +73,21 @@ def captured_graph(model: str, batch: int | None, cache: Path) -> OpGraph:
     return graph
 
 
+def reproduce_line(script: str, parser: argparse.ArgumentParser, args: argparse.Namespace) -> str:
+    """The command that measures again what ``args`` asked for: every option given a value (the cache's
+    and results' folders only where not the default)."""
+    options = []
+    for action in parser._actions:
+        value = getattr(args, action.dest, None)
+        if value in (None, False, "") or not action.option_strings or action.dest == "help":
+            continue
+        if action.dest not in ("cache", "results") or value != action.default:
+            flag = action.option_strings[-1]
+            options.append(flag if value is True else f"{flag} {value:g}" if isinstance(value, float)
+                           else f"{flag} {value}")
+    return " ".join([f"reproduce: ./run.sh bench bench/{script}", *options])
+
+
 def geomean(values: list[float]) -> float:
     values = [v for v in values if v is not None and math.isfinite(v) and v > 0]
     return math.exp(sum(map(math.log, values)) / len(values)) if values else float("nan")
@@ -173,8 +188,7 @@ def main() -> None:
               f"fits wherever any algorithm fits on {auto_fits_ok}/{cases}")
     if "auto_unsplit" in names:
         print(f"auto_unsplit as fast as the best other algorithm that does not split ops on {unsplit_ok}/{cases} cases")
-    print(f"reproduce: ./run.sh bench bench/quality.py --models {args.models} --clusters {args.clusters} "
-          f"--time-limit {args.time_limit:g}")
+    print(reproduce_line("quality.py", parser, args))
 
 
 if __name__ == "__main__":

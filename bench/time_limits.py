@@ -29,7 +29,7 @@ from placer.errors import PlacerError
 from placer.generate import training_graph
 
 sys.path.insert(0, str(Path(__file__).parent))
-from quality import captured_graph  # noqa: E402  (the zoo capture cache of bench/quality.py)
+from quality import captured_graph, reproduce_line  # noqa: E402  (bench/quality.py's zoo capture cache)
 
 
 def main() -> None:
@@ -40,6 +40,7 @@ def main() -> None:
     parser.add_argument("--limits", default="2,10", help="comma-separated time limits in seconds")
     parser.add_argument("--algorithms", help="comma-separated names (default: every registered algorithm)")
     parser.add_argument("--cluster", default="4xV100-nvlink")
+    parser.add_argument("--cache", default="bench/.cache", help="folder for captured graphs")
     args = parser.parse_args()
     cluster = load_cluster(args.cluster)
     if args.nodes:
@@ -47,7 +48,7 @@ def main() -> None:
         param_mib = 1.5 * cluster.memory.max() / 2**20 / (3 * layers)
         graph = training_graph(layers=layers, branches=3, seed=0, param_mib=param_mib, activation_mib=param_mib / 5)
     else:
-        graph = captured_graph(args.model, args.batch, Path("bench/.cache"))
+        graph = captured_graph(args.model, args.batch, Path(args.cache))
     names = args.algorithms.split(",") if args.algorithms else available_algorithms()
     limits = [float(x) for x in args.limits.split(",")]
     print(f"graph: {graph.num_nodes} nodes, {graph.num_edges} edges; cluster {cluster.name}")
@@ -66,8 +67,9 @@ def main() -> None:
             flag = "  OVER" if wall > 1.1 * limit else ""
             print(f"{name:>14} {limit:>8.1f} {wall:>8.2f} {wall / limit:>10.2f}  {outcome}{flag}")
     print(f"worst wall/limit: {worst:.2f} (goal <= 1.10)")
-    case = f"--nodes {args.nodes}" if args.nodes else f"--model {args.model} --batch {args.batch}"
-    print(f"reproduce: ./run.sh bench bench/time_limits.py {case} --limits {args.limits} --cluster {args.cluster}")
+    if args.nodes:      # no model is captured
+        args.model = args.batch = None
+    print(reproduce_line("time_limits.py", parser, args))
 
 
 if __name__ == "__main__":
