@@ -1191,14 +1191,16 @@ class _ConvNorm(torch.nn.Module):
         return torch.nn.functional.cross_entropy(self.fc(self.norm_b(self.b(h)).relu().flatten(1)), y)
 
 
-@pytest.mark.parametrize("model, low, high", [("attention", 0.97, 1.03), ("convnorm", 0.97, 1.05),
-                                              ("lenet", 0.97, 1.1)])
-def test_simulated_peak_memory_is_what_the_executor_holds(model, low, high):
-    """One device: the reference model's peak (FORMATS.md, rule 6) against the storage the local executor
-    holds at once. Capture keeps a view's base held while the view is read (the attention's heads), adds
-    no ordering edge that a path implies (one would hold an activation until its weight's update), and
-    holds each output of a multi-output op until its own readers end (batch norm's output is read at
-    once, its saved statistics in the backward pass)."""
+@pytest.mark.parametrize("algorithm", ["single", "m_etf"])
+@pytest.mark.parametrize("model", ["attention", "convnorm", "lenet"])
+def test_simulated_peak_memory_is_what_the_executor_holds(model, algorithm):
+    """The reference model's peak (FORMATS.md, rule 6) against the storage the local executor holds at once,
+    on each device, within 1%. Capture keeps a view's base held while the view is read (the attention's
+    heads), adds no ordering edge that a path implies and holds an ordering edge's source only until the
+    first node that leads to the write (either would hold an activation until its weight's update), and
+    holds each output of a multi-output op until its own readers end (batch norm's output is read at once,
+    its saved statistics in the backward pass); the executor counts the step's inputs for the whole step,
+    as the caller holds them."""
     torch.manual_seed(0)
     if model == "attention":
         captured = capture(_Attention(), (torch.randn(16, 32, 64), torch.randint(0, 5, (16,))), optimizer="sgd")
@@ -1207,10 +1209,11 @@ def test_simulated_peak_memory_is_what_the_executor_holds(model, low, high):
     else:
         captured = capture_spec("zoo:lenet", 8)
     cluster = load_cluster("2xcpu")
-    plan = place(captured.graph, cluster, "single")
+    plan = place(captured.graph, cluster, algorithm)
     executor = LocalExecutor(compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier),
                              track_memory=True)
     executor.run(captured.example_args())
     simulated = plan.validate(captured.graph, cluster).peak_memory_bytes
-    assert executor.peak_bytes[1] == simulated[1] == 0
-    assert low <= simulated[0] / executor.peak_bytes[0] <= high
+    used = simulated > 0
+    assert (executor.peak_bytes[~used] == 0).all()
+    assert np.allclose(simulated[used] / executor.peak_bytes[used], 1, atol=0.01)

@@ -471,6 +471,7 @@ def _state_writes(nodes: list[fx.Node], index: dict[fx.Node, int], ids: list[str
                     edges[key] = 0
                     ordering.add(key)
     _drop_implied(edges, ordering, len(ids))
+    _pull_forward(edges, ordering, len(ids))
     members: dict[int, list[int]] = {}
     for x in list(groups.parent):
         members.setdefault(groups.find(x), []).append(x)
@@ -489,14 +490,47 @@ def _drop_implied(edges: dict[tuple[int, int, int], int], ordering: set[tuple[in
     ``v`` a consumer of ``u``, so ``u``'s output would be held until ``v``
     ends (FORMATS.md, rule 6): a convolution's activation until its weight's
     update, at the end of the step. In a DAG, removing every edge that some
-    other path implies keeps every path (a transitive reduction). Graph
-    indices follow the program, so every edge goes from a lower index to a
-    higher one, and each node's reach (a bit per ordering edge's target) is
-    the union of its successors'.
+    other path implies keeps every path (a transitive reduction).
     """
     if not ordering:
         return
-    bit = {v: k for k, v in enumerate(sorted({v for _, v, _ in ordering}))}
+    successors, reach, bit = _reach(edges, {v for _, v, _ in ordering}, n)
+    data = {(u, v) for u, v, t in edges if (u, v, t) not in ordering}
+    for key in ordering:
+        u, v, _ = key
+        if (u, v) in data or any(reach[x] >> bit[v] & 1 for x in successors[u] if x != v):
+            del edges[key]
+
+
+def _pull_forward(edges: dict[tuple[int, int, int], int], ordering: set[tuple[int, int, int]], n: int) -> None:
+    """Point each ordering edge ``(r, w)`` of ``edges`` at the first node after ``r`` (in program order) that
+    leads to ``w``: it still orders ``r`` before ``w``, and holds ``r``'s output (FORMATS.md, rule 6) only
+    until that node ends. A linear layer's input gradient reads the weight that the update writes at the end
+    of the step; the node next to it is the weight's gradient, which leads to the update.
+
+    Every edge goes from a lower index to a higher one, so the first node ``x > r`` that reaches ``w``
+    keeps every path: the path from ``x`` to ``w`` uses only edges within ``(r, w]``, each replaced in
+    turn by a shorter one that keeps its own (by induction on an edge's span).
+    """
+    kept = [key for key in ordering if key in edges and key[0] < key[1]]
+    if not kept:
+        return
+    _, reach, bit = _reach(edges, {v for _, v, _ in kept}, n)
+    for r, w, t in kept:
+        x = next(x for x in range(r + 1, w + 1) if reach[x] >> bit[w] & 1)
+        if x != w:
+            del edges[(r, w, t)]
+            edges.setdefault((r, x, t), 0)
+
+
+def _reach(edges: dict[tuple[int, int, int], int], targets: set[int], n: int
+           ) -> tuple[list[set[int]], list[int], dict[int, int]]:
+    """Each node's successors, and the ``targets`` it reaches (itself included), a bit per target.
+
+    Graph indices follow the program, so every edge goes from a lower index to a higher one, and a
+    node's reach is the union of its successors'.
+    """
+    bit = {v: k for k, v in enumerate(sorted(targets))}
     successors: list[set[int]] = [set() for _ in range(n)]
     for u, v, _ in edges:
         successors[u].add(v)
@@ -506,11 +540,7 @@ def _drop_implied(edges: dict[tuple[int, int, int], int], ordering: set[tuple[in
         for v in successors[u]:
             r |= reach[v]
         reach[u] = r
-    data = {(u, v) for u, v, t in edges if (u, v, t) not in ordering}
-    for key in ordering:
-        u, v, _ = key
-        if (u, v) in data or any(reach[x] >> bit[v] & 1 for x in successors[u] if x != v):
-            del edges[key]
+    return successors, reach, bit
 
 
 def _readers(base: fx.Node) -> list[fx.Node]:

@@ -93,7 +93,8 @@ class LocalExecutor:
     track_memory : bool
         After every operation, add up the tensor storage each plan device
         holds (its inputs, parameters, outputs and received copies, each
-        storage once): :attr:`peak_bytes` is what the reference model's peak
+        storage once; an input the step works on in place for the whole step,
+        as its caller holds it): :attr:`peak_bytes` is what the reference model's peak
         memory (FORMATS.md, rule 6) stands for, measured. It walks every held
         value after every operation: for checks and benchmarks, not training.
 
@@ -131,6 +132,7 @@ class LocalExecutor:
         self.profile = profile
         self.track_memory = track_memory
         self.peak_bytes: np.ndarray | None = None
+        self._pinned: dict = {}
         self.deferred = program.deferred if atomic else frozenset()
         # Atomic: inputs written during the step, not after it, are written in a copy (see run).
         self.staged = {root for v, roots in program.writes.items() if v not in self.deferred
@@ -172,6 +174,10 @@ class LocalExecutor:
                 value = local
                 copied.add(p)
             env[(p, prog.device_of[p])] = value
+        # What is held all step, for track_memory: the inputs used in place (the caller holds them), and
+        # the copies to write back.
+        self._pinned = {(p, prog.device_of[p]): env[(p, prog.device_of[p])] for p in prog.placeholders
+                        if p not in copied or p in written} if self.track_memory else {}
         try:
             if self.cuda:
                 for d in self.devices:
@@ -186,6 +192,8 @@ class LocalExecutor:
                              "before failing are in the model and optimizer already (plan.apply(..., atomic=True) "
                              "writes them only once the whole step has succeeded)")
             raise
+        finally:
+            self._pinned = {}
         self.steps_run += 1
         for original, local in moved:
             original.copy_(local)
@@ -215,7 +223,8 @@ class LocalExecutor:
             env[(v, d)] = out
             send(v, out)
             if self.track_memory:       # its inputs, its output and the copies just sent are all held now
-                np.maximum(self.peak_bytes, _held_bytes(env, prog.num_devices), out=self.peak_bytes)
+                np.maximum(self.peak_bytes, _held_bytes({**self._pinned, **env}, prog.num_devices),
+                           out=self.peak_bytes)
             for key in prog.frees[k]:
                 env.pop(key, None)
         for v, values in deferred:
