@@ -47,11 +47,11 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def _check_search_flags(args: argparse.Namespace) -> None:
     """``--time-limit`` and ``--seed`` refused by their flags' names, before anything is captured or run."""
-    limit, seed = getattr(args, "time_limit", None), getattr(args, "seed", None)
-    if limit is not None and not (math.isfinite(limit) and limit > 0):
-        raise OptionError(f"option '--time-limit' must be a positive number of seconds, got {limit:g}")
-    if seed is not None and seed < 0:
-        raise OptionError(f"option '--seed' must be a non-negative integer, got {seed}")
+    from .algorithms.registry import check_seed, check_time_limit
+
+    check_time_limit(getattr(args, "time_limit", None), "'--time-limit'")
+    if getattr(args, "seed", None) is not None:
+        check_seed(args.seed, "'--seed'")
 
 
 def _load_graph(source: str, args: argparse.Namespace | None = None):

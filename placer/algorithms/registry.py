@@ -30,7 +30,7 @@ from ..plan import Plan
 from .timebox import TimeBox
 
 __all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message",
-           "checked_options"]
+           "checked_options", "check_time_limit", "check_seed"]
 
 _COMMON = ("seed", "time_limit")
 #: An algorithm still running at this share of its ``time_limit`` is stopped (TimeLimitError).
@@ -101,6 +101,23 @@ def failure_message(name: str, exc: Exception) -> str:
     return message if message.startswith((f"{name}:", f"{name} ")) else f"{name}: {message}"
 
 
+def check_time_limit(value: Any, option: str = "time_limit") -> None:
+    """Refuse a time limit that is not a positive number of seconds (None: none), naming ``option``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+                              or not math.isfinite(value) or value <= 0):
+        raise OptionError(f"option {option} must be a positive number of seconds, got {_number(value)}")
+
+
+def check_seed(value: Any, option: str = "seed") -> None:
+    """Refuse a seed that is not a non-negative integer, naming ``option``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise OptionError(f"option {option} must be a non-negative integer, got {_number(value)}")
+
+
+def _number(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else repr(value)
+
+
 def checked_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:
     """``alg``'s options with ``options`` applied, each validated (OptionError naming the option otherwise)."""
     unknown = sorted(set(options) - set(alg.options))
@@ -111,12 +128,9 @@ def checked_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:
     for key, value in options.items():
         default = alg.options[key]
         if key == "time_limit":
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                                      or not math.isfinite(value) or value <= 0):
-                raise OptionError(f"option time_limit must be a positive number of seconds, got {value!r}")
+            check_time_limit(value)
         elif key == "seed":
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise OptionError(f"option seed must be a non-negative integer, got {value!r}")
+            check_seed(value)
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise OptionError(f"option {key} of {alg.name!r} must be true or false, got {value!r}")
