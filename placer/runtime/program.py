@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -544,16 +545,9 @@ def value_spec(v: fx.Node, compact: bool = False) -> tuple:
         spec = v.meta["placer_spec"]
     else:
         spec = _value_spec(v)
-    if compact and spec[0] == "tensor" and storage_span(spec[1], spec[2]) > _numel(spec[1]):
+    if compact and spec[0] == "tensor" and storage_span(spec[1], spec[2]) > math.prod(spec[1]):
         spec = ("tensor", spec[1], _contiguous_strides(spec[1]), spec[3])
     return spec
-
-
-def _numel(size: Sequence[int]) -> int:
-    count = 1
-    for n in size:
-        count *= n
-    return count
 
 
 def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
