@@ -28,6 +28,9 @@ from placer.runtime.program import compile_program
 
 #: A device holding less than this share of the case's largest peak is left out of the mean error.
 SMALL_SHARE = 0.1
+#: A device counts as under-counted where the model says less than this share of what it holds
+#: (single-device peaks differ by tens of bytes, which is no finding).
+UNDER = 0.999
 
 
 def main() -> None:
@@ -62,7 +65,7 @@ def main() -> None:
     every = [r for rs in ratios.values() for r in rs]
     for name, rs in ratios.items():
         print(f"{name}: mean |simulated / held - 1| {np.mean(np.abs(np.array(rs) - 1)) * 100:.1f}% over {len(rs)} "
-              f"devices (under: {sum(r < 1 for r in rs)}, lowest ratio {min(rs):.3f})")
+              f"devices (under by over 0.1%: {sum(r < UNDER for r in rs)}, lowest ratio {min(rs):.3f})")
     print(f"all: mean |simulated / held - 1| {np.mean(np.abs(np.array(every) - 1)) * 100:.1f}% over {len(every)} devices")
     print(f"reproduce: ./run.sh bench bench/memory_fidelity.py --models {args.models} --batch {args.batch} "
           f"--algorithms {args.algorithms} --cluster {args.cluster}")
