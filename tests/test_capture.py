@@ -640,9 +640,10 @@ def test_each_output_of_a_multi_output_op_is_a_node_held_until_its_own_readers_e
     (norm,) = gm.graph.find_nodes(op="call_function", target=torch.ops.aten.native_batch_norm.default)
     x = graph.index[norm.name]
     picks = {int(p.args[1]): p for p in norm.users}
-    assert set(picks) == {0, 1, 2} and set(step.carrier[p.name] for p in picks.values()) == {p.name for p in picks.values()}
-    out = graph.out_edges
-    consumers = {int(graph.dst[e]): (int(graph.edge_tensor[e]), int(graph.edge_bytes[e])) for e in out[1][out[0][x]:out[0][x + 1]]}
+    assert set(picks) == {0, 1, 2} and all(step.carrier[p.name] == p.name for p in picks.values())
+    ptr, eids = graph.out_edges
+    consumers = {int(graph.dst[e]): (int(graph.edge_tensor[e]), int(graph.edge_bytes[e]))
+                 for e in eids[ptr[x]:ptr[x + 1]]}
     assert consumers == {graph.index[p.name]: (k, p.meta["val"].numel() * 4) for k, p in picks.items()}
     assert graph.output_bytes[x] == sum(graph.output_bytes[graph.index[p.name]] for p in picks.values())
     y = graph.index[picks[0].name]
@@ -696,7 +697,8 @@ def test_no_ordering_edge_is_implied_by_a_path(optimizer):
         """Whether edge (u, v) holds the storage of a view that v reads (not an ordering)."""
         return any(storages(fx_node[g.ids[u]]) & storages(a) for a in fx_node[g.ids[v]].all_input_nodes)
 
-    zero = {e for e in range(g.num_edges) if g.edge_bytes[e] == 0 and not keeps_a_view_base(int(g.src[e]), int(g.dst[e]))}
+    zero = {e for e in range(g.num_edges)
+            if g.edge_bytes[e] == 0 and not keeps_a_view_base(int(g.src[e]), int(g.dst[e]))}
     others = nx.DiGraph([(int(g.src[e]), int(g.dst[e])) for e in range(g.num_edges)])
     implied = []
     for e in zero:
