@@ -381,12 +381,13 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     picks: list[tuple[int, int]] = []          # (pick, multi-output op)
     # Per view, the nodes it was taken through, back to its storage's holder.
     through: dict[fx.Node, tuple[int, ...]] = {}
+    stored: dict[fx.Node, dict[StorageWeakRef, int]] = {}    # per node, the storages of its value
     for i, node in enumerate(nodes):
         val = node.meta.get("val")
         ops.append(_op_name(node))
         layer.append(layers.get(node.name))
         picked = _picked(node)
-        storages = _storages(val)
+        storages = stored[node] = _storages(val)
         if node.op in ("placeholder", "get_attr") and (node.name in resident or node.op == "get_attr"):
             param_bytes[i] = sum(storages.values())
         flops[i] = _flops(node)
@@ -427,7 +428,7 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
             output_bytes[i] = sum(own.values())
         holder.update(dict.fromkeys(own, i))
         viewed = storages.keys() - own.keys()
-        base = next((a for a in inputs if viewed & _storages(a.meta.get("val")).keys()), None)
+        base = next((a for a in inputs if viewed & stored[a].keys()), None) if viewed else None
         if base is not None:
             # A multi-output op is never sent (its picks are), so it holds nothing for a reader elsewhere.
             taken = () if isinstance(base.meta.get("val"), (tuple, list)) else (index[base],)
