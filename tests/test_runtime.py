@@ -695,6 +695,33 @@ def test_a_gate_read_on_another_device_holds_there_what_the_graph_counts():
                                carrier=strided.carrier).compact_views
 
 
+class _Broadcast(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = torch.nn.Linear(256, 256)
+
+    def forward(self, x, y):
+        h = self.fc(x)
+        return torch.nn.functional.cross_entropy(h.mean(0, keepdim=True).expand(512, 256) * h, y)
+
+
+def test_an_expand_read_on_another_device_carries_and_holds_its_span_alone():
+    """An ``expand`` travels as the storage it spans (one row here), not its repeats: the graph's edge says
+    so, and the reference model's peak on the reader's device is what the copy there holds."""
+    torch.manual_seed(0)
+    captured = capture(_Broadcast(), (torch.randn(512, 256), torch.randint(0, 256, (512,))), optimizer="sgd")
+    graph, cluster = captured.graph, load_cluster("2xcpu")
+    wide = next(n for n in captured.gm.graph.nodes if n.target is torch.ops.aten.expand.default)   # the forward's
+    readers = {reader.name for reader in wide.users}
+    for e in np.flatnonzero(graph.src == graph.index[wide.name]):
+        assert graph.edge_bytes[e] == 256 * 4
+    plan = Plan({node_id: "cpu1" if node_id in readers else "cpu0" for node_id in graph.ids}, graph_name=graph.name)
+    executor = LocalExecutor(compile_program(captured.gm, graph, plan, cluster, carrier=captured.carrier),
+                             track_memory=True)
+    executor.run(captured.example_args())
+    assert executor.peak_bytes[1] == plan.validate(graph, cluster).peak_memory_bytes[1] > 0
+
+
 @pytest.mark.parametrize("value", [0.1 + 0.2, 7, True])
 def test_python_scalars_travel_exactly(value):
     class Node:

@@ -21,6 +21,9 @@ each pick then holds its own. Per node:
   in the weight gradient);
 * ``node_extra``: ``bytes_accessed`` (input plus output bytes; 0 for a pick) and ``dtype``.
 
+An edge's ``bytes`` are what the runtime copies when its consumer is on another device
+(:mod:`placer.capture.layout`): a tensor's elements, but an ``expand``'s storage span alone.
+
 In-place writes of state (the final ``copy_`` of a new parameter or optimizer state into
 its placeholder, ``native_batch_norm`` updating running statistics, any ``(a!)`` schema
 argument) make the writer share a colocation group with what it writes, and add
@@ -44,6 +47,7 @@ from torch.utils.flop_counter import conv_flop_count, flop_registry, shape_wrapp
 
 from ..errors import FormatError
 from ..graph import OpGraph
+from .layout import reads_strides, sent_elements
 
 __all__ = ["build_graph", "value_bytes", "conv_backward_flops"]
 
@@ -69,12 +73,19 @@ _REDUCTIONS = {_aten.sum, _aten.mean, _aten.amax, _aten.amin, _aten.max, _aten.m
 _SCALAR_BYTES = 8
 
 
-def value_bytes(value: Any) -> int:
-    """Bytes of a traced value: a tensor's elements, 8 for a scalar, summed over tuples."""
+def value_bytes(value: Any, compact: bool | None = None) -> int:
+    """Bytes of a traced value: a tensor's elements, 8 for a scalar, summed over tuples.
+
+    With ``compact`` given, a tensor counts what a copy of it to another device
+    carries (:func:`~placer.capture.layout.sent_elements`): an ``expand`` its
+    storage span, not its repeats.
+    """
     if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
+        if compact is None:
+            return value.numel() * value.element_size()
+        return sent_elements(value.shape, value.stride(), compact) * value.element_size()
     if isinstance(value, (tuple, list)):
-        return sum(value_bytes(v) for v in value)
+        return sum(value_bytes(v, compact) for v in value)
     if isinstance(value, (int, float, bool, torch.SymInt, torch.SymFloat, torch.SymBool)):
         return _SCALAR_BYTES
     return 0
@@ -367,6 +378,8 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     leading = batch_leading(nodes, [n for n in nodes if n.name in batch_names], batch) if batch else set()
     dependent = batch_dependent(nodes, [n for n in nodes if n.op == "placeholder" and n.name not in resident])
     index = {node: i for i, node in enumerate(nodes)}
+    # An edge carries what the runtime copies to a consumer elsewhere (capture.layout).
+    compact = not any(reads_strides(node) for node in nodes)
     ids = [node.name for node in nodes]
     n = len(ids)
     output_bytes = np.zeros(n, dtype=np.int64)
@@ -412,7 +425,7 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
                 tensor = picked[1]
                 read = read[tensor]
             key = (src, i, tensor)
-            edges[key] = max(edges.get(key, 0), value_bytes(read))
+            edges[key] = max(edges.get(key, 0), value_bytes(read, compact))
             for base in through.get(a, ()):
                 # A view's reader holds what the view was taken from, its storage's holder and the views
                 # between (one of them may be a copy received from another device): an edge (0 bytes) from

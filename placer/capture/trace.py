@@ -39,9 +39,10 @@ from ..errors import FormatError, OptionError
 from ..graph import OpGraph
 from ..io import shown
 from .build import build_graph
+from .layout import dense_layout
 from .optim import OptimizerSpec, optimizer_spec
 
-__all__ = ["CapturedStep", "StepLayout", "capture", "step_name", "portable_kernels", "dense_layout"]
+__all__ = ["CapturedStep", "StepLayout", "capture", "step_name", "portable_kernels"]
 
 
 @dataclass(frozen=True)
@@ -291,17 +292,6 @@ class CapturedStep:
 def _same_strides(size: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bool:
     """Whether two strides lay out a tensor of ``size`` alike (dimensions of size 1 do not count)."""
     return all(n <= 1 or x == y for n, x, y in zip(size, a, b))
-
-
-def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
-    """Whether a (size, stride) view fills one block of memory, each element once, in any dimension order
-    (no gaps, no ``expand``)."""
-    expected = 1
-    for n, st in sorted(((n, st) for n, st in zip(size, stride) if n != 1), key=lambda p: p[1]):
-        if st != expected:
-            return False
-        expected *= n
-    return True
 
 
 def _same_value(a: Any, b: Any) -> bool:

@@ -53,7 +53,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from ..capture.trace import dense_layout
+from ..capture.layout import STRIDE_READERS, dense_layout, reads_strides, storage_span
 from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
@@ -262,7 +262,7 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                    guard=guard, frees=_frees(schedule, device_of, outputs), outputs=outputs,
                    predicted_s=float(sim.makespan_s), graph_node=graph_node, runs_with=runs_with,
                    random=frozenset(random_nodes(gm)), deferred=_deferrable(schedule, writes),
-                   compact_views=not any(_reads_strides(v) for v in calls))
+                   compact_views=not any(reads_strides(v) for v in calls))
 
 
 def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list) -> list[list[tuple[fx.Node, int]]]:
@@ -528,16 +528,6 @@ def python_scalar_kind(value: Any) -> torch.dtype | None:
     return None
 
 
-#: Operations whose result depends on the strides of an input, not only on its values.
-STRIDE_READERS = frozenset({torch.ops.aten.as_strided, torch.ops.aten.as_strided_, torch.ops.aten.as_strided_scatter,
-                            torch.ops.aten.as_strided_copy, torch.ops.aten._reshape_alias,
-                            torch.ops.aten._reshape_alias_copy, torch.ops.aten.set_})
-
-
-def _reads_strides(v: fx.Node) -> bool:
-    return getattr(v.target, "overloadpacket", None) in STRIDE_READERS
-
-
 def value_spec(v: fx.Node, compact: bool = False) -> tuple:
     """What a node's value looks like as it travels, from its trace metadata: ``("tensor", size, stride,
     dtype)`` or ``("scalar", dtype)``; with ``compact``, a view with gaps as its elements alone (contiguous)."""
@@ -570,13 +560,6 @@ def _value_spec(v: fx.Node) -> tuple:
         return ("scalar", torch.float64)
     raise InvalidPlanError(f"node {v.name!r} produces a {type(val).__name__}, which cannot be sent between "
                            f"devices; place it with its consumers")
-
-
-def storage_span(size: Sequence[int], stride: Sequence[int]) -> int:
-    """Elements of storage a (size, stride) view reaches from its offset (0 when empty)."""
-    if any(n == 0 for n in size):
-        return 0
-    return 1 + sum((n - 1) * st for n, st in zip(size, stride))
 
 
 def copy_to(t: Any, device: torch.device, compact: bool = False) -> Any:

@@ -1,0 +1,70 @@
+"""How a traced tensor lies in its storage, and so what a copy of it to another device carries.
+
+The runtime copies a dense tensor as its elements; a view that repeats
+elements (``expand``, stride 0) as the storage it spans, so the copy keeps
+its strides without the repeats; a view with gaps (a strided slice, an LSTM
+gate) as its elements alone, contiguous, unless the step reads strides
+(:data:`STRIDE_READERS`), where it sends the span. Capture counts an edge's
+bytes by the same rule (:func:`sent_bytes`), so the reference model's
+transfers and received copies are what the runtime sends and holds.
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+import torch.fx as fx
+
+__all__ = ["dense_layout", "storage_span", "STRIDE_READERS", "reads_strides", "sent_elements"]
+
+
+def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
+    """Whether a (size, stride) view fills one block of memory, each element once, in any dimension order
+    (no gaps, no ``expand``)."""
+    expected = 1
+    for n, st in sorted(((n, st) for n, st in zip(size, stride) if n != 1), key=lambda p: p[1]):
+        if st != expected:
+            return False
+        expected *= n
+    return True
+
+
+def storage_span(size: Sequence[int], stride: Sequence[int]) -> int:
+    """Elements of storage a (size, stride) view reaches from its offset (0 when empty)."""
+    if any(n == 0 for n in size):
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(size, stride))
+
+
+#: Operations whose result depends on the strides of an input, not only on its values.
+STRIDE_READERS = frozenset({torch.ops.aten.as_strided, torch.ops.aten.as_strided_, torch.ops.aten.as_strided_scatter,
+                            torch.ops.aten.as_strided_copy, torch.ops.aten._reshape_alias,
+                            torch.ops.aten._reshape_alias_copy, torch.ops.aten.set_})
+
+
+def reads_strides(v: fx.Node) -> bool:
+    """Whether node ``v`` reads the strides of an input (:data:`STRIDE_READERS`)."""
+    return getattr(v.target, "overloadpacket", None) in STRIDE_READERS
+
+
+def sent_elements(size: Sequence[int], stride: Sequence[int], compact: bool) -> int:
+    """Elements a copy of a (size, stride) tensor carries to another device.
+
+    Its storage span where that is smaller than its elements (repeats) or where
+    views are not ``compact`` (the step reads strides); otherwise its elements.
+
+    Examples
+    --------
+    >>> sent_elements((4, 1000), (0, 1), compact=True)    # expanded from one row
+    1000
+    >>> sent_elements((4, 10), (40, 1), compact=True)     # every fourth row of a larger tensor
+    40
+    >>> sent_elements((4, 10), (40, 1), compact=False)
+    130
+    """
+    span = storage_span(size, stride)
+    numel = 1
+    for n in size:
+        numel *= n
+    return span if not compact else min(span, numel)
