@@ -132,7 +132,6 @@ class LocalExecutor:
         self.profile = profile
         self.track_memory = track_memory
         self.peak_bytes: np.ndarray | None = None
-        self._pinned: dict = {}
         self.deferred = program.deferred if atomic else frozenset()
         # Atomic: inputs written during the step, not after it, are written in a copy (see run).
         self.staged = {root for v, roots in program.writes.items() if v not in self.deferred
@@ -176,24 +175,22 @@ class LocalExecutor:
             env[(p, prog.device_of[p])] = value
         # What is held all step, for track_memory: the inputs used in place (the caller holds them), and
         # the copies to write back.
-        self._pinned = {(p, prog.device_of[p]): env[(p, prog.device_of[p])] for p in prog.placeholders
-                        if p not in copied or p in written} if self.track_memory else {}
+        pinned = {(p, prog.device_of[p]): env[(p, prog.device_of[p])] for p in prog.placeholders
+                  if p not in copied or p in written} if self.track_memory else {}
         try:
             if self.cuda:
                 for d in self.devices:
                     if d.type == "cuda":
                         torch.cuda.current_stream(d).synchronize()
-                outputs = self._run_cuda(env)
+                outputs = self._run_cuda(env, pinned)
             else:
-                outputs = self._run_sequential(env)
+                outputs = self._run_sequential(env, pinned)
         except Exception as exc:
             if not self.deferred and any(p in written and p not in copied for p in prog.placeholders):
                 exc.add_note("placer: the step failed part way; the new parameters and optimizer state it wrote "
                              "before failing are in the model and optimizer already (plan.apply(..., atomic=True) "
                              "writes them only once the whole step has succeeded)")
             raise
-        finally:
-            self._pinned = {}
         self.steps_run += 1
         for original, local in moved:
             original.copy_(local)
@@ -204,9 +201,10 @@ class LocalExecutor:
         prog = self.program
         return [env[(v, prog.device_of[v])] if isinstance(v, fx.Node) else v for v in prog.outputs]
 
-    def _walk(self, env, issue, send) -> None:
+    def _walk(self, env, issue, send, pinned) -> None:
         """Run ``issue(v, values)`` on every node in the plan's order, then ``send(v, out)`` its transfers;
-        the deferred writes (:attr:`deferred`) last, once every other node has run (or been queued)."""
+        the deferred writes (:attr:`deferred`) last, once every other node has run (or been queued).
+        ``pinned``: what the caller holds all step, counted with ``env`` by ``track_memory``."""
         prog = self.program
         for p in prog.placeholders:
             send(p, env[(p, prog.device_of[p])])
@@ -223,14 +221,14 @@ class LocalExecutor:
             env[(v, d)] = out
             send(v, out)
             if self.track_memory:       # its inputs, its output and the copies just sent are all held now
-                np.maximum(self.peak_bytes, _held_bytes({**self._pinned, **env}, prog.num_devices),
+                np.maximum(self.peak_bytes, _held_bytes({**pinned, **env}, prog.num_devices),
                            out=self.peak_bytes)
             for key in prog.frees[k]:
                 env.pop(key, None)
         for v, values in deferred:
             issue(v, values)
 
-    def _run_sequential(self, env) -> list[Any]:
+    def _run_sequential(self, env, pinned) -> list[Any]:
         prog = self.program
         op_s: dict[str, float] = {}
         transfer_s = []
@@ -248,13 +246,13 @@ class LocalExecutor:
                 env[(v, x.dst)] = copy_to(value, self.devices[x.dst], prog.compact_views)
                 transfer_s.append((x, clock() - t0))
 
-        self._walk(env, issue, send)
+        self._walk(env, issue, send, pinned)
         if self.profile:
             self.op_s = {prog.node_id(v): s for v, s in op_s.items() if v in prog.graph_node}
             self.transfer_s = transfer_s
         return self._outputs(env)
 
-    def _run_cuda(self, env) -> list[Any]:
+    def _run_cuda(self, env, pinned) -> list[Any]:
         prog = self.program
         done: dict[fx.Node, torch.cuda.Event] = {}          # a value is ready on its own device
         arrived: dict[int, torch.cuda.Event] = {}          # transfer index -> copy finished
@@ -302,7 +300,7 @@ class LocalExecutor:
                     done[v] = ev
             return out
 
-        self._walk(env, issue, send)
+        self._walk(env, issue, send, pinned)
         for dev in entry:
             torch.cuda.synchronize(dev)
         if self.profile:
