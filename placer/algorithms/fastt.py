@@ -170,6 +170,10 @@ def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
 DEFAULT_SEARCH_S = 30.0
 #: Share of os_dpos's time limit for the search; the rest is for placer's check of the plan.
 CHECK_SHARE = 0.9
+#: Placer's check of a plan (binding its placement and order, then the reference simulation) takes about
+#: three simulations of its graph: os_dpos keeps this many, timed on its data-parallel start, out of its
+#: search, as a data-parallel graph (n times the model's) takes seconds to check where its limit may be 2 s.
+CHECK_SIMULATIONS = 4
 
 
 def _dpos_with_retries(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None, name: str,
@@ -187,7 +191,7 @@ def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = N
 
 
 def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
-           deadline: float | None = None) -> tuple[OpGraph, Schedule]:
+           deadline: float | None = None) -> tuple[OpGraph, Schedule, float]:
     """Algorithm 2's input graph and strategy (line 3).
 
     A model that fits one device starts from a data-parallel graph (FastT
@@ -203,22 +207,29 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
     that does not fit starts from its own graph. Once a data-parallel start
     is in hand, DPOS on the model's graph and on the data-parallel graphs
     (n times the model's) stop at ``deadline`` (a :func:`time.perf_counter`
-    time, if given), and the other starts compete without them.
+    time, if given) less the seconds to check a plan of that size, and the
+    other starts compete without them.
+
+    Returns the start's graph and schedule, and the seconds to keep for
+    placer's check of a plan of a data-parallel graph (0 without one).
     """
     from .data_parallel import data_parallel_schedule
 
     data_parallel: list[tuple[OpGraph, Schedule]] = []
+    check_s = 0.0
     for shard_optimizer in ((False, True) if data_parallel_start and cluster.num_devices > 1 else ()):
         try:
             dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=shard_optimizer)
+            began = time.perf_counter()
             result = simulate(dp.graph, cluster, device_of, orders, check=False)
         except (InfeasibleError, InvalidPlanError):     # no room for a replica, or no channel for its ring
             continue
+        check_s = max(check_s, CHECK_SIMULATIONS * (time.perf_counter() - began))
         data_parallel.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, simulated=result)))
 
     def dpos_start(start_graph: OpGraph) -> Schedule | None:
         scheduled = None
-        with TimeBox(None if deadline is None or not data_parallel else deadline - time.perf_counter()):
+        with TimeBox(None if deadline is None or not data_parallel else deadline - check_s - time.perf_counter()):
             scheduled = _dpos_fitting(start_graph, cluster)
         return scheduled
 
@@ -230,7 +241,7 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
             starts.append((dp_graph, scheduled))
     if not starts:
         raise InfeasibleError("os_dpos: DPOS found no schedule that fits the devices' memory")
-    return min(starts, key=lambda start: start[1].simulated.makespan_s)
+    return (*min(starts, key=lambda start: start[1].simulated.makespan_s), check_s)
 
 
 def _split_candidates(graph: OpGraph, sched: Schedule) -> list[int]:
@@ -314,7 +325,8 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
         raise OptionError(f"option max_parts of 'os_dpos' must be 0 (the number of devices) or >= 2, got {max_parts!r}")
     deadline = time.perf_counter() + CHECK_SHARE * (DEFAULT_SEARCH_S if time_limit is None else time_limit)
     top_parts = max_parts or cluster.num_devices
-    current, sched = _start(graph, cluster, data_parallel_start, deadline)
+    current, sched, check_s = _start(graph, cluster, data_parallel_start, deadline)
+    deadline -= check_s
     splits: list[dict] = []
     trial_s = 0.0   # the longest trial so far: one more must fit before the deadline
 
