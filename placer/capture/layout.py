@@ -5,12 +5,13 @@ elements (``expand``, stride 0) as the storage it spans, so the copy keeps
 its strides without the repeats; a view with gaps (a strided slice, an LSTM
 gate) as its elements alone, contiguous, unless the step reads strides
 (:data:`STRIDE_READERS`), where it sends the span. Capture counts an edge's
-bytes by the same rule (:func:`sent_bytes`), so the reference model's
+bytes by the same rule (:func:`sent_elements`), so the reference model's
 transfers and received copies are what the runtime sends and holds.
 """
 
 from __future__ import annotations
 
+import math
 from typing import Sequence
 
 import torch
@@ -64,7 +65,4 @@ def sent_elements(size: Sequence[int], stride: Sequence[int], compact: bool) -> 
     130
     """
     span = storage_span(size, stride)
-    numel = 1
-    for n in size:
-        numel *= n
-    return span if not compact else min(span, numel)
+    return span if not compact else min(span, math.prod(size))
