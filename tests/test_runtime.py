@@ -722,6 +722,26 @@ def test_an_expand_read_on_another_device_carries_and_holds_its_span_alone():
     assert executor.peak_bytes[1] == plan.validate(graph, cluster).peak_memory_bytes[1] > 0
 
 
+@pytest.mark.parametrize("model, batch", [(_Gates, (256, 16, 3)), (_Broadcast, (512, 256, 256)), (_Strided, (4, 8, 4))])
+def test_every_edge_carries_what_the_runtime_sends_for_it(model, batch):
+    """Between devices the runtime sends each tensor as :func:`message_bytes` says (an ``expand``'s span, a
+    gapped view's elements unless the step reads strides); the graph's edge from it counts the same bytes."""
+    torch.manual_seed(0)
+    rows, features, classes = batch
+    captured = capture(model(), (torch.randn(rows, features), torch.randint(0, classes, (rows,))), optimizer="sgd")
+    graph = captured.graph
+    program = compile_program(captured.gm, graph, place(graph, load_cluster("2xcpu"), "single"), load_cluster("2xcpu"),
+                              carrier=captured.carrier)
+    fx_node = {v.name: v for v in captured.gm.graph.nodes}
+    checked = 0
+    for src, b in zip(graph.src.tolist(), graph.edge_bytes.tolist()):
+        v = fx_node[graph.ids[src]]
+        if b and isinstance(v.meta.get("val"), torch.Tensor):
+            assert b == message_bytes(value_spec(v, program.compact_views)), v.name
+            checked += 1
+    assert checked > 10
+
+
 @pytest.mark.parametrize("value", [0.1 + 0.2, 7, True])
 def test_python_scalars_travel_exactly(value):
     class Node:
