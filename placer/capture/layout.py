@@ -17,7 +17,7 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
-__all__ = ["dense_layout", "storage_span", "STRIDE_READERS", "reads_strides", "sent_elements"]
+__all__ = ["dense_layout", "storage_span", "STRIDE_READERS", "reads_strides", "sent_contiguous", "sent_elements"]
 
 
 def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
@@ -49,11 +49,17 @@ def reads_strides(v: fx.Node) -> bool:
     return getattr(v.target, "overloadpacket", None) in STRIDE_READERS
 
 
+def sent_contiguous(size: Sequence[int], stride: Sequence[int], compact: bool) -> bool:
+    """Whether a copy of a (size, stride) tensor to another device is its elements alone, contiguous: a view
+    with gaps where views are ``compact``; any other tensor travels as the storage it spans."""
+    return compact and storage_span(size, stride) > math.prod(size)
+
+
 def sent_elements(size: Sequence[int], stride: Sequence[int], compact: bool) -> int:
     """Elements a copy of a (size, stride) tensor carries to another device.
 
-    Its storage span where that is smaller than its elements (repeats) or where
-    views are not ``compact`` (the step reads strides); otherwise its elements.
+    Its elements where it travels contiguous (:func:`sent_contiguous`); otherwise its storage span,
+    which is smaller than its elements where it repeats them (``expand``).
 
     Examples
     --------
@@ -64,5 +70,4 @@ def sent_elements(size: Sequence[int], stride: Sequence[int], compact: bool) -> 
     >>> sent_elements((4, 10), (40, 1), compact=False)
     130
     """
-    span = storage_span(size, stride)
-    return span if not compact else min(span, math.prod(size))
+    return math.prod(size) if sent_contiguous(size, stride, compact) else storage_span(size, stride)

@@ -46,14 +46,13 @@ from __future__ import annotations
 
 import hashlib
 import heapq
-import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import torch
 import torch.fx as fx
 
-from ..capture.layout import STRIDE_READERS, dense_layout, reads_strides, storage_span
+from ..capture.layout import dense_layout, reads_strides, sent_contiguous, storage_span
 from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
@@ -126,7 +125,7 @@ class Program:
         Whether a transfer of a view with gaps (an LSTM gate, a strided slice)
         sends its elements alone, contiguous, as the graph's edge bytes count
         them: true unless the step reads a tensor's strides
-        (:data:`STRIDE_READERS`), where it sends the storage the view spans.
+        (:data:`~placer.capture.layout.STRIDE_READERS`), where it sends the storage the view spans.
     """
 
     gm: fx.GraphModule
@@ -535,7 +534,7 @@ def value_spec(v: fx.Node, compact: bool = False) -> tuple:
         spec = v.meta["placer_spec"]
     else:
         spec = _value_spec(v)
-    if compact and spec[0] == "tensor" and storage_span(spec[1], spec[2]) > math.prod(spec[1]):
+    if spec[0] == "tensor" and sent_contiguous(spec[1], spec[2], compact):
         spec = ("tensor", spec[1], _contiguous_strides(spec[1]), spec[3])
     return spec
 
@@ -574,9 +573,9 @@ def copy_to(t: Any, device: torch.device, compact: bool = False) -> Any:
         return t
     if dense_layout(t.shape, t.stride()):
         return t.to(device, copy=True, non_blocking=True)
-    span = storage_span(t.shape, t.stride())
-    if compact and span > t.numel():
+    if sent_contiguous(t.shape, t.stride(), compact):
         return t.to(device, copy=True, non_blocking=True, memory_format=torch.contiguous_format)
+    span = storage_span(t.shape, t.stride())
     raw = t.as_strided((span,), (1,), t.storage_offset()).to(device, copy=True, non_blocking=True)
     return raw.as_strided(t.shape, t.stride(), 0)
 
