@@ -837,6 +837,23 @@ def test_spawned_ranks_take_the_launchers_float32_precision(file_case):
                         timeout_s=30, hook=_expect_exact_float32)
 
 
+def _expect_deterministic_cudnn(rank: int) -> None:
+    if not torch.backends.cudnn.deterministic:
+        raise ValueError(f"rank {rank} lets cuDNN pick nondeterministic algorithms")
+
+
+def test_spawned_ranks_take_the_launchers_choice_of_cudnn_algorithms(file_case, monkeypatch):
+    # A spawned rank starts with torch's defaults; one that let cuDNN choose otherwise than the
+    # launcher trained 7.9e-4 apart from it on an H200.
+    cluster = load_cluster("2xcpu")
+    captured = file_case.captured
+    plan = random_plan(captured.graph, cluster, seed=1)
+    flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
+    monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
+    run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1, carrier=captured.carrier,
+                    timeout_s=60, hook=_expect_deterministic_cudnn, start_method="spawn")
+
+
 def _calibration_file(path, by_gap=((0.0, 2e-5, 1e-5), (1e-3, 8e-5, 6e-5))):
     from placer.cost.calibrate import Calibration, LinkFit
 

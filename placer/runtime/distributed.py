@@ -78,6 +78,21 @@ def set_float32_precision(precision: tuple[str, str]) -> None:
     torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision = precision
 
 
+def cudnn_algorithm_choice() -> tuple[bool, bool]:
+    """Whether cuDNN must pick deterministic algorithms, and whether it may benchmark them, in this process.
+
+    Both change which kernel computes a convolution, and so its last bits: a spawned
+    rank that chooses otherwise than its launcher trains apart from it (an H200,
+    session 34: 7.9e-4 after three Adam steps).
+    """
+    return torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
+
+
+def set_cudnn_algorithm_choice(choice: tuple[bool, bool]) -> None:
+    """Set what :func:`cudnn_algorithm_choice` reads."""
+    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = choice
+
+
 @dataclass
 class RankJob:
     """Everything a rank needs; picklable where ``gm`` is a :class:`~placer.runtime.portable.PortableStep`
@@ -103,6 +118,8 @@ class RankJob:
     same_host: bool = True          # ranks share a clock: transfer times can be measured
     # The launcher's float32 precision of convolutions and matrix products (TF32 or not), for spawned ranks.
     float32_precision: tuple[str, str] | None = None
+    # And its choice of cuDNN algorithms (deterministic, benchmark), for the same reason.
+    cudnn_algorithm_choice: tuple[bool, bool] | None = None
     # Base seed of the random operations (None: rank 0 draws one and sends it to the others).
     seed: int | None = None
 
@@ -391,6 +408,8 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
     torch.set_num_threads(max(1, job.threads))
     if job.float32_precision is not None:
         set_float32_precision(job.float32_precision)
+    if job.cudnn_algorithm_choice is not None:
+        set_cudnn_algorithm_choice(job.cudnn_algorithm_choice)
     backend = job.backend
     local = rank if local_rank is None else local_rank
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
@@ -632,7 +651,8 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         result_path = str(Path(tmp) / "result.pt")
         job = RankJob(PortableStep(gm) if method == "spawn" else gm, graph, plan.to_dict(), cluster,
                       list(flat_inputs), steps, backend, timeout_s, carrier, threads, hook, result_path, profile,
-                      float32_precision=float32_precision(), seed=seed)
+                      float32_precision=float32_precision(), cudnn_algorithm_choice=cudnn_algorithm_choice(),
+                      seed=seed)
         context = mp.start_processes(_spawned_rank,
                                      args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
                                      nprocs=world, join=False, start_method=method)
