@@ -9,10 +9,13 @@ its paper batch size, and reports nodes, edges and capture seconds.
 
 Part 2 builds each model at batch 4 for real (its default size when the step is at most
 ``--max-gflop`` GFLOP, else its ``tiny`` configuration), times every node on the
-device (``placer.cost.profile``: one thread and thread CPU time on the CPU; synchronised wall
-time on a GPU), and compares with the analytic roofline of that device kind
-(``placer.cost.analytic``): the sum over nodes (the step) predicted and measured, and the median
-over nodes of |predicted - measured| / measured (nodes that take time: placeholders excluded).
+device (``placer.cost.profile``: one thread and thread CPU time on the CPU; on a GPU the CUDA
+kernels each node launches, or synchronised wall time with ``--gpu-timing wall``), and compares
+with the analytic roofline of that device kind (``placer.cost.analytic``): the sum over nodes
+(the step) predicted and measured, and the median over nodes of |predicted - measured| / measured
+(nodes that take time: placeholders excluded). On a GPU it also times the captured step run
+whole (its GraphModule, synchronised, median of ``--repeats``): what the sum of kernels claims
+to predict when the host keeps ahead of the GPU.
 
 Part 3 (CPU only) re-measures the single-thread figures the ``cpu`` device spec is built from.
 """
@@ -66,9 +69,8 @@ def step_gflop(name: str, batch: int) -> float:
     return float(np.nansum(capture(model, inputs).graph.flops)) / 1e9
 
 
-def cost_table(names: list[str], device: str, repeats: int, batch: int, max_gflop: float) -> list[list[str]]:
-    kind, _ = device_kind_of(device)
-    analytic_kind = kind if kind in DEVICE_SPECS else None
+def cost_table(names: list[str], device: str, repeats: int, batch: int, max_gflop: float,
+               gpu_timing: str, analytic_kind: str | None) -> list[list[str]]:
     rows = []
     for name in names:
         entry = ZOO[name]
@@ -79,7 +81,7 @@ def cost_table(names: list[str], device: str, repeats: int, batch: int, max_gflo
                 model = model.to(device)
                 inputs = tuple(x.to(device) if isinstance(x, torch.Tensor) else x for x in inputs)
             step = capture(model, inputs, name=f"{name}-bs{batch}")
-            profile = profile_step(step, model, inputs, device=device, repeats=repeats)
+            profile = profile_step(step, model, inputs, device=device, repeats=repeats, gpu_timing=gpu_timing)
             g = step.graph
             measured = np.array([profile.node_seconds[i] for i in g.ids])
             timed = np.array([op != "placeholder" for op in g.op]) & (measured > 0)
@@ -90,11 +92,30 @@ def cost_table(names: list[str], device: str, repeats: int, batch: int, max_gflo
                 rel = np.abs(predicted[timed] - measured[timed]) / measured[timed]
                 row += [f"{predicted.sum() * 1e3:.2f}", f"{predicted.sum() / measured.sum():.2f}",
                         f"{100 * float(np.median(rel)):.0f}%"]
+            else:
+                row += ["", "", ""]
+            if device != "cpu":
+                row.append(f"{whole_step_seconds(step, model, inputs, device, repeats) * 1e3:.2f}")
             rows.append(row)
         except Exception as exc:  # noqa: BLE001
             rows.append([name, "-", "-", "-", f"failed: {type(exc).__name__}: {exc}"[:80]])
         print(" | ".join(rows[-1]), flush=True)
     return rows
+
+
+def whole_step_seconds(step, model, inputs, device: str, repeats: int) -> float:
+    """Median wall seconds of the captured step's GraphModule run whole on a GPU, synchronised."""
+    with torch.no_grad():
+        args = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in step.step_inputs(model, inputs)]
+        step.gm(*args)  # warm-up: kernels chosen, memory cached
+        times = []
+        for _ in range(repeats):
+            torch.cuda.synchronize(device)
+            start = time.perf_counter()
+            step.gm(*args)
+            torch.cuda.synchronize(device)
+            times.append(time.perf_counter() - start)
+    return float(np.median(times))
 
 
 def cpu_figures() -> list[str]:
@@ -137,6 +158,11 @@ def main() -> None:
     parser.add_argument("--max-gflop", type=float, default=30.0,
                         help="part 2 profiles the default size when its step is at most this many GFLOP, "
                              "else the tiny configuration (default 30)")
+    parser.add_argument("--gpu-timing", choices=("kernel", "wall"), default="kernel",
+                        help="on a GPU: sum of each node's CUDA kernels (default) or synchronised wall time")
+    parser.add_argument("--analytic-kind", choices=sorted(DEVICE_SPECS),
+                        help="device kind of the analytic model in part 2 (default: the device's own, where known; "
+                             "e.g. H100 on an H200, which has its compute and more memory bandwidth)")
     parser.add_argument("--skip-capture", action="store_true", help="skip part 1")
     parser.add_argument("--skip-paper", action="store_true", help="part 1 at batch 4 only")
     args = parser.parse_args()
@@ -148,10 +174,14 @@ def main() -> None:
         print("\n## Part 1: capture at the default size, meta device")
         rows = capture_table(names, args.skip_paper)
         print(markdown(["model", "batch", "nodes", "edges", "state MiB", "GFLOP", "capture s"], rows))
-    print(f"\n## Part 2: batch {args.batch}, measured on {device_name} ({kind}) vs analytic {kind}")
-    rows = cost_table(names, args.device, args.repeats, args.batch, args.max_gflop)
-    print(markdown(["model", "size", "nodes", "GFLOP", "measured ms", "analytic ms", "analytic / measured",
-                    "median node error"], rows))
+    analytic_kind = args.analytic_kind or (kind if kind in DEVICE_SPECS else None)
+    clock = "thread CPU time" if args.device == "cpu" else f"{args.gpu_timing} time"
+    print(f"\n## Part 2: batch {args.batch}, measured ({clock}) on {device_name} ({kind}) "
+          f"vs analytic {analytic_kind or '(none for this kind: pass --analytic-kind)'}")
+    rows = cost_table(names, args.device, args.repeats, args.batch, args.max_gflop, args.gpu_timing, analytic_kind)
+    header = ["model", "size", "nodes", "GFLOP", "measured ms", "analytic ms", "analytic / measured",
+              "median node error"]
+    print(markdown(header + (["whole step ms"] if args.device != "cpu" else []), rows))
     if args.device == "cpu":
         print("\n## Part 3: single-thread CPU figures")
         print("\n".join(cpu_figures()))

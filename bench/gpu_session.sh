@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The checks a lent GPU machine is for, in one run (5.5 minutes in sessions 20 and 22): fidelity on its quiet CPU cores
 # (bench/fidelity.py, recorded), the CUDA paths (bench/cuda_check.py; `placer run --verify` on a GPU,
-# SGD and Adam), and the test suite under that machine's torch (cut short when time runs out).
+# SGD and Adam), the cost model against kernel times (bench/capture.py), and the test suite under that machine's torch (cut short when time runs out).
 #
 # The machine has torch but not every dependency: first, on the development machine, download the
 # missing ones as cp312 wheels into ./.whl (git-ignored through .git/info/exclude), e.g.
@@ -41,7 +41,10 @@ for optimizer in sgd adam; do
   timeout 60 "$py" -m placer run "$spec" --plan /tmp/verify-plan.json --optimizer $optimizer --steps 5 \
     --devices cuda:0,cuda:0 --verify
 done 2>&1 | tee "$out/verify.log"
+echo "== the cost model against CUDA kernel time (bench/capture.py part 2)"
+timeout "${CAPTURE_TIMEOUT:-120}" "$py" bench/capture.py --device cuda:0 --skip-capture --batch 32 --max-gflop 100000 \
+  --repeats 3 --models "${CAPTURE_MODELS:-lenet,alexnet,vgg19,resnet50}" 2>&1 | tee "$out/capture.log"
 echo "== tests under this machine's torch"
 # 100 s cut session 22's run at its last test.
-timeout 130 "$py" -m pytest -n "$(nproc)" -q -p no:cacheprovider --maxfail=25 > "$out/tests.log" 2>&1
+timeout "${TESTS_TIMEOUT:-130}" "$py" -m pytest -n "$(nproc)" -q -p no:cacheprovider --maxfail=25 > "$out/tests.log" 2>&1
 tail -5 "$out/tests.log"
