@@ -418,6 +418,30 @@ def test_os_dpos_keeps_its_plan_when_the_first_trial_split_runs_out_of_time(monk
     assert plan.splits == [] and plan.predicted["makespan_s"] == place(g, cluster, "dpos").predicted["makespan_s"]
 
 
+def test_os_dpos_keeps_time_to_check_a_plan_of_its_data_parallel_start(monkeypatch):
+    # A plan of the replicated graph takes placer a few simulations to check (0.33 s at 2 s on the
+    # demo's graph, session 33): OS-DPOS times the simulation of its data-parallel start and keeps
+    # CHECK_SIMULATIONS of those out of its search.
+    import time
+
+    from placer.algorithms import fastt
+
+    g, cluster = conv_graph(), mesh(2)
+    plain_simulate, plain_start = fastt.simulate, fastt._start
+
+    def slow_simulate(*args, **kwargs):
+        time.sleep(0.1)
+        return plain_simulate(*args, **kwargs)
+
+    monkeypatch.setattr(fastt, "simulate", slow_simulate)
+    assert fastt._start(g, cluster, data_parallel_start=True)[2] >= fastt.CHECK_SIMULATIONS * 0.1
+    assert fastt._start(g, cluster, data_parallel_start=False)[2] == 0.0
+    monkeypatch.setattr(fastt, "simulate", plain_simulate)
+    # The reserve comes out of the search: one longer than the limit leaves no time for a split.
+    monkeypatch.setattr(fastt, "_start", lambda *args: (*plain_start(*args)[:2], 1e6))
+    assert place(g, cluster, "os_dpos", data_parallel_start=False, time_limit=5).splits == []
+
+
 def test_os_dpos_rejects_a_bad_max_parts():
     with pytest.raises(OptionError, match="max_parts"):
         place(conv_graph(), mesh(2), "os_dpos", max_parts=1)
