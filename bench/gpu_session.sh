@@ -1,7 +1,10 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine is for, in one run (5.5 minutes in sessions 20 and 22): fidelity on its quiet CPU cores
-# (bench/fidelity.py, recorded), the CUDA paths (bench/cuda_check.py; `placer run --verify` on a GPU,
-# SGD and Adam), the cost model against kernel times (bench/capture.py), and the test suite under that machine's torch (cut short when time runs out).
+# The checks a lent GPU machine is for, in one run (5.5 minutes in sessions 20 and 22, 8 in session 34): fidelity on
+# its quiet CPU cores (bench/fidelity.py, recorded), the CUDA paths (bench/cuda_check.py; `placer run --verify` on a
+# GPU, SGD and Adam), the cost model against CUDA kernel times (bench/capture.py), and the test suite under that
+# machine's torch (cut short when time runs out). FIDELITY_TIMEOUT, CAPTURE_TIMEOUT and TESTS_TIMEOUT (seconds) bound
+# the three long parts; session 34 ran it with FIDELITY_ARGS="--rounds 2" FIDELITY_TIMEOUT=250 TESTS_TIMEOUT=90
+# CAPTURE_TIMEOUT=90 in 486 s.
 #
 # The machine has torch but not every dependency: first, on the development machine, download the
 # missing ones as cp312 wheels into ./.whl (git-ignored through .git/info/exclude), e.g.
