@@ -254,10 +254,15 @@ def test_plan_for_another_graph_is_refused():
 
 @pytest.mark.parametrize("mutate, message", [
     (lambda p: p["placement"].pop("input"), "unplaced"),
-    (lambda p: p["placement"].update(input="gpu7"), "unknown device 'gpu7'"),
+    (lambda p: p["placement"].update(input="gpu7"), "node 'input' is placed on unknown device 'gpu7'"),
     (lambda p: p["placement"].update(ghost="gpu0"), "unknown node 'ghost'"),
     (lambda p: p["order"]["gpu0"].reverse(), "contradicts the dependencies"),
     (lambda p: p["order"]["gpu0"].pop(), "leaves out node"),
+    (lambda p: p["order"]["gpu0"].append("ghost"), "the order of 'gpu0' names unknown node 'ghost'"),
+    (lambda p: p["order"]["gpu0"].append(p["order"]["gpu0"][0]), "the order lists node 'input' twice"),
+    (lambda p: p["order"].update(gpu1=[p["order"]["gpu0"][0]]), "the order of 'gpu1' lists 'input', which is placed "
+                                                                 "on 'gpu0'"),
+    (lambda p: p["order"].update(gpu7=[]), "the order names unknown device 'gpu7'"),
 ])
 def test_invalid_plans(mutate, message):
     g = training_graph(layers=2, branches=2)
