@@ -166,9 +166,11 @@ class Plan:
         n = target.num_nodes
         device_of = np.full(n, -1, dtype=np.int64)
         # One pass per lookup, not per node: a data-parallel plan places 10^5 nodes or more.
-        nodes = _indices(target.index, self.placement.keys(), lambda node_id: f"the plan places unknown node {node_id!r}")
+        nodes = _indices(target.index, self.placement.keys(),
+                         lambda node_id: f"the plan places unknown node {node_id!r}")
         devices = _indices(cluster.device_index, self.placement.values(), lambda device: (
-            f"node {next(k for k, v in self.placement.items() if v == device)!r} is placed on unknown device {device!r}"))
+            f"node {next(k for k, v in self.placement.items() if v == device)!r} is placed on "
+            f"unknown device {device!r}"))
         device_of[nodes] = devices
         missing = np.flatnonzero(device_of < 0)
         if missing.size:
@@ -190,8 +192,9 @@ class Plan:
                 i = idx[elsewhere[0]]
                 raise InvalidPlanError(f"the order of {device!r} lists {graph.ids[i]!r}, which is placed on "
                                        f"{cluster.devices[device_of[i]].name!r}")
-            if idx.size and np.bincount(idx).max() > 1:
-                raise InvalidPlanError(f"the order lists node {graph.ids[np.argmax(np.bincount(idx))]!r} twice")
+            counts = np.bincount(idx, minlength=1)
+            if counts.max() > 1:
+                raise InvalidPlanError(f"the order lists node {graph.ids[int(np.argmax(counts))]!r} twice")
             listed[idx] = True
             order[j] = idx
         unlisted = np.flatnonzero(~listed)
