@@ -47,7 +47,7 @@ from torch.utils.flop_counter import conv_flop_count, flop_registry, shape_wrapp
 
 from ..errors import FormatError
 from ..graph import OpGraph
-from .layout import reads_strides, sent_elements
+from .layout import sent_elements, views_compact
 
 __all__ = ["build_graph", "value_bytes", "conv_backward_flops"]
 
@@ -379,7 +379,7 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     dependent = batch_dependent(nodes, [n for n in nodes if n.op == "placeholder" and n.name not in resident])
     index = {node: i for i, node in enumerate(nodes)}
     # An edge carries what the runtime copies to a consumer elsewhere (capture.layout).
-    compact = not any(reads_strides(node) for node in nodes)
+    compact = views_compact(nodes)
     ids = [node.name for node in nodes]
     n = len(ids)
     output_bytes = np.zeros(n, dtype=np.int64)

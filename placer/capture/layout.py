@@ -12,12 +12,13 @@ transfers and received copies are what the runtime sends and holds.
 from __future__ import annotations
 
 import math
-from typing import Sequence
+from typing import Iterable, Sequence
 
 import torch
 import torch.fx as fx
 
-__all__ = ["dense_layout", "storage_span", "STRIDE_READERS", "reads_strides", "sent_contiguous", "sent_elements"]
+__all__ = ["dense_layout", "storage_span", "STRIDE_READERS", "reads_strides", "views_compact", "sent_contiguous",
+           "sent_elements"]
 
 
 def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
@@ -47,6 +48,14 @@ STRIDE_READERS = frozenset({torch.ops.aten.as_strided, torch.ops.aten.as_strided
 def reads_strides(v: fx.Node) -> bool:
     """Whether node ``v`` reads the strides of an input (:data:`STRIDE_READERS`)."""
     return getattr(v.target, "overloadpacket", None) in STRIDE_READERS
+
+
+def views_compact(nodes: Iterable[fx.Node]) -> bool:
+    """Whether a step of these nodes sends a view with gaps as its elements alone: none reads strides.
+
+    Capture's edge bytes and the runtime's copies both take it from here, so they agree.
+    """
+    return not any(reads_strides(v) for v in nodes)
 
 
 def sent_contiguous(size: Sequence[int], stride: Sequence[int], compact: bool) -> bool:

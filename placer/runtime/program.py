@@ -52,7 +52,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from ..capture.layout import dense_layout, reads_strides, sent_contiguous, storage_span
+from ..capture.layout import dense_layout, sent_contiguous, storage_span, views_compact
 from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
@@ -261,7 +261,7 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                    guard=guard, frees=_frees(schedule, device_of, outputs), outputs=outputs,
                    predicted_s=float(sim.makespan_s), graph_node=graph_node, runs_with=runs_with,
                    random=frozenset(random_nodes(gm)), deferred=_deferrable(schedule, writes),
-                   compact_views=not any(reads_strides(v) for v in calls))
+                   compact_views=views_compact(calls))
 
 
 def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list) -> list[list[tuple[fx.Node, int]]]:
