@@ -616,20 +616,17 @@ def print_rank_slowdowns(runs: list[Run]) -> None:
               f"{statistics.median(spreads):.2f} (median), up to {max(spreads):.2f}; rank 0 the fastest in {least}")
 
 
-def operator_slowdowns(run: Run) -> dict[str, tuple[int, float, float]]:
-    """Per operator (``graph.op``), its nodes' count, profiled seconds and own seconds in the run, summed."""
+def operator_slowdowns(run: Run, totals: dict[str, list[float]]) -> None:
+    """Add to ``totals``, per operator (``graph.op``), its nodes' profiled seconds and own seconds in the run."""
     from placer.runtime.feedback import own_times
 
     _, profiled = placed_profile(run)
     own = own_times(run.op_s, run.op_message_s)
-    totals: dict[str, list] = {}
     for i, node in enumerate(run.graph.ids):
         if node in own:
-            entry = totals.setdefault(run.graph.op[i], [0, 0.0, 0.0])
-            entry[0] += 1
-            entry[1] += float(profiled[i])
-            entry[2] += own[node]
-    return {op: tuple(entry) for op, entry in totals.items()}
+            entry = totals.setdefault(run.graph.op[i], [0.0, 0.0])
+            entry[0] += float(profiled[i])
+            entry[1] += own[node]
 
 
 def print_operator_slowdowns(runs: list[Run], top: int = 4) -> None:
@@ -637,23 +634,17 @@ def print_operator_slowdowns(runs: list[Run], top: int = 4) -> None:
     exceeds their profile the most, and the whole step's operations."""
     print("By operator, the expert and METIS runs of each model (few messages): own time in the runs over the "
           "profile's, the operators that lost the most")
-    by_model: dict[str, dict[str, list]] = {}
+    by_model: dict[str, dict[str, list[float]]] = {}
     for run in runs:
-        if run.algorithm not in ("expert", "metis"):
-            continue
-        totals = by_model.setdefault(run.model, {})
-        for op, (n, profiled, ran) in operator_slowdowns(run).items():
-            entry = totals.setdefault(op, [0, 0.0, 0.0])
-            entry[0] += n
-            entry[1] += profiled
-            entry[2] += ran
+        if run.algorithm in ("expert", "metis"):
+            operator_slowdowns(run, by_model.setdefault(run.model, {}))
     for model, totals in by_model.items():
-        profiled = sum(entry[1] for entry in totals.values())
-        ran = sum(entry[2] for entry in totals.values())
-        worst = sorted(totals.items(), key=lambda item: item[1][1] - item[1][2])[:top]
+        profiled = sum(entry[0] for entry in totals.values())
+        ran = sum(entry[1] for entry in totals.values())
+        worst = sorted(totals.items(), key=lambda item: item[1][0] - item[1][1])[:top]
         print(f"  {model:12s} all {ran / profiled:.2f}x; " + ", ".join(
-            f"{op} {entry[2] / entry[1]:.2f}x (+{(entry[2] - entry[1]) / ran:.0%} of the ops' time)"
-            for op, entry in worst if entry[1] > 0))
+            f"{op} {entry[1] / entry[0]:.2f}x (+{(entry[1] - entry[0]) / ran:.0%} of the ops' time)"
+            for op, entry in worst if entry[0] > 0))
 
 
 def report(runs: list[Run]) -> None:
