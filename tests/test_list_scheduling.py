@@ -222,8 +222,10 @@ def test_memory_retries_shrink_an_overflowed_device_below_what_the_scheduler_cou
     def build(g, ratio, scale, sends=None):
         scales.append(scale.tolist())
         if scale[0] >= 0.5:
+            counted = MemoryTimeline(cluster.memory)
+            counted.add(0, 0.0, GiB)
             return Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)],
-                            np.array([0.0, 1.0]), np.array([1.0, 2.0]), memory_seen=np.array([GiB, 0.0]))
+                            np.array([0.0, 1.0]), np.array([1.0, 2.0]), memory=counted)
         return Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
 
     sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=1.0)

@@ -86,10 +86,15 @@ class Schedule:
     simulated: SimResult | None = None
     #: The reference simulation of its placement under earliest-ready dispatch, once run (:func:`plan_simulation`).
     dispatched: SimResult | None = None
-    #: Per device, the most memory the scheduler counted there while building it (:attr:`MemoryTimeline.seen`).
-    memory_seen: np.ndarray | None = None
+    #: The memory timeline the scheduler checked its bookings against, for :attr:`memory_seen`.
+    memory: MemoryTimeline | None = None
     #: The transfers the scheduler booked: (producer, tensor, device) -> (channel, start, end).
     transfers: dict[tuple[int, int, int], tuple[int, float, float]] | None = None
+
+    @property
+    def memory_seen(self) -> np.ndarray | None:
+        """Per device, the most memory the scheduler counted there while building it (:attr:`MemoryTimeline.seen`)."""
+        return None if self.memory is None else self.memory.seen.copy()
 
     @property
     def makespan_s(self) -> float:
@@ -403,8 +408,28 @@ class MemoryTimeline:
         # Per device, a level no instant exceeds: raised by every allocation, reset to the true
         # peak when it is too high to settle a question on its own (frees do not lower it).
         self.ceiling = [0.0] * n_dev
-        #: Per device, the highest level the timeline ever reached: what its checks compared with the capacity.
-        self.seen = np.zeros(n_dev)
+        # Per device, the (time, bytes) steps added since its step function was last brought up to date:
+        # a check the ceiling settles needs none of them, and on graphs whose memory is not tight that
+        # is every check (bench/scaling.py).
+        self.pending: list[list[tuple[float, float]]] = [[] for _ in range(n_dev)]
+        self._seen = np.zeros(n_dev)
+
+    @property
+    def seen(self) -> np.ndarray:
+        """Per device, the highest level the timeline ever reached: what its checks compared with the capacity."""
+        for d in range(len(self.capacity)):
+            self._settle(d)
+        return self._seen
+
+    def _settle(self, d: int) -> None:
+        """Apply ``d``'s pending steps to its step function, in the order they were added."""
+        for time, amount in self.pending[d]:
+            k = self._breakpoint(d, time)
+            after = self.levels[d][k:self.count[d]]
+            after += amount
+            if amount > 0:
+                self._seen[d] = max(self._seen[d], after.max())
+        self.pending[d].clear()
 
     def _breakpoint(self, d: int, time: float) -> int:
         """Index of the breakpoint at ``time`` on device ``d``, made where there is none."""
@@ -425,21 +450,19 @@ class MemoryTimeline:
     def add(self, d: int, time: float, amount: float) -> None:
         """Hold ``amount`` more bytes on ``d`` from ``time`` on (less, when negative: a free)."""
         if amount:
-            k = self._breakpoint(d, time)
-            after = self.levels[d][k:self.count[d]]
-            after += amount
+            self.pending[d].append((time, amount))
             self.used[d] += amount
             if amount > 0:
                 self.ceiling[d] += amount
-                self.seen[d] = max(self.seen[d], after.max())
 
     def fits(self, d: int, events: list[tuple[float, float]]) -> bool:
         """Whether ``d`` stays within its capacity with ``events`` added: (time, bytes) each."""
         limit = self.capacity[d]
-        n, times, levels = self.count[d], self.times[d][:self.count[d]], self.levels[d]
         added = sum(amount for _, amount in events if amount > 0)
         if self.ceiling[d] + added <= limit:
             return True
+        self._settle(d)
+        n, times, levels = self.count[d], self.times[d][:self.count[d]], self.levels[d]
         self.ceiling[d] = float(levels[:n].max())
         if self.ceiling[d] + added <= limit:
             return True
@@ -947,7 +970,7 @@ class ScheduleState:
         """The finished schedule (every node committed)."""
         return Schedule(np.asarray(self.device_of, dtype=np.int64),
                         [np.asarray(t.items(), dtype=np.int64) for t in self.devices],
-                        np.asarray(self.start), np.asarray(self.finish), memory_seen=self.memory.seen.copy(),
+                        np.asarray(self.start), np.asarray(self.finish), memory=self.memory,
                         transfers=dict(self.booked))
 
 
