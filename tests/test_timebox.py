@@ -80,10 +80,21 @@ def test_an_expiry_waits_for_an_import_to_end(tmp_path, monkeypatch):
     (tmp_path / "slow_to_import.py").write_text("import time\nend = time.perf_counter() + 0.3\n"
                                                "while time.perf_counter() < end:\n    pass\nDONE = True\n")
     monkeypatch.syspath_prepend(str(tmp_path))
+    from placer.algorithms import timebox
+
+    must_wait, waits = timebox._must_wait, []
+
+    def counted(frame):
+        waits.append(must_wait(frame))
+        return waits[-1]
+
+    monkeypatch.setattr(timebox, "_must_wait", counted)
     with TimeBox(0.05) as box:
         import slow_to_import
         spin(5)
     assert box.expired and slow_to_import.DONE
+    # While it waits, the alarm comes every IMPORT_WAIT_S, not in a busy loop that slows the import.
+    assert timebox.IMPORT_WAIT_S in waits and len(waits) < 0.3 / timebox.IMPORT_WAIT_S + 5
 
 
 def test_an_error_raised_by_what_an_expiry_interrupted_stays_in_the_box():
