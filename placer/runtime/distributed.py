@@ -56,7 +56,7 @@ from .portable import PortableStep
 from .program import (Program, call_node, compile_program, copy_to, draw_seed, message_bytes, pack,
                       receive_buffer, unpack, value_spec)
 
-__all__ = ["RunError", "RankJob", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
+__all__ = ["RunError", "RankJob", "KernelChoice", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
            "resolve_backend", "under_torchrun", "free_port"]
 
 #: A receive's wait longer than this blocked: its message arrived during it (an arrived
@@ -93,6 +93,29 @@ def set_cudnn_algorithm_choice(choice: tuple[bool, bool]) -> None:
     torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = choice
 
 
+@dataclass(frozen=True)
+class KernelChoice:
+    """A process's settings that choose the kernels computing its operations, and so their last bits.
+
+    A spawned rank starts with torch's defaults; it takes its launcher's
+    (:meth:`here`, then :meth:`apply` in the rank) so that a placed step
+    computes what the unplaced one in the launcher does.
+    """
+
+    float32_precision: tuple[str, str]
+    cudnn_algorithm_choice: tuple[bool, bool]
+
+    @classmethod
+    def here(cls) -> "KernelChoice":
+        """This process's choice (:func:`float32_precision`, :func:`cudnn_algorithm_choice`)."""
+        return cls(float32_precision(), cudnn_algorithm_choice())
+
+    def apply(self) -> None:
+        """Make it this process's choice."""
+        set_float32_precision(self.float32_precision)
+        set_cudnn_algorithm_choice(self.cudnn_algorithm_choice)
+
+
 @dataclass
 class RankJob:
     """Everything a rank needs; picklable where ``gm`` is a :class:`~placer.runtime.portable.PortableStep`
@@ -116,10 +139,8 @@ class RankJob:
     result_path: str | None = None
     profile: bool = False
     same_host: bool = True          # ranks share a clock: transfer times can be measured
-    # The launcher's float32 precision of convolutions and matrix products (TF32 or not), for spawned ranks.
-    float32_precision: tuple[str, str] | None = None
-    # And its choice of cuDNN algorithms (deterministic, benchmark), for the same reason.
-    cudnn_algorithm_choice: tuple[bool, bool] | None = None
+    # The launcher's choice of kernels (TF32 or not, cuDNN's algorithms), for spawned ranks.
+    kernel_choice: KernelChoice | None = None
     # Base seed of the random operations (None: rank 0 draws one and sends it to the others).
     seed: int | None = None
 
@@ -406,10 +427,8 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
     Under ``torchrun`` call it from every rank with ``init_method="env://"``.
     """
     torch.set_num_threads(max(1, job.threads))
-    if job.float32_precision is not None:
-        set_float32_precision(job.float32_precision)
-    if job.cudnn_algorithm_choice is not None:
-        set_cudnn_algorithm_choice(job.cudnn_algorithm_choice)
+    if job.kernel_choice is not None:
+        job.kernel_choice.apply()
     backend = job.backend
     local = rank if local_rank is None else local_rank
     device = torch.device("cuda", local) if backend == "nccl" else torch.device("cpu")
@@ -651,8 +670,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         result_path = str(Path(tmp) / "result.pt")
         job = RankJob(PortableStep(gm) if method == "spawn" else gm, graph, plan.to_dict(), cluster,
                       list(flat_inputs), steps, backend, timeout_s, carrier, threads, hook, result_path, profile,
-                      float32_precision=float32_precision(), cudnn_algorithm_choice=cudnn_algorithm_choice(),
-                      seed=seed)
+                      kernel_choice=KernelChoice.here(), seed=seed)
         context = mp.start_processes(_spawned_rank,
                                      args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
                                      nprocs=world, join=False, start_method=method)
