@@ -34,7 +34,7 @@ import torch
 from placer.capture import capture
 from placer.capture.zoo import ZOO
 from placer.cost.analytic import DEVICE_SPECS, annotate
-from placer.cost.profile import device_kind_of, profile_step
+from placer.cost.profile import device_kind_of, profile_step, step_arguments
 
 
 def capture_table(names: list[str], skip_paper: bool) -> list[list[str]]:
@@ -105,8 +105,8 @@ def cost_table(names: list[str], device: str, repeats: int, batch: int, max_gflo
 
 def whole_step_seconds(step, model, inputs, device: str, repeats: int) -> float:
     """Median wall seconds of the captured step's GraphModule run whole on a GPU, synchronised."""
+    args = step_arguments(step, model, inputs)
     with torch.no_grad():
-        args = [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in step.step_inputs(model, inputs)]
         step.gm(*args)  # warm-up: kernels chosen, memory cached
         times = []
         for _ in range(repeats):

@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph import OpGraph
 
-__all__ = ["Profile", "PROFILE_FORMAT", "profile_module", "profile_step", "load_profile",
+__all__ = ["Profile", "PROFILE_FORMAT", "profile_module", "profile_step", "step_arguments", "load_profile",
            "apply_profile", "apply_placed_times", "device_kind_of"]
 
 PROFILE_FORMAT = "placer.profile/1"
@@ -370,6 +370,18 @@ def _synthetic_inputs(gm: "torch.fx.GraphModule") -> list:
     return out
 
 
+def step_arguments(captured: Any, model: Any = None, inputs: Any = None) -> list:
+    """Arguments that run the captured step's GraphModule: copies of ``model``'s state and the batch
+    ``inputs`` (``captured.step_inputs``), so that running it leaves the model as it was; without a
+    model, synthetic ones shaped like its placeholders."""
+    import torch
+
+    if model is None:
+        return _synthetic_inputs(captured.gm)
+    with torch.no_grad():
+        return [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in captured.step_inputs(model, inputs)]
+
+
 def profile_step(captured: Any, model: Any = None, inputs: Any = None, *, device: str = "cpu",
                  repeats: int = 5, warmup: int = 1, kind: str | None = None,
                  gpu_timing: str = "kernel") -> Profile:
@@ -405,12 +417,7 @@ def profile_step(captured: Any, model: Any = None, inputs: Any = None, *, device
 
     graph = captured.graph
     device_kind, device_name = device_kind_of(device)
-    if model is not None:
-        with torch.no_grad():
-            args = [t.detach().clone() if isinstance(t, torch.Tensor) else t
-                    for t in captured.step_inputs(model, inputs)]
-    else:
-        args = _synthetic_inputs(captured.gm)
+    args = step_arguments(captured, model, inputs)
     measured = profile_module(captured.gm, args, device=device, repeats=repeats, warmup=warmup,
                               gpu_timing=gpu_timing)
     seconds = dict.fromkeys(graph.ids, 0.0)
