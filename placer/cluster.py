@@ -88,8 +88,6 @@ class Cluster:
                 raise FormatError(f"{where}: duplicate device name {d.name!r}")
             if d.memory_bytes <= 0:
                 raise FormatError(f"{where}: device {d.name!r}: field 'memory_bytes' must be > 0")
-            if not d.speed > 0:
-                raise FormatError(f"{where}: device {d.name!r}: field 'speed' must be > 0")
             if not MIN_SPEED <= d.speed <= MAX_SPEED:   # a cluster built in code, not read from a file
                 raise FormatError(f"{where}: device {d.name!r}: field 'speed' must lie in [{MIN_SPEED:g}, "
                                   f"{MAX_SPEED:g}], got {d.speed!r}")
@@ -101,8 +99,6 @@ class Cluster:
             if ch.name in names:
                 raise FormatError(f"{where}: duplicate channel name {ch.name!r}")
             names.add(ch.name)
-            if not ch.bandwidth_bytes_per_s > 0:
-                raise FormatError(f"{where}: channel {ch.name!r}: field 'bandwidth_bytes_per_s' must be > 0")
             if not ch.bandwidth_bytes_per_s >= MIN_BANDWIDTH:
                 raise FormatError(f"{where}: channel {ch.name!r}: field 'bandwidth_bytes_per_s' must be >= "
                                   f"{MIN_BANDWIDTH:g}, got {ch.bandwidth_bytes_per_s!r}")
