@@ -657,6 +657,24 @@ def test_memory_timeline_fits_like_a_check_of_every_instant(held, added, limit):
         memory_level(held, t) + memory_level(added, t) <= limit + 100 for t in instants)
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 40), st.integers(-5, 10)), max_size=150),
+       st.lists(st.booleans(), min_size=150, max_size=150))
+def test_memory_timeline_sees_the_highest_level_each_allocation_reached(held, checks):
+    # Steps are applied only when a check needs them; what the timeline saw is as if each were
+    # applied at once: the level from each allocation on, with the steps added before it.
+    m = MemoryTimeline(np.array([20.0]))
+    highest = 0.0
+    for k, ((time, amount), check) in enumerate(zip(held, checks)):
+        m.add(0, float(time), float(amount))
+        if amount > 0:
+            added = held[:k + 1]
+            highest = max([highest] + [memory_level(added, t) for t, _ in added if t >= time])
+        if check:
+            m.fits(0, [(float(time), 1.0)])
+    assert m.seen[0] == highest
+
+
 def test_timeline_finds_a_gap_left_behind_by_a_later_job_in_its_last_block():
     # 130 back-to-back jobs fill two blocks; a job booked well after them leaves a gap in the last one.
     t = timeline([(float(i), 1.0) for i in range(130)] + [(200.0, 1.0)])
