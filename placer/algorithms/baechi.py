@@ -513,7 +513,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
 
     def release_room(d: int, everything: bool = False) -> None:
         """Put back the nodes held for room on ``d`` that have it now (``everything``: all of them)."""
-        waiting_room, capacity = held_for_room[d], state.memory.capacity[d]
+        waiting_room, capacity = held_for_room[d], state.memory.limits[d]
         while waiting_room and (everything or state.memory.used[d] + waiting_room[0][0] <= capacity):
             _, *key, _ = heapq.heappop(waiting_room)
             wait_on(d, tuple(key))
@@ -605,7 +605,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             if held[j] and state.memory.used[j] < held_used[j]:
                 release(held[j])
                 held_used[j] = -np.inf
-            release_room(j)
+            if held_for_room[j]:
+                release_room(j)
         for w in succ[v]:
             pending[w] -= 1
             if pending[w] == 0:

@@ -400,7 +400,8 @@ class MemoryTimeline:
     def __init__(self, capacity: np.ndarray, capacity_scale: np.ndarray | None = None):
         self.capacity = capacity.astype(np.float64) * (1.0 if capacity_scale is None else capacity_scale)
         n_dev = len(self.capacity)
-        self.used = np.zeros(n_dev)
+        self.limits: list[float] = self.capacity.tolist()     # read at every check: Python floats
+        self.used = [0.0] * n_dev
         # Per device, breakpoints and the level from each until the next (grown by doubling).
         self.times = [np.full(64, -np.inf) for _ in range(n_dev)]
         self.levels = [np.zeros(64) for _ in range(n_dev)]
@@ -457,7 +458,7 @@ class MemoryTimeline:
 
     def fits(self, d: int, events: list[tuple[float, float]]) -> bool:
         """Whether ``d`` stays within its capacity with ``events`` added: (time, bytes) each."""
-        limit = self.capacity[d]
+        limit = self.limits[d]
         added = sum(amount for _, amount in events if amount > 0)
         if self.ceiling[d] + added <= limit:
             return True
@@ -518,12 +519,13 @@ class ScheduleTables:
     def __init__(self, graph: OpGraph, cluster: Cluster):
         n = graph.num_nodes
         self.dur = graph.durations(cluster).tolist()
-        self.unit_of, self.units = placement_units(graph)
+        unit_of, self.units = placement_units(graph)
+        self.unit_of: list[int] = unit_of.tolist()     # read node by node: a list's items are Python ints
         self.unit_ok: list[list[bool]] = unit_allowed(graph, cluster, self.units).tolist()
         self.params = graph.param_bytes.astype(np.float64)
         self.output_bytes = graph.output_bytes.astype(np.float64)
         self.temp_bytes = graph.temp_bytes.astype(np.float64)
-        self.unit_params = [float(self.params[members].sum()) for members in self.units]
+        self.unit_params = np.bincount(unit_of, weights=self.params, minlength=len(self.units)).tolist()
         self.channel_of = cluster.channel_index.tolist()
         # The devices each channel brings data to: a booking on it changes their estimates.
         self.receivers = [sorted({d for row in self.channel_of for d, c in enumerate(row) if c == k})
@@ -624,7 +626,9 @@ class ScheduleState:
         self.memory = MemoryTimeline(cluster.memory, capacity_scale)
         # What a unit holds from its first booking: its parameters for the whole step, the rest from that start.
         need = tables.params + ratio * (tables.output_bytes + tables.temp_bytes)
-        self.unit_need = [float(need[members].sum()) for members in self.units]
+        alone = need.tolist()       # most units are one node: no sum to take
+        self.unit_need = [alone[members[0]] if len(members) == 1 else float(need[members].sum())
+                          for members in self.units]
         self.unit_device = [-1] * len(self.units)
         # A colocation group's first member fixes the device of the others, so it reserves room
         # for them there (see ScheduleTables.incoming); booking a member turns its reservations
@@ -675,7 +679,7 @@ class ScheduleState:
         fixed = self.unit_device[unit]
         if fixed >= 0:
             return d == fixed
-        return self.unit_ok[unit][d] and self.memory.used[d] + self.unit_need[unit] <= self.memory.capacity[d]
+        return self.unit_ok[unit][d] and self.memory.used[d] + self.unit_need[unit] <= self.memory.limits[d]
 
     def any_input_sent(self, v: int, d: int) -> bool:
         """Whether some input of ``v`` is on device ``d`` already, sent there for another consumer."""
@@ -728,16 +732,20 @@ class ScheduleState:
         ready = 0.0
         bookings: list[tuple[int, float, float, int]] = []   # (channel, start, end, input)
         pending = []
+        device_of, finish, booked = self.device_of, self.finish, self.booked   # a list scheduler's hottest loop
         for k, (u, t, b) in enumerate(self.inputs[v]):
-            du = self.device_of[u]
-            if du == d:
-                ready = max(ready, self.finish[u])
-                continue
-            known = self.booked.get((u, t, d))
-            if known is not None:
-                ready = max(ready, known[2])
-                continue
-            pending.append((self.finish[u], u, t, k))
+            if device_of[u] == d:
+                arrives = finish[u]
+            else:
+                known = booked.get((u, t, d))
+                if known is None:
+                    pending.append((finish[u], u, t, k))
+                    continue
+                arrives = known[2]
+            if arrives > ready:
+                ready = arrives
+        if not pending:
+            return ready, bookings
         pending.sort()
         # This node's own transfers on one channel go in the order they queue, one after another.
         channel_free: dict[int, float] = {}
