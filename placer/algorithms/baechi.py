@@ -595,13 +595,14 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             if c >= 0:
                 dirty.update(j for j in state.receivers[c] if c in crowds[j])
         stuck = False
-        dirty.update(j for j in range(n_dev) if front[j] is not None and front[j][2] == v)
         # Held nodes come back when what held them may have changed: v's colocation group
         # now lives on d (its parameters are in), or memory was freed.
         if fixed < 0 and state.grouped[state.unit_of[v]]:
             release(held[d])
             release_room(d, everything=True)
-        for j in range(n_dev):
+        for j, first in enumerate(front):
+            if first is not None and first[2] == v:
+                dirty.add(j)
             if held[j] and state.memory.used[j] < held_used[j]:
                 release(held[j])
                 held_used[j] = -np.inf
