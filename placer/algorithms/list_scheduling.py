@@ -497,6 +497,8 @@ class ScheduleTables:
         Parameter bytes of each unit.
     grouped : list of bool
         Whether each unit is a colocation group of several nodes.
+    group_members : dict
+        The nodes of each such group, as a list.
     reserved_at : (list of float, list of float)
         Per node, the earliest it can start and end (its fastest time, no transfers).
     incoming : dict
@@ -547,6 +549,7 @@ class ScheduleTables:
         # for each tensor it receives from outside (the gradients an optimizer update bound to its
         # parameters gets may come from anywhere) from the earliest its producer can end.
         self.grouped = [len(members) > 1 for members in self.units]
+        self.group_members = {unit: members.tolist() for unit, members in enumerate(self.units) if self.grouped[unit]}
         fastest = fastest_durations(graph, cluster)
         fastest = np.where(np.isfinite(fastest), fastest, 0.0)
         earliest = top_levels(graph, fastest)
@@ -618,6 +621,7 @@ class ScheduleState:
         tables = schedule_tables(graph, cluster)
         # Read-only, shared by every schedule of this graph on this cluster.
         self.dur, self.unit_of, self.units, self.unit_ok = tables.dur, tables.unit_of, tables.units, tables.unit_ok
+        self.group_members = tables.group_members
         self.unit_params, self.grouped, self.reserved_at = tables.unit_params, tables.grouped, tables.reserved_at
         self.channel_of, self.receivers = tables.channel_of, tables.receivers
         self.ch_lat, self.ch_inv_bw, self.name_rank = tables.ch_lat, tables.ch_inv_bw, tables.name_rank
@@ -838,7 +842,7 @@ class ScheduleState:
         if self.grouped[unit]:
             if self.unit_device[unit] < 0:
                 start, end = self.reserved_at
-                steps += [(start[m], self.transient[m] + self.workspace[m]) for m in self.units[unit].tolist()]
+                steps += [(start[m], self.transient[m] + self.workspace[m]) for m in self.group_members[unit]]
                 steps += [(end[u], amount) for (u, _), amount in self.incoming[unit].items()]
             return steps
         begin, end = estimate[0], estimate[1]
