@@ -243,11 +243,13 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         return d if d >= 0 and state.devices[d].last_item() == u else -1
 
     def wait_on(d: int, entry: tuple[float, int, int]) -> None:
-        key = _tick(entry[0])
-        heapq.heappush(waiting[d], (key, *entry[1:]))
+        ready, pos, v = entry
+        key = _tick(ready)
+        heapq.heappush(waiting[d], (key, pos, v))
         first = front[d]
         # It could start at max(key, free) at the earliest: behind d's first node, it cannot come first there.
-        if first is None or (max(key, free_at[d]), entry[1]) < first[:2]:
+        earliest = key if key > free_at[d] else free_at[d]
+        if first is None or earliest < first[0] or (earliest == first[0] and pos < first[1]):
             dirty.add(d)
 
     def release(entries: list) -> None:
@@ -427,10 +429,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         key (as the main loop would do on popping it), so that the loop only sees keys that hold.
         """
         free = free_at[d] = _tick(max(0.0, state.devices[d].last[-1]))     # when its last booking ends
-        wait, start = waiting[d], startable[d]
-        for c in list(crowds[d]):
-            check_crowd(d, c)
-        come_due(d, free)
+        wait, start, on_channels = waiting[d], startable[d], crowds[d]
+        if on_channels:     # most devices, most of the time, have no crowd: none of this is needed
+            for c in list(on_channels):
+                check_crowd(d, c)
+            come_due(d, free)
         best = None
         while True:
             while wait and (wait[0][0] <= free or state.device_of[wait[0][2]] >= 0):
@@ -439,7 +442,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                     heapq.heappush(start, (pos, v))
             while start and state.device_of[start[0][1]] >= 0:
                 heapq.heappop(start)
-            due = first_due(d, free)
+            due = first_due(d, free) if due_buckets[d] else None
             # Startable nodes and due crowd members could all start when d frees: they go by position.
             if start and (due is None or start[0][0] <= due[0]):
                 pos, v = start[0]
@@ -468,8 +471,10 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                 break
             heapq.heappop(wait)
             lift(v, d, bound, c)
+        if not on_channels:
+            return best
         crowd_best = None
-        for c, crowd in list(crowds[d].items()):
+        for c, crowd in list(on_channels.items()):
             top = first_not_due(d, crowd)
             if top is not None:
                 pos, v, key = top[1]
