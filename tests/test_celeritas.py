@@ -165,6 +165,21 @@ def test_plan_fits_when_one_device_cannot(algorithm):
     assert len({plan.placement[i] for i in graph.ids}) >= 2
     stats = plan.extra["celeritas"]
     assert stats["clusters"] < graph.num_nodes and stats["ccr_after"] <= stats["ccr_before"]
+    assert stats["memory_fraction"] == 0.25     # fitting at the paper's cap: no smaller clusters tried
+
+
+@pytest.mark.parametrize("algorithm", ["celeritas", "order_place"])
+def test_smaller_clusters_where_none_of_the_first_fit(algorithm):
+    # Three devices that hold the step with 30% to spare: clusters of up to a quarter of a device split
+    # it too coarsely for any schedule to fit; a sixteenth of a device fits.
+    graph = training_graph(layers=4, branches=3, param_mib=1, activation_mib=4, seed=1)
+    names = ["d0", "d1", "d2"]
+    memory = int(0.7 * (graph.param_bytes.sum() + graph.output_bytes.sum()) / len(names))
+    cluster = Cluster("tight", [Device(name, "cpu", memory) for name in names],
+                      [Channel(f"{a}->{b}", 2e9, 1e-5, ((a, b),)) for a in names for b in names if a != b])
+    plan = place(graph, cluster, algorithm)
+    assert simulate_plan(plan, graph, cluster).fits
+    assert plan.extra["celeritas"]["memory_fraction"] == 0.25 / 4
 
 
 def test_adjusting_spreads_parallel_work_that_order_place_serialises():

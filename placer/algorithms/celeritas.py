@@ -23,7 +23,8 @@ The per-device order of the original nodes follows the coarse schedule.
 Memory is budgeted with parameters whole and outputs by the share of them
 live at the peak (:func:`memory_need`); the plan is then simulated, and where
 a device's peak exceeds its estimate its nodes' estimates grow by that ratio
-and the coarse graph is placed again.
+and the coarse graph is placed again. Where no schedule fits, the graph is
+fused again into smaller clusters (:data:`SMALLER_CLUSTERS_BY`).
 """
 
 from __future__ import annotations
@@ -43,11 +44,18 @@ from ..sim.simulator import simulate
 from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, link_costs
 from .common import liveness_ratio
 from .registry import register
+from .timebox import optional_work
 
 __all__ = ["order_place", "celeritas", "CoarseSchedule", "schedule_coarse", "memory_need", "POLICIES"]
 
 POLICIES = ("order", "adjust")
 HEADROOM = 0.97   # share of each device's memory budgeted: estimates of the peak are seldom exact
+#: Where no schedule of the fused graph fits, it is fused again with clusters capped at this share of the
+#: last cap, while the cap stays at least :data:`MIN_MEMORY_FRACTION` of a device: whole clusters of up to
+#: a quarter of a device leave too coarse a split where the step hardly fits (NASNet over two V100s: no
+#: fitting plan at 0.25, 701 ms at 0.0625, where m-ETF's step is 792 ms; docs/benchmarks.md, "Celeritas").
+SMALLER_CLUSTERS_BY = 0.25
+MIN_MEMORY_FRACTION = 1 / 64
 
 
 @dataclass
@@ -248,7 +256,8 @@ def memory_need(graph: OpGraph, cluster: Cluster) -> np.ndarray:
 
 def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: str, exploration_range: int,
            memory_fraction: float, time_limit: float | None) -> Plan:
-    """Fuse once, schedule the coarse graph by each policy, and map the fastest fitting schedule back.
+    """Fuse, schedule the coarse graph by each policy (fused again into smaller clusters where no schedule
+    fits), and map the fastest fitting schedule back.
 
     Raises
     ------
@@ -256,8 +265,41 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
         If no policy gives a schedule that fits (the first policy's diagnosis).
     """
     deadline = time.perf_counter() + (time_limit if time_limit is not None else np.inf)
-    fused = fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction)
-    best, errors = None, []
+    began, errors = time.perf_counter(), []
+    fraction = memory_fraction
+    fused = fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=fraction)
+    best = _fastest_fitting(graph, cluster, fused, policies, name, deadline, errors)
+    took_s = time.perf_counter() - began
+    while best is None and fraction * SMALLER_CLUSTERS_BY >= MIN_MEMORY_FRACTION:
+        # Optional work: where the time limit cuts it short, the diagnosis at the fraction asked for stands.
+        box = optional_work(took_s)
+        if box is None or time.perf_counter() > deadline:
+            break
+        began = time.perf_counter()
+        with box:
+            smaller = fuse(graph, cluster, exploration_range=exploration_range,
+                           memory_fraction=fraction * SMALLER_CLUSTERS_BY)
+            found = _fastest_fitting(graph, cluster, smaller, policies, name, deadline, [])
+        if box.expired:
+            break
+        fraction, fused, best, took_s = fraction * SMALLER_CLUSTERS_BY, smaller, found, time.perf_counter() - began
+    if best is None:
+        raise errors[0]     # the diagnosis at the memory fraction asked for
+    _, schedule, order, rounds, policy = best
+    # A graph without compute has an infinite CCR, which a plan file (JSON) cannot hold: None there.
+    ccr_before, ccr_after = (x if np.isfinite(x) else None for x in (fused.ccr_before, fused.ccr_after))
+    stats = {"clusters": fused.num_clusters, "ccr_before": ccr_before, "ccr_after": ccr_after,
+             "coarse_makespan_s": schedule.makespan_s, "rounds": rounds, "policy": policy,
+             "memory_fraction": fraction}
+    return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
+
+
+def _fastest_fitting(graph: OpGraph, cluster: Cluster, fused: FusedGraph, policies: tuple[str, ...], name: str,
+                     deadline: float, errors: list) -> tuple | None:
+    """The fastest fitting schedule of ``fused`` by any of ``policies`` (:func:`_fitting_schedule`'s, with
+    the policy), or None; each policy's InfeasibleError goes to ``errors``. No policy after the first
+    starts once a plan is in hand and ``deadline`` has passed."""
+    best = None
     for policy in policies:
         if best is not None and time.perf_counter() > deadline:
             break
@@ -268,14 +310,7 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
             continue
         if best is None or found[0] < best[0]:
             best = (*found, policy)
-    if best is None:
-        raise errors[0]
-    _, schedule, order, rounds, policy = best
-    # A graph without compute has an infinite CCR, which a plan file (JSON) cannot hold: None there.
-    ccr_before, ccr_after = (x if np.isfinite(x) else None for x in (fused.ccr_before, fused.ccr_after))
-    stats = {"clusters": fused.num_clusters, "ccr_before": ccr_before, "ccr_after": ccr_after,
-             "coarse_makespan_s": schedule.makespan_s, "rounds": rounds, "policy": policy}
-    return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
+    return best
 
 
 def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, policy: str, name: str,
@@ -339,7 +374,8 @@ def order_place(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: 
     exploration_range : int
         ``R``, the most nodes per cluster (Equation 6).
     memory_fraction : float
-        ``M`` as a share of the smallest device memory.
+        ``M`` as a share of the smallest device memory; where no plan fits, smaller
+        (:data:`SMALLER_CLUSTERS_BY`, down to :data:`MIN_MEMORY_FRACTION`).
 
     Returns
     -------
@@ -398,15 +434,17 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
     exploration_range : int
         ``R``, the most nodes per cluster (Equation 6; the paper uses 200).
     memory_fraction : float
-        ``M`` as a share of the smallest device memory (the paper uses 0.25).
+        ``M`` as a share of the smallest device memory (the paper uses 0.25); where no
+        plan fits, smaller (:data:`SMALLER_CLUSTERS_BY`, down to :data:`MIN_MEMORY_FRACTION`).
 
     Returns
     -------
     Plan
         With a per-device order taken from the coarse schedule (or the
         reference model's earliest-ready order where that is faster), and
-        ``extra["celeritas"]``: clusters, CCR before and after fusion (None without compute), and
-        ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did).
+        ``extra["celeritas"]``: clusters, CCR before and after fusion (None without compute),
+        ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did), and the
+        ``memory_fraction`` its clusters were fused with.
 
     Raises
     ------

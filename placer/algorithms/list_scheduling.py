@@ -56,7 +56,7 @@ from ..sim.bounds import fastest_durations
 from ..sim.simulator import SimResult, simulate
 from ..transform.colocate import colocate_layers
 from .common import liveness_ratio, placement_units, unit_allowed
-from .timebox import TimeBox, seconds_left
+from .timebox import TimeBox, optional_work, seconds_left
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline",
@@ -994,9 +994,6 @@ REFINEMENTS = 3
 #: The share by which a schedule built again must shorten the step for another to be tried: most of
 #: the gain comes from the first (bench/list_prediction.py), and each costs a whole schedule.
 REFINE_GAIN = 0.02
-#: Share of a running time limit's remaining seconds that each piece of optional work may take (a
-#: schedule built again, one of the budget search's).
-REFINE_SHARE = 0.5
 #: Overflowing schedules in a row that do not cut the smallest excess so far by a tenth, before
 #: :func:`schedule_with_memory_retries` gives up on the node-level placement.
 STALE_SCHEDULES = 1
@@ -1014,22 +1011,6 @@ SEARCH_HALVINGS = 3
 #: up to :data:`SEARCH_CLIMBS` of them, while each is faster than the one below it.
 SEARCH_CLIMB = 1.15
 SEARCH_CLIMBS = 2
-
-
-def _optional_work(took_s: float) -> TimeBox | None:
-    """A time box for optional work expected to take ``took_s`` seconds, or None where there is no time for it.
-
-    Where a time limit is running, the work gets :data:`REFINE_SHARE` of the
-    seconds left (the rest is for what follows, such as the plan's
-    validation); none where the last such work took longer than that share.
-    Without a time limit the box never expires.
-    """
-    left = seconds_left()
-    if left is None:
-        return TimeBox(None)
-    if REFINE_SHARE * left < took_s:
-        return None
-    return TimeBox(REFINE_SHARE * left)
 
 
 @gc_paused()     # its schedules book hundreds of thousands of tuples: placer.gcpause
@@ -1295,7 +1276,7 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
     Every schedule that fits competes by the step of its plan
     (:func:`plan_simulation`); None where none is below ``step``. Up to
     :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings and
-    :data:`SEARCH_CLIMBS` climbs per way. Optional work (:func:`_optional_work`) as a whole and each build
+    :data:`SEARCH_CLIMBS` climbs per way. Optional work (:func:`~.timebox.optional_work`) as a whole and each build
     in it, like :func:`refined_schedule`; under a running time limit, the
     search also builds no more schedules than ``spent_builds``, those the
     scheduler built so far, so that it at most doubles what the scheduler
@@ -1321,7 +1302,7 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
         key = (id(stage), id(build), ratio)
         if key in known:
             return known[key]
-        box = _optional_work(took_s) if builds < most_builds else None
+        box = optional_work(took_s) if builds < most_builds else None
         if box is None:
             return None
         builds += 1
@@ -1391,7 +1372,7 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
                     return
 
     # The whole search is optional work too, so that a running time limit leaves room to refine.
-    box = _optional_work(took_s)
+    box = optional_work(took_s)
     if box is not None:
         with box:
             search()
@@ -1410,7 +1391,7 @@ def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cl
     each as soon as its producer is booked (:class:`ScheduleState`'s
     ``sends``), where the channel's queue puts it. Kept where the step gets
     shorter, and tried again while it gets shorter by :data:`REFINE_GAIN`,
-    up to :data:`REFINEMENTS` times. Optional work (:func:`_optional_work`):
+    up to :data:`REFINEMENTS` times. Optional work (:func:`~.timebox.optional_work`):
     a try cut short by a running time limit is dropped.
 
     Parameters
@@ -1437,7 +1418,7 @@ def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cl
     """
     best = sched
     for _ in range(REFINEMENTS):
-        box = _optional_work(took_s)
+        box = optional_work(took_s)
         if box is None:
             break
         began = time.perf_counter()

@@ -25,7 +25,7 @@ import signal
 import threading
 import time
 
-__all__ = ["TimeBox", "OutOfTime", "seconds_left"]
+__all__ = ["TimeBox", "OutOfTime", "seconds_left", "optional_work", "OPTIONAL_SHARE"]
 
 
 class OutOfTime(BaseException):
@@ -148,3 +148,24 @@ class TimeBox:
 
 
 _BOOKKEEPING = {TimeBox.__enter__.__code__, TimeBox.__exit__.__code__, _arm.__code__}
+
+
+#: Share of a running time limit's remaining seconds that each piece of optional work may take (a list
+#: schedule built again, one of the budget search's, a fusion into smaller clusters).
+OPTIONAL_SHARE = 0.5
+
+
+def optional_work(took_s: float) -> TimeBox | None:
+    """A time box for optional work expected to take ``took_s`` seconds, or None where there is no time for it.
+
+    Where a time limit is running, the work gets :data:`OPTIONAL_SHARE` of the
+    seconds left (the rest is for what follows, such as the plan's
+    validation); none where the last such work took longer than that share.
+    Without a time limit the box never expires.
+    """
+    left = seconds_left()
+    if left is None:
+        return TimeBox(None)
+    if OPTIONAL_SHARE * left < took_s:
+        return None
+    return TimeBox(OPTIONAL_SHARE * left)
