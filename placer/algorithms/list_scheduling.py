@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import time
 import weakref
+from array import array
 from bisect import bisect_left, bisect_right, insort
 from dataclasses import dataclass
 from functools import partial
@@ -409,10 +410,11 @@ class MemoryTimeline:
         # Per device, a level no instant exceeds: raised by every allocation, reset to the true
         # peak when it is too high to settle a question on its own (frees do not lower it).
         self.ceiling = [0.0] * n_dev
-        # Per device, the (time, bytes) steps added since its step function was last brought up to date:
-        # a check the ceiling settles needs none of them, and on graphs whose memory is not tight that
-        # is every check (bench/scaling.py).
-        self.pending: list[list[tuple[float, float]]] = [[] for _ in range(n_dev)]
+        # Per device, the times and bytes of the steps added since its step function was last brought up
+        # to date: a check the ceiling settles needs none of them, and on graphs whose memory is not tight
+        # that is every check (bench/scaling.py). Arrays of floats: a schedule keeps its timeline.
+        self.pending_times = [array("d") for _ in range(n_dev)]
+        self.pending_bytes = [array("d") for _ in range(n_dev)]
         self._seen = np.zeros(n_dev)
 
     @property
@@ -424,13 +426,13 @@ class MemoryTimeline:
 
     def _settle(self, d: int) -> None:
         """Apply ``d``'s pending steps to its step function, in the order they were added."""
-        for time, amount in self.pending[d]:
+        for time, amount in zip(self.pending_times[d], self.pending_bytes[d]):
             k = self._breakpoint(d, time)
             after = self.levels[d][k:self.count[d]]
             after += amount
             if amount > 0:
                 self._seen[d] = max(self._seen[d], after.max())
-        self.pending[d].clear()
+        self.pending_times[d], self.pending_bytes[d] = array("d"), array("d")
 
     def _breakpoint(self, d: int, time: float) -> int:
         """Index of the breakpoint at ``time`` on device ``d``, made where there is none."""
@@ -451,7 +453,8 @@ class MemoryTimeline:
     def add(self, d: int, time: float, amount: float) -> None:
         """Hold ``amount`` more bytes on ``d`` from ``time`` on (less, when negative: a free)."""
         if amount:
-            self.pending[d].append((time, amount))
+            self.pending_times[d].append(time)
+            self.pending_bytes[d].append(amount)
             self.used[d] += amount
             if amount > 0:
                 self.ceiling[d] += amount
