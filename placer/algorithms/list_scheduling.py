@@ -459,6 +459,11 @@ class MemoryTimeline:
             if amount > 0:
                 self.ceiling[d] += amount
 
+    def surely_fits(self, d: int, most: float) -> bool:
+        """Whether ``d`` holds ``most`` more bytes at every instant, by its ceiling alone (:meth:`fits` may
+        still say so where this does not)."""
+        return self.ceiling[d] + most <= self.limits[d]
+
     def fits(self, d: int, events: list[tuple[float, float]]) -> bool:
         """Whether ``d`` stays within its capacity with ``events`` added: (time, bytes) each."""
         limit = self.limits[d]
@@ -509,6 +514,8 @@ class ScheduleTables:
         reads from outside it.
     inputs : list of list of (producer, tensor, bytes)
         Each node's inputs; edges carrying the same tensor merge at their max.
+    input_bytes : list of int
+        Each node's inputs' bytes together.
     consumers : list of list of int
         Each node's consumers.
     readers : dict
@@ -548,6 +555,7 @@ class ScheduleTables:
                 key = (src[e], tensor[e])
                 merged[key] = max(merged.get(key, 0), nbytes[e])
             self.inputs.append([(u, t, b) for (u, t), b in merged.items()])
+        self.input_bytes = [sum(b for _, _, b in inputs) for inputs in self.inputs]
         # A colocation group reserves room for its members from the earliest each can start, and
         # for each tensor it receives from outside (the gradients an optimizer update bound to its
         # parameters gets may come from anywhere) from the earliest its producer can end.
@@ -649,6 +657,8 @@ class ScheduleState:
         # When memory is freed is known once the nodes that hold it are booked: a node's
         # workspace at its finish; its output and the copies of it once every consumer is booked.
         self.consumers_left = [len(c) for c in self.consumers]
+        #: Per node, the bytes a copy of each of its inputs would hold (the most its copies can add).
+        self.copy_need = [ratio * b for b in tables.input_bytes]
         self.sent_until = [0.0] * n     # when the last transfer of each node's outputs ends
         self.copies_held: list[list[tuple[int, float]]] = [[] for _ in range(n)]
         self.transient = (ratio * tables.output_bytes).tolist()
@@ -858,7 +868,12 @@ class ScheduleState:
         Always true where ``v``'s colocation group lives on ``d`` already: its
         reservations there start no later than what ``v`` takes.
         """
-        if self.unit_device[self.unit_of[v]] == d:
+        unit = self.unit_of[v]
+        if self.unit_device[unit] == d:
+            return True
+        # Most checks are settled by the most placing v could add (its unit, a copy of every input; a
+        # group's copies are in its reservations), without listing what it adds.
+        if self.memory.surely_fits(d, self.unit_need[unit] + (0.0 if self.grouped[unit] else self.copy_need[v])):
             return True
         return self.memory.fits(d, self._allocations(v, d, estimate))
 
