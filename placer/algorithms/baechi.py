@@ -204,7 +204,6 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     ptr, eids = graph.out_edges
     # One entry per edge (parallel edges included) so that `pending` reaches zero.
     succ = [sorted(graph.dst[eids[ptr[v]:ptr[v + 1]]].tolist()) for v in range(n)]
-    preds = [sorted({u for u, _, _ in inputs}) for inputs in state.inputs]
     fav_child = [-1] * n if favourite is None else favourite.tolist()
     fav_parent = [-1] * n
     for u, v in enumerate(fav_child):
@@ -274,12 +273,27 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             offer_everywhere(v)
 
     def offer_everywhere(v: int) -> None:
-        """Put ``v`` in the heap of every device it may use, keyed by when its inputs are done at the earliest."""
+        """Put ``v`` in the heap of every device it may use, keyed by when its inputs can be there at the earliest."""
         fav_parent[v] = -1
-        ready = max((state.finish[u] for u in preds[v]), default=0.0)   # no input arrives earlier
+        inputs = state.inputs[v]
         for d in range(n_dev):
             if may_wait_on(v, d):
-                wait_on(d, (ready, position[v], v))
+                wait_on(d, (arrives_by(inputs, d), position[v], v))
+
+    def arrives_by(inputs: list, d: int) -> float:
+        """A time before which not every one of ``inputs`` can be on ``d``: each is there no sooner than its
+        producer's finish, plus, from another device, the shortest transfer of it there (a channel's
+        latency and the fewest bytes any copy of it carries; waiting for the channel only adds)."""
+        ready = 0.0
+        for u, t, _ in inputs:
+            arrives, home = state.finish[u], state.device_of[u]
+            c = state.channel_of[home][d] if home != d else -1
+            if c >= 0:
+                # Summed as an estimate sums a transfer (start + length): no rounding lifts it above one.
+                arrives += state.ch_lat[c] + state.fewest_bytes[(u, t)] * state.ch_inv_bw[c]
+            if arrives > ready:
+                ready = arrives
+        return ready
 
     def channel_end(c: int) -> float:
         return state.channels[c].last[-1]

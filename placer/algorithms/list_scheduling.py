@@ -520,6 +520,8 @@ class ScheduleTables:
         Each node's consumers.
     readers : dict
         Per tensor (producer, tensor), the nodes reading it.
+    fewest_bytes : dict
+        Per tensor, the fewest bytes any reader's copy of it carries.
     channel_of, receivers, ch_lat, ch_inv_bw
         Channel of each device pair, the devices each channel brings data to,
         each channel's latency and inverse bandwidth.
@@ -573,9 +575,11 @@ class ScheduleTables:
             for u in {u for u, _, _ in self.inputs[v]}:
                 self.consumers[u].append(v)
         self.readers: dict[tuple[int, int], list[int]] = {}
+        self.fewest_bytes: dict[tuple[int, int], int] = {}
         for v, inputs in enumerate(self.inputs):
-            for u, t, _ in inputs:
+            for u, t, b in inputs:
                 self.readers.setdefault((u, t), []).append(v)
+                self.fewest_bytes[(u, t)] = min(b, self.fewest_bytes.get((u, t), b))
 
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -637,6 +641,7 @@ class ScheduleState:
         self.channel_of, self.receivers = tables.channel_of, tables.receivers
         self.ch_lat, self.ch_inv_bw, self.name_rank = tables.ch_lat, tables.ch_inv_bw, tables.name_rank
         self.inputs, self.consumers, self.readers = tables.inputs, tables.consumers, tables.readers
+        self.fewest_bytes = tables.fewest_bytes
         self.ratio = ratio
         self.memory = MemoryTimeline(cluster.memory, capacity_scale)
         # What a unit holds from its first booking: its parameters for the whole step, the rest from that start.
