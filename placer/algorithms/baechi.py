@@ -150,7 +150,12 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     training step has hundreds of optimizer operations ready at once) cost
     O(V log V * devices) rather than O(V * ready). Heap keys are lower bounds
     (below); the winner is re-estimated before it is booked, and goes back
-    with its new key when it grew. Where many nodes wait for one channel
+    with its new key when it grew. A node's first key on a device counts, for
+    each input from another device, the shortest transfer it could take there
+    (the channel's latency and the fewest bytes any copy of that tensor
+    carries): keyed by its producers' finish alone, most nodes of a generated
+    10k-node graph came first somewhere, were estimated and went back (18,653
+    of 29,155 turns of the loop; 2.1 times the calls of a schedule now). Where many nodes wait for one channel
     (hundreds of optimizer steps whose state lives on another device), each
     booking on it pushes every other back by one transfer, and re-estimating
     all of them after each costs k squared estimates for a crowd of k. So a
