@@ -1299,7 +1299,8 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
     Every schedule that fits competes by the step of its plan
     (:func:`plan_simulation`); None where none is below ``step``. Up to
     :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings and
-    :data:`SEARCH_CLIMBS` climbs per way. Optional work (:func:`~.timebox.optional_work`) as a whole and each build
+    :data:`SEARCH_CLIMBS` climbs per way. Optional work
+    (:func:`~placer.algorithms.timebox.optional_work`) as a whole and each build
     in it, like :func:`refined_schedule`; under a running time limit, the
     search also builds no more schedules than ``spent_builds``, those the
     scheduler built so far, so that it at most doubles what the scheduler
@@ -1414,7 +1415,7 @@ def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cl
     each as soon as its producer is booked (:class:`ScheduleState`'s
     ``sends``), where the channel's queue puts it. Kept where the step gets
     shorter, and tried again while it gets shorter by :data:`REFINE_GAIN`,
-    up to :data:`REFINEMENTS` times. Optional work (:func:`~.timebox.optional_work`):
+    up to :data:`REFINEMENTS` times. Optional work (:func:`~placer.algorithms.timebox.optional_work`):
     a try cut short by a running time limit is dropped.
 
     Parameters
