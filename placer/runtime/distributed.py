@@ -56,8 +56,8 @@ from .portable import PortableStep
 from .program import (Program, call_node, compile_program, copy_to, draw_seed, message_bytes, pack,
                       receive_buffer, unpack, value_spec)
 
-__all__ = ["RunError", "RankJob", "KernelChoice", "DistributedResult", "run_distributed", "run_under_torchrun", "rank_main",
-           "resolve_backend", "under_torchrun", "free_port"]
+__all__ = ["RunError", "RankJob", "KernelChoice", "DistributedResult", "run_distributed", "run_under_torchrun",
+           "rank_main", "resolve_backend", "under_torchrun", "free_port"]
 
 #: A receive's wait longer than this blocked: its message arrived during it (an arrived
 #: message's wait returns in about 15 us on a 2-core machine).
