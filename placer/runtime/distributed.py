@@ -78,21 +78,6 @@ def set_float32_precision(precision: tuple[str, str]) -> None:
     torch.backends.cudnn.conv.fp32_precision, torch.backends.cuda.matmul.fp32_precision = precision
 
 
-def cudnn_algorithm_choice() -> tuple[bool, bool]:
-    """Whether cuDNN must pick deterministic algorithms, and whether it may benchmark them, in this process.
-
-    Both change which kernel computes a convolution, and so its last bits: a spawned
-    rank that chooses otherwise than its launcher trains apart from it (an H200,
-    session 34: 7.9e-4 after three Adam steps).
-    """
-    return torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark
-
-
-def set_cudnn_algorithm_choice(choice: tuple[bool, bool]) -> None:
-    """Set what :func:`cudnn_algorithm_choice` reads."""
-    torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = choice
-
-
 @dataclass(frozen=True)
 class KernelChoice:
     """A process's settings that choose the kernels computing its operations, and so their last bits.
@@ -102,18 +87,22 @@ class KernelChoice:
     computes what the unplaced one in the launcher does.
     """
 
+    #: :func:`float32_precision` (TF32 or not).
     float32_precision: tuple[str, str]
+    #: Whether cuDNN must pick deterministic algorithms, and whether it may benchmark them: a spawned
+    #: rank that chose otherwise than its launcher trained 7.9e-4 apart from it after three Adam steps
+    #: (an H200, session 34).
     cudnn_algorithm_choice: tuple[bool, bool]
 
     @classmethod
     def here(cls) -> "KernelChoice":
-        """This process's choice (:func:`float32_precision`, :func:`cudnn_algorithm_choice`)."""
-        return cls(float32_precision(), cudnn_algorithm_choice())
+        """This process's choice."""
+        return cls(float32_precision(), (torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark))
 
     def apply(self) -> None:
         """Make it this process's choice."""
         set_float32_precision(self.float32_precision)
-        set_cudnn_algorithm_choice(self.cudnn_algorithm_choice)
+        torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = self.cudnn_algorithm_choice
 
 
 @dataclass
