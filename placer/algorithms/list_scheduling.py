@@ -468,7 +468,7 @@ class MemoryTimeline:
         """Whether ``d`` stays within its capacity with ``events`` added: (time, bytes) each."""
         limit = self.limits[d]
         added = sum(amount for _, amount in events if amount > 0)
-        if self.ceiling[d] + added <= limit:
+        if self.surely_fits(d, added):
             return True
         self._settle(d)
         n, times, levels = self.count[d], self.times[d][:self.count[d]], self.levels[d]
