@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+from functools import partial
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from placer.capture import OPTIMIZERS, capture
 from placer.capture.build import conv_backward_flops
+from placer.capture import trace
 from placer.capture.trace import portable_kernels
 from placer.errors import FormatError, OptionError
 from placer.graph import OpGraph
@@ -104,7 +106,28 @@ def _lstm(batch=3):
     return LSTMLM(), (torch.randint(0, 13, (batch, 4)), torch.randint(0, 13, (batch, 4)))
 
 
-MODELS = {"mlp": _mlp, "cnn_bn": _cnn, "tied_lm": _lm, "lstm": _lstm}
+class Kinds(nn.Module):
+    """Parameters of three kinds, which torch.optim's update treats apart: float32, float64, complex64."""
+
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(4, 3)
+        self.scale = nn.Parameter(torch.linspace(0.5, 1.5, 3, dtype=torch.float64))
+        self.phase = nn.Parameter(torch.tensor([1 + 1j, 1 - 0.5j, 0.5j], dtype=torch.complex64))
+
+    def forward(self, x):
+        h = self.fc(x).double() * self.scale
+        return (h.to(torch.complex64) * self.phase).abs().sum().float()
+
+
+def _kinds(batch=2):
+    torch.manual_seed(0)
+    return Kinds(), (torch.randn(batch, 4),)
+
+
+_TRACE_STEP = trace._trace_step
+
+MODELS = {"mlp": _mlp, "cnn_bn": _cnn, "tied_lm": _lm, "lstm": _lstm, "kinds": _kinds}
 
 
 def _eager_steps(model, inputs, opt, steps):
@@ -139,6 +162,34 @@ def test_two_captured_steps_equal_eager_training(model_name, optimizer):
     _eager_steps(reference, inputs, eager_opt, 1)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+
+
+def _fx_signature(gm: torch.fx.GraphModule) -> list[tuple]:
+    """Every node's name, target, arguments, value layout and metadata placer reads; autograd
+    sequence numbers as the order they first appear in (their values count from the process's start)."""
+    first_seen: dict = {}
+    signature = []
+    for node in gm.graph.nodes:
+        val = node.meta.get("val")
+        layout = (tuple(val.shape), val.stride(), val.dtype) if isinstance(val, torch.Tensor) else type(val).__name__
+        seq = None if node.op == "placeholder" else first_seen.setdefault(node.meta.get("seq_nr"), len(first_seen))
+        signature.append((node.name, node.op, str(node.target), str(node.args), str(node.kwargs), layout,
+                          node.meta.get("custom"), seq, str(node.meta.get("nn_module_stack"))))
+    return signature
+
+
+@pytest.mark.parametrize("optimizer", OPTIMIZERS)
+@pytest.mark.parametrize("model_name", sorted(MODELS))
+def test_copied_updates_give_the_graph_of_a_trace_of_every_update(model_name, optimizer, monkeypatch):
+    # placer.capture.updates traces each kind of parameter's update once and copies it for the others.
+    steps = []
+    for per_parameter in (True, False):
+        monkeypatch.setattr(trace, "_trace_step", partial(_TRACE_STEP, per_parameter=per_parameter))
+        steps.append(capture(*MODELS[model_name](), optimizer=optimizer))
+    copied, traced = steps
+    assert _fx_signature(copied.gm) == _fx_signature(traced.gm)
+    assert copied.graph.to_dict() == traced.graph.to_dict()
+    assert not any(n.target is torch.ops.placer.optimizer_update.default for n in copied.gm.graph.nodes)
 
 
 def _eager_flops(model, inputs, optimizer):

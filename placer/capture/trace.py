@@ -41,6 +41,7 @@ from ..io import shown
 from .build import build_graph
 from .layout import dense_layout
 from .optim import OptimizerSpec, optimizer_spec
+from .updates import UpdateTemplates
 
 __all__ = ["CapturedStep", "StepLayout", "capture", "step_name", "portable_kernels"]
 
@@ -358,7 +359,9 @@ def _leave_backward(grad_inputs: Any, grad_outputs: Any) -> None:
     fx_traceback.reset_grad_fn_seq_nr()
 
 
-def _step_function(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs: tuple):
+def _step_function(model: nn.Module, layout: StepLayout, inputs: tuple, update):
+    """The training step as a function of the flat tensors; ``update(param, grad, state)``
+    updates one parameter (``state``: its optimizer state, in ``layout.state_names`` order)."""
     n_p, n_b = len(layout.params), len(layout.buffers)
 
     def step(*flat):
@@ -388,10 +391,41 @@ def _step_function(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inp
         with torch.no_grad():
             for k, (p, g) in enumerate(zip(params, grads)):
                 with fx_traceback.annotate({"param": layout.params[k]}):
-                    opt.update(p, g, {name: state[name][k] for name in layout.state_names})
+                    update(p, g, [state[name][k] for name in layout.state_names])
         return loss
 
     return step
+
+
+def _trace_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs: tuple, flat: list,
+                states: list[dict], fake_mode: FakeTensorMode, *, per_parameter: bool = True) -> fx.GraphModule:
+    """``make_fx``'s trace of the step over the fake tensors ``flat`` (``states``: each parameter's
+    optimizer state), its placeholders named after the layout.
+
+    With ``per_parameter``, each parameter's update is a copy of its kind's, traced once
+    (:mod:`placer.capture.updates`); without, it is traced for every parameter, which gives the
+    same graph more slowly (what the tests compare the copies with).
+    """
+    if per_parameter:
+        templates = UpdateTemplates(opt)
+        for param, state in zip(flat, states):
+            templates.add(param, [state[name] for name in opt.state_names])
+        update = templates.stand_in
+    else:
+        def update(param, grad, state):
+            opt.update(param, grad, dict(zip(opt.state_names, state)))
+    step = torch.func.functionalize(_step_function(model, layout, inputs, update), remove="mutations")
+
+    def traced(*args):
+        return step(*args)
+
+    traced._orig_mod = model   # lets make_fx record each op's module path (nn_module_stack)
+    gm = make_fx(traced, tracing_mode="fake", record_module_stack=True)(*flat)
+    if per_parameter:
+        templates.expand(gm.graph, fake_mode)
+    _name_placeholders(gm.graph, layout)
+    gm.recompile()
+    return gm
 
 
 def step_name(label: str, batch: int | None, optimizer: str) -> str:
@@ -498,18 +532,12 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         for state_name in opt.state_names:
             flat += [s[state_name] for s in states]
         flat += [_fake_like(inputs[k]) for k in slots]
-    step = torch.func.functionalize(_step_function(model, layout, opt, inputs), remove="mutations")
-
-    def traced(*args):
-        return step(*args)
-
-    traced._orig_mod = model   # lets make_fx record each op's module path (nn_module_stack)
     try:
         # Stack traces of every op cost a fifth of the trace and are not used (torch 2.11 has no such
         # switch: ``create`` lets it record them there).
         with fx_traceback.preserve_node_meta(), \
                 patch.object(torch.fx.config, "do_not_emit_stack_traces", True, create=True), portable_kernels():
-            gm = make_fx(traced, tracing_mode="fake", record_module_stack=True)(*flat)
+            gm = _trace_step(model, layout, opt, inputs, flat, states, fake_mode)
     except FormatError:
         raise
     except Exception as exc:  # noqa: BLE001 - any tracing failure is reported as the model's
@@ -518,7 +546,6 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
                 if "data-dependent" in message else "")
         raise FormatError(f"cannot capture the training step of {type(model).__name__}: "
                           f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}") from exc
-    _name_placeholders(gm, layout)
     layers = _layers(gm, layout, model)
     resident = [n.name for n in gm.graph.nodes if n.op == "placeholder"][:layout.input_offset]
     batch_inputs = [f"input_{k}" for k in slots if inputs[k].dim() >= 1 and inputs[k].shape[0] == batch]
@@ -571,16 +598,15 @@ def _safe(name: str) -> str:
     return "".join(c if c.isalnum() else "_" for c in name)
 
 
-def _name_placeholders(gm: fx.GraphModule, layout: StepLayout) -> None:
+def _name_placeholders(graph: fx.Graph, layout: StepLayout) -> None:
     names = [f"p_{_safe(n)}" for n in layout.params] + [f"b_{_safe(n)}" for n in layout.buffers]
     for state_name in layout.state_names:
         names += [f"s_{state_name}_{_safe(n)}" for n in layout.params]
     names += [f"input_{k}" for k in layout.input_slots]
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for node, wanted in zip(placeholders, names):
         node._rename(wanted)
         node.target = node.name
-    gm.recompile()
 
 
 def _owner(path: str) -> str | None:
