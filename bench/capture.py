@@ -3,6 +3,7 @@
     ./run.sh bench bench/capture.py                        # or: python bench/capture.py
     python bench/capture.py --models lenet,resnet50 --repeats 5
     python bench/capture.py --device cuda:0                # on a GPU machine: analytic vs measured there
+    python bench/capture.py --skip-paper --skip-cost       # capture times alone, batch 4
 
 Part 1 captures each zoo model at its default (paper) size on the meta device, at batch 4 and at
 its paper batch size, and reports nodes, edges and capture seconds.
@@ -149,6 +150,21 @@ def markdown(header: list[str], rows: list[list[str]]) -> str:
     return "\n".join(out)
 
 
+def cost_parts(args: argparse.Namespace, names: list[str], kind: str, device_name: str) -> None:
+    """Parts 2 and 3: measured profiles against the analytic model, and single-thread CPU figures."""
+    analytic_kind = args.analytic_kind or (kind if kind in DEVICE_SPECS else None)
+    clock = "thread CPU time" if args.device == "cpu" else f"{args.gpu_timing} time"
+    print(f"\n## Part 2: batch {args.batch}, measured ({clock}) on {device_name} ({kind}) "
+          f"vs analytic {analytic_kind or '(none for this kind: pass --analytic-kind)'}")
+    rows = cost_table(names, args.device, args.repeats, args.batch, args.max_gflop, args.gpu_timing, analytic_kind)
+    header = ["model", "size", "nodes", "GFLOP", "measured ms", "analytic ms", "analytic / measured",
+              "median node error"]
+    print(markdown(header + (["whole step ms"] if args.device != "cpu" else []), rows))
+    if args.device == "cpu":
+        print("\n## Part 3: single-thread CPU figures")
+        print("\n".join(cpu_figures()))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--models", help="comma-separated zoo names (default: all)")
@@ -165,6 +181,7 @@ def main() -> None:
                              "e.g. H100 on an H200, which has its compute and more memory bandwidth)")
     parser.add_argument("--skip-capture", action="store_true", help="skip part 1")
     parser.add_argument("--skip-paper", action="store_true", help="part 1 at batch 4 only")
+    parser.add_argument("--skip-cost", action="store_true", help="skip parts 2 and 3 (profiles against the analytic model)")
     args = parser.parse_args()
     names = [n.strip() for n in args.models.split(",")] if args.models else list(ZOO)
     kind, device_name = device_kind_of(args.device)
@@ -174,17 +191,8 @@ def main() -> None:
         print("\n## Part 1: capture at the default size, meta device")
         rows = capture_table(names, args.skip_paper)
         print(markdown(["model", "batch", "nodes", "edges", "state MiB", "GFLOP", "capture s"], rows))
-    analytic_kind = args.analytic_kind or (kind if kind in DEVICE_SPECS else None)
-    clock = "thread CPU time" if args.device == "cpu" else f"{args.gpu_timing} time"
-    print(f"\n## Part 2: batch {args.batch}, measured ({clock}) on {device_name} ({kind}) "
-          f"vs analytic {analytic_kind or '(none for this kind: pass --analytic-kind)'}")
-    rows = cost_table(names, args.device, args.repeats, args.batch, args.max_gflop, args.gpu_timing, analytic_kind)
-    header = ["model", "size", "nodes", "GFLOP", "measured ms", "analytic ms", "analytic / measured",
-              "median node error"]
-    print(markdown(header + (["whole step ms"] if args.device != "cpu" else []), rows))
-    if args.device == "cpu":
-        print("\n## Part 3: single-thread CPU figures")
-        print("\n".join(cpu_figures()))
+    if not args.skip_cost:
+        cost_parts(args, names, kind, device_name)
     print(f"reproduce: ./run.sh bench bench/capture.py {shlex.join(sys.argv[1:])}")
 
 

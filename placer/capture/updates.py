@@ -23,6 +23,7 @@ import torch
 import torch.fx as fx
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.passes.shape_prop import _extract_tensor_metadata
+from torch.utils._pytree import tree_leaves
 
 from .optim import OptimizerSpec
 
@@ -113,11 +114,14 @@ class UpdateTemplates:
             with graph.inserting_before(stand_in):
                 for node in template.body:
                     made[node] = self._copy(graph, node, made, stand_in, fake_mode)
-            # The trace wrote each new value back through a functional copy: getitem -> copy -> copy_.
+            # The trace wrote each new value back through functionalize's copy: getitem -> copy -> copy_.
             for pick in list(stand_in.users):
-                for copy in list(pick.users):
-                    copy.replace_all_uses_with(made[template.result[pick.args[1]]])
-                    graph.erase_node(copy)
+                new = made[template.result[pick.args[1]]]
+                for user in list(pick.users):
+                    if user.target is torch.ops.aten.copy.default:
+                        user.replace_all_uses_with(new)
+                        graph.erase_node(user)
+                pick.replace_all_uses_with(new)
                 graph.erase_node(pick)
             graph.erase_node(stand_in)
 
@@ -131,13 +135,14 @@ class UpdateTemplates:
         copy.meta = {**{k: v for k, v in node.meta.items() if k not in _PER_PARAMETER},
                      **{k: stand_in.meta[k] for k in _PER_PARAMETER if k in stand_in.meta}}
         val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            # Scalars enter as plain numbers: a tensor's layout does not depend on their values.
+        if any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(val)):
+            # A tensor of its own (the graph tells aliases by storage); scalars enter as plain numbers, as a
+            # tensor's layout does not depend on their values.
             values = fx.node.map_arg((args, kwargs), lambda a: _concrete(a.meta["val"]))
             with fake_mode:
-                val = node.target(*values[0], **values[1])
-            copy.meta["val"] = val
-            copy.meta["tensor_meta"] = _extract_tensor_metadata(val)
+                copy.meta["val"] = node.target(*values[0], **values[1])
+            if isinstance(val, torch.Tensor):
+                copy.meta["tensor_meta"] = _extract_tensor_metadata(copy.meta["val"])
         return copy
 
 
