@@ -6,13 +6,13 @@ them the bias corrections' arithmetic on the parameter's step count, which ``mak
 carries through sympy as an unknown (``.item()`` of a fake tensor). Every parameter's
 update is the same sequence of operations: ``torch.optim``'s single-tensor path
 branches only on the parameter's dtype, device and whether it is complex. So the step
-is traced with one stand-in node per parameter (:func:`UpdateTemplates.stand_in`:
+is traced with one stand-in node per parameter (:meth:`UpdateTemplates.stand_in`:
 parameter, gradient and state in, their new values out), the update is traced once per
 kind of parameter (:meth:`UpdateTemplates.add`), and :meth:`UpdateTemplates.expand`
 puts a copy of that trace in place of each stand-in. The graph is the one a trace of
 every update gives: the same nodes in the same order, names, arguments and metadata
-(``tests/test_capture.py`` compares the two); NASNet's 1,026 parameters capture in
-about half the time.
+(``tests/test_capture.py`` compares the two). NASNet, 1,026 parameters, captures in two
+thirds of the time (docs/benchmarks.md, "Capture and cost model").
 """
 
 from __future__ import annotations
