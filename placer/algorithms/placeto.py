@@ -62,7 +62,13 @@ def load_policy(path: str | os.PathLike | None = None):
         raise OptionError(f"option policy of 'placeto': {str(path)!r} is not a Placeto policy file ({exc})") from None
 
 
-@register("placeto")
+def _import_torch() -> None:
+    """Import the policy's code and torch with it (1.3 s here): a process's first call would
+    otherwise spend a short time limit on it and fail where the next call succeeds."""
+    from ..learn import policy  # noqa: F401
+
+
+@register("placeto", prepare=_import_torch)
 def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
             policy: str = "", samples: int = 0, fine_tune_s: float = 0.0, fine_tune_episodes: int = 0,
             passes: int = 0, target_nodes: int = 0) -> Plan:

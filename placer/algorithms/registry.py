@@ -45,6 +45,7 @@ class Algorithm:
     func: Callable[..., Plan]
     options: dict[str, Any]
     summary: str
+    prepare: Callable[[], None] | None = None
 
 
 _REGISTRY: dict[str, Algorithm] = {}
@@ -63,8 +64,13 @@ def _check_key(plan: Plan, graph: OpGraph, cluster: Cluster) -> tuple:
             repr(plan.splits), tuple(plan.placement.items()), order)
 
 
-def register(name: str) -> Callable[[Callable[..., Plan]], Callable[..., Plan]]:
-    """Register ``func(graph, cluster, *, seed=..., time_limit=..., **options) -> Plan`` as ``name``."""
+def register(name: str, *, prepare: Callable[[], None] | None = None
+             ) -> Callable[[Callable[..., Plan]], Callable[..., Plan]]:
+    """Register ``func(graph, cluster, *, seed=..., time_limit=..., **options) -> Plan`` as ``name``.
+
+    ``prepare()``, if given, does a process's one-time setup (importing torch): :func:`place`
+    runs it before the algorithm's time limit starts.
+    """
 
     def decorate(func: Callable[..., Plan]) -> Callable[..., Plan]:
         params = inspect.signature(func).parameters
@@ -75,7 +81,7 @@ def register(name: str) -> Callable[[Callable[..., Plan]], Callable[..., Plan]]:
         if name in _REGISTRY:
             raise TypeError(f"algorithm {name!r} is registered twice")
         summary = (inspect.getdoc(func) or "").split("\n", 1)[0]
-        _REGISTRY[name] = Algorithm(name, func, options, summary)
+        _REGISTRY[name] = Algorithm(name, func, options, summary, prepare)
         return func
 
     return decorate
@@ -158,7 +164,9 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
         A name from :func:`available_algorithms`.
     **options
         The algorithm's options; every algorithm takes ``seed`` (int) and
-        ``time_limit`` (seconds or None).
+        ``time_limit`` (seconds or None). The limit bounds the checks and the
+        search, not a process's one-time setup of an algorithm (Placeto's
+        first call imports torch, over a second, before its clock starts).
 
     Returns
     -------
@@ -182,9 +190,11 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     >>> place(g, PRESETS["2xV100-nvlink"](), "single").predicted["makespan_s"]
     2.0
     """
-    entered = time.perf_counter()
     alg = get_algorithm(algorithm)
     opts = checked_options(alg, options)
+    if alg.prepare is not None:     # once per process, outside the time limit: it is no search
+        alg.prepare()
+    entered = time.perf_counter()
     diagnose(graph, cluster)
     began = time.perf_counter()
     # Searches stop by themselves within their limit (the box leaves them 5% to return what they
