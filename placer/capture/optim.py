@@ -13,7 +13,7 @@ offer :data:`OPTIMIZERS` as the choices of ``--optimizer`` without loading torch
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from ..errors import OptionError
 
@@ -61,9 +61,9 @@ class OptimizerSpec:
                 "exp_avg": torch.zeros_like(param, memory_format=torch.preserve_format),
                 "exp_avg_sq": torch.zeros_like(param, memory_format=torch.preserve_format)}
 
-    def update(self, param: torch.Tensor, grad: torch.Tensor, state: dict[str, torch.Tensor]) -> None:
-        """Update ``param`` and ``state`` in place from ``grad``."""
-        self._update(self.hyper, param, grad, state)
+    def update(self, param: torch.Tensor, grad: torch.Tensor, state: Sequence[torch.Tensor]) -> None:
+        """Update ``param`` and ``state`` (its tensors in :attr:`state_names` order) in place from ``grad``."""
+        self._update(self.hyper, param, grad, dict(zip(self.state_names, state)))
 
 
 def _adam_update(hyper: dict, param, grad, state) -> None:

@@ -410,10 +410,7 @@ def _trace_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs
         templates = UpdateTemplates(opt)
         for param, state in zip(flat, states):
             templates.add(param, [state[name] for name in opt.state_names])
-        update = templates.stand_in
-    else:
-        def update(param, grad, state):
-            opt.update(param, grad, dict(zip(opt.state_names, state)))
+    update = templates.stand_in if per_parameter else opt.update
     step = torch.func.functionalize(_step_function(model, layout, inputs, update), remove="mutations")
 
     def traced(*args):

@@ -74,10 +74,8 @@ class UpdateTemplates:
         kind = _kind(param)
         if kind in self._templates:
             return
-        names = self.opt.state_names
-
         def update(p, g, *s):
-            self.opt.update(p, g, dict(zip(names, s)))
+            self.opt.update(p, g, s)
 
         grad = torch.empty_like(param)
         with torch.no_grad():
