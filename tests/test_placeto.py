@@ -210,15 +210,23 @@ def test_walks_stop_at_the_time_limit_with_the_best_placement_so_far():
 
 
 def test_a_process_first_call_imports_torch_before_its_time_limit_starts():
-    # In a fresh interpreter torch's import alone takes longer than this limit; it is set-up, not search.
+    # torch's import (1 to 3 s) is a process's set-up, not search: a short limit would fail on it.
     script = """
 import sys
 from placer import place
+from placer.algorithms import timebox
 from placer.cluster import load_cluster
 from placer.generate import training_graph
+opened_with_torch = []
+enter = timebox.TimeBox.__enter__
+def spy(box):
+    opened_with_torch.append("torch" in sys.modules)
+    return enter(box)
+timebox.TimeBox.__enter__ = spy
 assert "torch" not in sys.modules
-plan = place(training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink"), "placeto", time_limit=0.3)
-assert plan.predicted["fits"] and plan.search_time_s < 0.3 * 1.05, plan.search_time_s
+plan = place(training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink"), "placeto", time_limit=60)
+assert opened_with_torch and all(opened_with_torch), opened_with_torch
+assert plan.predicted["fits"]
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                           env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})

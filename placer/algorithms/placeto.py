@@ -63,9 +63,9 @@ def load_policy(path: str | os.PathLike | None = None):
 
 
 def _import_torch() -> None:
-    """Import the policy's code and torch with it (1.3 s here): a process's first call would
-    otherwise spend a short time limit on it and fail where the next call succeeds."""
-    from ..learn import policy  # noqa: F401
+    """Import the policy's and the walks' code, and torch with it (1.3 s here): a process's first
+    call would otherwise spend a short time limit on it and fail where the next call succeeds."""
+    from ..learn import policy, train  # noqa: F401
 
 
 @register("placeto", prepare=_import_torch)
