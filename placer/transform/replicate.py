@@ -510,7 +510,9 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     temp_bytes = np.rint(graph.temp_bytes * factor).astype(np.int64).tolist()
     compute_s = (graph.compute_s * factor).tolist()
     flops = (graph.flops * factor).tolist()
-    f_list = factor.tolist()
+    # Per-kind times, scaled once: the replicas share the dicts (a graph's are never changed in place).
+    by_kind = [None if not times else {kind: s * f for kind, s in times.items()}
+               for times, f in zip(graph.compute_s_by_kind, factor.tolist())]
     for k in range(r):
         ids += [f"r{k}/{x}" for x in graph.ids]
         fields["compute_s"] += compute_s
@@ -522,8 +524,7 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
         fields["layer"] += graph.layer
         fields["colocation"] += [None if c is None else f"r{k}/{c}" for c in graph.colocation]
         fields["device_kinds"] += graph.device_kinds
-        fields["compute_s_by_kind"] += [None if not by_kind else {kind: s * f for kind, s in by_kind.items()}
-                                        for by_kind, f in zip(graph.compute_s_by_kind, f_list)]
+        fields["compute_s_by_kind"] += by_kind
         fields["splittable"] += [_replica_splittable(sp, k, r) if sc else sp
                                  for sp, sc in zip(graph.splittable, scaled.tolist())]
         fields["node_extra"] += [{**extra, "replica": k, "replica_of": x} for extra, x in zip(graph.node_extra, graph.ids)]
