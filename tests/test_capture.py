@@ -14,9 +14,8 @@ from torch import nn
 from torch.multiprocessing.reductions import StorageWeakRef
 from torch.utils.flop_counter import FlopCounterMode
 
-from placer.capture import OPTIMIZERS, capture
+from placer.capture import OPTIMIZERS, capture, trace
 from placer.capture.build import conv_backward_flops
-from placer.capture import trace
 from placer.capture.trace import portable_kernels
 from placer.errors import FormatError, OptionError
 from placer.graph import OpGraph
@@ -125,8 +124,6 @@ def _kinds(batch=2):
     return Kinds(), (torch.randn(batch, 4),)
 
 
-_TRACE_STEP = trace._trace_step
-
 MODELS = {"mlp": _mlp, "cnn_bn": _cnn, "tied_lm": _lm, "lstm": _lstm, "kinds": _kinds}
 
 
@@ -162,6 +159,9 @@ def test_two_captured_steps_equal_eager_training(model_name, optimizer):
     _eager_steps(reference, inputs, eager_opt, 1)
     for p, q in zip(model.parameters(), reference.parameters()):
         torch.testing.assert_close(p, q, rtol=1e-6, atol=1e-6)
+
+
+_TRACE_STEP = trace._trace_step
 
 
 def _fx_signature(gm: torch.fx.GraphModule) -> list[tuple]:
