@@ -6,7 +6,8 @@ The step is a pure function of flat tensors::
 
 that runs ``torch.func.functional_call`` of the model under
 ``torch.func.grad_and_value`` and then torch's functional optimizer, one parameter at
-a time. ``make_fx`` traces it, under ``torch.func.functionalize(remove="mutations")``,
+a time. ``make_fx`` traces it (each kind of parameter's update once, copied for the
+others: :mod:`placer.capture.updates`), under ``torch.func.functionalize(remove="mutations")``,
 with fake tensors: nothing is computed and no real memory is allocated, so a model
 built on the meta device (``with torch.device("meta"):``) of any size captures in
 seconds. The updates of parameters, buffers and optimizer state come out as in-place
