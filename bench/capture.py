@@ -181,7 +181,8 @@ def main() -> None:
                              "e.g. H100 on an H200, which has its compute and more memory bandwidth)")
     parser.add_argument("--skip-capture", action="store_true", help="skip part 1")
     parser.add_argument("--skip-paper", action="store_true", help="part 1 at batch 4 only")
-    parser.add_argument("--skip-cost", action="store_true", help="skip parts 2 and 3 (profiles against the analytic model)")
+    parser.add_argument("--skip-cost", action="store_true",
+                        help="skip parts 2 and 3 (profiles against the analytic model)")
     args = parser.parse_args()
     names = [n.strip() for n in args.models.split(",")] if args.models else list(ZOO)
     kind, device_name = device_kind_of(args.device)

@@ -52,11 +52,12 @@ def sizes(budget: float, algorithms: list[str], labels: list[str], repeat: int) 
     width = 17 if repeat == 1 else 22
     print(f"{'nodes':>7} {'edges':>7} " + " ".join(f"{name[:width]:>{width}}" for name in algorithms))
     slow: set[str] = set()
-    def generated():
+
+    def generated(label: str):
         return training_graph(layers=SIZES[label], branches=3, seed=0, param_mib=0.2, activation_mib=0.2)
 
     for label in labels:
-        graph = generated()
+        graph = generated(label)
         unused = [graph]        # the first run takes it; every other builds its own
         cells = []
         for spec in algorithms:
@@ -71,7 +72,7 @@ def sizes(budget: float, algorithms: list[str], labels: list[str], repeat: int) 
             try:
                 for _ in range(repeat):
                     # A graph of its own each run: schedulers keep tables per graph, which a user's one call builds.
-                    fresh = unused.pop() if unused else generated()
+                    fresh = unused.pop() if unused else generated(label)
                     began, cpu = time.perf_counter(), time.process_time()
                     plan = place(fresh, cluster, name, **options)
                     cpu_s.append(time.process_time() - cpu)

@@ -91,7 +91,8 @@ class UpdateTemplates:
                                                          if n.args[0] in outputs})
 
     def stand_in(self, param: torch.Tensor, grad: torch.Tensor, state: list[torch.Tensor]) -> None:
-        """In the step being traced: one node in place of the update, its new values written back where the update writes."""
+        """In the step being traced: one node in place of the update, its new values written back
+        where the update writes."""
         template = self._templates[_kind(param)]
         new = _STAND_IN(param, grad, list(state))
         for position, target in enumerate([param, *state]):
