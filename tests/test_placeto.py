@@ -229,7 +229,8 @@ assert opened_with_torch and all(opened_with_torch), opened_with_torch
 assert plan.predicted["fits"]
 """
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])})
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
+                              str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))})
     assert done.returncode == 0, done.stderr[-2000:]
 
 
