@@ -65,7 +65,11 @@ calibration without streams, b's one way, c's both ways) and
 end, and with its measured traces, from which the replay takes each run's
 step end), and ``fidelity-dev-s29.tar.xz`` (session 29: the 2-core
 development machine, 2 ranks, four plans of the seven models in 3 rounds;
-its live output ``fidelity-dev-s29.log``). ``--calibration FILE`` replays a
+its live output ``fidelity-dev-s29.log``), ``fidelity-h200-s34.tar.xz``
+(session 34: the first with the calibrated barrier, 2 rounds) and
+``fidelity-h100-s37.tar.xz`` (session 37: the first on the H100 machine,
+2 rounds), both with their measured traces and live output (``.log``).
+``--calibration FILE`` replays a
 record with another calibration's message cost and barrier (``placer
 calibrate`` writes one): how far the calibration alone moves the prediction
 before a run. Since session 22
