@@ -63,7 +63,7 @@ calibration without streams, b's one way, c's both ways) and
 ``fidelity-h200-s24a.tar.xz``, ``-s24b``, ``-s24c`` (session 24: in rounds,
 3, 3 and 2; c with each op's time counted from its rank's previous op's
 end, and with its measured traces, from which the replay takes each run's
-step end), and ``fidelity-dev-s29.tar.xz`` (session 29: the 2-core
+step end), ``fidelity-dev-s29.tar.xz`` (session 29: the 2-core
 development machine, 2 ranks, four plans of the seven models in 3 rounds;
 its live output ``fidelity-dev-s29.log``), ``fidelity-h200-s34.tar.xz``
 (session 34: the first with the calibrated barrier, 2 rounds) and
