@@ -433,16 +433,54 @@ def print_gap_parts(runs: list[Run]) -> None:
     runs = [run for run in runs if run.message_s and run.calibrated_message_cost is not None]
     if not runs:
         return
-    errors: dict[tuple[str, str], list[float]] = {}
+    errors: dict[str, dict[tuple[str, str], list[float]]] = {}
     for run in runs:
         for ops, ops_from in (("profiled", None), ("the run's own", run)):
             for messages, cost in (("calibrated", run.calibrated_message_cost), ("the run's", run_message_cost(run))):
-                predicted = step_with_messages(run, cost, ops_from)
-                errors.setdefault((ops, messages), []).append(predicted / run.measured_s - 1)
-    print(f"mean |error| (mean error) over {len(runs)} runs, op times and message cost each calibrated or the "
-          "run's, without the step's end: " + "; ".join(
-              f"{ops} op times, {messages} message cost {statistics.mean(map(abs, e)):.1%} ({statistics.mean(e):+.1%})"
-              for (ops, messages), e in errors.items()))
+                error = step_with_messages(run, cost, ops_from) / run.measured_s - 1
+                for group in ("all", run.algorithm):
+                    errors.setdefault(group, {}).setdefault((ops, messages), []).append(error)
+    for group, parts in errors.items():
+        count = len(next(iter(parts.values())))
+        print(f"mean |error| (mean error) over {count} runs ({group}), op times and message cost each calibrated "
+              "or the run's, without the step's end: " + "; ".join(
+                  f"{ops} op times, {messages} message cost {statistics.mean(map(abs, e)):.1%} "
+                  f"({statistics.mean(e):+.1%})" for (ops, messages), e in parts.items()))
+
+
+def print_message_slowdown(runs: list[Run]) -> None:
+    """How much a rank's operations slow down per message it handles: per rank of every run, its operations'
+    own time in the run (their messages' host time taken out) fitted as ``factor x profiled + per_message x
+    messages`` (the messages it sends and receives under the plan; least squares on relative residuals).
+
+    A per-message slowdown is host time a message costs its rank beyond what the runtime times as the
+    message's (gloo's transport threads and the copies through the caches beside the rank's computation):
+    the calibration's streams, whose computation between messages runs to a deadline, do not see it.
+    """
+    from placer.cost.messages import plan_messages
+    from placer.runtime.feedback import own_times
+
+    rows, ran_s = [], []
+    for run in runs:
+        bound, profiled = placed_profile(run)
+        own = own_times(run.op_s, run.op_message_s)
+        ran = np.array([own.get(node, np.nan) for node in run.graph.ids])
+        handled = np.zeros(run.cluster.num_devices)
+        for producer, consumer, _ in plan_messages(run.graph, bound):
+            handled[bound.device_of[producer]] += 1
+            handled[bound.device_of[consumer]] += 1
+        for rank in range(run.cluster.num_devices):
+            timed = ~np.isnan(ran) & (bound.device_of == rank)
+            if timed.sum() >= 5:
+                rows.append((profiled[timed].sum(), handled[rank]))
+                ran_s.append(ran[timed].sum())
+    if len(rows) < 2:
+        return
+    weights = 1 / np.array(ran_s)
+    (factor, per_message), *_ = np.linalg.lstsq(np.array(rows) * weights[:, None], np.array(ran_s) * weights,
+                                                rcond=None)
+    print(f"a rank's operations' own time over {len(rows)} ranks: {factor:.3f} x profiled + "
+          f"{per_message * 1e6:.1f} us per message it sends or receives")
 
 
 def placed_profile(run: Run):
@@ -673,6 +711,7 @@ def report(runs: list[Run]) -> None:
     print_residuals(runs)
     print_round_spread(runs)
     print_rank_slowdowns(runs)
+    print_message_slowdown(runs)
     print_operator_slowdowns(runs)
     print_traced_slowdowns(runs)
 
