@@ -295,7 +295,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             c = state.channel_of[home][d] if home != d else -1
             if c >= 0:
                 # Summed as an estimate sums a transfer (start + length): no rounding lifts it above one.
-                arrives += state.ch_lat[c] + state.fewest_bytes[(u, t)] * state.ch_inv_bw[c]
+                arrives += state.transfer_s(c, state.fewest_bytes[(u, t)])
             if arrives > ready:
                 ready = arrives
         return ready

@@ -109,8 +109,7 @@ def _collective_lower_bounds(graph: OpGraph, cluster: Cluster, shard_optimizer: 
                         c = int(cluster.channel_index[devices[q], devices[k]])
                         if c < 0:
                             return float("inf")
-                        ch = cluster.channels[c]
-                        channel_busy[c] += ch.latency_s + nbytes / ch.bandwidth_bytes_per_s
+                        channel_busy[c] += cluster.channels[c].transfer_s(nbytes)
         if step_times:
             steps = OpGraph([f"stage{i}" for i in range(len(step_times))], [t for t, _ in step_times], [], [], [],
                             compute_s_by_kind=[by_kind for _, by_kind in step_times])

@@ -775,7 +775,7 @@ class ScheduleState:
             c = self.channel_of[self.device_of[u]][d]
             if c < 0:
                 return float("inf"), []
-            length = self.ch_lat[c] + self.inputs[v][k][2] * self.ch_inv_bw[c]
+            length = self.transfer_s(c, self.inputs[v][k][2])
             if self.contention:
                 begin = self._channel_slot(c, self._queue_key(u, t, d), channel_free.get(c, queued), length)
                 channel_free[c] = begin + length
@@ -784,6 +784,10 @@ class ScheduleState:
             bookings.append((c, begin, begin + length, k))
             ready = max(ready, begin + length)
         return ready, bookings
+
+    def transfer_s(self, c: int, nbytes: float) -> float:
+        """Seconds a transfer of ``nbytes`` takes on channel ``c``: its latency plus ``nbytes / bandwidth``."""
+        return self.ch_lat[c] + nbytes * self.ch_inv_bw[c]
 
     def _queue_key(self, u: int, t: int, d: int) -> tuple:
         """Where the transfer of output ``t`` of ``u`` to device ``d`` stands in its channel's queue (:class:`QueueOrder`)."""
@@ -959,7 +963,7 @@ class ScheduleState:
             c = self.channel_of[home][d]
             if d == home or c < 0 or (u, t, d) in self.booked or (u, t) not in self.readers:
                 continue
-            length = self.ch_lat[c] + nbytes * self.ch_inv_bw[c]
+            length = self.transfer_s(c, nbytes)
             begin = (self._channel_slot(c, self._queue_key(u, t, d), self.finish[u], length)
                      if self.contention else self.finish[u])
             self._book_transfer(u, t, d, c, begin, begin + length)
