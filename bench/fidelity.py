@@ -481,6 +481,45 @@ def print_message_slowdown(runs: list[Run]) -> None:
                                                 rcond=None)
     print(f"a rank's operations' own time over {len(rows)} ranks: {factor:.3f} x profiled + "
           f"{per_message * 1e6:.1f} us per message it sends or receives")
+    print_message_roles(runs)
+
+
+def print_message_roles(runs: list[Run]) -> None:
+    """Which operations lose beside messages: their own time in the runs over their profile, by whether
+    they send a message, receive one (as the first consumer of a tensor from another rank), both or
+    neither, for the plans with few messages (expert, METIS) and round robin's."""
+    from placer.cost.messages import plan_messages
+    from placer.runtime.feedback import own_times
+
+    roles = ("neither", "sends", "receives", "sends and receives")
+    totals: dict[tuple[str, str], list[float]] = {}     # (plans, role) -> [ops, profiled, ran, messages]
+    for run in runs:
+        bound, profiled = placed_profile(run)
+        own = own_times(run.op_s, run.op_message_s)
+        ran = np.array([own.get(node, np.nan) for node in run.graph.ids])
+        sends, receives = np.zeros(run.graph.num_nodes), np.zeros(run.graph.num_nodes)
+        for producer, consumer, _ in plan_messages(run.graph, bound):
+            sends[producer] += 1
+            receives[consumer] += 1
+        role = (sends > 0) + 2 * (receives > 0)
+        plans = "round robin" if run.algorithm == "round_robin" else "expert and METIS"
+        for k, name in enumerate(roles):
+            chosen = (role == k) & ~np.isnan(ran)
+            entry = totals.setdefault((plans, name), [0, 0.0, 0.0, 0.0])
+            entry[0] += int(chosen.sum())
+            entry[1] += float(profiled[chosen].sum())
+            entry[2] += float(ran[chosen].sum())
+            entry[3] += float((sends + receives)[chosen].sum())
+    print("operations' own time in the runs over their profile, by their messages:")
+    for plans in ("expert and METIS", "round robin"):
+        parts = []
+        for name in roles:
+            ops, profiled, ran, messages = totals.get((plans, name), (0, 0.0, 0.0, 0.0))
+            if profiled > 0:
+                per_message = f", {(ran - profiled) / messages * 1e6:+.1f} us per message" if messages else ""
+                parts.append(f"{name} {ops:.0f} ops, {ran / profiled:.2f}x their profile{per_message}")
+        if parts:
+            print(f"  {plans}: " + "; ".join(parts))
 
 
 def placed_profile(run: Run):
