@@ -26,7 +26,18 @@ its operations' time over the profile (:func:`fidelity.rank_slowdowns`) beside
 its gauge over the parent's (taken before the profile). If the core's speed
 sets the factor, the two agree.
 
-    PYTHONPATH=. python bench/op_slowdown.py [--part load|drift|ranks] [--models resnet,vgg] [--rounds 6]
+``--part receive``: does an operation run slower on a tensor another process
+sent? The fidelity records' operations that read a received tensor ran 15 to
+21 us per message longer than profiled on the lent machines
+(docs/benchmarks.md, "Fidelity", session 37). Two gloo processes as the
+runtime's ranks: rank 1 writes a tensor and sends it, rank 0 receives it into a
+buffer posted before (as :func:`placer.runtime.program.receive_buffer`) and
+times an element-wise operation first after the receive and after another
+operation, on the received tensor and on one its own thread wrote: whether it
+is the tensor's bytes or the operation's place right after a message that
+costs; medians per size.
+
+    PYTHONPATH=. python bench/op_slowdown.py [--part load|drift|ranks|receive] [--models resnet,vgg] [--rounds 6]
     PYTHONPATH=. python bench/op_slowdown.py --replay bench/data/op_slowdown-h200-s23-drift2.log
 """
 
@@ -354,13 +365,86 @@ def ranks(args) -> None:
               f"{np.max(factor / gauge):.2f}")
 
 
+RECEIVE_SIZES = (256, 4 << 10, 64 << 10, 1 << 20, 4 << 20)
+
+
+def _receive_rank(rank: int, port: int, repeats: int, queue) -> None:
+    """One process of :func:`receive`: rank 1 sends, rank 0 times an operation after receiving."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=60))
+    clock = time.perf_counter
+
+    def timed(tensor) -> float:
+        began = clock()
+        torch.add(tensor, 1.0)
+        return clock() - began
+
+    rows = []
+    for size in RECEIVE_SIZES:
+        samples = []
+        for rep in range(2 * repeats + 2):      # the first of each way warms up
+            if rank == 1:
+                sent = torch.empty(size // 4)
+                sent.fill_(float(rep))
+                dist.barrier()
+                dist.send(sent, dst=0)
+                continue
+            own = torch.empty(size // 4)
+            own.fill_(float(rep))
+            buf = torch.empty(size // 4)
+            request = dist.irecv(buf, src=1)
+            dist.barrier()
+            request.wait()
+            # Alternately the received tensor or the rank's own first after the receive, the other second.
+            if rep % 2:
+                first_own_s, received_s = timed(own), timed(buf)
+                samples.append((None, received_s, first_own_s, None))
+            else:
+                first_received_s, own_s = timed(buf), timed(own)
+                samples.append((first_received_s, None, None, own_s))
+        if rank == 0:
+            columns = [[x for x in column if x is not None] for column in zip(*samples[2:])]
+            rows.append((size, *(statistics.median(column) for column in columns)))
+    dist.destroy_process_group()
+    if rank == 0:
+        queue.put(rows)
+
+
+def receive(args) -> None:
+    """``torch.add(x, 1.0)`` on rank 0 right after a receive and right after another operation, on the
+    received tensor and on one its own thread wrote, per size (two gloo processes, one thread each)."""
+    from placer.cost.calibrate import _free_port
+
+    ctx = mp.get_context("spawn")
+    queue, port = ctx.Queue(), _free_port()
+    procs = [ctx.Process(target=_receive_rank, args=(rank, port, args.steps, queue)) for rank in (0, 1)]
+    for p in procs:
+        p.start()
+    rows = queue.get(timeout=300)
+    for p in procs:
+        p.join()
+    print(f"{os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.1f}; torch.add(x, 1.0) on rank 0 "
+          f"(us, median of {args.steps} each), x received or written by its own thread, first after the receive "
+          "or after another operation:")
+    print(f"{'bytes':>9} {'received, first':>16} {'received, after op':>19} {'own, first':>11} "
+          f"{'own, after op':>14}")
+    for size, received_first, received_after, own_first, own_after in rows:
+        print(f"{size:9d} {received_first * 1e6:16.1f} {received_after * 1e6:19.1f} {own_first * 1e6:11.1f} "
+              f"{own_after * 1e6:14.1f}")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--models", default="resnet,vgg,inception,transformer,rnnlm")
     parser.add_argument("--clusters", default="2xcpu,4xcpu")
     parser.add_argument("--plans", default="single,expert,round_robin")
-    parser.add_argument("--steps", type=int, default=10)
-    parser.add_argument("--part", choices=("load", "drift", "ranks"), default="load")
+    parser.add_argument("--steps", type=int, default=10, help="steps per run (--part receive: tensors per size)")
+    parser.add_argument("--part", choices=("load", "drift", "ranks", "receive"), default="load")
     parser.add_argument("--rounds", type=int, default=6, help="rounds per model (--part drift)")
     parser.add_argument("--out", default=None, help="folder for the raw times (JSON; --part load)")
     parser.add_argument("--replay", help="a --part drift run's printed output: its summary again")
@@ -368,7 +452,10 @@ def main() -> int:
     if args.replay:
         summarize(Path(args.replay).read_text().splitlines())
         return 0
-    {"drift": drift, "ranks": ranks, "load": load}[args.part](args)
+    {"drift": drift, "ranks": ranks, "load": load, "receive": receive}[args.part](args)
+    if args.part == "receive":
+        print(f"reproduce: PYTHONPATH=. python bench/op_slowdown.py --part receive --steps {args.steps}")
+        return 0
     print(f"reproduce: PYTHONPATH=. python bench/op_slowdown.py --part {args.part} --models {args.models} "
           + (f"--rounds {args.rounds}" if args.part == "drift" else f"--clusters {args.clusters} --plans {args.plans}")
           + f" --steps {args.steps}")
