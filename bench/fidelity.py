@@ -235,6 +235,9 @@ def run_message_cost(run: Run):
 PREDICTIONS = (
     ("calibrated", "calibrated", "calibrated"),
     ("calibrated_messages", "calibrated, message cost", "calibrated with the calibrated message cost"),
+    # Records since session 37: the same without what an operation loses right after a message (the model before).
+    ("calibrated_messages_plain", "calibrated, message cost, not the op after",
+     "the same without the operations after messages"),
     ("op", "run's op times", "with the run's own op times"),
     ("op_transfer", "run's op and transfer times", "with its op and transfer times"),
     ("own_messages", "ops' own times, message cost", "with the ops' own times and its message cost"),
@@ -247,13 +250,18 @@ def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
     where the record lacks what it needs)."""
     from placer.sim import simulate_plan
 
-    calibrated_messages = None
-    if run.calibrated_message_cost is not None:
-        calibrated_messages = step_with_messages(run, run.calibrated_message_cost, None) + run.calibrated_barrier_s
+    calibrated_messages = plain = None
+    cost = run.calibrated_message_cost
+    if cost is not None:
+        calibrated_messages = step_with_messages(run, cost, None) + run.calibrated_barrier_s
+        if cost.after_send_s or cost.after_receive_s:
+            plain = step_with_messages(run, dataclasses.replace(cost, after_send_s=0.0, after_receive_s=0.0),
+                                       None) + run.calibrated_barrier_s
     case = (run.model, run.graph.num_nodes, run.cluster_name, run.algorithm, len(set(run.plan.placement.values())))
     return case, run.measured_s, {
         "calibrated": run.plan.predicted["makespan_s"],
         "calibrated_messages": calibrated_messages,
+        "calibrated_messages_plain": plain,
         "op": simulate_plan(run.plan, fed_graph(run, run), run.cluster).makespan_s + run.tail_s,
         "op_transfer": predicted_from(run, run),
         "own_messages": predicted_with_messages(run, run)}
@@ -774,6 +782,8 @@ def measure(args: argparse.Namespace) -> list[Run]:
           f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
           f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; in streams (sending, receiving us by us between them) "
           + ", ".join(f"{gap * 1e6:.0f}: {sent * 1e6:.1f}, {received * 1e6:.1f}" for gap, sent, received in cost.by_gap)
+          + f"; an operation right after a message {cost.after_send_s * 1e6:.1f} us longer (sending), "
+          f"{cost.after_receive_s * 1e6:.1f} us (receiving)"
           + f"; the last rank in a barrier {(calibration.barrier_s or 0.0) * 1e6:.1f} us; "
           f"measured in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPU cores, load average "
           f"{os.getloadavg()[0]:.1f}")

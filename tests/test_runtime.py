@@ -421,6 +421,24 @@ def test_messages_graph_charges_a_plans_messages_to_their_producer_and_first_con
         assert costed.durations(cluster)[:, 1].tolist() == pytest.approx([1.4, 1.2, 1.0, 1.0])
 
 
+def test_the_operation_after_a_nodes_messages_is_charged_once_per_node_and_side():
+    from placer.graph import OpGraph
+
+    # a sends two tensors to device 1 (two messages), which b receives both of; c receives one from b.
+    graph = OpGraph(["a", "b", "c"], [1.0, 1.0, 1.0], [0, 0, 1], [1, 1, 2], [64, 64, 64],
+                    edge_tensor=[0, 1, 0], name="two-messages")
+    cluster = load_cluster("2xcpu")
+    cost = MessageCost(0.1, 0.0, 0.2, 0.0, after_send_s=0.01, after_receive_s=0.02)
+    plan = Plan.from_arrays(graph, cluster, [0, 1, 0])
+    costed = messages_graph(graph, plan.bind(graph, cluster), cluster, {}, cost)
+    # a: two sends and one operation after them; b: two receives and one after, then a send; c: a receive.
+    assert costed.durations(cluster)[:, 0].tolist() == pytest.approx([1.0 + 2 * 0.1 + 0.01,
+                                                                      1.0 + 2 * 0.2 + 0.02 + 0.1 + 0.01,
+                                                                      1.0 + 0.2 + 0.02])
+    assert MessageCost.from_dict(cost.to_dict()) == cost
+    assert "after_send_s" not in MessageCost(0.1, 0.0, 0.2, 0.0).to_dict()
+
+
 def test_a_message_costs_what_its_gap_on_its_rank_gives():
     cost = MessageCost(0.1, 1e-3, 0.2, 0.0, by_gap=((0.0, 0.01, 0.02), (1.0, 0.05, 0.06)))
     assert (cost.send_s(10), cost.receive_s(10)) == (pytest.approx(0.11), 0.2)          # alone

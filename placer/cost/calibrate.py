@@ -259,7 +259,7 @@ def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: in
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
                             timeout=timedelta(seconds=timeout_s))
-    samples, messages, streams = [], [], []
+    samples, messages, streams, after_message = [], [], [], []
     pair = dist.new_group([0, 1])      # every rank must create it
     try:
         for peer in range(1, ranks):
@@ -288,11 +288,13 @@ def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: in
         if rank < 2:
             messages = _message_host_times(rank, pair, [s for s in sizes if s <= MESSAGE_SIZE_LIMIT], repeats)
             streams = _stream_host_times(rank, pair, MESSAGE_GAPS, max(16, repeats))
+            after_message = _operation_after_message_s(rank, pair, max(32, repeats))
         barrier = _last_rank_barrier_s(rank, ranks, max(16, repeats))
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"trips": samples, "messages": messages,
                                                              "streams": streams if rank < 2 else [],
+                                                             "after_message": after_message,
                                                              "barrier": barrier}))
 
 
@@ -413,9 +415,61 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
     return out
 
 
+def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
+    """``[after sending, after receiving]``: how much longer a small operation takes on this rank (0 or 1)
+    right after it sent (received) a message than right after another operation, medians over ``count``
+    messages each way.
+
+    A placed step's operations that read a received tensor ran 15 to 21 us per
+    message longer than profiled on the lent machines, those that send 4 to 9 us,
+    where the profile runs every operation right after another (docs/benchmarks.md,
+    "Fidelity", session 37); on the development machine an element-wise operation
+    right after a receive took ~26 us against 5 to 9 us after another operation,
+    on the received tensor or on one its own thread wrote (``bench/op_slowdown.py
+    --part receive``): the cost is the operation's place, not its data.
+    """
+    import torch
+    import torch.distributed as dist
+
+    clock = time.perf_counter
+    small = torch.ones(64)
+    value = torch.ones(STREAM_MESSAGE_BYTES // 4)
+    peer = 1 - rank
+
+    def excess_s() -> float:
+        """The first of two small operations' seconds less the second's."""
+        began = clock()
+        torch.add(small, 1.0)
+        first = clock() - began
+        began = clock()
+        torch.add(small, 1.0)
+        return first - (clock() - began)
+
+    def compute_for(seconds: float) -> None:
+        deadline = clock() + seconds
+        while clock() < deadline:
+            torch.add(small, 1.0)
+
+    after_sending, after_receiving = [], []
+    for i in range(count + 2):          # the first two warm up
+        buf = torch.empty_like(value)
+        received = dist.irecv(buf, src=peer, tag=i)
+        dist.barrier(group=pair)
+        # Operations between the barrier and the send (the first after the barrier's wait is slow too), and
+        # between the send and the wait, long enough for the peer's message to be there (no blocking wait).
+        compute_for(50e-6)
+        sending = dist.isend(value, dst=peer, tag=i)
+        after_sending.append(excess_s())
+        compute_for(200e-6)
+        received.wait()
+        after_receiving.append(excess_s())
+        sending.wait()
+    return [statistics.median(after_sending[2:]), statistics.median(after_receiving[2:])]
+
+
 def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5,
                  timeout_s: float = 120.0) -> tuple[list[tuple[int, float]], list[tuple[int, int, int, float, float]],
-                                                    list[tuple[float, float, float]], float]:
+                                                    list[tuple[float, float, float]], tuple[float, float], float]:
     """One-way transfer times between CPU processes over gloo on 127.0.0.1, and a message's host cost.
 
     Spawns ``ranks`` processes; rank 0 exchanges a tensor of each size with every other
@@ -426,13 +480,17 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
     fits. Last, streams of ``STREAM_MESSAGE_BYTES`` messages both ways between ranks 0
     and 1 with each of ``MESSAGE_GAPS`` of computation between them, timed the same
     way (medians over both ranks): a message costs less in a stream
-    (:attr:`placer.cost.messages.MessageCost.by_gap`). And the seconds the last rank
-    to reach a barrier of all ranks spends in it (median): how a runtime's step ends.
+    (:attr:`placer.cost.messages.MessageCost.by_gap`). Then how much longer an
+    operation takes right after a message than after another operation (the mean of
+    both ranks' medians, after sending and after receiving). And the seconds the last
+    rank to reach a barrier of all ranks spends in it (median): how a runtime's step
+    ends.
 
     Returns
     -------
     (list of (bytes, seconds), list of (0, 1, bytes, sending seconds, receiving seconds),
-    list of (gap seconds, sending seconds, receiving seconds), barrier seconds)
+    list of (gap seconds, sending seconds, receiving seconds), (after sending seconds,
+    after receiving seconds), barrier seconds)
 
     Raises
     ------
@@ -484,8 +542,10 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
         streams = [(float(gap), statistics.median(sent + sent_by_1), statistics.median(received + received_by_1))
                    for (gap, sent, received), (_, sent_by_1, received_by_1) in zip(sender["streams"],
                                                                                   receiver["streams"])]
+        after_message = tuple(float(np.mean(sides)) for sides in zip(sender["after_message"],
+                                                                     receiver["after_message"]))
         last = json.loads(Path(out_dir, f"rank{ranks - 1}.json").read_text())
-        return trips, messages, streams, float(last["barrier"])
+        return trips, messages, streams, after_message, float(last["barrier"])
 
 
 def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict[str, list[tuple[int, float]]]:
@@ -551,9 +611,9 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
     import torch
 
     sizes = list(sizes)
-    messages, streams, barrier_s = [], [], None
+    messages, streams, after_message, barrier_s = [], [], (0.0, 0.0), None
     if backend == "gloo":
-        trips, messages, streams, barrier_s = measure_gloo(ranks, sizes, repeats, timeout_s)
+        trips, messages, streams, after_message, barrier_s = measure_gloo(ranks, sizes, repeats, timeout_s)
         measured = {"gloo": trips}
     elif backend == "cuda":
         measured = measure_cuda(sizes, repeats)
@@ -564,16 +624,19 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
             "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
     if backend == "gloo":
         meta["ranks"] = ranks
-    return Calibration(links, meta, _message_cost(messages, streams) if messages else None, messages, barrier_s)
+    cost = _message_cost(messages, streams, after_message) if messages else None
+    return Calibration(links, meta, cost, messages, barrier_s)
 
 
 def _message_cost(messages: list[tuple[int, int, int, float, float]],
-                  streams: list[tuple[float, float, float]]) -> MessageCost:
+                  streams: list[tuple[float, float, float]], after_message: tuple[float, float]) -> MessageCost:
     """The cost fitted to the messages timed alone, with the streams' fixed parts by gap (their bytes' share
-    at the fitted per-byte cost taken off)."""
+    at the fitted per-byte cost taken off) and what an operation right after a message loses (never below
+    zero)."""
     alone = MessageCost.fit(messages)
     by_gap = tuple((gap, max(0.0, sent - STREAM_MESSAGE_BYTES * alone.send_per_byte_s),
                     max(0.0, received - STREAM_MESSAGE_BYTES * alone.receive_per_byte_s))
                    for gap, sent, received in streams)
-    return replace(alone, by_gap=by_gap)
+    after_sending, after_receiving = (max(0.0, s) for s in after_message)
+    return replace(alone, by_gap=by_gap, after_send_s=after_sending, after_receive_s=after_receiving)
 

@@ -50,6 +50,12 @@ class MessageCost:
     ``gap`` seconds after the rank's previous one pays the fixed parts
     interpolated there (held beyond the ends); ``send_fixed_s`` and
     ``receive_fixed_s`` are then a message's alone, as without it.
+
+    ``after_send_s`` and ``after_receive_s`` are what the rank's next operation
+    loses, beyond the message's own host time, for coming right after a send
+    (a receive) instead of after another operation, as the profile times it
+    (:func:`placer.cost.calibrate.measure_gloo`); a cost fitted to a run's
+    messages has none, since the run's own op times hold them.
     """
 
     send_fixed_s: float
@@ -57,6 +63,8 @@ class MessageCost:
     receive_fixed_s: float
     receive_per_byte_s: float
     by_gap: tuple[tuple[float, float, float], ...] = ()
+    after_send_s: float = 0.0
+    after_receive_s: float = 0.0
 
     @classmethod
     def fit(cls, messages: Sequence[tuple[int, int, int, float, float]]) -> "MessageCost":
@@ -96,6 +104,9 @@ class MessageCost:
             doc["by_gap"] = [list(point) for point in self.by_gap]
         else:
             del doc["by_gap"]
+        for name in ("after_send_s", "after_receive_s"):
+            if not doc[name]:
+                del doc[name]
         return doc
 
     @classmethod
@@ -112,7 +123,8 @@ class MessageCost:
             by_gap.append(tuple(check_number(x, f"{where}: field 'by_gap': point #{k}") for x in point))
         if any(b[0] <= a[0] for a, b in zip(by_gap, by_gap[1:])):
             raise FormatError(f"{where}: field 'by_gap': gaps must ascend, got {[p[0] for p in by_gap]}")
-        return cls(*(f.number(name.name, required=True) for name in dataclasses.fields(cls)[:4]), tuple(by_gap))
+        return cls(*(f.number(name.name, required=True) for name in dataclasses.fields(cls)[:4]), tuple(by_gap),
+                   f.number("after_send_s", default=0.0), f.number("after_receive_s", default=0.0))
 
     def _fixed(self, side: int, alone: float, gap_s: float | None) -> float:
         if gap_s is None or not self.by_gap:
@@ -137,7 +149,9 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
     The plan's messages are the reference model's transfers (FORMATS.md rule 4:
     one per tensor and destination device, of the largest ``bytes`` among its
     edges there). Its producer pays the sending, the first of its consumers in
-    the destination device's order the receiving. With a run's own times (a
+    the destination device's order the receiving; a node that sends (receives)
+    also pays :attr:`MessageCost.after_send_s` (``after_receive_s``) once, for the
+    operation that follows its messages. With a run's own times (a
     run's ``op_s`` less its ``op_message_s``) and its :class:`MessageCost`, the
     simulator predicts other plans than the one that ran, as FastT's loop needs.
 
@@ -173,6 +187,10 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
     for (producer, consumer, nbytes), (send_gap, receive_gap) in zip(messages, gaps or [(None, None)] * len(messages)):
         seconds[producer] += cost.send_s(nbytes, send_gap)
         seconds[consumer] += cost.receive_s(nbytes, receive_gap)
+    for nodes, after_s in (({producer for producer, _, _ in messages}, cost.after_send_s),
+                           ({consumer for _, consumer, _ in messages}, cost.after_receive_s)):
+        if after_s:
+            seconds[list(nodes)] += after_s
     return apply_placed_times(graph, device_of, cluster, dict(zip(graph.ids, seconds.tolist())))
 
 
