@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The checks a lent GPU machine is for, in one run (5.5 minutes in sessions 20 and 22, 8 in session 34): fidelity on
-# its quiet CPU cores (bench/fidelity.py, recorded), the CUDA paths (bench/cuda_check.py; `placer run --verify` on a
+# its quiet CPU cores (bench/fidelity.py, recorded; since session 37 its table shows the prediction with and without
+# the calibrated cost of the operation right after a message), that cost's probe, the CUDA paths (bench/cuda_check.py; `placer run --verify` on a
 # GPU, SGD and Adam), the cost model against CUDA kernel times (bench/capture.py), and the test suite under that
 # machine's torch (cut short when time runs out). FIDELITY_TIMEOUT, CAPTURE_TIMEOUT and TESTS_TIMEOUT (seconds) bound
 # the three long parts; session 34 ran it with FIDELITY_ARGS="--rounds 2" FIDELITY_TIMEOUT=250 TESTS_TIMEOUT=90
@@ -34,6 +35,8 @@ timeout "${FIDELITY_TIMEOUT:-300}" "$py" bench/fidelity.py --steps 10 --plans ex
   --record /tmp/fidelity-record ${FIDELITY_ARGS:-} 2>&1 | tee "$out/fidelity.log"
 # Without the simulated traces (the replay makes them again); the measured ones give each run's step end.
 tar cJf "$out/fidelity-record.tar.xz" -C /tmp --exclude '*-simulated.json' fidelity-record
+echo "== an operation right after a message (bench/op_slowdown.py --part receive; session 37)"
+timeout 60 "$py" bench/op_slowdown.py --part receive --steps 40 2>&1 | tee "$out/receive.log"
 echo "== cuda paths"
 timeout 90 "$py" bench/cuda_check.py --steps 3 --batch 8 2>&1 | tee "$out/cuda_check.log"
 echo "== placer run --verify on the GPU"
