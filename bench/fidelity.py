@@ -210,11 +210,14 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
 @functools.cache        # the tables and the gap's split ask for the same simulations
 def step_with_messages(run: Run, cost, ops_from: Run | None) -> float:
     """``run``'s plan simulated with ``cost`` charged for its messages, each node at the own time ``ops_from``
-    measured (:func:`placer.runtime.feedback.own_times`) or, without one, at its profiled time."""
-    from placer.cost.messages import simulate_with_messages
+    measured (:func:`placer.runtime.feedback.own_times`, less what ``cost`` charges the operation after
+    ``ops_from``'s messages: :func:`placer.cost.messages.without_after_message`) or, without one, at its
+    profiled time."""
+    from placer.cost.messages import simulate_with_messages, without_after_message
     from placer.runtime.feedback import own_times
 
-    own = {} if ops_from is None else own_times(ops_from.op_s, ops_from.op_message_s)
+    own = {} if ops_from is None else without_after_message(
+        own_times(ops_from.op_s, ops_from.op_message_s), ops_from.plan.bind(ops_from.graph, ops_from.cluster), cost)
     return simulate_with_messages(run.plan.bind(run.graph, run.cluster), cost, own).makespan_s
 
 

@@ -439,6 +439,27 @@ def test_the_operation_after_a_nodes_messages_is_charged_once_per_node_and_side(
     assert "after_send_s" not in MessageCost(0.1, 0.0, 0.2, 0.0).to_dict()
 
 
+def test_a_runs_own_times_give_back_the_operation_after_its_messages_for_another_plan():
+    from placer.cost.messages import spread_over_gaps, without_after_message
+
+    graph, cluster, bound = _ping_pong()            # a -> b -> c over two devices: a sends, b both, c receives
+    cost = MessageCost(0.0, 0.0, 0.0, 0.0, after_send_s=0.01, after_receive_s=0.02)
+    own = {"a": 1.0, "b": 1.0, "c": 1.0}
+    plain = without_after_message(own, bound, cost)
+    assert plain == pytest.approx({"a": 0.99, "b": 0.97, "c": 0.98})
+    # Charged again for the plan that ran, the run's own times; on one device, none.
+    assert messages_graph(graph, bound, cluster, plain, cost).durations(cluster)[:, 0].tolist() == pytest.approx(
+        [1.0, 1.0, 1.0])
+    alone = Plan.from_arrays(graph, cluster, [0, 0, 0]).bind(graph, cluster)
+    assert messages_graph(graph, alone, cluster, plain, cost).durations(cluster)[:, 0].tolist() == pytest.approx(
+        [0.99, 0.97, 0.98])
+    assert without_after_message(own, bound, MessageCost(0.0, 0.0, 0.0, 0.0)) is own
+    # A run's fitted cost takes the calibration's charge with its shape over gaps.
+    calibrated = replace(cost, by_gap=((0.0, 0.05, 0.05), (1.0, 0.5, 0.25)))
+    spread = spread_over_gaps(MessageCost(0.02, 0.0, 0.01, 0.0), calibrated, bound, own)
+    assert (spread.after_send_s, spread.after_receive_s) == (0.01, 0.02)
+
+
 def test_a_message_costs_what_its_gap_on_its_rank_gives():
     cost = MessageCost(0.1, 1e-3, 0.2, 0.0, by_gap=((0.0, 0.01, 0.02), (1.0, 0.05, 0.06)))
     assert (cost.send_s(10), cost.receive_s(10)) == (pytest.approx(0.11), 0.2)          # alone
@@ -875,7 +896,8 @@ def test_spawned_ranks_take_the_launchers_choice_of_cudnn_algorithms(file_case, 
 def _calibration_file(path, by_gap=((0.0, 2e-5, 1e-5), (1e-3, 8e-5, 6e-5))):
     from placer.cost.calibrate import Calibration, LinkFit
 
-    Calibration({"gloo": LinkFit(3e-5, 4e9, 1.0)}, {}, MessageCost(1e-4, 0.0, 1e-4, 0.0, by_gap=by_gap)).save(path)
+    cost = MessageCost(1e-4, 0.0, 1e-4, 0.0, by_gap=by_gap, after_send_s=5e-6, after_receive_s=1e-5)
+    Calibration({"gloo": LinkFit(3e-5, 4e9, 1.0)}, {}, cost).save(path)
     return str(path)
 
 

@@ -200,7 +200,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms.auto import runnable_options
     from ..cluster import load_cluster
     from ..cost.calibrate import load_calibration
-    from ..cost.messages import MessageCost, simulate_with_messages, spread_over_gaps
+    from ..cost.messages import MessageCost, simulate_with_messages, spread_over_gaps, without_after_message
     from .check import step_times
     from .feedback import measured_cluster, measured_graph, own_times
 
@@ -234,6 +234,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         cost = MessageCost.fit(m.message_s)
         if calibrated is not None:
             cost = spread_over_gaps(cost, calibrated, best.bind(graph, given), own)
+            own = without_after_message(own, best.bind(graph, given), cost)
         step_s = simulate_with_messages(plan.bind(graph, given), cost, own).makespan_s + m.tail_s
         return f", {step_s * 1e3:.3f} ms with its messages' host cost and the step's end"
 
