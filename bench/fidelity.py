@@ -463,31 +463,40 @@ def print_gap_parts(runs: list[Run]) -> None:
                   f"({statistics.mean(e):+.1%})" for (ops, messages), e in parts.items()))
 
 
-def print_message_slowdown(runs: list[Run]) -> None:
-    """How much a rank's operations slow down per message it handles: per rank of every run, its operations'
-    own time in the run (their messages' host time taken out) fitted as ``factor x profiled + per_message x
-    messages`` (the messages it sends and receives under the plan; least squares on relative residuals).
-
-    A per-message slowdown is host time a message costs its rank beyond what the runtime times as the
-    message's (gloo's transport threads and the copies through the caches beside the rank's computation):
-    the calibration's streams, whose computation between messages runs to a deadline, do not see it.
-    """
+def beside_messages(run: Run) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Per node of ``run``: its device (the bound plan), profiled seconds, own seconds in the run (NaN where
+    it has none), and the messages it sends and receives (as the first consumer of a tensor from another
+    rank) under the plan."""
     from placer.cost.messages import plan_messages
     from placer.runtime.feedback import own_times
 
+    bound, profiled = placed_profile(run)
+    own = own_times(run.op_s, run.op_message_s)
+    ran = np.array([own.get(node, np.nan) for node in run.graph.ids])
+    sends, receives = np.zeros(run.graph.num_nodes), np.zeros(run.graph.num_nodes)
+    for producer, consumer, _ in plan_messages(run.graph, bound):
+        sends[producer] += 1
+        receives[consumer] += 1
+    return bound, profiled, ran, sends, receives
+
+
+def print_message_slowdown(runs: list[Run]) -> None:
+    """How much a rank's operations slow down per message it handles: per rank of every run, its operations'
+    own time in the run (their messages' host time taken out) fitted as ``factor x profiled + per_message x
+    messages`` (the messages it sends and receives under the plan; least squares on relative residuals);
+    then :func:`print_message_roles`.
+
+    What a message costs its rank beyond what the runtime times as the message's own is mostly the
+    operation right after it, slower than the profile's operations, which each come right after another
+    (``bench/op_slowdown.py --part receive``; :attr:`placer.cost.messages.MessageCost.after_send_s`).
+    """
     rows, ran_s = [], []
     for run in runs:
-        bound, profiled = placed_profile(run)
-        own = own_times(run.op_s, run.op_message_s)
-        ran = np.array([own.get(node, np.nan) for node in run.graph.ids])
-        handled = np.zeros(run.cluster.num_devices)
-        for producer, consumer, _ in plan_messages(run.graph, bound):
-            handled[bound.device_of[producer]] += 1
-            handled[bound.device_of[consumer]] += 1
+        bound, profiled, ran, sends, receives = beside_messages(run)
         for rank in range(run.cluster.num_devices):
             timed = ~np.isnan(ran) & (bound.device_of == rank)
             if timed.sum() >= 5:
-                rows.append((profiled[timed].sum(), handled[rank]))
+                rows.append((profiled[timed].sum(), (sends + receives)[bound.device_of == rank].sum()))
                 ran_s.append(ran[timed].sum())
     if len(rows) < 2:
         return
@@ -501,21 +510,12 @@ def print_message_slowdown(runs: list[Run]) -> None:
 
 def print_message_roles(runs: list[Run]) -> None:
     """Which operations lose beside messages: their own time in the runs over their profile, by whether
-    they send a message, receive one (as the first consumer of a tensor from another rank), both or
-    neither, for the plans with few messages (expert, METIS) and round robin's."""
-    from placer.cost.messages import plan_messages
-    from placer.runtime.feedback import own_times
-
+    they send a message, receive one, both or neither, for the plans with few messages (expert, METIS) and
+    round robin's."""
     roles = ("neither", "sends", "receives", "sends and receives")
     totals: dict[tuple[str, str], list[float]] = {}     # (plans, role) -> [ops, profiled, ran, messages]
     for run in runs:
-        bound, profiled = placed_profile(run)
-        own = own_times(run.op_s, run.op_message_s)
-        ran = np.array([own.get(node, np.nan) for node in run.graph.ids])
-        sends, receives = np.zeros(run.graph.num_nodes), np.zeros(run.graph.num_nodes)
-        for producer, consumer, _ in plan_messages(run.graph, bound):
-            sends[producer] += 1
-            receives[consumer] += 1
+        _, profiled, ran, sends, receives = beside_messages(run)
         role = (sends > 0) + 2 * (receives > 0)
         plans = "round robin" if run.algorithm == "round_robin" else "expert and METIS"
         for k, name in enumerate(roles):
