@@ -69,7 +69,7 @@ its live output ``fidelity-dev-s29.log``), ``fidelity-h200-s34.tar.xz``
 (session 34: the first with the calibrated barrier, 2 rounds) and
 ``fidelity-h100-s37.tar.xz`` (session 37: the first on the H100 machine,
 2 rounds), both with their measured traces and live output (``.log``), and
-``fidelity-dev-s37.tar.xz`` (session 37, the development machine: the first
+``fidelity-dev-s37.tar.xz`` and ``-s37b`` (session 37, the development machine: the first
 whose calibration times the operation right after a message,
 :attr:`placer.cost.messages.MessageCost.after_send_s`; its table also shows
 the prediction without that charge).
