@@ -261,9 +261,9 @@ def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
     cost = run.calibrated_message_cost
     if cost is not None:
         calibrated_messages = step_with_messages(run, cost, None) + run.calibrated_barrier_s
-        if cost.after_send_s or cost.after_receive_s:
-            plain = step_with_messages(run, dataclasses.replace(cost, after_send_s=0.0, after_receive_s=0.0),
-                                       None) + run.calibrated_barrier_s
+        if cost.after_send_s or cost.after_receive_s or cost.after_wait_s:
+            plain = step_with_messages(run, dataclasses.replace(cost, after_send_s=0.0, after_receive_s=0.0,
+                                                                after_wait_s=0.0), None) + run.calibrated_barrier_s
     case = (run.model, run.graph.num_nodes, run.cluster_name, run.algorithm, len(set(run.plan.placement.values())))
     return case, run.measured_s, {
         "calibrated": run.plan.predicted["makespan_s"],
@@ -790,7 +790,7 @@ def measure(args: argparse.Namespace) -> list[Run]:
           f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; in streams (sending, receiving us by us between them) "
           + ", ".join(f"{gap * 1e6:.0f}: {sent * 1e6:.1f}, {received * 1e6:.1f}" for gap, sent, received in cost.by_gap)
           + f"; an operation right after a message {cost.after_send_s * 1e6:.1f} us longer (sending), "
-          f"{cost.after_receive_s * 1e6:.1f} us (receiving)"
+          f"{cost.after_receive_s * 1e6:.1f} us (receiving), {cost.after_wait_s * 1e6:.1f} us (waiting to receive)"
           + f"; the last rank in a barrier {(calibration.barrier_s or 0.0) * 1e6:.1f} us; "
           f"measured in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPU cores, load average "
           f"{os.getloadavg()[0]:.1f}")

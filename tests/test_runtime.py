@@ -460,6 +460,25 @@ def test_a_runs_own_times_give_back_the_operation_after_its_messages_for_another
     assert (spread.after_send_s, spread.after_receive_s) == (0.01, 0.02)
 
 
+def test_a_receive_the_rank_waited_for_costs_the_operation_after_it_more():
+    from placer.cost.messages import simulate_with_messages, waiting_nodes, without_after_message
+    from placer.sim import simulate_bound
+
+    graph, cluster, bound = _ping_pong()            # a -> b -> c over two devices: b and c wait for a message
+    plain = simulate_bound(bound)
+    assert waiting_nodes(plain, bound.order if bound.order is not None else plain.device_orders()) == {1, 2}
+    cost = MessageCost(0.0, 0.0, 0.0, 0.0, after_receive_s=0.02, after_wait_s=0.5)
+    durations = messages_graph(graph, bound, cluster, {}, cost, waited={1}).durations(cluster)[:, 0].tolist()
+    assert durations == pytest.approx([1.0, 1.5, 1.02])
+    # Simulated in passes: the first charges no wait, the next the waits of the one before (b's and c's).
+    step = simulate_with_messages(bound, cost).makespan_s
+    assert step == pytest.approx(simulate_bound(bound).makespan_s + 2 * 0.5)
+    # A run's own times give it back where the run, as they and the cost simulate it, waited.
+    own = {"a": 1.0, "b": 1.5, "c": 1.5}
+    assert without_after_message(own, bound, cost) == pytest.approx({"a": 1.0, "b": 1.0, "c": 1.0})
+    assert MessageCost.from_dict(cost.to_dict()) == cost
+
+
 def test_a_message_costs_what_its_gap_on_its_rank_gives():
     cost = MessageCost(0.1, 1e-3, 0.2, 0.0, by_gap=((0.0, 0.01, 0.02), (1.0, 0.05, 0.06)))
     assert (cost.send_s(10), cost.receive_s(10)) == (pytest.approx(0.11), 0.2)          # alone

@@ -416,9 +416,10 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
 
 
 def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
-    """``[after sending, after receiving]``: how much longer a small operation takes on this rank (0 or 1)
-    right after it sent (received) a message than right after another operation, medians over ``count``
-    messages each way.
+    """``[after sending, after receiving, after waiting]``: how much longer a small operation takes on this
+    rank (0 or 1) right after it sent a message, received one that was there, or received one it waited
+    for (a millisecond, its thread asleep), than right after another operation; medians over ``count``
+    messages each way (waited for by each rank in turn).
 
     A placed step's operations that read a received tensor ran 15 to 21 us per
     message longer than profiled on the lent machines, those that send 4 to 9 us,
@@ -426,7 +427,8 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
     "Fidelity", session 37); on the development machine an element-wise operation
     right after a receive took ~26 us against 5 to 9 us after another operation,
     on the received tensor or on one its own thread wrote (``bench/op_slowdown.py
-    --part receive``): the cost is the operation's place, not its data.
+    --part receive``): the cost is the operation's place, not its data, and
+    several times larger after a receive the rank waited for (~30 us against ~2).
     """
     import torch
     import torch.distributed as dist
@@ -464,12 +466,28 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
         received.wait()
         after_receiving.append(excess_s())
         sending.wait()
-    return [statistics.median(after_sending[2:]), statistics.median(after_receiving[2:])]
+    after_waiting = []
+    for i in range(count + 2):
+        buf = torch.empty_like(value)
+        received = dist.irecv(buf, src=peer, tag=i)
+        dist.barrier(group=pair)
+        if i % 2 == rank:           # this rank waits; its peer computes a millisecond first
+            sending = dist.isend(value, dst=peer, tag=i)
+            received.wait()
+            after_waiting.append(excess_s())
+        else:
+            compute_for(1e-3)
+            sending = dist.isend(value, dst=peer, tag=i)
+            received.wait()
+        sending.wait()
+    return [statistics.median(after_sending[2:]), statistics.median(after_receiving[2:]),
+            statistics.median(after_waiting[1:])]
 
 
 def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5,
                  timeout_s: float = 120.0) -> tuple[list[tuple[int, float]], list[tuple[int, int, int, float, float]],
-                                                    list[tuple[float, float, float]], tuple[float, float], float]:
+                                                    list[tuple[float, float, float]], tuple[float, float, float],
+                                                    float]:
     """One-way transfer times between CPU processes over gloo on 127.0.0.1, and a message's host cost.
 
     Spawns ``ranks`` processes; rank 0 exchanges a tensor of each size with every other
@@ -482,7 +500,8 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
     way (medians over both ranks): a message costs less in a stream
     (:attr:`placer.cost.messages.MessageCost.by_gap`). Then how much longer an
     operation takes right after a message than after another operation (the mean of
-    both ranks' medians, after sending and after receiving). And the seconds the last
+    both ranks' medians, after sending, after receiving, after waiting to receive).
+    And the seconds the last
     rank to reach a barrier of all ranks spends in it (median): how a runtime's step
     ends.
 
@@ -490,7 +509,7 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
     -------
     (list of (bytes, seconds), list of (0, 1, bytes, sending seconds, receiving seconds),
     list of (gap seconds, sending seconds, receiving seconds), (after sending seconds,
-    after receiving seconds), barrier seconds)
+    after receiving seconds, after waiting seconds), barrier seconds)
 
     Raises
     ------
@@ -611,7 +630,7 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
     import torch
 
     sizes = list(sizes)
-    messages, streams, after_message, barrier_s = [], [], (0.0, 0.0), None
+    messages, streams, after_message, barrier_s = [], [], (0.0, 0.0, 0.0), None
     if backend == "gloo":
         trips, messages, streams, after_message, barrier_s = measure_gloo(ranks, sizes, repeats, timeout_s)
         measured = {"gloo": trips}
@@ -629,7 +648,8 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
 
 
 def _message_cost(messages: list[tuple[int, int, int, float, float]],
-                  streams: list[tuple[float, float, float]], after_message: tuple[float, float]) -> MessageCost:
+                  streams: list[tuple[float, float, float]],
+                  after_message: tuple[float, float, float]) -> MessageCost:
     """The cost fitted to the messages timed alone, with the streams' fixed parts by gap (their bytes' share
     at the fitted per-byte cost taken off) and what an operation right after a message loses (never below
     zero)."""
@@ -637,6 +657,7 @@ def _message_cost(messages: list[tuple[int, int, int, float, float]],
     by_gap = tuple((gap, max(0.0, sent - STREAM_MESSAGE_BYTES * alone.send_per_byte_s),
                     max(0.0, received - STREAM_MESSAGE_BYTES * alone.receive_per_byte_s))
                    for gap, sent, received in streams)
-    after_sending, after_receiving = (max(0.0, s) for s in after_message)
-    return replace(alone, by_gap=by_gap, after_send_s=after_sending, after_receive_s=after_receiving)
+    after_sending, after_receiving, after_waiting = (max(0.0, s) for s in after_message)
+    return replace(alone, by_gap=by_gap, after_send_s=after_sending, after_receive_s=after_receiving,
+                   after_wait_s=after_waiting)
 

@@ -141,7 +141,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                        title="a message's fixed host cost in a stream of them")
         print(f"an operation right after a message, against one after another operation: "
               f"{cost.after_send_s * 1e6:.1f} us longer after sending, {cost.after_receive_s * 1e6:.1f} us after "
-              "receiving (charged to the nodes that send and receive)")
+              f"receiving, {cost.after_wait_s * 1e6:.1f} us after waiting to receive (charged to the nodes that "
+              "send and receive)")
     if cal.barrier_s is not None:
         print(f"the last of {args.ranks} ranks to reach a barrier spends {cal.barrier_s * 1e6:.1f} us in it "
               f"(how a step of the process-per-device runtime ends)")

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..sim import SimResult
 
 __all__ = ["MessageCost", "messages_graph", "plan_messages", "message_gaps", "simulate_with_messages",
-           "spread_over_gaps", "without_after_message"]
+           "spread_over_gaps", "without_after_message", "waiting_nodes"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -53,9 +53,11 @@ class MessageCost:
 
     ``after_send_s`` and ``after_receive_s`` are what the rank's next operation
     loses, beyond the message's own host time, for coming right after a send
-    (a receive) instead of after another operation, as the profile times it
-    (:func:`placer.cost.calibrate.measure_gloo`); a cost fitted to a run's
-    messages has none, since the run's own op times hold them.
+    (a receive) instead of after another operation, as the profile times it,
+    and ``after_wait_s`` what it loses right after a receive the rank waited for
+    (its thread slept: several times more, on the development machine ~30 us
+    against ~2 to 10; :func:`placer.cost.calibrate.measure_gloo`); a cost fitted
+    to a run's messages has none, since the run's own op times hold them.
     """
 
     send_fixed_s: float
@@ -65,6 +67,7 @@ class MessageCost:
     by_gap: tuple[tuple[float, float, float], ...] = ()
     after_send_s: float = 0.0
     after_receive_s: float = 0.0
+    after_wait_s: float = 0.0
 
     @classmethod
     def fit(cls, messages: Sequence[tuple[int, int, int, float, float]]) -> "MessageCost":
@@ -104,7 +107,7 @@ class MessageCost:
             doc["by_gap"] = [list(point) for point in self.by_gap]
         else:
             del doc["by_gap"]
-        for name in ("after_send_s", "after_receive_s"):
+        for name in ("after_send_s", "after_receive_s", "after_wait_s"):
             if not doc[name]:
                 del doc[name]
         return doc
@@ -124,7 +127,7 @@ class MessageCost:
         if any(b[0] <= a[0] for a, b in zip(by_gap, by_gap[1:])):
             raise FormatError(f"{where}: field 'by_gap': gaps must ascend, got {[p[0] for p in by_gap]}")
         return cls(*(f.number(name.name, required=True) for name in dataclasses.fields(cls)[:4]), tuple(by_gap),
-                   f.number("after_send_s", default=0.0), f.number("after_receive_s", default=0.0))
+                   *(f.number(name, default=0.0) for name in ("after_send_s", "after_receive_s", "after_wait_s")))
 
     def _fixed(self, side: int, alone: float, gap_s: float | None) -> float:
         if gap_s is None or not self.by_gap:
@@ -143,15 +146,17 @@ class MessageCost:
 
 def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: dict[str, float],
                    cost: MessageCost, gaps: Sequence[tuple[float, float]] | None = None,
-                   messages: Sequence[tuple[int, int, int]] | None = None) -> OpGraph:
+                   messages: Sequence[tuple[int, int, int]] | None = None,
+                   waited: "set[int] | None" = None) -> OpGraph:
     """``graph`` costed for one plan: each node's own time plus the host time of the messages the plan gives it.
 
     The plan's messages are the reference model's transfers (FORMATS.md rule 4:
     one per tensor and destination device, of the largest ``bytes`` among its
     edges there). Its producer pays the sending, the first of its consumers in
     the destination device's order the receiving; a node that sends (receives)
-    also pays :attr:`MessageCost.after_send_s` (``after_receive_s``) once, for the
-    operation that follows its messages. With a run's own times (a
+    also pays :attr:`MessageCost.after_send_s` (``after_receive_s``, or
+    ``after_wait_s`` where it waited for its messages) once, for the operation
+    that follows its messages. With a run's own times (a
     run's ``op_s`` less its ``op_message_s``) and its :class:`MessageCost`, the
     simulator predicts other plans than the one that ran, as FastT's loop needs.
 
@@ -172,6 +177,9 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
     messages : sequence of (int, int, int), optional
         The plan's messages, as :func:`plan_messages` gives them (computed
         when not given): ``gaps`` follow their order.
+    waited : set of int, optional
+        The nodes that wait for a message before they start (:func:`waiting_nodes`
+        of a schedule of the plan); without it, none.
 
     Returns
     -------
@@ -187,9 +195,11 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
     for (producer, consumer, nbytes), (send_gap, receive_gap) in zip(messages, gaps or [(None, None)] * len(messages)):
         seconds[producer] += cost.send_s(nbytes, send_gap)
         seconds[consumer] += cost.receive_s(nbytes, receive_gap)
+    receivers = {consumer for _, consumer, _ in messages}
+    waited = receivers & (waited or set())
     for nodes, after_s in (({producer for producer, _, _ in messages}, cost.after_send_s),
-                           ({consumer for _, consumer, _ in messages}, cost.after_receive_s)):
-        if after_s:
+                           (receivers - waited, cost.after_receive_s), (waited, cost.after_wait_s)):
+        if after_s and nodes:
             seconds[list(nodes)] += after_s
     return apply_placed_times(graph, device_of, cluster, dict(zip(graph.ids, seconds.tolist())))
 
@@ -239,6 +249,17 @@ def message_gaps(messages: Sequence[tuple[int, int, int]], bound: BoundPlan,
     return [(send, receive) for send, receive in gaps]
 
 
+def waiting_nodes(schedule: "SimResult", orders: Sequence[np.ndarray]) -> set[int]:
+    """The nodes that start later than their device could have (after its previous node, or the step's
+    start), so waited for a message from another device: in a process-per-device run, their rank blocked
+    in a receive."""
+    waited = set()
+    for order in orders:
+        free = np.concatenate([[0.0], schedule.finish[order[:-1]]])
+        waited.update(order[schedule.start[order] > free + 1e-12].tolist())
+    return waited
+
+
 def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str, float] | None = None,
                            passes: int = 3, messages: Sequence[tuple[int, int, int]] | None = None) -> "SimResult":
     """The plan simulated with its messages' host cost (:func:`messages_graph`) on its nodes.
@@ -252,6 +273,9 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
     records, with a step-shaped cost, 15.7% and 15.9% mean error against 12.8%
     and 14.1% (docs/benchmarks.md, "Fidelity"). ``messages``, where the caller
     has them, are the plan's (:func:`plan_messages`, computed when not given).
+    Likewise, where ``cost`` charges the operation after a receive its rank waited
+    for (:attr:`MessageCost.after_wait_s`), each pass charges it to the nodes
+    that waited in the pass before (:func:`waiting_nodes`; in the first, none).
 
     Returns
     -------
@@ -265,13 +289,17 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
     if messages is None:
         messages = plan_messages(bound.graph, bound)
     gaps = [(0.0, 0.0)] * len(messages) if cost.by_gap else None
+    waited: set[int] = set()
     schedule = None
-    for _ in range(passes if cost.by_gap else 1):
-        costed = messages_graph(bound.graph, bound, bound.cluster, own_s or {}, cost, gaps, messages)
+    for _ in range(passes if cost.by_gap or cost.after_wait_s else 1):
+        costed = messages_graph(bound.graph, bound, bound.cluster, own_s or {}, cost, gaps, messages, waited)
         before, schedule = schedule, simulate_bound(BoundPlan(costed, bound.cluster, bound.device_of, bound.order))
         if before is not None and abs(schedule.makespan_s - before.makespan_s) <= 1e-3 * before.makespan_s:
             break
-        gaps = message_gaps(messages, bound, schedule)
+        if cost.by_gap:
+            gaps = message_gaps(messages, bound, schedule)
+        if cost.after_wait_s:
+            waited = waiting_nodes(schedule, bound.order if bound.order is not None else schedule.device_orders())
     return schedule
 
 
@@ -291,7 +319,7 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
     (docs/benchmarks.md, "Fidelity").
 
     It also takes the calibration's cost of the operation right after a message
-    (:attr:`MessageCost.after_send_s`, ``after_receive_s``), which a run's own
+    (:attr:`MessageCost.after_send_s`, ``after_receive_s``, ``after_wait_s``), which a run's own
     op times hold for its plan's messages only: predict another plan from them
     less it (:func:`without_after_message`).
 
@@ -309,7 +337,8 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
     to_receive = fitted.receive_fixed_s / receiving if receiving > 0 else 1.0
     return dataclasses.replace(fitted, by_gap=tuple((gap, sent * to_send, received * to_receive)
                                                     for gap, sent, received in calibrated.by_gap),
-                               after_send_s=calibrated.after_send_s, after_receive_s=calibrated.after_receive_s)
+                               after_send_s=calibrated.after_send_s, after_receive_s=calibrated.after_receive_s,
+                               after_wait_s=calibrated.after_wait_s)
 
 
 def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: MessageCost) -> dict[str, float]:
@@ -319,15 +348,23 @@ def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: Messa
     lost for coming right after a message of the plan that ran (``bound``);
     :func:`messages_graph` charges another plan's instead. Each node that sends
     gives back :attr:`MessageCost.after_send_s`, each that receives
-    ``after_receive_s``, once, never below zero. On the development machine's
-    session 37 record, each plan predicted from another plan's run: 57.8% ->
-    50.6% mean error (docs/benchmarks.md, "Fidelity").
+    ``after_receive_s`` (``after_wait_s`` where it waited for its messages in
+    the run as its own times and ``cost`` simulate it), once, never below zero.
+    On the development machine's session 37 records, each plan predicted from
+    another plan's run: 57.8% -> 50.6% and 48.2% -> 41.2% mean error
+    (docs/benchmarks.md, "Fidelity").
     """
-    if not (cost.after_send_s or cost.after_receive_s):
+    if not (cost.after_send_s or cost.after_receive_s or cost.after_wait_s):
         return own_s
     messages = plan_messages(bound.graph, bound)
     ids = bound.graph.ids
-    sends = {ids[producer] for producer, _, _ in messages}
-    receives = {ids[consumer] for _, consumer, _ in messages}
-    return {node: max(0.0, seconds - cost.after_send_s * (node in sends) - cost.after_receive_s * (node in receives))
-            for node, seconds in own_s.items()}
+    waited: set[int] = set()
+    if cost.after_wait_s:
+        as_run = simulate_with_messages(bound, dataclasses.replace(cost, after_send_s=0.0, after_receive_s=0.0,
+                                                                   after_wait_s=0.0), own_s, messages=messages)
+        waited = waiting_nodes(as_run, bound.order if bound.order is not None else as_run.device_orders())
+    back = dict.fromkeys((ids[producer] for producer, _, _ in messages), cost.after_send_s)
+    for consumer in {consumer for _, consumer, _ in messages}:
+        back[ids[consumer]] = back.get(ids[consumer], 0.0) + (cost.after_wait_s if consumer in waited
+                                                              else cost.after_receive_s)
+    return {node: max(0.0, seconds - back.get(node, 0.0)) for node, seconds in own_s.items()}
