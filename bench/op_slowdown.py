@@ -33,9 +33,10 @@ sent? The fidelity records' operations that read a received tensor ran 15 to
 runtime's ranks: rank 1 writes a tensor and sends it, rank 0 receives it into a
 buffer posted before (as :func:`placer.runtime.program.receive_buffer`) and
 times an element-wise operation first after the receive and after another
-operation, on the received tensor and on one its own thread wrote: whether it
-is the tensor's bytes or the operation's place right after a message that
-costs; medians per size.
+operation, on the received tensor and on one its own thread wrote, and first
+after a receive it waited for (its peer sending a millisecond late): whether
+it is the tensor's bytes or the operation's place right after a message that
+costs, and whether the rank's sleep in a wait adds to it; medians per size.
 
     PYTHONPATH=. python bench/op_slowdown.py [--part load|drift|ranks|receive] [--models resnet,vgg] [--rounds 6]
     PYTHONPATH=. python bench/op_slowdown.py --replay bench/data/op_slowdown-h200-s23-drift2.log
@@ -384,14 +385,24 @@ def _receive_rank(rank: int, port: int, repeats: int, queue) -> None:
         torch.add(tensor, 1.0)
         return clock() - began
 
+    def compute_for(seconds: float, tensor) -> None:
+        deadline = clock() + seconds
+        while clock() < deadline:
+            torch.add(tensor, 1.0)
+
     rows = []
     for size in RECEIVE_SIZES:
-        samples = []
-        for rep in range(2 * repeats + 2):      # the first of each way warms up
+        # Per repetition, in turn: the received tensor first after a receive that was there, the rank's
+        # own first, the received one first after a receive it waited for (its peer sends a millisecond late).
+        samples: list[list[float]] = [[], [], [], [], []]
+        for rep in range(3 * repeats + 3):      # the first of each way warms up
+            mode = rep % 3
             if rank == 1:
                 sent = torch.empty(size // 4)
                 sent.fill_(float(rep))
                 dist.barrier()
+                if mode == 2:
+                    compute_for(1e-3, sent)
                 dist.send(sent, dst=0)
                 continue
             own = torch.empty(size // 4)
@@ -399,17 +410,21 @@ def _receive_rank(rank: int, port: int, repeats: int, queue) -> None:
             buf = torch.empty(size // 4)
             request = dist.irecv(buf, src=1)
             dist.barrier()
+            if mode < 2:
+                compute_for(300e-6, own)        # until the message is surely there
             request.wait()
-            # Alternately the received tensor or the rank's own first after the receive, the other second.
-            if rep % 2:
-                first_own_s, received_s = timed(own), timed(buf)
-                samples.append((None, received_s, first_own_s, None))
+            if rep < 3:
+                continue
+            if mode == 0:
+                samples[0].append(timed(buf))
+                samples[3].append(timed(own))
+            elif mode == 1:
+                samples[2].append(timed(own))
+                samples[1].append(timed(buf))
             else:
-                first_received_s, own_s = timed(buf), timed(own)
-                samples.append((first_received_s, None, None, own_s))
+                samples[4].append(timed(buf))
         if rank == 0:
-            columns = [[x for x in column if x is not None] for column in zip(*samples[2:])]
-            rows.append((size, *(statistics.median(column) for column in columns)))
+            rows.append((size, *(statistics.median(column) for column in samples)))
     dist.destroy_process_group()
     if rank == 0:
         queue.put(rows)
@@ -429,13 +444,13 @@ def receive(args) -> None:
     for p in procs:
         p.join()
     print(f"{os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.1f}; torch.add(x, 1.0) on rank 0 "
-          f"(us, median of {args.steps} each), x received or written by its own thread, first after the receive "
-          "or after another operation:")
+          f"(us, median of {args.steps} each), x received or written by its own thread, first after a receive "
+          "that was there or after another operation, and first after a receive it waited for:")
     print(f"{'bytes':>9} {'received, first':>16} {'received, after op':>19} {'own, first':>11} "
-          f"{'own, after op':>14}")
-    for size, received_first, received_after, own_first, own_after in rows:
+          f"{'own, after op':>14} {'received, first after waiting':>30}")
+    for size, received_first, received_after, own_first, own_after, waited_first in rows:
         print(f"{size:9d} {received_first * 1e6:16.1f} {received_after * 1e6:19.1f} {own_first * 1e6:11.1f} "
-              f"{own_after * 1e6:14.1f}")
+              f"{own_after * 1e6:14.1f} {waited_first * 1e6:30.1f}")
 
 
 def main() -> int:
