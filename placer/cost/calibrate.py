@@ -425,10 +425,10 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
     message longer than profiled on the lent machines, those that send 4 to 9 us,
     where the profile runs every operation right after another (docs/benchmarks.md,
     "Fidelity", session 37); on the development machine an element-wise operation
-    right after a receive took ~26 us against 5 to 9 us after another operation,
+    right after a receive took a few microseconds more than after another
+    operation, and about 30 us more right after a receive its rank waited for,
     on the received tensor or on one its own thread wrote (``bench/op_slowdown.py
-    --part receive``): the cost is the operation's place, not its data, and
-    several times larger after a receive the rank waited for (~30 us against ~2).
+    --part receive``): the cost is the operation's place, not its data.
     """
     import torch
     import torch.distributed as dist
