@@ -262,8 +262,7 @@ def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
     if cost is not None:
         calibrated_messages = step_with_messages(run, cost, None) + run.calibrated_barrier_s
         if cost.after_send_s or cost.after_receive_s or cost.after_wait_s:
-            plain = step_with_messages(run, dataclasses.replace(cost, after_send_s=0.0, after_receive_s=0.0,
-                                                                after_wait_s=0.0), None) + run.calibrated_barrier_s
+            plain = step_with_messages(run, cost.host_only(), None) + run.calibrated_barrier_s
     case = (run.model, run.graph.num_nodes, run.cluster_name, run.algorithm, len(set(run.plan.placement.values())))
     return case, run.measured_s, {
         "calibrated": run.plan.predicted["makespan_s"],

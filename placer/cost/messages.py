@@ -129,6 +129,20 @@ class MessageCost:
         return cls(*(f.number(name.name, required=True) for name in dataclasses.fields(cls)[:4]), tuple(by_gap),
                    *(f.number(name, default=0.0) for name in ("after_send_s", "after_receive_s", "after_wait_s")))
 
+    def host_only(self) -> "MessageCost":
+        """This cost without the charges for the operations after messages (the messages' host time alone)."""
+        return dataclasses.replace(self, after_send_s=0.0, after_receive_s=0.0, after_wait_s=0.0)
+
+    def after_message_s(self, messages: Sequence[tuple[int, int, int]], waited: "set[int]") -> dict[int, float]:
+        """Node index -> what the operation after its messages loses: ``after_send_s`` once for a node
+        that sends, plus ``after_receive_s`` once for one that receives (``after_wait_s`` if it is in
+        ``waited``)."""
+        charged = dict.fromkeys((producer for producer, _, _ in messages), self.after_send_s)
+        for consumer in {consumer for _, consumer, _ in messages}:
+            charged[consumer] = charged.get(consumer, 0.0) + (self.after_wait_s if consumer in waited
+                                                              else self.after_receive_s)
+        return charged
+
     def _fixed(self, side: int, alone: float, gap_s: float | None) -> float:
         if gap_s is None or not self.by_gap:
             return alone
@@ -195,12 +209,8 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
     for (producer, consumer, nbytes), (send_gap, receive_gap) in zip(messages, gaps or [(None, None)] * len(messages)):
         seconds[producer] += cost.send_s(nbytes, send_gap)
         seconds[consumer] += cost.receive_s(nbytes, receive_gap)
-    receivers = {consumer for _, consumer, _ in messages}
-    waited = receivers & (waited or set())
-    for nodes, after_s in (({producer for producer, _, _ in messages}, cost.after_send_s),
-                           (receivers - waited, cost.after_receive_s), (waited, cost.after_wait_s)):
-        if after_s and nodes:
-            seconds[list(nodes)] += after_s
+    for node, after_s in cost.after_message_s(messages, waited or set()).items():
+        seconds[node] += after_s
     return apply_placed_times(graph, device_of, cluster, dict(zip(graph.ids, seconds.tolist())))
 
 
@@ -249,12 +259,12 @@ def message_gaps(messages: Sequence[tuple[int, int, int]], bound: BoundPlan,
     return [(send, receive) for send, receive in gaps]
 
 
-def waiting_nodes(schedule: "SimResult", orders: Sequence[np.ndarray]) -> set[int]:
-    """The nodes that start later than their device could have (after its previous node, or the step's
-    start), so waited for a message from another device: in a process-per-device run, their rank blocked
-    in a receive."""
+def waiting_nodes(schedule: "SimResult", orders: Sequence[np.ndarray] | None = None) -> set[int]:
+    """The nodes that start later than their device could have (after its previous node in ``orders``,
+    the schedule's own by default, or the step's start), so waited for a message from another device:
+    in a process-per-device run, their rank blocked in a receive."""
     waited = set()
-    for order in orders:
+    for order in schedule.device_orders() if orders is None else orders:
         free = np.concatenate([[0.0], schedule.finish[order[:-1]]])
         waited.update(order[schedule.start[order] > free + 1e-12].tolist())
     return waited
@@ -299,7 +309,7 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
         if cost.by_gap:
             gaps = message_gaps(messages, bound, schedule)
         if cost.after_wait_s:
-            waited = waiting_nodes(schedule, bound.order if bound.order is not None else schedule.device_orders())
+            waited = waiting_nodes(schedule, bound.order)
     return schedule
 
 
@@ -357,14 +367,9 @@ def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: Messa
     if not (cost.after_send_s or cost.after_receive_s or cost.after_wait_s):
         return own_s
     messages = plan_messages(bound.graph, bound)
-    ids = bound.graph.ids
     waited: set[int] = set()
     if cost.after_wait_s:
-        as_run = simulate_with_messages(bound, dataclasses.replace(cost, after_send_s=0.0, after_receive_s=0.0,
-                                                                   after_wait_s=0.0), own_s, messages=messages)
-        waited = waiting_nodes(as_run, bound.order if bound.order is not None else as_run.device_orders())
-    back = dict.fromkeys((ids[producer] for producer, _, _ in messages), cost.after_send_s)
-    for consumer in {consumer for _, consumer, _ in messages}:
-        back[ids[consumer]] = back.get(ids[consumer], 0.0) + (cost.after_wait_s if consumer in waited
-                                                              else cost.after_receive_s)
+        waited = waiting_nodes(simulate_with_messages(bound, cost.host_only(), own_s, messages=messages),
+                               bound.order)
+    back = {bound.graph.ids[node]: after_s for node, after_s in cost.after_message_s(messages, waited).items()}
     return {node: max(0.0, seconds - back.get(node, 0.0)) for node, seconds in own_s.items()}
