@@ -74,6 +74,7 @@ class UpdateTemplates:
         kind = _kind(param)
         if kind in self._templates:
             return
+
         def update(p, g, *s):
             self.opt.update(p, g, s)
 
