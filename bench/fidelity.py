@@ -207,6 +207,21 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     return step_with_messages(run, cost, source) + source.tail_s
 
 
+@functools.cache
+def run_own_times(run: Run) -> dict[str, float]:
+    """Each node's own time in ``run``: its measured time less its messages' host time
+    (:func:`placer.runtime.feedback.own_times`). Read only: the replay's predictions share it."""
+    from placer.runtime.feedback import own_times
+
+    return own_times(run.op_s, run.op_message_s)
+
+
+def run_own_seconds(run: Run) -> np.ndarray:
+    """:func:`run_own_times` per node of ``run``'s graph, NaN where the run has none."""
+    own = run_own_times(run)
+    return np.array([own.get(node, np.nan) for node in run.graph.ids])
+
+
 @functools.cache        # the tables and the gap's split ask for the same simulations
 def step_with_messages(run: Run, cost, ops_from: Run | None) -> float:
     """``run``'s plan simulated with ``cost`` charged for its messages, each node at the own time ``ops_from``
@@ -214,10 +229,9 @@ def step_with_messages(run: Run, cost, ops_from: Run | None) -> float:
     ``ops_from``'s messages: :func:`placer.cost.messages.without_after_message`) or, without one, at its
     profiled time."""
     from placer.cost.messages import simulate_with_messages, without_after_message
-    from placer.runtime.feedback import own_times
 
     own = {} if ops_from is None else without_after_message(
-        own_times(ops_from.op_s, ops_from.op_message_s), ops_from.plan.bind(ops_from.graph, ops_from.cluster), cost)
+        run_own_times(ops_from), ops_from.plan.bind(ops_from.graph, ops_from.cluster), cost)
     return simulate_with_messages(run.plan.bind(run.graph, run.cluster), cost, own).makespan_s
 
 
@@ -227,7 +241,6 @@ def run_message_cost(run: Run):
     gap where it has them (:func:`placer.cost.messages.spread_over_gaps`); None for a run recorded without
     messages."""
     from placer.cost.messages import MessageCost, spread_over_gaps
-    from placer.runtime.feedback import own_times
 
     if not run.message_s:
         return None
@@ -235,7 +248,7 @@ def run_message_cost(run: Run):
     if run.calibrated_message_cost is None:
         return fitted
     return spread_over_gaps(fitted, run.calibrated_message_cost, run.plan.bind(run.graph, run.cluster),
-                            own_times(run.op_s, run.op_message_s))
+                            run_own_times(run))
 
 
 #: The predictions of a run the table shows: key, column, and how the summary says it.
@@ -467,11 +480,9 @@ def beside_messages(run: Run) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, 
     it has none), and the messages it sends and receives (as the first consumer of a tensor from another
     rank) under the plan."""
     from placer.cost.messages import plan_messages
-    from placer.runtime.feedback import own_times
 
     bound, profiled = placed_profile(run)
-    own = own_times(run.op_s, run.op_message_s)
-    ran = np.array([own.get(node, np.nan) for node in run.graph.ids])
+    ran = run_own_seconds(run)
     sends, receives = np.zeros(run.graph.num_nodes), np.zeros(run.graph.num_nodes)
     for producer, consumer, _ in plan_messages(run.graph, bound):
         sends[producer] += 1
@@ -545,12 +556,9 @@ def placed_profile(run: Run):
 def rank_slowdowns(run: Run, over_s: float = 50e-6) -> dict[int, float]:
     """Per rank, its operations' own time in the run over their profiled time (operations profiled over
     ``over_s``): how much slower each rank computed than the profile said."""
-    from placer.runtime.feedback import own_times
-
     bound, profiled = placed_profile(run)
     device_of = bound.device_of
-    own = own_times(run.op_s, run.op_message_s)
-    ran = np.array([own.get(node, np.nan) for node in run.graph.ids])
+    ran = run_own_seconds(run)
     timed = (profiled > over_s) & ~np.isnan(ran)
     return {rank: float(ran[timed & (device_of == rank)].sum() / profiled[timed & (device_of == rank)].sum())
             for rank in range(run.cluster.num_devices) if (timed & (device_of == rank)).sum() >= 5}
@@ -636,10 +644,9 @@ def per_op_residual_s(run: Run, probe_s: float = 3e-6) -> float:
     prediction and the same with ``probe_s`` added to every node. What the run spent per operation that no
     operation's time holds."""
     from placer.cost.messages import simulate_with_messages
-    from placer.runtime.feedback import own_times
 
     bound, profiled = placed_profile(run)
-    own = own_times(run.op_s, run.op_message_s)
+    own = run_own_times(run)
     probed = {node: own.get(node, profiled[i]) + probe_s for i, node in enumerate(run.graph.ids)}
     base = predicted_with_messages(run, run)
     more = simulate_with_messages(bound, run_message_cost(run), probed).makespan_s + run.tail_s
@@ -713,10 +720,8 @@ def print_rank_slowdowns(runs: list[Run]) -> None:
 
 def operator_slowdowns(run: Run, totals: dict[str, list[float]]) -> None:
     """Add to ``totals``, per operator (``graph.op``), its nodes' profiled seconds and own seconds in the run."""
-    from placer.runtime.feedback import own_times
-
     _, profiled = placed_profile(run)
-    own = own_times(run.op_s, run.op_message_s)
+    own = run_own_times(run)
     for i, node in enumerate(run.graph.ids):
         if node in own:
             entry = totals.setdefault(run.graph.op[i], [0.0, 0.0])
