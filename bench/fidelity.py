@@ -31,7 +31,9 @@ For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
 
 Error = (predicted - measured) / measured. Prints Markdown tables, then where
 the prediction before a run parts from the run's (op times, message cost, the
-step's end, what is left per operation; with rounds, their spread), how
+step's end, what is left per operation; with rounds, their spread), what it
+would be with the message cost of another model's round-robin run instead of
+the calibration's streams (a calibration by a probe plan), how
 much slower each rank computed than profiled and, from the traces, whether
 operations run slower just after their rank blocked or while the other ranks
 compute, and the command to reproduce them.
@@ -43,6 +45,11 @@ on both sides alike: a plan's measured step is the median of every round's
 steps after warm-up, its operations' times the median over the rounds, and
 its prediction comes from the median of the rounds' profiles (the plans are
 made from the first).
+
+With ``--probe``, the calibration takes a message's host cost from a probe run
+(``placer calibrate --probe``: :func:`placer.cost.calibrate.measure_probe`), so
+the predictions before a run use it; the record keeps the streams' cost too,
+and the summary compares the two.
 
 With ``--record DIR``, what each run measured is kept there (the profiled
 graph, the calibrated cluster, the plan, and the run's step, operation,
@@ -151,6 +158,8 @@ class Run:
     calibrated_barrier_s: float = 0.0                                # recorded since session 24 (after s24c)
     # The last step's measured trace events (run_trace's), where the record keeps them (live runs, sample s24c).
     trace_events: list = dataclasses.field(default_factory=list)
+    # With --probe (since session 38): the calibration's streams' message cost, calibrated_message_cost the probe's.
+    stream_message_cost: Any = None
 
     @property
     def measured_s(self) -> float:
@@ -308,6 +317,8 @@ def record_run(folder: str, run: Run, result) -> None:
                          "round_step_s": run.round_step_s, "calibrated_barrier_s": run.calibrated_barrier_s})
     if run.calibrated_message_cost is not None:
         measured["calibrated_message_cost"] = run.calibrated_message_cost.to_dict()
+    if run.stream_message_cost is not None:
+        measured["stream_message_cost"] = run.stream_message_cost.to_dict()
     write_text_atomic(stem + "-run.json", json.dumps(measured, separators=(",", ":")))
 
 
@@ -354,7 +365,9 @@ def recorded_runs(source: str) -> list[Run]:
                             MessageCost.from_dict(measured["calibrated_message_cost"]),
                             measured["tail_s"] if "tail_s" in measured else trace_tail_s(trace),
                             measured.get("round_step_s", []), measured.get("calibrated_barrier_s", 0.0),
-                            [] if trace is None else trace["traceEvents"]))
+                            [] if trace is None else trace["traceEvents"],
+                            measured.get("stream_message_cost") and
+                            MessageCost.from_dict(measured["stream_message_cost"])))
     return runs
 
 
@@ -473,6 +486,56 @@ def print_gap_parts(runs: list[Run]) -> None:
               "or the run's, without the step's end: " + "; ".join(
                   f"{ops} op times, {messages} message cost {statistics.mean(map(abs, e)):.1%} "
                   f"({statistics.mean(e):+.1%})" for (ops, messages), e in parts.items()))
+
+
+def print_probe_message_cost(runs: list[Run]) -> None:
+    """The prediction before a run with the message cost of another model's round-robin run instead of the
+    calibration's streams: what a calibration by a probe plan (a small model placed round robin, run, and its
+    messages fitted) would give.
+
+    Each run is predicted with its profiled op times and, per round-robin run of another model over the same
+    cluster, that run's fitted message cost (:func:`run_message_cost`, shaped over gaps by its calibration);
+    the median over those models, against the calibrated message cost, both without the step's end
+    (as :func:`print_gap_parts`). Out of sample: the model, and so the plan, is never the run's own.
+    """
+    from placer.cost.messages import simulate_with_messages
+
+    donors: dict[str, list[Run]] = {}
+    for run in runs:
+        if run.algorithm == "round_robin" and run.message_s:
+            donors.setdefault(run.cluster_name, []).append(run)
+    errors: dict[str, dict[str, list[float]]] = {}      # plan -> way -> errors
+    for run in runs:
+        others = [donor for donor in donors.get(run.cluster_name, []) if donor.model != run.model]
+        if not others or run.calibrated_message_cost is None:
+            continue
+        bound = run.plan.bind(run.graph, run.cluster)
+        probed = statistics.median(simulate_with_messages(bound, run_message_cost(donor)).makespan_s
+                                   for donor in others)
+        calibrated = step_with_messages(run, run.calibrated_message_cost, None)
+        for plans in ("all", run.algorithm):
+            by_way = errors.setdefault(plans, {})
+            by_way.setdefault("calibrated", []).append(calibrated / run.measured_s - 1)
+            by_way.setdefault("probe", []).append(probed / run.measured_s - 1)
+    for plans, by_way in errors.items():
+        calibrated, probed = by_way["calibrated"], by_way["probe"]
+        print(f"mean |error| (mean error) over {len(probed)} runs ({plans}), profiled op times, without the "
+              f"step's end: calibrated message cost {statistics.mean(map(abs, calibrated)):.1%} "
+              f"({statistics.mean(calibrated):+.1%}); another model's round-robin run's message cost "
+              f"{statistics.mean(map(abs, probed)):.1%} ({statistics.mean(probed):+.1%})")
+    streams: dict[str, list[tuple[float, float]]] = {}
+    for run in runs:
+        if run.stream_message_cost is not None:     # calibrated with --probe: both costs recorded
+            for plans in ("all", run.algorithm):
+                streams.setdefault(plans, []).append(
+                    (step_with_messages(run, run.calibrated_message_cost, None) / run.measured_s - 1,
+                     step_with_messages(run, run.stream_message_cost, None) / run.measured_s - 1))
+    for plans, pairs in streams.items():
+        probed, streamed = zip(*pairs)
+        print(f"mean |error| (mean error) over {len(pairs)} runs ({plans}), profiled op times, without the step's "
+              f"end: the calibration's probe run's message cost {statistics.mean(map(abs, probed)):.1%} "
+              f"({statistics.mean(probed):+.1%}); its streams' {statistics.mean(map(abs, streamed)):.1%} "
+              f"({statistics.mean(streamed):+.1%})")
 
 
 def beside_messages(run: Run) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -766,6 +829,7 @@ def report(runs: list[Run]) -> None:
             print(f"the faster of two plans of a case, predicted from a run's {label}: right in {right} of {total}")
     print()
     print_gap_parts(runs)
+    print_probe_message_cost(runs)
     print_residuals(runs)
     print_round_spread(runs)
     print_rank_slowdowns(runs)
@@ -778,6 +842,7 @@ def measure(args: argparse.Namespace) -> list[Run]:
     from placer.algorithms import place
     from placer.cluster import load_cluster
     from placer.cost.calibrate import apply_calibration, calibrate
+    from placer.cost.messages import MessageCost
     from placer.cost.profile import Profile, apply_profile, profile_module
     from placer.runtime.distributed import run_distributed
     from placer.runtime.trace import run_trace
@@ -785,9 +850,11 @@ def measure(args: argparse.Namespace) -> list[Run]:
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
-    calibration = calibrate("gloo", ranks=2)
+    calibration = calibrate("gloo", ranks=2, probe=args.probe)
     link = calibration.links["gloo"]
     cost = calibration.message_cost
+    streams = calibration.meta.get("stream_message_cost")
+    stream_cost = streams and MessageCost.from_dict(streams)
     print(f"gloo link: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s "
           f"(R^2 {link.r2:.3f}); a message's host cost: sending {cost.send_fixed_s * 1e6:.1f} us + "
           f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
@@ -798,6 +865,11 @@ def measure(args: argparse.Namespace) -> list[Run]:
           + f"; the last rank in a barrier {(calibration.barrier_s or 0.0) * 1e6:.1f} us; "
           f"measured in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPU cores, load average "
           f"{os.getloadavg()[0]:.1f}")
+    if stream_cost is not None:
+        print(f"a message's host cost from the probe run ({calibration.meta['probe']['messages']} messages): sending "
+              f"{cost.send_fixed_s * 1e6:.1f} us + {cost.send_per_byte_s * 1e12:.0f} ps/B, receiving "
+              f"{cost.receive_fixed_s * 1e6:.1f} us + {cost.receive_per_byte_s * 1e12:.0f} ps/B; the streams' "
+              f"shape scaled to it (the costs by gap above); the predictions before a run take it")
     runs = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         captured, flat = captured_model(name)
@@ -834,7 +906,8 @@ def measure(args: argparse.Namespace) -> list[Run]:
             run = Run(name, cluster_name, algorithm, graph, cluster, plan, **pooled(rounds),
                       calibrated_message_cost=calibration.message_cost,
                       calibrated_barrier_s=calibration.barrier_s or 0.0,
-                      trace_events=run_trace(rounds[-1].timeline, cluster)["traceEvents"])
+                      trace_events=run_trace(rounds[-1].timeline, cluster)["traceEvents"],
+                      stream_message_cost=stream_cost)
             if args.record:
                 record_run(args.record, run, rounds[-1])
             runs.append(run)
@@ -878,6 +951,9 @@ def main() -> int:
                         help="profile, then run every plan, this many times per model; each plan's steps and op "
                              "times pooled over the rounds, its prediction from every round's profile")
     parser.add_argument("--record", help="folder to keep what each run measured (and its traces) in")
+    parser.add_argument("--probe", action="store_true",
+                        help="calibrate a message's host cost with a probe run (placer calibrate --probe); the "
+                             "replay then also shows the prediction with the streams' cost")
     parser.add_argument("--replay", help="a --record folder or archive: predict its runs again, run nothing")
     parser.add_argument("--rounds-log", help="with --replay: a live --rounds run's output, for the rounds of a "
                                              "record made before records kept them (session 24)")
@@ -918,7 +994,7 @@ def main() -> int:
     print(f"load average now {os.getloadavg()[0]:.1f}")
     print(f"reproduce: PYTHONPATH=. python bench/fidelity.py --steps {args.steps} --models {args.models} "
           f"--clusters {args.clusters} --plans {args.plans} --rounds {args.rounds}"
-          + (f" --record {args.record}" if args.record else ""))
+          + (" --probe" if args.probe else "") + (f" --record {args.record}" if args.record else ""))
     return 0
 
 

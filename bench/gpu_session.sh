@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The checks a lent GPU machine is for, in one run (5.5 minutes in sessions 20 and 22, 8 in session 34): fidelity on
 # its quiet CPU cores (bench/fidelity.py, recorded; since session 37 its table shows the prediction with and without
-# the calibrated cost of the operation right after a message), that cost's probe, the CUDA paths (bench/cuda_check.py; `placer run --verify` on a
+# the calibrated cost of the operation right after a message; since session 38 it calibrates with a probe run,
+# --probe, and compares that message cost with the streams'), that cost's probe, the CUDA paths (bench/cuda_check.py; `placer run --verify` on a
 # GPU, SGD and Adam), the cost model against CUDA kernel times (bench/capture.py), and the test suite under that
 # machine's torch (cut short when time runs out). FIDELITY_TIMEOUT, CAPTURE_TIMEOUT and TESTS_TIMEOUT (seconds) bound
 # the three long parts; session 34 ran it with FIDELITY_ARGS="--rounds 2" FIDELITY_TIMEOUT=250 TESTS_TIMEOUT=90
@@ -31,7 +32,7 @@ lscpu | grep -i -E "model name|socket|core|thread|numa|cache" || true
 echo "== fidelity (quiet cores: run before anything else loads the machine)"
 # FIDELITY_ARGS picks a subset or rounds, e.g. FIDELITY_ARGS="--rounds 2" (session 24 on the H200: the seven
 # models in 2 rounds 245 s, in 3 rounds 288 s), with FIDELITY_TIMEOUT (seconds, default 300).
-timeout "${FIDELITY_TIMEOUT:-300}" "$py" bench/fidelity.py --steps 10 --plans expert,metis,round_robin \
+timeout "${FIDELITY_TIMEOUT:-300}" "$py" bench/fidelity.py --steps 10 --plans expert,metis,round_robin --probe \
   --record /tmp/fidelity-record ${FIDELITY_ARGS:-} 2>&1 | tee "$out/fidelity.log"
 # Without the simulated traces (the replay makes them again); the measured ones give each run's step end.
 tar cJf "$out/fidelity-record.tar.xz" -C /tmp --exclude '*-simulated.json' fidelity-record

@@ -108,7 +108,7 @@ def test_annotated_graph_durations_on_presets():
 
 # -------------------------------------------------------------- calibration
 from placer.cost.calibrate import (MESSAGE_GAPS, Calibration, LinkFit, apply_calibration, calibrate,  # noqa: E402
-                                   fit_link, load_calibration, measure_gloo)
+                                   fit_link, load_calibration, measure_gloo, measure_probe)
 from placer.cost.messages import MessageCost  # noqa: E402
 from placer.errors import FormatError, PlacerError  # noqa: E402
 
@@ -228,6 +228,49 @@ def test_gloo_calibration_options(kwargs, message):
         measure_gloo(**{"ranks": 2, "sizes": [1024], "repeats": 1, **kwargs})
 
 
+def test_probe_run_message_cost():
+    # The streams' shape over gaps, scaled to what the probe's messages cost; their charges for the operation
+    # after a message kept (a profile has none); the per-byte parts the probe's own.
+    streams = MessageCost(3e-5, 0.0, 4e-5, 0.0, by_gap=((0.0, 2e-5, 3e-5), (1e-3, 4e-5, 5e-5)),
+                          after_send_s=1e-6, after_receive_s=2e-6, after_wait_s=3e-6)
+    cost, fitted_to = measure_probe(streams, ("zoo:lenet", 8), steps=2)
+    assert fitted_to > 0
+    assert [gap for gap, _, _ in cost.by_gap] == [0.0, 1e-3]
+    (_, send_0, receive_0), (_, send_1, receive_1) = cost.by_gap
+    assert send_1 / send_0 == pytest.approx(2.0) and receive_1 / receive_0 == pytest.approx(5 / 3)
+    assert (cost.after_send_s, cost.after_receive_s, cost.after_wait_s) == (1e-6, 2e-6, 3e-6)
+    assert send_0 > 0 and receive_0 > 0 and cost.send_per_byte_s >= 0 and cost.receive_per_byte_s >= 0
+
+
+def test_probe_options(monkeypatch):
+    from placer.cost import calibrate as calibrate_module
+
+    monkeypatch.setattr(calibrate_module, "measure_cuda", lambda *a, **k: pytest.fail("measured before the check"))
+    with pytest.raises(OptionError, match="'probe' runs gloo ranks"):
+        calibrate("cuda", probe=True)
+    with pytest.raises(OptionError, match="'steps' must be >= 2"):
+        measure_probe(MessageCost(0.0, 0.0, 0.0, 0.0), steps=1)
+
+
+def test_calibrate_cli_with_a_probe(tmp_path, capsys, monkeypatch):
+    from placer.cli import main
+    from placer.cost import calibrate as calibrate_module
+
+    probed = _calibration()
+    probed.meta.update(probe={"model": "zoo:lenet", "batch": 8, "steps": 2, "messages": 40},
+                       stream_message_cost=probed.message_cost.to_dict())
+    asked = {}
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: asked.update(k) or probed)
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", "--probe", "-o", str(out)]) == 0
+    assert asked["probe"] is True
+    printed = capsys.readouterr().out
+    assert "fitted to 40 messages of a probe run (zoo:lenet, batch 8" in printed and "scaled to the probe run" in printed
+    saved = load_calibration(out)
+    assert saved.meta["probe"]["messages"] == 40 and saved.message_cost == probed.message_cost
+    assert MessageCost.from_dict(saved.meta["stream_message_cost"], "streams") == probed.message_cost
+
+
 def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_path, capsys, monkeypatch):
     from placer.cli import main
     from placer.cost import calibrate as calibrate_module
@@ -238,6 +281,8 @@ def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_pat
     assert "map one with --link LINK=gloo" in capsys.readouterr().err
     assert main(["calibrate", "--backend", "gloo", "--cluster", "4xV100-nvlink", "-o", str(tmp_path / "c.json")]) == 2
     assert "needs '--cluster-output'" in capsys.readouterr().err
+    assert main(["calibrate", "--backend", "cuda", "--probe", "-o", str(tmp_path / "c.json")]) == 2
+    assert "'--probe' runs gloo ranks" in capsys.readouterr().err
     assert main(["calibrate", "--backend", "gloo", "--cluster", "2xcpu", "--link", "foo", *out]) == 2
     assert "give CHANNEL_LINK=MEASURED_LINK" in capsys.readouterr().err
 

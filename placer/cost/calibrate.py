@@ -35,8 +35,8 @@ from ..errors import FormatError, OptionError, PlacerError
 from ..io import Field, check_format, check_number, read_json, write_json_atomic
 from .messages import MessageCost
 
-__all__ = ["LinkFit", "Calibration", "CALIBRATION_FORMAT", "DEFAULT_SIZES", "fit_link",
-           "measure_gloo", "measure_cuda", "calibrate", "load_calibration", "apply_calibration"]
+__all__ = ["LinkFit", "Calibration", "CALIBRATION_FORMAT", "DEFAULT_SIZES", "PROBE_MODEL", "fit_link",
+           "measure_gloo", "measure_probe", "measure_cuda", "calibrate", "load_calibration", "apply_calibration"]
 
 CALIBRATION_FORMAT = "placer.calibration/1"
 
@@ -49,6 +49,11 @@ MESSAGE_SIZE_LIMIT = 4 << 20
 MESSAGE_GAPS: tuple[float, ...] = (0.0, 25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3)
 #: The size of a streamed message (small: its cost is the fixed part).
 STREAM_MESSAGE_BYTES = 1024
+#: The model spec and batch of :func:`measure_probe`'s run: a small ResNet (bench/fidelity.py's
+#: ``resnet``), placed round robin: hundreds of messages a step, of every size from bytes to megabytes.
+PROBE_MODEL: tuple[str, int] = ("zoo:resnet50?depth=14&image_size=32&width=8&classes=10", 32)
+#: Steps of the probe's run (the first is not timed).
+PROBE_STEPS = 6
 
 
 @dataclass
@@ -567,6 +572,70 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
         return trips, messages, streams, after_message, float(last["barrier"])
 
 
+def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, steps: int = PROBE_STEPS,
+                  timeout_s: float = 120.0) -> tuple[MessageCost, int]:
+    """The host cost of a message as a run pays it: a probe model's step placed round robin over two gloo ranks.
+
+    The calibration's streams send one small message at a time; a plan's run
+    sends hundreds in a step, of every size, with all its receives posted as
+    the step begins, and there a message costs more (round-robin runs' sends
+    about twice the streams' on the lent machines: docs/benchmarks.md,
+    "Fidelity"). So the probe runs that: ``model`` (a ``zoo:`` or file spec and
+    a batch, :func:`placer.capture.spec.capture_spec`) placed round robin over
+    ``2xcpu``, ``steps`` steps with the distributed runtime
+    (:func:`placer.runtime.distributed.run_distributed`), and fits its messages
+    (:meth:`MessageCost.fit`), shaped over gaps as ``cost``'s streams
+    (:func:`placer.cost.messages.spread_over_gaps`), whose charges for the
+    operation right after a message it keeps (a profile has none).
+
+    Parameters
+    ----------
+    cost : MessageCost
+        The streams' cost (:func:`measure_gloo`, with costs by gap).
+    model : (str, int)
+        The probe's model spec and batch.
+    steps : int
+        Steps to run (at least 2: the first is not timed).
+    timeout_s : float
+        Longest a rank may wait for a message.
+
+    Returns
+    -------
+    (MessageCost, int)
+        The cost, and how many messages it was fitted to.
+
+    Raises
+    ------
+    OptionError
+        If ``steps < 2``.
+    PlacerError
+        If the run fails or its plan sends no message.
+    """
+    if steps < 2:
+        raise OptionError(f"option 'steps' must be >= 2 (the first is not timed), got {steps}")
+    from ..algorithms import place
+    from ..capture.spec import capture_spec, load_model
+    from ..cluster import load_cluster
+    from ..runtime.distributed import run_distributed
+    from ..runtime.feedback import own_times
+    from .messages import spread_over_gaps
+
+    spec, batch = model
+    captured = capture_spec(spec, batch)
+    flat = captured.step_inputs(*load_model(spec, batch))
+    cluster = load_cluster("2xcpu")
+    plan = place(captured.graph, cluster, "round_robin")
+    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=steps, backend="gloo",
+                             carrier=captured.carrier, timeout_s=timeout_s)
+    if not result.message_s:
+        raise PlacerError(f"the probe {spec!r} sent no message over two ranks; probe with a larger model")
+    fitted = MessageCost.fit(result.message_s)
+    shaped = spread_over_gaps(fitted, cost, plan.bind(captured.graph, cluster),
+                              own_times(result.op_s, result.op_message_s))
+    return replace(shaped, after_send_s=cost.after_send_s, after_receive_s=cost.after_receive_s,
+                   after_wait_s=cost.after_wait_s), len(result.message_s)
+
+
 def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict[str, list[tuple[int, float]]]:
     """Copy times on the GPUs at hand, timed with CUDA events.
 
@@ -617,18 +686,24 @@ def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict
 
 
 def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES,
-              repeats: int = 5, timeout_s: float = 120.0) -> Calibration:
+              repeats: int = 5, timeout_s: float = 120.0, probe: bool = False) -> Calibration:
     """Measure the links of ``backend`` (``"gloo"`` or ``"cuda"``) and fit each.
+
+    With ``probe`` (gloo), a message's host cost is then the one a probe run pays
+    (:func:`measure_probe`); the streams' is kept in ``meta["stream_message_cost"]``,
+    the probe's model, steps and messages in ``meta["probe"]``.
 
     Raises
     ------
     OptionError
-        Unknown backend or bad sizes/repeats/ranks.
+        Unknown backend, bad sizes/repeats/ranks, or ``probe`` without gloo.
     PlacerError
         Measurement failed or timed out, or a link could not be fitted.
     """
     import torch
 
+    if probe and backend != "gloo":
+        raise OptionError("option 'probe' runs gloo ranks: calibrate with backend 'gloo'")
     sizes = list(sizes)
     messages, streams, after_message, barrier_s = [], [], (0.0, 0.0, 0.0), None
     if backend == "gloo":
@@ -644,6 +719,11 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
     if backend == "gloo":
         meta["ranks"] = ranks
     cost = _message_cost(messages, streams, after_message) if messages else None
+    if probe and cost is not None:
+        meta["stream_message_cost"] = cost.to_dict()
+        cost, fitted_to = measure_probe(cost, timeout_s=timeout_s)
+        meta["probe"] = {"model": PROBE_MODEL[0], "batch": PROBE_MODEL[1], "steps": PROBE_STEPS,
+                         "messages": fitted_to}
     return Calibration(links, meta, cost, messages, barrier_s)
 
 

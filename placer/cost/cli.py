@@ -114,9 +114,13 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.backend == "gloo" and "gloo" not in links:
             raise OptionError(f"no channel of cluster {cluster.name!r} has the link 'gloo' that --backend gloo "
                               f"measures (its links: {sorted(map(str, links))}); map one with --link LINK=gloo")
+    if args.probe and args.backend != "gloo":
+        raise OptionError("option '--probe' runs gloo ranks: calibrate with '--backend gloo'")
     processes = f", {args.ranks} processes" if args.backend == "gloo" else ""
+    processes += ", then a probe run" if args.probe else ""
     with working(f"timing transfers ({args.backend}{processes}) ...", measuring=True):
-        cal = calibrate(args.backend, ranks=args.ranks, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout)
+        cal = calibrate(args.backend, ranks=args.ranks, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout,
+                        probe=args.probe)
     cal.save(args.output)
     rows = [[name, f"{f.latency_s * 1e6:.1f}", f"{f.bandwidth_bytes_per_s / 1e9:.3f}", f"{f.r2:.4f}",
              str(len(f.samples))] for name, f in cal.links.items()]
@@ -128,17 +132,24 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                    title=f"{name} points")
     if cal.message_cost is not None:
         cost = cal.message_cost
+        fitted = " (fitted to the probe run; the table: messages timed alone)" if "probe" in cal.meta else ""
         print_rows(["bytes", "sending us", "receiving us"],
                    [[str(b), f"{sent * 1e6:.1f}", f"{received * 1e6:.1f}"] for _, _, b, sent, received
                     in cal.message_samples],
-                   title=f"a message's host cost: sending {cost.send_fixed_s * 1e6:.1f} us + "
+                   title=f"a message's host cost{fitted}: sending {cost.send_fixed_s * 1e6:.1f} us + "
                          f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
                          f"{cost.receive_per_byte_s * 1e12:.0f} ps/B")
         if cost.by_gap:
             print_rows(["computing between messages us", "sending us", "receiving us"],
                        [[f"{gap * 1e6:.0f}", f"{sent * 1e6:.1f}", f"{received * 1e6:.1f}"]
                         for gap, sent, received in cost.by_gap],
-                       title="a message's fixed host cost in a stream of them")
+                       title="a message's fixed host cost in a stream of them"
+                             + (" (the streams' shape, scaled to the probe run)" if fitted else ""))
+        if "probe" in cal.meta:
+            probe = cal.meta["probe"]
+            print(f"a message's host cost fitted to {probe['messages']} messages of a probe run ({probe['model']}, "
+                  f"batch {probe['batch']}, round robin over 2 ranks, {probe['steps']} steps), shaped over the gaps "
+                  "as the streams below; the streams' own cost is kept in the file (stream_message_cost)")
         print(f"an operation right after a message, against one after another operation: "
               f"{cost.after_send_s * 1e6:.1f} us longer after sending, {cost.after_receive_s * 1e6:.1f} us after "
               f"receiving, {cost.after_wait_s * 1e6:.1f} us after waiting to receive (charged to the nodes that "
@@ -253,6 +264,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--cluster-output", help="where to write the calibrated cluster")
     p.add_argument("--link", action="append", default=[], metavar="CHANNEL_LINK=MEASURED_LINK",
                    help="apply a measured link to channels of another link type; repeatable")
+    p.add_argument("--probe", action="store_true",
+                   help="gloo: take a message's host cost from a probe run (a small ResNet placed round robin over "
+                        "2 ranks), as plans' runs pay it, instead of from streams of one message at a time")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("cost", help="cost a graph: analytic roofline per device kind, then measured profiles",
