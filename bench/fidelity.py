@@ -495,7 +495,7 @@ def print_probe_message_cost(runs: list[Run]) -> None:
 
     Each run is predicted with its profiled op times and, per round-robin run of another model over the same
     cluster, that run's fitted message cost (:func:`run_message_cost`, shaped over gaps by its calibration);
-    the median over those models, against the calibrated message cost, both without the step's end
+    the median over those models, against the calibration's streams' message cost, both without the step's end
     (as :func:`print_gap_parts`). Out of sample: the model, and so the plan, is never the run's own.
     """
     from placer.cost.messages import simulate_with_messages
@@ -512,7 +512,7 @@ def print_probe_message_cost(runs: list[Run]) -> None:
         bound = run.plan.bind(run.graph, run.cluster)
         probed = statistics.median(simulate_with_messages(bound, run_message_cost(donor)).makespan_s
                                    for donor in others)
-        calibrated = step_with_messages(run, run.calibrated_message_cost, None)
+        calibrated = step_with_messages(run, run.stream_message_cost or run.calibrated_message_cost, None)
         for plans in ("all", run.algorithm):
             by_way = errors.setdefault(plans, {})
             by_way.setdefault("calibrated", []).append(calibrated / run.measured_s - 1)
@@ -520,7 +520,7 @@ def print_probe_message_cost(runs: list[Run]) -> None:
     for plans, by_way in errors.items():
         calibrated, probed = by_way["calibrated"], by_way["probe"]
         print(f"mean |error| (mean error) over {len(probed)} runs ({plans}), profiled op times, without the "
-              f"step's end: calibrated message cost {statistics.mean(map(abs, calibrated)):.1%} "
+              f"step's end: the calibration's streams' message cost {statistics.mean(map(abs, calibrated)):.1%} "
               f"({statistics.mean(calibrated):+.1%}); another model's round-robin run's message cost "
               f"{statistics.mean(map(abs, probed)):.1%} ({statistics.mean(probed):+.1%})")
     streams: dict[str, list[tuple[float, float]]] = {}
@@ -838,6 +838,11 @@ def report(runs: list[Run]) -> None:
     print_traced_slowdowns(runs)
 
 
+def gap_costs(cost) -> str:
+    """``cost``'s fixed host costs by gap, as ``gap us: sending us, receiving us`` pairs."""
+    return ", ".join(f"{gap * 1e6:.0f}: {sent * 1e6:.1f}, {received * 1e6:.1f}" for gap, sent, received in cost.by_gap)
+
+
 def measure(args: argparse.Namespace) -> list[Run]:
     from placer.algorithms import place
     from placer.cluster import load_cluster
@@ -855,21 +860,22 @@ def measure(args: argparse.Namespace) -> list[Run]:
     cost = calibration.message_cost
     streams = calibration.meta.get("stream_message_cost")
     stream_cost = streams and MessageCost.from_dict(streams)
+    streamed = stream_cost or cost      # with --probe, the predictions take the probe's cost
     print(f"gloo link: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s "
-          f"(R^2 {link.r2:.3f}); a message's host cost: sending {cost.send_fixed_s * 1e6:.1f} us + "
-          f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
-          f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; in streams (sending, receiving us by us between them) "
-          + ", ".join(f"{gap * 1e6:.0f}: {sent * 1e6:.1f}, {received * 1e6:.1f}" for gap, sent, received in cost.by_gap)
+          f"(R^2 {link.r2:.3f}); a message's host cost: sending {streamed.send_fixed_s * 1e6:.1f} us + "
+          f"{streamed.send_per_byte_s * 1e12:.0f} ps/B, receiving {streamed.receive_fixed_s * 1e6:.1f} us + "
+          f"{streamed.receive_per_byte_s * 1e12:.0f} ps/B; in streams (sending, receiving us by us between them) "
+          + gap_costs(streamed)
           + f"; an operation right after a message {cost.after_send_s * 1e6:.1f} us longer (sending), "
           f"{cost.after_receive_s * 1e6:.1f} us (receiving), {cost.after_wait_s * 1e6:.1f} us (waiting to receive)"
           + f"; the last rank in a barrier {(calibration.barrier_s or 0.0) * 1e6:.1f} us; "
           f"measured in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPU cores, load average "
           f"{os.getloadavg()[0]:.1f}")
     if stream_cost is not None:
-        print(f"a message's host cost from the probe run ({calibration.meta['probe']['messages']} messages): sending "
-              f"{cost.send_fixed_s * 1e6:.1f} us + {cost.send_per_byte_s * 1e12:.0f} ps/B, receiving "
-              f"{cost.receive_fixed_s * 1e6:.1f} us + {cost.receive_per_byte_s * 1e12:.0f} ps/B; the streams' "
-              f"shape scaled to it (the costs by gap above); the predictions before a run take it")
+        print(f"a message's host cost from the probe run ({calibration.meta['probe']['messages']} messages), which "
+              f"the predictions before a run take: sending {cost.send_fixed_s * 1e6:.1f} us + "
+              f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
+              f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; by gap, the streams' shape scaled to it: " + gap_costs(cost))
     runs = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         captured, flat = captured_model(name)
