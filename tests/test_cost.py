@@ -281,8 +281,6 @@ def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_pat
     assert "map one with --link LINK=gloo" in capsys.readouterr().err
     assert main(["calibrate", "--backend", "gloo", "--cluster", "4xV100-nvlink", "-o", str(tmp_path / "c.json")]) == 2
     assert "needs '--cluster-output'" in capsys.readouterr().err
-    assert main(["calibrate", "--backend", "cuda", "--probe", "-o", str(tmp_path / "c.json")]) == 2
-    assert "'--probe' runs gloo ranks" in capsys.readouterr().err
     assert main(["calibrate", "--backend", "gloo", "--cluster", "2xcpu", "--link", "foo", *out]) == 2
     assert "give CHANNEL_LINK=MEASURED_LINK" in capsys.readouterr().err
 

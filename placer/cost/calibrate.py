@@ -608,8 +608,10 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     ------
     OptionError
         If ``steps < 2``.
+    RunError
+        If a rank of the run fails or hangs (:func:`placer.runtime.distributed.run_distributed`).
     PlacerError
-        If the run fails or its plan sends no message.
+        If the probe's plan sends no message.
     """
     if steps < 2:
         raise OptionError(f"option 'steps' must be >= 2 (the first is not timed), got {steps}")

@@ -114,8 +114,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         if args.backend == "gloo" and "gloo" not in links:
             raise OptionError(f"no channel of cluster {cluster.name!r} has the link 'gloo' that --backend gloo "
                               f"measures (its links: {sorted(map(str, links))}); map one with --link LINK=gloo")
-    if args.probe and args.backend != "gloo":
-        raise OptionError("option '--probe' runs gloo ranks: calibrate with '--backend gloo'")
     processes = f", {args.ranks} processes" if args.backend == "gloo" else ""
     processes += ", then a probe run" if args.probe else ""
     with working(f"timing transfers ({args.backend}{processes}) ...", measuring=True):
@@ -149,7 +147,7 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             probe = cal.meta["probe"]
             print(f"a message's host cost fitted to {probe['messages']} messages of a probe run ({probe['model']}, "
                   f"batch {probe['batch']}, round robin over 2 ranks, {probe['steps']} steps), shaped over the gaps "
-                  "as the streams below; the streams' own cost is kept in the file (stream_message_cost)")
+                  "as the streams (the table above); the streams' own cost is kept in the file (stream_message_cost)")
         print(f"an operation right after a message, against one after another operation: "
               f"{cost.after_send_s * 1e6:.1f} us longer after sending, {cost.after_receive_s * 1e6:.1f} us after "
               f"receiving, {cost.after_wait_s * 1e6:.1f} us after waiting to receive (charged to the nodes that "
