@@ -467,6 +467,11 @@ def ordered_pairs(runs: list[Run], predict) -> tuple[int, int]:
     return right, total
 
 
+def mean_errors(errors) -> str:
+    """``mean |error| (mean error)`` of relative errors, as percentages."""
+    return f"{statistics.mean(map(abs, errors)):.1%} ({statistics.mean(errors):+.1%})"
+
+
 def print_gap_parts(runs: list[Run]) -> None:
     """Where the calibrated prediction with message cost parts from the run's: each run predicted with its op
     times and its message cost each either calibrated (profiled) or the run's, without the step's end."""
@@ -484,8 +489,7 @@ def print_gap_parts(runs: list[Run]) -> None:
         count = len(next(iter(parts.values())))
         print(f"mean |error| (mean error) over {count} runs ({group}), op times and message cost each calibrated "
               "or the run's, without the step's end: " + "; ".join(
-                  f"{ops} op times, {messages} message cost {statistics.mean(map(abs, e)):.1%} "
-                  f"({statistics.mean(e):+.1%})" for (ops, messages), e in parts.items()))
+                  f"{ops} op times, {messages} message cost {mean_errors(e)}" for (ops, messages), e in parts.items()))
 
 
 def print_probe_message_cost(runs: list[Run]) -> None:
@@ -520,9 +524,8 @@ def print_probe_message_cost(runs: list[Run]) -> None:
     for plans, by_way in errors.items():
         calibrated, probed = by_way["calibrated"], by_way["probe"]
         print(f"mean |error| (mean error) over {len(probed)} runs ({plans}), profiled op times, without the "
-              f"step's end: the calibration's streams' message cost {statistics.mean(map(abs, calibrated)):.1%} "
-              f"({statistics.mean(calibrated):+.1%}); another model's round-robin run's message cost "
-              f"{statistics.mean(map(abs, probed)):.1%} ({statistics.mean(probed):+.1%})")
+              f"step's end: the calibration's streams' message cost {mean_errors(calibrated)}; another model's "
+              f"round-robin run's message cost {mean_errors(probed)}")
     streams: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
         if run.stream_message_cost is not None:     # calibrated with --probe: both costs recorded
@@ -533,9 +536,8 @@ def print_probe_message_cost(runs: list[Run]) -> None:
     for plans, pairs in streams.items():
         probed, streamed = zip(*pairs)
         print(f"mean |error| (mean error) over {len(pairs)} runs ({plans}), profiled op times, without the step's "
-              f"end: the calibration's probe run's message cost {statistics.mean(map(abs, probed)):.1%} "
-              f"({statistics.mean(probed):+.1%}); its streams' {statistics.mean(map(abs, streamed)):.1%} "
-              f"({statistics.mean(streamed):+.1%})")
+              f"end: the calibration's probe run's message cost {mean_errors(probed)}; its streams' "
+              f"{mean_errors(streamed)}")
 
 
 def beside_messages(run: Run) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
