@@ -280,25 +280,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     def offer_everywhere(v: int) -> None:
         """Put ``v`` in the heap of every device it may use, keyed by when its inputs can be there at the earliest."""
         fav_parent[v] = -1
-        inputs = state.inputs[v]
         for d in range(n_dev):
             if may_wait_on(v, d):
-                wait_on(d, (arrives_by(inputs, d), position[v], v))
-
-    def arrives_by(inputs: list, d: int) -> float:
-        """A time before which not every one of ``inputs`` can be on ``d``: each is there no sooner than its
-        producer's finish, plus, from another device, the shortest transfer of it there (a channel's
-        latency and the fewest bytes any copy of it carries; waiting for the channel only adds)."""
-        ready = 0.0
-        for u, t, _ in inputs:
-            arrives, home = state.finish[u], state.device_of[u]
-            c = state.channel_of[home][d] if home != d else -1
-            if c >= 0:
-                # Summed as an estimate sums a transfer (start + length): no rounding lifts it above one.
-                arrives += state.transfer_s(c, state.fewest_bytes[(u, t)])
-            if arrives > ready:
-                ready = arrives
-        return ready
+                wait_on(d, (state.arrives_by(v, d), position[v], v))
 
     def channel_end(c: int) -> float:
         return state.channels[c].last[-1]

@@ -785,6 +785,23 @@ class ScheduleState:
             ready = max(ready, begin + length)
         return ready, bookings
 
+    def arrives_by(self, v: int, d: int) -> float:
+        """A time before which not every input of ``v`` can be on ``d``: each is there no sooner than its
+        producer's finish, plus, from another device, the shortest transfer of it there (a channel's
+        latency and the fewest bytes any copy of it carries; waiting for the channel only adds).
+        Never above :meth:`data_ready`'s time."""
+        ready = 0.0
+        device_of, finish = self.device_of, self.finish
+        for u, t, _ in self.inputs[v]:
+            arrives, home = finish[u], device_of[u]
+            c = self.channel_of[home][d] if home != d else -1
+            if c >= 0:
+                # Summed as an estimate sums a transfer (start + length): no rounding lifts it above one.
+                arrives += self.transfer_s(c, self.fewest_bytes[(u, t)])
+            if arrives > ready:
+                ready = arrives
+        return ready
+
     def transfer_s(self, c: int, nbytes: float) -> float:
         """Seconds a transfer of ``nbytes`` takes on channel ``c``: its latency plus ``nbytes / bandwidth``."""
         return self.ch_lat[c] + nbytes * self.ch_inv_bw[c]
@@ -894,9 +911,13 @@ class ScheduleState:
         copies of inputs placing it there would create (:meth:`holds`).
         ``key=0`` picks the earliest start instead (ETF). Ties go to the lowest device index.
         ``cache`` keeps estimates by (node, device) for as long as that device's version holds.
+        A device whose bound (:meth:`arrives_by`, plus ``v``'s time there for the finish) is no
+        earlier than the best so far cannot win, and is not estimated.
         """
         best_d, best = -1, None
         for d in (self.devices_for(v) if devices is None else devices):
+            if best is not None and self.arrives_by(v, d) + (self.dur[v][d] if key else 0.0) >= best[key]:
+                continue
             est = self.estimate(v, d) if cache is None else self.cached_estimate(v, d, cache)
             if not self.holds(v, d, est):
                 continue
