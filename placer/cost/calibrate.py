@@ -585,8 +585,8 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     ``2xcpu``, ``steps`` steps with the distributed runtime
     (:func:`placer.runtime.distributed.run_distributed`), and fits its messages
     (:meth:`MessageCost.fit`), shaped over gaps as ``cost``'s streams
-    (:func:`placer.cost.messages.spread_over_gaps`), whose charges for the
-    operation right after a message it keeps (a profile has none).
+    (:func:`placer.cost.messages.spread_over_gaps`, which also takes ``cost``'s
+    charges for the operation right after a message: a profile has none).
 
     Parameters
     ----------
@@ -631,11 +631,9 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
                              carrier=captured.carrier, timeout_s=timeout_s)
     if not result.message_s:
         raise PlacerError(f"the probe {spec!r} sent no message over two ranks; probe with a larger model")
-    fitted = MessageCost.fit(result.message_s)
-    shaped = spread_over_gaps(fitted, cost, plan.bind(captured.graph, cluster),
+    shaped = spread_over_gaps(MessageCost.fit(result.message_s), cost, plan.bind(captured.graph, cluster),
                               own_times(result.op_s, result.op_message_s))
-    return replace(shaped, after_send_s=cost.after_send_s, after_receive_s=cost.after_receive_s,
-                   after_wait_s=cost.after_wait_s), len(result.message_s)
+    return shaped, len(result.message_s)
 
 
 def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict[str, list[tuple[int, float]]]:

@@ -130,7 +130,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                    title=f"{name} points")
     if cal.message_cost is not None:
         cost = cal.message_cost
-        fitted = " (fitted to the probe run; the table: messages timed alone)" if "probe" in cal.meta else ""
+        probe = cal.meta.get("probe")
+        fitted = " (fitted to the probe run; the table: messages timed alone)" if probe else ""
         print_rows(["bytes", "sending us", "receiving us"],
                    [[str(b), f"{sent * 1e6:.1f}", f"{received * 1e6:.1f}"] for _, _, b, sent, received
                     in cal.message_samples],
@@ -142,9 +143,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                        [[f"{gap * 1e6:.0f}", f"{sent * 1e6:.1f}", f"{received * 1e6:.1f}"]
                         for gap, sent, received in cost.by_gap],
                        title="a message's fixed host cost in a stream of them"
-                             + (" (the streams' shape, scaled to the probe run)" if fitted else ""))
-        if "probe" in cal.meta:
-            probe = cal.meta["probe"]
+                             + (" (the streams' shape, scaled to the probe run)" if probe else ""))
+        if probe:
             print(f"a message's host cost fitted to {probe['messages']} messages of a probe run ({probe['model']}, "
                   f"batch {probe['batch']}, round robin over 2 ranks, {probe['steps']} steps), shaped over the gaps "
                   "as the streams (the table above); the streams' own cost is kept in the file (stream_message_cost)")
