@@ -58,6 +58,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from placer.cost.calibrate import compute_until
+
 sys.path.insert(0, str(Path(__file__).parent))
 from fidelity import Run, captured_model, rank_slowdowns  # noqa: E402
 
@@ -386,9 +388,7 @@ def _receive_rank(rank: int, port: int, repeats: int, queue) -> None:
         return clock() - began
 
     def compute_for(seconds: float, tensor) -> None:
-        deadline = clock() + seconds
-        while clock() < deadline:
-            torch.add(tensor, 1.0)
+        compute_until(clock() + seconds, lambda: torch.add(tensor, 1.0))
 
     rows = []
     for size in RECEIVE_SIZES:

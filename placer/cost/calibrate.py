@@ -358,6 +358,13 @@ def _message_host_times(rank: int, pair, sizes: list[int], repeats: int) -> list
     return out
 
 
+def compute_until(deadline: float, operation) -> None:
+    """Run ``operation`` (a small tensor operation, as a rank runs between its messages) again and again
+    until ``time.perf_counter()`` reaches ``deadline``: a busy rank, where sleeping would idle its thread."""
+    while time.perf_counter() < deadline:
+        operation()
+
+
 def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> list[list]:
     """``[gap, [sending seconds], [receiving seconds]]`` of the messages of this rank (0 or 1) in streams of
     ``count`` each way with ``gap`` seconds of computation between one message and the next, for each gap.
@@ -382,9 +389,8 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
     work = torch.ones(4096)
     clock = time.perf_counter
 
-    def compute_until(deadline: float) -> None:
-        while clock() < deadline:
-            work.mul_(1.0)
+    def step_work() -> None:
+        work.mul_(1.0)
 
     peer = 1 - rank
     value = torch.ones(STREAM_MESSAGE_BYTES // 4)
@@ -402,11 +408,11 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
         start = clock()
         sending = []
         for i, (received, buf, spent) in enumerate(posted):
-            compute_until(start + 2 * i * gap)
+            compute_until(start + 2 * i * gap, step_work)
             began = clock()
             sending.append(dist.isend(value, dst=peer, tag=i))
             sent_s.append(clock() - began)
-            compute_until(start + lag + (2 * i + 1) * gap)
+            compute_until(start + lag + (2 * i + 1) * gap, step_work)
             began = clock()
             received.wait()
             if clock() - began > BLOCKED_WAIT_S:
@@ -453,9 +459,7 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
         return first - (clock() - began)
 
     def compute_for(seconds: float) -> None:
-        deadline = clock() + seconds
-        while clock() < deadline:
-            torch.add(small, 1.0)
+        compute_until(clock() + seconds, lambda: torch.add(small, 1.0))
 
     after_sending, after_receiving = [], []
     for i in range(count + 2):          # the first two warm up
