@@ -230,6 +230,22 @@ def test_a_pipeline_over_devices_linked_only_to_their_neighbours_is_not_refused(
         assert [plan.placement[s] for s in graph.ids] == names and plan.predicted["fits"]
 
 
+@pytest.mark.parametrize("algorithm", ["m_topo", "m_etf", "m_sct", "heft", "dpos", "auto"])
+def test_a_colocation_group_that_no_channel_reaches_is_refused_clearly(algorithm):
+    from placer.generate import random_dag
+
+    # Channels one way only (d0 -> d1 -> d2): m-TOPO put a group on d0, then a member's input was on d1.
+    cluster = _line_cluster(["d0", "d1", "d2"], both_ways=False)
+    graph = random_dag(20, edge_prob=0.3, seed=2, max_bytes=8 << 20, colocation_groups=3)
+    try:
+        plan = place(graph, cluster, algorithm, time_limit=5)
+    except InfeasibleError as exc:
+        assert algorithm != "auto"      # another member plans it
+        assert "no channel" in str(exc), exc
+    else:
+        assert plan.validate(graph, cluster).fits
+
+
 @pytest.mark.parametrize("algorithm", sorted(set(available_algorithms())))
 def test_every_algorithm_plans_or_refuses_clearly_where_some_devices_have_no_channel(algorithm):
     cluster = _line_cluster(["g0", "g1", "g2"])

@@ -103,6 +103,8 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             return False
         if j not in estimates:
             estimates[j] = state.estimate(v, j)
+        if estimates[j][0] == float("inf"):
+            return False        # no channel brings an input to j
         if within_share and given[j] + state.need(v, j, estimates[j]) > share[j]:
             return False
         return state.holds(v, j, estimates[j])
@@ -111,14 +113,19 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     for v in graph.topological_order.tolist():
         d = state.unit_device[state.unit_of[v]]
         if d >= 0:
-            state.commit(v, d, state.estimate(v, d))
+            estimate = state.estimate(v, d)
+            if estimate[0] == float("inf"):
+                raise InfeasibleError(f"node {graph.ids[v]!r}: no channel brings its inputs to "
+                                      f"{cluster.devices[d].name}, where its colocation group is")
+            state.commit(v, d, estimate)
             continue
         estimates: dict[int, tuple] = {}
         choices = ([(j, True) for j in range(current, n_dev)] + [(j, True) for j in range(current)]
                    + [(j, False) for j in range(n_dev)])
         d = next((j for j, within_share in choices if takes(v, j, within_share, estimates)), -1)
         if d < 0:
-            raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory")
+            raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory "
+                                  f"(or no channel reaches one)")
         if state.unit_ok[state.unit_of[v]][current] and d > current:
             current = d
         given[d] += state.need(v, d, estimates[d])
@@ -539,10 +546,12 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if not fronts:
             waiting_nodes = ([entry[2] for entries in held for entry in entries]
                              + [entry[3] for entries in held_for_room for entry in entries])
-            if stuck or not waiting_nodes:
-                v = min(waiting_nodes, default=-1)
-                raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory "
-                                      f"(or no channel reaches one)" if v >= 0 else "no node is ready")
+            if not waiting_nodes:       # the ready nodes left were dropped where no channel brings an input
+                v = next(v for v in range(n) if pending[v] == 0 and state.device_of[v] < 0)
+                raise InfeasibleError(f"node {graph.ids[v]!r}: no channel brings its inputs to a device it may use")
+            if stuck:
+                raise InfeasibleError(f"node {graph.ids[min(waiting_nodes)]!r} fits no device's remaining memory "
+                                      f"(or no channel reaches one)")
             for j, entries in enumerate(held):   # what held them may have eased elsewhere: weigh them again
                 release(entries)
                 release_room(j, everything=True)
