@@ -117,6 +117,7 @@ def test_an_algorithm_without_a_plan_at_its_limit_raises_time_limit_error(monkey
         spin(10)
 
     monkeypatch.setitem(registry._REGISTRY, "slow", registry.Algorithm("slow", slow, {"seed": 0, "time_limit": None}, "spins"))
+    registry._import_libraries()        # a process's one-time imports, outside any limit
     began = time.perf_counter()
     with pytest.raises(TimeLimitError, match=r"slow found no plan within its time limit of 0.2 s"):
         place(training_graph(layers=2), load_cluster("2xV100-nvlink"), "slow", time_limit=0.2)
@@ -125,3 +126,27 @@ def test_an_algorithm_without_a_plan_at_its_limit_raises_time_limit_error(monkey
     with TimeBox(0.3) as box:
         place(training_graph(layers=2), load_cluster("2xV100-nvlink"), "slow")
     assert box.expired
+
+
+def test_the_libraries_algorithms_load_on_first_use_are_imported_before_the_clock_starts():
+    import subprocess
+    import sys
+
+    # A fresh process (this one has scipy already): what an algorithm finds imported when it starts.
+    script = """
+import sys
+from placer import load_cluster, place
+from placer.algorithms import registry
+from placer.generate import training_graph
+seen = {}
+def look(graph, cluster, *, seed=0, time_limit=None):
+    seen.update({name: name in sys.modules for name in ("scipy.sparse.csgraph", "scipy.optimize")})
+    return registry.get_algorithm("single").func(graph, cluster)
+registry._REGISTRY["look"] = registry.Algorithm("look", look, {"seed": 0, "time_limit": None}, "looks")
+assert "scipy" not in sys.modules
+place(training_graph(layers=2), load_cluster("2xV100-nvlink"), "look", time_limit=60)
+print(seen)
+"""
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "{'scipy.sparse.csgraph': True, 'scipy.optimize': True}"

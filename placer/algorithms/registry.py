@@ -153,6 +153,14 @@ def checked_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:
     return checked
 
 
+def _import_libraries() -> None:
+    """Import what the algorithms load on first use: scipy's sparse graphs (grouping nodes,
+    :func:`~placer.graph.joined_groups`) and its LP solver (m-SCT). Seconds on a loaded machine,
+    which a process's first call would otherwise spend from a short time limit and fail with."""
+    import scipy.optimize  # noqa: F401
+    import scipy.sparse.csgraph  # noqa: F401
+
+
 def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options: Any) -> Plan:
     """Place ``graph`` on ``cluster`` with the named algorithm and return a valid plan.
 
@@ -165,8 +173,8 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     **options
         The algorithm's options; every algorithm takes ``seed`` (int) and
         ``time_limit`` (seconds or None). The limit bounds the checks and the
-        search, not a process's one-time setup of an algorithm (Placeto's
-        first call imports torch, over a second, before its clock starts).
+        search, not a process's one-time setup (the first call imports scipy's
+        graphs and solvers, and Placeto's torch, before its clock starts).
 
     Returns
     -------
@@ -192,7 +200,8 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     """
     alg = get_algorithm(algorithm)
     opts = checked_options(alg, options)
-    if alg.prepare is not None:     # once per process, outside the time limit: it is no search
+    _import_libraries()             # once per process, outside the time limit: it is no search
+    if alg.prepare is not None:
         alg.prepare()
     entered = time.perf_counter()
     diagnose(graph, cluster)
