@@ -1340,3 +1340,75 @@ def test_simulated_peak_memory_is_what_the_executor_holds(model, algorithm):
     used = simulated > 0
     assert (executor.peak_bytes[~used] == 0).all()
     assert np.allclose(simulated[used] / executor.peak_bytes[used], 1, atol=0.01)
+
+
+class _Unreached(torch.nn.Module):
+    """An auxiliary head the loss does not read, and a step counter replaced (not updated in place) in forward."""
+
+    def __init__(self):
+        super().__init__()
+        self.body, self.aux = torch.nn.Linear(8, 4), torch.nn.Linear(8, 2)
+        self.register_buffer("count", torch.zeros(()))
+
+    def forward(self, x):
+        self.count = self.count + 1
+        return self.body(x).pow(2).mean() / self.count
+
+
+@pytest.mark.parametrize("backend", ["local", "distributed"])
+def test_a_parameter_the_loss_does_not_reach_and_a_replaced_buffer_train_as_eager(backend):
+    # torch.optim skips a parameter whose grad stays None: AdamW's weight decay shrank the unreached head
+    # and Adam gave it state; a buffer the forward replaced kept its captured value.
+    import placer
+
+    torch.manual_seed(0)
+    model, inputs = _Unreached(), (torch.randn(4, 8),)
+    reference = copy.deepcopy(model)
+    reference_optimizer = torch.optim.AdamW(reference.parameters(), lr=0.1)
+    train_eager(reference, inputs, reference_optimizer, STEPS)
+    plan = placer.plan(model, inputs, cluster="2xcpu", algorithm="round_robin", optimizer="adamw", lr=0.1)
+    captured = plan.context["captured"]
+    assert captured.layout.unreached == ("aux.weight", "aux.bias")
+    assert not any(name.startswith("s_") and "aux" in name for name in captured.graph.ids)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
+    if backend == "local":
+        step = plan.apply(model, optimizer)
+        for _ in range(STEPS):
+            step(*inputs)
+    else:
+        flat = captured.step_inputs(model, inputs, optimizer)
+        result = run_distributed(captured.gm, captured.graph, plan, load_cluster("2xcpu"), flat, steps=STEPS,
+                                 carrier=captured.carrier, timeout_s=30)
+        captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+    assert float(model.count) == float(reference.count) == STEPS
+    assert not optimizer.state.get(model.aux.weight)
+    assert state_difference(model, optimizer, reference, reference_optimizer)[0] <= TOLERANCE
+
+
+def test_a_buffer_replaced_by_another_shape_is_refused_at_capture():
+    class Grows(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.l = torch.nn.Linear(4, 1)
+            self.register_buffer("seen", torch.zeros(1))
+
+        def forward(self, x):
+            self.seen = torch.cat([self.seen, x.sum().reshape(1).detach()])
+            return self.l(x).mean()
+
+    with pytest.raises(FormatError, match=r"assigns a torch.float32 tensor of shape \(2,\) to buffer 'seen'"):
+        capture(Grows(), (torch.randn(2, 4),), optimizer="sgd")
+
+
+def test_a_placed_step_refuses_an_optimizer_without_every_trained_parameter_and_a_parameter_frozen_since():
+    model, optimizer, plan, inputs = _scaled_step()
+    with pytest.raises(OptionError, match="the optimizer does not hold parameter 'l1.weight' \\(and 1 more\\), "
+                                          "which requires grad"):
+        plan.apply(model, torch.optim.Adam(list(model.bn.parameters()) + list(model.l2.parameters())))(*inputs)
+    step = plan.apply(model, optimizer)
+    step(*inputs)
+    model.l1.weight.requires_grad_(False)          # fine-tuning: freezing a layer after the step was made
+    with pytest.raises(OptionError, match="parameter 'l1.weight' does not require grad now, but it was trained"):
+        step(*inputs)
+    with pytest.raises(OptionError, match="parameter 'l1.weight' does not require grad now"):
+        plan.apply(model)(*inputs)                  # the default optimizer's step checks it too

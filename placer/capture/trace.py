@@ -52,8 +52,9 @@ class StepLayout:
     """The order of the flat arguments of a captured step.
 
     ``params`` (the trainable ``model.named_parameters()``, a tied parameter once,
-    under its first name), then ``buffers`` (frozen parameters, ``requires_grad=False``,
-    then ``model.named_buffers()``: inputs the optimizer does not update), then for each name of
+    under its first name), then ``buffers`` (frozen parameters, ``requires_grad=False``, and
+    the trainable ones the loss does not depend on, ``unreached``, then
+    ``model.named_buffers()``: inputs the optimizer does not update), then for each name of
     ``state_names`` one tensor per parameter (state-major: all ``step``, then all
     ``exp_avg``, ...), then the tensors among the example ``inputs`` in order
     (``input_slots`` gives their positions; the other inputs are constants of the step).
@@ -64,6 +65,7 @@ class StepLayout:
     state_names: tuple[str, ...]
     input_slots: tuple[int, ...]
     num_inputs: int
+    unreached: tuple[str, ...] = ()
 
     @property
     def num_flat(self) -> int:
@@ -144,9 +146,11 @@ class CapturedStep:
         Raises
         ------
         OptionError
-            If the model's parameters or buffers are not those captured, the optimizer is
-            of another class or has several parameter groups with other settings.
+            If the model's parameters or buffers are not those captured (:meth:`check_trainable`
+            included), the optimizer is of another class or has several parameter groups with
+            other settings.
         """
+        self.check_trainable(model, optimizer)
         tensors = self._live_tensors(model)
         params = dict(model.named_parameters())
         flat: list[torch.Tensor] = [tensors[n] for n in (*self.layout.params, *self.layout.buffers)]
@@ -229,6 +233,33 @@ class CapturedStep:
                 raise OptionError(f"{what} is in {mode} mode, but the step was captured in {was} mode (dropout and "
                                   f"batch norm run as captured): call .{'eval' if captured is False else 'train'}() "
                                   f"on it again, or plan (capture) again in {mode} mode")
+
+    def check_trainable(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+        """Raise :class:`OptionError` unless the step updates what eager training of ``model`` with
+        ``optimizer`` would: the parameters that require grad are the captured step's (one frozen or
+        unfrozen since needs a new capture), and ``optimizer`` holds every one it updates (eager
+        ``optimizer.step()`` leaves the others as they are)."""
+        trained = set(self.layout.params) | set(self.layout.unreached)
+        known = trained | set(self.layout.buffers)
+        again = "; plan (capture) again for the model as it is now"
+        for name, p in model.named_parameters():
+            if name not in known:
+                raise OptionError(f"the model's parameter {name!r} is not one of the captured step's{again}")
+            if p.requires_grad != (name in trained):
+                now, was = ("requires", "was frozen") if p.requires_grad else ("does not require", "was trained")
+                raise OptionError(f"parameter {name!r} {now} grad now, but it {was} when the step was "
+                                  f"captured, which holds that fixed{again}")
+        if optimizer is None:
+            return
+        held = {id(p) for group in optimizer.param_groups for p in group["params"]}
+        params = dict(model.named_parameters())
+        missing = [n for n in self.layout.params if id(params[n]) not in held]
+        if missing:
+            others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+            raise OptionError(f"the optimizer does not hold parameter {missing[0]!r}{others}, which requires grad: "
+                              f"eager training would leave it as it is, but the placed step updates every "
+                              f"parameter that requires grad; freeze those not to train "
+                              f"(requires_grad_(False)) and plan again, or give the optimizer all of them")
 
     def _state_of(self, param: torch.Tensor, optimizer: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
         if optimizer is None:
@@ -360,6 +391,43 @@ def _leave_backward(grad_inputs: Any, grad_outputs: Any) -> None:
     fx_traceback.reset_grad_fn_seq_nr()
 
 
+def _layout(model: nn.Module, opt: OptimizerSpec, inputs: tuple, slots: tuple[int, ...],
+            unreached: tuple[str, ...]) -> StepLayout:
+    """The flat arguments of ``model``'s step, the parameters in ``unreached`` among the buffers."""
+    params = [n for n, p in model.named_parameters() if p.requires_grad and n not in unreached]
+    buffers = [n for n, p in model.named_parameters() if not p.requires_grad or n in unreached]
+    buffers += [n for n, _ in model.named_buffers()]
+    return StepLayout(tuple(params), tuple(buffers), opt.state_names, slots, len(inputs), unreached)
+
+
+def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs: tuple
+                 ) -> tuple[fx.GraphModule, tuple[str, ...]]:
+    """:func:`_trace_step` over fake tensors like ``model``'s and ``inputs``'; a tracing failure as a
+    :class:`FormatError` naming the model's line."""
+    tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
+    fake_mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True, allow_non_fake_inputs=True)
+    with fake_mode:
+        flat = [_fake_like(tensors[n]) for n in (*layout.params, *layout.buffers)]
+        states = [opt.initial_state(p) for p in flat[:len(layout.params)]]
+        for state_name in opt.state_names:
+            flat += [s[state_name] for s in states]
+        flat += [_fake_like(inputs[k]) for k in layout.input_slots]
+    try:
+        # Stack traces of every op cost a fifth of the trace and are not used (torch 2.11 has no such
+        # switch: ``create`` lets it record them there).
+        with fx_traceback.preserve_node_meta(), \
+                patch.object(torch.fx.config, "do_not_emit_stack_traces", True, create=True), portable_kernels():
+            return _trace_step(model, layout, opt, inputs, flat, states, fake_mode)
+    except FormatError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any tracing failure is reported as the model's
+        message = str(exc).splitlines()[0] if str(exc) else ""
+        hint = (" (the model branches on tensor values, which a trace with fake tensors cannot follow)"
+                if "data-dependent" in message else "")
+        raise FormatError(f"cannot capture the training step of {type(model).__name__}: "
+                          f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}") from exc
+
+
 def _step_function(model: nn.Module, layout: StepLayout, inputs: tuple, update):
     """The training step as a function of the flat tensors; ``update(param, grad, state)``
     updates one parameter (``state``: its optimizer state, in ``layout.state_names`` order)."""
@@ -373,8 +441,9 @@ def _step_function(model: nn.Module, layout: StepLayout, inputs: tuple, update):
             args[slot] = flat[layout.input_offset + k]
 
         def loss_of(ps, bs):
-            loss = torch.func.functional_call(model, {**dict(zip(layout.params, ps)), **dict(zip(layout.buffers, bs))},
-                                              tuple(args), tie_weights=True, strict=False)
+            tensors = {**dict(zip(layout.params, ps)), **dict(zip(layout.buffers, bs))}
+            loss = torch.func.functional_call(model, tensors, tuple(args), tie_weights=True, strict=False)
+            _write_reassigned(model, tensors, dict(zip(layout.buffers, bs)))
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
                 what = (f"a tensor of shape {tuple(loss.shape)} and dtype {loss.dtype}"
                         if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
@@ -398,10 +467,31 @@ def _step_function(model: nn.Module, layout: StepLayout, inputs: tuple, update):
     return step
 
 
+def _write_reassigned(model: nn.Module, tensors: dict[str, torch.Tensor], buffers: dict[str, torch.Tensor]) -> None:
+    """Copy into each of ``buffers`` the tensor the forward pass assigned in its place (``self.count =
+    self.count + 1``), which ``functional_call`` hands back in ``tensors``: eager training keeps the
+    new value, as the step then does (in place, as it keeps running statistics)."""
+    for name, buffer in buffers.items():
+        new = tensors[name]
+        if new is buffer:
+            continue
+        if not isinstance(new, torch.Tensor) or new.shape != buffer.shape or new.dtype != buffer.dtype:
+            what = f"a {new.dtype} tensor of shape {tuple(new.shape)}" if isinstance(new, torch.Tensor) \
+                else f"a {type(new).__name__}"
+            raise FormatError(f"cannot capture the training step of {type(model).__name__}: its forward "
+                              f"assigns {what} to buffer {name!r}, a {buffer.dtype} tensor of shape "
+                              f"{tuple(buffer.shape)}; a captured step updates a buffer in place, keeping "
+                              f"its shape and dtype")
+        with torch.no_grad():
+            buffer.copy_(new)
+
+
 def _trace_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs: tuple, flat: list,
-                states: list[dict], fake_mode: FakeTensorMode, *, per_parameter: bool = True) -> fx.GraphModule:
+                states: list[dict], fake_mode: FakeTensorMode, *, per_parameter: bool = True
+                ) -> tuple[fx.GraphModule, tuple[str, ...]]:
     """``make_fx``'s trace of the step over the fake tensors ``flat`` (``states``: each parameter's
-    optimizer state), its placeholders named after the layout.
+    optimizer state), its placeholders named after the layout, and the parameters the loss does not
+    depend on (:func:`_unreached_params`).
 
     With ``per_parameter``, each parameter's update is a copy of its kind's, traced once
     (:mod:`placer.capture.updates`); without, it is traced for every parameter, which gives the
@@ -423,7 +513,22 @@ def _trace_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs
         templates.expand(gm.graph, fake_mode)
     _name_placeholders(gm.graph, layout)
     gm.recompile()
-    return gm
+    return gm, _unreached_params(gm.graph, layout)
+
+
+def _unreached_params(graph: fx.Graph, layout: StepLayout) -> tuple[str, ...]:
+    """The parameters of ``layout`` whose gradient in ``graph`` is ``zeros_like`` of the parameter, read by
+    its update alone: what ``torch.func.grad`` gives a parameter the loss does not depend on, where eager
+    autograd leaves ``grad`` None and ``torch.optim`` skips the parameter."""
+    placeholders = [n for n in graph.nodes if n.op == "placeholder"]
+    unreached = []
+    for name, param in zip(layout.params, placeholders):
+        for node in param.users:
+            if node.target is torch.ops.aten.zeros_like.default and node.users and all(
+                    (user.meta.get("custom") or {}).get("param") == name for user in node.users):
+                unreached.append(name)
+                break
+    return tuple(unreached)
 
 
 def step_name(label: str, batch: int | None, optimizer: str) -> str:
@@ -477,9 +582,9 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
 
     Notes
     -----
-    Frozen parameters (``requires_grad=False``) are inputs of the step, not updated. A
-    trainable parameter the loss does not depend on gets a zero gradient and is updated
-    as such, where eager ``torch.optim`` would skip it (its ``grad`` stays ``None``). Models
+    Frozen parameters (``requires_grad=False``) are inputs of the step, not updated; so are
+    trainable parameters the loss does not depend on, as eager ``torch.optim`` skips them (their
+    ``grad`` stays ``None``; the step is traced a second time to leave them out). Models
     that branch on tensor values cannot be traced with fake tensors (the error names the
     line). oneDNN is off while tracing, so CPU-only fused kernels do not replace portable
     aten ops.
@@ -509,41 +614,20 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         raise OptionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = _as_tuple(inputs)
     opt = optimizer_spec(optimizer, lr)
-    params = {n: p for n, p in model.named_parameters() if p.requires_grad}
-    buffers = {n: p for n, p in model.named_parameters() if not p.requires_grad}
-    buffers.update(model.named_buffers())
-    if not params:      # a training step would compute no gradient and update nothing
+    if not any(p.requires_grad for p in model.parameters()):      # a training step would compute no gradient and update nothing
         count = sum(1 for _ in model.parameters())
         why = f"its {count} parameters all have requires_grad=False" if count else "it has no parameters"
         raise FormatError(f"cannot capture the training step of {type(model).__name__}: it has no trainable "
                           f"parameter ({why})")
-    fake = bool(fake) or any(t.is_meta for t in (*params.values(), *buffers.values()))
+    fake = bool(fake) or any(t.is_meta for t in (*model.parameters(), *model.buffers()))
     slots = tuple(k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor))
-    layout = StepLayout(tuple(params), tuple(buffers), opt.state_names, slots, len(inputs))
     batch = next((int(inputs[k].shape[0]) for k in slots if inputs[k].dim() >= 1), None)
     name = name or step_name(type(model).__name__, batch, opt.name)
-
-    fake_mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True, allow_non_fake_inputs=True)
-    with fake_mode:
-        flat = [_fake_like(p) for p in params.values()] + [_fake_like(b) for b in buffers.values()]
-        states = [opt.initial_state(_fake_like(p)) for p in params.values()]
-        for state_name in opt.state_names:
-            flat += [s[state_name] for s in states]
-        flat += [_fake_like(inputs[k]) for k in slots]
-    try:
-        # Stack traces of every op cost a fifth of the trace and are not used (torch 2.11 has no such
-        # switch: ``create`` lets it record them there).
-        with fx_traceback.preserve_node_meta(), \
-                patch.object(torch.fx.config, "do_not_emit_stack_traces", True, create=True), portable_kernels():
-            gm = _trace_step(model, layout, opt, inputs, flat, states, fake_mode)
-    except FormatError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any tracing failure is reported as the model's
-        message = str(exc).splitlines()[0] if str(exc) else ""
-        hint = (" (the model branches on tensor values, which a trace with fake tensors cannot follow)"
-                if "data-dependent" in message else "")
-        raise FormatError(f"cannot capture the training step of {type(model).__name__}: "
-                          f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}") from exc
+    layout = _layout(model, opt, inputs, slots, ())
+    gm, unreached = _traced_step(model, layout, opt, inputs)
+    if unreached:       # rare: trainable parameters the loss does not reach, traced again as buffers
+        layout = _layout(model, opt, inputs, slots, unreached)
+        gm, _ = _traced_step(model, layout, opt, inputs)
     layers = _layers(gm, layout, model)
     resident = [n.name for n in gm.graph.nodes if n.op == "placeholder"][:layout.input_offset]
     batch_inputs = [f"input_{k}" for k in slots if inputs[k].dim() >= 1 and inputs[k].shape[0] == batch]

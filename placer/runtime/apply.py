@@ -60,7 +60,8 @@ class PlacedStep:
     fixed what it was made with, so every call checks, before running
     anything, that it still holds: the inputs' shapes and dtypes (the batch
     size) and non-tensor values, the optimizer's settings (``lr`` included:
-    learning-rate schedulers are not supported yet) and every module's
+    learning-rate schedulers are not supported yet) and the parameters it holds,
+    which parameters require grad, and every module's
     training/eval mode; otherwise it raises :class:`~placer.errors.OptionError`
     saying what differs (for a new ``lr`` apply the plan again; for the rest
     plan again). A step that raises once running may have written part of the
@@ -134,6 +135,7 @@ class PlacedStep:
             if self.optimizer is not None or self._flat is None:
                 self._flat = self.captured.step_inputs(self.model, inputs, self.optimizer)
             else:
+                self.captured.check_trainable(self.model)
                 self._flat = self.captured.with_inputs(self._flat, inputs)
             outputs = self.executor.run(self._flat)
         except BaseException:
