@@ -168,8 +168,10 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     best = None if warm is None else (warm.predicted["makespan_s"], "warm_start", warm)
     valid_bound = 0.0
     # With a warm start in hand, coarsening and solving are boxed: what is left of the limit after
-    # them maps the solution back and lets placer check the plan.
-    with TimeBox(None if best is None else deadline - CHECK_SHARE * (deadline - began) - time.perf_counter()) as box:
+    # them maps the solution back and lets placer check the plan. The solver, which the box cannot
+    # stop, is given the time to the box's end.
+    solve_until = deadline if best is None else deadline - CHECK_SHARE * (deadline - began)
+    with TimeBox(None if best is None else solve_until - time.perf_counter()) as box:
         coarse, kept = _coarsen(graph, cluster, goal, warm_device)
         coarse_done = time.perf_counter()
         exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
@@ -187,7 +189,7 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
             if warm_coarse is not None:
                 cp.hint(warm_coarse)
             built = time.perf_counter()
-            left = deadline - built
+            left = solve_until - built
             # Keep a little time to map the solution back and simulate it.
             status, solver = cp.solve(seed, workers, left - min(2.0, 0.05 * left), DETERMINISTIC_PER_SECOND * left)
             work = solver.ResponseProto().deterministic_time
