@@ -1066,6 +1066,8 @@ def test_a_placed_step_refuses_inputs_unlike_the_captured_ones_before_running():
         step(x, y.int(), scale)
     with pytest.raises(OptionError, match="input 2: the step was captured with 1.0 there, got 5.0"):
         step(x, y, 5.0)
+    with pytest.raises(OptionError, match=r"takes its inputs by position, .*; got keyword inputs 'scale'"):
+        step(x, y, scale=scale)
     after = (model.state_dict(), optimizer.state_dict())
     assert all(torch.equal(a, b) for a, b in zip(before[0].values(), after[0].values()))
     assert [float(s["step"]) for s in after[1]["state"].values()] == [1.0] * len(after[1]["state"])

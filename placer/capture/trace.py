@@ -422,7 +422,8 @@ def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, input
         raise
     except Exception as exc:  # noqa: BLE001 - any tracing failure is reported as the model's
         message = str(exc).splitlines()[0] if str(exc) else ""
-        hint = (" (the model branches on tensor values, which a trace with fake tensors cannot follow)"
+        hint = (" (the model branches on tensor values or reads one as a Python number: if, .item(), float(), "
+                "int(), which a trace with fake tensors cannot follow)"
                 if "data-dependent" in message else "")
         raise FormatError(f"cannot capture the training step of {type(model).__name__}: "
                           f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}") from exc

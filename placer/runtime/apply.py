@@ -115,7 +115,10 @@ class PlacedStep:
         self.executor: LocalExecutor | None = None
         self._flat: list | None = None
 
-    def __call__(self, *inputs: Any) -> torch.Tensor:
+    def __call__(self, *inputs: Any, **keywords: Any) -> torch.Tensor:
+        if keywords:
+            raise OptionError(f"a placed step takes its inputs by position, as the step was captured "
+                              f"(model(*inputs)); got keyword inputs {', '.join(map(repr, keywords))}")
         name, lr = optimizer_name(self.optimizer)         # the settings may have changed since the last call
         if self.captured is not None and lr != self.lr:
             raise OptionError(f"the optimizer's lr is now {lr:g}, but the placed step was captured with lr "
