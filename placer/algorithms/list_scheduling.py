@@ -914,18 +914,21 @@ class ScheduleState:
         A device whose bound (:meth:`arrives_by`, plus ``v``'s time there for the finish) is no
         earlier than the best so far cannot win, and is not estimated.
         """
-        best_d, best = -1, None
+        best_d, best, reached = -1, None, False
         for d in (self.devices_for(v) if devices is None else devices):
             if best is not None and self.arrives_by(v, d) + (self.dur[v][d] if key else 0.0) >= best[key]:
                 continue
             est = self.estimate(v, d) if cache is None else self.cached_estimate(v, d, cache)
+            if est[0] == float("inf"):
+                continue        # no channel brings an input to d
+            reached = True
             if not self.holds(v, d, est):
                 continue
             if best is None or est[key] < best[key]:
                 best_d, best = d, est
-        if best is None or best[1] == float("inf"):
-            raise InfeasibleError(f"node {self.graph.ids[v]!r} fits no device's remaining memory "
-                                  f"(or no channel reaches one)")
+        if best is None:
+            raise InfeasibleError(f"node {self.graph.ids[v]!r} fits no device's remaining memory" if reached else
+                                  f"node {self.graph.ids[v]!r}: no channel brings its inputs to a device it may use")
         return best_d, best
 
     # ------------------------------------------------------------ booking
