@@ -62,6 +62,8 @@ def _load_graph(source: str, args: argparse.Namespace | None = None):
     if not is_spec:
         if getattr(args, "batch", None) is not None:
             raise OptionError(f"--batch applies to a model spec; {source} is a graph file, captured at its own batch")
+        if getattr(args, "name", None) is not None:
+            raise OptionError(f"--name applies to a model spec; {source} is a graph file, named at its capture")
         graph = OpGraph.load(source)
     elif args is None or getattr(args, "batch", None) is None:
         raise OptionError(f"{source}: a model spec needs --batch N")
@@ -69,7 +71,7 @@ def _load_graph(source: str, args: argparse.Namespace | None = None):
         from .capture import capture_spec
 
         print(f"capturing one training step of {source} at batch {args.batch} ...", file=sys.stderr)
-        graph = capture_spec(source, args.batch, optimizer=args.optimizer).graph
+        graph = capture_spec(source, args.batch, optimizer=args.optimizer, name=getattr(args, "name", None)).graph
     if getattr(args, "profile", None):
         from .cost.profile import apply_profile, load_profile
 
@@ -135,6 +137,8 @@ def _naming_plan(path: str, plan, cluster):
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="batch size when GRAPH is a model spec")
+    p.add_argument("--name", help="graph name when GRAPH is a model spec, as `placer capture --name` gave it "
+                                  "(default NAME-bsBATCH-OPTIMIZER)")
     from .capture.cli import add_optimizer_option
 
     add_optimizer_option(p, "optimizer of the captured step when GRAPH is a model spec (default adam)")

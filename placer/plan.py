@@ -157,7 +157,8 @@ class Plan:
             raise InvalidPlanError(f"the plan was made for another graph ({self.graph_name!r}, "
                                    f"digest {self.graph_digest}), not {graph.name!r} (digest {graph.digest()})")
         if self.graph_name and graph.name and self.graph_name != graph.name:
-            raise InvalidPlanError(f"the plan was made for graph {self.graph_name!r}, not {graph.name!r}")
+            raise InvalidPlanError(f"the plan was made for graph {self.graph_name!r}, not {graph.name!r} (the "
+                                   f"same operations: another batch size or optimizer, or a --name at capture)")
         if self.rewritten_graph is None:
             for k, split in enumerate(self.splits):
                 if split["node"] not in graph.index:

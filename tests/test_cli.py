@@ -175,6 +175,23 @@ def test_simulate_takes_the_model_spec_a_plan_was_made_from(tmp_path, capsys):
     assert code == 2 and "--batch applies to a model spec" in err
 
 
+def test_a_plan_of_a_graph_captured_under_a_name_applies_to_the_spec_with_that_name(tmp_path, capsys):
+    graph_file, plan_file = tmp_path / "g.json", tmp_path / "p.json"
+    spec = ["zoo:lenet", "--batch", "4", "--optimizer", "sgd"]
+    assert run(capsys, "capture", *spec, "--name", "mynet", "-o", graph_file)[0] == 0
+    assert run(capsys, "plan", graph_file, "--cluster", "2xcpu", "--algorithm", "expert", "-o", plan_file)[0] == 0
+    code, _, err = run(capsys, "simulate", *spec, plan_file)
+    assert code == 2 and "made for graph 'mynet', not 'lenet-bs4-sgd' (the same operations" in err
+    code, out, err = run(capsys, "simulate", *spec, plan_file, "--name", "mynet", "--json")
+    assert code == 0, err
+    assert close(json.loads(out)["makespan_s"], json.loads(plan_file.read_text())["predicted"]["makespan_s"], rel=1e-9)
+    code, out, err = run(capsys, "run", spec[0], *spec[1:], "--plan", plan_file, "--name", "mynet", "--steps", "2",
+                         "--lr", "0.001")
+    assert code == 0 and "mynet on 2xcpu" in out, err
+    code, _, err = run(capsys, "simulate", graph_file, plan_file, "--name", "mynet")
+    assert code == 2 and "--name applies to a model spec" in err
+
+
 @pytest.fixture
 def planned(tmp_path, capsys, graph_file):
     """A plan of ``graph_file`` made on a cluster file named like the preset 2xV100-nvlink but 100x slower."""

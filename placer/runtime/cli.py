@@ -107,7 +107,7 @@ def _load(args: argparse.Namespace, batch: int):
     torch.set_num_threads(max(1, args.threads))
     model, inputs = load_model(args.spec, batch)
     reference = copy.deepcopy(model)
-    captured = capture_spec(args.spec, batch, optimizer=args.optimizer, lr=args.lr)
+    captured = capture_spec(args.spec, batch, optimizer=args.optimizer, lr=args.lr, name=getattr(args, "name", None))
     return model, inputs, reference, captured
 
 
@@ -290,6 +290,8 @@ def add_commands(subparsers) -> None:
     _common(p)
     p.add_argument("--plan", required=True, help="placer.plan/1 file for the model's captured graph")
     p.add_argument("--batch", type=int, help="batch size (default: read from the plan's graph name, e.g. -bs8-)")
+    p.add_argument("--name", help="graph name of the captured step, as `placer capture --name` gave it "
+                                  "(default NAME-bsBATCH-OPTIMIZER)")
     p.add_argument("--cluster", help="preset or cluster file (default: the plan's)")
     p.add_argument("--warmup", type=int, default=1, help="steps left out of the timing (default 1)")
     p.add_argument("--devices", help="local backend: torch device per plan device, comma-separated "
