@@ -271,6 +271,16 @@ def test_data_parallel_is_refused_when_a_replica_does_not_fit():
         place(g, load_cluster("4xV100-nvlink"), "data_parallel")
 
 
+@pytest.mark.parametrize("algorithm", ["data_parallel", "sharded_data_parallel"])
+def test_data_parallel_is_refused_when_the_batch_has_fewer_samples_than_devices(algorithm):
+    # A batch of 2 (the rows of the first matrix operation) shared by 4 replicas made each run half a sample.
+    g = training_graph(layers=2, branches=1)
+    g = g.replace(splittable=[[{"dim": "batch", "size": 2}] if k == 3 else None for k in range(g.num_nodes)])
+    with pytest.raises(InfeasibleError, match=f"{algorithm}: the batch has 2 samples, fewer than the 4 replicas"):
+        place(g, load_cluster("4xV100-nvlink"), algorithm)
+    assert place(g, load_cluster("2xV100-nvlink"), algorithm).predicted["fits"]
+
+
 def test_data_parallel_leaves_out_devices_of_a_forbidden_kind():
     g = training_graph(layers=2, branches=1)
     g = g.replace(device_kinds=[("V100",)] * g.num_nodes)

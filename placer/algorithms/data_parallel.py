@@ -10,6 +10,7 @@ from ..graph import OpGraph
 from ..paths import top_levels
 from ..plan import Plan
 from ..sim.simulator import simulate
+from ..transform.split import fewest_batch_rows
 from ..transform.replicate import (COLLECTIVES, DataParallelGraph, collective_stages, data_parallel_graph,
                                    input_transfers, replica_layout)
 from .registry import register
@@ -135,7 +136,8 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     OptionError
         An unknown ``collective``.
     InfeasibleError
-        If no device may run every node, or a replica does not fit one device.
+        If no device may run every node, the batch has fewer samples than the
+        devices (:func:`~placer.transform.split.fewest_batch_rows`), or a replica does not fit one device.
     """
     name = "sharded_data_parallel" if shard_optimizer else "data_parallel"
     if collective not in COLLECTIVE_CHOICES:
@@ -144,6 +146,10 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     devices = replica_devices(graph, cluster)
     if not devices:
         raise InfeasibleError(f"{name}: no device may run every node of the step (device kinds)")
+    rows = fewest_batch_rows(graph)
+    if rows is not None and rows < len(devices):
+        raise InfeasibleError(f"{name}: the batch has {rows} sample{'s' if rows > 1 else ''}, fewer than "
+                              f"the {len(devices)} replicas (one per device) to share it")
     hosts = replica_hosts(cluster, devices)
     kinds = [collective]
     if collective == "best":     # the most promising first; one whose lower bound cannot win is not built

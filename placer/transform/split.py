@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import OptionError
 from ..graph import OpGraph
 
-__all__ = ["split_operation", "batch_dependent", "split_dims", "original_ids", "part_rows", "fresh_id"]
+__all__ = ["split_operation", "batch_dependent", "fewest_batch_rows", "split_dims", "original_ids", "part_rows", "fresh_id"]
 
 #: The dimension names this transform knows how to split.
 SUPPORTED_DIMS = ("batch",)
@@ -62,6 +62,15 @@ def batch_dependent(graph: OpGraph) -> np.ndarray:
             for k in range(ptr[u], ptr[u + 1]):
                 flag[dst[k]] = True
     return np.asarray(flag, dtype=bool)
+
+
+def fewest_batch_rows(graph: OpGraph) -> int | None:
+    """The smallest ``batch`` extent any node's ``splittable`` declares: the batch size, or a multiple
+    of it (a capture declares the rows of a matrix operation's first operand), or None where no node
+    declares one (a generated graph)."""
+    sizes = [int(item["size"]) for entries in graph.splittable if entries
+             for item in entries if item.get("dim") == "batch"]
+    return min(sizes, default=None)
 
 
 def split_dims(graph: OpGraph, node: int) -> dict[str, int]:
