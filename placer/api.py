@@ -82,6 +82,7 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
         from .cost.profile import apply_profile, load_profile
 
         measured = load_profile(profile)
+        measured.check_cluster(target)
     graph, captured = _captured(model, inputs, batch, optimizer, lr)
     if measured is not None:
         graph = apply_profile(graph, measured)

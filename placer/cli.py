@@ -54,8 +54,9 @@ def _check_search_flags(args: argparse.Namespace) -> None:
         check_seed(args.seed, "'--seed'")
 
 
-def _load_graph(source: str, args: argparse.Namespace | None = None):
-    """A graph file, or a model spec (zoo:NAME, file.py:FACTORY) captured at ``--batch``."""
+def _load_graph(source: str, args: argparse.Namespace | None = None, cluster=None):
+    """A graph file, or a model spec (zoo:NAME, file.py:FACTORY) captured at ``--batch``; with
+    ``--profile``, its measured times (refused where ``cluster`` has no device of the profile's kind)."""
     from .graph import OpGraph
 
     is_spec = source.startswith("zoo:") or ".py:" in source
@@ -75,7 +76,10 @@ def _load_graph(source: str, args: argparse.Namespace | None = None):
     if getattr(args, "profile", None):
         from .cost.profile import apply_profile, load_profile
 
-        graph = apply_profile(graph, load_profile(args.profile))
+        profile = load_profile(args.profile)
+        if cluster is not None:
+            profile.check_cluster(cluster)
+        graph = apply_profile(graph, profile)
     return graph
 
 
@@ -158,8 +162,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
         options["time_limit"] = args.time_limit
     checked_options(get_algorithm(args.algorithm), options)    # before a model is captured
     _check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
-    graph = _load_graph(args.graph, args)
     cluster = load_cluster(args.cluster)
+    graph = _load_graph(args.graph, args, cluster)
     from .report.tables import working
 
     # A search can take its whole limit (auto: a minute by default); say what runs meanwhile.
@@ -183,7 +187,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         _check_output(args.trace, "trace file",
                       inputs=[args.graph, args.plan, args.cluster, args.profile, args.message_cost])
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
-    graph = _load_graph(args.graph, args)
+    graph = _load_graph(args.graph, args, cluster)
     with _naming_plan(args.plan, plan, cluster):
         result = simulate_plan(plan, graph, cluster)
         if not math.isfinite(result.makespan_s):
@@ -194,6 +198,9 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
         write_trace(result, args.trace)
     report = {**result.predicted(), "lower_bound_s": plan.lower_bound(graph, cluster)}
+    other = _other_prediction(plan, cluster, result.makespan_s)
+    if other:
+        print(f"placer: note: plan {args.plan}{other}", file=sys.stderr)
     if args.message_cost:
         report["with_message_cost_s"] = _with_message_cost(graph, plan, cluster, args.message_cost, args.plan)
     if args.json:
@@ -208,6 +215,17 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.trace:
         print(f"timeline written to {args.trace} (open in ui.perfetto.dev)")
     return 0
+
+
+def _other_prediction(plan, cluster, makespan_s: float) -> str:
+    """What to say where the plan file's own predicted step differs from ``makespan_s`` on the cluster it
+    was made for ('' where it agrees, or where the cluster is another, which :func:`cluster_for_plan` notes)."""
+    predicted = plan.predicted.get("makespan_s")
+    if (predicted is None or math.isclose(predicted, makespan_s, rel_tol=1e-6, abs_tol=1e-12)
+            or (plan.cluster_digest and plan.cluster_digest != cluster.digest())):
+        return ""
+    return (f" predicted {predicted * 1e3:.3f} ms when it was made: it was planned with other costs (a --profile, "
+            f"placer tune's measurements); pass the same to compare")
 
 
 def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: str) -> float:
@@ -263,8 +281,8 @@ def cmd_validate(args: argparse.Namespace) -> int:
 
     if args.cluster and not args.graph:
         raise OptionError("option '--cluster' checks plans against a cluster, which needs '--graph' too")
-    graph = _load_graph(args.graph, args) if args.graph else None
     cluster = load_cluster(args.cluster) if args.cluster else None
+    graph = _load_graph(args.graph, args, cluster) if args.graph else None
     failed = 0
     for path in args.files:     # each file is checked, and each failure reported on its own line
         try:
@@ -300,7 +318,9 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None) -> str:
         plan_cluster = cluster_for_plan(plan, path, cluster, cluster_spec)
         with _naming_plan(path, plan, plan_cluster):
             result = plan.validate(graph, plan_cluster)
-        return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory"
+        other = _other_prediction(plan, plan_cluster, result.makespan_s)
+        return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory" + \
+            (f" (the plan{other})" if other else "")
     raise PlacerError(f"{path}: unknown document format {tag!r} "
                       f"(expected placer.graph/1, placer.cluster/1 or placer.plan/1)")
 
@@ -314,8 +334,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     check_options(names, seed=args.seed, time_limit=args.time_limit)
     if args.output:
         _check_output(args.output, "report folder", folder=True)
-    graph = _load_graph(args.graph, args)
     cluster = load_cluster(args.cluster)
+    graph = _load_graph(args.graph, args, cluster)
     comparison = compare(graph, cluster, names, seed=args.seed, time_limit=args.time_limit)
     comparison.print()
     if args.output:

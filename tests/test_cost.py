@@ -697,3 +697,26 @@ def test_python_number_arithmetic_costs_a_gpu_nothing_and_a_cpu_its_per_op_overh
         assert all(g.compute_s_by_kind[i][k] == 0.0 for i in np.flatnonzero(host) for k in ("A100", "H100"))
         assert np.all(g.compute_s[~host & (g.flops > 0)] >= DEVICE_SPECS[reference].launch_overhead_s)
     assert DEVICE_SPECS["cpu"].host_op_s == 5e-6
+
+
+def test_a_profile_for_a_kind_the_cluster_lacks_is_refused_and_simulate_says_a_plan_was_costed_otherwise(
+        tmp_path, capsys):
+    # A cpu profile on 4 V100s was silently ignored; simulating a plan made with a profile, without it,
+    # gave another step than the plan's own with no word.
+    graph = training_graph(layers=2)
+    graph.save(tmp_path / "g.json")
+    _profile_for(graph).save(tmp_path / "p.json")
+    plan = tmp_path / "plan.json"
+    base = ["plan", str(tmp_path / "g.json"), "--profile", str(tmp_path / "p.json"), "--algorithm", "expert",
+            "-o", str(plan)]
+    assert main(base + ["--cluster", "4xV100-nvlink"]) == 2
+    assert "p.json: a profile of device kind 'cpu', which cluster '4xV100-nvlink' does not have (its kinds: " \
+           "V100)" in capsys.readouterr().err and not plan.exists()
+    assert main(base + ["--cluster", "2xcpu"]) == 0
+    capsys.readouterr()
+    assert main(["simulate", str(tmp_path / "g.json"), str(plan), "--profile", str(tmp_path / "p.json")]) == 0
+    assert "note:" not in capsys.readouterr().err
+    assert main(["simulate", str(tmp_path / "g.json"), str(plan)]) == 0
+    assert f"placer: note: plan {plan} predicted" in capsys.readouterr().err
+    assert main(["validate", str(plan), "--graph", str(tmp_path / "g.json")]) == 0
+    assert "it was planned with other costs" in capsys.readouterr().out

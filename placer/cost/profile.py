@@ -53,6 +53,15 @@ class Profile:
     def total_s(self) -> float:
         return float(sum(self.node_seconds.values()))
 
+    def check_cluster(self, cluster: "Cluster") -> None:
+        """Raise :class:`OptionError` where ``cluster`` has no device of this profile's kind: no time of
+        it would be used, and a plan would silently keep the analytic costs."""
+        kinds = sorted({d.kind for d in cluster.devices})
+        if self.device_kind not in kinds:
+            raise OptionError(f"{self.source or 'profile'}: a profile of device kind {self.device_kind!r}, which "
+                              f"cluster {cluster.name!r} does not have (its kinds: {', '.join(kinds)}): no time "
+                              f"of it would be used")
+
     def to_dict(self) -> dict:
         return {"format": PROFILE_FORMAT, "graph": self.graph_name, "graph_digest": self.graph_digest,
                 "device_kind": self.device_kind, **self.meta, "node_seconds": dict(self.node_seconds)}
