@@ -100,6 +100,10 @@ def _algorithm_names(text: str | None) -> list[str] | None:
     names = [a.strip() for a in text.split(",") if a.strip()]
     if not names:
         raise OptionError(f"option '--algorithms' names no algorithm: {text!r}")
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise OptionError(f"option '--algorithms' names {', '.join(map(repr, twice))} twice (one row and one plan "
+                          f"file each)")
     return names
 
 
@@ -156,10 +160,11 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     _check_search_flags(args)
     options = dict(_parse_option(o) for o in args.option)
-    if args.seed is not None:
-        options["seed"] = args.seed
-    if args.time_limit is not None:
-        options["time_limit"] = args.time_limit
+    for key, value in (("seed", args.seed), ("time_limit", args.time_limit)):
+        if value is not None:
+            if key in options:
+                raise OptionError(f"--option {key}=... and --{key.replace('_', '-')} both set {key}: give one")
+            options[key] = value
     checked_options(get_algorithm(args.algorithm), options)    # before a model is captured
     _check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
     cluster = load_cluster(args.cluster)

@@ -311,6 +311,8 @@ def test_validate_checks_every_file_and_takes_a_model_spec(tmp_path, capsys, gra
 
 @pytest.mark.parametrize("option, message", [
     (["--algorithms", ",,"], "option '--algorithms' names no algorithm: ',,'"),
+    (["--algorithms", "single,expert,single"], "option '--algorithms' names 'single' twice (one row and one plan "
+                                               "file each)"),
     (["--time-limit", "-1"], "option '--time-limit' must be a positive number of seconds, got -1"),
     (["--seed", "-1"], "option '--seed' must be a non-negative integer, got -1"),
 ])
@@ -326,6 +328,7 @@ def test_compare_refuses_bad_options_up_front(capsys, monkeypatch, graph_file, o
     (["--time-limit", "0"], "option '--time-limit' must be a positive number of seconds, got 0"),
     (["--seed", "-2"], "option '--seed' must be a non-negative integer, got -2"),
     (["--option", "x=1"], "algorithm 'expert' has no option 'x'"),
+    (["--seed", "1", "--option", "seed=2"], "--option seed=... and --seed both set seed: give one"),
     (["--algorithm", "m_etf", "--option", "coplace=3"], "option coplace of 'm_etf' must be true or false"),
 ])
 def test_plan_refuses_bad_options_before_capturing_the_model(tmp_path, capsys, monkeypatch, option, message):

@@ -283,6 +283,12 @@ def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_pat
     assert "needs '--cluster-output'" in capsys.readouterr().err
     assert main(["calibrate", "--backend", "gloo", "--cluster", "2xcpu", "--link", "foo", *out]) == 2
     assert "give CHANNEL_LINK=MEASURED_LINK" in capsys.readouterr().err
+    # Each refused before measuring (the cluster output was dropped without a word; the others failed after it).
+    for argv, message in [(out, "'--cluster-output' needs '--cluster'"),
+                          (["--ranks", "1", *out[:2]], "'--ranks' must be >= 2"),
+                          (["--sizes", "1K,1024", *out[:2]], "'--sizes' needs two sizes or more")]:
+        assert main(["calibrate", *argv]) == 2
+        assert message in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("sizes, message", [

@@ -626,6 +626,15 @@ def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):
     assert ran == {v for v, op in zip(graph.ids, graph.op) if op != "placeholder"}
     assert main(args) == 2
     assert "--trace needs --backend distributed" in capsys.readouterr().err
+    # Refused before any training (an unwritable trace was found only after it).
+    plan_args = args[:6]
+    for extra, message in [(["--trace", str(tmp_path / "run.json" / "t.json")], "trace file"),
+                           (["--warmup", "-1"], "--warmup must be >= 0"),
+                           (["--threads", "0"], "--threads must be >= 1"),
+                           (["--devices", "cpu,cpu"], "--devices is for --backend local")]:
+        assert main(plan_args + ["--backend", "distributed", *extra]) == 2
+        err = capsys.readouterr().err
+        assert message in err and "training" not in err, err
 
 
 def test_a_plan_for_another_graph_is_refused(file_case):

@@ -93,6 +93,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .calibrate import DEFAULT_SIZES, apply_calibration, calibrate
 
     sizes = [_size(s) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
+    if len(set(sizes)) < 2:
+        raise OptionError(f"option '--sizes' needs two sizes or more to fit latency and bandwidth, got {args.sizes!r}")
+    if args.backend == "gloo" and args.ranks < 2:
+        raise OptionError(f"option '--ranks' must be >= 2 to measure transfers between processes, got {args.ranks}")
+    if args.cluster_output and not args.cluster:
+        raise OptionError("option '--cluster-output' needs '--cluster' (the preset or file to calibrate)")
     _positive(args.repeats, "--repeats")
     if not args.timeout > 0:
         raise OptionError(f"option '--timeout' must be > 0, got {args.timeout}")

@@ -104,7 +104,9 @@ def _load(args: argparse.Namespace, batch: int):
     """
     from ..capture.spec import capture_spec, load_model
 
-    torch.set_num_threads(max(1, args.threads))
+    if args.threads < 1:
+        raise OptionError(f"--threads must be >= 1, got {args.threads}")
+    torch.set_num_threads(args.threads)
     model, inputs = load_model(args.spec, batch)
     reference = copy.deepcopy(model)
     captured = capture_spec(args.spec, batch, optimizer=args.optimizer, lr=args.lr, name=getattr(args, "name", None))
@@ -137,6 +139,12 @@ def _run(args: argparse.Namespace) -> int:
         raise OptionError(f"--tolerance must be >= 0, got {tolerance}")
     if args.trace and args.backend != "distributed":
         raise OptionError("--trace needs --backend distributed (one process per device, each with its own timeline)")
+    if args.trace:
+        check_output(args.trace, "trace file")
+    if args.warmup < 0:
+        raise OptionError(f"--warmup must be >= 0, got {args.warmup}")
+    if args.devices and args.backend != "local":
+        raise OptionError("--devices is for --backend local (a distributed run's ranks each take their own device)")
     plan = Plan.load(args.plan)
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
