@@ -631,6 +631,7 @@ def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):
     for extra, message in [(["--trace", str(tmp_path / "run.json" / "t.json")], "trace file"),
                            (["--warmup", "-1"], "--warmup must be >= 0"),
                            (["--threads", "0"], "--threads must be >= 1"),
+                           (["--timeout", "0.001"], "--timeout must be at least 1 second"),
                            (["--devices", "cpu,cpu"], "--devices is for --backend local")]:
         assert main(plan_args + ["--backend", "distributed", *extra]) == 2
         err = capsys.readouterr().err

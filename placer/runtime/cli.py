@@ -106,6 +106,8 @@ def _load(args: argparse.Namespace, batch: int):
 
     if args.threads < 1:
         raise OptionError(f"--threads must be >= 1, got {args.threads}")
+    if not args.timeout >= 1:
+        raise OptionError(f"--timeout must be at least 1 second (the ranks first meet within it), got {args.timeout}")
     torch.set_num_threads(args.threads)
     model, inputs = load_model(args.spec, batch)
     reference = copy.deepcopy(model)
