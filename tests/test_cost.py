@@ -456,8 +456,29 @@ def test_standard_evaluation_with_profiles_fills_the_measured_kind():
     assert big.compute_s_by_kind[1]["cpu"] == pytest.approx(1e-2)
     assert big.compute_s_by_kind[2]["cpu"] == pytest.approx(2e-4)
     assert big.compute_s_by_kind[0]["cpu"] == pytest.approx(1e-5)  # unprofiled: the graph's own time
-    # The reference kind's times, not fitted, scale node by node as the fitted ones did (fwd: x5 from batch 2).
-    assert big.compute_s[1:3] == pytest.approx([graphs[1].compute_s[1] * 5, graphs[1].compute_s[2]])
+    # The reference kind's times have a line of their own (the graph's: fwd 2e-5 x batch, loss 1e-6 x batch +
+    # 3e-6); they scaled with the measured kind's, which missed the loss's growth (the profile's is flat).
+    assert big.compute_s[1:3] == pytest.approx([2e-4, 1.3e-5])
+
+
+def test_a_prediction_of_captures_is_costed_by_the_roofline_again_on_every_kind_but_the_measured():
+    # A line through batches 2 and 4 of an operation that turns compute-bound missed it at 64; the other
+    # kinds scaled with the measured kind's growth (a V100 node by the CPU's).
+    from placer.capture import capture_spec
+    from placer.cost.analytic import annotate
+    from placer.cost.standard_eval import standard_evaluation
+
+    model = standard_evaluation("zoo:lenet", (2, 4), optimizer="sgd", device=None)
+    predicted, truth = model.predict(64), capture_spec("zoo:lenet", 64, optimizer="sgd").graph
+    np.testing.assert_allclose(predicted.compute_s, truth.compute_s, rtol=1e-9)
+    for got, want in zip(predicted.compute_s_by_kind, truth.compute_s_by_kind):
+        assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-9) for k in want)
+    graphs = [capture_spec("zoo:lenet", b, optimizer="sgd").graph for b in (2, 4)]
+    profiles = [Profile(g.name, g.digest(), "cpu", {i: 1e-4 * b for i in g.ids}) for g, b in zip(graphs, (2, 4))]
+    measured = fit_batch_model(graphs, [2, 4], profiles, analytic=True).predict(64)
+    assert [d["cpu"] for d in measured.compute_s_by_kind] == pytest.approx([6.4e-3] * measured.num_nodes)
+    again = annotate(measured, kinds=["A100", "H100"])
+    assert [d["A100"] for d in measured.compute_s_by_kind] == [d["A100"] for d in again.compute_s_by_kind]
 
 
 def test_nodes_match_by_position_when_ids_differ():

@@ -100,6 +100,13 @@ class BatchModel:
         would get (:func:`placer.capture.step_name`, as :func:`standard_evaluation` sets
         it), so that profiles and the runtime take the prediction for that step. None:
         the base graph's name with ``@batchN``.
+    analytic : bool
+        The graphs' times (but ``time_kind``'s) are the roofline model's
+        (:func:`placer.cost.analytic.annotate`, as captures are costed): a prediction is
+        costed by it again from its predicted FLOPs and bytes, as a capture at that batch
+        would be; a line through the small batches' times misses where an operation
+        turns from memory- to compute-bound. Otherwise each kind's times are fitted
+        linearly, as the measured ones.
     """
 
     base: "OpGraph"
@@ -109,6 +116,12 @@ class BatchModel:
     time_kind: str | None = None
     fit_error: dict[str, float] = field(default_factory=dict)
     name_at: Callable[[int], str] | None = None
+    analytic: bool = False
+
+    @property
+    def fitted_kinds(self) -> list[str]:
+        """The device kinds whose times have a fit of their own (field ``time:KIND``)."""
+        return [name.split(":", 1)[1] for name in self.coef if name.startswith("time:")]
 
     def predict_field(self, name: str, batch: int) -> np.ndarray:
         intercept, slope = self.coef[name]
@@ -131,15 +144,13 @@ class BatchModel:
 
         times = self.predict_field("time", batch)
         kind = self.time_kind
-        # The times the fit did not cover (the other kinds') scale with the fitted one, node by node, from
-        # the base graph's batch: kept as they were, they would be the largest measured batch's.
-        measured = self.predict_field("time", max(self.batches))
-        scale = np.divide(times, measured, out=np.ones_like(times), where=measured > 0).tolist()
-        compute_s = times if kind is None else g.compute_s * np.asarray(scale)
-        by_kind = [None if not d else {k: (v * f if k != kind else t) for k, v in d.items()}
-                   for d, f, t in zip(g.compute_s_by_kind, scale, times.tolist())]
-        if kind is not None:
-            by_kind = [{**(d or {}), kind: t} for d, t in zip(by_kind, times.tolist())]
+        compute_s, by_kind = g.compute_s, g.compute_s_by_kind     # costed again below where analytic
+        if not self.analytic:
+            compute_s = times if kind is None else self.predict_field("compute_s", batch)
+            fitted = {k: self.predict_field(f"time:{k}", batch).tolist() for k in self.fitted_kinds}
+            by_kind = [{**{k: fitted[k][i] for k in (d or {}) if k != kind},
+                        **({kind: float(times[i])} if kind is not None else {})} or None
+                       for i, d in enumerate(g.compute_s_by_kind)]
         flops = np.where(np.isnan(g.flops), np.nan, self.predict_field("flops", batch))
         accessed = self.predict_field("bytes_accessed", batch)
         extra = [({**e, "bytes_accessed": int(round(a))} if "bytes_accessed" in e else e)
@@ -152,15 +163,25 @@ class BatchModel:
         name = self.name_at(int(batch)) if self.name_at is not None else f"{g.name}@batch{batch}"
         info = {"batches": self.batches, "target_batch": batch, "matched_by": self.matched_by,
                 "time_kind": self.time_kind}
-        return g.replace(compute_s=compute_s, compute_s_by_kind=by_kind, output_bytes=sizes("output_bytes"),
-                         param_bytes=sizes("param_bytes"), temp_bytes=sizes("temp_bytes"), flops=flops,
-                         edge_bytes=sizes("edge_bytes"), node_extra=extra, splittable=splittable, name=name,
-                         extra={**g.extra, "standard_evaluation": info})
+        predicted = g.replace(compute_s=compute_s, compute_s_by_kind=by_kind, output_bytes=sizes("output_bytes"),
+                              param_bytes=sizes("param_bytes"), temp_bytes=sizes("temp_bytes"), flops=flops,
+                              edge_bytes=sizes("edge_bytes"), node_extra=extra, splittable=splittable, name=name,
+                              extra={**g.extra, "standard_evaluation": info})
+        if not self.analytic:
+            return predicted
+        from .analytic import annotate
+
+        kinds = {k for d in g.compute_s_by_kind if d for k in d} - {kind}
+        costed = annotate(predicted, kinds=sorted(kinds))
+        if kind is None:
+            return costed
+        return costed.replace(compute_s_by_kind=[{**(d or {}), kind: float(t)}
+                                                 for d, t in zip(costed.compute_s_by_kind, times.tolist())])
 
 
 def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
                     profiles: "Sequence[Profile] | None" = None, *,
-                    name_at: Callable[[int], str] | None = None) -> BatchModel:
+                    name_at: Callable[[int], str] | None = None, analytic: bool = False) -> BatchModel:
     """Fit per-node time and memory, linear in the batch size, from graphs at small batches.
 
     Parameters
@@ -173,6 +194,8 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
         ``compute_s`` are fitted.
     name_at : callable, optional
         Batch size -> graph name of a prediction (see :attr:`BatchModel.name_at`).
+    analytic : bool
+        The graphs' unmeasured times are the roofline model's (see :attr:`BatchModel.analytic`).
 
     Returns
     -------
@@ -214,8 +237,12 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
     if len(kinds) > 1:
         raise OptionError(f"the profiles are for different device kinds: {sorted(kinds)}")
 
+    kind = next(iter(kinds)) if kinds else None
+    # Each kind's times but the measured one get their own fit, unless the analytic model costs them again.
+    other_kinds = [] if analytic else sorted({k for d in base.compute_s_by_kind if d for k in d} - {kind})
     rows: dict[str, list[np.ndarray]] = {k: [] for k in ("time", "output_bytes", "param_bytes", "temp_bytes",
-                                                         "flops", "bytes_accessed", "edge_bytes")}
+                                                         "flops", "bytes_accessed", "edge_bytes", "compute_s",
+                                                         *(f"time:{k}" for k in other_kinds))}
     how = "id"
     for k, g in enumerate(graphs):
         node_map, edge_map, matched = match_nodes(base, g)
@@ -227,6 +254,10 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
         else:
             times = g.compute_s[node_map]
         rows["time"].append(times)
+        rows["compute_s"].append(g.compute_s[node_map])
+        for other in other_kinds:
+            rows[f"time:{other}"].append(np.array([(g.compute_s_by_kind[j] or {}).get(other, g.compute_s[j])
+                                                   for j in node_map]))
         for name in ("output_bytes", "param_bytes", "temp_bytes"):
             rows[name].append(getattr(g, name)[node_map].astype(np.float64))
         rows["flops"].append(np.nan_to_num(g.flops[node_map], nan=0.0))
@@ -240,7 +271,7 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
         residual = np.abs(coef[name][0] + np.outer(x, coef[name][1]) - y)
         scale = np.maximum(np.abs(y), 1e-300)
         fit_error[name] = float((residual / scale).max()) if y.size else 0.0
-    return BatchModel(base, batches, how, coef, next(iter(kinds)) if kinds else None, fit_error, name_at)
+    return BatchModel(base, batches, how, coef, kind, fit_error, name_at, analytic)
 
 
 def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[int] = (2, 4, 8), *,
@@ -302,4 +333,4 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
         if device:
             profiles.append(profile_step(step, model, inputs, device=device, repeats=repeats))
     return fit_batch_model(graphs, batches, profiles if device else None,
-                           name_at=partial(step_name, label, optimizer=optimizer))
+                           name_at=partial(step_name, label, optimizer=optimizer), analytic=True)
