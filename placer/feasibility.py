@@ -12,6 +12,7 @@ import numpy as np
 from .cluster import Cluster
 from .errors import InfeasibleError
 from .graph import OpGraph
+from .io import shown_bytes
 from .paths import bottom_levels, top_levels
 from .sim.bounds import fastest_durations
 
@@ -52,8 +53,8 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
     over = np.flatnonzero(need > room)
     if over.size:
         i = over[np.argmax(need[over] - room[over])]
-        raise InfeasibleError(f"node {graph.ids[i]!r} needs {need[i] / 2**30:.3f} GiB, more than any device "
-                              f"it may use ({room[i] / 2**30:.3f} GiB)")
+        raise InfeasibleError(f"node {graph.ids[i]!r} needs {shown_bytes(need[i])}, more than any device "
+                              f"it may use ({shown_bytes(room[i])})")
     for key, members in graph.colocation_groups.items():
         group_allowed = allowed[members].all(axis=0)
         if not group_allowed.any():
@@ -61,12 +62,12 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
         group_need = graph.param_bytes[members].sum() + (graph.output_bytes[members] + graph.temp_bytes[members]).max()
         group_room = memory[group_allowed].max()
         if group_need > group_room:
-            raise InfeasibleError(f"colocation group {key!r} needs at least {group_need / 2**30:.3f} GiB, more than "
-                                  f"any device it may use ({group_room / 2**30:.3f} GiB)")
+            raise InfeasibleError(f"colocation group {key!r} needs at least {shown_bytes(group_need)}, more than "
+                                  f"any device it may use ({shown_bytes(group_room)})")
     total_params = int(graph.param_bytes.sum())
     if total_params > int(memory.sum()):
-        raise InfeasibleError(f"the parameters alone need {total_params / 2**30:.3f} GiB, more than the cluster's "
-                              f"{memory.sum() / 2**30:.3f} GiB in total")
+        raise InfeasibleError(f"the parameters alone need {shown_bytes(total_params)}, more than the cluster's "
+                              f"{shown_bytes(memory.sum())} in total")
     _check_live_memory(graph, cluster)
     _check_reachability(graph, cluster)
 
@@ -172,9 +173,9 @@ def _check_live_memory(graph: OpGraph, cluster: Cluster) -> None:
     bound, node = live_memory_bound(graph, cluster)
     if bound > total:
         raise InfeasibleError(
-            f"while node {graph.ids[node]!r} runs, any plan holds at least {bound / 2**30:.3f} GiB over all devices "
+            f"while node {graph.ids[node]!r} runs, any plan holds at least {shown_bytes(bound)} over all devices "
             f"(every parameter, and each tensor made before it and read after it), more than the cluster's "
-            f"{total / 2**30:.3f} GiB in total")
+            f"{shown_bytes(total)} in total")
 
 
 def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
@@ -201,5 +202,5 @@ def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
             a, b = unreachable[0]
             raise InfeasibleError(
                 f"devices {a!r} and {b!r} (and maybe others) have no channel between them; the connected part "
-                f"of the graph around node {graph.ids[min(part)]!r} needs {need / 2**30:.3f} GiB of parameters, "
-                f"more than any set of devices that channels connect ({room / 2**30:.3f} GiB)")
+                f"of the graph around node {graph.ids[min(part)]!r} needs {shown_bytes(need)} of parameters, "
+                f"more than any set of devices that channels connect ({shown_bytes(room)})")

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 from .errors import FormatError, PlacerError
 
-__all__ = ["read_json", "write_atomic", "write_json_atomic", "write_text_atomic", "json_text", "check_output", "WriteError",
+__all__ = ["read_json", "write_atomic", "write_json_atomic", "write_text_atomic", "json_text", "check_output", "shown_bytes", "WriteError",
            "check_format", "check_finite", "Field", "shown"]
 
 
@@ -228,6 +228,19 @@ def shown(value: Any) -> str:
     """
     text = repr(value)
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
+
+
+def shown_bytes(nbytes: float) -> str:
+    """A memory size for a message: GiB with three decimals from 1 GiB, else MiB or KiB with one
+    (a megabyte device read "0.000 GiB").
+
+    >>> shown_bytes(16 * 2**30), shown_bytes(3 * 2**20), shown_bytes(196_608)
+    ('16.000 GiB', '3.0 MiB', '192.0 KiB')
+    """
+    for unit, size, digits in (("GiB", 2**30, 3), ("MiB", 2**20, 1)):
+        if abs(nbytes) >= size:
+            return f"{nbytes / size:.{digits}f} {unit}"
+    return f"{nbytes / 1024:.1f} KiB"
 
 
 def check_finite(value: Any, where: str) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from .cluster import Cluster
 from .errors import FormatError, InvalidPlanError
 from .graph import OpGraph, topological_sort
-from .io import Field, check_finite, check_format, check_number, read_json, shown, write_json_atomic
+from .io import Field, check_finite, check_format, check_number, read_json, shown, shown_bytes, write_json_atomic
 
 if TYPE_CHECKING:
     from .sim.simulator import SimResult
@@ -219,23 +219,25 @@ class Plan:
         if not result.fits:
             j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
             raise InvalidPlanError(
-                f"device {cluster.devices[j].name!r} needs {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
-                f"at peak but has {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+                f"device {cluster.devices[j].name!r} needs {shown_bytes(result.peak_memory_bytes[j])} "
+                f"at peak but has {shown_bytes(cluster.devices[j].memory_bytes)}")
         return result
 
     def report(self, graph: OpGraph | None = None, cluster: Cluster | None = None) -> str:
         """Per-device load, peak memory and the step's figures, as text.
 
         ``graph`` and ``cluster`` default to those the plan was made for by
-        :func:`placer.plan`.
+        :func:`placer.plan` or :func:`placer.place`. A plan that overflows a device's
+        memory is reported so (its fits column), not refused.
         """
         from .report.tables import simulation_text
+        from .sim.simulator import simulate_bound
 
         graph = graph or self.context.get("graph")
         cluster = cluster or self.context.get("cluster")
         if graph is None or cluster is None:
             raise InvalidPlanError("report() needs the graph and cluster the plan is for")
-        result = self.validate(graph, cluster)
+        result = simulate_bound(self.bind(graph, cluster))
         return simulation_text(result, {**result.predicted(), "lower_bound_s": self.lower_bound(graph, cluster)})
 
     def apply(self, model: Any, optimizer: Any = None, **options: Any) -> Any:

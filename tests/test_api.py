@@ -124,3 +124,18 @@ def test_failure_messages_name_the_algorithm_once():
         "pesto found no plan within its time limit"
     assert failure_message("pesto", ValueError("pesto: no solver")) == "pesto: no solver"
     assert failure_message("pesto", ValueError("pestos are green")) == "pesto: pestos are green"
+
+
+def test_a_plan_from_place_reports_without_arguments_and_an_overflowing_plan_says_so():
+    from placer.cluster import Channel, Cluster, Device
+
+    graph = training_graph(layers=2, branches=2)
+    plan = placer.place(graph, placer.load_cluster("2xcpu"), "expert")
+    assert "cpu0" in plan.report()          # it needed report(graph, cluster) but from placer.plan
+    # The same plan on two 1-MiB devices: reported with its fits column, where it raised.
+    small = Cluster("small", [Device(f"cpu{j}", "cpu", 1 << 20) for j in range(2)],
+                    [Channel(f"cpu{a}->cpu{b}", 1e9, 1e-5, ((f"cpu{a}", f"cpu{b}"),)) for a, b in ((0, 1), (1, 0))])
+    overflowing = placer.Plan(plan.placement, plan.order, graph_name=graph.name)
+    assert "fits: False" in overflowing.report(graph, small)
+    with pytest.raises(placer.errors.InvalidPlanError, match=r"needs \d+\.\d MiB at peak but has 1\.0 MiB"):
+        overflowing.validate(graph, small)

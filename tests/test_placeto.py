@@ -259,11 +259,14 @@ def test_memory_repair_moves_units_off_a_full_device():
         _repair_memory(graph, small, mdp, everything_on_one, probs)
 
 
-def test_placeto_options_are_checked():
+def test_placeto_options_are_checked(tmp_path):
     graph = training_graph(layers=2, branches=2)
     cluster = load_cluster("2xV100-nvlink")
     with pytest.raises(OptionError, match="policy"):
         place(graph, cluster, "placeto", policy="/no/such/policy.pt")
+    (tmp_path / "empty.pt").write_bytes(b"")      # an EOFError escaped as a traceback
+    with pytest.raises(OptionError, match="empty.pt' is not a Placeto policy file"):
+        place(graph, cluster, "placeto", policy=str(tmp_path / "empty.pt"))
     for bad in ({"samples": -1}, {"fine_tune_s": -1.0}, {"target_nodes": -2}):
         with pytest.raises(OptionError):
             place(graph, cluster, "placeto", **bad)

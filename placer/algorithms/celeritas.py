@@ -39,6 +39,7 @@ from ..cluster import Cluster
 from ..errors import InfeasibleError
 from ..feasibility import static_footprint
 from ..graph import OpGraph
+from ..io import shown_bytes
 from ..plan import Plan
 from ..sim.simulator import simulate
 from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, link_costs
@@ -352,8 +353,8 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
         need = need * np.maximum(1.0, 1.02 * np.maximum(*peaks) / np.maximum(estimate, 1.0))[schedule.node_device]
     peak = min(peaks, key=lambda p: float(np.max(p - memory)))
     j = int(np.argmax(peak - memory))
-    raise InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need {peak[j] / 2**30:.3f} GiB "
-                          f"of {memory[j] / 2**30:.3f} GiB")
+    raise InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need {shown_bytes(peak[j])} "
+                          f"of {shown_bytes(memory[j])}")
 
 
 @register("order_place")

@@ -7,6 +7,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import InfeasibleError, OptionError
 from ..graph import OpGraph
+from ..io import shown_bytes
 from ..paths import top_levels
 from ..plan import Plan
 from ..sim.simulator import simulate
@@ -169,8 +170,8 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
         raise InfeasibleError(
             f"{name}: a replica on 1/{len(devices)} of the batch does not fit one device: "
-            f"{cluster.devices[j].name!r} would need {result.peak_memory_bytes[j] / 2**30:.3f} GiB "
-            f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB")
+            f"{cluster.devices[j].name!r} would need {shown_bytes(result.peak_memory_bytes[j])} "
+            f"of {shown_bytes(cluster.devices[j].memory_bytes)}")
     return dp, device_of, result.device_orders()
 
 

@@ -51,6 +51,7 @@ from ..cluster import Cluster
 from ..errors import InfeasibleError
 from ..gcpause import gc_paused
 from ..graph import OpGraph
+from ..io import shown_bytes
 from ..paths import bottom_levels, top_levels
 from ..plan import Plan
 from ..sim.bounds import fastest_durations
@@ -1276,8 +1277,8 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
         if excess < closest:
             j = int(np.argmax(peak - capacity))
             closest, error = excess, InfeasibleError(
-                f"{name}: device {cluster.devices[j].name!r} would need {peak[j] / 2**30:.3f} GiB "
-                f"of {cluster.devices[j].memory_bytes / 2**30:.3f} GiB{on_layers}")
+                f"{name}: device {cluster.devices[j].name!r} would need {shown_bytes(peak[j])} "
+                f"of {shown_bytes(cluster.devices[j].memory_bytes)}{on_layers}")
         if not counted_whole:
             overfilled = held_more and (overfilled or not use_pressed)
             if pressed is not None and not use_pressed:

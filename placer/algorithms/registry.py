@@ -180,7 +180,8 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     -------
     Plan
         With a per-device order, ``predicted`` figures from the reference model
-        (makespan_s, peak_memory_bytes, fits, lower_bound_s) and ``search_time_s``.
+        (makespan_s, peak_memory_bytes, fits, lower_bound_s), ``search_time_s``, and
+        ``graph`` and ``cluster`` in its ``context`` (so that ``plan.report()`` needs neither).
 
     Raises
     ------
@@ -237,4 +238,5 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     plan.cluster_digest = cluster.digest()
     plan.predicted = dict(figures)
     plan.search_time_s = elapsed
+    plan.context.update(graph=graph, cluster=cluster)      # plan.report() and plan.apply() without them
     return plan

@@ -263,7 +263,7 @@ class PlacetoPolicy(nn.Module):
             policy.load_state_dict(doc["state_dict"])
         except FileNotFoundError:
             raise FormatError(f"policy file {path}: no such file") from None
-        except (OSError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as exc:
+        except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as exc:
             reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise FormatError(f"policy file {path}: not a Placeto policy ({reason})") from None
         policy.metadata = doc.get("metadata", {})
