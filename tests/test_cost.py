@@ -640,6 +640,12 @@ def test_profile_and_predict_commands(tmp_path, capsys):
                  "-o", str(tmp_path / "big.json")]) == 0
     big = OpGraph.load(tmp_path / "big.json")
     assert big.extra["standard_evaluation"]["target_batch"] == 32
+    # The step it prints is the written graph's (it printed the line through the small batches').
+    assert f"predicted step {big.compute_s.sum() * 1e3:.3f} ms (compute_s, one device)" in capsys.readouterr().out
+    assert main(["predict", spec, "--batches", "2,4", "--target", "32", "--device", "tpu:0",
+                 "-o", str(tmp_path / "x.json")]) == 2
+    err = capsys.readouterr().err
+    assert "option 'device' must be 'cpu' or 'cuda:N', got 'tpu:0'" in err and "capturing" not in err
     assert main(["profile", spec, "--batch", "0", "-o", str(tmp_path / "x.json")]) == 2
     assert "'--batch' must be >= 1" in capsys.readouterr().err
     assert main(["profile", spec, "--batch", "2", "--device", "cuda:7", "-o", str(tmp_path / "x.json")]) == 2

@@ -224,6 +224,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _positive(args.target, "--target")
     check_output(args.output, "graph file")
     device = None if args.device == "none" else args.device
+    if device is not None:
+        from .profile import device_kind_of
+
+        device_kind_of(device)      # a bad device is refused before the captures
     # With a device it times every operation at each batch.
     timing = f", timing every operation on {device} (minutes for a large model; --device none fits the analytic " \
              f"times)" if device is not None else ""
@@ -233,10 +237,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
                                     repeats=args.repeats)
     graph = model.predict(args.target)
     graph.save(args.output)
-    kind = model.time_kind or "compute_s"
-    times = model.predict_field("time", args.target)
+    kind = model.time_kind
+    seconds = sum(d[kind] for d in graph.compute_s_by_kind) if kind else float(graph.compute_s.sum())
     print(f"{graph.name}: fitted at batches {model.batches} (nodes matched by {model.matched_by}); "
-          f"predicted step {times.sum() * 1e3:.3f} ms ({kind}), "
+          f"predicted step {seconds * 1e3:.3f} ms ({kind or 'compute_s'}, one device), "
           f"{graph.output_bytes.sum() / 2**20:.1f} MiB of outputs, {graph.param_bytes.sum() / 2**20:.1f} MiB resident "
           f"-> {args.output}")
     return 0
