@@ -952,14 +952,17 @@ def test_placer_tune_refuses_a_calibration_without_costs_by_gap(file_case, tmp_p
     assert not (tmp_path / "tuned.json").exists()
 
 
-def _torchrun_rank(rank: int, port: int, case: Case, plan: Plan, out: str) -> None:
-    """One rank as torchrun starts it: only the environment says who it is."""
+def _torchrun_rank(rank: int, port: int, case: Case, plans: list[Plan], out: str) -> None:
+    """One rank as torchrun starts it: only the environment says who it is. Rank 1 builds its model
+    unseeded (other weights and inputs than rank 0's) and reads ``plans[1]``."""
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
     assert under_torchrun()
-    captured = case.captured
+    captured, plan = case.captured, plans[rank]
     model, optimizer = case.fresh()
     flat = captured.step_inputs(model, case.inputs, optimizer)
+    if rank == 1:
+        flat = [x + torch.randn_like(x) if x.is_floating_point() else x for x in flat]
     result = run_under_torchrun(captured.gm, captured.graph, plan, load_cluster("2xcpu"), flat, steps=STEPS,
                                 carrier=captured.carrier, timeout_s=30)
     assert (result is None) == (rank != 0)
@@ -967,17 +970,31 @@ def _torchrun_rank(rank: int, port: int, case: Case, plan: Plan, out: str) -> No
         torch.save(result.state, out)
 
 
-def test_ranks_started_by_torchrun_run_the_plan_together(file_case, tmp_path):
+def test_ranks_started_by_torchrun_run_the_plan_together_from_rank_0s_state(file_case, tmp_path):
+    # Each rank builds the model itself: an unseeded one gave rank 1 other weights and inputs, which the
+    # step mixed with rank 0's, silently.
     import torch.multiprocessing as mp
 
     plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
     out = str(tmp_path / "state.pt")
-    mp.start_processes(_torchrun_rank, args=(free_port(), file_case, plan, out), nprocs=2, start_method="fork")
+    mp.start_processes(_torchrun_rank, args=(free_port(), file_case, [plan, plan], out), nprocs=2,
+                       start_method="fork")
     model, optimizer = file_case.fresh()
     flat = file_case.captured.step_inputs(model, file_case.inputs, optimizer)
     state = torch.load(out, weights_only=False)
     file_case.captured.write_back([state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     file_case.assert_matches(model, optimizer)
+
+
+def test_torchrun_ranks_with_another_plan_than_rank_0s_stop_with_an_error(file_case, tmp_path):
+    import torch.multiprocessing as mp
+
+    cluster = load_cluster("2xcpu")
+    plans = [place(file_case.captured.graph, cluster, name) for name in ("expert", "round_robin")]
+    with pytest.raises(mp.ProcessRaisedException, match=r"rank\(s\) \[1\] have another plan or captured step "
+                                                        r"than rank 0"):
+        mp.start_processes(_torchrun_rank, args=(free_port(), file_case, plans, str(tmp_path / "x.pt")),
+                           nprocs=2, start_method="fork")
 
 
 # ------------------------------------------------- what a placed step may not change

@@ -124,6 +124,22 @@ def cmd_run(args: argparse.Namespace) -> int:
         return _run(args)
 
 
+def _check_torchrun(args: argparse.Namespace) -> None:
+    """Refuse what a rank of a ``torchrun`` launch cannot do, before any work: the local backend (each
+    rank would train the whole step alone) and a timeline across hosts (their clocks differ)."""
+    import os
+
+    from .distributed import under_torchrun
+
+    if not under_torchrun():
+        return
+    if args.backend != "distributed":
+        raise OptionError("under torchrun, pass --backend distributed (with the local backend every rank would "
+                          "train the whole step by itself)")
+    if args.trace and os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]) != os.environ["WORLD_SIZE"]:
+        raise OptionError("--trace needs every rank on one host (the hosts' clocks differ); run without it")
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..cli import cluster_for_plan
     from ..cluster import load_cluster
@@ -143,6 +159,7 @@ def _run(args: argparse.Namespace) -> int:
         raise OptionError("--trace needs --backend distributed (one process per device, each with its own timeline)")
     if args.trace:
         check_output(args.trace, "trace file")
+    _check_torchrun(args)
     if args.warmup < 0:
         raise OptionError(f"--warmup must be >= 0, got {args.warmup}")
     if args.devices and args.backend != "local":
@@ -216,6 +233,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if args.rounds < 1 or args.steps < 2:
         raise OptionError("--rounds must be >= 1 and --steps >= 2 (one warm-up step)")
+    from .distributed import under_torchrun
+
+    if under_torchrun():
+        raise OptionError("placer tune starts the ranks of each run itself: run it without torchrun, on one host")
     check_output(args.output, "plan file")
     cluster = load_cluster(args.cluster)
     if args.batch is None:

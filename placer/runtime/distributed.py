@@ -132,6 +132,9 @@ class RankJob:
     kernel_choice: KernelChoice | None = None
     # Base seed of the random operations (None: rank 0 draws one and sends it to the others).
     seed: int | None = None
+    # Ranks that each built the model and read the plan themselves (torchrun): they start from rank 0's
+    # state and inputs, as DistributedDataParallel starts from rank 0's parameters, and refuse other plans.
+    from_rank0: bool = False
 
 
 @dataclass
@@ -427,6 +430,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
     dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout,
                             **({"device_id": device} if backend == "nccl" else {}))
     try:
+        flat_inputs = _rank0_start(rank, world, job) if job.from_rank0 else job.flat_inputs
         gm = job.gm.module() if isinstance(job.gm, PortableStep) else job.gm
         program = compile_program(gm, job.graph, Plan.from_dict(job.plan), job.cluster, carrier=job.carrier)
         if program.num_devices != world:
@@ -441,7 +445,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         runner.profile_gpu = job.profile and device.type == "cuda"
         if backend == "nccl":
             runner.make_pair_groups()
-        state = {k: copy_to(job.flat_inputs[k], device) for k in runner.owned}
+        state = {k: copy_to(flat_inputs[k], device) for k in runner.owned}
         if job.hook is not None:
             job.hook(rank)
         step_s: list[float] = []
@@ -699,6 +703,30 @@ def _terminate_raises():
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
+def _rank0_start(rank: int, world: int, job: RankJob) -> list:
+    """Rank 0's flat inputs (parameters, buffers, optimizer state, batch), sent to every rank, once every
+    rank has checked that its plan and captured step are rank 0's.
+
+    Ranks of a ``torchrun`` launch each build the model and read the plan: a model file that does not
+    seed its initialisation gave each rank other weights and inputs, and the step mixed them.
+
+    Raises
+    ------
+    RunError
+        On every rank, where some rank's plan or captured step differs from rank 0's.
+    """
+    mine = (job.plan, job.graph.digest())
+    shared = [(mine, job.flat_inputs) if rank == 0 else None]
+    dist.broadcast_object_list(shared, src=0)
+    (first, flat), agree = shared[0], [None] * world
+    dist.all_gather_object(agree, mine == first)
+    others = [k for k, same in enumerate(agree) if not same]
+    if others:
+        raise RunError(f"rank(s) {others} have another plan or captured step than rank 0: give every rank the "
+                       f"same plan file, model and batch")
+    return flat
+
+
 def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
                        *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
                        carrier: dict[str, str] | None = None, threads: int = 1,
@@ -707,22 +735,33 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
 
     Every rank calls it with the same arguments (capture is deterministic, so
     each rank captures the step itself); ``MASTER_ADDR``, ``MASTER_PORT``,
-    ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` come from ``torchrun``. Rank 0
+    ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK`` come from ``torchrun``. Every
+    rank starts from rank 0's ``flat_inputs`` (:func:`_rank0_start`). Rank 0
     returns the result, the others None. A rank that fails or waits longer than
     ``timeout_s`` raises, and ``torchrun`` stops the others.
 
     Raises
     ------
     RunError
-        If ``WORLD_SIZE`` is not the plan's number of devices.
+        If ``WORLD_SIZE`` is not the plan's number of devices, a rank's plan or
+        step is not rank 0's, or the run fails on this rank (torch's error, on one line).
     """
     world = int(os.environ["WORLD_SIZE"])
     if world != cluster.num_devices:
         raise RunError(f"torchrun started {world} ranks for a plan over {cluster.num_devices} devices")
     local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, resolve_backend(backend, local_world),
-                  timeout_s, carrier, threads, None, None, profile, same_host=local_world == world)
-    merged = rank_main(int(os.environ["RANK"]), world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))
+                  timeout_s, carrier, threads, None, None, profile, same_host=local_world == world, from_rank0=True)
+    rank = int(os.environ["RANK"])
+    try:
+        merged = rank_main(rank, world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))
+    except PlacerError:
+        raise
+    except Exception as exc:      # noqa: BLE001 - torch's errors of a failed or stopped peer, as the spawned runs say them
+        message = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
+        where = "" if message.startswith(f"rank {rank}:") else f"rank {rank}: "
+        raise RunError(f"{where}{message} (one of {world} ranks failed, hung or was stopped; the run was "
+                       f"stopped)") from exc
     if merged is None:
         return None
     return _result(merged)
