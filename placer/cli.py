@@ -19,9 +19,12 @@ import math
 import os
 import sys
 from pathlib import Path
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any, Sequence
 
 from .errors import InvalidPlanError, OptionError, PlacerError
+
+if TYPE_CHECKING:
+    from .cluster import Cluster
 
 __all__ = ["main", "COMMAND_MODULES"]
 
@@ -54,7 +57,7 @@ def _check_search_flags(args: argparse.Namespace) -> None:
         check_seed(args.seed, "'--seed'")
 
 
-def _load_graph(source: str, args: argparse.Namespace | None = None, cluster=None):
+def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "Cluster | None" = None):
     """A graph file, or a model spec (zoo:NAME, file.py:FACTORY) captured at ``--batch``; with
     ``--profile``, its measured times (refused where ``cluster`` has no device of the profile's kind)."""
     from .graph import OpGraph

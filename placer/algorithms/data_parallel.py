@@ -11,9 +11,9 @@ from ..io import shown_bytes
 from ..paths import top_levels
 from ..plan import Plan
 from ..sim.simulator import simulate
-from ..transform.split import fewest_batch_rows
 from ..transform.replicate import (COLLECTIVES, DataParallelGraph, collective_stages, data_parallel_graph,
                                    input_transfers, replica_layout)
+from ..transform.split import fewest_batch_rows
 from .registry import register
 
 __all__ = ["data_parallel", "sharded_data_parallel", "replica_devices", "replica_hosts", "data_parallel_schedule",
