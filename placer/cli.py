@@ -322,7 +322,7 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None) -> str:
         plan = Plan.from_dict(doc, source=path)
         if graph is None:
             return (f"{path}: well-formed plan for graph {plan.graph_name!r} "
-                    f"(pass --graph and --cluster to check it against them)")
+                    f"(pass --graph to check it against that graph, on its own cluster or --cluster)")
         plan_cluster = cluster_for_plan(plan, path, cluster, cluster_spec)
         with _naming_plan(path, plan, plan_cluster):
             result = plan.validate(graph, plan_cluster)
