@@ -242,7 +242,8 @@ class CapturedStep:
         trained = set(self.layout.params) | set(self.layout.unreached)
         known = trained | set(self.layout.buffers)
         again = "; plan (capture) again for the model as it is now"
-        for name, p in model.named_parameters():
+        params = dict(model.named_parameters())
+        for name, p in params.items():
             if name not in known:
                 raise OptionError(f"the model's parameter {name!r} is not one of the captured step's{again}")
             if p.requires_grad != (name in trained):
@@ -252,7 +253,6 @@ class CapturedStep:
         if optimizer is None:
             return
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
-        params = dict(model.named_parameters())
         missing = [n for n in self.layout.params if id(params[n]) not in held]
         if missing:
             others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

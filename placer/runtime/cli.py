@@ -127,16 +127,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _check_torchrun(args: argparse.Namespace) -> None:
     """Refuse what a rank of a ``torchrun`` launch cannot do, before any work: the local backend (each
     rank would train the whole step alone) and a timeline across hosts (their clocks differ)."""
-    import os
-
-    from .distributed import under_torchrun
+    from .distributed import torchrun_world, under_torchrun
 
     if not under_torchrun():
         return
     if args.backend != "distributed":
         raise OptionError("under torchrun, pass --backend distributed (with the local backend every rank would "
                           "train the whole step by itself)")
-    if args.trace and os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]) != os.environ["WORLD_SIZE"]:
+    world, local_world = torchrun_world()
+    if args.trace and local_world != world:
         raise OptionError("--trace needs every rank on one host (the hosts' clocks differ); run without it")
 
 

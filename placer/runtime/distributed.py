@@ -57,7 +57,7 @@ from .program import (Program, call_node, compile_program, copy_to, draw_seed, m
                       receive_buffer, unpack, value_spec)
 
 __all__ = ["RunError", "RankJob", "KernelChoice", "DistributedResult", "run_distributed", "run_under_torchrun",
-           "rank_main", "resolve_backend", "under_torchrun", "free_port"]
+           "rank_main", "resolve_backend", "under_torchrun", "torchrun_world", "free_port"]
 
 #: A receive's wait longer than this blocked: its message arrived during it (an arrived
 #: message's wait returns in about 15 us on a 2-core machine).
@@ -203,6 +203,12 @@ class DistributedResult:
 def under_torchrun() -> bool:
     """Whether this process is one rank of a ``torchrun`` launch (its environment says so)."""
     return all(k in os.environ for k in ("RANK", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"))
+
+
+def torchrun_world() -> tuple[int, int]:
+    """``(ranks, ranks on this host)`` of the ``torchrun`` launch this process is a rank of."""
+    world = int(os.environ["WORLD_SIZE"])
+    return world, int(os.environ.get("LOCAL_WORLD_SIZE", world))
 
 
 def resolve_backend(backend: str, world: int) -> str:
@@ -746,10 +752,9 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
         If ``WORLD_SIZE`` is not the plan's number of devices, a rank's plan or
         step is not rank 0's, or the run fails on this rank (torch's error, on one line).
     """
-    world = int(os.environ["WORLD_SIZE"])
+    world, local_world = torchrun_world()
     if world != cluster.num_devices:
         raise RunError(f"torchrun started {world} ranks for a plan over {cluster.num_devices} devices")
-    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", world))
     job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, resolve_backend(backend, local_world),
                   timeout_s, carrier, threads, None, None, profile, same_host=local_world == world, from_rank0=True)
     rank = int(os.environ["RANK"])
