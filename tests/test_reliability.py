@@ -230,6 +230,31 @@ def test_a_pipeline_over_devices_linked_only_to_their_neighbours_is_not_refused(
         assert [plan.placement[s] for s in graph.ids] == names and plan.predicted["fits"]
 
 
+@pytest.mark.parametrize("algorithm", ["dpos", "os_dpos"])
+def test_dpos_keeps_a_critical_path_node_off_a_device_its_inputs_cannot_reach(algorithm):
+    from placer.cluster import Cluster
+    from placer.graph import OpGraph
+
+    # The critical path a -> b -> c -> d runs fastest on the A100, which b (V100 only) may not use; of the
+    # V100s only g1 has a channel from the A100. DPOS sent b to g0, then found no channel to it.
+    graph = OpGraph.from_dict({"format": "placer.graph/1", "name": "pin", "nodes": [
+        {"id": "a", "compute_s": 1e-3, "device_kinds": ["A100"], "output_bytes": 1000},
+        {"id": "b", "compute_s": 1e-3, "device_kinds": ["V100"]},
+        {"id": "c", "compute_s": 1e-3, "colocation": "K", "device_kinds": ["A100", "V100"]},
+        {"id": "d", "compute_s": 1e-3, "colocation": "K", "device_kinds": ["A100"]}],
+        "edges": [{"src": "a", "dst": "b", "bytes": 1000}, {"src": "b", "dst": "c", "bytes": 10},
+                  {"src": "c", "dst": "d", "bytes": 10}]})
+    link = {"bandwidth_bytes_per_s": 5e9, "latency_s": 2e-5}
+    cluster = Cluster.from_dict({"format": "placer.cluster/1", "name": "het", "devices": [
+        {"name": "g0", "kind": "V100", "memory_bytes": GIB}, {"name": "g1", "kind": "V100", "memory_bytes": GIB},
+        {"name": "a0", "kind": "A100", "memory_bytes": 2 * GIB, "speed": 2.5}], "channels": [
+        {"name": "g0g1", **link, "pairs": [["g0", "g1"], ["g1", "g0"]]},
+        {"name": "g1a0", **link, "pairs": [["g1", "a0"]]}, {"name": "a0g1", **link, "pairs": [["a0", "g1"]]}]})
+    plan = place(graph, cluster, algorithm)
+    assert plan.placement == {"a": "a0", "b": "g1", "c": "a0", "d": "a0"}
+    assert plan.validate(graph, cluster).fits
+
+
 @pytest.mark.parametrize("algorithm", ["m_topo", "m_etf", "m_sct", "heft", "dpos", "auto"])
 def test_a_colocation_group_that_no_channel_reaches_is_refused_clearly(algorithm):
     from placer.generate import random_dag

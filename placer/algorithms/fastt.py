@@ -42,8 +42,12 @@ def critical_path(graph: OpGraph, rank: np.ndarray) -> list[int]:
 
 
 def _holds(state: ScheduleState, v: int, d: int, devices: list[int]) -> bool:
-    """Whether ``d`` is among ``devices`` and its budget holds ``v`` with the input copies it would need there."""
-    return d in devices and state.holds(v, d, state.estimate(v, d))
+    """Whether ``d`` is among ``devices``, a channel brings ``v``'s inputs there, and its budget holds ``v``
+    with the input copies it would need there."""
+    if d not in devices:
+        return False
+    estimate = state.estimate(v, d)
+    return estimate[0] != float("inf") and state.holds(v, d, estimate)
 
 
 def _critical_path_device(state: ScheduleState, remaining: list[int], candidates: list[int] | None = None) -> int:
