@@ -255,6 +255,36 @@ def test_dpos_keeps_a_critical_path_node_off_a_device_its_inputs_cannot_reach(al
     assert plan.validate(graph, cluster).fits
 
 
+@pytest.mark.parametrize("algorithm", ["dpos", "os_dpos", "heft", "m_etf", "expert"])
+def test_a_pipeline_too_big_for_the_devices_is_refused_for_memory_not_for_channels(algorithm):
+    from placer.graph import OpGraph
+
+    # Three stages of 10 GiB of parameters over two 16 GiB devices: the third fits neither (HEFT and
+    # DPOS said no channel reached a device for it; OS-DPOS blamed memory whatever the cause).
+    graph = OpGraph(["s0", "s1", "s2"], [1e-3] * 3, [0, 1], [1, 2], [1 << 20] * 2, output_bytes=[1 << 20] * 3,
+                    param_bytes=[10 * GIB] * 3, name="pipe")
+    with pytest.raises(InfeasibleError, match="memory") as caught:
+        place(graph, load_cluster("2xV100-nvlink"), algorithm)
+    assert "channel" not in str(caught.value).replace("or no channel reaches one", "")
+
+
+def test_expert_says_when_device_kinds_rule_out_a_contiguous_split():
+    from placer.cluster import Cluster
+    from placer.graph import OpGraph
+
+    # The cluster lists the V100 first, but the first layer may run only on the A100.
+    graph = OpGraph.from_dict({"format": "placer.graph/1", "name": "kinds", "nodes": [
+        {"id": "a", "compute_s": 1e-3, "device_kinds": ["A100"]}, {"id": "b", "compute_s": 1e-3,
+                                                                   "device_kinds": ["V100"]}],
+        "edges": [{"src": "a", "dst": "b", "bytes": 10}]})
+    link = {"bandwidth_bytes_per_s": 5e9, "latency_s": 2e-5}
+    cluster = Cluster.from_dict({"format": "placer.cluster/1", "name": "het", "devices": [
+        {"name": "g0", "kind": "V100", "memory_bytes": GIB}, {"name": "a0", "kind": "A100", "memory_bytes": GIB}],
+        "channels": [{"name": "both", **link, "pairs": [["g0", "a0"], ["a0", "g0"]]}]})
+    with pytest.raises(InfeasibleError, match="device of its kinds"):
+        place(graph, cluster, "expert")
+
+
 @pytest.mark.parametrize("algorithm", ["m_topo", "m_etf", "m_sct", "heft", "dpos", "auto"])
 def test_a_colocation_group_that_no_channel_reaches_is_refused_clearly(algorithm):
     from placer.generate import random_dag

@@ -180,18 +180,20 @@ def expert(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     unit_time = np.array([dur[u].sum(axis=0) for u in units]).reshape(len(units), cluster.num_devices)
     n_dev = cluster.num_devices
 
-    def greedy(limit: float, budget: MemoryBudget) -> np.ndarray | None:
-        """Fill devices in turn with consecutive units while time <= limit; None if units remain."""
+    def greedy(limit: float, budget: MemoryBudget | None) -> np.ndarray | None:
+        """Fill devices in turn with consecutive units while time <= limit (and the budget holds them,
+        unless None); None if units remain."""
         unit_device = np.zeros(len(units), dtype=np.int64)
         j, load = 0, 0.0
         for u, members in enumerate(units):
-            need = budget.unit_need(members)
-            while j < n_dev and not (allowed[u, j] and budget.fits(j, need)
+            need = 0 if budget is None else budget.unit_need(members)
+            while j < n_dev and not (allowed[u, j] and (budget is None or budget.fits(j, need))
                                      and (load == 0.0 or load + unit_time[u, j] <= limit)):
                 j, load = j + 1, 0.0
             if j == n_dev:
                 return None
-            budget.add(j, need)
+            if budget is not None:
+                budget.add(j, need)
             load += unit_time[u, j]
             unit_device[u] = j
         return unit_device
@@ -199,6 +201,9 @@ def expert(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     def build(ratio: float) -> np.ndarray:
         best = greedy(np.inf, MemoryBudget(graph, cluster, ratio))
         if best is None:
+            if greedy(np.inf, None) is None:
+                raise InfeasibleError("expert: no contiguous split of the layers over the devices in the cluster's "
+                                      "order gives every node a device of its kinds")
             raise InfeasibleError("expert: no contiguous split of the layers fits the devices' memory")
         lo, hi = float(unit_time.min(axis=1).max(initial=0.0)), float(unit_time.max(axis=1).sum())
         for _ in range(40):

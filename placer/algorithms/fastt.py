@@ -231,10 +231,15 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
         check_s = max(check_s, CHECK_SIMULATIONS * (time.perf_counter() - began))
         data_parallel.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, simulated=result)))
 
+    failures: list[InfeasibleError] = []
+
     def dpos_start(start_graph: OpGraph) -> Schedule | None:
         scheduled = None
         with TimeBox(None if deadline is None or not data_parallel else deadline - check_s - time.perf_counter()):
-            scheduled = _dpos_fitting(start_graph, cluster)
+            try:
+                scheduled = _dpos_with_retries(start_graph, cluster, None, "os_dpos")
+            except InfeasibleError as exc:
+                failures.append(exc)
         return scheduled
 
     own = dpos_start(graph)
@@ -244,7 +249,7 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
         if scheduled is not None:
             starts.append((dp_graph, scheduled))
     if not starts:
-        raise InfeasibleError("os_dpos: DPOS found no schedule that fits the devices' memory")
+        raise failures[0]        # the model's own graph's: no data-parallel start either
     return (*min(starts, key=lambda start: start[1].simulated.makespan_s), check_s)
 
 

@@ -915,8 +915,10 @@ class ScheduleState:
         A device whose bound (:meth:`arrives_by`, plus ``v``'s time there for the finish) is no
         earlier than the best so far cannot win, and is not estimated.
         """
-        best_d, best, reached = -1, None, False
-        for d in (self.devices_for(v) if devices is None else devices):
+        candidates = self.devices_for(v) if devices is None else devices
+        # No candidate at all: :meth:`may_take` found no room (a node's kinds and group are checked up front).
+        best_d, best, reached = -1, None, not candidates
+        for d in candidates:
             if best is not None and self.arrives_by(v, d) + (self.dur[v][d] if key else 0.0) >= best[key]:
                 continue
             est = self.estimate(v, d) if cache is None else self.cached_estimate(v, d, cache)
