@@ -53,8 +53,8 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
     over = np.flatnonzero(need > room)
     if over.size:
         i = over[np.argmax(need[over] - room[over])]
-        raise InfeasibleError(f"node {graph.ids[i]!r} needs {shown_bytes(need[i])}, more than any device "
-                              f"it may use ({shown_bytes(room[i])})")
+        raise InfeasibleError(f"node {graph.ids[i]!r} needs {shown_bytes(need[i], beside=room[i])}, more "
+                              f"than any device it may use ({shown_bytes(room[i], beside=need[i])})")
     for key, members in graph.colocation_groups.items():
         group_allowed = allowed[members].all(axis=0)
         if not group_allowed.any():
@@ -62,12 +62,14 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
         group_need = graph.param_bytes[members].sum() + (graph.output_bytes[members] + graph.temp_bytes[members]).max()
         group_room = memory[group_allowed].max()
         if group_need > group_room:
-            raise InfeasibleError(f"colocation group {key!r} needs at least {shown_bytes(group_need)}, more than "
-                                  f"any device it may use ({shown_bytes(group_room)})")
+            raise InfeasibleError(f"colocation group {key!r} needs at least "
+                                  f"{shown_bytes(group_need, beside=group_room)}, more than any device it may use "
+                                  f"({shown_bytes(group_room, beside=group_need)})")
     total_params = int(graph.param_bytes.sum())
     if total_params > int(memory.sum()):
-        raise InfeasibleError(f"the parameters alone need {shown_bytes(total_params)}, more than the cluster's "
-                              f"{shown_bytes(memory.sum())} in total")
+        raise InfeasibleError(f"the parameters alone need "
+                              f"{shown_bytes(total_params, beside=memory.sum())}, more than the cluster's "
+                              f"{shown_bytes(memory.sum(), beside=total_params)} in total")
     _check_live_memory(graph, cluster)
     _check_reachability(graph, cluster)
 
@@ -202,5 +204,6 @@ def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
             a, b = unreachable[0]
             raise InfeasibleError(
                 f"devices {a!r} and {b!r} (and maybe others) have no channel between them; the connected part "
-                f"of the graph around node {graph.ids[min(part)]!r} needs {shown_bytes(need)} of parameters, "
-                f"more than any set of devices that channels connect ({shown_bytes(room)})")
+                f"of the graph around node {graph.ids[min(part)]!r} needs "
+                f"{shown_bytes(need, beside=room)} of parameters, more than any set of devices that channels connect "
+                f"({shown_bytes(room, beside=need)})")

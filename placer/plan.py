@@ -219,8 +219,9 @@ class Plan:
         if not result.fits:
             j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
             raise InvalidPlanError(
-                f"device {cluster.devices[j].name!r} needs {shown_bytes(result.peak_memory_bytes[j])} "
-                f"at peak but has {shown_bytes(cluster.devices[j].memory_bytes)}")
+                f"device {cluster.devices[j].name!r} needs "
+                f"{shown_bytes(result.peak_memory_bytes[j], beside=cluster.devices[j].memory_bytes)} at peak but has "
+                f"{shown_bytes(cluster.devices[j].memory_bytes, beside=result.peak_memory_bytes[j])}")
         return result
 
     def report(self, graph: OpGraph | None = None, cluster: Cluster | None = None) -> str:

@@ -314,3 +314,16 @@ def test_every_algorithm_plans_or_refuses_clearly_where_some_devices_have_no_cha
         assert "no channel connects" in str(exc), exc
     else:
         assert plan.validate(graph, cluster).fits
+
+
+@pytest.mark.parametrize("algorithm", ["single", "heft", "m_etf"])
+def test_a_device_one_byte_short_reads_in_bytes_not_as_equal_sizes(algorithm):
+    from placer.cluster import Cluster, Device
+    from placer.sim import simulate
+
+    graph = training_graph(layers=2, seed=1)
+    roomy = Cluster("solo", [Device("solo", "V100", 16 * GIB)], [])
+    peak = int(simulate(graph, roomy, np.zeros(graph.num_nodes, dtype=np.int64)).peak_memory_bytes[0])
+    short = Cluster("solo", [Device("solo", "V100", peak - 1)], [])
+    with pytest.raises(InfeasibleError, match=f"{peak:,} bytes of {peak - 1:,} bytes"):
+        place(graph, short, algorithm, time_limit=10)

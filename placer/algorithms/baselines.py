@@ -58,8 +58,9 @@ def single(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
         result = simulate(graph, cluster, device_of, check=False)
         if result.fits:
             return Plan.from_arrays(graph, cluster, device_of)
-        reasons.append(f"{name}: needs {shown_bytes(result.peak_memory_bytes[j])} of "
-                       f"{shown_bytes(cluster.devices[j].memory_bytes)}")
+        reasons.append(f"{name}: needs "
+                       f"{shown_bytes(result.peak_memory_bytes[j], beside=cluster.devices[j].memory_bytes)} of "
+                       f"{shown_bytes(cluster.devices[j].memory_bytes, beside=result.peak_memory_bytes[j])}")
     raise InfeasibleError("single: no one device can run the whole step (" + "; ".join(reasons[:4]) + ")")
 
 

@@ -353,8 +353,8 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
         need = need * np.maximum(1.0, 1.02 * np.maximum(*peaks) / np.maximum(estimate, 1.0))[schedule.node_device]
     peak = min(peaks, key=lambda p: float(np.max(p - memory)))
     j = int(np.argmax(peak - memory))
-    raise InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need {shown_bytes(peak[j])} "
-                          f"of {shown_bytes(memory[j])}")
+    raise InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need "
+                          f"{shown_bytes(peak[j], beside=memory[j])} of {shown_bytes(memory[j], beside=peak[j])}")
 
 
 @register("order_place")

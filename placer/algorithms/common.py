@@ -112,8 +112,9 @@ def fitting_plan_with_retries(build, graph: OpGraph, cluster: Cluster, name: str
             return device_of
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
         last_error = InfeasibleError(
-            f"{name}: device {cluster.devices[j].name!r} would need {shown_bytes(result.peak_memory_bytes[j])} "
-            f"of {shown_bytes(cluster.devices[j].memory_bytes)}")
+            f"{name}: device {cluster.devices[j].name!r} would need "
+            f"{shown_bytes(result.peak_memory_bytes[j], beside=cluster.devices[j].memory_bytes)} "
+            f"of {shown_bytes(cluster.devices[j].memory_bytes, beside=result.peak_memory_bytes[j])}")
         if ratio >= 1.0:
             break
         ratio = min(1.0, ratio * 1.5)

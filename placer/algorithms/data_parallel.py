@@ -170,8 +170,9 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
         raise InfeasibleError(
             f"{name}: a replica on 1/{len(devices)} of the batch does not fit one device: "
-            f"{cluster.devices[j].name!r} would need {shown_bytes(result.peak_memory_bytes[j])} "
-            f"of {shown_bytes(cluster.devices[j].memory_bytes)}")
+            f"{cluster.devices[j].name!r} would need "
+            f"{shown_bytes(result.peak_memory_bytes[j], beside=cluster.devices[j].memory_bytes)} "
+            f"of {shown_bytes(cluster.devices[j].memory_bytes, beside=result.peak_memory_bytes[j])}")
     return dp, device_of, result.device_orders()
 
 

@@ -1279,8 +1279,8 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
         if excess < closest:
             j = int(np.argmax(peak - capacity))
             closest, error = excess, InfeasibleError(
-                f"{name}: device {cluster.devices[j].name!r} would need {shown_bytes(peak[j])} "
-                f"of {shown_bytes(cluster.devices[j].memory_bytes)}{on_layers}")
+                f"{name}: device {cluster.devices[j].name!r} would need "
+                f"{shown_bytes(peak[j], beside=capacity[j])} of {shown_bytes(capacity[j], beside=peak[j])}{on_layers}")
         if not counted_whole:
             overfilled = held_more and (overfilled or not use_pressed)
             if pressed is not None and not use_pressed:
