@@ -1033,6 +1033,28 @@ def test_random_operations_draw_their_own_streams_the_same_on_both_backends():
         assert torch.equal(value, local_flat[k])
 
 
+class _FusedAttention(torch.nn.Module):
+    """Heads as views of one projection into ``scaled_dot_product_attention``, as timm's ViT makes them."""
+
+    def __init__(self, dropout_p: float = 0.0):
+        super().__init__()
+        self.qkv, self.dropout_p = torch.nn.Linear(8, 24), dropout_p
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).reshape(*x.shape[:2], 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p).pow(2).mean()
+
+
+@pytest.mark.parametrize("dropout_p", [0.0, 0.5])
+def test_attention_draws_random_numbers_only_with_dropout(dropout_p):
+    from placer.runtime.program import random_nodes
+
+    # scaled_dot_product_attention's kernels are tagged random whatever their dropout_p: --verify refused
+    # every transformer, dropout 0 or not.
+    captured = capture(_FusedAttention(dropout_p), (torch.randn(3, 2, 8),), optimizer="sgd")
+    assert bool(random_nodes(captured.gm)) == (dropout_p > 0)
+
+
 def test_verify_refuses_a_step_that_draws_random_numbers_naming_them(tmp_path, capsys):
     path = tmp_path / "drop.py"
     path.write_text(textwrap.dedent('''

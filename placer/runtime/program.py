@@ -433,21 +433,33 @@ def _issue_order(calls, graph_node, start_rank, writes, position) -> list[fx.Nod
 # ---------------------------------------------------------------- random operations
 def _is_random(v: fx.Node) -> bool:
     """Whether call node ``v`` draws random numbers (an aten op tagged ``nondeterministic_seeded``)
-    that change its result: a ``bernoulli`` of probability 0 or 1, or a dropout of probability 0
-    or out of training, draws nothing that matters."""
+    that change its result: a ``bernoulli`` of probability 0 or 1, a dropout of probability 0 or out
+    of training, or an attention kernel with ``dropout_p`` 0 (``scaled_dot_product_attention``'s
+    default) draws nothing that matters."""
     target = v.target
     if v.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
             or torch.Tag.nondeterministic_seeded not in target.tags:
         return False
     packet = target.overloadpacket
-    p = v.args[1] if len(v.args) > 1 else v.kwargs.get("p")
+    p = _argument(v, "p")
     if packet is torch.ops.aten.bernoulli and isinstance(p, (int, float)) and p in (0, 1):
         return False
-    if packet is torch.ops.aten.native_dropout:
-        train = v.args[2] if len(v.args) > 2 else v.kwargs.get("train")
-        if train is False or (isinstance(p, (int, float)) and p == 0):
+    if packet in (torch.ops.aten.native_dropout, torch.ops.aten.dropout, torch.ops.aten.alpha_dropout):
+        if _argument(v, "train") is False or (isinstance(p, (int, float)) and p == 0):
             return False
-    return True
+    dropout_p = _argument(v, "dropout_p")
+    return not (isinstance(dropout_p, (int, float)) and dropout_p == 0)
+
+
+def _argument(v: fx.Node, name: str) -> Any:
+    """The value of ``v``'s argument ``name`` (given by position or keyword, else its schema's default; None
+    where the op has no such argument)."""
+    for k, argument in enumerate(v.target._schema.arguments):
+        if argument.name == name:
+            if k < len(v.args) and not argument.kwarg_only:
+                return v.args[k]
+            return v.kwargs.get(name, argument.default_value if argument.has_default_value() else None)
+    return None
 
 
 def random_nodes(gm: fx.GraphModule) -> list[fx.Node]:
