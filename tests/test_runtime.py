@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 from placer.algorithms import place
 from placer.algorithms.common import placement_units
 from placer.capture import capture
+from placer.capture.layout import dense_strides
 from placer.capture.spec import capture_spec, load_model
 from placer.cli import main
 from placer.cluster import load_cluster
@@ -656,8 +657,9 @@ def test_an_optimizer_the_capture_cannot_reproduce_is_refused(file_case):
 # --------------------------------------------------------- tensor layouts
 def _views():
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
+    heads = torch.arange(480.0).reshape(4, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)[0]      # (batch, head, token, dim)
     return {"dense": base, "transposed": base.t(), "gapped": base[:, ::2], "offset": base[1:, 2:],
-            "expanded": torch.arange(3.0).reshape(3, 1).expand(3, 5), "empty": base[:0]}
+            "expanded": torch.arange(3.0).reshape(3, 1).expand(3, 5), "empty": base[:0], "heads": heads}
 
 
 @pytest.mark.parametrize("name", list(_views()))
@@ -683,9 +685,10 @@ def test_transfers_keep_values_and_strides(name):
 @pytest.mark.parametrize("name", list(_views()))
 def test_compact_transfers_send_a_view_with_gaps_as_its_elements_alone(name):
     """Where the step reads no strides (:attr:`Program.compact_views`), a view with gaps travels as the bytes
-    the graph's edge counts, contiguous; the others keep their layout (an ``expand`` its shorter span)."""
+    the graph's edge counts, dense with its dimensions in their order (attention heads stay token-major, as
+    they were traced); the others keep their layout (an ``expand`` its shorter span)."""
     t = _views()[name]
-    gapped = name in ("gapped", "offset")
+    gapped = name in ("gapped", "offset", "heads")
 
     class Node:
         name = "v"
@@ -695,7 +698,8 @@ def test_compact_transfers_send_a_view_with_gaps_as_its_elements_alone(name):
     for out in (copy_to(t, torch.device("cpu"), compact=True),
                 unpack(pack(t, spec, torch.device("cpu"), snapshot=True), spec, torch.device("cpu"))):
         assert torch.equal(out, t)
-        assert out.is_contiguous() if gapped else out.stride() == t.stride()
+        assert out.stride() == (dense_strides(t.shape, t.stride()) if gapped else t.stride())
+    assert name != "heads" or dense_strides(t.shape, t.stride()) == (40, 4, 8, 1)
     assert message_bytes(spec) == (t.numel() * 4 if gapped else message_bytes(value_spec(Node)))
 
 
@@ -1041,8 +1045,35 @@ class _FusedAttention(torch.nn.Module):
         self.qkv, self.dropout_p = torch.nn.Linear(8, 24), dropout_p
 
     def forward(self, x):
-        q, k, v = self.qkv(x).reshape(*x.shape[:2], 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p).pow(2).mean()
+        b, n, c = x.shape
+        q, k, v = self.qkv(x).reshape(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
+        a = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p)
+        return a.transpose(1, 2).reshape(b, n, c).pow(2).mean()     # traced as a view where it may be one
+
+
+@pytest.mark.parametrize("backend", ["local", "distributed"])
+def test_attention_heads_received_on_another_device_keep_the_layout_a_later_view_needs(backend):
+    """Heads sent to another device as their elements alone, then attention there: CPU attention lays its
+    result out after its query's, which the ``view`` after it needs as traced (a contiguous copy of the
+    heads made the local step fail: "view size is not compatible with input tensor's size and stride")."""
+    torch.manual_seed(0)
+    model, x = _FusedAttention(), torch.randn(4, 5, 8)
+    eager = copy.deepcopy(model)
+    captured = capture(model, (x,), optimizer="sgd")
+    cluster = load_cluster("2xcpu")
+    graph = captured.graph
+    attention = {graph.colocation[graph.index[n.name]] for n in captured.gm.graph.nodes
+                 if "attention" in str(n.target) and "backward" not in str(n.target)}      # with its outputs
+    plan = Plan({node_id: "cpu1" if graph.colocation[i] in attention else "cpu0"
+                 for i, node_id in enumerate(graph.ids)}, graph_name=graph.name)
+    flat = captured.step_inputs(model, (x,))
+    if backend == "local":
+        outputs = LocalExecutor(compile_program(captured.gm, captured.graph, plan, cluster,
+                                                carrier=captured.carrier)).run(flat)
+    else:
+        outputs = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1,
+                                  carrier=captured.carrier, timeout_s=30).outputs
+    assert float(outputs[0]) == float(eager(x).detach())
 
 
 @pytest.mark.parametrize("dropout_p", [0.0, 0.5])

@@ -3,7 +3,8 @@
 The runtime copies a dense tensor as its elements; a view that repeats
 elements (``expand``, stride 0) as the storage it spans, so the copy keeps
 its strides without the repeats; a view with gaps (a strided slice, an LSTM
-gate) as its elements alone, contiguous, unless the step reads strides
+gate, an attention head) as its elements alone, dense with its dimensions in
+the order of its strides (:func:`dense_strides`), unless the step reads strides
 (:data:`STRIDE_READERS`), where it sends the span. Capture counts an edge's
 bytes by the same rule (:func:`sent_elements`), so the reference model's
 transfers and received copies are what the runtime sends and holds.
@@ -17,8 +18,8 @@ from typing import Iterable, Sequence
 import torch
 import torch.fx as fx
 
-__all__ = ["dense_layout", "storage_span", "STRIDE_READERS", "reads_strides", "views_compact", "sent_contiguous",
-           "sent_elements"]
+__all__ = ["dense_layout", "storage_span", "dense_strides", "STRIDE_READERS", "reads_strides", "views_compact",
+           "sent_contiguous", "sent_elements"]
 
 
 def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
@@ -37,6 +38,29 @@ def storage_span(size: Sequence[int], stride: Sequence[int]) -> int:
     if any(n == 0 for n in size):
         return 0
     return 1 + sum((n - 1) * st for n, st in zip(size, stride))
+
+
+def dense_strides(size: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]:
+    """The strides of a dense tensor of ``size`` whose dimensions lie in memory in the order of ``stride``
+    (the smallest innermost; ties: the later dimension innermost, as in a contiguous tensor).
+
+    A compact copy of a view keeps its dimensions' order: operations that lay out their result after
+    their input's (CPU attention, elementwise ops) then give the layout the step was traced with, which a
+    later ``view`` may need.
+
+    Examples
+    --------
+    >>> dense_strides((4, 2, 5, 8), (240, 8, 48, 1))    # heads of one (batch, token, 3 x head, dim) projection
+    (80, 8, 16, 1)
+    >>> dense_strides((4, 10), (40, 1))
+    (10, 1)
+    """
+    strides = [0] * len(size)
+    step = 1
+    for k in sorted(range(len(size)), key=lambda k: (stride[k], -k)):
+        strides[k] = step
+        step *= max(int(size[k]), 1)
+    return tuple(strides)
 
 
 #: Operations whose result depends on the strides of an input, not only on its values.
@@ -59,8 +83,9 @@ def views_compact(nodes: Iterable[fx.Node]) -> bool:
 
 
 def sent_contiguous(size: Sequence[int], stride: Sequence[int], compact: bool) -> bool:
-    """Whether a copy of a (size, stride) tensor to another device is its elements alone, contiguous: a view
-    with gaps where views are ``compact``; any other tensor travels as the storage it spans."""
+    """Whether a copy of a (size, stride) tensor to another device is its elements alone (laid out by
+    :func:`dense_strides`): a view with gaps where views are ``compact``; any other tensor travels as the
+    storage it spans."""
     return compact and storage_span(size, stride) > math.prod(size)
 
 

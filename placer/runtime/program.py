@@ -52,7 +52,7 @@ from typing import Any, Sequence
 import torch
 import torch.fx as fx
 
-from ..capture.layout import dense_layout, sent_contiguous, storage_span, views_compact
+from ..capture.layout import dense_layout, dense_strides, sent_contiguous, storage_span, views_compact
 from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
@@ -541,22 +541,15 @@ def python_scalar_kind(value: Any) -> torch.dtype | None:
 
 def value_spec(v: fx.Node, compact: bool = False) -> tuple:
     """What a node's value looks like as it travels, from its trace metadata: ``("tensor", size, stride,
-    dtype)`` or ``("scalar", dtype)``; with ``compact``, a view with gaps as its elements alone (contiguous)."""
+    dtype)`` or ``("scalar", dtype)``; with ``compact``, a view with gaps as its elements alone, dense in
+    the order of its strides (:func:`~placer.capture.layout.dense_strides`)."""
     if "placer_spec" in v.meta:          # nodes made by split_step
         spec = v.meta["placer_spec"]
     else:
         spec = _value_spec(v)
     if spec[0] == "tensor" and sent_contiguous(spec[1], spec[2], compact):
-        spec = ("tensor", spec[1], _contiguous_strides(spec[1]), spec[3])
+        spec = ("tensor", spec[1], dense_strides(spec[1], spec[2]), spec[3])
     return spec
-
-
-def _contiguous_strides(size: Sequence[int]) -> tuple[int, ...]:
-    strides, step = [], 1
-    for n in reversed(size):
-        strides.append(step)
-        step *= max(n, 1)
-    return tuple(reversed(strides))
 
 
 def _value_spec(v: fx.Node) -> tuple:
@@ -578,15 +571,16 @@ def copy_to(t: Any, device: torch.device, compact: bool = False) -> Any:
 
     A view with gaps or repeats (a strided slice, an ``expand``) is copied as
     the storage it spans, so the copy has the same strides and values; with
-    ``compact``, one with gaps is copied as its elements alone, contiguous
-    (the same values; :attr:`Program.compact_views`).
+    ``compact``, one with gaps is copied as its elements alone, dense in the
+    order of its strides (the same values; :attr:`Program.compact_views`).
     """
     if not isinstance(t, torch.Tensor):
         return t
     if dense_layout(t.shape, t.stride()):
         return t.to(device, copy=True, non_blocking=True)
     if sent_contiguous(t.shape, t.stride(), compact):
-        return t.to(device, copy=True, non_blocking=True, memory_format=torch.contiguous_format)
+        dense = torch.empty_strided(t.shape, dense_strides(t.shape, t.stride()), dtype=t.dtype, device=device)
+        return dense.copy_(t, non_blocking=True)
     span = storage_span(t.shape, t.stride())
     raw = t.as_strided((span,), (1,), t.storage_offset()).to(device, copy=True, non_blocking=True)
     return raw.as_strided(t.shape, t.stride(), 0)
