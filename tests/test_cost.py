@@ -471,6 +471,7 @@ def test_a_prediction_of_captures_is_costed_by_the_roofline_again_on_every_kind_
     model = standard_evaluation("zoo:lenet", (2, 4), optimizer="sgd", device=None)
     predicted, truth = model.predict(64), capture_spec("zoo:lenet", 64, optimizer="sgd").graph
     np.testing.assert_allclose(predicted.compute_s, truth.compute_s, rtol=1e-9)
+    assert predicted.extra["batch_size"] == truth.extra["batch_size"] == 64
     for got, want in zip(predicted.compute_s_by_kind, truth.compute_s_by_kind):
         assert got.keys() == want.keys() and all(got[k] == pytest.approx(want[k], rel=1e-9) for k in want)
     graphs = [capture_spec("zoo:lenet", b, optimizer="sgd").graph for b in (2, 4)]

@@ -281,6 +281,28 @@ def test_data_parallel_is_refused_when_the_batch_has_fewer_samples_than_devices(
     assert place(g, load_cluster("2xV100-nvlink"), algorithm).predicted["fits"]
 
 
+def test_data_parallel_counts_the_samples_a_capture_records_not_the_rows_of_attention():
+    import torch
+
+    from placer.capture import capture
+
+    class Attention(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(8, 24)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(-1, 4, 3, 4, 2).permute(2, 0, 3, 1, 4).reshape(3, -1, 4, 2).unbind(0)
+            return torch.softmax(q @ k.transpose(1, 2), -1).bmm(v).pow(2).mean()
+
+    # One sample, four heads: attention's bmm has 4 rows, which passed for 4 samples.
+    graph = capture(Attention(), (torch.randn(1, 4, 8),), optimizer="sgd").graph
+    assert graph.extra["batch_size"] == 1 and max(s[0]["size"] for s in graph.splittable if s) >= 4
+    for algorithm in ("data_parallel", "sharded_data_parallel"):
+        with pytest.raises(InfeasibleError, match="the batch has 1 sample, fewer than the 2 replicas"):
+            place(graph, load_cluster("2xV100-nvlink"), algorithm)
+
+
 def test_data_parallel_leaves_out_devices_of_a_forbidden_kind():
     g = training_graph(layers=2, branches=1)
     g = g.replace(device_kinds=[("V100",)] * g.num_nodes)

@@ -13,7 +13,7 @@ from ..plan import Plan
 from ..sim.simulator import simulate
 from ..transform.replicate import (COLLECTIVES, DataParallelGraph, collective_stages, data_parallel_graph,
                                    input_transfers, replica_layout)
-from ..transform.split import fewest_batch_rows
+from ..transform.split import batch_samples
 from .registry import register
 
 __all__ = ["data_parallel", "sharded_data_parallel", "replica_devices", "replica_hosts", "data_parallel_schedule",
@@ -138,7 +138,7 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
         An unknown ``collective``.
     InfeasibleError
         If no device may run every node, the batch has fewer samples than the
-        devices (:func:`~placer.transform.split.fewest_batch_rows`), or a replica does not fit one device.
+        devices (:func:`~placer.transform.split.batch_samples`), or a replica does not fit one device.
     """
     name = "sharded_data_parallel" if shard_optimizer else "data_parallel"
     if collective not in COLLECTIVE_CHOICES:
@@ -147,7 +147,7 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     devices = replica_devices(graph, cluster)
     if not devices:
         raise InfeasibleError(f"{name}: no device may run every node of the step (device kinds)")
-    rows = fewest_batch_rows(graph)
+    rows = batch_samples(graph)
     if rows is not None and rows < len(devices):
         raise InfeasibleError(f"{name}: the batch has {rows} sample{'s' if rows > 1 else ''}, fewer than "
                               f"the {len(devices)} replicas (one per device) to share it")

@@ -356,7 +356,8 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
         Placeholder names that hold state for the whole step (parameters, buffers,
         optimizer state): their bytes are ``param_bytes``.
     batch : int or None
-        The batch size, for ``splittable``.
+        The batch size, for ``splittable`` and the graph's ``batch_size`` (data parallelism needs a sample
+        per replica).
     batch_inputs : iterable of str
         Placeholders whose leading dimension is the batch.
 
@@ -453,7 +454,8 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     src, dst, tensor = (np.array([k[j] for k in edges], dtype=np.int64) for j in range(3))
     graph = OpGraph(ids, np.zeros(n), src, dst, np.array(list(edges.values()), dtype=np.int64), tensor,
                     output_bytes=output_bytes, param_bytes=param_bytes, flops=flops, op=ops, layer=layer,
-                    colocation=colocation, splittable=splittable, node_extra=extra, name=name)
+                    colocation=colocation, splittable=splittable, node_extra=extra, name=name,
+                    extra={"batch_size": batch} if batch else None)
     return graph, {node.name: node.name for node in nodes}
 
 

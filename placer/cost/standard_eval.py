@@ -166,7 +166,8 @@ class BatchModel:
         predicted = g.replace(compute_s=compute_s, compute_s_by_kind=by_kind, output_bytes=sizes("output_bytes"),
                               param_bytes=sizes("param_bytes"), temp_bytes=sizes("temp_bytes"), flops=flops,
                               edge_bytes=sizes("edge_bytes"), node_extra=extra, splittable=splittable, name=name,
-                              extra={**g.extra, "standard_evaluation": info})
+                              extra={**g.extra, "standard_evaluation": info,
+                                     **({"batch_size": int(batch)} if "batch_size" in g.extra else {})})
         if not self.analytic:
             return predicted
         from .analytic import annotate

@@ -35,7 +35,7 @@ import numpy as np
 from ..errors import OptionError
 from ..graph import OpGraph
 
-__all__ = ["split_operation", "batch_dependent", "fewest_batch_rows", "split_dims", "original_ids", "part_rows", "fresh_id"]
+__all__ = ["split_operation", "batch_dependent", "batch_samples", "split_dims", "original_ids", "part_rows", "fresh_id"]
 
 #: The dimension names this transform knows how to split.
 SUPPORTED_DIMS = ("batch",)
@@ -64,10 +64,13 @@ def batch_dependent(graph: OpGraph) -> np.ndarray:
     return np.asarray(flag, dtype=bool)
 
 
-def fewest_batch_rows(graph: OpGraph) -> int | None:
-    """The smallest ``batch`` extent any node's ``splittable`` declares: the batch size, or a multiple
-    of it (a capture declares the rows of a matrix operation's first operand), or None where no node
-    declares one (a generated graph)."""
+def batch_samples(graph: OpGraph) -> int | None:
+    """The samples in the step's batch: the ``batch_size`` a capture records, else (a graph without it)
+    the smallest ``batch`` extent any node's ``splittable`` declares, which may be a multiple of it
+    (a capture declares the rows of a matrix operation's first operand: batch x heads for attention's
+    ``bmm``); None where neither says (a generated graph)."""
+    if graph.extra.get("batch_size") is not None:
+        return int(graph.extra["batch_size"])
     sizes = [int(item["size"]) for entries in graph.splittable if entries
              for item in entries if item.get("dim") == "batch"]
     return min(sizes, default=None)
