@@ -303,6 +303,22 @@ def test_data_parallel_counts_the_samples_a_capture_records_not_the_rows_of_atte
             place(graph, load_cluster("2xV100-nvlink"), algorithm)
 
 
+def test_a_batch_that_does_not_divide_gives_the_first_replicas_a_sample_more():
+    from placer.capture import capture_spec
+
+    # 5 samples over 4 replicas: 2, 1, 1, 1 (each replica was costed at 5/4 samples).
+    graph = capture_spec("zoo:lenet", 5, optimizer="sgd").graph
+    dp = data_parallel_graph(graph, 4).graph
+    conv = next(i for i, s in enumerate(graph.splittable) if s)
+    for k, samples in enumerate([2, 1, 1, 1]):
+        v = dp.index[f"r{k}/{graph.ids[conv]}"]
+        assert dp.compute_s[v] == pytest.approx(graph.compute_s[conv] * samples / 5)
+        assert dp.splittable[v][0]["size"] == graph.splittable[conv][0]["size"] // 5 * samples
+    plan = place(graph, load_cluster("4xcpu"), "data_parallel")
+    first = plan.rewritten_graph.index[f"r0/{graph.ids[conv]}"]
+    assert plan.rewritten_graph.compute_s[first] == pytest.approx(graph.compute_s[conv] * 2 / 5)
+
+
 def test_data_parallel_leaves_out_devices_of_a_forbidden_kind():
     g = training_graph(layers=2, branches=1)
     g = g.replace(device_kinds=[("V100",)] * g.num_nodes)

@@ -495,25 +495,39 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     """
     layout = replica_layout(graph, replicas, bucket_bytes, shard_optimizer=shard_optimizer)
     _check_collective(collective, hosts, replicas)
-    n, r, factor = graph.num_nodes, replicas, layout.factor
+    n, r = graph.num_nodes, replicas
     scaled = layout.per_batch
+    samples = _replica_samples(graph, r)
     param_bytes = np.rint(graph.param_bytes * layout.param_factor).astype(np.int64).tolist()
-    # A gradient keeps its size; other tensors out of a scaled node shrink with the batch.
-    edge_factor = np.where(layout.is_grad_edge, 1.0, factor[graph.src])
     fields: dict[str, list] = {k: [] for k in _DEFAULTS}
     ids: list[str] = []
     replica_of: list[int] = []
     original: list[int] = []
+    columns: dict[float, tuple] = {}
 
-    # The replicas, a column at a time (graphs of 10^5 nodes).
-    output_bytes = np.rint(graph.output_bytes * factor).astype(np.int64).tolist()
-    temp_bytes = np.rint(graph.temp_bytes * factor).astype(np.int64).tolist()
-    compute_s = (graph.compute_s * factor).tolist()
-    flops = (graph.flops * factor).tolist()
-    # Per-kind times, scaled once: the replicas share the dicts (a graph's are never changed in place).
-    by_kind = [None if not times else {kind: s * f for kind, s in times.items()}
-               for times, f in zip(graph.compute_s_by_kind, factor.tolist())]
+    def scaled_columns(share: float) -> tuple:
+        """A replica's columns for its share of the batch, built once per share (at most two: the batch
+        may not divide by the replicas), a column at a time (graphs of 10^5 nodes)."""
+        if share not in columns:
+            factor = np.where(scaled, share, layout.factor)
+            # Per-kind times scaled once: the replicas share the dicts (a graph's are never changed in place).
+            by_kind = [None if not times else {kind: s * f for kind, s in times.items()}
+                       for times, f in zip(graph.compute_s_by_kind, factor.tolist())]
+            # A gradient keeps its size; other tensors out of a scaled node shrink with the batch.
+            edge_factor = np.where(layout.is_grad_edge[keep], 1.0, factor[graph.src[keep]])
+            columns[share] = ((graph.compute_s * factor).tolist(),
+                              np.rint(graph.output_bytes * factor).astype(np.int64).tolist(),
+                              np.rint(graph.temp_bytes * factor).astype(np.int64).tolist(),
+                              (graph.flops * factor).tolist(), by_kind,
+                              np.rint(graph.edge_bytes[keep] * edge_factor).astype(np.int64))
+        return columns[share]
+
+    keep = np.flatnonzero(~layout.is_grad_edge)      # readers of a gradient read the all-reduced bucket instead
+    ebytes = []
     for k in range(r):
+        share = 1.0 / r if samples is None else samples[k] / sum(samples)
+        compute_s, output_bytes, temp_bytes, flops, by_kind, kept_bytes = scaled_columns(share)
+        ebytes.append(kept_bytes)
         ids += [f"r{k}/{x}" for x in graph.ids]
         fields["compute_s"] += compute_s
         fields["output_bytes"] += output_bytes
@@ -525,7 +539,7 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
         fields["colocation"] += [None if c is None else f"r{k}/{c}" for c in graph.colocation]
         fields["device_kinds"] += graph.device_kinds
         fields["compute_s_by_kind"] += by_kind
-        fields["splittable"] += [_replica_splittable(sp, k, r) if sc else sp
+        fields["splittable"] += [_replica_splittable(sp, k, r, samples) if sc else sp
                                  for sp, sc in zip(graph.splittable, scaled.tolist())]
         fields["node_extra"] += [{**extra, "replica": k, "replica_of": x} for extra, x in zip(graph.node_extra, graph.ids)]
         replica_of += [k] * n
@@ -540,11 +554,8 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
         original.append(-1)
         return len(ids) - 1
 
-    keep = np.flatnonzero(~layout.is_grad_edge)      # readers of a gradient read the all-reduced bucket instead
-    kept_bytes = np.rint(graph.edge_bytes[keep] * edge_factor[keep]).astype(np.int64)
     src = [base[k, graph.src[keep]] for k in range(r)]
     dst = [base[k, graph.dst[keep]] for k in range(r)]
-    ebytes = [kept_bytes] * r
     etensor = [graph.edge_tensor[keep]] * r
     extra_src: list[int] = []
     extra_dst: list[int] = []
@@ -609,14 +620,30 @@ _DEFAULTS = dict(compute_s=0.0, output_bytes=0, param_bytes=0, temp_bytes=0, flo
                  colocation=None, device_kinds=None, compute_s_by_kind=None, splittable=None, node_extra=None)
 
 
-def _replica_splittable(splittable: list[dict] | None, replica: int, replicas: int) -> list[dict] | None:
-    """A replica's share of the batch dimension (the other dimensions keep their extent)."""
+def _replica_samples(graph: OpGraph, replicas: int) -> list[int] | None:
+    """The samples of each replica's slice of the batch where the graph records its ``batch_size`` (a
+    capture's: the first replicas take one more where it does not divide), else None (a 1/replicas share)."""
+    batch = graph.extra.get("batch_size")
+    if batch is None:
+        return None
+    return [hi - lo for lo, hi in part_rows(int(batch), replicas)]
+
+
+def _replica_splittable(splittable: list[dict] | None, replica: int, replicas: int,
+                        samples: list[int] | None = None) -> list[dict] | None:
+    """A replica's share of the batch dimension (the other dimensions keep their extent): the rows of its
+    ``samples`` (rows are a multiple of the batch, a sample's rows in one block), else a 1/replicas part."""
     if not splittable:
         return splittable
     out = []
     for item in splittable:
         if item.get("dim") == "batch":
-            lo, hi = part_rows(int(item["size"]), replicas)[replica]
+            size = int(item["size"])
+            if samples is None or size % sum(samples):
+                lo, hi = part_rows(size, replicas)[replica]
+            else:
+                per_sample = size // sum(samples)
+                lo, hi = per_sample * sum(samples[:replica]), per_sample * sum(samples[:replica + 1])
             if hi - lo < 1:
                 continue
             item = {**item, "size": hi - lo}
