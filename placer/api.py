@@ -75,7 +75,7 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     """
     target = load_cluster(cluster)
     if runnable:
-        options = {**options, **runnable_options(algorithm, f"placer.plan(algorithm={algorithm!r}, runnable=True)")}
+        options = runnable_options(algorithm, f"placer.plan(algorithm={algorithm!r}, runnable=True)", options)
     checked_options(get_algorithm(algorithm), options)
     measured = None
     if profile is not None:

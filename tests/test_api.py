@@ -115,6 +115,10 @@ def test_runnable_plans_are_ones_the_runtime_runs():
     assert placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="expert", runnable=True).placement
     with pytest.raises(OptionError, match="data_parallel replicates the model, which the runtime cannot run yet"):
         placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="data_parallel", runnable=True)
+    # An option asking for replicas was dropped silently.
+    with pytest.raises(OptionError, match="option data_parallel_start=True lets os_dpos replicate the model"):
+        placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="os_dpos", runnable=True,
+                    data_parallel_start=True)
 
 
 def test_failure_messages_name_the_algorithm_once():

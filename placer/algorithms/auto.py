@@ -68,16 +68,26 @@ REPLICATING = ("data_parallel", "sharded_data_parallel")
 RUNNABLE_OPTIONS = {"os_dpos": {"data_parallel_start": False}}
 
 
-def runnable_options(algorithm: str, asked: str) -> dict:
-    """The options that keep ``algorithm`` to plans the runtime can run (it runs no data-parallel replicas yet).
+def runnable_options(algorithm: str, asked: str, options: dict | None = None) -> dict:
+    """``options`` with those that keep ``algorithm`` to plans the runtime can run (it runs no data-parallel
+    replicas yet).
 
-    Raises OptionError for an algorithm that always replicates the model,
-    its message starting with ``asked`` (how the caller asked for it).
+    Raises OptionError for an algorithm that always replicates the model, or
+    an option of ``options`` that would let it replicate, its message starting
+    with ``asked`` (how the caller asked for it).
     """
     if algorithm in REPLICATING:
         raise OptionError(f"{asked}: {algorithm} replicates the model, which the runtime cannot run yet; choose "
                           f"another algorithm (auto leaves data parallelism out with runnable=True)")
-    return {"runnable": True} if algorithm == "auto" else RUNNABLE_OPTIONS.get(algorithm, {})
+    needed = {"runnable": True} if algorithm == "auto" else RUNNABLE_OPTIONS.get(algorithm, {})
+    options = dict(options or {})
+    for key, value in needed.items():
+        if key in options and options[key] != value:
+            raise OptionError(f"{asked}: option {key}={options[key]!r} lets {algorithm} replicate the model, which "
+                              f"the runtime cannot run yet; leave it out (it is {value!r} for a runnable plan)")
+    return {**options, **needed}
+
+
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
 #: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.
