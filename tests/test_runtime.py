@@ -1367,6 +1367,23 @@ def test_auto_plans_only_what_the_runtime_runs_when_asked(file_case, tmp_path, c
     assert code == 2 and "cannot run yet" in capsys.readouterr().err
 
 
+def test_run_refuses_a_plan_it_cannot_run_before_capturing_the_model(file_case, tmp_path, capsys, monkeypatch):
+    import placer.runtime.cli as runtime_cli
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("captured before the plan was checked")
+
+    monkeypatch.setattr(runtime_cli, "_load", no_capture)
+    graph = file_case.captured.graph
+    place(graph, load_cluster("2xcpu"), "data_parallel").save(tmp_path / "dp.json")
+    place(graph, load_cluster("4xcpu"), "round_robin").save(tmp_path / "rr4.json")
+    for plan, cluster, message in (("dp.json", "2xcpu", "belongs to a data-parallel replica"),
+                                   ("rr4.json", "2xcpu", "which cluster '2xcpu' lacks (the plan was made for "
+                                                         "cluster '4xcpu', not '2xcpu')")):
+        code = main(["run", file_case.spec, "--plan", str(tmp_path / plan), "--cluster", cluster, "--steps", "1"])
+        assert code == 2 and message in capsys.readouterr().err
+
+
 class _Attention(torch.nn.Module):
     """Self-attention whose heads are views of one projection, as transformers make them."""
 

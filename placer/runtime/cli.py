@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from ..capture.cli import add_optimizer_option
-from ..errors import OptionError
+from ..errors import InvalidPlanError, OptionError
 from ..io import check_output
 
 __all__ = ["add_commands", "cmd_run", "cmd_tune", "Measurement", "measure_plan"]
@@ -139,6 +139,21 @@ def _check_torchrun(args: argparse.Namespace) -> None:
         raise OptionError("--trace needs every rank on one host (the hosts' clocks differ); run without it")
 
 
+def _check_runnable(plan, path: str, cluster) -> None:
+    """Before the model is loaded and captured: the plan's devices are the cluster's, and it holds no
+    data-parallel replicas, which the runtime cannot run yet."""
+    from ..cli import _naming_plan
+    from .splits import refuse_replicas
+
+    unknown = sorted(set(plan.placement.values()) - set(cluster.device_index))
+    with _naming_plan(path, plan, cluster):
+        if unknown:
+            raise InvalidPlanError(f"the plan places nodes on {', '.join(map(repr, unknown))}, which cluster "
+                                   f"{cluster.name!r} lacks")
+        if plan.rewritten_graph is not None:
+            refuse_replicas(plan.rewritten_graph)
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..cli import cluster_for_plan
     from ..cluster import load_cluster
@@ -165,6 +180,7 @@ def _run(args: argparse.Namespace) -> int:
         raise OptionError("--devices is for --backend local (a distributed run's ranks each take their own device)")
     plan = Plan.load(args.plan)
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
+    _check_runnable(plan, args.plan, cluster)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
     if args.verify:
         refuse_random_ops(captured)         # random draws cannot equal eager training's: say so before training

@@ -32,7 +32,7 @@ import torch.fx as fx
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
 
-__all__ = ["split_step", "batch_slices", "concat_like"]
+__all__ = ["split_step", "refuse_replicas", "batch_slices", "concat_like"]
 
 
 def batch_slices(t: torch.Tensor, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
@@ -77,13 +77,9 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
         the batch, a split of a split), or data-parallel replicas.
     """
     carrier = dict(carrier or {})
+    refuse_replicas(target)
     groups: dict[str, list[int]] = {}
     for i, extra in enumerate(target.node_extra):
-        if "replica_of" in extra or "allreduce" in extra:
-            raise InvalidPlanError(f"node {target.ids[i]!r} belongs to a data-parallel replica, which the runtime "
-                                   f"cannot run yet (it runs the captured step's own operations): plan with auto's "
-                                   f"option runnable=true, os_dpos's data_parallel_start=false, or another "
-                                   f"algorithm than data parallelism")
         if "split_of" in extra:
             groups.setdefault(extra["split_of"], []).append(i)
     if not groups:
@@ -101,6 +97,17 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
     gm.graph.lint()
     gm.recompile()
     return gm, node_of, carrier
+
+
+def refuse_replicas(target: OpGraph) -> None:
+    """Raise InvalidPlanError where the graph a plan places holds data-parallel replicas (the runtime runs
+    the captured step's own operations, split or not)."""
+    for i, extra in enumerate(target.node_extra):
+        if "replica_of" in extra or "allreduce" in extra:
+            raise InvalidPlanError(f"node {target.ids[i]!r} belongs to a data-parallel replica, which the runtime "
+                                   f"cannot run yet (it runs the captured step's own operations): plan with auto's "
+                                   f"option runnable=true, os_dpos's data_parallel_start=false, or another "
+                                   f"algorithm than data parallelism")
 
 
 def _split_node(gm: fx.GraphModule, x: fx.Node, target: OpGraph, members: list[int],
