@@ -396,6 +396,44 @@ def test_data_dependent_model_names_the_line():
         capture(BranchesOnValues(), (torch.randn(4, 3),))
 
 
+class ScalesItsInput(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, x):
+        x /= 255
+        return self.fc(x).sum()
+
+
+class Checkpointed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.fc = nn.Linear(3, 1)
+
+    def forward(self, x):
+        return torch.utils.checkpoint.checkpoint(self.fc, x, use_reentrant=False).sum()
+
+
+class CumulativeNorm(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.BatchNorm1d(3, momentum=None)      # reads its step count as a Python number
+
+    def forward(self, x):
+        return self.norm(x).pow(2).sum()
+
+
+@pytest.mark.parametrize("model, message", [
+    (ScalesItsInput, r"test_capture.py:\d+: .*writes in place into one of its inputs"),
+    (Checkpointed, r"test_capture.py:\d+ \(in torch.*activation checkpointing"),
+    (CumulativeNorm, r"test_capture.py:\d+ \(in torch.nn.modules.batchnorm.py:\d+\).*branches on tensor values")])
+def test_what_capture_cannot_follow_is_said_in_the_models_terms(model, message):
+    # torch's own advice ("rewrite the function being transformed", "open an issue") named torch's files.
+    with pytest.raises(FormatError, match=message):
+        capture(model(), (torch.randn(4, 3),))
+
+
 MODEL_FILE = '''
 import torch
 from torch import nn

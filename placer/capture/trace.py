@@ -422,9 +422,7 @@ def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, input
         raise
     except Exception as exc:  # noqa: BLE001 - any tracing failure is reported as the model's
         message = str(exc).splitlines()[0] if str(exc) else ""
-        hint = (" (the model branches on tensor values or reads one as a Python number: if, .item(), float(), "
-                "int(), which a trace with fake tensors cannot follow)"
-                if "data-dependent" in message else "")
+        hint = next((f" ({hint})" for phrase, hint in _TRACE_HINTS if phrase in str(exc)), "")
         raise FormatError(f"cannot capture the training step of {type(model).__name__}: "
                           f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}") from exc
 
@@ -662,13 +660,31 @@ _TRACER_PARTS = tuple(f"{os.sep}torch{os.sep}{part}" for part in
                        "_decomp", "overrides.py", "_tensor.py", "__init__.py", "_compile.py", "_library"))
 
 
+#: What a tracing failure's message says -> what the model does that capture cannot follow, and what to do.
+_TRACE_HINTS = (
+    ("data-dependent", "the model branches on tensor values or reads one as a Python number: if, .item(), "
+                       "float(), int(), which a trace with fake tensors cannot follow"),
+    ("mutate a captured Tensor", "the model writes in place into one of its inputs (x /= 255, x.clamp_()), which "
+                                 "the captured step takes as given: write x = x / 255 instead"),
+    ("saved tensor hooks", "activation checkpointing (torch.utils.checkpoint) cannot be captured: call the "
+                           "module directly; the plan decides where each activation is held"),
+)
+_TORCH_DIR = os.path.dirname(torch.__file__)
+
+
 def _user_frame(exc: BaseException) -> str:
-    """``file:line`` of the innermost frame of ``exc`` that is the model's code, not the tracer's."""
-    where = "?"
-    for frame in traceback.extract_tb(exc.__traceback__):
-        if not any(part in frame.filename for part in _TRACER_PARTS) and not frame.filename.endswith("trace.py"):
-            where = f"{frame.filename}:{frame.lineno}"
-    return where
+    """``file:line`` of the innermost frame of ``exc`` that is the model's code, not the tracer's; where
+    that is inside torch (a module of ``torch.nn``), the model's own line that called it, then torch's."""
+    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
+              if not any(part in frame.filename for part in _TRACER_PARTS) and not frame.filename.endswith("trace.py")]
+    if not frames:
+        return "?"
+    inner = frames[-1]
+    own = [frame for frame in frames if not frame.filename.startswith(_TORCH_DIR + os.sep)]
+    if not own or own[-1] is inner:
+        return f"{inner.filename}:{inner.lineno}"
+    torch_file = os.path.relpath(inner.filename, os.path.dirname(_TORCH_DIR))
+    return f"{own[-1].filename}:{own[-1].lineno} (in {torch_file}:{inner.lineno})"
 
 
 def _fake_like(t: torch.Tensor) -> torch.Tensor:
