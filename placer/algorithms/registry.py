@@ -215,6 +215,8 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
             plan = alg.func(graph, cluster, **opts)
     except InvalidPlanError as exc:     # the algorithm's own check of what it built (a baseline's fixed rule)
         raise InfeasibleError(failure_message(algorithm, f"found no valid plan: {exc}")) from None
+    except OptionError as exc:          # an option checked where it is used (a transform's), named like the rest
+        raise OptionError(failure_message(algorithm, str(exc))) from None
     if box.expired:
         raise TimeLimitError(f"{algorithm} found no plan within its time limit of {opts['time_limit']:g} s "
                              f"({graph.num_nodes} ops on {cluster.num_devices} devices); give it more time")
