@@ -146,7 +146,9 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
     graph = fused.graph
     k_count, n_dev = coarse.num_nodes, cluster.num_devices
     duration = coarse.durations(cluster)
-    latency, inverse = cluster.latency, cluster.inverse_bandwidth
+    latency = cluster.latency
+    # Where no channel links two devices the latency is inf: an empty transfer there (inf x 0 bytes) is too.
+    inverse = np.where(np.isinf(latency), 0.0, cluster.inverse_bandwidth)
     w, c = link_costs(coarse, cluster)
     sequence = cpd_topo_order(coarse, w, c)
     in_ptr, in_edges = coarse.in_edges
