@@ -160,6 +160,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     from .algorithms import place
     from .algorithms.registry import checked_options, get_algorithm
     from .cluster import load_cluster
+    from .transform.replicate import RUNNABLE_HOW, replicated_node
 
     _check_search_flags(args)
     options = dict(_parse_option(o) for o in args.option)
@@ -182,6 +183,9 @@ def cmd_plan(args: argparse.Namespace) -> int:
     p = plan.predicted
     print(f"{args.algorithm}: makespan {p['makespan_s'] * 1e3:.3f} ms (lower bound {p['lower_bound_s'] * 1e3:.3f} ms), "
           f"fits memory, planned in {plan.search_time_s:.2f} s -> {args.output}")
+    if plan.rewritten_graph is not None and replicated_node(plan.rewritten_graph) is not None:
+        print(f"placer: note: the plan replicates the model (data parallelism), which `placer run` cannot run yet; "
+              f"for one it can, {RUNNABLE_HOW}", file=sys.stderr)
     return 0
 
 

@@ -25,6 +25,14 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
+def test_plan_says_when_its_plan_replicates_the_model(tmp_path, capsys, graph_file):
+    # `placer run` refuses such a plan: nothing said so when it was made (auto often picks one).
+    for algorithm, replicates in (("data_parallel", True), ("expert", False)):
+        code, out, err = run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "--algorithm", algorithm,
+                             "-o", tmp_path / "p.json")
+        assert code == 0 and ("replicates the model" in err) == replicates, err
+
+
 @pytest.mark.parametrize("algorithm", ["single", "round_robin", "expert", "metis"])
 def test_plan_then_simulate_json_agrees_with_reference(tmp_path, capsys, graph_file, algorithm):
     plan_file = tmp_path / "p.json"

@@ -31,6 +31,7 @@ import torch.fx as fx
 
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
+from ..transform.replicate import RUNNABLE_HOW, replicated_node
 
 __all__ = ["split_step", "refuse_replicas", "batch_slices", "concat_like"]
 
@@ -102,12 +103,10 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
 def refuse_replicas(target: OpGraph) -> None:
     """Raise InvalidPlanError where the graph a plan places holds data-parallel replicas (the runtime runs
     the captured step's own operations, split or not)."""
-    for i, extra in enumerate(target.node_extra):
-        if "replica_of" in extra or "allreduce" in extra:
-            raise InvalidPlanError(f"node {target.ids[i]!r} belongs to a data-parallel replica, which the runtime "
-                                   f"cannot run yet (it runs the captured step's own operations): plan with auto's "
-                                   f"option runnable=true, os_dpos's data_parallel_start=false, or another "
-                                   f"algorithm than data parallelism")
+    i = replicated_node(target)
+    if i is not None:
+        raise InvalidPlanError(f"node {target.ids[i]!r} belongs to a data-parallel replica, which the runtime "
+                               f"cannot run yet (it runs the captured step's own operations): {RUNNABLE_HOW}")
 
 
 def _split_node(gm: fx.GraphModule, x: fx.Node, target: OpGraph, members: list[int],

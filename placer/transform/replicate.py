@@ -58,7 +58,7 @@ from ..errors import OptionError
 from ..graph import OpGraph
 from .split import batch_dependent, fresh_id, part_rows
 
-__all__ = ["data_parallel_graph", "gradients", "replica_layout", "chunk_add_time", "DataParallelGraph", "ReplicaLayout",
+__all__ = ["data_parallel_graph", "replicated_node", "RUNNABLE_HOW", "gradients", "replica_layout", "chunk_add_time", "DataParallelGraph", "ReplicaLayout",
            "Stage", "collective_stages", "input_transfers", "chunk_copy_time", "BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
 
 BUCKET_BYTES = 25 << 20
@@ -618,6 +618,18 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
 
 _DEFAULTS = dict(compute_s=0.0, output_bytes=0, param_bytes=0, temp_bytes=0, flops=np.nan, op=None, layer=None,
                  colocation=None, device_kinds=None, compute_s_by_kind=None, splittable=None, node_extra=None)
+
+
+#: How to plan without replicas, which the runtime cannot run yet (for messages about data-parallel plans).
+RUNNABLE_HOW = ("plan with auto's option runnable=true, os_dpos's data_parallel_start=false, or another algorithm "
+                "than data parallelism")
+
+
+def replicated_node(graph: OpGraph) -> int | None:
+    """The first node of ``graph`` that belongs to a data-parallel replica or its all-reduce (None: the
+    graph replicates nothing)."""
+    return next((i for i, extra in enumerate(graph.node_extra) if "replica_of" in extra or "allreduce" in extra),
+                None)
 
 
 def _replica_samples(graph: OpGraph, replicas: int) -> list[int] | None:
