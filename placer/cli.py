@@ -135,7 +135,7 @@ def cluster_for_plan(plan, path: str, cluster=None, spec: str | None = None):
 
 
 @contextlib.contextmanager
-def _naming_plan(path: str, plan, cluster):
+def naming_plan(path: str, plan, cluster):
     """Errors from checking the plan at ``path`` name it, and the cluster it was made for where another is used."""
     try:
         yield
@@ -200,7 +200,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
                       inputs=[args.graph, args.plan, args.cluster, args.profile, args.message_cost])
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     graph = _load_graph(args.graph, args, cluster)
-    with _naming_plan(args.plan, plan, cluster):
+    with naming_plan(args.plan, plan, cluster):
         result = simulate_plan(plan, graph, cluster)
         if not math.isfinite(result.makespan_s):
             raise InvalidPlanError(f"the simulated step overflows (makespan {result.makespan_s}): a figure of "
@@ -251,7 +251,7 @@ def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: s
         raise OptionError(f"calibration {calibration_path} has no message cost (`placer calibrate --backend gloo` "
                           f"times one)")
     # The rewritten graph's, when the plan splits ops.
-    with _naming_plan(plan_path, plan, cluster):
+    with naming_plan(plan_path, plan, cluster):
         bound = plan.bind(graph, cluster)
     step_s = simulate_with_messages(bound, calibration.message_cost).makespan_s
     return step_s + (calibration.barrier_s or 0.0)
@@ -328,7 +328,7 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None) -> str:
             return (f"{path}: well-formed plan for graph {plan.graph_name!r} "
                     f"(pass --graph to check it against that graph, on its own cluster or --cluster)")
         plan_cluster = cluster_for_plan(plan, path, cluster, cluster_spec)
-        with _naming_plan(path, plan, plan_cluster):
+        with naming_plan(path, plan, plan_cluster):
             result = plan.validate(graph, plan_cluster)
         other = _other_prediction(plan, plan_cluster, result.makespan_s)
         return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory" + \

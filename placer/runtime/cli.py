@@ -142,11 +142,11 @@ def _check_torchrun(args: argparse.Namespace) -> None:
 def _check_runnable(plan, path: str, cluster) -> None:
     """Before the model is loaded and captured: the plan's devices are the cluster's, and it holds no
     data-parallel replicas, which the runtime cannot run yet."""
-    from ..cli import _naming_plan
+    from ..cli import naming_plan
     from .splits import refuse_replicas
 
     unknown = sorted(set(plan.placement.values()) - set(cluster.device_index))
-    with _naming_plan(path, plan, cluster):
+    with naming_plan(path, plan, cluster):
         if unknown:
             raise InvalidPlanError(f"the plan places nodes on {', '.join(map(repr, unknown))}, which cluster "
                                    f"{cluster.name!r} lacks")

@@ -58,8 +58,9 @@ from ..errors import OptionError
 from ..graph import OpGraph
 from .split import batch_dependent, fresh_id, part_rows
 
-__all__ = ["data_parallel_graph", "replicated_node", "RUNNABLE_HOW", "gradients", "replica_layout", "chunk_add_time", "DataParallelGraph", "ReplicaLayout",
-           "Stage", "collective_stages", "input_transfers", "chunk_copy_time", "BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
+__all__ = ["data_parallel_graph", "replicated_node", "RUNNABLE_HOW", "gradients", "replica_layout", "chunk_add_time",
+           "DataParallelGraph", "ReplicaLayout", "Stage", "collective_stages", "input_transfers", "chunk_copy_time",
+           "BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
 
 BUCKET_BYTES = 25 << 20
 #: What an optimizer's update is made of: element-wise arithmetic, views and copies (aten names, the
@@ -503,6 +504,7 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     ids: list[str] = []
     replica_of: list[int] = []
     original: list[int] = []
+    keep = np.flatnonzero(~layout.is_grad_edge)      # readers of a gradient read the all-reduced bucket instead
     columns: dict[float, tuple] = {}
 
     def scaled_columns(share: float) -> tuple:
@@ -513,16 +515,14 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
             # Per-kind times scaled once: the replicas share the dicts (a graph's are never changed in place).
             by_kind = [None if not times else {kind: s * f for kind, s in times.items()}
                        for times, f in zip(graph.compute_s_by_kind, factor.tolist())]
-            # A gradient keeps its size; other tensors out of a scaled node shrink with the batch.
-            edge_factor = np.where(layout.is_grad_edge[keep], 1.0, factor[graph.src[keep]])
+            # Tensors out of a scaled node shrink with the batch (no kept edge carries a gradient).
             columns[share] = ((graph.compute_s * factor).tolist(),
                               np.rint(graph.output_bytes * factor).astype(np.int64).tolist(),
                               np.rint(graph.temp_bytes * factor).astype(np.int64).tolist(),
                               (graph.flops * factor).tolist(), by_kind,
-                              np.rint(graph.edge_bytes[keep] * edge_factor).astype(np.int64))
+                              np.rint(graph.edge_bytes[keep] * factor[graph.src[keep]]).astype(np.int64))
         return columns[share]
 
-    keep = np.flatnonzero(~layout.is_grad_edge)      # readers of a gradient read the all-reduced bucket instead
     ebytes = []
     for k in range(r):
         share = 1.0 / r if samples is None else samples[k] / sum(samples)
