@@ -591,6 +591,15 @@ def test_cost_command_annotates_and_applies_profiles(tmp_path, capsys):
     assert "unknown device kind 'TPU'" in capsys.readouterr().err
 
 
+def test_cost_command_says_when_the_presets_v100s_lose_their_own_times(tmp_path, capsys):
+    training_graph(layers=2).save(tmp_path / "g.json")
+    for kinds, lost in (("A100", True), ("A100,V100", False)):
+        assert main(["cost", str(tmp_path / "g.json"), "--reference", "cpu", "--kinds", kinds,
+                     "-o", str(tmp_path / "c.json")]) == 0
+        assert ("the presets' V100s (speed 1.0) run at the cpu times" in capsys.readouterr().err) == lost
+    assert "V100" in OpGraph.load(tmp_path / "c.json").compute_s_by_kind[0]
+
+
 def test_cost_command_refuses_to_replace_measured_times_unless_told(tmp_path, capsys):
     # It wrote the analytic model's times over those of 'placer profile --graph-output', silently.
     graph = training_graph(layers=2)

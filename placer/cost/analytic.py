@@ -346,7 +346,11 @@ def _node_bytes(graph: "OpGraph") -> np.ndarray:
     return np.where(np.isnan(given), fallback, given)
 
 
-def annotate(graph: "OpGraph", *, reference: str = "V100", kinds: Iterable[str] | None = None,
+#: The kind the cluster presets give speed 1.0: ``compute_s`` holds its times unless told otherwise.
+PRESET_REFERENCE = "V100"
+
+
+def annotate(graph: "OpGraph", *, reference: str = PRESET_REFERENCE, kinds: Iterable[str] | None = None,
              tf32_matmul: bool = False) -> "OpGraph":
     """A copy of ``graph`` costed by the roofline model.
 

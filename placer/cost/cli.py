@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 from fractions import Fraction
 
 from typing import TYPE_CHECKING
@@ -13,7 +14,7 @@ from ..capture.cli import add_optimizer_option
 from ..errors import OptionError
 from ..io import check_output
 from ..report.tables import working
-from .analytic import DEVICE_SPECS, annotate
+from .analytic import DEVICE_SPECS, PRESET_REFERENCE, annotate
 
 if TYPE_CHECKING:
     from ..graph import OpGraph
@@ -212,8 +213,16 @@ def cmd_cost(args: argparse.Namespace) -> int:
     for profile in profiles:
         print(f"{profile.source}: {len(profile.node_seconds)} measured times for kind {profile.device_kind!r}")
     graph.save(args.output)
+    measured = next((p for p in profiles if p.device_kind == args.reference), None)
+    on_reference = "" if measured is None else \
+        f"; measured {sum(measured.node_seconds.values()) * 1e3:.3f} ms, which its devices take"
     print(f"{graph.name}: {graph.num_nodes} nodes, {graph.compute_s.sum() * 1e3:.3f} ms on {args.reference} "
-          f"(analytic) -> {args.output}")
+          f"(analytic{on_reference}) -> {args.output}")
+    costed = {kind for times in graph.compute_s_by_kind if times for kind in times} | {args.reference}
+    if PRESET_REFERENCE not in costed:
+        print(f"placer: note: compute_s holds {args.reference} times now, and {PRESET_REFERENCE} has no times of "
+              f"its own in {args.output}: the presets' {PRESET_REFERENCE}s (speed 1.0) run at the "
+              f"{args.reference} times; add {PRESET_REFERENCE} to --kinds", file=sys.stderr)
     return 0
 
 
@@ -285,7 +294,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
                                    "model would change) is refused rather than losing them: leave that kind out "
                                    "of --kinds to keep them, give a --profile of it, or --overwrite-measured.")
     p.add_argument("graph", help="placer.graph/1 file")
-    p.add_argument("--reference", default="V100", help="kind whose times become compute_s (default V100)")
+    p.add_argument("--reference", default=PRESET_REFERENCE,
+                   help=f"kind whose times become compute_s (default {PRESET_REFERENCE}, the presets' speed-1.0 kind)")
     p.add_argument("--kinds", help="other kinds for compute_s_by_kind, comma-separated (default: every kind the "
                    f"analytic model knows: {', '.join(DEVICE_SPECS)})")
     p.add_argument("--profile", action="append", default=[], help="placer.profile/1 file to apply; repeatable")
