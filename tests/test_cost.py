@@ -271,6 +271,19 @@ def test_calibrate_cli_with_a_probe(tmp_path, capsys, monkeypatch):
     assert MessageCost.from_dict(saved.meta["stream_message_cost"], "streams") == probed.message_cost
 
 
+def test_calibrate_warns_of_a_fit_that_explains_little_of_its_points(tmp_path, capsys, monkeypatch):
+    from placer.cli import main
+    from placer.cost import calibrate as calibrate_module
+
+    # A 1 KiB message slower than a 64 KiB one (R^2 0.55) went silently into the cluster file.
+    noisy = _calibration()
+    noisy.links["gloo"] = LinkFit(1.24e-3, 2.8e9, 0.55, [(1024, 2e-3), (65536, 1e-3), (1 << 20, 1.6e-3)])
+    monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: noisy)
+    assert main(["calibrate", "-o", str(tmp_path / "cal.json")]) == 0
+    err = capsys.readouterr().err
+    assert "the gloo fit explains little of its points (R^2 0.55" in err and "cuda-peer" not in err
+
+
 def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_path, capsys, monkeypatch):
     from placer.cli import main
     from placer.cost import calibrate as calibrate_module

@@ -135,6 +135,10 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print_rows(["bytes", "measured us", "fit us"],
                    [[str(b), f"{t * 1e6:.1f}", f"{float(f.predict(b)) * 1e6:.1f}"] for b, t in f.samples],
                    title=f"{name} points")
+        if f.r2 < POOR_FIT_R2:
+            print(f"placer: warning: the {name} fit explains little of its points (R^2 {f.r2:.2f} < "
+                  f"{POOR_FIT_R2}): a busy machine or sizes too close together; calibrate again (a wider "
+                  f"--sizes, more --repeats) before planning with it", file=sys.stderr)
     if cal.message_cost is not None:
         cost = cal.message_cost
         probe = cal.meta.get("probe")
@@ -187,6 +191,10 @@ def _replaced_times(before: OpGraph, after: OpGraph,
             if not math.isclose(now, seconds, rel_tol=1e-9, abs_tol=1e-15) and (kind, node) not in remeasured:
                 replaced.setdefault(kind, []).append((node, seconds, now))
     return replaced
+
+
+#: A link fit with a smaller R^2 than this is flagged: its points hardly follow latency + bytes / bandwidth.
+POOR_FIT_R2 = 0.9
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
