@@ -658,6 +658,17 @@ def make(batch_size):
 '''
 
 
+@pytest.mark.parametrize("option, message", [(["--batches", "2,2"], "needs at least two distinct batch sizes"),
+                                             (["--repeats", "0"], "'--repeats' must be >= 1")])
+def test_predict_refuses_bad_options_before_capturing(tmp_path, capsys, monkeypatch, option, message):
+    from placer.cli import main
+    from placer.cost import standard_eval
+
+    monkeypatch.setattr(standard_eval, "standard_evaluation", lambda *a, **k: pytest.fail("captured first"))
+    assert main(["predict", "zoo:lenet", "--target", "8", *option, "-o", str(tmp_path / "p.json")]) == 2
+    assert message in capsys.readouterr().err
+
+
 def test_profile_and_predict_commands(tmp_path, capsys):
     model_file = tmp_path / "net.py"
     model_file.write_text(_MODEL_FILE)

@@ -238,7 +238,10 @@ def cmd_predict(args: argparse.Namespace) -> int:
     from .standard_eval import standard_evaluation
 
     batches = _ints(args.batches, "--batches")
+    if len(set(batches)) < 2:       # before the captures
+        raise OptionError(f"option '--batches' needs at least two distinct batch sizes, got {args.batches!r}")
     _positive(args.target, "--target")
+    _positive(args.repeats, "--repeats")
     check_output(args.output, "graph file")
     device = None if args.device == "none" else args.device
     if device is not None:
