@@ -139,7 +139,8 @@ class Comparison:
                 "lower_bound_s": self.lower_bound_s, "split_lower_bound_s": self.split_lower_bound_s, "rows": self.rows(), "peak_memory_bytes": peaks}
 
     def print(self, console: Console | None = None) -> None:
-        header = ["algorithm", "makespan\nms", "gap to\nLB", "x\nexpert", "x\nsingle", "peak\nGiB", "fits", "plan\ns"]
+        header = ["algorithm", "makespan\nms", "gap to\nLB", "speedup\nvs\nexpert", "speedup\nvs\nsingle", "peak\nGiB",
+                  "fits", "plan\ns"]
         rows, notes = [], []
         for row in self.rows():
             if row["makespan_ms"] is None:

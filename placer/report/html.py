@@ -40,8 +40,8 @@ def html_report(comparison: "Comparison", charts: dict[str, tuple[Path, Path]]) 
              f"<p>{c.graph.num_nodes} operations, {c.graph.num_edges} edges; {c.cluster.num_devices} devices. "
              f"Lower bound {c.lower_bound_s * 1e3:.3f} ms ({c.split_lower_bound_s * 1e3:.3f} ms for plans that split "
              f"operations, whose gap is to that bound). Every figure is the reference simulator's.</p>",
-             "<table><tr><th>algorithm</th><th>makespan ms</th><th>gap to lower bound</th><th>x expert</th>"
-             "<th>x single</th><th>max peak GiB</th><th>fits</th><th>plan time s</th></tr>"]
+             "<table><tr><th>algorithm</th><th>makespan ms</th><th>gap to lower bound</th><th>speedup over expert</th>"
+             "<th>speedup over single</th><th>max peak GiB</th><th>fits</th><th>plan time s</th></tr>"]
     for row in c.rows():
         if row["makespan_ms"] is None:
             parts.append(f"<tr><td>{esc(row['algorithm'])}</td><td class='note' colspan='7'>no plan: "
