@@ -37,6 +37,35 @@ _EDGE_FIELDS = {"src", "dst", "bytes", "tensor"}
 MAX_COMPUTE_S = 1e9
 
 
+def _numbers(values: Any, dtype: type, what: str) -> np.ndarray:
+    """``values`` as an array of ``dtype``; FormatError naming ``what`` where they are no numbers, or are
+    not whole numbers below 2**62 for an integer ``dtype`` (numpy would cut 1.5 to 1 and fail on NaN)."""
+    if isinstance(values, np.ndarray) and values.dtype == dtype:
+        return values
+    try:
+        arr = np.asarray(values)
+        if arr.dtype.kind not in "biuf":
+            arr = arr.astype(np.float64)
+    except (TypeError, ValueError, OverflowError):
+        raise FormatError(f"{what} must be numbers, got {values!r:.80}") from None
+    if np.dtype(dtype).kind == "f":
+        return arr.astype(dtype)
+    if arr.dtype.kind == "f":
+        bad = ~np.isfinite(arr) | (arr != np.round(arr)) | (np.abs(arr) > MAX_INTEGER)
+        if bad.any():
+            raise FormatError(f"{what} must be whole numbers up to 2**62, got {arr[bad][0].item()!r}")
+    elif arr.dtype.kind == "u" and arr.size and arr.max() > MAX_INTEGER:
+        raise FormatError(f"{what} must be whole numbers up to 2**62, got {arr.max().item()!r}")
+    return arr.astype(dtype)
+
+
+def _split_entry(entry: Any) -> bool:
+    """Whether ``entry`` is a ``splittable`` item: ``{"dim": name, "size": integer >= 1}``."""
+    size = entry.get("size") if isinstance(entry, dict) else None
+    return (isinstance(entry.get("dim") if isinstance(entry, dict) else None, str)
+            and isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 1)
+
+
 class OpGraph:
     """A DAG of operations with their costs.
 
@@ -85,6 +114,10 @@ class OpGraph:
         self.name = name
         self.ids: list[str] = list(ids)
         n = len(self.ids)
+        bad_id = next((k for k, x in enumerate(self.ids) if not isinstance(x, str) or not x), None)
+        if bad_id is not None:
+            raise FormatError(f"{where}: node #{bad_id}: its id must be a non-empty string, got "
+                              f"{self.ids[bad_id]!r}")
         self.index: dict[str, int] = {node_id: i for i, node_id in enumerate(self.ids)}
         if len(self.index) != n:
             seen: set[str] = set()
@@ -92,9 +125,7 @@ class OpGraph:
             raise FormatError(f"{where}: duplicate node id {dup!r}")
 
         def node_array(values, dtype, label):
-            if values is None:
-                return np.zeros(n, dtype=dtype)
-            arr = np.asarray(values, dtype=dtype)
+            arr = np.zeros(n, dtype=dtype) if values is None else _numbers(values, dtype, f"{where}: {label}")
             if arr.shape != (n,):
                 raise FormatError(f"{where}: {label} has {arr.shape} entries for {n} nodes")
             return arr
@@ -106,9 +137,14 @@ class OpGraph:
         self.flops = np.full(n, np.nan) if flops is None else node_array(flops, np.float64, "flops")
         for label, arr in (("compute_s", self.compute_s), ("output_bytes", self.output_bytes),
                            ("param_bytes", self.param_bytes), ("temp_bytes", self.temp_bytes)):
-            bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0)) if arr.dtype.kind == "f" else np.flatnonzero(arr < 0)
+            if arr.dtype.kind == "f":
+                bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0) | (arr > MAX_COMPUTE_S))
+            else:
+                bad = np.flatnonzero(arr < 0)
             if bad.size:
-                raise FormatError(f"{where}: node {self.ids[bad[0]]!r}: field '{label}' must be a finite number >= 0, got {arr[bad[0]]!r}")
+                most = f" and at most {MAX_COMPUTE_S:g}" if arr.dtype.kind == "f" else ""
+                raise FormatError(f"{where}: node {self.ids[bad[0]]!r}: field '{label}' must be a finite number "
+                                  f">= 0{most}, got {arr[bad[0]].item()!r}")
 
         def node_list(values, label):
             if values is None:
@@ -121,17 +157,28 @@ class OpGraph:
         self.op: list[str | None] = node_list(op, "op")
         self.layer: list[str | None] = node_list(layer, "layer")
         self.colocation: list[str | None] = node_list(colocation, "colocation")
-        self.device_kinds: list[tuple[str, ...] | None] = [
-            None if k is None else tuple(k) for k in node_list(device_kinds, "device_kinds")]
+        self.device_kinds: list[tuple[str, ...] | None] = node_list(device_kinds, "device_kinds")
+        for i, kinds in enumerate(self.device_kinds):
+            if kinds is not None:
+                if isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
+                    raise FormatError(f"{where}: node {self.ids[i]!r}: field 'device_kinds' must be a list of "
+                                      f"kind names, got {kinds!r}")
+                self.device_kinds[i] = tuple(kinds)
         self.compute_s_by_kind: list[dict[str, float] | None] = node_list(compute_s_by_kind, "compute_s_by_kind")
+        self._check_times_by_kind(where)
         self.splittable: list[list[dict] | None] = node_list(splittable, "splittable")
+        for i, entries in enumerate(self.splittable):
+            if entries is not None and not (isinstance(entries, list) and all(map(_split_entry, entries))):
+                raise FormatError(f"{where}: node {self.ids[i]!r}: field 'splittable' must be a list of "
+                                  f"{{'dim': name, 'size': integer >= 1}}, got {entries!r}")
         self.node_extra: list[dict] = [e or {} for e in node_list(node_extra, "node_extra")]
 
-        self.src = np.asarray(src, dtype=np.int64).reshape(-1)
-        self.dst = np.asarray(dst, dtype=np.int64).reshape(-1)
+        self.src = _numbers(src, np.int64, f"{where}: edge sources").reshape(-1)
+        self.dst = _numbers(dst, np.int64, f"{where}: edge destinations").reshape(-1)
         m = self.src.size
-        self.edge_bytes = np.asarray(edge_bytes, dtype=np.int64).reshape(-1)
-        self.edge_tensor = np.zeros(m, dtype=np.int64) if edge_tensor is None else np.asarray(edge_tensor, dtype=np.int64).reshape(-1)
+        self.edge_bytes = _numbers(edge_bytes, np.int64, f"{where}: edge bytes").reshape(-1)
+        self.edge_tensor = np.zeros(m, dtype=np.int64) if edge_tensor is None else \
+            _numbers(edge_tensor, np.int64, f"{where}: edge tensors").reshape(-1)
         if not (self.dst.size == self.edge_bytes.size == self.edge_tensor.size == m):
             raise FormatError(f"{where}: edge arrays have different lengths")
         if m and (self.src.min() < 0 or self.dst.min() < 0 or self.src.max() >= n or self.dst.max() >= n):
@@ -140,9 +187,31 @@ class OpGraph:
             e = int(np.flatnonzero((self.edge_bytes < 0) | (self.edge_tensor < 0))[0])
             raise FormatError(f"{where}: edge {self._edge_name(e)}: 'bytes' and 'tensor' must be >= 0")
         self.edge_extra: list[dict] = [{}] * m if edge_extra is None else [e or {} for e in edge_extra]
+        if len(self.edge_extra) != m:
+            raise FormatError(f"{where}: edge_extra has {len(self.edge_extra)} entries for {m} edges")
         self.extra: dict = dict(extra or {})
         self.source = source
         self._check_acyclic(where)
+
+    def _check_times_by_kind(self, where: str) -> None:
+        """Every per-kind time a finite number of seconds, 0 to :data:`MAX_COMPUTE_S` (a negative one gave
+        a negative step; NaN, a simulation that never ended)."""
+        tables = [times for times in self.compute_s_by_kind if times]
+        if not set(map(type, tables)) <= {dict}:
+            i = next(i for i, times in enumerate(self.compute_s_by_kind) if times and not isinstance(times, dict))
+            raise FormatError(f"{where}: node {self.ids[i]!r}: field 'compute_s_by_kind' must map kinds to "
+                              f"seconds, got {self.compute_s_by_kind[i]!r}")
+        values = [seconds for times in tables for seconds in times.values()]
+        # Types by set (a C loop), not a check per value: graphs of 10^5 nodes are built in hot loops.
+        fine = set(map(type, values)) <= {float, int, np.float64}
+        if fine:
+            seconds = np.asarray(values, dtype=np.float64)
+            fine = bool((np.isfinite(seconds) & (seconds >= 0) & (seconds <= MAX_COMPUTE_S)).all())
+        if not fine:      # find and name the first bad one
+            for i, times in enumerate(self.compute_s_by_kind):
+                for kind, seconds in (times or {}).items():
+                    check_number(seconds, f"{where}: node {self.ids[i]!r}: field 'compute_s_by_kind.{kind}'",
+                                 maximum=MAX_COMPUTE_S)
 
     # ------------------------------------------------------------------ shape
     @property

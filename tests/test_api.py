@@ -128,6 +128,7 @@ def test_failure_messages_name_the_algorithm_once():
         "pesto found no plan within its time limit"
     assert failure_message("pesto", ValueError("pesto: no solver")) == "pesto: no solver"
     assert failure_message("pesto", ValueError("pestos are green")) == "pesto: pestos are green"
+    assert failure_message("pesto", ValueError("option x of 'pesto' must be")) == "option x of 'pesto' must be"
     # An option a transform checks where it is used: its message did not say which algorithm had it.
     with pytest.raises(OptionError, match="^celeritas: option exploration_range must be an integer >= 1"):
         placer.place(training_graph(layers=2), placer.load_cluster("2xcpu"), "celeritas", exploration_range=0)

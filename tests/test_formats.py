@@ -511,3 +511,31 @@ def test_a_cluster_built_in_code_holds_the_ranges_a_file_does(field, value, mess
     with pytest.raises(FormatError, match=message):
         Cluster("c", [Device("a", "V100", 1 << 30, speed), Device("b", "V100", 1 << 30)],
                 [Channel("a-b", bandwidth, latency, (("a", "b"), ("b", "a")))])
+
+
+@pytest.mark.parametrize("fields, message", [
+    # A negative per-kind time gave a negative step; NaN, a simulation that never ended.
+    ({"compute_s_by_kind": [{"V100": -5.0}, None, None]}, r"node 'a': field 'compute_s_by_kind.V100' must be >= 0"),
+    ({"compute_s_by_kind": [{"V100": float("nan")}, None, None]}, r"'compute_s_by_kind.V100' must be finite"),
+    ({"compute_s_by_kind": [{"V100": "fast"}, None, None]}, r"'compute_s_by_kind.V100' must be a number"),
+    ({"compute_s_by_kind": [[1.0], None, None]}, r"'compute_s_by_kind' must map kinds to seconds"),
+    ({"device_kinds": ["V100", None, None]}, r"'device_kinds' must be a list of kind names, got 'V100'"),
+    ({"splittable": ["batch", None, None]}, r"'splittable' must be a list of"),
+    ({"splittable": [[{"dim": "batch", "size": -2}], None, None]}, r"'splittable' must be a list of"),
+    ({"ids": [1, 2, 3]}, r"node #0: its id must be a non-empty string, got 1"),
+    ({"output_bytes": [0, 1.7, 0]}, r"output_bytes must be whole numbers up to 2\*\*62, got 1.7"),
+    ({"output_bytes": [0, float("nan"), 0]}, r"output_bytes must be whole numbers"),
+    ({"param_bytes": [0, 2**70, 0]}, r"param_bytes must be whole numbers up to 2\*\*62"),
+    ({"src": [0.6, 1]}, r"edge sources must be whole numbers"),
+    ({"edge_bytes": [1.5, 1]}, r"edge bytes must be whole numbers"),
+    ({"compute_s": [1, "x", 1]}, r"compute_s must be numbers"),
+    ({"compute_s": [1, 1e300, 1]}, r"node 'b': field 'compute_s' must be a finite number >= 0 and at most 1e\+09"),
+    ({"edge_extra": [{}]}, r"edge_extra has 1 entries for 2 edges"),
+])
+def test_a_graph_built_in_python_is_checked_as_a_file_is(fields, message):
+    # OpGraph(...) checked less than OpGraph.load: what the loader refuses reached place and the simulator
+    # (numpy cut 1.5 bytes to 1; NaN bytes raised numpy's ValueError).
+    args = {"ids": ["a", "b", "c"], "compute_s": [1.0, 1.0, 1.0], "src": [0, 1], "dst": [1, 2], "edge_bytes": [10, 10],
+            **fields}
+    with pytest.raises(FormatError, match=message):
+        OpGraph(**args)

@@ -102,9 +102,10 @@ def get_algorithm(name: str) -> Algorithm:
 
 def failure_message(name: str, exc: Exception) -> str:
     """``exc``'s message, prefixed with the algorithm's name unless it already starts with it
-    (``"pesto: ..."``, ``"pesto found no plan ..."``)."""
+    (``"pesto: ..."``, ``"pesto found no plan ..."``) or names it quoted (``"option target of 'pesto' ..."``)."""
     message = str(exc)
-    return message if message.startswith((f"{name}:", f"{name} ")) else f"{name}: {message}"
+    named = message.startswith((f"{name}:", f"{name} ")) or f"'{name}'" in message
+    return message if named else f"{name}: {message}"
 
 
 def check_time_limit(value: Any, option: str = "time_limit") -> None:
