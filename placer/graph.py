@@ -44,6 +44,8 @@ def _numbers(values: Any, dtype: type, what: str) -> np.ndarray:
         return values
     try:
         arr = np.asarray(values)
+        if arr.dtype.kind in "USV":     # text ("1.5" would convert) or raw bytes
+            raise TypeError
         if arr.dtype.kind not in "biuf":
             arr = arr.astype(np.float64)
     except (TypeError, ValueError, OverflowError):
@@ -61,9 +63,11 @@ def _numbers(values: Any, dtype: type, what: str) -> np.ndarray:
 
 def _split_entry(entry: Any) -> bool:
     """Whether ``entry`` is a ``splittable`` item: ``{"dim": name, "size": integer >= 1}``."""
-    size = entry.get("size") if isinstance(entry, dict) else None
-    return (isinstance(entry.get("dim") if isinstance(entry, dict) else None, str)
-            and isinstance(size, (int, np.integer)) and not isinstance(size, bool) and size >= 1)
+    if not isinstance(entry, dict):
+        return False
+    size = entry.get("size")
+    return (isinstance(entry.get("dim"), str) and isinstance(size, (int, np.integer)) and not isinstance(size, bool)
+            and size >= 1)
 
 
 class OpGraph:

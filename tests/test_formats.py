@@ -529,6 +529,7 @@ def test_a_cluster_built_in_code_holds_the_ranges_a_file_does(field, value, mess
     ({"src": [0.6, 1]}, r"edge sources must be whole numbers"),
     ({"edge_bytes": [1.5, 1]}, r"edge bytes must be whole numbers"),
     ({"compute_s": [1, "x", 1]}, r"compute_s must be numbers"),
+    ({"compute_s": ["1", "1", "1"]}, r"compute_s must be numbers"),
     ({"compute_s": [1, 1e300, 1]}, r"node 'b': field 'compute_s' must be a finite number >= 0 and at most 1e\+09"),
     ({"edge_extra": [{}]}, r"edge_extra has 1 entries for 2 edges"),
 ])
