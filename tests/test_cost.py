@@ -221,6 +221,26 @@ def test_gloo_calibration_times_out_cleanly():
         measure_gloo(2, [1024], 1, timeout_s=0.2)
 
 
+def test_an_interrupted_gloo_calibration_leaves_no_rank_running(monkeypatch):
+    import subprocess
+
+    # Ctrl-C to placer alone (not its process group) left both ranks running for their whole timeout.
+    started = []
+
+    class Interrupted(subprocess.Popen):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            started.append(self)
+
+        def communicate(self, *args, **kwargs):
+            raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "Popen", Interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        measure_gloo(2, [1024], 1, timeout_s=60)
+    assert len(started) == 2 and all(p.poll() is not None for p in started)
+
+
 @pytest.mark.parametrize("kwargs, message", [
     ({"ranks": 1}, "ranks"), ({"repeats": 0}, "repeats"), ({"sizes": [0]}, "sizes")])
 def test_gloo_calibration_options(kwargs, message):

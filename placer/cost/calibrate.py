@@ -548,16 +548,22 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
                                           stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + timeout_s
         errors, hung = {}, False
-        for rank, p in enumerate(procs):
-            try:
-                _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                hung = True
-                p.kill()
-                p.communicate()
-                continue
-            if p.returncode != 0:
-                errors[rank] = (err.strip().splitlines() or [f"status {p.returncode}"])[-1]
+        try:
+            for rank, p in enumerate(procs):
+                try:
+                    _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
+                except subprocess.TimeoutExpired:
+                    hung = True
+                    p.kill()
+                    p.communicate()
+                    continue
+                if p.returncode != 0:
+                    errors[rank] = (err.strip().splitlines() or [f"status {p.returncode}"])[-1]
+        finally:        # interrupted (Ctrl-C to this process alone): no rank outlives it
+            for p in procs:
+                if p.poll() is None:
+                    p.kill()
+                    p.wait()
         if hung:
             raise PlacerError(f"gloo calibration did not finish within {timeout_s:g} s (processes killed)")
         if errors:
