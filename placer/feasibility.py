@@ -12,7 +12,7 @@ import numpy as np
 from .cluster import Cluster
 from .errors import InfeasibleError
 from .graph import OpGraph
-from .io import shown_bytes
+from .io import shown_sizes
 from .paths import bottom_levels, top_levels
 from .sim.bounds import fastest_durations
 
@@ -53,8 +53,8 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
     over = np.flatnonzero(need > room)
     if over.size:
         i = over[np.argmax(need[over] - room[over])]
-        raise InfeasibleError(f"node {graph.ids[i]!r} needs {shown_bytes(need[i], beside=room[i])}, more "
-                              f"than any device it may use ({shown_bytes(room[i], beside=need[i])})")
+        needs, has = shown_sizes(need[i], room[i])
+        raise InfeasibleError(f"node {graph.ids[i]!r} needs {needs}, more than any device it may use ({has})")
     for key, members in graph.colocation_groups.items():
         group_allowed = allowed[members].all(axis=0)
         if not group_allowed.any():
@@ -62,14 +62,13 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
         group_need = graph.param_bytes[members].sum() + (graph.output_bytes[members] + graph.temp_bytes[members]).max()
         group_room = memory[group_allowed].max()
         if group_need > group_room:
-            raise InfeasibleError(f"colocation group {key!r} needs at least "
-                                  f"{shown_bytes(group_need, beside=group_room)}, more than any device it may use "
-                                  f"({shown_bytes(group_room, beside=group_need)})")
+            needs, has = shown_sizes(group_need, group_room)
+            raise InfeasibleError(f"colocation group {key!r} needs at least {needs}, more than any device it may "
+                                  f"use ({has})")
     total_params = int(graph.param_bytes.sum())
     if total_params > int(memory.sum()):
-        raise InfeasibleError(f"the parameters alone need "
-                              f"{shown_bytes(total_params, beside=memory.sum())}, more than the cluster's "
-                              f"{shown_bytes(memory.sum(), beside=total_params)} in total")
+        needs, has = shown_sizes(total_params, memory.sum())
+        raise InfeasibleError(f"the parameters alone need {needs}, more than the cluster's {has} in total")
     _check_live_memory(graph, cluster)
     _check_reachability(graph, cluster)
 
@@ -174,10 +173,11 @@ def _check_live_memory(graph: OpGraph, cluster: Cluster) -> None:
         return
     bound, node = live_memory_bound(graph, cluster)
     if bound > total:
+        holds, has = shown_sizes(bound, total)
         raise InfeasibleError(
-            f"while node {graph.ids[node]!r} runs, any plan holds at least {shown_bytes(bound)} over all devices "
+            f"while node {graph.ids[node]!r} runs, any plan holds at least {holds} over all devices "
             f"(every parameter, and each tensor made before it and read after it), more than the cluster's "
-            f"{shown_bytes(total)} in total")
+            f"{has} in total")
 
 
 def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
@@ -202,8 +202,8 @@ def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
         need = int(graph.param_bytes[sorted(part)].sum())
         if need > room:
             a, b = unreachable[0]
+            needs, has = shown_sizes(need, room)
             raise InfeasibleError(
                 f"devices {a!r} and {b!r} (and maybe others) have no channel between them; the connected part "
-                f"of the graph around node {graph.ids[min(part)]!r} needs "
-                f"{shown_bytes(need, beside=room)} of parameters, more than any set of devices that channels connect "
-                f"({shown_bytes(room, beside=need)})")
+                f"of the graph around node {graph.ids[min(part)]!r} needs {needs} of parameters, more than any "
+                f"set of devices that channels connect ({has})")

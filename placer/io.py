@@ -230,22 +230,30 @@ def shown(value: Any) -> str:
     return text if len(text) <= SHOWN_CHARS else f"{text[:SHOWN_CHARS]}... ({len(text)} characters)"
 
 
-def shown_bytes(nbytes: float, beside: float | None = None) -> str:
+def shown_bytes(nbytes: float) -> str:
     """A memory size for a message: GiB with three decimals from 1 GiB, else MiB or KiB with one
-    (a megabyte device read "0.000 GiB"); in bytes where it would read the same as ``beside``, the size
-    the message compares it with, yet differ ("needs 59.0 MiB of 59.0 MiB").
+    (a megabyte device read "0.000 GiB").
 
     >>> shown_bytes(16 * 2**30), shown_bytes(3 * 2**20), shown_bytes(196_608)
     ('16.000 GiB', '3.0 MiB', '192.0 KiB')
-    >>> shown_bytes(3 * 2**20 + 1, beside=3 * 2**20)
-    '3,145,729 bytes'
     """
-    if beside is not None and nbytes != beside and shown_bytes(nbytes) == shown_bytes(beside):
-        return f"{round(nbytes):,} bytes"
     for unit, size, digits in (("GiB", 2**30, 3), ("MiB", 2**20, 1)):
         if abs(nbytes) >= size:
             return f"{nbytes / size:.{digits}f} {unit}"
     return f"{nbytes / 1024:.1f} KiB"
+
+
+def shown_sizes(need: float, have: float) -> tuple[str, str]:
+    """Two memory sizes a message compares, by :func:`shown_bytes`; in bytes where they would read the
+    same yet differ ("needs 59.0 MiB of 59.0 MiB").
+
+    >>> shown_sizes(3 * 2**20 + 1, 3 * 2**20)
+    ('3,145,729 bytes', '3,145,728 bytes')
+    """
+    shown = shown_bytes(need), shown_bytes(have)
+    if need != have and shown[0] == shown[1]:
+        return f"{round(need):,} bytes", f"{round(have):,} bytes"
+    return shown
 
 
 def check_finite(value: Any, where: str) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from .cluster import Cluster
 from .errors import FormatError, InvalidPlanError
 from .graph import OpGraph, topological_sort
-from .io import Field, check_finite, check_format, check_number, read_json, shown, shown_bytes, write_json_atomic
+from .io import Field, check_finite, check_format, check_number, read_json, shown, shown_sizes, write_json_atomic
 
 if TYPE_CHECKING:
     from .sim.simulator import SimResult
@@ -218,10 +218,8 @@ class Plan:
         result = simulate_bound(self.bind(graph, cluster))
         if not result.fits:
             j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
-            raise InvalidPlanError(
-                f"device {cluster.devices[j].name!r} needs "
-                f"{shown_bytes(result.peak_memory_bytes[j], beside=cluster.devices[j].memory_bytes)} at peak but has "
-                f"{shown_bytes(cluster.devices[j].memory_bytes, beside=result.peak_memory_bytes[j])}")
+            needs, has = shown_sizes(result.peak_memory_bytes[j], cluster.devices[j].memory_bytes)
+            raise InvalidPlanError(f"device {cluster.devices[j].name!r} needs {needs} at peak but has {has}")
         return result
 
     def report(self, graph: OpGraph | None = None, cluster: Cluster | None = None) -> str:

@@ -12,7 +12,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import InfeasibleError, OptionError
 from ..graph import OpGraph
-from ..io import shown_bytes
+from ..io import shown_sizes
 from ..plan import Plan
 from ..sim.simulator import simulate
 from .common import MemoryBudget, fitting_plan_with_retries, placement_units, unit_allowed
@@ -58,9 +58,8 @@ def single(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
         result = simulate(graph, cluster, device_of, check=False)
         if result.fits:
             return Plan.from_arrays(graph, cluster, device_of)
-        reasons.append(f"{name}: needs "
-                       f"{shown_bytes(result.peak_memory_bytes[j], beside=cluster.devices[j].memory_bytes)} of "
-                       f"{shown_bytes(cluster.devices[j].memory_bytes, beside=result.peak_memory_bytes[j])}")
+        needs, has = shown_sizes(result.peak_memory_bytes[j], cluster.devices[j].memory_bytes)
+        reasons.append(f"{name}: needs {needs} of {has}")
     raise InfeasibleError("single: no one device can run the whole step (" + "; ".join(reasons[:4]) + ")")
 
 

@@ -39,7 +39,7 @@ from ..cluster import Cluster
 from ..errors import InfeasibleError
 from ..feasibility import static_footprint
 from ..graph import OpGraph
-from ..io import shown_bytes
+from ..io import shown_sizes
 from ..plan import Plan
 from ..sim.simulator import simulate
 from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, link_costs
@@ -355,8 +355,8 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
         need = need * np.maximum(1.0, 1.02 * np.maximum(*peaks) / np.maximum(estimate, 1.0))[schedule.node_device]
     peak = min(peaks, key=lambda p: float(np.max(p - memory)))
     j = int(np.argmax(peak - memory))
-    raise InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need "
-                          f"{shown_bytes(peak[j], beside=memory[j])} of {shown_bytes(memory[j], beside=peak[j])}")
+    needs, has = shown_sizes(peak[j], memory[j])
+    raise InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need {needs} of {has}")
 
 
 @register("order_place")

@@ -17,7 +17,7 @@ from ..cluster import Cluster
 from ..errors import InfeasibleError
 from ..feasibility import static_footprint
 from ..graph import OpGraph, joined_groups
-from ..io import shown_bytes
+from ..io import shown_sizes
 from ..sim.simulator import simulate
 
 __all__ = ["placement_units", "liveness_ratio", "MemoryBudget", "unit_allowed", "fitting_plan_with_retries"]
@@ -111,10 +111,8 @@ def fitting_plan_with_retries(build, graph: OpGraph, cluster: Cluster, name: str
         if result.fits:
             return device_of
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
-        last_error = InfeasibleError(
-            f"{name}: device {cluster.devices[j].name!r} would need "
-            f"{shown_bytes(result.peak_memory_bytes[j], beside=cluster.devices[j].memory_bytes)} "
-            f"of {shown_bytes(cluster.devices[j].memory_bytes, beside=result.peak_memory_bytes[j])}")
+        needs, has = shown_sizes(result.peak_memory_bytes[j], cluster.devices[j].memory_bytes)
+        last_error = InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need {needs} of {has}")
         if ratio >= 1.0:
             break
         ratio = min(1.0, ratio * 1.5)

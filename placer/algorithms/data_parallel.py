@@ -7,7 +7,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import InfeasibleError, OptionError
 from ..graph import OpGraph
-from ..io import shown_bytes
+from ..io import shown_sizes
 from ..paths import top_levels
 from ..plan import Plan
 from ..sim.simulator import simulate
@@ -168,11 +168,9 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     dp, device_of, result = best
     if not result.fits:
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
-        raise InfeasibleError(
-            f"{name}: a replica on 1/{len(devices)} of the batch does not fit one device: "
-            f"{cluster.devices[j].name!r} would need "
-            f"{shown_bytes(result.peak_memory_bytes[j], beside=cluster.devices[j].memory_bytes)} "
-            f"of {shown_bytes(cluster.devices[j].memory_bytes, beside=result.peak_memory_bytes[j])}")
+        needs, has = shown_sizes(result.peak_memory_bytes[j], cluster.devices[j].memory_bytes)
+        raise InfeasibleError(f"{name}: a replica on 1/{len(devices)} of the batch does not fit one device: "
+                              f"{cluster.devices[j].name!r} would need {needs} of {has}")
     return dp, device_of, result.device_orders()
 
 

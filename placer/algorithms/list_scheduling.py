@@ -51,7 +51,7 @@ from ..cluster import Cluster
 from ..errors import InfeasibleError
 from ..gcpause import gc_paused
 from ..graph import OpGraph
-from ..io import shown_bytes
+from ..io import shown_sizes
 from ..paths import bottom_levels, top_levels
 from ..plan import Plan
 from ..sim.bounds import fastest_durations
@@ -1278,9 +1278,9 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
         excess = float(np.maximum(peak - capacity, 0).sum())
         if excess < closest:
             j = int(np.argmax(peak - capacity))
+            needs, has = shown_sizes(peak[j], capacity[j])
             closest, error = excess, InfeasibleError(
-                f"{name}: device {cluster.devices[j].name!r} would need "
-                f"{shown_bytes(peak[j], beside=capacity[j])} of {shown_bytes(capacity[j], beside=peak[j])}{on_layers}")
+                f"{name}: device {cluster.devices[j].name!r} would need {needs} of {has}{on_layers}")
         if not counted_whole:
             overfilled = held_more and (overfilled or not use_pressed)
             if pressed is not None and not use_pressed:
