@@ -202,7 +202,7 @@ class Plan:
         if unlisted.size:
             i = unlisted[0]
             raise InvalidPlanError(f"the order of {cluster.devices[device_of[i]].name!r} leaves out node {graph.ids[i]!r}")
-        check_order_acyclic(graph, order)
+        check_order_acyclic(graph, order, [d.name for d in cluster.devices])
         return order
 
     def validate(self, graph: OpGraph, cluster: Cluster) -> "SimResult":
@@ -336,8 +336,12 @@ def check_placement(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> 
             raise InvalidPlanError(f"colocation group {key!r} is split across devices {names}")
 
 
-def check_order_acyclic(graph: OpGraph, order: Sequence[np.ndarray]) -> None:
-    """Raise InvalidPlanError if running each device's nodes in ``order`` contradicts the edges."""
+def check_order_acyclic(graph: OpGraph, order: Sequence[np.ndarray], device_names: Sequence[str] | None = None) -> None:
+    """Raise InvalidPlanError if running each device's nodes in ``order`` contradicts the edges.
+
+    The message walks one cycle of dependencies and order ("'a' feeds 'b'; 'b' comes before 'a' in the
+    order of 'd0'"), ``device_names`` naming the devices (default: their indices).
+    """
     chains = [(seq[:-1], seq[1:]) for seq in order if len(seq) > 1]
     src = np.concatenate([graph.src] + [a for a, _ in chains])
     dst = np.concatenate([graph.dst] + [b for _, b in chains])
@@ -345,5 +349,30 @@ def check_order_acyclic(graph: OpGraph, order: Sequence[np.ndarray]) -> None:
     if topo.size < graph.num_nodes:
         stuck = np.ones(graph.num_nodes, dtype=bool)
         stuck[topo] = False
-        names = [graph.ids[i] for i in np.flatnonzero(stuck)[:4]]
-        raise InvalidPlanError(f"the order contradicts the dependencies (it would deadlock); nodes caught in it include {names}")
+        raise InvalidPlanError("the order contradicts the dependencies (it would deadlock): "
+                               + _order_cycle(graph, order, stuck, device_names))
+
+
+def _order_cycle(graph: OpGraph, order: Sequence[np.ndarray], stuck: np.ndarray,
+                 device_names: Sequence[str] | None) -> str:
+    """One cycle among the ``stuck`` nodes, told as the dependencies and orders that make it."""
+    import networkx as nx
+
+    links = nx.DiGraph()
+    for j, seq in enumerate(order):
+        a, b = seq[:-1], seq[1:]
+        kept = stuck[a] & stuck[b]
+        links.add_edges_from(zip(a[kept].tolist(), b[kept].tolist()), device=j)
+    kept = stuck[graph.src] & stuck[graph.dst]
+    links.add_edges_from(zip(graph.src[kept].tolist(), graph.dst[kept].tolist()), device=None)   # feeds wins
+    steps = []
+    for u, v in nx.find_cycle(links):
+        device = links.edges[u, v]["device"]
+        if device is not None and steps and steps[-1][2] == device:
+            steps[-1][1] = v        # a run of one device's order reads as one "comes before"
+        else:
+            steps.append([u, v, device])
+    name = (lambda j: repr(device_names[j])) if device_names is not None else str
+    told = [f"{graph.ids[u]!r} feeds {graph.ids[v]!r}" if device is None else
+            f"{graph.ids[u]!r} comes before {graph.ids[v]!r} in the order of {name(device)}" for u, v, device in steps]
+    return "; ".join(told[:6]) + ("; ..." if len(told) > 6 else "")

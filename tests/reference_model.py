@@ -74,35 +74,47 @@ def reference_simulate(graph: dict, cluster: dict, placement: dict, order: dict 
             v = n["id"]
             if v not in ready_at and all(arrived(i) for i in inputs[v]):
                 ready_at[v] = time
-        # pick
-        for name in devices:
-            if dev_running[name] is not None:
-                continue
-            if order is None:
-                cands = [n["id"] for n in nodes if placement[n["id"]] == name and n["id"] in ready_at
-                         and n["id"] not in start]
+        # pick: jobs of no duration first, whose ends (events of this instant) come before the other picks
+        began = False
+        for instant_only in (True, False):
+            for name in devices:
+                if dev_running[name] is not None:
+                    continue
+                if order is None:
+                    cands = [n["id"] for n in nodes if placement[n["id"]] == name and n["id"] in ready_at
+                             and n["id"] not in start]
+                    if not cands:
+                        continue
+                    v = min(cands, key=lambda v: (ready_at[v], index[v]))
+                else:
+                    seq = order.get(name, [])
+                    if position[name] >= len(seq) or seq[position[name]] not in ready_at:
+                        continue
+                    v = seq[position[name]]
+                if instant_only and duration(nodes[index[v]]) != 0:
+                    continue
+                if order is not None:
+                    position[name] += 1
+                start[v] = time
+                finish[v] = time + duration(nodes[index[v]])
+                dev_running[name] = v
+                began = True
+            for name, ch in channels.items():
+                if ch_running[name] is not None:
+                    continue
+                cands = [k for k in x_queued if transfers[k]["channel"] == name and k not in x_start]
                 if not cands:
                     continue
-                v = min(cands, key=lambda v: (ready_at[v], index[v]))
-            else:
-                seq = order.get(name, [])
-                if position[name] >= len(seq) or seq[position[name]] not in ready_at:
+                k = min(cands, key=lambda k: (x_queued[k], index[k[0]], k[2], k[1]))
+                length = ch["latency_s"] + transfers[k]["bytes"] / ch["bandwidth_bytes_per_s"]   # a duration, as rule 4
+                if instant_only and length != 0:
                     continue
-                v = seq[position[name]]
-                position[name] += 1
-            start[v] = time
-            finish[v] = time + duration(nodes[index[v]])
-            dev_running[name] = v
-        for name, ch in channels.items():
-            if ch_running[name] is not None:
-                continue
-            cands = [k for k in x_queued if transfers[k]["channel"] == name and k not in x_start]
-            if not cands:
-                continue
-            k = min(cands, key=lambda k: (x_queued[k], index[k[0]], k[2], k[1]))
-            x_start[k] = time
-            x_end[k] = time + (ch["latency_s"] + transfers[k]["bytes"] / ch["bandwidth_bytes_per_s"])   # a duration, as rule 4
-            ch_running[name] = k
+                x_start[k] = time
+                x_end[k] = time + length
+                ch_running[name] = k
+                began = True
+            if began:
+                break
         pending = [t for t in list(finish.values()) + list(x_end.values()) if t > time]
         zero_now = any(dev_running[d] is not None and finish[dev_running[d]] == time for d in devices) or \
             any(ch_running[c] is not None and x_end[ch_running[c]] == time for c in channels)

@@ -108,14 +108,21 @@ def test_order_is_followed_even_when_it_idles_the_device():
 
 def test_order_that_deadlocks_across_devices_is_invalid():
     g = graph({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, [("a", "b", 0, 0), ("c", "d", 0, 0)])
-    with pytest.raises(InvalidPlanError, match="deadlock"):
+    with pytest.raises(InvalidPlanError, match="deadlock") as caught:
         simulate(g, line_cluster(n=2), [0, 1, 1, 0], order=[[3, 0], [1, 2]])
+    # The message walks the cycle, wherever it starts it.
+    told = str(caught.value).split(": ", 1)[1].split("; ")
+    assert sorted(told) == ["'a' feeds 'b'", "'b' comes before 'c' in the order of 'd1'",
+                            "'c' feeds 'd'", "'d' comes before 'a' in the order of 'd0'"]
 
 
 def test_order_against_a_local_dependency_is_invalid():
-    g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 0, 0)])
-    with pytest.raises(InvalidPlanError, match="contradicts"):
-        simulate(g, line_cluster(n=1), [0, 0], order=[[1, 0]])
+    # Named: the pair in conflict, not the nodes stuck behind it ('x' and 'y' wait on d0 after them).
+    g = graph({"a": 1.0, "b": 1.0, "x": 1.0, "y": 1.0}, [("a", "b", 0, 0), ("b", "x", 0, 0), ("x", "y", 0, 0)])
+    with pytest.raises(InvalidPlanError, match=r"contradicts the dependencies \(it would deadlock\): "
+                                               r"('a' feeds 'b'; 'b' comes before 'a' in the order of 'd0'|"
+                                               r"'b' comes before 'a' in the order of 'd0'; 'a' feeds 'b')$"):
+        simulate(g, line_cluster(n=1), [0, 0, 0, 0], order=[[1, 0, 2, 3]])
 
 
 def test_transfer_without_channel_is_invalid():
@@ -139,6 +146,32 @@ def test_zero_duration_chain_on_one_instant():
     assert list(r.device_orders()[0]) == [0, 2]
 
 
+
+def test_jobs_of_no_duration_end_before_a_channel_picks():
+    # At t=1, p's transfer (d1->d3) joins channel X's queue, and so does z's (d0->d2), once z, an operation
+    # of no duration that a's finish makes ready, ends at that instant. Rule 7 applies z's end before X
+    # picks, so the tie goes to z, listed first: 1-2, then p's 2-3 (not p's first, which gave 8).
+    devices = [Device(f"d{i}", "K", 1000) for i in range(4)]
+    cluster = Cluster("c", devices, [Channel("X", 100.0, 0.0, (("d0", "d2"), ("d1", "d3")))])
+    g = graph({"z": 0.0, "a": 1.0, "p": 1.0, "zc": 5.0, "pc": 1.0},
+              [("a", "z", 0), ("z", "zc", 100), ("p", "pc", 100)])
+    r = simulate(g, cluster, [0, 0, 1, 2, 3])
+    assert r.transfers.producer.tolist() == [0, 2] and r.transfers.start.tolist() == [1.0, 2.0]
+    assert r.makespan_s == 7.0
+    _compare_with_reference(g, cluster, np.array([0, 0, 1, 2, 3]))
+
+
+def test_jobs_of_no_duration_end_before_a_device_picks():
+    # At t=1 'late' is ready on d1; 'early', listed first, becomes ready there at the same instant through
+    # z (no duration, on d0) and a transfer of no duration: d1 starts 'early' first.
+    cluster = Cluster("c", [Device("d0", "K", 1000), Device("d1", "K", 1000)],
+                      [Channel("X", 100.0, 0.0, (("d0", "d1"),))])
+    g = graph({"early": 5.0, "z": 0.0, "a": 1.0, "m": 1.0, "late": 1.0},
+              [("a", "z", 0), ("z", "early", 0), ("m", "late", 0)])
+    r = simulate(g, cluster, [1, 0, 0, 1, 1])
+    assert r.start.tolist() == [1.0, 1.0, 0.0, 0.0, 6.0]
+    _compare_with_reference(g, cluster, np.array([1, 0, 0, 1, 1]))
+
 # ---------------------------------------------------------------- properties
 
 cluster_names = st.sampled_from(["2xV100-nvlink", "4xGPU-pcie", "2x4xV100", "8xH100-nvswitch"])
@@ -149,6 +182,12 @@ def placed_graphs(draw, max_nodes=14):
     n = draw(st.integers(1, max_nodes))
     g = random_dag(n, edge_prob=draw(st.floats(0.1, 0.9)), seed=draw(st.integers(0, 10**6)),
                    max_compute_s=draw(st.sampled_from([1e-6, 1e-3, 1.0])), max_bytes=draw(st.sampled_from([1, 1 << 20, 1 << 30])))
+    instant = draw(st.sets(st.integers(0, n - 1), max_size=n // 2))
+    if instant:     # operations of no duration, as a captured graph's views: rule 7's cascades within one instant
+        doc = g.to_dict()
+        for i in instant:
+            doc["nodes"][i]["compute_s"] = 0.0
+        g = OpGraph.from_dict(doc)
     cluster = PRESETS[draw(cluster_names)]()
     device_of = draw(st.lists(st.integers(0, cluster.num_devices - 1), min_size=n, max_size=n))
     return g, cluster, np.array(device_of)

@@ -164,7 +164,7 @@ def simulate(graph: OpGraph, cluster: Cluster, device_of: Sequence[int] | np.nda
         check_placement(graph, cluster, device_of)
         if orders is not None:
             _check_order_covers(graph, cluster, device_of, orders)
-            check_order_acyclic(graph, orders)
+            check_order_acyclic(graph, orders, [d.name for d in cluster.devices])
     return _run(graph, cluster, device_of, orders)
 
 
@@ -295,6 +295,51 @@ def _run(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[n
         for q in ready_q:
             heapq.heapify(q)
 
+    def pick_device(d: int, instant_only: bool) -> bool:
+        """Start the operation idle device ``d`` picks now (with ``instant_only``, only one of no
+        duration); say whether it started one."""
+        nonlocal started
+        if ordered:
+            k = ptr[d]
+            seq = seqs[d]
+            if k == len(seq) or not is_ready[seq[k]]:
+                return False
+            v = seq[k]
+            if instant_only and dur_l[v]:
+                return False
+            ptr[d] = k + 1
+        else:
+            q = ready_q[d]
+            if not q or (instant_only and dur_l[q[0][1]]):
+                return False
+            v = heappop(q)[1]
+        start[v] = t
+        f = t + dur_l[v]
+        finish[v] = f
+        dev_busy[d] = True
+        rank[v] = started
+        started += 1
+        heappush(events, (f, v))
+        return True
+
+    def pick_channel(c: int, instant_only: bool) -> bool:
+        """Start the transfer idle channel ``c`` picks now (with ``instant_only``, only one of no
+        duration); say whether it started one."""
+        q = ch_queue[c]
+        if not q or (instant_only and xdur[q[0][1]]):
+            return False
+        x = heappop(q)[1]
+        x_start[x] = t
+        f = t + xdur[x]
+        x_end[x] = f
+        ch_busy[c] = True
+        heappush(events, (f, n + x))
+        return True
+
+    # A job of no duration (captured graphs' views; a 0-byte transfer on a channel without latency) ends
+    # at the instant it starts: such jobs start first, and their ends are applied, before any device or
+    # channel picks a job that takes time (rule 7: every event of an instant before any pick).
+    instant_jobs = 0.0 in dur_l or 0.0 in xdur
     t = 0.0
     started = 0
     while True:
@@ -325,39 +370,18 @@ def _run(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[n
                     else:
                         heappush(ready_q[dv], (t, v))
                     dirty_dev.add(dv)
-        for d in dirty_dev:
-            if dev_busy[d]:
+        if instant_jobs:
+            began = [d for d in dirty_dev if not dev_busy[d] and pick_device(d, True)]
+            began += [c for c in dirty_ch if not ch_busy[c] and pick_channel(c, True)]
+            if began:       # their ends are events of this instant: applied before the other picks
                 continue
-            if ordered:
-                k = ptr[d]
-                seq = seqs[d]
-                if k == len(seq) or not is_ready[seq[k]]:
-                    continue
-                v = seq[k]
-                ptr[d] = k + 1
-            else:
-                q = ready_q[d]
-                if not q:
-                    continue
-                v = heappop(q)[1]
-            start[v] = t
-            f = t + dur_l[v]
-            finish[v] = f
-            dev_busy[d] = True
-            rank[v] = started
-            started += 1
-            heappush(events, (f, v))
+        for d in dirty_dev:
+            if not dev_busy[d]:
+                pick_device(d, False)
         dirty_dev.clear()
         for c in dirty_ch:
-            q = ch_queue[c]
-            if ch_busy[c] or not q:
-                continue
-            x = heappop(q)[1]
-            x_start[x] = t
-            f = t + xdur[x]
-            x_end[x] = f
-            ch_busy[c] = True
-            heappush(events, (f, n + x))
+            if not ch_busy[c]:
+                pick_channel(c, False)
         dirty_ch.clear()
         if not events:
             break
