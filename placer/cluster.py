@@ -8,6 +8,8 @@ preset's figures say where they come from.
 
 from __future__ import annotations
 
+import math
+
 import hashlib
 import json
 import os
@@ -88,6 +90,8 @@ class Cluster:
                 raise FormatError(f"{where}: duplicate device name {d.name!r}")
             if d.memory_bytes <= 0:
                 raise FormatError(f"{where}: device {d.name!r}: field 'memory_bytes' must be > 0")
+            if d.memory_bytes == math.inf:
+                raise FormatError(f"{where}: device {d.name!r}: field 'memory_bytes' must be finite")
             if not MIN_SPEED <= d.speed <= MAX_SPEED:   # a cluster built in code, not read from a file
                 raise FormatError(f"{where}: device {d.name!r}: field 'speed' must lie in [{MIN_SPEED:g}, "
                                   f"{MAX_SPEED:g}], got {d.speed!r}")
@@ -99,9 +103,11 @@ class Cluster:
             if ch.name in names:
                 raise FormatError(f"{where}: duplicate channel name {ch.name!r}")
             names.add(ch.name)
-            if not ch.bandwidth_bytes_per_s >= MIN_BANDWIDTH:
+            if not MIN_BANDWIDTH <= ch.bandwidth_bytes_per_s:
                 raise FormatError(f"{where}: channel {ch.name!r}: field 'bandwidth_bytes_per_s' must be >= "
                                   f"{MIN_BANDWIDTH:g}, got {ch.bandwidth_bytes_per_s!r}")
+            if ch.bandwidth_bytes_per_s == math.inf:     # built in code: no file can hold it
+                raise FormatError(f"{where}: channel {ch.name!r}: field 'bandwidth_bytes_per_s' must be finite")
             if ch.latency_s < 0:
                 raise FormatError(f"{where}: channel {ch.name!r}: field 'latency_s' must be >= 0")
             if not ch.latency_s <= MAX_LATENCY_S:

@@ -232,15 +232,15 @@ def shown(value: Any) -> str:
 
 def shown_bytes(nbytes: float) -> str:
     """A memory size for a message: GiB with three decimals from 1 GiB, else MiB or KiB with one
-    (a megabyte device read "0.000 GiB").
+    (a megabyte device read "0.000 GiB"), bytes below 1 KiB (100 bytes read "0.1 KiB").
 
-    >>> shown_bytes(16 * 2**30), shown_bytes(3 * 2**20), shown_bytes(196_608)
-    ('16.000 GiB', '3.0 MiB', '192.0 KiB')
+    >>> shown_bytes(16 * 2**30), shown_bytes(3 * 2**20), shown_bytes(196_608), shown_bytes(100)
+    ('16.000 GiB', '3.0 MiB', '192.0 KiB', '100 bytes')
     """
-    for unit, size, digits in (("GiB", 2**30, 3), ("MiB", 2**20, 1)):
+    for unit, size, digits in (("GiB", 2**30, 3), ("MiB", 2**20, 1), ("KiB", 2**10, 1)):
         if abs(nbytes) >= size:
             return f"{nbytes / size:.{digits}f} {unit}"
-    return f"{nbytes / 1024:.1f} KiB"
+    return f"{round(nbytes):,} bytes"
 
 
 def shown_sizes(need: float, have: float) -> tuple[str, str]:

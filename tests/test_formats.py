@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from placer import Cluster, OpGraph, Plan, load_cluster, place
-from placer.cluster import PRESETS
+from placer.cluster import PRESETS, Device
 from placer.errors import FormatError, GraphCycleError, InvalidPlanError
 from placer.generate import random_dag, training_graph
 
@@ -292,6 +292,11 @@ def test_memory_overflow_is_invalid():
     placement = {i: "gpu0" for i in g.ids}
     with pytest.raises(InvalidPlanError, match="needs .* GiB at peak"):
         Plan(placement, graph_name=g.name).validate(g, cluster)
+    # Sizes under 1 KiB read in bytes ("needs 0.1 KiB at peak but has 0.0 KiB" said nothing).
+    tiny = Cluster("tiny", [Device("d0", "K", 5)], [])
+    g = OpGraph(["a"], [1.0], [], [], [], output_bytes=[100])
+    with pytest.raises(InvalidPlanError, match="'d0' needs 100 bytes at peak but has 5 bytes"):
+        Plan({"a": "d0"}, graph_name=g.name).validate(g, tiny)
 
 
 @settings(max_examples=60, deadline=None)
@@ -502,14 +507,17 @@ def test_a_long_bad_value_is_quoted_short(tmp_path):
 @pytest.mark.parametrize("field, value, message", [
     ("speed", 1e-320, "field 'speed' must lie in"), ("speed", float("inf"), "field 'speed' must lie in"),
     ("bandwidth", 1e-320, "'bandwidth_bytes_per_s' must be >= 1"), ("latency", 1e308, r"'latency_s' must be <= 1e\+09"),
+    # Accepted, then "ValueError: Out of range float values are not JSON compliant" on save.
+    ("bandwidth", float("inf"), "'bandwidth_bytes_per_s' must be finite"),
+    ("memory", float("inf"), "'memory_bytes' must be finite"),
 ])
 def test_a_cluster_built_in_code_holds_the_ranges_a_file_does(field, value, message):
     from placer.cluster import Channel, Device
 
-    speed, bandwidth, latency = (value if field == f else default
-                                 for f, default in (("speed", 1.0), ("bandwidth", 1e9), ("latency", 1e-5)))
+    speed, bandwidth, latency, memory = (value if field == f else default for f, default in (
+        ("speed", 1.0), ("bandwidth", 1e9), ("latency", 1e-5), ("memory", 1 << 30)))
     with pytest.raises(FormatError, match=message):
-        Cluster("c", [Device("a", "V100", 1 << 30, speed), Device("b", "V100", 1 << 30)],
+        Cluster("c", [Device("a", "V100", memory, speed), Device("b", "V100", 1 << 30)],
                 [Channel("a-b", bandwidth, latency, (("a", "b"), ("b", "a")))])
 
 
