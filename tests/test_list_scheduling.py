@@ -12,7 +12,7 @@ from placer import OpGraph, place, simulate
 from placer.algorithms.baechi import _tick, etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
-from placer.algorithms.timebox import TimeBox
+from placer.algorithms.timebox import TimeBox, frugal
 from placer.algorithms import list_scheduling
 from placer.algorithms.list_scheduling import (STALE_SCHEDULES, MemoryTimeline, QueueOrder, Schedule, ScheduleState,
                                                Timeline,
@@ -1308,3 +1308,20 @@ def test_a_generous_time_limit_gives_the_same_plan_every_time(monkeypatch):
         plans = [place(graph, cluster, name, time_limit=5) for _ in range(4)]
         assert all(p.placement == plans[0].placement and p.order == plans[0].order for p in plans), name
     assert searched     # else the case no longer reaches the search this pins
+
+
+def test_a_generous_time_limit_gives_the_plan_no_limit_gives():
+    # Small memories: the first fitting schedule (outputs counted whole) is slow, and the search over the
+    # memory budgets finds a faster one. Under any time limit it was held to the builds spent so far.
+    g = training_graph(layers=2, branches=2, seed=92, param_mib=5.779, activation_mib=23.070)
+    devices = [Device("d0", "V100", 143766823, 0.6678476463112349), Device("d1", "V100", 143766823, 1.3550225400761522)]
+    cluster = Cluster("fz", devices, [Channel("d0->d1", 1e9, 1e-5, (("d0", "d1"),)),
+                                      Channel("d1->d0", 1e9, 1e-5, (("d1", "d0"),))])
+    free = place(g, cluster, "dpos")
+    limited = place(g, cluster, "dpos", time_limit=1e6)
+    assert limited.placement == free.placement and limited.order == free.order
+    # Run as a part of another's work (auto, Pesto's warm start), the search still costs at most what the
+    # scheduler spent before it: here a slower plan.
+    with frugal():
+        held = place(g, cluster, "dpos", time_limit=1e6)
+    assert held.predicted["makespan_s"] > 1.2 * free.predicted["makespan_s"]

@@ -29,7 +29,7 @@ from .baselines import layer_labels
 from .common import placement_units, unit_allowed
 from .data_parallel import data_parallel_lower_bound
 from .registry import available_algorithms, failure_message, get_algorithm, place, register
-from .timebox import TimeBox
+from .timebox import TimeBox, frugal
 
 __all__ = ["auto", "critical_path_nodes", "runnable_options"]
 
@@ -211,7 +211,9 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     best, log, interrupted, check_s = _run_portfolio(graph, cluster, members, seed, began + PORTFOLIO_SHARE * limit,
                                             deadline, options)
     if best is None:
-        raise InfeasibleError("auto: no algorithm found a plan that fits (" + "; ".join(log["failed"][:3]) + ")")
+        # Every member's reason, one a line: the first few seldom include the one that came closest.
+        reasons = log["failed"] + ([f"out of time: {', '.join(log['out_of_time'])}"] if log["out_of_time"] else [])
+        raise InfeasibleError("auto: no algorithm found a plan that fits:\n  " + "\n  ".join(reasons))
     span, origin, plan = best
     info = {"start": origin, "start_makespan_s": span, **log, "evaluations": 0, "local_search_gain": 0.0,
             "interrupted": interrupted}
@@ -277,7 +279,7 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
                 continue
         searches = name in SEARCHES
         try:
-            with TimeBox(left if best is not None else None) as box:
+            with frugal(), TimeBox(left if best is not None else None) as box:
                 plan = place(graph, cluster, name, seed=seed,
                              time_limit=max(1.0, left / 3) if searches else (left if best is not None else None),
                              **options.get(name, {}))

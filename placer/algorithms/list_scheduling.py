@@ -58,7 +58,7 @@ from ..sim.bounds import fastest_durations
 from ..sim.simulator import SimResult, simulate
 from ..transform.colocate import colocate_layers
 from .common import liveness_ratio, placement_units, unit_allowed
-from .timebox import TimeBox, optional_work, seconds_left
+from .timebox import TimeBox, is_frugal, optional_work, seconds_left
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline",
@@ -1332,16 +1332,16 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
     :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings and
     :data:`SEARCH_CLIMBS` climbs per way. Optional work
     (:func:`~placer.algorithms.timebox.optional_work`) as a whole and each build
-    in it, like :func:`refined_schedule`; under a running time limit, the
-    search also builds no more schedules than ``spent_builds``, those the
-    scheduler built so far, so that it at most doubles what the scheduler
-    costs its caller (``auto``, Pesto's warm start). A count, not seconds:
-    the plan must not depend on how fast the machine ran that day.
+    in it, like :func:`refined_schedule`; within
+    :func:`~placer.algorithms.timebox.frugal` (``auto``, Pesto's warm
+    start), the search also builds no more schedules than ``spent_builds``,
+    those the scheduler built so far, so that it at most doubles what the
+    scheduler costs its caller.
     """
     best, best_step = None, step
     whole = np.ones(cluster.num_devices)       # every device's whole capacity
     took_s, builds = fit.took_s, 0
-    most_builds = SEARCH_BUILDS if seconds_left() is None else min(SEARCH_BUILDS, spent_builds)
+    most_builds = min(SEARCH_BUILDS, spent_builds) if is_frugal() else SEARCH_BUILDS
     # Outcomes by (stage, build, ratio), the stages and builds being the very objects of ``ways``. The
     # retries' first schedules, at the loosest ratio on the nodes, did not fit (else no search); theirs did.
     known: dict[tuple[int, int, float], str] = {(id(graph), id(build), low): "overflows" for _, build in ways

@@ -59,7 +59,7 @@ from ..sim.simulator import SimResult, simulate
 from ..transform.coarsen import Coarsening, coarsen
 from .common import liveness_ratio
 from .registry import available_algorithms, place, register
-from .timebox import TimeBox
+from .timebox import TimeBox, frugal
 
 __all__ = ["pesto", "WARM_START_ALGORITHMS", "EXACT_MAX_NODES"]
 
@@ -287,7 +287,7 @@ def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float,
         if name not in registered or (best is not None and time.perf_counter() > until):
             continue
         try:
-            with TimeBox(None if best is None else until - time.perf_counter()) as box:
+            with frugal(), TimeBox(None if best is None else until - time.perf_counter()) as box:
                 plan = place(graph, cluster, name, seed=seed)
             if box.expired:
                 failures[name] = "out of the warm start's share of the time limit"

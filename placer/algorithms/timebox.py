@@ -24,8 +24,10 @@ from __future__ import annotations
 import signal
 import threading
 import time
+from contextlib import contextmanager
+from typing import Iterator
 
-__all__ = ["TimeBox", "OutOfTime", "seconds_left", "optional_work", "OPTIONAL_SHARE"]
+__all__ = ["TimeBox", "OutOfTime", "seconds_left", "optional_work", "OPTIONAL_SHARE", "frugal", "is_frugal"]
 
 
 class OutOfTime(BaseException):
@@ -169,3 +171,32 @@ def optional_work(took_s: float) -> TimeBox | None:
     if OPTIONAL_SHARE * left < took_s:
         return None
     return TimeBox(OPTIONAL_SHARE * left)
+
+
+#: Open :func:`frugal` blocks.
+_frugal_depth = 0
+
+
+@contextmanager
+def frugal() -> Iterator[None]:
+    """Within it, an algorithm's optional search costs at most what the algorithm spent before it.
+
+    For algorithms run as a part of another's work (``auto``'s portfolio,
+    Pesto's warm start), whose time the caller shares out: there the list
+    schedulers' search over memory budgets builds no more schedules than the
+    scheduler built so far. A count, not seconds, so that the plan does not
+    depend on how fast the machine ran that day. Outside, a search runs to
+    its end within the time limit, so that a generous limit gives the plan
+    that no limit gives.
+    """
+    global _frugal_depth
+    _frugal_depth += 1
+    try:
+        yield
+    finally:
+        _frugal_depth -= 1
+
+
+def is_frugal() -> bool:
+    """Whether a :func:`frugal` block is open."""
+    return _frugal_depth > 0
