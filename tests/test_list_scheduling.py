@@ -693,6 +693,14 @@ def test_m_sct_keeps_favourite_children_with_their_parent():
     assert sched.device_of[1] == sched.device_of[2]
 
 
+
+def test_m_sct_counts_a_pair_of_nodes_once_whatever_tensors_pass_between_them():
+    # a hands b two tensors: two edges, one child. Counted per edge, b could never be a's favourite.
+    one = OpGraph(["a", "b", "c"], [1e-3] * 3, [0, 1], [1, 2], [10**8] * 2, [0, 0])
+    two = OpGraph(["a", "b", "c"], [1e-3] * 3, [0, 0, 1], [1, 1, 2], [10**8] * 3, [0, 1, 0])
+    cluster = load_cluster("2xV100-nvlink")
+    assert favourite_children(one, cluster).tolist() == favourite_children(two, cluster).tolist() == [1, 2, -1]
+
 def test_m_sct_runs_a_ready_favourite_child_next_on_its_parents_device():
     # a's children both start earliest on a's device (their transfers take 100 s); w comes first in
     # topological order, so ETF runs it first; c is a's favourite, so m-SCT runs c first instead.

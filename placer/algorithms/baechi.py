@@ -646,7 +646,9 @@ def favourite_children(graph: OpGraph, cluster: Cluster, theta: float = 0.1,
     ``s_i + p_i + c_e x_e <= s_j`` per edge, ``sum_j x_ij >= outdeg(i) - 1``
     and ``sum_i x_ij >= indeg(j) - 1`` (at most one favourite child and one
     favourite parent), ``s_i + p_i <= w``; minimise ``w``. Times are means
-    over the devices and device pairs. An edge whose ``x_e`` rounds to 0
+    over the devices and device pairs. An edge is a pair of nodes, as in
+    Baechi's graph: parallel edges (one node handing another several
+    tensors) are one, which pays each tensor's transfer. An edge whose ``x_e`` rounds to 0
     (``x_e < theta``) may be a favourite; each node keeps the one with the
     smallest ``x_e`` whose child has no favourite parent yet. Solved with
     HiGHS (scipy); if it stops without a solution, no node has a favourite.
@@ -654,23 +656,30 @@ def favourite_children(graph: OpGraph, cluster: Cluster, theta: float = 0.1,
     from scipy.optimize import linprog
     from scipy.sparse import coo_matrix
 
-    n, m = graph.num_nodes, graph.num_edges
+    n = graph.num_nodes
     favourite = np.full(n, -1, dtype=np.int64)
-    if m == 0:
+    if graph.num_edges == 0:
         return favourite
     dur = graph.durations(cluster)
     allowed = graph.allowed(cluster)
     p = np.where(allowed, dur, 0.0).sum(axis=1) / np.maximum(allowed.sum(axis=1), 1)
-    c = edge_transfer_times(graph, cluster, "mean")
+    # One transfer per tensor (the largest of its edges), summed per pair of nodes.
+    tensors, tensor_of = np.unique(np.stack([graph.src, graph.dst, graph.edge_tensor]), axis=1, return_inverse=True)
+    per_tensor = np.zeros(tensors.shape[1])
+    np.maximum.at(per_tensor, tensor_of.reshape(-1), edge_transfer_times(graph, cluster, "mean"))
+    pairs, pair_of = np.unique(tensors[:2], axis=1, return_inverse=True)
+    src, dst = pairs
+    m = src.size
+    c = np.bincount(pair_of.reshape(-1), weights=per_tensor, minlength=m)
     # Variable layout: x_0..x_{m-1}, s_0..s_{n-1}, w.
     rows, cols, vals, rhs = [], [], [], []
     e = np.arange(m)
     rows += [e, e, e]
-    cols += [e, m + graph.src, m + graph.dst]
+    cols += [e, m + src, m + dst]
     vals += [c, np.ones(m), -np.ones(m)]
-    rhs.append(-p[graph.src])
+    rhs.append(-p[src])
     row = m
-    for ends, ids in ((graph.src, graph.out_edges), (graph.dst, graph.in_edges)):
+    for ends in (src, dst):
         degree = np.bincount(ends, minlength=n)
         busy = np.flatnonzero(degree >= 2)
         row_of = np.full(n, -1)
@@ -681,7 +690,7 @@ def favourite_children(graph: OpGraph, cluster: Cluster, theta: float = 0.1,
         vals.append(-np.ones(sel.size))
         rhs.append(-(degree[busy] - 1.0))
         row += busy.size
-    sinks = np.flatnonzero(np.bincount(graph.src, minlength=n) == 0)
+    sinks = np.flatnonzero(np.bincount(src, minlength=n) == 0)
     r = row + np.arange(sinks.size)
     rows += [r, r]
     cols += [m + sinks, np.full(sinks.size, m + n)]
@@ -703,7 +712,7 @@ def favourite_children(graph: OpGraph, cluster: Cluster, theta: float = 0.1,
     has_parent = np.zeros(n, dtype=bool)
     # Smallest x first, ties by edge index: each node keeps its best favourite edge.
     for k in candidate[np.lexsort((candidate, x[candidate]))].tolist():
-        u, v = int(graph.src[k]), int(graph.dst[k])
+        u, v = int(src[k]), int(dst[k])
         if favourite[u] < 0 and not has_parent[v]:
             favourite[u] = v
             has_parent[v] = True
