@@ -265,6 +265,20 @@ def test_data_parallel_plan_carries_the_replicated_graph_and_predicts_the_simula
     assert {plan.placement[f"r{k}/loss"] for k in range(4)} == {"gpu0", "gpu1", "gpu2", "gpu3"}
 
 
+@pytest.mark.parametrize("algorithm", ["data_parallel", "sharded_data_parallel"])
+def test_data_parallel_names_the_link_its_collective_lacks(algorithm):
+    # g0 - g1 - g2 in a line: neither collective can close. It named an internal node
+    # ('r2/allreduce0.step0') of a graph the user never sees.
+    names = ["g0", "g1", "g2"]
+    channels = [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for a, b in
+                [("g0", "g1"), ("g1", "g0"), ("g1", "g2"), ("g2", "g1")]]
+    line = Cluster("line", [Device(n, "V100", 700 << 20) for n in names], channels)
+    with pytest.raises(InfeasibleError, match=f"^{algorithm}: the ring all-reduce sends from 'g2' to 'g0', which no "
+                                              f"channel connects; the direct all-reduce sends from 'g2' to 'g0'"):
+        place(training_graph(layers=4, branches=2), line, algorithm, collective="best")
+    ring = Cluster("ring", line.devices, channels + [Channel("g2->g0", 2.5e10, 1e-5, (("g2", "g0"),))])
+    assert place(training_graph(layers=4, branches=2), ring, algorithm, collective="ring").predicted["fits"]
+
 def test_data_parallel_is_refused_when_a_replica_does_not_fit():
     g = training_graph(layers=6, branches=2, param_mib=1500, activation_mib=100, seed=5)
     with pytest.raises(InfeasibleError, match="does not fit one device"):

@@ -138,7 +138,8 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
         An unknown ``collective``.
     InfeasibleError
         If no device may run every node, the batch has fewer samples than the
-        devices (:func:`~placer.transform.split.batch_samples`), or a replica does not fit one device.
+        devices (:func:`~placer.transform.split.batch_samples`), a replica does not fit one device,
+        or the collective sends between devices that no channel connects.
     """
     name = "sharded_data_parallel" if shard_optimizer else "data_parallel"
     if collective not in COLLECTIVE_CHOICES:
@@ -156,15 +157,23 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     if collective == "best":     # the most promising first; one whose lower bound cannot win is not built
         bounds = _collective_lower_bounds(graph, cluster, shard_optimizer, COLLECTIVES)
         kinds = sorted(COLLECTIVES, key=bounds.__getitem__)
-    best = None
+    best, unlinked = None, []
     for kind in kinds:
         if best is not None and best[2].fits and bounds[kind] >= best[2].makespan_s:
             continue
         dp = data_parallel_graph(graph, len(devices), shard_optimizer=shard_optimizer, collective=kind, hosts=hosts)
         device_of = np.asarray(devices, dtype=np.int64)[dp.replica]
+        src, dst = device_of[dp.graph.src], device_of[dp.graph.dst]
+        missing = np.flatnonzero((src != dst) & (cluster.channel_index[src, dst] < 0))
+        if missing.size:        # devices not all linked: the collective's pattern needs a channel there is not
+            a, b = (cluster.devices[j].name for j in (src[missing[0]], dst[missing[0]]))
+            unlinked.append(f"the {kind} all-reduce sends from {a!r} to {b!r}, which no channel connects")
+            continue
         result = simulate(dp.graph, cluster, device_of, check=False)
         if best is None or (result.fits, -result.makespan_s) > (best[2].fits, -best[2].makespan_s):
             best = (dp, device_of, result)
+    if best is None:
+        raise InfeasibleError(f"{name}: " + "; ".join(unlinked))
     dp, device_of, result = best
     if not result.fits:
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
