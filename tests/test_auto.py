@@ -124,6 +124,22 @@ def test_fits_when_only_some_members_do():
     assert np.all(peaks <= cluster.memory)
 
 
+
+def test_where_no_member_fits_every_reason_is_told():
+    # The message named the first three members only: here the three farthest from fitting.
+    from placer.cluster import Channel, Cluster, Device
+    from placer.errors import InfeasibleError
+
+    names = [f"g{i}" for i in range(4)]
+    cluster = Cluster("tight", [Device(n, "V100", 100 << 20) for n in names],
+                      [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for a in names for b in names if a != b])
+    members = ["expert", "single", "m_topo", "dpos", "heft"]
+    with pytest.raises(InfeasibleError) as refused:
+        place(training_graph(layers=4, branches=2), cluster, "auto", portfolio=",".join(members), time_limit=30)
+    reasons = str(refused.value).split("\n")[1:]
+    assert [reason.split(":")[0].strip() for reason in reasons] == members
+    assert "would need" in reasons[-1]
+
 @pytest.mark.parametrize("param_mib, runs", [(400.0, False), (0.5, True)])
 def test_data_parallel_runs_only_where_its_lower_bound_can_beat_the_best_plan(param_mib, runs):
     """400 MiB of gradients per op on PCIe: the all-reduce alone outlasts the expert split, so auto skips it."""
