@@ -245,6 +245,39 @@ def test_fine_tuning_keeps_the_better_placement():
     assert timed.extra["placeto"]["fine_tune_episodes"] >= 0
 
 
+
+def test_fine_tuning_that_the_time_limit_cuts_leaves_the_zero_shot_plan(monkeypatch):
+    # The limit ran out in the fine-tuning, and the whole call failed: "found no plan within its time limit".
+    import time
+
+    import placer.learn.train as train_module
+
+    graph, cluster = training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink")
+    zero_shot = place(graph, cluster, "placeto", seed=1)
+    real_rollout = train_module._rollout
+
+    def slow_rollout(task):
+        time.sleep(3.0)     # an update that outlasts the limit, as a big graph's on a loaded machine
+        return real_rollout(task)
+
+    monkeypatch.setattr(train_module, "_rollout", slow_rollout)
+    plan = place(graph, cluster, "placeto", seed=1, time_limit=2, fine_tune_s=60)
+    assert "zero-shot placement stands" in plan.extra["placeto"]["fine_tune"]
+    assert plan.placement == zero_shot.placement
+
+
+def test_walks_run_torch_on_one_thread(monkeypatch):
+    # On torch's default threads a walk over this graph took 20 s on a loaded 2-core machine (0.13 s on one).
+    import torch
+
+    threads = []
+    real_episode = PlacementMDP.episode
+    monkeypatch.setattr(PlacementMDP, "episode", lambda *a, **k: threads.append(torch.get_num_threads())
+                        or real_episode(*a, **k))
+    before = torch.get_num_threads()
+    place(training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink"), "placeto", samples=2)
+    assert threads == [1, 1, 1] and torch.get_num_threads() == before
+
 def test_memory_repair_moves_units_off_a_full_device():
     graph = training_graph(layers=4, branches=2, param_mib=1500, activation_mib=100, seed=5)
     cluster = load_cluster("4xV100-nvlink")

@@ -29,6 +29,7 @@ from ..feasibility import static_footprint
 from ..sim.simulator import simulate
 from .common import placement_units, unit_allowed
 from .registry import register
+from .timebox import TimeBox
 
 __all__ = ["placeto", "SHIPPED_POLICY", "load_policy"]
 
@@ -152,35 +153,11 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     if graph.num_nodes == 0:
         return Plan.from_arrays(graph, cluster, np.zeros(0, dtype=np.int64))
 
-    import torch
+    from ..learn.policy import one_thread
 
-    from ..learn.train import PlacementMDP, TrainConfig, train
-
-    mdp = PlacementMDP(graph, cluster, target_nodes=target_nodes)
-    best = _walks(mdp, net, passes, samples, seed, deadline)
-    info = {"merged_nodes": mdp.ctx.num_nodes, "zero_shot_makespan_s": best.best_makespan_s,
-            "start_makespan_s": best.start_makespan_s}
-    if fine_tune_s > 0 or fine_tune_episodes > 0:
-        tuned_net = copy.deepcopy(net)
-        budget = [deadline] if deadline is not None else []
-        if fine_tune_s > 0:
-            budget.append(time.perf_counter() + fine_tune_s)
-        lr = float(trained.get("lr", 3e-3))
-        config = TrainConfig(episodes=fine_tune_episodes or 10**9, rollouts_per_update=1, workers=1,
-                             passes=passes, target_nodes=target_nodes, seed=seed, checkpoint_every=0,
-                             lr=lr, lr_final=lr, discount=float(trained.get("discount", 0.9)),
-                             entropy=0.0, entropy_final=0.0, policy=net.config.to_dict())
-        result = train([graph], [cluster], config, policy=tuned_net, deadline=min(budget) if budget else None)
-        tuned = _walks(mdp, result.policy, passes, samples, seed, deadline)
-        # The best of the tuned policy's walk and of every placement the fine-tuning rollouts found.
-        found = [(not tuned.best_fits, tuned.best_cost, tuned.best_makespan_s, tuned.best_device_of)]
-        found += list(result.best.values())
-        choice = min(found, key=lambda f: f[:2])
-        info.update(fine_tune_episodes=len(result.curve["return"]), fine_tune_s=result.seconds,
-                    fine_tuned_makespan_s=choice[2])
-        if choice[:2] < (not best.best_fits, best.best_cost):
-            best = dataclasses.replace(best, best_fits=not choice[0], best_cost=choice[1],
-                                       best_makespan_s=choice[2], best_device_of=choice[3])
+    with one_thread():
+        mdp, best, info = _place_with_policy(graph, cluster, net, trained, seed, deadline, samples, passes, target_nodes,
+                                        fine_tune_s, fine_tune_episodes)
     device_of = best.best_device_of
     if not best.best_fits:
         try:
@@ -199,6 +176,48 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
             info["memory_repair"] = "the policy's placement exceeded device memory and could not be repaired; " \
                                     "the expert split (memory-aware) was used instead"
     return Plan.from_arrays(graph, cluster, device_of, extra={"placeto": info})
+
+
+def _place_with_policy(graph: OpGraph, cluster: Cluster, net, trained: dict, seed: int, deadline: float | None,
+                       samples: int, passes: int, target_nodes: int, fine_tune_s: float, fine_tune_episodes: int):
+    """The placement problem, the best episode of the walks (fine-tuned first where asked), and what to
+    report of them.
+
+    Fine-tuning is optional work: where the deadline cuts it (an update or
+    the tuned policy's walk), the zero-shot walks' placement stands.
+    """
+    from ..learn.train import PlacementMDP, TrainConfig, train
+
+    mdp = PlacementMDP(graph, cluster, target_nodes=target_nodes)
+    best = _walks(mdp, net, passes, samples, seed, deadline)
+    info = {"merged_nodes": mdp.ctx.num_nodes, "zero_shot_makespan_s": best.best_makespan_s,
+            "start_makespan_s": best.start_makespan_s}
+    if fine_tune_s <= 0 and fine_tune_episodes <= 0:
+        return mdp, best, info
+    budget = [deadline] if deadline is not None else []
+    if fine_tune_s > 0:
+        budget.append(time.perf_counter() + fine_tune_s)
+    lr = float(trained.get("lr", 3e-3))
+    config = TrainConfig(episodes=fine_tune_episodes or 10**9, rollouts_per_update=1, workers=1,
+                         passes=passes, target_nodes=target_nodes, seed=seed, checkpoint_every=0,
+                         lr=lr, lr_final=lr, discount=float(trained.get("discount", 0.9)),
+                         entropy=0.0, entropy_final=0.0, policy=net.config.to_dict())
+    with TimeBox(None if deadline is None else deadline - time.perf_counter()) as box:
+        result = train([graph], [cluster], config, policy=copy.deepcopy(net), deadline=min(budget) if budget else None)
+        tuned = _walks(mdp, result.policy, passes, samples, seed, deadline)
+    if box.expired:
+        info["fine_tune"] = "cut short by the time limit: the zero-shot placement stands"
+        return mdp, best, info
+    # The best of the tuned policy's walk and of every placement the fine-tuning rollouts found.
+    found = [(not tuned.best_fits, tuned.best_cost, tuned.best_makespan_s, tuned.best_device_of)]
+    found += list(result.best.values())
+    choice = min(found, key=lambda f: f[:2])
+    info.update(fine_tune_episodes=len(result.curve["return"]), fine_tune_s=result.seconds,
+                fine_tuned_makespan_s=choice[2])
+    if choice[:2] < (not best.best_fits, best.best_cost):
+        best = dataclasses.replace(best, best_fits=not choice[0], best_cost=choice[1],
+                                   best_makespan_s=choice[2], best_device_of=choice[3])
+    return mdp, best, info
 
 
 def _walks(mdp, net, passes: int, samples: int, seed: int, deadline: float | None):

@@ -36,7 +36,9 @@ Hidden sizes follow the appendix's scale (``d = 8`` per layer, embeddings of
 from __future__ import annotations
 
 import pickle
+from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from typing import Iterator
 
 import numpy as np
 import torch
@@ -48,11 +50,24 @@ from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..paths import bottom_levels, top_levels
 
-__all__ = ["PolicyConfig", "PlacetoPolicy", "GraphContext", "NODE_FEATURES", "DEVICE_FEATURES"]
+__all__ = ["PolicyConfig", "PlacetoPolicy", "GraphContext", "NODE_FEATURES", "DEVICE_FEATURES", "one_thread"]
 
 NODE_FEATURES = 9     # static node features; 5 dynamic ones follow (on device d, is v, visited, start, finish)
 DYNAMIC_FEATURES = 5
 DEVICE_FEATURES = 9
+
+
+@contextmanager
+def one_thread() -> Iterator[None]:
+    """torch on one thread within: the policy's matrices are small, and another thread costs more than
+    it gives (a walk over a 46-node graph on a loaded 2-core machine: 20 s on torch's default threads,
+    0.13 s on one)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
 
 
 @dataclass(frozen=True)

@@ -45,7 +45,7 @@ from ..graph import OpGraph
 from ..io import write_atomic
 from ..sim.simulator import simulate
 from ..transform.merge import merge_and_colocate
-from .policy import GraphContext, PlacetoPolicy, PolicyConfig
+from .policy import GraphContext, PlacetoPolicy, PolicyConfig, one_thread
 
 __all__ = ["PlacementMDP", "Episode", "TrainConfig", "TrainResult", "train", "save_result", "plot_curve"]
 
@@ -411,7 +411,6 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
     clusters = [load_cluster(c) for c in clusters]
     if not clusters:
         raise OptionError("train needs at least one cluster")
-    threads = torch.get_num_threads()
     began = time.perf_counter()
     torch.manual_seed(config.seed)
     if policy is None:
@@ -422,53 +421,53 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
     baselines: dict[tuple[int, int], deque] = {}
     best: dict[tuple[int, int], tuple] = {}
     curve: dict[str, list] = {"update": [], "episodes": [], "return": [], "speedup": [], "seconds": []}
-    _init_problems(graphs, clusters, config)
-    pool = None
-    if config.workers > 1:
-        # Not fork: a parent that has run autograd where CUDA is present cannot fork workers that run it.
-        pool = multiprocessing.get_context("spawn").Pool(
-            config.workers, initializer=_init_worker, initargs=(graphs, clusters, config))
-    try:
-        for update in range(updates):
-            if deadline is not None and time.perf_counter() >= deadline:
-                break
-            frac = update / max(updates - 1, 1)
-            for group in optimizer.param_groups:
-                group["lr"] = config.lr + (config.lr_final - config.lr) * frac
-            entropy_coef = config.entropy + (config.entropy_final - config.entropy) * frac
-            state = {k: v.detach().numpy().copy() for k, v in policy.state_dict().items()}
-            tasks = []
-            for k in range(config.rollouts_per_update):
-                key = (int(rng.integers(len(graphs))), int(rng.integers(len(clusters))))
-                history = baselines.get(key)
-                baseline = np.mean(np.stack(history), axis=0) if history else None
-                tasks.append((state, *key, int(rng.integers(2**62)), baseline, entropy_coef))
-            results = pool.map(_rollout, tasks) if pool is not None else [_rollout(t) for t in tasks]
-            optimizer.zero_grad()
-            for p, *grads in zip(policy.parameters(), *(r[0] for r in results)):
-                p.grad = torch.stack([torch.from_numpy(g) for g in grads]).mean(0)
-            optimizer.step()
-            for task, (_, returns, _, found) in zip(tasks, results):
-                baselines.setdefault(task[1:3], deque(maxlen=config.baseline_window)).append(returns)
-                if task[1:3] not in best or found[:2] < best[task[1:3]][:2]:
-                    best[task[1:3]] = found
-            row = {"update": update + 1, "episodes": (update + 1) * config.rollouts_per_update,
-                   "return": float(np.mean([r[2][0] for r in results])),
-                   "speedup": float(np.exp(np.mean(np.log([r[2][1] for r in results])))),
-                   "seconds": time.perf_counter() - began}
-            for key, value in row.items():
-                curve[key].append(value)
-            if progress is not None:
-                progress(update + 1, updates, row)
-            if checkpoint is not None and config.checkpoint_every and (update + 1) % config.checkpoint_every == 0:
-                _save(policy, checkpoint, config, curve)
-    finally:
-        if pool is not None:
-            # Not close() and join(): after Ctrl-C or an error they would wait for the rollouts in
-            # flight, forever for one whose worker died (a worker still starting dies of the SIGINT).
-            pool.terminate()
-            pool.join()
-        torch.set_num_threads(threads)
+    with one_thread():
+        _init_problems(graphs, clusters, config)
+        pool = None
+        if config.workers > 1:
+            # Not fork: a parent that has run autograd where CUDA is present cannot fork workers that run it.
+            pool = multiprocessing.get_context("spawn").Pool(
+                config.workers, initializer=_init_worker, initargs=(graphs, clusters, config))
+        try:
+            for update in range(updates):
+                if deadline is not None and time.perf_counter() >= deadline:
+                    break
+                frac = update / max(updates - 1, 1)
+                for group in optimizer.param_groups:
+                    group["lr"] = config.lr + (config.lr_final - config.lr) * frac
+                entropy_coef = config.entropy + (config.entropy_final - config.entropy) * frac
+                state = {k: v.detach().numpy().copy() for k, v in policy.state_dict().items()}
+                tasks = []
+                for k in range(config.rollouts_per_update):
+                    key = (int(rng.integers(len(graphs))), int(rng.integers(len(clusters))))
+                    history = baselines.get(key)
+                    baseline = np.mean(np.stack(history), axis=0) if history else None
+                    tasks.append((state, *key, int(rng.integers(2**62)), baseline, entropy_coef))
+                results = pool.map(_rollout, tasks) if pool is not None else [_rollout(t) for t in tasks]
+                optimizer.zero_grad()
+                for p, *grads in zip(policy.parameters(), *(r[0] for r in results)):
+                    p.grad = torch.stack([torch.from_numpy(g) for g in grads]).mean(0)
+                optimizer.step()
+                for task, (_, returns, _, found) in zip(tasks, results):
+                    baselines.setdefault(task[1:3], deque(maxlen=config.baseline_window)).append(returns)
+                    if task[1:3] not in best or found[:2] < best[task[1:3]][:2]:
+                        best[task[1:3]] = found
+                row = {"update": update + 1, "episodes": (update + 1) * config.rollouts_per_update,
+                       "return": float(np.mean([r[2][0] for r in results])),
+                       "speedup": float(np.exp(np.mean(np.log([r[2][1] for r in results])))),
+                       "seconds": time.perf_counter() - began}
+                for key, value in row.items():
+                    curve[key].append(value)
+                if progress is not None:
+                    progress(update + 1, updates, row)
+                if checkpoint is not None and config.checkpoint_every and (update + 1) % config.checkpoint_every == 0:
+                    _save(policy, checkpoint, config, curve)
+        finally:
+            if pool is not None:
+                # Not close() and join(): after Ctrl-C or an error they would wait for the rollouts in
+                # flight, forever for one whose worker died (a worker still starting dies of the SIGINT).
+                pool.terminate()
+                pool.join()
     return TrainResult(policy, curve, time.perf_counter() - began, best)
 
 
