@@ -14,6 +14,7 @@ from hypothesis import given, settings, strategies as st
 from placer.cluster import load_cluster
 from placer.errors import OptionError
 from placer.generate import random_dag, training_graph
+from placer.graph import OpGraph
 from placer.learn.families import FAMILIES, dataset, family_graph, split_indices
 from placer.sim import simulate
 from placer.transform.merge import merge_and_colocate
@@ -188,6 +189,14 @@ def test_train_rejects_bad_settings():
         train(_small_graphs(), config=TrainConfig(discount=0.0))
     with pytest.raises(OptionError, match="graph"):
         train([], config=TrainConfig())
+    # Each was accepted: lr 0 rose linearly to lr_final, -1 checkpointed after every update, an empty
+    # graph failed deep in numpy.
+    with pytest.raises(OptionError, match="option lr must be > 0"):
+        train(_small_graphs(), config=TrainConfig(lr=0.0))
+    with pytest.raises(OptionError, match="option checkpoint_every must be an integer >= 0, got -1"):
+        train(_small_graphs(), config=TrainConfig(checkpoint_every=-1))
+    with pytest.raises(OptionError, match="graph 'nothing' has no operations"):
+        train([OpGraph([], [], [], [], [], name="nothing")], config=TrainConfig(episodes=1, rollouts_per_update=1))
 
 
 # ------------------------------------------------------------------ algorithm
@@ -297,9 +306,23 @@ def test_placeto_options_are_checked(tmp_path):
     cluster = load_cluster("2xV100-nvlink")
     with pytest.raises(OptionError, match="policy"):
         place(graph, cluster, "placeto", policy="/no/such/policy.pt")
-    (tmp_path / "empty.pt").write_bytes(b"")      # an EOFError escaped as a traceback
-    with pytest.raises(OptionError, match="empty.pt' is not a Placeto policy file"):
-        place(graph, cluster, "placeto", policy=str(tmp_path / "empty.pt"))
+    import torch
+
+    # One reason a user can act on, told once: an EOFError escaped as a traceback; torch's own message
+    # advised weights_only=False (running the file's code); the reason came wrapped twice.
+    (tmp_path / "empty.pt").write_bytes(b"")
+    (tmp_path / "policy.json").write_text("{}")
+    (tmp_path / "cut.pt").write_bytes(SHIPPED_POLICY.read_bytes()[:5000])
+    torch.save({"weights": 1}, tmp_path / "other.pt")
+    (tmp_path / "folder.pt").mkdir()
+    for name, reason in [("empty.pt", "empty"), ("policy.json", "not a file torch.save wrote, or one cut short"),
+                         ("cut.pt", "not a file torch.save wrote, or one cut short"),
+                         ("other.pt", "a torch file without a policy's settings and weights"),
+                         ("folder.pt", "a directory")]:
+        with pytest.raises(OptionError) as refused:
+            place(graph, cluster, "placeto", policy=str(tmp_path / name))
+        assert str(refused.value) == (f"option policy of 'placeto': policy file {tmp_path / name}: "
+                                      f"not a policy written by placer train ({reason})")
     for bad in ({"samples": -1}, {"fine_tune_s": -1.0}, {"target_nodes": -2}):
         with pytest.raises(OptionError):
             place(graph, cluster, "placeto", **bad)
@@ -372,10 +395,30 @@ def test_ctrl_c_stops_training_with_workers_and_writes_no_policy(tmp_path):
     (["--output", "{tmp}/p.pt", "--curve", "{tmp}/c.txt"], ".png, .pdf or .svg"),
     (["--output", "{tmp}"], "is a directory"),
     (["--output", "{tmp}/p.pt", "--init", "{tmp}/nosuch.pt"], "policy file"),
-    (["--output", "{tmp}/p.pt", "--cluster", "nosuch"], "nosuch")])
+    (["--output", "{tmp}/p.pt", "--cluster", "nosuch"], "nosuch"),
+    (["--output", "{tmp}/p.pt", "--lr", "0"], "option lr must be > 0"),
+    (["--output", "{tmp}/p.pt", "--checkpoint-every", "-1"], "option checkpoint_every must be an integer >= 0")])
 def test_cli_refuses_bad_outputs_and_inputs_before_training(tmp_path, capsys, monkeypatch, extra, message):
     from placer.learn import train as train_module
 
     monkeypatch.setattr(train_module, "train", lambda *a, **k: pytest.fail("trained before the check"))
     code = main(["train", "placeto", "--episodes", "2", *[x.format(tmp=tmp_path) for x in extra]])
     assert code == 2 and message in capsys.readouterr().err
+
+
+def test_cli_training_from_a_policy_keeps_its_network_and_settings(tmp_path, monkeypatch):
+    # A policy of other sizes than the default crashed --init ("size mismatch" in load_state_dict).
+    from placer.learn.train import save_result
+
+    config = TrainConfig(episodes=1, rollouts_per_update=1, target_nodes=12, passes=1, discount=0.8,
+                         policy={"embed": 8, "hidden": 8, "head_hidden": 16, "rounds": 2})
+    save_result(train(_small_graphs(), config=config), tmp_path / "small.pt", config)
+    used = []
+    monkeypatch.setattr("placer.learn.train.train", lambda *a, **k: used.append(a[2]) or train(*a, **k))
+    code = main(["train", "placeto", "--family", "rnn", "--episodes", "1", "--rollouts-per-update", "1",
+                 "--init", str(tmp_path / "small.pt"), "--passes", "2", "--lr", "1e-3", "-o", str(tmp_path / "more.pt")])
+    assert code == 0
+    (settings,) = used
+    assert settings.policy == config.policy and settings.target_nodes == 12 and settings.discount == 0.8
+    assert settings.passes == 2 and settings.lr == 1e-3 and settings.lr_final < settings.lr    # given here
+    assert PlacetoPolicy.load(tmp_path / "more.pt").config.to_dict() == config.policy

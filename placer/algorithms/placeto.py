@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError, OptionError
+from ..errors import FormatError, InfeasibleError, OptionError
 from ..graph import OpGraph
 from ..plan import Plan
 from ..feasibility import static_footprint
@@ -55,12 +55,12 @@ def load_policy(path: str | os.PathLike | None = None):
         If the file does not exist or is not a policy file.
     """
     path = Path(path) if path else SHIPPED_POLICY
-    if not path.is_file():
+    if not path.exists():
         raise OptionError(f"option policy of 'placeto': no policy file {str(path)!r}")
     try:
         return _cached_policy(str(path), path.stat().st_mtime)
-    except (OSError, RuntimeError, KeyError, TypeError, ValueError) as exc:
-        raise OptionError(f"option policy of 'placeto': {str(path)!r} is not a Placeto policy file ({exc})") from None
+    except FormatError as exc:
+        raise OptionError(f"option policy of 'placeto': {exc}") from None
 
 
 def _import_torch() -> None:

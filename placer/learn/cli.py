@@ -29,12 +29,14 @@ def add_commands(subparsers) -> None:
     p.add_argument("--workers", type=int, default=1, help="processes running rollouts in parallel")
     p.add_argument("--rollouts-per-update", type=int, default=4, help="rollouts whose gradients make one update")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--lr", type=float, default=None, help="Adam's initial learning rate")
+    p.add_argument("--lr", type=float, default=None,
+                   help="Adam's initial learning rate, decayed linearly to 1/30 of it (default 3e-3)")
     p.add_argument("--passes", type=int, default=None, help="visits of every node per episode (n)")
     p.add_argument("--discount", type=float, default=None, help="discount of later rewards (1.0: the paper's sum)")
     p.add_argument("--target-nodes", type=int, default=None, help="merged graph size the policy walks")
     p.add_argument("--checkpoint-every", type=int, default=25, help="updates between checkpoints (0: none)")
-    p.add_argument("--init", help="policy file to start from (default: fresh weights)")
+    p.add_argument("--init", help="policy file to start from, with its network sizes and its settings where "
+                                  "not given here (default: fresh weights)")
     p.add_argument("--curve", help="learning-curve PNG (default: OUTPUT with .png)")
     p.set_defaults(func=cmd_train)
 
@@ -51,16 +53,18 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     if args.seed < 0:
         raise OptionError(f"--seed must be >= 0, got {args.seed}")
+    init = PlacetoPolicy.load(args.init) if args.init else None
     settings = dict(episodes=args.episodes, rollouts_per_update=args.rollouts_per_update, workers=args.workers,
                     seed=args.seed, checkpoint_every=args.checkpoint_every)
+    if init is not None:        # its network's sizes, and how it walked and weighed rewards, unless given here
+        trained = init.metadata.get("train_config", {})
+        settings.update(policy=init.config.to_dict(),
+                        **{key: trained[key] for key in ("passes", "target_nodes", "discount") if key in trained})
     if args.lr is not None:
-        settings["lr"] = args.lr
-    if args.passes is not None:
-        settings["passes"] = args.passes
-    if args.discount is not None:
-        settings["discount"] = args.discount
-    if args.target_nodes is not None:
-        settings["target_nodes"] = args.target_nodes
+        settings.update(lr=args.lr, lr_final=args.lr * TrainConfig.lr_final / TrainConfig.lr)
+    for key in ("passes", "discount", "target_nodes"):
+        if getattr(args, key) is not None:
+            settings[key] = getattr(args, key)
     config = TrainConfig(**settings)
     config.check()
     output = check_output(args.output, "policy file")     # before the training, not after it
@@ -73,7 +77,6 @@ def cmd_train(args: argparse.Namespace) -> int:
     clusters = args.cluster or ["4xV100-nvlink"]
     for name in clusters:
         load_cluster(name)
-    init = PlacetoPolicy.load(args.init) if args.init else None
     graphs = dataset(args.family, "train")
     updates = max(1, config.episodes // config.rollouts_per_update)
     print(f"training placeto on {len(graphs)} {args.family} graphs x {', '.join(map(str, clusters))}: "

@@ -36,8 +36,10 @@ Hidden sizes follow the appendix's scale (``d = 8`` per layer, embeddings of
 from __future__ import annotations
 
 import pickle
+import zipfile
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass
+from pathlib import Path
 from typing import Iterator
 
 import numpy as np
@@ -279,7 +281,21 @@ class PlacetoPolicy(nn.Module):
         except FileNotFoundError:
             raise FormatError(f"policy file {path}: no such file") from None
         except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as exc:
-            reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise FormatError(f"policy file {path}: not a Placeto policy ({reason})") from None
+            raise FormatError(f"policy file {path}: not a policy written by placer train "
+                              f"({_why_unreadable(Path(path), exc)})") from None
         policy.metadata = doc.get("metadata", {})
         return policy
+
+
+def _why_unreadable(path: Path, exc: Exception) -> str:
+    """Why :meth:`PlacetoPolicy.load` could not read ``path``, in a user's words (torch's own message
+    advises loading with ``weights_only=False``, which would run code from the file)."""
+    if path.is_dir():
+        return "a directory"
+    if path.stat().st_size == 0:
+        return "empty"
+    if not zipfile.is_zipfile(path):        # what torch.save writes
+        return "not a file torch.save wrote, or one cut short"
+    if isinstance(exc, (KeyError, TypeError)):
+        return "a torch file without a policy's settings and weights"
+    return f"its weights do not load into the network its settings describe ({type(exc).__name__})"

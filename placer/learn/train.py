@@ -274,6 +274,11 @@ class TrainConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise OptionError(f"option {name} must be a number >= 0, got {value!r}")
+        if not self.lr > 0:     # 0 would not hold the weights: the rate rises linearly to lr_final
+            raise OptionError(f"option lr must be > 0, got {self.lr!r}")
+        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
+                or self.checkpoint_every < 0:       # -1 checkpointed after every update
+            raise OptionError(f"option checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
 
 
 @dataclass
@@ -408,6 +413,9 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
     config.check()
     if not graphs:
         raise OptionError("train needs at least one graph")
+    empty = next((g for g in graphs if g.num_nodes == 0), None)
+    if empty is not None:
+        raise OptionError(f"train: graph {empty.name!r} has no operations to place")
     clusters = [load_cluster(c) for c in clusters]
     if not clusters:
         raise OptionError("train needs at least one cluster")
