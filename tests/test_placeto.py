@@ -340,7 +340,23 @@ def test_cli_trains_a_policy_with_checkpoint_and_curve(tmp_path, capsys):
     family_graph("rnn", 1).save(graph_file)
     assert main(["plan", str(graph_file), "--cluster", "2xV100-nvlink", "--algorithm", "placeto",
                  "--option", f"policy={out}", "-o", str(plan_out)]) == 0
-    assert "trained in" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "trained in" in printed
+    # Not a terminal: a line per update here (a log file showed the bar only once, at the end).
+    assert "update 1/2: return" in printed and "update 2/2: return" in printed
+
+
+def test_cli_tells_the_episodes_that_run(tmp_path, capsys, monkeypatch):
+    # Whole updates run: 3 episodes at 2 an update is one update of 2 (the header said 3).
+    from placer.learn import train as train_module
+
+    def stop(*args, **kwargs):
+        raise OptionError("stopped after the header")
+
+    monkeypatch.setattr(train_module, "train", stop)
+    main(["train", "placeto", "--family", "rnn", "--episodes", "3", "--rollouts-per-update", "2",
+          "-o", str(tmp_path / "p.pt")])
+    assert ": 2 episodes in 1 updates" in capsys.readouterr().out
 
 
 def _group_running(pgid: int) -> list[int]:
@@ -385,9 +401,10 @@ def test_ctrl_c_stops_training_with_workers_and_writes_no_policy(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 130 and "placer: interrupted" in err and "Traceback" not in err, err
-    # No policy, curve or temporary file; the last checkpoint is whole.
+    # No policy, curve or temporary file; the last checkpoint is whole, and named with the way on.
     assert [p.name for p in tmp_path.iterdir()] == ["policy.pt.ckpt"]
-    assert PlacetoPolicy.load(tmp_path / "policy.pt.ckpt").metadata["curve"]["return"]
+    update = PlacetoPolicy.load(tmp_path / "policy.pt.ckpt").metadata["curve"]["update"][-1]
+    assert f"no policy written to {out}; {out}.ckpt holds the weights after update {update} (go on with --init" in err
 
 
 @pytest.mark.parametrize("extra, message", [

@@ -12,8 +12,14 @@ writes ``policy.pt`` (loadable with ``--option policy=policy.pt`` of
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from pathlib import Path
 
 __all__ = ["add_commands", "cmd_train"]
+
+#: Progress lines a training run writes where its output is not a terminal.
+LOG_LINES = 20
 
 
 def add_commands(subparsers) -> None:
@@ -79,18 +85,29 @@ def cmd_train(args: argparse.Namespace) -> int:
         load_cluster(name)
     graphs = dataset(args.family, "train")
     updates = max(1, config.episodes // config.rollouts_per_update)
+    # What runs: whole updates (--episodes 10 at 4 a update ran 8; 2 ran 4).
     print(f"training placeto on {len(graphs)} {args.family} graphs x {', '.join(map(str, clusters))}: "
-          f"{config.episodes} episodes in {updates} updates, {config.workers} worker(s), seed {config.seed}")
+          f"{updates * config.rollouts_per_update} episodes in {updates} updates, {config.workers} worker(s), "
+          f"seed {config.seed}")
+    logged = not sys.stdout.isatty()      # a log file: the bar would show only once, at the end
     with Progress(TextColumn("[bold]placeto"), BarColumn(), TextColumn("{task.completed}/{task.total} updates"),
-                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn()) as bar:
+                  TextColumn("{task.fields[status]}"), TimeElapsedColumn(), TimeRemainingColumn(),
+                  disable=logged) as bar:
         task = bar.add_task("train", total=updates, status="")
 
         def progress(update: int, total: int, row: dict) -> None:
-            bar.update(task, completed=update,
-                       status=f"return {row['return']:+.3f}  speedup {row['speedup']:.3f}x")
+            status = f"return {row['return']:+.3f}  speedup {row['speedup']:.3f}x"
+            bar.update(task, completed=update, status=status)
+            if logged and (update % max(1, total // LOG_LINES) == 0 or update == total):
+                print(f"update {update}/{total}: {status}, {row['seconds']:.0f} s", flush=True)
 
-        result = train(graphs, clusters, config, policy=init, checkpoint=output.with_name(output.name + ".ckpt"),
-                       progress=progress)
+        checkpoint = output.with_name(output.name + ".ckpt")
+        began = time.time()
+        try:
+            result = train(graphs, clusters, config, policy=init, checkpoint=checkpoint, progress=progress)
+        except KeyboardInterrupt:
+            _tell_checkpoint(output, checkpoint, began)
+            raise
     save_result(result, output, config)
     plot_curve(result.curve, curve_path, title=f"Placeto on {args.family} ({config.episodes} episodes)")
     k = max(1, len(result.curve["return"]) // 10)
@@ -99,3 +116,16 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(f"trained in {result.seconds:.1f} s; mean return {first:+.3f} (first tenth) -> {last:+.3f} (last tenth); "
           f"policy -> {output}, curve -> {curve_path}")
     return 0
+
+
+def _tell_checkpoint(output: Path, checkpoint: Path, began: float) -> None:
+    """After an interrupted training: that no policy was written, and the checkpoint to go on from."""
+    from .policy import PlacetoPolicy
+
+    if checkpoint.is_file() and checkpoint.stat().st_mtime >= began:
+        update = PlacetoPolicy.load(checkpoint).metadata["curve"]["update"][-1]
+        print(f"placer train: no policy written to {output}; {checkpoint} holds the weights after update "
+              f"{update} (go on with --init {checkpoint}: the learning rate and entropy schedules start again)",
+              file=sys.stderr)
+    else:
+        print(f"placer train: no policy written to {output}, and no checkpoint yet", file=sys.stderr)
