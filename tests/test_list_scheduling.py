@@ -1333,3 +1333,17 @@ def test_a_generous_time_limit_gives_the_plan_no_limit_gives():
     with frugal():
         held = place(g, cluster, "dpos", time_limit=1e6)
     assert held.predicted["makespan_s"] > 1.2 * free.predicted["makespan_s"]
+
+
+def test_a_dead_end_of_the_schedulers_own_making_is_told_so():
+    # A ring of 4: a colocation group placed by its first member where a later member's inputs cannot
+    # reach. The message said "no channel brings its inputs to a device it may use", as if no plan could.
+    names = ["g0", "g1", "g2", "g3"]
+    channels = [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for i, a in enumerate(names)
+                for b in (names[(i + 1) % 4], names[i - 1])]
+    ring = Cluster("ring4", [Device(x, "V100", 160 << 20) for x in names], channels)
+    g = random_dag(80, edge_prob=0.3, seed=3, max_bytes=4 << 20, colocation_groups=4)
+    with pytest.raises(InfeasibleError, match=r"^heft: node 'n11': no channel brings its inputs to 'g3', where an "
+                                              r"earlier member placed its colocation group$"):
+        place(g, ring, "heft")
+    assert place(g, ring, "m_topo").predicted["fits"]       # a plan exists

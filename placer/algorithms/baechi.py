@@ -115,8 +115,7 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if d >= 0:
             estimate = state.estimate(v, d)
             if estimate[0] == float("inf"):
-                raise InfeasibleError(f"node {graph.ids[v]!r}: no channel brings its inputs to "
-                                      f"{cluster.devices[d].name}, where its colocation group is")
+                raise state.unreached(v)
             state.commit(v, d, estimate)
             continue
         estimates: dict[int, tuple] = {}
@@ -548,7 +547,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                              + [entry[3] for entries in held_for_room for entry in entries])
             if not waiting_nodes:       # the ready nodes left were dropped where no channel brings an input
                 v = next(v for v in range(n) if pending[v] == 0 and state.device_of[v] < 0)
-                raise InfeasibleError(f"node {graph.ids[v]!r}: no channel brings its inputs to a device it may use")
+                raise state.unreached(v)
             if stuck:
                 raise InfeasibleError(f"node {graph.ids[min(waiting_nodes)]!r} fits no device's remaining memory "
                                       f"(or no channel reaches one)")

@@ -930,9 +930,17 @@ class ScheduleState:
             if best is None or est[key] < best[key]:
                 best_d, best = d, est
         if best is None:
-            raise InfeasibleError(f"node {self.graph.ids[v]!r} fits no device's remaining memory" if reached else
-                                  f"node {self.graph.ids[v]!r}: no channel brings its inputs to a device it may use")
+            raise (InfeasibleError(f"node {self.graph.ids[v]!r} fits no device's remaining memory") if reached
+                   else self.unreached(v))
         return best_d, best
+
+    def unreached(self, v: int) -> InfeasibleError:
+        """The error where no channel brings ``v``'s inputs to a device it may use; one its colocation
+        group fixes is named, since an earlier member's placement (on devices not all linked) decided it."""
+        fixed = self.unit_device[self.unit_of[v]]
+        where = ("a device it may use" if fixed < 0 else
+                 f"{self.cluster.devices[fixed].name!r}, where an earlier member placed its colocation group")
+        return InfeasibleError(f"node {self.graph.ids[v]!r}: no channel brings its inputs to {where}")
 
     # ------------------------------------------------------------ booking
     def commit(self, v: int, d: int, estimate: tuple) -> None:
