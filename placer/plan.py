@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any, Callable, Sequence
 import numpy as np
 
 from .cluster import Cluster
-from .errors import FormatError, InvalidPlanError
+from .errors import FormatError, InvalidPlanError, OptionError
 from .graph import OpGraph, topological_sort
 from .io import Field, check_finite, check_format, check_number, read_json, shown, shown_sizes, write_json_atomic
 
@@ -122,8 +122,30 @@ class Plan:
                    cluster_digest=cluster.digest(), **kwargs)
 
     def target_graph(self, graph: OpGraph) -> OpGraph:
-        """The graph this plan places: its rewritten graph if it has one, else ``graph``."""
-        return self.rewritten_graph if self.rewritten_graph is not None else graph
+        """The graph this plan places: its rewritten graph if it has one, else ``graph`` with the plan's
+        splits made (FORMATS.md: the placement then maps the rewritten graph's nodes).
+
+        Raises
+        ------
+        InvalidPlanError
+            A split the graph cannot make (an unknown node, a dimension it may not be split along,
+            parts out of range).
+        """
+        if self.rewritten_graph is not None:
+            return self.rewritten_graph
+        if not self.splits:
+            return graph
+        from .transform.split import split_operation
+
+        rewritten = graph
+        for k, split in enumerate(self.splits):
+            if split["node"] not in rewritten.index:
+                raise InvalidPlanError(f"splits[{k}] names unknown node {split['node']!r}")
+            try:
+                rewritten = split_operation(rewritten, split["node"], split.get("dim", "batch"), split["parts"])
+            except OptionError as exc:
+                raise InvalidPlanError(f"splits[{k}]: {exc}") from None
+        return rewritten
 
     @property
     def rewrites_graph(self) -> bool:
@@ -159,10 +181,8 @@ class Plan:
         if self.graph_name and graph.name and self.graph_name != graph.name:
             raise InvalidPlanError(f"the plan was made for graph {self.graph_name!r}, not {graph.name!r} (the "
                                    f"same operations: another batch size or optimizer, or a --name at capture)")
-        if self.rewritten_graph is None:
-            for k, split in enumerate(self.splits):
-                if split["node"] not in graph.index:
-                    raise InvalidPlanError(f"splits[{k}] names unknown node {split['node']!r}")
+        if self.rewritten_graph is not None:
+            _check_splits_made(self.splits, self.rewritten_graph)
         target = self.target_graph(graph)
         n = target.num_nodes
         device_of = np.full(n, -1, dtype=np.int64)
@@ -334,6 +354,21 @@ def check_placement(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> 
         if devices.size > 1:
             names = [cluster.devices[j].name for j in devices[:3]]
             raise InvalidPlanError(f"colocation group {key!r} is split across devices {names}")
+
+
+def _check_splits_made(splits: list[dict], rewritten: OpGraph) -> None:
+    """Raise InvalidPlanError unless ``rewritten`` holds each split's parts (its ``dim``, ``parts`` of them)."""
+    made: dict[str, list[dict]] = {}
+    for extra in rewritten.node_extra:
+        if "split_of" in extra and "part" in extra:
+            made.setdefault(extra["split_of"], []).append(extra)
+    for k, split in enumerate(splits):
+        parts = made.get(split["node"], [])
+        dims = {part.get("dim") for part in parts}
+        if len(parts) != split["parts"] or split.get("dim", "batch") not in dims:
+            raise InvalidPlanError(f"splits[{k}] ({split['node']!r} along {split.get('dim', 'batch')!r} into "
+                                   f"{split['parts']} parts) is not what the plan's rewritten graph holds "
+                                   f"({len(parts)} parts of it{f' along {sorted(dims)}' if parts else ''})")
 
 
 def check_order_acyclic(graph: OpGraph, order: Sequence[np.ndarray], device_names: Sequence[str] | None = None) -> None:

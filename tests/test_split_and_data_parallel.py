@@ -616,3 +616,32 @@ def test_split_parts_share_bytes_in_whole_bytes_that_add_up(parts):
     slices = [e for e in range(split.num_edges) if split.ids[split.src[e]] == "conv@split0"]
     pieces = [e for e in range(split.num_edges) if split.ids[split.dst[e]] == "conv@concat0"]
     assert split.edge_bytes[slices].sum() == 5 and split.edge_bytes[pieces].sum() == 3
+
+
+def test_a_plan_with_splits_and_no_rewritten_graph_places_the_graph_its_splits_make():
+    # FORMATS: the placement maps the rewritten graph's nodes when splits were applied. Without a
+    # rewritten graph the splits were ignored (the original graph simulated); a rewritten graph that does
+    # not hold the splits listed was accepted.
+    from placer import Plan
+    from placer.errors import InvalidPlanError
+
+    g = OpGraph(["x", "conv", "y"], [0.0, 4.0, 1.0], [0, 1], [1, 2], [64, 32],
+                op=["placeholder", "aten.convolution", "aten.relu"], output_bytes=[64, 32, 32],
+                splittable=[None, [{"dim": "batch", "size": 8}], None])
+    cluster = load_cluster("2xV100-nvlink")
+    rewritten = split_operation(g, "conv", "batch", 2)
+    device_of = [0, 0, 0, 1, 0, 0]          # x, conv@split0, conv@part0, conv@part1, conv@concat0, y
+    carried = Plan.from_arrays(g, cluster, np.array(device_of), placed_graph=rewritten,
+                               splits=[{"node": "conv", "dim": "batch", "parts": 2}])
+    doc = carried.to_dict()
+    doc["rewritten_graph"] = None
+    made = Plan.from_dict(doc).validate(g, cluster)
+    assert made.makespan_s == carried.validate(g, cluster).makespan_s < simulate(g, cluster, [0, 0, 0]).makespan_s
+    doc["splits"] = [{"node": "y", "dim": "batch", "parts": 2}]
+    with pytest.raises(InvalidPlanError, match=r"splits\[0\]: node 'y' cannot be split along 'batch'"):
+        Plan.from_dict(doc).validate(g, cluster)
+    doc = carried.to_dict()
+    doc["splits"][0]["parts"] = 3
+    with pytest.raises(InvalidPlanError, match=r"splits\[0\] \('conv' along 'batch' into 3 parts\) is not what the "
+                                               r"plan's rewritten graph holds \(2 parts of it along \['batch'\]\)"):
+        Plan.from_dict(doc).validate(g, cluster)
