@@ -1,15 +1,26 @@
 """Operation splitting (FastT Algorithm 2, SplitOperation): one op becomes n parts with split and concat nodes.
 
-Splitting an operation along its batch dimension into ``n`` parts lets the
-parts run on different devices (fine-grained data parallelism inside one
-operation). For every input that carries the batch, a *split* node cuts it
-into ``n`` slices, one per part; inputs without the batch (weights) go whole
-to every part; for every output tensor a *concat* node joins the parts'
-slices for the consumers.
+Splitting an operation into ``n`` parts lets the parts run on different
+devices. Two dimensions may be split:
 
-Costs come from the graph's own: a part of ``k`` rows out of ``B`` takes
-``k / B`` of the op's time (per device kind too), FLOPs, output and
-workspace; a batch slice of a contiguous tensor is a view, so a split node
+* ``"batch"`` (fine-grained data parallelism inside one operation): for
+  every input that carries the batch, a *split* node cuts it into ``n``
+  slices, one per part; inputs without the batch (weights) go whole to
+  every part;
+* ``"channel"`` (an operation's output channels: a convolution's output
+  feature maps, the columns of a matrix product with a weight): every
+  input that does not depend on the batch (the weight, the bias) is cut by
+  a split node into ``n`` slices of its channels, and the activation goes
+  whole to every part, each part computing its own channels.
+
+For every output tensor a *concat* node joins the parts' slices for the
+consumers, along the batch (axis 0) or along the channel axis that the
+operation's ``splittable`` entry names (``"axis"``, 1 when it names none).
+
+Costs come from the graph's own: a part of ``k`` rows (or channels) out of
+``B`` takes ``k / B`` of the op's time (per device kind too), FLOPs, output
+and workspace (and, split along the channels, of the parameters the op
+holds itself); a slice of a contiguous tensor is a view, so a split node
 costs nothing (the slices' transfers are the data movement), and a concat
 node costs one copy of its output (read and write) on the analytic roofline
 of each device kind the op has a time for.
@@ -19,7 +30,11 @@ parts ``{"split_of": id, "part": k, "parts": n, "dim": d, "rows": [lo, hi]}``,
 split nodes ``{"split_of": id, "role": "split", "parts": n, "dim": d,
 "source": producer id, "tensor": t}``, concat nodes ``{"split_of": id,
 "role": "concat", "parts": n, "dim": d, "tensor": t}``, so that the
-runtime can execute them and :func:`original_ids` maps back.
+runtime can execute them and :func:`original_ids` maps back; ``rows`` are
+the part's channels in a channel split, every node of which also records
+the output's channel ``"axis"``, and its split nodes the operation's
+``"args"`` (``[[argument position, axis], ...]``: which of the captured
+operation's arguments is sliced along which axis) where the entry has them.
 
 References
 ----------
@@ -38,7 +53,7 @@ from ..graph import OpGraph
 __all__ = ["split_operation", "batch_dependent", "batch_samples", "split_dims", "original_ids", "part_rows", "fresh_id"]
 
 #: The dimension names this transform knows how to split.
-SUPPORTED_DIMS = ("batch",)
+SUPPORTED_DIMS = ("batch", "channel")
 
 
 def batch_dependent(graph: OpGraph) -> np.ndarray:
@@ -120,7 +135,7 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
     node : str
         Id of the operation to split; its ``splittable`` must list ``dim``.
     dim : str
-        The dimension to split along (``"batch"``).
+        The dimension to split along (``"batch"`` or ``"channel"``).
     parts : int
         Number of parts, 2 to the dimension's extent.
 
@@ -147,9 +162,22 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
     >>> s.compute_s[2:4].tolist(), s.edge_bytes.tolist()
     ([2.0, 2.0], [64, 32, 32, 16, 16, 32])
 
+    Along the channels, the weight is sliced and the input goes whole to every part:
+
+    >>> g = OpGraph(["x", "w", "conv", "y"], [0.0, 0.0, 4.0, 1.0], [0, 1, 2], [2, 2, 3], [64, 40, 32],
+    ...             op=["placeholder", "placeholder", "aten.convolution", "aten.relu"], param_bytes=[0, 40, 0, 0],
+    ...             output_bytes=[64, 0, 32, 32], splittable=[None, None, [{"dim": "channel", "size": 4}], None])
+    >>> s = split_operation(g, "conv", "channel", 2)
+    >>> s.ids
+    ['x', 'w', 'conv@split1', 'conv@part0', 'conv@part1', 'conv@concat0', 'y']
+    >>> [(s.ids[a], s.ids[b], n) for a, b, n in zip(s.src.tolist(), s.dst.tolist(), s.edge_bytes.tolist())]  # doctest: +NORMALIZE_WHITESPACE
+    [('x', 'conv@part0', 64), ('x', 'conv@part1', 64), ('w', 'conv@split1', 40), ('conv@split1', 'conv@part0', 20),
+     ('conv@split1', 'conv@part1', 20), ('conv@part0', 'conv@concat0', 16), ('conv@part1', 'conv@concat0', 16),
+     ('conv@concat0', 'y', 32)]
+
     References
     ----------
-    Yi et al., FastT, CoNEXT 2020, Algorithm 2, function SplitOperation.
+    Yi et al., FastT, CoNEXT 2020, Section 5.2 and Algorithm 2, function SplitOperation.
     """
     x = graph.index.get(node)
     if x is None:
@@ -167,7 +195,9 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
         """Part ``k``'s share of ``total`` bytes, in whole bytes that add up to ``total`` over the parts."""
         lo, hi = rows[k]
         return int(total) * hi // extent - int(total) * lo // extent
-    sliced = batch_dependent(graph)
+    # Along the batch, what depends on the batch is sliced; along the channels, what does not (weights, bias).
+    sliced = batch_dependent(graph) if dim == "batch" else ~batch_dependent(graph)
+    entry = next(item for item in graph.splittable[x] if item.get("dim") == dim)
 
     # Inputs of x merged per (producer, tensor) at their largest bytes; outputs per tensor.
     in_edges = np.flatnonzero(graph.dst == x)
@@ -183,7 +213,12 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
 
     taken = set(graph.ids)
 
-    base = {"split_of": node, "parts": parts, "dim": dim}
+    base: dict[str, Any] = {"split_of": node, "parts": parts, "dim": dim}
+    sliced_args: dict[str, Any] = {}
+    if dim == "channel":
+        base["axis"] = int(entry.get("axis", 1))
+        if "args" in entry:
+            sliced_args["args"] = [[int(a), int(b)] for a, b in entry["args"]]
     new_nodes: list[dict[str, Any]] = []      # constructor fields of each new node
     new_edges: list[tuple[str, str, int, int]] = []
     part_ids = [fresh_id(f"{node}@part{k}", taken) for k in range(parts)]
@@ -191,15 +226,16 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
     for j, ((u, t), nbytes) in enumerate(sorted(inputs.items())):
         source = graph.ids[u]
         if not sliced[u] or not nbytes:
-            # Weights and other batch-free inputs go whole to every part, as do edges that carry
-            # nothing (an order, or a view's base held while the view is read).
+            # Inputs without the dimension (weights in a batch split, the activation in a channel split) go
+            # whole to every part, as do edges that carry nothing (an order, or a view's base held while the
+            # view is read).
             for pid in part_ids:
                 new_edges.append((source, pid, nbytes, t))
             continue
         sid = fresh_id(f"{node}@split{j}", taken)
         new_nodes.append(dict(id=sid, compute_s=0.0, op="aten.split", layer=graph.layer[x],
-                              device_kinds=graph.device_kinds[x], node_extra={**base, "role": "split",
-                                                                               "source": source, "tensor": t}))
+                              device_kinds=graph.device_kinds[x],
+                              node_extra={**base, "role": "split", "source": source, "tensor": t, **sliced_args}))
         new_edges.append((source, sid, nbytes, t))
         for k, pid in enumerate(part_ids):       # one tensor per slice: each travels on its own
             new_edges.append((sid, pid, piece(nbytes, k), k))
@@ -213,8 +249,10 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
         new_nodes.append(dict(
             id=pid, compute_s=float(graph.compute_s[x]) * f, op=graph.op[x], layer=graph.layer[x],
             output_bytes=piece(graph.output_bytes[x], k), temp_bytes=piece(graph.temp_bytes[x], k),
-            # Every part needs the whole weights; the first keeps the op's colocation (its state's home).
-            param_bytes=int(graph.param_bytes[x]), colocation=graph.colocation[x] if k == 0 else None,
+            # Split along the batch, every part needs the whole weights; along the channels, its own channels'.
+            # The first keeps the op's colocation (its state's home).
+            param_bytes=int(graph.param_bytes[x]) if dim == "batch" else piece(graph.param_bytes[x], k),
+            colocation=graph.colocation[x] if k == 0 else None,
             device_kinds=graph.device_kinds[x], flops=float(graph.flops[x]) * f,
             compute_s_by_kind=None if not by_kind else {kind: s * f for kind, s in by_kind.items()},
             node_extra=extra))
