@@ -75,6 +75,62 @@ def test_split_rejects_bad_requests(node, dim, parts, message):
         split_operation(conv_graph(), node, dim, parts)
 
 
+def channel_graph(compute=8.0, channels=5, batch=1, conv_params=10):
+    """conv_graph at ``batch`` samples whose convolution may also be split along its ``channels`` output channels."""
+    entries = [{"dim": "batch", "size": batch}, {"dim": "channel", "size": channels, "axis": 1, "args": [[1, 0]]}]
+    return conv_graph(compute, batch).replace(param_bytes=[0, 40, conv_params, 0],
+                                              splittable=[None, None, entries, None])
+
+
+def test_channel_split_slices_the_weight_and_sends_the_input_whole_to_every_part():
+    g = split_operation(channel_graph(), "conv", "channel", 3)
+    assert g.ids == ["x", "w", "conv@split1", "conv@part0", "conv@part1", "conv@part2", "conv@concat0", "relu"]
+    idx = g.index
+    edges = {(g.ids[s], g.ids[d]): (b, t) for s, d, b, t in
+             zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist(), g.edge_tensor.tolist())}
+    # 5 channels cut 2/2/1: the 40-byte weight's slices 16/16/8, each its own tensor; the 800-byte input whole.
+    assert [edges[("conv@split1", f"conv@part{k}")] for k in range(3)] == [(16, 0), (16, 1), (8, 2)]
+    assert [edges[("x", f"conv@part{k}")] for k in range(3)] == [(800, 0)] * 3
+    assert edges[("w", "conv@split1")] == (40, 0) and ("x", "conv@split0") not in edges
+    # The 400-byte output's channel slices go to the concat, which hands the whole output on.
+    assert [edges[(f"conv@part{k}", "conv@concat0")] for k in range(3)] == [(160, 0), (160, 0), (80, 0)]
+    assert edges[("conv@concat0", "relu")] == (400, 0) and g.num_edges == 11
+    parts = [idx[f"conv@part{k}"] for k in range(3)]
+    assert g.compute_s[parts].tolist() == pytest.approx([3.2, 3.2, 1.6])
+    assert [g.compute_s_by_kind[p]["A100"] for p in parts] == pytest.approx([1.6, 1.6, 0.8])
+    assert g.flops[parts].tolist() == pytest.approx([4e8, 4e8, 2e8])
+    assert g.output_bytes[parts].tolist() == [160, 160, 80] and g.temp_bytes[parts].tolist() == [32, 32, 16]
+    assert g.param_bytes[parts].tolist() == [4, 4, 2]         # each part holds its own channels' weights
+    assert g.node_extra[parts[2]] == {"split_of": "conv", "part": 2, "parts": 3, "dim": "channel", "axis": 1,
+                                      "rows": [4, 5]}
+    assert g.node_extra[idx["conv@split1"]] == {"split_of": "conv", "role": "split", "parts": 3, "dim": "channel",
+                                                "axis": 1, "source": "w", "tensor": 0, "args": [[1, 0]]}
+    assert g.node_extra[idx["conv@concat0"]] == {"split_of": "conv", "role": "concat", "parts": 3, "dim": "channel",
+                                                 "axis": 1, "tensor": 0}
+    assert g.compute_s[idx["conv@split1"]] == 0.0 and g.compute_s[idx["conv@concat0"]] > 0
+    assert g.output_bytes[idx["conv@concat0"]] == 400
+    assert original_ids(g) == ["x", "w", "conv", "conv", "conv", "conv", "conv", "relu"]
+    # Along the batch, every part keeps the op's whole parameters.
+    batch = split_operation(channel_graph(batch=8), "conv", "batch", 2)
+    assert batch.param_bytes[[batch.index["conv@part0"], batch.index["conv@part1"]]].tolist() == [10, 10]
+
+
+def test_channel_split_parts_run_in_parallel_in_the_reference_model():
+    g = split_operation(channel_graph(), "conv", "channel", 2)
+    assert g.ids == ["x", "w", "conv@split1", "conv@part0", "conv@part1", "conv@concat0", "relu"]
+    r = simulate(g, mesh(2), [0, 0, 0, 0, 1, 0, 0])
+    # 3 and 2 channels of 5 (4.8 s and 3.2 s) overlap: the step takes about 4.8 + concat + relu of the unsplit 8.5 s.
+    assert 5.3 < r.makespan_s < 5.4
+    assert r.start[4] >= 800 / 1e9        # the second device waits for the whole input
+
+
+@pytest.mark.parametrize("node, dim, parts, message", [
+    ("conv", "channel", 6, "between 2 and 5"), ("conv", "batch", 2, "may be split along .'channel'.")])
+def test_channel_split_rejects_bad_requests(node, dim, parts, message):
+    with pytest.raises(OptionError, match=message):
+        split_operation(channel_graph(), node, dim, parts)
+
+
 def test_batch_dependence_follows_the_batch_input_not_the_weights():
     assert batch_dependent(conv_graph()).tolist() == [True, False, True, True]
 
@@ -502,6 +558,30 @@ def test_os_dpos_keeps_time_to_check_a_plan_of_its_data_parallel_start(monkeypat
     # The reserve comes out of the search: one longer than the limit leaves no time for a split.
     monkeypatch.setattr(fastt, "_start", lambda *args: (*plain_start(*args)[:2], 1e6))
     assert place(g, cluster, "os_dpos", data_parallel_start=False, time_limit=5).splits == []
+
+
+@pytest.mark.parametrize("devices", [2, 4])
+def test_os_dpos_splits_a_convolution_at_batch_1_along_its_channels(devices):
+    g = channel_graph(channels=8).replace(extra={"batch_size": 1})
+    cluster = mesh(devices)
+    dpos = place(g, cluster, "dpos")
+    for start in (False, True):      # at one sample, data parallelism has nothing to split either
+        plan = place(g, cluster, "os_dpos", data_parallel_start=start)
+        assert plan.splits == [{"node": "conv", "dim": "channel", "parts": devices}]
+        assert plan.predicted["makespan_s"] < dpos.predicted["makespan_s"] * 0.6
+        assert {plan.placement[f"conv@part{k}"] for k in range(devices)} == {d.name for d in cluster.devices}
+        # The plan's makespan is the reference simulation's of its rewritten graph.
+        assert plan.validate(g, cluster).makespan_s == plan.predicted["makespan_s"]
+        bound = plan.bind(g, cluster)
+        assert bound.graph is plan.rewritten_graph
+        assert simulate(bound.graph, cluster, bound.device_of, bound.order).makespan_s == plan.predicted["makespan_s"]
+
+
+def test_os_dpos_keeps_no_channel_split_that_does_not_help():
+    g = channel_graph(compute=1e-3)
+    cluster = mesh(2, bandwidth=1e3)
+    plan = place(g, cluster, "os_dpos", data_parallel_start=False)
+    assert plan.splits == [] and plan.rewritten_graph is None
 
 
 def test_os_dpos_rejects_a_bad_max_parts():
