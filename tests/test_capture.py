@@ -298,10 +298,14 @@ def test_layers_follow_modules_into_backward_and_optimizer():
     assert [layer[i] for i in addcdivs] == ["conv", "conv", "bn", "bn", "head", "head"]
 
 
+def _dims(entries, dim):
+    return [e for e in entries or [] if e["dim"] == dim]
+
+
 def test_batch_splittable_ops():
     step = capture(*_mlp(batch=5), optimizer="sgd")
     graph = step.graph
-    split = {graph.ids[i]: s for i, s in enumerate(graph.splittable) if s}
+    split = {graph.ids[i]: _dims(s, "batch") for i, s in enumerate(graph.splittable) if _dims(s, "batch")}
     assert split and all(s == [{"dim": "batch", "size": 5}] for s in split.values())
     assert all(graph.op[graph.index[i]] in ("aten.addmm", "aten.mm") for i in split)
     # Weight gradients (rows = output features, not samples) are not batch-splittable.
@@ -310,7 +314,39 @@ def test_batch_splittable_ops():
         is_weight_grad = tuple(node.meta["val"].shape) in weight_shapes
         assert (graph.splittable[graph.index[node.name]] is None) == is_weight_grad, node.name
     cnn = capture(*_cnn(batch=3), optimizer="sgd").graph
-    assert cnn.splittable[cnn.index["convolution"]] == [{"dim": "batch", "size": 3}]
+    assert cnn.splittable[cnn.index["convolution"]] == [
+        {"dim": "batch", "size": 3}, {"dim": "channel", "size": 4, "axis": 1, "args": [[1, 0], [2, 0]]}]
+
+
+def test_channel_splittable_ops_record_the_arguments_a_split_slices():
+    """Output channels of a forward convolution or of a product with a weight: weight (and bias) sliced."""
+    step = capture(*_mlp(batch=5), optimizer="sgd")
+    graph = step.graph
+    channel = {graph.ids[i]: _dims(s, "channel") for i, s in enumerate(graph.splittable) if _dims(s, "channel")}
+    # fc1 (8 outputs) and fc2 (3) forward: addmm(bias, x, t(weight)), bias and weight columns sliced; fc2's
+    # input gradient mm(grad, weight): the weight's 8 columns. Weight gradients read the batch twice: none.
+    entry = {"dim": "channel", "axis": 1}
+    assert channel == {"addmm": [{**entry, "size": 8, "args": [[0, 0], [2, 1]]}],
+                       "addmm_1": [{**entry, "size": 3, "args": [[0, 0], [2, 1]]}],
+                       "mm": [{**entry, "size": 8, "args": [[1, 1]]}]}
+    assert step.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default)[0].name == "mm"
+
+    class Convs(nn.Module):
+        """A plain convolution without bias, a grouped one and a transposed one: only the first is declared."""
+
+        def __init__(self, transposed=nn.ConvTranspose2d(4, 4, 3, padding=1)):
+            super().__init__()
+            self.plain = nn.Conv2d(3, 4, 3, padding=1, bias=False)
+            self.grouped = nn.Conv2d(4, 4, 3, padding=1, groups=2)
+            self.transposed = transposed
+
+        def forward(self, x):
+            return self.transposed(self.grouped(self.plain(x))).pow(2).mean()
+
+    convs = capture(Convs(), (torch.randn(1, 3, 5, 5),), optimizer="sgd")
+    forward = convs.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.convolution.default)
+    declared = [_dims(convs.graph.splittable[convs.graph.index[n.name]], "channel") for n in forward]
+    assert declared == [[{"dim": "channel", "size": 4, "axis": 1, "args": [[1, 0]]}], [], []]
 
 
 def test_meta_model_captures_without_memory_and_matches_real_capture():
@@ -663,7 +699,10 @@ def test_mlp_graph_properties(widths, batch, optimizer):
     for i in np.flatnonzero(graph.output_bytes):
         assert graph.op[i] != "placeholder" or graph.ids[i].startswith("input_")
     for i, split in enumerate(graph.splittable):
-        assert split is None or (split == [{"dim": "batch", "size": batch}] and graph.op[i] in ("aten.addmm", "aten.mm"))
+        assert split is None or (_dims(split, "batch") == [{"dim": "batch", "size": batch}]
+                                 and graph.op[i] in ("aten.addmm", "aten.mm"))
+        # Channels: a layer's outputs (its forward product) or inputs (its input gradient), 2 or more of them.
+        assert all(e["size"] in widths and e["size"] >= 2 for e in _dims(split, "channel"))
     groups = graph.colocation_groups
     assert len(groups) == len(step.layout.params) * (1 + len(step.layout.state_names))
     assert all(len(members) == 2 for members in groups.values())   # each state tensor and its write-back
@@ -675,7 +714,7 @@ def test_batch_splittable_ops_record_the_rows_a_split_cuts():
     graph = step.graph
     sizes = set()
     for node in step.gm.graph.nodes:
-        split = graph.splittable[graph.index[node.name]] if node.name in graph.index else None
+        split = _dims(graph.splittable[graph.index[node.name]], "batch") if node.name in graph.index else None
         if split:
             packet = node.target.overloadpacket
             first = node.args[1] if packet in (torch.ops.aten.addmm, torch.ops.aten.baddbmm) else node.args[0]

@@ -19,6 +19,9 @@ each pick then holds its own. Per node:
   ops it does not count, as :class:`~torch.utils.flop_counter.FlopCounterMode` does), but
   :func:`conv_backward_flops` for ``convolution_backward`` (torch's formula ignores groups
   in the weight gradient);
+* ``splittable``: the batch rows of a matrix operation or convolution whose first operand
+  holds the batch in its leading dimension, and the output channels of a forward
+  convolution or of a product with a weight, with the arguments a channel split slices;
 * ``node_extra``: ``bytes_accessed`` (input plus output bytes; 0 for a pick) and ``dtype``.
 
 An edge's ``bytes`` are what the runtime copies when its consumer is on another device
@@ -322,6 +325,61 @@ def _splittable(node: fx.Node, batch: int | None, leading: set[fx.Node],
     return [{"dim": "batch", "size": int(rows)}]
 
 
+def _channel_split(node: fx.Node, dependent: set[fx.Node]) -> dict | None:
+    """``{"dim": "channel", "size": C, "axis": 1, "args": [[position, axis], ...]}`` for an operation whose
+    ``C`` output channels (axis 1 of its output) may be computed apart, each from its slice of the weights.
+
+    A forward ``convolution`` (not transposed, one group) of an input that depends on the step's inputs
+    with a weight and bias that do not: ``args`` slices the weight (argument 1) and the bias (argument 2)
+    along their dimension 0. ``mm(a, w)`` and ``addmm(bias, a, w)`` where ``a`` depends on the step's inputs
+    and ``w`` (and the bias) does not: the columns of ``w`` (axis 1) and of the bias (its last dimension,
+    not broadcast). A split slices what does not depend on the step's inputs and hands the activation whole
+    to every part (:func:`~placer.transform.split.split_operation`); anything else is not declared.
+    """
+    target = node.target
+    if not isinstance(target, torch._ops.OpOverload):
+        return None
+    packet = target.overloadpacket
+    out = node.meta.get("val")
+    if packet not in (_aten.convolution, _aten.mm, _aten.addmm) or not isinstance(out, torch.Tensor) or out.dim() < 2:
+        return None
+    args = node.args
+
+    def fixed(a: Any) -> torch.Tensor | None:
+        """The value of ``a`` when it is a tensor that does not depend on the step's inputs."""
+        value = a.meta.get("val") if isinstance(a, fx.Node) and a not in dependent else None
+        return value if isinstance(value, torch.Tensor) else None
+
+    if packet == _aten.convolution:
+        if len(args) != 9 or node.kwargs or args[6] or args[8] != 1 or args[0] not in dependent:
+            return None
+        weight, bias = fixed(args[1]), args[2]
+        if weight is None or weight.dim() < 2:
+            return None
+        size, sliced = int(weight.shape[0]), [[1, 0]]
+        if bias is not None:
+            value = fixed(bias)
+            if value is None or tuple(value.shape) != (size,):
+                return None
+            sliced.append([2, 0])
+    else:
+        first = 1 if packet == _aten.addmm else 0
+        if len(args) < first + 2 or args[first] not in dependent:
+            return None
+        weight = fixed(args[first + 1])
+        if weight is None or weight.dim() != 2:
+            return None
+        size, sliced = int(weight.shape[1]), [[first + 1, 1]]
+        if packet == _aten.addmm:
+            value = fixed(args[0])
+            if value is None or value.dim() not in (1, 2) or int(value.shape[-1]) != size:
+                return None
+            sliced.insert(0, [0, value.dim() - 1])
+    if size < 2 or int(out.shape[1]) != size or len({args[p] for p, _ in sliced}) != len(sliced):
+        return None
+    return {"dim": "channel", "size": size, "axis": 1, "args": sliced}
+
+
 class _UnionFind:
     def __init__(self) -> None:
         self.parent: dict[int, int] = {}
@@ -405,7 +463,9 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
         if node.op in ("placeholder", "get_attr") and (node.name in resident or node.op == "get_attr"):
             param_bytes[i] = sum(storages.values())
         flops[i] = _flops(node)
-        splittable.append(_splittable(node, batch, leading, dependent))
+        entries = (_splittable(node, batch, leading, dependent) or []) + [
+            entry for entry in (_channel_split(node, dependent),) if entry]
+        splittable.append(entries or None)
         inputs = _arg_nodes(node)
         if picked:
             accessed = 0

@@ -2,22 +2,31 @@
 
 :func:`placer.transform.split.split_operation` rewrites one operation ``X``
 of the graph into split nodes (``X@split<j>``: one input cut into batch
-slices), parts (``X@part<k>``: ``X`` on rows ``[lo, hi)`` of every sliced
-input, the other inputs whole) and concat nodes (``X@concat0``: the parts'
-outputs joined along the batch). :func:`split_step` makes the same rewrite
+slices, or a weight or bias into slices of its channels), parts
+(``X@part<k>``: ``X`` on rows ``[lo, hi)`` of every sliced input, or on
+channels ``[lo, hi)`` of its weights, the other inputs whole) and concat
+nodes (``X@concat0``: the parts' outputs joined along the batch, or along
+the channel axis). :func:`split_step` makes the same rewrite
 of the captured step's fx graph, so that every node of the rewritten graph
 is an fx node the executors can place and run:
 
-* a split node slices its input (views, no copy) and returns the slices;
+* a split node slices its input (views, no copy) and returns the slices: along
+  dimension 0 in a batch split, in a channel split along the axis that the
+  capture recorded for the argument it feeds (``node_extra["args"]``: a
+  convolution's weight and bias along dimension 0, a matrix product's weight
+  and ``addmm``'s bias along their last);
   ``getitem`` nodes pick them, carried by the split node like any
   multi-output op;
 * a part runs ``X``'s own aten operation on its slices;
-* a concat node joins the parts into a tensor with ``X``'s output strides,
-  so that everything downstream computes on exactly the layout it was
-  captured with.
+* a concat node joins the parts, along dimension 0 or the channel axis
+  (``node_extra["axis"]``), into a tensor with ``X``'s output strides, so
+  that everything downstream computes on exactly the layout it was captured
+  with.
 
 Only batch splits of single-output aten operations whose sliced inputs lead
-with the batch are executed; anything else is refused naming the node.
+with the batch, and channel splits of such operations whose sliced inputs are
+the arguments the capture recorded, are executed; anything else is refused
+naming the node.
 """
 
 from __future__ import annotations
@@ -29,22 +38,45 @@ from typing import Sequence
 import torch
 import torch.fx as fx
 
+from ..capture.layout import dense_strides
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
 from ..transform.replicate import RUNNABLE_HOW, replicated_node
 
-__all__ = ["split_step", "refuse_replicas", "batch_slices", "concat_like"]
+__all__ = ["split_step", "refuse_replicas", "batch_slices", "slices_along", "concat_like"]
+
+#: The dimensions :func:`split_step` executes.
+RUNTIME_DIMS = ("batch", "channel")
 
 
 def batch_slices(t: torch.Tensor, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
     """``t`` cut along dimension 0 into the row ranges ``[lo, hi)`` (views)."""
-    return tuple(t.narrow(0, lo, hi - lo) for lo, hi in rows)
+    return slices_along(t, 0, rows)
 
 
-def concat_like(parts: Sequence[torch.Tensor], size: Sequence[int], stride: Sequence[int]) -> torch.Tensor:
-    """The parts joined along dimension 0 into a new tensor of the given size and strides."""
+def slices_along(t: torch.Tensor, dim: int, rows: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
+    """``t`` cut along dimension ``dim`` into the ranges ``[lo, hi)`` (views).
+
+    Examples
+    --------
+    >>> [tuple(s.shape) for s in slices_along(torch.zeros(3, 5), 1, [[0, 3], [3, 5]])]
+    [(3, 3), (3, 2)]
+    """
+    return tuple(t.narrow(dim, lo, hi - lo) for lo, hi in rows)
+
+
+def concat_like(parts: Sequence[torch.Tensor], size: Sequence[int], stride: Sequence[int],
+                dim: int = 0) -> torch.Tensor:
+    """The parts joined along dimension ``dim`` into a new tensor of the given size and strides.
+
+    Examples
+    --------
+    >>> t = concat_like([torch.ones(2, 1), torch.zeros(2, 2)], (2, 3), (1, 2), dim=1)
+    >>> t.tolist(), t.stride()
+    ([[1.0, 0.0, 0.0], [1.0, 0.0, 0.0]], (1, 2))
+    """
     out = torch.empty_strided(tuple(size), tuple(stride), dtype=parts[0].dtype, device=parts[0].device)
-    return torch.cat(list(parts), 0, out=out)
+    return torch.cat(list(parts), dim, out=out)
 
 
 def _spec(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> tuple:
@@ -73,9 +105,11 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
     Raises
     ------
     InvalidPlanError
-        A split the runtime cannot execute (not along the batch, of a
-        multi-output or non-aten operation, of an input that does not lead with
-        the batch, a split of a split), or data-parallel replicas.
+        A split the runtime cannot execute (along neither the batch nor the
+        channels, of a multi-output or non-aten operation, of an input that
+        does not lead with the batch, or in a channel split is not an argument
+        the capture recorded as sliced, a split of a split), or data-parallel
+        replicas.
     """
     carrier = dict(carrier or {})
     refuse_replicas(target)
@@ -112,10 +146,11 @@ def refuse_replicas(target: OpGraph) -> None:
 def _split_node(gm: fx.GraphModule, x: fx.Node, target: OpGraph, members: list[int],
                 node_of: dict[str, fx.Node], carrier: dict[str, str]) -> None:
     extras = {target.ids[i]: target.node_extra[i] for i in members}
-    bad = next((i for i, e in extras.items() if e.get("dim") != "batch"), None)
+    dim = extras[target.ids[members[0]]].get("dim")
+    bad = next((i for i, e in extras.items() if e.get("dim") not in RUNTIME_DIMS or e.get("dim") != dim), None)
     if bad is not None:
         raise InvalidPlanError(f"node {bad!r} splits {x.name!r} along {extras[bad].get('dim')!r}; the runtime "
-                               f"executes batch splits only")
+                               f"executes batch and channel splits only, each of one dimension")
     out = x.meta.get("val")
     if not isinstance(x.target, torch._ops.OpOverload) or not isinstance(out, torch.Tensor):
         raise InvalidPlanError(f"split operation {x.name!r} ({x.target}) is not a single-output aten operation; "
@@ -128,40 +163,101 @@ def _split_node(gm: fx.GraphModule, x: fx.Node, target: OpGraph, members: list[i
     if len(concats) != 1 or concats[0][1].get("tensor", 0) != 0:
         raise InvalidPlanError(f"split of {x.name!r}: expected one concat of output 0, got "
                                f"{[node_id for node_id, _ in concats]}")
+    axis = 0
+    if dim == "channel":
+        axis = int(concats[0][1].get("axis", 1))
+        if not 0 <= axis < out.dim() or out.shape[axis] != extent:
+            raise InvalidPlanError(f"node {concats[0][0]!r} joins the channels of {x.name!r} along axis {axis}, "
+                                   f"which does not have its {extent} channels (output {tuple(out.shape)})")
     graph = gm.graph
     sliced: dict[fx.Node, list[fx.Node]] = {}
+    declared: set[int] = set()
     with graph.inserting_before(x):
         for node_id, e in splits:
             source = _input_for(x, e["source"], int(e.get("tensor", 0)), carrier)
             value = source.meta.get("val")
-            if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != extent:
-                raise InvalidPlanError(f"split node {node_id!r}: input {source.name!r} of {x.name!r} does not lead "
-                                       f"with the batch ({extent} rows); the runtime cannot slice it")
-            cut = graph.call_function(batch_slices, (source, [list(r) for r in rows]))
+            if dim == "batch":
+                along = 0
+                if not isinstance(value, torch.Tensor) or value.dim() == 0 or value.shape[0] != extent:
+                    raise InvalidPlanError(f"split node {node_id!r}: input {source.name!r} of {x.name!r} does not "
+                                           f"lead with the batch ({extent} rows); the runtime cannot slice it")
+            else:
+                along, positions = _channel_axis(x, node_id, e, source)
+                declared |= positions
+                if not isinstance(value, torch.Tensor) or not 0 <= along < value.dim() or value.shape[along] != extent:
+                    raise InvalidPlanError(f"split node {node_id!r}: input {source.name!r} of {x.name!r} does not "
+                                           f"have its {extent} channels along axis {along}; the runtime cannot "
+                                           f"slice it")
+            cut = graph.call_function(slices_along, (source, along, [list(r) for r in rows]))
             node_of[node_id] = cut
             carrier[cut.name] = node_id
             pieces = []
             for k, (lo, hi) in enumerate(rows):
                 piece = graph.call_function(operator.getitem, (cut, k))
-                piece.meta["placer_spec"] = _spec((hi - lo, *value.shape[1:]), value.stride(), value.dtype)
+                shape = list(value.shape)
+                shape[along] = hi - lo
+                piece.meta["placer_spec"] = _spec(shape, value.stride(), value.dtype)
                 carrier[piece.name] = node_id
                 pieces.append(piece)
             sliced[source] = pieces
+        if dim == "channel":
+            wanted = {int(p) for p, _ in (splits[0][1].get("args") or [])} if splits else set()
+            if not splits or declared != wanted:
+                raise InvalidPlanError(f"channel split of {x.name!r}: its split nodes "
+                                       f"{[node_id for node_id, _ in splits]} slice arguments {sorted(declared)}, "
+                                       f"not the arguments {sorted(wanted)} its channels need")
         part_nodes = []
         for k, node_id, (lo, hi) in parts:
             args, kwargs = fx.node.map_arg((x.args, x.kwargs), lambda a: sliced[a][k] if a in sliced else a)
             part = graph.call_function(x.target, args, kwargs)
-            part.meta["placer_spec"] = _spec((hi - lo, *out.shape[1:]), out.stride(), out.dtype)
+            shape = list(out.shape)
+            shape[axis] = hi - lo
+            stride = out.stride() if dim == "batch" else _part_stride(x, args, kwargs, shape, out)
+            part.meta["placer_spec"] = _spec(shape, stride, out.dtype)
             node_of[node_id] = part
             carrier[part.name] = node_id
             part_nodes.append(part)
         concat_id = concats[0][0]
-        joined = graph.call_function(concat_like, (part_nodes, list(out.shape), list(out.stride())))
+        joined = graph.call_function(concat_like, (part_nodes, list(out.shape), list(out.stride()), axis))
         joined.meta["val"] = out
         node_of[concat_id] = joined
         carrier[joined.name] = concat_id
     x.replace_all_uses_with(joined)
     graph.erase_node(x)
+
+
+def _channel_axis(x: fx.Node, node_id: str, extra: dict, source: fx.Node) -> tuple[int, set[int]]:
+    """The axis along which channel split node ``node_id`` slices ``source``, an argument of ``x``, as the
+    capture recorded it (``extra["args"]``), and the argument positions it feeds."""
+    recorded = {int(p): int(a) for p, a in extra.get("args") or []}
+    positions = {p for p, a in enumerate(x.args) if a is source}
+    axes = {recorded[p] for p in positions if p in recorded}
+    if not recorded or not positions or positions - recorded.keys() or len(axes) != 1 or source in x.kwargs.values():
+        raise InvalidPlanError(f"split node {node_id!r}: input {source.name!r} of {x.name!r} is not an argument "
+                               f"that the capture recorded as sliced along the channels "
+                               f"({sorted(recorded) or 'none recorded'}); the runtime cannot slice it")
+    return axes.pop(), positions
+
+
+def _part_stride(x: fx.Node, args: tuple, kwargs: dict, shape: Sequence[int], out: torch.Tensor) -> tuple[int, ...]:
+    """The strides of a channel part's output: ``x``'s operation run on meta tensors of its part's arguments
+    (the slices' own layouts), else dense in the order of ``x``'s output strides."""
+    def meta(a: fx.Node) -> object:
+        spec = a.meta.get("placer_spec")
+        if spec is not None and spec[0] == "tensor":
+            return torch.empty_strided(spec[1], spec[2], dtype=spec[3], device="meta")
+        value = a.meta.get("val")
+        if isinstance(value, torch.Tensor):
+            return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta")
+        return value
+    try:
+        margs, mkwargs = fx.node.map_arg((args, kwargs), meta)
+        result = x.target(*margs, **mkwargs)
+        if isinstance(result, torch.Tensor) and list(result.shape) == list(shape):
+            return tuple(int(s) for s in result.stride())
+    except Exception:       # noqa: BLE001 - an operation without a meta kernel: the fallback below
+        pass
+    return dense_strides(shape, out.stride())
 
 
 def _input_for(x: fx.Node, source: str, tensor: int, carrier: dict[str, str]) -> fx.Node:
