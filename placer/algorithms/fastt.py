@@ -273,7 +273,9 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     Starting from DPOS's schedule (or data parallelism, when the model fits
     one device: see ``data_parallel_start``), the operations on the schedule's critical
     path are taken in decreasing compute time; each splittable one is tried
-    split along each dimension it allows into n = 2 .. devices parts
+    split along each dimension it allows (its batch rows; its output channels,
+    where a weight is sliced and the activation goes whole to every part, as
+    at batch 1, where there are no rows to split) into n = 2 .. devices parts
     (:func:`~placer.transform.split.split_operation`), every trial
     scheduled by DPOS both afresh and keeping the current strategy for the
     nodes the split leaves alone; the fastest trial is kept if the reference
@@ -322,6 +324,15 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     >>> plan = os_dpos(g, load_cluster("2xV100-nvlink"), data_parallel_start=False)
     >>> plan.splits, plan.rewritten_graph.ids
     ([{'node': 'conv', 'dim': 'batch', 'parts': 2}], ['x', 'conv@split0', 'conv@part0', 'conv@part1'])
+
+    At one sample, the convolution's 8 output channels split instead:
+
+    >>> g = OpGraph(["x", "w", "conv"], [0.0, 0.0, 8.0], [0, 1], [2, 2], [100, 400],
+    ...             op=["placeholder", "placeholder", "aten.convolution"], param_bytes=[0, 400, 0],
+    ...             output_bytes=[100, 0, 400], splittable=[None, None, [{"dim": "batch", "size": 1},
+    ...                                                                   {"dim": "channel", "size": 8}]])
+    >>> os_dpos(g, load_cluster("2xV100-nvlink"), data_parallel_start=False).splits
+    [{'node': 'conv', 'dim': 'channel', 'parts': 2}]
 
     References
     ----------
