@@ -79,7 +79,8 @@ def channel_graph(compute=8.0, channels=5, batch=1, conv_params=10):
     """conv_graph at ``batch`` samples whose convolution may also be split along its ``channels`` output channels."""
     entries = [{"dim": "batch", "size": batch}, {"dim": "channel", "size": channels, "axis": 1, "args": [[1, 0]]}]
     return conv_graph(compute, batch).replace(param_bytes=[0, 40, conv_params, 0],
-                                              splittable=[None, None, entries, None])
+                                              splittable=[None, None, entries, None],
+                                              node_extra=[{}, {}, {"bytes_accessed": 1240}, {}])
 
 
 def test_channel_split_slices_the_weight_and_sends_the_input_whole_to_every_part():
@@ -101,8 +102,10 @@ def test_channel_split_slices_the_weight_and_sends_the_input_whole_to_every_part
     assert g.flops[parts].tolist() == pytest.approx([4e8, 4e8, 2e8])
     assert g.output_bytes[parts].tolist() == [160, 160, 80] and g.temp_bytes[parts].tolist() == [32, 32, 16]
     assert g.param_bytes[parts].tolist() == [4, 4, 2]         # each part holds its own channels' weights
+    # Every part reads the whole 800-byte input, and 2/5, 2/5, 1/5 of the weight and output (440 bytes).
+    assert [g.node_extra[p]["bytes_accessed"] for p in parts] == [976, 976, 888]
     assert g.node_extra[parts[2]] == {"split_of": "conv", "part": 2, "parts": 3, "dim": "channel", "axis": 1,
-                                      "rows": [4, 5]}
+                                      "rows": [4, 5], "bytes_accessed": 888}
     assert g.node_extra[idx["conv@split1"]] == {"split_of": "conv", "role": "split", "parts": 3, "dim": "channel",
                                                 "axis": 1, "source": "w", "tensor": 0, "args": [[1, 0]]}
     assert g.node_extra[idx["conv@concat0"]] == {"split_of": "conv", "role": "concat", "parts": 3, "dim": "channel",

@@ -20,7 +20,8 @@ operation's ``splittable`` entry names (``"axis"``, 1 when it names none).
 Costs come from the graph's own: a part of ``k`` rows (or channels) out of
 ``B`` takes ``k / B`` of the op's time (per device kind too), FLOPs, output
 and workspace (and, split along the channels, of the parameters the op
-holds itself); a slice of a contiguous tensor is a view, so a split node
+holds itself, every part reading the whole activation: its
+``bytes_accessed`` is that and its share of the rest); a slice of a contiguous tensor is a view, so a split node
 costs nothing (the slices' transfers are the data movement), and a concat
 node costs one copy of its output (read and write) on the analytic roofline
 of each device kind the op has a time for.
@@ -240,11 +241,14 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
         for k, pid in enumerate(part_ids):       # one tensor per slice: each travels on its own
             new_edges.append((sid, pid, piece(nbytes, k), k))
     by_kind = graph.compute_s_by_kind[x]
+    whole = 0 if dim == "batch" else min(sum(nbytes for (u, _), nbytes in inputs.items() if not sliced[u]),
+                                         int(extra_x.get("bytes_accessed", 0)))
     for k, pid in enumerate(part_ids):
         f = share[k]
         extra = {key: value for key, value in extra_x.items() if key != "bytes_accessed"}
         if "bytes_accessed" in extra_x:
-            extra["bytes_accessed"] = piece(extra_x["bytes_accessed"], k)
+            # Every part reads the inputs that go whole (along the channels, the activation) and its share of the rest.
+            extra["bytes_accessed"] = whole + piece(int(extra_x["bytes_accessed"]) - whole, k)
         extra.update({**base, "part": k, "rows": list(rows[k])})
         new_nodes.append(dict(
             id=pid, compute_s=float(graph.compute_s[x]) * f, op=graph.op[x], layer=graph.layer[x],
