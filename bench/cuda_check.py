@@ -68,14 +68,15 @@ def _max_diff(a: list, b: list) -> float:
 
 
 def _random_plan(graph, cluster, seed, split: bool = False):
-    """Colocation units on random devices; with ``split``, the first three splittable ops cut in two first."""
+    """Colocation units on random devices; with ``split``, the first three batch-splittable ops cut in two first."""
     from placer.algorithms.common import placement_units
     from placer.plan import Plan
     from placer.transform.split import split_operation
 
     target, splits = graph, []
     if split:
-        for name in [graph.ids[i] for i, s in enumerate(graph.splittable) if s][:3]:
+        for name in [graph.ids[i] for i, s in enumerate(graph.splittable)
+                     if any(e["dim"] == "batch" for e in s or [])][:3]:
             target = split_operation(target, name, "batch", 2)
             splits.append({"node": name, "dim": "batch", "parts": 2})
     rng = np.random.default_rng(seed)
