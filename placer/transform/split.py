@@ -171,7 +171,8 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
     >>> s = split_operation(g, "conv", "channel", 2)
     >>> s.ids
     ['x', 'w', 'conv@split1', 'conv@part0', 'conv@part1', 'conv@concat0', 'y']
-    >>> [(s.ids[a], s.ids[b], n) for a, b, n in zip(s.src.tolist(), s.dst.tolist(), s.edge_bytes.tolist())]  # doctest: +NORMALIZE_WHITESPACE
+    >>> edges = zip(s.src.tolist(), s.dst.tolist(), s.edge_bytes.tolist())
+    >>> [(s.ids[a], s.ids[b], n) for a, b, n in edges]  # doctest: +NORMALIZE_WHITESPACE
     [('x', 'conv@part0', 64), ('x', 'conv@part1', 64), ('w', 'conv@split1', 40), ('conv@split1', 'conv@part0', 20),
      ('conv@split1', 'conv@part1', 20), ('conv@part0', 'conv@concat0', 16), ('conv@part1', 'conv@concat0', 16),
      ('conv@concat0', 'y', 32)]
