@@ -245,6 +245,27 @@ def test_a_failing_rank_stops_the_run_with_an_error(file_case, hook, message):
     assert all(torch.equal(a, b) for a, b in zip(flat, before))      # ranks train copies: nothing half-written
 
 
+
+def _stop_rank_1(rank: int) -> None:
+    if rank == 1:
+        os.kill(os.getpid(), signal.SIGSTOP)     # as a debugger or a job control stop leaves it
+
+
+def test_a_stopped_rank_is_ended_without_waiting_out_the_grace(file_case, monkeypatch):
+    # A stopped process acts on SIGTERM only once continued: the run waited the whole grace (5 s a rank,
+    # one after another) before killing it. Here the grace is far longer than the run could otherwise take.
+    from placer.runtime import distributed
+
+    monkeypatch.setattr(distributed, "STOP_GRACE_S", 300.0)
+    cluster = load_cluster("2xcpu")
+    captured = file_case.captured
+    flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
+    began = time.monotonic()
+    with pytest.raises(RunError, match=r"rank 0 failed: .*rank\(s\) \[1\] were still running"):
+        run_distributed(captured.gm, captured.graph, random_plan(captured.graph, cluster, seed=1), cluster, flat,
+                        steps=2, carrier=captured.carrier, timeout_s=3, hook=_stop_rank_1)
+    assert time.monotonic() - began < 150
+
 def _state(model, optimizer) -> dict[str, torch.Tensor]:
     """Copies of the model's parameters and buffers and of the optimizer's state, by name."""
     state = {f"model.{name}": t.clone() for name, t in model.state_dict().items()}
@@ -1014,6 +1035,15 @@ def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys)
     tuned.bind(file_case.captured.graph, load_cluster("2xcpu"))
     assert tuned.extra["measured_step_s"] > 0
 
+
+
+def test_placer_tune_with_the_local_backend_feeds_its_transfers_back(tmp_path, capsys):
+    # The local executor's copies were timed and then dropped: only the distributed run's refined the links.
+    code = main(["tune", "zoo:lenet", "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",
+                 "--backend", "local", "-o", str(tmp_path / "tuned.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert re.search(r"round 1: \d+ measured op times, [1-9]\d* measured transfers; gloo link now", out), out
 
 def test_placer_tune_refuses_a_calibration_without_costs_by_gap(file_case, tmp_path, capsys):
     calibration = _calibration_file(tmp_path / "cal.json", by_gap=())

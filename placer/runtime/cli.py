@@ -53,7 +53,7 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
 
     from .distributed import run_distributed, run_under_torchrun, under_torchrun
     from .local import LocalExecutor
-    from .program import compile_program
+    from .program import compile_program, message_bytes, value_spec
 
     if backend == "local":
         program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
@@ -65,7 +65,10 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
             step_s.append(time.perf_counter() - t0)
         written = {root for roots in program.writes.values() for root in roots}
         state = {k: flat[k] for k, p in enumerate(program.placeholders) if p in written}
-        return Measurement(step_s, dict(executor.op_s), program.predicted_s, outputs, state)
+        # The last step's copies, as the distributed executor reports its messages (tune feeds them back).
+        transfers = [(x.src, x.dst, message_bytes(value_spec(x.node, program.compact_views)), seconds)
+                     for x, seconds in executor.transfer_s]
+        return Measurement(step_s, dict(executor.op_s), program.predicted_s, outputs, state, transfers)
     if backend == "distributed":
         run = run_under_torchrun if under_torchrun() else run_distributed
         result = run(captured.gm, captured.graph, plan, cluster, flat, steps=steps, backend="auto",

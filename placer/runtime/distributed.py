@@ -38,7 +38,7 @@ import statistics
 import tempfile
 import threading
 import time
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -62,6 +62,8 @@ __all__ = ["RunError", "RankJob", "KernelChoice", "DistributedResult", "run_dist
 #: A receive's wait longer than this blocked: its message arrived during it (an arrived
 #: message's wait returns in about 15 us on a 2-core machine).
 BLOCKED_WAIT_S = 50e-6
+#: Seconds the ranks of a failed run have to end on SIGTERM before they are killed.
+STOP_GRACE_S = 5.0
 
 
 class RunError(PlacerError):
@@ -831,11 +833,20 @@ def _failure_message(codes: list, error_dir: str, timeout_s: float) -> str:
 
 
 def _stop(processes: list) -> None:
+    """Terminate the ranks, and kill those still alive :data:`STOP_GRACE_S` later.
+
+    A stopped rank (SIGSTOP) acts on SIGTERM only once continued: without the
+    SIGCONT its run waited the grace before the kill. The grace is shared, not per rank.
+    """
     for p in processes:
         if p.is_alive():
             p.terminate()
+            with suppress(ProcessLookupError):
+                os.kill(p.pid, signal.SIGCONT)
+    deadline = time.monotonic() + STOP_GRACE_S
     for p in processes:
-        p.join(timeout=5)
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in processes:
         if p.is_alive():
             os.kill(p.pid, signal.SIGKILL)
             p.join(timeout=5)
