@@ -728,3 +728,14 @@ def test_a_plan_with_splits_and_no_rewritten_graph_places_the_graph_its_splits_m
     with pytest.raises(InvalidPlanError, match=r"splits\[0\] \('conv' along 'batch' into 3 parts\) is not what the "
                                                r"plan's rewritten graph holds \(2 parts of it along \['batch'\]\)"):
         Plan.from_dict(doc).validate(g, cluster)
+
+
+def test_a_source_that_declares_a_batch_split_carries_the_batch():
+    # A hand-written graph whose only source holds parameters: nothing was batch-dependent, so every
+    # replica ran the whole batch (data parallelism over 3 devices costed three whole steps).
+    g = OpGraph(["x", "y", "z"], [0.004, 0.008, 0.002], [0, 1], [1, 2], [4000, 4000], output_bytes=[4000, 4000, 400],
+                param_bytes=[100, 200, 0], splittable=[[{"dim": "batch", "size": 8}], None, None])
+    assert batch_dependent(g).tolist() == [True, True, True]
+    cluster = load_cluster("2xV100-nvlink")
+    halves = place(g, cluster, "data_parallel").rewritten_graph
+    assert np.isclose(halves.compute_s[halves.index["r0/x"]], 0.002)

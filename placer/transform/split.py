@@ -61,14 +61,17 @@ def batch_dependent(graph: OpGraph) -> np.ndarray:
     """Boolean per node: does its output depend on the batch (reachable from a batch input)?
 
     Batch inputs are sources that hold no parameters and are placeholders
-    (or have no op name, as in generated graphs). Parameters, optimizer
-    state and constants are not batch-dependent, nor is what derives from
-    them alone.
+    (or have no op name, as in generated graphs), and nodes that declare a
+    batch split (a hand-written graph's source may hold parameters and the
+    batch). Parameters, optimizer state and constants are not batch-dependent,
+    nor is what derives from them alone.
     """
     n = graph.num_nodes
     indegree = np.bincount(graph.dst, minlength=n)
     is_input = np.array([op in (None, "placeholder") for op in graph.op], dtype=bool)
-    reached = (indegree == 0) & (graph.param_bytes == 0) & is_input
+    declared = np.array([any(item.get("dim") == "batch" for item in entries or ()) for entries in graph.splittable],
+                        dtype=bool)
+    reached = ((indegree == 0) & (graph.param_bytes == 0) & is_input) | declared
     ptr, eids = graph.out_edges
     dst = graph.dst[eids].tolist()
     ptr = ptr.tolist()
