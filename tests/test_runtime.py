@@ -342,6 +342,24 @@ def _split_plan(case: Case, cluster, parts: int = 2) -> Plan:
                             splits=[{"node": n, "dim": "batch", "parts": parts} for n in names])
 
 
+def _assert_split_plan_trains_like_eager(case, plan, cluster, backend: str) -> None:
+    """``STEPS`` steps of ``plan``, which splits operations, with ``backend`` equal eager training (its parts ran)."""
+    model, optimizer = case.fresh()
+    if backend == "local":
+        plan.context["captured"] = case.captured
+        step = plan.apply(model, optimizer)
+        for _ in range(STEPS):
+            step(*case.inputs)
+    else:
+        captured = case.captured
+        flat = captured.step_inputs(model, case.inputs, optimizer)
+        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
+                                 carrier=captured.carrier, timeout_s=30)
+        captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+        assert any("@part" in node_id for node_id in result.op_s)
+    case.assert_matches(model, optimizer)
+
+
 @pytest.mark.parametrize("backend", ["local", "distributed"])
 def test_split_operations_run_as_slices_parts_and_concat(zoo_case, backend):
     """OS-DPOS's splits: each part computes its rows on its device, the concat joins them.
@@ -355,20 +373,7 @@ def test_split_operations_run_as_slices_parts_and_concat(zoo_case, backend):
                               carrier=zoo_case.captured.carrier)
     parts = [program.device_of[v] for v in program.schedule if (program.node_id(v) or "").count("@part")]
     assert len(parts) == 6 and len(set(parts)) == 2           # the parts really are spread
-    model, optimizer = zoo_case.fresh()
-    if backend == "local":
-        plan.context["captured"] = zoo_case.captured
-        step = plan.apply(model, optimizer)
-        for _ in range(STEPS):
-            step(*zoo_case.inputs)
-    else:
-        captured = zoo_case.captured
-        flat = captured.step_inputs(model, zoo_case.inputs, optimizer)
-        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
-                                 carrier=captured.carrier, timeout_s=30)
-        captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
-        assert any("@part" in node_id for node_id in result.op_s)
-    zoo_case.assert_matches(model, optimizer)
+    _assert_split_plan_trains_like_eager(zoo_case, plan, cluster, backend)
 
 
 @pytest.mark.parametrize("dim", ["channel", "height"])
@@ -422,20 +427,7 @@ def test_channel_splits_of_a_convolution_and_a_linear_layer_train_as_eager(batch
     parts = {program.node_id(v): program.device_of[v] for v in program.schedule
              if "@part" in (program.node_id(v) or "")}
     assert {"convolution@part2", "addmm@part1"} <= parts.keys() and len(set(parts.values())) == 2
-    model, optimizer = case.fresh()
-    if backend == "local":
-        plan.context["captured"] = case.captured
-        step = plan.apply(model, optimizer)
-        for _ in range(STEPS):
-            step(*case.inputs)
-    else:
-        captured = case.captured
-        flat = captured.step_inputs(model, case.inputs, optimizer)
-        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
-                                 carrier=captured.carrier, timeout_s=30)
-        captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
-        assert any("@part" in node_id for node_id in result.op_s)
-    case.assert_matches(model, optimizer)
+    _assert_split_plan_trains_like_eager(case, plan, cluster, backend)
 
 
 def test_channel_splits_of_arguments_the_capture_did_not_record_are_refused_naming_the_node(batch1_case):
