@@ -946,6 +946,39 @@ def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tm
     assert "--tolerance must be >= 0, got -1.0" in capsys.readouterr().err
 
 
+
+def test_placer_run_verify_catches_an_executor_that_computes_wrong(file_case, tmp_path, capsys, monkeypatch):
+    # Not a stubbed comparison: one operation's result, off by a part in a million, reaches the parameters.
+    import placer.runtime.local as local
+
+    real_call = local.call_node
+    perturbed = []
+
+    def off(v, values, device, seed):
+        out = real_call(v, values, device, seed)
+        if not perturbed and isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() > 1 \
+                and "addmm" in str(v.target):
+            perturbed.append(v.name)
+            return out * (1 + 1e-6)
+        return out
+
+    monkeypatch.setattr(local, "call_node", off)
+    random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3).save(tmp_path / "plan.json")
+    code = main(["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--verify",
+                 "--tolerance", "0"])
+    assert perturbed and code == 1
+    assert "FAILED: " in capsys.readouterr().out
+
+
+def test_extra_optimizer_state_counts_as_a_difference():
+    # State eager training does not have (an update of a parameter without a gradient) went unnoticed.
+    model, reference = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    reference.load_state_dict(model.state_dict())
+    optimizer, reference_optimizer = torch.optim.Adam(model.parameters()), torch.optim.Adam(reference.parameters())
+    assert state_difference(model, optimizer, reference, reference_optimizer)[0] == 0.0
+    optimizer.state[model.bias]["exp_avg"] = torch.zeros(2)
+    assert state_difference(model, optimizer, reference, reference_optimizer)[:2] == (float("inf"), "bias:exp_avg")
+
 def test_placer_run_refuses_a_tolerance_without_verify(file_case, tmp_path, capsys):
     # Without --verify nothing is compared: a --tolerance there would be silently ignored.
     plan = random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3)

@@ -94,8 +94,8 @@ def state_difference(model: nn.Module, optimizer: torch.optim.Optimizer | None, 
     -------
     (float, str, int)
         The difference, the name of the tensor where it is largest, and how
-        many tensors were compared. A shape mismatch or missing state counts
-        as an infinite difference; NaN where the other has NaN (the same
+        many tensors were compared. A shape mismatch, or state one side has
+        and the other lacks, counts as an infinite difference; NaN where the other has NaN (the same
         infinity) counts as equal, NaN against a number as infinitely far.
     """
     worst, where, count = 0.0, "", 0
@@ -107,7 +107,8 @@ def state_difference(model: nn.Module, optimizer: torch.optim.Optimizer | None, 
         for name, p in reference.named_parameters():
             state = reference_optimizer.state.get(p, {})
             mine = optimizer.state.get(params[name], {}) if optimizer is not None and name in params else {}
-            pairs += [(f"{name}:{key}", mine.get(key), value) for key, value in state.items()]
+            # State eager training has not (an update of a parameter without a gradient) differs too.
+            pairs += [(f"{name}:{key}", mine.get(key), state.get(key)) for key in {**state, **mine}]
     for name, a, b in pairs:
         count += 1
         if not (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor)) or a.shape != b.shape:
