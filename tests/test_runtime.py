@@ -8,6 +8,7 @@ import random
 import re
 import signal
 import textwrap
+import threading
 import time
 from dataclasses import dataclass, replace
 
@@ -244,6 +245,21 @@ def test_a_failing_rank_stops_the_run_with_an_error(file_case, hook, message):
                         timeout_s=3, hook=hook)
     assert all(torch.equal(a, b) for a, b in zip(flat, before))      # ranks train copies: nothing half-written
 
+
+
+def _kill_rank_1_in_its_steps(rank: int) -> None:
+    if rank == 1:       # a second into the run, whatever it is doing then
+        threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
+
+
+def test_a_rank_killed_while_it_trains_stops_the_run(file_case):
+    # The other failures strike before the first step; this one in the middle of the steps.
+    cluster = load_cluster("2xcpu")
+    captured = file_case.captured
+    flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
+    with pytest.raises(RunError, match="rank 1 was killed by signal SIGKILL"):
+        run_distributed(captured.gm, captured.graph, random_plan(captured.graph, cluster, seed=1), cluster, flat,
+                        steps=10**7, carrier=captured.carrier, timeout_s=10, hook=_kill_rank_1_in_its_steps)
 
 
 def _stop_rank_1(rank: int) -> None:
