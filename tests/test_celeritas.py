@@ -233,3 +233,15 @@ def test_celeritas_is_never_slower_than_order_place(nodes, edge_prob, seed, clus
     assert ours.predicted["makespan_s"] <= theirs.predicted["makespan_s"]
     assert ours.extra["celeritas"]["policy"] in ("adjust", "order")
     assert ours.predicted["makespan_s"] == pytest.approx(simulate_plan(ours, graph, cluster).makespan_s)
+
+
+@pytest.mark.parametrize("algorithm", ["celeritas", "order_place"])
+def test_devices_not_all_linked_get_a_valid_plan(algorithm):
+    # A ring of 4 with little memory: where no device had room, the cluster went to the one with the most
+    # room left whether or not its inputs could reach it ("no channel connects these devices").
+    names = ["g0", "g1", "g2", "g3"]
+    channels = [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for i, a in enumerate(names)
+                for b in (names[(i + 1) % 4], names[i - 1])]
+    ring = Cluster("ring4", [Device(x, "V100", 160 << 20) for x in names], channels)
+    plan = place(training_graph(layers=4, branches=2), ring, algorithm)     # place() validates it
+    assert plan.predicted["fits"]

@@ -195,7 +195,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         if (pinned_to >= 0).any():
             # The first-placed member of a group decided its device; most pinned members decide here,
             # if that device has room for the rest (else the rest is placed freely, the pinned members stay).
-            votes = np.where(allowed & (used + amount <= capacity),
+            votes = np.where(allowed & (used + amount <= capacity) & np.isfinite(ready),
                              np.bincount(pinned_to[pinned_to >= 0], minlength=n_dev), 0)
             if votes.max() > 0:
                 choice = int(np.argmax(votes))
@@ -205,7 +205,8 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
             if d == choice or (choice < 0 and allowed[d] and used[d] + amount <= capacity[d]):
                 est[d] = timelines[d].earliest(float(ready[d]), float(duration[k, d]))
         if choice < 0:
-            choice = _choose(policy, est + duration[k], prev, allowed, capacity - used,
+            reached = allowed & np.isfinite(ready)
+            choice = _choose(policy, est + duration[k], prev, reached if reached.any() else allowed, capacity - used,
                              latency, inverse, float(largest_out[k]) if has_succ[k] else None)
         previous[step] = prev
         device[k] = choice
@@ -224,7 +225,10 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
 
 def _choose(policy: str, eft: np.ndarray, prev: int, allowed: np.ndarray, room: np.ndarray,
             latency: np.ndarray, inverse: np.ndarray, largest_out: float | None) -> int:
-    """The device for one cluster, given its earliest finish per device (inf where it may not go)."""
+    """The device for one cluster, given its earliest finish per device (inf where it may not go).
+
+    ``allowed``: the devices its kinds allow that its inputs can reach (where some channel is missing).
+    """
     n_dev = eft.size
     open_ = np.flatnonzero(np.isfinite(eft))
     if open_.size == 0:  # nothing has room: best effort, the allowed device with the most room left
