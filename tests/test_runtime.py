@@ -744,6 +744,16 @@ def test_a_plan_for_another_graph_is_refused(file_case):
         compile_program(file_case.captured.gm, file_case.captured.graph, plan, cluster)
 
 
+
+def test_placer_run_refuses_a_plan_for_another_batch_before_training(file_case, tmp_path, capsys):
+    # It said "training 2 steps of ..." first, then refused.
+    other = capture(*load_model(file_case.spec, 2))
+    place(other.graph, load_cluster("2xcpu"), "expert").save(tmp_path / "bs2.json")
+    code = main(["run", file_case.spec, "--plan", str(tmp_path / "bs2.json"), "--batch", "4", "--steps", "2"])
+    out, err = capsys.readouterr()
+    assert code == 2 and "training" not in out + err
+    assert f"{tmp_path / 'bs2.json'}: the plan was made for graph 'Net-bs2-adam'" in err
+
 def test_an_optimizer_the_capture_cannot_reproduce_is_refused(file_case):
     plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
     model = copy.deepcopy(file_case.model)

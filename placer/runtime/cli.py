@@ -185,6 +185,10 @@ def _run(args: argparse.Namespace) -> int:
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     _check_runnable(plan, args.plan, cluster)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
+    try:        # a plan for another batch size or optimizer: refused before "training ..."
+        plan.bind(captured.graph, cluster)
+    except InvalidPlanError as exc:
+        raise InvalidPlanError(f"{args.plan}: {exc}") from None
     if args.verify:
         refuse_random_ops(captured)         # random draws cannot equal eager training's: say so before training
     optimizer = captured.optimizer.eager(model.parameters())
