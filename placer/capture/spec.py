@@ -188,14 +188,14 @@ def load_model(spec: str, batch: int, *, meta: bool = False) -> tuple[nn.Module,
 
 
 def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 1e-3,
-                 fake: bool | None = None, name: str | None = None):
+                 fake: bool | None = None, name: str | None = None, settings: dict | None = None):
     """Capture the training step of the model ``spec`` names (see :func:`load_model`).
 
     Parameters
     ----------
     spec, batch
         As for :func:`load_model`.
-    optimizer, lr
+    optimizer, lr, settings
         As for :func:`placer.capture.capture`.
     fake : bool or None
         True: build on the meta device (no memory, any size). False: build for real.
@@ -216,7 +216,8 @@ def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 
     """
     from .trace import capture, step_name
 
-    options = dict(optimizer=optimizer, lr=lr, name=name or step_name(spec_label(spec), batch, optimizer))
+    options = dict(optimizer=optimizer, lr=lr, settings=settings,
+                   name=name or step_name(spec_label(spec), batch, optimizer))
     if fake is None:
         try:
             return capture(*load_model(spec, batch, meta=True), fake=True, **options)

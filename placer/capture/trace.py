@@ -542,7 +542,7 @@ def step_name(label: str, batch: int | None, optimizer: str) -> str:
 
 
 def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float = 1e-3,
-            name: str | None = None, fake: bool = False) -> CapturedStep:
+            name: str | None = None, fake: bool = False, settings: dict[str, Any] | None = None) -> CapturedStep:
     """Capture one training step (forward, loss, backward, optimizer update) of ``model``.
 
     Parameters
@@ -554,7 +554,8 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         Example arguments of ``model``; the tensors among them become inputs of the step
         (the batch size is the leading dimension of the first), the rest constants.
     optimizer : {"adam", "sgd", "adamw"}
-        The ``torch.optim`` optimizer whose update ends the step (torch's defaults).
+        The ``torch.optim`` optimizer whose update ends the step (torch's defaults but for
+        ``lr`` and ``settings``).
     lr : float
         Learning rate.
     name : str, optional
@@ -564,6 +565,9 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         Do not read the model's values; automatic when its parameters are on the meta
         device. Tracing always uses fake tensors, so this only marks the step as not
         executable from the model (:meth:`CapturedStep.example_args` then makes up values).
+    settings : dict, optional
+        The optimizer's other settings (``{"momentum": 0.9, "weight_decay": 1e-4}``), as
+        :func:`placer.capture.optimizer_spec` takes them.
 
     Returns
     -------
@@ -573,7 +577,7 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     Raises
     ------
     OptionError
-        Unknown optimizer, bad ``lr``, ``model`` not a module or bad ``inputs``.
+        Unknown optimizer, bad ``lr`` or setting, ``model`` not a module or bad ``inputs``.
     FormatError
         If ``model(*inputs)`` does not return a scalar floating-point loss, the model has
         no trainable parameter or the loss depends on none of them (no backward to
@@ -612,7 +616,7 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     if not isinstance(model, nn.Module):
         raise OptionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = _as_tuple(inputs)
-    opt = optimizer_spec(optimizer, lr)
+    opt = optimizer_spec(optimizer, lr, **(settings or {}))
     if not any(p.requires_grad for p in model.parameters()):      # a training step would compute no gradient and update nothing
         count = sum(1 for _ in model.parameters())
         why = f"its {count} parameters all have requires_grad=False" if count else "it has no parameters"
