@@ -757,8 +757,20 @@ def test_placer_run_refuses_a_plan_for_another_batch_before_training(file_case, 
 def test_an_optimizer_the_capture_cannot_reproduce_is_refused(file_case):
     plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
     model = copy.deepcopy(file_case.model)
-    with pytest.raises(OptionError, match="momentum"):
-        plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9))
+    with pytest.raises(OptionError, match="dampening=0.5 with momentum is not supported"):
+        plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5))
+    with pytest.raises(OptionError, match="amsgrad=True is not supported by capture"):
+        plan.apply(model, torch.optim.Adam(model.parameters(), amsgrad=True))
+    with pytest.raises(OptionError, match="foreach=True is not supported by capture"):
+        plan.apply(model, torch.optim.Adam(model.parameters(), foreach=True))
+    with pytest.raises(OptionError, match="differentiable=True is not supported by capture"):
+        plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1, differentiable=True))
+    weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
+    others = [p for n, p in model.named_parameters() if not n.endswith("weight")]
+    with pytest.raises(OptionError, match="2 parameter groups"):
+        plan.apply(model, torch.optim.SGD([{"params": weights}, {"params": others}], lr=0.1, momentum=0.9))
+    with pytest.raises(OptionError, match="RMSprop is not supported"):
+        plan.apply(model, torch.optim.RMSprop(model.parameters()))
 
 
 # --------------------------------------------------------- tensor layouts

@@ -268,8 +268,10 @@ class CapturedStep:
             raise OptionError(f"the step was captured for {self.optimizer.torch_class.__name__}, "
                               f"got a {type(optimizer).__name__}")
         state = optimizer.state[param]
-        if not state:
-            state.update(self.optimizer.initial_state(param.detach()))
+        if any(state.get(name) is None for name in self.layout.state_names):
+            # torch.optim's first step (or momentum set since eager steps without it): fresh state where none is
+            fresh = self.optimizer.initial_state(param.detach())
+            state.update({name: fresh[name] for name in self.layout.state_names if state.get(name) is None})
         return state
 
     def example_args(self, seed: int = 0) -> list[torch.Tensor]:

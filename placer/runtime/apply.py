@@ -7,6 +7,7 @@ from typing import Any, Sequence
 import torch
 from torch import nn
 
+from ..capture.optim import spec_of
 from ..cluster import Cluster, load_cluster
 from ..errors import InvalidPlanError, OptionError
 from ..plan import Plan
@@ -22,27 +23,20 @@ def optimizer_name(optimizer: torch.optim.Optimizer | None) -> tuple[str, float]
     Raises
     ------
     OptionError
-        Another optimizer class, several parameter groups, or a setting other
-        than torch's default (except ``lr``).
+        As :func:`placer.capture.optim.spec_of`: another optimizer class, several parameter
+        groups, or a setting a captured step does not reproduce (naming it).
     """
-    from ..capture.optim import OPTIMIZERS, optimizer_spec
+    from ..capture.optim import spec_of
 
-    if optimizer is None:
-        return "adam", 1e-3
-    if len(optimizer.param_groups) != 1:
-        raise OptionError(f"the optimizer has {len(optimizer.param_groups)} parameter groups; a placed step "
-                          f"supports one")
-    group = optimizer.param_groups[0]
-    for name in OPTIMIZERS:
-        spec = optimizer_spec(name, group["lr"])
-        if type(optimizer) is spec.torch_class:
-            for key, value in spec.hyper.items():
-                if key in group and group[key] != value:
-                    raise OptionError(f"optimizer setting {key}={group[key]!r} differs from torch's default "
-                                      f"{value!r}; a placed step reproduces the defaults (except lr)")
-            return name, float(group["lr"])
-    raise OptionError(f"optimizer {type(optimizer).__name__} is not supported; use one of "
-                      f"{', '.join(optimizer_spec(n).torch_class.__name__ for n in OPTIMIZERS)}")
+    spec = spec_of(optimizer)
+    return spec.name, spec.hyper["lr"]
+
+
+def _changed(now, then) -> str:
+    """What differs between two optimizer specs of one class: ``momentum 0.9 (captured with 0)``, ..."""
+    now_settings, then_settings = now.settings, then.settings
+    return ", ".join(f"{key} {now_settings[key]!r} (captured with {then_settings[key]!r})"
+                     for key in now_settings if now_settings[key] != then_settings[key])
 
 
 class PlacedStep:
@@ -59,12 +53,12 @@ class PlacedStep:
     by :func:`placer.plan` from a module uses its own capture. The capture holds
     fixed what it was made with, so every call checks, before running
     anything, that it still holds: the inputs' shapes and dtypes (the batch
-    size) and non-tensor values, the optimizer's settings (``lr`` included:
-    learning-rate schedulers are not supported yet) and the parameters it holds,
+    size) and non-tensor values, the optimizer's settings (``lr``, ``momentum``,
+    ``weight_decay``, ...: learning-rate schedulers are not supported yet) and the parameters it holds,
     which parameters require grad, and every module's
     training/eval mode; otherwise it raises :class:`~placer.errors.OptionError`
-    saying what differs (for a new ``lr`` apply the plan again; for the rest
-    plan again). A step that raises once running may have written part of the
+    saying what differs (for a new ``lr`` or other optimizer setting apply the
+    plan again, which captures the step anew with them; for the rest plan again). A step that raises once running may have written part of the
     new state, where the plan puts its writes (the error says so); with
     ``atomic=True`` it changes neither ``model`` nor ``optimizer``.
 
@@ -79,8 +73,13 @@ class PlacedStep:
     model : torch.nn.Module
         ``model(*inputs)`` returns the scalar loss.
     optimizer : torch.optim.Optimizer, optional
-        SGD, Adam or AdamW with torch's defaults except ``lr`` (default: a
-        fresh Adam state with lr 1e-3, kept by the step).
+        SGD, Adam or AdamW with one parameter group, whose settings the step
+        reproduces: ``lr``; SGD's ``momentum`` (the ``momentum_buffer`` state),
+        ``weight_decay``, ``nesterov``, ``maximize``; Adam's and AdamW's ``betas``,
+        ``eps``, ``weight_decay``, ``maximize``. Refused, saying why: SGD's
+        ``dampening`` with momentum, ``amsgrad``, ``foreach=True``, ``fused``,
+        ``capturable``, ``differentiable`` (default: a fresh Adam state with lr 1e-3,
+        kept by the step).
     cluster : Cluster or str, optional
         Default: the cluster the plan was made for (its context, else its preset name).
     devices : sequence of str, optional
@@ -101,7 +100,8 @@ class PlacedStep:
         self.plan = plan
         self.model = model
         self.optimizer = optimizer
-        self.optimizer_name, self.lr = optimizer_name(optimizer)
+        self.spec = spec_of(optimizer)
+        self.optimizer_name, self.lr = self.spec.name, self.spec.hyper["lr"]
         cluster = cluster if cluster is not None else plan.context.get("cluster")
         if cluster is None:
             if not plan.cluster_name:
@@ -119,14 +119,19 @@ class PlacedStep:
         if keywords:
             raise OptionError(f"a placed step takes its inputs by position, as the step was captured "
                               f"(model(*inputs)); got keyword inputs {', '.join(map(repr, keywords))}")
-        name, lr = optimizer_name(self.optimizer)         # the settings may have changed since the last call
+        spec = spec_of(self.optimizer)         # the settings may have changed since the last call
+        lr = spec.hyper["lr"]
         if self.captured is not None and lr != self.lr:
             raise OptionError(f"the optimizer's lr is now {lr:g}, but the placed step was captured with lr "
                               f"{self.lr:g}, which it holds as a constant (learning-rate schedulers are not "
                               f"supported yet): apply the plan again, plan.apply(model, optimizer), for a step "
                               f"captured with the new lr")
+        if self.captured is not None and spec.hyper != self.spec.hyper:
+            raise OptionError(f"the optimizer's settings changed since the step was captured: "
+                              f"{_changed(spec, self.spec)}; the step holds them as constants: apply the plan "
+                              f"again, plan.apply(model, optimizer), for a step captured with the new settings")
         if self.captured is None:
-            self.optimizer_name, self.lr = name, lr
+            self.spec, self.optimizer_name, self.lr = spec, spec.name, lr
             self._prepare(inputs)
         inputs = self.captured.checked_inputs(inputs)
         self.captured.check_modes(self.model)
@@ -151,18 +156,27 @@ class PlacedStep:
         from ..capture import capture
 
         captured = self.plan.context.get("captured")
-        this = (type(self.optimizer).__name__ if self.optimizer is not None else "the default Adam") \
-            + f" (lr {self.lr:g})"
+        this = self.spec.describe() if self.optimizer is not None else f"the default {self.spec.describe()}"
         if captured is not None and captured.optimizer.name != self.optimizer_name:
             raise OptionError(f"the plan was made for a training step with {captured.optimizer.torch_class.__name__}, "
                               f"but the optimizer is {this}: its update is part of the placed step; plan again "
                               f"with optimizer={self.optimizer_name!r}")
-        if captured is not None and captured.optimizer.hyper.get("lr") != self.lr:
-            captured = None      # planned with another lr (a constant of the same graph): capture this one
+        planned = captured
+        if captured is not None and captured.optimizer.hyper != self.spec.hyper:
+            # planned with another lr or other settings: capture this one (another graph where they add
+            # operations or state, momentum or weight decay: refused below by its digest)
+            captured = None
         if captured is None:
+            settings = {k: v for k, v in self.spec.settings.items() if k != "lr"}
             captured = capture(self.model, inputs, optimizer=self.optimizer_name, lr=self.lr,
-                               name=self.plan.graph_name or None)
+                               name=self.plan.graph_name or None, settings=settings)
             if self.plan.graph_digest and self.plan.graph_digest != captured.graph.digest():
+                if planned is not None and planned.graph.digest() == self.plan.graph_digest:
+                    raise InvalidPlanError(
+                        f"the plan was made for a training step with {planned.optimizer.describe()}, but the "
+                        f"optimizer is {this}: {_changed(self.spec, planned.optimizer)} change the step's "
+                        f"operations or state (momentum buffers, weight decay), so the plan does not fit it; "
+                        f"plan again with these settings")
                 raise InvalidPlanError(
                     f"the plan was made for another training step (digest {self.plan.graph_digest}) than this "
                     f"model's with these inputs and {this} (digest {captured.graph.digest()}): another model, "
