@@ -23,7 +23,7 @@ __all__ = ["plan"]
 
 
 def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluster" = "4xV100-nvlink",
-         algorithm: str = "auto", batch: int | None = None, optimizer: str = "adam", lr: float = 1e-3,
+         algorithm: str = "auto", batch: int | None = None, optimizer: Any = "adam", lr: float | None = None,
          profile: "str | os.PathLike | None" = None, runnable: bool = False, **options: Any) -> Plan:
     """Capture one training step of ``model``, place it on ``cluster`` and check the plan.
 
@@ -42,7 +42,10 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     batch : int, optional
         Batch size for a model spec (required with one, refused otherwise).
     optimizer, lr
-        The optimizer whose update is part of the captured step.
+        The optimizer whose update is part of the captured step: a name (``"adam"``,
+        ``"sgd"``, ``"adamw"``; torch's defaults, ``lr`` default 1e-3), or a live
+        ``torch.optim`` optimizer, whose class and settings (``lr``, ``momentum``,
+        ``weight_decay``, ``betas``, ...) the step is captured with (``lr`` then not given).
     profile : path, optional
         A ``placer.profile/1`` file of measured per-node times to use instead
         of the analytic costs for its device kind.
@@ -83,7 +86,8 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
 
         measured = load_profile(profile)
         measured.check_cluster(target)
-    graph, captured = _captured(model, inputs, batch, optimizer, lr)
+    name, lr, settings = _optimizer(optimizer, lr)
+    graph, captured = _captured(model, inputs, batch, name, lr, settings)
     if measured is not None:
         graph = apply_profile(graph, measured)
     result = place(graph, target, algorithm, **options)
@@ -91,7 +95,22 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     return result
 
 
-def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: float) -> tuple[OpGraph, Any]:
+def _optimizer(optimizer: Any, lr: float | None) -> tuple[str, float, dict]:
+    """The optimizer's name, lr and other settings, from a name and ``lr`` or from a live optimizer."""
+    if isinstance(optimizer, str):
+        return optimizer, 1e-3 if lr is None else lr, {}
+    from .capture.optim import spec_of
+
+    if lr is not None:
+        raise OptionError(f"placer.plan(optimizer={type(optimizer).__name__}, lr={lr!r}): a live optimizer "
+                          f"gives its own lr; lr= is for an optimizer name")
+    spec = spec_of(optimizer)
+    settings = spec.settings
+    return spec.name, settings.pop("lr"), settings
+
+
+def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: float,
+              settings: dict | None = None) -> tuple[OpGraph, Any]:
     """The graph of ``model``'s training step and the captured step (None for a graph), refusing an argument
     that would be ignored (a batch or inputs beside a graph, inputs beside a spec, a batch beside a module)."""
     if isinstance(model, OpGraph):
@@ -108,7 +127,7 @@ def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: fl
                               f"inputs are for a module")
         if batch is None:
             raise OptionError(f"placer.plan({model!r}): a model spec needs batch=N")
-        captured = capture_spec(model, batch, optimizer=optimizer, lr=lr)
+        captured = capture_spec(model, batch, optimizer=optimizer, lr=lr, settings=settings)
         return captured.graph, captured
     from torch import nn
 
@@ -123,5 +142,5 @@ def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: fl
     from .capture import capture
 
     captured = capture(model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,),
-                       optimizer=optimizer, lr=lr)
+                       optimizer=optimizer, lr=lr, settings=settings)
     return captured.graph, captured

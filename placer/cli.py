@@ -68,6 +68,11 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
             raise OptionError(f"--batch applies to a model spec; {source} is a graph file, captured at its own batch")
         if getattr(args, "name", None) is not None:
             raise OptionError(f"--name applies to a model spec; {source} is a graph file, named at its capture")
+        given = [flag for flag in ("momentum", "weight_decay", "nesterov", "betas", "eps")
+                 if getattr(args, flag, None) is not None]
+        if given:
+            raise OptionError(f"--{given[0].replace('_', '-')} applies to a model spec; {source} is a graph file, "
+                              f"captured with its own optimizer")
         graph = OpGraph.load(source)
     elif args is None or getattr(args, "batch", None) is None:
         raise OptionError(f"{source}: a model spec needs --batch N")
@@ -75,7 +80,10 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
         from .capture import capture_spec
 
         print(f"capturing one training step of {source} at batch {args.batch} ...", file=sys.stderr)
-        graph = capture_spec(source, args.batch, optimizer=args.optimizer, name=getattr(args, "name", None)).graph
+        from .capture.cli import optimizer_settings
+
+        graph = capture_spec(source, args.batch, optimizer=args.optimizer, name=getattr(args, "name", None),
+                             settings=optimizer_settings(args)).graph
     if getattr(args, "profile", None):
         from .cost.profile import apply_profile, load_profile
 
@@ -150,9 +158,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="batch size when GRAPH is a model spec")
     p.add_argument("--name", help="graph name when GRAPH is a model spec, as `placer capture --name` gave it "
                                   "(default NAME-bsBATCH-OPTIMIZER)")
-    from .capture.cli import add_optimizer_option
+    from .capture.cli import add_optimizer_option, add_optimizer_settings
 
     add_optimizer_option(p, "optimizer of the captured step when GRAPH is a model spec (default adam)")
+    add_optimizer_settings(p)
     p.add_argument("--profile", metavar="FILE", help="placer.profile/1 file of measured times to use")
 
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_commands", "add_optimizer_option", "cmd_capture"]
+__all__ = ["add_commands", "add_optimizer_option", "add_optimizer_settings", "optimizer_settings", "cmd_capture"]
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
@@ -12,12 +12,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from ..report.tables import working
 
     check_output(args.output, "graph file")     # before the capture
+    optimizer_settings(args)
     with working(f"capturing one training step of {args.spec} at batch {args.batch} "
                  f"({args.optimizer}{', meta device' if args.fake else ''})..."):
         from .spec import capture_spec
 
         step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, lr=args.lr,
-                            fake=True if args.fake else None, name=args.name)
+                            fake=True if args.fake else None, name=args.name, settings=optimizer_settings(args))
     graph = step.graph
     graph.save(args.output)
     print(f"{graph.name}: {graph.num_nodes} nodes, {graph.num_edges} edges, "
@@ -41,6 +42,60 @@ def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = Non
         "optimizer whose update ends the captured step, torch's defaults (default adam)"))
 
 
+# --flag -> (the setting it gives, the optimizers that take it).
+_SETTING_FLAGS = {"momentum": ("momentum", ("sgd",)), "weight_decay": ("weight_decay", ("sgd", "adam", "adamw")),
+                  "nesterov": ("nesterov", ("sgd",)), "betas": ("betas", ("adam", "adamw")),
+                  "eps": ("eps", ("adam", "adamw"))}
+
+
+def _betas(text: str) -> tuple[float, float]:
+    parts = text.split(",")
+    try:
+        if len(parts) != 2:
+            raise ValueError
+        return float(parts[0]), float(parts[1])
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected two numbers B1,B2 (0.9,0.999), got {text!r}") from None
+
+
+def add_optimizer_settings(parser: argparse.ArgumentParser) -> None:
+    """Add the optimizer's settings besides ``--lr`` (``--momentum``, ``--weight-decay``, ``--nesterov``,
+    ``--betas``, ``--eps``) to a command that captures a training step; :func:`optimizer_settings` reads them."""
+    group = parser.add_argument_group("optimizer settings (torch's defaults where not given)")
+    group.add_argument("--momentum", type=float, help="SGD's momentum (a momentum_buffer per parameter)")
+    group.add_argument("--weight-decay", type=float, help="weight decay (AdamW's default 0.01, else 0)")
+    group.add_argument("--nesterov", action="store_true", default=None, help="SGD: Nesterov momentum")
+    group.add_argument("--betas", type=_betas, metavar="B1,B2", help="Adam's and AdamW's betas (0.9,0.999)")
+    group.add_argument("--eps", type=float, help="Adam's and AdamW's eps (1e-8)")
+
+
+def optimizer_settings(args: argparse.Namespace) -> dict:
+    """The settings :func:`add_optimizer_settings` added that were given, checked against ``--optimizer`` (and
+    ``--lr`` where the command takes it) before any long work.
+
+    Raises
+    ------
+    OptionError
+        A flag another optimizer takes (``--momentum`` with adam) or a bad value, naming the flag.
+    """
+    from ..errors import OptionError
+    from .optim import optimizer_spec
+
+    given = {key: getattr(args, key) for key in _SETTING_FLAGS if getattr(args, key, None) is not None}
+    for key in given:
+        setting, takes = _SETTING_FLAGS[key]
+        if args.optimizer not in takes:
+            raise OptionError(f"--{key.replace('_', '-')} is for --optimizer {' or '.join(takes)}, "
+                              f"not {args.optimizer}")
+    settings = {_SETTING_FLAGS[key][0]: value for key, value in given.items()}
+    try:
+        optimizer_spec(args.optimizer, getattr(args, "lr", 1e-3), **settings)
+    except OptionError as exc:
+        raise OptionError(f"{exc} (--{'/--'.join(k.replace('_', '-') for k in given) or 'optimizer'})"
+                          if given else str(exc)) from None
+    return settings
+
+
 def add_commands(subparsers) -> None:
     """Add ``placer capture`` to the ``placer`` command."""
     p = subparsers.add_parser("capture", help="capture a PyTorch training step as a graph file",
@@ -52,6 +107,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--batch", type=int, required=True, help="batch size passed to the factory")
     add_optimizer_option(p)
     p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    add_optimizer_settings(p)
     p.add_argument("--output", "-o", required=True, help="graph file to write")
     p.add_argument("--name", help="graph name (default NAME-bsBATCH-OPTIMIZER)")
     p.add_argument("--fake", action="store_true",

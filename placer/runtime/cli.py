@@ -12,7 +12,7 @@ from typing import Any
 
 import torch
 
-from ..capture.cli import add_optimizer_option
+from ..capture.cli import add_optimizer_option, add_optimizer_settings, optimizer_settings
 from ..errors import InvalidPlanError, OptionError
 from ..io import check_output
 
@@ -114,7 +114,8 @@ def _load(args: argparse.Namespace, batch: int):
     torch.set_num_threads(args.threads)
     model, inputs = load_model(args.spec, batch)
     reference = copy.deepcopy(model)
-    captured = capture_spec(args.spec, batch, optimizer=args.optimizer, lr=args.lr, name=getattr(args, "name", None))
+    captured = capture_spec(args.spec, batch, optimizer=args.optimizer, lr=args.lr, name=getattr(args, "name", None),
+                            settings=optimizer_settings(args))
     return model, inputs, reference, captured
 
 
@@ -181,10 +182,17 @@ def _run(args: argparse.Namespace) -> int:
         raise OptionError(f"--warmup must be >= 0, got {args.warmup}")
     if args.devices and args.backend != "local":
         raise OptionError("--devices is for --backend local (a distributed run's ranks each take their own device)")
+    optimizer_settings(args)        # before the plan, the model and the capture
     plan = Plan.load(args.plan)
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     _check_runnable(plan, args.plan, cluster)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
+    if plan.graph_digest and plan.graph_digest != captured.graph.digest() and plan.graph_name == captured.graph.name:
+        raise InvalidPlanError(f"{args.plan} was made for another graph than {captured.graph.name!r} captured with "
+                               f"{captured.optimizer.describe()} (digest {plan.graph_digest}, not "
+                               f"{captured.graph.digest()}): optimizer settings that add operations or state "
+                               f"(--momentum, --weight-decay, --nesterov) make another graph; pass those the plan "
+                               f"was made with")
     try:        # a plan for another batch size or optimizer: refused before "training ..."
         plan.bind(captured.graph, cluster)
     except InvalidPlanError as exc:
@@ -332,6 +340,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                         "the ranks of `torchrun --nproc-per-node N [--nnodes ...] -m placer run ...`")
     add_optimizer_option(p)
     p.add_argument("--lr", type=float, default=1e-3)
+    add_optimizer_settings(p)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (per rank; default 1)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a rank may wait for another before the run stops (default 60)")
