@@ -836,3 +836,95 @@ def test_no_ordering_edge_is_implied_by_a_path(optimizer):
             implied.append((g.ids[u], g.ids[v]))
         others.add_edge(u, v)
     assert zero and not implied
+
+
+# ------------------------------------------------------ optimizer settings
+SETTINGS = {
+    "sgd-momentum-wd": ("sgd", torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-4)),
+    "sgd-nesterov": ("sgd", torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+    "sgd-maximize-wd": ("sgd", torch.optim.SGD, dict(lr=0.01, momentum=0.5, weight_decay=1e-2, maximize=True)),
+    "adam-betas-wd": ("adam", torch.optim.Adam, dict(lr=1e-2, betas=(0.8, 0.99), weight_decay=0.01)),
+    "adam-decoupled": ("adam", torch.optim.Adam, dict(lr=1e-2, weight_decay=0.1, decoupled_weight_decay=True)),
+    "adamw-eps-maximize": ("adamw", torch.optim.AdamW, dict(lr=1e-2, eps=1e-6, maximize=True, weight_decay=0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SETTINGS))
+def test_captured_steps_with_optimizer_settings_equal_eager_training_bit_for_bit(case):
+    name, torch_class, given = SETTINGS[case]
+    model, inputs = _cnn()
+    reference = copy.deepcopy(model)
+    settings = {k: v for k, v in given.items() if k != "lr"}
+    step = capture(model, inputs, optimizer=name, lr=given["lr"], settings=settings)
+    opt = torch_class(model.parameters(), **given)
+    eager_opt = torch_class(reference.parameters(), foreach=False, **given)
+    for _ in range(3):
+        step.run(model, inputs, opt)
+    _eager_steps(reference, inputs, eager_opt, 3)
+    for (key, a), b in zip(model.state_dict().items(), reference.state_dict().values()):
+        assert torch.equal(a, b), key
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert opt.state[p].keys() == eager_opt.state[q].keys()
+        for key, value in eager_opt.state[q].items():
+            assert torch.equal(opt.state[p][key], value), key
+    # Eager training goes on from the state (the momentum buffers) the captured steps left.
+    _eager_steps(model, inputs, opt, 1)
+    _eager_steps(reference, inputs, eager_opt, 1)
+    for p, q in zip(model.parameters(), reference.parameters()):
+        assert torch.equal(p, q)
+
+
+def test_copied_updates_with_momentum_give_the_graph_of_a_trace_of_every_update(monkeypatch):
+    steps = []
+    for per_parameter in (True, False):
+        monkeypatch.setattr(trace, "_trace_step", partial(_TRACE_STEP, per_parameter=per_parameter))
+        steps.append(capture(*_cnn(), optimizer="sgd", settings=dict(momentum=0.9, nesterov=True, weight_decay=1e-4)))
+    copied, traced = steps
+    assert _fx_signature(copied.gm) == _fx_signature(traced.gm)
+    assert copied.graph.to_dict() == traced.graph.to_dict()
+
+
+def test_momentum_buffers_are_optimizer_state_the_graph_counts():
+    model, inputs = _cnn()
+    plain = capture(model, inputs, optimizer="sgd").graph
+    step = capture(model, inputs, optimizer="sgd", settings=dict(momentum=0.9))
+    graph = step.graph
+    trainable = sum(p.numel() * p.element_size() for p in model.parameters() if p.requires_grad)
+    assert step.layout.state_names == ("momentum_buffer",)
+    assert graph.param_bytes.sum() == plain.param_bytes.sum() + trainable
+    for name, p in model.named_parameters():
+        i = graph.index[f"s_momentum_buffer_{name.replace('.', '_')}"]
+        assert graph.op[i] == "placeholder" and graph.param_bytes[i] == p.numel() * p.element_size()
+        assert graph.layer[i] == name.rpartition(".")[0]
+    # Weight decay and Nesterov add operations, not state; betas and lr are constants of the same graph.
+    decayed = capture(model, inputs, optimizer="sgd", settings=dict(weight_decay=1e-4)).graph
+    assert decayed.param_bytes.sum() == plain.param_bytes.sum() and decayed.num_nodes > plain.num_nodes
+    adam = capture(model, inputs, optimizer="adam").graph
+    assert capture(model, inputs, optimizer="adam", lr=0.5, settings=dict(betas=(0.5, 0.9))).graph.digest() \
+        == adam.digest()
+
+
+@pytest.mark.parametrize("name, settings, message", [
+    ("sgd", dict(momentum=-0.1), "momentum must be a finite number >= 0, got -0.1"),
+    ("sgd", dict(momentum="0.9"), "momentum must be a finite number"),
+    ("sgd", dict(weight_decay=float("nan")), "weight_decay must be a finite number"),
+    ("sgd", dict(nesterov=1), "nesterov must be True or False, got 1"),
+    ("sgd", dict(nesterov=True), "nesterov=True needs momentum > 0"),
+    ("sgd", dict(momentum=0.9, dampening=0.1), "dampening=0.1 with momentum is not supported"),
+    ("sgd", dict(betas=(0.9, 0.99)), "optimizer 'sgd' has no setting 'betas'.*momentum"),
+    ("sgd", dict(amsgrad=True), "optimizer 'sgd' has no setting 'amsgrad'"),
+    ("adam", dict(momentum=0.9), "optimizer 'adam' has no setting 'momentum'.*betas"),
+    ("adam", dict(betas=(0.9, 1.0)), r"betas\[1\] must be a finite number in \[0, 1\), got 1.0"),
+    ("adam", dict(betas=0.9), "betas must be a pair of numbers"),
+    ("adam", dict(eps=-1e-8), "eps must be a finite number >= 0"),
+    ("adam", dict(amsgrad=True), "amsgrad=True is not supported by capture"),
+    ("adam", dict(fused=True), "fused=True is not supported by capture"),
+    ("adamw", dict(decoupled_weight_decay=False), "optimizer 'adamw' has no setting 'decoupled_weight_decay'"),
+])
+def test_optimizer_settings_are_checked_at_the_door_naming_the_setting(name, settings, message):
+    from placer.capture import optimizer_spec
+
+    with pytest.raises(OptionError, match=message):
+        optimizer_spec(name, 0.1, **settings)
+    with pytest.raises(OptionError, match=message):
+        capture(*_mlp(), optimizer=name, settings=settings)

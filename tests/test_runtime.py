@@ -18,6 +18,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+import placer
 from placer.algorithms import place
 from placer.algorithms.common import placement_units
 from placer.capture import capture
@@ -773,6 +774,53 @@ def test_an_optimizer_the_capture_cannot_reproduce_is_refused(file_case):
         plan.apply(model, torch.optim.RMSprop(model.parameters()))
 
 
+
+OPTIMIZER_SETTINGS = {
+    "sgd-momentum-wd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-4)),
+    "sgd-nesterov": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
+    "adam-betas-wd": (torch.optim.Adam, dict(lr=1e-3, betas=(0.8, 0.99), weight_decay=0.01)),
+}
+
+
+@pytest.mark.parametrize("settings", sorted(OPTIMIZER_SETTINGS))
+def test_a_placed_step_trains_with_the_optimizers_settings_like_eager(file_case, settings):
+    """plan.apply reads the optimizer's settings and captures the step with them (the plan made for that
+    step); every parameter, buffer and optimizer state (momentum buffers, Adam's moments) equals eager."""
+    torch_class, given = OPTIMIZER_SETTINGS[settings]
+    model, reference = copy.deepcopy(file_case.model), copy.deepcopy(file_case.model)
+    optimizer = torch_class(model.parameters(), **given)
+    reference_optimizer = torch_class(reference.parameters(), foreach=False, **given)
+    plan = placer.plan(model, file_case.inputs, cluster="2xcpu", algorithm="round_robin", optimizer=optimizer)
+    _check_spread(plan)
+    del plan.context["captured"]             # apply captures the step itself, from the optimizer's settings
+    step = plan.apply(model, optimizer)
+    for _ in range(STEPS):
+        step(*file_case.inputs)
+    train_eager(reference, file_case.inputs, reference_optimizer, STEPS)
+    worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
+    assert worst <= TOLERANCE, f"{where} differs from eager training by {worst}"
+    names = {key for state in optimizer.state.values() for key in state}
+    assert names == ({"momentum_buffer"} if torch_class is torch.optim.SGD else {"step", "exp_avg", "exp_avg_sq"})
+    assert count == len(reference.state_dict()) + len(names) * len(list(reference.parameters()))
+
+
+def test_a_placed_step_refuses_optimizer_settings_changed_since_its_capture(file_case):
+    model = copy.deepcopy(file_case.model)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    plan = placer.plan(model, file_case.inputs, cluster="2xcpu", algorithm="round_robin", optimizer=optimizer)
+    step = plan.apply(model, optimizer)
+    step(*file_case.inputs)
+    optimizer.param_groups[0]["momentum"] = 0.8
+    with pytest.raises(OptionError, match=r"settings changed since the step was captured: momentum 0.8 \(captured "
+                                          r"with 0.9\).*apply the plan again"):
+        step(*file_case.inputs)
+    plan.apply(model, optimizer)(*file_case.inputs)    # the same graph, another constant: captured anew
+    optimizer.param_groups[0]["weight_decay"] = 1e-4   # another graph (the decay's operations): plan again
+    with pytest.raises(InvalidPlanError, match=r"made for a training step with SGD \(lr 0.1, momentum 0.9\), but "
+                                               r"the optimizer is SGD \(lr 0.1, momentum 0.8, weight_decay 0.0001\)"):
+        plan.apply(model, optimizer)(*file_case.inputs)
+
+
 # --------------------------------------------------------- tensor layouts
 def _views():
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
@@ -952,6 +1000,40 @@ def test_placer_run_verifies_against_eager_training(file_case, tmp_path, capsys)
     out = capsys.readouterr().out
     assert code == 0, out
     assert "equal eager training" in out and "simulator predicts" in out
+
+
+
+def test_placer_run_verifies_sgd_with_momentum_against_eager_training(tmp_path, capsys):
+    plan = tmp_path / "plan.json"
+    settings = ["--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "1e-4"]
+    assert main(["plan", "zoo:lenet", "--batch", "2", "--cluster", "2xcpu", "--algorithm", "round_robin",
+                 "-o", str(plan), *settings]) == 0
+    capsys.readouterr()
+    code = main(["run", "zoo:lenet", "--plan", str(plan), "--lr", "0.05", "--steps", "3", "--verify", *settings])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    # parameters, and a momentum buffer each
+    assert "verify: 20 tensors (parameters, buffers, optimizer state) equal eager training" in out
+    # The plan's step has momentum buffers and the decay's operations: without them it is another graph.
+    assert main(["run", "zoo:lenet", "--plan", str(plan), "--steps", "1", "--optimizer", "sgd"]) == 2
+    assert "optimizer settings that add operations or state (--momentum, --weight-decay" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--optimizer", "adam", "--momentum", "0.9"], "--momentum is for --optimizer sgd, not adam"),
+    (["--optimizer", "sgd", "--betas", "0.8,0.99"], "--betas is for --optimizer adam or adamw, not sgd"),
+    (["--optimizer", "sgd", "--momentum", "-1"], r"momentum must be a finite number >= 0, got -1.0 \(--momentum\)"),
+    (["--optimizer", "sgd", "--nesterov"], "nesterov=True needs momentum > 0"),
+    (["--optimizer", "adam", "--betas", "0.9,1.5"], r"betas\[1\] must be a finite number in \[0, 1\)"),
+    (["--optimizer", "adam", "--weight-decay", "-0.1"], "weight_decay must be a finite number >= 0"),
+])
+def test_placer_run_refuses_bad_optimizer_settings_naming_them_before_any_work(flags, message, tmp_path, capsys):
+    code = main(["run", "zoo:lenet", "--plan", str(tmp_path / "missing.json"), *flags])
+    err = capsys.readouterr().err
+    assert code == 2 and re.search(message, err), err
+    assert main(["capture", "zoo:lenet", "--batch", "2", "-o", str(tmp_path / "g.json"), *flags]) == 2
+    assert re.search(message, capsys.readouterr().err)
+    assert not (tmp_path / "g.json").exists()
 
 
 def test_verify_trains_the_eager_reference_where_the_plans_first_device_ran(monkeypatch):
