@@ -39,7 +39,8 @@ def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = Non
     from .optim import OPTIMIZERS
 
     parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS, help=help or (
-        "optimizer whose update ends the captured step, torch's defaults (default adam)"))
+        "optimizer whose update ends the captured step, torch's defaults but for the settings given "
+        "(default adam)"))
 
 
 # --flag -> (the setting it gives, the optimizers that take it).

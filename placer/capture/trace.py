@@ -98,7 +98,7 @@ class CapturedStep:
         The order of the flat arguments (placeholders named ``p_*``, ``b_*``,
         ``s_<state>_*``, ``input_<k>``).
     optimizer : OptimizerSpec
-        The optimizer and its hyper-parameters (torch's defaults, with ``lr``).
+        The optimizer and its hyper-parameters (torch's defaults, with ``lr`` and the settings given).
     carrier : dict
         fx node name -> graph node id that carries it (itself, for a captured step; a
         split operation's parts carry theirs); a runtime runs a node where its carrier is placed.
