@@ -26,8 +26,6 @@ def optimizer_name(optimizer: torch.optim.Optimizer | None) -> tuple[str, float]
         As :func:`placer.capture.optim.spec_of`: another optimizer class, several parameter
         groups, or a setting a captured step does not reproduce (naming it).
     """
-    from ..capture.optim import spec_of
-
     spec = spec_of(optimizer)
     return spec.name, spec.hyper["lr"]
 
@@ -54,11 +52,12 @@ class PlacedStep:
     fixed what it was made with, so every call checks, before running
     anything, that it still holds: the inputs' shapes and dtypes (the batch
     size) and non-tensor values, the optimizer's settings (``lr``, ``momentum``,
-    ``weight_decay``, ...: learning-rate schedulers are not supported yet) and the parameters it holds,
-    which parameters require grad, and every module's
+    ``weight_decay``, ...: learning-rate schedulers are not supported yet) and
+    the parameters it holds, which parameters require grad, and every module's
     training/eval mode; otherwise it raises :class:`~placer.errors.OptionError`
     saying what differs (for a new ``lr`` or other optimizer setting apply the
-    plan again, which captures the step anew with them; for the rest plan again). A step that raises once running may have written part of the
+    plan again, which captures the step anew with them; for the rest plan
+    again). A step that raises once running may have written part of the
     new state, where the plan puts its writes (the error says so); with
     ``atomic=True`` it changes neither ``model`` nor ``optimizer``.
 
