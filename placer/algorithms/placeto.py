@@ -63,10 +63,17 @@ def load_policy(path: str | os.PathLike | None = None):
         raise OptionError(f"option policy of 'placeto': {exc}") from None
 
 
-def _import_torch() -> None:
+def _import_torch(options: dict) -> None:
     """Import the policy's and the walks' code, and torch with it (1.3 s here): a process's first
-    call would otherwise spend a short time limit on it and fail where the next call succeeds."""
+    call would otherwise spend a short time limit on it and fail where the next call succeeds. For
+    fine-tuning, also what torch.optim imports on its first optimizer (torch._dynamo: 1.9 s here,
+    an import the time limit cannot cut short)."""
     from ..learn import policy, train  # noqa: F401
+
+    if options.get("fine_tune_s") or options.get("fine_tune_episodes"):
+        import torch
+
+        torch.optim.Adam([torch.zeros(1, requires_grad=True)])
 
 
 @register("placeto", prepare=_import_torch)

@@ -45,7 +45,7 @@ class Algorithm:
     func: Callable[..., Plan]
     options: dict[str, Any]
     summary: str
-    prepare: Callable[[], None] | None = None
+    prepare: Callable[[dict[str, Any]], None] | None = None
 
 
 _REGISTRY: dict[str, Algorithm] = {}
@@ -64,12 +64,12 @@ def _check_key(plan: Plan, graph: OpGraph, cluster: Cluster) -> tuple:
             repr(plan.splits), tuple(plan.placement.items()), order)
 
 
-def register(name: str, *, prepare: Callable[[], None] | None = None
+def register(name: str, *, prepare: Callable[[dict[str, Any]], None] | None = None
              ) -> Callable[[Callable[..., Plan]], Callable[..., Plan]]:
     """Register ``func(graph, cluster, *, seed=..., time_limit=..., **options) -> Plan`` as ``name``.
 
-    ``prepare()``, if given, does a process's one-time setup (importing torch): :func:`place`
-    runs it before the algorithm's time limit starts.
+    ``prepare(options)``, if given, does a process's one-time setup for a call with these (checked)
+    options (importing torch): :func:`place` runs it before the algorithm's time limit starts.
     """
 
     def decorate(func: Callable[..., Plan]) -> Callable[..., Plan]:
@@ -204,7 +204,7 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     opts = checked_options(alg, options)
     _import_libraries()             # once per process, outside the time limit: it is no search
     if alg.prepare is not None:
-        alg.prepare()
+        alg.prepare(opts)
     entered = time.perf_counter()
     diagnose(graph, cluster)
     began = time.perf_counter()
