@@ -245,8 +245,9 @@ def _other_prediction(plan, cluster, makespan_s: float) -> str:
     if (predicted is None or math.isclose(predicted, makespan_s, rel_tol=1e-6, abs_tol=1e-12)
             or (plan.cluster_digest and plan.cluster_digest != cluster.digest())):
         return ""
+    edited = "" if plan.order is not None else " (it has no order now: was it removed?)"
     return (f" predicted {predicted * 1e3:.3f} ms when it was made: it was planned with other costs (a --profile, "
-            f"placer tune's measurements); pass the same to compare")
+            f"placer tune's measurements; pass the same to compare), or edited since{edited}")
 
 
 def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: str) -> float:

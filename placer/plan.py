@@ -139,6 +139,9 @@ class Plan:
 
         rewritten = graph
         for k, split in enumerate(self.splits):
+            earlier = next((j for j in range(k) if self.splits[j]["node"] == split["node"]), None)
+            if earlier is not None:
+                raise InvalidPlanError(f"splits[{k}] splits {split['node']!r} again (splits[{earlier}] did)")
             if split["node"] not in rewritten.index:
                 raise InvalidPlanError(f"splits[{k}] names unknown node {split['node']!r}")
             try:
@@ -187,8 +190,7 @@ class Plan:
         n = target.num_nodes
         device_of = np.full(n, -1, dtype=np.int64)
         # One pass per lookup, not per node: a data-parallel plan places 10^5 nodes or more.
-        nodes = _indices(target.index, self.placement.keys(),
-                         lambda node_id: f"the plan places unknown node {node_id!r}")
+        nodes = _indices(target.index, self.placement.keys(), lambda node_id: self._unknown(node_id, target))
         devices = _indices(cluster.device_index, self.placement.values(), lambda device: (
             f"node {next(k for k, v in self.placement.items() if v == device)!r} is placed on "
             f"unknown device {device!r}"))
@@ -199,6 +201,19 @@ class Plan:
         check_placement(target, cluster, device_of)
         order = None if self.order is None else self._bind_order(target, cluster, device_of)
         return BoundPlan(target, cluster, device_of, order)
+
+    def _unknown(self, node_id: str, target: OpGraph) -> str:
+        """The message for a placement of ``node_id``, which ``target`` lacks; where the plan's splits are
+        made here, what they made instead (the placement names the rewritten graph's nodes)."""
+        message = f"the plan places unknown node {node_id!r}"
+        if self.rewritten_graph is not None:
+            return message
+        for k, split in enumerate(self.splits):
+            if node_id == split["node"] or node_id.startswith(split["node"] + "@"):
+                made = [i for i in target.ids if i.startswith(split["node"] + "@")]
+                return (f"{message}: splits[{k}] rewrites {split['node']!r} into "
+                        f"{', '.join(map(repr, made))}, which the placement names instead")
+        return message
 
     def _bind_order(self, graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> list[np.ndarray]:
         order: list[np.ndarray] = [np.zeros(0, dtype=np.int64)] * cluster.num_devices

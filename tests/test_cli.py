@@ -75,6 +75,17 @@ def test_simulate_writes_a_trace(tmp_path, capsys, graph_file):
     assert transfers, "the expert split on two devices sends tensors"
 
 
+
+def test_simulate_says_a_plan_without_its_order_may_have_been_edited(tmp_path, capsys, graph_file):
+    # The note blamed other costs (a --profile) alone, where the order had been removed by hand.
+    plan_file = tmp_path / "p.json"
+    assert run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "--algorithm", "heft", "-o", plan_file)[0] == 0
+    doc = json.loads(plan_file.read_text())
+    doc.pop("order")
+    plan_file.write_text(json.dumps(doc))
+    code, _, err = run(capsys, "simulate", graph_file, plan_file)      # earliest-ready dispatch: another step
+    assert code == 0 and "or edited since (it has no order now: was it removed?)" in err
+
 def test_simulate_with_a_calibrated_message_cost(tmp_path, capsys, graph_file):
     from placer.cluster import load_cluster
     from placer.cost.calibrate import Calibration, LinkFit

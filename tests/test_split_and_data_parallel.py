@@ -723,6 +723,16 @@ def test_a_plan_with_splits_and_no_rewritten_graph_places_the_graph_its_splits_m
     doc["splits"] = [{"node": "y", "dim": "batch", "parts": 2}]
     with pytest.raises(InvalidPlanError, match=r"splits\[0\]: node 'y' cannot be split along 'batch'"):
         Plan.from_dict(doc).validate(g, cluster)
+    doc["splits"] = [{"node": "conv", "dim": "batch", "parts": 2}] * 2
+    with pytest.raises(InvalidPlanError, match=r"^splits\[1\] splits 'conv' again \(splits\[0\] did\)$"):
+        Plan.from_dict(doc).validate(g, cluster)
+    # A placement of the graph before its splits: the message says what to name instead.
+    doc = {**carried.to_dict(), "rewritten_graph": None, "order": None,
+           "placement": {"x": "gpu0", "conv": "gpu1", "y": "gpu0"}}
+    with pytest.raises(InvalidPlanError, match=r"^the plan places unknown node 'conv': splits\[0\] rewrites 'conv' "
+                                               r"into 'conv@split0', 'conv@part0', 'conv@part1', 'conv@concat0', "
+                                               r"which the placement names instead$"):
+        Plan.from_dict(doc).validate(g, cluster)
     doc = carried.to_dict()
     doc["splits"][0]["parts"] = 3
     with pytest.raises(InvalidPlanError, match=r"splits\[0\] \('conv' along 'batch' into 3 parts\) is not what the "
