@@ -43,10 +43,9 @@ def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = Non
         "(default adam)"))
 
 
-# --flag -> (the setting it gives, the optimizers that take it).
-_SETTING_FLAGS = {"momentum": ("momentum", ("sgd",)), "weight_decay": ("weight_decay", ("sgd", "adam", "adamw")),
-                  "nesterov": ("nesterov", ("sgd",)), "betas": ("betas", ("adam", "adamw")),
-                  "eps": ("eps", ("adam", "adamw"))}
+# The setting a --flag gives (its name with - for _) -> the optimizers that take it.
+_SETTING_FLAGS = {"momentum": ("sgd",), "weight_decay": ("sgd", "adam", "adamw"), "nesterov": ("sgd",),
+                  "betas": ("adam", "adamw"), "eps": ("adam", "adamw")}
 
 
 def _betas(text: str) -> tuple[float, float]:
@@ -84,17 +83,16 @@ def optimizer_settings(args: argparse.Namespace) -> dict:
 
     given = {key: getattr(args, key) for key in _SETTING_FLAGS if getattr(args, key, None) is not None}
     for key in given:
-        setting, takes = _SETTING_FLAGS[key]
+        takes = _SETTING_FLAGS[key]
         if args.optimizer not in takes:
             raise OptionError(f"--{key.replace('_', '-')} is for --optimizer {' or '.join(takes)}, "
                               f"not {args.optimizer}")
-    settings = {_SETTING_FLAGS[key][0]: value for key, value in given.items()}
     try:
-        optimizer_spec(args.optimizer, getattr(args, "lr", 1e-3), **settings)
+        optimizer_spec(args.optimizer, getattr(args, "lr", 1e-3), **given)
     except OptionError as exc:
         raise OptionError(f"{exc} (--{'/--'.join(k.replace('_', '-') for k in given) or 'optimizer'})"
                           if given else str(exc)) from None
-    return settings
+    return given
 
 
 def add_commands(subparsers) -> None:
