@@ -68,8 +68,9 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
             raise OptionError(f"--batch applies to a model spec; {source} is a graph file, captured at its own batch")
         if getattr(args, "name", None) is not None:
             raise OptionError(f"--name applies to a model spec; {source} is a graph file, named at its capture")
-        given = [flag for flag in ("momentum", "weight_decay", "nesterov", "betas", "eps")
-                 if getattr(args, flag, None) is not None]
+        from .capture.cli import SETTING_FLAGS
+
+        given = [flag for flag in SETTING_FLAGS if getattr(args, flag, None) is not None]
         if given:
             raise OptionError(f"--{given[0].replace('_', '-')} applies to a model spec; {source} is a graph file, "
                               f"captured with its own optimizer")

@@ -163,8 +163,8 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     from ..learn.policy import one_thread
 
     with one_thread():
-        mdp, best, info = _place_with_policy(graph, cluster, net, trained, seed, deadline, samples, passes, target_nodes,
-                                        fine_tune_s, fine_tune_episodes)
+        mdp, best, info = _place_with_policy(graph, cluster, net, trained, seed, deadline, samples, passes,
+                                             target_nodes, fine_tune_s, fine_tune_episodes)
     device_of = best.best_device_of
     if not best.best_fits:
         try:

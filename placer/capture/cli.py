@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import argparse
 
-__all__ = ["add_commands", "add_optimizer_option", "add_optimizer_settings", "optimizer_settings", "cmd_capture"]
+__all__ = ["add_commands", "add_optimizer_option", "add_optimizer_settings", "optimizer_settings", "SETTING_FLAGS",
+           "cmd_capture"]
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
@@ -43,8 +44,8 @@ def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = Non
         "(default adam)"))
 
 
-# The setting a --flag gives (its name with - for _) -> the optimizers that take it.
-_SETTING_FLAGS = {"momentum": ("sgd",), "weight_decay": ("sgd", "adam", "adamw"), "nesterov": ("sgd",),
+#: The setting a --flag gives (its name with - for _) -> the optimizers that take it.
+SETTING_FLAGS = {"momentum": ("sgd",), "weight_decay": ("sgd", "adam", "adamw"), "nesterov": ("sgd",),
                   "betas": ("adam", "adamw"), "eps": ("adam", "adamw")}
 
 
@@ -81,9 +82,9 @@ def optimizer_settings(args: argparse.Namespace) -> dict:
     from ..errors import OptionError
     from .optim import optimizer_spec
 
-    given = {key: getattr(args, key) for key in _SETTING_FLAGS if getattr(args, key, None) is not None}
+    given = {key: getattr(args, key) for key in SETTING_FLAGS if getattr(args, key, None) is not None}
     for key in given:
-        takes = _SETTING_FLAGS[key]
+        takes = SETTING_FLAGS[key]
         if args.optimizer not in takes:
             raise OptionError(f"--{key.replace('_', '-')} is for --optimizer {' or '.join(takes)}, "
                               f"not {args.optimizer}")

@@ -187,15 +187,16 @@ def _run(args: argparse.Namespace) -> int:
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     _check_runnable(plan, args.plan, cluster)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
-    if plan.graph_digest and plan.graph_digest != captured.graph.digest() and plan.graph_name == captured.graph.name:
-        raise InvalidPlanError(f"{args.plan} was made for another graph than {captured.graph.name!r} captured with "
-                               f"{captured.optimizer.describe()} (digest {plan.graph_digest}, not "
-                               f"{captured.graph.digest()}): optimizer settings that add operations or state "
-                               f"(--momentum, --weight-decay, --nesterov) make another graph; pass those the plan "
-                               f"was made with")
     try:        # a plan for another batch size or optimizer: refused before "training ..."
         plan.bind(captured.graph, cluster)
     except InvalidPlanError as exc:
+        if plan.graph_digest and plan.graph_digest != captured.graph.digest() \
+                and plan.graph_name == captured.graph.name:     # the same name: the optimizer's settings differ
+            raise InvalidPlanError(
+                f"{args.plan} was made for another graph than {captured.graph.name!r} captured with "
+                f"{captured.optimizer.describe()} (digest {plan.graph_digest}, not {captured.graph.digest()}): "
+                f"optimizer settings that add operations or state (--momentum, --weight-decay, --nesterov) make "
+                f"another graph; pass those the plan was made with") from None
         raise InvalidPlanError(f"{args.plan}: {exc}") from None
     if args.verify:
         refuse_random_ops(captured)         # random draws cannot equal eager training's: say so before training
