@@ -15,9 +15,9 @@ from placer.algorithms.heft import heft_schedule
 from placer.algorithms.timebox import TimeBox, frugal
 from placer.algorithms import list_scheduling
 from placer.algorithms.list_scheduling import (STALE_SCHEDULES, MemoryTimeline, QueueOrder, Schedule, ScheduleState,
-                                               Timeline,
-                                               earliest_start_priorities, plan_from_schedule, priority_order,
-                                               schedule_with_memory_retries, simulated_sends, upward_ranks)
+                                               Timeline, earliest_start_priorities, edge_transfer_times,
+                                               plan_from_schedule, priority_order, schedule_with_memory_retries,
+                                               simulated_sends, upward_ranks)
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
@@ -68,6 +68,17 @@ def test_heft_upward_ranks_of_the_classic_example():
     ranks = upward_ranks(g, cluster, "mean")
     expected = [108.0, 77.0, 80.0, 80.0, 69.0, 63.333, 42.667, 35.667, 44.333, 14.667]
     assert np.allclose(ranks, expected, atol=1e-3)
+
+
+def test_heft_mean_transfer_time_is_mean_latency_plus_bytes_over_mean_bandwidth():
+    """Topcuoglu et al. 2002, Sec. 3: c̄ = L̄ + data / B̄ over the linked pairs (B̄ their mean rate)."""
+    devices = [Device(f"d{j}", "X", 10**12, 1.0) for j in range(3)]
+    # d0 <-> d1 at 1 B/s with 1 s latency; d1 <-> d2 at 3 B/s with 3 s; d0 and d2 not linked.
+    channels = [Channel(f"{a}->{b}", bw, lat, ((a, b),))
+                for x, y, bw, lat in [("d0", "d1", 1.0, 1.0), ("d1", "d2", 3.0, 3.0)] for a, b in [(x, y), (y, x)]]
+    g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 12)])
+    assert edge_transfer_times(g, Cluster("t", devices, channels), "mean").tolist() == [2.0 + 12 / 2.0]
+    assert edge_transfer_times(g, Cluster("t", devices, channels), "max").tolist() == [1.0 + 12 / 1.0]   # the slowest pair
 
 
 def test_heft_schedule_of_the_classic_example_is_80():

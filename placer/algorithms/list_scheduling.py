@@ -297,8 +297,11 @@ class QueueOrder:
 def edge_transfer_times(graph: OpGraph, cluster: Cluster, reduce: str) -> np.ndarray:
     """Per edge, the uncongested transfer time reduced over the ordered device pairs that have a channel.
 
-    ``reduce`` is ``"max"`` (DPOS's c_ij) or ``"mean"`` (HEFT's average c̄_ij).
-    Zero for a one-device cluster.
+    ``reduce`` is ``"max"`` (DPOS's c_ij) or ``"mean"`` (HEFT's average
+    ``c̄_ij = L̄ + data_ij / B̄``, Topcuoglu et al. 2002, Sec. 3: the mean
+    latency plus the bytes over the mean bandwidth of those pairs, not the
+    mean of their transfer times, which a slow pair would raise more). Zero
+    for a one-device cluster.
     """
     n_dev = cluster.num_devices
     pairs = (cluster.channel_index >= 0) & ~np.eye(n_dev, dtype=bool)
@@ -307,7 +310,7 @@ def edge_transfer_times(graph: OpGraph, cluster: Cluster, reduce: str) -> np.nda
     lat = cluster.latency[pairs]
     inv_bw = cluster.inverse_bandwidth[pairs]
     if reduce == "mean":
-        return lat.mean() + graph.edge_bytes * inv_bw.mean()
+        return lat.mean() + graph.edge_bytes / (1.0 / inv_bw).mean()
     # The slowest pair for a given size: latency and bandwidth may come from different pairs.
     times = lat[None, :] + graph.edge_bytes[:, None].astype(np.float64) * inv_bw[None, :]
     return times.max(axis=1)
