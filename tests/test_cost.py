@@ -740,6 +740,35 @@ def test_profile_and_predict_take_the_optimizers_capture_takes(tmp_path, capsys)
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
+def test_profile_and_predict_take_the_optimizer_settings_capture_takes(tmp_path, capsys):
+    from placer.capture import load_model
+
+    # Momentum adds a buffer per parameter and the nodes that update it: profile and predict captured the step
+    # without it, so their graphs and profiles missed the nodes of `placer capture --momentum`'s graph.
+    model_file = tmp_path / "net.py"
+    model_file.write_text(_MODEL_FILE)
+    spec = f"{model_file}:make"
+    settings = ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--weight-decay", "1e-4"]
+    assert main(["capture", spec, "--batch", "8", *settings, "-o", str(tmp_path / "c.json")]) == 0
+    assert main(["profile", spec, "--batch", "8", *settings, "--repeats", "1", "-o", str(tmp_path / "p.json"),
+                 "--graph-output", str(tmp_path / "g.json")]) == 0
+    assert main(["predict", spec, "--batches", "2,4", "--target", "8", *settings, "--device", "none",
+                 "-o", str(tmp_path / "big.json")]) == 0
+    captured = OpGraph.load(tmp_path / "c.json")
+    plain = capture(*load_model(spec, 8), optimizer="sgd").graph
+    assert len(captured.ids) > len(plain.ids)       # the momentum buffers' nodes
+    for name in ("g.json", "big.json"):
+        graph = OpGraph.load(tmp_path / name)
+        assert graph.ids == captured.ids, name
+    assert set(load_profile(tmp_path / "p.json", captured).node_seconds) == set(captured.ids)
+    capsys.readouterr()
+    for command in (["profile", spec, "--batch", "8"], ["predict", spec, "--target", "8"]):
+        assert main([*command, "--momentum", "0.9", "-o", str(tmp_path / "x.json")]) == 2
+        err = capsys.readouterr().err
+        assert "--momentum is for --optimizer sgd, not adam" in err and "capturing" not in err
+    assert not (tmp_path / "x.json").exists()
+
+
 def test_predict_names_its_graph_as_capture_names_that_step(tmp_path):
     # predict named its graph after the model's class and the largest fitted batch ("Net-bs4-sgd@batch16"):
     # a profile of the step at that batch was refused for it, and the runtime read batch 4 from "-bs4-".

@@ -30,8 +30,9 @@ def cmd_capture(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = None) -> None:
-    """Add ``--optimizer`` (default adam) to a command that captures a training step.
+def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = None, lr: bool = False) -> None:
+    """Add ``--optimizer`` (default adam), and with ``lr`` ``--lr`` (default 1e-3), to a command that captures a
+    training step.
 
     Every such command (``capture``, ``profile``, ``predict``, ``plan``, ``run`` ...) takes it from here, so that
     all accept the same names, :data:`placer.capture.OPTIMIZERS` (those
@@ -42,6 +43,8 @@ def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = Non
     parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS, help=help or (
         "optimizer whose update ends the captured step, torch's defaults but for the settings given "
         "(default adam)"))
+    if lr:
+        parser.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
 
 
 #: The setting a --flag gives (its name with - for _) -> the optimizers that take it.
@@ -105,8 +108,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("spec", help="zoo:NAME[?key=value&...] or path/to/file.py:FACTORY "
                                 "(FACTORY(batch_size) returns (model, inputs), model(*inputs) the loss)")
     p.add_argument("--batch", type=int, required=True, help="batch size passed to the factory")
-    add_optimizer_option(p)
-    p.add_argument("--lr", type=float, default=1e-3, help="learning rate (default 1e-3)")
+    add_optimizer_option(p, lr=True)
     add_optimizer_settings(p)
     p.add_argument("--output", "-o", required=True, help="graph file to write")
     p.add_argument("--name", help="graph name (default NAME-bsBATCH-OPTIMIZER)")

@@ -10,7 +10,7 @@ from fractions import Fraction
 
 from typing import TYPE_CHECKING
 
-from ..capture.cli import add_optimizer_option
+from ..capture.cli import add_optimizer_option, add_optimizer_settings, optimizer_settings
 from ..errors import OptionError
 from ..io import check_output
 from ..report.tables import working
@@ -67,12 +67,13 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _positive(args.batch, "--batch")
     _positive(args.repeats, "--repeats")
     device_kind_of(args.device)  # refuse a bad device before capturing
+    settings = optimizer_settings(args)
     check_output(args.output, "profile file")
     if args.graph_output:
         check_output(args.graph_output, "graph file")
     with working(f"capturing {args.spec} at batch {args.batch}, then timing every operation on {args.device} "
                  f"({args.repeats} runs each) ...", measuring=True):
-        step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, fake=False)
+        step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, lr=args.lr, settings=settings, fake=False)
         model, inputs = load_model(args.spec, args.batch)
         profile = profile_step(step, model, inputs, device=args.device, repeats=args.repeats,
                                gpu_timing=args.gpu_timing)
@@ -242,6 +243,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
         raise OptionError(f"option '--batches' needs at least two distinct batch sizes, got {args.batches!r}")
     _positive(args.target, "--target")
     _positive(args.repeats, "--repeats")
+    settings = optimizer_settings(args)
     check_output(args.output, "graph file")
     device = None if args.device == "none" else args.device
     if device is not None:
@@ -253,8 +255,8 @@ def cmd_predict(args: argparse.Namespace) -> int:
              f"times)" if device is not None else ""
     with working(f"capturing {args.spec} at batches {', '.join(map(str, batches))}{timing} and fitting each "
                  f"node's costs ...", measuring=device is not None):
-        model = standard_evaluation(args.spec, batches, optimizer=args.optimizer, device=device,
-                                    repeats=args.repeats)
+        model = standard_evaluation(args.spec, batches, optimizer=args.optimizer, lr=args.lr, settings=settings,
+                                    device=device, repeats=args.repeats)
     graph = model.predict(args.target)
     graph.save(args.output)
     kind = model.time_kind
@@ -272,7 +274,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spec", help="zoo:NAME or path/file.py:FACTORY")
     p.add_argument("--batch", type=int, required=True)
     p.add_argument("--device", default="cpu", help="cpu or cuda:N (default cpu)")
-    add_optimizer_option(p)
+    add_optimizer_option(p, lr=True)
+    add_optimizer_settings(p)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per node; the median is kept")
     p.add_argument("--gpu-timing", choices=("kernel", "wall"), default="kernel",
                    help="on a GPU: sum of each node's kernel times (default) or synchronised wall time")
@@ -320,7 +323,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--batches", default="2,4,8", help="small batch sizes to run (default 2,4,8)")
     p.add_argument("--target", type=int, required=True, help="batch size to predict")
     p.add_argument("--device", default="cpu", help="where to time nodes: cpu, cuda:N, or none (fit compute_s)")
-    add_optimizer_option(p)
+    add_optimizer_option(p, lr=True)
+    add_optimizer_settings(p)
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--output", "-o", required=True)
     p.set_defaults(func=cmd_predict)

@@ -284,7 +284,8 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
 
 
 def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[int] = (2, 4, 8), *,
-                        optimizer: str = "adam", device: str | None = "cpu", repeats: int = 3) -> BatchModel:
+                        optimizer: str = "adam", lr: float = 1e-3, settings: dict | None = None,
+                        device: str | None = "cpu", repeats: int = 3) -> BatchModel:
     """Capture (and profile, on ``device``) a model at small batch sizes and fit a :class:`BatchModel`.
 
     Parameters
@@ -294,7 +295,10 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
         ``"file.py:FACTORY"``), or a factory ``f(batch_size) -> (model, inputs)``.
     batches : sequence of int
         Batch sizes small enough to run here.
-    optimizer : str
+    optimizer, lr, settings
+        The optimizer whose update ends each captured step, as for
+        :func:`placer.capture.capture` (its settings shape the graph: SGD's
+        momentum adds a buffer per parameter).
     device : str or None
         Where to time the nodes (``"cpu"``, ``"cuda:N"``); None fits the captured
         ``compute_s`` (the analytic model) instead of measured times.
@@ -337,7 +341,8 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
     for batch in batches:
         model, inputs = factory(batch)
         label = label or type(model).__name__
-        step = capture(model, inputs, optimizer=optimizer, name=step_name(label, batch, optimizer))
+        step = capture(model, inputs, optimizer=optimizer, lr=lr, settings=settings,
+                       name=step_name(label, batch, optimizer))
         graphs.append(step.graph)
         if device:
             profiles.append(profile_step(step, model, inputs, device=device, repeats=repeats))

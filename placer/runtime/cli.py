@@ -339,8 +339,7 @@ def _common(p: argparse.ArgumentParser) -> None:
                    help="local: one process, every device a CUDA stream or the CPU; distributed: one process "
                         "per device over torch.distributed (gloo on CPU, NCCL on GPUs), started here, or "
                         "the ranks of `torchrun --nproc-per-node N [--nnodes ...] -m placer run ...`")
-    add_optimizer_option(p)
-    p.add_argument("--lr", type=float, default=1e-3)
+    add_optimizer_option(p, lr=True)
     add_optimizer_settings(p)
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (per rank; default 1)")
     p.add_argument("--timeout", type=float, default=60.0,
