@@ -90,6 +90,45 @@ def _first_device(backend: str, devices: list[str] | None, num_devices: int) -> 
     return torch.device("cuda", 0) if resolve_backend("auto", num_devices) == "nccl" else torch.device("cpu")
 
 
+def _check_measured_outputs(args: argparse.Namespace, cluster: Any, devices, inputs=()) -> None:
+    """Before the run: ``--profile-output`` and ``--cluster-output`` can be written (and are no input file), and
+    ``devices`` (indices of the devices the run may use) are of one kind, as a profile file's times are."""
+    from ..cli import _check_output
+    from .feedback import profile_kind
+
+    if args.profile_output:
+        _check_output(args.profile_output, "profile file", inputs=inputs)
+        profile_kind(cluster, devices)
+    if args.cluster_output:
+        _check_output(args.cluster_output, "cluster file", inputs=inputs)
+
+
+def _write_measured(args: argparse.Namespace, m: Measurement, bound: Any, command: str) -> None:
+    """Write the run ``m`` of the plan ``bound`` as ``--profile-output`` (each node's own time, as
+    :func:`~placer.runtime.feedback.measured_graph` takes it) and ``--cluster-output`` (each link's latency
+    from the run's transfers, :func:`~placer.runtime.feedback.measured_cluster`)."""
+    import platform
+    import time
+
+    from .feedback import measured_cluster, measured_profile, own_times
+
+    if args.profile_output:
+        profile = measured_profile(
+            bound, own_times(m.op_s, m.op_message_s), source=command, backend=args.backend, steps=args.steps,
+            timed="the last step" if args.backend == "local" else "median of the steps after the first",
+            less="the host time of the node's own messages", threads=args.threads, torch=torch.__version__,
+            host=platform.node(), measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+        profile.save(args.profile_output)
+        print(f"measured times of {len(profile.node_seconds)} nodes on {profile.device_kind!r} devices -> "
+              f"{args.profile_output} (placer cost GRAPH --profile {args.profile_output} applies them)")
+    if args.cluster_output:
+        measured = measured_cluster(bound.cluster, m.transfer_s)
+        measured.save(args.cluster_output)
+        said = f"links' latency from {len(m.transfer_s)} measured transfers" if measured is not bound.cluster else \
+            "no transfer measured: its links as given"
+        print(f"cluster {measured.name!r} ({said}) -> {args.cluster_output}")
+
+
 def _batch(args: argparse.Namespace, graph_name: str) -> int:
     if args.batch is not None:
         return args.batch
@@ -186,9 +225,11 @@ def _run(args: argparse.Namespace) -> int:
     plan = Plan.load(args.plan)
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     _check_runnable(plan, args.plan, cluster)
+    _check_measured_outputs(args, cluster, {cluster.device_index[d] for d in plan.placement.values()},
+                            inputs=[args.plan, args.cluster])
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
     try:        # a plan for another batch size or optimizer: refused before "training ..."
-        plan.bind(captured.graph, cluster)
+        bound = plan.bind(captured.graph, cluster)
     except InvalidPlanError as exc:
         if plan.graph_digest and plan.graph_digest != captured.graph.digest() \
                 and plan.graph_name == captured.graph.name:     # the same name: the optimizer's settings differ
@@ -230,6 +271,7 @@ def _run(args: argparse.Namespace) -> int:
         write_run_trace(args.trace, m.timeline, cluster, step_s=m.step_s[-1], predicted_s=m.predicted_s)
         print(f"timeline of the last step -> {args.trace} (open in ui.perfetto.dev; the simulator's: "
               f"placer simulate GRAPH PLAN --trace FILE)")
+    _write_measured(args, m, bound, "placer run")
     if not args.verify:
         return 0
     # Eager training where the plan's first device ran: the same kernels (a GPU's, not the CPU's).
@@ -270,6 +312,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         raise OptionError("placer tune starts the ranks of each run itself: run it without torchrun, on one host")
     check_output(args.output, "plan file")
     cluster = load_cluster(args.cluster)
+    _check_measured_outputs(args, cluster, range(cluster.num_devices), inputs=[args.cluster])
     if args.batch is None:
         raise OptionError("pass --batch")
     options = runnable_options(args.algorithm, f"placer tune --algorithm {args.algorithm}")
@@ -329,6 +372,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best.cluster_digest = given.digest()    # the cluster it runs on, not its measured figures
     best.save(args.output)
     print(f"best plan: measured {best_s * 1e3:.3f} ms per step -> {args.output}")
+    _write_measured(args, m, best.bind(captured.graph, given), "placer tune")
     return 0
 
 
@@ -344,6 +388,12 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (per rank; default 1)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a rank may wait for another before the run stops (default 60)")
+    p.add_argument("--profile-output", metavar="FILE",
+                   help="write the measured run's per-node times (less their messages' host time) as a "
+                        "placer.profile/1 file of its devices' kind, for `placer cost/plan --profile`")
+    p.add_argument("--cluster-output", metavar="FILE",
+                   help="write the cluster with each link's latency as the measured run's transfers took "
+                        "(placer.cluster/1)")
 
 
 def add_commands(subparsers) -> None:

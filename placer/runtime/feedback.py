@@ -12,20 +12,26 @@ a running step a message costs more than in an idle ping-pong, and unevenly
 (on the lent 16-core machine, messages of 32 to 256 KiB a rank waited for took
 a mean of 80 to 590 us by size, medians of 32 to 226 us, against 41 to 90 us
 calibrated; docs/benchmarks.md "Fidelity").
+
+Both also go to files, so that a run's measurements outlive it: :func:`measured_profile`
+makes the node times a ``placer.profile/1`` profile (``placer run/tune --profile-output``,
+applied by ``placer cost --profile``), and :func:`measured_cluster`'s result is a
+``placer.cluster/1`` cluster (``--cluster-output``).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Sequence
+from typing import Any, Iterable, Sequence
 
 from ..cluster import Cluster
-from ..cost.profile import apply_placed_times
+from ..cost.profile import Profile, apply_placed_times
+from ..errors import OptionError
 from ..graph import OpGraph
 from ..plan import BoundPlan
 
-__all__ = ["measured_graph", "measured_cluster", "own_times"]
+__all__ = ["measured_graph", "measured_cluster", "own_times", "measured_profile", "profile_kind"]
 
 
 def measured_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, op_s: dict[str, float]) -> OpGraph:
@@ -46,6 +52,60 @@ def measured_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, op_s: dic
         Same ids and edges (plans for ``graph`` stay valid for it).
     """
     return apply_placed_times(graph, bound.device_of, cluster, op_s)
+
+
+def profile_kind(cluster: Cluster, devices: Iterable[int], option: str = "--profile-output") -> str:
+    """The one device kind of ``devices`` (indices into ``cluster.devices``): the kind a run's profile times.
+
+    A ``placer.profile/1`` file holds the times of one device kind, so a run over
+    devices of several kinds cannot be written as one; :func:`measured_profile`
+    asks, and the CLI asks before the run (naming ``option``) so that the run is not lost.
+
+    Raises
+    ------
+    OptionError
+        Where ``devices`` are of several kinds (naming them), or empty.
+    """
+    kinds = sorted({cluster.devices[d].kind for d in devices})
+    if len(kinds) != 1:
+        raise OptionError(f"{option}: a placer.profile/1 file holds the times of one device kind, and the run's "
+                          f"devices on cluster {cluster.name!r} are of "
+                          + (f"{len(kinds)} ({', '.join(map(repr, kinds))})" if kinds else "none"))
+    return kinds[0]
+
+
+def measured_profile(bound: BoundPlan, seconds: dict[str, float], **meta: Any) -> Profile:
+    """A run's measured per-node times as a ``placer.profile/1`` profile of the kind of device it ran on.
+
+    The file form of :func:`measured_graph`: applied to ``bound.graph``
+    (:func:`placer.cost.profile.apply_profile`, ``placer cost --profile``) it sets the
+    same ``compute_s_by_kind`` entries, so that a later plan or ``placer tune`` run starts
+    from these times instead of the analytic ones.
+
+    Parameters
+    ----------
+    bound : BoundPlan
+        The plan that was measured; the profile is of ``bound.graph`` (the rewritten
+        graph where the plan splits operations).
+    seconds : dict of str to float
+        Node id -> measured seconds (:func:`own_times` of a run: the node's cost under any plan);
+        ids ``bound.graph`` lacks are left out, as :func:`measured_graph` ignores them.
+    **meta
+        Extra fields of the file (how the times were taken).
+
+    Returns
+    -------
+    Profile
+
+    Raises
+    ------
+    OptionError
+        Where the measured nodes ran on devices of several kinds (:func:`profile_kind`).
+    """
+    graph = bound.graph
+    timed = {k: float(s) for k, s in seconds.items() if k in graph.index}
+    kind = profile_kind(bound.cluster, {int(bound.device_of[graph.index[k]]) for k in timed})
+    return Profile(graph.name, graph.digest(), kind, timed, dict(meta))
 
 
 def own_times(op_s: dict[str, float], op_message_s: dict[str, float]) -> dict[str, float]:
