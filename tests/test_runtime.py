@@ -25,12 +25,12 @@ from placer.capture import capture
 from placer.capture.layout import dense_strides
 from placer.capture.spec import capture_spec, load_model
 from placer.cli import main
-from placer.cluster import load_cluster
+from placer.cluster import Cluster, load_cluster
 from placer.errors import FormatError, InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import exact_float32, state_difference, train_eager
 from placer.cost.messages import MessageCost, messages_graph
-from placer.runtime.feedback import measured_cluster
+from placer.runtime.feedback import measured_cluster, measured_graph, own_times
 from placer.runtime.local import LocalExecutor
 from placer.runtime.distributed import (RunError, float32_precision, free_port, run_distributed,
                                         run_under_torchrun, under_torchrun)
@@ -677,6 +677,34 @@ def test_measured_transfers_set_the_links_latency_to_their_mean_excess():
     assert measured_cluster(cluster, [(0, 1, 10**9, 1e-3)]).channels[0].latency_s == 0.0
 
 
+def _two_kinds(path) -> str:
+    """A 2xcpu cluster file whose second device is of another kind."""
+    doc = load_cluster("2xcpu").to_dict()
+    doc["devices"][1]["kind"] = "slowcpu"
+    Cluster.from_dict(doc).save(path)
+    return str(path)
+
+
+def test_a_runs_times_as_a_profile_give_the_graph_what_measured_graph_gives(file_case, tmp_path):
+    from placer.cost.profile import apply_profile, load_profile
+    from placer.runtime.feedback import measured_profile, profile_kind
+
+    graph, cluster = file_case.captured.graph, load_cluster("2xcpu")
+    bound = random_plan(graph, cluster, seed=1).bind(graph, cluster)
+    seconds = {node: 1e-4 * (k + 1) for k, node in enumerate(graph.ids)} | {"not_a_node": 1.0}
+    measured_profile(bound, seconds, source="a test").save(tmp_path / "p.json")
+    profile = load_profile(tmp_path / "p.json", graph)
+    assert profile.device_kind == "cpu" and profile.meta == {"source": "a test"}
+    assert "not_a_node" not in profile.node_seconds
+    assert apply_profile(graph, profile).compute_s_by_kind == \
+        measured_graph(graph, bound, cluster, seconds).compute_s_by_kind
+    # One file holds one kind's times: a run over two kinds is refused, naming them.
+    mixed = load_cluster(_two_kinds(tmp_path / "mixed.json"))
+    with pytest.raises(OptionError, match=r"one device kind, .* of 2 \('cpu', 'slowcpu'\)"):
+        measured_profile(random_plan(graph, mixed, seed=1).bind(graph, mixed), seconds)
+    assert profile_kind(mixed, [1]) == "slowcpu"
+
+
 def test_a_distributed_run_records_each_ranks_timeline_in_plan_order(file_case):
     captured = file_case.captured
     cluster = load_cluster("2xcpu")
@@ -1003,6 +1031,75 @@ def test_placer_run_verifies_against_eager_training(file_case, tmp_path, capsys)
 
 
 
+def _recording_runs(monkeypatch) -> list:
+    """The Measurement of every run the CLI makes from now on."""
+    import placer.runtime.cli as runtime_cli
+
+    runs, measure_plan = [], runtime_cli.measure_plan
+
+    def measure(*args, **kwargs):
+        runs.append(measure_plan(*args, **kwargs))
+        return runs[-1]
+
+    monkeypatch.setattr(runtime_cli, "measure_plan", measure)
+    return runs
+
+
+def test_placer_run_writes_its_measured_times_as_a_profile_placer_cost_applies(zoo_case, tmp_path, capsys,
+                                                                               monkeypatch):
+    from placer.graph import OpGraph
+
+    runs = _recording_runs(monkeypatch)
+    graph = zoo_case.captured.graph
+    graph.save(tmp_path / "g.json")
+    random_plan(graph, load_cluster("2xcpu"), seed=2).save(tmp_path / "plan.json")
+    profile, cluster = tmp_path / "run" / "p.json", tmp_path / "c.json"
+    code = main(["run", zoo_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "3", "--backend", "local",
+                 "--profile-output", str(profile), "--cluster-output", str(cluster)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    (m,) = runs
+    times = own_times(m.op_s, m.op_message_s)       # every operation's (the local run times no placeholder)
+    assert f"measured times of {len(times)} nodes on 'cpu' devices -> {profile}" in out
+    assert set(times) <= set(graph.ids) and sum(times.values()) > 0
+    assert main(["cost", str(tmp_path / "g.json"), "--profile", str(profile), "-o", str(tmp_path / "gc.json")]) == 0
+    costed = OpGraph.load(tmp_path / "gc.json")
+    assert {node: costed.compute_s_by_kind[costed.index[node]]["cpu"] for node in times} == times
+    # The run's copies set the links' latency; the file is a cluster the other commands load.
+    measured = load_cluster(cluster)
+    assert measured.channels[0].extra["latency_from"] == "measured in a placed run"
+    assert measured.digest() == measured_cluster(load_cluster("2xcpu"), m.transfer_s).digest()
+
+
+def test_placer_run_and_tune_refuse_a_measurement_file_they_cannot_write_before_any_work(
+        file_case, tmp_path, capsys, monkeypatch):
+    import placer.runtime.cli as runtime_cli
+
+    def no_capture(*args, **kwargs):
+        raise AssertionError("captured before the outputs were checked")
+
+    monkeypatch.setattr(runtime_cli, "_load", no_capture)
+    graph = file_case.captured.graph
+    random_plan(graph, load_cluster("2xcpu"), seed=3).save(tmp_path / "plan.json")
+    (tmp_path / "a_file").write_text("")
+    mixed = _two_kinds(tmp_path / "mixed.json")
+    run = ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1"]
+    tune = ["tune", file_case.spec, "--batch", "4", "-o", str(tmp_path / "tuned.json")]
+    for command, flags, message in (
+            (run, ["--profile-output", str(tmp_path / "a_file" / "p.json")], "cannot write profile file"),
+            (run, ["--cluster-output", str(tmp_path / "a_file" / "c.json")], "cannot write cluster file"),
+            (run, ["--profile-output", str(tmp_path / "plan.json")], "is the input file"),
+            (run, ["--cluster", mixed, "--profile-output", str(tmp_path / "p.json")],
+             "--profile-output: a placer.profile/1 file holds the times of one device kind"),
+            (tune + ["--cluster", mixed], ["--profile-output", str(tmp_path / "p.json")], "of one device kind"),
+            (tune + ["--cluster", "2xcpu"], ["--cluster-output", str(tmp_path / "a_file" / "c.json")],
+             "cannot write cluster file")):
+        code = main(command + flags)
+        err = capsys.readouterr().err
+        assert code == 2 and message in err, err
+    assert not (tmp_path / "p.json").exists() and not (tmp_path / "tuned.json").exists()
+
+
 def test_placer_run_verifies_sgd_with_momentum_against_eager_training(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     settings = ["--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "1e-4"]
@@ -1182,13 +1279,24 @@ def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys)
 
 
 
-def test_placer_tune_with_the_local_backend_feeds_its_transfers_back(tmp_path, capsys):
+def test_placer_tune_with_the_local_backend_feeds_its_transfers_back_and_writes_the_kept_run(
+        tmp_path, capsys, monkeypatch):
+    from placer.cost.profile import load_profile
+    from placer.runtime.check import step_times
+
+    runs = _recording_runs(monkeypatch)
     # The local executor's copies were timed and then dropped: only the distributed run's refined the links.
     code = main(["tune", "zoo:lenet", "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",
-                 "--backend", "local", "-o", str(tmp_path / "tuned.json")])
+                 "--backend", "local", "-o", str(tmp_path / "tuned.json"),
+                 "--profile-output", str(tmp_path / "p.json"), "--cluster-output", str(tmp_path / "c.json")])
     out = capsys.readouterr().out
     assert code == 0, out
     assert re.search(r"round 1: \d+ measured op times, [1-9]\d* measured transfers; gloo link now", out), out
+    # The files hold the kept plan's run, not the last one's.
+    tuned = Plan.load(tmp_path / "tuned.json")
+    (kept,) = [m for m in runs if step_times(m.step_s, 1).median_s == tuned.extra["measured_step_s"]]
+    assert load_profile(tmp_path / "p.json").node_seconds == own_times(kept.op_s, kept.op_message_s)
+    assert load_cluster(tmp_path / "c.json").digest() == measured_cluster(load_cluster("2xcpu"), kept.transfer_s).digest()
 
 def test_placer_tune_refuses_a_calibration_without_costs_by_gap(file_case, tmp_path, capsys):
     calibration = _calibration_file(tmp_path / "cal.json", by_gap=())

@@ -388,12 +388,16 @@ def _common(p: argparse.ArgumentParser) -> None:
     p.add_argument("--threads", type=int, default=1, help="intra-op threads (per rank; default 1)")
     p.add_argument("--timeout", type=float, default=60.0,
                    help="seconds a rank may wait for another before the run stops (default 60)")
+
+
+def _measurement_outputs(p: argparse.ArgumentParser, run: str) -> None:
+    """``--profile-output`` and ``--cluster-output``: what ``run`` (the run they write) measured, as files."""
     p.add_argument("--profile-output", metavar="FILE",
-                   help="write the measured run's per-node times (less their messages' host time) as a "
-                        "placer.profile/1 file of its devices' kind, for `placer cost/plan --profile`")
+                   help=f"write the per-node times measured in {run} (less their messages' host time) as a "
+                        f"placer.profile/1 file of its devices' kind, which `placer cost/plan --profile` applies")
     p.add_argument("--cluster-output", metavar="FILE",
-                   help="write the cluster with each link's latency as the measured run's transfers took "
-                        "(placer.cluster/1)")
+                   help=f"write the cluster with each link's latency as the transfers of {run} took it "
+                        f"(placer.cluster/1)")
 
 
 def add_commands(subparsers) -> None:
@@ -414,6 +418,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--tolerance", type=float,
                    help=f"with --verify: the largest absolute difference it accepts (default {VERIFY_TOLERANCE:g})")
     p.add_argument("--trace", help="distributed: write the last step's measured timeline (Chrome trace JSON) here")
+    _measurement_outputs(p, "the run")
     p.set_defaults(func=cmd_run)
 
     p = subparsers.add_parser("tune", help="FastT's loop: measure a plan, refine costs, replan, keep the faster")
@@ -423,6 +428,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with")
     p.add_argument("--rounds", type=int, default=2, help="replanning rounds after the first plan (default 2)")
     p.add_argument("--output", "-o", required=True, help="plan file for the fastest measured plan")
+    _measurement_outputs(p, "the fastest plan's run")
     p.add_argument("--message-cost", metavar="CAL",
                    help="placer.calibration/1 file with a gloo message cost by gap (`placer calibrate`): the "
                         "candidates' steps with their messages' host cost then give the best run's cost that shape")
