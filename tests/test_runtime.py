@@ -1296,7 +1296,8 @@ def test_placer_tune_with_the_local_backend_feeds_its_transfers_back_and_writes_
     tuned = Plan.load(tmp_path / "tuned.json")
     (kept,) = [m for m in runs if step_times(m.step_s, 1).median_s == tuned.extra["measured_step_s"]]
     assert load_profile(tmp_path / "p.json").node_seconds == own_times(kept.op_s, kept.op_message_s)
-    assert load_cluster(tmp_path / "c.json").digest() == measured_cluster(load_cluster("2xcpu"), kept.transfer_s).digest()
+    measured = measured_cluster(load_cluster("2xcpu"), kept.transfer_s)
+    assert load_cluster(tmp_path / "c.json").digest() == measured.digest()
 
 def test_placer_tune_refuses_a_calibration_without_costs_by_gap(file_case, tmp_path, capsys):
     calibration = _calibration_file(tmp_path / "cal.json", by_gap=())
