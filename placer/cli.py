@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .errors import InvalidPlanError, OptionError, PlacerError
+from .io import check_output
 
 if TYPE_CHECKING:
     from .cluster import Cluster
@@ -93,16 +94,6 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
             profile.check_cluster(cluster)
         graph = apply_profile(graph, profile)
     return graph
-
-
-def _check_output(path: str, what: str, inputs: Sequence[str | None] = (), folder: bool = False) -> None:
-    """Refuse, before any long work, an output path that cannot be written or that is one of the inputs."""
-    from .io import check_output
-
-    out = check_output(path, what, folder=folder)
-    for source in inputs:
-        if source and os.path.exists(source) and out.exists() and os.path.samefile(out, source):
-            raise OptionError(f"{what} {path} is the input file {source}; pick another output")
 
 
 def _algorithm_names(text: str | None) -> list[str] | None:
@@ -180,7 +171,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise OptionError(f"--option {key}=... and --{key.replace('_', '-')} both set {key}: give one")
             options[key] = value
     checked_options(get_algorithm(args.algorithm), options)    # before a model is captured
-    _check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
+    check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args, cluster)
     from .report.tables import working
@@ -206,7 +197,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     plan = Plan.load(args.plan)     # a bad plan file fails before a model is captured
     if args.trace:
-        _check_output(args.trace, "trace file",
+        check_output(args.trace, "trace file",
                       inputs=[args.graph, args.plan, args.cluster, args.profile, args.message_cost])
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     graph = _load_graph(args.graph, args, cluster)
@@ -356,7 +347,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     names = _algorithm_names(args.algorithms)
     check_options(names, seed=args.seed, time_limit=args.time_limit)
     if args.output:
-        _check_output(args.output, "report folder", folder=True)
+        check_output(args.output, "report folder", folder=True)
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args, cluster)
     comparison = compare(graph, cluster, names, seed=args.seed, time_limit=args.time_limit)

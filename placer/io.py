@@ -11,7 +11,7 @@ import math
 import os
 import tempfile
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .errors import FormatError, PlacerError
 
@@ -62,11 +62,13 @@ def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     return obj
 
 
-def check_output(path: str | os.PathLike, what: str = "file", folder: bool = False) -> Path:
+def check_output(path: str | os.PathLike, what: str = "file", folder: bool = False,
+                 inputs: Sequence[str | os.PathLike | None] = ()) -> Path:
     """Raise WriteError unless ``path`` can be written as a file (``folder``: a folder); return it.
 
     Missing folders above it are fine (they are made); the nearest existing one
-    must be a writable folder, and a file must not be an existing folder.
+    must be a writable folder, a file must not be an existing folder, and the
+    path must not be one of the command's ``inputs`` (read after it is made).
     """
     if not os.fspath(path):
         raise WriteError(f"cannot write {what} '': the path is empty")
@@ -82,6 +84,9 @@ def check_output(path: str | os.PathLike, what: str = "file", folder: bool = Fal
         raise WriteError(f"cannot write {what} {path}: {above} is a file, not a folder")
     if not os.access(above, os.W_OK | os.X_OK):
         raise WriteError(f"cannot write {what} {path}: folder {above} is not writable")
+    for source in inputs:
+        if source and os.path.exists(source) and path.exists() and os.path.samefile(path, source):
+            raise WriteError(f"{what} {path} is the input file {source}; pick another output")
     return path
 
 

@@ -93,14 +93,13 @@ def _first_device(backend: str, devices: list[str] | None, num_devices: int) -> 
 def _check_measured_outputs(args: argparse.Namespace, cluster: Any, devices, inputs=()) -> None:
     """Before the run: ``--profile-output`` and ``--cluster-output`` can be written (and are no input file), and
     ``devices`` (indices of the devices the run may use) are of one kind, as a profile file's times are."""
-    from ..cli import _check_output
     from .feedback import profile_kind
 
     if args.profile_output:
-        _check_output(args.profile_output, "profile file", inputs=inputs)
+        check_output(args.profile_output, "profile file", inputs=inputs)
         profile_kind(cluster, devices)
     if args.cluster_output:
-        _check_output(args.cluster_output, "cluster file", inputs=inputs)
+        check_output(args.cluster_output, "cluster file", inputs=inputs)
 
 
 def _write_measured(args: argparse.Namespace, m: Measurement, bound: Any, command: str) -> None:
