@@ -1298,6 +1298,23 @@ def test_placer_tune_with_the_local_backend_feeds_its_transfers_back_and_writes_
     assert load_profile(tmp_path / "p.json").node_seconds == own_times(kept.op_s, kept.op_message_s)
     measured = measured_cluster(load_cluster("2xcpu"), kept.transfer_s)
     assert load_cluster(tmp_path / "c.json").digest() == measured.digest()
+    # The next tune starts from those measured times (a run's profile closes the loop across commands).
+    code = main(["tune", "zoo:lenet", "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",
+                 "--backend", "local", "--algorithm", "m_etf", "--profile", str(tmp_path / "p.json"),
+                 "-o", str(tmp_path / "again.json")])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    from placer.capture import capture_spec
+    from placer.cost.profile import apply_profile
+
+    profiled = apply_profile(capture_spec("zoo:lenet", 4).graph, load_profile(tmp_path / "p.json"))
+    first = place(profiled, load_cluster("2xcpu"), "m_etf", seed=0)
+    assert (f"round 0: m_etf on the measured times of {tmp_path / 'p.json'}: measured " in out
+            and f"predicted {first.predicted['makespan_s'] * 1e3:.3f} ms" in out), out
+    code = main(["tune", "zoo:lenet", "--cluster", "4xV100-nvlink", "--batch", "4", "--profile",
+                 str(tmp_path / "p.json"), "-o", str(tmp_path / "x.json")])
+    assert code == 2 and "a profile of device kind 'cpu', which cluster '4xV100-nvlink'" in capsys.readouterr().err
+
 
 def test_placer_tune_refuses_a_calibration_without_costs_by_gap(file_case, tmp_path, capsys):
     calibration = _calibration_file(tmp_path / "cal.json", by_gap=())

@@ -309,9 +309,15 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if under_torchrun():
         raise OptionError("placer tune starts the ranks of each run itself: run it without torchrun, on one host")
-    check_output(args.output, "plan file")
+    check_output(args.output, "plan file", inputs=[args.cluster, args.profile])
     cluster = load_cluster(args.cluster)
-    _check_measured_outputs(args, cluster, range(cluster.num_devices), inputs=[args.cluster])
+    _check_measured_outputs(args, cluster, range(cluster.num_devices), inputs=[args.cluster, args.profile])
+    profile = None
+    if args.profile:        # read and checked before the capture
+        from ..cost.profile import load_profile
+
+        profile = load_profile(args.profile)
+        profile.check_cluster(cluster)
     if args.batch is None:
         raise OptionError("pass --batch")
     options = runnable_options(args.algorithm, f"placer tune --algorithm {args.algorithm}")
@@ -324,6 +330,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     model, inputs, _, captured = _load(args, args.batch)
     flat = captured.step_inputs(model, inputs, None)
     graph = captured.graph
+    costs = "analytic costs"
+    if profile is not None:
+        from ..cost.profile import apply_profile
+
+        graph = apply_profile(graph, profile)
+        costs = f"the measured times of {args.profile}"
 
     def run(plan):
         m = measure_plan(captured, plan, cluster, [t.clone() for t in flat], steps=args.steps,
@@ -345,7 +357,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     given = cluster         # its links as calibrated, not as a run's traffic made them
     plan = place(graph, cluster, args.algorithm, seed=0, **options)
     best_s, m = run(plan)
-    print(f"round 0: {args.algorithm} on analytic costs: measured {best_s * 1e3:.3f} ms, "
+    print(f"round 0: {args.algorithm} on {costs}: measured {best_s * 1e3:.3f} ms, "
           f"predicted {plan.predicted['makespan_s'] * 1e3:.3f} ms")
     best = plan
     for r in range(1, args.rounds + 1):
@@ -427,6 +439,9 @@ def add_commands(subparsers) -> None:
     p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with")
     p.add_argument("--rounds", type=int, default=2, help="replanning rounds after the first plan (default 2)")
     p.add_argument("--output", "-o", required=True, help="plan file for the fastest measured plan")
+    p.add_argument("--profile", metavar="FILE",
+                   help="placer.profile/1 file whose measured times the first plan uses instead of the analytic "
+                        "ones (e.g. an earlier run's `placer run/tune --profile-output`)")
     _measurement_outputs(p, "the fastest plan's run")
     p.add_argument("--message-cost", metavar="CAL",
                    help="placer.calibration/1 file with a gloo message cost by gap (`placer calibrate`): the "
