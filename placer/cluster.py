@@ -170,6 +170,14 @@ class Cluster:
             return float("inf")
         return self.channels[c].transfer_s(nbytes)
 
+    @property
+    def linked(self) -> np.ndarray:
+        """Boolean ``(devices, devices)``: can device i send to device j (a channel, or i is j).
+
+        Transfers never go through a third device, so a producer on i and a consumer on j need this.
+        """
+        return (self.channel_index >= 0) | np.eye(self.num_devices, dtype=bool)
+
     def unreachable_pairs(self) -> list[tuple[str, str]]:
         """Ordered device pairs with no channel between them."""
         n = self.num_devices

@@ -9,7 +9,7 @@ from placer.algorithms import place
 from placer.algorithms.celeritas import schedule_coarse
 from placer.algorithms.common import MemoryBudget
 from placer.cluster import Channel, Cluster, Device, load_cluster
-from placer.errors import OptionError
+from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
 from placer.graph import OpGraph
 from placer.sim.simulator import simulate_plan
@@ -245,3 +245,31 @@ def test_devices_not_all_linked_get_a_valid_plan(algorithm):
     ring = Cluster("ring4", [Device(x, "V100", 160 << 20) for x in names], channels)
     plan = place(training_graph(layers=4, branches=2), ring, algorithm)     # place() validates it
     assert plan.predicted["fits"]
+
+
+def line_cluster(names, memory, both_ways=True) -> Cluster:
+    """Devices in a line, channels only between neighbours: the ends cannot send to each other."""
+    pairs = list(zip(names, names[1:])) + (list(zip(names[1:], names)) if both_ways else [])
+    return Cluster("line", [Device(x, "V100", memory) for x in names],
+                   [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for a, b in pairs])
+
+
+@pytest.mark.parametrize("algorithm", ["celeritas", "order_place"])
+@pytest.mark.parametrize("nodes, edge_prob, groups, seed, mib", [(48, 0.094, 3, 86, 108), (39, 0.278, 2, 91, 95)])
+def test_a_pinned_member_stays_linked_to_its_cluster_on_a_line(algorithm, nodes, edge_prob, groups, seed, mib):
+    # A cluster holding a member whose colocation group an earlier cluster pinned to d0 went to d2 (no room
+    # left on d0): the member stayed on d0 and its producer in the cluster sent from d2 ("no channel connects").
+    graph = random_dag(nodes, edge_prob=edge_prob, seed=seed, max_bytes=8 << 20, colocation_groups=groups)
+    plan = place(graph, line_cluster(["d0", "d1", "d2"], mib << 20), algorithm, time_limit=10)  # place() validates
+    assert plan.predicted["fits"]
+
+
+def test_nodes_no_linked_device_can_take_are_refused_naming_the_link():
+    # d0 -> d1 -> d2 one way only; 'a' may run only on d2's kind and 'b', fed by 'a', only on d0's.
+    graph = OpGraph.from_dict({"format": "placer.graph/1", "name": "back", "nodes": [
+        {"id": "a", "compute_s": 1e-3, "device_kinds": ["T4"]}, {"id": "b", "compute_s": 1e-3, "device_kinds": ["cpu"]}],
+        "edges": [{"src": "a", "dst": "b", "bytes": 10}]})
+    devices = [Device("d0", "cpu", GiB), Device("d1", "V100", GiB), Device("d2", "T4", GiB)]
+    cluster = Cluster("line", devices, [Channel(f"{a}->{b}", 1e10, 1e-5, ((a, b),)) for a, b in (("d0", "d1"), ("d1", "d2"))])
+    with pytest.raises(InfeasibleError, match="'a' would send from 'd2' to node 'b' on 'd0', but no channel connects"):
+        place(graph, cluster, "celeritas")

@@ -43,7 +43,7 @@ from ..io import shown_sizes
 from ..plan import Plan
 from ..sim.simulator import simulate
 from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, link_costs
-from .common import liveness_ratio
+from .common import linked_devices, liveness_ratio, missing_link
 from .registry import register
 from .timebox import optional_work
 
@@ -162,6 +162,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
     for g, key in enumerate(group_names):
         group_of[graph.colocation_groups[key]] = g
     group_members = [graph.colocation_groups[key] for key in group_names]
+    linked = cluster.linked
     pin = np.full(len(group_names) + 1, -1, dtype=np.int64)   # the last entry stands for "no group"
     charged = np.zeros(graph.num_nodes, dtype=bool)
     used = np.zeros(n_dev)
@@ -180,22 +181,32 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         pinned_to = pin[groups]
         # What this cluster claims: its unpinned members, and the rest of the groups it will pin.
         new_groups = np.unique(groups[(groups >= 0) & (pinned_to < 0)]).tolist()
-        claim = np.unique(np.concatenate([members[pinned_to < 0]] + [group_members[g] for g in new_groups]))
-        claim = claim[~charged[claim]]
+        decided = np.unique(np.concatenate([members[pinned_to < 0]] + [group_members[g] for g in new_groups]))
+        claim = decided[~charged[decided]]
         amount = float(need[claim].sum())
+        # The devices where what this step decides reaches, and is reached by, every neighbour placed so far
+        # (a pinned member sits on its group's device, which need not be its cluster's).
+        allowed = fused.allowed[k] & linked_devices(graph, linked, node_device, decided)
+        if not allowed.any():
+            raise InfeasibleError(missing_link(graph, cluster, node_device, decided, int(np.argmax(fused.allowed[k])))
+                                  + " (nor is any other device the nodes' kinds and colocation groups allow "
+                                    "linked to all their neighbours placed so far)")
         ps = slice(in_ptr[k], in_ptr[k + 1])
         preds = pred_of[ps]
         if preds.size:
             src_dev = device[preds]
             ready = (finish[preds][:, None] + latency[src_dev] + pred_bytes[ps][:, None] * inverse[src_dev]).max(axis=0)
+            if not np.isfinite(ready[allowed]).all():
+                # An input comes from a pinned member, on a device its cluster's has no channel from.
+                ready = np.where(np.isfinite(ready), ready, _arrivals(graph, fused, node_device, finish, k,
+                                                                        latency, inverse))
         else:
             ready = np.zeros(n_dev)
-        allowed = fused.allowed[k]
         choice = -1
         if (pinned_to >= 0).any():
             # The first-placed member of a group decided its device; most pinned members decide here,
             # if that device has room for the rest (else the rest is placed freely, the pinned members stay).
-            votes = np.where(allowed & (used + amount <= capacity) & np.isfinite(ready),
+            votes = np.where(allowed & (used + amount <= capacity),
                              np.bincount(pinned_to[pinned_to >= 0], minlength=n_dev), 0)
             if votes.max() > 0:
                 choice = int(np.argmax(votes))
@@ -205,8 +216,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
             if d == choice or (choice < 0 and allowed[d] and used[d] + amount <= capacity[d]):
                 est[d] = timelines[d].earliest(float(ready[d]), float(duration[k, d]))
         if choice < 0:
-            reached = allowed & np.isfinite(ready)
-            choice = _choose(policy, est + duration[k], prev, reached if reached.any() else allowed, capacity - used,
+            choice = _choose(policy, est + duration[k], prev, allowed, capacity - used,
                              latency, inverse, float(largest_out[k]) if has_succ[k] else None)
         previous[step] = prev
         device[k] = choice
@@ -215,7 +225,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         finish[k] = start[k] + duration[k, choice]
         timelines[choice].add(float(start[k]), float(finish[k]))
         # Charge the claim; the groups it pinned now live on ``choice`` (their later members' memory is reserved).
-        node_device[members] = np.where(pinned_to >= 0, pinned_to, choice)
+        node_device[decided] = choice
         used[choice] += amount
         charged[claim] = True
         pin[new_groups] = choice
@@ -223,11 +233,23 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
     return CoarseSchedule(sequence, previous, forced, device, start, finish, node_device)
 
 
+def _arrivals(graph: OpGraph, fused: FusedGraph, node_device: np.ndarray, finish: np.ndarray, k: int,
+              latency: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+    """When the inputs of cluster ``k`` from other clusters could reach each device, by the devices their
+    producers sit on (a pinned member's is its group's, not its cluster's); inf where no channel does."""
+    ptr, ids = graph.in_edges
+    edges = np.concatenate([ids[ptr[v]:ptr[v + 1]] for v in fused.members[k].tolist()])
+    edges = edges[fused.cluster_of[graph.src[edges]] != k]
+    src_dev = node_device[graph.src[edges]]
+    sent = finish[fused.cluster_of[graph.src[edges]]][:, None]
+    return (sent + latency[src_dev] + graph.edge_bytes[edges][:, None] * inverse[src_dev]).max(axis=0)
+
+
 def _choose(policy: str, eft: np.ndarray, prev: int, allowed: np.ndarray, room: np.ndarray,
             latency: np.ndarray, inverse: np.ndarray, largest_out: float | None) -> int:
     """The device for one cluster, given its earliest finish per device (inf where it may not go).
 
-    ``allowed``: the devices its kinds allow that its inputs can reach (where some channel is missing).
+    ``allowed``: the devices its kinds allow that channels link to its neighbours placed so far.
     """
     n_dev = eft.size
     open_ = np.flatnonzero(np.isfinite(eft))
@@ -241,8 +263,8 @@ def _choose(policy: str, eft: np.ndarray, prev: int, allowed: np.ndarray, room: 
     # Adjusting Placement: leave d_k for the earliest device only if the gain beats sending the output back.
     best = int(np.argmin(eft))
     back_cost = 0.0 if largest_out is None else latency[best, prev] + largest_out * inverse[best, prev]
-    if eft[prev] - eft[best] > back_cost:
-        return best
+    if not np.isfinite(eft[prev]) or eft[prev] - eft[best] > back_cost:
+        return best     # (prev full, or not linked to this cluster's neighbours: no channel back costs inf too)
     return prev
 
 
@@ -343,7 +365,10 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
     memory = cluster.memory.astype(np.float64)
     best = None
     for rounds in range(1, tries + 1):
-        schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory)
+        try:
+            schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory)
+        except InfeasibleError as exc:      # a dead end on devices not all linked
+            raise InfeasibleError(f"{name}: {exc}") from None
         # The coarse schedule's order, or the reference model's earliest-ready order where that is faster.
         peaks = []
         for order in (schedule.device_orders(fused, cluster.num_devices), None):
