@@ -15,6 +15,8 @@ from placer.graph import OpGraph
 from placer.sim.simulator import simulate_plan
 from placer.transform.fusion import fuse
 
+from .clusters import line_cluster
+
 GiB = 1 << 30
 SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
@@ -247,13 +249,6 @@ def test_devices_not_all_linked_get_a_valid_plan(algorithm):
     assert plan.predicted["fits"]
 
 
-def line_cluster(names, memory, both_ways=True) -> Cluster:
-    """Devices in a line, channels only between neighbours: the ends cannot send to each other."""
-    pairs = list(zip(names, names[1:])) + (list(zip(names[1:], names)) if both_ways else [])
-    return Cluster("line", [Device(x, "V100", memory) for x in names],
-                   [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for a, b in pairs])
-
-
 @pytest.mark.parametrize("algorithm", ["celeritas", "order_place"])
 @pytest.mark.parametrize("nodes, edge_prob, groups, seed, mib", [(48, 0.094, 3, 86, 108), (39, 0.278, 2, 91, 95)])
 def test_a_pinned_member_stays_linked_to_its_cluster_on_a_line(algorithm, nodes, edge_prob, groups, seed, mib):
@@ -269,7 +264,6 @@ def test_nodes_no_linked_device_can_take_are_refused_naming_the_link():
     graph = OpGraph.from_dict({"format": "placer.graph/1", "name": "back", "nodes": [
         {"id": "a", "compute_s": 1e-3, "device_kinds": ["T4"]}, {"id": "b", "compute_s": 1e-3, "device_kinds": ["cpu"]}],
         "edges": [{"src": "a", "dst": "b", "bytes": 10}]})
-    devices = [Device("d0", "cpu", GiB), Device("d1", "V100", GiB), Device("d2", "T4", GiB)]
-    cluster = Cluster("line", devices, [Channel(f"{a}->{b}", 1e10, 1e-5, ((a, b),)) for a, b in (("d0", "d1"), ("d1", "d2"))])
+    cluster = line_cluster(["d0", "d1", "d2"], GiB, kinds=["cpu", "V100", "T4"], both_ways=False)
     with pytest.raises(InfeasibleError, match="'a' would send from 'd2' to node 'b' on 'd0', but no channel connects"):
         place(graph, cluster, "celeritas")

@@ -12,6 +12,8 @@ from placer.algorithms import available_algorithms
 from placer.errors import InfeasibleError
 from placer.generate import training_graph
 
+from .clusters import line_cluster
+
 GIB = 1 << 30
 
 
@@ -209,15 +211,6 @@ def test_infeasible_error_is_specific():
     assert np.isfinite(graph.compute_s).all()
 
 
-def _line_cluster(names, both_ways=True):
-    """Devices in a line, channels only between neighbours (a pair no channel lists cannot communicate)."""
-    from placer.cluster import Channel, Cluster, Device
-
-    pairs = list(zip(names, names[1:])) + (list(zip(names[1:], names)) if both_ways else [])
-    return Cluster("line", [Device(n, "V100", 16 * GIB) for n in names],
-                   [Channel(f"{a}->{b}", 25e9, 1e-5, ((a, b),)) for a, b in pairs])
-
-
 def test_a_pipeline_over_devices_linked_only_to_their_neighbours_is_not_refused():
     from placer.graph import OpGraph
 
@@ -225,7 +218,7 @@ def test_a_pipeline_over_devices_linked_only_to_their_neighbours_is_not_refused(
     # Each stage's parameters fill most of one device: the stages must sit on d0..d3 in turn.
     graph = OpGraph(["s0", "s1", "s2", "s3"], [1e-3] * 4, [0, 1, 2], [1, 2, 3], [1 << 20] * 3,
                     output_bytes=[1 << 20] * 4, param_bytes=[10 * GIB] * 4, name="pipe")
-    for cluster in (_line_cluster(names), _line_cluster(names, both_ways=False)):
+    for cluster in (line_cluster(names), line_cluster(names, both_ways=False)):
         plan = place(graph, cluster, "expert")
         assert [plan.placement[s] for s in graph.ids] == names and plan.predicted["fits"]
 
@@ -290,7 +283,7 @@ def test_a_colocation_group_that_no_channel_reaches_is_refused_clearly(algorithm
     from placer.generate import random_dag
 
     # Channels one way only (d0 -> d1 -> d2): m-TOPO put a group on d0, then a member's input was on d1.
-    cluster = _line_cluster(["d0", "d1", "d2"], both_ways=False)
+    cluster = line_cluster(["d0", "d1", "d2"], both_ways=False)
     graph = random_dag(20, edge_prob=0.3, seed=2, max_bytes=8 << 20, colocation_groups=3)
     try:
         plan = place(graph, cluster, algorithm, time_limit=5)
@@ -303,14 +296,14 @@ def test_a_colocation_group_that_no_channel_reaches_is_refused_clearly(algorithm
 
 @pytest.mark.parametrize("algorithm", sorted(set(available_algorithms())))
 def test_every_algorithm_plans_or_refuses_clearly_where_some_devices_have_no_channel(algorithm):
-    cluster = _line_cluster(["g0", "g1", "g2"])
+    cluster = line_cluster(["g0", "g1", "g2"])
     graph = training_graph(layers=3, branches=2, seed=2)
     try:
         plan = place(graph, cluster, algorithm, time_limit=5)
     except InfeasibleError as exc:
-        # Baselines with a fixed rule (op i on device i mod n, a replica per device and a ring) cannot
-        # avoid the missing pair; the searches, the list schedulers and the one-device plan can.
-        assert algorithm in {"round_robin", "m_topo", "data_parallel", "sharded_data_parallel"}
+        # Baselines with a fixed rule (a replica per device and a ring) cannot avoid the missing pair; the
+        # searches, the list schedulers, round-robin (which skips unlinked devices) and one device can.
+        assert algorithm in {"m_topo", "data_parallel", "sharded_data_parallel"}
         assert "no channel connects" in str(exc), exc
     else:
         assert plan.validate(graph, cluster).fits

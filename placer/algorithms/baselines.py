@@ -7,6 +7,8 @@ devices and checking the result under the reference model.
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 
 from ..cluster import Cluster
@@ -15,10 +17,14 @@ from ..graph import OpGraph
 from ..io import shown_sizes
 from ..plan import Plan
 from ..sim.simulator import simulate
-from .common import MemoryBudget, fitting_plan_with_retries, placement_units, unit_allowed
+from .common import (MemoryBudget, fitting_plan_with_retries, linked_devices, missing_link, placement_units,
+                     unit_allowed)
 from .registry import register
 
-__all__ = ["single", "round_robin", "expert", "metis", "layer_labels", "forward_ordered"]
+__all__ = ["single", "round_robin", "expert", "metis", "layer_labels", "forward_ordered", "linked_parts"]
+
+#: The most devices whose every relabelling of the parts :func:`linked_parts` tries (8! = 40,320).
+MAX_RELABELLED_DEVICES = 8
 
 
 @register("single")
@@ -67,26 +73,34 @@ def single(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
 def round_robin(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
     """Units in topological order dealt to the devices in turn, skipping devices without room.
 
+    Where some devices have no channel between them, a device is also skipped
+    unless channels link it to the devices of the unit's neighbours placed so far.
+
     Raises
     ------
     InfeasibleError
-        If some unit fits no allowed device's remaining budget.
+        If some unit fits no allowed device's remaining budget, or none linked to its placed neighbours.
     """
     _, units = placement_units(graph)
     allowed = unit_allowed(graph, cluster, units)
-    n_dev = cluster.num_devices
+    n_dev, linked = cluster.num_devices, cluster.linked
 
     def build(ratio: float) -> np.ndarray:
         budget = MemoryBudget(graph, cluster, ratio)
-        device_of = np.zeros(graph.num_nodes, dtype=np.int64)
+        device_of = np.full(graph.num_nodes, -1, dtype=np.int64)
         cursor = 0
         for u, members in enumerate(units):
             need = budget.unit_need(members)
+            room = allowed[u] & np.array([budget.fits(j, need) for j in range(n_dev)])
+            usable = room & linked_devices(graph, linked, device_of, members)
             for step in range(n_dev):
                 j = (cursor + step) % n_dev
-                if allowed[u, j] and budget.fits(j, need):
+                if usable[j]:
                     break
             else:
+                if room.any():
+                    raise InfeasibleError("round_robin: " + missing_link(graph, cluster, device_of, members,
+                                                                         int(np.argmax(room))))
                 raise InfeasibleError(f"round_robin: node {graph.ids[members[0]]!r} fits no device's remaining memory")
             budget.add(j, need)
             device_of[members] = j
@@ -230,8 +244,10 @@ def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
 
     Units (colocation groups) become weighted vertices; edge weights are the
     bytes between units; target part weights follow device speeds. Units on a
-    device their kinds forbid, or beyond a device's memory budget, move to the
-    allowed device with the most room.
+    device their kinds forbid, beyond a device's memory budget, or (where some
+    devices have no channel between them) not linked to the devices of the
+    units kept before them, move to the allowed device linked to their placed
+    neighbours with the most room.
 
     Parameters
     ----------
@@ -280,26 +296,56 @@ def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
                                            eweights=eweights or None, tpwgts=(speeds / speeds.sum()).tolist(),
                                            options=options)
         parts = np.asarray(membership, dtype=np.int64)
+    linked = cluster.linked
+    parts = linked_parts(parts, unit_of, graph, linked, speeds)
 
     def build(ratio: float) -> np.ndarray:
         budget = MemoryBudget(graph, cluster, ratio)
-        unit_device = parts.copy()
+        device_of = np.full(graph.num_nodes, -1, dtype=np.int64)
         moved = []
         for u, members in enumerate(units):
             need = budget.unit_need(members)
-            j = int(unit_device[u])
-            if allowed[u, j] and budget.fits(j, need):
+            j = int(parts[u])
+            if allowed[u, j] and budget.fits(j, need) and linked_devices(graph, linked, device_of, members)[j]:
                 budget.add(j, need)
+                device_of[members] = j
             else:
                 moved.append(u)
         for u in moved:
             need = budget.unit_need(units[u])
             room = np.where(allowed[u], budget.capacity - budget.used - need, -np.inf)
-            j = int(np.argmax(room))
-            if room[j] < 0:
+            usable = np.where(linked_devices(graph, linked, device_of, units[u]), room, -np.inf)
+            j = int(np.argmax(usable))
+            if usable[j] < 0:
+                if room.max() >= 0:
+                    raise InfeasibleError("metis: " + missing_link(graph, cluster, device_of, units[u],
+                                                                    int(np.argmax(room))))
                 raise InfeasibleError(f"metis: node {graph.ids[units[u][0]]!r} fits no allowed device's remaining memory")
             budget.add(j, need)
-            unit_device[u] = j
-        return unit_device[unit_of]
+            device_of[units[u]] = j
+        return device_of
 
     return Plan.from_arrays(graph, cluster, fitting_plan_with_retries(build, graph, cluster, "metis"))
+
+
+def linked_parts(parts: np.ndarray, unit_of: np.ndarray, graph: OpGraph, linked: np.ndarray,
+                 speeds: np.ndarray) -> np.ndarray:
+    """``parts`` (a device per unit) relabelled so that the fewest bytes cross device pairs without a channel.
+
+    A partitioner numbers its parts arbitrarily: on a line of devices, two parts that exchange data may
+    land on its two ends. Every relabelling that keeps each part on a device of its speed (the part's target
+    weight) is tried, the identity first, up to :data:`MAX_RELABELLED_DEVICES` devices; where every pair is
+    linked, or more devices, ``parts`` comes back as it is.
+    """
+    n_dev = linked.shape[0]
+    if linked.all() or n_dev > MAX_RELABELLED_DEVICES or graph.num_edges == 0:
+        return parts
+    node_part = parts[unit_of]
+    crossing = np.zeros((n_dev, n_dev))
+    # (a byte more per edge: an empty tensor needs a channel too)
+    np.add.at(crossing, (node_part[graph.src], node_part[graph.dst]), graph.edge_bytes.astype(np.float64) + 1.0)
+    perms = np.array(list(itertools.permutations(range(n_dev))), dtype=np.int64)
+    perms = perms[(speeds[perms] == speeds).all(axis=1)]
+    unlinked = ~linked[perms[:, :, None], perms[:, None, :]]
+    best = perms[int(np.argmin((unlinked * crossing).sum(axis=(1, 2))))]
+    return best[parts]

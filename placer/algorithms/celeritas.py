@@ -18,7 +18,11 @@ Colocation follows the paper's rule: the first cluster that places a member
 of a group decides the group's device, its other members' memory is
 reserved there, and a later cluster holding pinned members goes to that
 device if it has room (members pinned elsewhere go to their own device).
-The per-device order of the original nodes follows the coarse schedule.
+Where some devices have no channel between them, a cluster goes only to a
+device that channels link, each edge's way, to the devices of its
+neighbours placed so far (a pinned member's is its group's); where none is
+left, the schedule is refused naming a missing link. The per-device order
+of the original nodes follows the coarse schedule.
 
 Memory is budgeted with parameters whole and outputs by the share of them
 live at the peak (:func:`memory_need`); the plan is then simulated, and where
@@ -43,7 +47,7 @@ from ..io import shown_sizes
 from ..plan import Plan
 from ..sim.simulator import simulate
 from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, link_costs
-from .common import linked_devices, liveness_ratio, missing_link
+from .common import incident_edges, linked_devices, liveness_ratio, missing_link
 from .registry import register
 from .timebox import optional_work
 
@@ -237,8 +241,7 @@ def _arrivals(graph: OpGraph, fused: FusedGraph, node_device: np.ndarray, finish
               latency: np.ndarray, inverse: np.ndarray) -> np.ndarray:
     """When the inputs of cluster ``k`` from other clusters could reach each device, by the devices their
     producers sit on (a pinned member's is its group's, not its cluster's); inf where no channel does."""
-    ptr, ids = graph.in_edges
-    edges = np.concatenate([ids[ptr[v]:ptr[v + 1]] for v in fused.members[k].tolist()])
+    _, edges = incident_edges(graph, fused.members[k])
     edges = edges[fused.cluster_of[graph.src[edges]] != k]
     src_dev = node_device[graph.src[edges]]
     sent = finish[fused.cluster_of[graph.src[edges]]][:, None]

@@ -10,6 +10,8 @@ rules the moment it is registered:
 - it keeps colocation groups together and nodes on allowed device kinds;
 - on a problem too big for one device, and on random valid problems, it
   returns a fitting plan or raises :class:`InfeasibleError`, nothing else;
+- on devices in a line (the ends have no channel between them) it returns a
+  valid plan or refuses, never a plan that sends where no channel goes;
 - it is deterministic for a seed;
 - it rejects unknown options and bad values with :class:`OptionError`.
 
@@ -24,15 +26,16 @@ import json
 import numpy as np
 
 from ..cluster import Channel, Cluster, Device, load_cluster
-from ..errors import InfeasibleError, OptionError
+from ..errors import InfeasibleError, InvalidPlanError, OptionError
 from ..generate import random_dag, training_graph
 from ..graph import OpGraph
 from ..plan import Plan
-from ..sim.simulator import simulate_plan
-from .registry import place
+from ..sim.simulator import simulate, simulate_plan
+from .registry import checked_options, get_algorithm, place
 
 __all__ = ["CHECKS", "check_algorithm", "contract_cases", "random_cases", "check_valid_plans", "check_constraints",
-           "check_memory_pressure", "check_random_cases", "check_determinism", "check_option_validation"]
+           "check_memory_pressure", "check_random_cases", "check_partially_linked", "check_determinism",
+           "check_option_validation"]
 
 GiB = 1 << 30
 CHECK_TIME_LIMIT = 10.0
@@ -161,6 +164,36 @@ def check_random_cases(name: str, **options) -> None:
         _check_plan(plan, graph, cluster, f"{name} on {label}")
 
 
+def _line_case() -> tuple[OpGraph, Cluster]:
+    """A random DAG with kinds and colocation over an A100 and two V100s in a line (channels both ways between
+    neighbours only: a0 cannot send to v1), each holding 60% of a one-device run: the step needs two devices."""
+    graph = _with_kinds(random_dag(40, edge_prob=0.15, colocation_groups=3, seed=8, max_bytes=8 << 20))
+    memory = int(0.6 * simulate(graph, Cluster("one", [Device("one", "V100", 1 << 50)], []),
+                                np.zeros(graph.num_nodes, dtype=np.int64)).peak_memory_bytes[0])
+    devices = [Device("a0", "A100", memory, 1.3), Device("v0", "V100", memory), Device("v1", "V100", memory)]
+    return graph, Cluster("line-3", devices, [Channel(f"{a}->{b}", 12e9, 1e-5, ((a, b),))
+                                              for x, y in (("a0", "v0"), ("v0", "v1")) for a, b in ((x, y), (y, x))])
+
+
+def check_partially_linked(name: str, **options) -> None:
+    """On devices not all linked, the algorithm itself (before :func:`place` validates what it returns)
+    gives a valid plan that fits, or refuses: InfeasibleError, or InvalidPlanError from its own check of
+    what a fixed rule built (which place() reports as InfeasibleError)."""
+    graph, cluster = _line_case()
+    alg = get_algorithm(name)
+    opts = checked_options(alg, {"time_limit": CHECK_TIME_LIMIT, **options})
+    if alg.prepare is not None:
+        alg.prepare(opts)
+    try:
+        plan = alg.func(graph, cluster, **opts)
+    except (InfeasibleError, InvalidPlanError):
+        return
+    try:
+        plan.validate(graph, cluster)
+    except InvalidPlanError as exc:
+        raise AssertionError(f"{name} on a line of devices returned an invalid plan: {exc}") from None
+
+
 def check_determinism(name: str, **options) -> None:
     """The same inputs and seed give the same placement and order."""
     label, graph, cluster = contract_cases()[1]
@@ -181,8 +214,8 @@ def check_option_validation(name: str, **options) -> None:
         raise AssertionError(f"{name}: option {bad} was accepted")
 
 
-CHECKS = (check_valid_plans, check_constraints, check_memory_pressure, check_random_cases, check_determinism,
-          check_option_validation)
+CHECKS = (check_valid_plans, check_constraints, check_memory_pressure, check_random_cases, check_partially_linked,
+          check_determinism, check_option_validation)
 
 
 def check_algorithm(name: str, **options) -> None:

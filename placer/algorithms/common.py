@@ -21,7 +21,7 @@ from ..io import shown_sizes
 from ..sim.simulator import simulate
 
 __all__ = ["placement_units", "liveness_ratio", "MemoryBudget", "unit_allowed", "fitting_plan_with_retries",
-           "linked_devices", "missing_link"]
+           "incident_edges", "linked_devices", "missing_link"]
 
 
 def placement_units(graph: OpGraph, extra_groups: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -120,9 +120,8 @@ def fitting_plan_with_retries(build, graph: OpGraph, cluster: Cluster, name: str
     raise last_error
 
 
-
-def _incident(graph: OpGraph, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The edges out of ``nodes`` and the edges into them."""
+def incident_edges(graph: OpGraph, nodes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The edges out of ``nodes`` and the edges into them (edge indices)."""
     found = []
     for ptr, ids in (graph.out_edges, graph.in_edges):
         found.append(np.concatenate([ids[ptr[v]:ptr[v + 1]] for v in nodes.tolist()] + [np.zeros(0, dtype=np.int64)]))
@@ -136,7 +135,9 @@ def linked_devices(graph: OpGraph, linked: np.ndarray, node_device: np.ndarray, 
     ``linked`` is :attr:`Cluster.linked`. Transfers never go through a third device, so on a cluster
     whose devices are not all linked a greedy placement checks each edge when its second end is placed.
     """
-    outs, ins = _incident(graph, nodes)
+    if linked.all():
+        return np.ones(linked.shape[0], dtype=bool)
+    outs, ins = incident_edges(graph, nodes)
     to, by = node_device[graph.dst[outs]], node_device[graph.src[ins]]
     return linked[:, to[to >= 0]].all(axis=1) & linked[by[by >= 0]].all(axis=0)
 
@@ -144,7 +145,7 @@ def linked_devices(graph: OpGraph, linked: np.ndarray, node_device: np.ndarray, 
 def missing_link(graph: OpGraph, cluster: Cluster, node_device: np.ndarray, nodes: np.ndarray, device: int) -> str:
     """Why ``nodes`` may not go on ``device`` (:func:`linked_devices` says so): one edge and the channel it lacks."""
     names, linked = [d.name for d in cluster.devices], cluster.linked
-    outs, ins = _incident(graph, nodes)
+    outs, ins = incident_edges(graph, nodes)
     for e in np.concatenate([outs, ins]).tolist():
         u, v = int(graph.src[e]), int(graph.dst[e])
         a, b = (node_device[u], device) if node_device[v] < 0 else (device, node_device[v])
