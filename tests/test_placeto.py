@@ -19,6 +19,8 @@ from placer.learn.families import FAMILIES, dataset, family_graph, split_indices
 from placer.sim import simulate
 from placer.transform.merge import merge_and_colocate
 
+from .clusters import line_cluster
+
 
 # ------------------------------------------------------------------ families
 @pytest.mark.parametrize("family", sorted(FAMILIES))
@@ -326,6 +328,17 @@ def test_memory_repair_moves_units_off_a_full_device():
     small = type(cluster)("small", [type(d)(d.name, d.kind, 4 << 30, d.speed) for d in cluster.devices], cluster.channels)
     with pytest.raises(InfeasibleError):
         _repair_memory(graph, small, mdp, everything_on_one, probs)
+
+
+def test_memory_repair_moves_units_only_where_channels_link_their_neighbours():
+    # Devices in a line and a policy that likes the far end best: units moved from d0 to d3, which no
+    # channel links to d0 (the plan was refused: "no channel connects these devices").
+    graph = training_graph(layers=4, branches=2, param_mib=1500, activation_mib=100, seed=5)
+    cluster = line_cluster(["d0", "d1", "d2", "d3"])
+    mdp = PlacementMDP(graph, cluster, target_nodes=10)
+    probs = np.tile([0.1, 0.2, 0.3, 0.4], (mdp.ctx.num_nodes, 1))
+    repaired = _repair_memory(graph, cluster, mdp, np.zeros(graph.num_nodes, dtype=np.int64), probs)
+    assert simulate(graph, cluster, repaired).fits       # simulate checks every transfer has a channel
 
 
 def test_placeto_options_are_checked(tmp_path):

@@ -22,12 +22,12 @@ from pathlib import Path
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import FormatError, InfeasibleError, OptionError
+from ..errors import FormatError, InfeasibleError, InvalidPlanError, OptionError
 from ..graph import OpGraph
 from ..plan import Plan
 from ..feasibility import static_footprint
 from ..sim.simulator import simulate
-from .common import placement_units, unit_allowed
+from .common import linked_devices, placement_units, unit_allowed
 from .registry import register
 from .timebox import TimeBox
 
@@ -171,16 +171,17 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
             device_of = _repair_memory(graph, cluster, mdp, device_of, best.best_probs.numpy())
             info["memory_repair"] = "the policy's placement exceeded device memory; units moved to the devices " \
                                     "with room the policy preferred"
-        except InfeasibleError:
+        except (InfeasibleError, InvalidPlanError):    # no room elsewhere, or a send no channel carries
             from .baselines import expert
 
             try:
                 fallback = expert(graph, cluster, seed=seed)
             except InfeasibleError as exc:
-                raise InfeasibleError(f"placeto: the policy's placement overflows device memory, and so does the "
-                                      f"expert split it falls back to ({exc})") from None
+                raise InfeasibleError(f"placeto: the policy's placement is invalid or overflows device memory, and "
+                                      f"the expert split it falls back to fails too ({exc})") from None
             device_of = np.array([cluster.device_index[fallback.placement[i]] for i in graph.ids], dtype=np.int64)
-            info["memory_repair"] = "the policy's placement exceeded device memory and could not be repaired; " \
+            info["memory_repair"] = "the policy's placement exceeded device memory (or sent between devices no " \
+                                    "channel links) and could not be repaired; " \
                                     "the expert split (memory-aware) was used instead"
     return Plan.from_arrays(graph, cluster, device_of, extra={"placeto": info})
 
@@ -249,18 +250,20 @@ def _repair_memory(graph: OpGraph, cluster: Cluster, mdp, device_of: np.ndarray,
     While some device's simulated peak exceeds its memory, the unit with the
     largest static footprint on the most over-full device that fits elsewhere
     moves to the device the policy liked best among the allowed ones with
-    room for it.
+    room for it that channels link to its neighbours' devices.
 
     Raises
     ------
     InfeasibleError
         If no unit of an over-full device fits anywhere else.
+    InvalidPlanError
+        If ``device_of`` sends between devices that no channel links (no walk found a valid placement).
     """
     unit_of, units = placement_units(graph)
     allowed = unit_allowed(graph, cluster, units)
     footprint = np.bincount(unit_of, weights=static_footprint(graph), minlength=len(units))
     preference = np.array([probs[mdp.coarse.group_of[members]].sum(axis=0) for members in units])
-    memory = cluster.memory.astype(np.float64)
+    memory, linked = cluster.memory.astype(np.float64), cluster.linked
     out = device_of.copy()
     for _ in range(4 * len(units)):
         result = simulate(graph, cluster, out, check=False)
@@ -271,7 +274,10 @@ def _repair_memory(graph: OpGraph, cluster: Cluster, mdp, device_of: np.ndarray,
         room = memory - result.peak_memory_bytes
         unit_device = out[[members[0] for members in units]]
         for u in sorted(np.flatnonzero(unit_device == j).tolist(), key=lambda u: -footprint[u]):
-            targets = np.flatnonzero(allowed[u] & (room >= footprint[u]) & (np.arange(len(memory)) != j))
+            out[units[u]] = -1       # (unplaced while asking where its neighbours' devices link it)
+            linkable = linked_devices(graph, linked, out, units[u])
+            out[units[u]] = j
+            targets = np.flatnonzero(allowed[u] & (room >= footprint[u]) & (np.arange(len(memory)) != j) & linkable)
             if targets.size:
                 out[units[u]] = int(targets[np.argmax(preference[u, targets])])
                 break
