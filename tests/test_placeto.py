@@ -341,6 +341,25 @@ def test_memory_repair_moves_units_only_where_channels_link_their_neighbours():
     assert simulate(graph, cluster, repaired).fits       # simulate checks every transfer has a channel
 
 
+def test_placeto_falls_back_to_the_expert_split_where_no_walk_found_a_valid_placement(monkeypatch):
+    import dataclasses
+
+    import placer.algorithms.placeto as module
+
+    # Round robin over a line (d0 sends to d2): such a placement came back as the plan, and place() refused it.
+    real = module._place_with_policy
+
+    def invalid_walks(graph, *args):
+        mdp, best, info = real(graph, *args)
+        return mdp, dataclasses.replace(best, best_device_of=np.arange(graph.num_nodes) % 3, best_fits=False), info
+
+    monkeypatch.setattr(module, "_place_with_policy", invalid_walks)
+    graph, cluster = training_graph(layers=2, branches=2, seed=1), line_cluster(["d0", "d1", "d2"])
+    plan = place(graph, cluster, "placeto", samples=1)       # place() validates it
+    assert plan.placement == place(graph, cluster, "expert").placement
+    assert "expert split" in plan.extra["placeto"]["memory_repair"]
+
+
 def test_placeto_options_are_checked(tmp_path):
     graph = training_graph(layers=2, branches=2)
     cluster = load_cluster("2xV100-nvlink")
