@@ -73,4 +73,5 @@ def test_linked_parts_relabels_a_chain_of_parts_onto_a_line():
     linked = np.array([[1, 0, 1], [0, 1, 1], [1, 1, 1]], dtype=bool)
     parts = linked_parts(np.arange(3), np.arange(3), chain, linked, np.ones(3))
     assert parts.tolist() == [0, 2, 1]
-    assert linked_parts(np.arange(3), np.arange(3), chain, np.ones((3, 3), dtype=bool), np.ones(3)).tolist() == [0, 1, 2]
+    everywhere = np.ones((3, 3), dtype=bool)
+    assert linked_parts(np.arange(3), np.arange(3), chain, everywhere, np.ones(3)).tolist() == [0, 1, 2]

@@ -262,7 +262,8 @@ def test_a_pinned_member_stays_linked_to_its_cluster_on_a_line(algorithm, nodes,
 def test_nodes_no_linked_device_can_take_are_refused_naming_the_link():
     # d0 -> d1 -> d2 one way only; 'a' may run only on d2's kind and 'b', fed by 'a', only on d0's.
     graph = OpGraph.from_dict({"format": "placer.graph/1", "name": "back", "nodes": [
-        {"id": "a", "compute_s": 1e-3, "device_kinds": ["T4"]}, {"id": "b", "compute_s": 1e-3, "device_kinds": ["cpu"]}],
+        {"id": "a", "compute_s": 1e-3, "device_kinds": ["T4"]},
+        {"id": "b", "compute_s": 1e-3, "device_kinds": ["cpu"]}],
         "edges": [{"src": "a", "dst": "b", "bytes": 10}]})
     cluster = line_cluster(["d0", "d1", "d2"], GiB, kinds=["cpu", "V100", "T4"], both_ways=False)
     with pytest.raises(InfeasibleError, match="'a' would send from 'd2' to node 'b' on 'd0', but no channel connects"):

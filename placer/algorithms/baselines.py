@@ -98,16 +98,22 @@ def round_robin(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: 
                 if usable[j]:
                     break
             else:
-                if room.any():
-                    raise InfeasibleError("round_robin: " + missing_link(graph, cluster, device_of, members,
-                                                                         int(np.argmax(room))))
-                raise InfeasibleError(f"round_robin: node {graph.ids[members[0]]!r} fits no device's remaining memory")
+                raise _unplaceable("round_robin", graph, cluster, device_of, members, room)
             budget.add(j, need)
             device_of[members] = j
             cursor = j + 1
         return device_of
 
     return Plan.from_arrays(graph, cluster, fitting_plan_with_retries(build, graph, cluster, "round_robin"))
+
+
+def _unplaceable(name: str, graph: OpGraph, cluster: Cluster, device_of: np.ndarray, members: np.ndarray,
+                 room: np.ndarray) -> InfeasibleError:
+    """The error where a unit fits no device: the channel a device with ``room`` (allowed, budget left) lacks
+    to its placed neighbours (:func:`missing_link`), else memory."""
+    if room.any():
+        return InfeasibleError(f"{name}: " + missing_link(graph, cluster, device_of, members, int(np.argmax(room))))
+    return InfeasibleError(f"{name}: node {graph.ids[members[0]]!r} fits no allowed device's remaining memory")
 
 
 def layer_labels(graph: OpGraph, min_layers: int = 1) -> np.ndarray:
@@ -317,10 +323,7 @@ def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
             usable = np.where(linked_devices(graph, linked, device_of, units[u]), room, -np.inf)
             j = int(np.argmax(usable))
             if usable[j] < 0:
-                if room.max() >= 0:
-                    raise InfeasibleError("metis: " + missing_link(graph, cluster, device_of, units[u],
-                                                                    int(np.argmax(room))))
-                raise InfeasibleError(f"metis: node {graph.ids[units[u][0]]!r} fits no allowed device's remaining memory")
+                raise _unplaceable("metis", graph, cluster, device_of, units[u], room >= 0)
             budget.add(j, need)
             device_of[units[u]] = j
         return device_of
