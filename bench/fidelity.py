@@ -500,9 +500,17 @@ def print_probe_message_cost(runs: list[Run]) -> None:
     Each run is predicted with its profiled op times and, per round-robin run of another model over the same
     cluster, that run's fitted message cost (:func:`run_message_cost`, shaped over gaps by its calibration);
     the median over those models, against the calibration's streams' message cost, both without the step's end
-    (as :func:`print_gap_parts`). Out of sample: the model, and so the plan, is never the run's own.
+    (as :func:`print_gap_parts`). Out of sample: the model, and so the plan, is never the run's own. Also with
+    what that run's operations lost right after its messages (:func:`placer.cost.messages.fit_after_message`,
+    as ``placer calibrate --probe`` fits it since session 42) in place of the streams' charges.
     """
-    from placer.cost.messages import simulate_with_messages
+    from placer.cost.messages import fit_after_message, simulate_with_messages
+
+    def probe_costs(donor: Run) -> tuple[Any, Any]:
+        """The donor's message cost, without and with its operations' after-message charges."""
+        bound, profiled = placed_profile(donor)
+        cost = run_message_cost(donor)
+        return cost, fit_after_message(bound, profiled, run_own_times(donor), cost)
 
     donors: dict[str, list[Run]] = {}
     for run in runs:
@@ -514,18 +522,21 @@ def print_probe_message_cost(runs: list[Run]) -> None:
         if not others or run.calibrated_message_cost is None:
             continue
         bound = run.plan.bind(run.graph, run.cluster)
-        probed = statistics.median(simulate_with_messages(bound, run_message_cost(donor)).makespan_s
-                                   for donor in others)
+        costs = [probe_costs(donor) for donor in others]
+        probed = statistics.median(simulate_with_messages(bound, cost).makespan_s for cost, _ in costs)
+        fitted = statistics.median(simulate_with_messages(bound, cost).makespan_s for _, cost in costs)
         calibrated = step_with_messages(run, run.stream_message_cost or run.calibrated_message_cost, None)
         for plans in ("all", run.algorithm):
             by_way = errors.setdefault(plans, {})
             by_way.setdefault("calibrated", []).append(calibrated / run.measured_s - 1)
             by_way.setdefault("probe", []).append(probed / run.measured_s - 1)
+            by_way.setdefault("fitted", []).append(fitted / run.measured_s - 1)
     for plans, by_way in errors.items():
         calibrated, probed = by_way["calibrated"], by_way["probe"]
         print(f"mean |error| (mean error) over {len(probed)} runs ({plans}), profiled op times, without the "
               f"step's end: the calibration's streams' message cost {mean_errors(calibrated)}; another model's "
-              f"round-robin run's message cost {mean_errors(probed)}")
+              f"round-robin run's message cost {mean_errors(probed)}, with what its operations lost after its "
+              f"messages {mean_errors(by_way['fitted'])}")
     streams: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
         if run.stream_message_cost is not None:     # calibrated with --probe: both costs recorded

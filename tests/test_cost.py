@@ -249,8 +249,8 @@ def test_gloo_calibration_options(kwargs, message):
 
 
 def test_probe_run_message_cost():
-    # The streams' shape over gaps, scaled to what the probe's messages cost; their charges for the operation
-    # after a message kept (a profile has none); the per-byte parts the probe's own.
+    # The streams' shape over gaps, scaled to what the probe's messages cost; the charges for the operation
+    # after a message fitted to the probe's operations (not the streams'); the per-byte parts the probe's own.
     streams = MessageCost(3e-5, 0.0, 4e-5, 0.0, by_gap=((0.0, 2e-5, 3e-5), (1e-3, 4e-5, 5e-5)),
                           after_send_s=1e-6, after_receive_s=2e-6, after_wait_s=3e-6)
     cost, fitted_to = measure_probe(streams, ("zoo:lenet", 8), steps=2)
@@ -258,7 +258,8 @@ def test_probe_run_message_cost():
     assert [gap for gap, _, _ in cost.by_gap] == [0.0, 1e-3]
     (_, send_0, receive_0), (_, send_1, receive_1) = cost.by_gap
     assert send_1 / send_0 == pytest.approx(2.0) and receive_1 / receive_0 == pytest.approx(5 / 3)
-    assert (cost.after_send_s, cost.after_receive_s, cost.after_wait_s) == (1e-6, 2e-6, 3e-6)
+    assert cost.after_send_s >= 0 and cost.after_receive_s == cost.after_wait_s >= 0
+    assert (cost.after_send_s, cost.after_receive_s) != (1e-6, 2e-6)
     assert send_0 > 0 and receive_0 > 0 and cost.send_per_byte_s >= 0 and cost.receive_per_byte_s >= 0
 
 

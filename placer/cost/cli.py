@@ -163,7 +163,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         print(f"an operation right after a message, against one after another operation: "
               f"{cost.after_send_s * 1e6:.1f} us longer after sending, {cost.after_receive_s * 1e6:.1f} us after "
               f"receiving, {cost.after_wait_s * 1e6:.1f} us after waiting to receive (charged to the nodes that "
-              "send and receive)")
+              "send and receive" + ("; fitted to the probe run's operations against their profile)" if probe
+                                    else ")"))
     if cal.barrier_s is not None:
         print(f"the last of {args.ranks} ranks to reach a barrier spends {cal.barrier_s * 1e6:.1f} us in it "
               f"(how a step of the process-per-device runtime ends)")
@@ -296,8 +297,9 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--link", action="append", default=[], metavar="CHANNEL_LINK=MEASURED_LINK",
                    help="apply a measured link to channels of another link type; repeatable")
     p.add_argument("--probe", action="store_true",
-                   help="gloo: take a message's host cost from a probe run (a small ResNet placed round robin over "
-                        "2 ranks), as plans' runs pay it, instead of from streams of one message at a time")
+                   help="gloo: take a message's host cost, and what the operation after it loses, from a probe run "
+                        "(a small ResNet placed round robin over 2 ranks), as plans' runs pay them, instead of from "
+                        "streams of one message at a time")
     p.set_defaults(func=cmd_calibrate)
 
     p = sub.add_parser("cost", help="cost a graph: analytic roofline per device kind, then measured profiles",

@@ -37,7 +37,7 @@ if TYPE_CHECKING:
     from ..sim import SimResult
 
 __all__ = ["MessageCost", "messages_graph", "plan_messages", "message_gaps", "simulate_with_messages",
-           "spread_over_gaps", "without_after_message", "waiting_nodes"]
+           "spread_over_gaps", "without_after_message", "waiting_nodes", "fit_after_message"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -349,6 +349,47 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
                                                     for gap, sent, received in calibrated.by_gap),
                                after_send_s=calibrated.after_send_s, after_receive_s=calibrated.after_receive_s,
                                after_wait_s=calibrated.after_wait_s)
+
+
+def fit_after_message(bound: BoundPlan, profiled_s: np.ndarray, own_s: dict[str, float],
+                      cost: MessageCost) -> MessageCost:
+    """``cost`` with the ``after_*`` charges fitted to what the operations after a run's messages lost.
+
+    Each node's own time in the run (``own_s``: its measured time less its
+    messages' host time, :func:`placer.runtime.feedback.own_times`) beyond its
+    profiled time (``profiled_s``, per node of ``bound.graph`` on its device) is
+    fitted by least squares as ``after_send_s`` where the node sends a message
+    under the plan plus ``after_receive_s`` where it is the first to read one
+    (:func:`plan_messages`), each at least zero; nodes without either only
+    count where they are timed. ``after_wait_s`` is ``after_receive_s``: a run
+    does not tell which receives its ranks waited for. ``cost``'s host costs of
+    the messages themselves are kept.
+
+    A calibration's streams time one message at a time between two ranks; in a
+    plan's run the operation right after a message loses more (on the lent
+    machines' records, the ops that receive a message 1.3 to 1.4 times their
+    profile, +15 to 21 us per message: docs/benchmarks.md, "Fidelity").
+    :func:`placer.cost.calibrate.measure_probe` fits it to a probe run.
+
+    Raises
+    ------
+    ValueError
+        Where no node that sends or receives was timed.
+    """
+    graph = bound.graph
+    sends = np.zeros(graph.num_nodes, dtype=bool)
+    receives = np.zeros(graph.num_nodes, dtype=bool)
+    for producer, consumer, _ in plan_messages(graph, bound):
+        sends[producer] = receives[consumer] = True
+    ran = np.array([own_s.get(node, np.nan) for node in graph.ids])
+    timed = ~np.isnan(ran) & (sends | receives)
+    if not timed.any():
+        raise ValueError("fit_after_message needs a timed node that sends or receives a message")
+    roles = np.stack([sends, receives], axis=1)[timed].astype(float)
+    (after_send, after_receive), *_ = np.linalg.lstsq(roles, (ran - profiled_s)[timed], rcond=None)
+    after_send, after_receive = max(float(after_send), 0.0), max(float(after_receive), 0.0)
+    return dataclasses.replace(cost, after_send_s=after_send, after_receive_s=after_receive,
+                               after_wait_s=after_receive)
 
 
 def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: MessageCost) -> dict[str, float]:
