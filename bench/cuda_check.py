@@ -2,8 +2,9 @@
 
 1. Local executor, CUDA streams and events: plans over 2 and 4 devices (random
    and expert placements, and random placements of a graph with three
-   operations split in two along the batch, or along their output channels) run with every plan device on its own GPU, or,
-   with fewer GPUs, as separate streams of GPU 0. The placed step must equal
+   operations split in two along the batch, or along their output channels)
+   run with every plan device on its own GPU, or, with fewer GPUs, as separate
+   streams of GPU 0. The placed step must equal
    the unplaced captured step run on GPU 0 bit for bit (same kernels, other
    streams; splits within 1e-5), the expert one also timed per operation and
    transfer with CUDA events, and is compared with eager ``torch.optim``
@@ -45,7 +46,8 @@ MODEL = textwrap.dedent('''
     class Net(nn.Module):
         def __init__(self):
             super().__init__()
-            self.conv1 = nn.Conv2d(3, 32, 3, padding=1, bias=False)   # BatchNorm follows: a bias would get a zero gradient that Adam turns into rounding noise times lr
+            # No bias: BatchNorm follows, and Adam would turn the rounding of its zero gradient into steps of lr.
+            self.conv1 = nn.Conv2d(3, 32, 3, padding=1, bias=False)
             self.bn1 = nn.BatchNorm2d(32)
             self.conv2 = nn.Conv2d(32, 32, 3, padding=1)
             self.head = nn.Linear(32 * 16 * 16, 10)

@@ -77,8 +77,9 @@ def test_heft_mean_transfer_time_is_mean_latency_plus_bytes_over_mean_bandwidth(
     channels = [Channel(f"{a}->{b}", bw, lat, ((a, b),))
                 for x, y, bw, lat in [("d0", "d1", 1.0, 1.0), ("d1", "d2", 3.0, 3.0)] for a, b in [(x, y), (y, x)]]
     g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 12)])
-    assert edge_transfer_times(g, Cluster("t", devices, channels), "mean").tolist() == [2.0 + 12 / 2.0]
-    assert edge_transfer_times(g, Cluster("t", devices, channels), "max").tolist() == [1.0 + 12 / 1.0]   # the slowest pair
+    cluster = Cluster("t", devices, channels)
+    assert edge_transfer_times(g, cluster, "mean").tolist() == [2.0 + 12 / 2.0]
+    assert edge_transfer_times(g, cluster, "max").tolist() == [1.0 + 12 / 1.0]      # the slowest pair
 
 
 def test_heft_schedule_of_the_classic_example_is_80():
