@@ -691,6 +691,18 @@ def test_measured_transfers_set_the_links_latency_to_their_mean_excess():
     assert measured_cluster(cluster, []) is cluster
     # Faster than the bandwidth allows (clock noise): no negative latency.
     assert measured_cluster(cluster, [(0, 1, 10**9, 1e-3)]).channels[0].latency_s == 0.0
+    # A cluster file whose channels name no link type: each channel takes its own transfers' (none was
+    # measured before, whatever the run sent).
+    doc = cluster.to_dict()
+    for channel in doc["channels"]:
+        channel.pop("link", None)
+    unnamed = Cluster.from_dict(doc)
+    assert all(ch.extra.get("link") is None for ch in unnamed.channels)
+    fitted = measured_cluster(unnamed, transfers)
+    by_direction = {(0, 1): np.mean([t - n / bandwidth for _, _, n, t in transfers[:3]]),
+                    (1, 0): 150e-6 - 65_536 / bandwidth}
+    for (src, dst), expected in by_direction.items():
+        assert fitted.channels[unnamed.channel_index[src, dst]].latency_s == pytest.approx(expected, rel=1e-12)
 
 
 def _two_kinds(path) -> str:
@@ -719,6 +731,29 @@ def test_a_runs_times_as_a_profile_give_the_graph_what_measured_graph_gives(file
     with pytest.raises(OptionError, match=r"one device kind, .* of 2 \('cpu', 'slowcpu'\)"):
         measured_profile(random_plan(graph, mixed, seed=1).bind(graph, mixed), seconds)
     assert profile_kind(mixed, [1]) == "slowcpu"
+
+
+def test_a_split_plans_run_gives_a_profile_of_the_captured_graph(file_case):
+    # The profile was of the plan's rewritten graph under the captured graph's name: `placer cost` refused it for
+    # the captured graph ("made for graph 'x' ..., not for graph 'x'"). The ops the plan split ran only as parts.
+    from placer.cost.profile import apply_profile
+    from placer.runtime.feedback import measured_profile
+    from placer.transform.split import split_operation
+
+    graph, cluster = file_case.captured.graph, load_cluster("2xcpu")
+    name = next(graph.ids[i] for i, dims in enumerate(graph.splittable) if any(d["dim"] == "batch" for d in dims or []))
+    split = split_operation(graph, name, "batch", 2)
+    from placer.algorithms.common import placement_units
+
+    unit_of, _ = placement_units(split)
+    plan = Plan.from_arrays(graph, cluster, unit_of % 2, placed_graph=split,
+                            splits=[{"node": name, "dim": "batch", "parts": 2}])
+    bound = plan.bind(graph, cluster)
+    seconds = {node: 1e-4 for node in bound.graph.ids}
+    profile = measured_profile(bound, seconds, graph)
+    assert (profile.graph_name, profile.graph_digest) == (graph.name, graph.digest())
+    assert set(profile.node_seconds) == set(graph.ids) - {name}
+    assert apply_profile(graph, profile).compute_s_by_kind[graph.index[name]] == graph.compute_s_by_kind[graph.index[name]]
 
 
 def test_a_distributed_run_records_each_ranks_timeline_in_plan_order(file_case):
@@ -1109,7 +1144,12 @@ def test_placer_run_and_tune_refuse_a_measurement_file_they_cannot_write_before_
              "--profile-output: a placer.profile/1 file holds the times of one device kind"),
             (tune + ["--cluster", mixed], ["--profile-output", str(tmp_path / "p.json")], "of one device kind"),
             (tune + ["--cluster", "2xcpu"], ["--cluster-output", str(tmp_path / "a_file" / "c.json")],
-             "cannot write cluster file")):
+             "cannot write cluster file"),
+            # Two outputs at one path: the second would replace the first.
+            (run, ["--profile-output", str(tmp_path / "p.json"), "--cluster-output", str(tmp_path / "p.json")],
+             "--profile-output and --cluster-output are both"),
+            (tune + ["--cluster", "2xcpu"], ["--profile-output", str(tmp_path / "tuned.json")],
+             "--output and --profile-output are both")):
         code = main(command + flags)
         err = capsys.readouterr().err
         assert code == 2 and message in err, err

@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import copy
+import os
 import re
 from dataclasses import dataclass, field
 from typing import Any
@@ -91,8 +92,9 @@ def _first_device(backend: str, devices: list[str] | None, num_devices: int) -> 
 
 
 def _check_measured_outputs(args: argparse.Namespace, cluster: Any, devices, inputs=()) -> None:
-    """Before the run: ``--profile-output`` and ``--cluster-output`` can be written (and are no input file), and
-    ``devices`` (indices of the devices the run may use) are of one kind, as a profile file's times are."""
+    """Before the run: ``--profile-output`` and ``--cluster-output`` can be written (and are no input file, nor
+    the command's other output), and ``devices`` (indices of the devices the run may use) are of one kind, as a
+    profile file's times are."""
     from .feedback import profile_kind
 
     if args.profile_output:
@@ -100,12 +102,21 @@ def _check_measured_outputs(args: argparse.Namespace, cluster: Any, devices, inp
         profile_kind(cluster, devices)
     if args.cluster_output:
         check_output(args.cluster_output, "cluster file", inputs=inputs)
+    outputs = [(option, path) for option, path in (("--output", getattr(args, "output", None)),
+                                                   ("--profile-output", args.profile_output),
+                                                   ("--cluster-output", args.cluster_output),
+                                                   ("--trace", getattr(args, "trace", None))) if path]
+    for k, (option, path) in enumerate(outputs):
+        for other, other_path in outputs[k + 1:]:
+            if os.path.abspath(path) == os.path.abspath(other_path):
+                raise OptionError(f"{option} and {other} are both {path}: the second would replace the first")
 
 
-def _write_measured(args: argparse.Namespace, m: Measurement, bound: Any, command: str) -> None:
+def _write_measured(args: argparse.Namespace, m: Measurement, bound: Any, graph: Any, command: str) -> None:
     """Write the run ``m`` of the plan ``bound`` as ``--profile-output`` (each node's own time, as
-    :func:`~placer.runtime.feedback.measured_graph` takes it) and ``--cluster-output`` (each link's latency
-    from the run's transfers, :func:`~placer.runtime.feedback.measured_cluster`)."""
+    :func:`~placer.runtime.feedback.measured_graph` takes it, a profile of the captured ``graph``) and
+    ``--cluster-output`` (each link's latency from the run's transfers,
+    :func:`~placer.runtime.feedback.measured_cluster`)."""
     import platform
     import time
 
@@ -113,7 +124,7 @@ def _write_measured(args: argparse.Namespace, m: Measurement, bound: Any, comman
 
     if args.profile_output:
         profile = measured_profile(
-            bound, own_times(m.op_s, m.op_message_s), source=command, backend=args.backend, steps=args.steps,
+            bound, own_times(m.op_s, m.op_message_s), graph, source=command, backend=args.backend, steps=args.steps,
             timed="the last step" if args.backend == "local" else "median of the steps after the first",
             less="the host time of the node's own messages", threads=args.threads, torch=torch.__version__,
             host=platform.node(), measured_at=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
@@ -270,7 +281,7 @@ def _run(args: argparse.Namespace) -> int:
         write_run_trace(args.trace, m.timeline, cluster, step_s=m.step_s[-1], predicted_s=m.predicted_s)
         print(f"timeline of the last step -> {args.trace} (open in ui.perfetto.dev; the simulator's: "
               f"placer simulate GRAPH PLAN --trace FILE)")
-    _write_measured(args, m, bound, "placer run")
+    _write_measured(args, m, bound, captured.graph, "placer run")
     if not args.verify:
         return 0
     # Eager training where the plan's first device ran: the same kernels (a GPU's, not the CPU's).
@@ -383,7 +394,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best.cluster_digest = given.digest()    # the cluster it runs on, not its measured figures
     best.save(args.output)
     print(f"best plan: measured {best_s * 1e3:.3f} ms per step -> {args.output}")
-    _write_measured(args, m, best.bind(captured.graph, given), "placer tune")
+    _write_measured(args, m, best.bind(captured.graph, given), captured.graph, "placer tune")
     return 0
 
 

@@ -74,7 +74,8 @@ def profile_kind(cluster: Cluster, devices: Iterable[int], option: str = "--prof
     return kinds[0]
 
 
-def measured_profile(bound: BoundPlan, seconds: dict[str, float], **meta: Any) -> Profile:
+def measured_profile(bound: BoundPlan, seconds: dict[str, float], graph: OpGraph | None = None,
+                     **meta: Any) -> Profile:
     """A run's measured per-node times as a ``placer.profile/1`` profile of the kind of device it ran on.
 
     The file form of :func:`measured_graph`: applied to ``bound.graph``
@@ -85,11 +86,14 @@ def measured_profile(bound: BoundPlan, seconds: dict[str, float], **meta: Any) -
     Parameters
     ----------
     bound : BoundPlan
-        The plan that was measured; the profile is of ``bound.graph`` (the rewritten
-        graph where the plan splits operations).
+        The plan that was measured.
     seconds : dict of str to float
         Node id -> measured seconds (:func:`own_times` of a run: the node's cost under any plan);
-        ids ``bound.graph`` lacks are left out, as :func:`measured_graph` ignores them.
+        ids ``graph`` lacks are left out, as :func:`measured_graph` ignores them.
+    graph : OpGraph, optional
+        The graph the profile is of: the captured graph the plan was bound to, whose
+        nodes the plan split then ran as parts (left out: none of them ran whole).
+        Default ``bound.graph`` (the rewritten graph where the plan splits operations).
     **meta
         Extra fields of the file (how the times were taken).
 
@@ -102,9 +106,9 @@ def measured_profile(bound: BoundPlan, seconds: dict[str, float], **meta: Any) -
     OptionError
         Where the measured nodes ran on devices of several kinds (:func:`profile_kind`).
     """
-    graph = bound.graph
-    timed = {k: float(s) for k, s in seconds.items() if k in graph.index}
-    kind = profile_kind(bound.cluster, {int(bound.device_of[graph.index[k]]) for k in timed})
+    graph = bound.graph if graph is None else graph
+    timed = {k: float(s) for k, s in seconds.items() if k in graph.index and k in bound.graph.index}
+    kind = profile_kind(bound.cluster, {int(bound.device_of[bound.graph.index[k]]) for k in timed})
     return Profile(graph.name, graph.digest(), kind, timed, dict(meta))
 
 
@@ -133,7 +137,8 @@ def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, 
     Parameters
     ----------
     cluster : Cluster
-        Channels name their link type in ``extra["link"]`` (the presets do).
+        Channels that name a link type in ``extra["link"]`` (the presets do) share its
+        measured latency; any other channel takes its own transfers'.
     transfers : sequence of (int, int, int, float)
         ``(source device, destination device, bytes, seconds)``, as
         :attr:`placer.runtime.distributed.DistributedResult.transfer_s` gives.
@@ -144,15 +149,20 @@ def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, 
         A link without measured transfers keeps its figures; a negative mean
         excess gives a latency of 0.
     """
-    excess: dict[str, list[float]] = {}
+    def link_of(ch) -> tuple[str, str]:
+        """The channel's link type where it names one (the presets do), else the channel alone."""
+        link = ch.extra.get("link")
+        return ("link", link) if link is not None else ("channel", ch.name)
+
+    excess: dict[tuple[str, str], list[float]] = {}
     for src, dst, nbytes, seconds in transfers:
         c = cluster.channel_index[src, dst]
-        channel = cluster.channels[c] if c >= 0 else None
-        if channel is not None and channel.extra.get("link") is not None:
-            excess.setdefault(channel.extra["link"], []).append(seconds - nbytes / channel.bandwidth_bytes_per_s)
+        if c >= 0:
+            channel = cluster.channels[c]
+            excess.setdefault(link_of(channel), []).append(seconds - nbytes / channel.bandwidth_bytes_per_s)
     channels = []
     for ch in cluster.channels:
-        times = excess.get(ch.extra.get("link"))
+        times = excess.get(link_of(ch))
         channels.append(ch if times is None else
                         dataclasses.replace(ch, latency_s=max(0.0, statistics.fmean(times)),
                                             extra={**ch.extra, "latency_from": "measured in a placed run"}))
