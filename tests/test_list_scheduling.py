@@ -1355,7 +1355,9 @@ def test_a_dead_end_of_the_schedulers_own_making_is_told_so():
                 for b in (names[(i + 1) % 4], names[i - 1])]
     ring = Cluster("ring4", [Device(x, "V100", 160 << 20) for x in names], channels)
     g = random_dag(80, edge_prob=0.3, seed=3, max_bytes=4 << 20, colocation_groups=4)
-    with pytest.raises(InfeasibleError, match=r"^heft: node 'n11': no channel brings its inputs to 'g3', where an "
-                                              r"earlier member placed its colocation group$"):
+    # Then it named no link: now the input that cannot reach the group's device.
+    with pytest.raises(InfeasibleError, match=r"^heft: node 'n11' must join its colocation group on 'g3' \(an earlier "
+                                              r"member's device\): node 'n8' would send from 'g1' to node 'n11' on "
+                                              r"'g3', but no channel connects these devices$"):
         place(g, ring, "heft")
     assert place(g, ring, "m_topo").predicted["fits"]       # a plan exists

@@ -57,7 +57,7 @@ from ..plan import Plan
 from ..sim.bounds import fastest_durations
 from ..sim.simulator import SimResult, simulate
 from ..transform.colocate import colocate_layers
-from .common import liveness_ratio, placement_units, unit_allowed
+from .common import liveness_ratio, missing_link, placement_units, unit_allowed
 from .timebox import TimeBox, is_frugal, optional_work, seconds_left
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
@@ -952,9 +952,11 @@ class ScheduleState:
         """The error where no channel brings ``v``'s inputs to a device it may use; one its colocation
         group fixes is named, since an earlier member's placement (on devices not all linked) decided it."""
         fixed = self.unit_device[self.unit_of[v]]
-        where = ("a device it may use" if fixed < 0 else
-                 f"{self.cluster.devices[fixed].name!r}, where an earlier member placed its colocation group")
-        return InfeasibleError(f"node {self.graph.ids[v]!r}: no channel brings its inputs to {where}")
+        if fixed < 0:
+            return InfeasibleError(f"node {self.graph.ids[v]!r}: no channel brings its inputs to a device it may use")
+        why = missing_link(self.graph, self.cluster, np.asarray(self.device_of), np.array([v]), fixed)
+        return InfeasibleError(f"node {self.graph.ids[v]!r} must join its colocation group on "
+                               f"{self.cluster.devices[fixed].name!r} (an earlier member's device): {why}")
 
     # ------------------------------------------------------------ booking
     def commit(self, v: int, d: int, estimate: tuple) -> None:
