@@ -1179,6 +1179,10 @@ def test_placer_run_verifies_sgd_with_momentum_against_eager_training(tmp_path, 
     (["--optimizer", "sgd", "--nesterov"], "nesterov=True needs momentum > 0"),
     (["--optimizer", "adam", "--betas", "0.9,1.5"], r"betas\[1\] must be a finite number in \[0, 1\)"),
     (["--optimizer", "adam", "--weight-decay", "-0.1"], "weight_decay must be a finite number >= 0"),
+    # Only the flag that is wrong is named (both were), and a bad --lr is told as itself.
+    (["--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "-1"],
+     r"weight_decay must be a finite number >= 0, got -1.0 \(--weight-decay\)$"),
+    (["--optimizer", "sgd", "--lr", "-1", "--momentum", "0.9"], r"lr must be a positive finite number, got -1.0$"),
 ])
 def test_placer_run_refuses_bad_optimizer_settings_naming_them_before_any_work(flags, message, tmp_path, capsys):
     code = main(["run", "zoo:lenet", "--plan", str(tmp_path / "missing.json"), *flags])

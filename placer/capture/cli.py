@@ -91,11 +91,23 @@ def optimizer_settings(args: argparse.Namespace) -> dict:
         if args.optimizer not in takes:
             raise OptionError(f"--{key.replace('_', '-')} is for --optimizer {' or '.join(takes)}, "
                               f"not {args.optimizer}")
+    lr = getattr(args, "lr", 1e-3)
+
+    def refused(**settings) -> bool:
+        try:
+            optimizer_spec(args.optimizer, lr, **settings)
+        except OptionError:
+            return True
+        return False
+
     try:
-        optimizer_spec(args.optimizer, getattr(args, "lr", 1e-3), **given)
+        optimizer_spec(args.optimizer, lr, **given)
     except OptionError as exc:
-        raise OptionError(f"{exc} (--{'/--'.join(k.replace('_', '-') for k in given) or 'optimizer'})"
-                          if given else str(exc)) from None
+        if not given or refused():
+            raise
+        # The flags refused alone (--weight-decay -1), else those refused together (--nesterov without momentum).
+        blamed = [key for key in given if refused(**{key: given[key]})] or list(given)
+        raise OptionError(f"{exc} (--{'/--'.join(k.replace('_', '-') for k in blamed)})") from None
     return given
 
 
