@@ -130,6 +130,18 @@ def test_the_warm_start_tries_every_cheap_algorithm_on_a_big_graph(monkeypatch):
     assert plan.extra["pesto"]["warm_start_failures"] == {}
 
 
+def test_warm_starts_left_out_for_time_are_reported():
+    # Those not started once the warm start's share was spent were missing from warm_start_failures: the
+    # report read as if pesto had tried them.
+    from placer.algorithms.pesto import WARM_START_ALGORITHMS, _warm_start
+
+    failures = {}
+    name, plan = _warm_start(training_graph(layers=2, seed=1), load_cluster("2xV100-nvlink"), 0, 0.0, failures)
+    assert name == WARM_START_ALGORITHMS[0] and plan is not None
+    assert failures == {other: "not started: the warm start's share of the time limit was spent"
+                        for other in WARM_START_ALGORITHMS[1:]}
+
+
 def test_congestion_keeps_transfers_apart():
     # Two producers on d0 feed two consumers; one shared outgoing link: the model must queue the transfers.
     g = OpGraph(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], [0, 1], [2, 3], [4, 4])

@@ -284,7 +284,10 @@ def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float,
     best: tuple[float, str, Plan] | None = None
     registered = set(available_algorithms())
     for name in WARM_START_ALGORITHMS:
-        if name not in registered or (best is not None and time.perf_counter() > until):
+        if name not in registered:
+            continue
+        if best is not None and time.perf_counter() > until:
+            failures[name] = "not started: the warm start's share of the time limit was spent"
             continue
         try:
             with frugal(), TimeBox(None if best is None else until - time.perf_counter()) as box:
