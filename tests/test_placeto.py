@@ -360,6 +360,31 @@ def test_placeto_falls_back_to_the_expert_split_where_no_walk_found_a_valid_plac
     assert "expert split" in plan.extra["placeto"]["memory_repair"]
 
 
+def test_placetos_memory_repair_takes_a_share_of_the_time_left_then_the_expert_split_stands_in(monkeypatch):
+    # The repair simulates once per move (4-6 s on 4k nodes) after walks that take 90% of the limit: it ran past
+    # the limit, and place() raised TimeLimitError where the expert split would have done.
+    import dataclasses
+    import time
+
+    import placer.algorithms.placeto as module
+
+    real = module._place_with_policy
+
+    def overflowing_walks(graph, *args):
+        mdp, best, info = real(graph, *args)
+        return mdp, dataclasses.replace(best, best_fits=False), info
+
+    def slow_repair(*args):
+        time.sleep(60)
+
+    monkeypatch.setattr(module, "_place_with_policy", overflowing_walks)
+    monkeypatch.setattr(module, "_repair_memory", slow_repair)
+    graph, cluster = training_graph(layers=2, branches=2, seed=1), load_cluster("2xV100-nvlink")
+    plan = place(graph, cluster, "placeto", samples=1, time_limit=5)
+    assert plan.placement == place(graph, cluster, "expert").placement
+    assert "within its share of the time limit; the expert split" in plan.extra["placeto"]["memory_repair"]
+
+
 def test_placeto_options_are_checked(tmp_path):
     graph = training_graph(layers=2, branches=2)
     cluster = load_cluster("2xV100-nvlink")

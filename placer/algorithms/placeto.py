@@ -29,7 +29,7 @@ from ..feasibility import static_footprint
 from ..sim.simulator import simulate
 from .common import linked_devices, placement_units, unit_allowed
 from .registry import register
-from .timebox import TimeBox
+from .timebox import OPTIONAL_SHARE, TimeBox, seconds_left
 
 __all__ = ["placeto", "SHIPPED_POLICY", "load_policy"]
 
@@ -168,10 +168,18 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     device_of = best.best_device_of
     if not best.best_fits:
         try:
-            device_of = _repair_memory(graph, cluster, mdp, device_of, best.best_probs.numpy())
+            # Under a time limit the repair (a simulation per move: seconds on thousands of nodes) takes a share
+            # of what is left, and the expert split the rest.
+            left = seconds_left()
+            repaired = None
+            with TimeBox(None if left is None else OPTIONAL_SHARE * left) as box:
+                repaired = _repair_memory(graph, cluster, mdp, device_of, best.best_probs.numpy())
+            if repaired is None:
+                raise InfeasibleError("placeto: the memory repair ran out of its share of the time limit")
+            device_of = repaired
             info["memory_repair"] = "the policy's placement exceeded device memory; units moved to the devices " \
                                     "with room the policy preferred"
-        except (InfeasibleError, InvalidPlanError):    # no room elsewhere, or a send no channel carries
+        except (InfeasibleError, InvalidPlanError):    # no room elsewhere, a send no channel carries, or no time
             from .baselines import expert
 
             try:
@@ -181,8 +189,9 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
                                       f"the expert split it falls back to fails too ({exc})") from None
             device_of = np.array([cluster.device_index[fallback.placement[i]] for i in graph.ids], dtype=np.int64)
             info["memory_repair"] = "the policy's placement exceeded device memory (or sent between devices no " \
-                                    "channel links) and could not be repaired; " \
-                                    "the expert split (memory-aware) was used instead"
+                                    "channel links) and could not be repaired" \
+                                    + (" within its share of the time limit" if box.expired else "") \
+                                    + "; the expert split (memory-aware) was used instead"
     return Plan.from_arrays(graph, cluster, device_of, extra={"placeto": info})
 
 
