@@ -22,7 +22,7 @@ from .algorithms import available_algorithms, place, register
 from .api import plan
 from .cluster import PRESETS, Cluster, Device, Channel, load_cluster
 from .errors import (FormatError, GraphCycleError, InfeasibleError, InvalidPlanError, OptionError,
-                     PlacerError)
+                     PlacerError, TimeLimitError)
 from .graph import OpGraph
 from .plan import Plan
 from .sim import SimResult, lower_bound, simulate, simulate_plan
@@ -32,5 +32,5 @@ __version__ = "0.1.0"
 __all__ = [
     "plan", "OpGraph", "Cluster", "Device", "Channel", "PRESETS", "load_cluster", "Plan", "place", "register",
     "available_algorithms", "simulate", "simulate_plan", "lower_bound", "SimResult", "PlacerError",
-    "FormatError", "GraphCycleError", "InvalidPlanError", "InfeasibleError", "OptionError",
+    "FormatError", "GraphCycleError", "InvalidPlanError", "InfeasibleError", "TimeLimitError", "OptionError",
 ]

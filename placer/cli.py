@@ -427,7 +427,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on the built-in default (no GPU, no input)")
-    p.add_argument("--output", "-o", default="placer-demo", help="folder for plans, timelines and the report")
+    p.add_argument("--output", "-o", default="placer-demo",
+                   help="folder for plans, timelines and the report (default placer-demo)")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"batch size (default {DEFAULT_BATCH})")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"preset or file (default {DEFAULT_CLUSTER})")

@@ -928,3 +928,11 @@ def test_optimizer_settings_are_checked_at_the_door_naming_the_setting(name, set
         optimizer_spec(name, 0.1, **settings)
     with pytest.raises(OptionError, match=message):
         capture(*_mlp(), optimizer=name, settings=settings)
+
+
+def test_an_optimizer_object_is_refused_saying_capture_takes_a_name():
+    # Its repr (several lines) was shown as the "name" not supported.
+    model, inputs = _mlp()
+    with pytest.raises(OptionError, match=r"^optimizer must be a name, one of sgd, adam, adamw \(its settings in "
+                                          r"settings=...\), not a torch.optim.adam.Adam object$"):
+        capture(model, inputs, optimizer=torch.optim.Adam(model.parameters(), amsgrad=True))

@@ -468,6 +468,10 @@ def test_data_parallel_replicas_are_refused(zoo_case):
     plan = Plan.from_arrays(graph, cluster, np.zeros(replicated.num_nodes, dtype=int), placed_graph=replicated)
     with pytest.raises(InvalidPlanError, match="data-parallel replica"):
         compile_program(zoo_case.captured.gm, graph, plan, cluster, carrier=zoo_case.captured.carrier)
+    # plan.apply refuses it at once (it was refused only at the first step).
+    model, optimizer = zoo_case.fresh()
+    with pytest.raises(InvalidPlanError, match="data-parallel replica"):
+        plan.apply(model, optimizer)
 
 
 def test_a_distributed_run_reports_each_messages_host_time_and_each_ops_share_of_it(file_case):

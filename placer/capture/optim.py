@@ -211,7 +211,10 @@ def optimizer_spec(name: str, lr: float = 1e-3, **settings: Any) -> OptimizerSpe
     >>> optimizer_spec("adam", betas=(0.8, 0.99)).describe()
     'Adam (lr 0.001, betas (0.8, 0.99))'
     """
-    if not isinstance(name, str) or name.lower() not in _TABLE:
+    if not isinstance(name, str):
+        raise OptionError(f"optimizer must be a name, one of {', '.join(OPTIMIZERS)} (its settings in "
+                          f"settings=...), not a {type(name).__module__}.{type(name).__qualname__} object")
+    if name.lower() not in _TABLE:
         raise OptionError(f"optimizer {name!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or lr != lr or lr == float("inf"):
         raise OptionError(f"lr must be a positive finite number, got {lr!r}")

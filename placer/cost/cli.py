@@ -324,7 +324,8 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     p.add_argument("spec", help="zoo:NAME or path/file.py:FACTORY")
     p.add_argument("--batches", default="2,4,8", help="small batch sizes to run (default 2,4,8)")
     p.add_argument("--target", type=int, required=True, help="batch size to predict")
-    p.add_argument("--device", default="cpu", help="where to time nodes: cpu, cuda:N, or none (fit compute_s)")
+    p.add_argument("--device", default="cpu",
+                   help="where to time nodes: cpu, cuda:N, or none (fit compute_s; default cpu)")
     add_optimizer_option(p, lr=True)
     add_optimizer_settings(p)
     p.add_argument("--repeats", type=int, default=3)

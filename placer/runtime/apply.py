@@ -96,6 +96,10 @@ class PlacedStep:
     def __init__(self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  cluster: Cluster | str | None = None, devices: Sequence[str] | None = None,
                  profile: bool = False, atomic: bool = False):
+        if plan.rewritten_graph is not None:      # refused now, not at the first step
+            from .splits import refuse_replicas
+
+            refuse_replicas(plan.rewritten_graph)
         self.plan = plan
         self.model = model
         self.optimizer = optimizer

@@ -447,7 +447,7 @@ def add_commands(subparsers) -> None:
     _common(p)
     p.add_argument("--cluster", required=True, help="preset or cluster file")
     p.add_argument("--batch", type=int, required=True, help="batch size")
-    p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with")
+    p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with (default expert)")
     p.add_argument("--rounds", type=int, default=2, help="replanning rounds after the first plan (default 2)")
     p.add_argument("--output", "-o", required=True, help="plan file for the fastest measured plan")
     p.add_argument("--profile", metavar="FILE",
