@@ -1225,6 +1225,16 @@ def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tm
     assert "equal eager training on cpu within 0.004" in capsys.readouterr().out
     assert main(args + ["--tolerance", "-1"]) != 0
     assert "--tolerance must be >= 0, got -1.0" in capsys.readouterr().err
+    # A momentum buffer (a running sum of gradients) differing is told as such (an H200 run: 1.3e-05 there,
+    # its parameters within 1e-6).
+    monkeypatch.setattr(check, "state_difference", lambda *args: (1.3e-5, "conv1.weight:momentum_buffer", 4))
+    sgd = ["run", "zoo:lenet", "--plan", str(tmp_path / "sgd.json"), "--steps", "1", "--verify", "--optimizer", "sgd",
+           "--momentum", "0.9"]
+    assert main(["plan", "zoo:lenet", "--batch", "2", "--cluster", "2xcpu", "--algorithm", "round_robin",
+                 "--optimizer", "sgd", "--momentum", "0.9", "-o", str(tmp_path / "sgd.json")]) == 0
+    assert main(sgd) == 1
+    out = capsys.readouterr().out
+    assert "a momentum buffer holds a running sum of gradients" in out and "--optimizer sgd" not in out
 
 
 

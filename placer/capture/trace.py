@@ -424,7 +424,9 @@ def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, input
         raise
     except Exception as exc:  # noqa: BLE001 - any tracing failure is reported as the model's
         message = str(exc).splitlines()[0] if str(exc) else ""
-        hint = next((f" ({hint})" for phrase, hint in _TRACE_HINTS if phrase in str(exc)), "")
+        # The hints' phrases are looked for in the message and in the files the failure went through.
+        said = " ".join([str(exc), *(frame.filename for frame in traceback.extract_tb(exc.__traceback__))])
+        hint = next((f" ({hint})" for phrase, hint in _TRACE_HINTS if phrase in said), "")
         raise FormatError(f"cannot capture the training step of {type(model).__name__}: "
                           f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}") from exc
 
@@ -666,14 +668,18 @@ _TRACER_PARTS = tuple(f"{os.sep}torch{os.sep}{part}" for part in
                        "_decomp", "overrides.py", "_tensor.py", "__init__.py", "_compile.py", "_library"))
 
 
-#: What a tracing failure's message says -> what the model does that capture cannot follow, and what to do.
+_CHECKPOINTING = ("activation checkpointing (torch.utils.checkpoint) cannot be captured: call the module directly; "
+                  "the plan decides where each activation is held")
+#: What a tracing failure's message says (or a file it went through) -> what the model does that capture cannot
+#: follow, and what to do. Checkpointing fails as "saved tensor hooks" under torch 2.13, as "NYI: Functionalize
+#: rule for custom_function_call" under 2.11 (the lent GPU machines'), inside torch/utils/checkpoint.py either way.
 _TRACE_HINTS = (
     ("data-dependent", "the model branches on tensor values or reads one as a Python number: if, .item(), "
                        "float(), int(), which a trace with fake tensors cannot follow"),
     ("mutate a captured Tensor", "the model writes in place into one of its inputs (x /= 255, x.clamp_()), which "
                                  "the captured step takes as given: write x = x / 255 instead"),
-    ("saved tensor hooks", "activation checkpointing (torch.utils.checkpoint) cannot be captured: call the "
-                           "module directly; the plan decides where each activation is held"),
+    ("saved tensor hooks", _CHECKPOINTING),
+    (f"{os.sep}utils{os.sep}checkpoint.py", _CHECKPOINTING),
 )
 _TORCH_DIR = os.path.dirname(torch.__file__)
 
