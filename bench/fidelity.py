@@ -508,9 +508,8 @@ def print_probe_message_cost(runs: list[Run]) -> None:
 
     def probe_costs(donor: Run) -> tuple[Any, Any]:
         """The donor's message cost, without and with its operations' after-message charges."""
-        bound, profiled = placed_profile(donor)
         cost = run_message_cost(donor)
-        return cost, fit_after_message(bound, profiled, run_own_times(donor), cost)
+        return cost, fit_after_message(donor.plan.bind(donor.graph, donor.cluster), run_own_times(donor), cost)
 
     donors: dict[str, list[Run]] = {}
     for run in runs:
@@ -626,7 +625,7 @@ def print_message_roles(runs: list[Run]) -> None:
 def placed_profile(run: Run):
     """The run's plan bound to its graph and cluster, and each node's profiled seconds on its device."""
     bound = run.plan.bind(run.graph, run.cluster)
-    return bound, run.graph.durations(run.cluster)[np.arange(run.graph.num_nodes), bound.device_of]
+    return bound, bound.placed_durations()
 
 
 def rank_slowdowns(run: Run, over_s: float = 50e-6) -> dict[int, float]:

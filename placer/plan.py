@@ -48,6 +48,10 @@ class BoundPlan:
         self.device_of = device_of
         self.order = order
 
+    def placed_durations(self) -> np.ndarray:
+        """Each node's time on the device the plan puts it on (the graph's cost for that device)."""
+        return self.graph.durations(self.cluster)[np.arange(self.graph.num_nodes), self.device_of]
+
 
 class Plan:
     """Placement, per-device order, splits and predicted figures of one training step.

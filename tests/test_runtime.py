@@ -567,16 +567,16 @@ def test_what_the_operations_after_a_runs_messages_lost_is_fitted_by_role():
     from placer.cost.messages import fit_after_message
 
     graph, cluster, bound = _ping_pong()            # a -> b -> c over two devices: a sends, b both, c receives
-    profiled = np.ones(3)
+    assert bound.placed_durations().tolist() == [1.0, 1.0, 1.0]
     cost = MessageCost(0.1, 0.0, 0.2, 0.0, by_gap=((0.0, 0.1, 0.2),), after_send_s=0.5, after_receive_s=0.5)
-    fitted = fit_after_message(bound, profiled, {"a": 1.01, "b": 1.03, "c": 1.02}, cost)
+    fitted = fit_after_message(bound, {"a": 1.01, "b": 1.03, "c": 1.02}, cost)
     assert (fitted.after_send_s, fitted.after_receive_s, fitted.after_wait_s) == pytest.approx((0.01, 0.02, 0.02))
     assert replace(fitted, after_send_s=0.5, after_receive_s=0.5, after_wait_s=0.0) == cost    # the rest kept
     # A role that ran faster than its profile is charged nothing; without a timed node that sends or receives,
     # there is nothing to fit.
-    assert fit_after_message(bound, profiled, {"a": 0.9, "b": 1.0, "c": 1.1}, cost).after_send_s == 0.0
+    assert fit_after_message(bound, {"a": 0.9, "b": 1.0, "c": 1.1}, cost).after_send_s == 0.0
     with pytest.raises(ValueError, match="needs a timed node"):
-        fit_after_message(bound, profiled, {}, cost)
+        fit_after_message(bound, {}, cost)
 
 
 def test_a_receive_the_rank_waited_for_costs_the_operation_after_it_more():

@@ -654,8 +654,7 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     bound = plan.bind(graph, cluster)
     own = own_times(result.op_s, result.op_message_s)
     shaped = spread_over_gaps(MessageCost.fit(result.message_s), cost, bound, own)
-    placed_s = graph.durations(cluster)[np.arange(graph.num_nodes), bound.device_of]
-    return fit_after_message(bound, placed_s, own, shaped), len(result.message_s)
+    return fit_after_message(bound, own, shaped), len(result.message_s)
 
 
 def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict[str, list[tuple[int, float]]]:

@@ -351,13 +351,12 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
                                after_wait_s=calibrated.after_wait_s)
 
 
-def fit_after_message(bound: BoundPlan, profiled_s: np.ndarray, own_s: dict[str, float],
-                      cost: MessageCost) -> MessageCost:
+def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCost) -> MessageCost:
     """``cost`` with the ``after_*`` charges fitted to what the operations after a run's messages lost.
 
     Each node's own time in the run (``own_s``: its measured time less its
     messages' host time, :func:`placer.runtime.feedback.own_times`) beyond its
-    profiled time (``profiled_s``, per node of ``bound.graph`` on its device) is
+    profiled time (``bound.graph``'s on its device, :meth:`BoundPlan.placed_durations`) is
     fitted by least squares as ``after_send_s`` where the node sends a message
     under the plan plus ``after_receive_s`` where it is the first to read one
     (:func:`plan_messages`), each at least zero; nodes without either only
@@ -386,7 +385,7 @@ def fit_after_message(bound: BoundPlan, profiled_s: np.ndarray, own_s: dict[str,
     if not timed.any():
         raise ValueError("fit_after_message needs a timed node that sends or receives a message")
     roles = np.stack([sends, receives], axis=1)[timed].astype(float)
-    (after_send, after_receive), *_ = np.linalg.lstsq(roles, (ran - profiled_s)[timed], rcond=None)
+    (after_send, after_receive), *_ = np.linalg.lstsq(roles, (ran - bound.placed_durations())[timed], rcond=None)
     after_send, after_receive = max(float(after_send), 0.0), max(float(after_receive), 0.0)
     return dataclasses.replace(cost, after_send_s=after_send, after_receive_s=after_receive,
                                after_wait_s=after_receive)
