@@ -430,6 +430,30 @@ def test_cli_trains_a_policy_with_checkpoint_and_curve(tmp_path, capsys):
     assert "update 1/2: return" in printed and "update 2/2: return" in printed
 
 
+def test_cli_trains_on_the_graph_files_given(tmp_path, capsys, monkeypatch):
+    # Fine-tuning a policy to one's own models: their graph files alone, or beside a family's.
+    graph_file = tmp_path / "mine.json"
+    mine = family_graph("nmt", 2)
+    mine.save(graph_file)
+    used = []
+    monkeypatch.setattr("placer.learn.train.train", lambda *a, **k: used.append(a[0]) or train(*a, **k))
+    out = tmp_path / "mine.pt"
+    assert main(["train", "placeto", "--graph", str(graph_file), "--episodes", "2", "--rollouts-per-update", "1",
+                 "--target-nodes", "6", "--passes", "1", "-o", str(out)]) == 0
+    assert [g.digest() for g in used[0]] == [mine.digest()]
+    assert "training placeto on 1 graphs (1 file(s))" in capsys.readouterr().out
+    assert len(PlacetoPolicy.load(out).metadata["curve"]["return"]) == 2
+
+    def stop(graphs, *args, **kwargs):
+        used.append(graphs)
+        raise OptionError("stopped before training")
+
+    monkeypatch.setattr("placer.learn.train.train", stop)
+    assert main(["train", "placeto", "--family", "rnn", "--graph", str(graph_file), "-o", str(out)]) == 2
+    family = dataset("rnn", "train")
+    assert [g.digest() for g in used[1]] == [g.digest() for g in family] + [mine.digest()]
+
+
 def test_cli_tells_the_episodes_that_run(tmp_path, capsys, monkeypatch):
     # Whole updates run: 3 episodes at 2 an update is one update of 2 (the header said 3).
     from placer.learn import train as train_module
@@ -498,7 +522,9 @@ def test_ctrl_c_stops_training_with_workers_and_writes_no_policy(tmp_path):
     (["--output", "{tmp}/p.pt", "--init", "{tmp}/nosuch.pt"], "policy file"),
     (["--output", "{tmp}/p.pt", "--cluster", "nosuch"], "nosuch"),
     (["--output", "{tmp}/p.pt", "--lr", "0"], "option lr must be > 0"),
-    (["--output", "{tmp}/p.pt", "--checkpoint-every", "-1"], "option checkpoint_every must be an integer >= 0")])
+    (["--output", "{tmp}/p.pt", "--checkpoint-every", "-1"], "option checkpoint_every must be an integer >= 0"),
+    (["--output", "{tmp}/p.pt", "--graph", "{tmp}/nosuch.json"], "nosuch.json"),
+    (["--output", "{tmp}/p.pt", "--family", "none"], "--family none leaves no graph to train on")])
 def test_cli_refuses_bad_outputs_and_inputs_before_training(tmp_path, capsys, monkeypatch, extra, message):
     from placer.learn import train as train_module
 

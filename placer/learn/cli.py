@@ -26,8 +26,11 @@ def add_commands(subparsers) -> None:
     """Add ``placer train``."""
     p = subparsers.add_parser("train", help="train a learned placement policy (placeto)")
     p.add_argument("method", choices=["placeto"], help="what to train")
-    p.add_argument("--family", default="all", choices=["image", "rnn", "nmt", "all"],
-                   help="graph family of the training split (default: all three)")
+    p.add_argument("--family", default=None, choices=["image", "rnn", "nmt", "all", "none"],
+                   help="graph family of the training split (default: all three, or none with --graph)")
+    p.add_argument("--graph", action="append", default=None, metavar="FILE",
+                   help="a graph file (placer capture's) to train on too; repeatable: with --init, fine-tunes "
+                        "a policy to your own models")
     p.add_argument("--episodes", type=int, default=400, help="rollouts in all (default 400)")
     p.add_argument("--output", "-o", required=True, help="policy file to write (e.g. policy.pt)")
     p.add_argument("--cluster", action="append", default=None,
@@ -52,6 +55,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
     from ..cluster import load_cluster
     from ..errors import OptionError
+    from ..graph import OpGraph
     from ..io import check_output
     from .families import dataset
     from .policy import PlacetoPolicy
@@ -83,10 +87,15 @@ def cmd_train(args: argparse.Namespace) -> int:
     clusters = args.cluster or ["4xV100-nvlink"]
     for name in clusters:
         load_cluster(name)
-    graphs = dataset(args.family, "train")
+    family = args.family or ("none" if args.graph else "all")
+    graphs = [] if family == "none" else dataset(family, "train")
+    graphs += [OpGraph.load(path) for path in args.graph or []]
+    if not graphs:
+        raise OptionError("--family none leaves no graph to train on: pass --graph FILE or another --family")
+    what = " + ".join(([] if family == "none" else [family]) + ([f"{len(args.graph)} file(s)"] if args.graph else []))
     updates = max(1, config.episodes // config.rollouts_per_update)
     # What runs: whole updates (--episodes 10 at 4 a update ran 8; 2 ran 4).
-    print(f"training placeto on {len(graphs)} {args.family} graphs x {', '.join(map(str, clusters))}: "
+    print(f"training placeto on {len(graphs)} graphs ({what}) x {', '.join(map(str, clusters))}: "
           f"{updates * config.rollouts_per_update} episodes in {updates} updates, {config.workers} worker(s), "
           f"seed {config.seed}")
     logged = not sys.stdout.isatty()      # a log file: the bar would show only once, at the end
@@ -109,7 +118,7 @@ def cmd_train(args: argparse.Namespace) -> int:
             _tell_checkpoint(output, checkpoint, began)
             raise
     save_result(result, output, config)
-    plot_curve(result.curve, curve_path, title=f"Placeto on {args.family} ({config.episodes} episodes)")
+    plot_curve(result.curve, curve_path, title=f"Placeto on {what} graphs ({config.episodes} episodes)")
     k = max(1, len(result.curve["return"]) // 10)
     first = sum(result.curve["return"][:k]) / k
     last = sum(result.curve["return"][-k:]) / k
