@@ -936,3 +936,25 @@ def test_an_optimizer_object_is_refused_saying_capture_takes_a_name():
     with pytest.raises(OptionError, match=r"^optimizer must be a name, one of sgd, adam, adamw \(its settings in "
                                           r"settings=...\), not a torch.optim.adam.Adam object$"):
         capture(model, inputs, optimizer=torch.optim.Adam(model.parameters(), amsgrad=True))
+
+
+def test_a_step_is_named_with_its_optimizer_settings_other_than_the_defaults():
+    # Two steps whose settings add operations (a momentum buffer) must not share a name: a profile is
+    # matched to its graph by name.
+    from placer.capture import capture_spec
+    from placer.capture.optim import optimizer_spec
+
+    assert optimizer_spec("sgd", 0.1).label == "sgd"
+    assert optimizer_spec("sgd", 0.1, momentum=0.9, nesterov=True).label == "sgd-momentum0.9-nesterov"
+    assert optimizer_spec("adam", betas=(0.8, 0.99), eps=1e-8).label == "adam-betas0.8_0.99"
+    plain = capture_spec("zoo:lenet", 2, optimizer="sgd", fake=True)
+    with_momentum = capture_spec("zoo:lenet", 2, optimizer="sgd", settings={"momentum": 0.9}, fake=True)
+    assert (plain.graph.name, with_momentum.graph.name) == ("lenet-bs2-sgd", "lenet-bs2-sgd-momentum0.9")
+    assert with_momentum.graph.num_nodes > plain.graph.num_nodes
+
+    class Regression(nn.Linear):
+        def forward(self, x):
+            return super().forward(x).square().mean()
+
+    assert capture(Regression(3, 1), torch.randn(2, 3), optimizer="adamw",
+                   settings={"weight_decay": 0.1}).graph.name == "Regression-bs2-adamw-weight_decay0.1"

@@ -74,6 +74,24 @@ class OptimizerSpec:
         lr = f"lr {self.hyper['lr']:g}"
         return f"{self.torch_class.__name__} ({', '.join([lr, *other])})"
 
+    @property
+    def label(self) -> str:
+        """The optimizer's part of a step's name: its name, then each setting other than torch's default
+        (``sgd-momentum0.9-nesterov``, ``adam-betas0.8_0.99``). ``lr`` is left out: it changes no
+        operation of the step, the other settings may (a momentum buffer, a weight decay)."""
+        defaults = _defaults(self.torch_class)
+        parts = [self.name]
+        for key, value in self.settings.items():
+            if key == "lr" or value == defaults[key]:
+                continue
+            if isinstance(value, bool):
+                parts.append(key if value else f"no_{key}")
+            elif isinstance(value, tuple):
+                parts.append(key + "_".join(f"{v:g}" for v in value))
+            else:
+                parts.append(f"{key}{value:g}")
+        return "-".join(parts)
+
     def eager(self, params) -> torch.optim.Optimizer:
         """The eager ``torch.optim`` optimizer this step reproduces, over ``params``."""
         return self.torch_class(params, **self.settings)

@@ -214,10 +214,11 @@ def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 
     OptionError, FormatError
         As :func:`load_model` and :func:`placer.capture.capture`.
     """
+    from .optim import optimizer_spec
     from .trace import capture, step_name
 
-    options = dict(optimizer=optimizer, lr=lr, settings=settings,
-                   name=name or step_name(spec_label(spec), batch, optimizer))
+    options = dict(optimizer=optimizer, lr=lr, settings=settings, name=name or step_name(
+        spec_label(spec), batch, optimizer_spec(optimizer, lr, **(settings or {}))))
     if fake is None:
         try:
             return capture(*load_model(spec, batch, meta=True), fake=True, **options)

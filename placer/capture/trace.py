@@ -534,15 +534,18 @@ def _unreached_params(graph: fx.Graph, layout: StepLayout) -> tuple[str, ...]:
     return tuple(unreached)
 
 
-def step_name(label: str, batch: int | None, optimizer: str) -> str:
-    """The name of a captured training step's graph: ``LABEL-bsBATCH-OPTIMIZER`` (``resnet50-bs64-adam``).
+def step_name(label: str, batch: int | None, optimizer: "str | OptimizerSpec") -> str:
+    """The name of a captured training step's graph: ``LABEL-bsBATCH-OPTIMIZER`` (``resnet50-bs64-adam``,
+    ``resnet50-bs64-sgd-momentum0.9``: an :class:`~placer.capture.optim.OptimizerSpec`'s
+    :attr:`~placer.capture.optim.OptimizerSpec.label`, its settings other than torch's defaults).
 
     Whatever captures or predicts a step (:func:`capture`, :func:`placer.capture.capture_spec`,
     ``placer profile``, ``placer predict``) names its graph here, so that the same model,
     batch and optimizer get the same name everywhere: a profile is matched to its graph by
     name (the digest does not see sizes), and the runtime reads the batch from ``-bsN-``.
     """
-    return f"{label}-bs{batch}-{str(optimizer).lower()}"
+    optimizer = optimizer if isinstance(optimizer, str) else optimizer.label
+    return f"{label}-bs{batch}-{optimizer.lower()}"
 
 
 def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float = 1e-3,
@@ -629,7 +632,7 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     fake = bool(fake) or any(t.is_meta for t in (*model.parameters(), *model.buffers()))
     slots = tuple(k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor))
     batch = next((int(inputs[k].shape[0]) for k in slots if inputs[k].dim() >= 1), None)
-    name = name or step_name(type(model).__name__, batch, opt.name)
+    name = name or step_name(type(model).__name__, batch, opt)
     layout = _layout(model, opt, inputs, slots, ())
     gm, unreached = _traced_step(model, layout, opt, inputs)
     if unreached:       # rare: trainable parameters the loss does not reach, traced again as buffers

@@ -322,6 +322,7 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
     Celeritas, section 4.2.1.
     """
     from ..capture import capture, spec_label, step_name
+    from ..capture.optim import optimizer_spec
     from .profile import profile_step
 
     if callable(spec):
@@ -337,14 +338,15 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
         def factory(batch):
             return load_model(spec, batch)
 
+    labelled = optimizer_spec(optimizer, lr, **(settings or {}))      # the settings are in the graphs' names
     graphs, profiles = [], []
     for batch in batches:
         model, inputs = factory(batch)
         label = label or type(model).__name__
         step = capture(model, inputs, optimizer=optimizer, lr=lr, settings=settings,
-                       name=step_name(label, batch, optimizer))
+                       name=step_name(label, batch, labelled))
         graphs.append(step.graph)
         if device:
             profiles.append(profile_step(step, model, inputs, device=device, repeats=repeats))
     return fit_batch_model(graphs, batches, profiles if device else None,
-                           name_at=partial(step_name, label, optimizer=optimizer), analytic=True)
+                           name_at=partial(step_name, label, optimizer=labelled), analytic=True)
