@@ -33,6 +33,7 @@ import numpy as np
 from ..cluster import Channel, Cluster
 from ..errors import FormatError, OptionError, PlacerError
 from ..io import Field, check_format, check_number, read_json, write_json_atomic
+from ..terminate import terminate_raises
 from .messages import MessageCost
 
 __all__ = ["LinkFit", "Calibration", "CALIBRATION_FORMAT", "DEFAULT_SIZES", "PROBE_MODEL", "fit_link",
@@ -525,7 +526,8 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
     OptionError
         If ``ranks < 2`` or ``repeats < 1`` or a size is not positive.
     PlacerError
-        If the processes fail or do not finish within ``timeout_s`` (they are killed).
+        If the processes fail or do not finish within ``timeout_s`` (they are killed, as they are
+        when this process is interrupted or terminated).
     """
     sizes = [int(s) for s in sizes]
     if ranks < 2:
@@ -539,16 +541,18 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
     # __main__ and breaks on scripts without a main guard).
     package_root = str(Path(__file__).resolve().parents[2])
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [package_root, os.environ.get("PYTHONPATH")]))}
-    with tempfile.TemporaryDirectory(prefix="placer-calibrate-") as out_dir:
+    # Terminated (SIGTERM) or interrupted, no rank outlives this process and the directory goes with it.
+    with terminate_raises(), tempfile.TemporaryDirectory(prefix="placer-calibrate-") as out_dir:
         procs = []
-        for rank in range(ranks):
-            args = json.dumps([rank, ranks, port, sizes, repeats, timeout_s, out_dir])
-            code = f"import json; from placer.cost.calibrate import _gloo_worker; _gloo_worker(*json.loads({args!r}))"
-            procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.PIPE, text=True))
         deadline = time.monotonic() + timeout_s
         errors, hung = {}, False
         try:
+            for rank in range(ranks):
+                args = json.dumps([rank, ranks, port, sizes, repeats, timeout_s, out_dir])
+                code = (f"import json; from placer.cost.calibrate import _gloo_worker; "
+                        f"_gloo_worker(*json.loads({args!r}))")
+                procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                                              stderr=subprocess.PIPE, text=True))
             for rank, p in enumerate(procs):
                 try:
                     _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
@@ -559,7 +563,7 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
                     continue
                 if p.returncode != 0:
                     errors[rank] = (err.strip().splitlines() or [f"status {p.returncode}"])[-1]
-        finally:        # interrupted (Ctrl-C to this process alone): no rank outlives it
+        finally:
             for p in procs:
                 if p.poll() is None:
                     p.kill()

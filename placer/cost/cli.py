@@ -92,6 +92,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..report.tables import print_rows
+    from ..terminate import terminate_raises
     from .calibrate import DEFAULT_SIZES, apply_calibration, calibrate
 
     sizes = [_size(s) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
@@ -124,7 +125,8 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
                               f"measures (its links: {sorted(map(str, links))}); map one with --link LINK=gloo")
     processes = f", {args.ranks} processes" if args.backend == "gloo" else ""
     processes += ", then a probe run" if args.probe else ""
-    with working(f"timing transfers ({args.backend}{processes}) ...", measuring=True):
+    stopped = "placer: terminated: the calibration's processes were stopped and nothing was written"
+    with terminate_raises(stopped), working(f"timing transfers ({args.backend}{processes}) ...", measuring=True):
         cal = calibrate(args.backend, ranks=args.ranks, sizes=sizes, repeats=args.repeats, timeout_s=args.timeout,
                         probe=args.probe)
     cal.save(args.output)

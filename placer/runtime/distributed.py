@@ -38,7 +38,7 @@ import statistics
 import tempfile
 import threading
 import time
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -52,6 +52,7 @@ from ..cluster import Cluster
 from ..errors import OptionError, PlacerError
 from ..graph import OpGraph
 from ..plan import Plan
+from ..terminate import terminate_raises
 from .portable import PortableStep
 from .program import (Program, call_node, compile_program, copy_to, draw_seed, message_bytes, pack,
                       receive_buffer, unpack, value_spec)
@@ -667,7 +668,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         seed = draw_seed()
     deadline = time.monotonic() + (deadline_s if deadline_s is not None else timeout_s * (steps + 3))
     # (SIGTERM's handler outside the directory: it is removed before the process terminates.)
-    with _terminate_raises(), tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
+    with terminate_raises(), tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
         result_path = str(Path(tmp) / "result.pt")
         job = RankJob(PortableStep(gm) if method == "spawn" else gm, graph, plan.to_dict(), cluster,
                       list(flat_inputs), steps, backend, timeout_s, carrier, threads, hook, result_path, profile,
@@ -682,33 +683,6 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
             raise
         merged = torch.load(result_path, weights_only=False)
     return _result(merged)
-
-
-class _Terminated(BaseException):
-    """SIGTERM arrived while the launcher waited for its ranks."""
-
-
-@contextmanager
-def _terminate_raises():
-    """Inside the block SIGTERM raises :class:`_Terminated` (so the ranks are stopped); afterwards the
-    process terminates as SIGTERM asked. Only in the main thread, and only where SIGTERM had its default action."""
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
-        yield
-        return
-
-    def handler(signum, frame):
-        raise _Terminated()
-
-    signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    except _Terminated:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        signal.raise_signal(signal.SIGTERM)       # terminate, now that the ranks are stopped
-        raise                                     # (not reached)
-    finally:
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def _rank0_start(rank: int, world: int, job: RankJob) -> list:
