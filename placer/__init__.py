@@ -21,8 +21,8 @@ or, from a graph file::
 from .algorithms import available_algorithms, place, register
 from .api import plan
 from .cluster import PRESETS, Cluster, Device, Channel, load_cluster
-from .errors import (FormatError, GraphCycleError, InfeasibleError, InvalidPlanError, OptionError,
-                     PlacerError, TimeLimitError)
+from .errors import (ClusterMismatchWarning, FormatError, GraphCycleError, InfeasibleError, InvalidPlanError,
+                     OptionError, PlacerError, TimeLimitError)
 from .graph import OpGraph
 from .plan import Plan
 from .sim import SimResult, lower_bound, simulate, simulate_plan
@@ -33,4 +33,5 @@ __all__ = [
     "plan", "OpGraph", "Cluster", "Device", "Channel", "PRESETS", "load_cluster", "Plan", "place", "register",
     "available_algorithms", "simulate", "simulate_plan", "lower_bound", "SimResult", "PlacerError",
     "FormatError", "GraphCycleError", "InvalidPlanError", "InfeasibleError", "TimeLimitError", "OptionError",
+    "ClusterMismatchWarning",
 ]

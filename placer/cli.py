@@ -18,10 +18,11 @@ import json
 import math
 import os
 import sys
+import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .errors import InvalidPlanError, OptionError, PlacerError
+from .errors import ClusterMismatchWarning, InvalidPlanError, OptionError, PlacerError
 from .io import check_output
 
 if TYPE_CHECKING:
@@ -329,8 +330,9 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None) -> str:
         if graph is None:
             return (f"{path}: well-formed plan for graph {plan.graph_name!r} "
                     f"(pass --graph to check it against that graph, on its own cluster or --cluster)")
-        plan_cluster = cluster_for_plan(plan, path, cluster, cluster_spec)
-        with naming_plan(path, plan, plan_cluster):
+        plan_cluster = cluster_for_plan(plan, path, cluster, cluster_spec)    # notes another cluster's figures
+        with naming_plan(path, plan, plan_cluster), warnings.catch_warnings():
+            warnings.simplefilter("ignore", ClusterMismatchWarning)          # noted once, just above
             result = plan.validate(graph, plan_cluster)
         other = _other_prediction(plan, plan_cluster, result.makespan_s)
         return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory" + \

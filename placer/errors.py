@@ -13,6 +13,7 @@ __all__ = [
     "InfeasibleError",
     "TimeLimitError",
     "OptionError",
+    "ClusterMismatchWarning",
 ]
 
 
@@ -46,3 +47,7 @@ class TimeLimitError(InfeasibleError):
 
 class OptionError(PlacerError, ValueError):
     """An algorithm or command option is unknown or has a bad value."""
+
+
+class ClusterMismatchWarning(UserWarning):
+    """A plan is checked on a cluster other than the one it was made for (its figures were predicted there)."""

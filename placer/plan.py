@@ -9,12 +9,13 @@ it against a graph and a cluster into index arrays, checking FORMATS.md rule
 from __future__ import annotations
 
 import os
+import warnings
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
 
 from .cluster import Cluster
-from .errors import FormatError, InvalidPlanError, OptionError
+from .errors import ClusterMismatchWarning, FormatError, InvalidPlanError, OptionError
 from .graph import OpGraph, topological_sort
 from .io import Field, check_finite, check_format, check_number, read_json, shown, shown_sizes, write_json_atomic
 
@@ -245,7 +246,11 @@ class Plan:
         return order
 
     def validate(self, graph: OpGraph, cluster: Cluster) -> "SimResult":
-        """Check rule 8 and memory; return the reference simulation of the plan.
+        """Check rule 8 and memory on ``cluster``; return the reference simulation of the plan.
+
+        A ``cluster`` with other figures than the one the plan was made for (by its digest; by name
+        for a plan without one) is checked all the same, with a :class:`ClusterMismatchWarning`:
+        the plan's predicted figures were for the other.
 
         Raises
         ------
@@ -254,6 +259,16 @@ class Plan:
         """
         from .sim.simulator import simulate_bound
 
+        if self.cluster_digest and self.cluster_digest != cluster.digest():
+            other = "with other figures than"
+        elif not self.cluster_digest and self.cluster_name and self.cluster_name != cluster.name:
+            other = "not"
+        else:
+            other = ""
+        if other:
+            warnings.warn(f"plan validated on cluster {cluster.name!r}, {other} the cluster {self.cluster_name!r} "
+                          f"it was made for (its predicted figures are that cluster's)", ClusterMismatchWarning,
+                          stacklevel=2)
         result = simulate_bound(self.bind(graph, cluster))
         if not result.fits:
             j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -254,6 +255,17 @@ def test_a_plan_is_checked_on_the_cluster_it_was_made_for(tmp_path, capsys, grap
     plan_file.write_text(json.dumps(doc))
     code, out, err = run(capsys, "simulate", graph_file, plan_file)
     assert code == 0 and err == "" and "makespan" in out
+
+
+def test_validate_on_another_cluster_checks_it_there_and_says_the_plan_was_made_for_another(graph_file, capsys,
+                                                                                            planned):
+    slow, plan_file = planned
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")      # the note, not a Python warning besides
+        code, out, err = run(capsys, "validate", plan_file, "--graph", graph_file, "--cluster", "2xV100-nvlink")
+    assert code == 0 and out.startswith(f"{plan_file}: valid plan, makespan ")
+    assert err == (f"placer: note: plan {plan_file} was made for cluster '2xV100-nvlink', whose figures differ from "
+                   f"those of --cluster 2xV100-nvlink\n")
 
 
 def test_simulate_errors_name_the_plan_file_and_its_cluster(tmp_path, capsys, graph_file):

@@ -3,6 +3,7 @@
 import copy
 import functools
 import json
+import warnings
 
 import numpy as np
 import pytest
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from placer import Cluster, OpGraph, Plan, load_cluster, place
 from placer.cluster import PRESETS, Device
-from placer.errors import FormatError, GraphCycleError, InvalidPlanError
+from placer.errors import ClusterMismatchWarning, FormatError, GraphCycleError, InvalidPlanError
 from placer.generate import random_dag, training_graph
 
 EXAMPLE = {
@@ -218,6 +219,27 @@ def test_plan_records_the_digest_of_its_cluster(tmp_path):
     assert Cluster.from_dict(doc).digest() == cluster.digest()
     doc["channels"][0]["bandwidth_bytes_per_s"] = 1e8
     assert Cluster.from_dict(doc).digest() != cluster.digest()
+
+
+def test_a_plan_validated_on_a_cluster_with_other_figures_warns_and_is_checked_there():
+    g = training_graph(layers=2, branches=2)
+    cluster = load_cluster("2xV100-nvlink")
+    plan = place(g, cluster, "round_robin")
+    doc = cluster.to_dict()
+    doc["name"] = "renamed"
+    renamed = Cluster.from_dict(doc)
+    doc["channels"][0]["bandwidth_bytes_per_s"] = 1e8
+    slow = Cluster.from_dict(doc)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # its own cluster, or the same figures renamed: silent
+        assert plan.validate(g, cluster).makespan_s == plan.validate(g, renamed).makespan_s
+    with pytest.warns(ClusterMismatchWarning, match="plan validated on cluster 'renamed', with other figures than "
+                                                    "the cluster '2xV100-nvlink' it was made for"):
+        assert plan.validate(g, slow).makespan_s > plan.predicted["makespan_s"]
+    # A plan from before the digest was recorded is told by the cluster's name.
+    plan.cluster_digest = None
+    with pytest.warns(ClusterMismatchWarning, match="on cluster 'renamed', not the cluster '2xV100-nvlink'"):
+        plan.validate(g, renamed)
 
 
 def test_plan_splits_must_name_nodes_of_the_graph():

@@ -222,6 +222,7 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
         raise TimeLimitError(f"{algorithm} found no plan within its time limit of {opts['time_limit']:g} s "
                              f"({graph.num_nodes} ops on {cluster.num_devices} devices); give it more time")
     elapsed = time.perf_counter() - began
+    plan.cluster_digest = cluster.digest()      # before the check: the plan is for this cluster, as built on any
     known = _checked.get(plan)
     if known is not None and known[0] == _check_key(plan, graph, cluster):
         figures = known[1]
@@ -238,7 +239,6 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
         figures = {**result.predicted(), "lower_bound_s": plan.lower_bound(graph, cluster)}
         _checked[plan] = (_check_key(plan, graph, cluster), figures)
     plan.algorithm = algorithm
-    plan.cluster_digest = cluster.digest()
     plan.predicted = dict(figures)
     plan.search_time_s = elapsed
     plan.context.update(graph=graph, cluster=cluster)      # plan.report() and plan.apply() without them
