@@ -294,14 +294,21 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .cluster import load_cluster
 
-    if args.cluster and not args.graph:
-        raise OptionError("option '--cluster' checks plans against a cluster, which needs '--graph' too")
+    for flag, value, what in (("--cluster", args.cluster, "checks plans against a cluster"),
+                              ("--profile", args.profile, "re-costs the graph plans are checked against")):
+        if value and not args.graph:
+            raise OptionError(f"option '{flag}' {what}, which needs '--graph' too")
     cluster = load_cluster(args.cluster) if args.cluster else None
     graph = _load_graph(args.graph, args, cluster) if args.graph else None
+    profile = None
+    if args.profile:        # checked against each plan's own cluster too, as _load_graph did against --cluster
+        from .cost.profile import load_profile
+
+        profile = load_profile(args.profile)
     failed = 0
     for path in args.files:     # each file is checked, and each failure reported on its own line
         try:
-            print(_validate_file(path, graph, cluster, args.cluster))
+            print(_validate_file(path, graph, cluster, args.cluster, profile))
         except PlacerError as exc:
             if args.debug:
                 raise
@@ -310,8 +317,9 @@ def cmd_validate(args: argparse.Namespace) -> int:
     return 2 if failed else 0
 
 
-def _validate_file(path: str, graph, cluster, cluster_spec: str | None) -> str:
-    """Check one graph, cluster or plan file; what it holds, on one line."""
+def _validate_file(path: str, graph, cluster, cluster_spec: str | None, profile=None) -> str:
+    """Check one graph, cluster or plan file; what it holds, on one line. A plan is checked against
+    ``graph`` (re-costed by ``profile``, which its cluster must have a device of) on ``cluster`` or its own."""
     from .cluster import Cluster
     from .graph import OpGraph
     from .io import read_json
@@ -333,6 +341,8 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None) -> str:
         plan_cluster = cluster_for_plan(plan, path, cluster, cluster_spec)    # notes another cluster's figures
         with naming_plan(path, plan, plan_cluster), warnings.catch_warnings():
             warnings.simplefilter("ignore", ClusterMismatchWarning)          # noted once, just above
+            if profile is not None:
+                profile.check_cluster(plan_cluster)
             result = plan.validate(graph, plan_cluster)
         other = _other_prediction(plan, plan_cluster, result.makespan_s)
         return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory" + \

@@ -901,3 +901,28 @@ def test_a_profile_for_a_kind_the_cluster_lacks_is_refused_and_simulate_says_a_p
     assert f"placer: note: plan {plan} predicted" in capsys.readouterr().err
     assert main(["validate", str(plan), "--graph", str(tmp_path / "g.json")]) == 0
     assert "it was planned with other costs" in capsys.readouterr().out
+
+
+def test_validate_takes_the_profile_a_plan_was_made_with_and_checks_it_against_each_plan_s_cluster(tmp_path, capsys):
+    from placer.cli import main
+
+    graph = training_graph(layers=2)
+    graph_file, profile, on_cpu, on_v100 = (str(tmp_path / name) for name in ("g.json", "p.json", "cpu.json",
+                                                                               "v100.json"))
+    graph.save(graph_file)
+    _profile_for(graph).save(profile)
+    assert main(["plan", graph_file, "--cluster", "2xcpu", "--profile", profile, "-o", on_cpu]) == 0
+    assert main(["plan", graph_file, "--cluster", "2xV100-nvlink", "-o", on_v100]) == 0
+    capsys.readouterr()
+    assert main(["validate", on_cpu, "--graph", graph_file, "--profile", profile]) == 0
+    made = json.loads(Path(on_cpu).read_text())["predicted"]["makespan_s"]
+    assert capsys.readouterr().out == f"{on_cpu}: valid plan, makespan {made * 1e3:.3f} ms, fits memory\n"
+    # A plan whose own cluster has no device of the profile's kind: refused, naming both files.
+    assert main(["validate", on_v100, on_cpu, "--graph", graph_file, "--profile", profile]) == 2
+    out, err = capsys.readouterr()
+    assert out.startswith(f"{on_cpu}: valid plan")
+    assert err == (f"placer: error: {on_v100}: {profile}: a profile of device kind 'cpu', which cluster "
+                   f"'2xV100-nvlink' does not have (its kinds: V100): no time of it would be used\n")
+    assert main(["validate", on_cpu, "--profile", profile]) == 2
+    assert capsys.readouterr().err == ("placer: error: option '--profile' re-costs the graph plans are checked "
+                                       "against, which needs '--graph' too\n")
