@@ -692,6 +692,8 @@ def test_measured_transfers_set_the_links_latency_to_their_mean_excess():
     expected = np.mean([t - n / bandwidth for _, _, n, t in transfers])
     for ch in fitted.channels:
         assert ch.bandwidth_bytes_per_s == bandwidth and ch.latency_s == pytest.approx(expected, rel=1e-12)
+    # Named as measured (a plan made on it named the preset), once however often it is measured again.
+    assert fitted.name == measured_cluster(fitted, transfers).name == "2xcpu-measured"
     assert measured_cluster(cluster, []) is cluster
     # Faster than the bandwidth allows (clock noise): no negative latency.
     assert measured_cluster(cluster, [(0, 1, 10**9, 1e-3)]).channels[0].latency_s == 0.0
@@ -1125,6 +1127,10 @@ def test_placer_run_writes_its_measured_times_as_a_profile_placer_cost_applies(z
     measured = load_cluster(cluster)
     assert measured.channels[0].extra["latency_from"] == "measured in a placed run"
     assert measured.digest() == measured_cluster(load_cluster("2xcpu"), m.transfer_s).digest()
+    assert f"cluster '2xcpu-measured' (links' latency from {len(m.transfer_s)} measured transfers)" in out
+    # A plan made on it names it, not the preset it was measured from.
+    assert main(["plan", str(tmp_path / "g.json"), "--cluster", str(cluster), "-o", str(tmp_path / "p2.json")]) == 0
+    assert Plan.load(tmp_path / "p2.json").cluster_name == "2xcpu-measured"
 
 
 def test_placer_run_and_tune_refuse_a_measurement_file_they_cannot_write_before_any_work(
@@ -1373,6 +1379,8 @@ def test_placer_tune_with_the_local_backend_feeds_its_transfers_back_and_writes_
     assert load_profile(tmp_path / "p.json").node_seconds == own_times(kept.op_s, kept.op_message_s)
     measured = measured_cluster(load_cluster("2xcpu"), kept.transfer_s)
     assert load_cluster(tmp_path / "c.json").digest() == measured.digest()
+    # The plan names the cluster it runs on, the measured file its own.
+    assert (tuned.cluster_name, load_cluster(tmp_path / "c.json").name) == ("2xcpu", "2xcpu-measured")
     # The next tune starts from those measured times (a run's profile closes the loop across commands).
     code = main(["tune", "zoo:lenet", "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",
                  "--backend", "local", "--algorithm", "m_etf", "--profile", str(tmp_path / "p.json"),

@@ -396,7 +396,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         if kept:
             best, best_s, m = candidate, measured_s, m_new
     best.extra["measured_step_s"] = best_s
-    best.cluster_digest = given.digest()    # the cluster it runs on, not its measured figures
+    best.cluster_name, best.cluster_digest = given.name, given.digest()    # the cluster it runs on, not the measured
     best.save(args.output)
     print(f"best plan: measured {best_s * 1e3:.3f} ms per step -> {args.output}")
     _write_measured(args, m, best.bind(captured.graph, given), captured.graph, "placer tune")

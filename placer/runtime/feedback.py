@@ -146,8 +146,10 @@ def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, 
     Returns
     -------
     Cluster
-        A link without measured transfers keeps its figures; a negative mean
-        excess gives a latency of 0.
+        Named ``NAME-measured`` (a plan made on it names a cluster of its own, not
+        the preset or file it was measured from); a link without measured transfers
+        keeps its figures, and a negative mean excess gives a latency of 0. With no
+        transfer on its channels, ``cluster`` itself.
     """
     def link_of(ch) -> tuple[str, str]:
         """The channel's link type where it names one (the presets do), else the channel alone."""
@@ -166,4 +168,7 @@ def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, 
         channels.append(ch if times is None else
                         dataclasses.replace(ch, latency_s=max(0.0, statistics.fmean(times)),
                                             extra={**ch.extra, "latency_from": "measured in a placed run"}))
-    return Cluster(cluster.name, cluster.devices, channels, extra=dict(cluster.extra)) if excess else cluster
+    if not excess:
+        return cluster
+    name = cluster.name if cluster.name.endswith("-measured") else f"{cluster.name}-measured"   # once, measured again
+    return Cluster(name, cluster.devices, channels, extra=dict(cluster.extra))
