@@ -367,6 +367,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
     if args.output:
         paths = comparison.write(args.output)
         print(f"report: {paths['html']} (also comparison.md/.csv/.json, plans and charts in {args.output})")
+    else:       # the table alone: say how to keep the report, the plans and their charts
+        print("report: none written (-o DIR writes report.html, comparison.md/.csv/.json, the plans and their charts)")
     return 0 if comparison.best is not None else 2
 
 

@@ -59,7 +59,12 @@ def test_compare_command_writes_report(tmp_path, capsys):
                  "-o", str(tmp_path / "out")])
     assert code == 0
     assert (tmp_path / "out" / "report.html").exists()
-    assert "report:" in capsys.readouterr().out
+    assert capsys.readouterr().out.splitlines()[-1].startswith(f"report: {tmp_path / 'out' / 'report.html'} (also ")
+    # Without -o the table alone, and a line that says how to get the report.
+    code = main(["compare", str(graph), "--cluster", "2xV100-nvlink", "--algorithms", "single,expert"])
+    assert code == 0
+    assert capsys.readouterr().out.splitlines()[-1] == ("report: none written (-o DIR writes report.html, "
+                                                        "comparison.md/.csv/.json, the plans and their charts)")
 
 
 @pytest.mark.parametrize("seed", [0, 1, 2])
