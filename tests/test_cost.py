@@ -166,6 +166,8 @@ def test_calibration_round_trip_and_apply(tmp_path):
     cluster = apply_calibration(load_cluster("2xcpu"), cal)
     assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in cluster.channels} == {(3e-5, 4e9)}
     assert cluster.transfer_s(0, 1, 4e9) == pytest.approx(1.0 + 3e-5)
+    # Named as its own cluster (a plan made on it must not look made for the preset), once.
+    assert cluster.name == apply_calibration(cluster, cal).name == "2xcpu-calibrated"
     # A link measured under another name, with a negative fitted latency applied as 0.
     gpus = apply_calibration(load_cluster("8xH100-nvswitch"), cal, link_map={"nvswitch": "cuda-peer"})
     assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in gpus.channels} == {(0.0, 2e11)}

@@ -221,8 +221,10 @@ def apply_calibration(cluster: Cluster, calibration: Calibration,
     Returns
     -------
     Cluster
-        Calibrated channels carry ``extra["calibrated_from"]``. A negative fitted latency
-        (possible with noisy points) is applied as 0.
+        Named ``NAME-calibrated`` (a plan made on it names a cluster of its own, not the
+        preset or file it was calibrated from, whose figures differ). Calibrated channels
+        carry ``extra["calibrated_from"]``. A negative fitted latency (possible with noisy
+        points) is applied as 0.
 
     Raises
     ------
@@ -244,7 +246,8 @@ def apply_calibration(cluster: Cluster, calibration: Calibration,
         have = sorted({str(ch.extra.get("link")) for ch in cluster.channels})
         raise OptionError(f"calibration links {sorted(calibration.links)} match no channel of cluster "
                           f"{cluster.name!r} (its links: {have}); map one (link_map; --link CHANNEL_LINK=MEASURED_LINK)")
-    return Cluster(cluster.name, cluster.devices, channels, extra=dict(cluster.extra))
+    name = cluster.name if cluster.name.endswith("-calibrated") else f"{cluster.name}-calibrated"   # once, again
+    return Cluster(name, cluster.devices, channels, extra=dict(cluster.extra))
 
 
 # ----------------------------------------------------------------- measuring
