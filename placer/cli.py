@@ -294,9 +294,14 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 def cmd_validate(args: argparse.Namespace) -> int:
     from .cluster import load_cluster
 
+    from .capture.cli import SETTING_FLAGS
+
+    spec_flags = [(f"--{key.replace('_', '-')}", getattr(args, key), "shapes the step captured from a model spec")
+                  for key in ("batch", "name", *SETTING_FLAGS)]
     for flag, value, what in (("--cluster", args.cluster, "checks plans against a cluster"),
-                              ("--profile", args.profile, "re-costs the graph plans are checked against")):
-        if value and not args.graph:
+                              ("--profile", args.profile, "re-costs the graph plans are checked against"),
+                              *spec_flags):
+        if value is not None and not args.graph:
             raise OptionError(f"option '{flag}' {what}, which needs '--graph' too")
     cluster = load_cluster(args.cluster) if args.cluster else None
     graph = _load_graph(args.graph, args, cluster) if args.graph else None

@@ -334,6 +334,9 @@ def test_validate_checks_every_file_and_takes_a_model_spec(tmp_path, capsys, gra
     assert err == f"placer: error: file {broken}: invalid JSON at line 1 column 12: Expecting value\n"
     code, _, err = run(capsys, "validate", plan_file, "--cluster", "2xV100-nvlink")
     assert code == 2 and "option '--cluster' checks plans against a cluster, which needs '--graph' too" in err
+    for flags in (["--batch", "2"], ["--momentum", "0.9"], ["--nesterov"]):     # were ignored without --graph
+        code, _, err = run(capsys, "validate", plan_file, *flags)
+        assert code == 2 and f"option '{flags[0]}' shapes the step captured from a model spec" in err
     lenet = tmp_path / "lenet.json"
     assert run(capsys, "plan", "zoo:lenet", "--batch", "2", "--cluster", "2xcpu", "-o", lenet)[0] == 0
     code, out, err = run(capsys, "validate", lenet, "--graph", "zoo:lenet", "--batch", "2")
