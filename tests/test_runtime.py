@@ -1453,6 +1453,23 @@ def test_torchrun_ranks_with_another_plan_than_rank_0s_stop_with_an_error(file_c
                            nprocs=2, start_method="fork")
 
 
+def test_placer_run_under_torchrun_trains_and_rank_0_alone_speaks(tmp_path):
+    # The command line as the README gives it, two ranks launched by torchrun itself.
+    import subprocess
+    import sys
+
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithm", "round_robin",
+                 "-o", str(plan)]) == 0
+    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           "-m", "placer", "run", "zoo:lenet", "--batch", "4", "--plan", str(plan),
+                           "--backend", "distributed", "--steps", "3"],
+                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stderr.count("training 3 steps of lenet-bs4-adam as the plan places it (distributed)") == 1
+    assert done.stdout.count("lenet-bs4-adam on 2xcpu (distributed, 2 devices): 3 steps") == 1
+
+
 # ------------------------------------------------- what a placed step may not change
 class _TwoDropouts(torch.nn.Module):
     """Two independent dropouts: the loss is exactly 0 only if both draw the same mask."""

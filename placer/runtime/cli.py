@@ -255,9 +255,12 @@ def _run(args: argparse.Namespace) -> int:
     flat = captured.step_inputs(model, inputs, optimizer)
     devices = args.devices.split(",") if args.devices else None
     from ..report.tables import working
+    from .distributed import under_torchrun
 
-    with working(f"training {args.steps} steps of {captured.graph.name} as the plan places it ({args.backend}) ...",
-                 measuring=True):
+    # Under torchrun rank 0 speaks for the launch, as it reports the run (each rank said it was training).
+    announce = not under_torchrun() or os.environ["RANK"] == "0"
+    with (working(f"training {args.steps} steps of {captured.graph.name} as the plan places it ({args.backend}) ...",
+                  measuring=True) if announce else contextlib.nullcontext()):
         m = measure_plan(captured, plan, cluster, flat, steps=args.steps, backend=args.backend,
                          threads=args.threads, timeout_s=args.timeout, devices=devices)
     if m is None:
