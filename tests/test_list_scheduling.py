@@ -26,6 +26,8 @@ from placer.sim import simulate_plan
 from placer.sim.simulator import simulate as simulate_placement
 from placer.transform import colocate
 
+from .clusters import line_cluster
+
 LIST_SCHEDULERS = ["heft", "dpos", "m_topo", "m_etf", "m_sct"]
 SCHEDULES = {"heft": heft_schedule, "dpos": dpos_schedule, "m_topo": m_topo_schedule, "m_etf": etf_schedule}
 GiB = 1 << 30
@@ -1347,17 +1349,37 @@ def test_a_generous_time_limit_gives_the_plan_no_limit_gives():
     assert held.predicted["makespan_s"] > 1.2 * free.predicted["makespan_s"]
 
 
-def test_a_dead_end_of_the_schedulers_own_making_is_told_so():
-    # A ring of 4: a colocation group placed by its first member where a later member's inputs cannot
-    # reach. The message said "no channel brings its inputs to a device it may use", as if no plan could.
+#: Every list scheduler, with the options that make it schedule the graph it is given (OS-DPOS's data-parallel
+#: start would stand in where DPOS refused).
+ALL_LIST_SCHEDULERS = {**{name: {} for name in LIST_SCHEDULERS}, "os_dpos": {"data_parallel_start": False}}
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALL_LIST_SCHEDULERS))
+def test_a_colocation_group_goes_where_its_members_inputs_reach(algorithm):
+    # Each scheduler but m-TOPO placed a colocation group by its first member where a later member's inputs
+    # could not reach, then refused ("node 'n13' must join its colocation group on 'd2' (an earlier member's
+    # device): ..."), though every node fits d1 alone; on a ring of 4 the same, all but m-TOPO.
     names = ["g0", "g1", "g2", "g3"]
-    channels = [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for i, a in enumerate(names)
-                for b in (names[(i + 1) % 4], names[i - 1])]
-    ring = Cluster("ring4", [Device(x, "V100", 160 << 20) for x in names], channels)
-    g = random_dag(80, edge_prob=0.3, seed=3, max_bytes=4 << 20, colocation_groups=4)
-    # Then it named no link: now the input that cannot reach the group's device.
-    with pytest.raises(InfeasibleError, match=r"^heft: node 'n11' must join its colocation group on 'g3' \(an earlier "
-                                              r"member's device\): node 'n8' would send from 'g1' to node 'n11' on "
-                                              r"'g3', but no channel connects these devices$"):
-        place(g, ring, "heft")
-    assert place(g, ring, "m_topo").predicted["fits"]       # a plan exists
+    ring = Cluster("ring4", [Device(x, "V100", 160 << 20) for x in names],
+                   [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for i, a in enumerate(names)
+                    for b in (names[(i + 1) % 4], names[i - 1])])
+    for graph, cluster in ((random_dag(20, edge_prob=0.4, seed=22, max_bytes=8 << 20, colocation_groups=2),
+                            line_cluster(["d0", "d1", "d2"])),
+                           (random_dag(80, edge_prob=0.3, seed=3, max_bytes=4 << 20, colocation_groups=4), ring)):
+        plan = place(graph, cluster, algorithm, **ALL_LIST_SCHEDULERS[algorithm])
+        assert plan.validate(graph, cluster).fits
+
+
+@pytest.mark.parametrize("algorithm", sorted(ALL_LIST_SCHEDULERS))
+def test_a_node_no_device_links_to_its_neighbours_is_refused_naming_the_link(algorithm):
+    # x reads p (V100 only) and feeds r (A100 only), but only a0 sends to v0: no plan exists.
+    # The schedulers said "no channel brings its inputs to a device it may use" (m-TOPO: "fits no device's
+    # remaining memory (or no channel reaches one)"), naming no link.
+    graph = OpGraph(["p", "x", "r"], [1e-3] * 3, [0, 1], [1, 2], [1000, 1000], output_bytes=[1000, 1000, 0],
+                    device_kinds=[("V100",), None, ("A100",)], name="stranded")
+    cluster = Cluster("one-way", [Device("a0", "A100", GiB), Device("v0", "V100", GiB)],
+                      [Channel("a0->v0", 1e10, 1e-5, (("a0", "v0"),))])
+    with pytest.raises(InfeasibleError, match=rf"^{algorithm}: node 'r': no device it may use is linked to its "
+                                              r"neighbours' devices, as on 'a0': node 'x' would send from 'v0' to "
+                                              r"node 'r' on 'a0', but no channel connects these devices$"):
+        place(graph, cluster, algorithm, **ALL_LIST_SCHEDULERS[algorithm])

@@ -123,8 +123,9 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                    + [(j, False) for j in range(n_dev)])
         d = next((j for j, within_share in choices if takes(v, j, within_share, estimates)), -1)
         if d < 0:
-            raise InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory "
-                                  f"(or no channel reaches one)")
+            raise (InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory "
+                                   f"(or no channel reaches one)")
+                   if any(state.unit_ok[state.unit_of[v]]) else state.unreached(v))
         if state.unit_ok[state.unit_of[v]][current] and d > current:
             current = d
         given[d] += state.need(v, d, estimates[d])
@@ -545,7 +546,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if not fronts:
             waiting_nodes = ([entry[2] for entries in held for entry in entries]
                              + [entry[3] for entries in held_for_room for entry in entries])
-            if not waiting_nodes:       # the ready nodes left were dropped where no channel brings an input
+            if not waiting_nodes:       # the ready nodes left were dropped where no channel links a neighbour
                 v = next(v for v in range(n) if pending[v] == 0 and state.device_of[v] < 0)
                 raise state.unreached(v)
             if stuck:
@@ -566,11 +567,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             del crowd_serial[(v, d)]     # its bucket drops it when it comes first there
         if state.device_of[v] >= 0:
             continue        # booked already from another of its entries (a reader weighed again waits twice)
-        fixed = state.unit_device[state.unit_of[v]]
-        if fixed >= 0 and fixed != d:
-            if fav_parent[v] >= 0:      # a favourite child whose group went elsewhere meanwhile
+        if not may_wait_on(v, d):   # its group went elsewhere meanwhile, or a unit placed since narrowed its devices
+            if fav_parent[v] >= 0:
                 offer_everywhere(v)
             continue
+        fixed = state.unit_device[state.unit_of[v]]
         if not state.may_take(v, d):
             hold_for_room(v, d, start)
             continue

@@ -20,7 +20,10 @@ know about the partial schedule, in the terms of the reference model
   is reused there;
 - placement units (colocation groups) whose first scheduled member fixes
   the device of the whole group, kinds a unit may not use, and each
-  device's memory over time (:class:`MemoryTimeline`).
+  device's memory over time (:class:`MemoryTimeline`);
+- on devices not all linked, the devices each unit may still use without
+  leaving a neighbour no device that a channel links to it
+  (:meth:`ScheduleState.narrow_neighbours`, once per unit placed).
 
 The per-device order is the order of each timeline. Where no transfer waits
 for its channel, the start times a scheduler predicts are exactly those the
@@ -57,7 +60,7 @@ from ..plan import Plan
 from ..sim.bounds import fastest_durations
 from ..sim.simulator import SimResult, simulate
 from ..transform.colocate import colocate_layers
-from .common import liveness_ratio, missing_link, placement_units, unit_allowed
+from .common import linked_devices, liveness_ratio, missing_link, placement_units, unit_allowed
 from .timebox import TimeBox, is_frugal, optional_work, seconds_left
 
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
@@ -513,7 +516,14 @@ class ScheduleTables:
         Each node's time on each device.
     unit_of, units : placement units (:func:`~placer.algorithms.common.placement_units`)
     unit_ok : list of list of bool
-        Whether each unit may use each device.
+        Whether each unit may use each device (its nodes' kinds).
+    unit_links : list of (list of int, list of int), or None
+        On devices not all linked, the units each unit sends to and receives
+        from (:meth:`ScheduleState.narrow_neighbours`); None where every
+        device sends to every other.
+    device_links : (list of int, list of int), or None
+        On devices not all linked, per device the bit mask of the devices it
+        sends to and of those that send to it (itself included).
     params, output_bytes, temp_bytes : array of float
         Per node, its parameter, output and workspace bytes.
     unit_params : list of float
@@ -555,6 +565,10 @@ class ScheduleTables:
         self.output_bytes = graph.output_bytes.astype(np.float64)
         self.temp_bytes = graph.temp_bytes.astype(np.float64)
         self.unit_params = np.bincount(unit_of, weights=self.params, minlength=len(self.units)).tolist()
+        linked, bits = cluster.linked, 1 << np.arange(cluster.num_devices, dtype=object)
+        self.unit_links = None if linked.all() else unit_neighbours(graph, unit_of, len(self.units))
+        self.device_links = None if linked.all() else ((linked * bits).sum(axis=1).tolist(),
+                                                       (linked.T * bits).sum(axis=1).tolist())
         self.channel_of = cluster.channel_index.tolist()
         # The devices each channel brings data to: a booking on it changes their estimates.
         self.receivers = [sorted({d for row in self.channel_of for d, c in enumerate(row) if c == k})
@@ -595,6 +609,17 @@ class ScheduleTables:
             for u, t, b in inputs:
                 self.readers.setdefault((u, t), []).append(v)
                 self.fewest_bytes[(u, t)] = min(b, self.fewest_bytes.get((u, t), b))
+
+
+def unit_neighbours(graph: OpGraph, unit_of: np.ndarray, count: int) -> list[tuple[list[int], list[int]]]:
+    """Per unit, the other units its nodes send to and those they receive from, each once."""
+    pairs = np.unique(np.stack([unit_of[graph.src], unit_of[graph.dst]], axis=1).reshape(-1, 2), axis=0)
+    pairs = pairs[pairs[:, 0] != pairs[:, 1]].tolist()
+    links: list[tuple[list[int], list[int]]] = [([], []) for _ in range(count)]
+    for a, b in pairs:
+        links[a][0].append(b)
+        links[b][1].append(a)
+    return links
 
 
 _TABLES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -650,7 +675,8 @@ class ScheduleState:
         n, n_dev = graph.num_nodes, cluster.num_devices
         tables = schedule_tables(graph, cluster)
         # Read-only, shared by every schedule of this graph on this cluster.
-        self.dur, self.unit_of, self.units, self.unit_ok = tables.dur, tables.unit_of, tables.units, tables.unit_ok
+        self.dur, self.unit_of, self.units = tables.dur, tables.unit_of, tables.units
+        self.unit_links = tables.unit_links
         self.group_members = tables.group_members
         self.unit_params, self.grouped, self.reserved_at = tables.unit_params, tables.grouped, tables.reserved_at
         self.channel_of, self.receivers = tables.channel_of, tables.receivers
@@ -665,6 +691,18 @@ class ScheduleState:
         self.unit_need = [alone[members[0]] if len(members) == 1 else float(need[members].sum())
                           for members in self.units]
         self.unit_device = [-1] * len(self.units)
+        #: Per unit, the devices it may use: its kinds allow them and, on devices not all linked, each leaves
+        #: every neighbour a device to go to (:meth:`narrow_neighbours` narrows this copy as units are placed).
+        self.unit_ok = tables.unit_ok
+        if self.unit_links is not None:
+            self.device_links = tables.device_links
+            self.unit_ok = [row.copy() for row in tables.unit_ok]
+            #: :attr:`unit_ok` as bit masks, which :meth:`narrow_neighbours` narrows.
+            self.unit_bits = [sum(1 << d for d, ok in enumerate(row) if ok) for row in tables.unit_ok]
+            everywhere = (1 << n_dev) - 1
+            for unit, bits in enumerate(self.unit_bits):
+                if bits != everywhere:      # its kinds keep it off some devices
+                    self.narrow_neighbours(unit)
         # A colocation group's first member fixes the device of the others, so it reserves room
         # for them there (see ScheduleTables.incoming); booking a member turns its reservations
         # into its allocations, which start no later.
@@ -930,8 +968,9 @@ class ScheduleState:
         earlier than the best so far cannot win, and is not estimated.
         """
         candidates = self.devices_for(v) if devices is None else devices
-        # No candidate at all: :meth:`may_take` found no room (a node's kinds and group are checked up front).
-        best_d, best, reached = -1, None, not candidates
+        # No candidate at all: :meth:`may_take` found no room, unless no device is linked to the unit's placed
+        # neighbours (a node's kinds and group are checked up front).
+        best_d, best, reached = -1, None, not candidates and any(self.unit_ok[self.unit_of[v]])
         for d in candidates:
             if best is not None and self.arrives_by(v, d) + (self.dur[v][d] if key else 0.0) >= best[key]:
                 continue
@@ -949,14 +988,22 @@ class ScheduleState:
         return best_d, best
 
     def unreached(self, v: int) -> InfeasibleError:
-        """The error where no channel brings ``v``'s inputs to a device it may use; one its colocation
-        group fixes is named, since an earlier member's placement (on devices not all linked) decided it."""
-        fixed = self.unit_device[self.unit_of[v]]
+        """The error where no device ``v`` may use has the channels its edges to placed units need, naming
+        one missing link: on its colocation group's device where an earlier member placed the group."""
+        unit, names = self.unit_of[v], [d.name for d in self.cluster.devices]
+        fixed, members = self.unit_device[unit], self.units[unit]
+        placed = np.asarray(self.unit_device)[np.asarray(self.unit_of)]     # each node's unit's device
+        placed[members] = -1
+        kinds = schedule_tables(self.graph, self.cluster).unit_ok[unit]
+        devices = [fixed] if fixed >= 0 else [d for d, ok in enumerate(kinds) if ok]
+        linked = linked_devices(self.graph, self.cluster.linked, placed, members)
+        d = next((d for d in devices if not linked[d]), devices[0])     # else missing_link raises: a bug
+        why = missing_link(self.graph, self.cluster, placed, members, d)
         if fixed < 0:
-            return InfeasibleError(f"node {self.graph.ids[v]!r}: no channel brings its inputs to a device it may use")
-        why = missing_link(self.graph, self.cluster, np.asarray(self.device_of), np.array([v]), fixed)
-        return InfeasibleError(f"node {self.graph.ids[v]!r} must join its colocation group on "
-                               f"{self.cluster.devices[fixed].name!r} (an earlier member's device): {why}")
+            return InfeasibleError(f"node {self.graph.ids[v]!r}: no device it may use is linked to its neighbours' "
+                                   f"devices, as on {names[d]!r}: {why}")
+        return InfeasibleError(f"node {self.graph.ids[v]!r} must join its colocation group on {names[fixed]!r} "
+                               f"(an earlier member's device): {why}")
 
     # ------------------------------------------------------------ booking
     def commit(self, v: int, d: int, estimate: tuple) -> None:
@@ -972,6 +1019,9 @@ class ScheduleState:
         for time, amount in self._allocations(v, d, estimate):
             self.memory.add(d, time, amount)
         unit = self.unit_of[v]
+        if self.unit_links is not None and self.unit_device[unit] < 0:
+            self.unit_device[unit], self.unit_bits[unit] = d, 1 << d
+            self.narrow_neighbours(unit)
         self.unit_device[unit] = d
         for key, (_, amount) in self.copies(v, d, bookings).items():
             self.budgeted.add(key)
@@ -988,6 +1038,36 @@ class ScheduleState:
                 self._release(u)
         self.version[d] += 1
         self._send_ahead(v)
+
+    def narrow_neighbours(self, unit: int) -> None:
+        """Narrow the devices of the units not yet placed, from ``unit``'s (its own once placed), so that each
+        keeps only devices where every neighbour has one to go to: a unit that sends to another needs a
+        channel from its device to the other's (a tensor never goes through a third device).
+
+        Each narrowed unit narrows its own neighbours in turn (arc consistency), so that a colocation group
+        placed by its first member, or a producer of one of its members, is not left where a member's inputs
+        cannot reach it: that dead end, met only at the later member, refused problems a plan existed for.
+        Narrowing from a placed unit always applies; from one not yet placed, not where it would leave a unit
+        no device: that unit cannot be placed whatever comes next, and is refused when placed next to its
+        neighbour (:meth:`unreached` names the missing link).
+        """
+        work, n_dev = [unit], self.cluster.num_devices
+        while work:
+            x = work.pop()
+            bits, placed = self.unit_bits[x], self.unit_device[x] >= 0
+            for others, reach in zip(self.unit_links[x], self.device_links):
+                support = 0     # the devices linked to one of x's: from it to those x sends to, else to it
+                for j in range(n_dev):
+                    if bits >> j & 1:
+                        support |= reach[j]
+                for y in others:
+                    was = self.unit_bits[y]
+                    now = was & support
+                    if now != was and self.unit_device[y] < 0 and (now or placed):
+                        self.unit_bits[y] = now
+                        self.unit_ok[y] = [now >> j & 1 == 1 for j in range(n_dev)]
+                        if now:
+                            work.append(y)
 
     def _book_transfer(self, u: int, t: int, d: int, c: int, begin: float, end: float) -> None:
         """Book the transfer of output ``t`` of ``u`` to device ``d`` on channel ``c`` over ``[begin, end)``."""
