@@ -1354,6 +1354,13 @@ def test_a_generous_time_limit_gives_the_plan_no_limit_gives():
 ALL_LIST_SCHEDULERS = {**{name: {} for name in LIST_SCHEDULERS}, "os_dpos": {"data_parallel_start": False}}
 
 
+def _v100_line(memory: int) -> Cluster:
+    """An A100 and two V100s in a line, a0 <-> v0 <-> v1 (a0 and v1 cannot send to each other)."""
+    devices = [Device("a0", "A100", memory, 1.3), Device("v0", "V100", memory), Device("v1", "V100", memory)]
+    return Cluster("line-3", devices, [Channel(f"{a}->{b}", 12e9, 1e-5, ((a, b),))
+                                       for x, y in (("a0", "v0"), ("v0", "v1")) for a, b in ((x, y), (y, x))])
+
+
 @pytest.mark.parametrize("algorithm", sorted(ALL_LIST_SCHEDULERS))
 def test_a_colocation_group_goes_where_its_members_inputs_reach(algorithm):
     # Each scheduler but m-TOPO placed a colocation group by its first member where a later member's inputs
@@ -1383,3 +1390,27 @@ def test_a_node_no_device_links_to_its_neighbours_is_refused_naming_the_link(alg
                                               r"neighbours' devices, as on 'a0': node 'x' would send from 'v0' to "
                                               r"node 'r' on 'a0', but no channel connects these devices$"):
         place(graph, cluster, algorithm, **ALL_LIST_SCHEDULERS[algorithm])
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 30), st.floats(0.1, 0.8), st.integers(0, 2**30), st.integers(1, 4), st.booleans(),
+       st.sampled_from([0.5, 0.8, 2.0, 4.0]), st.sampled_from(sorted(ALL_LIST_SCHEDULERS)))
+@example(20, 0.4, 19, 2, False, 2.0, "dpos")     # refused: a group's later member out of its inputs' reach
+def test_list_schedulers_on_a_line_plan_validly_or_refuse_and_plan_where_one_device_holds_the_step(
+        n, p, seed, groups, kinds, room, algorithm):
+    # Each device holds ``room`` times the peak of the whole step run on one device. At twice that, any
+    # refusal would be for a missing link; at exactly the peak the schedulers' memory budgets may refuse on
+    # fully linked devices too.
+    graph = random_dag(n, edge_prob=p, seed=seed, max_bytes=8 << 20, colocation_groups=groups)
+    if kinds:
+        graph = graph.replace(device_kinds=[("V100",) if i % 5 == 0 else None for i in range(n)])
+    one_device = simulate_placement(graph, mesh(["V100"], memory=1 << 50), np.zeros(n, dtype=np.int64))
+    cluster = _v100_line(int(room * one_device.peak_memory_bytes[0]))
+    try:
+        plan = place(graph, cluster, algorithm, **ALL_LIST_SCHEDULERS[algorithm])
+    except InfeasibleError as exc:
+        # place() reports a plan that fails its check this way: the scheduler's own refusals only.
+        assert "found no valid plan" not in str(exc)
+        assert room < 1, f"one device holds the step twice over, yet {exc}"
+    else:
+        assert plan.validate(graph, cluster).fits
