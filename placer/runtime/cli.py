@@ -241,10 +241,13 @@ def _run(args: argparse.Namespace) -> int:
     try:        # a plan for another batch size or optimizer: refused before "training ..."
         bound = plan.bind(captured.graph, cluster)
     except InvalidPlanError as exc:
+        # The same model, batch and optimizer by name (which carries settings other than torch's defaults).
+        opt, named = captured.optimizer, captured.graph.name
+        base = named[:len(named) - len(opt.label)] + opt.name if named.endswith(opt.label) else named
         if plan.graph_digest and plan.graph_digest != captured.graph.digest() \
-                and plan.graph_name == captured.graph.name:     # the same name: the optimizer's settings differ
+                and (plan.graph_name == base or plan.graph_name.startswith(base + "-")):
             raise InvalidPlanError(
-                f"{args.plan} was made for another graph than {captured.graph.name!r} captured with "
+                f"{args.plan} was made for graph {plan.graph_name!r}, not {named!r} captured with "
                 f"{captured.optimizer.describe()} (digest {plan.graph_digest}, not {captured.graph.digest()}): "
                 f"optimizer settings that add operations or state (--momentum, --weight-decay, --nesterov) make "
                 f"another graph; pass those the plan was made with") from None
