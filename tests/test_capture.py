@@ -263,7 +263,7 @@ def test_placeholders_hold_state_and_tied_weight_is_listed_once():
     param_bytes = sum(p.numel() * p.element_size() for p in unique)
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
     state_bytes = 2 * param_bytes + 4 * len(unique)   # exp_avg, exp_avg_sq, step per parameter
-    assert graph.param_bytes.sum() == param_bytes + buffer_bytes + state_bytes
+    assert graph.param_bytes.sum() == param_bytes + buffer_bytes + state_bytes + 8      # and the float64 lr
     i = graph.index["p_wte_weight"]
     assert graph.op[i] == "placeholder" and graph.layer[i] == "wte"
 
@@ -695,7 +695,7 @@ def test_mlp_graph_properties(widths, batch, optimizer):
     assert graph.flops.sum() == 2 * batch * (3 * macs - widths[0] * widths[1])
     params = sum(p.numel() for p in model.parameters()) * 4
     state = {"sgd": 0, "adam": 2 * params + 4 * 2 * len(layers), "adamw": 2 * params + 4 * 2 * len(layers)}
-    assert graph.param_bytes.sum() == params + state[optimizer]
+    assert graph.param_bytes.sum() == params + state[optimizer] + 8      # the learning rate, a float64
     for i in np.flatnonzero(graph.output_bytes):
         assert graph.op[i] != "placeholder" or graph.ids[i].startswith("input_")
     for i, split in enumerate(graph.splittable):
@@ -882,6 +882,24 @@ def test_copied_updates_with_momentum_give_the_graph_of_a_trace_of_every_update(
     copied, traced = steps
     assert _fx_signature(copied.gm) == _fx_signature(traced.gm)
     assert copied.graph.to_dict() == traced.graph.to_dict()
+
+
+@pytest.mark.parametrize("optimizer, settings", [("sgd", {}), ("sgd", dict(momentum=0.9, nesterov=True)),
+                                                 ("adam", {}), ("adamw", dict(weight_decay=0.05))])
+def test_the_learning_rate_is_an_input_of_the_step_not_a_constant(optimizer, settings):
+    # A scheduler changes lr between steps: the update reads it from the step's lr input, once per step.
+    model, inputs = _cnn()
+    step = capture(model, inputs, optimizer=optimizer, lr=0.0123, settings=settings)
+    gone = {0.0123, -0.0123, 1 - 0.0123 * 0.05}
+    constants = [(n.name, a) for n in step.gm.graph.nodes for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs))
+                 if isinstance(a, float) and a in gone]
+    assert not constants
+    placeholders = [n for n in step.gm.graph.nodes if n.op == "placeholder"]
+    lr = placeholders[step.layout.lr_offset]
+    assert lr.name == "lr" and lr.meta["val"].dtype == torch.float64 and lr.meta["val"].shape == ()
+    assert [u.target for u in lr.users] == [torch.ops.aten._local_scalar_dense.default]
+    other = capture(model, inputs, optimizer=optimizer, lr=0.5, settings=settings)
+    assert step.graph.to_dict() == other.graph.to_dict()        # one graph, one plan, for every lr
 
 
 def test_momentum_buffers_are_optimizer_state_the_graph_counts():

@@ -10,6 +10,7 @@ import signal
 import textwrap
 import threading
 import time
+import warnings
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -890,6 +891,69 @@ def test_a_placed_step_trains_with_the_optimizers_settings_like_eager(file_case,
     assert count == len(reference.state_dict()) + len(names) * len(list(reference.parameters()))
 
 
+LR_SCHEDULED = {
+    "sgd": ("sgd", 0.1, {}),
+    "sgd-momentum": ("sgd", 0.1, dict(momentum=0.9)),
+    "adam": ("adam", 1e-3, {}),
+    "adamw": ("adamw", 1e-3, dict(weight_decay=0.01)),
+}
+
+
+def _scheduled(file_case, name):
+    """A fresh model, its optimizer with a StepLR halving lr every step, and the same for eager training."""
+    optimizer_name, lr, given = LR_SCHEDULED[name]
+    model, reference = copy.deepcopy(file_case.model), copy.deepcopy(file_case.model)
+    torch_class = {"sgd": torch.optim.SGD, "adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[optimizer_name]
+    optimizer = torch_class(model.parameters(), lr=lr, **given)
+    reference_optimizer = torch_class(reference.parameters(), lr=lr, foreach=False, **given)
+    schedulers = [torch.optim.lr_scheduler.StepLR(o, step_size=1, gamma=0.5) for o in (optimizer, reference_optimizer)]
+    return model, optimizer, reference, reference_optimizer, schedulers
+
+
+@pytest.mark.parametrize("name", sorted(LR_SCHEDULED))
+def test_a_placed_step_follows_a_learning_rate_scheduler_like_eager(file_case, name):
+    """The learning rate is an input of the captured step, read from the optimizer at every call: a
+    scheduler stepping between placed steps trains exactly as it does eager training."""
+    model, optimizer, reference, reference_optimizer, (scheduler, reference_scheduler) = _scheduled(file_case, name)
+    optimizer_name, lr, given = LR_SCHEDULED[name]
+    captured = capture(model, file_case.inputs, optimizer=optimizer_name, lr=lr, settings=given)
+    plan = random_plan(captured.graph, load_cluster("2xcpu"), seed=3)
+    _check_spread(plan)
+    plan.context["captured"] = captured
+    step = plan.apply(model, optimizer)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        for _ in range(STEPS):
+            step(*file_case.inputs)
+            scheduler.step()
+    assert not [w for w in seen if "lr_scheduler.step()" in str(w.message)]   # no word of a skipped optimizer.step()
+    for _ in range(STEPS):
+        train_eager(reference, file_case.inputs, reference_optimizer, 1)
+        reference_scheduler.step()
+    assert optimizer.param_groups[0]["lr"] == lr * 0.5 ** STEPS
+    worst, where, _ = state_difference(model, optimizer, reference, reference_optimizer)
+    assert worst == 0.0, f"{where} differs from eager training by {worst}"
+
+
+def test_distributed_runs_of_a_step_each_follow_a_learning_rate_scheduler_like_eager(file_case):
+    """The distributed executor runs its steps with the flat inputs it is given, their lr one number: a
+    run per step, its inputs read from the optimizer anew, follows a scheduler."""
+    model, optimizer, reference, reference_optimizer, (scheduler, reference_scheduler) = _scheduled(file_case, "adam")
+    captured = capture(model, file_case.inputs, optimizer="adam")
+    cluster = load_cluster("2xcpu")
+    plan = random_plan(captured.graph, cluster, seed=3)
+    for _ in range(2):
+        flat = captured.step_inputs(model, file_case.inputs, optimizer)
+        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1,
+                                 carrier=captured.carrier, timeout_s=30)
+        captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+        scheduler.step()
+        train_eager(reference, file_case.inputs, reference_optimizer, 1)
+        reference_scheduler.step()
+    worst, where, _ = state_difference(model, optimizer, reference, reference_optimizer)
+    assert worst == 0.0, f"{where} differs from eager training by {worst}"
+
+
 def test_a_placed_step_refuses_optimizer_settings_changed_since_its_capture(file_case):
     model = copy.deepcopy(file_case.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
@@ -1193,7 +1257,7 @@ def test_placer_run_verifies_sgd_with_momentum_against_eager_training(tmp_path, 
     # Only the flag that is wrong is named (both were), and a bad --lr is told as itself.
     (["--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "-1"],
      r"weight_decay must be a finite number >= 0, got -1.0 \(--weight-decay\)$"),
-    (["--optimizer", "sgd", "--lr", "-1", "--momentum", "0.9"], r"lr must be a positive finite number, got -1.0$"),
+    (["--optimizer", "sgd", "--lr", "-1", "--momentum", "0.9"], r"lr must be a finite number >= 0, got -1.0$"),
 ])
 def test_placer_run_refuses_bad_optimizer_settings_naming_them_before_any_work(flags, message, tmp_path, capsys):
     code = main(["run", "zoo:lenet", "--plan", str(tmp_path / "missing.json"), *flags])
@@ -1626,15 +1690,18 @@ def test_a_placed_step_refuses_inputs_unlike_the_captured_ones_before_running():
     assert loss == plan.apply(*reference)(x, y, scale)
 
 
-def test_a_placed_step_refuses_a_changed_learning_rate_mode_or_optimizer():
+def test_a_placed_step_takes_a_changed_learning_rate_and_refuses_a_changed_mode_or_optimizer():
     model, optimizer, plan, inputs = _scaled_step()
     step = plan.apply(model, optimizer)
     step(*inputs)
-    optimizer.param_groups[0]["lr"] = 1e-4          # what a learning-rate scheduler does
-    with pytest.raises(OptionError, match="lr is now 0.0001, but the placed step was captured with lr 0.001.*"
-                                          "schedulers are not supported yet"):
+    optimizer.param_groups[0]["lr"] = 1e-4          # what a learning-rate scheduler does: an input of the step
+    step(*inputs)
+    plan.apply(model, optimizer)(*inputs)                # the plan's capture, taken with another lr
+    optimizer.param_groups[0]["lr"] = 0.0                # as torch.optim does, and a warm-up may start
+    step(*inputs)
+    optimizer.param_groups[0]["lr"] = torch.tensor(1e-3)
+    with pytest.raises(OptionError, match="the optimizer's lr is a tensor"):
         step(*inputs)
-    plan.apply(model, optimizer)(*inputs)                # a step captured with the new lr, on the same plan
     optimizer.param_groups[0]["lr"] = 1e-3
     model.bn.eval()
     with pytest.raises(OptionError, match="module 'bn' is in eval mode, but the step was captured in training mode"):

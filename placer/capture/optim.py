@@ -3,7 +3,9 @@
 Each optimizer is applied one parameter at a time through the functional form that
 ``torch.optim`` itself runs (``torch.optim.adam.adam``, ``torch.optim.sgd.sgd``) with
 ``foreach=False``: the single-tensor path eager PyTorch takes for CPU tensors, so a
-captured step reproduces ``torch.optim`` bit for bit. Hyper-parameters are torch's
+captured step reproduces ``torch.optim`` bit for bit. The learning rate is an input of
+the update (:meth:`OptimizerSpec.update`), so that it may change between steps as a
+learning-rate scheduler changes it. Hyper-parameters are torch's
 defaults for the class, except ``lr`` and the :data:`SETTINGS` given: SGD's
 ``momentum``, ``dampening``, ``weight_decay``, ``nesterov`` and ``maximize``; Adam's
 and AdamW's ``betas``, ``eps``, ``weight_decay`` and ``maximize`` (and Adam's
@@ -66,6 +68,11 @@ class OptimizerSpec:
         """``lr`` and the :data:`SETTINGS` of this optimizer, as its constructor takes them."""
         return {"lr": self.hyper["lr"], **{key: self.hyper[key] for key in SETTINGS[self.name]}}
 
+    @property
+    def fixed(self) -> dict:
+        """:attr:`hyper` but ``lr``: what a captured step holds as constants (``lr`` is an input of it)."""
+        return {key: value for key, value in self.hyper.items() if key != "lr"}
+
     def describe(self) -> str:
         """``SGD (lr 0.1, momentum 0.9)``: the class, ``lr`` and the settings other than torch's defaults."""
         defaults = _defaults(self.torch_class)
@@ -109,22 +116,32 @@ class OptimizerSpec:
                 state[name] = torch.zeros_like(param, memory_format=torch.preserve_format)
         return state
 
-    def update(self, param: torch.Tensor, grad: torch.Tensor, state: Sequence[torch.Tensor]) -> None:
-        """Update ``param`` and ``state`` (its tensors in :attr:`state_names` order) in place from ``grad``."""
-        self._update(self.hyper, param, grad, dict(zip(self.state_names, state)))
+    def update(self, param: torch.Tensor, grad: torch.Tensor, lr: float, state: Sequence[torch.Tensor]) -> None:
+        """Update ``param`` and ``state`` (its tensors in :attr:`state_names` order) in place from ``grad``
+        with learning rate ``lr`` (not :attr:`hyper`'s): in a trace, the symbolic ``.item()`` of the
+        step's learning-rate input, so that the rate is an input of the step rather than a constant."""
+        self._update({**self.hyper, "lr": lr}, param, grad, dict(zip(self.state_names, state)))
 
 
 def _adam_update(hyper: dict, param, grad, state) -> None:
+    import torch
     from torch.optim.adam import adam as _functional_adam
 
     beta1, beta2 = hyper["betas"]
+    lr, weight_decay = hyper["lr"], hyper["weight_decay"]
+    if hyper.get("decoupled_weight_decay", False) and weight_decay != 0 and param.is_complex():
+        # torch's own param.mul_(1 - lr * weight_decay), first thing in its update: a trace cannot turn a
+        # symbolic lr into the complex number this multiplication takes (it would read its value), but it
+        # can multiply by a 0-dim float64 tensor of it, which promotes and multiplies alike.
+        param.mul_(torch.scalar_tensor(1 - lr * weight_decay, dtype=torch.float64, device=param.device))
+        weight_decay = 0.0
     _functional_adam(
         [param], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
         foreach=False, capturable=False, differentiable=False, fused=None,
         has_complex=param.is_complex(),
         decoupled_weight_decay=hyper.get("decoupled_weight_decay", False),
-        amsgrad=False, beta1=beta1, beta2=beta2, lr=hyper["lr"],
-        weight_decay=hyper["weight_decay"], eps=hyper["eps"], maximize=hyper["maximize"])
+        amsgrad=False, beta1=beta1, beta2=beta2, lr=lr,
+        weight_decay=weight_decay, eps=hyper["eps"], maximize=hyper["maximize"])
 
 
 def _sgd_update(hyper: dict, param, grad, state) -> None:
@@ -218,7 +235,7 @@ def optimizer_spec(name: str, lr: float = 1e-3, **settings: Any) -> OptimizerSpe
     Raises
     ------
     OptionError
-        If ``name`` is not one of :data:`OPTIMIZERS`, ``lr`` is not a positive number, a setting
+        If ``name`` is not one of :data:`OPTIMIZERS`, ``lr`` is not a finite number >= 0, a setting
         is unknown or out of range (naming it), or a capture cannot reproduce it (``dampening``
         with momentum, ``amsgrad``, ``foreach``, ...; saying why).
 
@@ -234,8 +251,9 @@ def optimizer_spec(name: str, lr: float = 1e-3, **settings: Any) -> OptimizerSpe
                           f"settings=...), not a {type(name).__module__}.{type(name).__qualname__} object")
     if name.lower() not in _TABLE:
         raise OptionError(f"optimizer {name!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
-    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not lr > 0 or lr != lr or lr == float("inf"):
-        raise OptionError(f"lr must be a positive finite number, got {lr!r}")
+    if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < float("inf"):
+        # 0, as torch.optim takes it: a warm-up schedule may start there
+        raise OptionError(f"lr must be a finite number >= 0, got {lr!r}")
     import torch
 
     name = name.lower()

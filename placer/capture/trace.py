@@ -2,12 +2,14 @@
 
 The step is a pure function of flat tensors::
 
-    step(*params, *buffers, *optimizer_state, *inputs) -> loss
+    step(*params, *buffers, *optimizer_state, lr, *inputs) -> loss
 
 that runs ``torch.func.functional_call`` of the model under
 ``torch.func.grad_and_value`` and then torch's functional optimizer, one parameter at
-a time. ``make_fx`` traces it (each kind of parameter's update once, copied for the
-others: :mod:`placer.capture.updates`), under ``torch.func.functionalize(remove="mutations")``,
+a time, with the learning rate ``lr`` (a 0-dim float64 tensor, read as a number once
+per step): an input of the step, not a constant, so that a learning-rate scheduler may
+change it between steps. ``make_fx`` traces it (each kind of parameter's update once,
+copied for the others: :mod:`placer.capture.updates`), under ``torch.func.functionalize(remove="mutations")``,
 with fake tensors: nothing is computed and no real memory is allocated, so a model
 built on the meta device (``with torch.device("meta"):``) of any size captures in
 seconds. The updates of parameters, buffers and optimizer state come out as in-place
@@ -36,6 +38,7 @@ from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
 from torch._subclasses.fake_tensor import FakeTensorMode
 
+from ..cost.analytic import LR_PLACEHOLDER
 from ..errors import FormatError, OptionError
 from ..graph import OpGraph
 from ..io import shown
@@ -56,7 +59,8 @@ class StepLayout:
     the trainable ones the loss does not depend on, ``unreached``, then
     ``model.named_buffers()``: inputs the optimizer does not update), then for each name of
     ``state_names`` one tensor per parameter (state-major: all ``step``, then all
-    ``exp_avg``, ...), then the tensors among the example ``inputs`` in order
+    ``exp_avg``, ...), then the learning rate (a 0-dim float64 tensor, at :attr:`lr_offset`: the step
+    reads it and never writes it), then the tensors among the example ``inputs`` in order
     (``input_slots`` gives their positions; the other inputs are constants of the step).
     """
 
@@ -69,15 +73,20 @@ class StepLayout:
 
     @property
     def num_flat(self) -> int:
-        return len(self.params) * (1 + len(self.state_names)) + len(self.buffers) + len(self.input_slots)
+        return self.input_offset + len(self.input_slots)
 
     def state_offset(self, state_name: str) -> int:
         k = self.state_names.index(state_name)
         return len(self.params) + len(self.buffers) + k * len(self.params)
 
     @property
-    def input_offset(self) -> int:
+    def lr_offset(self) -> int:
+        """The position of the learning rate, after the optimizer state."""
         return len(self.params) * (1 + len(self.state_names)) + len(self.buffers)
+
+    @property
+    def input_offset(self) -> int:
+        return self.lr_offset + 1
 
 
 @dataclass
@@ -96,9 +105,10 @@ class CapturedStep:
         end, and ``native_batch_norm`` on running statistics). Nothing else is returned.
     layout : StepLayout
         The order of the flat arguments (placeholders named ``p_*``, ``b_*``,
-        ``s_<state>_*``, ``input_<k>``).
+        ``s_<state>_*``, ``lr``, ``input_<k>``).
     optimizer : OptimizerSpec
-        The optimizer and its hyper-parameters (torch's defaults, with ``lr`` and the settings given).
+        The optimizer and its hyper-parameters (torch's defaults, with ``lr`` and the settings given;
+        ``lr`` is only the default of the step's learning-rate input).
     carrier : dict
         fx node name -> graph node id that carries it (itself, for a captured step; a
         split operation's parts carry theirs); a runtime runs a node where its carrier is placed.
@@ -136,19 +146,21 @@ class CapturedStep:
                     optimizer: torch.optim.Optimizer | None = None) -> list[torch.Tensor]:
         """The flat arguments of :attr:`gm`, sharing storage with ``model`` and ``optimizer``.
 
-        Parameters are passed as ``p.detach()`` (same storage), buffers as themselves and
+        Parameters are passed as ``p.detach()`` (same storage), buffers as themselves,
         optimizer state as the tensors in ``optimizer.state[p]`` (created as
-        ``torch.optim`` does on its first step when missing, and stored there), so
-        ``gm(*flat)`` trains ``model`` and ``optimizer`` in place. Without ``optimizer``,
-        fresh state is created; keep the returned list and pass it to ``gm`` again for
-        the next step (its inputs replaced by :meth:`with_inputs`).
+        ``torch.optim`` does on its first step when missing, and stored there) and the
+        learning rate as a new 0-dim float64 tensor holding the parameter group's ``lr``
+        as it is now (a scheduler's), so ``gm(*flat)`` trains ``model`` and ``optimizer``
+        in place. Without ``optimizer``, fresh state is created and the learning rate is
+        :attr:`optimizer`'s; keep the returned list and pass it to ``gm`` again for the
+        next step (its inputs replaced by :meth:`with_inputs`).
 
         Raises
         ------
         OptionError
             If the model's parameters or buffers are not those captured (:meth:`check_trainable`
             included), the optimizer is of another class or has several parameter groups with
-            other settings.
+            other settings, or its ``lr`` is not a number.
         """
         self.check_trainable(model, optimizer)
         tensors = self._live_tensors(model)
@@ -157,7 +169,17 @@ class CapturedStep:
         states = [self._state_of(params[n], optimizer) for n in self.layout.params]
         for state_name in self.layout.state_names:
             flat += [s[state_name] for s in states]
+        flat.append(torch.tensor(self._lr_of(optimizer), dtype=torch.float64))
         return self.with_inputs(flat, inputs)
+
+    def _lr_of(self, optimizer: torch.optim.Optimizer | None) -> float:
+        """The learning rate of this step: ``optimizer``'s as it is now, else the capture's."""
+        if optimizer is None:
+            return self.optimizer.hyper["lr"]
+        lr = optimizer.param_groups[0]["lr"]
+        if isinstance(lr, bool) or not isinstance(lr, (int, float)):
+            raise OptionError(f"the optimizer's lr is {lr!r}; a captured step takes it as a Python number")
+        return float(lr)
 
     def _live_tensors(self, model: nn.Module) -> dict[str, torch.Tensor]:
         tensors = {name: p.detach() for name, p in model.named_parameters()}
@@ -277,8 +299,9 @@ class CapturedStep:
     def example_args(self, seed: int = 0) -> list[torch.Tensor]:
         """Flat arguments to run :attr:`gm` on, without touching any live model.
 
-        Copies of the captured model's tensors and inputs, with fresh optimizer state, for
-        a real capture; for a fake one, CPU tensors of the captured shapes: normal values
+        Copies of the captured model's tensors and inputs, with fresh optimizer state and
+        the captured learning rate, for a real capture; for a fake one, CPU tensors of the
+        captured shapes: the captured learning rate, normal values
         for parameters and floating inputs, zeros for buffers, optimizer state and
         integer inputs (valid indices and labels).
         """
@@ -291,6 +314,9 @@ class CapturedStep:
         args = []
         for k, node in enumerate(placeholders):
             val = node.meta["val"]
+            if k == self.layout.lr_offset:
+                args.append(torch.tensor(self.optimizer.hyper["lr"], dtype=val.dtype))
+                continue
             is_param_or_input = k < len(self.layout.params) or k >= self.layout.input_offset
             if is_param_or_input and val.is_floating_point():
                 args.append(torch.randn(tuple(val.shape), dtype=val.dtype, generator=generator))
@@ -413,6 +439,7 @@ def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, input
         states = [opt.initial_state(p) for p in flat[:len(layout.params)]]
         for state_name in opt.state_names:
             flat += [s[state_name] for s in states]
+        flat.append(torch.empty((), dtype=torch.float64))
         flat += [_fake_like(inputs[k]) for k in layout.input_slots]
     try:
         # Stack traces of every op cost a fifth of the trace and are not used (torch 2.11 has no such
@@ -432,8 +459,9 @@ def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, input
 
 
 def _step_function(model: nn.Module, layout: StepLayout, inputs: tuple, update):
-    """The training step as a function of the flat tensors; ``update(param, grad, state)``
-    updates one parameter (``state``: its optimizer state, in ``layout.state_names`` order)."""
+    """The training step as a function of the flat tensors; ``update(param, grad, lr, state)``
+    updates one parameter (``lr``: the step's learning rate, read as a number; ``state``: its optimizer
+    state, in ``layout.state_names`` order)."""
     n_p, n_b = len(layout.params), len(layout.buffers)
 
     def step(*flat):
@@ -462,9 +490,10 @@ def _step_function(model: nn.Module, layout: StepLayout, inputs: tuple, update):
 
         grads, loss = torch.func.grad_and_value(loss_of)(params, buffers)
         with torch.no_grad():
+            lr = flat[layout.lr_offset].item()      # once, for every parameter's update
             for k, (p, g) in enumerate(zip(params, grads)):
                 with fx_traceback.annotate({"param": layout.params[k]}):
-                    update(p, g, [state[name][k] for name in layout.state_names])
+                    update(p, g, lr, [state[name][k] for name in layout.state_names])
         return loss
 
     return step
@@ -513,7 +542,9 @@ def _trace_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs
     traced._orig_mod = model   # lets make_fx record each op's module path (nn_module_stack)
     gm = make_fx(traced, tracing_mode="fake", record_module_stack=True)(*flat)
     if per_parameter:
-        templates.expand(gm.graph, fake_mode)
+        lr = [n for n in gm.graph.nodes if n.op == "placeholder"][layout.lr_offset]
+        (lr_read,) = lr.users       # the step's one .item() of it
+        templates.expand(gm.graph, fake_mode, lr_read)
     _name_placeholders(gm.graph, layout)
     gm.recompile()
     return gm, _unreached_params(gm.graph, layout)
@@ -564,7 +595,8 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         The ``torch.optim`` optimizer whose update ends the step (torch's defaults but for
         ``lr`` and ``settings``).
     lr : float
-        Learning rate.
+        Learning rate: the default of the step's learning-rate input (an input, not a constant:
+        :meth:`CapturedStep.step_inputs` reads the optimizer's at every step).
     name : str, optional
         Graph name (default: :func:`step_name` of the model's class name, batch size and
         optimizer).
@@ -716,7 +748,7 @@ def _name_placeholders(graph: fx.Graph, layout: StepLayout) -> None:
     names = [f"p_{_safe(n)}" for n in layout.params] + [f"b_{_safe(n)}" for n in layout.buffers]
     for state_name in layout.state_names:
         names += [f"s_{state_name}_{_safe(n)}" for n in layout.params]
-    names += [f"input_{k}" for k in layout.input_slots]
+    names += [LR_PLACEHOLDER] + [f"input_{k}" for k in layout.input_slots]
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     for node, wanted in zip(placeholders, names):
         node._rename(wanted)

@@ -9,10 +9,12 @@ branches only on the parameter's dtype, device and whether it is complex. So the
 is traced with one stand-in node per parameter (:meth:`UpdateTemplates.stand_in`:
 parameter, gradient and state in, their new values out), the update is traced once per
 kind of parameter (:meth:`UpdateTemplates.add`), and :meth:`UpdateTemplates.expand`
-puts a copy of that trace in place of each stand-in. The graph is the one a trace of
-every update gives: the same nodes in the same order, names, arguments and metadata
-(``tests/test_capture.py`` compares the two). NASNet, 1,026 parameters, captures in two
-thirds of the time (docs/benchmarks.md, "Capture and cost model").
+puts a copy of that trace in place of each stand-in. The learning rate is read once
+per step (an ``.item()`` of the step's ``lr`` input, before the updates) and every
+update reads that one value, a copy as :meth:`UpdateTemplates.expand` points it there.
+The graph is the one a trace of every update gives: the same nodes in the same order,
+names, arguments and metadata (``tests/test_capture.py`` compares the two). NASNet,
+1,026 parameters, captures in two thirds of the time (docs/benchmarks.md, "Capture and cost model").
 """
 
 from __future__ import annotations
@@ -50,10 +52,11 @@ _PER_PARAMETER = ("custom", "seq_nr", "nn_module_stack")
 
 @dataclass(frozen=True)
 class _Template:
-    """One parameter's update, traced: inputs ``(param, grad, *state)``."""
+    """One parameter's update, traced: inputs ``(param, grad, lr, *state)``, ``lr`` a 0-dim tensor."""
 
     inputs: tuple[fx.Node, ...]     # the placeholders
-    body: tuple[fx.Node, ...]       # the update's operations, in order
+    lr_read: fx.Node                # the .item() of lr
+    body: tuple[fx.Node, ...]       # the update's operations, in order (but lr_read)
     result: dict[int, fx.Node]      # stand-in output (0: param, 1..: state) -> the node holding its new value
 
 
@@ -75,33 +78,38 @@ class UpdateTemplates:
         if kind in self._templates:
             return
 
-        def update(p, g, *s):
-            self.opt.update(p, g, s)
+        def update(p, g, lr, *s):
+            self.opt.update(p, g, lr.item(), s)
 
         grad = torch.empty_like(param)
+        lr = param.new_empty((), dtype=torch.float64, device="cpu")
         with torch.no_grad():
-            gm = make_fx(torch.func.functionalize(update, remove="mutations"), tracing_mode="fake")(param, grad, *state)
+            gm = make_fx(torch.func.functionalize(update, remove="mutations"), tracing_mode="fake")(
+                param, grad, lr, *state)
         nodes = list(gm.graph.nodes)
         inputs = tuple(n for n in nodes if n.op == "placeholder")
+        (lr_read,) = inputs[2].users
         # functionalize writes every updated input back at the end, one copy_ each.
         write_backs = [n for n in nodes if n.target is torch.ops.aten.copy_.default and n.args[0] in inputs]
-        body = tuple(n for n in nodes if n.op == "call_function" and n not in write_backs)
-        # The stand-in's outputs are the parameter's new value and its state's: inputs 0 and 2.. here.
-        outputs = {inputs[0]: 0, **{node: k + 1 for k, node in enumerate(inputs[2:])}}
-        self._templates[kind] = _Template(inputs, body, {outputs[n.args[0]]: n.args[1] for n in write_backs
-                                                         if n.args[0] in outputs})
+        body = tuple(n for n in nodes if n.op == "call_function" and n not in write_backs and n is not lr_read)
+        # The stand-in's outputs are the parameter's new value and its state's: inputs 0 and 3.. here.
+        outputs = {inputs[0]: 0, **{node: k + 1 for k, node in enumerate(inputs[3:])}}
+        self._templates[kind] = _Template(inputs, lr_read, body, {outputs[n.args[0]]: n.args[1] for n in write_backs
+                                                                  if n.args[0] in outputs})
 
-    def stand_in(self, param: torch.Tensor, grad: torch.Tensor, state: list[torch.Tensor]) -> None:
+    def stand_in(self, param: torch.Tensor, grad: torch.Tensor, lr: float, state: list[torch.Tensor]) -> None:
         """In the step being traced: one node in place of the update, its new values written back
-        where the update writes."""
+        where the update writes. ``lr``, the step's learning rate as a number, is not an argument
+        of it: the copies read it where :meth:`expand` is told."""
         template = self._templates[_kind(param)]
         new = _STAND_IN(param, grad, list(state))
         for position, target in enumerate([param, *state]):
             if position in template.result:
                 target.copy_(new[position])
 
-    def expand(self, graph: fx.Graph, fake_mode) -> None:
-        """Put a copy of its kind's update in place of every stand-in of ``graph`` (its module to be recompiled).
+    def expand(self, graph: fx.Graph, fake_mode, lr_read: fx.Node) -> None:
+        """Put a copy of its kind's update in place of every stand-in of ``graph`` (its module to be recompiled),
+        reading the learning rate from ``lr_read``, the step's ``.item()`` of its ``lr`` input.
 
         Each copy's names come from the graph's namespace as a trace would give
         them; its tensors' ``meta["val"]`` are computed by ``fake_mode`` from its
@@ -110,7 +118,8 @@ class UpdateTemplates:
         for stand_in in [n for n in graph.nodes if n.target is _STAND_IN]:
             param, grad, state = stand_in.args
             template = self._templates[_kind(param.meta["val"])]
-            made = dict(zip(template.inputs, (param, grad, *state)))
+            made = dict(zip(template.inputs, (param, grad, lr_read.args[0], *state)))
+            made[template.lr_read] = lr_read
             with graph.inserting_before(stand_in):
                 for node in template.body:
                     made[node] = self._copy(graph, node, made, stand_in, fake_mode)

@@ -33,7 +33,8 @@ Choices, and why:
   and it costs the per-op overhead (:attr:`DeviceSpec.host_op_s`, :func:`host_op`).
   So does the optimizer's step count itself (``step += 1``, its write-back and
   ``.item()``): ``torch.optim.Adam`` keeps ``state["step"]`` as a CPU tensor unless
-  ``capturable`` or ``fused`` (:func:`step_counter_nodes`).
+  ``capturable`` or ``fused``; and the ``.item()`` of the step's learning-rate input,
+  a Python number in ``torch.optim`` (:func:`step_counter_nodes`).
 * FP32 convolutions use TF32 on A100/H100: PyTorch's default is
   ``torch.backends.cudnn.allow_tf32 = True`` but ``torch.backends.cuda.matmul.allow_tf32
   = False``, so convolutions get the TF32 tensor-core peak and FP32 matmuls the FP32
@@ -60,7 +61,8 @@ if TYPE_CHECKING:
     from ..graph import OpGraph
 
 __all__ = ["DeviceSpec", "DEVICE_SPECS", "VIEW_OPS", "MATRIX_OPS", "node_time_s", "annotate",
-           "op_base_name", "normalise_dtype", "host_op", "step_counter_nodes", "STEP_COUNTER_PREFIX"]
+           "op_base_name", "normalise_dtype", "host_op", "step_counter_nodes", "STEP_COUNTER_PREFIX",
+           "LR_PLACEHOLDER"]
 
 TERA = 1e12
 GIGA = 1e9
@@ -243,20 +245,26 @@ def host_op(op: str | None) -> bool:
 #: (``s_<state>_<param>``, :mod:`placer.capture.trace`).
 STEP_COUNTER_PREFIX = "s_step_"
 
+#: The name of the placeholder that holds a captured step's learning rate (:mod:`placer.capture.trace`).
+LR_PLACEHOLDER = "lr"
+
 
 def step_counter_nodes(graph: OpGraph) -> np.ndarray:
-    """The nodes that only count the optimizer's steps: they run on the host, as :func:`host_op`.
+    """The nodes that only count the optimizer's steps or read its learning rate: they run on the host,
+    as :func:`host_op`.
 
     ``torch.optim.Adam`` (not capturable, not fused) keeps each parameter's
     ``state["step"]`` as a CPU tensor, so ``step += 1``, its write-back and
     the ``.item()`` that feeds the bias corrections are host work that
-    launches no GPU kernel. They are the nodes reached from a step-count
+    launches no GPU kernel; ``torch.optim``'s learning rate is a Python number,
+    which a captured step reads from its ``lr`` input with one ``.item()`` per
+    step. They are the nodes reached from a step-count or learning-rate
     placeholder through scalar outputs (8 bytes at most); the first node
     with a larger output (the update that reads the bias correction) is not.
     """
     out = np.zeros(graph.num_nodes, dtype=bool)
-    stack = [i for i, name in enumerate(graph.ids)
-             if name.startswith(STEP_COUNTER_PREFIX) and graph.op[i] == "placeholder"]
+    stack = [i for i, name in enumerate(graph.ids) if graph.op[i] == "placeholder"
+             and (name.startswith(STEP_COUNTER_PREFIX) or name == LR_PLACEHOLDER)]
     ptr, eids = graph.out_edges
     while stack:
         v = stack.pop()

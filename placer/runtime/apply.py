@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Sequence
 
 import torch
@@ -31,10 +32,11 @@ def optimizer_name(optimizer: torch.optim.Optimizer | None) -> tuple[str, float]
 
 
 def _changed(now, then) -> str:
-    """What differs between two optimizer specs of one class: ``momentum 0.9 (captured with 0)``, ..."""
+    """What differs between two optimizer specs of one class but ``lr`` (an input of the step):
+    ``momentum 0.9 (captured with 0)``, ..."""
     now_settings, then_settings = now.settings, then.settings
     return ", ".join(f"{key} {now_settings[key]!r} (captured with {then_settings[key]!r})"
-                     for key in now_settings if now_settings[key] != then_settings[key])
+                     for key in now_settings if key != "lr" and now_settings[key] != then_settings[key])
 
 
 class PlacedStep:
@@ -51,15 +53,17 @@ class PlacedStep:
     by :func:`placer.plan` from a module uses its own capture. The capture holds
     fixed what it was made with, so every call checks, before running
     anything, that it still holds: the inputs' shapes and dtypes (the batch
-    size) and non-tensor values, the optimizer's settings (``lr``, ``momentum``,
-    ``weight_decay``, ...: learning-rate schedulers are not supported yet) and
-    the parameters it holds, which parameters require grad, and every module's
-    training/eval mode; otherwise it raises :class:`~placer.errors.OptionError`
-    saying what differs (for a new ``lr`` or other optimizer setting apply the
-    plan again, which captures the step anew with them; for the rest plan
-    again). A step that raises once running may have written part of the
-    new state, where the plan puts its writes (the error says so); with
-    ``atomic=True`` it changes neither ``model`` nor ``optimizer``.
+    size) and non-tensor values, the optimizer's settings but ``lr``
+    (``momentum``, ``weight_decay``, ...) and the parameters it holds, which
+    parameters require grad, and every module's training/eval mode; otherwise
+    it raises :class:`~placer.errors.OptionError` saying what differs (for
+    another optimizer setting apply the plan again, which captures the step
+    anew with them; for the rest plan again). The learning rate is an input
+    of the step, read from the optimizer's parameter group at every call, so
+    a ``torch.optim.lr_scheduler`` changes it as in eager training. A step
+    that raises once running may have written part of the new state, where
+    the plan puts its writes (the error says so); with ``atomic=True`` it
+    changes neither ``model`` nor ``optimizer``.
 
     Random operations (dropout) each draw from their own stream, seeded from
     a base seed drawn from torch's global generator on the first call
@@ -73,9 +77,10 @@ class PlacedStep:
         ``model(*inputs)`` returns the scalar loss.
     optimizer : torch.optim.Optimizer, optional
         SGD, Adam or AdamW with one parameter group, whose settings the step
-        reproduces: ``lr``; SGD's ``momentum`` (the ``momentum_buffer`` state),
-        ``weight_decay``, ``nesterov``, ``maximize``; Adam's and AdamW's ``betas``,
-        ``eps``, ``weight_decay``, ``maximize``. Refused, saying why: SGD's
+        reproduces: ``lr`` (as it is at each call); SGD's ``momentum`` (the
+        ``momentum_buffer`` state), ``weight_decay``, ``nesterov``, ``maximize``;
+        Adam's and AdamW's ``betas``, ``eps``, ``weight_decay``, ``maximize``.
+        Refused, saying why: SGD's
         ``dampening`` with momentum, ``amsgrad``, ``foreach=True``, ``fused``,
         ``capturable``, ``differentiable`` (default: a fresh Adam state with lr 1e-3,
         kept by the step).
@@ -104,7 +109,7 @@ class PlacedStep:
         self.model = model
         self.optimizer = optimizer
         self.spec = spec_of(optimizer)
-        self.optimizer_name, self.lr = self.spec.name, self.spec.hyper["lr"]
+        self.optimizer_name = self.spec.name
         cluster = cluster if cluster is not None else plan.context.get("cluster")
         if cluster is None:
             if not plan.cluster_name:
@@ -123,18 +128,12 @@ class PlacedStep:
             raise OptionError(f"a placed step takes its inputs by position, as the step was captured "
                               f"(model(*inputs)); got keyword inputs {', '.join(map(repr, keywords))}")
         spec = spec_of(self.optimizer)         # the settings may have changed since the last call
-        lr = spec.hyper["lr"]
-        if self.captured is not None and lr != self.lr:
-            raise OptionError(f"the optimizer's lr is now {lr:g}, but the placed step was captured with lr "
-                              f"{self.lr:g}, which it holds as a constant (learning-rate schedulers are not "
-                              f"supported yet): apply the plan again, plan.apply(model, optimizer), for a step "
-                              f"captured with the new lr")
-        if self.captured is not None and spec.hyper != self.spec.hyper:
+        if self.captured is not None and spec.fixed != self.spec.fixed:
             raise OptionError(f"the optimizer's settings changed since the step was captured: "
                               f"{_changed(spec, self.spec)}; the step holds them as constants: apply the plan "
                               f"again, plan.apply(model, optimizer), for a step captured with the new settings")
         if self.captured is None:
-            self.spec, self.optimizer_name, self.lr = spec, spec.name, lr
+            self.spec, self.optimizer_name = spec, spec.name
             self._prepare(inputs)
         inputs = self.captured.checked_inputs(inputs)
         self.captured.check_modes(self.model)
@@ -153,6 +152,10 @@ class PlacedStep:
             for p in stateless:
                 self.optimizer.state.pop(p, None)
             raise
+        if self.optimizer is not None:
+            # What torch.optim's step does for a scheduler, whose first step otherwise warns that
+            # optimizer.step() was not called.
+            self.optimizer._opt_called = True
         return outputs[0]
 
     def _prepare(self, inputs: tuple) -> None:
@@ -165,13 +168,16 @@ class PlacedStep:
                               f"but the optimizer is {this}: its update is part of the placed step; plan again "
                               f"with optimizer={self.optimizer_name!r}")
         planned = captured
-        if captured is not None and captured.optimizer.hyper != self.spec.hyper:
-            # planned with another lr or other settings: capture this one (another graph where they add
-            # operations or state, momentum or weight decay: refused below by its digest)
+        if captured is not None and captured.optimizer.fixed != self.spec.fixed:
+            # planned with other settings: capture this one (another graph where they add operations or
+            # state, momentum or weight decay: refused below by its digest)
             captured = None
+        elif captured is not None and captured.optimizer.hyper["lr"] != self.spec.hyper["lr"]:
+            # the same step; its default lr (the one it runs with without an optimizer) is this one's
+            captured = dataclasses.replace(captured, optimizer=self.spec)
         if captured is None:
             settings = {k: v for k, v in self.spec.settings.items() if k != "lr"}
-            captured = capture(self.model, inputs, optimizer=self.optimizer_name, lr=self.lr,
+            captured = capture(self.model, inputs, optimizer=self.optimizer_name, lr=self.spec.hyper["lr"],
                                name=self.plan.graph_name or None, settings=settings)
             if self.plan.graph_digest and self.plan.graph_digest != captured.graph.digest():
                 if planned is not None and planned.graph.digest() == self.plan.graph_digest:
