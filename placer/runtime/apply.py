@@ -15,20 +15,7 @@ from ..plan import Plan
 from .local import LocalExecutor
 from .program import compile_program
 
-__all__ = ["PlacedStep", "optimizer_name"]
-
-
-def optimizer_name(optimizer: torch.optim.Optimizer | None) -> tuple[str, float]:
-    """The capture name and learning rate of a ``torch.optim`` optimizer whose settings capture reproduces.
-
-    Raises
-    ------
-    OptionError
-        As :func:`placer.capture.optim.spec_of`: another optimizer class, several parameter
-        groups, or a setting a captured step does not reproduce (naming it).
-    """
-    spec = spec_of(optimizer)
-    return spec.name, spec.hyper["lr"]
+__all__ = ["PlacedStep"]
 
 
 def _changed(now, then) -> str:
