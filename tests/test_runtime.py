@@ -935,6 +935,8 @@ def test_a_placed_step_follows_a_learning_rate_scheduler_like_eager(file_case, n
     assert worst == 0.0, f"{where} differs from eager training by {worst}"
 
 
+# run_distributed is not optimizer.step(), whose call a scheduler looks for (PlacedStep marks it; this runs below it)
+@pytest.mark.filterwarnings("ignore:Detected call of `lr_scheduler.step\\(\\)` before `optimizer.step\\(\\)`")
 def test_distributed_runs_of_a_step_each_follow_a_learning_rate_scheduler_like_eager(file_case):
     """The distributed executor runs its steps with the flat inputs it is given, their lr one number: a
     run per step, its inputs read from the optimizer anew, follows a scheduler."""
