@@ -184,8 +184,10 @@ class Plan:
             dependencies.
         """
         if self.graph_digest and self.graph_digest != graph.digest():
+            same = (" (the same name, other operations: the model changed, or the plan predates a change to "
+                    "placer's capture; plan again)") if self.graph_name and self.graph_name == graph.name else ""
             raise InvalidPlanError(f"the plan was made for another graph ({self.graph_name!r}, "
-                                   f"digest {self.graph_digest}), not {graph.name!r} (digest {graph.digest()})")
+                                   f"digest {self.graph_digest}), not {graph.name!r} (digest {graph.digest()}){same}")
         if self.graph_name and graph.name and self.graph_name != graph.name:
             raise InvalidPlanError(f"the plan was made for graph {self.graph_name!r}, not {graph.name!r} (the "
                                    f"same operations: another batch size or optimizer, or a --name at capture)")

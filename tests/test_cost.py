@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
-import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -15,6 +13,8 @@ from placer.cluster import load_cluster
 from placer.cost.analytic import DEVICE_SPECS, annotate, node_time_s, op_base_name
 from placer.errors import OptionError
 from placer.graph import OpGraph
+
+from .processes import terminate_once_ranks_run
 
 # ---------------------------------------------------------------- analytic
 
@@ -247,55 +247,19 @@ def test_an_interrupted_gloo_calibration_leaves_no_rank_running(monkeypatch):
     assert len(started) == 2 and all(p.poll() is not None for p in started)
 
 
-def _children(pid: int) -> list[int]:
-    """The live (not zombie) processes whose parent is ``pid``, from /proc."""
-    found = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            state, parent = stat.read_text().rpartition(")")[2].split()[:2]
-        except (FileNotFoundError, ProcessLookupError):
-            continue
-        if int(parent) == pid and state != "Z":
-            found.append(int(stat.parent.name))
-    return found
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_a_terminated_calibration_stops_its_ranks_and_leaves_no_directory(tmp_path):
     import signal
-    import subprocess
-    import sys
 
-    # SIGTERM to placer alone (`kill PID`; `timeout` signals the group too) left both ranks running and the
-    # directory they write in behind.
+    # SIGTERM to placer alone left both ranks running and the directory they write in behind.
     out = tmp_path / "cal.json"
-    launcher = subprocess.Popen([sys.executable, "-m", "placer", "calibrate", "-o", str(out)],
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                                env={**os.environ, "TMPDIR": str(tmp_path)})
-    ranks: list[int] = []
-    try:
-        for _ in range(600):        # until both ranks have started (placer imports first)
-            ranks = _children(launcher.pid)
-            if len(ranks) == 2 or launcher.poll() is not None:
-                break
-            time.sleep(0.1)
-        assert len(ranks) == 2, "the ranks did not start"
-        launcher.send_signal(signal.SIGTERM)
-        _, err = launcher.communicate(timeout=30)
-        assert launcher.returncode == -signal.SIGTERM
-        assert err.splitlines()[-1] == ("placer: terminated: the calibration's processes were stopped and nothing "
-                                        "was written")
-        assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), "a rank outlived placer"
-        assert not list(tmp_path.glob("placer-calibrate-*")), "the ranks' directory was left behind"
-        assert not out.exists()
-    finally:
-        if launcher.poll() is None:
-            launcher.kill()
-        for pid in ranks:
-            with contextlib.suppress(OSError):
-                if b"_gloo_worker" in Path(f"/proc/{pid}/cmdline").read_bytes():
-                    os.kill(pid, signal.SIGKILL)
-        launcher.wait(timeout=15)
+    code, err, ranks = terminate_once_ranks_run(["calibrate", "-o", str(out)], 2, b"_gloo_worker",
+                                                env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert code == -signal.SIGTERM
+    assert err.splitlines()[-1] == "placer: terminated: the calibration's processes were stopped and nothing was written"
+    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), "a rank outlived placer"
+    assert not list(tmp_path.glob("placer-calibrate-*")), "the ranks' directory was left behind"
+    assert not out.exists()
 
 
 @pytest.mark.parametrize("kwargs, message", [

@@ -270,8 +270,13 @@ def test_plan_for_another_graph_is_refused():
     cluster = load_cluster("2xV100-nvlink")
     plan = place(training_graph(layers=2, branches=2, seed=0), cluster, "expert")
     other = training_graph(layers=3, branches=2, seed=0)
-    with pytest.raises(InvalidPlanError, match="another graph"):
+    with pytest.raises(InvalidPlanError, match="another graph") as info:
         plan.bind(other, cluster)
+    assert "the same name" not in str(info.value)
+    # Named alike (a plan made before the model or placer's capture changed): said so, with what to do.
+    same_name = training_graph(layers=3, branches=2, seed=0, name=plan.graph_name)
+    with pytest.raises(InvalidPlanError, match=r"\(the same name, other operations: .*plan again\)"):
+        plan.bind(same_name, cluster)
 
 
 @pytest.mark.parametrize("mutate, message", [

@@ -20,6 +20,7 @@ from placer.sim import simulate
 from placer.transform.merge import merge_and_colocate
 
 from .clusters import line_cluster
+from .processes import live_processes
 
 
 # ------------------------------------------------------------------ families
@@ -467,19 +468,6 @@ def test_cli_tells_the_episodes_that_run(tmp_path, capsys, monkeypatch):
     assert ": 2 episodes in 1 updates" in capsys.readouterr().out
 
 
-def _group_running(pgid: int) -> list[int]:
-    """Processes of process group ``pgid`` that have not exited (zombies excepted)."""
-    running = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:     # it exited while we looked
-            continue
-        if fields[0] != "Z" and int(fields[2]) == pgid:
-            running.append(int(stat.parent.name))
-    return running
-
-
 @pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
 def test_ctrl_c_stops_training_with_workers_and_writes_no_policy(tmp_path):
     import signal
@@ -501,11 +489,11 @@ def test_ctrl_c_stops_training_with_workers_and_writes_no_policy(tmp_path):
         os.killpg(proc.pid, signal.SIGINT)     # as Ctrl-C does: to the workers too
         err = proc.communicate(timeout=60)[1].decode()
         deadline = time.monotonic() + 30
-        while _group_running(proc.pid) and time.monotonic() < deadline:
+        while live_processes(group=proc.pid) and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert not _group_running(proc.pid), "workers left running"
+        assert not live_processes(group=proc.pid), "workers left running"
     finally:
-        if proc.poll() is None or _group_running(proc.pid):
+        if proc.poll() is None or live_processes(group=proc.pid):
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
     assert proc.returncode == 130 and "placer: interrupted" in err and "Traceback" not in err, err

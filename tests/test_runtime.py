@@ -12,6 +12,7 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -39,6 +40,7 @@ from placer.runtime.program import compile_program, copy_to, message_bytes, pack
 from placer.transform.replicate import data_parallel_graph
 from placer.transform.split import split_operation
 
+from .processes import terminate_once_ranks_run
 from .reference_model import random_valid_order
 
 STEPS = 3
@@ -1534,6 +1536,22 @@ def test_placer_run_under_torchrun_trains_and_rank_0_alone_speaks(tmp_path):
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr.count("training 3 steps of lenet-bs4-adam as the plan places it (distributed)") == 1
     assert done.stdout.count("lenet-bs4-adam on 2xcpu (distributed, 2 devices): 3 steps") == 1
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="reads /proc")
+def test_a_terminated_distributed_run_stops_its_ranks_and_says_so(tmp_path):
+    import signal
+
+    plan = tmp_path / "plan.json"
+    assert main(["plan", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithm", "round_robin",
+                 "-o", str(plan)]) == 0
+    code, err, ranks = terminate_once_ranks_run(["run", "zoo:lenet", "--batch", "4", "--plan", str(plan),
+                                                 "--backend", "distributed", "--steps", "1000000"], 2,
+                                                b"multiprocessing", env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert code == -signal.SIGTERM
+    assert err.splitlines()[-1] == "placer: terminated: the run's processes were stopped and nothing was written"
+    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), "a rank outlived placer"
+    assert not list(tmp_path.glob("placer-run-*")), "the ranks' directory was left behind"
 
 
 # ------------------------------------------------- what a placed step may not change

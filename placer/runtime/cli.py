@@ -16,6 +16,7 @@ import torch
 from ..capture.cli import add_optimizer_option, add_optimizer_settings, optimizer_settings
 from ..errors import InvalidPlanError, OptionError
 from ..io import check_output
+from ..terminate import terminate_raises
 
 __all__ = ["add_commands", "cmd_run", "cmd_tune", "Measurement", "measure_plan"]
 
@@ -245,7 +246,7 @@ def _run(args: argparse.Namespace) -> int:
         opt, named = captured.optimizer, captured.graph.name
         base = named[:len(named) - len(opt.label)] + opt.name if named.endswith(opt.label) else named
         if plan.graph_digest and plan.graph_digest != captured.graph.digest() \
-                and (plan.graph_name == base or plan.graph_name.startswith(base + "-")):
+                and plan.graph_name != named and (plan.graph_name == base or plan.graph_name.startswith(base + "-")):
             raise InvalidPlanError(
                 f"{args.plan} was made for graph {plan.graph_name!r}, not {named!r} captured with "
                 f"{captured.optimizer.describe()} (digest {plan.graph_digest}, not {captured.graph.digest()}): "
@@ -262,8 +263,10 @@ def _run(args: argparse.Namespace) -> int:
 
     # Under torchrun rank 0 speaks for the launch, as it reports the run (each rank said it was training).
     announce = not under_torchrun() or os.environ["RANK"] == "0"
-    with (working(f"training {args.steps} steps of {captured.graph.name} as the plan places it ({args.backend}) ...",
-                  measuring=True) if announce else contextlib.nullcontext()):
+    stopped = "placer: terminated: the run's processes were stopped and nothing was written"
+    with terminate_raises(stopped), (working(
+            f"training {args.steps} steps of {captured.graph.name} as the plan places it ({args.backend}) ...",
+            measuring=True) if announce else contextlib.nullcontext()):
         m = measure_plan(captured, plan, cluster, flat, steps=args.steps, backend=args.backend,
                          threads=args.threads, timeout_s=args.timeout, devices=devices)
     if m is None:
@@ -360,8 +363,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
         costs = f"the measured times of {args.profile}"
 
     def run(plan):
-        m = measure_plan(captured, plan, cluster, [t.clone() for t in flat], steps=args.steps,
-                         backend=args.backend, threads=args.threads, timeout_s=args.timeout)
+        with terminate_raises(f"placer: terminated: tuning stopped, its run's processes with it; no plan was "
+                              f"written to {args.output}"):
+            m = measure_plan(captured, plan, cluster, [t.clone() for t in flat], steps=args.steps,
+                             backend=args.backend, threads=args.threads, timeout_s=args.timeout)
         return step_times(m.step_s, 1).median_s, m
 
     def with_messages(plan, own: dict[str, float]) -> str:
