@@ -256,7 +256,8 @@ def test_a_terminated_calibration_stops_its_ranks_and_leaves_no_directory(tmp_pa
     code, err, ranks = terminate_once_ranks_run(["calibrate", "-o", str(out)], 2, b"_gloo_worker",
                                                 env={**os.environ, "TMPDIR": str(tmp_path)})
     assert code == -signal.SIGTERM
-    assert err.splitlines()[-1] == "placer: terminated: the calibration's processes were stopped and nothing was written"
+    assert err.splitlines()[-1] == ("placer: terminated: the calibration's processes were stopped and nothing "
+                                    "was written")
     assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), "a rank outlived placer"
     assert not list(tmp_path.glob("placer-calibrate-*")), "the ranks' directory was left behind"
     assert not out.exists()
