@@ -292,9 +292,8 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .cluster import load_cluster
-
     from .capture.cli import SETTING_FLAGS
+    from .cluster import load_cluster
 
     spec_flags = [(f"--{key.replace('_', '-')}", getattr(args, key), "shapes the step captured from a model spec")
                   for key in ("batch", "name", *SETTING_FLAGS)]
