@@ -1414,3 +1414,12 @@ def test_list_schedulers_on_a_line_plan_validly_or_refuse_and_plan_where_one_dev
         assert room < 1, f"one device holds the step twice over, yet {exc}"
     else:
         assert plan.validate(graph, cluster).fits
+
+
+def test_m_topo_refused_for_memory_says_memory_alone():
+    # Every device reached, none with room: the message named channels too ("or no channel reaches one").
+    graph = OpGraph(["a", "b"], [1e-3, 1e-3], [0], [1], [3 * GiB], output_bytes=[3 * GiB, 0], name="big")
+    cluster = Cluster("small", [Device("g0", "V100", 2 * GiB), Device("g1", "V100", 2 * GiB)],
+                      [Channel("g0<->g1", 1e10, 1e-5, (("g0", "g1"), ("g1", "g0")))])
+    with pytest.raises(InfeasibleError, match=r"^node 'a' fits no device's remaining memory$"):
+        m_topo_schedule(graph, cluster)

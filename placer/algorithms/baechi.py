@@ -122,10 +122,10 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         choices = ([(j, True) for j in range(current, n_dev)] + [(j, True) for j in range(current)]
                    + [(j, False) for j in range(n_dev)])
         d = next((j for j, within_share in choices if takes(v, j, within_share, estimates)), -1)
-        if d < 0:
-            raise (InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory "
-                                   f"(or no channel reaches one)")
-                   if any(state.unit_ok[state.unit_of[v]]) else state.unreached(v))
+        if d < 0:       # memory, where some device it may use has its inputs brought to it; else the links
+            reached = any(estimate[0] != float("inf") for estimate in estimates.values())
+            raise (InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory") if reached
+                   else state.unreached(v))
         if state.unit_ok[state.unit_of[v]][current] and d > current:
             current = d
         given[d] += state.need(v, d, estimates[d])
