@@ -96,7 +96,6 @@ class PlacedStep:
         self.model = model
         self.optimizer = optimizer
         self.spec = spec_of(optimizer)
-        self.optimizer_name = self.spec.name
         cluster = cluster if cluster is not None else plan.context.get("cluster")
         if cluster is None:
             if not plan.cluster_name:
@@ -120,7 +119,7 @@ class PlacedStep:
                               f"{_changed(spec, self.spec)}; the step holds them as constants: apply the plan "
                               f"again, plan.apply(model, optimizer), for a step captured with the new settings")
         if self.captured is None:
-            self.spec, self.optimizer_name = spec, spec.name
+            self.spec = spec
             self._prepare(inputs)
         inputs = self.captured.checked_inputs(inputs)
         self.captured.check_modes(self.model)
@@ -150,10 +149,10 @@ class PlacedStep:
 
         captured = self.plan.context.get("captured")
         this = self.spec.describe() if self.optimizer is not None else f"the default {self.spec.describe()}"
-        if captured is not None and captured.optimizer.name != self.optimizer_name:
+        if captured is not None and captured.optimizer.name != self.spec.name:
             raise OptionError(f"the plan was made for a training step with {captured.optimizer.torch_class.__name__}, "
                               f"but the optimizer is {this}: its update is part of the placed step; plan again "
-                              f"with optimizer={self.optimizer_name!r}")
+                              f"with optimizer={self.spec.name!r}")
         planned = captured
         if captured is not None and captured.optimizer.fixed != self.spec.fixed:
             # planned with other settings: capture this one (another graph where they add operations or
@@ -164,7 +163,7 @@ class PlacedStep:
             captured = dataclasses.replace(captured, optimizer=self.spec)
         if captured is None:
             settings = {k: v for k, v in self.spec.settings.items() if k != "lr"}
-            captured = capture(self.model, inputs, optimizer=self.optimizer_name, lr=self.spec.hyper["lr"],
+            captured = capture(self.model, inputs, optimizer=self.spec.name, lr=self.spec.hyper["lr"],
                                name=self.plan.graph_name or None, settings=settings)
             if self.plan.graph_digest and self.plan.graph_digest != captured.graph.digest():
                 if planned is not None and planned.graph.digest() == self.plan.graph_digest:
