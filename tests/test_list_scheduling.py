@@ -1416,10 +1416,11 @@ def test_list_schedulers_on_a_line_plan_validly_or_refuse_and_plan_where_one_dev
         assert plan.validate(graph, cluster).fits
 
 
-def test_m_topo_refused_for_memory_says_memory_alone():
+@pytest.mark.parametrize("schedule", [m_topo_schedule, etf_schedule])
+def test_m_topo_and_m_etf_refused_for_memory_say_memory_alone(schedule):
     # Every device reached, none with room: the message named channels too ("or no channel reaches one").
     graph = OpGraph(["a", "b"], [1e-3, 1e-3], [0], [1], [3 * GiB], output_bytes=[3 * GiB, 0], name="big")
     cluster = Cluster("small", [Device("g0", "V100", 2 * GiB), Device("g1", "V100", 2 * GiB)],
                       [Channel("g0<->g1", 1e10, 1e-5, (("g0", "g1"), ("g1", "g0")))])
     with pytest.raises(InfeasibleError, match=r"^node 'a' fits no device's remaining memory$"):
-        m_topo_schedule(graph, cluster)
+        schedule(graph, cluster)

@@ -207,7 +207,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     Raises
     ------
     InfeasibleError
-        If the ready nodes left fit no device's remaining memory (or no channel reaches one).
+        If the ready nodes left fit no device's remaining memory, or no device they may use is
+        linked to their neighbours' devices (the missing link named).
     """
     state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale, sends=sends)
     n, n_dev = graph.num_nodes, cluster.num_devices
@@ -549,9 +550,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             if not waiting_nodes:       # the ready nodes left were dropped where no channel links a neighbour
                 v = next(v for v in range(n) if pending[v] == 0 and state.device_of[v] < 0)
                 raise state.unreached(v)
-            if stuck:
-                raise InfeasibleError(f"node {graph.ids[min(waiting_nodes)]!r} fits no device's remaining memory "
-                                      f"(or no channel reaches one)")
+            if stuck:       # every node waiting was held for memory on a device its inputs reach
+                raise InfeasibleError(f"node {graph.ids[min(waiting_nodes)]!r} fits no device's remaining memory")
             for j, entries in enumerate(held):   # what held them may have eased elsewhere: weigh them again
                 release(entries)
                 release_room(j, everything=True)
