@@ -77,8 +77,9 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     """m-TOPO under a memory ratio: topological order, devices filled one after another.
 
     Each device's share is the total need (every unit's reservation) over the
-    number of devices plus the largest unit's need (capped at its capacity;
-    its capacity when the devices' memories differ); what a device was given
+    number of devices plus the largest unit's need (its memory when the
+    devices' memories differ), times its budget (``capacity_scale``), capped
+    at its budgeted capacity; what a device was given
     counts against its share whether or not it is freed later. A unit that the
     current device may not run, or that would take it past its share or its
     memory over time (with the copies of inputs that placing it there makes),
@@ -89,12 +90,13 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     """
     state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale, sends=sends)
     n_dev = cluster.num_devices
-    capacity = state.memory.capacity
+    memory = cluster.memory.astype(np.float64)
     total = float(sum(state.unit_need))
     share = np.full(n_dev, total / n_dev + max(state.unit_need, default=0.0))
-    if np.unique(capacity).size > 1:
-        share = capacity.copy()
-    share = np.minimum(share, capacity)
+    if np.unique(memory).size > 1:
+        share = memory
+    # A budget cut or raised by the memory retries moves the share with it.
+    share = np.minimum(share * (1.0 if capacity_scale is None else capacity_scale), state.memory.capacity)
     given = np.zeros(n_dev)
 
     def takes(v: int, j: int, within_share: bool, estimates: dict) -> bool:
@@ -130,7 +132,11 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             current = d
         given[d] += state.need(v, d, estimates[d])
         state.commit(v, d, estimates[d])
-    return state.schedule()
+    sched = state.schedule()
+    # Its share, not its memory over time, is what fills a device first: the retries read how much of
+    # each device's budget the share used as what was counted there (Schedule.memory_seen).
+    sched.budget_seen = np.minimum(given / np.maximum(share, 1.0), 1.0) * state.memory.capacity
+    return sched
 
 
 def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
