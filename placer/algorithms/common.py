@@ -43,22 +43,26 @@ def placement_units(graph: OpGraph, extra_groups: np.ndarray | None = None) -> t
     n = graph.num_nodes
     roots = joined_groups(n, graph.colocation, *([] if extra_groups is None else [extra_groups.tolist()]))
     topo = graph.topological_order
-    first_seen: dict[int, int] = {}
-    for i in topo.tolist():
-        first_seen.setdefault(int(roots[i]), len(first_seen))
-    unit_of = np.array([first_seen[int(r)] for r in roots], dtype=np.int64)
+    # Groups numbered by where their first node comes in topological order.
+    groups, first_seen = np.unique(roots[topo], return_index=True)
+    number = np.empty(groups.size, dtype=np.int64)
+    number[np.argsort(first_seen)] = np.arange(groups.size)
+    unit_of = number[np.searchsorted(groups, roots)]
     position = np.empty(n, dtype=np.int64)
     position[topo] = np.arange(n)
     members_sorted = np.lexsort((position, unit_of))
-    cuts = np.flatnonzero(np.diff(unit_of[members_sorted])) + 1
-    units = np.split(members_sorted, cuts) if n else []
+    bounds = [0, *(np.flatnonzero(np.diff(unit_of[members_sorted])) + 1).tolist(), n]
+    units = [members_sorted[a:b] for a, b in zip(bounds[:-1], bounds[1:])] if n else []
     return unit_of, units
 
 
 def unit_allowed(graph: OpGraph, cluster: Cluster, units: list[np.ndarray]) -> np.ndarray:
     """Boolean ``(units, devices)``: devices every node of the unit may use."""
     allowed = graph.allowed(cluster)
-    return np.array([allowed[u].all(axis=0) for u in units], dtype=bool).reshape(len(units), cluster.num_devices)
+    if not units:
+        return np.zeros((0, cluster.num_devices), dtype=bool)
+    starts = np.cumsum([0] + [u.size for u in units[:-1]])
+    return np.logical_and.reduceat(allowed[np.concatenate(units)], starts, axis=0)
 
 
 def liveness_ratio(graph: OpGraph, cluster: Cluster) -> float:

@@ -583,17 +583,13 @@ class ScheduleTables:
         self.ch_lat = [c.latency_s for c in cluster.channels]
         self.ch_inv_bw = [1.0 / c.bandwidth_bytes_per_s for c in cluster.channels]
         self.name_rank = cluster.name_rank.tolist()
-        ptr, eids = graph.in_edges
-        src, tensor, nbytes = graph.src.tolist(), graph.edge_tensor.tolist(), graph.edge_bytes.tolist()
-        eids = eids.tolist()
-        self.inputs: list[list[tuple[int, int, int]]] = []
-        for v in range(n):
-            merged: dict[tuple[int, int], int] = {}
-            for e in eids[ptr[v]:ptr[v + 1]]:
-                key = (src[e], tensor[e])
-                merged[key] = max(merged.get(key, 0), nbytes[e])
-            self.inputs.append([(u, t, b) for (u, t), b in merged.items()])
-        self.input_bytes = [sum(b for _, _, b in inputs) for inputs in self.inputs]
+        u_in, t_in, b_in, v_in = _merged_inputs(graph)
+        bounds = np.zeros(n + 1, dtype=np.int64)
+        np.cumsum(np.bincount(v_in, minlength=n), out=bounds[1:])
+        triples, at = list(zip(u_in.tolist(), t_in.tolist(), b_in.tolist())), bounds.tolist()
+        self.inputs: list[list[tuple[int, int, int]]] = [triples[at[v]:at[v + 1]] for v in range(n)]
+        summed = np.concatenate([[0], np.cumsum(b_in)])
+        self.input_bytes: list[int] = (summed[bounds[1:]] - summed[bounds[:-1]]).tolist()
         # A colocation group reserves room for its members from the earliest each can start, and
         # for each tensor it receives from outside (the gradients an optimizer update bound to its
         # parameters gets may come from anywhere) from the earliest its producer can end.
@@ -606,16 +602,53 @@ class ScheduleTables:
         self.incoming: dict[int, dict[tuple[int, int], int]] = {
             unit: {(u, t): b for v in members.tolist() for u, t, b in self.inputs[v] if self.unit_of[u] != unit}
             for unit, members in enumerate(self.units) if self.grouped[unit]}
-        self.consumers: list[list[int]] = [[] for _ in range(n)]
-        for v in range(n):
-            for u in {u for u, _, _ in self.inputs[v]}:
-                self.consumers[u].append(v)
-        self.readers: dict[tuple[int, int], list[int]] = {}
-        self.fewest_bytes: dict[tuple[int, int], int] = {}
-        for v, inputs in enumerate(self.inputs):
-            for u, t, b in inputs:
-                self.readers.setdefault((u, t), []).append(v)
-                self.fewest_bytes[(u, t)] = min(b, self.fewest_bytes.get((u, t), b))
+        # Each node's consumers, once each, in index order.
+        by_pair = np.lexsort((v_in, u_in))
+        once = by_pair[_first_of_runs(u_in[by_pair], v_in[by_pair])]
+        pair_u, pair_v = u_in[once], v_in[once]
+        np.cumsum(np.bincount(pair_u, minlength=n), out=bounds[1:])
+        consumers, at = pair_v.tolist(), bounds.tolist()
+        self.consumers: list[list[int]] = [consumers[at[u]:at[u + 1]] for u in range(n)]
+        # Each tensor's readers in index order, and the fewest bytes among their copies; the tensors in the
+        # order of their first reader's inputs.
+        by_tensor = np.lexsort((np.arange(u_in.size), t_in, u_in))
+        first = _first_of_runs(u_in[by_tensor], t_in[by_tensor])
+        fewest = np.minimum.reduceat(b_in[by_tensor], first) if first.size else np.zeros(0, dtype=np.int64)
+        tensors = np.argsort(by_tensor[first])
+        keys = list(zip(u_in[by_tensor][first][tensors].tolist(), t_in[by_tensor][first][tensors].tolist()))
+        readers, at = v_in[by_tensor].tolist(), np.append(first, u_in.size).tolist()
+        self.readers: dict[tuple[int, int], list[int]] = {
+            key: readers[at[k]:at[k + 1]] for key, k in zip(keys, tensors.tolist())}
+        self.fewest_bytes: dict[tuple[int, int], int] = dict(zip(keys, fewest[tensors].tolist()))
+
+
+def _first_of_runs(*keys: np.ndarray) -> np.ndarray:
+    """Where each run of equal ``keys`` (arrays of one length, sorted together) starts."""
+    if not keys[0].size:
+        return np.zeros(0, dtype=np.int64)
+    changed = np.zeros(keys[0].size - 1, dtype=bool)
+    for key in keys:
+        changed |= key[1:] != key[:-1]
+    return np.flatnonzero(np.concatenate([[True], changed]))
+
+
+def _merged_inputs(graph: OpGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Every node's inputs: producer, tensor, bytes and node, one entry per (node, producer, tensor).
+
+    A tensor's edges into one node merge at their most bytes (no fewer than 0). Entries go by node, then
+    in the order of each tensor's first edge into it (:attr:`~placer.graph.OpGraph.in_edges`).
+    """
+    _, eids = graph.in_edges
+    src, dst, tensor = graph.src[eids], graph.dst[eids], graph.edge_tensor[eids]
+    by_key = np.lexsort((np.arange(eids.size), tensor, src, dst))
+    first = _first_of_runs(dst[by_key], src[by_key], tensor[by_key])
+    if not first.size:
+        empty = np.zeros(0, dtype=np.int64)
+        return empty, empty, empty, empty
+    most = np.maximum(np.maximum.reduceat(graph.edge_bytes[eids][by_key], first), 0)
+    entry = by_key[first]       # each merged input's first edge, in in_edges order
+    back = np.argsort(entry)
+    return src[entry][back], tensor[entry][back], most[back], dst[entry][back]
 
 
 def unit_neighbours(graph: OpGraph, unit_of: np.ndarray, count: int) -> list[tuple[list[int], list[int]]]:
