@@ -7,8 +7,8 @@ import numpy as np
 from ..cluster import Cluster
 from ..graph import OpGraph
 from ..plan import Plan
-from .list_scheduling import (Schedule, ScheduleState, earliest_start_priorities, plan_from_schedule,
-                              priority_order, rank_ordered_with_memory_retries, upward_ranks)
+from .list_scheduling import (Schedule, ScheduleState, plan_from_schedule, priority_order,
+                              rank_ordered_with_memory_retries, scheduling_priorities)
 from .registry import register
 
 __all__ = ["heft", "heft_schedule"]
@@ -26,7 +26,7 @@ def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, conte
     ``earliest_first`` takes nodes in order of their earliest start instead
     (:func:`~placer.algorithms.list_scheduling.earliest_start_priorities`), under memory pressure.
     """
-    rank = (earliest_start_priorities if earliest_first else upward_ranks)(graph, cluster, "mean")
+    rank = scheduling_priorities(graph, cluster, "mean", earliest_first)
     state = ScheduleState(graph, cluster, ratio, insertion=True, contention=contention, capacity_scale=capacity_scale,
                           sends=sends)
     for v in priority_order(graph, rank, sources_first=bool(sends)).tolist():

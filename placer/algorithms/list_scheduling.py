@@ -66,7 +66,7 @@ from .timebox import TimeBox, is_frugal, optional_work, seconds_left
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline",
            "earliest_start_priorities", "simulated_sends", "refined_schedule", "plan_simulation",
-           "rank_ordered_with_memory_retries"]
+           "rank_ordered_with_memory_retries", "scheduling_priorities"]
 
 
 @dataclass
@@ -676,6 +676,22 @@ def schedule_tables(graph: OpGraph, cluster: Cluster) -> ScheduleTables:
     if tables is None:
         tables = per_cluster[cluster] = ScheduleTables(graph, cluster)
     return tables
+
+
+_PRIORITIES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
+def scheduling_priorities(graph: OpGraph, cluster: Cluster, reduce: str, earliest_first: bool = False) -> np.ndarray:
+    """:func:`upward_ranks`, or with ``earliest_first`` :func:`earliest_start_priorities`, computed once
+    while ``graph`` and ``cluster`` live, like :func:`schedule_tables` (read-only): the schedulers that book
+    by rank need them for every schedule of the retries and the refinement."""
+    known = _PRIORITIES.setdefault(graph, weakref.WeakKeyDictionary()).setdefault(cluster, {})
+    priorities = known.get((reduce, earliest_first))
+    if priorities is None:
+        priorities = (earliest_start_priorities if earliest_first else upward_ranks)(graph, cluster, reduce)
+        priorities.flags.writeable = False
+        known[reduce, earliest_first] = priorities
+    return priorities
 
 
 class ScheduleState:
