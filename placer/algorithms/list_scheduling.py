@@ -197,8 +197,11 @@ class Timeline:
         for i in range(k + 1, len(starts)):
             if finishes[i - 1] + length <= starts[i]:
                 return finishes[i - 1], b, i
+        # The margin covers rounding between `a + length <= b` and `b - a >= length`. Most searches find no
+        # later block wide enough: the largest bound, taken in C, settles those without a walk.
+        if b == last_b or max(self.widest[b + 1:]) + 1e-9 < length:
+            return None
         for b in range(b + 1, last_b + 1):
-            # The margin covers rounding between `a + length <= b` and `b - a >= length`.
             if self.widest[b] + 1e-9 >= length:
                 starts, finishes = self.starts[b], self.finishes[b]
                 if self.last[b - 1] + length <= starts[0]:
@@ -802,7 +805,13 @@ class ScheduleState:
     # ------------------------------------------------------------ queries
     def devices_for(self, v: int) -> list[int]:
         """Devices node ``v`` may go to now (:meth:`may_take`)."""
-        return [d for d in range(self.cluster.num_devices) if self.may_take(v, d)]
+        unit = self.unit_of[v]
+        fixed = self.unit_device[unit]
+        if fixed >= 0:
+            return [fixed]
+        # may_take's test, its reads made once: asked for every node a scheduler places.
+        ok, need, used = self.unit_ok[unit], self.unit_need[unit], self.memory.used
+        return [d for d, limit in enumerate(self.memory.limits) if ok[d] and used[d] + need <= limit]
 
     def may_take(self, v: int, d: int) -> bool:
         """Whether node ``v`` may go to device ``d`` now: its unit's device once fixed, else an allowed one with room."""
@@ -1145,8 +1154,11 @@ class ScheduleState:
         A copy sent ahead is budgeted on its device's memory once a consumer
         there uses it (:meth:`copies`); until then it only takes channel time.
         """
+        sends = self.sends.get(u)
+        if not sends:
+            return
         home, rank = self.device_of[u], self.name_rank
-        for t, d, nbytes in sorted(self.sends.get(u, ()), key=lambda send: (rank[send[1]], send[0])):  # queue order
+        for t, d, nbytes in sorted(sends, key=lambda send: (rank[send[1]], send[0])):  # queue order
             c = self.channel_of[home][d]
             if d == home or c < 0 or (u, t, d) in self.booked or (u, t) not in self.readers:
                 continue
@@ -1183,9 +1195,11 @@ class ScheduleState:
         its last transfer has ended; a copy, until its last consumer there has finished.
         """
         last: dict[int, float] = {}
+        device_of, finish = self.device_of, self.finish
         for w in self.consumers[u]:
-            last[self.device_of[w]] = max(last.get(self.device_of[w], 0.0), self.finish[w])
-        home = self.device_of[u]
+            d = device_of[w]
+            last[d] = max(last.get(d, 0.0), finish[w])
+        home = device_of[u]
         self.memory.add(home, max(self.finish[u], last.get(home, 0.0), self.sent_until[u]), -self.transient[u])
         self.version[home] += 1
         for device, amount in self.copies_held[u]:
