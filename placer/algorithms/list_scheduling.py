@@ -66,7 +66,7 @@ from .timebox import TimeBox, is_frugal, optional_work, seconds_left
 __all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
            "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline",
            "earliest_start_priorities", "simulated_sends", "refined_schedule", "plan_simulation",
-           "rank_ordered_with_memory_retries", "scheduling_priorities"]
+           "rank_ordered_with_memory_retries", "scheduling_priorities", "rebudgeted"]
 
 
 @dataclass
