@@ -14,7 +14,8 @@ from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
 from placer.algorithms.timebox import TimeBox, frugal
 from placer.algorithms import list_scheduling
-from placer.algorithms.list_scheduling import (MOST_RAISE, REBUDGETS_AT_FIRST_RATIO, STALE_SCHEDULES, MemoryTimeline, QueueOrder, Schedule, ScheduleState,
+from placer.algorithms.list_scheduling import (MOST_RAISE, REBUDGETS_AT_FIRST_RATIO, STALE_SCHEDULES, MemoryTimeline,
+                                               QueueOrder, Schedule, ScheduleState,
                                                Timeline, earliest_start_priorities, edge_transfer_times,
                                                plan_from_schedule, priority_order, schedule_with_memory_retries,
                                                simulated_sends, upward_ranks)
@@ -300,7 +301,8 @@ def test_memory_retries_start_at_the_liveness_ratio_and_count_whole_after_an_ove
         schedule_with_memory_retries(build, g, cluster, "test", tries=REBUDGETS_AT_FIRST_RATIO + 3)
     first = REBUDGETS_AT_FIRST_RATIO + 1     # the first schedule, then a new budget after each overflow
     assert tried[0] == (pytest.approx(8 / 12), [1.0, 1.0])
-    assert all(ratio == pytest.approx(8 / 12) and cut < 1.0 and raised > 1.0 for ratio, (cut, raised) in tried[1:first])
+    assert all(ratio == pytest.approx(8 / 12) and cut < 1.0 and raised > 1.0
+               for ratio, (cut, raised) in tried[1:first])
     assert tried[first] == (1.0, [1.0, 1.0])
     assert tried[first + 1][0] == 1.0 and tried[first + 1][1][0] < 1.0 and tried[first + 1][1][1] > 1.0
 
