@@ -1200,7 +1200,7 @@ class ScheduleState:
             d = device_of[w]
             last[d] = max(last.get(d, 0.0), finish[w])
         home = device_of[u]
-        self.memory.add(home, max(self.finish[u], last.get(home, 0.0), self.sent_until[u]), -self.transient[u])
+        self.memory.add(home, max(finish[u], last.get(home, 0.0), self.sent_until[u]), -self.transient[u])
         self.version[home] += 1
         for device, amount in self.copies_held[u]:
             self.memory.add(device, last[device], -amount)
@@ -1414,7 +1414,8 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
     least_excess, stale = np.inf, 0
     use_pressed = False
     first_step = np.inf
-    overfilled = None       # whether every schedule at the first ratio held more than all devices together
+    # Whether every schedule at the first ratio held more than all devices together (None before the first).
+    overfilled = None
 
     def count_whole() -> None:
         nonlocal use_pressed, ratio, counted_whole, scale, least_excess, stale
