@@ -38,13 +38,16 @@ much slower each rank computed than profiled and, from the traces, whether
 operations run slower just after their rank blocked or while the other ranks
 compute, and the command to reproduce them.
 
-With ``--rounds R``, each model is profiled and every plan of it run R times in
-turn, so that the machine's own speed, which moves over seconds on the lent
-machines (docs/benchmarks.md, "Session 23: the machine's own speed"), weighs
-on both sides alike: a plan's measured step is the median of every round's
-steps after warm-up, its operations' times the median over the rounds, and
-its prediction comes from the median of the rounds' profiles (the plans are
-made from the first).
+Every plan's run follows a profile of its model of its own (since session 45;
+before, one profile per round), and with ``--rounds R`` every plan runs R
+times in turn, so that the machine's own speed, which moves over seconds on
+the lent machines (docs/benchmarks.md, "Session 23: the machine's own
+speed"), weighs on both sides alike: a plan's measured step is the median of
+every round's steps after warm-up, its operations' times the median over the
+rounds, and its prediction comes from each node's median over every profile
+(the plans are made from the first). The record keeps every profile, and the
+summary compares the prediction from every profile with that from each
+round's first (the sessions before) and from those just before the plan's runs.
 
 With ``--probe``, the calibration takes a message's host cost from a probe run
 (``placer calibrate --probe``: :func:`placer.cost.calibrate.measure_probe`), so
@@ -160,6 +163,9 @@ class Run:
     trace_events: list = dataclasses.field(default_factory=list)
     # With --probe (since session 38): the calibration's streams' message cost, calibrated_message_cost the probe's.
     stream_message_cost: Any = None
+    # Since session 45: every profile of the model, in the order taken (round, the run it came before, node ->
+    # seconds); the graph's times are their per-node median.
+    profiles: list = dataclasses.field(default_factory=list)
 
     @property
     def measured_s(self) -> float:
@@ -320,6 +326,9 @@ def record_run(folder: str, run: Run, result) -> None:
     if run.stream_message_cost is not None:
         measured["stream_message_cost"] = run.stream_message_cost.to_dict()
     write_text_atomic(stem + "-run.json", json.dumps(measured, separators=(",", ":")))
+    if run.profiles:
+        write_text_atomic(os.path.join(folder, f"{run.model}-profiles.json"),
+                          json.dumps(_rounded(run.profiles), separators=(",", ":")))
 
 
 def _rounded(value):
@@ -356,6 +365,11 @@ def recorded_runs(source: str) -> list[Run]:
             with open(path, encoding="utf-8") as f:
                 measured = json.load(f)
             trace = measured_trace(os.path.join(folder, f"{stem}-measured.json"))
+            profiles_path = os.path.join(folder, f"{name}-profiles.json")
+            profiles = []
+            if os.path.exists(profiles_path):
+                with open(profiles_path, encoding="utf-8") as f:
+                    profiles = json.load(f)
             runs.append(Run(name, cluster_name, algorithm, OpGraph.load(os.path.join(folder, f"{name}-graph.json")),
                             load_cluster(os.path.join(folder, f"{cluster_name}-cluster.json")),
                             Plan.load(os.path.join(folder, f"{stem}-plan.json")), measured["step_s"],
@@ -367,7 +381,7 @@ def recorded_runs(source: str) -> list[Run]:
                             measured.get("round_step_s", []), measured.get("calibrated_barrier_s", 0.0),
                             [] if trace is None else trace["traceEvents"],
                             measured.get("stream_message_cost") and
-                            MessageCost.from_dict(measured["stream_message_cost"])))
+                            MessageCost.from_dict(measured["stream_message_cost"]), profiles))
     return runs
 
 
@@ -765,6 +779,38 @@ def print_round_spread(runs: list[Run]) -> None:
               + f"; against the rounds pooled: {pooled_error:.1%}")
 
 
+def before_run_from(run: Run, seconds: dict[str, float]) -> float:
+    """``run``'s prediction before a run (calibrated, message cost: :func:`table_row`'s) with its nodes timed
+    as in ``seconds`` instead of the record's pooled profile."""
+    from placer.cost.profile import Profile, apply_profile
+
+    graph = apply_profile(run.graph, Profile(run.graph.name, run.graph.digest(), "cpu", seconds))
+    return (step_with_messages(dataclasses.replace(run, graph=graph), run.calibrated_message_cost, None)
+            + run.calibrated_barrier_s)
+
+
+def print_profile_choice(runs: list[Run]) -> None:
+    """With a profile before every run (records since session 45): the prediction before a run from every
+    profile (the table's), from each round's first profile alone (what sessions before 45 took), and from the
+    profiles taken just before this plan's runs."""
+    runs = [run for run in runs if len(run.profiles) > 1 and run.calibrated_message_cost is not None]
+    if not runs:
+        return
+    choices = {
+        "every profile": lambda run: run.profiles,
+        "each round's first profile": lambda run: [
+            next(p for p in run.profiles if p["round"] == r) for r in sorted({p["round"] for p in run.profiles})],
+        "the profiles just before its runs": lambda run: [
+            p for p in run.profiles if p["before"] == f"{run.cluster_name} {run.algorithm}"],
+    }
+    said = []
+    for label, chosen in choices.items():
+        errors = [before_run_from(run, median_profile(chosen(run))) / run.measured_s - 1 for run in runs]
+        said.append(f"{label} ({statistics.mean(len(chosen(run)) for run in runs):.0f} per run) "
+                    + mean_errors(errors))
+    print(f"before a run (calibrated, message cost), over {len(runs)} runs, profiled from: " + "; ".join(said))
+
+
 def rounds_from_log(path: str) -> dict[tuple[str, str, str], list[float]]:
     """(model, cluster, plan) -> each round's median step, from a live ``--rounds`` run's printed lines (the
     records of session 24 predate :attr:`Run.round_step_s`; their logs are kept beside them)."""
@@ -844,6 +890,7 @@ def report(runs: list[Run]) -> None:
     print_probe_message_cost(runs)
     print_residuals(runs)
     print_round_spread(runs)
+    print_profile_choice(runs)
     print_rank_slowdowns(runs)
     print_message_slowdown(runs)
     print_operator_slowdowns(runs)
@@ -895,37 +942,47 @@ def measure(args: argparse.Namespace) -> list[Run]:
         def profiled(seconds: dict[str, float]):
             return apply_profile(captured.graph, Profile(captured.graph.name, captured.graph.digest(), "cpu", seconds))
 
+        def profile(round_: int, before: str) -> dict[str, float]:
+            seconds = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
+                                     node_ids=set(captured.graph.ids))
+            profiles.append({"round": round_, "before": before, "seconds": seconds})
+            return seconds
+
         profiles, jobs = [], []         # jobs: (cluster name, cluster, algorithm, plan, its runs)
         for round_ in range(args.rounds):
-            # Each round profiles again, then runs every plan: the machine's speed moves over seconds
-            # (docs/benchmarks.md, "Session 23: the machine's own speed"), so rounds spread both over time.
-            profiles.append(profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
-                                           node_ids=set(captured.graph.ids)))
+            # The machine's speed moves over seconds (docs/benchmarks.md, "Session 23: the machine's own
+            # speed"): rounds spread the runs over time, and a profile before every run spreads the
+            # profiles over the same seconds (since session 45; before, one per round, at its start).
             if round_ == 0:         # the plans come from the first profile
+                first = profile(0, "")
                 for cluster_name in args.clusters.split(","):
                     cluster = apply_calibration(load_cluster(cluster_name), calibration)
                     for algorithm in args.plans.split(","):
                         try:
-                            plan = place(profiled(profiles[0]), cluster, algorithm)
+                            plan = place(profiled(first), cluster, algorithm)
                         except ImportError as exc:          # e.g. metis without pymetis installed
                             print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: skipped ({exc})")
                             continue
                         jobs.append((cluster_name, cluster, algorithm, plan, []))
-            for cluster_name, cluster, algorithm, plan, rounds in jobs:
+                if jobs:            # the plans' profile is also the one before the first run
+                    profiles[0]["before"] = f"{jobs[0][0]} {jobs[0][2]}"
+            for index, (cluster_name, cluster, algorithm, plan, rounds) in enumerate(jobs):
+                if round_ > 0 or index > 0:       # the first run follows the plans' profile
+                    profile(round_, f"{cluster_name} {algorithm}")
                 rounds.append(run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=args.steps,
                                               carrier=captured.carrier, timeout_s=120))
                 if args.rounds > 1:
                     print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: round {round_ + 1} of {args.rounds}, step "
                           f"{statistics.median(rounds[-1].step_s[WARMUP_STEPS:]) * 1e3:.2f} ms", flush=True)
-        graph = profiled({node: statistics.median(p[node] for p in profiles) for node in profiles[0]})
+        graph = profiled(median_profile(profiles))
         for cluster_name, cluster, algorithm, plan, rounds in jobs:
-            if args.rounds > 1:     # predicted from every round's profile
+            if len(profiles) > 1:     # predicted from every profile
                 plan.predicted = simulate_plan(plan, graph, cluster).predicted()
             run = Run(name, cluster_name, algorithm, graph, cluster, plan, **pooled(rounds),
                       calibrated_message_cost=calibration.message_cost,
                       calibrated_barrier_s=calibration.barrier_s or 0.0,
                       trace_events=run_trace(rounds[-1].timeline, cluster)["traceEvents"],
-                      stream_message_cost=stream_cost)
+                      stream_message_cost=stream_cost, profiles=profiles)
             if args.record:
                 record_run(args.record, run, rounds[-1])
             runs.append(run)
@@ -935,6 +992,11 @@ def measure(args: argparse.Namespace) -> list[Run]:
             print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: measured {measured * 1e3:8.2f} ms; predicted "
                   + ", ".join(said), flush=True)
     return runs
+
+
+def median_profile(profiles: list[dict]) -> dict[str, float]:
+    """Each node's median over ``profiles`` (:attr:`Run.profiles`' entries)."""
+    return {node: statistics.median(p["seconds"][node] for p in profiles) for node in profiles[0]["seconds"]}
 
 
 def pooled(rounds: list) -> dict[str, Any]:
@@ -966,8 +1028,8 @@ def main() -> int:
     parser.add_argument("--clusters", default="2xcpu,4xcpu", help="comma-separated cpu presets")
     parser.add_argument("--plans", default=",".join(PLANS), help="comma-separated registered algorithms")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="profile, then run every plan, this many times per model; each plan's steps and op "
-                             "times pooled over the rounds, its prediction from every round's profile")
+                        help="run every plan (each after a profile) this many times per model; each plan's steps "
+                             "and op times pooled over the rounds, its prediction from every profile")
     parser.add_argument("--record", help="folder to keep what each run measured (and its traces) in")
     parser.add_argument("--probe", action="store_true",
                         help="calibrate a message's host cost with a probe run (placer calibrate --probe); the "
