@@ -1034,7 +1034,8 @@ def main() -> int:
     parser.add_argument("--probe", action="store_true",
                         help="calibrate a message's host cost with a probe run (placer calibrate --probe); the "
                              "replay then also shows the prediction with the streams' cost")
-    parser.add_argument("--replay", help="a --record folder or archive: predict its runs again, run nothing")
+    parser.add_argument("--replay", help="a --record folder or archive, or several, comma-separated (one sample "
+                                         "measured in parts): predict their runs again, run nothing")
     parser.add_argument("--rounds-log", help="with --replay: a live --rounds run's output, for the rounds of a "
                                              "record made before records kept them (session 24)")
     parser.add_argument("--calibration", help="with --replay: a `placer calibrate` file whose message cost and "
@@ -1045,7 +1046,7 @@ def main() -> int:
 
     if args.replay:
         print(f"replaying the runs recorded in {args.replay} with this code's cost model")
-        runs = recorded_runs(args.replay)
+        runs = [run for source in args.replay.split(",") for run in recorded_runs(source)]
         if args.rounds_log:
             logged = rounds_from_log(args.rounds_log)
             for run in runs:
