@@ -82,7 +82,10 @@ its live output ``fidelity-dev-s29.log``), ``fidelity-h200-s34.tar.xz``
 ``fidelity-dev-s37.tar.xz`` and ``-s37b`` (session 37, the development machine: the first
 whose calibration times the operation right after a message,
 :attr:`placer.cost.messages.MessageCost.after_send_s`; its table also shows
-the prediction without that charge).
+the prediction without that charge), ``fidelity-h200-s42.tar.xz`` (session
+42: calibrated with ``--probe``, 2 rounds) and ``fidelity-h200-s45.tar.xz``
+with ``fidelity-h200-s45-rnnlm.tar.xz`` (session 45: 3 rounds, every profile
+kept; RNNLM from a second machine: replay them together, comma-separated).
 ``--calibration FILE`` replays a
 record with another calibration's message cost and barrier (``placer
 calibrate`` writes one): how far the calibration alone moves the prediction

@@ -31,7 +31,8 @@ nproc; uptime; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 lscpu | grep -i -E "model name|socket|core|thread|numa|cache" || true
 echo "== fidelity (quiet cores: run before anything else loads the machine)"
 # FIDELITY_ARGS picks a subset or rounds, e.g. FIDELITY_ARGS="--rounds 2" (session 24 on the H200: the seven
-# models in 2 rounds 245 s, in 3 rounds 288 s), with FIDELITY_TIMEOUT (seconds, default 300).
+# models in 2 rounds 245 s, in 3 rounds 288 s; session 45, with --probe and a profile before every run, reached
+# RNNLM's last round of 3 in 390 s), with FIDELITY_TIMEOUT (seconds, default 300).
 timeout "${FIDELITY_TIMEOUT:-300}" "$py" bench/fidelity.py --steps 10 --plans expert,metis,round_robin --probe \
   --record /tmp/fidelity-record ${FIDELITY_ARGS:-} 2>&1 | tee "$out/fidelity.log"
 # Without the simulated traces (the replay makes them again); the measured ones give each run's step end.
