@@ -38,7 +38,7 @@ much slower each rank computed than profiled and, from the traces, whether
 operations run slower just after their rank blocked or while the other ranks
 compute, and the command to reproduce them.
 
-Every plan's run follows a profile of its model of its own (since session 45;
+Every plan's run follows a fresh profile of its model (since session 45;
 before, one profile per round), and with ``--rounds R`` every plan runs R
 times in turn, so that the machine's own speed, which moves over seconds on
 the lent machines (docs/benchmarks.md, "Session 23: the machine's own
