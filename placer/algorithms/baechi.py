@@ -44,16 +44,17 @@ class _Crowd:
     def __init__(self, gaps: int):
         self.buckets: dict[float, _Bucket] = {}    # rel -> its bucket
         self.order: list[tuple[float, int, _Bucket]] = []     # the buckets not due: (rel, bucket serial, bucket)
-        self.gaps = gaps    # the channel's count of bookings that left it idle when the keys were taken
+        self.gaps = gaps    # the channel's count of bookings that left it idle when its buckets were last checked
 
 
 class _Bucket:
     """A crowd's members whose inputs would arrive ``rel`` after the channel's last booking ends, by position."""
 
-    __slots__ = ("channel", "rel", "serial", "members", "due", "entry", "alive")
+    __slots__ = ("channel", "rel", "serial", "members", "due", "entry", "alive", "shortest")
 
     def __init__(self, channel: int, rel: float, serial: int):
         self.channel, self.rel, self.serial = channel, rel, serial
+        self.shortest = math.inf    # the shortest transfer on the channel of any member: what an idle span must hold
         # Heap of (position, node, membership serial, a key the node starts no sooner than).
         self.members: list[tuple[int, int, int, float]] = []
         self.due = False        # its key has reached the time the device frees: it competes by position
@@ -232,8 +233,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     # (node, device) -> a time before which the node's inputs cannot all be on the device,
     # learnt from another device that they would reach over the same channels.
     # The bound is `static`, or with a channel `c` (not -1) the channel's last booking's end plus `rel`
-    # (the crowd), for as long as no booking leaves the channel idle (`gaps`, its count of those then).
-    arrives_after: dict[tuple[int, int], tuple[float, int, float, int]] = {}
+    # (the crowd, where the node's shortest transfer on it takes `shortest`), for as long as no booking
+    # leaves the channel idle (`gaps`, its count of those then).
+    arrives_after: dict[tuple[int, int], tuple[float, int, float, float, int]] = {}
     waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
     startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
     # Per device and channel, nodes whose inputs come last in that channel's crowd, `rel` after its last
@@ -303,7 +305,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
 
     def bound_on(v: int, d: int, key: float) -> tuple[float, int]:
         """The bound learnt for ``v`` on ``d`` and its channel if it is above ``key`` and still holds, else ``(key, -1)``."""
-        static, c, rel, gaps = arrives_after.get((v, d), (0.0, -1, 0.0, 0))
+        static, c, rel, _, gaps = arrives_after.get((v, d), (0.0, -1, 0.0, 0.0, 0))
         if c >= 0 and gaps != state.gap_bookings[c]:
             return key, -1
         bound = static if c < 0 else _tick(channel_end(c) + rel)
@@ -320,8 +322,9 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             return state.device_of[fav_parent[v]] == d
         return may_wait_on(v, d)
 
-    def join_crowd(v: int, d: int, c: int, rel: float, key: float) -> None:
-        """Put ``v`` in channel ``c``'s crowd on ``d``, ``rel`` after the channel's last booking and no sooner than ``key``."""
+    def join_crowd(v: int, d: int, c: int, rel: float, key: float, shortest: float) -> None:
+        """Put ``v`` in channel ``c``'s crowd on ``d``, ``rel`` after the channel's last booking and no sooner than
+        ``key``, its shortest transfer on ``c`` taking ``shortest``."""
         crowd = crowds[d].get(c)
         if crowd is None or check_crowd(d, c):
             crowd = crowds[d][c] = _Crowd(state.gap_bookings[c])
@@ -329,6 +332,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if bucket is None:
             bucket = crowd.buckets[rel] = _Bucket(c, rel, next(serials))
             heapq.heappush(crowd.order, (rel, bucket.serial, bucket))
+        bucket.shortest = min(bucket.shortest, shortest)
         serial, pos = next(serials), position[v]
         crowd_serial[(v, d)] = serial
         heapq.heappush(bucket.members, (pos, v, serial, key))
@@ -338,28 +342,44 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         dirty.add(d)
 
     def check_crowd(d: int, c: int) -> bool:
-        """Disband channel ``c``'s crowd on ``d`` if a booking left the channel idle since its keys were taken;
-        say whether it did.
+        """Disband the buckets of channel ``c``'s crowd on ``d`` that a booking leaving the channel idle since
+        their keys were taken may bring forward; say whether that disbanded the whole crowd.
 
         A crowd's keys (the channel's last booking's end plus ``rel``) hold
         while no booking on the channel leaves it idle before it: the channel
         is then busy from before each member's turn in its queue to its end
         (a booking in an idle slot only fills it), so each member still goes
         after the last booking. A booking that leaves the channel idle before
-        it may let a member's transfer start sooner: then every member goes
-        back among the startable, to be estimated again.
+        it may let a member's transfer start sooner, in that idle span: then
+        the members of every bucket whose shortest transfer the span could
+        hold go back among the startable, to be estimated again. The others
+        still go after the last booking: each idle span left since is too
+        short for any of their transfers. (A schedule told the transfers of
+        the last one books each at its producer's finish, most after their
+        channel's end: on the 30k-node graph of bench/scaling.py, disbanding
+        every crowd at each of those estimated hundreds of optimizer updates,
+        each waiting for its gradient, a hundred times over: 65k estimates
+        against the first schedule's 39k, 42k now.)
         """
         crowd = crowds[d][c]
         if crowd.gaps == state.gap_bookings[c]:
             return False
-        for bucket in crowd.buckets.values():
+        # The margin covers rounding, as Timeline's does.
+        widest = max(state.gap_widths[c][crowd.gaps:]) + 1e-9
+        crowd.gaps = state.gap_bookings[c]
+        for rel, bucket in list(crowd.buckets.items()):
+            if bucket.shortest > widest:
+                continue
             bucket.alive = False
+            del crowd.buckets[rel]
             for pos, v, serial, _ in bucket.members:
                 if crowd_serial.get((v, d)) == serial:
                     del crowd_serial[(v, d)]
                     heapq.heappush(startable[d], (pos, v))
+            dirty.add(d)
+        if crowd.buckets:
+            return False
         del crowds[d][c]
-        dirty.add(d)
         return True
 
     def crowd_key(c: int, rel: float, floor: float) -> float:
@@ -436,7 +456,8 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if c < 0:
             heapq.heappush(waiting[d], (bound, position[v], v))
         else:
-            join_crowd(v, d, c, arrives_after[(v, d)][2], bound)
+            _, _, rel, shortest, _ = arrives_after[(v, d)]
+            join_crowd(v, d, c, rel, bound, shortest)
 
     def device_front(d: int) -> tuple[float, int, int, int] | None:
         """``(start, position, node, heap)`` of the first ready node on device ``d`` by its heap keys.
@@ -498,25 +519,27 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
                 crowd_best = min(crowd_best, (key, pos, v, c)) if crowd_best else (key, pos, v, c)
         return min(best, crowd_best) if best and crowd_best else best or crowd_best
 
-    def crowd_of(v: int, d: int, est: tuple) -> tuple[int, float]:
-        """``(channel, rel)`` where ``v``'s inputs reach ``d`` last in a channel's crowd, ``rel`` after
-        its last booking ends (the estimate's start); ``(-1, 0)`` otherwise.
+    def crowd_of(v: int, d: int, est: tuple) -> tuple[int, float, float]:
+        """``(channel, rel, shortest)`` where ``v``'s inputs reach ``d`` last in a channel's crowd, ``rel`` after
+        its last booking ends (the estimate's start), its shortest transfer there taking ``shortest``;
+        ``(-1, 0, 0)`` otherwise.
 
         They do when the input that arrives last is sent after every transfer
         booked on its channel, right after ``v``'s other inputs on it, if any.
         """
         bookings = est[3]
         if not bookings or state.any_input_sent(v, d):
-            return -1, 0.0
+            return -1, 0.0, 0.0
         c, _, end, _ = max(bookings, key=lambda booking: booking[2])
         last = previous = channel_end(c)
         if last < 0 or _tick(end) != _tick(est[0]):
-            return -1, 0.0
+            return -1, 0.0, 0.0
+        shortest = math.inf
         for begin, finish in sorted((begin, finish) for channel, begin, finish, _ in bookings if channel == c):
             if _tick(begin) != _tick(previous):
-                return -1, 0.0
-            previous = finish
-        return c, _tick(end - last)     # ticked: crowds of equal lengths order by position
+                return -1, 0.0, 0.0
+            previous, shortest = finish, min(shortest, finish - begin)
+        return c, _tick(end - last), shortest     # rel ticked: crowds of equal lengths order by position
 
     def hold(v: int, d: int, key: float) -> None:
         """Set ``v`` aside on ``d`` until memory is freed there (a favourite child goes back to every device)."""
@@ -589,15 +612,15 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if est[0] == float("inf"):
             continue        # no channel brings an input to d
         if _tick(est[0]) > start:
-            c, rel = crowd_of(v, d, est)
+            c, rel, shortest = crowd_of(v, d, est)
             if c < 0:
                 wait_on(d, (est[0], position[v], v))
             else:
-                join_crowd(v, d, c, rel, _tick(est[0]))
+                join_crowd(v, d, c, rel, _tick(est[0]), shortest)
             # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
             ready = max((booking[2] for booking in est[3]), default=0.0)
             for j in state.same_routes(v, d, est[3]):
-                arrives_after[(v, j)] = (_tick(ready), c, rel, state.gap_bookings[c] if c >= 0 else 0)
+                arrives_after[(v, j)] = (_tick(ready), c, rel, shortest, state.gap_bookings[c] if c >= 0 else 0)
                 if front[j] is not None and front[j][2] == v:
                     dirty.add(j)    # its front is v at a key the bound now lifts
             continue

@@ -801,6 +801,8 @@ class ScheduleState:
         #: such a booking can bring a transfer still to book forward (one in an idle slot only takes
         #: time from the channel, and a transfer starts at its turn in the queue or at the channel's end).
         self.gap_bookings = [0] * len(cluster.channels)
+        #: Per channel, how long each of those bookings left it idle before them, in booking order.
+        self.gap_widths: list[list[float]] = [[] for _ in cluster.channels]
 
     # ------------------------------------------------------------ queries
     def devices_for(self, v: int) -> list[int]:
@@ -1143,6 +1145,7 @@ class ScheduleState:
             channel = self.channels[c]
             if begin > channel.last[-1]:
                 self.gap_bookings[c] += 1
+                self.gap_widths[c].append(begin - channel.last[-1])
             channel.book(*channel.find(begin, end - begin, insertion=True), end - begin)
             self.queues[c].add(self._queue_key(u, t, d), end)
             for receiver in self.receivers[c]:
