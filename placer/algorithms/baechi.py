@@ -221,9 +221,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     n, n_dev = graph.num_nodes, cluster.num_devices
     position = _position(graph).tolist()
     pending = np.bincount(graph.dst, minlength=n).tolist()
-    ptr, eids = graph.out_edges
-    # One entry per edge (parallel edges included) so that `pending` reaches zero.
-    succ = [sorted(graph.dst[eids[ptr[v]:ptr[v + 1]]].tolist()) for v in range(n)]
+    # One entry per edge (parallel edges included) so that `pending` reaches zero; each node's in index order.
+    # Sorted at once: a sort per node took a tenth of a schedule's setup.
+    ptr, _ = graph.out_edges
+    successors, at = graph.dst[np.lexsort((graph.dst, graph.src))].tolist(), ptr.tolist()
+    succ = [successors[at[v]:at[v + 1]] for v in range(n)]
     fav_child = [-1] * n if favourite is None else favourite.tolist()
     fav_parent = [-1] * n
     for u, v in enumerate(fav_child):
