@@ -308,7 +308,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     def bound_on(v: int, d: int, key: float) -> tuple[float, int]:
         """The bound learnt for ``v`` on ``d`` and its channel if it is above ``key`` and still holds, else ``(key, -1)``."""
         static, c, rel, _, gaps = arrives_after.get((v, d), (0.0, -1, 0.0, 0.0, 0))
-        if c >= 0 and gaps != state.gap_bookings[c]:
+        if c >= 0 and gaps != len(state.gap_bookings[c]):
             return key, -1
         bound = static if c < 0 else _tick(channel_end(c) + rel)
         return (bound, c) if bound > key and not state.any_input_sent(v, d) else (key, -1)
@@ -329,7 +329,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         ``key``, its shortest transfer on ``c`` taking ``shortest``."""
         crowd = crowds[d].get(c)
         if crowd is None or check_crowd(d, c):
-            crowd = crowds[d][c] = _Crowd(state.gap_bookings[c])
+            crowd = crowds[d][c] = _Crowd(len(state.gap_bookings[c]))
         bucket = crowd.buckets.get(rel)
         if bucket is None:
             bucket = crowd.buckets[rel] = _Bucket(c, rel, next(serials))
@@ -364,11 +364,11 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         against the first schedule's 39k, 42k now.)
         """
         crowd = crowds[d][c]
-        if crowd.gaps == state.gap_bookings[c]:
+        if crowd.gaps == len(state.gap_bookings[c]):
             return False
         # The margin covers rounding, as Timeline's does.
-        widest = max(state.gap_widths[c][crowd.gaps:]) + 1e-9
-        crowd.gaps = state.gap_bookings[c]
+        widest = max(state.gap_bookings[c][crowd.gaps:]) + 1e-9
+        crowd.gaps = len(state.gap_bookings[c])
         for rel, bucket in list(crowd.buckets.items()):
             if bucket.shortest > widest:
                 continue
@@ -630,7 +630,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
             ready = max((booking[2] for booking in est[3]), default=0.0)
             for j in state.same_routes(v, d, est[3]):
-                arrives_after[(v, j)] = (_tick(ready), c, rel, shortest, state.gap_bookings[c] if c >= 0 else 0)
+                arrives_after[(v, j)] = (_tick(ready), c, rel, shortest, len(state.gap_bookings[c]) if c >= 0 else 0)
                 if front[j] is not None and front[j][2] == v:
                     dirty.add(j)    # its front is v at a key the bound now lifts
             continue

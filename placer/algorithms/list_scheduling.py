@@ -797,12 +797,11 @@ class ScheduleState:
         self.sent_ahead: set[tuple[int, int, int]] = set()
         #: Bumped whenever a device's timeline, incoming channels or memory change.
         self.version = [0] * n_dev
-        #: Per channel, how many transfers were booked after its end, leaving it idle before them: only
-        #: such a booking can bring a transfer still to book forward (one in an idle slot only takes
-        #: time from the channel, and a transfer starts at its turn in the queue or at the channel's end).
-        self.gap_bookings = [0] * len(cluster.channels)
-        #: Per channel, how long each of those bookings left it idle before them, in booking order.
-        self.gap_widths: list[list[float]] = [[] for _ in cluster.channels]
+        #: Per channel, the transfers booked after its end, leaving it idle before them, as how long each
+        #: left it idle, in booking order: only such a booking can bring a transfer still to book forward
+        #: (one in an idle slot only takes time from the channel, and a transfer starts at its turn in the
+        #: queue or at the channel's end).
+        self.gap_bookings: list[list[float]] = [[] for _ in cluster.channels]
 
     # ------------------------------------------------------------ queries
     def devices_for(self, v: int) -> list[int]:
@@ -1144,8 +1143,7 @@ class ScheduleState:
         if self.contention:
             channel = self.channels[c]
             if begin > channel.last[-1]:
-                self.gap_bookings[c] += 1
-                self.gap_widths[c].append(begin - channel.last[-1])
+                self.gap_bookings[c].append(begin - channel.last[-1])
             channel.book(*channel.find(begin, end - begin, insertion=True), end - begin)
             self.queues[c].add(self._queue_key(u, t, d), end)
             for receiver in self.receivers[c]:
