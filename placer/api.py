@@ -9,10 +9,11 @@ that remembers what it was made from, so that ``plan.report()`` and
 from __future__ import annotations
 
 import os
+import warnings
 from typing import Any
 
 from .algorithms import get_algorithm, place
-from .algorithms.auto import runnable_options
+from .algorithms.auto import RUNNABLE_DEPRECATED
 from .algorithms.registry import checked_options
 from .cluster import Cluster, load_cluster
 from .errors import OptionError
@@ -24,7 +25,7 @@ __all__ = ["plan"]
 
 def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluster" = "4xV100-nvlink",
          algorithm: str = "auto", batch: int | None = None, optimizer: Any = "adam", lr: float | None = None,
-         profile: "str | os.PathLike | None" = None, runnable: bool = False, **options: Any) -> Plan:
+         profile: "str | os.PathLike | None" = None, runnable: bool | None = None, **options: Any) -> Plan:
     """Capture one training step of ``model``, place it on ``cluster`` and check the plan.
 
     Parameters
@@ -49,10 +50,9 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     profile : path, optional
         A ``placer.profile/1`` file of measured per-node times to use instead
         of the analytic costs for its device kind.
-    runnable : bool
-        Only plans that ``plan.apply`` can run: ``auto`` leaves data
-        parallelism out and ``os_dpos`` starts from the model's own graph;
-        ``data_parallel`` and ``sharded_data_parallel`` are refused.
+    runnable : bool, optional
+        Deprecated, no effect (every plan runs): giving it warns with a
+        DeprecationWarning. To be removed in the next release.
     **options
         The algorithm's options (``seed``, ``time_limit``, ...).
 
@@ -76,9 +76,9 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     >>> plan.predicted["fits"]                                   # doctest: +SKIP
     True
     """
+    if runnable is not None:
+        warnings.warn(RUNNABLE_DEPRECATED, DeprecationWarning, stacklevel=2)
     target = load_cluster(cluster)
-    if runnable:
-        options = runnable_options(algorithm, f"placer.plan(algorithm={algorithm!r}, runnable=True)", options)
     checked_options(get_algorithm(algorithm), options)
     measured = None
     if profile is not None:

@@ -160,9 +160,9 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 def cmd_plan(args: argparse.Namespace) -> int:
     from .algorithms import place
+    from .algorithms.auto import RUNNABLE_DEPRECATED
     from .algorithms.registry import checked_options, get_algorithm
     from .cluster import load_cluster
-    from .transform.replicate import RUNNABLE_HOW, replicated_node
 
     _check_search_flags(args)
     options = dict(_parse_option(o) for o in args.option)
@@ -172,6 +172,8 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise OptionError(f"--option {key}=... and --{key.replace('_', '-')} both set {key}: give one")
             options[key] = value
     checked_options(get_algorithm(args.algorithm), options)    # before a model is captured
+    if args.algorithm == "auto" and "runnable" in options:
+        print(f"placer: warning: option {RUNNABLE_DEPRECATED}; leave it out", file=sys.stderr)
     check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args, cluster)
@@ -179,15 +181,14 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     # A search can take its whole limit (auto: a minute by default); say what runs meanwhile.
     limit = "" if args.time_limit is None else f", within {args.time_limit:g} s"
-    with working(f"planning {graph.name} on {cluster.name} with {args.algorithm}{limit} ..."):
+    with working(f"planning {graph.name} on {cluster.name} with {args.algorithm}{limit} ..."), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", RUNNABLE_DEPRECATED, DeprecationWarning)     # said just above
         plan = place(graph, cluster, args.algorithm, **options)
     plan.save(args.output)
     p = plan.predicted
     print(f"{args.algorithm}: makespan {p['makespan_s'] * 1e3:.3f} ms (lower bound {p['lower_bound_s'] * 1e3:.3f} ms), "
           f"fits memory, planned in {plan.search_time_s:.2f} s -> {args.output}")
-    if plan.rewritten_graph is not None and replicated_node(plan.rewritten_graph) is not None:
-        print(f"placer: note: the plan replicates the model (data parallelism), which `placer run` cannot run yet; "
-              f"for one it can, {RUNNABLE_HOW}", file=sys.stderr)
     return 0
 
 

@@ -105,20 +105,20 @@ def test_plan_refuses_arguments_it_would_ignore():
             call()
 
 
-def test_runnable_plans_are_ones_the_runtime_runs():
-    # runnable=True was auto's option only: os_dpos (which starts from replicas) and every other algorithm
-    # refused it as an unknown option, and data parallelism was not refused.
-    model, inputs = _model_and_inputs()
-    plan = placer.plan(model, inputs, cluster="2xcpu", algorithm="os_dpos", runnable=True, optimizer="sgd", lr=0.1)
-    step = plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1))
-    assert float(step(*inputs)) > 0
-    assert placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="expert", runnable=True).placement
-    with pytest.raises(OptionError, match="data_parallel replicates the model, which the runtime cannot run yet"):
-        placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="data_parallel", runnable=True)
-    # An option asking for replicas was dropped silently.
-    with pytest.raises(OptionError, match="option data_parallel_start=True lets os_dpos replicate the model"):
-        placer.plan(plan.context["graph"], cluster="2xcpu", algorithm="os_dpos", runnable=True,
-                    data_parallel_start=True)
+def test_runnable_is_deprecated_and_has_no_effect():
+    # runnable=True once kept plans to those without data-parallel replicas, which the runtime now runs too:
+    # it warns, refuses no algorithm or option, and changes no plan.
+    from placer.transform.replicate import replicated_node
+
+    graph = placer.plan(*_model_and_inputs(), cluster="2xcpu", algorithm="expert").context["graph"]
+    for algorithm, options in (("data_parallel", {}), ("os_dpos", {"data_parallel_start": True, "seed": 0})):
+        with pytest.warns(DeprecationWarning, match="runnable is deprecated and has no effect: every plan runs"):
+            plan = placer.plan(graph, cluster="2xcpu", algorithm=algorithm, runnable=True, **options)
+        assert plan.placement == placer.plan(graph, cluster="2xcpu", algorithm=algorithm, **options).placement
+        if algorithm == "data_parallel":
+            assert replicated_node(plan.rewritten_graph) is not None
+    with pytest.warns(DeprecationWarning, match="runnable is deprecated"):
+        placer.plan(graph, cluster="2xcpu", algorithm="expert", runnable=False)
 
 
 def test_failure_messages_name_the_algorithm_once():

@@ -107,11 +107,25 @@ def test_default_portfolio_runs_fast_members_first_and_slow_ones_only_with_time(
 
 
 @pytest.mark.parametrize("options", [{"portfolio": "dpos,no_such_algorithm"}, {"portfolio": " , "},
-                                     {"max_evaluations": -1}])
+                                     {"max_evaluations": -1}, {"runnable": "yes"}])
 def test_bad_options_are_refused(case, options):
     graph, cluster = case
     with pytest.raises(OptionError):
         place(graph, cluster, "auto", **options)
+
+
+def test_runnable_is_deprecated_and_keeps_no_member_out():
+    # runnable=True once left the data-parallel members out (the runtime ran no replicas): now every plan runs.
+    from placer.transform.replicate import replicated_node
+
+    graph = training_graph(layers=4, branches=2, param_mib=0.5, activation_mib=64)   # where replicas win
+    cluster = load_cluster("4xGPU-pcie")
+    with pytest.warns(DeprecationWarning, match="runnable is deprecated and has no effect: every plan runs"):
+        plan = place(graph, cluster, "auto", runnable=True, portfolio="expert,data_parallel", max_evaluations=5)
+    assert plan.extra["auto"]["start"] == "data_parallel" and replicated_node(plan.rewritten_graph) is not None
+    assert plan.placement == place(graph, cluster, "auto", portfolio="expert,data_parallel",
+                                   max_evaluations=5).placement
+    assert {"data_parallel", "sharded_data_parallel"} <= set(default_portfolio(20))
 
 
 def test_fits_when_only_some_members_do():

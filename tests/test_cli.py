@@ -26,12 +26,16 @@ def run(capsys, *argv):
     return code, out.out, out.err
 
 
-def test_plan_says_when_its_plan_replicates_the_model(tmp_path, capsys, graph_file):
-    # `placer run` refuses such a plan: nothing said so when it was made (auto often picks one).
-    for algorithm, replicates in (("data_parallel", True), ("expert", False)):
-        code, out, err = run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "--algorithm", algorithm,
-                             "-o", tmp_path / "p.json")
-        assert code == 0 and ("replicates the model" in err) == replicates, err
+def test_plan_warns_that_runnable_is_deprecated_and_notes_no_replicas(tmp_path, capsys, graph_file, recwarn):
+    # `placer run` runs data-parallel plans too: a plan with replicas needs no note, and auto's runnable
+    # option (which once kept them out) does nothing but warn, once.
+    code, out, err = run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "--algorithm", "data_parallel",
+                         "-o", tmp_path / "p.json")
+    assert code == 0 and err == "", err
+    code, out, err = run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "--algorithm", "auto",
+                         "--option", "runnable=true", "--option", "max_evaluations=5", "-o", tmp_path / "a.json")
+    assert code == 0 and "placer: warning: option runnable is deprecated and has no effect" in err, err
+    assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
 
 
 @pytest.mark.parametrize("algorithm", ["single", "round_robin", "expert", "metis"])

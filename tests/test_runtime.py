@@ -1911,16 +1911,20 @@ def test_the_local_executor_refuses_devices_it_cannot_run_on(file_case, devices,
         LocalExecutor(program, devices)
 
 
-def test_auto_plans_only_what_the_runtime_runs_when_asked(file_case, tmp_path, capsys):
-    captured, cluster = file_case.captured, load_cluster("2xcpu")
-    plan = place(captured.graph, cluster, "auto", runnable=True, max_evaluations=5, time_limit=20)
-    assert plan.extra["auto"]["start"] not in ("data_parallel", "sharded_data_parallel")
-    compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)   # no replica to refuse
-    with pytest.raises(OptionError, match="replicate the model"):
-        place(captured.graph, cluster, "auto", runnable=True, portfolio="expert,data_parallel")
+def test_tune_starts_from_and_may_keep_a_replicated_plan(file_case, tmp_path, capsys):
+    # Tune once kept its algorithm to plans without data-parallel replicas (refusing data_parallel): the
+    # runtime runs them now, so tune measures and keeps them like any plan.
+    from placer.transform.replicate import replicated_node
+
+    out_path = tmp_path / "tuned.json"
     code = main(["tune", file_case.spec, "--cluster", "2xcpu", "--batch", "4", "--algorithm", "data_parallel",
-                 "-o", str(tmp_path / "tuned.json")])
-    assert code == 2 and "cannot run yet" in capsys.readouterr().err
+                 "--rounds", "1", "--steps", "2", "-o", str(out_path)])
+    captured = capsys.readouterr()
+    assert code == 0, captured.err
+    assert "round 0: data_parallel" in captured.out
+    tuned = Plan.load(out_path)
+    assert replicated_node(tuned.rewritten_graph) is not None
+    tuned.bind(file_case.captured.graph, load_cluster("2xcpu"))
 
 
 def test_run_refuses_a_plan_it_cannot_run_before_capturing_the_model(file_case, tmp_path, capsys, monkeypatch):

@@ -16,6 +16,7 @@ parallelism) is skipped where the bound shows it cannot win.
 from __future__ import annotations
 
 import time
+import warnings
 from functools import partial
 
 import numpy as np
@@ -31,7 +32,7 @@ from .data_parallel import data_parallel_lower_bound
 from .registry import available_algorithms, failure_message, get_algorithm, place, register
 from .timebox import TimeBox, frugal
 
-__all__ = ["auto", "critical_path_nodes", "runnable_options"]
+__all__ = ["auto", "critical_path_nodes"]
 
 #: Searches that need minutes: in the portfolio only with a time limit of at least a minute.
 SLOW_ALGORITHMS = ("pesto", "placeto")
@@ -62,30 +63,9 @@ MEMBER_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_paralle
 LOWER_BOUNDS = {"data_parallel": partial(data_parallel_lower_bound, **MEMBER_OPTIONS["data_parallel"]),
                 "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True,
                                                  **MEMBER_OPTIONS["sharded_data_parallel"])}
-#: Members whose plans replicate the model (data parallelism), which the runtime cannot run yet: with
-#: ``runnable``, auto leaves them out and OS-DPOS starts from the model's own graph.
-REPLICATING = ("data_parallel", "sharded_data_parallel")
-RUNNABLE_OPTIONS = {"os_dpos": {"data_parallel_start": False}}
-
-
-def runnable_options(algorithm: str, asked: str, options: dict | None = None) -> dict:
-    """``options`` with those that keep ``algorithm`` to plans the runtime can run (it runs no data-parallel
-    replicas yet).
-
-    Raises OptionError for an algorithm that always replicates the model, or
-    an option of ``options`` that would let it replicate, its message starting
-    with ``asked`` (how the caller asked for it).
-    """
-    if algorithm in REPLICATING:
-        raise OptionError(f"{asked}: {algorithm} replicates the model, which the runtime cannot run yet; choose "
-                          f"another algorithm (auto leaves data parallelism out with runnable=True)")
-    needed = {"runnable": True} if algorithm == "auto" else RUNNABLE_OPTIONS.get(algorithm, {})
-    options = dict(options or {})
-    for key, value in needed.items():
-        if key in options and options[key] != value:
-            raise OptionError(f"{asked}: option {key}={options[key]!r} lets {algorithm} replicate the model, which "
-                              f"the runtime cannot run yet; leave it out (it is {value!r} for a runnable plan)")
-    return {**options, **needed}
+#: What ``runnable=True`` (auto's and ``placer.plan``'s, deprecated) warns: it kept plans to those without
+#: data-parallel replicas, which the runtime now runs too.
+RUNNABLE_DEPRECATED = "runnable is deprecated and has no effect: every plan runs"
 
 
 DEFAULT_TIME_LIMIT = 60.0
@@ -154,9 +134,8 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     portfolio : str
         Comma-separated algorithm names to run instead of the default portfolio.
     runnable : bool
-        Only plans that ``plan.apply`` and ``placer run`` can execute: no
-        data-parallel replicas (:data:`REPLICATING` leave the portfolio, and
-        OS-DPOS splits operations of the model's own graph).
+        Deprecated, no effect (every plan runs): ``True`` warns with a
+        DeprecationWarning. To be removed in the next release.
 
     Returns
     -------
@@ -170,8 +149,7 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     Raises
     ------
     OptionError
-        An unknown algorithm in ``portfolio`` or none at all, a replicating one with ``runnable``, or a
-        negative ``max_evaluations``.
+        An unknown algorithm in ``portfolio`` or none at all, or a negative ``max_evaluations``.
     InfeasibleError
         If no portfolio member finds a plan that fits.
 
@@ -194,6 +172,9 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     began = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
     deadline = began + limit
+    if runnable:
+        # place() -> auto: the warning points at place()'s caller.
+        warnings.warn(RUNNABLE_DEPRECATED, DeprecationWarning, stacklevel=3)
     if max_evaluations < 0:
         raise OptionError(f"option max_evaluations of 'auto' must be >= 0, got {max_evaluations!r}")
     if portfolio:
@@ -202,14 +183,10 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
             raise OptionError(f"option portfolio of 'auto' names no algorithm: {portfolio!r}")
         for name in members:
             get_algorithm(name)
-            if runnable and name in REPLICATING:
-                raise OptionError(f"option portfolio of 'auto' names {name!r}, whose plans replicate the model, "
-                                  f"which the runtime cannot run yet (runnable=true)")
     else:
-        members = [name for name in default_portfolio(time_limit) if not (runnable and name in REPLICATING)]
-    options = {**MEMBER_OPTIONS, **(RUNNABLE_OPTIONS if runnable else {})}
+        members = default_portfolio(time_limit)
     best, log, interrupted, check_s = _run_portfolio(graph, cluster, members, seed, began + PORTFOLIO_SHARE * limit,
-                                            deadline, options)
+                                            deadline, MEMBER_OPTIONS)
     if best is None:
         # Every member's reason, one a line: the first few seldom include the one that came closest.
         reasons = log["failed"] + ([f"out of time: {', '.join(log['out_of_time'])}"] if log["out_of_time"] else [])

@@ -193,19 +193,15 @@ def _check_torchrun(args: argparse.Namespace) -> None:
         raise OptionError("--trace needs every rank on one host (the hosts' clocks differ); run without it")
 
 
-def _check_runnable(plan, path: str, cluster) -> None:
-    """Before the model is loaded and captured: the plan's devices are the cluster's, and it holds no
-    data-parallel replicas, which the runtime cannot run yet."""
+def _check_devices(plan, path: str, cluster) -> None:
+    """Before the model is loaded and captured: the plan's devices are the cluster's."""
     from ..cli import naming_plan
-    from .splits import refuse_replicas
 
     unknown = sorted(set(plan.placement.values()) - set(cluster.device_index))
     with naming_plan(path, plan, cluster):
         if unknown:
             raise InvalidPlanError(f"the plan places nodes on {', '.join(map(repr, unknown))}, which cluster "
                                    f"{cluster.name!r} lacks")
-        if plan.rewritten_graph is not None:
-            refuse_replicas(plan.rewritten_graph)
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -235,7 +231,7 @@ def _run(args: argparse.Namespace) -> int:
     optimizer_settings(args)        # before the plan, the model and the capture
     plan = Plan.load(args.plan)
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
-    _check_runnable(plan, args.plan, cluster)
+    _check_devices(plan, args.plan, cluster)
     _check_measured_outputs(args, cluster, {cluster.device_index[d] for d in plan.placement.values()},
                             inputs=[args.plan, args.cluster])
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
@@ -321,7 +317,6 @@ def _run(args: argparse.Namespace) -> int:
 
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms import place
-    from ..algorithms.auto import runnable_options
     from ..cluster import load_cluster
     from ..cost.calibrate import load_calibration
     from ..cost.messages import MessageCost, simulate_with_messages, spread_over_gaps, without_after_message
@@ -345,7 +340,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
         profile.check_cluster(cluster)
     if args.batch is None:
         raise OptionError("pass --batch")
-    options = runnable_options(args.algorithm, f"placer tune --algorithm {args.algorithm}")
     calibrated = None
     if args.message_cost:
         calibrated = load_calibration(args.message_cost).message_cost
@@ -382,7 +376,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return f", {step_s * 1e3:.3f} ms with its messages' host cost and the step's end"
 
     given = cluster         # its links as calibrated, not as a run's traffic made them
-    plan = place(graph, cluster, args.algorithm, seed=0, **options)
+    plan = place(graph, cluster, args.algorithm, seed=0)
     best_s, m = run(plan)
     print(f"round 0: {args.algorithm} on {costs}: measured {best_s * 1e3:.3f} ms, "
           f"predicted {plan.predicted['makespan_s'] * 1e3:.3f} ms")
@@ -397,7 +391,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
             print(f"round {r}: {len(m.op_s)} measured op times, {len(m.transfer_s)} measured transfers; "
                   f"{ch.extra.get('link', ch.name)} link now {ch.latency_s * 1e6:.1f} us + "
                   f"{ch.bandwidth_bytes_per_s / 1e9:.3g} GB/s")
-        candidate = place(graph, cluster, args.algorithm, seed=r, **options)
+        candidate = place(graph, cluster, args.algorithm, seed=r)
         measured_s, m_new = run(candidate)
         kept = measured_s < best_s
         print(f"round {r}: replanned on measured costs: predicted {candidate.predicted['makespan_s'] * 1e3:.3f} ms"
