@@ -464,19 +464,6 @@ def test_channel_splits_of_arguments_the_capture_did_not_record_are_refused_nami
             compile_program(case.captured.gm, case.captured.graph, plan, cluster, carrier=case.captured.carrier)
 
 
-def test_data_parallel_replicas_are_refused(zoo_case):
-    graph = zoo_case.captured.graph
-    cluster = load_cluster("2xcpu")
-    replicated = data_parallel_graph(graph, 2).graph
-    plan = Plan.from_arrays(graph, cluster, np.zeros(replicated.num_nodes, dtype=int), placed_graph=replicated)
-    with pytest.raises(InvalidPlanError, match="data-parallel replica"):
-        compile_program(zoo_case.captured.gm, graph, plan, cluster, carrier=zoo_case.captured.carrier)
-    # plan.apply refuses it at once (it was refused only at the first step).
-    model, optimizer = zoo_case.fresh()
-    with pytest.raises(InvalidPlanError, match="data-parallel replica"):
-        plan.apply(model, optimizer)
-
-
 def test_a_distributed_run_reports_each_messages_host_time_and_each_ops_share_of_it(file_case):
     cluster = load_cluster("2xcpu")
     captured = file_case.captured
@@ -1935,11 +1922,9 @@ def test_run_refuses_a_plan_it_cannot_run_before_capturing_the_model(file_case, 
 
     monkeypatch.setattr(runtime_cli, "_load", no_capture)
     graph = file_case.captured.graph
-    place(graph, load_cluster("2xcpu"), "data_parallel").save(tmp_path / "dp.json")
     place(graph, load_cluster("4xcpu"), "round_robin").save(tmp_path / "rr4.json")
-    for plan, cluster, message in (("dp.json", "2xcpu", "belongs to a data-parallel replica"),
-                                   ("rr4.json", "2xcpu", "which cluster '2xcpu' lacks (the plan was made for "
-                                                         "cluster '4xcpu', not '2xcpu')")):
+    for plan, cluster, message in (("rr4.json", "2xcpu", "which cluster '2xcpu' lacks (the plan was made for "
+                                                         "cluster '4xcpu', not '2xcpu')"),):
         code = main(["run", file_case.spec, "--plan", str(tmp_path / plan), "--cluster", cluster, "--steps", "1"])
         assert code == 2 and message in capsys.readouterr().err
 

@@ -122,7 +122,8 @@ class CapturedStep:
     constants : dict
         Input position -> the non-tensor input baked into the step.
     source : tuple or None
-        ``(model, inputs)`` of a real (not fake) capture, for :meth:`example_args`.
+        ``(model, inputs)`` the step was captured from, for :meth:`example_args` (a real
+        capture's) and :meth:`at_batch`.
     modes : dict
         Module name (``""`` for the model) -> whether it was in training mode at
         capture: the step is traced in those modes (dropout on or off, batch
@@ -140,6 +141,7 @@ class CapturedStep:
     constants: dict[int, Any] = field(default_factory=dict)
     source: tuple[nn.Module, tuple] | None = field(default=None, repr=False)
     modes: dict[str, bool] = field(default_factory=dict, repr=False)
+    _replica_modules: dict[int, fx.GraphModule] = field(default_factory=dict, repr=False, compare=False)
 
     # ----------------------------------------------------------------- execution
     def step_inputs(self, model: nn.Module, inputs: Sequence[Any],
@@ -295,6 +297,43 @@ class CapturedStep:
             fresh = self.optimizer.initial_state(param.detach())
             state.update({name: fresh[name] for name in self.layout.state_names if state.get(name) is None})
         return state
+
+    def at_batch(self, rows: int) -> fx.GraphModule:
+        """The step traced again on the first ``rows`` samples of its batch: a data-parallel replica's step.
+
+        The captured module holds every shape as a constant (``x.view(6, 400)``),
+        so a replica working on fewer rows needs a module of its own. It has
+        the same nodes under the same names as :attr:`gm`; traced once per size.
+
+        Raises
+        ------
+        OptionError
+            The step holds no model to trace (it was built from a graph file),
+            ``rows`` is not between 1 and the batch size, or the model traced on
+            fewer rows has other operations than on the whole batch.
+        """
+        if self.batch_size is None or isinstance(rows, bool) or not isinstance(rows, int) \
+                or not 1 <= rows <= self.batch_size:
+            raise OptionError(f"rows must be between 1 and the batch's {self.batch_size} samples, got {rows!r}")
+        if rows == self.batch_size:
+            return self.gm
+        if rows in self._replica_modules:
+            return self._replica_modules[rows]
+        if self.source is None:
+            raise OptionError("the step holds no model to trace again on part of its batch; capture it from the "
+                              "model (placer.capture)")
+        model, inputs = self.source
+        sliced = tuple(x[:rows] if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == self.batch_size
+                       else x for x in inputs)
+        gm, _ = _traced_step(model, self.layout, self.optimizer, sliced)
+        names, again = [v.name for v in self.gm.graph.nodes], [v.name for v in gm.graph.nodes]
+        if names != again:
+            where = next((a for a, b in zip(names, again) if a != b), f"{len(names)} against {len(again)} nodes")
+            raise OptionError(f"the model traced on {rows} of its {self.batch_size} samples has other operations "
+                              f"than on all of them (first difference: {where}); its data-parallel replicas "
+                              f"cannot run the captured step's nodes")
+        self._replica_modules[rows] = gm
+        return gm
 
     def example_args(self, seed: int = 0) -> list[torch.Tensor]:
         """Flat arguments to run :attr:`gm` on, without touching any live model.
@@ -681,7 +720,7 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     constants = {k: x for k, x in enumerate(inputs) if k not in slots}
     modes = {name: module.training for name, module in model.named_modules()}
     return CapturedStep(graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants,
-                        None if fake else (model, inputs), modes)
+                        (model, inputs), modes)
 
 
 @contextmanager

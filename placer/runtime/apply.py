@@ -14,6 +14,7 @@ from ..errors import InvalidPlanError, OptionError
 from ..plan import Plan
 from .local import LocalExecutor
 from .program import compile_program
+from .replicas import replica_steps
 
 __all__ = ["PlacedStep"]
 
@@ -88,10 +89,6 @@ class PlacedStep:
     def __init__(self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
                  cluster: Cluster | str | None = None, devices: Sequence[str] | None = None,
                  profile: bool = False, atomic: bool = False):
-        if plan.rewritten_graph is not None:      # refused now, not at the first step
-            from .splits import refuse_replicas
-
-            refuse_replicas(plan.rewritten_graph)
         self.plan = plan
         self.model = model
         self.optimizer = optimizer
@@ -176,6 +173,7 @@ class PlacedStep:
                     f"the plan was made for another training step (digest {self.plan.graph_digest}) than this "
                     f"model's with these inputs and {this} (digest {captured.graph.digest()}): another model, "
                     f"batch size or optimizer needs its own plan")
-        program = compile_program(captured.gm, captured.graph, self.plan, self.cluster, carrier=captured.carrier)
+        program = compile_program(captured.gm, captured.graph, self.plan, self.cluster, carrier=captured.carrier,
+                                  replica_steps=replica_steps(captured, self.plan))
         self.executor = LocalExecutor(program, self.devices, profile=self.profile, atomic=self.atomic)
         self.captured = captured

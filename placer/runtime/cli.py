@@ -56,9 +56,12 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
     from .distributed import run_distributed, run_under_torchrun, under_torchrun
     from .local import LocalExecutor
     from .program import compile_program, message_bytes, value_spec
+    from .replicas import replica_steps
 
+    steps_traced = replica_steps(captured, plan)
     if backend == "local":
-        program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
+        program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier,
+                                  replica_steps=steps_traced)
         executor = LocalExecutor(program, devices, profile=True)
         step_s, outputs = [], []
         for _ in range(steps):
@@ -66,7 +69,8 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
             outputs = executor.run(flat)
             step_s.append(time.perf_counter() - t0)
         written = {root for roots in program.writes.values() for root in roots}
-        state = {k: flat[k] for k, p in enumerate(program.placeholders) if p in written}
+        state = {feed.flat: flat[feed.flat] for feed, p in zip(program.feeds, program.placeholders)
+                 if p in written and feed.primary and feed.rows is None}
         # The last step's copies, as the distributed executor reports its messages (tune feeds them back).
         transfers = [(x.src, x.dst, message_bytes(value_spec(x.node, program.compact_views)), seconds)
                      for x, seconds in executor.transfer_s]
@@ -74,7 +78,7 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
     if backend == "distributed":
         run = run_under_torchrun if under_torchrun() else run_distributed
         result = run(captured.gm, captured.graph, plan, cluster, flat, steps=steps, backend="auto",
-                     timeout_s=timeout_s, carrier=captured.carrier, threads=threads)
+                     timeout_s=timeout_s, carrier=captured.carrier, threads=threads, replica_steps=steps_traced)
         if result is None:          # a rank other than 0 under torchrun: rank 0 reports
             return None
         return Measurement(result.step_s, result.op_s, result.predicted_s, result.outputs, result.state,

@@ -138,6 +138,8 @@ class RankJob:
     # Ranks that each built the model and read the plan themselves (torchrun): they start from rank 0's
     # state and inputs, as DistributedDataParallel starts from rank 0's parameters, and refuse other plans.
     from_rank0: bool = False
+    # A data-parallel plan's step traced on each replica's number of samples (compile_program's replica_steps).
+    replica_steps: dict[int, fx.GraphModule | PortableStep] | None = None
 
 
 @dataclass
@@ -441,7 +443,9 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
     try:
         flat_inputs = _rank0_start(rank, world, job) if job.from_rank0 else job.flat_inputs
         gm = job.gm.module() if isinstance(job.gm, PortableStep) else job.gm
-        program = compile_program(gm, job.graph, Plan.from_dict(job.plan), job.cluster, carrier=job.carrier)
+        steps = {n: m.module() if isinstance(m, PortableStep) else m for n, m in (job.replica_steps or {}).items()}
+        program = compile_program(gm, job.graph, Plan.from_dict(job.plan), job.cluster, carrier=job.carrier,
+                                  replica_steps=steps)
         if program.num_devices != world:
             raise RunError(f"the plan has {program.num_devices} devices but {world} ranks were started")
         seed = job.seed
@@ -454,7 +458,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         runner.profile_gpu = job.profile and device.type == "cuda"
         if backend == "nccl":
             runner.make_pair_groups()
-        state = {k: copy_to(flat_inputs[k], device) for k in runner.owned}
+        state = {k: copy_to(program.feeds[k].value(flat_inputs, private=False), device) for k in runner.owned}
         if job.hook is not None:
             job.hook(rank)
         step_s: list[float] = []
@@ -502,6 +506,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         for part in gathered:
             for key in ("state", "outputs", "op_s", "op_message_s"):
                 merged[key].update(part[key])
+        merged["state"] = program.flat_state(merged["state"], flat_inputs)
         if job.result_path:
             torch.save(merged, job.result_path)
         return merged
@@ -604,7 +609,8 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                     carrier: dict[str, str] | None = None, threads: int = 1,
                     hook: Callable[[int], None] | None = None, deadline_s: float | None = None,
                     profile: bool = False, seed: int | None = None,
-                    start_method: str | None = None) -> DistributedResult:
+                    start_method: str | None = None,
+                    replica_steps: dict[int, fx.GraphModule] | None = None) -> DistributedResult:
     """Train ``steps`` steps with one local process per plan device; return times, outputs and state.
 
     Parameters
@@ -639,6 +645,9 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         How ranks start: ``fork`` shares the captured module, ``spawn`` (fresh
         processes, which CUDA needs) sends it as a :class:`~placer.runtime.portable.PortableStep`.
         Default: ``spawn`` with NCCL, else ``fork``.
+    replica_steps : dict of int to GraphModule, optional
+        For a data-parallel plan, the step traced on each replica's number of
+        samples (:func:`~placer.runtime.replicas.replica_steps`).
 
     Returns
     -------
@@ -663,7 +672,8 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     method = start_method or ("spawn" if backend == "nccl" else "fork")
     if method not in ("fork", "spawn"):
         raise OptionError(f"start_method must be 'fork' or 'spawn', got {start_method!r}")
-    program = compile_program(gm, graph, plan, cluster, carrier=carrier)   # refuse a bad plan here, not in every rank
+    # Refuse a bad plan here, not in every rank.
+    program = compile_program(gm, graph, plan, cluster, carrier=carrier, replica_steps=replica_steps)
     if seed is None and program.random:
         seed = draw_seed()
     deadline = time.monotonic() + (deadline_s if deadline_s is not None else timeout_s * (steps + 3))
@@ -672,7 +682,9 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         result_path = str(Path(tmp) / "result.pt")
         job = RankJob(PortableStep(gm) if method == "spawn" else gm, graph, plan.to_dict(), cluster,
                       list(flat_inputs), steps, backend, timeout_s, carrier, threads, hook, result_path, profile,
-                      kernel_choice=KernelChoice.here(), seed=seed)
+                      kernel_choice=KernelChoice.here(), seed=seed,
+                      replica_steps={n: PortableStep(m) if method == "spawn" else m
+                                     for n, m in (replica_steps or {}).items()} or None)
         context = mp.start_processes(_spawned_rank,
                                      args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
                                      nprocs=world, join=False, start_method=method)
@@ -712,7 +724,8 @@ def _rank0_start(rank: int, world: int, job: RankJob) -> list:
 def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
                        *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
                        carrier: dict[str, str] | None = None, threads: int = 1,
-                       profile: bool = False) -> DistributedResult | None:
+                       profile: bool = False,
+                       replica_steps: dict[int, fx.GraphModule] | None = None) -> DistributedResult | None:
     """This process's rank of a run launched by ``torchrun`` (one or several hosts).
 
     Every rank calls it with the same arguments (capture is deterministic, so
@@ -732,7 +745,8 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
     if world != cluster.num_devices:
         raise RunError(f"torchrun started {world} ranks for a plan over {cluster.num_devices} devices")
     job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, resolve_backend(backend, local_world),
-                  timeout_s, carrier, threads, None, None, profile, same_host=local_world == world, from_rank0=True)
+                  timeout_s, carrier, threads, None, None, profile, same_host=local_world == world, from_rank0=True,
+                  replica_steps=replica_steps)
     rank = int(os.environ["RANK"])
     try:
         merged = rank_main(rank, world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))

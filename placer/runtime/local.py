@@ -158,13 +158,13 @@ class LocalExecutor:
         ``atomic`` a step that raises writes no input.
         """
         prog = self.program
-        if len(flat_inputs) != len(prog.placeholders):
-            raise OptionError(f"the step takes {len(prog.placeholders)} flat inputs, got {len(flat_inputs)}")
+        if len(flat_inputs) != prog.num_flat:
+            raise OptionError(f"the step takes {prog.num_flat} flat inputs, got {len(flat_inputs)}")
         env: dict[tuple[fx.Node, int], Any] = {}
         moved: list[tuple[Any, Any]] = []
         written = {root for roots in prog.writes.values() for root in roots}
         copied = set()      # the inputs the step works on a copy of
-        for p, value in zip(prog.placeholders, flat_inputs):
+        for p, value in zip(prog.placeholders, prog.input_values(flat_inputs)):
             home = self.devices[prog.device_of[p]]
             if isinstance(value, torch.Tensor) and (value.device != home or p in self.staged):
                 local = copy_to(value, home)

@@ -29,7 +29,10 @@ and a cluster:
   has succeeded.
 
 Operations split by OS-DPOS (``node_extra["split_of"]``) run as real slices,
-parts and a concat (:mod:`placer.runtime.splits`). Tensor constants of the step
+parts and a concat (:mod:`placer.runtime.splits`). A data-parallel plan's
+replicas and collectives run as a rewrite of the step with a copy of it per
+replica (:mod:`placer.runtime.replicas`); its placeholders are then fed from
+the caller's flat inputs as :attr:`Program.feeds` says. Tensor constants of the step
 (``get_attr`` nodes: a ``torch.tensor([...])`` in ``forward``, a plain tensor
 attribute) run like operations: where the plan puts them, each step copies the
 constant from the GraphModule to its device.
@@ -57,6 +60,7 @@ from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
 from ..plan import Plan
+from .replicas import Feed, replicate_step
 from .splits import split_step
 
 __all__ = ["Program", "Transfer", "compile_program", "random_nodes", "op_seed", "draw_seed"]
@@ -147,10 +151,37 @@ class Program:
     random: frozenset = frozenset()
     deferred: frozenset = frozenset()
     compact_views: bool = False
+    feeds: list[Feed] = field(default_factory=list)
 
     @property
     def num_devices(self) -> int:
         return self.cluster.num_devices
+
+    @property
+    def num_flat(self) -> int:
+        """Flat inputs the caller gives a step (the captured step's)."""
+        return max((f.flat for f in self.feeds), default=-1) + 1
+
+    def input_values(self, flat_inputs: Sequence[Any], private: bool = True) -> list[Any]:
+        """The value of every placeholder, in order, from the caller's flat inputs (:class:`Feed`)."""
+        return [feed.value(flat_inputs, private) for feed in self.feeds]
+
+    def flat_state(self, written: dict[int, Any], flat_inputs: Sequence[Any]) -> dict[int, Any]:
+        """The caller's flat inputs after a step, from the values of the placeholders it wrote (placeholder
+        index -> value): a replica's copies are left out, a sharded optimizer's parts joined."""
+        out: dict[int, Any] = {}
+        for i, value in written.items():
+            feed = self.feeds[i]
+            if not feed.primary or feed.rows is not None:
+                continue
+            if feed.shard is None:
+                out[feed.flat] = value
+                continue
+            if feed.flat not in out:
+                out[feed.flat] = flat_inputs[feed.flat].detach().to("cpu", copy=True)
+            lo, hi = feed.shard
+            out[feed.flat].view(-1)[lo:hi] = value.to("cpu")
+        return out
 
     def seed_of(self, v: fx.Node, base: int, step: int) -> int | None:
         """The seed node ``v`` draws from in step ``step`` of a run with base seed ``base`` (:func:`op_seed`);
@@ -168,7 +199,8 @@ class Program:
 
 
 def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, *,
-                    carrier: dict[str, str] | None = None) -> Program:
+                    carrier: dict[str, str] | None = None,
+                    replica_steps: dict[int, fx.GraphModule] | None = None) -> Program:
     """Bind a captured step's GraphModule to a plan of its graph.
 
     Parameters
@@ -184,6 +216,9 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         fx node name -> the graph node it runs with (a ``getitem`` with the op
         whose output it picks), as :class:`placer.capture.CapturedStep` gives.
         fx nodes it does not name run with their first producer.
+    replica_steps : dict of int to GraphModule, optional
+        For a data-parallel plan, the step traced on each replica's number of
+        samples (:func:`~placer.runtime.replicas.replica_steps`).
 
     Returns
     -------
@@ -201,7 +236,12 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
 
     bound = plan.bind(graph, cluster)
     target = bound.graph
-    gm, node_of, carrier = split_step(gm, target, carrier)
+    feeds = None
+    if "data_parallel" in target.extra and any("replica" in extra for extra in target.node_extra):
+        gm, node_of, carrier, feeds = replicate_step(gm, graph, target, carrier, replica_steps)
+        gm, node_of, carrier = split_step(gm, target, carrier, node_of)
+    else:
+        gm, node_of, carrier = split_step(gm, target, carrier)
     sim = simulate_bound(bound)
     nodes = list(gm.graph.nodes)
     position = {v: k for k, v in enumerate(nodes)}
@@ -261,7 +301,8 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                    guard=guard, frees=_frees(schedule, device_of, outputs), outputs=outputs,
                    predicted_s=float(sim.makespan_s), graph_node=graph_node, runs_with=runs_with,
                    random=frozenset(random_nodes(gm)), deferred=_deferrable(schedule, writes),
-                   compact_views=views_compact(calls))
+                   compact_views=views_compact(calls),
+                   feeds=feeds if feeds is not None else [Feed(i) for i in range(len(placeholders))])
 
 
 def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list) -> list[list[tuple[fx.Node, int]]]:

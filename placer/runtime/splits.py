@@ -41,9 +41,8 @@ import torch.fx as fx
 from ..capture.layout import dense_strides
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
-from ..transform.replicate import RUNNABLE_HOW, replicated_node
 
-__all__ = ["split_step", "refuse_replicas", "batch_slices", "slices_along", "concat_like"]
+__all__ = ["split_step", "batch_slices", "slices_along", "concat_like"]
 
 #: The dimensions :func:`split_step` executes.
 RUNTIME_DIMS = ("batch", "channel")
@@ -83,8 +82,8 @@ def _spec(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> tup
     return ("tensor", tuple(int(s) for s in size), tuple(int(s) for s in stride), dtype)
 
 
-def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | None
-               ) -> tuple[fx.GraphModule, dict[str, fx.Node], dict[str, str]]:
+def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | None,
+               node_of: dict[str, fx.Node] | None = None) -> tuple[fx.GraphModule, dict[str, fx.Node], dict[str, str]]:
     """The captured step with every split of ``target`` made in its fx graph.
 
     Parameters
@@ -95,6 +94,12 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
         The plan's rewritten graph.
     carrier : dict, optional
         fx node name -> graph node id, for the captured step.
+    node_of : dict, optional
+        Graph node id -> fx node of ``gm``, where ``gm`` is a rewrite of the
+        captured step made for this plan (its replicas,
+        :func:`~placer.runtime.replicas.replicate_step`), which is then
+        changed in place; default: the captured step's, node ids being fx
+        node names, which is copied first.
 
     Returns
     -------
@@ -108,20 +113,22 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
         A split the runtime cannot execute (along neither the batch nor the
         channels, of a multi-output or non-aten operation, of an input that
         does not lead with the batch, or in a channel split is not an argument
-        the capture recorded as sliced, a split of a split), or data-parallel
-        replicas.
+        the capture recorded as sliced, a split of a split).
     """
     carrier = dict(carrier or {})
-    refuse_replicas(target)
     groups: dict[str, list[int]] = {}
     for i, extra in enumerate(target.node_extra):
         if "split_of" in extra:
             groups.setdefault(extra["split_of"], []).append(i)
-    if not groups:
-        return gm, {v.name: v for v in gm.graph.nodes if v.op != "output"}, carrier
-    gm = copy.deepcopy(gm)
-    by_name = {v.name: v for v in gm.graph.nodes}
-    node_of: dict[str, fx.Node] = {name: v for name, v in by_name.items() if v.op != "output"}
+    if node_of is None:
+        if not groups:
+            return gm, {v.name: v for v in gm.graph.nodes if v.op != "output"}, carrier
+        gm = copy.deepcopy(gm)
+        node_of = {v.name: v for v in gm.graph.nodes if v.op != "output"}
+    elif not groups:
+        return gm, node_of, carrier
+    node_of = dict(node_of)
+    by_name = dict(node_of)
     for original, members in groups.items():
         x = by_name.get(original)
         if x is None or x.op != "call_function":
@@ -132,15 +139,6 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
     gm.graph.lint()
     gm.recompile()
     return gm, node_of, carrier
-
-
-def refuse_replicas(target: OpGraph) -> None:
-    """Raise InvalidPlanError where the graph a plan places holds data-parallel replicas (the runtime runs
-    the captured step's own operations, split or not)."""
-    i = replicated_node(target)
-    if i is not None:
-        raise InvalidPlanError(f"node {target.ids[i]!r} belongs to a data-parallel replica, which the runtime "
-                               f"cannot run yet (it runs the captured step's own operations): {RUNNABLE_HOW}")
 
 
 def _split_node(gm: fx.GraphModule, x: fx.Node, target: OpGraph, members: list[int],

@@ -58,7 +58,7 @@ from ..errors import OptionError
 from ..graph import OpGraph
 from .split import batch_dependent, fresh_id, part_rows
 
-__all__ = ["data_parallel_graph", "replicated_node", "RUNNABLE_HOW", "gradients", "replica_layout", "chunk_add_time",
+__all__ = ["data_parallel_graph", "replicated_node", "gradients", "replica_layout", "chunk_add_time",
            "DataParallelGraph", "ReplicaLayout", "Stage", "collective_stages", "input_transfers", "chunk_copy_time",
            "BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
 
@@ -263,6 +263,14 @@ class Stage:
         :data:`UPDATED` (every tensor of the bucket, ``1/amount`` of it; whole for 1).
     copy_bytes : int
         Bytes the node copies into a flat buffer (a bucket of gradients).
+    role : str
+        What the step does to the bucket, for the runtime that executes it: ``pack``
+        (the gradients into a flat buffer), ``shard`` (the updated parameters of a sharded
+        optimizer into it), ``ring_reduce`` / ``ring_gather`` (one ring step),
+        ``within_reduce`` / ``across_reduce`` / ``across_gather`` / ``within_gather``
+        (a direct exchange within or between hosts).
+    step : int
+        The ring step of its role (0 first); 0 for the others.
     """
 
     op: str
@@ -271,6 +279,8 @@ class Stage:
     output_bytes: int
     inputs: list[list[tuple[int, int, int]]]
     copy_bytes: int = 0
+    role: str = "pack"
+    step: int = 0
 
 
 def _check_collective(collective: str, hosts: list[list[int]] | None, replicas: int) -> None:
@@ -317,7 +327,8 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
     source = append(Stage("bucket.pack", 0, 0, total, [[(GRADIENTS, k, 1)] for k in range(r)], copy_bytes=total))
 
     def shard() -> int:
-        return append(Stage("shard.pack", 0, 0, -(-total // r), [[(UPDATED, k, r)] for k in range(r)]))
+        return append(Stage("shard.pack", 0, 0, -(-total // r), [[(UPDATED, k, r)] for k in range(r)],
+                            role="shard"))
 
     if collective == "ring":
         chunk = -(-total // r)
@@ -329,7 +340,9 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
             op = ("reduce_scatter.add" if reduce else "all_gather.copy") if layout.sharded else \
                 ("allreduce.add" if reduce else "allreduce.copy")
             inputs = [[(source, k, own), (source, (k - 1) % r, chunk)] for k in range(r)]
-            source, own = append(Stage(op, int(reduce), chunk, total if s == 2 * r - 3 else chunk, inputs)), chunk
+            role, step = ("ring_reduce", s) if reduce else ("ring_gather", s - (r - 1))
+            source, own = append(Stage(op, int(reduce), chunk, total if s == 2 * r - 3 else chunk, inputs,
+                                       role=role, step=step)), chunk
         return stages, (reduced if layout.sharded else source)
     hosts = hosts or [list(range(r))]
     m = len(hosts[0])
@@ -340,20 +353,21 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
     piece, part = -(-total // m), -(-total // r)
     # Reduce-scatter within each host, then between hosts (either is skipped where it has one replica).
     own = total
-    for peers, size in ((within, piece), (across, part)):
+    for peers, size, role in ((within, piece, "within_reduce"), (across, part, "across_reduce")):
         if len(peers[0]) > 1:
             inputs = [[(source, q, own if q == k else size) for q in peers[k]] for k in range(r)]
-            source, own = append(Stage("reduce_scatter.add", len(peers[0]) - 1, size, size, inputs)), size
+            source, own = append(Stage("reduce_scatter.add", len(peers[0]) - 1, size, size, inputs,
+                                       role=role)), size
     reduced = source
     # All-gather: between hosts, then within each host.
     if layout.sharded:
         source = shard()
     amount = part
-    for peers, size in ((across, piece), (within, total)):
+    for peers, size, role in ((across, piece, "across_gather"), (within, total, "within_gather")):
         if len(peers[0]) > 1:
             inputs = [[(source, q, amount) for q in peers[k]] for k in range(r)]
-            source, amount = append(Stage("all_gather.copy", 0, 0, size, inputs)), size
-    return stages, reduced
+            source, amount = append(Stage("all_gather.copy", 0, 0, size, inputs, role=role)), size
+    return stages, (reduced if layout.sharded else source)
 
 
 def replica_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES, *,
@@ -612,17 +626,14 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
                   device_kinds=fields["device_kinds"], compute_s_by_kind=fields["compute_s_by_kind"],
                   splittable=fields["splittable"], node_extra=fields["node_extra"], name=graph.name,
                   extra={**graph.extra, "data_parallel": {"replicas": r, "buckets": len(layout.buckets),
-                                                          "sharded_optimizer": layout.sharded}})
+                                                          "sharded_optimizer": layout.sharded,
+                                                          "bucket_bytes": int(bucket_bytes),
+                                                          "hosts": hosts}})
     return DataParallelGraph(out, np.asarray(replica_of, dtype=np.int64), np.asarray(original, dtype=np.int64))
 
 
 _DEFAULTS = dict(compute_s=0.0, output_bytes=0, param_bytes=0, temp_bytes=0, flops=np.nan, op=None, layer=None,
                  colocation=None, device_kinds=None, compute_s_by_kind=None, splittable=None, node_extra=None)
-
-
-#: How to plan without replicas, which the runtime cannot run yet (for messages about data-parallel plans).
-RUNNABLE_HOW = ("plan with auto's option runnable=true, os_dpos's data_parallel_start=false, or another algorithm "
-                "than data parallelism")
 
 
 def replicated_node(graph: OpGraph) -> int | None:
