@@ -208,12 +208,60 @@ def _check_devices(plan, path: str, cluster) -> None:
                                    f"{cluster.name!r} lacks")
 
 
+def _oracles(captured: Any, plan: Any) -> list[str]:
+    """What ``--verify`` compares a plan's training with: eager training, and for a replicated plan
+    PyTorch's DDP (with ZeroRedundancyOptimizer for a sharded optimizer) where the batch divides, eager
+    training only where no operation couples the batch's samples (batch norm sees a replica's rows).
+
+    Raises
+    ------
+    OptionError
+        A replicated plan with neither: the batch does not divide and batch norm couples the samples.
+    """
+    from .replicas import batch_coupled
+
+    target = plan.rewritten_graph
+    if target is None or "data_parallel" not in target.extra:
+        return ["eager"]
+    replicas = int(target.extra["data_parallel"]["replicas"])
+    coupled = batch_coupled(captured.gm)
+    oracles = (["ddp"] if captured.batch_size % replicas == 0 else []) + ([] if coupled else ["eager"])
+    if not oracles:
+        raise OptionError(f"--verify has no oracle for this plan: its {replicas} replicas share the batch of "
+                          f"{captured.batch_size} unevenly, which PyTorch's DDP cannot (it averages its replicas "
+                          f"equally), and {coupled[0]!r} couples the samples of a replica's rows (batch norm), so "
+                          f"eager training on the whole batch differs too; verify with a batch that divides by "
+                          f"{replicas}")
+    return oracles
+
+
+def _train_ddp(captured: Any, plan: Any, model: Any, inputs: Any, args: argparse.Namespace) -> tuple:
+    """Train a copy of ``model`` with DDP (and ZeroRedundancyOptimizer) as the replicated ``plan`` splits the
+    batch; the trained model, its optimizer and what to call them."""
+    from ..report.tables import working
+    from .check import eager_optimizer
+    from .ddp import run_ddp
+
+    info = plan.rewritten_graph.extra["data_parallel"]
+    replicas, zero = int(info["replicas"]), bool(info["sharded_optimizer"])
+    name = "DDP + ZeroRedundancyOptimizer" if zero else "DDP"
+    with working(f"training {args.steps} steps with torch {name} on {replicas} ranks to compare ..."):
+        result = run_ddp(model, inputs, captured.optimizer, replicas, steps=args.steps, zero=zero,
+                         bucket_bytes=int(info.get("bucket_bytes") or 25 << 20), timeout_s=args.timeout,
+                         threads=args.threads)
+    model.load_state_dict(result.model_state)
+    optimizer = eager_optimizer(captured, model.parameters())
+    optimizer.load_state_dict(result.optimizer_state)
+    return model, optimizer, f"torch {name} on {replicas} ranks"
+
+
 def _run(args: argparse.Namespace) -> int:
     from ..cli import cluster_for_plan
     from ..cluster import load_cluster
     from ..plan import Plan
     from .check import eager_optimizer, refuse_random_ops, state_difference, step_times, train_eager
     from .program import copy_to
+    from .replicas import replica_steps
 
     if args.steps < 1:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
@@ -255,6 +303,8 @@ def _run(args: argparse.Namespace) -> int:
         raise InvalidPlanError(f"{args.plan}: {exc}") from None
     if args.verify:
         refuse_random_ops(captured)         # random draws cannot equal eager training's: say so before training
+    replica_steps(captured, plan)       # a batch the replicas cannot share: refused before training
+    oracles = _oracles(captured, plan) if args.verify else []
     optimizer = captured.optimizer.eager(model.parameters())
     flat = captured.step_inputs(model, inputs, optimizer)
     devices = args.devices.split(",") if args.devices else None
@@ -293,19 +343,29 @@ def _run(args: argparse.Namespace) -> int:
     _write_measured(args, m, bound, captured.graph, "placer run")
     if not args.verify:
         return 0
-    # Eager training where the plan's first device ran: the same kernels (a GPU's, not the CPU's).
     home = _first_device(args.backend, devices, cluster.num_devices)
-    reference.to(home)
-    reference_optimizer = eager_optimizer(captured, reference.parameters())
-    with working(f"training {args.steps} steps eagerly on {home} to compare ..."):
-        train_eager(reference, [copy_to(x, home) for x in inputs], reference_optimizer, args.steps)
-    worst, where, count = state_difference(model, optimizer, reference, reference_optimizer)
-    if worst <= tolerance:
-        print(f"verify: {count} tensors (parameters, buffers, optimizer state) equal eager training on {home} "
-              f"within {tolerance:g} (largest difference {worst:.3g})")
+    pristine = copy.deepcopy(reference) if "ddp" in oracles else None
+    failed = None
+    for oracle in oracles:
+        if oracle == "eager":
+            # Eager training where the plan's first device ran: the same kernels (a GPU's, not the CPU's).
+            trained = reference.to(home)
+            trained_optimizer = eager_optimizer(captured, trained.parameters())
+            with working(f"training {args.steps} steps eagerly on {home} to compare ..."):
+                train_eager(trained, [copy_to(x, home) for x in inputs], trained_optimizer, args.steps)
+            what = f"eager training on {home}"
+        else:
+            trained, trained_optimizer, what = _train_ddp(captured, plan, pristine, inputs, args)
+        worst, where, count = state_difference(model, optimizer, trained, trained_optimizer)
+        if worst <= tolerance:
+            print(f"verify: {count} tensors (parameters, buffers, optimizer state) equal {what} within "
+                  f"{tolerance:g} (largest difference {worst:.3g})")
+        else:
+            print(f"verify: FAILED: {where} differs from {what} by {worst:.3g} (> --tolerance {tolerance:g})")
+            failed = where
+    if failed is None:
         return 0
-    print(f"verify: FAILED: {where} differs from eager training on {home} by {worst:.3g} "
-          f"(> --tolerance {tolerance:g})")
+    where = failed
     if args.optimizer != "sgd":
         # Measured on an H100: 0.002 after 3 steps at lr 1e-3, from kernels that round differently.
         print(f"verify: {args.optimizer} moves every parameter by about --lr per step whatever its gradient's "

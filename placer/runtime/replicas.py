@@ -55,7 +55,7 @@ from ..transform.replicate import (BUCKET_BYTES, GRADIENTS, UPDATED, _optimizer_
 from ..transform.split import batch_dependent, part_rows
 from .portable import _portable_value
 
-__all__ = ["Feed", "replicate_step", "replica_steps", "pack_bucket", "collective_step", "bucket_view", "weighted_loss",
+__all__ = ["Feed", "replicate_step", "replica_steps", "batch_coupled", "pack_bucket", "collective_step", "bucket_view", "weighted_loss",
            "shard_of", "pack_shard"]
 
 
@@ -105,6 +105,38 @@ class Feed:
             lo, hi = self.shard
             return torch.empty(hi - lo, dtype=value.dtype, device="meta")
         return value
+
+
+#: Batch norm's operations, whose statistics in training mode couple the samples of a batch.
+BATCH_NORMS = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
+               "cudnn_batch_norm", "miopen_batch_norm", "batch_norm")
+
+
+def batch_coupled(gm: fx.GraphModule) -> list[str]:
+    """The nodes of a captured step whose result for one sample depends on the batch's other samples:
+    batch norm in training mode. A data-parallel replica computes them on its rows alone (as DDP
+    without SyncBatchNorm does), so its training differs from eager training on the whole batch.
+
+    Examples
+    --------
+    >>> from torch.fx.experimental.proxy_tensor import make_fx
+    >>> bn = torch.nn.BatchNorm1d(3)
+    >>> batch_coupled(make_fx(lambda x: bn(x).sum())(torch.ones(4, 3)))
+    ['native_batch_norm']
+    """
+    found = []
+    for v in gm.graph.nodes:
+        if v.op != "call_function" or not isinstance(v.target, torch._ops.OpOverload):
+            continue
+        schema = v.target._schema
+        if schema.name.split("::")[-1] not in BATCH_NORMS:
+            continue
+        names = [a.name for a in schema.arguments]
+        k = names.index("training") if "training" in names else -1
+        training = v.args[k] if 0 <= k < len(v.args) else v.kwargs.get("training", True)
+        if training is not False:
+            found.append(v.name)
+    return found
 
 
 # ------------------------------------------------------------------ the operations the rewrite adds
