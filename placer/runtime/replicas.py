@@ -412,10 +412,10 @@ class _Rewrite:
         self.env[k][old] = made
         owner = self.old_carrier.get(old.name, old.name)
         node_id = f"r{k}/{owner}"
-        if node_id in self.target.index:
-            self.carrier[made.name] = node_id
-            if owner == old.name:
-                self.node_of[node_id] = made
+        # Every node of the replicated graph, also those a split in the plan replaces (split_step finds them).
+        self.carrier[made.name] = node_id
+        if owner == old.name:
+            self.node_of[node_id] = made
 
     def call(self, fn, args: tuple, carried_by: str) -> fx.Node:
         node = self.new.call_function(fn, args)
@@ -653,9 +653,8 @@ def _replica_shares(placeholders: list[fx.Node], batch: int | None, r: int) -> l
 class _Sharding:
     """A sharded optimizer's part of the rewrite (ZeRO stage 1).
 
-    Each parameter whose update the graph traces to one gradient of at least
-    two elements, with optimizer state of the parameter's shape, is updated
-    in parts: replica ``k`` takes the elements of the parameter that lie in
+    Each parameter (whose update the graph traces to one gradient, with
+    optimizer state of the parameter's shape and layout) is updated in parts: replica ``k`` takes the elements of the parameter that lie in
     its chunk of the bucket (:meth:`_Rewrite.owner`), reads that part of the
     reduced gradient, holds that part of the state (its placeholders are fed
     that part, :class:`Feed`), and writes that part of the parameter; the
@@ -678,20 +677,19 @@ class _Sharding:
         self.updated: dict[tuple[int, int, int], fx.Node] = {}
         writers_of: dict[tuple[int, int], list[fx.Node]] = {}
         for key, (writers, found) in walks.items():
-            if len(found) != 1 or not writers:
+            if not writers or not found:
                 continue
-            pos = position.get(next(iter(found)))
-            if pos is None:
-                continue
-            x = rw.buckets[pos[0]].tensors[pos[1]]
-            shape = tuple(x.meta["val"].shape)
             held = [by_name.get(graph.ids[m]) for m in graph.colocation_groups[key].tolist()
                     if graph.op[m] == "placeholder"]
-            if len(held) != 1 or held[0] is None or x.meta["val"].numel() < 2:
-                continue
-            value = held[0].meta.get("val")
-            if not isinstance(value, torch.Tensor) or tuple(value.shape) != shape or not value.is_contiguous():
-                continue
+            pos = position.get(next(iter(found))) if len(found) == 1 else None
+            value = held[0].meta.get("val") if len(held) == 1 and held[0] is not None else None
+            shape = tuple(rw.buckets[pos[0]].tensors[pos[1]].meta["val"].shape) if pos is not None else None
+            if pos is None or not isinstance(value, torch.Tensor) or tuple(value.shape) != shape \
+                    or not value.is_contiguous():
+                what = held[0].name if len(held) == 1 and held[0] is not None else key
+                raise InvalidPlanError(f"a sharded optimizer cannot update {what!r} in parts: its update reads "
+                                       f"{len(found)} gradients, or a tensor of another shape or layout than its "
+                                       f"gradient's; plan with data_parallel instead")
             self.shape[pos] = shape
             if (rw.layout.param_factor[graph.colocation_groups[key]] < 1).all():
                 self.state_range[held[0]] = [self.range(pos, k) for k in range(rw.r)]

@@ -151,8 +151,10 @@ def _state_writes(graph: OpGraph) -> tuple[dict[str, tuple[list[int], set[tuple[
             u = int(src[e])
             further = feeding(u)
             # Element-wise optimizer arithmetic reads only state-sized batch-dependent tensors;
-            # the first node that reads anything else (activations) produced the gradient.
-            if further and _optimizer_op(graph.op[u]) and all(nbytes[f] == size for f in further):
+            # the first node that reads anything else (activations) produced the gradient, and so
+            # did a sum of gradients alone (a tied weight's, which backward accumulates).
+            if further and _optimizer_op(graph.op[u]) and all(nbytes[f] == size for f in further) \
+                    and not _accumulates(graph, u, further):
                 if u not in seen:
                     seen.add(u)
                     optimizer[u] = True
@@ -161,6 +163,17 @@ def _state_writes(graph: OpGraph) -> tuple[dict[str, tuple[list[int], set[tuple[
                 found.add((u, int(tensor[e])))
         walks[key] = (writers, found)
     return walks, optimizer
+
+
+def _accumulates(graph: OpGraph, u: int, feeding: list[int]) -> bool:
+    """Whether node ``u`` sums gradients: an ``add`` whose every tensor input is one of ``feeding`` (its
+    batch-dependent inputs of the state's size), as backward sums a tied weight's gradients. An
+    optimizer's arithmetic always reads state too (the parameter, a moment, the learning rate)."""
+    op = graph.op[u]
+    if op is None or op.rsplit(".", 1)[-1].removeprefix("_foreach_").rstrip("_") != "add" or len(feeding) < 2:
+        return False
+    ptr, eids = graph.in_edges
+    return all(e in feeding for e in eids[ptr[u]:ptr[u + 1]].tolist() if graph.edge_bytes[e])
 
 
 def _optimizer_arithmetic(graph: OpGraph, optimizer: np.ndarray, batch: np.ndarray) -> np.ndarray:
