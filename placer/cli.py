@@ -383,7 +383,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
     _check_search_flags(args)
     names = _algorithm_names(args.algorithms)
     return run_demo(Path(args.output), model=args.model, batch=args.batch, cluster=args.cluster,
-                    algorithms=names, time_limit=args.time_limit)
+                    algorithms=names, time_limit=args.time_limit, train=not args.no_train)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -454,6 +454,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--algorithms", help="comma-separated names (default: every registered algorithm)")
     p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT,
                    help=f"per-algorithm search limit in seconds (default {DEFAULT_TIME_LIMIT:g})")
+    p.add_argument("--no-train", action="store_true",
+                   help="skip training auto's plan of a small model on this machine's CPU ranks afterwards")
     p.set_defaults(func=cmd_demo)
 
     for module in COMMAND_MODULES:

@@ -5,6 +5,12 @@ the default cluster (Inception-v3 at batch 192 with Adam: about 18 GiB
 against 16 GiB V100s), compares every registered algorithm on it, prints the
 table and writes the full report (tables, plans, Gantt and memory charts,
 report.html) with the captured graph beside it.
+
+Then it trains a recommended plan for real (:func:`train_recommended`): a
+small model, profiled on this machine's CPU, planned by ``auto`` over two
+CPU ranks, trained a few steps with ``placer run --verify`` (against
+PyTorch's DDP and eager training), the step the simulator predicted beside
+the one measured.
 """
 
 from __future__ import annotations
@@ -18,21 +24,26 @@ from .cluster import load_cluster
 from .io import check_output
 from .report.compare import check_options, compare
 
-__all__ = ["run_demo", "DEFAULT_MODEL", "DEFAULT_BATCH", "DEFAULT_CLUSTER", "DEFAULT_TIME_LIMIT"]
+__all__ = ["run_demo", "train_recommended", "DEFAULT_MODEL", "DEFAULT_BATCH", "DEFAULT_CLUSTER",
+           "DEFAULT_TIME_LIMIT", "TRAIN_MODEL", "TRAIN_BATCH", "TRAIN_CLUSTER", "TRAIN_STEPS"]
 
 DEFAULT_MODEL = "zoo:inception_v3"
 DEFAULT_BATCH = 192
 DEFAULT_CLUSTER = "4xV100-nvlink"
 #: Per-algorithm search limit, so that the whole demo stays within a few minutes on 2 cores.
 DEFAULT_TIME_LIMIT = 20.0
+#: What the demo trains: a model small enough to train in seconds on two CPU ranks, and big enough that
+#: a data-parallel plan beats one process.
+TRAIN_MODEL, TRAIN_BATCH, TRAIN_CLUSTER, TRAIN_STEPS = "zoo:lenet", 256, "2xcpu", 6
 
 
 def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_BATCH,
              cluster: str = DEFAULT_CLUSTER, algorithms: list[str] | None = None,
-             time_limit: float = DEFAULT_TIME_LIMIT, console: Console | None = None) -> int:
-    """Capture ``model`` at ``batch``, compare ``algorithms`` on ``cluster``, write the report to ``output``.
+             time_limit: float = DEFAULT_TIME_LIMIT, console: Console | None = None, train: bool = True) -> int:
+    """Capture ``model`` at ``batch``, compare ``algorithms`` on ``cluster``, write the report to ``output``;
+    then, with ``train``, :func:`train_recommended`.
 
-    Returns the exit status: 0 when some algorithm found a plan that fits.
+    Returns the exit status: 0 when some algorithm found a plan that fits (and the trained plan verified).
     """
     from .capture import capture_spec
 
@@ -56,4 +67,45 @@ def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_B
         console.print("no algorithm found a plan that fits")
         return 1
     console.print(f"best: {best.algorithm} ({best.makespan_s * 1e3:.2f} ms); report: {paths['html']}")
-    return 0
+    return train_recommended(output, console=console) if train else 0
+
+
+def train_recommended(output: Path, *, model: str = TRAIN_MODEL, batch: int = TRAIN_BATCH,
+                      cluster: str = TRAIN_CLUSTER, steps: int = TRAIN_STEPS, time_limit: float = 5.0,
+                      console: Console | None = None) -> int:
+    """Profile ``model`` on this CPU, plan it with ``auto`` on ``cluster``'s CPU ranks, and train that plan.
+
+    The plan (``output/train-plan.json``) is made from the profile, so the
+    simulator predicts the step from times measured here; ``placer run
+    --backend distributed --verify`` then trains it with SGD, one process per
+    device, prints the measured step beside the prediction, and compares the
+    trained model with PyTorch's DDP and eager training. Returns ``placer
+    run``'s exit status.
+    """
+    import torch
+
+    from .algorithms import place
+    from .capture import capture_spec
+    from .capture.spec import load_model
+    from .cli import main
+    from .cost.profile import apply_profile, profile_step
+
+    console = console or Console()
+    with console.status(f"profiling {model} at batch {batch} on this CPU and planning it with auto on "
+                        f"{cluster} ..."):
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)           # each rank runs one thread, as the profile does
+        try:
+            net, inputs = load_model(model, batch)
+            captured = capture_spec(model, batch, optimizer="sgd", fake=False)
+            graph = apply_profile(captured.graph, profile_step(captured, net, inputs, device="cpu"))
+        finally:
+            torch.set_num_threads(threads)
+        plan = place(graph, load_cluster(cluster), "auto", time_limit=time_limit)
+    path = output / "train-plan.json"
+    plan.save(path)
+    start = plan.extra.get("auto", {}).get("start", "auto") if isinstance(plan.extra.get("auto"), dict) else "auto"
+    console.print(f"[bold]training auto's plan[/] of {graph.name} (built on {start}) on {cluster}: {steps} steps, "
+                  f"one process per device -> {path}")
+    return main(["run", model, "--batch", str(batch), "--optimizer", "sgd", "--plan", str(path),
+                 "--backend", "distributed", "--steps", str(steps), "--verify"])

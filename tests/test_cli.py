@@ -166,6 +166,9 @@ def test_installed_command_runs_demo(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "best:" in done.stdout
     assert (tmp_path / "demo" / "graph.json").exists()
+    # Then it trains auto's plan of a small model on two CPU ranks, checked against torch's DDP.
+    assert "simulator predicts" in done.stdout and "equal torch DDP" in done.stdout
+    assert (tmp_path / "demo" / "train-plan.json").exists()
 
 
 def test_a_demo_whose_report_fails_leaves_no_lone_graph(tmp_path, monkeypatch):
