@@ -212,3 +212,37 @@ def test_ddp_refuses_a_batch_smaller_than_its_replicas():
     model, inputs, captured = tiny("lenet", 2)
     with pytest.raises(OptionError, match="at least 4 samples"):
         run_ddp(model, inputs, captured.optimizer, 4)
+
+
+def _torchrun_rank(rank: int, port: int, model, inputs, captured, plan, out: str) -> None:
+    """One rank as torchrun starts it: only the environment says who it is."""
+    import os
+
+    from placer.runtime.distributed import run_under_torchrun
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    model = copy.deepcopy(model)
+    flat = captured.step_inputs(model, inputs, captured.optimizer.eager(model.parameters()))
+    result = run_under_torchrun(captured.gm, captured.graph, plan, load_cluster("2xcpu"), flat, steps=2,
+                                carrier=captured.carrier, timeout_s=30, replica_steps=replica_steps(captured, plan))
+    if result is not None:
+        torch.save(result.state, out)
+
+
+def test_ranks_started_by_torchrun_train_a_sharded_plan(tmp_path):
+    import torch.multiprocessing as mp
+
+    from placer.runtime.distributed import free_port
+
+    model, inputs, captured = tiny("lenet", 5, "adam")
+    plan = place(captured.graph, load_cluster("2xcpu"), "sharded_data_parallel")
+    out = str(tmp_path / "state.pt")
+    mp.start_processes(_torchrun_rank, args=(free_port(), model, inputs, captured, plan, out), nprocs=2,
+                       start_method="fork")
+    trained = copy.deepcopy(model)
+    optimizer = captured.optimizer.eager(trained.parameters())
+    flat = captured.step_inputs(trained, inputs, optimizer)
+    state = torch.load(out, weights_only=False)
+    captured.write_back([state.get(k, v) for k, v in enumerate(flat)], trained, optimizer)
+    assert_equal((trained, optimizer), eager_training(model, inputs, captured), tolerance=1e-4)

@@ -50,13 +50,12 @@ import torch.fx as fx
 
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
-from ..transform.replicate import (BUCKET_BYTES, GRADIENTS, UPDATED, _optimizer_arithmetic, _state_writes,
-                                   collective_stages, replica_layout)
+from ..transform.replicate import BUCKET_BYTES, _optimizer_arithmetic, _state_writes, collective_stages, replica_layout
 from ..transform.split import batch_dependent, part_rows
 from .portable import _portable_value
 
-__all__ = ["Feed", "replicate_step", "replica_steps", "batch_coupled", "pack_bucket", "collective_step", "bucket_view", "weighted_loss",
-           "shard_of", "pack_shard"]
+__all__ = ["Feed", "replicate_step", "replica_steps", "batch_coupled", "pack_bucket", "collective_step",
+           "bucket_view", "weighted_loss", "shard_of", "pack_shard"]
 
 
 @dataclass(frozen=True)
@@ -654,13 +653,14 @@ class _Sharding:
     """A sharded optimizer's part of the rewrite (ZeRO stage 1).
 
     Each parameter (whose update the graph traces to one gradient, with
-    optimizer state of the parameter's shape and layout) is updated in parts: replica ``k`` takes the elements of the parameter that lie in
-    its chunk of the bucket (:meth:`_Rewrite.owner`), reads that part of the
-    reduced gradient, holds that part of the state (its placeholders are fed
-    that part, :class:`Feed`), and writes that part of the parameter; the
-    all-gather then writes every part into every replica's parameter.
-    Anything else (step counters, scalar parameters) is updated whole, the
-    same on every replica.
+    optimizer state of the parameter's shape and layout) is updated in parts:
+    replica ``k`` takes the elements of the parameter that lie in its chunk
+    of the bucket (:meth:`_Rewrite.owner`), reads that part of the reduced
+    gradient, holds that part of the state (its placeholders are fed that
+    part, :class:`Feed`), and writes that part of the parameter; the
+    all-gather then writes every part into every replica's parameter. What
+    no gradient feeds (Adam's step counters) is updated whole, the same on
+    every replica.
     """
 
     def __init__(self, rw: _Rewrite):
