@@ -1,12 +1,11 @@
 #!/usr/bin/env bash
-# The checks a lent GPU machine is for, in one run (5.5 minutes in sessions 20 and 22, 8 in session 34): fidelity on
-# its quiet CPU cores (bench/fidelity.py, recorded; since session 37 its table shows the prediction with and without
-# the calibrated cost of the operation right after a message; since session 38 it calibrates with a probe run,
-# --probe, and compares that message cost with the streams'), that cost's probe, the CUDA paths (bench/cuda_check.py; `placer run --verify` on a
+# The checks that need a GPU machine, in one run of about 8 to 10 minutes: fidelity on its quiet CPU cores
+# (bench/fidelity.py, recorded; its table shows the prediction with and without the calibrated cost of the
+# operation right after a message, and it calibrates with a probe run, --probe, and compares that message cost
+# with the streams'), that cost's probe, the CUDA paths (bench/cuda_check.py; `placer run --verify` on a
 # GPU, SGD and Adam), the cost model against CUDA kernel times (bench/capture.py), and the test suite under that
 # machine's torch (cut short when time runs out). FIDELITY_TIMEOUT, CAPTURE_TIMEOUT and TESTS_TIMEOUT (seconds) bound
-# the three long parts; session 34 ran it with FIDELITY_ARGS="--rounds 2" FIDELITY_TIMEOUT=250 TESTS_TIMEOUT=90
-# CAPTURE_TIMEOUT=90 in 486 s. RECEIVE_TIMEOUT, CAPTURE_TIMEOUT or TESTS_TIMEOUT of 0 skips that part.
+# the three long parts; RECEIVE_TIMEOUT, CAPTURE_TIMEOUT or TESTS_TIMEOUT of 0 skips that part.
 #
 # The machine has torch but not every dependency: first, on the development machine, download the
 # missing ones as cp312 wheels into ./.whl (git-ignored through .git/info/exclude), e.g.
@@ -14,7 +13,7 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #     --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
 #     -d .whl pymetis==2025.2.2 ortools==9.15.6755 protobuf==6.33.6 immutabledict
-# then run this script there with `.whl` carried. Everything it measures lands in $OUT (or ./gpu-out).
+# then copy `.whl` there beside the tree and run this script. Everything it measures lands in $OUT (or ./gpu-out).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 out=${OUT:-gpu-out}
@@ -27,19 +26,18 @@ else
   export PYTHONPATH=$PWD
 fi
 nproc; uptime; nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
-# The ranks' operations run 1.2x apart between ranks of one run (docs/benchmarks.md, "Session 24"): the topology.
+# The ranks of one run compute up to 1.2x apart: print the CPU topology.
 lscpu | grep -i -E "model name|socket|core|thread|numa|cache" || true
 echo "== fidelity (quiet cores: run before anything else loads the machine)"
-# FIDELITY_ARGS picks a subset or rounds, e.g. FIDELITY_ARGS="--rounds 2" (session 24 on the H200: the seven
-# models in 2 rounds 245 s, in 3 rounds 288 s; session 45, with --probe and a profile before every run, reached
-# RNNLM's last round of 3 in 390 s), with FIDELITY_TIMEOUT (seconds, default 300).
+# FIDELITY_ARGS picks a subset or rounds, e.g. FIDELITY_ARGS="--rounds 3" (the seven models in 3 rounds take
+# about 8 minutes on 16 cores of an H200 machine), with FIDELITY_TIMEOUT (seconds, default 300).
 timeout "${FIDELITY_TIMEOUT:-300}" "$py" bench/fidelity.py --steps 10 --plans expert,metis,round_robin --probe \
   --record /tmp/fidelity-record ${FIDELITY_ARGS:-} 2>&1 | tee "$out/fidelity.log"
 # Without the simulated traces (the replay makes them again); the measured ones give each run's step end.
 tar cJf "$out/fidelity-record.tar.xz" -C /tmp --exclude '*-simulated.json' fidelity-record
 # A part whose *_TIMEOUT is 0 is skipped (`timeout 0` would mean no limit).
 if [ "${RECEIVE_TIMEOUT:-60}" != 0 ]; then
-  echo "== an operation right after a message (bench/op_slowdown.py --part receive; session 37)"
+  echo "== an operation right after a message (bench/op_slowdown.py --part receive)"
   timeout "${RECEIVE_TIMEOUT:-60}" "$py" bench/op_slowdown.py --part receive --steps 40 2>&1 | tee "$out/receive.log"
 fi
 echo "== cuda paths"
@@ -60,7 +58,6 @@ if [ "${CAPTURE_TIMEOUT:-120}" != 0 ]; then
 fi
 if [ "${TESTS_TIMEOUT:-130}" != 0 ]; then
   echo "== tests under this machine's torch"
-  # 100 s cut session 22's run at its last test.
   timeout "${TESTS_TIMEOUT:-130}" "$py" -m pytest -n "$(nproc)" -q -p no:cacheprovider --maxfail=25 > "$out/tests.log" 2>&1
   tail -5 "$out/tests.log"
 fi

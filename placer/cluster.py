@@ -264,7 +264,7 @@ class Cluster:
 #   2x4xV100: hosts joined by 100 Gb/s EDR InfiniBand (12.5 GB/s), ~20 us latency
 #     with the software stack; one shared NIC channel per direction.
 #   cpu: processes on this machine over torch.distributed gloo on 127.0.0.1,
-#     measured 1 MB in ~0.5 ms and 64 MB in ~31 ms (../shared/notes): ~2.1 GB/s.
+#     measured 1 MB in ~0.5 ms and 64 MB in ~31 ms on a 2-core machine: ~2.1 GB/s.
 _NVLINK2_BW = 25e9
 _PCIE3_BW = 12e9
 _GPU_LATENCY = 1e-5
@@ -319,8 +319,8 @@ PRESET_SOURCES: dict[str, str] = {
     "8xH100-nvswitch": "H100 SXM5 80 GB datasheet; NVLink 4 via NVSwitch, 450 GB/s egress per GPU",
     "4xGPU-pcie": "V100 16 GB on PCIe 3.0 x16, ~12 GB/s achieved, one shared channel per source GPU",
     "2x4xV100": "two DGX-1-like hosts (NVLink 2 inside), 100 Gb/s EDR InfiniBand between, one NIC channel per direction",
-    "2xcpu": "processes on this machine over gloo on 127.0.0.1, ~2.1 GB/s measured (shared/notes)",
-    "4xcpu": "processes on this machine over gloo on 127.0.0.1, ~2.1 GB/s measured (shared/notes)",
+    "2xcpu": "processes on this machine over gloo on 127.0.0.1, ~2.1 GB/s measured on a 2-core machine",
+    "4xcpu": "processes on this machine over gloo on 127.0.0.1, ~2.1 GB/s measured on a 2-core machine",
 }
 
 

@@ -97,7 +97,7 @@ def test_ctrl_c_in_the_portfolio_returns_the_best_so_far(case, monkeypatch):
 
 def test_default_portfolio_runs_fast_members_first_and_slow_ones_only_with_time():
     short, long = default_portfolio(20), default_portfolio(120)
-    # The cheapest before m-SCT, which may use all the time left (GNMT over two hosts, session 20).
+    # The cheapest before m-SCT, which may use all the time left (GNMT over two hosts).
     assert short[:8] == ["expert", "sharded_data_parallel", "data_parallel", "single", "metis", "celeritas",
                          "order_place", "m_sct"]
     assert len(short) == len(set(short))   # m_sct, a search, runs once

@@ -541,7 +541,7 @@ def test_os_dpos_keeps_its_plan_when_the_first_trial_split_runs_out_of_time(monk
 
 def test_os_dpos_keeps_time_to_check_a_plan_of_its_data_parallel_start(monkeypatch):
     # A plan of the replicated graph takes placer a few simulations to check (0.33 s at 2 s on the
-    # demo's graph, session 33): OS-DPOS times the simulation of its data-parallel start and keeps
+    # demo's graph): OS-DPOS times the simulation of its data-parallel start and keeps
     # CHECK_SIMULATIONS of those out of its search.
     import time
 

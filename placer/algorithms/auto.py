@@ -50,7 +50,7 @@ SEARCHES = ("os_dpos",) + SLOW_ALGORITHMS
 #: searches at the end missed the best plan on GNMT over 4 A100s (m-SCT's, 1.36x faster); run before data
 #: parallelism, the cheap members missed NASNet and ResNet-200 on CPUs by 1.4-4.9x; run after m-SCT, they
 #: never ran on GNMT over two hosts, where m-SCT used the time left without a plan and METIS's was 1.14x
-#: faster than auto's (session 20).
+#: faster than auto's.
 FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "single", "metis", "celeritas", "order_place",
               "m_sct", "m_topo", "dpos", "heft")
 #: Options auto gives members: data parallelism reduces its gradients with whichever collective is faster

@@ -1,8 +1,8 @@
 """Baechi's memory-constrained placers: m-TOPO, m-ETF and m-SCT.
 
 Jeon et al., "Baechi: fast device placement of machine learning graphs",
-ACM SoCC 2020, Section 4 (the facts of its public code are in
-``shared/notes/baechi.md``). All three place colocation groups whole (the
+ACM SoCC 2020, Section 4, and its public code. All three place colocation
+groups whole (the
 first member scheduled fixes the group's device), never exceed a device's
 memory budget, and emit the per-device order of their schedule.
 """
@@ -195,9 +195,7 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     (``check_crowd``); and an input sent to a device for another
     reader may arrive there sooner than a transfer of one's own would (a copy
     of fewer bytes: one tensor's edges in a captured graph may differ).
-    Session 10 had instead booked a node within a tolerance of the smallest
-    start after it lost its place three times, which this makes needless:
-    m-ETF is exact ETF (``plain_etf`` in the tests). A device whose memory
+    So m-ETF is exact ETF (``plain_etf`` in the tests). A device whose memory
     cannot take a node for now holds it aside until memory is freed there; one
     whose unit needs more room than the device has left comes back once the
     device has that room, not at every free (NASNet with its layers colocated

@@ -687,8 +687,7 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     References
     ----------
     PyTorch ``torch.func`` (functional_call, grad_and_value, functionalize) and
-    ``torch.fx.experimental.proxy_tensor.make_fx``; the approach recorded in the
-    project's notes (shared/notes/pytorch-capture.md).
+    ``torch.fx.experimental.proxy_tensor.make_fx``.
     """
     started = time.perf_counter()
     if not isinstance(model, nn.Module):
@@ -746,7 +745,7 @@ _CHECKPOINTING = ("activation checkpointing (torch.utils.checkpoint) cannot be c
                   "the plan decides where each activation is held")
 #: What a tracing failure's message says (or a file it went through) -> what the model does that capture cannot
 #: follow, and what to do. Checkpointing fails as "saved tensor hooks" under torch 2.13, as "NYI: Functionalize
-#: rule for custom_function_call" under 2.11 (the lent GPU machines'), inside torch/utils/checkpoint.py either way.
+#: rule for custom_function_call" under 2.11, inside torch/utils/checkpoint.py either way.
 _TRACE_HINTS = (
     ("data-dependent", "the model branches on tensor values or reads one as a Python number: if, .item(), "
                        "float(), int(), which a trace with fake tensors cannot follow"),

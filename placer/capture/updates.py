@@ -14,7 +14,7 @@ per step (an ``.item()`` of the step's ``lr`` input, before the updates) and eve
 update reads that one value, a copy as :meth:`UpdateTemplates.expand` points it there.
 The graph is the one a trace of every update gives: the same nodes in the same order,
 names, arguments and metadata (``tests/test_capture.py`` compares the two). NASNet,
-1,026 parameters, captures in two thirds of the time (docs/benchmarks.md, "Capture and cost model").
+1,026 parameters, captures in about two thirds of the time a trace of every update takes.
 """
 
 from __future__ import annotations

@@ -381,9 +381,9 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
     it) and unpacking. Both ways at once, as a plan's ranks exchange them: with
     one rank only sending and the other only receiving, a message cost half as
     much to send as in a round-robin plan's run (on the 2-core development
-    machine, 14.5 us against 30.8 us; both ways, 35 us). On the lent H200
+    machine, 14.5 us against 30.8 us; both ways, 35 us). On a 16-core H200
     machine both ways still measured 17 us back to back, against its
-    round-robin runs' 24 to 43 us (docs/benchmarks.md, "Fidelity", session 22).
+    round-robin runs' 24 to 43 us.
     """
     import torch
     import torch.distributed as dist
@@ -437,9 +437,9 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
     messages each way (waited for by each rank in turn).
 
     A placed step's operations that read a received tensor ran 15 to 21 us per
-    message longer than profiled on the lent machines, those that send 4 to 9 us,
-    where the profile runs every operation right after another (docs/benchmarks.md,
-    "Fidelity", session 37); on the development machine an element-wise operation
+    message longer than profiled on 16-core H100 and H200 machines, those that send
+    4 to 9 us, where the profile runs every operation right after another; on the
+    2-core development machine an element-wise operation
     right after a receive took a few microseconds more than after another
     operation, and about 30 us more right after a receive its rank waited for,
     on the received tensor or on one its own thread wrote (``bench/op_slowdown.py
@@ -596,9 +596,9 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     The calibration's streams send one small message at a time; a plan's run
     sends hundreds in a step, of every size, with all its receives posted as
     the step begins, and there a message costs more (round-robin runs' sends
-    about twice the streams' on the lent machines: docs/benchmarks.md,
-    "Fidelity"). So the probe runs that: ``model`` (a ``zoo:`` or file spec and
-    a batch, :func:`placer.capture.spec.capture_spec`) placed round robin over
+    about twice the streams' on 16-core machines). So the probe runs that:
+    ``model`` (a ``zoo:`` or file spec and a batch,
+    :func:`placer.capture.spec.capture_spec`) placed round robin over
     ``2xcpu``, ``steps`` steps with the distributed runtime
     (:func:`placer.runtime.distributed.run_distributed`), and fits its messages
     (:meth:`MessageCost.fit`), shaped over gaps as ``cost``'s streams
@@ -606,10 +606,9 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     after a message loses is fitted to the run's operations against a profile
     of the probe's step taken just before
     (:func:`placer.cost.messages.fit_after_message`), in place of ``cost``'s,
-    which the streams time one message at a time (on the lent machines'
-    records, the prediction before a run with a round-robin run of another
-    model as the probe: 12.1 -> 11.1% mean error on s37, 15.6 -> 13.4% on
-    s34, 17.7 -> 13.8% on s24c; docs/benchmarks.md, "Fidelity").
+    which the streams time one message at a time (on recorded runs of 16-core
+    machines, with a round-robin run of another model as the probe, these charges
+    took the prediction before a run from 12 to 18% mean error to 11 to 14%).
 
     Parameters
     ----------

@@ -11,9 +11,9 @@ a plan that send and receive, as a richer mode beside the reference one
 calibration before any run (:func:`placer.cost.calibrate.calibrate`).
 
 A message costs less when the rank exchanged another shortly before it: over
-gloo on the lent H200 machine's cores a message alone cost 77 to 89 us to send
+gloo on a 16-core H200 machine's cores a message alone cost 77 to 89 us to send
 and 107 to 149 us to receive, one in a round-robin plan's run, with hundreds a
-step, 24 to 43 us and 20 to 31 us (docs/benchmarks.md, "Fidelity", session 22). A calibration also times
+step, 24 to 43 us and 20 to 31 us. A calibration also times
 streams of messages with computation between them (:attr:`MessageCost.by_gap`);
 :func:`simulate_with_messages` then charges each message at the gap the
 simulated schedule leaves before it on its rank.
@@ -279,9 +279,9 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
     (the runtime posts every receive as a step begins and sends as each producer
     ends), each later one the cost at its gap in the pass before (``passes`` in all,
     fewer once the step moves by 0.1% or less). Started from each message alone
-    instead, the passes settle on longer gaps: on the session 20 and 22 fidelity
-    records, with a step-shaped cost, 15.7% and 15.9% mean error against 12.8%
-    and 14.1% (docs/benchmarks.md, "Fidelity"). ``messages``, where the caller
+    instead, the passes settle on longer gaps: on two recorded fidelity samples,
+    with a step-shaped cost, 15.7% and 15.9% mean error against 12.8% and 14.1%.
+    ``messages``, where the caller
     has them, are the plan's (:func:`plan_messages`, computed when not given).
     Likewise, where ``cost`` charges the operation after a receive its rank waited
     for (:attr:`MessageCost.after_wait_s`), each pass charges it to the nodes
@@ -323,10 +323,9 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
     to back). The calibration's costs by gap are scaled, each side by one
     factor, so that over the gaps of the run's messages (its plan, ``bound``,
     simulated with its ops' own times and ``fitted``) they average the run's
-    fixed parts; the per-byte parts are the run's. On the session 22 fidelity
-    records, each plan predicted from another plan's run: 21.3% and 20.9%
-    mean error, against 26.3% and 27.7% with the run's cost at every gap
-    (docs/benchmarks.md, "Fidelity").
+    fixed parts; the per-byte parts are the run's. On two recorded fidelity
+    samples, each plan predicted from another plan's run: 21.3% and 20.9%
+    mean error, against 26.3% and 27.7% with the run's cost at every gap.
 
     It also takes the calibration's cost of the operation right after a message
     (:attr:`MessageCost.after_send_s`, ``after_receive_s``, ``after_wait_s``), which a run's own
@@ -365,9 +364,9 @@ def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCo
     the messages themselves are kept.
 
     A calibration's streams time one message at a time between two ranks; in a
-    plan's run the operation right after a message loses more (on the lent
-    machines' records, the ops that receive a message 1.3 to 1.4 times their
-    profile, +15 to 21 us per message: docs/benchmarks.md, "Fidelity").
+    plan's run the operation right after a message loses more (on recorded runs
+    of 16-core machines, the ops that receive a message 1.3 to 1.4 times their
+    profile, +15 to 21 us per message).
     :func:`placer.cost.calibrate.measure_probe` fits it to a probe run.
 
     Raises
@@ -400,9 +399,8 @@ def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: Messa
     gives back :attr:`MessageCost.after_send_s`, each that receives
     ``after_receive_s`` (``after_wait_s`` where it waited for its messages in
     the run as its own times and ``cost`` simulate it), once, never below zero.
-    On the development machine's session 37 records, each plan predicted from
-    another plan's run: 57.8% -> 50.6% and 48.2% -> 41.2% mean error
-    (docs/benchmarks.md, "Fidelity").
+    On recorded runs of the 2-core development machine, each plan predicted from
+    another plan's run: 57.8% -> 50.6% and 48.2% -> 41.2% mean error.
     """
     if not (cost.after_send_s or cost.after_receive_s or cost.after_wait_s):
         return own_s

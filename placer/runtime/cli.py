@@ -372,7 +372,7 @@ def _run(args: argparse.Namespace) -> int:
               f"size, so rounding differences between kernels (GPUs) can reach 2 x lr x steps: "
               f"verify with --optimizer sgd, or pass a --tolerance of that size")
     elif where.endswith(":momentum_buffer"):
-        # Measured on an H200 (session 42): 1.3e-05 in conv1's after 5 steps, the parameters within 1e-6.
+        # Measured on an H200: 1.3e-05 in conv1's after 5 steps, the parameters within 1e-6.
         print("verify: a momentum buffer holds a running sum of gradients, not steps of --lr, so rounding "
               "differences between kernels (GPUs) show in it at the gradients' size: verify without --momentum, "
               "or pass a --tolerance of that size")

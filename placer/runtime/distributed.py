@@ -94,7 +94,7 @@ class KernelChoice:
     float32_precision: tuple[str, str]
     #: Whether cuDNN must pick deterministic algorithms, and whether it may benchmark them: a spawned
     #: rank that chose otherwise than its launcher trained 7.9e-4 apart from it after three Adam steps
-    #: (an H200, session 34).
+    #: (an H200).
     cudnn_algorithm_choice: tuple[bool, bool]
 
     @classmethod

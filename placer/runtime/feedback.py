@@ -9,9 +9,9 @@ for that device's kind (the reference model prefers them over the analytic
 ``compute_s / speed``), through :func:`placer.cost.profile.apply_profile`;
 measured transfers set each link type's latency (:func:`measured_cluster`): in
 a running step a message costs more than in an idle ping-pong, and unevenly
-(on the lent 16-core machine, messages of 32 to 256 KiB a rank waited for took
+(on a 16-core machine, messages of 32 to 256 KiB a rank waited for took
 a mean of 80 to 590 us by size, medians of 32 to 226 us, against 41 to 90 us
-calibrated; docs/benchmarks.md "Fidelity").
+calibrated).
 
 Both also go to files, so that a run's measurements outlive it: :func:`measured_profile`
 makes the node times a ``placer.profile/1`` profile (``placer run/tune --profile-output``,
@@ -130,9 +130,9 @@ def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, 
     changes: it varies several-fold between messages of one size and does not
     grow with size over the few sizes a plan sends, so a line fitted to such
     points says little of the bandwidth. The mean, not the median, because a
-    step's critical path adds these costs up (on the recorded runs of
-    docs/benchmarks.md "Fidelity": mean error 7.7% with the mean, 11.6% with the
-    median, 14.5% with a least-squares line).
+    step's critical path adds these costs up (on 24 recorded runs of a 16-core
+    machine: mean error 7.7% with the mean, 11.6% with the median, 14.5% with a
+    least-squares line).
 
     Parameters
     ----------

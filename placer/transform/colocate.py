@@ -102,8 +102,7 @@ def colocate_sole_consumers(graph: OpGraph) -> OpGraph | None:
     References
     ----------
     B. Jeon et al., "Baechi: fast device placement of machine learning graphs",
-    ACM SoCC 2020: the co-placement grouping of its public code, as
-    ``shared/notes/baechi.md`` records it.
+    ACM SoCC 2020: the co-placement grouping of its public code.
     """
     n = graph.num_nodes
     pairs = np.unique(np.stack([graph.src, graph.dst], axis=1), axis=0)  # distinct (producer, consumer)
