@@ -38,16 +38,15 @@ much slower each rank computed than profiled and, from the traces, whether
 operations run slower just after their rank blocked or while the other ranks
 compute, and the command to reproduce them.
 
-Every plan's run follows a fresh profile of its model (since session 45;
-before, one profile per round), and with ``--rounds R`` every plan runs R
-times in turn, so that the machine's own speed, which moves over seconds on
-the lent machines (docs/benchmarks.md, "Session 23: the machine's own
-speed"), weighs on both sides alike: a plan's measured step is the median of
-every round's steps after warm-up, its operations' times the median over the
-rounds, and its prediction comes from each node's median over every profile
-(the plans are made from the first). The record keeps every profile, and the
-summary compares the prediction from every profile with that from each
-round's first (the sessions before) and from those just before the plan's runs.
+Every plan's run follows a fresh profile of its model, and with ``--rounds R``
+every plan runs R times in turn, so that the machine's own speed, which moves
+over seconds on a many-core machine (docs/benchmarks.md, "Fidelity"), weighs
+on both sides alike: a plan's measured step is the median of every round's
+steps after warm-up, its operations' times the median over the rounds, and its
+prediction comes from each node's median over every profile (the plans are
+made from the first). The record keeps every profile, and the summary compares
+the prediction from every profile with that from each round's first profile
+alone and from those just before the plan's runs.
 
 With ``--probe``, the calibration takes a message's host cost from a probe run
 (``placer calibrate --probe``: :func:`placer.cost.calibrate.measure_probe`), so
@@ -63,46 +62,28 @@ simulator's timeline of the plan with the run's own op times
 ``--replay DIR_OR_ARCHIVE`` prints the tables again from such a record, with
 the cost model of the code at hand: how a change to the model would have
 predicted runs measured on a quiet machine, without that machine.
-``bench/data`` holds the records of docs/benchmarks.md, without their traces
-(``tar cJf NAME.tar.xz --exclude '*-measured.json' --exclude
-'*-simulated.json' DIR``): ``fidelity-h200.tar.xz`` (session 19, 24 runs,
-no message times), ``fidelity-h200-s20a.tar.xz``, ``-s20b``, ``-s20c``
-(session 20, three samples of 42 runs), ``fidelity-h200-s22a.tar.xz``,
-``-s22b``, ``-s22c`` (session 22: the expert split's new order; a's
-calibration without streams, b's one way, c's both ways) and
-``fidelity-h200-s24a.tar.xz``, ``-s24b``, ``-s24c`` (session 24: in rounds,
-3, 3 and 2; c with each op's time counted from its rank's previous op's
-end, and with its measured traces, from which the replay takes each run's
-step end), ``fidelity-dev-s29.tar.xz`` (session 29: the 2-core
-development machine, 2 ranks, four plans of the seven models in 3 rounds;
-its live output ``fidelity-dev-s29.log``), ``fidelity-h200-s34.tar.xz``
-(session 34: the first with the calibrated barrier, 2 rounds) and
-``fidelity-h100-s37.tar.xz`` (session 37: the first on the H100 machine,
-2 rounds), both with their measured traces and live output (``.log``), and
-``fidelity-dev-s37.tar.xz`` and ``-s37b`` (session 37, the development machine: the first
-whose calibration times the operation right after a message,
-:attr:`placer.cost.messages.MessageCost.after_send_s`; its table also shows
-the prediction without that charge), ``fidelity-h200-s42.tar.xz`` (session
-42: calibrated with ``--probe``, 2 rounds) and ``fidelity-h200-s45.tar.xz``
-with ``fidelity-h200-s45-rnnlm.tar.xz`` (session 45: 3 rounds, every profile
-kept; RNNLM from a second machine: replay them together, comma-separated).
-``--calibration FILE`` replays a
-record with another calibration's message cost and barrier (``placer
-calibrate`` writes one): how far the calibration alone moves the prediction
-before a run. Since session 22
-the calibration also times streams of messages
+``bench/data`` holds the record of docs/benchmarks.md's "Fidelity" table, with
+its measured traces and without the simulated ones (``tar cJf NAME.tar.xz
+--exclude '*-simulated.json' DIR``): ``fidelity-h200.tar.xz`` (six models over
+``2xcpu`` and ``4xcpu`` on 16 CPU cores of an H200 machine, calibrated with
+``--probe``, 3 rounds, every profile kept) with ``fidelity-h200-rnnlm.tar.xz``
+(RNNLM on a second machine of the same kind: replay the two together,
+comma-separated). ``--calibration FILE`` replays a record with another
+calibration's message cost and barrier (``placer calibrate`` writes one): how
+far the calibration alone moves the prediction before a run. The calibration
+also times streams of messages
 (:attr:`placer.cost.messages.MessageCost.by_gap`), and the prediction with
 the calibrated message cost charges each message at its gap in the simulated
-schedule (:func:`placer.cost.messages.simulate_with_messages`).
+schedule (:func:`placer.cost.messages.simulate_with_messages`). The replay
+reads records of earlier forms too; fields a record lacks are left empty.
 
 Usage::
 
     PYTHONPATH=. python bench/fidelity.py [--steps 8] [--models lenet,alexnet,...,rnnlm]
         [--clusters 2xcpu,4xcpu] [--plans expert,metis,round_robin] [--rounds 1] [--record DIR]
-    PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200-s20a.tar.xz
-    PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200-s24b.tar.xz \
-        --rounds-log bench/data/fidelity-h200-s24b.log
-    PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-dev-s29.tar.xz --calibration cal.json
+    PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200.tar.xz,bench/data/fidelity-h200-rnnlm.tar.xz
+    PYTHONPATH=. python bench/fidelity.py --replay bench/data/fidelity-h200.tar.xz --calibration cal.json
+    PYTHONPATH=. python bench/fidelity.py --replay OLD_RECORD.tar.xz --rounds-log OLD_RUN.log
 
 Run it on a quiet machine with a core per rank: on a loaded one the ranks
 wait for CPU time the simulator knows nothing about.
@@ -134,7 +115,7 @@ MODELS = {
     "alexnet": ("zoo:alexnet?image_size=64&width=16&hidden=256&classes=10", 32),
     "vgg": ("zoo:vgg19?image_size=32&width=8&hidden=64&classes=10", 32),
     "resnet": ("zoo:resnet50?depth=14&image_size=32&width=8&classes=10", 32),
-    # Added in session 20, after the cost model's rules were fixed on the four above: out of sample.
+    # Three more, which the cost model's rules were not fitted on: out of sample.
     "transformer": ("zoo:transformer?layers=2&hidden=64&heads=4&ff=256&vocab=1000&seq_len=32", 16),
     "inception": ("zoo:inception_v3?image_size=75&width=8&classes=10&aux=false", 16),
     "rnnlm": ("zoo:rnnlm?layers=2&hidden=128&vocab=1000&seq_len=16", 16),
@@ -156,17 +137,17 @@ class Run:
     step_s: list
     op_s: dict
     transfer_s: list
-    op_message_s: dict = dataclasses.field(default_factory=dict)     # recorded since session 20
+    op_message_s: dict = dataclasses.field(default_factory=dict)     # absent from the oldest records
     message_s: list = dataclasses.field(default_factory=list)
-    calibrated_message_cost: Any = None                              # recorded since sample s20c
-    tail_s: float = 0.0          # recorded since session 24 (sample s24c: from its traces, see recorded_runs)
+    calibrated_message_cost: Any = None                              # absent from the oldest records
+    tail_s: float = 0.0          # from the record, or from its traces where it has none (see recorded_runs)
     round_step_s: list = dataclasses.field(default_factory=list)    # each round's median step, with --rounds
-    calibrated_barrier_s: float = 0.0                                # recorded since session 24 (after s24c)
-    # The last step's measured trace events (run_trace's), where the record keeps them (live runs, sample s24c).
+    calibrated_barrier_s: float = 0.0                                # absent from older records
+    # The last step's measured trace events (run_trace's), where the record keeps them (live runs, records).
     trace_events: list = dataclasses.field(default_factory=list)
-    # With --probe (since session 38): the calibration's streams' message cost, calibrated_message_cost the probe's.
+    # With --probe: the calibration's streams' message cost, calibrated_message_cost the probe's.
     stream_message_cost: Any = None
-    # Since session 45: every profile of the model, in the order taken (round, the run it came before, node ->
+    # Every profile of the model, in the order taken (round, the run it came before, node ->
     # seconds); the graph's times are their per-node median.
     profiles: list = dataclasses.field(default_factory=list)
 
@@ -214,9 +195,9 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
     them, over the calibrated links; None for a run recorded without messages.
 
     The links keep their calibrated latency: with the messages' host time on the ranks, what a run's
-    transfers took beyond it depends on that plan's traffic (on the session 20 records, predicting another
+    transfers took beyond it depends on that plan's traffic (on two recorded samples, predicting another
     plan's run with the source run's transfer times instead: 19.7% and 24.0% mean error; with the
-    calibrated links: 16.9% and 18.0%; the first record chose, the second confirmed, the third gave 19.9%).
+    calibrated links: 16.9% and 18.0%).
     Plus the end of a step ``source`` measured, as :func:`predicted_from`.
     """
     cost = run_message_cost(source)
@@ -273,7 +254,7 @@ def run_message_cost(run: Run):
 PREDICTIONS = (
     ("calibrated", "calibrated", "calibrated"),
     ("calibrated_messages", "calibrated, message cost", "calibrated with the calibrated message cost"),
-    # Records since session 37: the same without what an operation loses right after a message (the model before).
+    # The same without what an operation loses right after a message (where the record's calibration has it).
     ("calibrated_messages_plain", "calibrated, message cost, not the op after",
      "the same without the operations after messages"),
     ("op", "run's op times", "with the run's own op times"),
@@ -399,7 +380,7 @@ def measured_trace(path: str) -> dict | None:
 def trace_tail_s(trace: dict | None) -> float:
     """The end of the last step after its last operation, from a run's trace (0 without one).
 
-    For the records before runs measured it (sample s24c keeps its traces for this): the trace's clock starts
+    For records made before runs measured it, where the record keeps the traces: the trace's clock starts
     with the first rank to start, which may precede the measuring rank's start, so this is at most the tail.
     """
     if trace is None:
@@ -519,7 +500,7 @@ def print_probe_message_cost(runs: list[Run]) -> None:
     the median over those models, against the calibration's streams' message cost, both without the step's end
     (as :func:`print_gap_parts`). Out of sample: the model, and so the plan, is never the run's own. Also with
     what that run's operations lost right after its messages (:func:`placer.cost.messages.fit_after_message`,
-    as ``placer calibrate --probe`` fits it since session 42) in place of the streams' charges.
+    as ``placer calibrate --probe`` fits it) in place of the streams' charges.
     """
     from placer.cost.messages import fit_after_message, simulate_with_messages
 
@@ -793,9 +774,8 @@ def before_run_from(run: Run, seconds: dict[str, float]) -> float:
 
 
 def print_profile_choice(runs: list[Run]) -> None:
-    """With a profile before every run (records since session 45): the prediction before a run from every
-    profile (the table's), from each round's first profile alone (what sessions before 45 took), and from the
-    profiles taken just before this plan's runs."""
+    """With a profile before every run: the prediction before a run from every profile (the table's), from
+    each round's first profile alone, and from the profiles taken just before this plan's runs."""
     runs = [run for run in runs if len(run.profiles) > 1 and run.calibrated_message_cost is not None]
     if not runs:
         return
@@ -815,8 +795,8 @@ def print_profile_choice(runs: list[Run]) -> None:
 
 
 def rounds_from_log(path: str) -> dict[tuple[str, str, str], list[float]]:
-    """(model, cluster, plan) -> each round's median step, from a live ``--rounds`` run's printed lines (the
-    records of session 24 predate :attr:`Run.round_step_s`; their logs are kept beside them)."""
+    """(model, cluster, plan) -> each round's median step, from a live ``--rounds`` run's printed lines (for
+    records older than :attr:`Run.round_step_s`)."""
     pattern = re.compile(r"^(\w+)\s+(\w+)\s+(\w+)\s*: round \d+ of \d+, step ([\d.]+) ms$")
     found: dict[tuple[str, str, str], list[float]] = {}
     with open(path, encoding="utf-8") as f:
@@ -953,9 +933,8 @@ def measure(args: argparse.Namespace) -> list[Run]:
 
         profiles, jobs = [], []         # jobs: (cluster name, cluster, algorithm, plan, its runs)
         for round_ in range(args.rounds):
-            # The machine's speed moves over seconds (docs/benchmarks.md, "Session 23: the machine's own
-            # speed"): rounds spread the runs over time, and a profile before every run spreads the
-            # profiles over the same seconds (since session 45; before, one per round, at its start).
+            # The machine's speed moves over seconds (docs/benchmarks.md, "Fidelity"): rounds spread the
+            # runs over time, and a profile before every run spreads the profiles over the same seconds.
             if round_ == 0:         # the plans come from the first profile
                 first = profile(0, "")
                 for cluster_name in args.clusters.split(","):
@@ -1040,7 +1019,7 @@ def main() -> int:
     parser.add_argument("--replay", help="a --record folder or archive, or several, comma-separated (one sample "
                                          "measured in parts): predict their runs again, run nothing")
     parser.add_argument("--rounds-log", help="with --replay: a live --rounds run's output, for the rounds of a "
-                                             "record made before records kept them (session 24)")
+                                             "record made before records kept them")
     parser.add_argument("--calibration", help="with --replay: a `placer calibrate` file whose message cost and "
                                               "barrier the predictions before the runs take, instead of the recorded")
     args = parser.parse_args()

@@ -19,27 +19,27 @@ by the gauges (the rank's before the run over the parent's before the profile).
 ``--replay LOG`` prints that summary again from such a run's printed rounds.
 
 ``--part ranks``: does a rank's core set its slowdown? The ranks of one run
-compute at factors up to 1.95x apart over the profile (docs/benchmarks.md,
-"Session 24"). Each plan runs with every rank gauging its core (:func:`gauge_s`)
-and saying which CPU and memory node it is on before its first step; per rank,
-its operations' time over the profile (:func:`fidelity.rank_slowdowns`) beside
-its gauge over the parent's (taken before the profile). If the core's speed
-sets the factor, the two agree.
+compute at factors up to 1.95x apart over the profile. Each plan runs with
+every rank gauging its core (:func:`gauge_s`) and saying which CPU and memory
+node it is on before its first step; per rank, its operations' time over the
+profile (:func:`fidelity.rank_slowdowns`) beside its gauge over the parent's
+(taken before the profile). If the core's speed sets the factor, the two
+agree.
 
 ``--part receive``: does an operation run slower on a tensor another process
 sent? The fidelity records' operations that read a received tensor ran 15 to
-21 us per message longer than profiled on the lent machines
-(docs/benchmarks.md, "Fidelity", session 37). Two gloo processes as the
-runtime's ranks: rank 1 writes a tensor and sends it, rank 0 receives it into a
-buffer posted before (as :func:`placer.runtime.program.receive_buffer`) and
-times an element-wise operation first after the receive and after another
-operation, on the received tensor and on one its own thread wrote, and first
-after a receive it waited for (its peer sending a millisecond late): whether
-it is the tensor's bytes or the operation's place right after a message that
-costs, and whether the rank's sleep in a wait adds to it; medians per size.
+21 us per message longer than profiled on 16-core H100 and H200 machines. Two
+gloo processes as the runtime's ranks: rank 1 writes a tensor and sends it,
+rank 0 receives it into a buffer posted before (as
+:func:`placer.runtime.program.receive_buffer`) and times an element-wise
+operation first after the receive and after another operation, on the received
+tensor and on one its own thread wrote, and first after a receive it waited
+for (its peer sending a millisecond late): whether it is the tensor's bytes or
+the operation's place right after a message that costs, and whether the rank's
+sleep in a wait adds to it; medians per size.
 
     PYTHONPATH=. python bench/op_slowdown.py [--part load|drift|ranks|receive] [--models resnet,vgg] [--rounds 6]
-    PYTHONPATH=. python bench/op_slowdown.py --replay bench/data/op_slowdown-h200-s23-drift2.log
+    PYTHONPATH=. python bench/op_slowdown.py --replay bench/data/op_slowdown-drift-h200.log
 """
 
 from __future__ import annotations
@@ -182,7 +182,7 @@ def current_cpu_and_node() -> str:
     return f"cpu {cpu}, node {nodes[0] if nodes else '?'}"
 
 
-#: A round as :func:`drift` prints it, and its gauges (the first probe on the H200, session 23, had none).
+#: A round as :func:`drift` prints it, and its gauges (older logs have none).
 ROUND = re.compile(r"(?P<model>\w+) round \d+: profile alone (?P<profile>[\d.]+) ms; one-rank run: "
                    r"step (?P<step>[\d.]+) ms, its ops (?P<ops>[\d.]+) ms")
 GAUGES = re.compile(r"before profile (?P<gauge_profile>[\d.]+) ms, before run (?P<gauge_run>[\d.]+) ms")
