@@ -1509,7 +1509,7 @@ def test_torchrun_ranks_with_another_plan_than_rank_0s_stop_with_an_error(file_c
 
 
 def test_placer_run_under_torchrun_trains_and_rank_0_alone_speaks(tmp_path):
-    # The command line as the README gives it, two ranks launched by torchrun itself.
+    # The command line as docs/running.md gives it, two ranks launched by torchrun itself.
     import subprocess
     import sys
 
