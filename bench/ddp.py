@@ -45,15 +45,12 @@ measured step. Prints a Markdown table and writes it, with the numbers, to
 machine (about seven minutes), where ``4xcpu``'s four ranks share two cores.
 Run it on a quiet machine with a core per rank: ranks that share a core wait
 for CPU time the simulator knows nothing about (the record keeps the
-machine's core count). DDP's ranks skip ``destroy_process_group`` here
-(:func:`ranks_keep_their_group`: it deadlocks now and then in torch's gloo
-group).
+machine's core count).
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import copy
 import json
 import os
@@ -85,27 +82,6 @@ PREDICTION_ERROR = 0.15
 
 def median_after(step_s: list[float], warmup: int) -> float:
     return statistics.median(step_s[warmup:] or step_s)
-
-
-@contextlib.contextmanager
-def ranks_keep_their_group():
-    """DDP's ranks skip ``destroy_process_group`` at their end (they exit right after it, so nothing is lost).
-
-    Destroyed there, the gloo group's last reference is DDP's reducer, freed as the rank's frame is: its
-    destructor joins gloo's worker threads while holding the GIL, and a worker freeing a finished collective's
-    tensors waits for the GIL: the rank never exits and the launcher waits for it until its deadline (2 of 12
-    short runs on 2 and 4 ranks, none of 12 with this). Forked ranks inherit the patch. Dropping the DDP
-    module and its optimizer before ``destroy_process_group`` in :func:`placer.runtime.ddp.run_ddp`'s ranks
-    would make it unneeded (4 of 16 runs hung as they are, none of 16 so).
-    """
-    import torch.distributed as dist
-
-    destroy = dist.destroy_process_group
-    dist.destroy_process_group = lambda group=None: None
-    try:
-        yield
-    finally:
-        dist.destroy_process_group = destroy
 
 
 def eager_steps(model, inputs, optimizer_spec, steps: int, warmup: int) -> list[float]:
@@ -206,9 +182,8 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
         say(took(("", "eager"), eager_steps(model, inputs, captured.optimizer, args.steps, args.warmup)))
         for cluster_name, (cluster, calibration) in clusters.items():
             for engine, zero in (("ddp", False), ("zero", True)):
-                with ranks_keep_their_group():
-                    result = run_ddp(model, inputs, captured.optimizer, cluster.num_devices, steps=steps, zero=zero,
-                                     bucket_bytes=BUCKET_BYTES)
+                result = run_ddp(model, inputs, captured.optimizer, cluster.num_devices, steps=steps, zero=zero,
+                                 bucket_bytes=BUCKET_BYTES)
                 say(took((cluster_name, engine), result.step_s[args.warmup:]))
             for algorithm in PLANS:
                 plan, short = plans[cluster_name, algorithm], SHORT[algorithm]

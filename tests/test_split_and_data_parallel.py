@@ -187,7 +187,7 @@ def test_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_gradients_per_device():
     n = 4
     grads, _ = gradients(g)
     total = sum(int(g.edge_bytes[(g.src == u) & (g.edge_tensor == t)].max()) for u, t in grads)
-    dp = data_parallel_graph(g, n, bucket_bytes=1 << 40)     # one bucket
+    dp = data_parallel_graph(g, n, bucket_bytes=1 << 40, first_bucket_bytes=1 << 40)     # one bucket
     r = simulate(dp.graph, mesh(n), dp.replica)
     sent = np.bincount(r.transfers.src_device, weights=r.transfers.nbytes, minlength=n)
     chunk = -(-total // n)
@@ -216,7 +216,8 @@ def test_a_sharded_optimizer_does_1_over_n_of_the_update_and_holds_1_over_n_of_a
 
 def test_a_sharded_optimizer_updates_between_its_reduce_scatter_and_all_gather_on_the_same_ring_traffic():
     g, n = capture_small_cnn("adam"), 4
-    dp = data_parallel_graph(g, n, shard_optimizer=True, bucket_bytes=1 << 40)     # one bucket
+    # one bucket
+    dp = data_parallel_graph(g, n, shard_optimizer=True, bucket_bytes=1 << 40, first_bucket_bytes=1 << 40)
     grads, optimizer = gradients(g)
     result = simulate(dp.graph, mesh(n), dp.replica)
     start, finish = result.start, result.finish
@@ -227,7 +228,7 @@ def test_a_sharded_optimizer_updates_between_its_reduce_scatter_and_all_gather_o
     update = [dp.graph.index[f"r0/{g.ids[i]}"] for i in np.flatnonzero(optimizer)]
     assert finish[steps[n - 2]] <= start[update].min() and finish[update].max() <= start[steps[n - 1]]
     sent = np.bincount(result.transfers.src_device, weights=result.transfers.nbytes, minlength=n)
-    plain_dp = data_parallel_graph(g, n, bucket_bytes=1 << 40)
+    plain_dp = data_parallel_graph(g, n, bucket_bytes=1 << 40, first_bucket_bytes=1 << 40)
     plain = simulate(plain_dp.graph, mesh(n), plain_dp.replica)
     plain_sent = np.bincount(plain.transfers.src_device, weights=plain.transfers.nbytes, minlength=n)
     # Reduce-scatter plus all-gather: 2 (n - 1) / n of the gradients, as the all-reduce, up to rounding.
@@ -237,7 +238,7 @@ def test_a_sharded_optimizer_updates_between_its_reduce_scatter_and_all_gather_o
 def one_bucket_traffic(g, cluster, collective):
     """Bytes each channel carries when the gradients of ``g`` are reduced in one bucket over ``cluster``."""
     devices = list(range(cluster.num_devices))
-    dp = data_parallel_graph(g, len(devices), bucket_bytes=1 << 40, collective=collective,
+    dp = data_parallel_graph(g, len(devices), bucket_bytes=1 << 40, first_bucket_bytes=1 << 40, collective=collective,
                              hosts=replica_hosts(cluster, devices))
     result = simulate(dp.graph, cluster, dp.replica)
     return np.bincount(result.transfers.channel, weights=result.transfers.nbytes, minlength=len(cluster.channels))

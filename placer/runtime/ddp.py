@@ -21,6 +21,7 @@ import os
 import signal
 import tempfile
 import time
+import warnings
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
@@ -29,6 +30,14 @@ from typing import Any, Sequence
 import torch
 import torch.distributed as dist
 from torch import nn
+from torch.nn.parallel import DistributedDataParallel
+
+# Imported here, not in the ranks: a rank forked while another thread of the launcher held the import
+# lock would wait for it forever. The package scripts its functional optimizers with torch.jit, which
+# torch deprecates: not the user's concern.
+with warnings.catch_warnings():
+    warnings.simplefilter("ignore", DeprecationWarning)
+    from torch.distributed.optim import ZeroRedundancyOptimizer
 
 from ..errors import OptionError
 from ..terminate import terminate_raises
@@ -164,9 +173,6 @@ def _rank(rank: int, world: int, job: _Job, init_method: str, error_dir: str, la
 
 
 def _train(rank: int, world: int, job: _Job, init_method: str) -> None:
-    from torch.distributed.optim import ZeroRedundancyOptimizer
-    from torch.nn.parallel import DistributedDataParallel
-
     torch.set_num_threads(max(1, job.threads))
     job.kernel_choice.apply()
     device = torch.device("cuda", rank) if job.backend == "nccl" else torch.device("cpu")
@@ -211,6 +217,9 @@ def _train(rank: int, world: int, job: _Job, init_method: str) -> None:
             state = {name: t.detach().cpu() for name, t in model.state_dict().items()}
             torch.save(DDPResult(step_s, losses, state, _to_cpu(optimizer.state_dict())), job.result_path)
         dist.barrier()
+        # DDP's reducer and ZeRO hold the process group: released while a gloo thread waits for the GIL
+        # the group's teardown held, they hung one run in four. Let them go first.
+        ddp = optimizer = model = None
     finally:
         dist.destroy_process_group()
 

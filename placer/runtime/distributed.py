@@ -140,6 +140,8 @@ class RankJob:
     from_rank0: bool = False
     # A data-parallel plan's step traced on each replica's number of samples (compile_program's replica_steps).
     replica_steps: dict[int, fx.GraphModule | PortableStep] | None = None
+    # How a data-parallel plan's buckets are reduced (compile_program's collectives).
+    collectives: str = "torch"
 
 
 @dataclass
@@ -445,7 +447,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
         gm = job.gm.module() if isinstance(job.gm, PortableStep) else job.gm
         steps = {n: m.module() if isinstance(m, PortableStep) else m for n, m in (job.replica_steps or {}).items()}
         program = compile_program(gm, job.graph, Plan.from_dict(job.plan), job.cluster, carrier=job.carrier,
-                                  replica_steps=steps)
+                                  replica_steps=steps, collectives=job.collectives)
         if program.num_devices != world:
             raise RunError(f"the plan has {program.num_devices} devices but {world} ranks were started")
         seed = job.seed
@@ -610,7 +612,8 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                     hook: Callable[[int], None] | None = None, deadline_s: float | None = None,
                     profile: bool = False, seed: int | None = None,
                     start_method: str | None = None,
-                    replica_steps: dict[int, fx.GraphModule] | None = None) -> DistributedResult:
+                    replica_steps: dict[int, fx.GraphModule] | None = None,
+                    collectives: str = "torch") -> DistributedResult:
     """Train ``steps`` steps with one local process per plan device; return times, outputs and state.
 
     Parameters
@@ -648,6 +651,11 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     replica_steps : dict of int to GraphModule, optional
         For a data-parallel plan, the step traced on each replica's number of
         samples (:func:`~placer.runtime.replicas.replica_steps`).
+    collectives : {"torch", "nodes"}
+        How a data-parallel plan's buckets are reduced: one ``torch.distributed``
+        collective a bucket where the plan has a replica on every rank, each
+        in the same order (the faster: bench/ddp.py), or the plan's own steps
+        as messages between ranks (:func:`~placer.runtime.program.compile_program`).
 
     Returns
     -------
@@ -667,6 +675,8 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         raise OptionError(f"steps must be a positive integer, got {steps!r}")
     if not timeout_s > 0:
         raise OptionError(f"timeout_s must be > 0, got {timeout_s!r}")
+    if collectives not in ("torch", "nodes"):
+        raise OptionError(f"collectives must be 'torch' or 'nodes', got {collectives!r}")
     world = cluster.num_devices
     backend = resolve_backend(backend, world)
     method = start_method or ("spawn" if backend == "nccl" else "fork")
@@ -684,7 +694,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                       list(flat_inputs), steps, backend, timeout_s, carrier, threads, hook, result_path, profile,
                       kernel_choice=KernelChoice.here(), seed=seed,
                       replica_steps={n: PortableStep(m) if method == "spawn" else m
-                                     for n, m in (replica_steps or {}).items()} or None)
+                                     for n, m in (replica_steps or {}).items()} or None, collectives=collectives)
         context = mp.start_processes(_spawned_rank,
                                      args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
                                      nprocs=world, join=False, start_method=method)

@@ -49,6 +49,7 @@ from __future__ import annotations
 
 import hashlib
 import heapq
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -60,7 +61,7 @@ from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
 from ..plan import Plan
-from .replicas import Feed, replicate_step
+from .replicas import Feed, collective_wait, replicate_step
 from .splits import split_step
 
 __all__ = ["Program", "Transfer", "compile_program", "random_nodes", "op_seed", "draw_seed"]
@@ -200,7 +201,7 @@ class Program:
 
 def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, *,
                     carrier: dict[str, str] | None = None,
-                    replica_steps: dict[int, fx.GraphModule] | None = None) -> Program:
+                    replica_steps: dict[int, fx.GraphModule] | None = None, collectives: str = "nodes") -> Program:
     """Bind a captured step's GraphModule to a plan of its graph.
 
     Parameters
@@ -219,6 +220,13 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     replica_steps : dict of int to GraphModule, optional
         For a data-parallel plan, the step traced on each replica's number of
         samples (:func:`~placer.runtime.replicas.replica_steps`).
+    collectives : {"nodes", "torch"}
+        How a data-parallel plan's buckets are reduced
+        (:func:`~placer.runtime.replicas.replicate_step`): ``torch`` (one
+        ``torch.distributed`` collective a bucket, for an executor with a
+        process per device) where replica ``k`` is all on device ``k`` of as
+        many and every device starts the buckets' collectives in one order,
+        else ``nodes``.
 
     Returns
     -------
@@ -237,8 +245,12 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     bound = plan.bind(graph, cluster)
     target = bound.graph
     feeds = None
-    if "data_parallel" in target.extra and any("replica" in extra for extra in target.node_extra):
-        gm, node_of, carrier, feeds = replicate_step(gm, graph, target, carrier, replica_steps)
+    replicated = "data_parallel" in target.extra and any("replica" in extra for extra in target.node_extra)
+    if collectives == "torch" and not (replicated and _replica_per_device(target, bound.device_of, cluster)):
+        collectives = "nodes"
+    if replicated:
+        original = gm, carrier
+        gm, node_of, carrier, feeds = replicate_step(gm, graph, target, carrier, replica_steps, collectives)
         gm, node_of, carrier = split_step(gm, target, carrier, node_of)
     else:
         gm, node_of, carrier = split_step(gm, target, carrier)
@@ -280,7 +292,10 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                     f"but {root.name!r} lives on {cluster.devices[device_of[root]].name!r}; writers of a tensor "
                     f"must share its device (colocation)")
 
-    schedule = _issue_order(calls, graph_node, sim.start_rank, writes, position)
+    # A torch.distributed collective runs in its own threads: its wait is issued once nothing else is
+    # ready, as DDP's optimizer runs after backward, so that the rank computes while it reduces.
+    lazy = frozenset(v for v in calls if v.target is collective_wait)
+    schedule = _issue_order(calls, graph_node, sim.start_rank, writes, position, lazy)
     root_of = {v: _alias_root(v) for v in placeholders + calls}
     written = {root for roots in writes.values() for root in roots}
     transfers: list[Transfer] = []
@@ -294,6 +309,8 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
             sends.setdefault(v, []).append(x)
             recv[(v, d)] = x
     guard = {w: [x for x in transfers if root_of[x.node] in roots] for w, roots in writes.items()}
+    if collectives == "torch" and not _collectives_in_one_order(schedule, graph_node, target, cluster.num_devices):
+        return compile_program(original[0], graph, plan, cluster, carrier=original[1], replica_steps=replica_steps)
     output = next(v for v in nodes if v.op == "output")
     outputs = list(torch.utils._pytree.tree_leaves(output.args))
     return Program(gm=gm, graph=target, cluster=cluster, device_of=device_of, schedule=schedule,
@@ -303,6 +320,29 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
                    random=frozenset(random_nodes(gm)), deferred=_deferrable(schedule, writes),
                    compact_views=views_compact(calls),
                    feeds=feeds if feeds is not None else [Feed(i) for i in range(len(placeholders))])
+
+
+def _replica_per_device(target: OpGraph, device_of, cluster: Cluster) -> bool:
+    """Whether replica ``k`` of a data-parallel graph (its collective included) is all on device ``k``, and
+    every device holds one."""
+    replicas = int(target.extra["data_parallel"]["replicas"])
+    if replicas != cluster.num_devices:
+        return False
+    return all(extra.get("replica", device) == device for extra, device in zip(target.node_extra, device_of.tolist()))
+
+
+def _collectives_in_one_order(schedule: list[fx.Node], graph_node: dict[fx.Node, int], target: OpGraph,
+                              devices: int) -> bool:
+    """Whether every device starts the buckets' collectives (their first steps) in the same order, as
+    ``torch.distributed``'s collectives must be called."""
+    from .replicas import all_gather_start, all_reduce_start
+
+    started: list[list[str]] = [[] for _ in range(devices)]
+    for v in schedule:
+        if v.target in (all_reduce_start, all_gather_start) and v in graph_node:
+            extra = target.node_extra[graph_node[v]]
+            started[extra["replica"]].append(f"{extra['allreduce']['bucket']}:{extra['allreduce']['step']}")
+    return all(order == started[0] for order in started)
 
 
 def _frees(schedule: list[fx.Node], device_of: dict[fx.Node, int], outputs: list) -> list[list[tuple[fx.Node, int]]]:
@@ -422,13 +462,15 @@ def _place_unplaced(calls, placeholders, writes, device_of, graph_node, start_ra
             device_of[v] = device_of[producers[0]] if producers else 0
 
 
-def _issue_order(calls, graph_node, start_rank, writes, position) -> list[fx.Node]:
+def _issue_order(calls, graph_node, start_rank, writes, position, lazy=frozenset()) -> list[fx.Node]:
     """Call nodes in the simulator's start order, repaired to respect every fx dependency.
 
     A node of the graph is keyed by its start rank; a node the graph leaves out
     by the latest key of its inputs (it runs right after them). Kahn's algorithm
     with these keys as priorities gives the plan order wherever the plan is
-    consistent with the fx graph, and a valid order everywhere.
+    consistent with the fx graph, and a valid order everywhere. A ``lazy`` node
+    (a wait for a collective running in other threads) is issued only when no
+    other node is ready.
     """
     key: dict[fx.Node, float] = {}
     for v in calls:
@@ -453,7 +495,8 @@ def _issue_order(calls, graph_node, start_rank, writes, position) -> list[fx.Nod
         for d in ds:
             users[d].append(v)
     pending = {v: len(ds) for v, ds in deps.items()}
-    heap = [(key[v], position[v], v.name) for v in calls if pending[v] == 0]
+    priority = {v: math.inf if v in lazy else key[v] for v in calls}
+    heap = [(priority[v], position[v], v.name) for v in calls if pending[v] == 0]
     heapq.heapify(heap)
     by_name = {v.name: v for v in calls}
     order: list[fx.Node] = []
@@ -464,7 +507,7 @@ def _issue_order(calls, graph_node, start_rank, writes, position) -> list[fx.Nod
         for u in users[v]:
             pending[u] -= 1
             if pending[u] == 0:
-                heapq.heappush(heap, (key[u], position[u], u.name))
+                heapq.heappush(heap, (priority[u], position[u], u.name))
     if len(order) != len(calls):
         stuck = [v.name for v in calls if pending[v] > 0][:4]
         raise InvalidPlanError(f"in-place writes of the captured step form a cycle with its reads near {stuck}")

@@ -55,7 +55,8 @@ from ..transform.split import batch_dependent, part_rows
 from .portable import _portable_value
 
 __all__ = ["Feed", "replicate_step", "replica_steps", "batch_coupled", "pack_bucket", "collective_step",
-           "bucket_view", "weighted_loss", "shard_of", "pack_shard"]
+           "bucket_view", "weighted_loss", "shard_of", "pack_shard", "all_reduce_start", "all_gather_start",
+           "collective_pass", "collective_wait", "TORCH_COLLECTIVE"]
 
 
 @dataclass(frozen=True)
@@ -151,15 +152,18 @@ def pack_bucket(scale: tuple[int, int], size: int, *grads: torch.Tensor) -> torc
     >>> pack_bucket((1, 2), 4, torch.tensor([2.0, 4.0]), torch.tensor([6.0])).tolist()
     [1.0, 2.0, 3.0, 0.0]
     """
-    flat = [g.reshape(-1) for g in grads]
-    used = sum(f.numel() for f in flat)
-    if size > used:
-        flat.append(grads[0].new_zeros(size - used))
-    buffer = torch.cat(flat)
+    buffer = grads[0].new_empty(size)
     n, total = scale
-    if total % n == 0:
-        return buffer.div_(total // n)
-    return buffer.mul_(n / total)
+    at = 0
+    for g in grads:
+        part = buffer.narrow(0, at, g.numel()).view(g.shape)
+        if total % n == 0:
+            torch.div(g, total // n, out=part)
+        else:
+            torch.mul(g, n / total, out=part)
+        at += g.numel()
+    buffer.narrow(0, at, size - at).zero_()
+    return buffer
 
 
 def _chunks(buffer: torch.Tensor, chunks: Sequence[int], chunk: int) -> list[torch.Tensor]:
@@ -212,6 +216,55 @@ def weighted_loss(shares: Sequence[float], *losses: torch.Tensor) -> torch.Tenso
     return total
 
 
+@dataclass
+class _Pending:
+    """A bucket's collective in flight (``torch.distributed``, asynchronous): its buffer, the work to wait
+    for, and for an all-gather the chunks received, and which chunk each rank sent."""
+
+    buffer: torch.Tensor
+    work: Any
+    gathered: list[torch.Tensor] | None = None
+    owners: Sequence[int] = ()
+    chunk: int = 0
+
+
+def all_reduce_start(buffer: torch.Tensor) -> tuple:
+    """Start summing ``buffer`` over every rank (``torch.distributed``'s all-reduce, in its own threads);
+    ``(pending,)`` for :func:`collective_wait`."""
+    import torch.distributed as dist
+
+    return (_Pending(buffer, dist.all_reduce(buffer, async_op=True)),)
+
+
+def all_gather_start(buffer: torch.Tensor, chunk: int, own: int, owners: Sequence[int]) -> tuple:
+    """Start gathering chunk ``owners[q]`` of ``buffer`` from every rank ``q`` (this rank sends its chunk
+    ``own``); ``(pending,)`` for :func:`collective_wait`, which writes them into the buffer."""
+    import torch.distributed as dist
+
+    mine = buffer.narrow(0, own * chunk, chunk).clone()
+    gathered = [torch.empty_like(mine) for _ in owners]
+    return (_Pending(buffer, dist.all_gather(gathered, mine, async_op=True), gathered, owners, chunk),)
+
+
+def collective_pass(pending: tuple) -> tuple:
+    """A step of a collective that ``torch.distributed`` runs as a whole: nothing to do here."""
+    return pending
+
+
+def collective_wait(pending: tuple) -> tuple:
+    """``(buffer,)`` once the collective started on it has ended (an all-gather's chunks written in)."""
+    state = pending[0]
+    state.work.wait()
+    if state.gathered is not None:
+        for q, piece in zip(state.owners, state.gathered):
+            state.buffer.narrow(0, q * state.chunk, state.chunk).copy_(piece)
+    return (state.buffer,)
+
+
+#: What runs a bucket's collective as one ``torch.distributed`` call (the meta pass leaves them alone).
+TORCH_COLLECTIVE = (all_reduce_start, all_gather_start, collective_pass, collective_wait)
+
+
 def shard_of(t: torch.Tensor, lo: int, hi: int) -> torch.Tensor:
     """Elements ``[lo, hi)`` of ``t`` flattened in its logical order (a view where ``t`` is contiguous)."""
     return t.reshape(-1)[lo:hi]
@@ -257,7 +310,7 @@ class _Bucket:
 
 
 def replicate_step(gm: fx.GraphModule, graph: OpGraph, target: OpGraph, carrier: dict[str, str] | None,
-                   steps: Mapping[int, fx.GraphModule] | None = None
+                   steps: Mapping[int, fx.GraphModule] | None = None, collectives: str = "nodes"
                    ) -> tuple[fx.GraphModule, dict[str, fx.Node], dict[str, str], list[Feed]]:
     """The captured step rewritten as the data-parallel graph ``target`` lays it out.
 
@@ -275,6 +328,14 @@ def replicate_step(gm: fx.GraphModule, graph: OpGraph, target: OpGraph, carrier:
         The step traced on each replica's number of samples
         (:meth:`~placer.capture.CapturedStep.at_batch`; :func:`replica_steps`
         gives them for a plan): the captured one holds its shapes as constants.
+    collectives : {"nodes", "torch"}
+        ``nodes``: every step of a bucket's collective is a node, and what it
+        sends to another replica a transfer of the program (any executor).
+        ``torch``: the bucket's first step starts a ``torch.distributed``
+        collective over every rank (an all-reduce; a sharded optimizer's
+        all-gather), the step its readers read waits for it, the others pass
+        (one process per replica, replica ``k`` on rank ``k``: the
+        distributed executor).
 
     Returns
     -------
@@ -291,7 +352,9 @@ def replicate_step(gm: fx.GraphModule, graph: OpGraph, target: OpGraph, carrier:
         a bucket mixes dtypes, or ``target``'s buckets are not those this
         version of placer lays out for ``graph``.
     """
-    return _Rewrite(gm, graph, target, carrier or {}, steps or {}).run()
+    if collectives not in ("nodes", "torch"):
+        raise ValueError(f"collectives must be 'nodes' or 'torch', got {collectives!r}")
+    return _Rewrite(gm, graph, target, carrier or {}, steps or {}, collectives).run()
 
 
 def replica_steps(captured, plan) -> dict[int, fx.GraphModule] | None:
@@ -322,14 +385,17 @@ class _Rewrite:
     """One rewrite of a captured step into its replicas (see :func:`replicate_step`)."""
 
     def __init__(self, gm: fx.GraphModule, graph: OpGraph, target: OpGraph, carrier: dict[str, str],
-                 steps: Mapping[int, fx.GraphModule]):
+                 steps: Mapping[int, fx.GraphModule], collectives: str = "nodes"):
         info = target.extra["data_parallel"]
+        self.collectives = collectives
         self.gm, self.graph, self.target, self.old_carrier = gm, graph, target, carrier
         self.r = r = int(info["replicas"])
         self.sharded = bool(info["sharded_optimizer"]) and r > 1
         self.hosts = info.get("hosts") or [list(range(r))]
         self.layout = replica_layout(graph, r, int(info.get("bucket_bytes") or BUCKET_BYTES),
-                                     shard_optimizer=self.sharded)
+                                     shard_optimizer=self.sharded,
+                                     first_bucket_bytes=int(info.get("first_bucket_bytes") or info.get("bucket_bytes")
+                                                            or BUCKET_BYTES))
         if len(self.layout.buckets) != int(info["buckets"]):
             raise InvalidPlanError(f"the plan reduces {info['buckets']} bucket(s) of gradients where this placer "
                                    f"finds {len(self.layout.buckets)} for its graph; plan again")
@@ -544,6 +610,8 @@ class _Rewrite:
 
     def _stage(self, b: int, s: int, k: int, node_id: str) -> fx.Node:
         """The fx node of step ``s`` of bucket ``b`` on replica ``k``: ``(buffer, *pieces it sends)``."""
+        if self.collectives == "torch":
+            return self._torch_stage(b, s, k, node_id)
         stages, _ = self.stages[b]
         stage, bucket, r = stages[s], self.buckets[b], self.r
         size = r * bucket.chunk
@@ -578,6 +646,27 @@ class _Rewrite:
                                    f"execute it")
         return self.new.call_function(collective_step, (own, received, taken, stage.role.endswith("reduce"),
                                                         bucket.chunk, chunks))
+
+    def _torch_stage(self, b: int, s: int, k: int, node_id: str) -> fx.Node:
+        """Step ``s`` of bucket ``b`` on replica ``k`` where ``torch.distributed`` runs the collective:
+        the first step (packing the gradients; a sharded optimizer's parameters) starts it, the step
+        the readers read (or the last) waits for it, the others pass its ``(pending,)`` along."""
+        stages, red = self.stages[b]
+        stage, bucket, r = stages[s], self.buckets[b], self.r
+        if stage.role == "pack":
+            tensors = [self.env[k][x] for x in bucket.tensors]
+            packed = self.call(pack_bucket, ((self.shares[k], sum(self.shares)), r * bucket.chunk, *tensors), node_id)
+            return self.new.call_function(all_reduce_start, (packed,))
+        if stage.role == "shard":
+            offsets, pieces = self.shards.updated_pieces(b, k)
+            like = self.env[k][bucket.tensors[0]]
+            packed = self.call(pack_shard, (r * bucket.chunk, offsets, like, *pieces), node_id)
+            owners = [self.owner(q) for q in range(r)]
+            return self.new.call_function(all_gather_start, (packed, bucket.chunk, owners[k], owners))
+        previous = self.outputs[(b, s - 1, k)]
+        if s == red or s == len(stages) - 1:
+            return self.new.call_function(collective_wait, (previous,))
+        return self.new.call_function(collective_pass, (previous,))
 
     def _taken(self, stage, k: int, q: int) -> list[int]:
         """The chunks step ``stage`` on replica ``k`` takes from replica ``q``."""
@@ -809,6 +898,12 @@ class _MetaProp(fx.Interpreter):
     the value it was traced with."""
 
     def run_node(self, n: fx.Node) -> Any:
+        if n.op == "call_function" and n.target in TORCH_COLLECTIVE:
+            args, _ = self.fetch_args_kwargs_from_env(n)
+            result = args[0] if n.target is not all_reduce_start and n.target is not all_gather_start \
+                else (args[0],)
+            n.meta["val"] = result
+            return result
         try:
             result = super().run_node(n)
         except Exception:       # noqa: BLE001 - no meta kernel, or a value that depends on data

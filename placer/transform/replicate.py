@@ -14,8 +14,8 @@ optimizer's element-wise arithmetic (element-wise ops, views and copies whose
 batch-dependent inputs all have the state's size), to the first node that is
 not: the backward operation that produced the gradient.
 
-They are reduced as PyTorch DDP does: in buckets of about 25 MiB, filled in
-the order the gradients are produced (a gradient computed after a reader of
+They are reduced as PyTorch DDP does: in buckets of about 25 MiB (the first
+1 MiB), filled in the order the gradients are produced (a gradient computed after a reader of
 another in the bucket, as when one parameter group's update feeds the next
 group's gradient, starts a new one), each bucket by a ring all-reduce of
 ``2 (n - 1)`` steps (Patarasuk and Yuan 2009). Step ``s`` of a bucket on
@@ -60,9 +60,11 @@ from .split import batch_dependent, fresh_id, part_rows
 
 __all__ = ["data_parallel_graph", "replicated_node", "gradients", "replica_layout", "chunk_add_time",
            "DataParallelGraph", "ReplicaLayout", "Stage", "collective_stages", "input_transfers", "chunk_copy_time",
-           "BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
+           "BUCKET_BYTES", "FIRST_BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
 
 BUCKET_BYTES = 25 << 20
+#: The first bucket's size (DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``): the last layers' gradients, reduced first.
+FIRST_BUCKET_BYTES = 1 << 20
 #: What an optimizer's update is made of: element-wise arithmetic, views and copies (aten names, the
 #: ``_foreach_`` forms included). The walk back from a state write passes only through these: a matmul
 #: whose inputs happen to have the state's size (BERT-large at batch 16 x 64 tokens, hidden 1024, has
@@ -384,7 +386,7 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
 
 
 def replica_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES, *,
-                   shard_optimizer: bool = False) -> ReplicaLayout:
+                   shard_optimizer: bool = False, first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> ReplicaLayout:
     """The gradients, their buckets and each node's share of the work for ``replicas`` replicas.
 
     Raises
@@ -444,7 +446,9 @@ def replica_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYT
     buckets: list[list[tuple[int, int]]] = []
     filled, first = bucket_bytes, 0
     for i, g in enumerate(grads):
-        if (filled + grad_bytes[g] > bucket_bytes and filled > 0) or after[g[0]] >= first:
+        # The first bucket is small, as DDP's: its reduction starts while backward goes on.
+        cap = min(bucket_bytes, first_bucket_bytes) if len(buckets) == 1 else bucket_bytes
+        if (filled + grad_bytes[g] > cap and filled > 0) or after[g[0]] >= first:
             buckets.append([])
             filled, first = 0, i
         buckets[-1].append(g)
@@ -479,7 +483,8 @@ def _reads_reduced(graph: OpGraph, grads: list[tuple[int, int]], is_grad_edge: n
 
 def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BUCKET_BYTES,
                         shard_optimizer: bool = False, collective: str = "ring",
-                        hosts: list[list[int]] | None = None) -> DataParallelGraph:
+                        hosts: list[list[int]] | None = None,
+                        first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> DataParallelGraph:
     """``replicas`` copies of the step on 1/``replicas`` of the batch each, with all-reduces of the gradients.
 
     Parameters
@@ -500,6 +505,9 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
         How each bucket is reduced (:func:`collective_stages`).
     hosts : list of list of int, optional
         The replicas of each host, for ``direct`` (equal sizes; default one host).
+    first_bucket_bytes : int
+        The first bucket's size, as DDP's (1 MiB): the last layers' gradients,
+        whose reduction then starts while backward goes on.
 
     Returns
     -------
@@ -521,7 +529,8 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     >>> dp.graph.num_nodes - 2 * g.num_nodes     # two ~16 MiB buckets: a pack and 2 (n - 1) steps on each replica
     12
     """
-    layout = replica_layout(graph, replicas, bucket_bytes, shard_optimizer=shard_optimizer)
+    layout = replica_layout(graph, replicas, bucket_bytes, shard_optimizer=shard_optimizer,
+                            first_bucket_bytes=first_bucket_bytes)
     _check_collective(collective, hosts, replicas)
     n, r = graph.num_nodes, replicas
     scaled = layout.per_batch
@@ -641,6 +650,7 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
                   extra={**graph.extra, "data_parallel": {"replicas": r, "buckets": len(layout.buckets),
                                                           "sharded_optimizer": layout.sharded,
                                                           "bucket_bytes": int(bucket_bytes),
+                                                          "first_bucket_bytes": int(first_bucket_bytes),
                                                           "hosts": hosts}})
     return DataParallelGraph(out, np.asarray(replica_of, dtype=np.int64), np.asarray(original, dtype=np.int64))
 
