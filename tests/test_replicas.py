@@ -137,6 +137,27 @@ def test_replicas_with_split_operations_run_as_planned():
                  tolerance=1e-5)
 
 
+def test_distributed_replicas_with_splits_reduce_with_torch_collectives_as_ddp():
+    """One process per replica: each bucket is one torch.distributed all-reduce, started when it is packed."""
+    from placer.runtime.replicas import all_reduce_start
+
+    model, inputs, captured = tiny("resnet50", 16)
+    cluster = load_cluster("2xV100-nvlink")
+    plan = place(captured.graph, cluster, "os_dpos", data_parallel_start=True)
+    steps = replica_steps(captured, plan)
+    program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier,
+                              replica_steps=steps, collectives="torch")
+    buckets = plan.rewritten_graph.extra["data_parallel"]["buckets"]
+    assert sum(v.target is all_reduce_start for v in program.schedule) == 2 * buckets
+    trained = copy.deepcopy(model)
+    optimizer = captured.optimizer.eager(trained.parameters())
+    flat = captured.step_inputs(trained, inputs, optimizer)
+    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier,
+                             timeout_s=60, replica_steps=steps)
+    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], trained, optimizer)
+    assert_equal((trained, optimizer), ddp_training(model, inputs, captured, 2), tolerance=1e-5)
+
+
 def test_auto_plans_are_applied_whatever_they_replicate():
     model, inputs, captured = tiny("lenet", 8)
     plan = place(captured.graph, load_cluster("4xV100-nvlink"), "auto", time_limit=5)
