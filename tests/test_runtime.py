@@ -37,7 +37,6 @@ from placer.runtime.local import LocalExecutor
 from placer.runtime.distributed import (RunError, float32_precision, free_port, run_distributed,
                                         run_under_torchrun, under_torchrun)
 from placer.runtime.program import compile_program, copy_to, message_bytes, pack, receive_buffer, unpack, value_spec
-from placer.transform.replicate import data_parallel_graph
 from placer.transform.split import split_operation
 
 from .processes import terminate_once_ranks_run

@@ -292,4 +292,4 @@ def _repair_memory(graph: OpGraph, cluster: Cluster, mdp, device_of: np.ndarray,
                 break
         else:
             break
-    raise InfeasibleError(f"placeto: the policy's placement overflows device memory and moving units did not fix it")
+    raise InfeasibleError("placeto: the policy's placement overflows device memory and moving units did not fix it")
