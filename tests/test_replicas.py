@@ -26,13 +26,7 @@ from placer.transform.replicate import data_parallel_graph
 TOLERANCE = 1e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Ranks run one intra-op thread; the references must reduce in the same order."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def tiny(name: str, batch: int, optimizer: str = "sgd", **options):

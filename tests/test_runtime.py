@@ -70,13 +70,7 @@ MODEL_FILE = textwrap.dedent('''
 ''')
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Ranks run one intra-op thread; the eager reference must reduce in the same order."""
-    before = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(before)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 @dataclass
