@@ -69,8 +69,8 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
             outputs = executor.run(flat)
             step_s.append(time.perf_counter() - t0)
         written = {root for roots in program.writes.values() for root in roots}
-        state = {feed.flat: flat[feed.flat] for feed, p in zip(program.feeds, program.placeholders)
-                 if p in written and feed.primary and feed.rows is None}
+        state = {program.feeds[i].flat: flat[program.feeds[i].flat] for i, p in enumerate(program.placeholders)
+                 if p in written and program.writes_caller(i)}
         # The last step's copies, as the distributed executor reports its messages (tune feeds them back).
         transfers = [(x.src, x.dst, message_bytes(value_spec(x.node, program.compact_views)), seconds)
                      for x, seconds in executor.transfer_s]
@@ -239,6 +239,7 @@ def _train_ddp(captured: Any, plan: Any, model: Any, inputs: Any, args: argparse
     """Train a copy of ``model`` with DDP (and ZeroRedundancyOptimizer) as the replicated ``plan`` splits the
     batch; the trained model, its optimizer and what to call them."""
     from ..report.tables import working
+    from ..transform.replicate import BUCKET_BYTES
     from .check import eager_optimizer
     from .ddp import run_ddp
 
@@ -247,7 +248,7 @@ def _train_ddp(captured: Any, plan: Any, model: Any, inputs: Any, args: argparse
     name = "DDP + ZeroRedundancyOptimizer" if zero else "DDP"
     with working(f"training {args.steps} steps with torch {name} on {replicas} ranks to compare ..."):
         result = run_ddp(model, inputs, captured.optimizer, replicas, steps=args.steps, zero=zero,
-                         bucket_bytes=int(info.get("bucket_bytes") or 25 << 20), timeout_s=args.timeout,
+                         bucket_bytes=int(info.get("bucket_bytes") or BUCKET_BYTES), timeout_s=args.timeout,
                          threads=args.threads)
     model.load_state_dict(result.model_state)
     optimizer = eager_optimizer(captured, model.parameters())

@@ -41,6 +41,7 @@ with warnings.catch_warnings():
 
 from ..errors import OptionError
 from ..terminate import terminate_raises
+from ..transform.replicate import BUCKET_BYTES
 from .distributed import KernelChoice, _die_with_launcher, _stop, _wait, free_port, resolve_backend
 
 __all__ = ["DDPResult", "run_ddp", "batch_rows"]
@@ -98,7 +99,7 @@ def batch_rows(batch: int, replicas: int) -> list[tuple[int, int]]:
 
 
 def run_ddp(model: nn.Module, inputs: Sequence[Any], optimizer: Any, replicas: int, *, steps: int = 1,
-            zero: bool = False, bucket_bytes: int = 25 << 20, backend: str = "auto", timeout_s: float = 60.0,
+            zero: bool = False, bucket_bytes: int = BUCKET_BYTES, backend: str = "auto", timeout_s: float = 60.0,
             threads: int = 1) -> DDPResult:
     """Train ``steps`` steps of ``model`` with DDP (and ZeRO) over ``replicas`` local processes.
 

@@ -167,13 +167,19 @@ class Program:
         """The value of every placeholder, in order, from the caller's flat inputs (:class:`Feed`)."""
         return [feed.value(flat_inputs, private) for feed in self.feeds]
 
+    def writes_caller(self, i: int) -> bool:
+        """Whether what placeholder ``i`` is written with is the caller's (replica 0's, or a sharded part;
+        not a batch's rows, nor another replica's copy)."""
+        feed = self.feeds[i]
+        return feed.primary and feed.rows is None
+
     def flat_state(self, written: dict[int, Any], flat_inputs: Sequence[Any]) -> dict[int, Any]:
         """The caller's flat inputs after a step, from the values of the placeholders it wrote (placeholder
         index -> value): a replica's copies are left out, a sharded optimizer's parts joined."""
         out: dict[int, Any] = {}
         for i, value in written.items():
             feed = self.feeds[i]
-            if not feed.primary or feed.rows is not None:
+            if not self.writes_caller(i):
                 continue
             if feed.shard is None:
                 out[feed.flat] = value
