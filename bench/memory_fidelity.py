@@ -21,6 +21,7 @@ import time
 
 import numpy as np
 
+from placer.api import validate
 from placer import load_cluster, place
 from placer.capture import capture_spec
 from placer.runtime.local import LocalExecutor
@@ -49,7 +50,7 @@ def main() -> None:
         captured = capture_spec(f"zoo:{model}", args.batch)
         for name in args.algorithms.split(","):
             plan = place(captured.graph, cluster, name, time_limit=20)
-            simulated = plan.validate(captured.graph, cluster).peak_memory_bytes
+            simulated = validate(plan, captured.graph, cluster).peak_memory_bytes
             program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
             executor = LocalExecutor(program, track_memory=True)
             executor.run(captured.example_args())

@@ -8,8 +8,8 @@ Quick start::
 
     import placer
     plan = placer.plan(model, inputs, cluster="4xV100-nvlink", algorithm="auto")  # model(*inputs) is the loss
-    print(plan.report())
-    step = plan.apply(model, optimizer)       # a placed training step
+    print(placer.describe(plan))
+    step = placer.apply(plan, model, optimizer)   # a placed training step
     loss = step(*inputs)
 
 or, from a graph file::
@@ -19,7 +19,7 @@ or, from a graph file::
 """
 
 from .algorithms import available_algorithms, place, register
-from .api import plan
+from .api import apply, describe, plan, validate
 from .cluster import PRESETS, Cluster, Device, Channel, load_cluster
 from .errors import (ClusterMismatchWarning, FormatError, GraphCycleError, InfeasibleError, InvalidPlanError,
                      OptionError, PlacerError, TimeLimitError)
@@ -30,7 +30,7 @@ from .sim import SimResult, lower_bound, simulate, simulate_plan
 __version__ = "0.1.0"
 
 __all__ = [
-    "plan", "OpGraph", "Cluster", "Device", "Channel", "PRESETS", "load_cluster", "Plan", "place", "register",
+    "plan", "validate", "describe", "apply", "OpGraph", "Cluster", "Device", "Channel", "PRESETS", "load_cluster", "Plan", "place", "register",
     "available_algorithms", "simulate", "simulate_plan", "lower_bound", "SimResult", "PlacerError",
     "FormatError", "GraphCycleError", "InvalidPlanError", "InfeasibleError", "TimeLimitError", "OptionError",
     "ClusterMismatchWarning",

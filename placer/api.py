@@ -2,8 +2,9 @@
 
 ``placer.plan(model, inputs, cluster=..., algorithm=...)`` runs the pipeline
 capture -> cost -> place -> simulate and returns a :class:`~placer.plan.Plan`
-that remembers what it was made from, so that ``plan.report()`` and
-``plan.apply(model, optimizer)`` need no further arguments.
+that remembers what it was made from, so that ``placer.describe(plan)`` and
+``placer.apply(plan, model, optimizer)`` need no further arguments.
+:func:`validate` checks any plan against a graph and a cluster.
 """
 
 from __future__ import annotations
@@ -16,11 +17,16 @@ from .algorithms import get_algorithm, place
 from .algorithms.auto import RUNNABLE_DEPRECATED
 from .algorithms.registry import checked_options
 from .cluster import Cluster, load_cluster
-from .errors import OptionError
+from .errors import InvalidPlanError, OptionError
 from .graph import OpGraph
 from .plan import Plan
+from .report.tables import simulation_text
+from .sim.bounds import lower_bound
+from .sim.simulator import simulate_bound
+from .sim.validation import validate
+from .transform.bind import bind_plan
 
-__all__ = ["plan"]
+__all__ = ["plan", "validate", "describe", "apply"]
 
 
 def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluster" = "4xV100-nvlink",
@@ -144,3 +150,35 @@ def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: fl
     captured = capture(model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,),
                        optimizer=optimizer, lr=lr, settings=settings)
     return captured.graph, captured
+
+
+def describe(plan: Plan, graph: OpGraph | None = None, cluster: Cluster | None = None) -> str:
+    """Per-device load, peak memory and the step's figures of ``plan``, as text.
+
+    ``graph`` and ``cluster`` default to those the plan was made for by
+    :func:`placer.plan` or :func:`placer.place` (its ``context``). A plan that
+    overflows a device's memory is reported so (its fits column), not refused.
+
+    Raises
+    ------
+    InvalidPlanError
+        Without a graph and cluster, or where the plan does not bind to them.
+    """
+    graph = graph or plan.context.get("graph")
+    cluster = cluster or plan.context.get("cluster")
+    if graph is None or cluster is None:
+        raise InvalidPlanError("describe(plan) needs the graph and cluster the plan is for")
+    result = simulate_bound(bind_plan(plan, graph, cluster))
+    bound = lower_bound(graph, cluster, splits=plan.rewrites_graph)
+    return simulation_text(result, {**result.predicted(), "lower_bound_s": bound})
+
+
+def apply(plan: Plan, model: Any, optimizer: Any = None, **options: Any) -> Any:
+    """A training-step callable that runs ``plan`` on ``model``: ``loss = step(*inputs)``.
+
+    Each call updates the model's parameters and buffers and the optimizer's
+    state in place; see :class:`placer.runtime.apply.PlacedStep` for ``options``.
+    """
+    from .runtime.apply import PlacedStep          # deferred: the runtime imports torch
+
+    return PlacedStep(plan, model, optimizer, **options)

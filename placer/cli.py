@@ -196,6 +196,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     from .cluster import load_cluster
     from .plan import Plan
     from .sim import simulate_plan
+    from .sim.bounds import lower_bound
 
     plan = Plan.load(args.plan)     # a bad plan file fails before a model is captured
     if args.trace:
@@ -212,7 +213,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
         from .sim.trace import write_trace
 
         write_trace(result, args.trace)
-    report = {**result.predicted(), "lower_bound_s": plan.lower_bound(graph, cluster)}
+    report = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster, splits=plan.rewrites_graph)}
     other = _other_prediction(plan, cluster, result.makespan_s)
     if other:
         print(f"placer: note: plan {args.plan}{other}", file=sys.stderr)
@@ -249,6 +250,7 @@ def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: s
     calibrated barrier that ends a step of the process-per-device runtime (where the file has one)."""
     from .cost.calibrate import load_calibration
     from .cost.messages import simulate_with_messages
+    from .transform.bind import bind_plan
 
     calibration = load_calibration(calibration_path)
     if calibration.message_cost is None:
@@ -256,7 +258,7 @@ def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: s
                           f"times one)")
     # The rewritten graph's, when the plan splits ops.
     with naming_plan(plan_path, plan, cluster):
-        bound = plan.bind(graph, cluster)
+        bound = bind_plan(plan, graph, cluster)
     step_s = simulate_with_messages(bound, calibration.message_cost).makespan_s
     return step_s + (calibration.barrier_s or 0.0)
 
@@ -329,6 +331,7 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None, profile=
     from .graph import OpGraph
     from .io import read_json
     from .plan import Plan
+    from .sim.validation import validate
 
     doc = read_json(path, "file")
     tag = doc.get("format") if isinstance(doc, dict) else None
@@ -348,7 +351,7 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None, profile=
             warnings.simplefilter("ignore", ClusterMismatchWarning)          # noted once, just above
             if profile is not None:
                 profile.check_cluster(plan_cluster)
-            result = plan.validate(graph, plan_cluster)
+            result = validate(plan, graph, plan_cluster)
         other = _other_prediction(plan, plan_cluster, result.makespan_s)
         return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory" + \
             (f" (the plan{other})" if other else "")

@@ -11,7 +11,7 @@ import numpy as np
 
 from .cluster import Cluster
 from .errors import InfeasibleError
-from .graph import OpGraph
+from .graph import OpGraph, static_footprint
 from .io import shown_sizes
 from .paths import bottom_levels, top_levels
 from .sim.bounds import fastest_durations
@@ -20,16 +20,6 @@ __all__ = ["diagnose", "static_footprint", "live_memory_bound"]
 
 #: Most nodes at which :func:`live_memory_bound` counts what must be held (one bit each per node).
 LIVE_BOUND_PROBES = 64
-
-
-def static_footprint(graph: OpGraph) -> np.ndarray:
-    """Bytes a node holds while it runs: parameters, its output and its workspace.
-
-    Memory-aware heuristics budget devices with this; the reference model's
-    peak (which also counts live outputs of other nodes and received copies)
-    is checked afterwards by simulation.
-    """
-    return graph.param_bytes + graph.output_bytes + graph.temp_bytes
 
 
 def diagnose(graph: OpGraph, cluster: Cluster) -> None:

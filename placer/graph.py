@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 
     from .cluster import Cluster
 
-__all__ = ["OpGraph", "GRAPH_FORMAT", "topological_sort", "joined_groups"]
+__all__ = ["OpGraph", "GRAPH_FORMAT", "topological_sort", "joined_groups", "static_footprint"]
 
 GRAPH_FORMAT = "placer.graph/1"
 
@@ -546,3 +546,13 @@ def _csr(keys: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
     ptr = np.zeros(n + 1, dtype=np.int64)
     np.cumsum(np.bincount(keys, minlength=n), out=ptr[1:])
     return ptr, order
+
+
+def static_footprint(graph: OpGraph) -> np.ndarray:
+    """Bytes a node holds while it runs: parameters, its output and its workspace.
+
+    Memory-aware heuristics budget devices with this; the reference model's
+    peak (which also counts live outputs of other nodes and received copies)
+    is checked afterwards by simulation.
+    """
+    return graph.param_bytes + graph.output_bytes + graph.temp_bytes

@@ -1,26 +1,26 @@
 """Plans (``placer.plan/1``): where every operation runs, in what order, and which were split.
 
-A :class:`Plan` names nodes and devices by their ids, exactly as the file
-does, so that it can be read without its graph. :meth:`Plan.bind` resolves
-it against a graph and a cluster into index arrays, checking FORMATS.md rule
-8; :meth:`Plan.validate` also simulates it and checks memory.
+A :class:`Plan` is a record: it names nodes and devices by their ids, exactly
+as the file does, so that it can be read without its graph. :meth:`Plan.bind`
+resolves it against a graph and a cluster into index arrays, checking
+FORMATS.md rule 8. What uses a plan lives in the layers above:
+:func:`placer.validate` simulates it and checks memory, :func:`placer.describe`
+reports it and :func:`placer.apply` trains with it; a plan file that lists
+splits without its rewritten graph is bound by
+:func:`placer.transform.bind.bind_plan`, which makes them.
 """
 
 from __future__ import annotations
 
 import os
-import warnings
-from typing import TYPE_CHECKING, Any, Callable, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from .cluster import Cluster
-from .errors import ClusterMismatchWarning, FormatError, InvalidPlanError, OptionError
+from .errors import FormatError, InvalidPlanError
 from .graph import OpGraph, topological_sort
-from .io import Field, check_finite, check_format, check_number, read_json, shown, shown_sizes, write_json_atomic
-
-if TYPE_CHECKING:
-    from .sim.simulator import SimResult
+from .io import Field, check_finite, check_format, check_number, read_json, shown, write_json_atomic
 
 __all__ = ["Plan", "BoundPlan", "PLAN_FORMAT"]
 
@@ -126,62 +126,19 @@ class Plan:
                    rewritten_graph=placed_graph, graph_digest=graph.digest(),
                    cluster_digest=cluster.digest(), **kwargs)
 
-    def target_graph(self, graph: OpGraph) -> OpGraph:
-        """The graph this plan places: its rewritten graph if it has one, else ``graph`` with the plan's
-        splits made (FORMATS.md: the placement then maps the rewritten graph's nodes).
-
-        Raises
-        ------
-        InvalidPlanError
-            A split the graph cannot make (an unknown node, a dimension it may not be split along,
-            parts out of range).
-        """
-        if self.rewritten_graph is not None:
-            return self.rewritten_graph
-        if not self.splits:
-            return graph
-        from .transform.split import split_operation
-
-        rewritten = graph
-        for k, split in enumerate(self.splits):
-            earlier = next((j for j in range(k) if self.splits[j]["node"] == split["node"]), None)
-            if earlier is not None:
-                raise InvalidPlanError(f"splits[{k}] splits {split['node']!r} again (splits[{earlier}] did)")
-            if split["node"] not in rewritten.index:
-                raise InvalidPlanError(f"splits[{k}] names unknown node {split['node']!r}")
-            try:
-                rewritten = split_operation(rewritten, split["node"], split.get("dim", "batch"), split["parts"])
-            except OptionError as exc:
-                raise InvalidPlanError(f"splits[{k}]: {exc}") from None
-        return rewritten
-
     @property
     def rewrites_graph(self) -> bool:
         """Whether the plan splits operations or replicates the step (it places a rewritten graph)."""
         return bool(self.splits) or self.rewritten_graph is not None
 
-    def lower_bound(self, graph: OpGraph, cluster: Cluster) -> float:
-        """The lower bound on the makespan (FORMATS.md) that holds for this plan of ``graph``, in seconds.
-
-        A plan that splits operations or replicates the step (OS-DPOS, data
-        parallelism: a rewritten graph) shortens the graph's critical path, so
-        only the work term bounds it (:func:`placer.sim.bounds.lower_bound` with
-        ``splits=True``); any other plan gets the full bound.
-        """
-        from .sim.bounds import lower_bound
-
-        return lower_bound(graph, cluster, splits=self.rewrites_graph)
-
     # -------------------------------------------------------- checking
-    def bind(self, graph: OpGraph, cluster: Cluster) -> BoundPlan:
-        """Resolve ids to indices and check FORMATS.md rule 8 (memory is :meth:`validate`'s).
+    def check_made_for(self, graph: OpGraph) -> None:
+        """Refuse ``graph`` unless it is the one the plan was made for (by digest, then by name).
 
         Raises
         ------
         InvalidPlanError
-            The plan is for another graph, misses or invents nodes or devices,
-            breaks device kinds or colocation, or its order contradicts the
-            dependencies.
+            Naming both graphs, and what differs: the operations, or only the name.
         """
         if self.graph_digest and self.graph_digest != graph.digest():
             same = (" (the same name, other operations: the model changed, or the plan predates a change to "
@@ -191,13 +148,41 @@ class Plan:
         if self.graph_name and graph.name and self.graph_name != graph.name:
             raise InvalidPlanError(f"the plan was made for graph {self.graph_name!r}, not {graph.name!r} (the "
                                    f"same operations: another batch size or optimizer, or a --name at capture)")
+
+    def bind(self, graph: OpGraph, cluster: Cluster, target: OpGraph | None = None) -> BoundPlan:
+        """Resolve ids to indices and check FORMATS.md rule 8 (memory is :func:`placer.validate`'s).
+
+        Parameters
+        ----------
+        graph : OpGraph
+            The graph the plan was made for (its digest and name are checked).
+        cluster : Cluster
+        target : OpGraph, optional
+            The graph the placement names: by default the plan's rewritten
+            graph, else ``graph``. A plan that lists splits but carries no
+            rewritten graph needs the graph its splits make
+            (:func:`placer.transform.bind.bind_plan` makes it).
+
+        Raises
+        ------
+        InvalidPlanError
+            The plan is for another graph, misses or invents nodes or devices,
+            breaks device kinds or colocation, its order contradicts the
+            dependencies, or it lists splits with no graph they make.
+        """
+        self.check_made_for(graph)
         if self.rewritten_graph is not None:
             _check_splits_made(self.splits, self.rewritten_graph)
-        target = self.target_graph(graph)
+        made_here = target is not None and target is not self.rewritten_graph
+        if target is None:
+            if self.splits and self.rewritten_graph is None:
+                raise InvalidPlanError("the plan lists splits but carries no rewritten graph: bind it with "
+                                       "placer.transform.bind.bind_plan, which makes them")
+            target = graph if self.rewritten_graph is None else self.rewritten_graph
         n = target.num_nodes
         device_of = np.full(n, -1, dtype=np.int64)
         # One pass per lookup, not per node: a data-parallel plan places 10^5 nodes or more.
-        nodes = _indices(target.index, self.placement.keys(), lambda node_id: self._unknown(node_id, target))
+        nodes = _indices(target.index, self.placement.keys(), lambda node_id: self._unknown(node_id, target, made_here))
         devices = _indices(cluster.device_index, self.placement.values(), lambda device: (
             f"node {next(k for k, v in self.placement.items() if v == device)!r} is placed on "
             f"unknown device {device!r}"))
@@ -209,11 +194,11 @@ class Plan:
         order = None if self.order is None else self._bind_order(target, cluster, device_of)
         return BoundPlan(target, cluster, device_of, order)
 
-    def _unknown(self, node_id: str, target: OpGraph) -> str:
-        """The message for a placement of ``node_id``, which ``target`` lacks; where the plan's splits are
-        made here, what they made instead (the placement names the rewritten graph's nodes)."""
+    def _unknown(self, node_id: str, target: OpGraph, made_here: bool) -> str:
+        """The message for a placement of ``node_id``, which ``target`` lacks; where the plan's splits were
+        made for this binding, what they made instead (the placement names the rewritten graph's nodes)."""
         message = f"the plan places unknown node {node_id!r}"
-        if self.rewritten_graph is not None:
+        if not made_here:
             return message
         for k, split in enumerate(self.splits):
             if node_id == split["node"] or node_id.startswith(split["node"] + "@"):
@@ -246,64 +231,6 @@ class Plan:
             raise InvalidPlanError(f"the order of {cluster.devices[device_of[i]].name!r} leaves out node {graph.ids[i]!r}")
         check_order_acyclic(graph, order, [d.name for d in cluster.devices])
         return order
-
-    def validate(self, graph: OpGraph, cluster: Cluster) -> "SimResult":
-        """Check rule 8 and memory on ``cluster``; return the reference simulation of the plan.
-
-        A ``cluster`` with other figures than the one the plan was made for (by its digest; by name
-        for a plan without one) is checked all the same, with a :class:`ClusterMismatchWarning`:
-        the plan's predicted figures were for the other.
-
-        Raises
-        ------
-        InvalidPlanError
-            If :meth:`bind` fails or a device's peak memory exceeds its capacity.
-        """
-        from .sim.simulator import simulate_bound
-
-        if self.cluster_digest and self.cluster_digest != cluster.digest():
-            other = "with other figures than"
-        elif not self.cluster_digest and self.cluster_name and self.cluster_name != cluster.name:
-            other = "not"
-        else:
-            other = ""
-        if other:
-            warnings.warn(f"plan validated on cluster {cluster.name!r}, {other} the cluster {self.cluster_name!r} "
-                          f"it was made for (its predicted figures are that cluster's)", ClusterMismatchWarning,
-                          stacklevel=2)
-        result = simulate_bound(self.bind(graph, cluster))
-        if not result.fits:
-            j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
-            needs, has = shown_sizes(result.peak_memory_bytes[j], cluster.devices[j].memory_bytes)
-            raise InvalidPlanError(f"device {cluster.devices[j].name!r} needs {needs} at peak but has {has}")
-        return result
-
-    def report(self, graph: OpGraph | None = None, cluster: Cluster | None = None) -> str:
-        """Per-device load, peak memory and the step's figures, as text.
-
-        ``graph`` and ``cluster`` default to those the plan was made for by
-        :func:`placer.plan` or :func:`placer.place`. A plan that overflows a device's
-        memory is reported so (its fits column), not refused.
-        """
-        from .report.tables import simulation_text
-        from .sim.simulator import simulate_bound
-
-        graph = graph or self.context.get("graph")
-        cluster = cluster or self.context.get("cluster")
-        if graph is None or cluster is None:
-            raise InvalidPlanError("report() needs the graph and cluster the plan is for")
-        result = simulate_bound(self.bind(graph, cluster))
-        return simulation_text(result, {**result.predicted(), "lower_bound_s": self.lower_bound(graph, cluster)})
-
-    def apply(self, model: Any, optimizer: Any = None, **options: Any) -> Any:
-        """A training-step callable that runs this plan on ``model``: ``loss = step(*inputs)``.
-
-        Each call updates the model's parameters and buffers and the optimizer's
-        state in place; see :class:`placer.runtime.apply.PlacedStep` for ``options``.
-        """
-        from .runtime.apply import PlacedStep
-
-        return PlacedStep(self, model, optimizer, **options)
 
     # ---------------------------------------------------------------- io
     def to_dict(self) -> dict:

@@ -8,6 +8,7 @@ import pytest
 import torch
 from torch import nn
 
+from placer.api import apply, describe, validate
 import placer
 from placer.cli import main
 from placer.errors import OptionError, PlacerError
@@ -35,10 +36,10 @@ def test_plan_from_a_module_reports_and_trains_like_eager():
     graph, cluster = plan.context["graph"], plan.context["cluster"]
     assert set(plan.placement) == set(graph.ids) and len(set(plan.placement.values())) == 2
     assert plan.predicted["makespan_s"] == pytest.approx(placer.simulate_plan(plan, graph, cluster).makespan_s)
-    assert "cpu0" in plan.report() and "cpu1" in plan.report()
+    assert "cpu0" in describe(plan) and "cpu1" in describe(plan)
 
     reference = copy.deepcopy(model)
-    step = plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1))
+    step = apply(plan, model, torch.optim.SGD(model.parameters(), lr=0.1))
     eager_opt = torch.optim.SGD(reference.parameters(), lr=0.1)
     for _ in range(2):
         placed_loss = step(*inputs)
@@ -139,11 +140,11 @@ def test_a_plan_from_place_reports_without_arguments_and_an_overflowing_plan_say
 
     graph = training_graph(layers=2, branches=2)
     plan = placer.place(graph, placer.load_cluster("2xcpu"), "expert")
-    assert "cpu0" in plan.report()          # it needed report(graph, cluster) but from placer.plan
+    assert "cpu0" in describe(plan)          # it needed report(graph, cluster) but from placer.plan
     # The same plan on two 1-MiB devices: reported with its fits column, where it raised.
     small = Cluster("small", [Device(f"cpu{j}", "cpu", 1 << 20) for j in range(2)],
                     [Channel(f"cpu{a}->cpu{b}", 1e9, 1e-5, ((f"cpu{a}", f"cpu{b}"),)) for a, b in ((0, 1), (1, 0))])
     overflowing = placer.Plan(plan.placement, plan.order, graph_name=graph.name)
-    assert "fits: False" in overflowing.report(graph, small)
+    assert "fits: False" in describe(overflowing, graph, small)
     with pytest.raises(placer.errors.InvalidPlanError, match=r"needs \d+\.\d MiB at peak but has 1\.0 MiB"):
-        overflowing.validate(graph, small)
+        validate(overflowing, graph, small)

@@ -5,6 +5,7 @@ import time
 import numpy as np
 import pytest
 
+from placer.api import validate
 from placer.algorithms import auto as auto_module
 from placer.algorithms import place
 from placer.algorithms.auto import default_portfolio
@@ -90,7 +91,7 @@ def test_ctrl_c_in_the_portfolio_returns_the_best_so_far(case, monkeypatch):
     plan = place(graph, cluster, "auto", portfolio="expert,heft,dpos")
     assert plan.extra["auto"]["interrupted"] is True
     assert plan.extra["auto"]["start"] == "expert"
-    plan.validate(graph, cluster)
+    validate(plan, graph, cluster)
     with pytest.raises(KeyboardInterrupt):
         place(graph, cluster, "auto", portfolio="heft,dpos")
 
@@ -171,12 +172,11 @@ def test_data_parallel_runs_only_where_its_lower_bound_can_beat_the_best_plan(pa
 def test_a_members_plan_is_not_checked_again_but_a_changed_one_is(case, monkeypatch):
     from placer.algorithms import registry
     from placer.errors import InfeasibleError
-    from placer.plan import Plan
 
     graph, cluster = case
     checks = []
-    validate = Plan.validate
-    monkeypatch.setattr(Plan, "validate", lambda plan, *args: checks.append(plan) or validate(plan, *args))
+    validate = registry.validate
+    monkeypatch.setattr(registry, "validate", lambda plan, *args: checks.append(plan) or validate(plan, *args))
     plan = place(graph, cluster, "auto", portfolio="expert", max_evaluations=0)
     assert plan.extra["auto"]["start"] == "expert" and plan.algorithm == "auto"
     assert checks == [plan]             # checked once, by the member's place(); auto returned it as it was

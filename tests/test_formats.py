@@ -10,6 +10,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from placer.api import validate
+from placer.sim.bounds import lower_bound
+from placer.transform.bind import bind_plan
 from placer import Cluster, OpGraph, Plan, load_cluster, place
 from placer.cluster import PRESETS, Device
 from placer.errors import ClusterMismatchWarning, FormatError, GraphCycleError, InvalidPlanError
@@ -202,7 +205,7 @@ def test_plan_round_trip_and_binding(tmp_path):
     plan.save(tmp_path / "p.json")
     again = Plan.load(tmp_path / "p.json")
     assert again.to_dict() == plan.to_dict()
-    assert again.validate(g, cluster).makespan_s == plan.predicted["makespan_s"]
+    assert validate(again, g, cluster).makespan_s == plan.predicted["makespan_s"]
 
 
 def test_plan_records_the_digest_of_its_cluster(tmp_path):
@@ -232,14 +235,14 @@ def test_a_plan_validated_on_a_cluster_with_other_figures_warns_and_is_checked_t
     slow = Cluster.from_dict(doc)
     with warnings.catch_warnings():
         warnings.simplefilter("error")          # its own cluster, or the same figures renamed: silent
-        assert plan.validate(g, cluster).makespan_s == plan.validate(g, renamed).makespan_s
+        assert validate(plan, g, cluster).makespan_s == validate(plan, g, renamed).makespan_s
     with pytest.warns(ClusterMismatchWarning, match="plan validated on cluster 'renamed', with other figures than "
                                                     "the cluster '2xV100-nvlink' it was made for"):
-        assert plan.validate(g, slow).makespan_s > plan.predicted["makespan_s"]
+        assert validate(plan, g, slow).makespan_s > plan.predicted["makespan_s"]
     # A plan from before the digest was recorded is told by the cluster's name.
     plan.cluster_digest = None
     with pytest.warns(ClusterMismatchWarning, match="on cluster 'renamed', not the cluster '2xV100-nvlink'"):
-        plan.validate(g, renamed)
+        validate(plan, g, renamed)
 
 
 def test_plan_splits_must_name_nodes_of_the_graph():
@@ -248,7 +251,7 @@ def test_plan_splits_must_name_nodes_of_the_graph():
     doc = place(g, cluster, "single").to_dict()
     doc["splits"] = [{"node": "ghost", "dim": "batch", "parts": 2}]
     with pytest.raises(InvalidPlanError, match="splits\\[0\\] names unknown node 'ghost'"):
-        Plan.from_dict(doc).bind(g, cluster)
+        bind_plan(Plan.from_dict(doc), g, cluster)
 
 
 @pytest.mark.parametrize("predicted, message", [
@@ -297,7 +300,7 @@ def test_invalid_plans(mutate, message):
     doc = place(g, cluster, "single").to_dict()
     mutate(doc)
     with pytest.raises(InvalidPlanError, match=message):
-        Plan.from_dict(doc).validate(g, cluster)
+        validate(Plan.from_dict(doc), g, cluster)
 
 
 def test_colocation_and_kinds_are_enforced():
@@ -307,7 +310,7 @@ def test_colocation_and_kinds_are_enforced():
     doc["placement"]["block0.b0.update"] = "gpu1"
     doc.pop("order")
     with pytest.raises(InvalidPlanError, match="colocation group 'block0.b0.param'"):
-        Plan.from_dict(doc).validate(g, cluster)
+        validate(Plan.from_dict(doc), g, cluster)
     kinds = g.replace(device_kinds=[("A100",)] + [None] * (g.num_nodes - 1))
     with pytest.raises(InvalidPlanError, match="may run only on kinds"):
         Plan.from_dict(place(g, cluster, "single").to_dict()).bind(kinds.replace(name=g.name), cluster)
@@ -318,12 +321,12 @@ def test_memory_overflow_is_invalid():
     cluster = load_cluster("2xV100-nvlink")
     placement = {i: "gpu0" for i in g.ids}
     with pytest.raises(InvalidPlanError, match="needs .* GiB at peak"):
-        Plan(placement, graph_name=g.name).validate(g, cluster)
+        validate(Plan(placement, graph_name=g.name), g, cluster)
     # Sizes under 1 KiB read in bytes ("needs 0.1 KiB at peak but has 0.0 KiB" said nothing).
     tiny = Cluster("tiny", [Device("d0", "K", 5)], [])
     g = OpGraph(["a"], [1.0], [], [], [], output_bytes=[100])
     with pytest.raises(InvalidPlanError, match="'d0' needs 100 bytes at peak but has 5 bytes"):
-        Plan({"a": "d0"}, graph_name=g.name).validate(g, tiny)
+        validate(Plan({"a": "d0"}, graph_name=g.name), g, tiny)
 
 
 @settings(max_examples=60, deadline=None)
@@ -516,7 +519,7 @@ def test_mutated_files_raise_only_documented_errors_or_simulate_to_finite_figure
         return
     assert np.all(np.isfinite(result.finish)), f"makespan {result.makespan_s}"
     assert np.all(result.peak_memory_bytes >= 0), result.peak_memory_bytes
-    assert np.isfinite(plan.lower_bound(graph, cluster))
+    assert np.isfinite(lower_bound(graph, cluster, splits=plan.rewrites_graph))
 
 
 def test_a_long_bad_value_is_quoted_short(tmp_path):

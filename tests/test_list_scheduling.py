@@ -8,6 +8,8 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from placer.api import validate
+from placer.transform.bind import target_graph
 from placer import OpGraph, place, simulate
 from placer.algorithms.baechi import _tick, etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
@@ -1011,9 +1013,9 @@ def test_plans_are_valid_fit_keep_colocation_and_are_deterministic(n, seed, grou
         plan = place(g, cluster, name, seed=3)
     except InfeasibleError:
         return
-    result = plan.validate(g, cluster)   # kinds, colocation, order, memory
+    result = validate(plan, g, cluster)   # kinds, colocation, order, memory
     assert result.fits and np.isclose(plan.predicted["makespan_s"], result.makespan_s)
-    target = plan.target_graph(g)
+    target = target_graph(plan, g)
     for members in target.colocation_groups.values():
         assert len({plan.placement[target.ids[i]] for i in members}) == 1
     again = place(g, cluster, name, seed=3)
@@ -1429,7 +1431,7 @@ def test_a_colocation_group_goes_where_its_members_inputs_reach(algorithm):
                             line_cluster(["d0", "d1", "d2"])),
                            (random_dag(80, edge_prob=0.3, seed=3, max_bytes=4 << 20, colocation_groups=4), ring)):
         plan = place(graph, cluster, algorithm, **ALL_LIST_SCHEDULERS[algorithm])
-        assert plan.validate(graph, cluster).fits
+        assert validate(plan, graph, cluster).fits
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALL_LIST_SCHEDULERS))
@@ -1468,7 +1470,7 @@ def test_list_schedulers_on_a_line_plan_validly_or_refuse_and_plan_where_one_dev
         assert "found no valid plan" not in str(exc)
         assert room < 1, f"one device holds the step twice over, yet {exc}"
     else:
-        assert plan.validate(graph, cluster).fits
+        assert validate(plan, graph, cluster).fits
 
 
 @pytest.mark.parametrize("schedule", [m_topo_schedule, etf_schedule])

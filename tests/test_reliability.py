@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from placer.api import validate
 from placer import load_cluster, place
 from placer.algorithms import auto as auto_module
 from placer.cli import main
@@ -163,7 +164,7 @@ def test_interrupted_local_search_returns_its_best_valid_plan(monkeypatch):
     # Placements only: local search does not run on a data-parallel plan's replicated graph.
     plan = place(graph, cluster, "auto", max_evaluations=1000, portfolio="heft,m_topo")
     assert plan.extra["auto"]["interrupted"] is True
-    plan.validate(graph, cluster)
+    validate(plan, graph, cluster)
 
 
 def test_interrupt_writes_no_plan(tmp_path, capsys, monkeypatch):
@@ -245,7 +246,7 @@ def test_dpos_keeps_a_critical_path_node_off_a_device_its_inputs_cannot_reach(al
         {"name": "g1a0", **link, "pairs": [["g1", "a0"]]}, {"name": "a0g1", **link, "pairs": [["a0", "g1"]]}]})
     plan = place(graph, cluster, algorithm)
     assert plan.placement == {"a": "a0", "b": "g1", "c": "a0", "d": "a0"}
-    assert plan.validate(graph, cluster).fits
+    assert validate(plan, graph, cluster).fits
 
 
 @pytest.mark.parametrize("algorithm", ["dpos", "os_dpos", "heft", "m_etf", "expert"])
@@ -288,7 +289,7 @@ def test_a_colocation_group_goes_where_its_inputs_reach_over_one_way_channels(al
     cluster = line_cluster(["d0", "d1", "d2"], both_ways=False)
     graph = random_dag(20, edge_prob=0.3, seed=2, max_bytes=8 << 20, colocation_groups=3)
     options = {"data_parallel_start": False} if algorithm == "os_dpos" else {}
-    assert place(graph, cluster, algorithm, time_limit=5, **options).validate(graph, cluster).fits
+    assert validate(place(graph, cluster, algorithm, time_limit=5, **options), graph, cluster).fits
 
 
 @pytest.mark.parametrize("algorithm", sorted(set(available_algorithms())))
@@ -303,7 +304,7 @@ def test_every_algorithm_plans_or_refuses_clearly_where_some_devices_have_no_cha
         assert algorithm in {"m_topo", "data_parallel", "sharded_data_parallel"}
         assert "no channel connects" in str(exc), exc
     else:
-        assert plan.validate(graph, cluster).fits
+        assert validate(plan, graph, cluster).fits
 
 
 @pytest.mark.parametrize("algorithm", ["single", "heft", "m_etf"])

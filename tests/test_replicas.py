@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from placer.api import apply
 from placer.algorithms import place
 from placer.capture import capture
 from placer.capture.spec import load_model
@@ -41,10 +42,10 @@ def tiny(name: str, batch: int, optimizer: str = "sgd", **options):
 
 
 def placed_training(plan, model, inputs, captured, steps=2):
-    """Train a copy of ``model`` with ``plan.apply``; the model and its optimizer."""
+    """Train a copy of ``model`` with ``placer.apply``; the model and its optimizer."""
     model = copy.deepcopy(model)
     optimizer = captured.optimizer.eager(model.parameters())
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     for _ in range(steps):
         step(*inputs)
     return model, optimizer
@@ -188,7 +189,7 @@ def test_inputs_without_a_leading_batch_are_refused_naming_the_input():
                             placed_graph=replicated)
     with pytest.raises(InvalidPlanError, match=r"input 'input_1' of the step has shape \(4,\), which does not "
                                                r"lead with the batch \(5 samples\)"):
-        plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1))(*inputs)
+        apply(plan, model, torch.optim.SGD(model.parameters(), lr=0.1))(*inputs)
 
 
 def test_a_model_that_traces_otherwise_on_fewer_rows_is_refused():

@@ -20,6 +20,7 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from placer.api import apply, validate
 import placer
 from placer.algorithms import place
 from placer.algorithms.common import placement_units
@@ -152,7 +153,7 @@ def test_local_executor_trains_like_eager(case, how, cluster_name):
     _check_spread(plan)
     plan.context["captured"] = case.captured
     model, optimizer = case.fresh()
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     losses = [float(step(*case.inputs)) for _ in range(STEPS)]
     case.assert_matches(model, optimizer)
     assert losses[0] > 0
@@ -197,7 +198,7 @@ def test_any_placement_and_order_trains_exactly_like_eager(file_case, seed, devi
     plan = random_plan(file_case.captured.graph, cluster, seed)
     plan.context["captured"] = file_case.captured
     model, optimizer = file_case.fresh()
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     for _ in range(STEPS):
         step(*file_case.inputs)
     worst, where, _ = state_difference(model, optimizer, file_case.reference, file_case.reference_optimizer)
@@ -315,7 +316,7 @@ def test_an_atomic_step_that_fails_part_way_leaves_the_model_and_optimizer_as_th
         return run(v, *args)
 
     model, optimizer = file_case.fresh()
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     monkeypatch.setattr(local, "call_node", call_node)
     with pytest.raises(RuntimeError, match="injected failure") as failed:
         step(*file_case.inputs)
@@ -323,7 +324,7 @@ def test_an_atomic_step_that_fails_part_way_leaves_the_model_and_optimizer_as_th
     monkeypatch.undo()
 
     model, optimizer = file_case.fresh()
-    step = plan.apply(model, optimizer, atomic=True)
+    step = apply(plan, model, optimizer, atomic=True)
     for _ in range(failing_step - 1):
         step(*file_case.inputs)
     before = _state(model, optimizer)
@@ -360,7 +361,7 @@ def _assert_split_plan_trains_like_eager(case, plan, cluster, backend: str) -> N
     model, optimizer = case.fresh()
     if backend == "local":
         plan.context["captured"] = case.captured
-        step = plan.apply(model, optimizer)
+        step = apply(plan, model, optimizer)
         for _ in range(STEPS):
             step(*case.inputs)
     else:
@@ -828,19 +829,19 @@ def test_an_optimizer_the_capture_cannot_reproduce_is_refused(file_case):
     plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
     model = copy.deepcopy(file_case.model)
     with pytest.raises(OptionError, match="dampening=0.5 with momentum is not supported"):
-        plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5))
+        apply(plan, model, torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9, dampening=0.5))
     with pytest.raises(OptionError, match="amsgrad=True is not supported by capture"):
-        plan.apply(model, torch.optim.Adam(model.parameters(), amsgrad=True))
+        apply(plan, model, torch.optim.Adam(model.parameters(), amsgrad=True))
     with pytest.raises(OptionError, match="foreach=True is not supported by capture"):
-        plan.apply(model, torch.optim.Adam(model.parameters(), foreach=True))
+        apply(plan, model, torch.optim.Adam(model.parameters(), foreach=True))
     with pytest.raises(OptionError, match="differentiable=True is not supported by capture"):
-        plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1, differentiable=True))
+        apply(plan, model, torch.optim.SGD(model.parameters(), lr=0.1, differentiable=True))
     weights = [p for n, p in model.named_parameters() if n.endswith("weight")]
     others = [p for n, p in model.named_parameters() if not n.endswith("weight")]
     with pytest.raises(OptionError, match="2 parameter groups"):
-        plan.apply(model, torch.optim.SGD([{"params": weights}, {"params": others}], lr=0.1, momentum=0.9))
+        apply(plan, model, torch.optim.SGD([{"params": weights}, {"params": others}], lr=0.1, momentum=0.9))
     with pytest.raises(OptionError, match="RMSprop is not supported"):
-        plan.apply(model, torch.optim.RMSprop(model.parameters()))
+        apply(plan, model, torch.optim.RMSprop(model.parameters()))
 
 
 
@@ -853,7 +854,7 @@ OPTIMIZER_SETTINGS = {
 
 @pytest.mark.parametrize("settings", sorted(OPTIMIZER_SETTINGS))
 def test_a_placed_step_trains_with_the_optimizers_settings_like_eager(file_case, settings):
-    """plan.apply reads the optimizer's settings and captures the step with them (the plan made for that
+    """placer.apply reads the optimizer's settings and captures the step with them (the plan made for that
     step); every parameter, buffer and optimizer state (momentum buffers, Adam's moments) equals eager."""
     torch_class, given = OPTIMIZER_SETTINGS[settings]
     model, reference = copy.deepcopy(file_case.model), copy.deepcopy(file_case.model)
@@ -862,7 +863,7 @@ def test_a_placed_step_trains_with_the_optimizers_settings_like_eager(file_case,
     plan = placer.plan(model, file_case.inputs, cluster="2xcpu", algorithm="round_robin", optimizer=optimizer)
     _check_spread(plan)
     del plan.context["captured"]             # apply captures the step itself, from the optimizer's settings
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     for _ in range(STEPS):
         step(*file_case.inputs)
     train_eager(reference, file_case.inputs, reference_optimizer, STEPS)
@@ -902,7 +903,7 @@ def test_a_placed_step_follows_a_learning_rate_scheduler_like_eager(file_case, n
     plan = random_plan(captured.graph, load_cluster("2xcpu"), seed=3)
     _check_spread(plan)
     plan.context["captured"] = captured
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         for _ in range(STEPS):
@@ -942,17 +943,17 @@ def test_a_placed_step_refuses_optimizer_settings_changed_since_its_capture(file
     model = copy.deepcopy(file_case.model)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     plan = placer.plan(model, file_case.inputs, cluster="2xcpu", algorithm="round_robin", optimizer=optimizer)
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     step(*file_case.inputs)
     optimizer.param_groups[0]["momentum"] = 0.8
     with pytest.raises(OptionError, match=r"settings changed since the step was captured: momentum 0.8 \(captured "
                                           r"with 0.9\).*apply the plan again"):
         step(*file_case.inputs)
-    plan.apply(model, optimizer)(*file_case.inputs)    # the same graph, another constant: captured anew
+    apply(plan, model, optimizer)(*file_case.inputs)    # the same graph, another constant: captured anew
     optimizer.param_groups[0]["weight_decay"] = 1e-4   # another graph (the decay's operations): plan again
     with pytest.raises(InvalidPlanError, match=r"made for a training step with SGD \(lr 0.1, momentum 0.9\), but "
                                                r"the optimizer is SGD \(lr 0.1, momentum 0.8, weight_decay 0.0001\)"):
-        plan.apply(model, optimizer)(*file_case.inputs)
+        apply(plan, model, optimizer)(*file_case.inputs)
 
 
 # --------------------------------------------------------- tensor layouts
@@ -1045,7 +1046,7 @@ def test_a_view_taken_of_a_received_copy_keeps_the_copy_held_for_its_readers():
     cluster = load_cluster("2xcpu")
     executor = LocalExecutor(compile_program(gm, graph, plan, cluster, carrier=captured.carrier), track_memory=True)
     executor.run(captured.example_args())
-    assert executor.peak_bytes[1] == plan.validate(graph, cluster).peak_memory_bytes[1] > 256 * 256 * 4
+    assert executor.peak_bytes[1] == validate(plan, graph, cluster).peak_memory_bytes[1] > 256 * 256 * 4
 
 
 def test_a_gate_read_on_another_device_holds_there_what_the_graph_counts():
@@ -1062,7 +1063,7 @@ def test_a_gate_read_on_another_device_holds_there_what_the_graph_counts():
     assert program.compact_views
     executor = LocalExecutor(program, track_memory=True)
     executor.run(captured.example_args())
-    assert executor.peak_bytes[1] == plan.validate(graph, cluster).peak_memory_bytes[1] > 0
+    assert executor.peak_bytes[1] == validate(plan, graph, cluster).peak_memory_bytes[1] > 0
     strided = capture(_Strided(), (torch.randn(4, 8), torch.randint(0, 4, (4,))), optimizer="sgd")
     assert not compile_program(strided.gm, strided.graph, place(strided.graph, cluster, "single"), cluster,
                                carrier=strided.carrier).compact_views
@@ -1092,7 +1093,7 @@ def test_an_expand_read_on_another_device_carries_and_holds_its_span_alone():
     executor = LocalExecutor(compile_program(captured.gm, graph, plan, cluster, carrier=captured.carrier),
                              track_memory=True)
     executor.run(captured.example_args())
-    assert executor.peak_bytes[1] == plan.validate(graph, cluster).peak_memory_bytes[1] > 0
+    assert executor.peak_bytes[1] == validate(plan, graph, cluster).peak_memory_bytes[1] > 0
 
 
 @pytest.mark.parametrize("model, batch", [(_Gates, (256, 16, 3)), (_Broadcast, (512, 256, 256)), (_Strided, (4, 8, 4))])
@@ -1670,7 +1671,7 @@ def _scaled_step(batch=4):
 
 def test_a_placed_step_refuses_inputs_unlike_the_captured_ones_before_running():
     model, optimizer, plan, (x, y, scale) = _scaled_step()
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     step(x, y, scale)
     before = copy.deepcopy((model.state_dict(), optimizer.state_dict()))
     with pytest.raises(OptionError, match=r"input 0: .* shape \(4, 8\), got .* shape \(8, 8\)"):
@@ -1687,16 +1688,16 @@ def test_a_placed_step_refuses_inputs_unlike_the_captured_ones_before_running():
     # Another layout of the same values is the same input.
     reference = copy.deepcopy((model, optimizer))
     loss = step(x.t().contiguous().t(), y, scale)
-    assert loss == plan.apply(*reference)(x, y, scale)
+    assert loss == apply(plan, *reference)(x, y, scale)
 
 
 def test_a_placed_step_takes_a_changed_learning_rate_and_refuses_a_changed_mode_or_optimizer():
     model, optimizer, plan, inputs = _scaled_step()
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     step(*inputs)
     optimizer.param_groups[0]["lr"] = 1e-4          # what a learning-rate scheduler does: an input of the step
     step(*inputs)
-    plan.apply(model, optimizer)(*inputs)                # the plan's capture, taken with another lr
+    apply(plan, model, optimizer)(*inputs)                # the plan's capture, taken with another lr
     optimizer.param_groups[0]["lr"] = 0.0                # as torch.optim does, and a warm-up may start
     step(*inputs)
     optimizer.param_groups[0]["lr"] = torch.tensor(1e-3)
@@ -1710,10 +1711,10 @@ def test_a_placed_step_takes_a_changed_learning_rate_and_refuses_a_changed_mode_
     step(*inputs)
     model.eval()                     # before the first call too: the plan's capture was made in training mode
     with pytest.raises(OptionError, match="the model is in eval mode"):
-        plan.apply(model, optimizer)(*inputs)
+        apply(plan, model, optimizer)(*inputs)
     model.train()
     with pytest.raises(OptionError, match="made for a training step with Adam, but the optimizer is SGD"):
-        plan.apply(model, torch.optim.SGD(model.parameters(), lr=0.1))(*inputs)
+        apply(plan, model, torch.optim.SGD(model.parameters(), lr=0.1))(*inputs)
 
 
 class _Constants(torch.nn.Module):
@@ -1745,7 +1746,7 @@ def test_tensor_constants_of_the_step_run_where_the_plan_puts_them(backend):
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
     if backend == "local":
         plan.context["captured"] = captured
-        step = plan.apply(model, optimizer)
+        step = apply(plan, model, optimizer)
         for _ in range(2):
             step(*inputs)
     else:
@@ -1788,7 +1789,7 @@ def test_splits_of_batch_times_sequence_rows_run():
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=1e-3)
     train_eager(reference, inputs, reference_optimizer, 2)
     optimizer = torch.optim.SGD(model.parameters(), lr=1e-3)
-    step = plan.apply(model, optimizer)
+    step = apply(plan, model, optimizer)
     for _ in range(2):
         step(*inputs)
     worst, where, _ = state_difference(model, optimizer, reference, reference_optimizer)
@@ -1973,7 +1974,7 @@ def test_simulated_peak_memory_is_what_the_executor_holds(model, algorithm):
     executor = LocalExecutor(compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier),
                              track_memory=True)
     executor.run(captured.example_args())
-    simulated = plan.validate(captured.graph, cluster).peak_memory_bytes
+    simulated = validate(plan, captured.graph, cluster).peak_memory_bytes
     used = simulated > 0
     assert (executor.peak_bytes[~used] == 0).all()
     assert np.allclose(simulated[used] / executor.peak_bytes[used], 1, atol=0.01)
@@ -2009,7 +2010,7 @@ def test_a_parameter_the_loss_does_not_reach_and_a_replaced_buffer_train_as_eage
     assert not any(name.startswith("s_") and "aux" in name for name in captured.graph.ids)
     optimizer = torch.optim.AdamW(model.parameters(), lr=0.1)
     if backend == "local":
-        step = plan.apply(model, optimizer)
+        step = apply(plan, model, optimizer)
         for _ in range(STEPS):
             step(*inputs)
     else:
@@ -2041,11 +2042,11 @@ def test_a_placed_step_refuses_an_optimizer_without_every_trained_parameter_and_
     model, optimizer, plan, inputs = _scaled_step()
     with pytest.raises(OptionError, match="the optimizer does not hold parameter 'l1.weight' \\(and 1 more\\), "
                                           "which requires grad"):
-        plan.apply(model, torch.optim.Adam(list(model.bn.parameters()) + list(model.l2.parameters())))(*inputs)
-    step = plan.apply(model, optimizer)
+        apply(plan, model, torch.optim.Adam(list(model.bn.parameters()) + list(model.l2.parameters())))(*inputs)
+    step = apply(plan, model, optimizer)
     step(*inputs)
     model.l1.weight.requires_grad_(False)          # fine-tuning: freezing a layer after the step was made
     with pytest.raises(OptionError, match="parameter 'l1.weight' does not require grad now, but it was trained"):
         step(*inputs)
     with pytest.raises(OptionError, match="parameter 'l1.weight' does not require grad now"):
-        plan.apply(model)(*inputs)                  # the default optimizer's step checks it too
+        apply(plan, model)(*inputs)                  # the default optimizer's step checks it too

@@ -5,6 +5,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from placer.api import validate
 from placer import OpGraph, place, simulate
 from placer.algorithms.data_parallel import (data_parallel_lower_bound, data_parallel_schedule, replica_devices,
                                              replica_hosts)
@@ -320,7 +321,7 @@ def test_data_parallel_plan_carries_the_replicated_graph_and_predicts_the_simula
     cluster = load_cluster("4xV100-nvlink")
     plan = place(g, cluster, "data_parallel")
     assert plan.extra["replicas"] == 4 and plan.rewritten_graph is not None
-    result = plan.validate(g, cluster)
+    result = validate(plan, g, cluster)
     assert result.makespan_s == plan.predicted["makespan_s"]
     assert {plan.placement[f"r{k}/loss"] for k in range(4)} == {"gpu0", "gpu1", "gpu2", "gpu3"}
 
@@ -443,7 +444,7 @@ def test_os_dpos_splits_a_heavy_operation_across_the_devices(devices, parts):
     assert plan.predicted["makespan_s"] < dpos.predicted["makespan_s"] * 0.6
     target = plan.rewritten_graph
     assert {plan.placement[f"conv@part{k}"] for k in range(parts)} == {d.name for d in cluster.devices}
-    assert plan.validate(g, cluster).makespan_s == plan.predicted["makespan_s"]
+    assert validate(plan, g, cluster).makespan_s == plan.predicted["makespan_s"]
     assert target.node_extra[target.index["conv@part0"]]["split_of"] == "conv"
 
 
@@ -575,7 +576,7 @@ def test_os_dpos_splits_a_convolution_at_batch_1_along_its_channels(devices):
         assert plan.predicted["makespan_s"] < dpos.predicted["makespan_s"] * 0.6
         assert {plan.placement[f"conv@part{k}"] for k in range(devices)} == {d.name for d in cluster.devices}
         # The plan's makespan is the reference simulation's of its rewritten graph.
-        assert plan.validate(g, cluster).makespan_s == plan.predicted["makespan_s"]
+        assert validate(plan, g, cluster).makespan_s == plan.predicted["makespan_s"]
         bound = plan.bind(g, cluster)
         assert bound.graph is plan.rewritten_graph
         assert simulate(bound.graph, cluster, bound.device_of, bound.order).makespan_s == plan.predicted["makespan_s"]
@@ -719,26 +720,26 @@ def test_a_plan_with_splits_and_no_rewritten_graph_places_the_graph_its_splits_m
                                splits=[{"node": "conv", "dim": "batch", "parts": 2}])
     doc = carried.to_dict()
     doc["rewritten_graph"] = None
-    made = Plan.from_dict(doc).validate(g, cluster)
-    assert made.makespan_s == carried.validate(g, cluster).makespan_s < simulate(g, cluster, [0, 0, 0]).makespan_s
+    made = validate(Plan.from_dict(doc), g, cluster)
+    assert made.makespan_s == validate(carried, g, cluster).makespan_s < simulate(g, cluster, [0, 0, 0]).makespan_s
     doc["splits"] = [{"node": "y", "dim": "batch", "parts": 2}]
     with pytest.raises(InvalidPlanError, match=r"splits\[0\]: node 'y' cannot be split along 'batch'"):
-        Plan.from_dict(doc).validate(g, cluster)
+        validate(Plan.from_dict(doc), g, cluster)
     doc["splits"] = [{"node": "conv", "dim": "batch", "parts": 2}] * 2
     with pytest.raises(InvalidPlanError, match=r"^splits\[1\] splits 'conv' again \(splits\[0\] did\)$"):
-        Plan.from_dict(doc).validate(g, cluster)
+        validate(Plan.from_dict(doc), g, cluster)
     # A placement of the graph before its splits: the message says what to name instead.
     doc = {**carried.to_dict(), "rewritten_graph": None, "order": None,
            "placement": {"x": "gpu0", "conv": "gpu1", "y": "gpu0"}}
     with pytest.raises(InvalidPlanError, match=r"^the plan places unknown node 'conv': splits\[0\] rewrites 'conv' "
                                                r"into 'conv@split0', 'conv@part0', 'conv@part1', 'conv@concat0', "
                                                r"which the placement names instead$"):
-        Plan.from_dict(doc).validate(g, cluster)
+        validate(Plan.from_dict(doc), g, cluster)
     doc = carried.to_dict()
     doc["splits"][0]["parts"] = 3
     with pytest.raises(InvalidPlanError, match=r"splits\[0\] \('conv' along 'batch' into 3 parts\) is not what the "
                                                r"plan's rewritten graph holds \(2 parts of it along \['batch'\]\)"):
-        Plan.from_dict(doc).validate(g, cluster)
+        validate(Plan.from_dict(doc), g, cluster)
 
 
 def test_a_source_that_declares_a_batch_split_carries_the_batch():

@@ -32,6 +32,8 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import simulate, simulate_plan
 from .registry import checked_options, get_algorithm, place
+from ..sim.validation import validate
+from ..transform.bind import target_graph
 
 __all__ = ["CHECKS", "check_algorithm", "contract_cases", "random_cases", "check_valid_plans", "check_constraints",
            "check_memory_pressure", "check_random_cases", "check_partially_linked", "check_determinism",
@@ -113,7 +115,7 @@ def check_constraints(name: str, **options) -> None:
     """Colocation groups share a device and restricted nodes sit on allowed kinds."""
     for label, graph, cluster in contract_cases():
         plan = place(graph, cluster, name, time_limit=CHECK_TIME_LIMIT, **options)
-        target = plan.target_graph(graph)
+        target = target_graph(plan, graph)
         kinds = {d.name: d.kind for d in cluster.devices}
         for key, members in target.colocation_groups.items():
             devices = {plan.placement[target.ids[i]] for i in members}
@@ -189,7 +191,7 @@ def check_partially_linked(name: str, **options) -> None:
     except (InfeasibleError, InvalidPlanError):
         return
     try:
-        plan.validate(graph, cluster)
+        validate(plan, graph, cluster)
     except InvalidPlanError as exc:
         raise AssertionError(f"{name} on a line of devices returned an invalid plan: {exc}") from None
 

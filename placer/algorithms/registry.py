@@ -28,6 +28,9 @@ from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..plan import Plan
 from .timebox import TimeBox
+from ..sim.bounds import lower_bound
+from ..sim.validation import validate
+from ..transform.bind import target_graph
 
 __all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message",
            "checked_options", "check_time_limit", "check_seed"]
@@ -182,7 +185,7 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     Plan
         With a per-device order, ``predicted`` figures from the reference model
         (makespan_s, peak_memory_bytes, fits, lower_bound_s), ``search_time_s``, and
-        ``graph`` and ``cluster`` in its ``context`` (so that ``plan.report()`` needs neither).
+        ``graph`` and ``cluster`` in its ``context`` (so that ``placer.describe(plan)`` needs neither).
 
     Raises
     ------
@@ -228,18 +231,18 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
         figures = known[1]
     else:
         try:
-            result = plan.validate(graph, cluster)
+            result = validate(plan, graph, cluster)
         except InvalidPlanError as exc:
             raise InfeasibleError(f"{algorithm} found no valid plan: {exc}") from None
         if plan.order is None:
             names = [d.name for d in cluster.devices]
-            target = plan.target_graph(graph)
+            target = target_graph(plan, graph)
             plan.order = {names[j]: [target.ids[i] for i in seq.tolist()]
                           for j, seq in enumerate(result.device_orders())}
-        figures = {**result.predicted(), "lower_bound_s": plan.lower_bound(graph, cluster)}
+        figures = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster, splits=plan.rewrites_graph)}
         _checked[plan] = (_check_key(plan, graph, cluster), figures)
     plan.algorithm = algorithm
     plan.predicted = dict(figures)
     plan.search_time_s = elapsed
-    plan.context.update(graph=graph, cluster=cluster)      # plan.report() and plan.apply() without them
+    plan.context.update(graph=graph, cluster=cluster)      # describe(plan) and apply(plan, ...) without them
     return plan

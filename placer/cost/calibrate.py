@@ -34,6 +34,7 @@ from ..cluster import Channel, Cluster
 from ..errors import FormatError, OptionError, PlacerError
 from ..io import Field, check_format, check_number, read_json, write_json_atomic
 from ..terminate import terminate_raises
+from ..transform.bind import bind_plan
 from .messages import MessageCost
 
 __all__ = ["LinkFit", "Calibration", "CALIBRATION_FORMAT", "DEFAULT_SIZES", "PROBE_MODEL", "fit_link",
@@ -657,7 +658,7 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
                              carrier=captured.carrier, timeout_s=timeout_s)
     if not result.message_s:
         raise PlacerError(f"the probe {spec!r} sent no message over two ranks; probe with a larger model")
-    bound = plan.bind(graph, cluster)
+    bound = bind_plan(plan, graph, cluster)
     own = own_times(result.op_s, result.op_message_s)
     shaped = spread_over_gaps(MessageCost.fit(result.message_s), cost, bound, own)
     return fit_after_message(bound, own, shaped), len(result.message_s)

@@ -1,4 +1,4 @@
-"""``plan.apply(model, optimizer)``: a training step of the live model, run as the plan says."""
+"""``placer.apply(plan, model, optimizer)``: a training step of the live model, run as the plan says."""
 
 from __future__ import annotations
 
@@ -114,7 +114,7 @@ class PlacedStep:
         if self.captured is not None and spec.fixed != self.spec.fixed:
             raise OptionError(f"the optimizer's settings changed since the step was captured: "
                               f"{_changed(spec, self.spec)}; the step holds them as constants: apply the plan "
-                              f"again, plan.apply(model, optimizer), for a step captured with the new settings")
+                              f"again, placer.apply(plan, model, optimizer), for a step captured with the new settings")
         if self.captured is None:
             self.spec = spec
             self._prepare(inputs)

@@ -17,6 +17,7 @@ from ..capture.cli import add_optimizer_option, add_optimizer_settings, optimize
 from ..errors import InvalidPlanError, OptionError
 from ..io import check_output
 from ..terminate import terminate_raises
+from ..transform.bind import bind_plan
 
 __all__ = ["add_commands", "cmd_run", "cmd_tune", "Measurement", "measure_plan"]
 
@@ -289,7 +290,7 @@ def _run(args: argparse.Namespace) -> int:
                             inputs=[args.plan, args.cluster])
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
     try:        # a plan for another batch size or optimizer: refused before "training ..."
-        bound = plan.bind(captured.graph, cluster)
+        bound = bind_plan(plan, captured.graph, cluster)
     except InvalidPlanError as exc:
         # The same model, batch and optimizer by name (which carries settings other than torch's defaults).
         opt, named = captured.optimizer, captured.graph.name
@@ -435,9 +436,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
             return ""
         cost = MessageCost.fit(m.message_s)
         if calibrated is not None:
-            cost = spread_over_gaps(cost, calibrated, best.bind(graph, given), own)
-            own = without_after_message(own, best.bind(graph, given), cost)
-        step_s = simulate_with_messages(plan.bind(graph, given), cost, own).makespan_s + m.tail_s
+            cost = spread_over_gaps(cost, calibrated, bind_plan(best, graph, given), own)
+            own = without_after_message(own, bind_plan(best, graph, given), cost)
+        step_s = simulate_with_messages(bind_plan(plan, graph, given), cost, own).makespan_s + m.tail_s
         return f", {step_s * 1e3:.3f} ms with its messages' host cost and the step's end"
 
     given = cluster         # its links as calibrated, not as a run's traffic made them
@@ -449,7 +450,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     for r in range(1, args.rounds + 1):
         # The ops' own times: what the last plan's messages added to them another plan need not pay.
         own = own_times(m.op_s, m.op_message_s)
-        graph = measured_graph(graph, best.bind(graph, cluster), cluster, own)
+        graph = measured_graph(graph, bind_plan(best, graph, cluster), cluster, own)
         cluster = measured_cluster(given, m.transfer_s)
         if m.transfer_s and cluster.channels:
             ch = cluster.channels[0]
@@ -469,7 +470,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     best.cluster_name, best.cluster_digest = given.name, given.digest()    # the cluster it runs on, not the measured
     best.save(args.output)
     print(f"best plan: measured {best_s * 1e3:.3f} ms per step -> {args.output}")
-    _write_measured(args, m, best.bind(captured.graph, given), captured.graph, "placer tune")
+    _write_measured(args, m, bind_plan(best, captured.graph, given), captured.graph, "placer tune")
     return 0
 
 

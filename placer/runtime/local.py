@@ -188,7 +188,7 @@ class LocalExecutor:
         except Exception as exc:
             if not self.deferred and any(p in written and p not in copied for p in prog.placeholders):
                 exc.add_note("placer: the step failed part way; the new parameters and optimizer state it wrote "
-                             "before failing are in the model and optimizer already (plan.apply(..., atomic=True) "
+                             "before failing are in the model and optimizer already (placer.apply(..., atomic=True) "
                              "writes them only once the whole step has succeeded)")
             raise
         self.steps_run += 1

@@ -61,6 +61,7 @@ from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
 from ..plan import Plan
+from ..transform.bind import bind_plan
 from .replicas import Feed, collective_wait, replicate_step
 from .splits import split_step
 
@@ -248,7 +249,7 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     """
     from ..sim.simulator import simulate_bound
 
-    bound = plan.bind(graph, cluster)
+    bound = bind_plan(plan, graph, cluster)
     target = bound.graph
     feeds = None
     replicated = "data_parallel" in target.extra and any("replica" in extra for extra in target.node_extra)

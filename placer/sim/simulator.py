@@ -25,6 +25,7 @@ from ..errors import InvalidPlanError
 from ..gcpause import gc_paused
 from ..graph import OpGraph
 from ..plan import BoundPlan, Plan, check_order_acyclic, check_placement
+from ..transform.bind import bind_plan
 
 __all__ = ["simulate", "simulate_plan", "simulate_bound", "SimResult", "Transfers"]
 
@@ -174,8 +175,8 @@ def simulate_bound(bound: BoundPlan) -> SimResult:
 
 
 def simulate_plan(plan: Plan, graph: OpGraph, cluster: Cluster) -> SimResult:
-    """Check ``plan`` against ``graph`` and ``cluster`` (rule 8) and simulate it."""
-    return simulate_bound(plan.bind(graph, cluster))
+    """Check ``plan`` against ``graph`` and ``cluster`` (rule 8) and simulate it; memory is not checked."""
+    return simulate_bound(bind_plan(plan, graph, cluster))
 
 
 def _check_order_covers(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[np.ndarray]) -> None:

@@ -23,8 +23,7 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..errors import OptionError
-from ..feasibility import static_footprint
-from ..graph import OpGraph
+from ..graph import OpGraph, static_footprint
 from ..paths import bottom_levels, top_levels
 from .coarsen import summed_times_by_kind
 
