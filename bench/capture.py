@@ -35,7 +35,8 @@ import torch
 from placer.capture import capture
 from placer.capture.zoo import ZOO
 from placer.cost.analytic import DEVICE_SPECS, annotate
-from placer.cost.profile import device_kind_of, profile_step, step_arguments
+from placer.cost.profile import device_kind_of
+from placer.harness.profiling import profile_step, step_arguments
 
 
 def capture_table(names: list[str], skip_paper: bool) -> list[list[str]]:

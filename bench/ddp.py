@@ -20,10 +20,10 @@ machine's speed, which moves over seconds, weighs on all alike; a measured
 step is the median of every round's steps after the warm-up, barrier to
 barrier for the ranks (the eager step: its own wall time). Each placer plan
 is made, before any run, on the step's graph profiled on this CPU
-(:func:`placer.cost.profile.profile_step`, one thread; a node's time the
+(:func:`placer.harness.profiling.profile_step`, one thread; a node's time the
 median of ``--profiles`` profiles) and the preset with
 its gloo link calibrated on as many ranks
-(:func:`placer.cost.calibrate.calibrate`, as ``placer profile`` and
+(:func:`placer.harness.calibrate.calibrate`, as ``placer profile`` and
 ``placer calibrate`` make them): the plan's simulated step
 (``DistributedResult.predicted_s``) is the prediction. The record also keeps
 the prediction with each message's host cost and the calibrated barrier
@@ -120,7 +120,7 @@ def busy_split(result, plan, cluster, step_s: float) -> dict[str, Any]:
 def with_messages_s(plan, graph, cluster, calibration) -> float | None:
     """The plan's step with its messages' host cost and the barrier that ends a step (``placer simulate
     --message-cost``'s richer prediction)."""
-    from placer.cost.messages import simulate_with_messages
+    from placer.sim.messages import simulate_with_messages
 
     if calibration.message_cost is None:
         return None
@@ -132,7 +132,8 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     from placer.algorithms import place
     from placer.capture import capture
     from placer.capture.spec import load_model
-    from placer.cost.profile import Profile, apply_profile, profile_step
+    from placer.cost.profile import Profile, apply_profile
+    from placer.harness.profiling import profile_step
     from placer.runtime.ddp import run_ddp
     from placer.runtime.distributed import run_distributed
     from placer.runtime.replicas import replica_steps
@@ -234,7 +235,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
 def calibrated_clusters(names: list[str], began: float) -> dict:
     """Each preset with its gloo link calibrated on as many ranks as it has devices."""
     from placer.cluster import load_cluster
-    from placer.cost.calibrate import apply_calibration, calibrate
+    from placer.harness.calibrate import apply_calibration, calibrate
 
     clusters = {}
     for name in names:

@@ -3,24 +3,24 @@
 For each model, plan and CPU preset (``2xcpu``, ``4xcpu``: processes over gloo):
 
 1. calibrate: the gloo link's latency and bandwidth measured by
-   :func:`placer.cost.calibrate.calibrate` (ping-pong between two processes),
+   :func:`placer.harness.calibrate.calibrate` (ping-pong between two processes),
    a message's host cost, and the barrier that ends a step (added to the
    prediction with the calibrated message cost);
    every operation's time measured alone, one thread, by
-   :func:`placer.cost.profile.profile_module` (median of 5 runs);
+   :func:`placer.harness.profiling.profile_module` (median of 5 runs);
 2. plan on the calibrated graph and cluster; the reference simulator's
    makespan is the prediction;
 3. run the plan with the distributed executor (one process per device,
    one intra-op thread each): the measured step is the median of the steps
    after two warm-ups (barrier to barrier);
 4. also predict from the per-operation times the run itself measured (FastT's
-   feedback, :func:`placer.runtime.feedback.measured_graph`), from those
+   feedback, :func:`placer.harness.feedback.measured_graph`), from those
    with the links' latency set to the transfers the run measured
-   (:func:`placer.runtime.feedback.measured_cluster`), and from the
+   (:func:`placer.harness.feedback.measured_cluster`), and from the
    operations' own times (less the host time of their messages) with the
    host cost of a message fitted to the run's messages
-   (:class:`placer.cost.messages.MessageCost`, charged by
-   :func:`placer.cost.messages.messages_graph`): what the simulator says
+   (:class:`placer.sim.messages.MessageCost`, charged by
+   :func:`placer.sim.messages.messages_graph`): what the simulator says
    once it knows the runtime's real costs; each of these plus the end of the
    step after its last operation, which no operation's time holds (the
    barrier: :attr:`placer.runtime.distributed.DistributedResult.tail_s`);
@@ -49,7 +49,7 @@ the prediction from every profile with that from each round's first profile
 alone and from those just before the plan's runs.
 
 With ``--probe``, the calibration takes a message's host cost from a probe run
-(``placer calibrate --probe``: :func:`placer.cost.calibrate.measure_probe`), so
+(``placer calibrate --probe``: :func:`placer.harness.calibrate.measure_probe`), so
 the predictions before a run use it; the record keeps the streams' cost too,
 and the summary compares the two.
 
@@ -72,9 +72,9 @@ comma-separated). ``--calibration FILE`` replays a record with another
 calibration's message cost and barrier (``placer calibrate`` writes one): how
 far the calibration alone moves the prediction before a run. The calibration
 also times streams of messages
-(:attr:`placer.cost.messages.MessageCost.by_gap`), and the prediction with
+(:attr:`placer.sim.messages.MessageCost.by_gap`), and the prediction with
 the calibrated message cost charges each message at its gap in the simulated
-schedule (:func:`placer.cost.messages.simulate_with_messages`). The replay
+schedule (:func:`placer.sim.messages.simulate_with_messages`). The replay
 reads records of earlier forms too; fields a record lacks are left empty.
 
 Usage::
@@ -172,7 +172,7 @@ def captured_model(name: str):
 
 def fed_graph(run: Run, source: Run):
     """``run``'s graph with the op times ``source`` measured (FastT's feedback)."""
-    from placer.runtime.feedback import measured_graph
+    from placer.harness.feedback import measured_graph
 
     return measured_graph(run.graph, source.plan.bind(run.graph, run.cluster), run.cluster, source.op_s)
 
@@ -181,7 +181,7 @@ def fed_graph(run: Run, source: Run):
 def predicted_from(run: Run, source: Run) -> float:
     """The simulator's step for ``run``'s plan from the op and transfer times ``source`` measured, plus the
     end of a step ``source`` measured (:attr:`placer.runtime.distributed.DistributedResult.tail_s`)."""
-    from placer.runtime.feedback import measured_cluster
+    from placer.harness.feedback import measured_cluster
     from placer.sim import simulate_plan
 
     return simulate_plan(run.plan, fed_graph(run, source),
@@ -209,8 +209,8 @@ def predicted_with_messages(run: Run, source: Run) -> float | None:
 @functools.cache
 def run_own_times(run: Run) -> dict[str, float]:
     """Each node's own time in ``run``: its measured time less its messages' host time
-    (:func:`placer.runtime.feedback.own_times`). Read only: the replay's predictions share it."""
-    from placer.runtime.feedback import own_times
+    (:func:`placer.harness.feedback.own_times`). Read only: the replay's predictions share it."""
+    from placer.harness.feedback import own_times
 
     return own_times(run.op_s, run.op_message_s)
 
@@ -224,10 +224,10 @@ def run_own_seconds(run: Run) -> np.ndarray:
 @functools.cache        # the tables and the gap's split ask for the same simulations
 def step_with_messages(run: Run, cost, ops_from: Run | None) -> float:
     """``run``'s plan simulated with ``cost`` charged for its messages, each node at the own time ``ops_from``
-    measured (:func:`placer.runtime.feedback.own_times`, less what ``cost`` charges the operation after
-    ``ops_from``'s messages: :func:`placer.cost.messages.without_after_message`) or, without one, at its
+    measured (:func:`placer.harness.feedback.own_times`, less what ``cost`` charges the operation after
+    ``ops_from``'s messages: :func:`placer.sim.messages.without_after_message`) or, without one, at its
     profiled time."""
-    from placer.cost.messages import simulate_with_messages, without_after_message
+    from placer.sim.messages import simulate_with_messages, without_after_message
 
     own = {} if ops_from is None else without_after_message(
         run_own_times(ops_from), ops_from.plan.bind(ops_from.graph, ops_from.cluster), cost)
@@ -237,9 +237,9 @@ def step_with_messages(run: Run, cost, ops_from: Run | None) -> float:
 @functools.cache
 def run_message_cost(run: Run):
     """The host cost of a message fitted to ``run``'s messages, shaped over gaps by its calibration's costs by
-    gap where it has them (:func:`placer.cost.messages.spread_over_gaps`); None for a run recorded without
+    gap where it has them (:func:`placer.sim.messages.spread_over_gaps`); None for a run recorded without
     messages."""
-    from placer.cost.messages import MessageCost, spread_over_gaps
+    from placer.sim.messages import MessageCost, spread_over_gaps
 
     if not run.message_s:
         return None
@@ -329,7 +329,7 @@ def _rounded(value):
 def recorded_runs(source: str) -> list[Run]:
     """The runs of a record (a folder, or a ``.tar.*`` archive of one)."""
     from placer.cluster import load_cluster
-    from placer.cost.messages import MessageCost
+    from placer.sim.messages import MessageCost
     from placer.graph import OpGraph
     from placer.plan import Plan
 
@@ -499,10 +499,10 @@ def print_probe_message_cost(runs: list[Run]) -> None:
     cluster, that run's fitted message cost (:func:`run_message_cost`, shaped over gaps by its calibration);
     the median over those models, against the calibration's streams' message cost, both without the step's end
     (as :func:`print_gap_parts`). Out of sample: the model, and so the plan, is never the run's own. Also with
-    what that run's operations lost right after its messages (:func:`placer.cost.messages.fit_after_message`,
+    what that run's operations lost right after its messages (:func:`placer.sim.messages.fit_after_message`,
     as ``placer calibrate --probe`` fits it) in place of the streams' charges.
     """
-    from placer.cost.messages import fit_after_message, simulate_with_messages
+    from placer.sim.messages import fit_after_message, simulate_with_messages
 
     def probe_costs(donor: Run) -> tuple[Any, Any]:
         """The donor's message cost, without and with its operations' after-message charges."""
@@ -552,7 +552,7 @@ def beside_messages(run: Run) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, 
     """Per node of ``run``: its device (the bound plan), profiled seconds, own seconds in the run (NaN where
     it has none), and the messages it sends and receives (as the first consumer of a tensor from another
     rank) under the plan."""
-    from placer.cost.messages import plan_messages
+    from placer.sim.messages import plan_messages
 
     bound, profiled = placed_profile(run)
     ran = run_own_seconds(run)
@@ -571,7 +571,7 @@ def print_message_slowdown(runs: list[Run]) -> None:
 
     What a message costs its rank beyond what the runtime times as the message's own is mostly the
     operation right after it, slower than the profile's operations, which each come right after another
-    (``bench/op_slowdown.py --part receive``; :attr:`placer.cost.messages.MessageCost.after_send_s`).
+    (``bench/op_slowdown.py --part receive``; :attr:`placer.sim.messages.MessageCost.after_send_s`).
     """
     rows, ran_s = [], []
     for run in runs:
@@ -716,7 +716,7 @@ def per_op_residual_s(run: Run, probe_s: float = 3e-6) -> float:
     times and message cost (:func:`predicted_with_messages`) equal the run: a linear estimate from that
     prediction and the same with ``probe_s`` added to every node. What the run spent per operation that no
     operation's time holds."""
-    from placer.cost.messages import simulate_with_messages
+    from placer.sim.messages import simulate_with_messages
 
     bound, profiled = placed_profile(run)
     own = run_own_times(run)
@@ -888,9 +888,10 @@ def gap_costs(cost) -> str:
 def measure(args: argparse.Namespace) -> list[Run]:
     from placer.algorithms import place
     from placer.cluster import load_cluster
-    from placer.cost.calibrate import apply_calibration, calibrate
-    from placer.cost.messages import MessageCost
-    from placer.cost.profile import Profile, apply_profile, profile_module
+    from placer.harness.calibrate import apply_calibration, calibrate
+    from placer.sim.messages import MessageCost
+    from placer.cost.profile import Profile, apply_profile
+    from placer.harness.profiling import profile_module
     from placer.runtime.distributed import run_distributed
     from placer.runtime.trace import run_trace
     from placer.sim import simulate_plan
@@ -1034,7 +1035,7 @@ def main() -> int:
             for run in runs:
                 run.round_step_s = run.round_step_s or logged.get((run.model, run.cluster_name, run.algorithm), [])
         if args.calibration:
-            from placer.cost.calibrate import load_calibration
+            from placer.harness.calibrate import load_calibration
             from placer.errors import PlacerError
 
             try:

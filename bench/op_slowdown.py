@@ -58,7 +58,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from placer.cost.calibrate import compute_until
+from placer.harness.calibrate import compute_until
 
 sys.path.insert(0, str(Path(__file__).parent))
 from fidelity import Run, captured_model, rank_slowdowns  # noqa: E402
@@ -78,7 +78,7 @@ def physical_cores() -> list[int]:
 
 
 def _profile(name: str, core: int | None, barrier, queue) -> None:
-    from placer.cost.profile import profile_module
+    from placer.harness.profiling import profile_module
 
     torch.set_num_threads(1)
     if core is not None:
@@ -117,7 +117,7 @@ class Pin:
 def ratios(graph, plan, cluster, op_s: dict[str, float], op_message_s: dict[str, float],
            alone: dict[str, float]) -> tuple[float, float]:
     """Sum of the run's own op times over the alone profile's, for ops over 20 us reading a remote input / not."""
-    from placer.runtime.feedback import own_times
+    from placer.harness.feedback import own_times
 
     own = own_times(op_s, op_message_s)
     bound = plan.bind(graph, cluster)
@@ -193,7 +193,8 @@ def drift(args) -> None:
     """Rounds of (profile alone, one-rank run of the whole step), with gauges: does the machine's speed move?"""
     from placer.algorithms import place
     from placer.cluster import load_cluster
-    from placer.cost.profile import Profile, apply_profile, profile_module
+    from placer.cost.profile import Profile, apply_profile
+    from placer.harness.profiling import profile_module
     from placer.runtime.distributed import run_distributed
 
     torch.set_num_threads(1)
@@ -271,7 +272,7 @@ def load(args) -> None:
     """Profiles alone and under load, then runs free and pinned: what each run's operations took over the profile."""
     from placer.algorithms import place
     from placer.cluster import load_cluster
-    from placer.cost.calibrate import apply_calibration, calibrate
+    from placer.harness.calibrate import apply_calibration, calibrate
     from placer.cost.profile import Profile, apply_profile
     from placer.runtime.distributed import run_distributed
 
@@ -326,7 +327,8 @@ def ranks(args) -> None:
     """Each plan run with every rank gauging its core first: its operations' slowdown beside its core's speed."""
     from placer.algorithms import place
     from placer.cluster import load_cluster
-    from placer.cost.profile import Profile, apply_profile, profile_module
+    from placer.cost.profile import Profile, apply_profile
+    from placer.harness.profiling import profile_module
     from placer.runtime.distributed import run_distributed
 
     torch.set_num_threads(1)
@@ -433,7 +435,7 @@ def _receive_rank(rank: int, port: int, repeats: int, queue) -> None:
 def receive(args) -> None:
     """``torch.add(x, 1.0)`` on rank 0 right after a receive and right after another operation, on the
     received tensor and on one its own thread wrote, per size (two gloo processes, one thread each)."""
-    from placer.cost.calibrate import _free_port
+    from placer.harness.calibrate import _free_port
 
     ctx = mp.get_context("spawn")
     queue, port = ctx.Queue(), _free_port()

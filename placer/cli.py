@@ -248,8 +248,8 @@ def _other_prediction(plan, cluster, makespan_s: float) -> str:
 def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: str) -> float:
     """The plan's step with each message's host cost, from a calibration file, on its nodes, and the
     calibrated barrier that ends a step of the process-per-device runtime (where the file has one)."""
-    from .cost.calibrate import load_calibration
-    from .cost.messages import simulate_with_messages
+    from .harness.calibrate import load_calibration
+    from .sim.messages import simulate_with_messages
     from .transform.bind import bind_plan
 
     calibration = load_calibration(calibration_path)

@@ -88,7 +88,8 @@ def train_recommended(output: Path, *, model: str = TRAIN_MODEL, batch: int = TR
     from .capture import capture_spec
     from .capture.spec import load_model
     from .cli import main
-    from .cost.profile import apply_profile, profile_step
+    from .cost.profile import apply_profile
+    from .harness.profiling import profile_step
 
     console = console or Console()
     with console.status(f"profiling {model} at batch {batch} on this CPU and planning it with auto on "

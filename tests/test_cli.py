@@ -93,8 +93,8 @@ def test_simulate_says_a_plan_without_its_order_may_have_been_edited(tmp_path, c
 
 def test_simulate_with_a_calibrated_message_cost(tmp_path, capsys, graph_file):
     from placer.cluster import load_cluster
-    from placer.cost.calibrate import Calibration, LinkFit
-    from placer.cost.messages import MessageCost, messages_graph
+    from placer.harness.calibrate import Calibration, LinkFit
+    from placer.sim.messages import MessageCost, messages_graph
     from placer.graph import OpGraph
     from placer.plan import Plan
     from placer.sim import simulate_plan

@@ -111,9 +111,8 @@ def test_annotated_graph_durations_on_presets():
 
 
 # -------------------------------------------------------------- calibration
-from placer.cost.calibrate import (MESSAGE_GAPS, Calibration, LinkFit, apply_calibration, calibrate,  # noqa: E402
-                                   fit_link, load_calibration, measure_gloo, measure_probe)
-from placer.cost.messages import MessageCost  # noqa: E402
+from placer.harness.calibrate import MESSAGE_GAPS, Calibration, LinkFit, apply_calibration, calibrate, fit_link, load_calibration, measure_gloo, measure_probe
+from placer.sim.messages import MessageCost  # noqa: E402
 from placer.errors import FormatError, PlacerError  # noqa: E402
 
 
@@ -286,7 +285,7 @@ def test_probe_run_message_cost():
 
 
 def test_probe_options(monkeypatch):
-    from placer.cost import calibrate as calibrate_module
+    from placer.harness import calibrate as calibrate_module
 
     monkeypatch.setattr(calibrate_module, "measure_cuda", lambda *a, **k: pytest.fail("measured before the check"))
     with pytest.raises(OptionError, match="'probe' runs gloo ranks"):
@@ -297,7 +296,7 @@ def test_probe_options(monkeypatch):
 
 def test_calibrate_cli_with_a_probe(tmp_path, capsys, monkeypatch):
     from placer.cli import main
-    from placer.cost import calibrate as calibrate_module
+    from placer.harness import calibrate as calibrate_module
 
     probed = _calibration()
     probed.meta.update(probe={"model": "zoo:lenet", "batch": 8, "steps": 2, "messages": 40},
@@ -316,7 +315,7 @@ def test_calibrate_cli_with_a_probe(tmp_path, capsys, monkeypatch):
 
 def test_calibrate_warns_of_a_fit_that_explains_little_of_its_points(tmp_path, capsys, monkeypatch):
     from placer.cli import main
-    from placer.cost import calibrate as calibrate_module
+    from placer.harness import calibrate as calibrate_module
 
     # A 1 KiB message slower than a 64 KiB one (R^2 0.55) went silently into the cluster file.
     noisy = _calibration()
@@ -329,7 +328,7 @@ def test_calibrate_warns_of_a_fit_that_explains_little_of_its_points(tmp_path, c
 
 def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_path, capsys, monkeypatch):
     from placer.cli import main
-    from placer.cost import calibrate as calibrate_module
+    from placer.harness import calibrate as calibrate_module
 
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: pytest.fail("measured before the check"))
     out = ["-o", str(tmp_path / "cal.json"), "--cluster-output", str(tmp_path / "c.json")]
@@ -358,7 +357,7 @@ def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_pat
 ])
 def test_calibrate_sizes_are_read_exactly_or_refused_before_measuring(tmp_path, capsys, monkeypatch, sizes, message):
     from placer.cli import main
-    from placer.cost import calibrate as calibrate_module
+    from placer.harness import calibrate as calibrate_module
 
     measured = []
 
@@ -378,7 +377,8 @@ def test_calibrate_sizes_are_read_exactly_or_refused_before_measuring(tmp_path, 
 # ------------------------------------------------------------------ profiles
 import json  # noqa: E402
 
-from placer.cost.profile import Profile, apply_profile, load_profile, profile_module  # noqa: E402
+from placer.cost.profile import Profile, apply_profile, load_profile  # noqa: E402
+from placer.harness.profiling import profile_module  # noqa: E402
 from placer.generate import training_graph  # noqa: E402
 
 
@@ -464,7 +464,7 @@ def test_profile_module_times_every_node():
 
 
 # -------------------------------------------------------- standard evaluation
-from placer.cost.standard_eval import fit_batch_model, match_nodes  # noqa: E402
+from placer.harness.standard_eval import fit_batch_model, match_nodes  # noqa: E402
 
 
 def _step_at(batch: int, prefix: str = "") -> OpGraph:
@@ -522,7 +522,7 @@ def test_a_prediction_of_captures_is_costed_by_the_roofline_again_on_every_kind_
     # kinds scaled with the measured kind's growth (a V100 node by the CPU's).
     from placer.capture import capture_spec
     from placer.cost.analytic import annotate
-    from placer.cost.standard_eval import standard_evaluation
+    from placer.harness.standard_eval import standard_evaluation
 
     model = standard_evaluation("zoo:lenet", (2, 4), optimizer="sgd", device=None)
     predicted, truth = model.predict(64), capture_spec("zoo:lenet", 64, optimizer="sgd").graph
@@ -570,8 +570,8 @@ def test_standard_evaluation_refuses_other_structures():
 torch = pytest.importorskip("torch")
 
 from placer.capture import capture  # noqa: E402
-from placer.cost.profile import profile_step  # noqa: E402
-from placer.cost.standard_eval import standard_evaluation  # noqa: E402
+from placer.harness.profiling import profile_step  # noqa: E402
+from placer.harness.standard_eval import standard_evaluation  # noqa: E402
 
 
 class _TinyNet(torch.nn.Module):
@@ -705,7 +705,7 @@ def make(batch_size):
                                              (["--repeats", "0"], "'--repeats' must be >= 1")])
 def test_predict_refuses_bad_options_before_capturing(tmp_path, capsys, monkeypatch, option, message):
     from placer.cli import main
-    from placer.cost import standard_eval
+    from placer.harness import standard_eval
 
     monkeypatch.setattr(standard_eval, "standard_evaluation", lambda *a, **k: pytest.fail("captured first"))
     assert main(["predict", "zoo:lenet", "--target", "8", *option, "-o", str(tmp_path / "p.json")]) == 2

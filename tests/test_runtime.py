@@ -32,8 +32,8 @@ from placer.cluster import Cluster, load_cluster
 from placer.errors import FormatError, InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import exact_float32, state_difference, train_eager
-from placer.cost.messages import MessageCost, messages_graph
-from placer.runtime.feedback import measured_cluster, measured_graph, own_times
+from placer.sim.messages import MessageCost, messages_graph
+from placer.harness.feedback import measured_cluster, measured_graph, own_times
 from placer.runtime.local import LocalExecutor
 from placer.runtime.distributed import (RunError, float32_precision, free_port, run_distributed,
                                         run_under_torchrun, under_torchrun)
@@ -527,7 +527,7 @@ def test_the_operation_after_a_nodes_messages_is_charged_once_per_node_and_side(
 
 
 def test_a_runs_own_times_give_back_the_operation_after_its_messages_for_another_plan():
-    from placer.cost.messages import spread_over_gaps, without_after_message
+    from placer.sim.messages import spread_over_gaps, without_after_message
 
     graph, cluster, bound = _ping_pong()            # a -> b -> c over two devices: a sends, b both, c receives
     cost = MessageCost(0.0, 0.0, 0.0, 0.0, after_send_s=0.01, after_receive_s=0.02)
@@ -548,7 +548,7 @@ def test_a_runs_own_times_give_back_the_operation_after_its_messages_for_another
 
 
 def test_what_the_operations_after_a_runs_messages_lost_is_fitted_by_role():
-    from placer.cost.messages import fit_after_message
+    from placer.sim.messages import fit_after_message
 
     graph, cluster, bound = _ping_pong()            # a -> b -> c over two devices: a sends, b both, c receives
     assert bound.placed_durations().tolist() == [1.0, 1.0, 1.0]
@@ -564,7 +564,7 @@ def test_what_the_operations_after_a_runs_messages_lost_is_fitted_by_role():
 
 
 def test_a_receive_the_rank_waited_for_costs_the_operation_after_it_more():
-    from placer.cost.messages import simulate_with_messages, waiting_nodes, without_after_message
+    from placer.sim.messages import simulate_with_messages, waiting_nodes, without_after_message
     from placer.sim import simulate_bound
 
     graph, cluster, bound = _ping_pong()            # a -> b -> c over two devices: b and c wait for a message
@@ -608,7 +608,7 @@ def _ping_pong():
 def test_message_gaps_are_the_time_since_the_ranks_previous_message():
     from types import SimpleNamespace
 
-    from placer.cost.messages import message_gaps, plan_messages
+    from placer.sim.messages import message_gaps, plan_messages
 
     graph, _, bound = _ping_pong()
     messages = plan_messages(graph, bound)
@@ -621,7 +621,7 @@ def test_message_gaps_are_the_time_since_the_ranks_previous_message():
 
 
 def test_simulate_with_messages_charges_each_message_at_its_gap():
-    from placer.cost.messages import simulate_with_messages
+    from placer.sim.messages import simulate_with_messages
     from placer.sim import simulate_bound
 
     graph, cluster, bound = _ping_pong()
@@ -648,7 +648,7 @@ def test_simulate_with_messages_charges_each_message_at_its_gap():
 
 
 def test_spread_over_gaps_gives_a_runs_cost_the_calibrations_shape():
-    from placer.cost.messages import message_gaps, plan_messages, simulate_with_messages, spread_over_gaps
+    from placer.sim.messages import message_gaps, plan_messages, simulate_with_messages, spread_over_gaps
 
     graph, _, bound = _ping_pong()
     fitted = MessageCost(0.02, 1e-3, 0.01, 0.0)
@@ -705,7 +705,7 @@ def _two_kinds(path) -> str:
 
 def test_a_runs_times_as_a_profile_give_the_graph_what_measured_graph_gives(file_case, tmp_path):
     from placer.cost.profile import apply_profile, load_profile
-    from placer.runtime.feedback import measured_profile, profile_kind
+    from placer.harness.feedback import measured_profile, profile_kind
 
     graph, cluster = file_case.captured.graph, load_cluster("2xcpu")
     bound = random_plan(graph, cluster, seed=1).bind(graph, cluster)
@@ -727,7 +727,7 @@ def test_a_split_plans_run_gives_a_profile_of_the_captured_graph(file_case):
     # The profile was of the plan's rewritten graph under the captured graph's name: `placer cost` refused it for
     # the captured graph ("made for graph 'x' ..., not for graph 'x'"). The ops the plan split ran only as parts.
     from placer.cost.profile import apply_profile
-    from placer.runtime.feedback import measured_profile
+    from placer.harness.feedback import measured_profile
     from placer.transform.split import split_operation
 
     graph, cluster = file_case.captured.graph, load_cluster("2xcpu")
@@ -1388,7 +1388,7 @@ def test_spawned_ranks_take_the_launchers_choice_of_cudnn_algorithms(file_case, 
 
 
 def _calibration_file(path, by_gap=((0.0, 2e-5, 1e-5), (1e-3, 8e-5, 6e-5))):
-    from placer.cost.calibrate import Calibration, LinkFit
+    from placer.harness.calibrate import Calibration, LinkFit
 
     cost = MessageCost(1e-4, 0.0, 1e-4, 0.0, by_gap=by_gap, after_send_s=5e-6, after_receive_s=1e-5)
     Calibration({"gloo": LinkFit(3e-5, 4e9, 1.0)}, {}, cost).save(path)

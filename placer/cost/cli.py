@@ -62,7 +62,8 @@ def _positive(value: int | None, option: str) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from ..capture import capture_spec, load_model
-    from .profile import apply_profile, device_kind_of, profile_step
+    from .profile import apply_profile, device_kind_of
+    from ..harness.profiling import profile_step
 
     _positive(args.batch, "--batch")
     _positive(args.repeats, "--repeats")
@@ -93,7 +94,7 @@ def cmd_profile(args: argparse.Namespace) -> int:
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from ..report.tables import print_rows
     from ..terminate import terminate_raises
-    from .calibrate import DEFAULT_SIZES, apply_calibration, calibrate
+    from ..harness.calibrate import DEFAULT_SIZES, apply_calibration, calibrate
 
     sizes = [_size(s) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
     if len(set(sizes)) < 2:
@@ -239,7 +240,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from .standard_eval import standard_evaluation
+    from ..harness.standard_eval import standard_evaluation
 
     batches = _ints(args.batches, "--batches")
     if len(set(batches)) < 2:       # before the captures

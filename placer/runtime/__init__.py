@@ -9,7 +9,7 @@
   per device over ``torch.distributed`` (gloo on CPUs, NCCL on GPUs), started
   here or by ``torchrun`` (:func:`~placer.runtime.distributed.run_under_torchrun`);
 * :class:`~placer.runtime.apply.PlacedStep` is what ``placer.apply(plan, model,
-  optimizer)`` returns; :mod:`placer.runtime.feedback` turns measured times
+  optimizer)`` returns; :mod:`placer.harness.feedback` turns measured times
   into costs (FastT's loop, ``placer tune``).
 """
 

@@ -101,7 +101,7 @@ def _check_measured_outputs(args: argparse.Namespace, cluster: Any, devices, inp
     """Before the run: ``--profile-output`` and ``--cluster-output`` can be written (and are no input file, nor
     the command's other output), and ``devices`` (indices of the devices the run may use) are of one kind, as a
     profile file's times are."""
-    from .feedback import profile_kind
+    from ..harness.feedback import profile_kind
 
     if args.profile_output:
         check_output(args.profile_output, "profile file", inputs=inputs)
@@ -120,13 +120,13 @@ def _check_measured_outputs(args: argparse.Namespace, cluster: Any, devices, inp
 
 def _write_measured(args: argparse.Namespace, m: Measurement, bound: Any, graph: Any, command: str) -> None:
     """Write the run ``m`` of the plan ``bound`` as ``--profile-output`` (each node's own time, as
-    :func:`~placer.runtime.feedback.measured_graph` takes it, a profile of the captured ``graph``) and
+    :func:`~placer.harness.feedback.measured_graph` takes it, a profile of the captured ``graph``) and
     ``--cluster-output`` (each link's latency from the run's transfers,
-    :func:`~placer.runtime.feedback.measured_cluster`)."""
+    :func:`~placer.harness.feedback.measured_cluster`)."""
     import platform
     import time
 
-    from .feedback import measured_cluster, measured_profile, own_times
+    from ..harness.feedback import measured_cluster, measured_profile, own_times
 
     if args.profile_output:
         profile = measured_profile(
@@ -384,10 +384,10 @@ def _run(args: argparse.Namespace) -> int:
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..algorithms import place
     from ..cluster import load_cluster
-    from ..cost.calibrate import load_calibration
-    from ..cost.messages import MessageCost, simulate_with_messages, spread_over_gaps, without_after_message
+    from ..harness.calibrate import load_calibration
+    from ..sim.messages import MessageCost, simulate_with_messages, spread_over_gaps, without_after_message
     from .check import step_times
-    from .feedback import measured_cluster, measured_graph, own_times
+    from ..harness.feedback import measured_cluster, measured_graph, own_times
 
     if args.rounds < 1 or args.steps < 2:
         raise OptionError("--rounds must be >= 1 and --steps >= 2 (one warm-up step)")

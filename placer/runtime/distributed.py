@@ -180,7 +180,7 @@ class DistributedResult:
         Of ``op_s``, the host seconds the node's messages took: packing and
         sending its outputs (a state input: its share of the rank's start).
         What is left is the operation's own, whatever the plan sends
-        (:func:`placer.cost.messages.messages_graph`).
+        (:func:`placer.sim.messages.messages_graph`).
     message_s : list of (int, int, int, float, float)
         ``(source rank, destination rank, bytes, sending seconds, receiving
         seconds)`` of every message after the first step: the host time

@@ -116,7 +116,7 @@ def own_times(op_s: dict[str, float], op_message_s: dict[str, float]) -> dict[st
     """Each node's measured seconds less the host time of its messages: its cost under any plan.
 
     ``op_s`` and ``op_message_s`` as :class:`placer.runtime.distributed.DistributedResult` gives them;
-    what is left is what :func:`placer.cost.messages.messages_graph` adds a plan's messages to.
+    what is left is what :func:`placer.sim.messages.messages_graph` adds a plan's messages to.
     """
     return {k: seconds - op_message_s.get(k, 0.0) for k, seconds in op_s.items()}
 

@@ -25,7 +25,7 @@ from ..errors import FormatError, OptionError
 
 if TYPE_CHECKING:
     from ..graph import OpGraph
-    from .profile import Profile
+    from ..cost.profile import Profile
 
 __all__ = ["BatchModel", "fit_batch_model", "standard_evaluation", "match_nodes"]
 
@@ -170,7 +170,7 @@ class BatchModel:
                                      **({"batch_size": int(batch)} if "batch_size" in g.extra else {})})
         if not self.analytic:
             return predicted
-        from .analytic import annotate
+        from ..cost.analytic import annotate
 
         kinds = {k for d in g.compute_s_by_kind if d for k in d} - {kind}
         costed = annotate(predicted, kinds=sorted(kinds))
@@ -303,7 +303,7 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
         Where to time the nodes (``"cpu"``, ``"cuda:N"``); None fits the captured
         ``compute_s`` (the analytic model) instead of measured times.
     repeats : int
-        Timed runs per node (see :func:`placer.cost.profile.profile_step`).
+        Timed runs per node (see :func:`placer.harness.profiling.profile_step`).
 
     Returns
     -------
@@ -323,7 +323,7 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
     """
     from ..capture import capture, spec_label, step_name
     from ..capture.optim import optimizer_spec
-    from .profile import profile_step
+    from .profiling import profile_step
 
     if callable(spec):
         factory = spec

@@ -8,7 +8,7 @@ each over gloo, docs/benchmarks.md "Fidelity"). The reference execution model
 a plan that send and receive, as a richer mode beside the reference one
 (named as such wherever it is reported). Its figures come from a run
 (:attr:`placer.runtime.distributed.DistributedResult.message_s`) or from a
-calibration before any run (:func:`placer.cost.calibrate.calibrate`).
+calibration before any run (:func:`placer.harness.calibrate.calibrate`).
 
 A message costs less when the rank exchanged another shortly before it: over
 gloo on a 16-core H200 machine's cores a message alone cost 77 to 89 us to send
@@ -31,10 +31,11 @@ from ..errors import FormatError, OptionError
 from ..graph import OpGraph
 from ..io import Field, check_number
 from ..plan import BoundPlan
-from .profile import apply_placed_times
+from ..cost.profile import apply_placed_times
+from .simulator import simulate_bound
 
 if TYPE_CHECKING:
-    from ..sim import SimResult
+    from .simulator import SimResult
 
 __all__ = ["MessageCost", "messages_graph", "plan_messages", "message_gaps", "simulate_with_messages",
            "spread_over_gaps", "without_after_message", "waiting_nodes", "fit_after_message"]
@@ -46,7 +47,7 @@ class MessageCost:
 
     ``by_gap`` holds ``(gap_s, send_fixed_s, receive_fixed_s)`` by ascending gap:
     the fixed parts measured in streams of messages ``gap_s`` of computation apart
-    (:func:`placer.cost.calibrate.measure_gloo`). Where it is given, a message
+    (:func:`placer.harness.calibrate.measure_gloo`). Where it is given, a message
     ``gap`` seconds after the rank's previous one pays the fixed parts
     interpolated there (held beyond the ends); ``send_fixed_s`` and
     ``receive_fixed_s`` are then a message's alone, as without it.
@@ -56,7 +57,7 @@ class MessageCost:
     (a receive) instead of after another operation, as the profile times it,
     and ``after_wait_s`` what it loses right after a receive the rank waited for
     (its thread slept: several times more, on the development machine ~30 us
-    against ~2 to 10; :func:`placer.cost.calibrate.measure_gloo`); a cost fitted
+    against ~2 to 10; :func:`placer.harness.calibrate.measure_gloo`); a cost fitted
     to a run's messages has none, since the run's own op times hold them.
     """
 
@@ -78,7 +79,7 @@ class MessageCost:
         messages : sequence of (int, int, int, float, float)
             ``(source, destination, bytes, sending seconds, receiving seconds)``, as
             :attr:`placer.runtime.distributed.DistributedResult.message_s` and
-            :func:`placer.cost.calibrate.measure_gloo` give.
+            :func:`placer.harness.calibrate.measure_gloo` give.
 
         Raises
         ------
@@ -292,8 +293,6 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
     SimResult
         The last pass (its graph carries the charged times).
     """
-    from ..sim.simulator import simulate_bound
-
     if passes < 1:
         raise OptionError(f"option 'passes' must be >= 1, got {passes}")
     if messages is None:
@@ -354,7 +353,7 @@ def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCo
     """``cost`` with the ``after_*`` charges fitted to what the operations after a run's messages lost.
 
     Each node's own time in the run (``own_s``: its measured time less its
-    messages' host time, :func:`placer.runtime.feedback.own_times`) beyond its
+    messages' host time, :func:`placer.harness.feedback.own_times`) beyond its
     profiled time (``bound.graph``'s on its device, :meth:`BoundPlan.placed_durations`) is
     fitted by least squares as ``after_send_s`` where the node sends a message
     under the plan plus ``after_receive_s`` where it is the first to read one
@@ -367,7 +366,7 @@ def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCo
     plan's run the operation right after a message loses more (on recorded runs
     of 16-core machines, the ops that receive a message 1.3 to 1.4 times their
     profile, +15 to 21 us per message).
-    :func:`placer.cost.calibrate.measure_probe` fits it to a probe run.
+    :func:`placer.harness.calibrate.measure_probe` fits it to a probe run.
 
     Raises
     ------
@@ -393,7 +392,7 @@ def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCo
 def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: MessageCost) -> dict[str, float]:
     """A run's operations' own times less what ``cost`` charges the operation after its plan's messages.
 
-    ``own_s`` (:func:`placer.runtime.feedback.own_times`) holds what each node
+    ``own_s`` (:func:`placer.harness.feedback.own_times`) holds what each node
     lost for coming right after a message of the plan that ran (``bound``);
     :func:`messages_graph` charges another plan's instead. Each node that sends
     gives back :attr:`MessageCost.after_send_s`, each that receives

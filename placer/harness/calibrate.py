@@ -35,7 +35,7 @@ from ..errors import FormatError, OptionError, PlacerError
 from ..io import Field, check_format, check_number, read_json, write_json_atomic
 from ..terminate import terminate_raises
 from ..transform.bind import bind_plan
-from .messages import MessageCost
+from ..sim.messages import MessageCost
 
 __all__ = ["LinkFit", "Calibration", "CALIBRATION_FORMAT", "DEFAULT_SIZES", "PROBE_MODEL", "fit_link",
            "measure_gloo", "measure_probe", "measure_cuda", "calibrate", "load_calibration", "apply_calibration"]
@@ -508,11 +508,11 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
     rank (ping-pong), and a one-way time is half the median round trip. Then rank 0
     sends rank 1 messages of each size up to ``MESSAGE_SIZE_LIMIT`` as the runtime does
     (``isend`` to a posted ``irecv``), one at a time, and each side times what the
-    message cost it (median): the host time :class:`placer.cost.messages.MessageCost`
+    message cost it (median): the host time :class:`placer.sim.messages.MessageCost`
     fits. Last, streams of ``STREAM_MESSAGE_BYTES`` messages both ways between ranks 0
     and 1 with each of ``MESSAGE_GAPS`` of computation between them, timed the same
     way (medians over both ranks): a message costs less in a stream
-    (:attr:`placer.cost.messages.MessageCost.by_gap`). Then how much longer an
+    (:attr:`placer.sim.messages.MessageCost.by_gap`). Then how much longer an
     operation takes right after a message than after another operation (the mean of
     both ranks' medians, after sending, after receiving, after waiting to receive).
     And the seconds the last
@@ -553,7 +553,7 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
         try:
             for rank in range(ranks):
                 args = json.dumps([rank, ranks, port, sizes, repeats, timeout_s, out_dir])
-                code = (f"import json; from placer.cost.calibrate import _gloo_worker; "
+                code = (f"import json; from placer.harness.calibrate import _gloo_worker; "
                         f"_gloo_worker(*json.loads({args!r}))")
                 procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
                                               stderr=subprocess.PIPE, text=True))
@@ -603,10 +603,10 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     ``2xcpu``, ``steps`` steps with the distributed runtime
     (:func:`placer.runtime.distributed.run_distributed`), and fits its messages
     (:meth:`MessageCost.fit`), shaped over gaps as ``cost``'s streams
-    (:func:`placer.cost.messages.spread_over_gaps`). What the operation right
+    (:func:`placer.sim.messages.spread_over_gaps`). What the operation right
     after a message loses is fitted to the run's operations against a profile
     of the probe's step taken just before
-    (:func:`placer.cost.messages.fit_after_message`), in place of ``cost``'s,
+    (:func:`placer.sim.messages.fit_after_message`), in place of ``cost``'s,
     which the streams time one message at a time (on recorded runs of 16-core
     machines, with a round-robin run of another model as the probe, these charges
     took the prediction before a run from 12 to 18% mean error to 11 to 14%).
@@ -642,9 +642,10 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     from ..capture.spec import capture_spec, load_model
     from ..cluster import load_cluster
     from ..runtime.distributed import run_distributed
-    from ..runtime.feedback import own_times
-    from .messages import fit_after_message, spread_over_gaps
-    from .profile import Profile, apply_profile, profile_module
+    from ..cost.profile import Profile, apply_profile
+    from ..sim.messages import fit_after_message, spread_over_gaps
+    from .feedback import own_times
+    from .profiling import profile_module
 
     spec, batch = model
     captured = capture_spec(spec, batch)
