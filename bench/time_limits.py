@@ -24,7 +24,7 @@ import time
 from pathlib import Path
 
 from placer import available_algorithms, load_cluster, place
-from placer.demo import DEFAULT_BATCH
+from placer.cli.demo import DEFAULT_BATCH
 from placer.errors import PlacerError
 from placer.generate import training_graph
 

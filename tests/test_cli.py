@@ -172,7 +172,7 @@ def test_installed_command_runs_demo(tmp_path):
 
 
 def test_a_demo_whose_report_fails_leaves_no_lone_graph(tmp_path, monkeypatch):
-    from placer.demo import run_demo
+    from placer.cli.demo import run_demo
     from placer.report.compare import Comparison
 
     def fail(self, folder):
@@ -417,11 +417,11 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
 
 def test_ctrl_c_while_the_commands_load_ends_with_status_130(capsys, monkeypatch):
     """The command modules import torch before any command runs: Ctrl-C then is an interrupt, not a traceback."""
-    import placer.cli
+    import placer.cli.core
 
     def interrupted():
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(placer.cli, "build_parser", interrupted)
+    monkeypatch.setattr(placer.cli.core, "build_parser", interrupted)
     code, out, err = run(capsys, "algorithms")
     assert code == 130 and out == "" and err == "placer: interrupted\n"

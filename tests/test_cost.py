@@ -111,7 +111,7 @@ def test_annotated_graph_durations_on_presets():
 
 
 # -------------------------------------------------------------- calibration
-from placer.harness.calibrate import MESSAGE_GAPS, Calibration, LinkFit, apply_calibration, calibrate, fit_link, load_calibration, measure_gloo, measure_probe
+from placer.harness.calibrate import MESSAGE_GAPS, Calibration, LinkFit, apply_calibration, calibrate, fit_link, load_calibration, measure_gloo, measure_probe  # noqa: E402
 from placer.sim.messages import MessageCost  # noqa: E402
 from placer.errors import FormatError, PlacerError  # noqa: E402
 

@@ -1140,7 +1140,7 @@ def test_placer_run_verifies_against_eager_training(file_case, tmp_path, capsys)
 
 def _recording_runs(monkeypatch) -> list:
     """The Measurement of every run the CLI makes from now on."""
-    import placer.runtime.cli as runtime_cli
+    import placer.cli.run as runtime_cli
 
     runs, measure_plan = [], runtime_cli.measure_plan
 
@@ -1184,7 +1184,7 @@ def test_placer_run_writes_its_measured_times_as_a_profile_placer_cost_applies(z
 
 def test_placer_run_and_tune_refuse_a_measurement_file_they_cannot_write_before_any_work(
         file_case, tmp_path, capsys, monkeypatch):
-    import placer.runtime.cli as runtime_cli
+    import placer.cli.run as runtime_cli
 
     def no_capture(*args, **kwargs):
         raise AssertionError("captured before the outputs were checked")
@@ -1255,7 +1255,7 @@ def test_placer_run_refuses_bad_optimizer_settings_naming_them_before_any_work(f
 
 def test_verify_trains_the_eager_reference_where_the_plans_first_device_ran(monkeypatch):
     # A GPU run compared with eager training on the CPU would differ by the kernels (TF32 and all).
-    from placer.runtime.cli import _first_device
+    from placer.cli.run import _first_device
 
     assert _first_device("local", ["cpu", "cpu"], 2) == torch.device("cpu")
     assert _first_device("local", ["cuda:1", "cuda:0"], 2) == torch.device("cuda", 1)
@@ -1909,7 +1909,7 @@ def test_tune_starts_from_and_may_keep_a_replicated_plan(file_case, tmp_path, ca
 
 
 def test_run_refuses_a_plan_it_cannot_run_before_capturing_the_model(file_case, tmp_path, capsys, monkeypatch):
-    import placer.runtime.cli as runtime_cli
+    import placer.cli.run as runtime_cli
 
     def no_capture(*args, **kwargs):
         raise AssertionError("captured before the plan was checked")

@@ -15,14 +15,16 @@ the one measured.
 
 from __future__ import annotations
 
+import argparse
+
 import time
 from pathlib import Path
 
 from rich.console import Console
 
-from .cluster import load_cluster
-from .io import check_output
-from .report.compare import check_options, compare
+from ..cluster import load_cluster
+from ..io import check_output
+from ..report.compare import check_options, compare
 
 __all__ = ["run_demo", "train_recommended", "DEFAULT_MODEL", "DEFAULT_BATCH", "DEFAULT_CLUSTER",
            "DEFAULT_TIME_LIMIT", "TRAIN_MODEL", "TRAIN_BATCH", "TRAIN_CLUSTER", "TRAIN_STEPS"]
@@ -45,7 +47,7 @@ def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_B
 
     Returns the exit status: 0 when some algorithm found a plan that fits (and the trained plan verified).
     """
-    from .capture import capture_spec
+    from ..capture import capture_spec
 
     console = console or Console()
     check_options(algorithms, seed=0, time_limit=time_limit)     # before the capture, as the output folder
@@ -84,12 +86,12 @@ def train_recommended(output: Path, *, model: str = TRAIN_MODEL, batch: int = TR
     """
     import torch
 
-    from .algorithms import place
-    from .capture import capture_spec
-    from .capture.spec import load_model
-    from .cli import main
-    from .cost.profile import apply_profile
-    from .harness.profiling import profile_step
+    from ..algorithms import place
+    from ..capture import capture_spec
+    from ..capture.spec import load_model
+    from . import run
+    from ..cost.profile import apply_profile
+    from ..harness.profiling import profile_step
 
     console = console or Console()
     with console.status(f"profiling {model} at batch {batch} on this CPU and planning it with auto on "
@@ -108,5 +110,8 @@ def train_recommended(output: Path, *, model: str = TRAIN_MODEL, batch: int = TR
     start = plan.extra.get("auto", {}).get("start", "auto") if isinstance(plan.extra.get("auto"), dict) else "auto"
     console.print(f"[bold]training auto's plan[/] of {graph.name} (built on {start}) on {cluster}: {steps} steps, "
                   f"one process per device -> {path}")
-    return main(["run", model, "--batch", str(batch), "--optimizer", "sgd", "--plan", str(path),
-                 "--backend", "distributed", "--steps", str(steps), "--verify"])
+    parser = argparse.ArgumentParser(prog="placer")
+    run.add_commands(parser.add_subparsers())
+    args = parser.parse_args(["run", model, "--batch", str(batch), "--optimizer", "sgd", "--plan", str(path),
+                              "--backend", "distributed", "--steps", str(steps), "--verify"])
+    return args.func(args)

@@ -1,19 +1,18 @@
-"""The ``placer`` command.
+"""``placer``'s entry point and its planning commands: plan, simulate, validate, compare, demo.
 
 User errors (bad files, options, impossible problems) print one line,
 ``placer: error: ...``, and exit with status 2; ``--debug`` shows the
 traceback. Output files are written atomically, and only for valid plans.
 
-Other packages add commands through :data:`COMMAND_MODULES`: each module
-there has ``add_commands(subparsers)``, which adds parsers whose
-``func(args) -> int`` runs the command.
+The other commands live beside this module, each module with
+``add_commands(subparsers)``, which adds parsers whose ``func(args) -> int``
+runs the command: :mod:`~placer.cli.capture`, :mod:`~placer.cli.cost`,
+:mod:`~placer.cli.run` and :mod:`~placer.cli.learn`.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
-import importlib
 import json
 import math
 import os
@@ -22,21 +21,14 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
-from .errors import ClusterMismatchWarning, InvalidPlanError, OptionError, PlacerError
-from .io import check_output
+from ..errors import ClusterMismatchWarning, InvalidPlanError, OptionError, PlacerError
+from ..io import check_output
+from .common import cluster_for_plan, naming_plan
 
 if TYPE_CHECKING:
-    from .cluster import Cluster
+    from ..cluster import Cluster
 
-__all__ = ["main", "COMMAND_MODULES"]
-
-#: Modules that contribute subcommands (each defines ``add_commands(subparsers)``).
-COMMAND_MODULES: tuple[str, ...] = (
-    "placer.capture.cli",
-    "placer.cost.cli",
-    "placer.runtime.cli",
-    "placer.learn.cli",
-)
+__all__ = ["main", "build_parser"]
 
 
 def _parse_option(text: str) -> tuple[str, Any]:
@@ -52,7 +44,7 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def _check_search_flags(args: argparse.Namespace) -> None:
     """``--time-limit`` and ``--seed`` refused by their flags' names, before anything is captured or run."""
-    from .algorithms.registry import check_seed, check_time_limit
+    from ..algorithms.registry import check_seed, check_time_limit
 
     check_time_limit(getattr(args, "time_limit", None), "'--time-limit'")
     if getattr(args, "seed", None) is not None:
@@ -62,7 +54,7 @@ def _check_search_flags(args: argparse.Namespace) -> None:
 def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "Cluster | None" = None):
     """A graph file, or a model spec (zoo:NAME, file.py:FACTORY) captured at ``--batch``; with
     ``--profile``, its measured times (refused where ``cluster`` has no device of the profile's kind)."""
-    from .graph import OpGraph
+    from ..graph import OpGraph
 
     is_spec = source.startswith("zoo:") or ".py:" in source
     if not is_spec:
@@ -70,7 +62,7 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
             raise OptionError(f"--batch applies to a model spec; {source} is a graph file, captured at its own batch")
         if getattr(args, "name", None) is not None:
             raise OptionError(f"--name applies to a model spec; {source} is a graph file, named at its capture")
-        from .capture.cli import SETTING_FLAGS
+        from .capture import SETTING_FLAGS
 
         given = [flag for flag in SETTING_FLAGS if getattr(args, flag, None) is not None]
         if given:
@@ -80,15 +72,15 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
     elif args is None or getattr(args, "batch", None) is None:
         raise OptionError(f"{source}: a model spec needs --batch N")
     else:
-        from .capture import capture_spec
+        from ..capture import capture_spec
 
         print(f"capturing one training step of {source} at batch {args.batch} ...", file=sys.stderr)
-        from .capture.cli import optimizer_settings
+        from .capture import optimizer_settings
 
         graph = capture_spec(source, args.batch, optimizer=args.optimizer, name=getattr(args, "name", None),
                              settings=optimizer_settings(args)).graph
     if getattr(args, "profile", None):
-        from .cost.profile import apply_profile, load_profile
+        from ..cost.profile import apply_profile, load_profile
 
         profile = load_profile(args.profile)
         if cluster is not None:
@@ -111,47 +103,11 @@ def _algorithm_names(text: str | None) -> list[str] | None:
     return names
 
 
-def cluster_for_plan(plan, path: str, cluster=None, spec: str | None = None):
-    """The cluster to check the plan at ``path`` on: ``cluster`` (loaded from ``--cluster spec``), else the
-    one the plan names, which must have the figures the plan was made for where the plan records them."""
-    from .cluster import PRESETS, load_cluster
-
-    if cluster is not None:
-        if plan.cluster_digest and cluster.digest() != plan.cluster_digest:
-            # Not an error: a plan may be simulated on other clusters on purpose.
-            print(f"placer: note: plan {path} was made for cluster {plan.cluster_name!r}, whose figures differ "
-                  f"from those of --cluster {spec or cluster.name}", file=sys.stderr)
-        return cluster
-    name = plan.cluster_name
-    if not name:
-        raise OptionError(f"plan {path} names no cluster; pass --cluster")
-    if name not in PRESETS and not Path(name).is_file():
-        raise OptionError(f"plan {path} was made for cluster {name!r} (its \"cluster\" field), which is no preset "
-                          f"and no file; pass --cluster FILE")
-    cluster = load_cluster(name)
-    if plan.cluster_digest and cluster.digest() != plan.cluster_digest:
-        raise OptionError(f"plan {path} was made for cluster {name!r} (its \"cluster\" field) with other figures "
-                          f"than the {'preset' if name in PRESETS else 'file'} {name!r}; pass --cluster FILE")
-    return cluster
-
-
-@contextlib.contextmanager
-def naming_plan(path: str, plan, cluster):
-    """Errors from checking the plan at ``path`` name it, and the cluster it was made for where another is used."""
-    try:
-        yield
-    except PlacerError as exc:
-        other = ""
-        if plan.cluster_name and plan.cluster_name != cluster.name:
-            other = f" (the plan was made for cluster {plan.cluster_name!r}, not {cluster.name!r})"
-        raise type(exc)(f"{path}: {exc}{other}") from None
-
-
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="batch size when GRAPH is a model spec")
     p.add_argument("--name", help="graph name when GRAPH is a model spec, as `placer capture --name` gave it "
                                   "(default NAME-bsBATCH-OPTIMIZER)")
-    from .capture.cli import add_optimizer_option, add_optimizer_settings
+    from .capture import add_optimizer_option, add_optimizer_settings
 
     add_optimizer_option(p, "optimizer of the captured step when GRAPH is a model spec (default adam)")
     add_optimizer_settings(p)
@@ -159,10 +115,10 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from .algorithms import place
-    from .algorithms.auto import RUNNABLE_DEPRECATED
-    from .algorithms.registry import checked_options, get_algorithm
-    from .cluster import load_cluster
+    from ..algorithms import place
+    from ..algorithms.auto import RUNNABLE_DEPRECATED
+    from ..algorithms.registry import checked_options, get_algorithm
+    from ..cluster import load_cluster
 
     _check_search_flags(args)
     options = dict(_parse_option(o) for o in args.option)
@@ -177,7 +133,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args, cluster)
-    from .report.tables import working
+    from ..report.tables import working
 
     # A search can take its whole limit (auto: a minute by default); say what runs meanwhile.
     limit = "" if args.time_limit is None else f", within {args.time_limit:g} s"
@@ -193,10 +149,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from .cluster import load_cluster
-    from .plan import Plan
-    from .sim import simulate_plan
-    from .sim.bounds import lower_bound
+    from ..cluster import load_cluster
+    from ..plan import Plan
+    from ..sim import simulate_plan
+    from ..sim.bounds import lower_bound
 
     plan = Plan.load(args.plan)     # a bad plan file fails before a model is captured
     if args.trace:
@@ -210,7 +166,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise InvalidPlanError(f"the simulated step overflows (makespan {result.makespan_s}): a figure of "
                                    f"the graph or cluster is out of range")
     if args.trace:
-        from .sim.trace import write_trace
+        from ..sim.trace import write_trace
 
         write_trace(result, args.trace)
     report = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster, splits=plan.rewrites_graph)}
@@ -222,7 +178,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    from .report.tables import print_simulation
+    from ..report.tables import print_simulation
 
     print_simulation(result, report)
     if args.message_cost:
@@ -248,9 +204,9 @@ def _other_prediction(plan, cluster, makespan_s: float) -> str:
 def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: str) -> float:
     """The plan's step with each message's host cost, from a calibration file, on its nodes, and the
     calibrated barrier that ends a step of the process-per-device runtime (where the file has one)."""
-    from .harness.calibrate import load_calibration
-    from .sim.messages import simulate_with_messages
-    from .transform.bind import bind_plan
+    from ..harness.calibrate import load_calibration
+    from ..sim.messages import simulate_with_messages
+    from ..transform.bind import bind_plan
 
     calibration = load_calibration(calibration_path)
     if calibration.message_cost is None:
@@ -264,8 +220,8 @@ def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: s
 
 
 def cmd_algorithms(args: argparse.Namespace) -> int:
-    from .algorithms import available_algorithms, get_algorithm
-    from .report.tables import print_rows
+    from ..algorithms import available_algorithms, get_algorithm
+    from ..report.tables import print_rows
 
     rows = []
     for name in available_algorithms():
@@ -277,8 +233,8 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
 
 
 def cmd_clusters(args: argparse.Namespace) -> int:
-    from .cluster import PRESETS, load_cluster
-    from .report.tables import print_rows
+    from ..cluster import PRESETS, load_cluster
+    from ..report.tables import print_rows
 
     rows = []
     for name in PRESETS:
@@ -295,8 +251,8 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .capture.cli import SETTING_FLAGS
-    from .cluster import load_cluster
+    from .capture import SETTING_FLAGS
+    from ..cluster import load_cluster
 
     spec_flags = [(f"--{key.replace('_', '-')}", getattr(args, key), "shapes the step captured from a model spec")
                   for key in ("batch", "name", *SETTING_FLAGS)]
@@ -309,7 +265,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
     graph = _load_graph(args.graph, args, cluster) if args.graph else None
     profile = None
     if args.profile:        # checked against each plan's own cluster too, as _load_graph did against --cluster
-        from .cost.profile import load_profile
+        from ..cost.profile import load_profile
 
         profile = load_profile(args.profile)
     failed = 0
@@ -327,11 +283,11 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _validate_file(path: str, graph, cluster, cluster_spec: str | None, profile=None) -> str:
     """Check one graph, cluster or plan file; what it holds, on one line. A plan is checked against
     ``graph`` (re-costed by ``profile``, which its cluster must have a device of) on ``cluster`` or its own."""
-    from .cluster import Cluster
-    from .graph import OpGraph
-    from .io import read_json
-    from .plan import Plan
-    from .sim.validation import validate
+    from ..cluster import Cluster
+    from ..graph import OpGraph
+    from ..io import read_json
+    from ..plan import Plan
+    from ..sim.validation import validate
 
     doc = read_json(path, "file")
     tag = doc.get("format") if isinstance(doc, dict) else None
@@ -360,8 +316,8 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None, profile=
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from .cluster import load_cluster
-    from .report.compare import check_options, compare
+    from ..cluster import load_cluster
+    from ..report.compare import check_options, compare
 
     _check_search_flags(args)
     names = _algorithm_names(args.algorithms)
@@ -461,8 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="skip training auto's plan of a small model on this machine's CPU ranks afterwards")
     p.set_defaults(func=cmd_demo)
 
-    for module in COMMAND_MODULES:
-        importlib.import_module(module).add_commands(sub)
+    # Deferred to here, inside main's try: these import torch, a second or two in which Ctrl-C may come.
+    from . import capture, cost, learn, run
+
+    for module in (capture, cost, run, learn):
+        module.add_commands(sub)
     return parser
 
 

@@ -10,15 +10,15 @@ from fractions import Fraction
 
 from typing import TYPE_CHECKING
 
-from ..capture.cli import add_optimizer_option, add_optimizer_settings, optimizer_settings
+from .capture import add_optimizer_option, add_optimizer_settings, optimizer_settings
 from ..errors import OptionError
 from ..io import check_output
 from ..report.tables import working
-from .analytic import DEVICE_SPECS, PRESET_REFERENCE, annotate
+from ..cost.analytic import DEVICE_SPECS, PRESET_REFERENCE, annotate
 
 if TYPE_CHECKING:
     from ..graph import OpGraph
-    from .profile import Profile
+    from ..cost.profile import Profile
 
 __all__ = ["add_commands"]
 
@@ -62,7 +62,7 @@ def _positive(value: int | None, option: str) -> None:
 
 def cmd_profile(args: argparse.Namespace) -> int:
     from ..capture import capture_spec, load_model
-    from .profile import apply_profile, device_kind_of
+    from ..cost.profile import apply_profile, device_kind_of
     from ..harness.profiling import profile_step
 
     _positive(args.batch, "--batch")
@@ -204,7 +204,7 @@ POOR_FIT_R2 = 0.9
 
 def cmd_cost(args: argparse.Namespace) -> int:
     from ..graph import OpGraph
-    from .profile import apply_profile, load_profile
+    from ..cost.profile import apply_profile, load_profile
 
     check_output(args.output, "graph file")
     original = OpGraph.load(args.graph)
@@ -251,7 +251,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     check_output(args.output, "graph file")
     device = None if args.device == "none" else args.device
     if device is not None:
-        from .profile import device_kind_of
+        from ..cost.profile import device_kind_of
 
         device_kind_of(device)      # a bad device is refused before the captures
     # With a device it times every operation at each batch.

@@ -13,11 +13,12 @@ from typing import Any
 
 import torch
 
-from ..capture.cli import add_optimizer_option, add_optimizer_settings, optimizer_settings
+from .capture import add_optimizer_option, add_optimizer_settings, optimizer_settings
 from ..errors import InvalidPlanError, OptionError
 from ..io import check_output
 from ..terminate import terminate_raises
 from ..transform.bind import bind_plan
+from .common import cluster_for_plan, naming_plan
 
 __all__ = ["add_commands", "cmd_run", "cmd_tune", "Measurement", "measure_plan"]
 
@@ -54,10 +55,10 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
     """
     import time
 
-    from .distributed import run_distributed, run_under_torchrun, under_torchrun
-    from .local import LocalExecutor
-    from .program import compile_program, message_bytes, value_spec
-    from .replicas import replica_steps
+    from ..runtime.distributed import run_distributed, run_under_torchrun, under_torchrun
+    from ..runtime.local import LocalExecutor
+    from ..runtime.program import compile_program, message_bytes, value_spec
+    from ..runtime.replicas import replica_steps
 
     steps_traced = replica_steps(captured, plan)
     if backend == "local":
@@ -89,8 +90,8 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
 
 def _first_device(backend: str, devices: list[str] | None, num_devices: int) -> torch.device:
     """The torch device the plan's first device ran on, for ``backend`` and ``--devices``."""
-    from .distributed import resolve_backend
-    from .local import default_devices
+    from ..runtime.distributed import resolve_backend
+    from ..runtime.local import default_devices
 
     if backend == "local":
         return torch.device(devices[0]) if devices else default_devices(num_devices)[0]
@@ -175,7 +176,7 @@ def _load(args: argparse.Namespace, batch: int):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from .check import exact_float32
+    from ..runtime.check import exact_float32
 
     # A verified run trains both ways in full float32: the GPUs' default TF32 convolutions
     # would turn last-bit differences into 1e-3 (docs/benchmarks.md, "The CUDA paths").
@@ -186,7 +187,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _check_torchrun(args: argparse.Namespace) -> None:
     """Refuse what a rank of a ``torchrun`` launch cannot do, before any work: the local backend (each
     rank would train the whole step alone) and a timeline across hosts (their clocks differ)."""
-    from .distributed import torchrun_world, under_torchrun
+    from ..runtime.distributed import torchrun_world, under_torchrun
 
     if not under_torchrun():
         return
@@ -200,7 +201,7 @@ def _check_torchrun(args: argparse.Namespace) -> None:
 
 def _check_devices(plan, path: str, cluster) -> None:
     """Before the model is loaded and captured: the plan's devices are the cluster's."""
-    from ..cli import naming_plan
+
 
     unknown = sorted(set(plan.placement.values()) - set(cluster.device_index))
     with naming_plan(path, plan, cluster):
@@ -219,7 +220,7 @@ def _oracles(captured: Any, plan: Any) -> list[str]:
     OptionError
         A replicated plan with neither: the batch does not divide and batch norm couples the samples.
     """
-    from .replicas import batch_coupled
+    from ..runtime.replicas import batch_coupled
 
     target = plan.rewritten_graph
     if target is None or "data_parallel" not in target.extra:
@@ -241,8 +242,8 @@ def _train_ddp(captured: Any, plan: Any, model: Any, inputs: Any, args: argparse
     batch; the trained model, its optimizer and what to call them."""
     from ..report.tables import working
     from ..transform.replicate import BUCKET_BYTES
-    from .check import eager_optimizer
-    from .ddp import run_ddp
+    from ..runtime.check import eager_optimizer
+    from ..runtime.ddp import run_ddp
 
     info = plan.rewritten_graph.extra["data_parallel"]
     replicas, zero = int(info["replicas"]), bool(info["sharded_optimizer"])
@@ -258,12 +259,12 @@ def _train_ddp(captured: Any, plan: Any, model: Any, inputs: Any, args: argparse
 
 
 def _run(args: argparse.Namespace) -> int:
-    from ..cli import cluster_for_plan
+
     from ..cluster import load_cluster
     from ..plan import Plan
-    from .check import eager_optimizer, refuse_random_ops, state_difference, step_times, train_eager
-    from .program import copy_to
-    from .replicas import replica_steps
+    from ..runtime.check import eager_optimizer, refuse_random_ops, state_difference, step_times, train_eager
+    from ..runtime.program import copy_to
+    from ..runtime.replicas import replica_steps
 
     if args.steps < 1:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
@@ -311,7 +312,7 @@ def _run(args: argparse.Namespace) -> int:
     flat = captured.step_inputs(model, inputs, optimizer)
     devices = args.devices.split(",") if args.devices else None
     from ..report.tables import working
-    from .distributed import under_torchrun
+    from ..runtime.distributed import under_torchrun
 
     # Under torchrun rank 0 speaks for the launch, as it reports the run (each rank said it was training).
     announce = not under_torchrun() or os.environ["RANK"] == "0"
@@ -337,7 +338,7 @@ def _run(args: argparse.Namespace) -> int:
               f"receives; the reference model charges them to no device); a step ended {m.tail_s * 1e3:.3f} ms "
               f"after its last operation (the last sends and the barrier between steps)")
     if args.trace:
-        from .trace import write_run_trace
+        from ..runtime.trace import write_run_trace
 
         write_run_trace(args.trace, m.timeline, cluster, step_s=m.step_s[-1], predicted_s=m.predicted_s)
         print(f"timeline of the last step -> {args.trace} (open in ui.perfetto.dev; the simulator's: "
@@ -386,12 +387,12 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..cluster import load_cluster
     from ..harness.calibrate import load_calibration
     from ..sim.messages import MessageCost, simulate_with_messages, spread_over_gaps, without_after_message
-    from .check import step_times
+    from ..runtime.check import step_times
     from ..harness.feedback import measured_cluster, measured_graph, own_times
 
     if args.rounds < 1 or args.steps < 2:
         raise OptionError("--rounds must be >= 1 and --steps >= 2 (one warm-up step)")
-    from .distributed import under_torchrun
+    from ..runtime.distributed import under_torchrun
 
     if under_torchrun():
         raise OptionError("placer tune starts the ranks of each run itself: run it without torchrun, on one host")

@@ -16,7 +16,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     optimizer_settings(args)
     with working(f"capturing one training step of {args.spec} at batch {args.batch} "
                  f"({args.optimizer}{', meta device' if args.fake else ''})..."):
-        from .spec import capture_spec
+        from ..capture.spec import capture_spec
 
         step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, lr=args.lr,
                             fake=True if args.fake else None, name=args.name, settings=optimizer_settings(args))
@@ -38,7 +38,7 @@ def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = Non
     all accept the same names, :data:`placer.capture.OPTIMIZERS` (those
     :func:`placer.capture.capture` accepts), and none takes one another refuses.
     """
-    from .optim import OPTIMIZERS
+    from ..capture.optim import OPTIMIZERS
 
     parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS, help=help or (
         "optimizer whose update ends the captured step, torch's defaults but for the settings given "
@@ -83,7 +83,7 @@ def optimizer_settings(args: argparse.Namespace) -> dict:
         A flag another optimizer takes (``--momentum`` with adam) or a bad value, naming the flag.
     """
     from ..errors import OptionError
-    from .optim import optimizer_spec
+    from ..capture.optim import optimizer_spec
 
     given = {key: getattr(args, key) for key in SETTING_FLAGS if getattr(args, key, None) is not None}
     for key in given:

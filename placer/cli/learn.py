@@ -57,9 +57,9 @@ def cmd_train(args: argparse.Namespace) -> int:
     from ..errors import OptionError
     from ..graph import OpGraph
     from ..io import check_output
-    from .families import dataset
-    from .policy import PlacetoPolicy
-    from .train import TrainConfig, plot_curve, save_result, train
+    from ..learn.families import dataset
+    from ..learn.policy import PlacetoPolicy
+    from ..learn.train import TrainConfig, plot_curve, save_result, train
 
     if args.seed < 0:
         raise OptionError(f"--seed must be >= 0, got {args.seed}")
@@ -129,7 +129,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _tell_checkpoint(output: Path, checkpoint: Path, began: float) -> None:
     """After an interrupted training: that no policy was written, and the checkpoint to go on from."""
-    from .policy import PlacetoPolicy
+    from ..learn.policy import PlacetoPolicy
 
     if checkpoint.is_file() and checkpoint.stat().st_mtime >= began:
         update = PlacetoPolicy.load(checkpoint).metadata["curve"]["update"][-1]
