@@ -25,6 +25,8 @@ from .sim.bounds import lower_bound
 from .sim.simulator import simulate_bound
 from .sim.validation import validate
 from .transform.bind import bind_plan
+from .capture.optim import spec_of
+from .cost.profile import apply_profile, load_profile
 
 __all__ = ["plan", "validate", "describe", "apply"]
 
@@ -88,7 +90,6 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     checked_options(get_algorithm(algorithm), options)
     measured = None
     if profile is not None:
-        from .cost.profile import apply_profile, load_profile
 
         measured = load_profile(profile)
         measured.check_cluster(target)
@@ -105,7 +106,6 @@ def _optimizer(optimizer: Any, lr: float | None) -> tuple[str, float, dict]:
     """The optimizer's name, lr and other settings, from a name and ``lr`` or from a live optimizer."""
     if isinstance(optimizer, str):
         return optimizer, 1e-3 if lr is None else lr, {}
-    from .capture.optim import spec_of
 
     if lr is not None:
         raise OptionError(f"placer.plan(optimizer={type(optimizer).__name__}, lr={lr!r}): a live optimizer "
@@ -126,7 +126,7 @@ def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: fl
                               f"captured already, at its own batch")
         return model, None
     if isinstance(model, str):
-        from .capture import capture_spec
+        from .capture import capture_spec  # deferred: imports torch
 
         if inputs is not None:
             raise OptionError(f"placer.plan({model!r}, inputs): a model spec makes its own inputs at batch=N; "
@@ -135,7 +135,7 @@ def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: fl
             raise OptionError(f"placer.plan({model!r}): a model spec needs batch=N")
         captured = capture_spec(model, batch, optimizer=optimizer, lr=lr, settings=settings)
         return captured.graph, captured
-    from torch import nn
+    from torch import nn  # deferred: imports torch
 
     if not isinstance(model, nn.Module):
         raise OptionError(f"placer.plan(model): model must be a torch.nn.Module, a model spec ('zoo:NAME', "
@@ -145,7 +145,7 @@ def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: fl
     if batch is not None:
         raise OptionError(f"placer.plan(model, inputs, batch={batch!r}): a module's batch is that of its inputs; "
                           f"batch= is for a model spec")
-    from .capture import capture
+    from .capture import capture  # deferred: imports torch
 
     captured = capture(model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,),
                        optimizer=optimizer, lr=lr, settings=settings)

@@ -20,6 +20,7 @@ import numpy as np
 from .errors import FormatError, GraphCycleError
 from .gcpause import gc_paused
 from .io import MAX_INTEGER, Field, check_finite, check_format, check_number, read_json, write_json_atomic
+import networkx as nx
 
 if TYPE_CHECKING:
     import networkx as nx
@@ -267,7 +268,6 @@ class OpGraph:
         if order.size == self.num_nodes:
             self.__dict__["topological_order"] = order
             return
-        import networkx as nx
 
         left = np.ones(self.num_nodes, dtype=bool)
         left[order] = False
@@ -334,7 +334,6 @@ class OpGraph:
 
     def to_networkx(self) -> "nx.MultiDiGraph":
         """The graph as a networkx MultiDiGraph over node ids (edge data: bytes, tensor)."""
-        import networkx as nx
 
         g = nx.MultiDiGraph(name=self.name)
         for i, node_id in enumerate(self.ids):
@@ -503,8 +502,8 @@ def joined_groups(n: int, *labellings: Sequence[Any],
     >>> joined_groups(4, ["a", None, "a", None], pairs=(np.array([3]), np.array([1]))).tolist()
     [0, 1, 0, 1]
     """
-    from scipy.sparse import coo_matrix
-    from scipy.sparse.csgraph import connected_components
+    from scipy.sparse import coo_matrix  # deferred: imports scipy
+    from scipy.sparse.csgraph import connected_components  # deferred: imports scipy
 
     first: dict[tuple[int, Any], int] = {}
     labelled = [(first.setdefault((k, label), i), i) for k, labels in enumerate(labellings)

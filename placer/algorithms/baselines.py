@@ -265,7 +265,7 @@ def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     Karypis and Kumar, "A fast and high quality multilevel scheme for
     partitioning irregular graphs", SIAM J. Sci. Comput. 1998.
     """
-    import pymetis
+    import pymetis  # deferred: imports pymetis
 
     if not 0 <= imbalance <= 1:
         raise OptionError(f"option imbalance of 'metis' must be in [0, 1], got {imbalance!r}")

@@ -38,8 +38,8 @@ def replica_hosts(cluster: Cluster, devices: list[int]) -> list[list[int]]:
     by several pairs (a network, NVSwitch or PCIe egress) are on different
     hosts. Where that leaves hosts of different sizes, every replica is one host's.
     """
-    from scipy.sparse import csr_matrix
-    from scipy.sparse.csgraph import connected_components
+    from scipy.sparse import csr_matrix  # deferred: imports scipy
+    from scipy.sparse.csgraph import connected_components  # deferred: imports scipy
 
     r = len(devices)
     own_link = np.zeros((r, r), dtype=bool)

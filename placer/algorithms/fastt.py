@@ -19,6 +19,9 @@ from .list_scheduling import (Schedule, ScheduleState, plan_from_schedule, prior
                               rank_ordered_with_memory_retries, scheduling_priorities)
 from .registry import register
 from .timebox import TimeBox
+from .data_parallel import data_parallel_schedule
+from ..transform.split import split_dims
+from .auto import critical_path_nodes
 
 __all__ = ["dpos", "os_dpos", "dpos_schedule", "critical_path"]
 
@@ -222,7 +225,6 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
     Returns the start's graph and schedule, and the seconds to keep for
     placer's check of a plan of a data-parallel graph (0 without one).
     """
-    from .data_parallel import data_parallel_schedule
 
     data_parallel: list[tuple[OpGraph, Schedule]] = []
     check_s = 0.0
@@ -260,8 +262,6 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
 
 def _split_candidates(graph: OpGraph, sched: Schedule) -> list[int]:
     """Splittable nodes on the critical path of the simulated schedule, longest compute first (Alg. 2 lines 4-5)."""
-    from ..transform.split import split_dims
-    from .auto import critical_path_nodes
 
     result = sched.simulated
     path = critical_path_nodes(result).tolist()

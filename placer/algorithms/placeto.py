@@ -30,6 +30,7 @@ from ..sim.simulator import simulate
 from .common import linked_devices, placement_units, unit_allowed
 from .registry import register
 from .timebox import OPTIONAL_SHARE, TimeBox, seconds_left
+from .baselines import expert
 
 __all__ = ["placeto", "SHIPPED_POLICY", "load_policy"]
 
@@ -41,7 +42,7 @@ WALK_SHARE = 0.9
 
 @lru_cache(maxsize=4)
 def _cached_policy(path: str, mtime: float):
-    from ..learn.policy import PlacetoPolicy
+    from ..learn.policy import PlacetoPolicy  # deferred: imports torch
 
     return PlacetoPolicy.load(path)
 
@@ -71,7 +72,7 @@ def _import_torch(options: dict) -> None:
     from ..learn import policy, train  # noqa: F401
 
     if options.get("fine_tune_s") or options.get("fine_tune_episodes"):
-        import torch
+        import torch  # deferred: imports torch
 
         torch.optim.Adam([torch.zeros(1, requires_grad=True)])
 
@@ -160,7 +161,7 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     if graph.num_nodes == 0:
         return Plan.from_arrays(graph, cluster, np.zeros(0, dtype=np.int64))
 
-    from ..learn.policy import one_thread
+    from ..learn.policy import one_thread  # deferred: imports torch
 
     with one_thread():
         mdp, best, info = _place_with_policy(graph, cluster, net, trained, seed, deadline, samples, passes,
@@ -180,7 +181,6 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
             info["memory_repair"] = "the policy's placement exceeded device memory; units moved to the devices " \
                                     "with room the policy preferred"
         except (InfeasibleError, InvalidPlanError):    # no room elsewhere, a send no channel carries, or no time
-            from .baselines import expert
 
             try:
                 fallback = expert(graph, cluster, seed=seed)
@@ -203,7 +203,7 @@ def _place_with_policy(graph: OpGraph, cluster: Cluster, net, trained: dict, see
     Fine-tuning is optional work: where the deadline cuts it (an update or
     the tuned policy's walk), the zero-shot walks' placement stands.
     """
-    from ..learn.train import PlacementMDP, TrainConfig, train
+    from ..learn.train import PlacementMDP, TrainConfig, train  # deferred: imports torch
 
     mdp = PlacementMDP(graph, cluster, target_nodes=target_nodes)
     best = _walks(mdp, net, passes, samples, seed, deadline)
@@ -239,7 +239,7 @@ def _place_with_policy(graph: OpGraph, cluster: Cluster, net, trained: dict, see
 
 def _walks(mdp, net, passes: int, samples: int, seed: int, deadline: float | None):
     """The greedy walk and ``samples`` sampled ones; the episode with the best placement."""
-    import torch
+    import torch  # deferred: imports torch
 
     best = None
     with torch.no_grad():

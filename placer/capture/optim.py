@@ -106,7 +106,7 @@ class OptimizerSpec:
     def initial_state(self, param: torch.Tensor) -> dict[str, torch.Tensor]:
         """Fresh state for ``param``, as ``torch.optim`` creates it on its first step (SGD's momentum
         buffer at zeros: see the module's docstring)."""
-        import torch
+        import torch  # deferred: imports torch
 
         state = {}
         if "step" in self.state_names:
@@ -124,8 +124,8 @@ class OptimizerSpec:
 
 
 def _adam_update(hyper: dict, param, grad, state) -> None:
-    import torch
-    from torch.optim.adam import adam as _functional_adam
+    import torch  # deferred: imports torch
+    from torch.optim.adam import adam as _functional_adam  # deferred: imports torch
 
     beta1, beta2 = hyper["betas"]
     lr, weight_decay = hyper["lr"], hyper["weight_decay"]
@@ -145,7 +145,7 @@ def _adam_update(hyper: dict, param, grad, state) -> None:
 
 
 def _sgd_update(hyper: dict, param, grad, state) -> None:
-    from torch.optim.sgd import sgd as _functional_sgd
+    from torch.optim.sgd import sgd as _functional_sgd  # deferred: imports torch
 
     # The buffer is never None: torch's first step (a copy of the gradient) is momentum * 0 + grad here.
     _functional_sgd(
@@ -185,7 +185,7 @@ _WHY = {"amsgrad": "its running maximum is not captured",
 
 
 def _defaults(torch_class: type) -> dict[str, Any]:
-    import torch
+    import torch  # deferred: imports torch
 
     return dict(torch_class([torch.zeros(1)]).defaults)
 
@@ -254,7 +254,7 @@ def optimizer_spec(name: str, lr: float = 1e-3, **settings: Any) -> OptimizerSpe
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < float("inf"):
         # 0, as torch.optim takes it: a warm-up schedule may start there
         raise OptionError(f"lr must be a finite number >= 0, got {lr!r}")
-    import torch
+    import torch  # deferred: imports torch
 
     name = name.lower()
     class_name, state_names, update = _TABLE[name]
@@ -301,7 +301,7 @@ def spec_of(optimizer: torch.optim.Optimizer | None) -> OptimizerSpec:
     """
     if optimizer is None:
         return optimizer_spec("adam")
-    import torch
+    import torch  # deferred: imports torch
 
     name = next((n for n in OPTIMIZERS if type(optimizer) is getattr(torch.optim, _TABLE[n][0])), None)
     if name is None:

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import FormatError, OptionError
+from .optim import optimizer_spec
 
 __all__ = ["load_model", "capture_spec", "parse_spec", "spec_label"]
 
@@ -214,8 +215,7 @@ def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 
     OptionError, FormatError
         As :func:`load_model` and :func:`placer.capture.capture`.
     """
-    from .optim import optimizer_spec
-    from .trace import capture, step_name
+    from .trace import capture, step_name  # deferred: imports torch
 
     options = dict(optimizer=optimizer, lr=lr, settings=settings, name=name or step_name(
         spec_label(spec), batch, optimizer_spec(optimizer, lr, **(settings or {}))))

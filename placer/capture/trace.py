@@ -46,6 +46,7 @@ from .build import build_graph
 from .layout import dense_layout
 from .optim import OptimizerSpec, optimizer_spec
 from .updates import UpdateTemplates
+from ..cost.analytic import annotate
 
 __all__ = ["CapturedStep", "StepLayout", "capture", "step_name", "portable_kernels"]
 
@@ -713,7 +714,6 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     batch_inputs = [f"input_{k}" for k in slots if inputs[k].dim() >= 1 and inputs[k].shape[0] == batch]
     graph, carrier = build_graph(gm, name=name, layers=layers, resident=resident, batch=batch,
                                  batch_inputs=batch_inputs)
-    from ..cost.analytic import annotate
 
     graph = annotate(graph)
     constants = {k: x for k, x in enumerate(inputs) if k not in slots}

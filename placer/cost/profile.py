@@ -191,7 +191,7 @@ def apply_placed_times(graph: "OpGraph", device_of, cluster: "Cluster", seconds:
 
 def device_kind_of(device: str) -> tuple[str, str]:
     """``(kind, name)`` of a torch device string: ``"cpu"`` or a GPU kind such as ``"A100"``."""
-    import torch
+    import torch  # deferred: imports torch
 
     try:
         dev = torch.device(device)

@@ -36,6 +36,13 @@ from ..io import Field, check_format, check_number, read_json, write_json_atomic
 from ..terminate import terminate_raises
 from ..transform.bind import bind_plan
 from ..sim.messages import MessageCost
+from datetime import timedelta
+from ..algorithms import place
+from ..cluster import load_cluster
+from ..cost.profile import Profile, apply_profile
+from ..sim.messages import fit_after_message, spread_over_gaps
+from .feedback import own_times
+from .profiling import profile_module
 
 __all__ = ["LinkFit", "Calibration", "CALIBRATION_FORMAT", "DEFAULT_SIZES", "PROBE_MODEL", "fit_link",
            "measure_gloo", "measure_probe", "measure_cuda", "calibrate", "load_calibration", "apply_calibration"]
@@ -261,10 +268,9 @@ def _free_port() -> int:
 def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: int, timeout_s: float,
                  out_dir: str) -> None:
     """One process of :func:`measure_gloo`: rank 0 ping-pongs with every other rank."""
-    from datetime import timedelta
 
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: imports torch
+    import torch.distributed as dist  # deferred: imports torch
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
@@ -311,7 +317,7 @@ def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: in
 def _last_rank_barrier_s(rank: int, ranks: int, count: int) -> float | None:
     """Median seconds the last rank to reach a barrier of all ``ranks`` spends in it (the others wait there
     already), as the rank that ends a runtime's step last does; None on the other ranks."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: imports torch
 
     times = []
     for _ in range(count + 1):          # the first one warms up
@@ -332,8 +338,8 @@ def _message_host_times(rank: int, pair, sizes: list[int], repeats: int) -> list
     there (the wait does not block), the sender's call returns before it is
     delivered (``isend``).
     """
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: imports torch
+    import torch.distributed as dist  # deferred: imports torch
 
     out = []
     for size in sizes:
@@ -386,10 +392,10 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
     machine both ways still measured 17 us back to back, against its
     round-robin runs' 24 to 43 us.
     """
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: imports torch
+    import torch.distributed as dist  # deferred: imports torch
 
-    from ..runtime.distributed import BLOCKED_WAIT_S
+    from ..runtime.distributed import BLOCKED_WAIT_S  # deferred: imports torch
 
     work = torch.ones(4096)
     clock = time.perf_counter
@@ -446,8 +452,8 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
     on the received tensor or on one its own thread wrote (``bench/op_slowdown.py
     --part receive``): the cost is the operation's place, not its data.
     """
-    import torch
-    import torch.distributed as dist
+    import torch  # deferred: imports torch
+    import torch.distributed as dist  # deferred: imports torch
 
     clock = time.perf_counter
     small = torch.ones(64)
@@ -638,14 +644,8 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     """
     if steps < 2:
         raise OptionError(f"option 'steps' must be >= 2 (the first is not timed), got {steps}")
-    from ..algorithms import place
-    from ..capture.spec import capture_spec, load_model
-    from ..cluster import load_cluster
-    from ..runtime.distributed import run_distributed
-    from ..cost.profile import Profile, apply_profile
-    from ..sim.messages import fit_after_message, spread_over_gaps
-    from .feedback import own_times
-    from .profiling import profile_module
+    from ..capture.spec import capture_spec, load_model  # deferred: imports torch
+    from ..runtime.distributed import run_distributed  # deferred: imports torch
 
     spec, batch = model
     captured = capture_spec(spec, batch)
@@ -680,7 +680,7 @@ def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict
     PlacerError
         If CUDA is not available.
     """
-    import torch
+    import torch  # deferred: imports torch
 
     if not torch.cuda.is_available():
         raise PlacerError("CUDA is not available on this machine; calibrate with --backend gloo")
@@ -729,7 +729,7 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
     PlacerError
         Measurement failed or timed out, or a link could not be fitted.
     """
-    import torch
+    import torch  # deferred: imports torch
 
     if probe and backend != "gloo":
         raise OptionError("option 'probe' runs gloo ranks: calibrate with backend 'gloo'")

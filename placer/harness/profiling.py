@@ -22,7 +22,7 @@ __all__ = ["profile_module", "profile_step", "step_arguments"]
 
 
 def _move(value: Any, device: "torch.device") -> Any:
-    import torch
+    import torch  # deferred: imports torch
 
     if isinstance(value, torch.Tensor):
         return value.to(device)
@@ -83,8 +83,8 @@ def profile_module(gm: "torch.fx.GraphModule", args: Sequence[Any], *, device: s
     PlacerError
         With ``gpu_timing="kernel"``, if the profiler attributes no kernel to any node.
     """
-    import torch
-    import torch.fx
+    import torch  # deferred: imports torch
+    import torch.fx  # deferred: imports torch
 
     if repeats < 1:
         raise OptionError(f"option 'repeats' must be >= 1, got {repeats}")
@@ -158,7 +158,7 @@ def profile_module(gm: "torch.fx.GraphModule", args: Sequence[Any], *, device: s
 def _synthetic_inputs(gm: "torch.fx.GraphModule") -> list:
     """Inputs shaped like ``gm``'s placeholders: floats uniform in [0, 1) (non-negative, as
     optimizer state must be), integers and booleans zero (valid indices and labels)."""
-    import torch
+    import torch  # deferred: imports torch
 
     out = []
     for node in gm.graph.nodes:
@@ -178,7 +178,7 @@ def step_arguments(captured: Any, model: Any = None, inputs: Any = None) -> list
     """Arguments that run the captured step's GraphModule: copies of ``model``'s state and the batch
     ``inputs`` (``captured.step_inputs``), so that running it leaves the model as it was; without a
     model, synthetic ones shaped like its placeholders."""
-    import torch
+    import torch  # deferred: imports torch
 
     if model is None:
         return _synthetic_inputs(captured.gm)
@@ -217,7 +217,7 @@ def profile_step(captured: Any, model: Any = None, inputs: Any = None, *, device
     OptionError
         Bad device or repeat counts, or a model that is not the one captured.
     """
-    import torch
+    import torch  # deferred: imports torch
 
     graph = captured.graph
     device_kind, device_name = device_kind_of(device)

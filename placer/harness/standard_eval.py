@@ -22,6 +22,9 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from ..errors import FormatError, OptionError
+from ..capture.optim import optimizer_spec
+from .profiling import profile_step
+from ..cost.analytic import annotate
 
 if TYPE_CHECKING:
     from ..graph import OpGraph
@@ -170,7 +173,6 @@ class BatchModel:
                                      **({"batch_size": int(batch)} if "batch_size" in g.extra else {})})
         if not self.analytic:
             return predicted
-        from ..cost.analytic import annotate
 
         kinds = {k for d in g.compute_s_by_kind if d for k in d} - {kind}
         costed = annotate(predicted, kinds=sorted(kinds))
@@ -321,9 +323,7 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
     ----------
     Celeritas, section 4.2.1.
     """
-    from ..capture import capture, spec_label, step_name
-    from ..capture.optim import optimizer_spec
-    from .profiling import profile_step
+    from ..capture import capture, spec_label, step_name  # deferred: imports torch
 
     if callable(spec):
         factory = spec
@@ -331,7 +331,7 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
         label = getattr(spec, "__name__", "")
         label = label if label.isidentifier() else None
     else:
-        from ..capture import load_model
+        from ..capture import load_model  # deferred: imports torch
 
         label = spec_label(spec)
 

@@ -491,10 +491,10 @@ def save_result(result: TrainResult, path, config: TrainConfig) -> None:
 
 def plot_curve(curve: dict, path, *, title: str = "Placeto training", window: int = 10) -> None:
     """Learning curve PNG: mean episode return and speedup per update, with a moving average."""
-    import matplotlib
+    import matplotlib  # deferred: imports matplotlib
 
     matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    import matplotlib.pyplot as plt  # deferred: imports matplotlib
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     x = np.asarray(curve["episodes"])

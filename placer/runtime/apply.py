@@ -142,7 +142,7 @@ class PlacedStep:
         return outputs[0]
 
     def _prepare(self, inputs: tuple) -> None:
-        from ..capture import capture
+        from ..capture import capture  # deferred: imports torch
 
         captured = self.plan.context.get("captured")
         this = self.spec.describe() if self.optimizer is not None else f"the default {self.spec.describe()}"

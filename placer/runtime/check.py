@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
+from ..errors import OptionError
 
 __all__ = ["exact_float32", "eager_optimizer", "train_eager", "state_difference", "StepTimes", "step_times",
            "refuse_random_ops"]
@@ -23,7 +24,7 @@ def exact_float32():
     then drift apart by about 1e-3 within a few steps, far beyond what a
     comparison within 1e-6 can tell from a placement error.
     """
-    from .distributed import float32_precision, set_float32_precision
+    from .distributed import float32_precision, set_float32_precision  # deferred: imports torch
 
     saved = float32_precision()
     set_float32_precision(("ieee", "ieee"))
@@ -58,8 +59,7 @@ def refuse_random_ops(captured: Any) -> None:
     OptionError
         Naming the random operations (node and module).
     """
-    from ..errors import OptionError
-    from .program import random_nodes
+    from .program import random_nodes  # deferred: imports torch
 
     found = random_nodes(captured.gm)
     if not found:

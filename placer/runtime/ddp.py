@@ -37,12 +37,13 @@ from torch.nn.parallel import DistributedDataParallel
 # torch deprecates: not the user's concern.
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
-    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.distributed.optim import ZeroRedundancyOptimizer  # deferred: imports torch
 
 from ..errors import OptionError
 from ..terminate import terminate_raises
 from ..transform.replicate import BUCKET_BYTES
 from .distributed import KernelChoice, _die_with_launcher, _stop, _wait, free_port, resolve_backend
+from ..transform.split import part_rows
 
 __all__ = ["DDPResult", "run_ddp", "batch_rows"]
 
@@ -93,7 +94,6 @@ def batch_rows(batch: int, replicas: int) -> list[tuple[int, int]]:
     >>> batch_rows(5, 2)
     [(0, 3), (3, 5)]
     """
-    from ..transform.split import part_rows
 
     return part_rows(batch, replicas)
 
@@ -137,7 +137,7 @@ def run_ddp(model: nn.Module, inputs: Sequence[Any], optimizer: Any, replicas: i
     RunError
         A rank failed, died or did not finish in time (every rank is stopped).
     """
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # deferred: imports torch
 
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise OptionError(f"replicas must be a positive integer, got {replicas!r}")

@@ -669,7 +669,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         A rank raised, died or did not finish by the deadline; every rank is stopped
         (as it is when this process is interrupted or terminated).
     """
-    import torch.multiprocessing as mp
+    import torch.multiprocessing as mp  # deferred: imports torch
 
     if not isinstance(steps, int) or steps < 1:
         raise OptionError(f"steps must be a positive integer, got {steps!r}")

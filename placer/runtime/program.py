@@ -64,6 +64,7 @@ from ..plan import Plan
 from ..transform.bind import bind_plan
 from .replicas import Feed, collective_wait, replicate_step
 from .splits import split_step
+from ..sim.simulator import simulate_bound
 
 __all__ = ["Program", "Transfer", "compile_program", "random_nodes", "op_seed", "draw_seed"]
 
@@ -247,7 +248,6 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         (:func:`~placer.runtime.splits.split_step`), or places a node that
         writes a tensor away from it.
     """
-    from ..sim.simulator import simulate_bound
 
     bound = bind_plan(plan, graph, cluster)
     target = bound.graph
@@ -342,7 +342,7 @@ def _collectives_in_one_order(schedule: list[fx.Node], graph_node: dict[fx.Node,
                               devices: int) -> bool:
     """Whether every device starts the buckets' collectives (their first steps) in the same order, as
     ``torch.distributed``'s collectives must be called."""
-    from .replicas import all_gather_start, all_reduce_start
+    from .replicas import all_gather_start, all_reduce_start  # deferred: imports torch
 
     started: list[list[str]] = [[] for _ in range(devices)]
     for v in schedule:

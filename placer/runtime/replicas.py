@@ -53,6 +53,7 @@ from ..graph import OpGraph
 from ..transform.replicate import BUCKET_BYTES, _optimizer_arithmetic, _state_writes, collective_stages, replica_layout
 from ..transform.split import batch_dependent, part_rows
 from .portable import _portable_value
+from ..errors import OptionError
 
 __all__ = ["Feed", "replicate_step", "replica_steps", "batch_coupled", "pack_bucket", "collective_step",
            "bucket_view", "weighted_loss", "shard_of", "pack_shard", "all_reduce_start", "all_gather_start",
@@ -231,7 +232,7 @@ class _Pending:
 def all_reduce_start(buffer: torch.Tensor) -> tuple:
     """Start summing ``buffer`` over every rank (``torch.distributed``'s all-reduce, in its own threads);
     ``(pending,)`` for :func:`collective_wait`."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: imports torch
 
     return (_Pending(buffer, dist.all_reduce(buffer, async_op=True)),)
 
@@ -239,7 +240,7 @@ def all_reduce_start(buffer: torch.Tensor) -> tuple:
 def all_gather_start(buffer: torch.Tensor, chunk: int, own: int, owners: Sequence[int]) -> tuple:
     """Start gathering chunk ``owners[q]`` of ``buffer`` from every rank ``q`` (this rank sends its chunk
     ``own``); ``(pending,)`` for :func:`collective_wait`, which writes them into the buffer."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # deferred: imports torch
 
     mine = buffer.narrow(0, own * chunk, chunk).clone()
     gathered = [torch.empty_like(mine) for _ in owners]
@@ -367,7 +368,6 @@ def replica_steps(captured, plan) -> dict[int, fx.GraphModule] | None:
         A tensor input does not lead with the batch, or the model traces other
         operations on fewer samples (:meth:`~placer.capture.CapturedStep.at_batch`).
     """
-    from ..errors import OptionError
 
     target = plan.rewritten_graph
     if target is None or "data_parallel" not in target.extra:
