@@ -21,9 +21,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from ..cluster import Cluster
 from ..graph import OpGraph, joined_groups
+from .base import SAME, Ensures, TransformResult, register_transform
 
-__all__ = ["colocate_layers", "colocate_sole_consumers"]
+__all__ = ["colocate_layers", "colocate_sole_consumers", "colocate_layers_transform",
+           "colocate_sole_consumers_transform"]
 
 
 def colocate_layers(graph: OpGraph) -> OpGraph | None:
@@ -122,3 +125,39 @@ def colocate_sole_consumers(graph: OpGraph) -> OpGraph | None:
     sizes = np.bincount(label, minlength=n)
     return graph.replace(colocation=[names[c] if sizes[c] > 1 else own
                                      for c, own in zip(label.tolist(), graph.colocation)])
+
+
+#: Colocating changes no node, edge or cost: only colocation labels, by joining groups (never splitting one).
+COLOCATION_ENSURES = Ensures(compute=SAME, output_bytes=SAME, param_bytes=SAME, temp_bytes=SAME, transfers=SAME,
+                             note="Only colocation changes: groups join, none is split; kinds are untouched.")
+
+
+@register_transform("colocate_layers", requires="Nothing beyond a valid graph.", ensures=COLOCATION_ENSURES,
+                    trials=lambda graph: [{}])
+def colocate_layers_transform(graph: OpGraph, cluster: Cluster | None) -> TransformResult:
+    """Every layer in one colocation group (:func:`colocate_layers`): the same nodes, the map the identity.
+
+    Examples
+    --------
+    >>> g = OpGraph(["a", "b"], [1.0, 1.0], [0], [1], [8], layer=["fc", "fc"])
+    >>> r = colocate_layers_transform(g, None)
+    >>> r.graph.colocation, r.changed
+    (['layer0', 'layer0'], True)
+    >>> colocate_layers_transform(g.replace(layer=None), None).changed    # nothing to colocate
+    False
+    """
+    return TransformResult.identity(graph, colocate_layers(graph))
+
+
+@register_transform("colocate_sole_consumers", requires="Nothing beyond a valid graph.",
+                    ensures=COLOCATION_ENSURES, trials=lambda graph: [{}])
+def colocate_sole_consumers_transform(graph: OpGraph, cluster: Cluster | None) -> TransformResult:
+    """Every operation with its only consumer (:func:`colocate_sole_consumers`): the map the identity.
+
+    Examples
+    --------
+    >>> g = OpGraph(["a", "b"], [1.0, 1.0], [0], [1], [8])
+    >>> colocate_sole_consumers_transform(g, None).graph.colocation
+    ['coplace:b', 'coplace:b']
+    """
+    return TransformResult.identity(graph, colocate_sole_consumers(graph))

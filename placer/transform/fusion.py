@@ -26,10 +26,11 @@ from ..errors import OptionError
 from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..paths import bottom_levels, top_levels
+from .base import CUT, MAX, SUM, Ensures, TransformResult, register_transform
 from .coarsen import summed_times_by_kind
 
 __all__ = ["FusedGraph", "fuse", "link_costs", "ccr", "cpath", "cpd_topo_order", "dfs_topo_order",
-           "head_first_order", "optimal_breakpoints", "group_allowed"]
+           "head_first_order", "optimal_breakpoints", "group_allowed", "fuse_transform"]
 
 
 def link_costs(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
@@ -335,3 +336,37 @@ def _coarse_graph(graph: OpGraph, cluster: Cluster, cluster_of: np.ndarray, k: i
                    output_bytes=np.bincount(cluster_of, weights=graph.output_bytes, minlength=k).astype(np.int64),
                    param_bytes=np.bincount(cluster_of, weights=graph.param_bytes, minlength=k).astype(np.int64),
                    temp_bytes=temp, compute_s_by_kind=by_kind, name=f"{graph.name}-fused")
+
+
+@register_transform(
+    "fuse", needs_cluster=True, requires="A cluster: the cost model weighs nodes and edges on its devices.",
+    trials=lambda graph: [{"exploration_range": 4}, {}],
+    ensures=Ensures(compute=SUM, output_bytes=SUM, param_bytes=SUM, temp_bytes=MAX, transfers=CUT,
+                    constraints=False,
+                    note="The fused graph carries no colocation and no device kinds: FusedGraph.allowed (the "
+                         "detail) holds the devices each cluster may use. Durations sum on the cluster given "
+                         "where each kind's devices share one speed."))
+def fuse_transform(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200,
+                   memory_fraction: float = 0.25) -> TransformResult:
+    """Celeritas's Optimal Operation Fusion (:func:`fuse`): each cluster node stands for its members.
+
+    A cluster is a contiguous piece of a topological order (so the fused
+    graph is acyclic, the paper's Lemma 2), run one member after another:
+    its time on every device and its parameters and outputs are its members'
+    sums, its workspace their largest; between two clusters it sends one
+    transfer per (producer, tensor, consuming cluster), as the reference
+    model does, summed into one edge per pair of clusters.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=4)
+    >>> r = fuse_transform(g, load_cluster("2xV100-nvlink"), exploration_range=8)
+    >>> r.graph.num_nodes == r.detail.num_clusters < g.num_nodes
+    True
+    >>> bool(np.isclose(r.graph.compute_s.sum(), g.compute_s.sum()))
+    True
+    """
+    fused = fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction)
+    return TransformResult.quotient(graph, fused.coarse, fused.cluster_of, fused.members, fused)

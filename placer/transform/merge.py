@@ -20,10 +20,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cluster import Cluster
 from ..errors import OptionError
 from ..graph import OpGraph
+from .base import CUT, MAX, SUM, Ensures, TransformResult, register_transform
 
-__all__ = ["merge_and_colocate", "Coarsening", "node_cost"]
+__all__ = ["merge_and_colocate", "Coarsening", "node_cost", "merge_transform"]
 
 # A merge is checked for cycles by a search from the merged node's other
 # neighbours; past this many visited nodes it is given up as unsafe.
@@ -263,3 +265,42 @@ def _coarse_graph(graph: OpGraph, roots: np.ndarray) -> Coarsening:
                      device_kinds=[graph.device_kinds[h] for h in heads], compute_s_by_kind=by_kind,
                      name=f"{graph.name}/merged{m}")
     return Coarsening(coarse, group_of)
+
+
+def _merge_trials(graph: OpGraph) -> list[dict]:
+    """A third of the nodes; and the median cost as the threshold."""
+    cost = node_cost(graph)
+    return [{"target_nodes": max(1, graph.num_nodes // 3)},
+            {"cost_threshold": float(np.median(cost)) if cost.size else 0.0}]
+
+
+@register_transform(
+    "merge", requires="target_nodes or cost_threshold (or both).", trials=_merge_trials,
+    ensures=Ensures(compute=SUM, output_bytes=SUM, param_bytes=SUM, temp_bytes=MAX, transfers=CUT,
+                    note="Only nodes of the same device kinds and the same kinds of per-kind timing merge, so "
+                         "durations sum on any cluster."))
+def merge_transform(graph: OpGraph, cluster: Cluster | None, *, target_nodes: int | None = None,
+                    cost_threshold: float | None = None) -> TransformResult:
+    """Placeto's Merge-and-Colocate (:func:`merge_and_colocate`): each merged node stands for its members.
+
+    A merged node runs its members one after another on one device, so its
+    time on a device is the sum of theirs, its parameters and outputs the sum
+    of theirs, and its workspace the largest of theirs (one is live at a
+    time); what crosses between merged nodes is what the reference model
+    sends between their members.
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2, branches=2)
+    >>> r = merge_transform(g, None, target_nodes=8)
+    >>> r.graph.num_nodes, int(r.graph.param_bytes.sum()) == int(g.param_bytes.sum())
+    (8, True)
+    """
+    if target_nodes is not None and (isinstance(target_nodes, bool) or not isinstance(target_nodes, (int, np.integer))):
+        raise OptionError(f"option target_nodes must be an integer >= 1, got {target_nodes!r}")
+    if cost_threshold is not None and (isinstance(cost_threshold, bool)
+                                       or not isinstance(cost_threshold, (int, float, np.integer, np.floating))):
+        raise OptionError(f"option cost_threshold must be a number >= 0, got {cost_threshold!r}")
+    merged = merge_and_colocate(graph, target_nodes=target_nodes, cost_threshold=cost_threshold)
+    return TransformResult.quotient(graph, merged.graph, merged.group_of, None, merged)
