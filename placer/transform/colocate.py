@@ -15,6 +15,14 @@ own placements overflow memory
 
 Colocate sole consumers: Baechi's co-placement (:func:`colocate_sole_consumers`),
 an option of its placers.
+
+Contract (:data:`COLOCATION_ENSURES`): a colocation pass changes no node,
+edge or cost, only the ``colocation`` labels, and only by joining groups:
+the new groups are the connected pieces of "same group before, or tied by
+the pass", so every original group lies inside one new group and any
+placement of the new graph is one of the original. Registered as
+``colocate_layers`` and ``colocate_sole_consumers``
+(:func:`~placer.transform.base.apply_transform`).
 """
 
 from __future__ import annotations
@@ -37,6 +45,11 @@ def colocate_layers(graph: OpGraph) -> OpGraph | None:
     layers of their own, so that colocating does not undo the rewrite. An
     operation with ``device_kinds`` keeps out of its layer's group (a CPU-only
     and a GPU-only operation of one layer could run nowhere together).
+
+    The new groups are the connected pieces of the relation "same layer key
+    (layer, replica, part), or same original group", built by union-find
+    (:func:`~placer.graph.joined_groups`): two nodes of one original group are
+    joined, so the group stays whole; nodes, edges and costs are untouched.
 
     Parameters
     ----------
@@ -80,8 +93,8 @@ def colocate_sole_consumers(graph: OpGraph) -> OpGraph | None:
     only operations in no group of their own, and free to run on any device
     kind, follow their consumer, so that two groups never join: each new
     group holds at most one original group and runs where that group may.
-    On every zoo model's captured step the two rules give the same groups
-    (no operation of a group there has its only reader outside the group).
+    The two rules differ only where an operation of a group has its only
+    reader outside the group.
 
     Parameters
     ----------

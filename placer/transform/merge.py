@@ -10,7 +10,16 @@ that the reference simulator can play), never joins nodes with different
 nodes holding members of one colocation group share a colocation label.
 
 :class:`Coarsening` maps every original node to its coarse node and expands a
-placement of the coarse graph back to the original graph.
+placement of the coarse graph back to the original graph; registered as
+``merge`` (:func:`merge_transform`), the transform returns it as the detail
+of a :class:`~placer.transform.base.TransformResult`.
+
+Contract: a coarse node ``g`` of members ``M`` runs them one after another
+on one device, so its time on a device is ``sum(time[M])`` (exact on every
+device: only nodes of equal kinds of per-kind timing merge), its
+``param_bytes`` and ``output_bytes`` are ``sum`` over ``M`` and its
+``temp_bytes`` ``max`` over ``M``; it sends, to each other coarse node, every
+original tensor its members send there once, at its largest edge.
 """
 
 from __future__ import annotations
@@ -59,7 +68,14 @@ class Coarsening:
 
 
 def node_cost(graph: OpGraph) -> np.ndarray:
-    """Placeto's merge cost: the size of a node's output tensor (its largest outgoing edge if larger)."""
+    """Placeto's merge cost: the size of a node's output tensor (its largest outgoing edge if larger).
+
+    Examples
+    --------
+    >>> g = OpGraph(["a", "b", "c"], [1.0] * 3, [0, 0], [1, 2], [8, 24], output_bytes=[16, 4, 0])
+    >>> node_cost(g).tolist()
+    [24.0, 4.0, 0.0]
+    """
     out_edge = np.zeros(graph.num_nodes, dtype=np.int64)
     np.maximum.at(out_edge, graph.src, graph.edge_bytes)
     return np.maximum(graph.output_bytes, out_edge).astype(np.float64)
@@ -74,6 +90,11 @@ def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
     receives most bytes from, choosing the first whose merge leaves the graph
     acyclic and joins nodes of the same device kinds and per-kind timings.
     A node no neighbour accepts is left alone.
+
+    A merge is acyclic when no other path joins the two nodes: for ``g``
+    before ``h``, no successor of ``g`` besides ``h`` reaches ``h`` (a search
+    that gives up past a few hundred nodes counts as a path, so an unsafe
+    merge is never made). Coarse costs follow the module's contract.
 
     Parameters
     ----------

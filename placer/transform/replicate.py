@@ -28,6 +28,15 @@ Where every pair of devices has a link of its own, or hosts share a network,
 a ``direct`` collective exchanges slices with every replica of a host at once,
 then between hosts (:func:`collective_stages`).
 
+Contract (``replicate`` through :func:`~placer.transform.base.apply_transform`,
+:func:`replicate_transform`): replica ``k`` works on ``b_k`` of the ``B``
+samples, ``sum_k b_k = B``, so a batch-proportional node's replicas take
+shares ``b_k / B`` of its time (on every device) and memory that sum to the
+whole (whole bytes round by at most one per replica), and every other node is
+whole in each replica; a sharded optimizer's arithmetic and state are shared
+the same way. The all-reduce steps are added nodes that stand for no
+original node.
+
 Every node records ``node_extra["replica"]`` (its replica) and
 ``"replica_of"`` (the original id); all-reduce steps record
 ``"allreduce": {"bucket": b, "step": s, "gradients": [ids], "collective": c}``
@@ -395,6 +404,16 @@ def replica_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYT
     ------
     OptionError
         If ``replicas`` < 1 or ``bucket_bytes`` < 1.
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2, branches=1)
+    >>> layout = replica_layout(g, 2)
+    >>> [g.ids[i] for i in np.flatnonzero(layout.factor == 1.0)]       # whole in each replica: the updates
+    ['block1.b0.update', 'block0.b0.update']
+    >>> len(layout.buckets), layout.bucket_bytes(0) <= FIRST_BUCKET_BYTES or len(layout.buckets[0]) == 1
+    (2, True)
     """
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise OptionError(f"replicas must be an integer >= 1, got {replicas!r}")
@@ -663,7 +682,15 @@ _DEFAULTS = dict(compute_s=0.0, output_bytes=0, param_bytes=0, temp_bytes=0, flo
 
 def replicated_node(graph: OpGraph) -> int | None:
     """The first node of ``graph`` that belongs to a data-parallel replica or its all-reduce (None: the
-    graph replicates nothing)."""
+    graph replicates nothing).
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2, branches=1)
+    >>> replicated_node(g), replicated_node(data_parallel_graph(g, 2).graph)
+    (None, 0)
+    """
     return next((i for i, extra in enumerate(graph.node_extra) if "replica_of" in extra or "allreduce" in extra),
                 None)
 

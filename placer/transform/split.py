@@ -37,6 +37,15 @@ the output's channel ``"axis"``, and its split nodes the operation's
 ``"args"`` (``[[argument position, axis], ...]``: which of the captured
 operation's arguments is sliced along which axis) where the entry has them.
 
+Contract (``split`` through :func:`~placer.transform.base.apply_transform`,
+:func:`split_transform`): with part ``k`` taking rows ``[lo_k, hi_k)`` of
+the extent ``B``, ``sum_k (hi_k - lo_k) / B = 1``, so the parts' times on
+every device sum to the operation's, and their outputs and workspaces (cut
+into whole bytes ``total * hi_k // B - total * lo_k // B``, which telescope
+to ``total``) sum to its; parameters are whole in every part of a batch split
+and shared in a channel split. The split and concat nodes are what the
+transform adds; every other node is unchanged.
+
 References
 ----------
 Yi et al., FastT, CoNEXT 2020, Section 5.2 and Algorithm 2 (SplitOperation).
@@ -68,6 +77,13 @@ def batch_dependent(graph: OpGraph) -> np.ndarray:
     batch split (a hand-written graph's source may hold parameters and the
     batch). Parameters, optimizer state and constants are not batch-dependent,
     nor is what derives from them alone.
+
+    Examples
+    --------
+    >>> g = OpGraph(["x", "w", "mm", "w.t"], [0.0, 0.0, 1.0, 1.0], [0, 1, 1], [2, 2, 3], [8, 8, 8],
+    ...             op=["placeholder", "placeholder", "aten.mm", "aten.t"], param_bytes=[0, 8, 0, 0])
+    >>> batch_dependent(g).tolist()
+    [True, False, True, False]
     """
     n = graph.num_nodes
     indegree = np.bincount(graph.dst, minlength=n)
@@ -90,7 +106,14 @@ def batch_samples(graph: OpGraph) -> int | None:
     """The samples in the step's batch: the ``batch_size`` a capture records, else (a graph without it)
     the smallest ``batch`` extent any node's ``splittable`` declares, which may be a multiple of it
     (a capture declares the rows of a matrix operation's first operand: batch x heads for attention's
-    ``bmm``); None where neither says (a generated graph)."""
+    ``bmm``); None where neither says (a generated graph).
+
+    Examples
+    --------
+    >>> g = OpGraph(["x", "bmm"], [0.0, 1.0], [0], [1], [8], splittable=[None, [{"dim": "batch", "size": 48}]])
+    >>> batch_samples(g), batch_samples(g.replace(extra={"batch_size": 4})), batch_samples(g.replace(splittable=None))
+    (48, 4, None)
+    """
     if graph.extra.get("batch_size") is not None:
         return int(graph.extra["batch_size"])
     sizes = [int(item["size"]) for entries in graph.splittable if entries
@@ -99,7 +122,15 @@ def batch_samples(graph: OpGraph) -> int | None:
 
 
 def split_dims(graph: OpGraph, node: int) -> dict[str, int]:
-    """The dimensions this transform can split ``node`` along, with their extents (>= 2)."""
+    """The dimensions this transform can split ``node`` along, with their extents (>= 2).
+
+    Examples
+    --------
+    >>> g = OpGraph(["conv"], [1.0], [], [], [], splittable=[[{"dim": "batch", "size": 8},
+    ...                                                        {"dim": "channel", "size": 1}, {"dim": "seq", "size": 4}]])
+    >>> split_dims(g, 0)
+    {'batch': 8}
+    """
     return {item["dim"]: int(item["size"]) for item in graph.splittable[node] or []
             if item.get("dim") in SUPPORTED_DIMS and int(item.get("size", 0)) >= 2}
 
@@ -129,7 +160,15 @@ def _copy_time(graph: OpGraph, node: int, nbytes: float) -> tuple[float, dict[st
 
 
 def original_ids(graph: OpGraph) -> list[str]:
-    """For every node of a rewritten graph, the id of the original node it comes from."""
+    """For every node of a rewritten graph, the id of the original node it comes from (by ``split_of``).
+
+    Examples
+    --------
+    >>> g = OpGraph(["x", "conv"], [0.0, 4.0], [0], [1], [64], op=["placeholder", "aten.convolution"],
+    ...             splittable=[None, [{"dim": "batch", "size": 8}]])
+    >>> original_ids(split_operation(g, "conv", "batch", 2))
+    ['x', 'conv', 'conv', 'conv']
+    """
     return [extra.get("split_of", node_id) for node_id, extra in zip(graph.ids, graph.node_extra)]
 
 
