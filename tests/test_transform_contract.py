@@ -3,8 +3,17 @@
 import numpy as np
 import pytest
 
-from placer.transform import available_transforms
+from placer.errors import OptionError
+from placer.generate import training_graph
+from placer.graph import OpGraph
+from placer.transform import (TransformResult, apply_transform, available_transforms, checks, get_transform,
+                              register_transform)
+from placer.transform import base as transform_base
+from placer.transform.base import NodeMap
 from placer.transform.checks import CHECKS
+from placer.transform.coarsen import QUOTIENT_ENSURES
+from placer.transform.colocate import COLOCATION_ENSURES
+from placer.transform.replicate import data_parallel_graph
 
 
 @pytest.mark.parametrize("check", CHECKS, ids=lambda c: c.__name__)
@@ -15,16 +24,6 @@ def test_contract(transform, check):
 
 # ----------------------------------------------------------------- the checks can fail
 # Each transform below breaks one clause of the contract on purpose; the check of that clause must catch it.
-
-from placer.errors import OptionError  # noqa: E402
-from placer.graph import OpGraph  # noqa: E402
-from placer.transform import TransformResult, apply_transform, get_transform, register_transform  # noqa: E402
-from placer.transform import base as transform_base  # noqa: E402
-from placer.transform import checks  # noqa: E402
-from placer.transform.base import NodeMap  # noqa: E402
-from placer.transform.coarsen import QUOTIENT_ENSURES  # noqa: E402
-from placer.transform.colocate import COLOCATION_ENSURES  # noqa: E402
-from placer.transform.replicate import data_parallel_graph  # noqa: E402
 
 
 def _coarsened(graph, cluster):
@@ -228,8 +227,6 @@ def test_a_result_that_does_not_match_its_graphs_is_refused():
 
 
 def test_expand_reads_one_value_per_original_node_and_refuses_replicas():
-    from placer.generate import training_graph
-
     g = training_graph(layers=2, branches=1)
     position = np.empty(g.num_nodes, dtype=np.int64)
     position[g.topological_order] = np.arange(g.num_nodes)

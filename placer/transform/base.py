@@ -32,8 +32,8 @@ is one of
 - :data:`SUM`: ``sum(q[N]) == sum(q[O])``;
 - :data:`MAX`: ``max(q[N]) == max(q[O])`` (workspace: members run one at a time);
 - :data:`SHARE_OR_WHOLE`: either ``sum(q[N]) == sum(q[O])`` (the work is
-  shared among the copies; whole bytes may round by one per copy) or every
-  ``q[v] == sum(q[O])`` (every copy holds the whole).
+  shared among the copies; a share in whole bytes may round by half a byte)
+  or every ``q[v] == sum(q[O])`` (every copy holds the whole).
 
 Transfers (edge bytes) follow :data:`SAME` (the same edges), :data:`CUT`
 (between any two blocks, the new edges carry what the original sends between
@@ -74,8 +74,9 @@ from __future__ import annotations
 
 import inspect
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any, Callable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -131,7 +132,7 @@ class NodeMap:
             raise ValueError(f"NodeMap: a target lies outside 0..{self.size - 1}")
 
     @classmethod
-    def from_groups(cls, groups: Sequence[Sequence[int]], size: int) -> "NodeMap":
+    def from_groups(cls, groups: Sequence[Sequence[int]], size: int) -> NodeMap:
         """Node ``i`` to the nodes ``groups[i]`` (sorted, duplicates dropped)."""
         parts = [np.unique(np.asarray(g, dtype=np.int64)) for g in groups]
         ptr = np.zeros(len(parts) + 1, dtype=np.int64)
@@ -140,13 +141,13 @@ class NodeMap:
         return cls(ptr, index.astype(np.int64), int(size))
 
     @classmethod
-    def function(cls, target: Sequence[int], size: int) -> "NodeMap":
+    def function(cls, target: Sequence[int], size: int) -> NodeMap:
         """Node ``i`` to the one node ``target[i]``."""
         target = np.asarray(target, dtype=np.int64).reshape(-1)
         return cls(np.arange(target.size + 1, dtype=np.int64), target, int(size))
 
     @classmethod
-    def identity(cls, n: int) -> "NodeMap":
+    def identity(cls, n: int) -> NodeMap:
         """Node ``i`` to node ``i``, for ``n`` nodes."""
         return cls.function(np.arange(n), n)
 
@@ -172,7 +173,7 @@ class NodeMap:
         """The node of every entry of ``index`` (the map as pairs ``(sources, index)``)."""
         return np.repeat(np.arange(len(self), dtype=np.int64), self.sizes)
 
-    def inverse(self) -> "NodeMap":
+    def inverse(self) -> NodeMap:
         """The map the other way: each of the ``size`` target nodes to the nodes that map to it."""
         order = np.lexsort((self.sources, self.index))
         ptr = np.zeros(self.size + 1, dtype=np.int64)
@@ -180,7 +181,7 @@ class NodeMap:
         return NodeMap(ptr, self.sources[order], len(self))
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class TransformResult:
     """What every transform returns: the new graph and how its nodes map to the original's.
 
@@ -231,7 +232,7 @@ class TransformResult:
             raise ValueError(f"added and copy need one entry per new node ({n_new})")
 
     @classmethod
-    def identity(cls, original: OpGraph, graph: OpGraph | None = None, detail: Any = None) -> "TransformResult":
+    def identity(cls, original: OpGraph, graph: OpGraph | None = None, detail: Any = None) -> TransformResult:
         """A result whose new graph has the original's nodes in the original's order (``graph``, or the original)."""
         graph = original if graph is None else graph
         n = original.num_nodes
@@ -240,7 +241,7 @@ class TransformResult:
 
     @classmethod
     def quotient(cls, original: OpGraph, graph: OpGraph, group_of: Sequence[int],
-                 members: Sequence[Sequence[int]] | None = None, detail: Any = None) -> "TransformResult":
+                 members: Sequence[Sequence[int]] | None = None, detail: Any = None) -> TransformResult:
         """A result merging the original nodes ``members[g]`` into new node ``g``; ``group_of`` gives each
         original node's new node (``members``, where omitted, is read from it)."""
         m = graph.num_nodes
