@@ -29,6 +29,13 @@ a coarse node holding members of several groups joins them into one (named
 by their labels joined with ``|``), so any placement of the coarse graph
 keeps every original group on one device. Nodes are merged only while some
 device kind suits every member of the groups they join.
+
+Contract (:data:`QUOTIENT_ENSURES`, checked by :mod:`placer.transform.checks`):
+a coarse node of members ``M`` has ``sum(time[M])`` on every device,
+``sum`` of their parameters and outputs and ``max`` of their workspaces,
+and between coarse nodes the original's transfers, once each
+(:func:`contract`). Registered as ``coarsen`` and ``contract``
+(:func:`~placer.transform.base.apply_transform`).
 """
 
 from __future__ import annotations
@@ -40,9 +47,11 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import GraphCycleError, OptionError
 from ..graph import OpGraph
+from .base import CUT, MAX, SUM, Ensures, TransformResult, register_transform
 from .split import fresh_id
 
-__all__ = ["Coarsening", "coarsen", "heights", "acyclic_matching", "contract", "summed_times_by_kind"]
+__all__ = ["Coarsening", "coarsen", "heights", "acyclic_matching", "contract", "summed_times_by_kind",
+           "coarsen_transform", "contract_transform", "QUOTIENT_ENSURES"]
 
 #: A round merging fewer pairs than this share of the nodes doubles the size cap (or ends the coarsening).
 STALL_FRACTION = 0.01
@@ -76,7 +85,16 @@ class Coarsening:
 
 
 def heights(graph: OpGraph) -> np.ndarray:
-    """Height of every node (Definition 3.4): 1 for roots, else 1 + the largest height of a predecessor."""
+    """Height of every node (Definition 3.4): 1 for roots, else 1 + the largest height of a predecessor.
+
+    Heights rise by at least one along every edge, which is what the
+    matching's keys build on.
+
+    Examples
+    --------
+    >>> heights(OpGraph(["a", "b", "c", "d"], [1.0] * 4, [0, 0, 1], [1, 3, 3], [8, 8, 8])).tolist()
+    [1, 2, 1, 3]
+    """
     h = np.ones(graph.num_nodes, dtype=np.int64)
     ptr, eids = graph.in_edges
     src = graph.src
@@ -145,6 +163,22 @@ def acyclic_matching(graph: OpGraph, *, labels: np.ndarray | None = None, size: 
     -------
     list of (u, v)
         Edges ``u -> v`` to merge, in the order they were chosen.
+
+    Examples
+    --------
+    The crossing of Figure 6: merging both ``(u1, v1)`` and ``(u2, v2)``
+    would make a cycle (``u1 -> v2`` and ``u2 -> v1`` then run both ways
+    between the two pairs), so only the heavier pair is merged:
+
+    >>> g = OpGraph(["u1", "v1", "u2", "v2"], [1.0] * 4, [0, 2, 0, 2], [1, 3, 3, 1], [9, 8, 1, 1])
+    >>> acyclic_matching(g)
+    [(0, 1)]
+
+    In a diamond ``a -> b, c -> d`` both pairs go forward, and both merge:
+
+    >>> g = OpGraph(["a", "b", "c", "d"], [1.0] * 4, [0, 0, 1, 2], [1, 2, 3, 3], [9, 1, 1, 9])
+    >>> acyclic_matching(g)
+    [(0, 1), (2, 3)]
 
     References
     ----------
@@ -242,6 +276,33 @@ def contract(graph: OpGraph, group_of: np.ndarray, *, cluster: Cluster | None = 
     ------
     GraphCycleError
         If merging the groups creates a cycle.
+
+    Notes
+    -----
+    For a group ``M``: ``compute_s = sum(compute_s[M])``, and on a kind whose
+    devices share one speed ``s`` (given ``cluster``), the summed per-kind time
+    ``sum(time_on_kind[M])``, where a member without an entry for the kind
+    takes ``compute_s / s`` (:func:`summed_times_by_kind`): the coarse node
+    lasts on every such device what its members last one after another.
+    ``temp_bytes = max(temp_bytes[M])``: one member's workspace is live at a
+    time. The reference model sends a producer's tensor once to a device that
+    reads it, however many of its nodes do, so one edge per (producer, tensor,
+    consuming group) carries the original's transfers between groups, no
+    more and no less. The coarse node allows the kinds every member allows
+    (their intersection), and colocation groups sharing a coarse node join.
+
+    Examples
+    --------
+    >>> g = OpGraph(["a", "b", "c", "d"], [1.0, 2.0, 3.0, 4.0], [0, 0, 1, 2], [1, 2, 3, 3], [8, 8, 4, 4],
+    ...             temp_bytes=[5, 7, 1, 1])
+    >>> coarse, members = contract(g, np.array([0, 0, 1, 1]))
+    >>> coarse.ids, coarse.compute_s.tolist(), coarse.temp_bytes.tolist(), coarse.edge_bytes.tolist()
+    (['a+1', 'c+1'], [3.0, 7.0], [7, 1], [8, 4])
+    >>> [m.tolist() for m in members]
+    [[0, 1], [2, 3]]
+
+    ``a`` sends its one tensor to ``b`` and ``c``: in the coarse graph only to
+    ``c``'s group, once (8 bytes); ``b -> d`` carries 4.
     """
     n = graph.num_nodes
     position = np.empty(n, dtype=np.int64)
@@ -346,7 +407,15 @@ def _joined_colocation(graph: OpGraph, members: list[np.ndarray]) -> dict[str, s
 def summed_times_by_kind(graph: OpGraph, members: list[np.ndarray], cluster: Cluster | None) -> list[dict | None]:
     """Per coarse node (its ``members``), the summed time per device kind where a sum of ``compute_s`` would
     be wrong: exact for every kind whose devices share one speed (those of one kind at other speeds keep
-    ``compute_s / speed``, which a kind's entry would override)."""
+    ``compute_s / speed``, which a kind's entry would override).
+
+    Examples
+    --------
+    >>> from placer.cluster import PRESETS
+    >>> g = OpGraph(["a", "b"], [2.0, 4.0], [0], [1], [8], compute_s_by_kind=[{"V100": 1.0}, None])
+    >>> summed_times_by_kind(g, [np.array([0, 1])], PRESETS["2xV100-nvlink"]())
+    [{'V100': 5.0}]
+    """
     measured = {k for d in graph.compute_s_by_kind if d for k in d}
     if not measured:
         return [None] * len(members)
@@ -454,3 +523,87 @@ def coarsen(graph: OpGraph, target: int, *, labels: np.ndarray | None = None, cl
     for g, mem in enumerate(members):
         coarse_of[mem] = g
     return Coarsening(final, coarse_of, members, rounds)
+
+
+#: What contracting groups of nodes into one ensures (:func:`contract`, and so :func:`coarsen`).
+QUOTIENT_ENSURES = Ensures(
+    compute=SUM, output_bytes=SUM, param_bytes=SUM, temp_bytes=MAX, transfers=CUT,
+    note="Durations sum on the cluster given where each device kind's devices share one speed (a kind's "
+         "summed entry stands for all its devices); without a cluster, per-kind times are kept only where every "
+         "member has one. Colocation groups sharing a node join.")
+
+
+def _topological_chunks(graph: OpGraph, size: int = 3) -> np.ndarray:
+    """Groups of ``size`` consecutive nodes of a topological order: contracting them never makes a cycle."""
+    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position[graph.topological_order] = np.arange(graph.num_nodes)
+    return position // size
+
+
+def _check_labels(graph: OpGraph, values, option: str) -> np.ndarray:
+    """``values`` as one integer per node, or OptionError naming ``option``."""
+    labels = np.asarray(values)
+    if labels.shape != (graph.num_nodes,) or (labels.size and labels.dtype.kind not in "iu"):
+        raise OptionError(f"option {option} must hold one integer per node ({graph.num_nodes}), got {values!r:.80}")
+    return labels
+
+
+@register_transform(
+    "coarsen", ensures=QUOTIENT_ENSURES,
+    requires="A target of at least one node; labels, if given, one integer per node.",
+    trials=lambda graph: [{"target": max(1, graph.num_nodes // 4)},
+                          {"target": max(1, graph.num_nodes // 4), "labels": np.arange(graph.num_nodes) % 2}])
+def coarsen_transform(graph: OpGraph, cluster: Cluster | None, *, target: int, labels: np.ndarray | None = None,
+                      max_rounds: int = 64) -> TransformResult:
+    """Pesto's acyclic coarsening (:func:`coarsen`): each coarse node stands for the nodes merged into it.
+
+    Its laws are those of :func:`contract`, which builds the coarse graph.
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=4, branches=2)
+    >>> r = coarsen_transform(g, None, target=12)
+    >>> r.graph.num_nodes <= 12, r.expand(np.arange(r.graph.num_nodes)).shape == (g.num_nodes,)
+    (True, True)
+    """
+    if labels is not None:
+        labels = _check_labels(graph, labels, "labels")
+    if max_rounds < 0:
+        raise OptionError(f"option max_rounds must be >= 0, got {max_rounds!r}")
+    result = coarsen(graph, target, labels=labels, cluster=cluster, max_rounds=max_rounds)
+    return TransformResult.quotient(graph, result.graph, result.group_of, result.members, result)
+
+
+@register_transform(
+    "contract", ensures=QUOTIENT_ENSURES,
+    requires="groups: one integer label per node, whose contraction leaves the graph acyclic (consecutive "
+             "pieces of a topological order always do); GraphCycleError otherwise.",
+    trials=lambda graph: [{"groups": _topological_chunks(graph)}])
+def contract_transform(graph: OpGraph, cluster: Cluster | None, *, groups: np.ndarray) -> TransformResult:
+    """Every group of nodes contracted into one (:func:`contract`): a coarse node stands for its group.
+
+    A coarse node runs its members one after another on one device, so for
+    its members ``M``: ``time = sum(time[M])`` on every device (exact per
+    kind, see :data:`QUOTIENT_ENSURES`), ``param_bytes`` and
+    ``output_bytes`` are ``sum`` over ``M``, and ``temp_bytes`` is
+    ``max`` over ``M`` (one member's workspace is live at a time). The
+    reference model sends a producer's tensor once to each device that reads
+    it, so one edge per (producer, tensor, consuming group), of its largest
+    bytes, keeps every transfer between groups and adds none.
+
+    Examples
+    --------
+    >>> g = OpGraph(["a", "b", "c", "d"], [1.0, 2.0, 3.0, 4.0], [0, 0, 1, 2], [1, 2, 3, 3], [8, 8, 4, 4],
+    ...             temp_bytes=[5, 7, 1, 1])
+    >>> r = contract_transform(g, None, groups=np.array([0, 0, 1, 1]))
+    >>> r.graph.compute_s.tolist(), r.graph.temp_bytes.tolist(), r.graph.edge_bytes.tolist()
+    ([3.0, 7.0], [7, 1], [8, 4])
+    >>> [r.origin[k].tolist() for k in range(2)], r.image[2].tolist()
+    ([[0, 1], [2, 3]], [1])
+    """
+    coarse, members = contract(graph, _check_labels(graph, groups, "groups"), cluster=cluster)
+    group_of = np.empty(graph.num_nodes, dtype=np.int64)
+    for g, mem in enumerate(members):
+        group_of[mem] = g
+    return TransformResult.quotient(graph, coarse, group_of, members)

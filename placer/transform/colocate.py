@@ -15,15 +15,26 @@ own placements overflow memory
 
 Colocate sole consumers: Baechi's co-placement (:func:`colocate_sole_consumers`),
 an option of its placers.
+
+Contract (:data:`COLOCATION_ENSURES`): a colocation pass changes no node,
+edge or cost, only the ``colocation`` labels, and only by joining groups:
+the new groups are the connected pieces of "same group before, or tied by
+the pass", so every original group lies inside one new group and any
+placement of the new graph is one of the original. Registered as
+``colocate_layers`` and ``colocate_sole_consumers``
+(:func:`~placer.transform.base.apply_transform`).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
+from ..cluster import Cluster
 from ..graph import OpGraph, joined_groups
+from .base import SAME, Ensures, TransformResult, register_transform
 
-__all__ = ["colocate_layers", "colocate_sole_consumers"]
+__all__ = ["colocate_layers", "colocate_sole_consumers", "colocate_layers_transform",
+           "colocate_sole_consumers_transform"]
 
 
 def colocate_layers(graph: OpGraph) -> OpGraph | None:
@@ -34,6 +45,11 @@ def colocate_layers(graph: OpGraph) -> OpGraph | None:
     layers of their own, so that colocating does not undo the rewrite. An
     operation with ``device_kinds`` keeps out of its layer's group (a CPU-only
     and a GPU-only operation of one layer could run nowhere together).
+
+    The new groups are the connected pieces of the relation "same layer key
+    (layer, replica, part), or same original group", built by union-find
+    (:func:`~placer.graph.joined_groups`): two nodes of one original group are
+    joined, so the group stays whole; nodes, edges and costs are untouched.
 
     Parameters
     ----------
@@ -77,8 +93,8 @@ def colocate_sole_consumers(graph: OpGraph) -> OpGraph | None:
     only operations in no group of their own, and free to run on any device
     kind, follow their consumer, so that two groups never join: each new
     group holds at most one original group and runs where that group may.
-    On every zoo model's captured step the two rules give the same groups
-    (no operation of a group there has its only reader outside the group).
+    The two rules differ only where an operation of a group has its only
+    reader outside the group.
 
     Parameters
     ----------
@@ -122,3 +138,39 @@ def colocate_sole_consumers(graph: OpGraph) -> OpGraph | None:
     sizes = np.bincount(label, minlength=n)
     return graph.replace(colocation=[names[c] if sizes[c] > 1 else own
                                      for c, own in zip(label.tolist(), graph.colocation)])
+
+
+#: Colocating changes no node, edge or cost: only colocation labels, by joining groups (never splitting one).
+COLOCATION_ENSURES = Ensures(compute=SAME, output_bytes=SAME, param_bytes=SAME, temp_bytes=SAME, transfers=SAME,
+                             note="Only colocation changes: groups join, none is split; kinds are untouched.")
+
+
+@register_transform("colocate_layers", requires="Nothing beyond a valid graph.", ensures=COLOCATION_ENSURES,
+                    trials=lambda graph: [{}])
+def colocate_layers_transform(graph: OpGraph, cluster: Cluster | None) -> TransformResult:
+    """Every layer in one colocation group (:func:`colocate_layers`): the same nodes, the map the identity.
+
+    Examples
+    --------
+    >>> g = OpGraph(["a", "b"], [1.0, 1.0], [0], [1], [8], layer=["fc", "fc"])
+    >>> r = colocate_layers_transform(g, None)
+    >>> r.graph.colocation, r.changed
+    (['layer0', 'layer0'], True)
+    >>> colocate_layers_transform(g.replace(layer=None), None).changed    # nothing to colocate
+    False
+    """
+    return TransformResult.identity(graph, colocate_layers(graph))
+
+
+@register_transform("colocate_sole_consumers", requires="Nothing beyond a valid graph.",
+                    ensures=COLOCATION_ENSURES, trials=lambda graph: [{}])
+def colocate_sole_consumers_transform(graph: OpGraph, cluster: Cluster | None) -> TransformResult:
+    """Every operation with its only consumer (:func:`colocate_sole_consumers`): the map the identity.
+
+    Examples
+    --------
+    >>> g = OpGraph(["a", "b"], [1.0, 1.0], [0], [1], [8])
+    >>> colocate_sole_consumers_transform(g, None).graph.colocation
+    ['coplace:b', 'coplace:b']
+    """
+    return TransformResult.identity(graph, colocate_sole_consumers(graph))

@@ -13,6 +13,15 @@ form a cycle (the paper's Lemma 2), so the coarse graph is a DAG.
 Costs follow the paper's linear communication model: a node weighs its mean
 duration over the cluster's devices, an edge ``latency + bytes / bandwidth``
 with the mean latency and inverse bandwidth of the cluster's links.
+
+Contract (``fuse`` through :func:`~placer.transform.base.apply_transform`,
+:func:`fuse_transform`): a cluster of members ``M`` runs them one after
+another, so its duration on every device is ``sum`` over ``M`` (exact per
+kind where a kind's devices share one speed), its parameters and outputs
+``sum`` over ``M`` and its workspace ``max`` over ``M``; between two
+clusters it sends each original tensor once, as the reference model does.
+The fused graph carries no colocation and no device kinds:
+:attr:`FusedGraph.allowed` holds the devices each cluster may use.
 """
 
 from __future__ import annotations
@@ -25,10 +34,11 @@ from ..cluster import Cluster
 from ..errors import OptionError
 from ..graph import OpGraph, static_footprint
 from ..paths import bottom_levels, top_levels
+from .base import CUT, MAX, SUM, Ensures, TransformResult, register_transform
 from .coarsen import summed_times_by_kind
 
 __all__ = ["FusedGraph", "fuse", "link_costs", "ccr", "cpath", "cpd_topo_order", "dfs_topo_order",
-           "head_first_order", "optimal_breakpoints", "group_allowed"]
+           "head_first_order", "optimal_breakpoints", "group_allowed", "fuse_transform"]
 
 
 def link_costs(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
@@ -41,6 +51,14 @@ def link_costs(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray
     edge_c : ndarray
         ``latency + bytes * seconds_per_byte`` of each edge, with the mean over
         the connected device pairs (0 on a one-device cluster).
+
+    Examples
+    --------
+    >>> from placer.cluster import PRESETS
+    >>> cluster = PRESETS["2xV100-nvlink"]()
+    >>> node_w, edge_c = link_costs(OpGraph(["a", "b"], [2.0, 4.0], [0], [1], [0]), cluster)
+    >>> node_w.tolist(), bool(edge_c[0] == cluster.latency[0, 1])    # an empty edge costs the latency
+    ([2.0, 4.0], True)
     """
     node_w = graph.durations(cluster).mean(axis=1) if graph.num_nodes else np.zeros(0)
     latency, inverse = _mean_link(cluster)
@@ -55,7 +73,13 @@ def _mean_link(cluster: Cluster) -> tuple[float, float]:
 
 
 def ccr(node_w: np.ndarray, edge_c: np.ndarray) -> float:
-    """Communication-to-computation ratio (the paper's Equation 1): summed edge over summed node weight."""
+    """Communication-to-computation ratio (the paper's Equation 1): summed edge over summed node weight.
+
+    Examples
+    --------
+    >>> ccr(np.array([1.0, 3.0]), np.array([2.0])), ccr(np.zeros(2), np.zeros(1)), ccr(np.zeros(1), np.ones(1))
+    (0.5, 0.0, inf)
+    """
     total = float(np.sum(node_w))
     comm = float(np.sum(edge_c))
     return comm / total if total > 0 else (0.0 if comm == 0 else float("inf"))
@@ -79,6 +103,15 @@ def head_first_order(graph: OpGraph, priority: np.ndarray) -> np.ndarray:
     -------
     ndarray of int
         Node indices in output order.
+
+    Examples
+    --------
+    From ``a``, whose children ``b`` and ``c`` join in ``d``, the child of the
+    higher priority comes first:
+
+    >>> g = OpGraph(["a", "b", "c", "d"], [1.0] * 4, [0, 0, 1, 2], [1, 2, 3, 3], [8] * 4)
+    >>> head_first_order(g, np.array([0.0, 1.0, 2.0, 0.0])).tolist()
+    [0, 2, 1, 3]
     """
     n = graph.num_nodes
     priority = np.asarray(priority, dtype=np.float64)
@@ -155,6 +188,15 @@ def optimal_breakpoints(n: int, src_pos: np.ndarray, dst_pos: np.ndarray, edge_c
     -------
     ndarray of int
         The breakpoints ``0 = b_0 < b_1 < ... < b_K = n``.
+
+    Examples
+    --------
+    Four positions, clusters of at most two: cutting at 2 crosses the edges
+    ``0 -> 2`` and ``1 -> 3`` (cost 1 + 5), which beats every other cut:
+
+    >>> optimal_breakpoints(4, np.array([0, 0, 1, 2]), np.array([1, 2, 3, 3]), np.array([5.0, 1.0, 5.0, 1.0]),
+    ...                     np.zeros(4), exploration_range=2, memory_cap=1e9).tolist()
+    [0, 2, 4]
     """
     if n == 0:
         return np.zeros(1, dtype=np.int64)
@@ -334,3 +376,37 @@ def _coarse_graph(graph: OpGraph, cluster: Cluster, cluster_of: np.ndarray, k: i
                    output_bytes=np.bincount(cluster_of, weights=graph.output_bytes, minlength=k).astype(np.int64),
                    param_bytes=np.bincount(cluster_of, weights=graph.param_bytes, minlength=k).astype(np.int64),
                    temp_bytes=temp, compute_s_by_kind=by_kind, name=f"{graph.name}-fused")
+
+
+@register_transform(
+    "fuse", needs_cluster=True, requires="A cluster: the cost model weighs nodes and edges on its devices.",
+    trials=lambda graph: [{"exploration_range": 4}, {}],
+    ensures=Ensures(compute=SUM, output_bytes=SUM, param_bytes=SUM, temp_bytes=MAX, transfers=CUT,
+                    constraints=False,
+                    note="The fused graph carries no colocation and no device kinds: FusedGraph.allowed (the "
+                         "detail) holds the devices each cluster may use. Durations sum on the cluster given "
+                         "where each kind's devices share one speed."))
+def fuse_transform(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200,
+                   memory_fraction: float = 0.25) -> TransformResult:
+    """Celeritas's Optimal Operation Fusion (:func:`fuse`): each cluster node stands for its members.
+
+    A cluster is a contiguous piece of a topological order (so the fused
+    graph is acyclic, the paper's Lemma 2), run one member after another:
+    its time on every device and its parameters and outputs are its members'
+    sums, its workspace their largest; between two clusters it sends one
+    transfer per (producer, tensor, consuming cluster), as the reference
+    model does, summed into one edge per pair of clusters.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=4)
+    >>> r = fuse_transform(g, load_cluster("2xV100-nvlink"), exploration_range=8)
+    >>> r.graph.num_nodes == r.detail.num_clusters < g.num_nodes
+    True
+    >>> bool(np.isclose(r.graph.compute_s.sum(), g.compute_s.sum()))
+    True
+    """
+    fused = fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction)
+    return TransformResult.quotient(graph, fused.coarse, fused.cluster_of, fused.members, fused)

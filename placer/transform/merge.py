@@ -10,7 +10,16 @@ that the reference simulator can play), never joins nodes with different
 nodes holding members of one colocation group share a colocation label.
 
 :class:`Coarsening` maps every original node to its coarse node and expands a
-placement of the coarse graph back to the original graph.
+placement of the coarse graph back to the original graph; registered as
+``merge`` (:func:`merge_transform`), the transform returns it as the detail
+of a :class:`~placer.transform.base.TransformResult`.
+
+Contract: a coarse node ``g`` of members ``M`` runs them one after another
+on one device, so its time on a device is ``sum(time[M])`` (exact on every
+device: only nodes of equal kinds of per-kind timing merge), its
+``param_bytes`` and ``output_bytes`` are ``sum`` over ``M`` and its
+``temp_bytes`` ``max`` over ``M``; it sends, to each other coarse node, every
+original tensor its members send there once, at its largest edge.
 """
 
 from __future__ import annotations
@@ -20,10 +29,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..cluster import Cluster
 from ..errors import OptionError
 from ..graph import OpGraph
+from .base import CUT, MAX, SUM, Ensures, TransformResult, register_transform
 
-__all__ = ["merge_and_colocate", "Coarsening", "node_cost"]
+__all__ = ["merge_and_colocate", "Coarsening", "node_cost", "merge_transform"]
 
 # A merge is checked for cycles by a search from the merged node's other
 # neighbours; past this many visited nodes it is given up as unsafe.
@@ -57,7 +68,14 @@ class Coarsening:
 
 
 def node_cost(graph: OpGraph) -> np.ndarray:
-    """Placeto's merge cost: the size of a node's output tensor (its largest outgoing edge if larger)."""
+    """Placeto's merge cost: the size of a node's output tensor (its largest outgoing edge if larger).
+
+    Examples
+    --------
+    >>> g = OpGraph(["a", "b", "c"], [1.0] * 3, [0, 0], [1, 2], [8, 24], output_bytes=[16, 4, 0])
+    >>> node_cost(g).tolist()
+    [24.0, 4.0, 0.0]
+    """
     out_edge = np.zeros(graph.num_nodes, dtype=np.int64)
     np.maximum.at(out_edge, graph.src, graph.edge_bytes)
     return np.maximum(graph.output_bytes, out_edge).astype(np.float64)
@@ -72,6 +90,11 @@ def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
     receives most bytes from, choosing the first whose merge leaves the graph
     acyclic and joins nodes of the same device kinds and per-kind timings.
     A node no neighbour accepts is left alone.
+
+    A merge is acyclic when no other path joins the two nodes: for ``g``
+    before ``h``, no successor of ``g`` besides ``h`` reaches ``h`` (a search
+    that gives up past a few hundred nodes counts as a path, so an unsafe
+    merge is never made). Coarse costs follow the module's contract.
 
     Parameters
     ----------
@@ -263,3 +286,42 @@ def _coarse_graph(graph: OpGraph, roots: np.ndarray) -> Coarsening:
                      device_kinds=[graph.device_kinds[h] for h in heads], compute_s_by_kind=by_kind,
                      name=f"{graph.name}/merged{m}")
     return Coarsening(coarse, group_of)
+
+
+def _merge_trials(graph: OpGraph) -> list[dict]:
+    """A third of the nodes; and the median cost as the threshold."""
+    cost = node_cost(graph)
+    return [{"target_nodes": max(1, graph.num_nodes // 3)},
+            {"cost_threshold": float(np.median(cost)) if cost.size else 0.0}]
+
+
+@register_transform(
+    "merge", requires="target_nodes or cost_threshold (or both).", trials=_merge_trials,
+    ensures=Ensures(compute=SUM, output_bytes=SUM, param_bytes=SUM, temp_bytes=MAX, transfers=CUT,
+                    note="Only nodes of the same device kinds and the same kinds of per-kind timing merge, so "
+                         "durations sum on any cluster."))
+def merge_transform(graph: OpGraph, cluster: Cluster | None, *, target_nodes: int | None = None,
+                    cost_threshold: float | None = None) -> TransformResult:
+    """Placeto's Merge-and-Colocate (:func:`merge_and_colocate`): each merged node stands for its members.
+
+    A merged node runs its members one after another on one device, so its
+    time on a device is the sum of theirs, its parameters and outputs the sum
+    of theirs, and its workspace the largest of theirs (one is live at a
+    time); what crosses between merged nodes is what the reference model
+    sends between their members.
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2, branches=2)
+    >>> r = merge_transform(g, None, target_nodes=8)
+    >>> r.graph.num_nodes, int(r.graph.param_bytes.sum()) == int(g.param_bytes.sum())
+    (8, True)
+    """
+    if target_nodes is not None and (isinstance(target_nodes, bool) or not isinstance(target_nodes, (int, np.integer))):
+        raise OptionError(f"option target_nodes must be an integer >= 1, got {target_nodes!r}")
+    if cost_threshold is not None and (isinstance(cost_threshold, bool)
+                                       or not isinstance(cost_threshold, (int, float, np.integer, np.floating))):
+        raise OptionError(f"option cost_threshold must be a number >= 0, got {cost_threshold!r}")
+    merged = merge_and_colocate(graph, target_nodes=target_nodes, cost_threshold=cost_threshold)
+    return TransformResult.quotient(graph, merged.graph, merged.group_of, None, merged)

@@ -28,6 +28,15 @@ Where every pair of devices has a link of its own, or hosts share a network,
 a ``direct`` collective exchanges slices with every replica of a host at once,
 then between hosts (:func:`collective_stages`).
 
+Contract (``replicate`` through :func:`~placer.transform.base.apply_transform`,
+:func:`replicate_transform`): replica ``k`` works on ``b_k`` of the ``B``
+samples, ``sum_k b_k = B``, so a batch-proportional node's replicas take
+shares ``b_k / B`` of its time (on every device) and memory that sum to the
+whole (whole bytes round by at most one per replica), and every other node is
+whole in each replica; a sharded optimizer's arithmetic and state are shared
+the same way. The all-reduce steps are added nodes that stand for no
+original node.
+
 Every node records ``node_extra["replica"]`` (its replica) and
 ``"replica_of"`` (the original id); all-reduce steps record
 ``"allreduce": {"bucket": b, "step": s, "gradients": [ids], "collective": c}``
@@ -54,13 +63,15 @@ from functools import lru_cache
 
 import numpy as np
 
+from ..cluster import Cluster
 from ..errors import OptionError
 from ..graph import OpGraph
+from .base import SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, register_transform
 from .split import batch_dependent, fresh_id, part_rows
 
 __all__ = ["data_parallel_graph", "replicated_node", "gradients", "replica_layout", "chunk_add_time",
            "DataParallelGraph", "ReplicaLayout", "Stage", "collective_stages", "input_transfers", "chunk_copy_time",
-           "BUCKET_BYTES", "FIRST_BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED"]
+           "BUCKET_BYTES", "FIRST_BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED", "replicate_transform"]
 
 BUCKET_BYTES = 25 << 20
 #: The first bucket's size (DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``): the last layers' gradients, reduced first.
@@ -393,6 +404,16 @@ def replica_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYT
     ------
     OptionError
         If ``replicas`` < 1 or ``bucket_bytes`` < 1.
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2, branches=1)
+    >>> layout = replica_layout(g, 2)
+    >>> [g.ids[i] for i in np.flatnonzero(layout.factor == 1.0)]       # whole in each replica: the updates
+    ['block1.b0.update', 'block0.b0.update']
+    >>> len(layout.buckets), layout.bucket_bytes(0) <= FIRST_BUCKET_BYTES or len(layout.buckets[0]) == 1
+    (2, True)
     """
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise OptionError(f"replicas must be an integer >= 1, got {replicas!r}")
@@ -661,7 +682,15 @@ _DEFAULTS = dict(compute_s=0.0, output_bytes=0, param_bytes=0, temp_bytes=0, flo
 
 def replicated_node(graph: OpGraph) -> int | None:
     """The first node of ``graph`` that belongs to a data-parallel replica or its all-reduce (None: the
-    graph replicates nothing)."""
+    graph replicates nothing).
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2, branches=1)
+    >>> replicated_node(g), replicated_node(data_parallel_graph(g, 2).graph)
+    (None, 0)
+    """
     return next((i for i, extra in enumerate(graph.node_extra) if "replica_of" in extra or "allreduce" in extra),
                 None)
 
@@ -716,3 +745,54 @@ def _roofline_times(flops: float, nbytes: float) -> tuple[float, dict[str, float
 
     times = {k: float(node_time_s(k, flops, nbytes)) for k in DEVICE_SPECS}
     return times["V100"], times
+
+
+@register_transform(
+    "replicate",
+    requires="replicas >= 1; hosts, if given, splits the replicas into hosts of one size (for the direct "
+             "collective).",
+    trials=lambda graph: [{"replicas": 2}, {"replicas": 3, "shard_optimizer": True},
+                          {"replicas": 4, "collective": "direct", "hosts": [[0, 1], [2, 3]]}],
+    ensures=Ensures(compute=SHARE_OR_WHOLE, output_bytes=SHARE_OR_WHOLE, param_bytes=SHARE_OR_WHOLE,
+                    temp_bytes=SHARE_OR_WHOLE, transfers=None,
+                    note="A batch-proportional node's replicas share its work and memory by their slices of the "
+                         "batch; any other node is whole in every replica (a sharded optimizer's arithmetic and "
+                         "state are shared instead). A tensor shrinks with its producer's share. Added: the "
+                         "all-reduce steps of every gradient bucket, which stand for no original node; readers "
+                         "of a gradient read their replica's reduced bucket instead."))
+def replicate_transform(graph: OpGraph, cluster: Cluster | None, *, replicas: int, bucket_bytes: int = BUCKET_BYTES,
+                        shard_optimizer: bool = False, collective: str = "ring", hosts: list | None = None,
+                        first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> TransformResult:
+    """The data-parallel graph (:func:`data_parallel_graph`): node ``u``'s replicas stand for ``u``.
+
+    Strong scaling: replica ``k`` of ``r`` works on ``b_k`` of the batch's
+    ``B`` samples (``sum_k b_k = B``; ``b_k / B = 1 / r`` where the graph
+    records no batch size), so a batch-proportional node's replicas take
+    ``b_k / B`` of its time and memory, which sum to the whole, while every
+    other node (parameters, optimizer state and arithmetic, their writes) is
+    whole in each. Replica ``k`` is copy ``k``; the all-reduce steps are added
+    and stand for no original node.
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2, branches=1)
+    >>> r = replicate_transform(g, None, replicas=2)
+    >>> [r.graph.ids[v] for v in r.image[0]], int(r.added.sum())
+    (['r0/input', 'r1/input'], 12)
+    """
+    if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)):
+        raise OptionError(f"option replicas of transform 'replicate' must be an integer >= 1, got {replicas!r}")
+    if hosts is not None and not (isinstance(hosts, (list, tuple)) and all(
+            isinstance(members, (list, tuple)) and all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
+                                                       for k in members) for members in hosts)):
+        raise OptionError(f"option hosts of transform 'replicate' must be lists of replica numbers, got {hosts!r}")
+    dp = data_parallel_graph(graph, int(replicas), bucket_bytes=bucket_bytes, shard_optimizer=shard_optimizer,
+                             collective=collective, hosts=None if hosts is None else [list(h) for h in hosts],
+                             first_bucket_bytes=first_bucket_bytes)
+    new = dp.graph
+    # Each new node's original from the replication's record; each original's replicas by their ids.
+    origin = NodeMap.from_groups([[u] if u >= 0 else [] for u in dp.original.tolist()], graph.num_nodes)
+    image = NodeMap.from_groups([[new.index[f"r{k}/{x}"] for k in range(int(replicas))] for x in graph.ids],
+                                new.num_nodes)
+    return TransformResult(new, graph, origin, image, dp.original < 0, dp.replica, dp)

@@ -37,6 +37,15 @@ the output's channel ``"axis"``, and its split nodes the operation's
 ``"args"`` (``[[argument position, axis], ...]``: which of the captured
 operation's arguments is sliced along which axis) where the entry has them.
 
+Contract (``split`` through :func:`~placer.transform.base.apply_transform`,
+:func:`split_transform`): with part ``k`` taking rows ``[lo_k, hi_k)`` of
+the extent ``B``, ``sum_k (hi_k - lo_k) / B = 1``, so the parts' times on
+every device sum to the operation's, and their outputs and workspaces (cut
+into whole bytes ``total * hi_k // B - total * lo_k // B``, which telescope
+to ``total``) sum to its; parameters are whole in every part of a batch split
+and shared in a channel split. The split and concat nodes are what the
+transform adds; every other node is unchanged.
+
 References
 ----------
 Yi et al., FastT, CoNEXT 2020, Section 5.2 and Algorithm 2 (SplitOperation).
@@ -48,10 +57,13 @@ from typing import Any
 
 import numpy as np
 
+from ..cluster import Cluster
 from ..errors import OptionError
 from ..graph import OpGraph
+from .base import SHARE_OR_WHOLE, SUM, Ensures, NodeMap, TransformResult, register_transform
 
-__all__ = ["split_operation", "batch_dependent", "batch_samples", "split_dims", "original_ids", "part_rows", "fresh_id"]
+__all__ = ["split_operation", "batch_dependent", "batch_samples", "split_dims", "original_ids", "part_rows", "fresh_id",
+           "split_transform"]
 
 #: The dimension names this transform knows how to split.
 SUPPORTED_DIMS = ("batch", "channel")
@@ -65,6 +77,13 @@ def batch_dependent(graph: OpGraph) -> np.ndarray:
     batch split (a hand-written graph's source may hold parameters and the
     batch). Parameters, optimizer state and constants are not batch-dependent,
     nor is what derives from them alone.
+
+    Examples
+    --------
+    >>> g = OpGraph(["x", "w", "mm", "w.t"], [0.0, 0.0, 1.0, 1.0], [0, 1, 1], [2, 2, 3], [8, 8, 8],
+    ...             op=["placeholder", "placeholder", "aten.mm", "aten.t"], param_bytes=[0, 8, 0, 0])
+    >>> batch_dependent(g).tolist()
+    [True, False, True, False]
     """
     n = graph.num_nodes
     indegree = np.bincount(graph.dst, minlength=n)
@@ -87,7 +106,14 @@ def batch_samples(graph: OpGraph) -> int | None:
     """The samples in the step's batch: the ``batch_size`` a capture records, else (a graph without it)
     the smallest ``batch`` extent any node's ``splittable`` declares, which may be a multiple of it
     (a capture declares the rows of a matrix operation's first operand: batch x heads for attention's
-    ``bmm``); None where neither says (a generated graph)."""
+    ``bmm``); None where neither says (a generated graph).
+
+    Examples
+    --------
+    >>> g = OpGraph(["x", "bmm"], [0.0, 1.0], [0], [1], [8], splittable=[None, [{"dim": "batch", "size": 48}]])
+    >>> batch_samples(g), batch_samples(g.replace(extra={"batch_size": 4})), batch_samples(g.replace(splittable=None))
+    (48, 4, None)
+    """
     if graph.extra.get("batch_size") is not None:
         return int(graph.extra["batch_size"])
     sizes = [int(item["size"]) for entries in graph.splittable if entries
@@ -96,7 +122,15 @@ def batch_samples(graph: OpGraph) -> int | None:
 
 
 def split_dims(graph: OpGraph, node: int) -> dict[str, int]:
-    """The dimensions this transform can split ``node`` along, with their extents (>= 2)."""
+    """The dimensions this transform can split ``node`` along, with their extents (>= 2).
+
+    Examples
+    --------
+    >>> g = OpGraph(["conv"], [1.0], [], [], [], splittable=[[{"dim": "batch", "size": 8},
+    ...                                                        {"dim": "channel", "size": 1}, {"dim": "seq", "size": 4}]])
+    >>> split_dims(g, 0)
+    {'batch': 8}
+    """
     return {item["dim"]: int(item["size"]) for item in graph.splittable[node] or []
             if item.get("dim") in SUPPORTED_DIMS and int(item.get("size", 0)) >= 2}
 
@@ -126,7 +160,15 @@ def _copy_time(graph: OpGraph, node: int, nbytes: float) -> tuple[float, dict[st
 
 
 def original_ids(graph: OpGraph) -> list[str]:
-    """For every node of a rewritten graph, the id of the original node it comes from."""
+    """For every node of a rewritten graph, the id of the original node it comes from (by ``split_of``).
+
+    Examples
+    --------
+    >>> g = OpGraph(["x", "conv"], [0.0, 4.0], [0], [1], [64], op=["placeholder", "aten.convolution"],
+    ...             splittable=[None, [{"dim": "batch", "size": 8}]])
+    >>> original_ids(split_operation(g, "conv", "batch", 2))
+    ['x', 'conv', 'conv', 'conv']
+    """
     return [extra.get("split_of", node_id) for node_id, extra in zip(graph.ids, graph.node_extra)]
 
 
@@ -324,3 +366,66 @@ def _rebuild(graph: OpGraph, removed: int, new_nodes: list[dict], new_edges: lis
     edge_extra = [graph.edge_extra[e] for e in kept.tolist()] + [{} for _ in new_edges]
     return OpGraph(ids, src=src, dst=dst, edge_bytes=nbytes, edge_tensor=tensor, edge_extra=edge_extra,
                    name=graph.name, extra=graph.extra, **fields)
+
+
+def _split_trials(graph: OpGraph) -> list[dict]:
+    """The first operation splittable along each dimension, in up to 3 parts."""
+    trials = []
+    for dim in SUPPORTED_DIMS:
+        node = next((i for i in range(graph.num_nodes) if dim in split_dims(graph, i)), None)
+        if node is not None:
+            trials.append({"node": graph.ids[node], "dim": dim, "parts": min(3, split_dims(graph, node)[dim])})
+    return trials
+
+
+@register_transform(
+    "split", trials=_split_trials,
+    requires="node names an operation whose splittable entry lists dim (batch or channel) with an extent of at "
+             "least parts >= 2.",
+    ensures=Ensures(compute=SUM, output_bytes=SUM, param_bytes=SHARE_OR_WHOLE, temp_bytes=SUM, transfers=None,
+                    note="The parts share the operation's time, output and workspace by their rows; along the "
+                         "batch each part holds the whole parameters, along the channels its own. Added: a split "
+                         "node per sliced input (no cost: a slice is a view) and a concat node per output tensor "
+                         "(one copy of it). A sliced input goes once to its split node and in slices to the parts; "
+                         "any other input goes whole to every part."))
+def split_transform(graph: OpGraph, cluster: Cluster | None, *, node: str, dim: str, parts: int) -> TransformResult:
+    """FastT's SplitOperation (:func:`split_operation`): the parts, split and concat nodes stand for ``node``.
+
+    Part ``k`` of ``n`` takes rows ``[lo_k, hi_k)`` of the extent ``B``
+    (:func:`part_rows`), so ``sum_k (hi_k - lo_k) / B = 1``: the parts' times
+    (on every device) sum to the operation's, and their outputs and
+    workspaces, cut into whole bytes that add up, to its. Every other node is
+    itself. The split and concat nodes are added (``added``); part ``k`` is
+    copy ``k``, and only part 0 keeps the operation's colocation group.
+
+    Examples
+    --------
+    >>> g = OpGraph(["x", "conv", "y"], [0.0, 4.0, 1.0], [0, 1], [1, 2], [64, 32],
+    ...             op=["placeholder", "aten.convolution", "aten.relu"], output_bytes=[64, 32, 32],
+    ...             splittable=[None, [{"dim": "batch", "size": 8}], None])
+    >>> r = split_transform(g, None, node="conv", dim="batch", parts=2)
+    >>> r.graph.ids
+    ['x', 'conv@split0', 'conv@part0', 'conv@part1', 'conv@concat0', 'y']
+    >>> r.image[1].tolist(), r.added.tolist(), r.copy.tolist()
+    ([1, 2, 3, 4], [False, True, False, False, True, False], [0, 0, 0, 1, 0, 0])
+    """
+    if not isinstance(node, str):
+        raise OptionError(f"option node of transform 'split' must be a node id, got {node!r}")
+    if not isinstance(dim, str):
+        raise OptionError(f"option dim of transform 'split' must be one of {', '.join(SUPPORTED_DIMS)}, got {dim!r}")
+    if isinstance(parts, bool) or not isinstance(parts, (int, np.integer)):
+        raise OptionError(f"option parts of transform 'split' must be an integer, got {parts!r}")
+    new = split_operation(graph, node, dim, int(parts))
+    x = graph.index[node]
+    n_new = new.num_nodes - graph.num_nodes + 1        # the nodes that took x's place in the listing order
+    # Each new node's original, by id (the new ids are fresh); each original's new nodes, by position.
+    origin = NodeMap.function([graph.index.get(new_id, x) for new_id in new.ids], graph.num_nodes)
+    shift = np.arange(graph.num_nodes) + np.where(np.arange(graph.num_nodes) > x, n_new - 1, 0)
+    image = NodeMap.from_groups([range(x, x + n_new) if u == x else [int(shift[u])]
+                                 for u in range(graph.num_nodes)], new.num_nodes)
+    rewritten = [extra.get("split_of") == node and u in range(x, x + n_new) for u, extra in enumerate(new.node_extra)]
+    added = np.array([r and new.node_extra[u].get("role") in ("split", "concat") for u, r in enumerate(rewritten)],
+                     dtype=bool)
+    copy = np.array([int(new.node_extra[u].get("part", 0)) if r else 0 for u, r in enumerate(rewritten)],
+                    dtype=np.int64)
+    return TransformResult(new, graph, origin, image, added, copy)
