@@ -8,9 +8,12 @@ from __future__ import annotations
 
 import numpy as np
 
+from .cluster import Channel, Cluster, Device, load_cluster
 from .graph import OpGraph
 
-__all__ = ["training_graph", "random_dag"]
+__all__ = ["training_graph", "random_dag", "contract_cases", "with_device_kinds"]
+
+GiB = 1 << 30
 
 MiB = 1 << 20
 
@@ -149,3 +152,48 @@ def random_dag(n: int, *, edge_prob: float = 0.2, max_parents: int = 4, seed: in
                    output_bytes=rng.integers(0, max_bytes, n), param_bytes=rng.integers(0, max_bytes, n),
                    temp_bytes=rng.integers(0, max_bytes // 4 + 1, n), colocation=coloc,
                    name=name or f"random-{n}-seed{seed}")
+
+
+def _mixed_cluster() -> Cluster:
+    """Two V100s and a slower A100-kind device on a shared PCIe-like channel per source."""
+    devices = [Device("v0", "V100", 16 * GiB), Device("v1", "V100", 16 * GiB), Device("a0", "A100", 40 * GiB, 1.3)]
+    names = [d.name for d in devices]
+    channels = [Channel(f"{a}->*", 12e9, 1e-5, tuple((a, b) for b in names if b != a)) for a in names]
+    return Cluster("mixed-3", devices, channels)
+
+
+def with_device_kinds(graph: OpGraph) -> OpGraph:
+    """Every fifth node may only run on V100s."""
+    kinds = [("V100",) if i % 5 == 0 else None for i in range(graph.num_nodes)]
+    return graph.replace(device_kinds=kinds)
+
+
+def _with_parallel_edges(graph: OpGraph) -> OpGraph:
+    """Every third edge doubled with a second output tensor, as captured ops that read two outputs of one op."""
+    twin = np.arange(0, graph.num_edges, 3)
+    return graph.replace(src=np.concatenate([graph.src, graph.src[twin]]),
+                         dst=np.concatenate([graph.dst, graph.dst[twin]]),
+                         edge_bytes=np.concatenate([graph.edge_bytes, graph.edge_bytes[twin]]),
+                         edge_tensor=np.concatenate([graph.edge_tensor, graph.edge_tensor[twin] + 1]),
+                         edge_extra=None)
+
+
+def contract_cases() -> list[tuple[str, OpGraph, Cluster]]:
+    """Small problems every algorithm must solve validly: (label, graph, cluster)."""
+    return [
+        ("training-nvlink", training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink")),
+        ("random-pcie", random_dag(30, edge_prob=0.5, colocation_groups=3, seed=2, max_bytes=8 << 20),
+         load_cluster("4xGPU-pcie")),
+        ("kinds-mixed", with_device_kinds(training_graph(layers=2, branches=3, seed=3)), _mixed_cluster()),
+        ("two-hosts", training_graph(layers=4, branches=2, seed=4), load_cluster("2x4xV100")),
+        ("parallel-edges", _with_parallel_edges(training_graph(layers=2, branches=2, seed=5)),
+         load_cluster("4xV100-nvlink")),
+        ("empty", OpGraph([], [], [], [], [], name="empty"), load_cluster("2xV100-nvlink")),
+        ("free", _free(training_graph(layers=2, branches=2, seed=6)), load_cluster("4xGPU-pcie")),
+    ]
+
+
+def _free(graph: OpGraph) -> OpGraph:
+    """No compute and no bytes on any edge: every ratio of times or of bytes is 0 / 0."""
+    return graph.replace(compute_s=np.zeros(graph.num_nodes), edge_bytes=np.zeros(graph.num_edges, dtype=np.int64),
+                         compute_s_by_kind=None)

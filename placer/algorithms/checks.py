@@ -27,7 +27,7 @@ import numpy as np
 
 from ..cluster import Channel, Cluster, Device, load_cluster
 from ..errors import InfeasibleError, InvalidPlanError, OptionError
-from ..generate import random_dag, training_graph
+from ..generate import contract_cases, random_dag, training_graph, with_device_kinds
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import simulate, simulate_plan
@@ -41,51 +41,6 @@ __all__ = ["CHECKS", "check_algorithm", "contract_cases", "random_cases", "check
 
 GiB = 1 << 30
 CHECK_TIME_LIMIT = 10.0
-
-
-def _mixed_cluster() -> Cluster:
-    """Two V100s and a slower A100-kind device on a shared PCIe-like channel per source."""
-    devices = [Device("v0", "V100", 16 * GiB), Device("v1", "V100", 16 * GiB), Device("a0", "A100", 40 * GiB, 1.3)]
-    names = [d.name for d in devices]
-    channels = [Channel(f"{a}->*", 12e9, 1e-5, tuple((a, b) for b in names if b != a)) for a in names]
-    return Cluster("mixed-3", devices, channels)
-
-
-def _with_kinds(graph: OpGraph) -> OpGraph:
-    """Every fifth node may only run on V100s."""
-    kinds = [("V100",) if i % 5 == 0 else None for i in range(graph.num_nodes)]
-    return graph.replace(device_kinds=kinds)
-
-
-def _with_parallel_edges(graph: OpGraph) -> OpGraph:
-    """Every third edge doubled with a second output tensor, as captured ops that read two outputs of one op."""
-    twin = np.arange(0, graph.num_edges, 3)
-    return graph.replace(src=np.concatenate([graph.src, graph.src[twin]]),
-                         dst=np.concatenate([graph.dst, graph.dst[twin]]),
-                         edge_bytes=np.concatenate([graph.edge_bytes, graph.edge_bytes[twin]]),
-                         edge_tensor=np.concatenate([graph.edge_tensor, graph.edge_tensor[twin] + 1]),
-                         edge_extra=None)
-
-
-def contract_cases() -> list[tuple[str, OpGraph, Cluster]]:
-    """Small problems every algorithm must solve validly: (label, graph, cluster)."""
-    return [
-        ("training-nvlink", training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink")),
-        ("random-pcie", random_dag(30, edge_prob=0.5, colocation_groups=3, seed=2, max_bytes=8 << 20),
-         load_cluster("4xGPU-pcie")),
-        ("kinds-mixed", _with_kinds(training_graph(layers=2, branches=3, seed=3)), _mixed_cluster()),
-        ("two-hosts", training_graph(layers=4, branches=2, seed=4), load_cluster("2x4xV100")),
-        ("parallel-edges", _with_parallel_edges(training_graph(layers=2, branches=2, seed=5)),
-         load_cluster("4xV100-nvlink")),
-        ("empty", OpGraph([], [], [], [], [], name="empty"), load_cluster("2xV100-nvlink")),
-        ("free", _free(training_graph(layers=2, branches=2, seed=6)), load_cluster("4xGPU-pcie")),
-    ]
-
-
-def _free(graph: OpGraph) -> OpGraph:
-    """No compute and no bytes on any edge: every ratio of times or of bytes is 0 / 0."""
-    return graph.replace(compute_s=np.zeros(graph.num_nodes), edge_bytes=np.zeros(graph.num_edges, dtype=np.int64),
-                         compute_s_by_kind=None)
 
 
 def _check_plan(plan: Plan, graph: OpGraph, cluster: Cluster, label: str) -> None:
@@ -169,7 +124,7 @@ def check_random_cases(name: str, **options) -> None:
 def _line_case() -> tuple[OpGraph, Cluster]:
     """A random DAG with kinds and colocation over an A100 and two V100s in a line (channels both ways between
     neighbours only: a0 cannot send to v1), each holding 60% of a one-device run: the step needs two devices."""
-    graph = _with_kinds(random_dag(40, edge_prob=0.15, colocation_groups=3, seed=8, max_bytes=8 << 20))
+    graph = with_device_kinds(random_dag(40, edge_prob=0.15, colocation_groups=3, seed=8, max_bytes=8 << 20))
     memory = int(0.6 * simulate(graph, Cluster("one", [Device("one", "V100", 1 << 50)], []),
                                 np.zeros(graph.num_nodes, dtype=np.int64)).peak_memory_bytes[0])
     devices = [Device("a0", "A100", memory, 1.3), Device("v0", "V100", memory), Device("v1", "V100", memory)]

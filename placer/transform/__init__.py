@@ -6,6 +6,7 @@ nodes and the original's, and states which costs and memory it conserves. :mod:`
 checks every registered transform against that statement.
 """
 
+from . import coarsen, colocate, fusion, merge, replicate, split  # noqa: F401  (they register their transforms)
 from .base import (Ensures, NodeMap, Transform, TransformResult, apply_transform, available_transforms,
                    get_transform, register_transform)
 

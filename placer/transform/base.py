@@ -392,11 +392,6 @@ def _unregister(name: str) -> None:
     _TRANSFORMS.pop(name, None)
 
 
-def _load() -> None:
-    """Import the modules that register transforms."""
-    from . import coarsen, colocate, fusion, merge, replicate, split  # noqa: F401
-
-
 def available_transforms() -> list[str]:
     """Names of the registered transforms, sorted.
 
@@ -405,13 +400,11 @@ def available_transforms() -> list[str]:
     >>> available_transforms()
     ['coarsen', 'colocate_layers', 'colocate_sole_consumers', 'contract', 'fuse', 'merge', 'replicate', 'split']
     """
-    _load()
     return sorted(_TRANSFORMS)
 
 
 def get_transform(name: str) -> Transform:
     """The transform registered as ``name``; OptionError listing the names otherwise."""
-    _load()
     try:
         return _TRANSFORMS[name]
     except KeyError:

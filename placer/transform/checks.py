@@ -38,10 +38,9 @@ import numpy as np
 from scipy.sparse import coo_matrix
 from scipy.sparse.csgraph import connected_components
 
-from ..algorithms.checks import contract_cases
 from ..cluster import Cluster, load_cluster
 from ..errors import OptionError
-from ..generate import training_graph
+from ..generate import contract_cases, training_graph
 from ..graph import OpGraph
 from .base import CUT, MAX, REQUIRED, SAME, SHARE_OR_WHOLE, SUM, Transform, TransformResult, get_transform
 
