@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import warnings
+import weakref
 from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 import numpy as np
@@ -97,6 +98,18 @@ class Plan:
         self.extra = dict(extra or {})
         #: What the plan was made from (graph, cluster, captured model), when placer.plan() made it; not saved.
         self.context: dict[str, Any] = {}
+        #: The graph whose transforms made ``rewritten_graph`` here (from_arrays), and the rewritten graph
+        #: last rebuilt from a graph, each by weak reference: neither is saved, copied or pickled.
+        self._rewritten_of: weakref.ref | None = None
+        self._rebuilt: tuple[weakref.ref, OpGraph] | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_rewritten_of"] = state["_rebuilt"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({"_rewritten_of": None, "_rebuilt": None, **state})
 
     def __repr__(self) -> str:
         span = self.predicted.get("makespan_s")
@@ -121,25 +134,42 @@ class Plan:
         order_doc = None
         if order is not None:
             order_doc = {names[j]: [ids[i] for i in np.asarray(seq).tolist()] for j, seq in enumerate(order)}
-        return cls(placement, order_doc, graph_name=graph.name, cluster_name=cluster.name,
+        plan = cls(placement, order_doc, graph_name=graph.name, cluster_name=cluster.name,
                    algorithm=algorithm, splits=splits,
                    rewritten_graph=placed_graph, graph_digest=graph.digest(),
                    cluster_digest=cluster.digest(), **kwargs)
+        if placed_graph is not None:
+            plan._rewritten_of = weakref.ref(graph)     # made here by the transforms: no rebuild for this graph
+        return plan
 
     def target_graph(self, graph: OpGraph) -> OpGraph:
-        """The graph this plan places: its rewritten graph if it has one, else ``graph`` with the plan's
-        splits made (FORMATS.md: the placement then maps the rewritten graph's nodes).
+        """The graph this plan places: what its transforms make of ``graph`` (FORMATS.md: the placement then
+        maps the rewritten graph's nodes), ``graph`` itself where it has none.
+
+        The transforms are the data-parallel step its rewritten graph records, then its splits in order.
+        A rewritten graph read from a file is made again from ``graph`` and must have the same nodes and
+        edges; the graph made again, with ``graph``'s costs, is the one placed, as a plan without a
+        rewritten graph is simulated on the costs of the graph it is given.
 
         Raises
         ------
         InvalidPlanError
             A split the graph cannot make (an unknown node, a dimension it may not be split along,
-            parts out of range).
+            parts out of range), or a rewritten graph that is not what the transforms make of ``graph``
+            (edited, cut, or of another graph).
         """
-        if self.rewritten_graph is not None:
+        if self.rewritten_graph is None:
+            return self._split(graph)
+        if self._rewritten_of is not None and self._rewritten_of() is graph:
             return self.rewritten_graph
-        if not self.splits:
-            return graph
+        if self._rebuilt is not None and self._rebuilt[0]() is graph:
+            return self._rebuilt[1]
+        rebuilt = self._rebuild(graph)
+        self._rebuilt = (weakref.ref(graph), rebuilt)
+        return rebuilt
+
+    def _split(self, graph: OpGraph) -> OpGraph:
+        """``graph`` with the plan's splits made, in order."""
         from .transform.split import split_operation
 
         rewritten = graph
@@ -154,6 +184,36 @@ class Plan:
             except OptionError as exc:
                 raise InvalidPlanError(f"splits[{k}]: {exc}") from None
         return rewritten
+
+    def _rebuild(self, graph: OpGraph) -> OpGraph:
+        """What the transforms the rewritten graph records make of ``graph``; InvalidPlanError unless it has the
+        rewritten graph's nodes, edges and data-parallel settings."""
+        from .transform.replicate import BUCKET_BYTES, data_parallel_graph
+
+        kept = self.rewritten_graph
+        info = kept.extra.get("data_parallel")
+        base, made = graph, "its splits"
+        if info is not None and info != graph.extra.get("data_parallel"):
+            try:
+                collective = next((extra["allreduce"]["collective"] for extra in kept.node_extra
+                                   if isinstance(extra, dict) and isinstance(extra.get("allreduce"), dict)), "ring")
+                bucket_bytes = int(info.get("bucket_bytes") or BUCKET_BYTES)
+                base = data_parallel_graph(graph, int(info["replicas"]), bucket_bytes=bucket_bytes,
+                                           shard_optimizer=bool(info["sharded_optimizer"]), collective=collective,
+                                           hosts=info.get("hosts"),
+                                           first_bucket_bytes=int(info.get("first_bucket_bytes") or bucket_bytes)).graph
+            except (KeyError, TypeError, ValueError, AttributeError, OptionError) as exc:
+                raise InvalidPlanError(f"the plan's rewritten graph records a data-parallel step placer cannot make "
+                                       f"of graph {graph.name!r} ({type(exc).__name__}: {exc}); plan again") from None
+            made = "its data-parallel step and splits"
+        rebuilt = self._split(base)
+        settings = rebuilt.extra.get("data_parallel") or {}
+        if rebuilt.digest() != kept.digest() or any(settings.get(k) != v for k, v in (info or {}).items()):
+            raise InvalidPlanError(
+                f"the plan's rewritten graph ({kept.num_nodes} nodes, {kept.num_edges} edges) is not what {made} "
+                f"make of graph {graph.name!r} ({rebuilt.num_nodes} nodes, {rebuilt.num_edges} edges): the plan was "
+                f"edited, or made for another graph; plan again")
+        return rebuilt
 
     @property
     def rewrites_graph(self) -> bool:
