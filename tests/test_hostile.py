@@ -79,7 +79,7 @@ def test_1_an_output_that_is_a_special_file_is_refused_not_replaced(tmp_path, ca
     target = tmp_path / "out"
     made = _fifo(target) if kind == "fifo" else _socket(target)
     try:
-        status, out, err = run(capsys, "plan", graph_file, "--cluster", "2xcpu", "--algorithm", "m_etf", "-o", target)
+        status, _, err = run(capsys, "plan", graph_file, "--cluster", "2xcpu", "--algorithm", "m_etf", "-o", target)
         mode = os.stat(target).st_mode
     finally:
         if kind == "socket":
