@@ -13,6 +13,7 @@ splits without its rewritten graph is bound by
 from __future__ import annotations
 
 import os
+import weakref
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -97,6 +98,18 @@ class Plan:
         self.extra = dict(extra or {})
         #: What the plan was made from (graph, cluster, captured model), when placer.plan() made it; not saved.
         self.context: dict[str, Any] = {}
+        #: The graph whose transforms made ``rewritten_graph`` here (from_arrays), and the rewritten graph
+        #: last rebuilt from a graph, each by weak reference: neither is saved, copied or pickled.
+        self._rewritten_of: weakref.ref | None = None
+        self._rebuilt: tuple[weakref.ref, OpGraph] | None = None
+
+    def __getstate__(self) -> dict:
+        state = dict(self.__dict__)
+        state["_rewritten_of"] = state["_rebuilt"] = None
+        return state
+
+    def __setstate__(self, state: dict) -> None:
+        self.__dict__.update({"_rewritten_of": None, "_rebuilt": None, **state})
 
     def __repr__(self) -> str:
         span = self.predicted.get("makespan_s")
@@ -121,10 +134,26 @@ class Plan:
         order_doc = None
         if order is not None:
             order_doc = {names[j]: [ids[i] for i in np.asarray(seq).tolist()] for j, seq in enumerate(order)}
-        return cls(placement, order_doc, graph_name=graph.name, cluster_name=cluster.name,
+        plan = cls(placement, order_doc, graph_name=graph.name, cluster_name=cluster.name,
                    algorithm=algorithm, splits=splits,
                    rewritten_graph=placed_graph, graph_digest=graph.digest(),
                    cluster_digest=cluster.digest(), **kwargs)
+        if placed_graph is not None:
+            plan._rewritten_of = weakref.ref(graph)     # made here by the transforms: no rebuild for this graph
+        return plan
+
+    def rebuilt_for(self, graph: OpGraph) -> OpGraph | None:
+        """The graph the plan's transforms made of ``graph`` when it was last checked, or its own rewritten
+        graph where it was made here from ``graph`` (:meth:`from_arrays`); None where neither is known."""
+        if self._rewritten_of is not None and self._rewritten_of() is graph:
+            return self.rewritten_graph
+        if self._rebuilt is not None and self._rebuilt[0]() is graph:
+            return self._rebuilt[1]
+        return None
+
+    def remember_rebuilt(self, graph: OpGraph, rebuilt: OpGraph) -> None:
+        """Keep ``rebuilt``, what the plan's transforms make of ``graph``, while ``graph`` lives."""
+        self._rebuilt = (weakref.ref(graph), rebuilt)
 
     @property
     def rewrites_graph(self) -> bool:
@@ -173,7 +202,7 @@ class Plan:
         self.check_made_for(graph)
         if self.rewritten_graph is not None:
             _check_splits_made(self.splits, self.rewritten_graph)
-        made_here = target is not None and target is not self.rewritten_graph
+        made_here = target is not None and self.rewritten_graph is None
         if target is None:
             if self.splits and self.rewritten_graph is None:
                 raise InvalidPlanError("the plan lists splits but carries no rewritten graph: bind it with "

@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parents[1] / "placer"
 
 #: Bottom-up; a module may import its own layer and the ones below it.
 LAYERS = (
-    ("base", ("placer.errors", "placer.io", "placer.gcpause", "placer.terminate")),
+    ("base", ("placer.errors", "placer.io", "placer.show", "placer.gcpause", "placer.terminate")),
     ("records", ("placer.graph", "placer.paths", "placer.cluster", "placer.plan", "placer.generate")),
     ("cost", ("placer.cost",)),
     ("capture", ("placer.capture",)),

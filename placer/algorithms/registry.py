@@ -26,6 +26,7 @@ from ..cluster import Cluster
 from ..errors import InfeasibleError, InvalidPlanError, OptionError, TimeLimitError
 from ..feasibility import diagnose
 from ..graph import OpGraph
+from ..io import shown
 from ..plan import Plan
 from .timebox import TimeBox
 from ..sim.bounds import lower_bound
@@ -111,17 +112,32 @@ def failure_message(name: str, exc: Exception) -> str:
     return message if named else f"{name}: {message}"
 
 
+#: The longest time limit an algorithm takes, in seconds (about 11.6 days): a longer one would overflow
+#: the timers that hold it (the alarm of placer.algorithms.timebox).
+MAX_TIME_LIMIT = 1e6
+#: The largest seed: the solvers the algorithms hand it to hold a seed in 32 bits (OR-Tools'
+#: ``random_seed``, METIS's ``seed``), and every algorithm takes the same seeds.
+MAX_SEED = 2**31 - 1
+
+
 def check_time_limit(value: Any, option: str = "time_limit") -> None:
-    """Refuse a time limit that is not a positive number of seconds (None: none), naming ``option``."""
+    """Refuse a time limit that is not a positive number of seconds up to :data:`MAX_TIME_LIMIT` (None: none),
+    naming ``option``."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
                               or not math.isfinite(value) or value <= 0):
         raise OptionError(f"option {option} must be a positive number of seconds, got {_number(value)}")
+    if value is not None and value > MAX_TIME_LIMIT:
+        raise OptionError(f"option {option} must be at most {MAX_TIME_LIMIT:,.0f} seconds (about 11.6 days), "
+                          f"got {_number(value)}")
 
 
 def check_seed(value: Any, option: str = "seed") -> None:
-    """Refuse a seed that is not a non-negative integer, naming ``option``."""
+    """Refuse a seed that is not an integer from 0 to :data:`MAX_SEED`, naming ``option``."""
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise OptionError(f"option {option} must be a non-negative integer, got {_number(value)}")
+    if value > MAX_SEED:
+        raise OptionError(f"option {option} must be at most {MAX_SEED} (2**31 - 1: the solvers hold a seed in "
+                          f"32 bits), got {shown(value)}")
 
 
 def _number(value: Any) -> str:

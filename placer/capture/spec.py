@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from ..errors import FormatError, OptionError
+from ..io import note_input, shown
 from .optim import optimizer_spec
 
 __all__ = ["load_model", "capture_spec", "parse_spec", "spec_label"]
@@ -115,8 +116,12 @@ def _file_factory(path: str, factory: str) -> tuple[Callable[[int], Any], str]:
     folder = str(file.resolve().parent)
     sys.path.insert(0, folder)
     sys.modules[module_name] = module
+    note_input(file)        # an input of the command: no output of it may replace the model's source
     try:
         module_spec.loader.exec_module(module)
+    except SystemExit as exc:       # the file's sys.exit() is not placer's exit status
+        sys.modules.pop(module_name, None)
+        raise FormatError(f"model file {path}: importing it exited ({_exit_call(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - any error of the user's file is reported as such
         sys.modules.pop(module_name, None)
         raise FormatError(f"model file {path}: importing it raised {type(exc).__name__}: {exc}") from exc
@@ -130,6 +135,11 @@ def _file_factory(path: str, factory: str) -> tuple[Callable[[int], Any], str]:
         what = "has no" if function is None else "has a non-callable"
         raise FormatError(f"model file {path} {what} factory {factory!r}; its functions: {', '.join(names) or 'none'}")
     return function, f"factory {factory!r} of {path}"
+
+
+def _exit_call(exc: SystemExit) -> str:
+    """The call that raised ``exc``, for a message: ``sys.exit(3)``, ``sys.exit()``, ``sys.exit('why')``."""
+    return "sys.exit()" if exc.code is None else f"sys.exit({shown(exc.code)})"
 
 
 def load_model(spec: str, batch: int, *, meta: bool = False) -> tuple[nn.Module, tuple]:
@@ -154,7 +164,7 @@ def load_model(spec: str, batch: int, *, meta: bool = False) -> tuple[nn.Module,
         Malformed spec, unknown zoo model (the message lists the zoo) or size option,
         batch not a positive integer.
     FormatError
-        Missing file or factory, a file or factory that raises (named, with its
+        Missing file or factory, a file or factory that raises or calls sys.exit (named, with its
         error), or a factory that does not return ``(model, inputs)``.
 
     Examples
@@ -173,6 +183,8 @@ def load_model(spec: str, batch: int, *, meta: bool = False) -> tuple[nn.Module,
             result = factory(batch)
     except (FormatError, OptionError):
         raise
+    except SystemExit as exc:       # the factory's sys.exit() is not placer's exit status
+        raise FormatError(f"{label} exited ({_exit_call(exc)}) instead of returning (model, inputs)") from None
     except Exception as exc:  # noqa: BLE001 - the user's factory failed; say which and why
         raise FormatError(f"{label} raised {type(exc).__name__}: {exc}") from exc
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], nn.Module)):

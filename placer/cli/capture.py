@@ -11,8 +11,9 @@ __all__ = ["add_commands", "add_optimizer_option", "add_optimizer_settings", "op
 def cmd_capture(args: argparse.Namespace) -> int:
     from ..io import check_output
     from ..report.tables import working
+    from ..show import terminal
 
-    check_output(args.output, "graph file")     # before the capture
+    check_output(args.output, "graph file", inputs=[args.spec])     # before the capture
     optimizer_settings(args)
     with working(f"capturing one training step of {args.spec} at batch {args.batch} "
                  f"({args.optimizer}{', meta device' if args.fake else ''})..."):
@@ -22,7 +23,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
                             fake=True if args.fake else None, name=args.name, settings=optimizer_settings(args))
     graph = step.graph
     graph.save(args.output)
-    print(f"{graph.name}: {graph.num_nodes} nodes, {graph.num_edges} edges, "
+    print(f"{terminal(graph.name)}: {graph.num_nodes} nodes, {graph.num_edges} edges, "
           f"{graph.flops.sum() / 1e9:.4g} GFLOP, state {graph.param_bytes.sum() / 2**20:.1f} MiB, "
           f"op outputs {graph.output_bytes.sum() / 2**20:.1f} MiB in all, "
           f"{graph.compute_s.sum() * 1e3:.3f} ms on one V100 (roofline), "

@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 from ..errors import OptionError, PlacerError
+from ..show import terminal
 
 __all__ = ["cluster_for_plan", "naming_plan"]
 
@@ -20,7 +21,7 @@ def cluster_for_plan(plan, path: str, cluster=None, spec: str | None = None):
         if plan.cluster_digest and cluster.digest() != plan.cluster_digest:
             # Not an error: a plan may be simulated on other clusters on purpose.
             print(f"placer: note: plan {path} was made for cluster {plan.cluster_name!r}, whose figures differ "
-                  f"from those of --cluster {spec or cluster.name}", file=sys.stderr)
+                  f"from those of --cluster {spec or terminal(cluster.name)}", file=sys.stderr)
         return cluster
     name = plan.cluster_name
     if not name:

@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..errors import ClusterMismatchWarning, InvalidPlanError, OptionError, PlacerError
-from ..io import check_output
+from ..io import check_output, command_scope
+from ..show import one_line
+from ..terminate import interrupted, interrupts_recorded, raise_if_interrupted
 from .common import cluster_for_plan, naming_plan
 
 if TYPE_CHECKING:
@@ -275,7 +277,7 @@ def cmd_validate(args: argparse.Namespace) -> int:
         except PlacerError as exc:
             if args.debug:
                 raise
-            print(f"placer: error: {exc}", file=sys.stderr)
+            print(f"placer: error: {one_line(exc)}", file=sys.stderr)
             failed += 1
     return 2 if failed else 0
 
@@ -426,23 +428,38 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # One command: the files it reads are inputs no output of it replaces (placer.io), and Ctrl-C ends it
+    # with status 130 even where a library caught the KeyboardInterrupt (placer.terminate).
+    with interrupts_recorded(), command_scope():
+        return _main(argv)
+
+
+def _main(argv: Sequence[str] | None) -> int:
     args = None
     try:
         # Inside the try: the command modules import torch, a second or two in which Ctrl-C may come.
         args = build_parser().parse_args(argv)
-        return args.func(args)
+        status = args.func(args)
+        raise_if_interrupted()
+        return status
     except PlacerError as exc:
+        if interrupted():           # the error is what the interruption left: say that
+            return _interrupted()
         if getattr(args, "debug", False):
             raise
-        print(f"placer: error: {exc}", file=sys.stderr)
+        print(f"placer: error: {one_line(exc)}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
-        print("placer: interrupted", file=sys.stderr)
-        return 130
+        return _interrupted()
     except BrokenPipeError:
         # The reader left (`placer clusters | head`): stop quietly, and let no flush at exit raise again.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
+
+
+def _interrupted() -> int:
+    print("placer: interrupted", file=sys.stderr)
+    return 130
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ from ..errors import OptionError
 from ..io import check_output
 from ..report.tables import working
 from ..cost.analytic import DEVICE_SPECS, PRESET_REFERENCE, annotate
+from ..show import terminal
 
 if TYPE_CHECKING:
     from ..graph import OpGraph
@@ -69,9 +70,9 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _positive(args.repeats, "--repeats")
     device_kind_of(args.device)  # refuse a bad device before capturing
     settings = optimizer_settings(args)
-    check_output(args.output, "profile file")
+    check_output(args.output, "profile file", inputs=[args.spec])
     if args.graph_output:
-        check_output(args.graph_output, "graph file")
+        check_output(args.graph_output, "graph file", inputs=[args.spec])
     with working(f"capturing {args.spec} at batch {args.batch}, then timing every operation on {args.device} "
                  f"({args.repeats} runs each) ...", measuring=True):
         step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, lr=args.lr, settings=settings, fake=False)
@@ -79,8 +80,8 @@ def cmd_profile(args: argparse.Namespace) -> int:
         profile = profile_step(step, model, inputs, device=args.device, repeats=args.repeats,
                                gpu_timing=args.gpu_timing)
     profile.save(args.output)
-    line = (f"{step.graph.name}: {len(profile.node_seconds)} nodes timed on {profile.meta['device_name']} "
-            f"({profile.device_kind}), sum {profile.total_s * 1e3:.3f} ms")
+    line = (f"{terminal(step.graph.name)}: {len(profile.node_seconds)} nodes timed on "
+            f"{terminal(profile.meta['device_name'])} ({terminal(profile.device_kind)}), sum {profile.total_s * 1e3:.3f} ms")
     if profile.device_kind in DEVICE_SPECS:
         predicted = annotate(step.graph, reference=profile.device_kind, kinds=()).compute_s.sum()
         line += f"; analytic model {predicted * 1e3:.3f} ms"
@@ -106,9 +107,9 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     _positive(args.repeats, "--repeats")
     if not args.timeout > 0:
         raise OptionError(f"option '--timeout' must be > 0, got {args.timeout}")
-    check_output(args.output, "calibration file")
+    check_output(args.output, "calibration file", inputs=[args.cluster])
     if args.cluster_output:
-        check_output(args.cluster_output, "cluster file")
+        check_output(args.cluster_output, "cluster file", inputs=[args.cluster])
     cluster = link_map = None
     if args.cluster:        # checked before the seconds of measuring
         from ..cluster import load_cluster
@@ -206,7 +207,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     from ..graph import OpGraph
     from ..cost.profile import apply_profile, load_profile
 
-    check_output(args.output, "graph file")
+    check_output(args.output, "graph file", inputs=[args.graph, *args.profile])
     original = OpGraph.load(args.graph)
     profiles = [load_profile(path, original) for path in args.profile]
     kinds = [k.strip() for k in args.kinds.split(",") if k.strip()] if args.kinds is not None else None
@@ -229,7 +230,7 @@ def cmd_cost(args: argparse.Namespace) -> int:
     measured = next((p for p in profiles if p.device_kind == args.reference), None)
     on_reference = "" if measured is None else \
         f"; measured {sum(measured.node_seconds.values()) * 1e3:.3f} ms, which its devices take"
-    print(f"{graph.name}: {graph.num_nodes} nodes, {graph.compute_s.sum() * 1e3:.3f} ms on {args.reference} "
+    print(f"{terminal(graph.name)}: {graph.num_nodes} nodes, {graph.compute_s.sum() * 1e3:.3f} ms on {args.reference} "
           f"(analytic{on_reference}) -> {args.output}")
     costed = {kind for times in graph.compute_s_by_kind if times for kind in times} | {args.reference}
     if PRESET_REFERENCE not in costed:
@@ -248,7 +249,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     _positive(args.target, "--target")
     _positive(args.repeats, "--repeats")
     settings = optimizer_settings(args)
-    check_output(args.output, "graph file")
+    check_output(args.output, "graph file", inputs=[args.spec])
     device = None if args.device == "none" else args.device
     if device is not None:
         from ..cost.profile import device_kind_of
@@ -265,7 +266,7 @@ def cmd_predict(args: argparse.Namespace) -> int:
     graph.save(args.output)
     kind = model.time_kind
     seconds = sum(d[kind] for d in graph.compute_s_by_kind) if kind else float(graph.compute_s.sum())
-    print(f"{graph.name}: fitted at batches {model.batches} (nodes matched by {model.matched_by}); "
+    print(f"{terminal(graph.name)}: fitted at batches {model.batches} (nodes matched by {model.matched_by}); "
           f"predicted step {seconds * 1e3:.3f} ms ({kind or 'compute_s'}, one device), "
           f"{graph.output_bytes.sum() / 2**20:.1f} MiB of outputs, {graph.param_bytes.sum() / 2**20:.1f} MiB resident "
           f"-> {args.output}")

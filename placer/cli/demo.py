@@ -21,10 +21,12 @@ import time
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from ..cluster import load_cluster
 from ..io import check_output
 from ..report.compare import check_options, compare
+from ..show import terminal
 
 __all__ = ["run_demo", "train_recommended", "DEFAULT_MODEL", "DEFAULT_BATCH", "DEFAULT_CLUSTER",
            "DEFAULT_TIME_LIMIT", "TRAIN_MODEL", "TRAIN_BATCH", "TRAIN_CLUSTER", "TRAIN_STEPS"]
@@ -57,8 +59,9 @@ def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_B
     with console.status(f"capturing one training step of {model} at batch {batch} (Adam) ..."):
         graph = capture_spec(model, batch, optimizer="adam", fake=True).graph
     total = (graph.param_bytes.sum() + graph.output_bytes.sum()) / 2**30
-    console.print(f"[bold]{graph.name}[/]: {graph.num_nodes} ops captured in {time.perf_counter() - began:.1f} s, "
-                  f"{total:.1f} GiB of training state and activations; cluster {target.name} "
+    console.print(f"[bold]{escape(terminal(graph.name))}[/]: {graph.num_nodes} ops captured in "
+                  f"{time.perf_counter() - began:.1f} s, {total:.1f} GiB of training state and activations; cluster "
+                  f"{escape(terminal(target.name))} "
                   f"({target.num_devices} x {target.devices[0].memory_bytes / 2**30:.0f} GiB)")
     comparison = compare(graph, target, algorithms, seed=0, time_limit=time_limit, console=console)
     comparison.print(console)

@@ -77,9 +77,10 @@ def cmd_train(args: argparse.Namespace) -> int:
             settings[key] = getattr(args, key)
     config = TrainConfig(**settings)
     config.check()
-    output = check_output(args.output, "policy file")     # before the training, not after it
+    inputs = [args.init, *(args.graph or [])]
+    output = check_output(args.output, "policy file", inputs=inputs)     # before the training, not after it
     output.parent.mkdir(parents=True, exist_ok=True)       # its checkpoints go beside it while training
-    curve_path = check_output(args.curve or output.with_suffix(".png"), "learning-curve file")
+    curve_path = check_output(args.curve or output.with_suffix(".png"), "learning-curve file", inputs=inputs)
     if curve_path.resolve() == output.resolve():
         raise OptionError(f"the learning curve and the policy would both be written to {output}; pass --curve")
     if curve_path.suffix.lower() not in (".png", ".pdf", ".svg"):

@@ -15,7 +15,8 @@ import torch
 
 from .capture import add_optimizer_option, add_optimizer_settings, optimizer_settings
 from ..errors import InvalidPlanError, OptionError
-from ..io import check_output
+from ..io import check_output, same_file
+from ..show import terminal
 from ..terminate import terminate_raises
 from ..transform.bind import bind_plan
 from .common import cluster_for_plan, naming_plan
@@ -115,7 +116,7 @@ def _check_measured_outputs(args: argparse.Namespace, cluster: Any, devices, inp
                                                    ("--trace", getattr(args, "trace", None))) if path]
     for k, (option, path) in enumerate(outputs):
         for other, other_path in outputs[k + 1:]:
-            if os.path.abspath(path) == os.path.abspath(other_path):
+            if same_file(path, other_path):
                 raise OptionError(f"{option} and {other} are both {path}: the second would replace the first")
 
 
@@ -277,7 +278,7 @@ def _run(args: argparse.Namespace) -> int:
     if args.trace and args.backend != "distributed":
         raise OptionError("--trace needs --backend distributed (one process per device, each with its own timeline)")
     if args.trace:
-        check_output(args.trace, "trace file")
+        check_output(args.trace, "trace file", inputs=[args.plan, args.cluster, args.spec])
     _check_torchrun(args)
     if args.warmup < 0:
         raise OptionError(f"--warmup must be >= 0, got {args.warmup}")
@@ -288,7 +289,7 @@ def _run(args: argparse.Namespace) -> int:
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     _check_devices(plan, args.plan, cluster)
     _check_measured_outputs(args, cluster, {cluster.device_index[d] for d in plan.placement.values()},
-                            inputs=[args.plan, args.cluster])
+                            inputs=[args.plan, args.cluster, args.spec])
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
     try:        # a plan for another batch size or optimizer: refused before "training ..."
         bound = bind_plan(plan, captured.graph, cluster)
@@ -328,7 +329,7 @@ def _run(args: argparse.Namespace) -> int:
         captured.write_back([m.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     times = step_times(m.step_s, args.warmup)
     loss = f"; last loss {float(m.outputs[0]):.6g}" if m.outputs and m.outputs[0] is not None else ""
-    print(f"{captured.graph.name} on {cluster.name} ({args.backend}, {cluster.num_devices} devices): "
+    print(f"{terminal(captured.graph.name)} on {terminal(cluster.name)} ({args.backend}, {cluster.num_devices} devices): "
           f"{args.steps} steps, step {times.median_s * 1e3:.3f} ms (median of {len(times.counted)} after "
           f"{times.warmup} warm-up), simulator predicts {m.predicted_s * 1e3:.3f} ms{loss}")
     if m.message_s:
@@ -396,9 +397,10 @@ def cmd_tune(args: argparse.Namespace) -> int:
 
     if under_torchrun():
         raise OptionError("placer tune starts the ranks of each run itself: run it without torchrun, on one host")
-    check_output(args.output, "plan file", inputs=[args.cluster, args.profile])
+    inputs = [args.cluster, args.profile, args.message_cost, args.spec]
+    check_output(args.output, "plan file", inputs=inputs)
     cluster = load_cluster(args.cluster)
-    _check_measured_outputs(args, cluster, range(cluster.num_devices), inputs=[args.cluster, args.profile])
+    _check_measured_outputs(args, cluster, range(cluster.num_devices), inputs=inputs)
     profile = None
     if args.profile:        # read and checked before the capture
         from ..cost.profile import load_profile

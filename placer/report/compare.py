@@ -13,7 +13,9 @@ import csv
 import io
 import math
 import os
+import shutil
 import tempfile
+from functools import partial
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterable
@@ -26,10 +28,12 @@ from ..algorithms.registry import checked_options, failure_message
 from ..cluster import Cluster
 from ..errors import OptionError, PlacerError
 from ..graph import OpGraph
-from ..io import check_output, json_text, write_text_atomic
+from ..io import check_output, json_text, text_writer, write_files_atomic
 from ..plan import Plan
+from ..show import markdown, one_line
 from ..sim import lower_bound, simulate_plan
 from ..sim.simulator import SimResult
+from ..terminate import raise_if_interrupted, terminate_raises
 from .tables import figure, print_rows
 
 __all__ = ["Comparison", "Entry", "compare", "check_options"]
@@ -116,13 +120,14 @@ class Comparison:
         return "-" if value is None else f"{100 * value:.1f}%"
 
     def markdown(self) -> str:
-        lines = [f"# {self.graph.name} on {self.cluster.name}", "",
+        """The table as Markdown; names as written, none read as HTML or markup (:func:`placer.show.markdown`)."""
+        lines = [f"# {markdown(self.graph.name)} on {markdown(self.cluster.name)}", "",
                  f"{self.graph.num_nodes} operations; lower bound {self.lower_bound_s * 1e3:.3f} ms "
                  f"({self.split_lower_bound_s * 1e3:.3f} ms for plans that split operations).", "",
                  "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
         for row in self.rows():     # a cell holds no | and no line break, which would end it or its row
-            lines.append("| " + " | ".join(" ".join(self._cell(row[c]).replace("|", "/").split()) for c in COLUMNS)
-                         + " |")
+            lines.append("| " + " | ".join(markdown(" ".join(self._cell(row[c]).replace("|", "/").split()))
+                                           for c in COLUMNS) + " |")
         return "\n".join(lines) + "\n"
 
     def csv(self) -> str:
@@ -154,15 +159,16 @@ class Comparison:
                    title=f"{self.graph.name} on {self.cluster.name} (lower bound {self.lower_bound_s * 1e3:.3f} ms; "
                          f"{self.split_lower_bound_s * 1e3:.3f} ms for plans that split operations)")
         for note in notes:
-            (console or Console()).print(f"no plan: {note}", highlight=False)
+            (console or Console()).print(f"no plan: {one_line(note)}", highlight=False, markup=False)
 
     def write(self, folder: str | os.PathLike) -> dict[str, Path]:
         """Write the table (md, csv, json), plans, charts and ``report.html``; return the paths by role.
 
         Everything is made before the first file lands in ``folder``: the tables and plans in memory, the
-        charts (the slow part) in a temporary folder inside it, which is removed on any error or Ctrl-C.
-        An interrupted write leaves no half report, nor new charts beside an earlier report. Plans and
-        charts an earlier report left in ``folder`` for algorithms this one did not plan are removed.
+        charts (the slow part) in a temporary folder outside it, removed on any error, Ctrl-C or SIGTERM.
+        Then every file is put in place together (:func:`placer.io.write_files_atomic`): a stopped write
+        leaves the earlier report whole, and nothing of its own. Plans and charts an earlier report left
+        in ``folder`` for algorithms this one did not plan are removed with it.
         """
         from .charts import gantt_chart, memory_chart
         from .html import html_report
@@ -175,7 +181,7 @@ class Comparison:
         for e in planned:
             texts[folder / f"plan-{e.algorithm}.json"] = json_text(e.plan.to_dict())
         folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryDirectory(prefix=".report-", dir=folder) as scratch_name:
+        with terminate_raises(), tempfile.TemporaryDirectory(prefix="placer-report-") as scratch_name:
             scratch, charts = Path(scratch_name), {}
             for e in planned:
                 gantt, memory = scratch / f"gantt-{e.algorithm}.png", scratch / f"memory-{e.algorithm}.png"
@@ -184,16 +190,13 @@ class Comparison:
                 memory_chart(e.result, memory, title=f"{e.algorithm}: memory per device (dotted: capacity)")
                 charts[e.algorithm] = (gantt, memory)
             texts[paths["html"]] = html_report(self, charts)
-            for chart in (chart for pair in charts.values() for chart in pair):
-                os.replace(chart, folder / chart.name)
-        for path, text in texts.items():
-            write_text_atomic(path, text, "report file")
-        # An earlier report's plans and charts of algorithms this one did not plan would read as this run's.
-        made = {path.name for path in texts} | {chart.name for pair in charts.values() for chart in pair}
-        for pattern in ("plan-*.json", "gantt-*.png", "memory-*.png"):
-            for stale in folder.glob(pattern):
-                if stale.name not in made:
-                    stale.unlink()
+            outputs = {path: text_writer(text) for path, text in texts.items()}
+            outputs.update({folder / chart.name: partial(shutil.copyfile, chart)
+                            for pair in charts.values() for chart in pair})
+            # An earlier report's plans and charts of algorithms this one did not plan would read as this run's.
+            stale = [path for pattern in ("plan-*.json", "gantt-*.png", "memory-*.png") for path in folder.glob(pattern)
+                     if path not in outputs]
+            write_files_atomic(outputs, "report file", remove=stale)
         return paths
 
 
@@ -256,6 +259,7 @@ def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None =
             except Exception as exc:  # noqa: BLE001  a bug in one algorithm must not lose the others' results
                 entries.append(Entry(name, error=f"{name}: internal error (please report): "
                                                  f"{type(exc).__name__}: {exc}"))
+            raise_if_interrupted()      # Ctrl-C that a solver or a library caught (into an error or a result)
             bar.advance(task)
     return Comparison(graph, cluster, entries)
 

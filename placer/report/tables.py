@@ -1,4 +1,8 @@
-"""Terminal output with rich: tables, and what a long command is doing meanwhile."""
+"""Terminal output with rich: tables, and what a long command is doing meanwhile.
+
+Every cell, title and message is shown as plain text with its control characters escaped
+(:func:`placer.show.terminal`): a name from a file is neither rich markup nor a terminal escape.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +12,9 @@ from typing import Sequence
 
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
+from ..show import terminal
 from ..sim.simulator import SimResult
 
 __all__ = ["figure", "print_rows", "print_simulation", "simulation_text", "working"]
@@ -22,9 +28,9 @@ def working(message: str, measuring: bool = False):
     line instead: the spinner's drawing thread would take time from it.
     """
     if measuring:
-        print(message, file=sys.stderr)
+        print(terminal(message), file=sys.stderr)
         return contextlib.nullcontext()
-    return Console(stderr=True).status(message)
+    return Console(stderr=True).status(Text(terminal(message)))
 
 
 def figure(value: float, decimals: int) -> str:
@@ -40,12 +46,13 @@ def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], title: str 
     In a narrow terminal, columns of short cells (figures) keep them whole while
     headers wrap and names in the first column fold.
     """
-    table = Table(title=title)
+    rows = [[terminal(cell) for cell in row] for row in rows]
+    table = Table(title=None if title is None else Text(terminal(title)))
     for k, h in enumerate(header):
         short = max((len(row[k]) for row in rows), default=0) <= 12
-        table.add_column(h, overflow="fold", no_wrap=k > 0 and short)
+        table.add_column(Text(h), overflow="fold", no_wrap=k > 0 and short)
     for row in rows:
-        table.add_row(*row)
+        table.add_row(*map(Text, row))
     (console or Console()).print(table)
 
 

@@ -1,11 +1,11 @@
-"""Bind a plan to its graph, making the splits a plan file lists where it carries no rewritten graph.
+"""Bind a plan to its graph: make, or check, the graph its transforms make of it.
 
 FORMATS.md: a plan's placement names the nodes of its rewritten graph when it
-splits operations. A plan made by an algorithm carries that graph; a plan file
-may list only its ``splits`` (``"rewritten_graph": null``), and then the
-graph they make is :func:`target_graph`'s. :meth:`placer.plan.Plan.bind`, a
-record's method, does not rewrite graphs; this module, in the transform layer,
-does it for it.
+splits operations or replicates the step. A plan file may list only its
+``splits`` (``"rewritten_graph": null``), or carry a rewritten graph that
+must be checked against the graph it is given: :func:`target_graph` makes
+the graph either way. :meth:`placer.plan.Plan.bind`, a record's method, does
+not rewrite graphs; this module, in the transform layer, does it for it.
 """
 
 from __future__ import annotations
@@ -14,17 +14,24 @@ from ..cluster import Cluster
 from ..errors import InvalidPlanError, OptionError
 from ..graph import OpGraph
 from ..plan import BoundPlan, Plan
+from .replicate import BUCKET_BYTES, data_parallel_graph
 from .split import split_operation
 
 __all__ = ["target_graph", "bind_plan"]
 
 
 def target_graph(plan: Plan, graph: OpGraph) -> OpGraph:
-    """The graph ``plan`` places: its rewritten graph if it has one, else ``graph`` with its splits made.
+    """The graph ``plan`` places: what its transforms make of ``graph``, or ``graph`` where it has none.
 
-    The splits are made in the order the plan lists them, each by
-    :func:`placer.transform.split.split_operation`, so that the node ids are
-    the ones a plan file's placement names (``conv@part0``, ...).
+    The transforms are the data-parallel step its rewritten graph records
+    (:func:`placer.transform.replicate.data_parallel_graph`), then its splits
+    in the order listed (:func:`placer.transform.split.split_operation`), so
+    that node ids are the ones a plan file's placement names
+    (``conv@part0``, ``r1/conv``, ...). A rewritten graph read from a file is
+    made again from ``graph`` and must have the same nodes and edges: the
+    graph made again, with ``graph``'s costs, is the one placed, as a plan
+    without a rewritten graph is simulated on the costs of the graph it is
+    given. A plan made here from ``graph`` keeps its own rewritten graph.
 
     Parameters
     ----------
@@ -40,7 +47,9 @@ def target_graph(plan: Plan, graph: OpGraph) -> OpGraph:
     ------
     InvalidPlanError
         A split the graph cannot make (an unknown node, a node split twice, a
-        dimension it may not be split along, parts out of range), naming the split.
+        dimension it may not be split along, parts out of range), naming the
+        split; or a rewritten graph that is not what the transforms make of
+        ``graph`` (edited, cut, or of another graph).
 
     Examples
     --------
@@ -49,8 +58,17 @@ def target_graph(plan: Plan, graph: OpGraph) -> OpGraph:
     >>> target_graph(Plan({i: "d0" for i in g.ids}), g) is g
     True
     """
-    if plan.rewritten_graph is not None:
-        return plan.rewritten_graph
+    if plan.rewritten_graph is None:
+        return _split(plan, graph)
+    known = plan.rebuilt_for(graph)
+    if known is None:
+        known = _rebuild(plan, graph)
+        plan.remember_rebuilt(graph, known)
+    return known
+
+
+def _split(plan: Plan, graph: OpGraph) -> OpGraph:
+    """``graph`` with the plan's splits made, in order."""
     rewritten = graph
     for k, split in enumerate(plan.splits):
         earlier = next((j for j in range(k) if plan.splits[j]["node"] == split["node"]), None)
@@ -63,6 +81,35 @@ def target_graph(plan: Plan, graph: OpGraph) -> OpGraph:
         except OptionError as exc:
             raise InvalidPlanError(f"splits[{k}]: {exc}") from None
     return rewritten
+
+
+def _rebuild(plan: Plan, graph: OpGraph) -> OpGraph:
+    """What the transforms the rewritten graph records make of ``graph``; InvalidPlanError unless it has the
+    rewritten graph's nodes, edges and data-parallel settings."""
+    kept = plan.rewritten_graph
+    info = kept.extra.get("data_parallel")
+    base, made = graph, "its splits"
+    if info is not None and info != graph.extra.get("data_parallel"):
+        try:
+            collective = next((extra["allreduce"]["collective"] for extra in kept.node_extra
+                               if isinstance(extra, dict) and isinstance(extra.get("allreduce"), dict)), "ring")
+            bucket_bytes = int(info.get("bucket_bytes") or BUCKET_BYTES)
+            base = data_parallel_graph(graph, int(info["replicas"]), bucket_bytes=bucket_bytes,
+                                       shard_optimizer=bool(info["sharded_optimizer"]), collective=collective,
+                                       hosts=info.get("hosts"),
+                                       first_bucket_bytes=int(info.get("first_bucket_bytes") or bucket_bytes)).graph
+        except (KeyError, TypeError, ValueError, AttributeError, OptionError) as exc:
+            raise InvalidPlanError(f"the plan's rewritten graph records a data-parallel step placer cannot make "
+                                   f"of graph {graph.name!r} ({type(exc).__name__}: {exc}); plan again") from None
+        made = "its data-parallel step and splits"
+    rebuilt = _split(plan, base)
+    settings = rebuilt.extra.get("data_parallel") or {}
+    if rebuilt.digest() != kept.digest() or any(settings.get(k) != v for k, v in (info or {}).items()):
+        raise InvalidPlanError(
+            f"the plan's rewritten graph ({kept.num_nodes} nodes, {kept.num_edges} edges) is not what {made} "
+            f"make of graph {graph.name!r} ({rebuilt.num_nodes} nodes, {rebuilt.num_edges} edges): the plan was "
+            f"edited, or made for another graph; plan again")
+    return rebuilt
 
 
 def bind_plan(plan: Plan, graph: OpGraph, cluster: Cluster) -> BoundPlan:
