@@ -46,17 +46,18 @@ def profile_module(gm: "torch.fx.GraphModule", args: Sequence[Any], *, device: s
     The module runs node by node (an ``fx.Interpreter``). Factory ops' ``device=``
     arguments are redirected to ``device`` so that a graph traced on the CPU runs on a GPU.
 
-    On the CPU the module runs on one torch thread (the ``cpu`` device kind is one core)
-    and each node is timed by the thread's CPU time, not by the wall clock: on a shared
-    machine the wall clock also counts the time the process waits to be scheduled, which
-    here added 4-16 ms (whole scheduler time slices) to ops that take 10 us.
+    On the CPU the module runs on one torch thread (the ``cpu`` device kind is
+    one core) and each node is timed by the thread's CPU time: on a shared
+    machine the wall clock also counts whole scheduler time slices spent
+    waiting, far longer than a small op.
 
-    On a GPU, ``gpu_timing="kernel"`` (the default) sums the durations of the CUDA
-    kernels each node launches, read by ``torch.profiler`` (CUPTI): the time the node
-    keeps the GPU busy, which is what a device runs for when its host keeps ahead of it;
-    nodes that launch no kernel (views) take 0. ``"wall"`` times each node between two
-    ``torch.cuda.synchronize`` calls instead, which adds the host's dispatch time
-    (measured on an H100: ~20-30 us per node, several times the kernels of small ops).
+    On a GPU, ``gpu_timing="kernel"`` (the default) sums the durations of the
+    CUDA kernels each node launches, read by ``torch.profiler`` (CUPTI): the
+    time the node keeps the GPU busy, which is what a device runs for when its
+    host keeps ahead of it; nodes that launch no kernel (views) take 0.
+    ``"wall"`` times each node between two ``torch.cuda.synchronize`` calls
+    instead, which adds the host's dispatch time (often more than a small op's
+    kernels).
 
     Parameters
     ----------
