@@ -5,23 +5,23 @@ Rank ``j`` is plan device ``j``. Every rank compiles the same
 its device (parameters, buffers, optimizer state) and runs its own
 operations in plan order. A value another device needs leaves with a
 non-blocking send as soon as it exists (a snapshot when the step later
-overwrites its storage in place). With gloo a rank posts all its receives at
-the start of the step (matched by tag), so each transfer moves as soon as it
-is sent; with NCCL it posts them when their first consumer is about to run,
-from each peer in the order that peer sends them. Tensors travel as flat buffers laid out by the
-strides recorded at capture, so the receiver rebuilds exactly the layout the
-sender had; Python scalars travel as 0-d tensors (float64, int64 or bool).
+overwrites its storage in place). Tensors travel as flat buffers laid out by
+the strides recorded at capture, so the receiver rebuilds the sender's exact
+layout; Python scalars travel as 0-d tensors (float64, int64 or bool).
 
-Backends: gloo on CPUs (messages matched by tag), NCCL on GPUs (one process
-group per ordered pair of ranks, so each direction has its own FIFO stream).
+Backends: gloo on CPUs, where a rank posts all its receives at the start of
+the step (matched by tag) so that each transfer moves as soon as it is sent;
+NCCL on GPUs, with one process group per ordered pair of ranks (each
+direction its own FIFO stream) and receives posted when their first consumer
+is about to run, in each peer's send order.
+
 Ranks start here with ``torch.multiprocessing`` (:func:`run_distributed`) or
 under ``torchrun`` on one or several hosts (:func:`rank_main` with
 ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE`` set). Every blocking
-wait is bounded by the process group's timeout, and the launcher stops every
-rank as soon as one fails, dies or outlives the deadline, raising
-:class:`RunError` with the failing rank's message; it stops them too when it
-is interrupted (SIGINT) or terminated (SIGTERM), and ranks it started exit when
-it dies.
+wait is bounded by the process group's timeout. The launcher stops every rank
+as soon as one fails, dies or outlives the deadline, raising :class:`RunError`
+with the failing rank's message; it stops them too on SIGINT or SIGTERM, and
+ranks it started exit when it dies.
 
 Random operations draw from per-operation streams seeded from one base seed
 (:func:`~placer.runtime.program.op_seed`), the same on every rank: a run draws
@@ -60,8 +60,8 @@ from .program import (Program, call_node, compile_program, copy_to, draw_seed, m
 __all__ = ["RunError", "RankJob", "KernelChoice", "DistributedResult", "run_distributed", "run_under_torchrun",
            "rank_main", "resolve_backend", "under_torchrun", "torchrun_world", "free_port"]
 
-#: A receive's wait longer than this blocked: its message arrived during it (an arrived
-#: message's wait returns in about 15 us on a 2-core machine).
+#: A receive's wait longer than this blocked: its message arrived during it (the wait for a message
+#: already there returns well within it).
 BLOCKED_WAIT_S = 50e-6
 #: Seconds the ranks of a failed run have to end on SIGTERM before they are killed.
 STOP_GRACE_S = 5.0
@@ -93,8 +93,7 @@ class KernelChoice:
     #: :func:`float32_precision` (TF32 or not).
     float32_precision: tuple[str, str]
     #: Whether cuDNN must pick deterministic algorithms, and whether it may benchmark them: a spawned
-    #: rank that chose otherwise than its launcher trained 7.9e-4 apart from it after three Adam steps
-    #: (an H200).
+    #: rank that chose otherwise than its launcher drifts apart from it within a few steps.
     cudnn_algorithm_choice: tuple[bool, bool]
 
     @classmethod
@@ -368,7 +367,7 @@ class _RankRunner:
             send(prog.placeholders[k], state[k])
         op_s, op_message_s = self.op_s, self.op_message_s
         # The rank's work before its first operation (posting its receives, sending its
-        # state: milliseconds with hundreds of messages) is charged to its state inputs,
+        # state) is charged to its state inputs,
         # which plans run first on their device, so that the simulator sees it.
         share = (clock() - step_began) / max(1, len(self.owned))
         for k in self.owned:
@@ -380,7 +379,7 @@ class _RankRunner:
             # On a CPU an op's time is the rank's busy time for it (receiving less the
             # waiting, running, sending, freeing), as the simulator's device is busy with
             # it, from the previous op's end: the executor's own work between two ops
-            # (a few microseconds, thousands of times a step) is busy time too, which the
+            # (small, but thousands of times a step) is busy time too, which the
             # simulator has nowhere else to see. On a GPU, with profile_gpu, the kernel
             # time between synchronisations.
             t0 = clock()
@@ -711,8 +710,8 @@ def _rank0_start(rank: int, world: int, job: RankJob) -> list:
     """Rank 0's flat inputs (parameters, buffers, optimizer state, batch), sent to every rank, once every
     rank has checked that its plan and captured step are rank 0's.
 
-    Ranks of a ``torchrun`` launch each build the model and read the plan: a model file that does not
-    seed its initialisation gave each rank other weights and inputs, and the step mixed them.
+    Ranks of a ``torchrun`` launch each build the model and read the plan; a model file that does not
+    seed its initialisation would give each rank other weights and inputs.
 
     Raises
     ------
@@ -833,8 +832,8 @@ def _failure_message(codes: list, error_dir: str, timeout_s: float) -> str:
 def _stop(processes: list) -> None:
     """Terminate the ranks, and kill those still alive :data:`STOP_GRACE_S` later.
 
-    A stopped rank (SIGSTOP) acts on SIGTERM only once continued: without the
-    SIGCONT its run waited the grace before the kill. The grace is shared, not per rank.
+    Each rank is also continued (SIGCONT): a stopped rank acts on SIGTERM only
+    once continued. The grace is shared, not per rank.
     """
     for p in processes:
         if p.is_alive():
