@@ -147,6 +147,8 @@ class RankJob:
 class DistributedResult:
     """What a distributed run measured and computed.
 
+    Times are taken after the first step (a warm-up) unless said otherwise.
+
     Attributes
     ----------
     step_s : list of float
@@ -157,41 +159,37 @@ class DistributedResult:
         Flat input position -> its value after the last step, for every input
         the step writes (parameters, buffers, optimizer state), on the CPU.
     op_s : dict of str to float
-        Graph node id -> median seconds of its runs on its rank (after the first step),
-        from the rank's previous operation's end, less the waiting for its inputs (the
-        rank's busy time: the executor's own work between operations included); a state
+        Graph node id -> median seconds of its runs on its rank, from the rank's
+        previous operation's end, less the waiting for its inputs: the rank's
+        busy time, the executor's own work between operations included. A state
         input's is its share of its rank's work before the first operation.
     transfer_s : list of (int, int, int, float)
         ``(source rank, destination rank, bytes, seconds)`` of the transfers a
-        rank had to wait for (its wait blocked over ``BLOCKED_WAIT_S``), from
-        the producer's send to the wait's end, after the first step (CPU ranks
-        on one host).
+        rank had to wait for (a wait longer than ``BLOCKED_WAIT_S``), from the
+        producer's send to the wait's end (CPU ranks on one host).
     predicted_s : float
         The reference simulator's step time for the plan.
     timeline : dict of int to list of (str, float, float, float)
         Per rank, the last step's operations in the order it ran them: ``(node id,
-        began, seconds waiting for its inputs, ended)``, in seconds from the step's
-        start on the first rank to start it (ranks on one host, which share a clock;
-        empty otherwise). On GPUs an operation's host times are its launch's unless the
-        run profiles. What the measured step spent where, beside the simulator's
-        timeline of the plan (:func:`placer.runtime.trace.run_trace`).
+        began, seconds waiting for its inputs, ended)``, in seconds from the
+        first rank's start of the step (ranks on one host, which share a clock;
+        empty otherwise). On GPUs these are launch times unless the run
+        profiles. :func:`placer.runtime.trace.run_trace` shows it beside the
+        simulator's timeline.
     op_message_s : dict of str to float
-        Of ``op_s``, the host seconds the node's messages took: packing and
-        sending its outputs (a state input: its share of the rank's start).
-        What is left is the operation's own, whatever the plan sends
-        (:func:`placer.sim.messages.messages_graph`).
+        Of ``op_s``, the host seconds the node's messages took (packing and
+        sending its outputs); what is left is the operation's own, whatever the
+        plan sends (:func:`placer.sim.messages.messages_graph`).
     message_s : list of (int, int, int, float, float)
         ``(source rank, destination rank, bytes, sending seconds, receiving
-        seconds)`` of every message after the first step: the host time
-        each side spent on it (sending: packing and the send call; receiving:
-        posting, a wait that did not block, unpacking), which a rank cannot
-        spend computing.
+        seconds)`` of every message: the host time each side spent on it
+        (sending: packing and the send call; receiving: posting, a wait that
+        did not block, unpacking).
     tail_s : float
-        Median seconds (after the first step) from the end of the last operation
-        of the rank that ended last to the step's end: its outstanding sends and
-        the barrier that ends every step, which are in each measured step but in
-        no operation's time (on GPUs without ``profile``, also the kernels still
-        queued then).
+        Median seconds from the end of the last operation of the rank that ended
+        last to the step's end: its outstanding sends and the closing barrier,
+        which no operation's time holds (on GPUs without ``profile``, also the
+        kernels still queued).
     """
 
     step_s: list[float]
@@ -621,7 +619,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         The captured step, its graph, a plan of it and the plan's cluster.
     flat_inputs : sequence
         The step's flat inputs (e.g. :meth:`placer.capture.CapturedStep.step_inputs`);
-        they are not modified: the new state comes back in the result.
+        not modified: the new state comes back in the result.
     steps : int
         Steps to train.
     backend : {"auto", "gloo", "nccl"}
@@ -633,28 +631,28 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     threads : int
         Intra-op threads per rank.
     hook : callable, optional
-        ``hook(rank)`` runs in every rank before the first step (must be picklable
-        where ranks are spawned, i.e. with NCCL).
+        ``hook(rank)`` runs in every rank before the first step (picklable where
+        ranks are spawned).
     deadline_s : float, optional
         Wall-clock limit of the whole run (default: ``timeout_s * (steps + 3)``).
     profile : bool
         On GPUs, synchronise around every operation so that ``op_s`` holds kernel
-        times (it slows the step). On CPUs operations are always timed.
+        times (slower). On CPUs operations are always timed.
     seed : int, optional
-        Base seed of the random operations (as :class:`~placer.runtime.local.LocalExecutor`'s;
-        default: drawn from torch's global generator, when the step has random operations).
+        Base seed of the random operations (default: drawn from torch's global
+        generator, when the step has random operations).
     start_method : {"fork", "spawn"}, optional
-        How ranks start: ``fork`` shares the captured module, ``spawn`` (fresh
-        processes, which CUDA needs) sends it as a :class:`~placer.runtime.portable.PortableStep`.
+        ``fork`` shares the captured module; ``spawn`` (fresh processes, which
+        CUDA needs) sends it as a :class:`~placer.runtime.portable.PortableStep`.
         Default: ``spawn`` with NCCL, else ``fork``.
     replica_steps : dict of int to GraphModule, optional
         For a data-parallel plan, the step traced on each replica's number of
         samples (:func:`~placer.runtime.replicas.replica_steps`).
     collectives : {"torch", "nodes"}
         How a data-parallel plan's buckets are reduced: one ``torch.distributed``
-        collective a bucket where the plan has a replica on every rank, each
-        in the same order (the faster: bench/ddp.py), or the plan's own steps
-        as messages between ranks (:func:`~placer.runtime.program.compile_program`).
+        collective a bucket where the plan has a replica on every rank, each in
+        the same order (faster), or the plan's own steps as messages between
+        ranks (:func:`~placer.runtime.program.compile_program`).
 
     Returns
     -------
