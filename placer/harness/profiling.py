@@ -196,11 +196,11 @@ def profile_step(captured: Any, model: Any = None, inputs: Any = None, *, device
     ----------
     captured : placer.capture.CapturedStep
         Its ``.gm`` is run node by node; its ``.graph`` names the nodes (an fx node the
-        graph leaves out adds its time to the node its ``carrier`` names; placeholders cost 0).
+        graph leaves out adds its time to its ``carrier``; placeholders cost 0).
     model, inputs : optional
-        The live model and a batch, fed through ``captured.step_inputs`` on copies (the
-        model and its optimizer state are not changed). Without them, random tensors of
-        the captured shapes and dtypes are used (the only way for a ``fake`` capture).
+        The live model and a batch, fed through ``captured.step_inputs`` on copies
+        (neither the model nor its optimizer state changes). Without them, random
+        tensors of the captured shapes and dtypes (the only way for a ``fake`` capture).
     device : str
         ``"cpu"`` or ``"cuda:N"``.
     repeats, warmup, gpu_timing

@@ -297,21 +297,19 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
     batches : sequence of int
         Batch sizes small enough to run here.
     optimizer, lr, settings
-        The optimizer whose update ends each captured step, as for
-        :func:`placer.capture.capture` (its settings shape the graph: SGD's
-        momentum adds a buffer per parameter).
+        As for :func:`placer.capture.capture` (the settings shape the graph:
+        SGD's momentum adds a buffer per parameter).
     device : str or None
-        Where to time the nodes (``"cpu"``, ``"cuda:N"``); None fits the captured
-        ``compute_s`` (the analytic model) instead of measured times.
+        Where to time the nodes (``"cpu"``, ``"cuda:N"``); None fits the
+        analytic ``compute_s`` instead.
     repeats : int
         Timed runs per node (see :func:`placer.harness.profiling.profile_step`).
 
     Returns
     -------
     BatchModel
-        ``model.predict(target)`` is the graph at the target batch size, named as a
-        capture of ``spec`` at that batch would be (:func:`placer.capture.step_name` of
-        :func:`placer.capture.spec_label`, or of a factory's name).
+        ``model.predict(target)`` is the graph at the target batch size, named
+        as a capture of ``spec`` at that batch would be.
 
     Raises
     ------

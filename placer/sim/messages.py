@@ -345,19 +345,15 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
 def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCost) -> MessageCost:
     """``cost`` with the ``after_*`` charges fitted to what the operations after a run's messages lost.
 
-    Each node's own time in the run (``own_s``: its measured time less its
-    messages' host time, :func:`placer.harness.feedback.own_times`) beyond its
-    profiled time (:meth:`BoundPlan.placed_durations`) is fitted by least squares
-    as ``after_send_s`` where the node sends a message under the plan plus
-    ``after_receive_s`` where it is the first to read one (:func:`plan_messages`),
-    each at least zero; nodes with neither count only where they are timed.
+    Each node's own time in the run (``own_s``, :func:`placer.harness.feedback.own_times`)
+    beyond its profiled time (:meth:`BoundPlan.placed_durations`) is fitted by
+    least squares, each term at least zero, as ``after_send_s`` where the node
+    sends under the plan plus ``after_receive_s`` where it is the first to read a
+    message (:func:`plan_messages`); nodes with neither count only where timed.
     ``after_wait_s`` is set to ``after_receive_s``: a run does not tell which
-    receives its ranks waited for. ``cost``'s host costs of the messages
-    themselves are kept.
-
-    A calibration's streams time one message at a time between two ranks, but in
-    a plan's run the operation right after a message loses more;
-    :func:`placer.harness.calibrate.measure_probe` fits that loss to a probe run.
+    receives waited. ``cost``'s host costs of the messages themselves are kept.
+    A calibration's streams, one message at a time, underestimate this loss;
+    :func:`placer.harness.calibrate.measure_probe` fits it to a probe run.
 
     Raises
     ------
@@ -383,12 +379,11 @@ def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCo
 def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: MessageCost) -> dict[str, float]:
     """A run's operations' own times less what ``cost`` charges the operation after its plan's messages.
 
-    ``own_s`` (:func:`placer.harness.feedback.own_times`) holds what each node
-    lost for coming right after a message of the plan that ran (``bound``);
-    :func:`messages_graph` charges another plan's instead. Each node that sends
-    gives back :attr:`MessageCost.after_send_s`, each that receives
-    ``after_receive_s`` (``after_wait_s`` where it waited in the run, as its own
-    times and ``cost`` simulate it), once, never below zero.
+    ``own_s`` (:func:`placer.harness.feedback.own_times`) includes what each node
+    lost for coming right after a message of the plan that ran (``bound``), while
+    :func:`messages_graph` charges another plan's. Each node that sends gives back
+    :attr:`MessageCost.after_send_s`, each that receives ``after_receive_s`` (or
+    ``after_wait_s`` where it waited in the run), once, never below zero.
     """
     if not (cost.after_send_s or cost.after_receive_s or cost.after_wait_s):
         return own_s
