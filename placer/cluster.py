@@ -263,8 +263,8 @@ class Cluster:
 #     by Pesto and Baechi's linear communication fits.
 #   2x4xV100: hosts joined by 100 Gb/s EDR InfiniBand (12.5 GB/s), ~20 us latency
 #     with the software stack; one shared NIC channel per direction.
-#   cpu: processes on this machine over torch.distributed gloo on 127.0.0.1,
-#     measured 1 MB in ~0.5 ms and 64 MB in ~31 ms on a 2-core machine: ~2.1 GB/s.
+#   cpu: processes of one host over torch.distributed gloo on 127.0.0.1; the bandwidth
+#     is a line through loopback transfers of 1 to 64 MB (`placer calibrate` fits a host's own).
 _NVLINK2_BW = 25e9
 _PCIE3_BW = 12e9
 _GPU_LATENCY = 1e-5

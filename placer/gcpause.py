@@ -1,14 +1,12 @@
 """Pausing Python's cyclic garbage collector over placer's bulk work.
 
-The collector runs after every few hundred new container objects (lists,
-tuples, dicts) and, once enough of them survive, walks every live object.
-Placer's hot loops (the simulator's event loop, a list scheduler's bookings)
-create hundreds of thousands of small lists and tuples that do survive, so on
-a graph of 10^5 nodes the collector walked the whole heap again and again: half
-of a simulation's time on a data-parallel graph of 234k nodes (1.14 -> 0.63 s,
-docs/benchmarks.md, "Simulator throughput"). That work makes no reference
-cycles (everything it frees goes by reference counting), so the collector can
-wait until it ends.
+The collector runs after every few hundred new container objects and, once
+enough of them survive, walks every live object. Placer's hot loops (the
+simulator's event loop, a list scheduler's bookings) create hundreds of
+thousands of small lists and tuples that do survive, so on a large graph the
+collector walks the whole heap again and again, which can take as long as
+the work itself. That work makes no reference cycles (reference counting
+frees everything it drops), so the collector can wait until it ends.
 """
 
 from __future__ import annotations

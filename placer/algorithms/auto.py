@@ -4,13 +4,12 @@ Users should not have to pick among a dozen algorithms. ``auto`` runs the
 portfolio (one-pass list schedulers first, the searches when time allows),
 each member boxed in the time left, keeps the fastest plan that fits, and
 hill-climbs on its placement: it moves whole layers and single placement
-units off the critical path of the current schedule, to the device of a
-neighbour on another device (saving a transfer) or to the least loaded device
-(balancing work), and swaps units between devices, keeping a move only if
-the reference simulation gets faster and still fits. It never returns a plan
-slower than any portfolio member it ran, and finds a fitting plan whenever
-any member does. A member with a cheap lower bound on its makespan (data
-parallelism) is skipped where the bound shows it cannot win.
+units off the critical path, to the device of a neighbour (saving a
+transfer) or to the least loaded device (balancing work), and swaps units,
+keeping a move only if the reference simulation gets faster and still fits.
+It never returns a plan slower than any member it ran, and finds a fitting
+plan whenever any member does. A member whose cheap lower bound shows it
+cannot win (data parallelism) is skipped.
 """
 
 from __future__ import annotations
@@ -42,35 +41,27 @@ SEARCHES = ("os_dpos",) + SLOW_ALGORITHMS
 #: Members in the order they run first; the others follow in registry order, the searches last. The expert
 #: split comes first: it is the quickest to find a plan that fits where memory is tight, and once auto has a
 #: plan it can box every later member in the time left. Data parallelism next, the sharded optimizer's first
-#: (the same ring traffic, 1/n of the update): where a replica fits it is often several times faster than any
-#: placement (bench/quality.py), though its replicated graph takes seconds on 10^4 ops (their lower bounds
-#: skip them where they cannot win). Then the single device (one simulation) and the cheapest (tenths of a
-#: second), m-SCT (Baechi's best, seconds on 10^4 ops), then DPOS and HEFT (about a second); m-ETF (longer
-#: under channel contention) after them. With 10 s on every bundled case (bench/presets.py), m-SCT among the
-#: searches at the end missed the best plan on GNMT over 4 A100s (m-SCT's, 1.36x faster); run before data
-#: parallelism, the cheap members missed NASNet and ResNet-200 on CPUs by 1.4-4.9x; run after m-SCT, they
-#: never ran on GNMT over two hosts, where m-SCT used the time left without a plan and METIS's was 1.14x
-#: faster than auto's.
+#: (the same ring traffic, 1/n of the update): where a replica fits it often beats every placement, and its
+#: lower bound skips it where it cannot win. Then the cheap one-pass members, fastest first, so that each
+#: runs before a slower one can use up the time; the searches last.
 FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "single", "metis", "celeritas", "order_place",
               "m_sct", "m_topo", "dpos", "heft")
 #: Options auto gives members: data parallelism reduces its gradients with whichever collective is faster
 #: for the case (the ring or direct exchanges within and between hosts).
 MEMBER_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_parallel": {"collective": "best"}}
 #: Members whose makespan has a cheap lower bound (for the options above): one whose bound is no better than
-#: the best plan so far cannot win and does not run. Data parallelism's bound takes a tenth of a second where
-#: its plan takes seconds, and is tightest where the all-reduce dominates: it skips GNMT, whose replicas lose
-#: to the expert split.
+#: the best plan so far cannot win and does not run. Data parallelism's bound costs far less than its plan and
+#: is tightest where the all-reduce dominates.
 LOWER_BOUNDS = {"data_parallel": partial(data_parallel_lower_bound, **MEMBER_OPTIONS["data_parallel"]),
                 "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True,
                                                  **MEMBER_OPTIONS["sharded_data_parallel"])}
-#: What ``runnable=True`` (auto's and ``placer.plan``'s, deprecated) warns: it kept plans to those without
-#: data-parallel replicas, which the runtime now runs too.
+#: What ``runnable=True`` (auto's and ``placer.plan``'s, deprecated) warns.
 RUNNABLE_DEPRECATED = "runnable is deprecated and has no effect: every plan runs"
 
 
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
-#: gains little on graphs of 10^4 ops in seconds; the rest leaves time for placer's check of the plan.
+#: gains little on large graphs in seconds; the rest leaves time for placer's check of the plan.
 PORTFOLIO_SHARE = 0.9
 
 
@@ -123,11 +114,10 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     seed : int
         Seeds the portfolio members and the choice of moves.
     time_limit : float, optional
-        Seconds for the whole search (default 60). The portfolio may use
-        90% of it, each member boxed in the time left (searches such as
-        os_dpos get a third of it as their own limit); pesto and placeto
-        join only with a given limit of 60 s or more. The local search uses
-        what remains.
+        Seconds for the whole search (default 60). The portfolio may use 90% of
+        it, each member boxed in the time left (searches get a third of it as
+        their own limit); pesto and placeto join only with a limit of 60 s or
+        more. The local search uses what remains.
     max_evaluations : int
         Simulations the local search may spend. When this budget, not the
         time limit, ends the search, the result is deterministic for a seed.
@@ -140,11 +130,10 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     Returns
     -------
     Plan
-        Never slower than any portfolio member's plan; its ``extra["auto"]``
-        says which member it started from, which members ran, were cut off by
-        the time limit, failed, or were skipped because a lower bound on their
-        makespan showed they could not beat the best plan (``cannot_win``), and
-        what local search gained.
+        Never slower than any portfolio member's plan. ``extra["auto"]`` says
+        which member it started from, which members ran, were cut off, failed,
+        or were skipped by their lower bound (``cannot_win``), and what local
+        search gained.
 
     Raises
     ------
@@ -164,10 +153,10 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
 
     References
     ----------
-    Portfolio of the registered algorithms (their papers are cited in their modules); the
-    local search is a first-improvement hill climb on the critical path of the reference
-    simulation, as in the placement refinement of Mirhoseini et al.'s and Addanki et al.'s
-    baselines (no single paper's algorithm).
+    The members' papers are cited in their modules. The local search is a
+    first-improvement hill climb on the critical path of the reference
+    simulation, as in the placement refinement baselines of Mirhoseini et al.
+    and Addanki et al.
     """
     began = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
@@ -225,15 +214,13 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
                    options: dict[str, dict]):
     """Run ``members`` (each with its ``options``) in order until ``end``.
 
-    Returns the fastest fitting plan (span, name, plan) or None, a log,
-    whether Ctrl-C stopped it, and the time placer took to check the best
-    plan (about two simulations).
+    Returns the fastest fitting plan (span, name, plan) or None, a log, whether
+    Ctrl-C stopped it, and the time placer took to check the best plan.
 
-    Each member is boxed in the time left (a member still runs unboxed while no
-    plan has been found, so that auto fits whenever a member does); members
-    that search until a limit get a third of the time left as theirs. The
-    portfolio also ends early enough before ``deadline`` for placer to check
-    the plan it returns, as long as checking that plan took.
+    Each member is boxed in the time left, except while no plan has been found
+    (so that auto fits whenever a member does); members that search until a
+    limit get a third of the time left. The portfolio ends early enough before
+    ``deadline`` for placer to check the plan it returns.
     """
     best: tuple[float, str, Plan] | None = None
     log: dict[str, list[str]] = {"ran": [], "out_of_time": [], "failed": [], "cannot_win": []}
@@ -286,10 +273,9 @@ def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed:
                   deadline: float) -> tuple[np.ndarray, float, int, bool]:
     """Hill-climb on the placement; the earliest-ready order of the reference model runs each candidate.
 
-    A candidate is simulated only if it and placer's final check of the plan
-    (one more simulation) end before ``deadline``. Ctrl-C ends the search
-    early with the best placement so far (the last value says whether that
-    happened).
+    A candidate is simulated only if it and placer's final check of the plan end
+    before ``deadline``. Ctrl-C ends the search early with the best placement so
+    far (the last value says whether that happened).
     """
     rng = np.random.default_rng(seed)
     n_dev = cluster.num_devices

@@ -150,16 +150,14 @@ def layer_labels(graph: OpGraph, min_layers: int = 1) -> np.ndarray:
 def forward_ordered(graph: OpGraph, unit_of: np.ndarray, units: list[np.ndarray]) -> list[np.ndarray]:
     """``units`` in the order the data flows through them: for layers, forward order.
 
-    A unit's place is the first time it reads another unit's output or
-    another unit reads its own (just before that reader), in topological
-    order. Parameters, optimizer states and inputs are sources, all first in
-    a topological order, and so are the updates that read only them (Adam's
-    step count, batch norm's count of batches): units numbered by their first
-    node (:func:`placement_units`) put every unit that holds a parameter ahead
-    of those that hold none, so a ResNet block's own ReLUs and addition came
-    after every convolution of the model, and a contiguous split of that
-    order was not contiguous in the graph. A unit of weights shared by many
-    layers (a recurrent cell's, over its time steps) goes where its first
+    A unit's place is the first time it reads another unit's output or another
+    unit reads its own (just before that reader), in topological order.
+    Numbering units by their first node (:func:`placement_units`) would not do:
+    parameters, optimizer states, inputs and the updates that read only them
+    (Adam's step count) are all sources, first in a topological order, so every
+    unit that holds a parameter would come ahead of those that hold none, and a
+    contiguous split of that order would not be contiguous in the graph. A unit
+    of weights shared by many layers (a recurrent cell's) goes where its first
     reader is.
     """
     position = np.empty(graph.num_nodes, dtype=np.float64)
@@ -178,11 +176,11 @@ def forward_ordered(graph: OpGraph, unit_of: np.ndarray, units: list[np.ndarray]
 def expert(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None) -> Plan:
     """The human split: contiguous groups of layers per device, balanced by compute within memory.
 
-    Layers (a node's ``layer``; forward and backward ops of a layer share it)
-    are kept whole and in forward order; the sequence is cut into one
-    contiguous chunk per device so that the slowest device's compute is as
-    small as memory allows (binary search on that bottleneck with a greedy
-    fill). This is the "expert" placement of Placeto, Pesto and Baechi.
+    Layers (a node's ``layer``, shared by its forward and backward ops) are kept
+    whole and in forward order; the sequence is cut into one contiguous chunk
+    per device so that the slowest device's compute is as small as memory
+    allows (binary search on that bottleneck with a greedy fill). This is the
+    "expert" placement of Placeto, Pesto and Baechi.
 
     Raises
     ------

@@ -57,18 +57,17 @@ def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimiz
     """No data-parallel plan of ``graph`` on ``cluster`` is faster than this; far cheaper than building one.
 
     The longest of: the busiest replica device (its share of the batch, the
-    whole optimizer and its all-reduce additions, run one at a time), the
-    busiest channel of the collective (FORMATS.md: a channel carries one
-    transfer at a time) after the earliest a gradient can be ready, and a
-    replica's own critical path. The busy times are exactly those the
-    data-parallel plan's simulation would show, so where the all-reduce
-    dominates (GNMT) the bound is tight and ``auto`` knows before spending
-    seconds on a 10^5-node graph that it cannot win.
+    whole optimizer and its all-reduce additions, one at a time), the busiest
+    channel of the collective (a channel carries one transfer at a time) after
+    the earliest a gradient can be ready, and a replica's own critical path.
+    These busy times are those the plan's simulation shows, so the bound is
+    tight where the all-reduce dominates, and ``auto`` can skip a plan that
+    cannot win without building it.
 
     Returns ``inf`` where no device may hold a replica or a transfer of the
     collective has no channel. ``shard_optimizer`` bounds
-    :func:`sharded_data_parallel`'s plans instead; ``collective="best"``
-    the fastest collective's.
+    :func:`sharded_data_parallel`'s plans instead; ``collective="best"`` the
+    fastest collective's.
 
     Examples
     --------
@@ -189,10 +188,9 @@ def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit
     """Data parallelism: every device runs a replica on 1/n of the batch; gradients are all-reduced.
 
     The plan places the data-parallel graph (:func:`~placer.transform.replicate.data_parallel_graph`,
-    strong scaling: the global batch stays fixed), which it carries as
-    ``rewritten_graph``. The all-reduce's transfers travel on the cluster's
-    channels, so its congestion counts. Devices whose kind some node may not
-    use hold no replica.
+    strong scaling: the global batch stays fixed), carried as
+    ``rewritten_graph``. The all-reduce's transfers use the cluster's channels,
+    so its congestion counts. Devices whose kind some node may not use hold no replica.
 
     Parameters
     ----------
@@ -202,7 +200,7 @@ def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit
         How the gradients are reduced: NCCL's ring (the default, as PyTorch
         DDP), direct exchanges within each host then between hosts
         (:func:`~placer.transform.replicate.collective_stages`), or whichever
-        of the two gives the faster step.
+        gives the faster step.
 
     Returns
     -------
@@ -214,8 +212,7 @@ def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit
     OptionError
         An unknown ``collective``.
     InfeasibleError
-        If no device may run every node, or a replica does not fit one device
-        (data parallelism needs the whole model on every device).
+        If no device may run every node, or a replica does not fit one device.
 
     Examples
     --------
@@ -238,23 +235,19 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
                           collective: str = "ring") -> Plan:
     """Data parallelism with the optimizer sharded across the replicas (ZeRO stage 1).
 
-    Like :func:`data_parallel`, but each bucket of gradients is reduce-scattered
-    instead of all-reduced, every replica updates only its 1/n of each
-    parameter and holds 1/n of the optimizer's state, and the updated
-    parameters are all-gathered. The ring carries the same bytes; the
-    optimizer's time and state shrink n-fold: under strong scaling each
-    replica's share of the batch shrinks while a replicated optimizer does
-    not, so it is what data parallelism wastes most with Adam.
+    As :func:`data_parallel`, but each bucket of gradients is reduce-scattered,
+    every replica updates only its 1/n of each parameter and holds 1/n of the
+    optimizer's state, and the updated parameters are all-gathered. The ring
+    carries the same bytes; the optimizer's time and state shrink n-fold, which
+    matters under strong scaling, where each replica's share of the batch
+    shrinks but a replicated optimizer does not.
 
     Parameters
     ----------
     graph, cluster
     seed, time_limit : ignored (deterministic, immediate)
     collective : {"ring", "direct", "best"}
-        How the gradients are reduced: NCCL's ring (the default, as PyTorch
-        DDP), direct exchanges within each host then between hosts
-        (:func:`~placer.transform.replicate.collective_stages`), or whichever
-        of the two gives the faster step.
+        As for :func:`data_parallel`.
 
     Returns
     -------
@@ -282,7 +275,7 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
     References
     ----------
     Rajbhandari et al., "ZeRO: Memory Optimizations Toward Training Trillion Parameter
-    Models", SC 2020, Section 5.1 (optimizer state partitioning, P_os): as in DeepSpeed,
+    Models", SC 2020, Section 5.1 (optimizer state partitioning, P_os). As in DeepSpeed,
     each replica owns a contiguous 1/n of every flattened bucket (PyTorch's
     ``ZeroRedundancyOptimizer`` gives each rank whole parameters instead).
     """

@@ -65,10 +65,11 @@ def load_policy(path: str | os.PathLike | None = None):
 
 
 def _import_torch(options: dict) -> None:
-    """Import the policy's and the walks' code, and torch with it (1.3 s here): a process's first
-    call would otherwise spend a short time limit on it and fail where the next call succeeds. For
-    fine-tuning, also what torch.optim imports on its first optimizer (torch._dynamo: 1.9 s here,
-    an import the time limit cannot cut short)."""
+    """Import the policy's and the walks' code, and torch with it, before the time limit starts: a
+    process's first call would otherwise spend a short limit on the import and fail where the next call
+    succeeds. For fine-tuning, also what torch.optim imports on its first optimizer (torch._dynamo,
+    an import a time limit cannot cut short).
+    """
     from ..learn import policy, train  # noqa: F401
 
     if options.get("fine_tune_s") or options.get("fine_tune_episodes"):
@@ -84,13 +85,13 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     """Placeto's learned policy, zero-shot or fine-tuned on the graph (Addanki et al., NeurIPS 2019).
 
     The graph is reduced by Merge-and-Colocate to ``target_nodes`` nodes; the
-    policy then walks them in topological order ``passes`` times from the
-    placement with every node on its first allowed device, moving each to its
-    likeliest device; every step is simulated on the original graph and the
-    best placement of the walk is kept (Placeto's MDP). If it does not fit in
-    memory, it is repaired: units on an over-full device move to the allowed
-    device with room that the policy liked best (or, if that fails, the
-    memory-aware expert split is used), and ``plan.extra["placeto"]`` says so.
+    policy then walks them in topological order ``passes`` times, starting with
+    every node on its first allowed device and moving each to its likeliest
+    device; every step is simulated on the original graph and the walk's best
+    placement is kept (Placeto's MDP). A placement that does not fit in memory
+    is repaired: units on an over-full device move to the allowed device with
+    room that the policy liked best (failing that, the memory-aware expert split
+    is used), and ``plan.extra["placeto"]`` says so.
 
     Parameters
     ----------
@@ -105,10 +106,10 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
         Walks sampled from the policy (seeded by ``seed``) besides the greedy
         one; the best placement of all is kept.
     fine_tune_s : float
-        Seconds of REINFORCE on this graph (0 = zero-shot); the plan is the
-        best placement of the tuned policy's walk and of the fine-tuning
-        rollouts, if better than the zero-shot one. The result then depends
-        on how many updates fit in the time.
+        Seconds of REINFORCE on this graph (0 = zero-shot); the plan is the best
+        placement of the tuned policy's walk and of the fine-tuning rollouts, if
+        better than the zero-shot one. The result then depends on how many
+        updates fit in the time.
     fine_tune_episodes : int
         Episodes of fine-tuning instead (deterministic for a seed); with
         ``fine_tune_s`` too, whichever ends first.

@@ -56,7 +56,7 @@ _REGISTRY: dict[str, Algorithm] = {}
 
 #: Plans :func:`place` checked, with what the check depended on and its figures: a plan an algorithm
 #: returns as place() checked it for the same graph and cluster (``auto`` returns a member's plan)
-#: is not simulated again, which takes seconds on a replicated graph of 10^5 operations.
+#: is not simulated again, which is costly on a large replicated graph.
 _checked: "weakref.WeakKeyDictionary[Plan, tuple[tuple, dict]]" = weakref.WeakKeyDictionary()
 
 
@@ -175,8 +175,9 @@ def checked_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:
 
 def _import_libraries() -> None:
     """Import what the algorithms load on first use: scipy's sparse graphs (grouping nodes,
-    :func:`~placer.graph.joined_groups`) and its LP solver (m-SCT). Seconds on a loaded machine,
-    which a process's first call would otherwise spend from a short time limit and fail with."""
+    :func:`~placer.graph.joined_groups`) and its LP solver (m-SCT). This can take seconds, which a
+    process's first call would otherwise spend from a short time limit and fail with.
+    """
     import scipy.optimize  # noqa: F401
     import scipy.sparse.csgraph  # noqa: F401
 

@@ -1,22 +1,20 @@
 """Time boxes: stop a piece of work when its seconds are up, even if it never looks at the clock.
 
-One-pass algorithms (the list schedulers) have no natural place to stop, and a
-search's first phase can outlast a short limit; :func:`placer.algorithms.place`
-and ``auto`` box them so that a ``time_limit`` holds. Boxes nest: the innermost
-box whose time is up ends first, and an outer box's expiry passes through the
-inner ones to the outer ``with``.
+One-pass algorithms (the list schedulers) have no natural place to stop, and
+a search's first phase can outlast a short limit; :func:`placer.algorithms.place`
+and ``auto`` box them so that a ``time_limit`` holds. Boxes nest: the
+innermost box whose time is up ends first, and an outer box's expiry passes
+through the inner ones to the outer ``with``.
 
 Boxes use ``SIGALRM``, so they work on the main thread of a POSIX process;
-elsewhere (another thread, Windows) a box never expires and the work runs to
-its end. The interruption lands between Python bytecodes: a long call into C
-(a solver) ends first, which is why solvers get their own time limit too. It
-waits while a box opens or closes (raised there, it would escape the ``with``
-and leave the box open) and while a module is imported (a module left half
-imported breaks every later import of it: torch's crashes the process), and
-comes again where Python swallowed it (a weakref callback or a ``__del__``
-prints such an exception and goes on). Where a library turns it into an error
-of its own (numpy's comparisons re-raise it as a TypeError), the box that
-expired swallows that error too: its body was cut short either way.
+elsewhere a box never expires and the work runs to its end. The interruption
+lands between Python bytecodes, so a long call into C (a solver) ends first:
+solvers get their own time limit too. It is held off while a box opens or
+closes (it would leave the box open) and during an import (a module left half
+imported breaks every later import of it), and comes again where Python
+swallowed it (a weakref callback or a ``__del__``). Where a library turns it
+into an error of its own (numpy's comparisons re-raise it as a TypeError),
+the box that expired swallows that error too.
 """
 
 from __future__ import annotations
@@ -91,8 +89,9 @@ def _on_alarm(signum, frame) -> None:
 
 def _must_wait(frame) -> float:
     """Seconds until the alarm should come again where ``frame`` (where it came) runs in a box's
-    ``__enter__`` or ``__exit__`` (microseconds of work), or in an import (torch's takes seconds: an
-    alarm every 0.1 ms walked the stack 12,620 times in one, and made it half as long again); 0 elsewhere."""
+    ``__enter__`` or ``__exit__`` (microseconds of work), or in an import (which can take seconds:
+    alarms too frequent would slow it down walking the stack); 0 elsewhere.
+    """
     while frame is not None:
         code = frame.f_code
         if code in _BOOKKEEPING:
@@ -160,10 +159,10 @@ OPTIONAL_SHARE = 0.5
 def optional_work(took_s: float) -> TimeBox | None:
     """A time box for optional work expected to take ``took_s`` seconds, or None where there is no time for it.
 
-    Where a time limit is running, the work gets :data:`OPTIONAL_SHARE` of the
-    seconds left (the rest is for what follows, such as the plan's
-    validation); none where the last such work took longer than that share.
-    Without a time limit the box never expires.
+    Under a running time limit the work gets :data:`OPTIONAL_SHARE` of the
+    seconds left (the rest is for what follows, such as the plan's validation);
+    none where the last such work took longer than that share. Without a time
+    limit the box never expires.
     """
     left = seconds_left()
     if left is None:
@@ -181,13 +180,12 @@ _frugal_depth = 0
 def frugal() -> Iterator[None]:
     """Within it, an algorithm's optional search costs at most what the algorithm spent before it.
 
-    For algorithms run as a part of another's work (``auto``'s portfolio,
-    Pesto's warm start), whose time the caller shares out: there the list
-    schedulers' search over memory budgets builds no more schedules than the
-    scheduler built so far. A count, not seconds, so that the plan does not
-    depend on how fast the machine ran that day. Outside, a search runs to
-    its end within the time limit, so that a generous limit gives the plan
-    that no limit gives.
+    For algorithms run as part of another's work (``auto``'s portfolio, Pesto's
+    warm start), whose time the caller shares out: there the list schedulers'
+    search over memory budgets builds no more schedules than the scheduler built
+    so far. A count, not seconds, so that the plan does not depend on the
+    machine's speed. Outside, a search runs to its end within the time limit, so
+    that a generous limit gives the plan that no limit gives.
     """
     global _frugal_depth
     _frugal_depth += 1

@@ -1,40 +1,38 @@
 """From the fx graph of a captured training step to an :class:`~placer.graph.OpGraph`.
 
-Every fx node but the output becomes a graph node with the same id. A ``getitem`` that
-picks output ``k`` of a multi-output op is a node too, colocated with the op, its edge
-from the op naming the output in its ``tensor`` field: batch norm's output is read at once
-and its saved statistics in the backward pass, so each output must be held until its own
-readers end (FORMATS.md, rule 6). The op holds all its outputs until its picks have run;
-each pick then holds its own. Per node:
+Every fx node but the output becomes a graph node with the same id. A
+``getitem`` that picks output ``k`` of a multi-output op is a node too,
+colocated with the op, its edge from the op naming the output in its
+``tensor`` field: each output of batch norm is held until its own readers
+end (FORMATS.md, rule 6). Per node:
 
-* ``op``: ``aten.<overload packet>`` (``aten.convolution``), ``_operator.<name>`` for
-  Python scalar arithmetic, ``placeholder`` / ``get_attr`` for the step's inputs;
-* ``output_bytes``: the storages of its outputs that no earlier node holds (0 for views
-  and in-place writes, which use an input's, also where the schema does not say so, as
-  with ``unsafe_split``); a reader of a view gets an edge (0 bytes) from the holder of its
-  storage and from every view between (on another device, one of them is a received copy),
-  which keeps it held; ``param_bytes``: the resident state a placeholder holds
-  (parameters, buffers, optimizer state); a batch input counts as an output;
-* ``flops``: :data:`torch.utils.flop_counter.flop_registry` on the fake arguments (0 for
-  ops it does not count, as :class:`~torch.utils.flop_counter.FlopCounterMode` does), but
-  :func:`conv_backward_flops` for ``convolution_backward`` (torch's formula ignores groups
-  in the weight gradient);
-* ``splittable``: the batch rows of a matrix operation or convolution whose first operand
-  holds the batch in its leading dimension, and the output channels of a forward
-  convolution or of a product with a weight, with the arguments a channel split slices;
+* ``op``: ``aten.<overload packet>`` (``aten.convolution``), ``_operator.<name>``
+  for Python scalar arithmetic, ``placeholder`` / ``get_attr`` for the step's inputs;
+* ``output_bytes``: the storages of its outputs that no earlier node holds
+  (0 for views and in-place writes, also where the schema does not say so,
+  as with ``unsafe_split``); a reader of a view gets a 0-byte edge from the
+  holder of its storage and from every view between, which keeps it held;
+  ``param_bytes``: the state a placeholder holds (parameters, buffers,
+  optimizer state); a batch input counts as an output;
+* ``flops``: :data:`torch.utils.flop_counter.flop_registry` on the fake
+  arguments (0 for ops it does not count), but :func:`conv_backward_flops`
+  for ``convolution_backward`` (torch's formula ignores groups in the
+  weight gradient);
+* ``splittable``: the batch rows of a matrix operation or convolution whose
+  first operand leads with the batch, and the output channels of a forward
+  convolution or of a product with a weight;
 * ``node_extra``: ``bytes_accessed`` (input plus output bytes; 0 for a pick) and ``dtype``.
 
-An edge's ``bytes`` are what the runtime copies when its consumer is on another device
-(:mod:`placer.capture.layout`): a tensor's elements, but an ``expand``'s storage span alone.
+An edge's ``bytes`` are what the runtime copies when its consumer is on
+another device (:mod:`placer.capture.layout`).
 
-In-place writes of state (the final ``copy_`` of a new parameter or optimizer state into
-its placeholder, ``native_batch_norm`` updating running statistics, any ``(a!)`` schema
-argument) make the writer share a colocation group with what it writes, and add
-ordering edges (0 bytes) between the writer and every other reader of that tensor, in
-program order, so that any plan keeps the step's meaning; but not where a path of the
-graph orders them already (the reader of a weight whose result leads to the weight's
-update): an edge makes its target a consumer, which holds its source's output until the
-target ends (FORMATS.md, rule 6).
+An in-place write of state (the final ``copy_`` of a new parameter or
+optimizer state, batch norm's running statistics, any ``(a!)`` argument)
+puts the writer in one colocation group with what it writes and adds 0-byte
+ordering edges between the writer and every other reader of that tensor, in
+program order, so that any plan keeps the step's meaning. Where a path
+already orders them no edge is added, since an edge would make its target
+hold its source's output until the target ends (FORMATS.md, rule 6).
 """
 
 from __future__ import annotations

@@ -1,28 +1,26 @@
 """The optimizers a captured training step ends with, as torch's own functional updates.
 
-Each optimizer is applied one parameter at a time through the functional form that
-``torch.optim`` itself runs (``torch.optim.adam.adam``, ``torch.optim.sgd.sgd``) with
-``foreach=False``: the single-tensor path eager PyTorch takes for CPU tensors, so a
-captured step reproduces ``torch.optim`` bit for bit. The learning rate is an input of
-the update (:meth:`OptimizerSpec.update`), so that it may change between steps as a
-learning-rate scheduler changes it. Hyper-parameters are torch's
-defaults for the class, except ``lr`` and the :data:`SETTINGS` given: SGD's
-``momentum``, ``dampening``, ``weight_decay``, ``nesterov`` and ``maximize``; Adam's
-and AdamW's ``betas``, ``eps``, ``weight_decay`` and ``maximize`` (and Adam's
-``decoupled_weight_decay``).
+Each optimizer is applied one parameter at a time through the functional
+form ``torch.optim`` itself runs (``torch.optim.adam.adam``,
+``torch.optim.sgd.sgd``) with ``foreach=False``, the single-tensor path
+eager PyTorch takes for CPU tensors, so a captured step reproduces
+``torch.optim`` bit for bit. The learning rate is an input of the update
+(:meth:`OptimizerSpec.update`), so that a scheduler may change it between
+steps. Hyper-parameters are torch's defaults for the class, except ``lr``
+and the :data:`SETTINGS` given.
 
-SGD with momentum keeps a ``momentum_buffer`` per parameter, as ``torch.optim.SGD``'s
-state dict names it. Torch's first step sets it to a copy of the gradient, later steps
-to ``momentum * buf + (1 - dampening) * grad``; a captured step is one graph for every
-step, so it starts the buffer at zeros and always takes the second form, which gives
-the gradient itself on the first step when ``dampening`` is 0 (``momentum * 0 + grad``,
-exact but for the sign of a zero). Another ``dampening`` with momentum would make the
-first step differ, so it is refused; so are ``amsgrad`` (another state tensor and a
-maximum) and the settings that change the kernels (``foreach=True``, ``fused``,
-``capturable``, ``differentiable``).
+SGD with momentum keeps a ``momentum_buffer`` per parameter. Torch's first
+step sets it to a copy of the gradient, later steps to
+``momentum * buf + (1 - dampening) * grad``; a captured step is one graph for
+every step, so it starts the buffer at zeros and always takes the second
+form, which equals the first on the first step when ``dampening`` is 0 (but
+for the sign of a zero). Another ``dampening`` with momentum is therefore
+refused, and so are ``amsgrad`` (another state tensor) and the settings that
+change the kernels (``foreach=True``, ``fused``, ``capturable``,
+``differentiable``).
 
-torch is imported on first use, not with this module, so that the command line can
-offer :data:`OPTIMIZERS` as the choices of ``--optimizer`` without loading torch.
+torch is imported on first use, so that the command line can offer
+:data:`OPTIMIZERS` as choices without loading it.
 """
 
 from __future__ import annotations

@@ -4,18 +4,16 @@ The step is a pure function of flat tensors::
 
     step(*params, *buffers, *optimizer_state, lr, *inputs) -> loss
 
-that runs ``torch.func.functional_call`` of the model under
-``torch.func.grad_and_value`` and then torch's functional optimizer, one parameter at
-a time, with the learning rate ``lr`` (a 0-dim float64 tensor, read as a number once
-per step): an input of the step, not a constant, so that a learning-rate scheduler may
-change it between steps. ``make_fx`` traces it (each kind of parameter's update once,
-copied for the others: :mod:`placer.capture.updates`), under ``torch.func.functionalize(remove="mutations")``,
-with fake tensors: nothing is computed and no real memory is allocated, so a model
-built on the meta device (``with torch.device("meta"):``) of any size captures in
-seconds. The updates of parameters, buffers and optimizer state come out as in-place
-``copy_`` nodes into the placeholders at the end of the graph, so running the graph
-module on live tensors trains the model exactly as eager PyTorch and ``torch.optim``
-would.
+running ``torch.func.functional_call`` of the model under
+``torch.func.grad_and_value``, then torch's functional optimizer one
+parameter at a time. The learning rate ``lr`` (a 0-dim float64 tensor) is an
+input, not a constant, so that a scheduler may change it between steps.
+``make_fx`` traces it under ``torch.func.functionalize(remove="mutations")``
+with fake tensors: nothing is computed or allocated, so a model built on the
+meta device of any size captures quickly. The updates of parameters, buffers
+and optimizer state come out as in-place ``copy_`` nodes into the
+placeholders at the end of the graph, so running the graph module on live
+tensors trains the model exactly as eager PyTorch and ``torch.optim`` would.
 """
 
 from __future__ import annotations
@@ -149,14 +147,14 @@ class CapturedStep:
                     optimizer: torch.optim.Optimizer | None = None) -> list[torch.Tensor]:
         """The flat arguments of :attr:`gm`, sharing storage with ``model`` and ``optimizer``.
 
-        Parameters are passed as ``p.detach()`` (same storage), buffers as themselves,
-        optimizer state as the tensors in ``optimizer.state[p]`` (created as
-        ``torch.optim`` does on its first step when missing, and stored there) and the
-        learning rate as a new 0-dim float64 tensor holding the parameter group's ``lr``
-        as it is now (a scheduler's), so ``gm(*flat)`` trains ``model`` and ``optimizer``
-        in place. Without ``optimizer``, fresh state is created and the learning rate is
-        :attr:`optimizer`'s; keep the returned list and pass it to ``gm`` again for the
-        next step (its inputs replaced by :meth:`with_inputs`).
+        Parameters are passed as ``p.detach()``, buffers as themselves, optimizer
+        state as the tensors in ``optimizer.state[p]`` (created as ``torch.optim``
+        does on its first step when missing) and the learning rate as a new 0-dim
+        float64 tensor of the parameter group's current ``lr``, so ``gm(*flat)``
+        trains ``model`` and ``optimizer`` in place. Without ``optimizer``, fresh
+        state is created and the learning rate is :attr:`optimizer`'s; pass the
+        returned list to ``gm`` again for the next step (its inputs replaced by
+        :meth:`with_inputs`).
 
         Raises
         ------
@@ -482,7 +480,7 @@ def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, input
         flat.append(torch.empty((), dtype=torch.float64))
         flat += [_fake_like(inputs[k]) for k in layout.input_slots]
     try:
-        # Stack traces of every op cost a fifth of the trace and are not used (torch 2.11 has no such
+        # Stack traces of every op cost much of the trace and are not used (torch 2.11 has no such
         # switch: ``create`` lets it record them there).
         with fx_traceback.preserve_node_meta(), \
                 patch.object(torch.fx.config, "do_not_emit_stack_traces", True, create=True), portable_kernels():
@@ -632,11 +630,10 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         Example arguments of ``model``; the tensors among them become inputs of the step
         (the batch size is the leading dimension of the first), the rest constants.
     optimizer : {"adam", "sgd", "adamw"}
-        The ``torch.optim`` optimizer whose update ends the step (torch's defaults but for
-        ``lr`` and ``settings``).
+        The ``torch.optim`` optimizer whose update ends the step.
     lr : float
-        Learning rate: the default of the step's learning-rate input (an input, not a constant:
-        :meth:`CapturedStep.step_inputs` reads the optimizer's at every step).
+        The default of the step's learning-rate input (:meth:`CapturedStep.step_inputs`
+        reads the optimizer's at every step).
     name : str, optional
         Graph name (default: :func:`step_name` of the model's class name, batch size and
         optimizer).
@@ -645,7 +642,7 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         device. Tracing always uses fake tensors, so this only marks the step as not
         executable from the model (:meth:`CapturedStep.example_args` then makes up values).
     settings : dict, optional
-        The optimizer's other settings (``{"momentum": 0.9, "weight_decay": 1e-4}``), as
+        The optimizer's other settings (``{"momentum": 0.9}``), as
         :func:`placer.capture.optimizer_spec` takes them.
 
     Returns
@@ -658,18 +655,17 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
     OptionError
         Unknown optimizer, bad ``lr`` or setting, ``model`` not a module or bad ``inputs``.
     FormatError
-        If ``model(*inputs)`` does not return a scalar floating-point loss, the model has
-        no trainable parameter or the loss depends on none of them (no backward to
-        capture), or the step cannot be traced (the message says why).
+        If ``model(*inputs)`` does not return a scalar floating-point loss, the loss
+        depends on no trainable parameter, or the step cannot be traced (the message
+        says why).
 
     Notes
     -----
-    Frozen parameters (``requires_grad=False``) are inputs of the step, not updated; so are
-    trainable parameters the loss does not depend on, as eager ``torch.optim`` skips them (their
-    ``grad`` stays ``None``; the step is traced a second time to leave them out). Models
-    that branch on tensor values cannot be traced with fake tensors (the error names the
-    line). oneDNN is off while tracing, so CPU-only fused kernels do not replace portable
-    aten ops.
+    Frozen parameters (``requires_grad=False``) are inputs of the step, not
+    updated; so are trainable parameters the loss does not depend on, which eager
+    ``torch.optim`` skips. Models that branch on tensor values cannot be traced
+    with fake tensors (the error names the line). oneDNN is off while tracing, so
+    CPU-only fused kernels do not replace portable aten ops.
 
     Examples
     --------

@@ -1,20 +1,18 @@
 """The optimizer's update in a captured step: traced once per kind of parameter, copied for each.
 
-Tracing is most of a capture's time, about a millisecond and a half per operation
-here, and with Adam half of the operations are the update's: 15 per parameter, six of
-them the bias corrections' arithmetic on the parameter's step count, which ``make_fx``
-carries through sympy as an unknown (``.item()`` of a fake tensor). Every parameter's
-update is the same sequence of operations: ``torch.optim``'s single-tensor path
-branches only on the parameter's dtype, device and whether it is complex. So the step
-is traced with one stand-in node per parameter (:meth:`UpdateTemplates.stand_in`:
-parameter, gradient and state in, their new values out), the update is traced once per
-kind of parameter (:meth:`UpdateTemplates.add`), and :meth:`UpdateTemplates.expand`
-puts a copy of that trace in place of each stand-in. The learning rate is read once
-per step (an ``.item()`` of the step's ``lr`` input, before the updates) and every
-update reads that one value, a copy as :meth:`UpdateTemplates.expand` points it there.
-The graph is the one a trace of every update gives: the same nodes in the same order,
-names, arguments and metadata (``tests/test_capture.py`` compares the two). NASNet,
-1,026 parameters, captures in about two thirds of the time a trace of every update takes.
+Tracing is most of a capture's time, and with Adam about half of a step's
+operations are the update's, some of them scalar arithmetic on the step
+count that ``make_fx`` carries through sympy. Every parameter's update is
+the same sequence of operations: ``torch.optim``'s single-tensor path
+branches only on the parameter's dtype, device and whether it is complex.
+So the step is traced with one stand-in node per parameter
+(:meth:`UpdateTemplates.stand_in`), the update is traced once per kind of
+parameter (:meth:`UpdateTemplates.add`), and :meth:`UpdateTemplates.expand`
+puts a copy of that trace in place of each stand-in. The learning rate is
+read once per step (an ``.item()`` of the step's ``lr`` input) and every
+copy reads that value. The result is the graph a trace of every update gives:
+the same nodes in the same order, names, arguments and metadata
+(``tests/test_capture.py`` compares the two).
 """
 
 from __future__ import annotations

@@ -5,40 +5,35 @@ The time of one operation on a device kind is
     launch_overhead_s + max(flops / (peak_flops[dtype] * compute_efficiency),
                             bytes_accessed / (memory_bandwidth * memory_efficiency))
 
-the classic roofline (Williams, Waterman and Patterson, "Roofline: an insightful
-visual performance model", CACM 2009) with the peaks of the vendor data sheets
-scaled by an achieved fraction. Matrix ops (matmul, convolution, attention) use
-the matrix units (tensor cores) where the dtype has them; everything else uses
-the vector units.
+the classic roofline with the peaks of the vendor data sheets scaled by an
+achieved fraction. Matrix ops (matmul, convolution, attention) use the matrix
+units (tensor cores) where the dtype has them; everything else uses the
+vector units.
 
 Choices, and why:
 
-* Efficiency. Peaks are never reached over a whole step. Large cuBLAS GEMMs reach
-  80-90% of the FP32 peak and 70-80% of the tensor-core peak, cuDNN convolutions of
-  the sizes found in CNNs 50-70%, and STREAM-like elementwise kernels 80-90% of the
-  HBM bandwidth. We use 0.7 of the compute peak and 0.8 of the bandwidth on GPUs:
-  one figure per kind keeps the model explainable, and the error it leaves is what
-  a measured profile (:mod:`placer.cost.profile`) removes.
-* Launch overhead. Every kernel costs at least its launch and the GPU's minimum
-  kernel duration, about 5 us on V100/A100/H100 (CUDA launch latency is 3-7 us in
-  NVIDIA's own launch microbenchmarks). Without it, the thousands of tiny optimizer
-  and elementwise ops of a training step would cost nothing.
-* Views cost nothing. ``view``, ``reshape``, ``transpose``, ``expand``, ``getitem``
-  and the like change tensor metadata only and launch no kernel in PyTorch, so they
-  cost 0 s, not a launch overhead (:data:`VIEW_OPS`).
-* Arithmetic on Python numbers (``_operator.*``: Adam's bias corrections on its step
-  count) runs on the host and launches no kernel either. A GPU does not wait for it:
-  PyTorch launches kernels asynchronously, so the host computes it while the GPU runs
-  the kernels already queued, and it costs a GPU 0 s. On a CPU the host is the device
-  and it costs the per-op overhead (:attr:`DeviceSpec.host_op_s`, :func:`host_op`).
-  So does the optimizer's step count itself (``step += 1``, its write-back and
-  ``.item()``): ``torch.optim.Adam`` keeps ``state["step"]`` as a CPU tensor unless
-  ``capturable`` or ``fused``; and the ``.item()`` of the step's learning-rate input,
-  a Python number in ``torch.optim`` (:func:`step_counter_nodes`).
-* FP32 convolutions use TF32 on A100/H100: PyTorch's default is
-  ``torch.backends.cudnn.allow_tf32 = True`` but ``torch.backends.cuda.matmul.allow_tf32
-  = False``, so convolutions get the TF32 tensor-core peak and FP32 matmuls the FP32
-  peak unless ``tf32_matmul=True`` is passed to :func:`annotate`.
+* Efficiency. Peaks are never reached over a whole step; GPUs get 0.7 of the
+  compute peak and 0.8 of the bandwidth. One figure per kind keeps the model
+  explainable; a measured profile (:mod:`placer.cost.profile`) removes the
+  error it leaves.
+* Launch overhead. Every kernel costs at least its launch and the GPU's
+  minimum kernel duration (5 us); without it the thousands of tiny optimizer
+  and elementwise ops of a step would cost nothing.
+* Views (``view``, ``reshape``, ``transpose``, ``getitem``...) change tensor
+  metadata only and launch no kernel: 0 s (:data:`VIEW_OPS`).
+* Arithmetic on Python numbers (``_operator.*``, e.g. Adam's bias
+  corrections) runs on the host. A GPU does not wait for it, since kernels
+  launch asynchronously: 0 s. On a CPU the host is the device: it costs
+  :attr:`DeviceSpec.host_op_s` (:func:`host_op`). So do the optimizer's step
+  count and learning-rate reads (:func:`step_counter_nodes`).
+* FP32 convolutions use TF32 on A100/H100 and FP32 matmuls do not, as in
+  PyTorch's defaults (``cudnn.allow_tf32=True``, ``cuda.matmul.allow_tf32=False``);
+  :func:`annotate`'s ``tf32_matmul=True`` lets matmuls use it too.
+
+References
+----------
+S. Williams, A. Waterman, D. Patterson, "Roofline: an insightful visual
+performance model for multicore architectures", CACM 52(4), 2009.
 
 Examples
 --------
@@ -162,16 +157,13 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
         compute_efficiency=_GPU_COMPUTE_EFF, memory_efficiency=_GPU_MEMORY_EFF,
         source="NVIDIA H100 datasheet (SXM5): 67 TFLOP/s FP32, 494.7 TF32 / 989.4 FP16 dense, 3.35 TB/s",
         tf32=True),
-    # One core of this machine (AMD EPYC Zen 4, 2.6 GHz, AVX-512, one torch thread: each
-    # "cpu" device of the 2xcpu/4xcpu presets is one process on one core). Figures are
-    # achieved rates measured here with single-thread torch 2.13 timings (bench/capture.py
-    # prints them again with its results): 1024^2 sgemm 80-87 GFLOP/s (peak 32 FLOP/cycle * 2.6 GHz = 83),
-    # bf16 gemm ~200 (AVX512_BF16), fp64 ~33, fp16 ~2 (no native FP16 arithmetic); an
-    # in-place 64 MB copy moves ~27 GB/s but out-of-place elementwise ops on large tensors
-    # reach only ~5-10 GB/s (fresh outputs are page-faulted in), so the bandwidth is 30 GB/s
-    # at 0.3 efficiency. A tiny aten op costs ~2.7 us of CPU time called directly and a
-    # median ~5 us (pow, sub on small tensors) when run node by node from a captured graph,
-    # the way profiles and the runtime run it: the launch overhead is 5 us.
+    # One AMD EPYC (Zen 4) core with one torch thread: each "cpu" device of the 2xcpu/4xcpu
+    # presets is one process on one core. Achieved single-thread rates (bench/capture.py prints
+    # the local machine's): sgemm near the AVX-512 peak, bf16 gemm faster (AVX512_BF16), fp16
+    # slow (no native FP16 arithmetic). Out-of-place elementwise ops reach well under a copy's
+    # bandwidth (fresh outputs are page-faulted in), hence the low memory efficiency. The launch
+    # overhead is a tiny aten op's time run node by node from a captured graph, as profiles and
+    # the runtime run it.
     "cpu": DeviceSpec(
         kind="cpu", name="AMD EPYC (Zen 4) core, 1 torch thread",
         vector_flops={"float32": 80 * GIGA, "float64": 33 * GIGA, "float16": 2 * GIGA,
@@ -250,17 +242,15 @@ LR_PLACEHOLDER = "lr"
 
 
 def step_counter_nodes(graph: OpGraph) -> np.ndarray:
-    """The nodes that only count the optimizer's steps or read its learning rate: they run on the host,
-    as :func:`host_op`.
+    """The nodes that only count the optimizer's steps or read its learning rate: host work, as :func:`host_op`.
 
-    ``torch.optim.Adam`` (not capturable, not fused) keeps each parameter's
-    ``state["step"]`` as a CPU tensor, so ``step += 1``, its write-back and
-    the ``.item()`` that feeds the bias corrections are host work that
-    launches no GPU kernel; ``torch.optim``'s learning rate is a Python number,
-    which a captured step reads from its ``lr`` input with one ``.item()`` per
-    step. They are the nodes reached from a step-count or learning-rate
-    placeholder through scalar outputs (8 bytes at most); the first node
-    with a larger output (the update that reads the bias correction) is not.
+    ``torch.optim.Adam`` (neither capturable nor fused) keeps ``state["step"]``
+    as a CPU tensor, so ``step += 1``, its write-back and the ``.item()`` that
+    feeds the bias corrections launch no GPU kernel; the learning rate is a
+    Python number read with one ``.item()`` per step. These nodes are those
+    reached from a step-count or learning-rate placeholder through scalar
+    outputs (8 bytes at most); the first node with a larger output (the update
+    that reads the bias correction) is not one.
     """
     out = np.zeros(graph.num_nodes, dtype=bool)
     stack = [i for i, name in enumerate(graph.ids) if graph.op[i] == "placeholder"
@@ -371,15 +361,13 @@ def annotate(graph: "OpGraph", *, reference: str = PRESET_REFERENCE, kinds: Iter
     reference : str
         Kind whose times become ``compute_s`` (the speed-1.0 kind of the cluster presets).
     kinds : iterable of str, optional
-        Other kinds whose times go into ``compute_s_by_kind`` (existing entries of other
-        kinds are kept; these kinds are overwritten). By default every kind of
-        :data:`DEVICE_SPECS`, so that a device of any preset (the ``cpu`` ones
-        included) runs at its own kind's speed, not at the reference's times
-        scaled by its ``speed``.
+        Other kinds whose times go into ``compute_s_by_kind`` (these kinds are
+        overwritten, others kept). By default every kind of :data:`DEVICE_SPECS`,
+        so that a device of any preset runs at its own kind's speed rather than
+        the reference's times scaled by its ``speed``.
     tf32_matmul : bool
-        Let FP32 matmuls use TF32 tensor cores too (PyTorch's
-        ``torch.backends.cuda.matmul.allow_tf32``); FP32 convolutions always do, as in
-        PyTorch's defaults.
+        Let FP32 matmuls use TF32 tensor cores too (``torch.backends.cuda.matmul.allow_tf32``);
+        FP32 convolutions always do, as in PyTorch's defaults.
 
     Returns
     -------

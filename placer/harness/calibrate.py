@@ -1,15 +1,16 @@
 """Communication calibration: measure transfers, fit latency + bytes / bandwidth per link.
 
-Pesto (section 3, "communication cost model") and FastT (section 4.1) both model the
-time of a transfer as linear in its size, ``t = latency + bytes / bandwidth``, with the
-two parameters fitted per link type from measured transfers. This module measures
-transfers of growing sizes on the devices at hand:
+Pesto (section 3) and FastT (section 4.1) model the time of a transfer as
+linear in its size, ``t = latency + bytes / bandwidth``, with both parameters
+fitted per link type. This module measures transfers of growing sizes on the
+devices at hand:
 
-* ``gloo``: CPU processes on this machine exchanging tensors over torch.distributed's
-  gloo backend on 127.0.0.1 (the transport of the one-process-per-device runtime);
-* ``cuda-peer``, ``host-to-device``, ``device-to-host``: CUDA copies where GPUs exist,
+* ``gloo``: CPU processes of this host exchanging tensors over
+  torch.distributed's gloo backend on 127.0.0.1 (the transport of the
+  one-process-per-device runtime), with the host cost of a message;
+* ``cuda-peer``, ``host-to-device``, ``device-to-host``: CUDA copies where GPUs exist.
 
-fits each link type by least squares, reports R^2, and writes a
+It fits each link type by least squares, reports R^2, and writes a
 ``placer.calibration/1`` file that :func:`apply_calibration` applies to a cluster.
 """
 
@@ -380,17 +381,12 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
     """``[gap, [sending seconds], [receiving seconds]]`` of the messages of this rank (0 or 1) in streams of
     ``count`` each way with ``gap`` seconds of computation between one message and the next, for each gap.
 
-    As a step handles them: each rank posts every receive first, then sends
-    its peer a message and takes the peer's next one in turn, computing for
-    ``gap`` before each (small tensor ops, as a rank runs operations between
-    its messages), taking each a millisecond after it was sent. A receive's cost
+    As a step handles them: each rank posts every receive first, then sends its
+    peer a message and takes the peer's next one in turn, computing for ``gap``
+    before each, taking each a millisecond after it was sent. A receive's cost
     is its posting, its wait (none where the wait blocked, as the runtime counts
-    it) and unpacking. Both ways at once, as a plan's ranks exchange them: with
-    one rank only sending and the other only receiving, a message cost half as
-    much to send as in a round-robin plan's run (on the 2-core development
-    machine, 14.5 us against 30.8 us; both ways, 35 us). On a 16-core H200
-    machine both ways still measured 17 us back to back, against its
-    round-robin runs' 24 to 43 us.
+    it) and unpacking. Messages go both ways at once, as in a plan's run: a rank
+    that only sends pays less per message than one that also receives.
     """
     import torch  # deferred: imports torch
     import torch.distributed as dist  # deferred: imports torch
@@ -443,14 +439,11 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
     for (a millisecond, its thread asleep), than right after another operation; medians over ``count``
     messages each way (waited for by each rank in turn).
 
-    A placed step's operations that read a received tensor ran 15 to 21 us per
-    message longer than profiled on 16-core H100 and H200 machines, those that send
-    4 to 9 us, where the profile runs every operation right after another; on the
-    2-core development machine an element-wise operation
-    right after a receive took a few microseconds more than after another
-    operation, and about 30 us more right after a receive its rank waited for,
-    on the received tensor or on one its own thread wrote (``bench/op_slowdown.py
-    --part receive``): the cost is the operation's place, not its data.
+    A profile times every operation right after another, but in a placed step
+    the operation right after a message runs longer, most of all after a
+    receive its thread slept in, whether or not it reads the received tensor:
+    the cost comes from the operation's place, not its data
+    (``bench/op_slowdown.py --part receive`` shows it).
     """
     import torch  # deferred: imports torch
     import torch.distributed as dist  # deferred: imports torch
@@ -510,20 +503,22 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
                                                     float]:
     """One-way transfer times between CPU processes over gloo on 127.0.0.1, and a message's host cost.
 
-    Spawns ``ranks`` processes; rank 0 exchanges a tensor of each size with every other
-    rank (ping-pong), and a one-way time is half the median round trip. Then rank 0
-    sends rank 1 messages of each size up to ``MESSAGE_SIZE_LIMIT`` as the runtime does
-    (``isend`` to a posted ``irecv``), one at a time, and each side times what the
-    message cost it (median): the host time :class:`placer.sim.messages.MessageCost`
-    fits. Last, streams of ``STREAM_MESSAGE_BYTES`` messages both ways between ranks 0
-    and 1 with each of ``MESSAGE_GAPS`` of computation between them, timed the same
-    way (medians over both ranks): a message costs less in a stream
-    (:attr:`placer.sim.messages.MessageCost.by_gap`). Then how much longer an
-    operation takes right after a message than after another operation (the mean of
-    both ranks' medians, after sending, after receiving, after waiting to receive).
-    And the seconds the last
-    rank to reach a barrier of all ranks spends in it (median): how a runtime's step
-    ends.
+    Spawns ``ranks`` processes and measures, in turn:
+
+    1. transfers: rank 0 ping-pongs a tensor of each size with every other
+       rank; a one-way time is half the median round trip;
+    2. a message's host cost: rank 0 sends rank 1 messages of each size up to
+       ``MESSAGE_SIZE_LIMIT`` as the runtime does (``isend`` to a posted
+       ``irecv``), one at a time, each side timing its median cost (what
+       :class:`placer.sim.messages.MessageCost` fits);
+    3. costs by gap: streams of ``STREAM_MESSAGE_BYTES`` messages both ways
+       between ranks 0 and 1 with each of ``MESSAGE_GAPS`` of computation between
+       them (medians over both ranks; :attr:`~placer.sim.messages.MessageCost.by_gap`);
+    4. how much longer an operation takes right after a message than after
+       another operation (the mean of both ranks' medians, after sending, after
+       receiving, after waiting to receive);
+    5. the median seconds the last rank to reach a barrier of all ranks spends
+       in it: how a runtime's step ends.
 
     Returns
     -------
@@ -601,21 +596,16 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     """The host cost of a message as a run pays it: a probe model's step placed round robin over two gloo ranks.
 
     The calibration's streams send one small message at a time; a plan's run
-    sends hundreds in a step, of every size, with all its receives posted as
-    the step begins, and there a message costs more (round-robin runs' sends
-    about twice the streams' on 16-core machines). So the probe runs that:
+    sends hundreds in a step, of every size, with all its receives posted as the
+    step begins, and there a message costs more. So the probe runs that:
     ``model`` (a ``zoo:`` or file spec and a batch,
-    :func:`placer.capture.spec.capture_spec`) placed round robin over
-    ``2xcpu``, ``steps`` steps with the distributed runtime
-    (:func:`placer.runtime.distributed.run_distributed`), and fits its messages
-    (:meth:`MessageCost.fit`), shaped over gaps as ``cost``'s streams
-    (:func:`placer.sim.messages.spread_over_gaps`). What the operation right
-    after a message loses is fitted to the run's operations against a profile
-    of the probe's step taken just before
-    (:func:`placer.sim.messages.fit_after_message`), in place of ``cost``'s,
-    which the streams time one message at a time (on recorded runs of 16-core
-    machines, with a round-robin run of another model as the probe, these charges
-    took the prediction before a run from 12 to 18% mean error to 11 to 14%).
+    :func:`placer.capture.spec.capture_spec`) placed round robin over ``2xcpu``
+    for ``steps`` steps (:func:`placer.runtime.distributed.run_distributed`).
+    Its messages are fitted (:meth:`MessageCost.fit`) and shaped over gaps as
+    ``cost``'s streams (:func:`placer.sim.messages.spread_over_gaps`). What the
+    operation right after a message loses is fitted to the run's operations
+    against a profile of the probe's step taken just before
+    (:func:`placer.sim.messages.fit_after_message`), in place of ``cost``'s.
 
     Parameters
     ----------

@@ -1,22 +1,24 @@
 """FastT's measurement feedback: measured per-node times become the graph's costs.
 
-FastT (Yi et al., "Optimizing distributed training deployment in heterogeneous
-GPU clusters", CoNEXT 2020, Section 4) profiles the running placement and
-feeds the measured operation times back into its cost model before it
-replans; a new placement is kept only when its measured iteration is faster.
-Here a node's measured seconds on a device become its ``compute_s_by_kind``
-for that device's kind (the reference model prefers them over the analytic
-``compute_s / speed``), through :func:`placer.cost.profile.apply_profile`;
-measured transfers set each link type's latency (:func:`measured_cluster`): in
-a running step a message costs more than in an idle ping-pong, and unevenly
-(on a 16-core machine, messages of 32 to 256 KiB a rank waited for took
-a mean of 80 to 590 us by size, medians of 32 to 226 us, against 41 to 90 us
-calibrated).
+FastT (Section 4) profiles the running placement and feeds the measured
+operation times back into its cost model before it replans; a new placement
+is kept only when its measured iteration is faster. Here a node's measured
+seconds on a device become its ``compute_s_by_kind`` for that device's kind
+(preferred by the reference model over ``compute_s / speed``), through
+:func:`placer.cost.profile.apply_profile`. Measured transfers set each link
+type's latency (:func:`measured_cluster`), because a message costs more, and
+more unevenly, inside a running step than in an idle ping-pong.
 
-Both also go to files, so that a run's measurements outlive it: :func:`measured_profile`
-makes the node times a ``placer.profile/1`` profile (``placer run/tune --profile-output``,
-applied by ``placer cost --profile``), and :func:`measured_cluster`'s result is a
-``placer.cluster/1`` cluster (``--cluster-output``).
+Both also go to files, so that a run's measurements outlive it:
+:func:`measured_profile` makes the node times a ``placer.profile/1`` profile
+(``placer run/tune --profile-output``, applied by ``placer cost --profile``),
+and :func:`measured_cluster` gives a ``placer.cluster/1`` cluster
+(``--cluster-output``).
+
+References
+----------
+J. Yi et al., "Optimizing distributed training deployment in heterogeneous
+GPU clusters" (FastT), CoNEXT 2020, Section 4.
 """
 
 from __future__ import annotations
@@ -124,15 +126,13 @@ def own_times(op_s: dict[str, float], op_message_s: dict[str, float]) -> dict[st
 def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, float]]) -> Cluster:
     """``cluster`` with each link type's latency set to what its messages took in a run.
 
-    The link keeps its bandwidth (a calibration's, from messages of 1 KiB to 64 MiB)
-    and takes as latency the mean time a measured transfer took beyond
-    ``bytes / bandwidth``. In a running step the per-message cost is what
-    changes: it varies several-fold between messages of one size and does not
-    grow with size over the few sizes a plan sends, so a line fitted to such
-    points says little of the bandwidth. The mean, not the median, because a
-    step's critical path adds these costs up (on 24 recorded runs of a 16-core
-    machine: mean error 7.7% with the mean, 11.6% with the median, 14.5% with a
-    least-squares line).
+    The link keeps its bandwidth (a calibration's, from messages of 1 KiB to
+    64 MiB) and takes as latency the mean time a measured transfer took beyond
+    ``bytes / bandwidth``. In a running step the per-message cost varies
+    several-fold between messages of one size and does not grow with size over
+    the few sizes a plan sends, so a line fitted to such points says little of
+    the bandwidth. The mean rather than the median, because a step's critical
+    path adds these costs up.
 
     Parameters
     ----------

@@ -46,17 +46,18 @@ def profile_module(gm: "torch.fx.GraphModule", args: Sequence[Any], *, device: s
     The module runs node by node (an ``fx.Interpreter``). Factory ops' ``device=``
     arguments are redirected to ``device`` so that a graph traced on the CPU runs on a GPU.
 
-    On the CPU the module runs on one torch thread (the ``cpu`` device kind is one core)
-    and each node is timed by the thread's CPU time, not by the wall clock: on a shared
-    machine the wall clock also counts the time the process waits to be scheduled, which
-    here added 4-16 ms (whole scheduler time slices) to ops that take 10 us.
+    On the CPU the module runs on one torch thread (the ``cpu`` device kind is
+    one core) and each node is timed by the thread's CPU time: on a shared
+    machine the wall clock also counts whole scheduler time slices spent
+    waiting, far longer than a small op.
 
-    On a GPU, ``gpu_timing="kernel"`` (the default) sums the durations of the CUDA
-    kernels each node launches, read by ``torch.profiler`` (CUPTI): the time the node
-    keeps the GPU busy, which is what a device runs for when its host keeps ahead of it;
-    nodes that launch no kernel (views) take 0. ``"wall"`` times each node between two
-    ``torch.cuda.synchronize`` calls instead, which adds the host's dispatch time
-    (measured on an H100: ~20-30 us per node, several times the kernels of small ops).
+    On a GPU, ``gpu_timing="kernel"`` (the default) sums the durations of the
+    CUDA kernels each node launches, read by ``torch.profiler`` (CUPTI): the
+    time the node keeps the GPU busy, which is what a device runs for when its
+    host keeps ahead of it; nodes that launch no kernel (views) take 0.
+    ``"wall"`` times each node between two ``torch.cuda.synchronize`` calls
+    instead, which adds the host's dispatch time (often more than a small op's
+    kernels).
 
     Parameters
     ----------
@@ -195,11 +196,11 @@ def profile_step(captured: Any, model: Any = None, inputs: Any = None, *, device
     ----------
     captured : placer.capture.CapturedStep
         Its ``.gm`` is run node by node; its ``.graph`` names the nodes (an fx node the
-        graph leaves out adds its time to the node its ``carrier`` names; placeholders cost 0).
+        graph leaves out adds its time to its ``carrier``; placeholders cost 0).
     model, inputs : optional
-        The live model and a batch, fed through ``captured.step_inputs`` on copies (the
-        model and its optimizer state are not changed). Without them, random tensors of
-        the captured shapes and dtypes are used (the only way for a ``fake`` capture).
+        The live model and a batch, fed through ``captured.step_inputs`` on copies
+        (neither the model nor its optimizer state changes). Without them, random
+        tensors of the captured shapes and dtypes (the only way for a ``fake`` capture).
     device : str
         ``"cpu"`` or ``"cuda:N"``.
     repeats, warmup, gpu_timing

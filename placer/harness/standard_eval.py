@@ -1,15 +1,15 @@
 """Celeritas Standard Evaluation: predict a training step at a batch size that cannot run.
 
-Celeritas (section 4.2.1, "Rough Estimation") captures and runs the model at a few
-batch sizes small enough for one device, fits a linear regression per node of memory
-(and, roughly, of time) against the batch size, and uses it to build the graph at the
-target batch size. Here the graphs at the small batch sizes come from
-:mod:`placer.capture` (with measured times from :mod:`placer.cost.profile` when asked),
-nodes are matched across batch sizes by id (capture ids are deterministic) or, when the
-ids differ, by position in topological order, and :meth:`BatchModel.predict` returns the
+Celeritas (section 4.2.1, "Rough Estimation") runs the model at a few batch
+sizes small enough for one device, fits a linear regression per node of
+memory (and, roughly, of time) against the batch size, and builds the graph
+at the target batch size from it. Here the small-batch graphs come from
+:mod:`placer.capture` (with measured times from :mod:`placer.cost.profile`
+when asked); nodes are matched across batch sizes by id, or by position in
+topological order when ids differ; :meth:`BatchModel.predict` returns the
 predicted ``OpGraph`` without running anything at the target batch size.
 
-Celeritas' second step (running the large-batch model for a few iterations under a
+Celeritas' second step (a few iterations of the large-batch model under a
 sequential memory-bounded placement) needs the runtime, not this module.
 """
 
@@ -100,16 +100,15 @@ class BatchModel:
         Field name -> largest relative residual of the fit at the measured batch sizes.
     name_at : callable or None
         Batch size -> name of the predicted graph: the name a capture at that batch
-        would get (:func:`placer.capture.step_name`, as :func:`standard_evaluation` sets
-        it), so that profiles and the runtime take the prediction for that step. None:
-        the base graph's name with ``@batchN``.
+        would get (:func:`placer.capture.step_name`), so that profiles and the
+        runtime take the prediction for that step. None: the base graph's name
+        with ``@batchN``.
     analytic : bool
-        The graphs' times (but ``time_kind``'s) are the roofline model's
-        (:func:`placer.cost.analytic.annotate`, as captures are costed): a prediction is
-        costed by it again from its predicted FLOPs and bytes, as a capture at that batch
-        would be; a line through the small batches' times misses where an operation
-        turns from memory- to compute-bound. Otherwise each kind's times are fitted
-        linearly, as the measured ones.
+        The graphs' times (other than ``time_kind``'s) are the roofline model's:
+        a prediction is costed again by it from its predicted FLOPs and bytes, as
+        a capture at that batch would be, since a line through small batches'
+        times misses where an operation turns from memory- to compute-bound.
+        Otherwise each kind's times are fitted linearly, as the measured ones.
     """
 
     base: "OpGraph"
@@ -269,7 +268,7 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
     x = np.asarray(batches, dtype=np.float64)
     # A node whose work is the same at every batch (an optimizer update, a copy of a parameter) takes the
     # same time at every batch: its measured times differ by noise alone, which a line would extrapolate
-    # to the target (LeNet's Adam updates from batches 2, 4, 8 to 512: 3.6 -> 181 ms). Its median it is.
+    # far to the target. Its median it is.
     same_work = np.all([np.ptp(np.stack(rows[name]), axis=0) == 0
                         for name in ("flops", "bytes_accessed", "output_bytes", "temp_bytes")], axis=0)
     coef, fit_error = {}, {}
@@ -298,21 +297,19 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
     batches : sequence of int
         Batch sizes small enough to run here.
     optimizer, lr, settings
-        The optimizer whose update ends each captured step, as for
-        :func:`placer.capture.capture` (its settings shape the graph: SGD's
-        momentum adds a buffer per parameter).
+        As for :func:`placer.capture.capture` (the settings shape the graph:
+        SGD's momentum adds a buffer per parameter).
     device : str or None
-        Where to time the nodes (``"cpu"``, ``"cuda:N"``); None fits the captured
-        ``compute_s`` (the analytic model) instead of measured times.
+        Where to time the nodes (``"cpu"``, ``"cuda:N"``); None fits the
+        analytic ``compute_s`` instead.
     repeats : int
         Timed runs per node (see :func:`placer.harness.profiling.profile_step`).
 
     Returns
     -------
     BatchModel
-        ``model.predict(target)`` is the graph at the target batch size, named as a
-        capture of ``spec`` at that batch would be (:func:`placer.capture.step_name` of
-        :func:`placer.capture.spec_label`, or of a factory's name).
+        ``model.predict(target)`` is the graph at the target batch size, named
+        as a capture of ``spec`` at that batch would be.
 
     Raises
     ------

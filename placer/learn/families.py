@@ -1,34 +1,29 @@
 """Graph families to learn placement from, generated like Placeto's datasets.
 
-Placeto (Addanki et al., NeurIPS 2019, appendix A.3) trains on three families
-of TensorFlow graphs: *cifar-10* (image cells found by ENAS, batch sampled
-per graph), *ptb* (recurrent cells found by ENAS, unrolled over a sampled
-number of steps) and *nmt* (a 2-layer encoder-decoder with attention, length
-and batch sampled). This module generates the same three shapes of model as
-training steps (forward, loss, backward, optimizer update), with FLOPs and
-bytes per node and times from the roofline model
-(:func:`placer.cost.analytic.annotate`):
+Placeto (appendix A.3) trains on three families of TensorFlow graphs:
+*cifar-10* (image cells found by ENAS), *ptb* (recurrent cells found by
+ENAS, unrolled) and *nmt* (a 2-layer encoder-decoder with attention), with
+sizes sampled per graph. This module generates the same three shapes as
+training steps (forward, loss, backward, optimizer update), costed by the
+roofline model (:func:`placer.cost.analytic.annotate`):
 
 - :func:`image_cell_graph`: a stem, then cells whose nodes each add two
   branches (3x3/5x5 convolution, 3x3 average or max pooling, identity) drawn
   from the cell's inputs and earlier nodes, as ENAS's micro search space;
-- :func:`rnn_cell_graph`: an ENAS recurrent cell (each node one linear map and
-  an activation over an earlier node, the output the mean of the loose ends)
-  unrolled over ``steps``, with a softmax over the vocabulary at every step;
-- :func:`nmt_graph`: a 2-layer LSTM encoder and decoder with dot attention and
-  a projection to the vocabulary at every decoder step.
+- :func:`rnn_cell_graph`: an ENAS recurrent cell unrolled over ``steps``,
+  with a softmax over the vocabulary at every step;
+- :func:`nmt_graph`: a 2-layer LSTM encoder and decoder with dot attention
+  and a projection to the vocabulary at every decoder step.
 
 Weights are variable nodes (``op="placeholder"``, no time) holding the
-weights and Adam's two moments for the whole step, read by every op that
-uses them (shared across time steps in the recurrent models); each op with
-weights gets a data-gradient and a weight-gradient node, shared weights sum
-their gradients, and the update is colocated with its variable.
+weights and Adam's two moments, read by every op that uses them (shared
+across time steps in the recurrent models); each op with weights gets a
+data-gradient and a weight-gradient node, shared weights sum their
+gradients, and the update is colocated with its variable.
 
-:func:`dataset` gives the fixed, seeded train/test split of a family
-(``f = 0.5`` of ``N = 32`` graphs each, as the appendix). Sizes are scaled
-down from the appendix (fewer cells, 4-12 unrolled steps instead of 16-40)
-so that graphs have 150-700 nodes and an episode of training takes well
-under a second on one core.
+:func:`dataset` gives a family's fixed, seeded train/test split (half of 32
+graphs each, as the appendix). Sizes are scaled down from the appendix
+(fewer cells and unrolled steps) to 150-700 nodes, so that training is quick.
 
 Examples
 --------
@@ -37,6 +32,11 @@ Examples
 True
 >>> [g.name for g in dataset("nmt", "test")][:1]
 ['nmt-0']
+
+References
+----------
+Addanki et al., "Placeto: Learning Generalizable Device Placement Algorithms
+for Distributed Machine Learning", NeurIPS 2019, appendix A.3.
 """
 
 from __future__ import annotations

@@ -2,35 +2,31 @@
 
 At each step of an episode the policy looks at one node ``v`` of the
 (coarsened) graph and the current placement, and outputs a softmax over the
-devices for ``v`` (Addanki et al., Placeto, NeurIPS 2019, Section 3 and
-appendix A.7):
+devices for ``v`` (Placeto, Section 3 and appendix A.7):
 
-1. Every node gets features: its time and the time to send its output or
-   receive its inputs relative to the mean node, its top and bottom level
-   relative to the critical path, its memory relative to a device, whether
-   it is ``v``, whether it was already visited in this pass, and when it
-   starts and ends in the simulated schedule of the current placement.
-2. Message passing over the DAG, ``rounds`` times in each direction (from
-   parents, then from children), mixes each node's features with its
-   neighbourhood's: ``h <- h0 + f(mean over parents of g(h))``.
-3. Relative to ``v``, the nodes fall in three groups: its ancestors
-   (parent group), its descendants (child group) and the rest (parallel
-   group); each group's embeddings are averaged through its own network.
+1. Node features: its time and the time to send its output or receive its
+   inputs relative to the mean node, its top and bottom level relative to
+   the critical path, its memory relative to a device, whether it is ``v`` or
+   was visited in this pass, and its start and end in the simulated schedule.
+2. Message passing over the DAG, ``rounds`` times each way (from parents,
+   then from children): ``h <- h0 + f(mean over parents of g(h))``.
+3. Relative to ``v``, the nodes fall in three groups (ancestors,
+   descendants, the rest); each group's embeddings are averaged through its
+   own network.
 4. A two-layer head scores each device from ``v``'s embeddings, the three
-   group summaries and the device's state, and a softmax over the allowed
+   group summaries and the device's state; a softmax over the allowed
    devices gives the action's distribution.
 
-The placement enters the embeddings the way Placeto feeds it in, as a
-node feature, but per device: the embeddings are computed once for each
-device ``d`` with the feature "this node is on ``d``", so the same weights
-score a device by what is placed on it. This makes the policy independent
-of the number of devices (Placeto's output layer has one unit per device of
-a fixed cluster), so one trained policy serves every cluster; devices also
-carry their load, memory use, speed for ``v``, the bytes ``v`` exchanges
-with them, and when ``v``'s inputs would arrive there.
+The placement enters as a node feature, as in Placeto, but per device: the
+embeddings are computed once for each device ``d`` with the feature "this
+node is on ``d``", so the same weights score every device. The policy is
+thus independent of the number of devices (Placeto's output layer has one
+unit per device of a fixed cluster), and one trained policy serves every
+cluster. Devices also carry their load, memory use, speed for ``v``, the
+bytes ``v`` exchanges with them, and when ``v``'s inputs would arrive there.
 
-Hidden sizes follow the appendix's scale (``d = 8`` per layer, embeddings of
-``|E| = 8``, ``k = 4`` rounds); the defaults are a little wider (16).
+Sizes follow the appendix's scale (``d = 8`` per layer, ``|E| = 8``, ``k = 4``
+rounds); the defaults are a little wider (16).
 """
 
 from __future__ import annotations
@@ -61,9 +57,9 @@ DEVICE_FEATURES = 9
 
 @contextmanager
 def one_thread() -> Iterator[None]:
-    """torch on one thread within: the policy's matrices are small, and another thread costs more than
-    it gives (a walk over a 46-node graph on a loaded 2-core machine: 20 s on torch's default threads,
-    0.13 s on one)."""
+    """torch on one thread within: the policy's matrices are small, and the cost of more threads far
+    outweighs what they give, most of all on a loaded machine.
+    """
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:

@@ -34,29 +34,22 @@ class PlacedStep:
     backward and the optimizer update with every operation on its planned
     device, in the planned order, and leaves the new parameters, buffers and
     optimizer state in ``model`` and ``optimizer``, as ``loss.backward();
-    optimizer.step()`` would (no ``zero_grad`` needed: gradients are not kept).
+    optimizer.step()`` would (gradients are not kept: no ``zero_grad`` needed).
 
-    The step is captured on the first call, from that call's inputs, and must
-    be the graph the plan was made for (same node ids and edges); a plan made
-    by :func:`placer.plan` from a module uses its own capture. The capture holds
-    fixed what it was made with, so every call checks, before running
-    anything, that it still holds: the inputs' shapes and dtypes (the batch
-    size) and non-tensor values, the optimizer's settings but ``lr``
-    (``momentum``, ``weight_decay``, ...) and the parameters it holds, which
-    parameters require grad, and every module's training/eval mode; otherwise
-    it raises :class:`~placer.errors.OptionError` saying what differs (for
-    another optimizer setting apply the plan again, which captures the step
-    anew with them; for the rest plan again). The learning rate is an input
-    of the step, read from the optimizer's parameter group at every call, so
-    a ``torch.optim.lr_scheduler`` changes it as in eager training. A step
-    that raises once running may have written part of the new state, where
-    the plan puts its writes (the error says so); with ``atomic=True`` it
-    changes neither ``model`` nor ``optimizer``.
+    The step is captured on the first call, from its inputs, and must be the
+    graph the plan was made for (a plan made by :func:`placer.plan` from a
+    module uses its own capture). Every call then checks that what the capture
+    fixed still holds: the inputs' shapes, dtypes and non-tensor values, the
+    optimizer's settings but ``lr`` and the parameters it holds, which
+    parameters require grad, and every module's training/eval mode. Otherwise it
+    raises :class:`~placer.errors.OptionError` saying what differs (apply the
+    plan again for another optimizer setting; plan again for the rest). The
+    learning rate is an input of the step, read from the optimizer at every
+    call, so a ``torch.optim.lr_scheduler`` works as in eager training.
 
-    Random operations (dropout) each draw from their own stream, seeded from
-    a base seed drawn from torch's global generator on the first call
-    (:class:`~placer.runtime.local.LocalExecutor`): ``torch.manual_seed`` makes
-    the draws repeatable, but they are not those of eager training.
+    Random operations (dropout) each draw from their own stream, seeded from a
+    base seed drawn from torch's global generator on the first call:
+    ``torch.manual_seed`` makes them repeatable, but they are not eager training's.
 
     Parameters
     ----------
@@ -65,13 +58,11 @@ class PlacedStep:
         ``model(*inputs)`` returns the scalar loss.
     optimizer : torch.optim.Optimizer, optional
         SGD, Adam or AdamW with one parameter group, whose settings the step
-        reproduces: ``lr`` (as it is at each call); SGD's ``momentum`` (the
-        ``momentum_buffer`` state), ``weight_decay``, ``nesterov``, ``maximize``;
-        Adam's and AdamW's ``betas``, ``eps``, ``weight_decay``, ``maximize``.
-        Refused, saying why: SGD's
-        ``dampening`` with momentum, ``amsgrad``, ``foreach=True``, ``fused``,
-        ``capturable``, ``differentiable`` (default: a fresh Adam state with lr 1e-3,
-        kept by the step).
+        reproduces: ``lr``; SGD's ``momentum``, ``weight_decay``, ``nesterov``,
+        ``maximize``; Adam's and AdamW's ``betas``, ``eps``, ``weight_decay``,
+        ``maximize``. Refused, saying why: SGD's ``dampening`` with momentum,
+        ``amsgrad``, ``foreach=True``, ``fused``, ``capturable``,
+        ``differentiable``. Default: a fresh Adam with lr 1e-3, kept by the step.
     cluster : Cluster or str, optional
         Default: the cluster the plan was made for (its context, else its preset name).
     devices : sequence of str, optional
@@ -79,11 +70,10 @@ class PlacedStep:
     profile : bool
         Time every operation (:attr:`executor` ``.op_s``).
     atomic : bool
-        Write the new parameters, buffers and optimizer state only once the
-        rest of the step has run without error, so that a step that raises can
-        be called again. The new values are then held until the step's end, up
-        to one more copy of the state than the plan's memory counts where the
-        plan writes early (:class:`~placer.runtime.local.LocalExecutor`).
+        Write the new state only once the rest of the step has run without
+        error, so that a step that raises changes nothing and can be called
+        again (at the cost of up to one more copy of the state). Without it, a
+        step that raises may have written part of the new state (the error says so).
     """
 
     def __init__(self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,

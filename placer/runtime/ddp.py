@@ -219,7 +219,7 @@ def _train(rank: int, world: int, job: _Job, init_method: str) -> None:
             torch.save(DDPResult(step_s, losses, state, _to_cpu(optimizer.state_dict())), job.result_path)
         dist.barrier()
         # DDP's reducer and ZeRO hold the process group: released while a gloo thread waits for the GIL
-        # the group's teardown held, they hung one run in four. Let them go first.
+        # the group's teardown holds, they can hang the run. Let them go first.
         ddp = optimizer = model = None
     finally:
         dist.destroy_process_group()

@@ -5,23 +5,23 @@ Rank ``j`` is plan device ``j``. Every rank compiles the same
 its device (parameters, buffers, optimizer state) and runs its own
 operations in plan order. A value another device needs leaves with a
 non-blocking send as soon as it exists (a snapshot when the step later
-overwrites its storage in place). With gloo a rank posts all its receives at
-the start of the step (matched by tag), so each transfer moves as soon as it
-is sent; with NCCL it posts them when their first consumer is about to run,
-from each peer in the order that peer sends them. Tensors travel as flat buffers laid out by the
-strides recorded at capture, so the receiver rebuilds exactly the layout the
-sender had; Python scalars travel as 0-d tensors (float64, int64 or bool).
+overwrites its storage in place). Tensors travel as flat buffers laid out by
+the strides recorded at capture, so the receiver rebuilds the sender's exact
+layout; Python scalars travel as 0-d tensors (float64, int64 or bool).
 
-Backends: gloo on CPUs (messages matched by tag), NCCL on GPUs (one process
-group per ordered pair of ranks, so each direction has its own FIFO stream).
+Backends: gloo on CPUs, where a rank posts all its receives at the start of
+the step (matched by tag) so that each transfer moves as soon as it is sent;
+NCCL on GPUs, with one process group per ordered pair of ranks (each
+direction its own FIFO stream) and receives posted when their first consumer
+is about to run, in each peer's send order.
+
 Ranks start here with ``torch.multiprocessing`` (:func:`run_distributed`) or
 under ``torchrun`` on one or several hosts (:func:`rank_main` with
 ``MASTER_ADDR``/``MASTER_PORT``/``RANK``/``WORLD_SIZE`` set). Every blocking
-wait is bounded by the process group's timeout, and the launcher stops every
-rank as soon as one fails, dies or outlives the deadline, raising
-:class:`RunError` with the failing rank's message; it stops them too when it
-is interrupted (SIGINT) or terminated (SIGTERM), and ranks it started exit when
-it dies.
+wait is bounded by the process group's timeout. The launcher stops every rank
+as soon as one fails, dies or outlives the deadline, raising :class:`RunError`
+with the failing rank's message; it stops them too on SIGINT or SIGTERM, and
+ranks it started exit when it dies.
 
 Random operations draw from per-operation streams seeded from one base seed
 (:func:`~placer.runtime.program.op_seed`), the same on every rank: a run draws
@@ -60,8 +60,8 @@ from .program import (Program, call_node, compile_program, copy_to, draw_seed, m
 __all__ = ["RunError", "RankJob", "KernelChoice", "DistributedResult", "run_distributed", "run_under_torchrun",
            "rank_main", "resolve_backend", "under_torchrun", "torchrun_world", "free_port"]
 
-#: A receive's wait longer than this blocked: its message arrived during it (an arrived
-#: message's wait returns in about 15 us on a 2-core machine).
+#: A receive's wait longer than this blocked: its message arrived during it (the wait for a message
+#: already there returns well within it).
 BLOCKED_WAIT_S = 50e-6
 #: Seconds the ranks of a failed run have to end on SIGTERM before they are killed.
 STOP_GRACE_S = 5.0
@@ -93,8 +93,7 @@ class KernelChoice:
     #: :func:`float32_precision` (TF32 or not).
     float32_precision: tuple[str, str]
     #: Whether cuDNN must pick deterministic algorithms, and whether it may benchmark them: a spawned
-    #: rank that chose otherwise than its launcher trained 7.9e-4 apart from it after three Adam steps
-    #: (an H200).
+    #: rank that chose otherwise than its launcher drifts apart from it within a few steps.
     cudnn_algorithm_choice: tuple[bool, bool]
 
     @classmethod
@@ -148,6 +147,8 @@ class RankJob:
 class DistributedResult:
     """What a distributed run measured and computed.
 
+    Times are taken after the first step (a warm-up) unless said otherwise.
+
     Attributes
     ----------
     step_s : list of float
@@ -158,41 +159,37 @@ class DistributedResult:
         Flat input position -> its value after the last step, for every input
         the step writes (parameters, buffers, optimizer state), on the CPU.
     op_s : dict of str to float
-        Graph node id -> median seconds of its runs on its rank (after the first step),
-        from the rank's previous operation's end, less the waiting for its inputs (the
-        rank's busy time: the executor's own work between operations included); a state
+        Graph node id -> median seconds of its runs on its rank, from the rank's
+        previous operation's end, less the waiting for its inputs: the rank's
+        busy time, the executor's own work between operations included. A state
         input's is its share of its rank's work before the first operation.
     transfer_s : list of (int, int, int, float)
         ``(source rank, destination rank, bytes, seconds)`` of the transfers a
-        rank had to wait for (its wait blocked over ``BLOCKED_WAIT_S``), from
-        the producer's send to the wait's end, after the first step (CPU ranks
-        on one host).
+        rank had to wait for (a wait longer than ``BLOCKED_WAIT_S``), from the
+        producer's send to the wait's end (CPU ranks on one host).
     predicted_s : float
         The reference simulator's step time for the plan.
     timeline : dict of int to list of (str, float, float, float)
         Per rank, the last step's operations in the order it ran them: ``(node id,
-        began, seconds waiting for its inputs, ended)``, in seconds from the step's
-        start on the first rank to start it (ranks on one host, which share a clock;
-        empty otherwise). On GPUs an operation's host times are its launch's unless the
-        run profiles. What the measured step spent where, beside the simulator's
-        timeline of the plan (:func:`placer.runtime.trace.run_trace`).
+        began, seconds waiting for its inputs, ended)``, in seconds from the
+        first rank's start of the step (ranks on one host, which share a clock;
+        empty otherwise). On GPUs these are launch times unless the run
+        profiles. :func:`placer.runtime.trace.run_trace` shows it beside the
+        simulator's timeline.
     op_message_s : dict of str to float
-        Of ``op_s``, the host seconds the node's messages took: packing and
-        sending its outputs (a state input: its share of the rank's start).
-        What is left is the operation's own, whatever the plan sends
-        (:func:`placer.sim.messages.messages_graph`).
+        Of ``op_s``, the host seconds the node's messages took (packing and
+        sending its outputs); what is left is the operation's own, whatever the
+        plan sends (:func:`placer.sim.messages.messages_graph`).
     message_s : list of (int, int, int, float, float)
         ``(source rank, destination rank, bytes, sending seconds, receiving
-        seconds)`` of every message after the first step: the host time
-        each side spent on it (sending: packing and the send call; receiving:
-        posting, a wait that did not block, unpacking), which a rank cannot
-        spend computing.
+        seconds)`` of every message: the host time each side spent on it
+        (sending: packing and the send call; receiving: posting, a wait that
+        did not block, unpacking).
     tail_s : float
-        Median seconds (after the first step) from the end of the last operation
-        of the rank that ended last to the step's end: its outstanding sends and
-        the barrier that ends every step, which are in each measured step but in
-        no operation's time (on GPUs without ``profile``, also the kernels still
-        queued then).
+        Median seconds from the end of the last operation of the rank that ended
+        last to the step's end: its outstanding sends and the closing barrier,
+        which no operation's time holds (on GPUs without ``profile``, also the
+        kernels still queued).
     """
 
     step_s: list[float]
@@ -368,7 +365,7 @@ class _RankRunner:
             send(prog.placeholders[k], state[k])
         op_s, op_message_s = self.op_s, self.op_message_s
         # The rank's work before its first operation (posting its receives, sending its
-        # state: milliseconds with hundreds of messages) is charged to its state inputs,
+        # state) is charged to its state inputs,
         # which plans run first on their device, so that the simulator sees it.
         share = (clock() - step_began) / max(1, len(self.owned))
         for k in self.owned:
@@ -380,7 +377,7 @@ class _RankRunner:
             # On a CPU an op's time is the rank's busy time for it (receiving less the
             # waiting, running, sending, freeing), as the simulator's device is busy with
             # it, from the previous op's end: the executor's own work between two ops
-            # (a few microseconds, thousands of times a step) is busy time too, which the
+            # (small, but thousands of times a step) is busy time too, which the
             # simulator has nowhere else to see. On a GPU, with profile_gpu, the kernel
             # time between synchronisations.
             t0 = clock()
@@ -622,7 +619,7 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         The captured step, its graph, a plan of it and the plan's cluster.
     flat_inputs : sequence
         The step's flat inputs (e.g. :meth:`placer.capture.CapturedStep.step_inputs`);
-        they are not modified: the new state comes back in the result.
+        not modified: the new state comes back in the result.
     steps : int
         Steps to train.
     backend : {"auto", "gloo", "nccl"}
@@ -634,28 +631,28 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     threads : int
         Intra-op threads per rank.
     hook : callable, optional
-        ``hook(rank)`` runs in every rank before the first step (must be picklable
-        where ranks are spawned, i.e. with NCCL).
+        ``hook(rank)`` runs in every rank before the first step (picklable where
+        ranks are spawned).
     deadline_s : float, optional
         Wall-clock limit of the whole run (default: ``timeout_s * (steps + 3)``).
     profile : bool
         On GPUs, synchronise around every operation so that ``op_s`` holds kernel
-        times (it slows the step). On CPUs operations are always timed.
+        times (slower). On CPUs operations are always timed.
     seed : int, optional
-        Base seed of the random operations (as :class:`~placer.runtime.local.LocalExecutor`'s;
-        default: drawn from torch's global generator, when the step has random operations).
+        Base seed of the random operations (default: drawn from torch's global
+        generator, when the step has random operations).
     start_method : {"fork", "spawn"}, optional
-        How ranks start: ``fork`` shares the captured module, ``spawn`` (fresh
-        processes, which CUDA needs) sends it as a :class:`~placer.runtime.portable.PortableStep`.
+        ``fork`` shares the captured module; ``spawn`` (fresh processes, which
+        CUDA needs) sends it as a :class:`~placer.runtime.portable.PortableStep`.
         Default: ``spawn`` with NCCL, else ``fork``.
     replica_steps : dict of int to GraphModule, optional
         For a data-parallel plan, the step traced on each replica's number of
         samples (:func:`~placer.runtime.replicas.replica_steps`).
     collectives : {"torch", "nodes"}
         How a data-parallel plan's buckets are reduced: one ``torch.distributed``
-        collective a bucket where the plan has a replica on every rank, each
-        in the same order (the faster: bench/ddp.py), or the plan's own steps
-        as messages between ranks (:func:`~placer.runtime.program.compile_program`).
+        collective a bucket where the plan has a replica on every rank, each in
+        the same order (faster), or the plan's own steps as messages between
+        ranks (:func:`~placer.runtime.program.compile_program`).
 
     Returns
     -------
@@ -711,8 +708,8 @@ def _rank0_start(rank: int, world: int, job: RankJob) -> list:
     """Rank 0's flat inputs (parameters, buffers, optimizer state, batch), sent to every rank, once every
     rank has checked that its plan and captured step are rank 0's.
 
-    Ranks of a ``torchrun`` launch each build the model and read the plan: a model file that does not
-    seed its initialisation gave each rank other weights and inputs, and the step mixed them.
+    Ranks of a ``torchrun`` launch each build the model and read the plan; a model file that does not
+    seed its initialisation would give each rank other weights and inputs.
 
     Raises
     ------
@@ -833,8 +830,8 @@ def _failure_message(codes: list, error_dir: str, timeout_s: float) -> str:
 def _stop(processes: list) -> None:
     """Terminate the ranks, and kill those still alive :data:`STOP_GRACE_S` later.
 
-    A stopped rank (SIGSTOP) acts on SIGTERM only once continued: without the
-    SIGCONT its run waited the grace before the kill. The grace is shared, not per rank.
+    Each rank is also continued (SIGCONT): a stopped rank acts on SIGTERM only
+    once continued. The grace is shared, not per rank.
     """
     for p in processes:
         if p.is_alive():

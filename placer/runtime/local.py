@@ -1,23 +1,22 @@
 """Run a placed training step in one process, over several devices.
 
 Nodes are issued in the plan's per-device order, interleaved by the reference
-simulator's start order; every tensor a device consumes from another device
-arrives by one copy per (tensor, destination device), made as soon as the
-tensor exists. Where CUDA is present, every plan device gets its own compute
-stream (two plan devices may share a GPU) and every (source, destination)
-pair its own copy stream; events order a copy after its producer and a
-consumer after its copy, so computation on different devices and transfers
-overlap as in the simulator. Where it is not, every device is the CPU and the
-step runs sequentially in the same order, with the same copies.
+simulator's start order; every tensor a device consumes from another arrives
+by one copy per (tensor, destination device), made as soon as the tensor
+exists. With CUDA, every plan device gets its own compute stream (two plan
+devices may share a GPU) and every (source, destination) pair its own copy
+stream; events order a copy after its producer and a consumer after its
+copy, so computation and transfers overlap as in the simulator. Without
+CUDA every device is the CPU and the step runs sequentially in the same
+order, with the same copies.
 
 By default the new parameters and optimizer state are written where the plan
-puts their writes, which the plan's memory counts on: a step that raises part
-way may have written some of them. With ``atomic`` a step is all or nothing for
+puts their writes, as the plan's memory assumes: a step that raises part way
+may have written some of them. With ``atomic`` a step is all or nothing for
 the caller's tensors: those writes (:attr:`Program.deferred`) run after every
-other operation, holding the new values until then (up to one more copy of
-the state written early), and a tensor written during the step (batch norm's
-running statistics) is written in a copy, copied back once the step has
-succeeded.
+other operation (holding up to one more copy of the state until then), and a
+tensor written during the step (batch norm's running statistics) is written
+in a copy, copied back once the step has succeeded.
 """
 
 from __future__ import annotations
@@ -83,20 +82,16 @@ class LocalExecutor:
         Time every operation and transfer (CUDA events on GPUs); the figures of
         the last step are in :attr:`op_s` and :attr:`transfer_s`.
     seed : int, optional
-        Base seed of the step's random operations (each draws from its own
-        stream, :func:`~placer.runtime.program.op_seed` of it, the step number
-        and its name); default: drawn from torch's global generator, when the
-        step has random operations.
+        Base seed of the step's random operations (:func:`~placer.runtime.program.op_seed`);
+        default: drawn from torch's global generator, when the step has random operations.
     atomic : bool
         Write the caller's tensors only once the rest of the step has run
         without error (see the module's docstring).
     track_memory : bool
-        After every operation, add up the tensor storage each plan device
-        holds (its inputs, parameters, outputs and received copies, each
-        storage once; an input the step works on in place for the whole step,
-        as its caller holds it): :attr:`peak_bytes` is what the reference model's peak
-        memory (FORMATS.md, rule 6) stands for, measured. It walks every held
-        value after every operation: for checks and benchmarks, not training.
+        After every operation, add up the tensor storage each plan device holds
+        (inputs, parameters, outputs and received copies, each storage once):
+        :attr:`peak_bytes` is the reference model's peak memory (FORMATS.md,
+        rule 6), measured. Slow: for checks and benchmarks, not training.
 
     Attributes
     ----------

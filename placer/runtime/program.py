@@ -1,48 +1,39 @@
 """A captured training step bound to a plan: the device, order and transfers of every fx node.
 
-Both executors run a :class:`Program`. It is built once from the step's
-``torch.fx.GraphModule`` (its nodes are the graph's nodes, by name), a plan
-and a cluster:
+Both executors run a :class:`Program`, built once from the step's
+``torch.fx.GraphModule`` (its nodes are the graph's, by name), a plan and a
+cluster:
 
-* every fx node gets a device: graph nodes the plan's; a node the graph
+* every fx node gets a device: a graph node the plan's; a node the graph
   leaves out that of the graph node that carries it (``carrier``: the parts
-  of a split operation), else that of its producer; a placeholder the graph leaves out
-  that of the node that writes it (state lives where it is updated), else
-  that of its first reader;
-* the nodes are issued in the plan's per-device order, interleaved by the
-  reference simulator's start order (its ``start_rank``), with a topological
-  repair in case the graph misses a data dependency of the fx graph;
+  of a split operation), else of its producer; a placeholder the graph
+  leaves out that of the node that writes it (state lives where it is
+  updated), else of its first reader;
+* nodes are issued in the plan's per-device order, interleaved by the
+  reference simulator's start order, repaired to respect every fx dependency;
 * one transfer per (tensor, destination device), made as soon as the tensor
   exists (FORMATS.md rule 4), so a later in-place write cannot change what
   another device receives;
-* a node that writes a tensor in place (``copy_`` into the new parameters and
-  optimizer state, ``native_batch_norm``'s running statistics, any
-  ``Tensor(a!)`` argument) must share that tensor's device, and keeps its
-  program order against every other reader of the tensor and of its views; a
-  transfer of such a tensor is a snapshot taken when it is sent (processes),
-  or is waited for before the write (CUDA streams);
-* a writer whose value nothing reads, that is the last node to touch what it
-  writes, and whose inputs nothing writes later (the ``copy_`` of a new
-  parameter or optimizer state into its input) is :attr:`Program.deferred`:
-  running it after the step's last operation changes nothing else, so the
-  local executor writes the caller's tensors only once the rest of the step
-  has succeeded.
+* a node that writes a tensor in place (``copy_`` into new parameters and
+  optimizer state, batch norm's running statistics, any ``Tensor(a!)``
+  argument) shares that tensor's device and keeps its program order against
+  every reader of the tensor and its views; a transfer of such a tensor is a
+  snapshot (processes) or is waited for before the write (CUDA streams);
+* writers that may run after the step's last operation
+  (:attr:`Program.deferred`) do, so the local executor writes the caller's
+  tensors only once the rest of the step has succeeded.
 
-Operations split by OS-DPOS (``node_extra["split_of"]``) run as real slices,
-parts and a concat (:mod:`placer.runtime.splits`). A data-parallel plan's
-replicas and collectives run as a rewrite of the step with a copy of it per
-replica (:mod:`placer.runtime.replicas`); its placeholders are then fed from
-the caller's flat inputs as :attr:`Program.feeds` says. Tensor constants of the step
-(``get_attr`` nodes: a ``torch.tensor([...])`` in ``forward``, a plain tensor
-attribute) run like operations: where the plan puts them, each step copies the
-constant from the GraphModule to its device.
+Operations split by OS-DPOS run as real slices, parts and a concat
+(:mod:`placer.runtime.splits`); a data-parallel plan runs as a rewrite with
+a copy of the step per replica (:mod:`placer.runtime.replicas`), fed as
+:attr:`Program.feeds` says. Tensor constants (``get_attr`` nodes) run like
+operations: each step copies the constant to where the plan puts it.
 
-Random operations (:func:`random_nodes`: dropout's ``bernoulli``, ``rand``, ...)
-each draw from their own stream, seeded by :func:`op_seed` from the executor's
-base seed, the step number and the node's name: whatever the plan and the
-backend, the same base seed gives the same draws, and no two operations, ranks
-or steps share one (eager training draws from one global stream instead, so a
-step with random operations does not equal eager training bit for bit).
+Random operations (:func:`random_nodes`) each draw from their own stream,
+seeded by :func:`op_seed` from the executor's base seed, the step number and
+the node's name: whatever the plan and the backend, the same base seed gives
+the same draws. Eager training draws from one global stream instead, so a
+step with random operations does not equal eager training bit for bit.
 """
 
 from __future__ import annotations
@@ -104,8 +95,8 @@ class Program:
     writes : dict of fx.Node to list of fx.Node
         For in-place nodes, the nodes whose storage they write.
     guard : dict of fx.Node to list of Transfer
-        For in-place nodes, the transfers of what they write that must have
-        completed before they run (the local executor's CUDA streams).
+        For in-place nodes, the transfers of what they write that must complete
+        before they run (the local executor's CUDA streams).
     frees : list of list of (fx.Node, int)
         Per schedule position, the (node, device) values that are dead after it.
     outputs : list
@@ -115,23 +106,20 @@ class Program:
     graph_node : dict of fx.Node to int
         The fx nodes that are graph nodes, and their graph index.
     runs_with : dict of fx.Node to fx.Node
-        For a call node the graph leaves out (a ``getitem``, say), the graph
-        node it runs with: what it costs (sending the output it picks) is that
-        node's, as the simulator sees it.
+        For a call node the graph leaves out (a ``getitem``), the graph node it
+        runs with, whose cost it shares as the simulator sees it.
     random : frozenset of fx.Node
-        The nodes that draw random numbers (:func:`random_nodes`); the
-        executors run each with its own seed (:func:`op_seed`).
+        The nodes that draw random numbers, each run with its own seed (:func:`op_seed`).
     deferred : frozenset of fx.Node
         In-place writers whose value nothing reads, that are the last node to
         touch every storage they write, and whose inputs no later node writes
-        (the writes of the new parameters and optimizer state): run after the
-        step's last operation, on the inputs they would have read, they write
-        the same. Other writers (batch norm's running statistics) must run in
-        their place.
+        (the writes of new parameters and optimizer state): run after the step's
+        last operation, they write the same. Other writers (batch norm's running
+        statistics) run in their place.
     compact_views : bool
         Whether a transfer of a view with gaps (an LSTM gate, a strided slice)
-        sends its elements alone, contiguous, as the graph's edge bytes count
-        them: true unless the step reads a tensor's strides
+        sends its elements alone, as the graph's edge bytes count them: true
+        unless the step reads a tensor's strides
         (:data:`~placer.capture.layout.STRIDE_READERS`), where it sends the storage the view spans.
     """
 
@@ -230,11 +218,9 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         samples (:func:`~placer.runtime.replicas.replica_steps`).
     collectives : {"nodes", "torch"}
         How a data-parallel plan's buckets are reduced
-        (:func:`~placer.runtime.replicas.replicate_step`): ``torch`` (one
-        ``torch.distributed`` collective a bucket, for an executor with a
-        process per device) where replica ``k`` is all on device ``k`` of as
-        many and every device starts the buckets' collectives in one order,
-        else ``nodes``.
+        (:func:`~placer.runtime.replicas.replicate_step`): ``torch`` where
+        replica ``k`` is all on device ``k`` and every device starts the
+        buckets' collectives in one order, else ``nodes``.
 
     Returns
     -------

@@ -4,38 +4,31 @@ A data-parallel plan places the graph of
 :func:`~placer.transform.replicate.data_parallel_graph`: ``r`` replicas of
 the step (node ``r{k}/x`` is node ``x`` of replica ``k``) and, per bucket of
 gradients, the steps of its collective (``r{k}/allreduce{b}.step{s}``).
-:func:`replicate_step` makes the same rewrite of the captured step's fx
-graph, so that every node of the placed graph is an fx node the executors
-place, order and run like any other, and every message of the collective is
-one of the program's transfers over the plan's channels:
+:func:`replicate_step` rewrites the captured fx graph the same way, so that
+every placed node is an fx node the executors run like any other and every
+message of a collective is a transfer of the program:
 
-* replica ``k`` gets placeholders of its own (:class:`Feed`): the tensor
-  inputs cut to its rows of the batch (the first replicas one sample more
-  where the batch does not divide, as the graph plans it), and the
-  parameters, buffers and optimizer state whole (a sharded optimizer's
-  state: the replica's part of it);
+* replica ``k`` gets its own placeholders (:class:`Feed`): its rows of the
+  batch's tensor inputs (the first replicas one sample more where the batch
+  does not divide), and the parameters, buffers and optimizer state whole
+  (a sharded optimizer's state: its part);
 * a bucket's ``pack`` node copies the replica's gradients, scaled by its
-  share of the batch (``n_k / N``: the sum over replicas is then the
-  gradient of the global batch's mean loss), into one flat buffer of ``r``
-  equal chunks; each later step receives chunks from other replicas and
-  adds them in (a reduce-scatter) or copies them (an all-gather), and sends
-  on only the chunks its consumers take, so the bytes that travel are the
-  graph's;
+  share of the batch ``n_k / N`` (so that their sum is the gradient of the
+  global batch's mean loss), into one flat buffer of ``r`` equal chunks;
+  each later step adds received chunks in (reduce-scatter) or copies them
+  (all-gather), and sends on only the chunks its consumers take;
 * every reader of a gradient reads it from the reduced buffer;
-* the step's loss is the replicas' losses weighted by their shares, on the
-  device of replica 0.
+* the loss is the replicas' losses weighted by their shares, on replica 0's device.
 
-With a sharded optimizer (ZeRO stage 1) replica ``k`` owns one chunk of
-every bucket (the chunk its reduce-scatter ends with): it updates only the
-elements of each parameter in that chunk, holds only those of the
-optimizer's state, and the updated chunks are all-gathered and written into
-every replica's parameters.
+With a sharded optimizer (ZeRO stage 1) replica ``k`` owns one chunk of every
+bucket: it updates only the parameter elements in that chunk, holds only
+that part of the optimizer state, and the updated chunks are all-gathered
+into every replica's parameters.
 
-Semantics are data-parallel training's: batch-coupled operations (batch
-norm) see the replica's rows, as under DDP without SyncBatchNorm; replica 0's
-parameters, buffers and optimizer state are the caller's, written in place;
-the other replicas work on copies, so the model ends with replica 0's
-buffers (running statistics), as DDP's broadcast from rank 0 makes them.
+Semantics are DDP's without SyncBatchNorm: batch norm sees the replica's
+rows; replica 0's parameters, buffers and optimizer state are the caller's,
+written in place; the other replicas work on copies, so the model ends with
+replica 0's buffers.
 """
 
 from __future__ import annotations
@@ -326,32 +319,29 @@ def replicate_step(gm: fx.GraphModule, graph: OpGraph, target: OpGraph, carrier:
     carrier : dict, optional
         fx node name -> graph node id, for the captured step.
     steps : dict of int to GraphModule, optional
-        The step traced on each replica's number of samples
-        (:meth:`~placer.capture.CapturedStep.at_batch`; :func:`replica_steps`
-        gives them for a plan): the captured one holds its shapes as constants.
+        The step traced on each replica's number of samples (:func:`replica_steps`):
+        the captured one holds its shapes as constants.
     collectives : {"nodes", "torch"}
-        ``nodes``: every step of a bucket's collective is a node, and what it
-        sends to another replica a transfer of the program (any executor).
-        ``torch``: the bucket's first step starts a ``torch.distributed``
-        collective over every rank (an all-reduce; a sharded optimizer's
-        all-gather), the step its readers read waits for it, the others pass
-        (one process per replica, replica ``k`` on rank ``k``: the
-        distributed executor).
+        ``nodes``: every step of a bucket's collective is a node and what it sends
+        a transfer of the program (any executor). ``torch``: the bucket's first
+        step starts a ``torch.distributed`` collective (an all-reduce; a sharded
+        optimizer's all-gather), the step its readers read waits for it, the
+        others pass; replica ``k`` runs on rank ``k`` of the distributed executor.
 
     Returns
     -------
     (GraphModule, dict, dict, list of Feed)
         The step to run, ``target``'s node id -> its fx node, the carrier of the
-        new step's fx nodes, and how each of its placeholders is fed from the
-        captured step's flat inputs.
+        new step's fx nodes, and how each placeholder is fed from the captured
+        step's flat inputs.
 
     Raises
     ------
     InvalidPlanError
         The batch's size is unknown, a tensor input does not lead with the
         batch, a replica's step is missing from ``steps`` or has other nodes,
-        a bucket mixes dtypes, or ``target``'s buckets are not those this
-        version of placer lays out for ``graph``.
+        a bucket mixes dtypes, or ``target``'s buckets are not those placer
+        lays out for ``graph``.
     """
     if collectives not in ("nodes", "torch"):
         raise ValueError(f"collectives must be 'nodes' or 'torch', got {collectives!r}")
@@ -741,15 +731,11 @@ def _replica_shares(placeholders: list[fx.Node], batch: int | None, r: int) -> l
 class _Sharding:
     """A sharded optimizer's part of the rewrite (ZeRO stage 1).
 
-    Each parameter (whose update the graph traces to one gradient, with
-    optimizer state of the parameter's shape and layout) is updated in parts:
-    replica ``k`` takes the elements of the parameter that lie in its chunk
-    of the bucket (:meth:`_Rewrite.owner`), reads that part of the reduced
-    gradient, holds that part of the state (its placeholders are fed that
-    part, :class:`Feed`), and writes that part of the parameter; the
-    all-gather then writes every part into every replica's parameter. What
-    no gradient feeds (Adam's step counters) is updated whole, the same on
-    every replica.
+    Replica ``k`` updates the elements of each parameter that lie in its chunk
+    of the bucket (:meth:`_Rewrite.owner`): it reads that part of the reduced
+    gradient, holds that part of the state (:class:`Feed`) and writes that part
+    of the parameter; the all-gather then writes every part into every replica.
+    What no gradient feeds (Adam's step counters) is updated whole on every replica.
     """
 
     def __init__(self, rw: _Rewrite):

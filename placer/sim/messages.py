@@ -1,22 +1,18 @@
 """The host cost of a message: what a process-per-device step spends on sending and receiving.
 
-Each message a plan sends between two CPU processes costs both of them time
-their one thread cannot compute: packing and the send call on one side,
-posting the receive, a wait and unpacking on the other (tens of microseconds
-each over gloo, docs/benchmarks.md "Fidelity"). The reference execution model
+Each message between two CPU processes costs both of them time their one
+thread cannot compute: packing and the send call on one side, posting the
+receive, a wait and unpacking on the other. The reference execution model
 (FORMATS.md) has no such cost; :func:`messages_graph` adds it to the nodes of
-a plan that send and receive, as a richer mode beside the reference one
-(named as such wherever it is reported). Its figures come from a run
+a plan that send and receive, as a richer mode reported under its own name.
+Its figures come from a run
 (:attr:`placer.runtime.distributed.DistributedResult.message_s`) or from a
-calibration before any run (:func:`placer.harness.calibrate.calibrate`).
+calibration (:func:`placer.harness.calibrate.calibrate`).
 
-A message costs less when the rank exchanged another shortly before it: over
-gloo on a 16-core H200 machine's cores a message alone cost 77 to 89 us to send
-and 107 to 149 us to receive, one in a round-robin plan's run, with hundreds a
-step, 24 to 43 us and 20 to 31 us. A calibration also times
-streams of messages with computation between them (:attr:`MessageCost.by_gap`);
-:func:`simulate_with_messages` then charges each message at the gap the
-simulated schedule leaves before it on its rank.
+A message costs less when its rank exchanged another shortly before, so a
+calibration also times streams of messages with computation between them
+(:attr:`MessageCost.by_gap`), and :func:`simulate_with_messages` charges each
+message at the gap the simulated schedule leaves before it on its rank.
 """
 
 from __future__ import annotations
@@ -47,18 +43,17 @@ class MessageCost:
 
     ``by_gap`` holds ``(gap_s, send_fixed_s, receive_fixed_s)`` by ascending gap:
     the fixed parts measured in streams of messages ``gap_s`` of computation apart
-    (:func:`placer.harness.calibrate.measure_gloo`). Where it is given, a message
-    ``gap`` seconds after the rank's previous one pays the fixed parts
+    (:func:`placer.harness.calibrate.measure_gloo`). Where given, a message
+    ``gap`` seconds after its rank's previous one pays the fixed parts
     interpolated there (held beyond the ends); ``send_fixed_s`` and
-    ``receive_fixed_s`` are then a message's alone, as without it.
+    ``receive_fixed_s`` are then a message's cost alone.
 
     ``after_send_s`` and ``after_receive_s`` are what the rank's next operation
     loses, beyond the message's own host time, for coming right after a send
-    (a receive) instead of after another operation, as the profile times it,
-    and ``after_wait_s`` what it loses right after a receive the rank waited for
-    (its thread slept: several times more, on the development machine ~30 us
-    against ~2 to 10; :func:`placer.harness.calibrate.measure_gloo`); a cost fitted
-    to a run's messages has none, since the run's own op times hold them.
+    (a receive) rather than after another operation; ``after_wait_s`` is what it
+    loses right after a receive the rank waited for (its thread slept, which
+    costs more). A cost fitted to a run's messages has none of them, since the
+    run's own op times include them.
     """
 
     send_fixed_s: float
@@ -167,13 +162,13 @@ def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: di
 
     The plan's messages are the reference model's transfers (FORMATS.md rule 4:
     one per tensor and destination device, of the largest ``bytes`` among its
-    edges there). Its producer pays the sending, the first of its consumers in
-    the destination device's order the receiving; a node that sends (receives)
+    edges there). The producer pays the sending, the first of its consumers in
+    the destination device's order the receiving. A node that sends (receives)
     also pays :attr:`MessageCost.after_send_s` (``after_receive_s``, or
-    ``after_wait_s`` where it waited for its messages) once, for the operation
-    that follows its messages. With a run's own times (a
-    run's ``op_s`` less its ``op_message_s``) and its :class:`MessageCost`, the
-    simulator predicts other plans than the one that ran, as FastT's loop needs.
+    ``after_wait_s`` where it waited) once, for the operation that follows its
+    messages. Given a run's own times (its ``op_s`` less its ``op_message_s``) and
+    its :class:`MessageCost`, the simulator predicts plans other than the one
+    that ran, as FastT's loop needs.
 
     Parameters
     ----------
@@ -275,18 +270,17 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
                            passes: int = 3, messages: Sequence[tuple[int, int, int]] | None = None) -> "SimResult":
     """The plan simulated with its messages' host cost (:func:`messages_graph`) on its nodes.
 
-    Where ``cost`` has costs by gap, a message's gap depends on the schedule its cost
-    shapes: the first pass charges each message as if it followed another at once
-    (the runtime posts every receive as a step begins and sends as each producer
-    ends), each later one the cost at its gap in the pass before (``passes`` in all,
-    fewer once the step moves by 0.1% or less). Started from each message alone
-    instead, the passes settle on longer gaps: on two recorded fidelity samples,
-    with a step-shaped cost, 15.7% and 15.9% mean error against 12.8% and 14.1%.
-    ``messages``, where the caller
-    has them, are the plan's (:func:`plan_messages`, computed when not given).
-    Likewise, where ``cost`` charges the operation after a receive its rank waited
-    for (:attr:`MessageCost.after_wait_s`), each pass charges it to the nodes
-    that waited in the pass before (:func:`waiting_nodes`; in the first, none).
+    Where ``cost`` has costs by gap, a message's gap depends on the schedule its
+    cost shapes, so the simulation iterates: the first pass charges each message
+    as if it followed another at once (the runtime posts every receive as a step
+    begins and sends as each producer ends), each later pass the cost at its gap
+    in the pass before. It stops after ``passes`` passes, or once the step moves
+    by 0.1% or less. Starting from each message alone instead settles on gaps
+    that are too long. Likewise, where ``cost`` charges the operation after a
+    waited receive (:attr:`MessageCost.after_wait_s`), each pass charges the
+    nodes that waited in the pass before (:func:`waiting_nodes`; none in the
+    first). ``messages``, where the caller has them, are the plan's
+    (:func:`plan_messages`, computed when not given).
 
     Returns
     -------
@@ -317,19 +311,18 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
     """A run's fitted message cost, shaped over gaps as a calibration's: what another plan's messages cost.
 
     ``fitted`` (:meth:`MessageCost.fit` of a run's messages) is what the run's
-    messages cost at the gaps they had; another plan sends at other gaps (an
-    expert split a few messages milliseconds apart, round robin hundreds back
-    to back). The calibration's costs by gap are scaled, each side by one
-    factor, so that over the gaps of the run's messages (its plan, ``bound``,
-    simulated with its ops' own times and ``fitted``) they average the run's
-    fixed parts; the per-byte parts are the run's. On two recorded fidelity
-    samples, each plan predicted from another plan's run: 21.3% and 20.9%
-    mean error, against 26.3% and 27.7% with the run's cost at every gap.
+    messages cost at the gaps they had; another plan sends at other gaps (a few
+    messages milliseconds apart, or hundreds back to back). The calibration's
+    costs by gap are scaled, each side by one factor, so that over the gaps of
+    the run's messages (its plan, ``bound``, simulated with its ops' own times
+    and ``fitted``) they average the run's fixed parts; the per-byte parts are
+    the run's. This predicts another plan's run better than the run's cost at
+    every gap.
 
     It also takes the calibration's cost of the operation right after a message
-    (:attr:`MessageCost.after_send_s`, ``after_receive_s``, ``after_wait_s``), which a run's own
-    op times hold for its plan's messages only: predict another plan from them
-    less it (:func:`without_after_message`).
+    (:attr:`MessageCost.after_send_s`, ``after_receive_s``, ``after_wait_s``),
+    which a run's own op times hold for its plan's messages only: predict
+    another plan from those times less it (:func:`without_after_message`).
 
     Returns ``fitted`` itself where ``calibrated`` has no costs by gap or the
     plan sends no message.
@@ -352,20 +345,14 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
 def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCost) -> MessageCost:
     """``cost`` with the ``after_*`` charges fitted to what the operations after a run's messages lost.
 
-    Each node's own time in the run (``own_s``: its measured time less its
-    messages' host time, :func:`placer.harness.feedback.own_times`) beyond its
-    profiled time (``bound.graph``'s on its device, :meth:`BoundPlan.placed_durations`) is
-    fitted by least squares as ``after_send_s`` where the node sends a message
-    under the plan plus ``after_receive_s`` where it is the first to read one
-    (:func:`plan_messages`), each at least zero; nodes without either only
-    count where they are timed. ``after_wait_s`` is ``after_receive_s``: a run
-    does not tell which receives its ranks waited for. ``cost``'s host costs of
-    the messages themselves are kept.
-
-    A calibration's streams time one message at a time between two ranks; in a
-    plan's run the operation right after a message loses more (on recorded runs
-    of 16-core machines, the ops that receive a message 1.3 to 1.4 times their
-    profile, +15 to 21 us per message).
+    Each node's own time in the run (``own_s``, :func:`placer.harness.feedback.own_times`)
+    beyond its profiled time (:meth:`BoundPlan.placed_durations`) is fitted by
+    least squares, each term at least zero, as ``after_send_s`` where the node
+    sends under the plan plus ``after_receive_s`` where it is the first to read a
+    message (:func:`plan_messages`); nodes with neither count only where timed.
+    ``after_wait_s`` is set to ``after_receive_s``: a run does not tell which
+    receives waited. ``cost``'s host costs of the messages themselves are kept.
+    A calibration's streams, one message at a time, underestimate this loss;
     :func:`placer.harness.calibrate.measure_probe` fits it to a probe run.
 
     Raises
@@ -392,14 +379,11 @@ def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCo
 def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: MessageCost) -> dict[str, float]:
     """A run's operations' own times less what ``cost`` charges the operation after its plan's messages.
 
-    ``own_s`` (:func:`placer.harness.feedback.own_times`) holds what each node
-    lost for coming right after a message of the plan that ran (``bound``);
-    :func:`messages_graph` charges another plan's instead. Each node that sends
-    gives back :attr:`MessageCost.after_send_s`, each that receives
-    ``after_receive_s`` (``after_wait_s`` where it waited for its messages in
-    the run as its own times and ``cost`` simulate it), once, never below zero.
-    On recorded runs of the 2-core development machine, each plan predicted from
-    another plan's run: 57.8% -> 50.6% and 48.2% -> 41.2% mean error.
+    ``own_s`` (:func:`placer.harness.feedback.own_times`) includes what each node
+    lost for coming right after a message of the plan that ran (``bound``), while
+    :func:`messages_graph` charges another plan's. Each node that sends gives back
+    :attr:`MessageCost.after_send_s`, each that receives ``after_receive_s`` (or
+    ``after_wait_s`` where it waited in the run), once, never below zero.
     """
     if not (cost.after_send_s or cost.after_receive_s or cost.after_wait_s):
         return own_s
