@@ -178,6 +178,17 @@ class Plan:
             raise InvalidPlanError(f"the plan was made for graph {self.graph_name!r}, not {graph.name!r} (the "
                                    f"same operations: another batch size or optimizer, or a --name at capture)")
 
+    def check_splits_recorded(self) -> None:
+        """Refuse a rewritten graph that does not hold the splits the plan lists (node, dimension, parts).
+
+        Raises
+        ------
+        InvalidPlanError
+            Naming the split and what the rewritten graph holds instead.
+        """
+        if self.rewritten_graph is not None:
+            _check_splits_made(self.splits, self.rewritten_graph)
+
     def bind(self, graph: OpGraph, cluster: Cluster, target: OpGraph | None = None) -> BoundPlan:
         """Resolve ids to indices and check FORMATS.md rule 8 (memory is :func:`placer.validate`'s).
 
@@ -200,8 +211,7 @@ class Plan:
             dependencies, or it lists splits with no graph they make.
         """
         self.check_made_for(graph)
-        if self.rewritten_graph is not None:
-            _check_splits_made(self.splits, self.rewritten_graph)
+        self.check_splits_recorded()
         made_here = target is not None and self.rewritten_graph is None
         if target is None:
             if self.splits and self.rewritten_graph is None:

@@ -121,4 +121,5 @@ def bind_plan(plan: Plan, graph: OpGraph, cluster: Cluster) -> BoundPlan:
         As :meth:`Plan.bind` and :func:`target_graph`.
     """
     plan.check_made_for(graph)          # the other graph named, before any split is tried
+    plan.check_splits_recorded()
     return plan.bind(graph, cluster, target=target_graph(plan, graph))
