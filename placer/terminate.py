@@ -122,7 +122,8 @@ def signals_deferred() -> Iterator[None]:
     """Inside the block, SIGINT and SIGTERM wait: each that came is raised again once it ends.
 
     For the few renames that put a command's outputs in place, so that a signal leaves either all the
-    previous files or all the new ones. Only in the main thread, and only for a signal whose handler was
+    previous files or all the new ones; and for starting a child process, so that one started is one its
+    parent knows to stop. Only in the main thread, and only for a signal whose handler was
     set from Python or is the default (one set from C is left as it is); an ignored signal stays ignored.
     """
     if threading.current_thread() is not threading.main_thread():

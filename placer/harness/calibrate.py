@@ -34,7 +34,7 @@ import numpy as np
 from ..cluster import Channel, Cluster
 from ..errors import FormatError, OptionError, PlacerError
 from ..io import Field, check_format, check_number, read_json, write_json_atomic
-from ..terminate import terminate_raises
+from ..terminate import signals_deferred, terminate_raises
 from ..transform.bind import bind_plan
 from ..sim.messages import MessageCost
 from datetime import timedelta
@@ -556,8 +556,9 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
                 args = json.dumps([rank, ranks, port, sizes, repeats, timeout_s, out_dir])
                 code = (f"import json; from placer.harness.calibrate import _gloo_worker; "
                         f"_gloo_worker(*json.loads({args!r}))")
-                procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
-                                              stderr=subprocess.PIPE, text=True))
+                with signals_deferred():        # a rank started is a rank known, and stopped below
+                    procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
+                                                  stderr=subprocess.PIPE, text=True))
             for rank, p in enumerate(procs):
                 try:
                     _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
