@@ -16,7 +16,9 @@ from typing import Any
 from .algorithms import get_algorithm, place
 from .algorithms.auto import RUNNABLE_DEPRECATED
 from .algorithms.registry import checked_options
+from .capture.optim import spec_of
 from .cluster import Cluster, load_cluster
+from .cost.profile import apply_profile, load_profile
 from .errors import InvalidPlanError, OptionError
 from .graph import OpGraph
 from .plan import Plan
@@ -25,8 +27,6 @@ from .sim.bounds import lower_bound
 from .sim.simulator import simulate_bound
 from .sim.validation import validate
 from .transform.bind import bind_plan
-from .capture.optim import spec_of
-from .cost.profile import apply_profile, load_profile
 
 __all__ = ["plan", "validate", "describe", "apply"]
 
@@ -179,6 +179,6 @@ def apply(plan: Plan, model: Any, optimizer: Any = None, **options: Any) -> Any:
     Each call updates the model's parameters and buffers and the optimizer's
     state in place; see :class:`placer.runtime.apply.PlacedStep` for ``options``.
     """
-    from .runtime.apply import PlacedStep          # deferred: the runtime imports torch
+    from .runtime.apply import PlacedStep  # deferred: the runtime imports torch
 
     return PlacedStep(plan, model, optimizer, **options)

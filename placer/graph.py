@@ -15,12 +15,12 @@ from collections import deque
 from functools import cached_property
 from typing import TYPE_CHECKING, Any, Sequence
 
+import networkx as nx
 import numpy as np
 
 from .errors import FormatError, GraphCycleError
 from .gcpause import gc_paused
 from .io import MAX_INTEGER, Field, check_finite, check_format, check_number, read_json, write_json_atomic
-import networkx as nx
 
 if TYPE_CHECKING:
     import networkx as nx

@@ -37,6 +37,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterable, Iterator, Mapping, Sequence
 
+import numpy as np
+
 from .errors import FormatError, PlacerError
 from .terminate import raise_if_interrupted, signals_deferred, terminate_raises
 
@@ -145,7 +147,6 @@ def nesting(text: str) -> int:
     >>> nesting('{"a": [1, [2]], "b": "[[["}'), nesting("3")
     (3, 0)
     """
-    import numpy as np
 
     brackets = _NOT_BRACKET.sub("", _STRING.sub("", text))
     if not brackets:

@@ -16,6 +16,7 @@ import os
 import weakref
 from typing import Any, Callable, Sequence
 
+import networkx as nx
 import numpy as np
 
 from .cluster import Cluster
@@ -393,7 +394,6 @@ def check_order_acyclic(graph: OpGraph, order: Sequence[np.ndarray], device_name
 def _order_cycle(graph: OpGraph, order: Sequence[np.ndarray], stuck: np.ndarray,
                  device_names: Sequence[str] | None) -> str:
     """One cycle among the ``stuck`` nodes, told as the dependencies and orders that make it."""
-    import networkx as nx
 
     links = nx.DiGraph()
     for j, seq in enumerate(order):

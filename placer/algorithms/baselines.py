@@ -17,8 +17,7 @@ from ..graph import OpGraph
 from ..io import shown_sizes
 from ..plan import Plan
 from ..sim.simulator import simulate
-from .common import (MemoryBudget, fitting_plan_with_retries, linked_devices, missing_link, placement_units,
-                     unit_allowed)
+from .common import MemoryBudget, fitting_plan_with_retries, linked_devices, missing_link, placement_units, unit_allowed
 from .registry import register
 
 __all__ = ["single", "round_robin", "expert", "metis", "layer_labels", "forward_ordered", "linked_parts"]

@@ -31,9 +31,9 @@ from ..generate import contract_cases, random_dag, training_graph, with_device_k
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import simulate, simulate_plan
-from .registry import checked_options, get_algorithm, place
 from ..sim.validation import validate
 from ..transform.bind import target_graph
+from .registry import checked_options, get_algorithm, place
 
 __all__ = ["CHECKS", "check_algorithm", "contract_cases", "random_cases", "check_valid_plans", "check_constraints",
            "check_memory_pressure", "check_random_cases", "check_partially_linked", "check_determinism",

@@ -11,8 +11,14 @@ from ..io import shown_sizes
 from ..paths import top_levels
 from ..plan import Plan
 from ..sim.simulator import simulate
-from ..transform.replicate import (COLLECTIVES, DataParallelGraph, collective_stages, data_parallel_graph,
-                                   input_transfers, replica_layout)
+from ..transform.replicate import (
+    COLLECTIVES,
+    DataParallelGraph,
+    collective_stages,
+    data_parallel_graph,
+    input_transfers,
+    replica_layout,
+)
 from ..transform.split import batch_samples
 from .registry import register
 

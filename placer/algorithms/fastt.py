@@ -15,13 +15,19 @@ from ..errors import InfeasibleError, InvalidPlanError, OptionError
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import simulate
-from .list_scheduling import (Schedule, ScheduleState, plan_from_schedule, priority_order,
-                              rank_ordered_with_memory_retries, scheduling_priorities)
-from .registry import register
-from .timebox import TimeBox
-from .data_parallel import data_parallel_schedule
 from ..transform.split import split_dims
 from .auto import critical_path_nodes
+from .data_parallel import data_parallel_schedule
+from .list_scheduling import (
+    Schedule,
+    ScheduleState,
+    plan_from_schedule,
+    priority_order,
+    rank_ordered_with_memory_retries,
+    scheduling_priorities,
+)
+from .registry import register
+from .timebox import TimeBox
 
 __all__ = ["dpos", "os_dpos", "dpos_schedule", "critical_path"]
 

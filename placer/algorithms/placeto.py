@@ -23,14 +23,14 @@ import numpy as np
 
 from ..cluster import Cluster
 from ..errors import FormatError, InfeasibleError, InvalidPlanError, OptionError
+from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..plan import Plan
-from ..feasibility import static_footprint
 from ..sim.simulator import simulate
+from .baselines import expert
 from .common import linked_devices, placement_units, unit_allowed
 from .registry import register
 from .timebox import OPTIONAL_SHARE, TimeBox, seconds_left
-from .baselines import expert
 
 __all__ = ["placeto", "SHIPPED_POLICY", "load_policy"]
 

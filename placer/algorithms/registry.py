@@ -28,10 +28,10 @@ from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..io import shown
 from ..plan import Plan
-from .timebox import TimeBox
 from ..sim.bounds import lower_bound
 from ..sim.validation import validate
 from ..transform.bind import target_graph
+from .timebox import TimeBox
 
 __all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message",
            "checked_options", "check_time_limit", "check_seed"]

@@ -32,11 +32,11 @@ import torch.fx as fx
 import torch.fx.config
 import torch.fx.traceback as fx_traceback
 from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.fx.experimental.proxy_tensor import make_fx
 from torch.fx.experimental.symbolic_shapes import ShapeEnv
-from torch._subclasses.fake_tensor import FakeTensorMode
 
-from ..cost.analytic import LR_PLACEHOLDER
+from ..cost.analytic import LR_PLACEHOLDER, annotate
 from ..errors import FormatError, OptionError
 from ..graph import OpGraph
 from ..io import shown
@@ -44,7 +44,6 @@ from .build import build_graph
 from .layout import dense_layout
 from .optim import OptimizerSpec, optimizer_spec
 from .updates import UpdateTemplates
-from ..cost.analytic import annotate
 
 __all__ = ["CapturedStep", "StepLayout", "capture", "step_name", "portable_kernels"]
 

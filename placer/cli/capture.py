@@ -4,20 +4,23 @@ from __future__ import annotations
 
 import argparse
 
+from ..capture.optim import OPTIMIZERS, optimizer_spec
+from ..errors import OptionError
+from ..io import check_output
+from ..report.tables import working
+from ..show import terminal
+
 __all__ = ["add_commands", "add_optimizer_option", "add_optimizer_settings", "optimizer_settings", "SETTING_FLAGS",
            "cmd_capture"]
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from ..io import check_output
-    from ..report.tables import working
-    from ..show import terminal
 
     check_output(args.output, "graph file", inputs=[args.spec])     # before the capture
     optimizer_settings(args)
     with working(f"capturing one training step of {args.spec} at batch {args.batch} "
                  f"({args.optimizer}{', meta device' if args.fake else ''})..."):
-        from ..capture.spec import capture_spec
+        from ..capture.spec import capture_spec  # deferred: imports torch
 
         step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, lr=args.lr,
                             fake=True if args.fake else None, name=args.name, settings=optimizer_settings(args))
@@ -39,7 +42,6 @@ def add_optimizer_option(parser: argparse.ArgumentParser, help: str | None = Non
     all accept the same names, :data:`placer.capture.OPTIMIZERS` (those
     :func:`placer.capture.capture` accepts), and none takes one another refuses.
     """
-    from ..capture.optim import OPTIMIZERS
 
     parser.add_argument("--optimizer", default="adam", choices=OPTIMIZERS, help=help or (
         "optimizer whose update ends the captured step, torch's defaults but for the settings given "
@@ -83,8 +85,6 @@ def optimizer_settings(args: argparse.Namespace) -> dict:
     OptionError
         A flag another optimizer takes (``--momentum`` with adam) or a bad value, naming the flag.
     """
-    from ..errors import OptionError
-    from ..capture.optim import optimizer_spec
 
     given = {key: getattr(args, key) for key in SETTING_FLAGS if getattr(args, key, None) is not None}
     for key in given:

@@ -6,6 +6,7 @@ import contextlib
 import sys
 from pathlib import Path
 
+from ..cluster import PRESETS, load_cluster
 from ..errors import OptionError, PlacerError
 from ..show import terminal
 
@@ -15,7 +16,6 @@ __all__ = ["cluster_for_plan", "naming_plan"]
 def cluster_for_plan(plan, path: str, cluster=None, spec: str | None = None):
     """The cluster to check the plan at ``path`` on: ``cluster`` (loaded from ``--cluster spec``), else the
     one the plan names, which must have the figures the plan was made for where the plan records them."""
-    from ..cluster import PRESETS, load_cluster
 
     if cluster is not None:
         if plan.cluster_digest and cluster.digest() != plan.cluster_digest:

@@ -21,11 +21,29 @@ import warnings
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Sequence
 
+from ..algorithms import available_algorithms, place
+from ..algorithms.auto import RUNNABLE_DEPRECATED
+from ..algorithms.registry import check_seed, check_time_limit, checked_options, get_algorithm
+from ..cluster import PRESETS, Cluster, load_cluster
+from ..cost.profile import apply_profile, load_profile
 from ..errors import ClusterMismatchWarning, InvalidPlanError, OptionError, PlacerError
-from ..io import check_output, command_scope
+from ..graph import OpGraph
+from ..harness.calibrate import load_calibration
+from ..io import check_output, command_scope, read_json
+from ..plan import Plan
+from ..report.compare import check_options, compare
+from ..report.tables import print_rows, print_simulation, working
 from ..show import one_line
+from ..sim import simulate_plan
+from ..sim.bounds import lower_bound
+from ..sim.messages import simulate_with_messages
+from ..sim.trace import write_trace
+from ..sim.validation import validate
 from ..terminate import interrupted, interrupts_recorded, raise_if_interrupted
+from ..transform.bind import bind_plan
+from .capture import SETTING_FLAGS, add_optimizer_option, add_optimizer_settings, optimizer_settings
 from .common import cluster_for_plan, naming_plan
+from .demo import DEFAULT_BATCH, DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_TIME_LIMIT, run_demo
 
 if TYPE_CHECKING:
     from ..cluster import Cluster
@@ -46,7 +64,6 @@ def _parse_option(text: str) -> tuple[str, Any]:
 
 def _check_search_flags(args: argparse.Namespace) -> None:
     """``--time-limit`` and ``--seed`` refused by their flags' names, before anything is captured or run."""
-    from ..algorithms.registry import check_seed, check_time_limit
 
     check_time_limit(getattr(args, "time_limit", None), "'--time-limit'")
     if getattr(args, "seed", None) is not None:
@@ -56,7 +73,6 @@ def _check_search_flags(args: argparse.Namespace) -> None:
 def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "Cluster | None" = None):
     """A graph file, or a model spec (zoo:NAME, file.py:FACTORY) captured at ``--batch``; with
     ``--profile``, its measured times (refused where ``cluster`` has no device of the profile's kind)."""
-    from ..graph import OpGraph
 
     is_spec = source.startswith("zoo:") or ".py:" in source
     if not is_spec:
@@ -64,7 +80,6 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
             raise OptionError(f"--batch applies to a model spec; {source} is a graph file, captured at its own batch")
         if getattr(args, "name", None) is not None:
             raise OptionError(f"--name applies to a model spec; {source} is a graph file, named at its capture")
-        from .capture import SETTING_FLAGS
 
         given = [flag for flag in SETTING_FLAGS if getattr(args, flag, None) is not None]
         if given:
@@ -74,15 +89,13 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
     elif args is None or getattr(args, "batch", None) is None:
         raise OptionError(f"{source}: a model spec needs --batch N")
     else:
-        from ..capture import capture_spec
+        from ..capture import capture_spec  # deferred: imports torch
 
         print(f"capturing one training step of {source} at batch {args.batch} ...", file=sys.stderr)
-        from .capture import optimizer_settings
 
         graph = capture_spec(source, args.batch, optimizer=args.optimizer, name=getattr(args, "name", None),
                              settings=optimizer_settings(args)).graph
     if getattr(args, "profile", None):
-        from ..cost.profile import apply_profile, load_profile
 
         profile = load_profile(args.profile)
         if cluster is not None:
@@ -109,7 +122,6 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="batch size when GRAPH is a model spec")
     p.add_argument("--name", help="graph name when GRAPH is a model spec, as `placer capture --name` gave it "
                                   "(default NAME-bsBATCH-OPTIMIZER)")
-    from .capture import add_optimizer_option, add_optimizer_settings
 
     add_optimizer_option(p, "optimizer of the captured step when GRAPH is a model spec (default adam)")
     add_optimizer_settings(p)
@@ -117,10 +129,6 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
-    from ..algorithms import place
-    from ..algorithms.auto import RUNNABLE_DEPRECATED
-    from ..algorithms.registry import checked_options, get_algorithm
-    from ..cluster import load_cluster
 
     _check_search_flags(args)
     options = dict(_parse_option(o) for o in args.option)
@@ -135,7 +143,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args, cluster)
-    from ..report.tables import working
 
     # A search can take its whole limit (auto: a minute by default); say what runs meanwhile.
     limit = "" if args.time_limit is None else f", within {args.time_limit:g} s"
@@ -151,10 +158,6 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
-    from ..cluster import load_cluster
-    from ..plan import Plan
-    from ..sim import simulate_plan
-    from ..sim.bounds import lower_bound
 
     plan = Plan.load(args.plan)     # a bad plan file fails before a model is captured
     if args.trace:
@@ -168,7 +171,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             raise InvalidPlanError(f"the simulated step overflows (makespan {result.makespan_s}): a figure of "
                                    f"the graph or cluster is out of range")
     if args.trace:
-        from ..sim.trace import write_trace
 
         write_trace(result, args.trace)
     report = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster, splits=plan.rewrites_graph)}
@@ -180,7 +182,6 @@ def cmd_simulate(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report, indent=1))
         return 0
-    from ..report.tables import print_simulation
 
     print_simulation(result, report)
     if args.message_cost:
@@ -206,9 +207,6 @@ def _other_prediction(plan, cluster, makespan_s: float) -> str:
 def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: str) -> float:
     """The plan's step with each message's host cost, from a calibration file, on its nodes, and the
     calibrated barrier that ends a step of the process-per-device runtime (where the file has one)."""
-    from ..harness.calibrate import load_calibration
-    from ..sim.messages import simulate_with_messages
-    from ..transform.bind import bind_plan
 
     calibration = load_calibration(calibration_path)
     if calibration.message_cost is None:
@@ -222,8 +220,6 @@ def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: s
 
 
 def cmd_algorithms(args: argparse.Namespace) -> int:
-    from ..algorithms import available_algorithms, get_algorithm
-    from ..report.tables import print_rows
 
     rows = []
     for name in available_algorithms():
@@ -235,8 +231,6 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
 
 
 def cmd_clusters(args: argparse.Namespace) -> int:
-    from ..cluster import PRESETS, load_cluster
-    from ..report.tables import print_rows
 
     rows = []
     for name in PRESETS:
@@ -253,8 +247,6 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 
 def cmd_validate(args: argparse.Namespace) -> int:
-    from .capture import SETTING_FLAGS
-    from ..cluster import load_cluster
 
     spec_flags = [(f"--{key.replace('_', '-')}", getattr(args, key), "shapes the step captured from a model spec")
                   for key in ("batch", "name", *SETTING_FLAGS)]
@@ -267,7 +259,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
     graph = _load_graph(args.graph, args, cluster) if args.graph else None
     profile = None
     if args.profile:        # checked against each plan's own cluster too, as _load_graph did against --cluster
-        from ..cost.profile import load_profile
 
         profile = load_profile(args.profile)
     failed = 0
@@ -285,11 +276,6 @@ def cmd_validate(args: argparse.Namespace) -> int:
 def _validate_file(path: str, graph, cluster, cluster_spec: str | None, profile=None) -> str:
     """Check one graph, cluster or plan file; what it holds, on one line. A plan is checked against
     ``graph`` (re-costed by ``profile``, which its cluster must have a device of) on ``cluster`` or its own."""
-    from ..cluster import Cluster
-    from ..graph import OpGraph
-    from ..io import read_json
-    from ..plan import Plan
-    from ..sim.validation import validate
 
     doc = read_json(path, "file")
     tag = doc.get("format") if isinstance(doc, dict) else None
@@ -318,8 +304,6 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None, profile=
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
-    from ..cluster import load_cluster
-    from ..report.compare import check_options, compare
 
     _check_search_flags(args)
     names = _algorithm_names(args.algorithms)
@@ -339,7 +323,6 @@ def cmd_compare(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from .demo import run_demo
 
     _check_search_flags(args)
     names = _algorithm_names(args.algorithms)
@@ -348,7 +331,6 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from .demo import DEFAULT_BATCH, DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_TIME_LIMIT
 
     parser = argparse.ArgumentParser(prog="placer", description=(
         "Place and schedule the operations of a training step across devices."))

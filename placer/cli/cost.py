@@ -7,19 +7,25 @@ import math
 import re
 import sys
 from fractions import Fraction
-
 from typing import TYPE_CHECKING
 
-from .capture import add_optimizer_option, add_optimizer_settings, optimizer_settings
-from ..errors import OptionError
-from ..io import check_output
-from ..report.tables import working
+from ..cluster import load_cluster
 from ..cost.analytic import DEVICE_SPECS, PRESET_REFERENCE, annotate
+from ..cost.profile import apply_profile, device_kind_of, load_profile
+from ..errors import OptionError
+from ..graph import OpGraph
+from ..harness.calibrate import DEFAULT_SIZES, apply_calibration, calibrate
+from ..harness.profiling import profile_step
+from ..harness.standard_eval import standard_evaluation
+from ..io import check_output
+from ..report.tables import print_rows, working
 from ..show import terminal
+from ..terminate import terminate_raises
+from .capture import add_optimizer_option, add_optimizer_settings, optimizer_settings
 
 if TYPE_CHECKING:
-    from ..graph import OpGraph
     from ..cost.profile import Profile
+    from ..graph import OpGraph
 
 __all__ = ["add_commands"]
 
@@ -62,9 +68,7 @@ def _positive(value: int | None, option: str) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from ..capture import capture_spec, load_model
-    from ..cost.profile import apply_profile, device_kind_of
-    from ..harness.profiling import profile_step
+    from ..capture import capture_spec, load_model  # deferred: imports torch
 
     _positive(args.batch, "--batch")
     _positive(args.repeats, "--repeats")
@@ -93,9 +97,6 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
-    from ..report.tables import print_rows
-    from ..terminate import terminate_raises
-    from ..harness.calibrate import DEFAULT_SIZES, apply_calibration, calibrate
 
     sizes = [_size(s) for s in args.sizes.split(",")] if args.sizes else list(DEFAULT_SIZES)
     if len(set(sizes)) < 2:
@@ -112,7 +113,6 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
         check_output(args.cluster_output, "cluster file", inputs=[args.cluster])
     cluster = link_map = None
     if args.cluster:        # checked before the seconds of measuring
-        from ..cluster import load_cluster
 
         if not args.cluster_output:
             raise OptionError("option '--cluster' needs '--cluster-output' (where to write the calibrated cluster)")
@@ -204,8 +204,6 @@ POOR_FIT_R2 = 0.9
 
 
 def cmd_cost(args: argparse.Namespace) -> int:
-    from ..graph import OpGraph
-    from ..cost.profile import apply_profile, load_profile
 
     check_output(args.output, "graph file", inputs=[args.graph, *args.profile])
     original = OpGraph.load(args.graph)
@@ -241,7 +239,6 @@ def cmd_cost(args: argparse.Namespace) -> int:
 
 
 def cmd_predict(args: argparse.Namespace) -> int:
-    from ..harness.standard_eval import standard_evaluation
 
     batches = _ints(args.batches, "--batches")
     if len(set(batches)) < 2:       # before the captures
@@ -252,7 +249,6 @@ def cmd_predict(args: argparse.Namespace) -> int:
     check_output(args.output, "graph file", inputs=[args.spec])
     device = None if args.device == "none" else args.device
     if device is not None:
-        from ..cost.profile import device_kind_of
 
         device_kind_of(device)      # a bad device is refused before the captures
     # With a device it times every operation at each batch.

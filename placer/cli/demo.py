@@ -16,14 +16,16 @@ the one measured.
 from __future__ import annotations
 
 import argparse
-
 import time
 from pathlib import Path
 
 from rich.console import Console
 from rich.markup import escape
 
+from ..algorithms import place
 from ..cluster import load_cluster
+from ..cost.profile import apply_profile
+from ..harness.profiling import profile_step
 from ..io import check_output
 from ..report.compare import check_options, compare
 from ..show import terminal
@@ -49,7 +51,7 @@ def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_B
 
     Returns the exit status: 0 when some algorithm found a plan that fits (and the trained plan verified).
     """
-    from ..capture import capture_spec
+    from ..capture import capture_spec  # deferred: imports torch
 
     console = console or Console()
     check_options(algorithms, seed=0, time_limit=time_limit)     # before the capture, as the output folder
@@ -87,14 +89,11 @@ def train_recommended(output: Path, *, model: str = TRAIN_MODEL, batch: int = TR
     trained model with PyTorch's DDP and eager training. Returns ``placer
     run``'s exit status.
     """
-    import torch
+    import torch  # deferred: imports torch
 
-    from ..algorithms import place
-    from ..capture import capture_spec
-    from ..capture.spec import load_model
-    from . import run
-    from ..cost.profile import apply_profile
-    from ..harness.profiling import profile_step
+    from ..capture import capture_spec  # deferred: imports torch
+    from ..capture.spec import load_model  # deferred: imports torch
+    from . import run  # deferred: imports torch
 
     console = console or Console()
     with console.status(f"profiling {model} at batch {batch} on this CPU and planning it with auto on "

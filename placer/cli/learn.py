@@ -16,6 +16,14 @@ import sys
 import time
 from pathlib import Path
 
+from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+from ..cluster import load_cluster
+from ..errors import OptionError
+from ..graph import OpGraph
+from ..io import check_output
+from ..learn.families import dataset
+
 __all__ = ["add_commands", "cmd_train"]
 
 #: Progress lines a training run writes where its output is not a terminal.
@@ -51,15 +59,9 @@ def add_commands(subparsers) -> None:
 
 
 def cmd_train(args: argparse.Namespace) -> int:
-    from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
-    from ..cluster import load_cluster
-    from ..errors import OptionError
-    from ..graph import OpGraph
-    from ..io import check_output
-    from ..learn.families import dataset
-    from ..learn.policy import PlacetoPolicy
-    from ..learn.train import TrainConfig, plot_curve, save_result, train
+    from ..learn.policy import PlacetoPolicy  # deferred: imports torch
+    from ..learn.train import TrainConfig, plot_curve, save_result, train  # deferred: imports torch
 
     if args.seed < 0:
         raise OptionError(f"--seed must be >= 0, got {args.seed}")
@@ -130,7 +132,7 @@ def cmd_train(args: argparse.Namespace) -> int:
 
 def _tell_checkpoint(output: Path, checkpoint: Path, began: float) -> None:
     """After an interrupted training: that no policy was written, and the checkpoint to go on from."""
-    from ..learn.policy import PlacetoPolicy
+    from ..learn.policy import PlacetoPolicy  # deferred: imports torch
 
     if checkpoint.is_file() and checkpoint.stat().st_mtime >= began:
         update = PlacetoPolicy.load(checkpoint).metadata["curve"]["update"][-1]

@@ -7,18 +7,29 @@ import argparse
 import contextlib
 import copy
 import os
+import platform
 import re
+import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 
-from .capture import add_optimizer_option, add_optimizer_settings, optimizer_settings
+from ..algorithms import place
+from ..cluster import load_cluster
+from ..cost.profile import apply_profile, load_profile
 from ..errors import InvalidPlanError, OptionError
+from ..harness.calibrate import load_calibration
+from ..harness.feedback import measured_cluster, measured_graph, measured_profile, own_times, profile_kind
 from ..io import check_output, same_file
+from ..plan import Plan
+from ..report.tables import working
 from ..show import terminal
+from ..sim.messages import MessageCost, simulate_with_messages, spread_over_gaps, without_after_message
 from ..terminate import terminate_raises
 from ..transform.bind import bind_plan
+from ..transform.replicate import BUCKET_BYTES
+from .capture import add_optimizer_option, add_optimizer_settings, optimizer_settings
 from .common import cluster_for_plan, naming_plan
 
 __all__ = ["add_commands", "cmd_run", "cmd_tune", "Measurement", "measure_plan"]
@@ -54,12 +65,11 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
     rank under ``torchrun``; ``flat`` is left as it is and the new state is in
     the result, which only rank 0 of a ``torchrun`` launch gets: the others get None).
     """
-    import time
 
-    from ..runtime.distributed import run_distributed, run_under_torchrun, under_torchrun
-    from ..runtime.local import LocalExecutor
-    from ..runtime.program import compile_program, message_bytes, value_spec
-    from ..runtime.replicas import replica_steps
+    from ..runtime.distributed import run_distributed, run_under_torchrun, under_torchrun  # deferred: imports torch
+    from ..runtime.local import LocalExecutor  # deferred: imports torch
+    from ..runtime.program import compile_program, message_bytes, value_spec  # deferred: imports torch
+    from ..runtime.replicas import replica_steps  # deferred: imports torch
 
     steps_traced = replica_steps(captured, plan)
     if backend == "local":
@@ -91,8 +101,8 @@ def measure_plan(captured: Any, plan: Any, cluster: Any, flat: list, *, steps: i
 
 def _first_device(backend: str, devices: list[str] | None, num_devices: int) -> torch.device:
     """The torch device the plan's first device ran on, for ``backend`` and ``--devices``."""
-    from ..runtime.distributed import resolve_backend
-    from ..runtime.local import default_devices
+    from ..runtime.distributed import resolve_backend  # deferred: imports torch
+    from ..runtime.local import default_devices  # deferred: imports torch
 
     if backend == "local":
         return torch.device(devices[0]) if devices else default_devices(num_devices)[0]
@@ -103,7 +113,6 @@ def _check_measured_outputs(args: argparse.Namespace, cluster: Any, devices, inp
     """Before the run: ``--profile-output`` and ``--cluster-output`` can be written (and are no input file, nor
     the command's other output), and ``devices`` (indices of the devices the run may use) are of one kind, as a
     profile file's times are."""
-    from ..harness.feedback import profile_kind
 
     if args.profile_output:
         check_output(args.profile_output, "profile file", inputs=inputs)
@@ -125,10 +134,6 @@ def _write_measured(args: argparse.Namespace, m: Measurement, bound: Any, graph:
     :func:`~placer.harness.feedback.measured_graph` takes it, a profile of the captured ``graph``) and
     ``--cluster-output`` (each link's latency from the run's transfers,
     :func:`~placer.harness.feedback.measured_cluster`)."""
-    import platform
-    import time
-
-    from ..harness.feedback import measured_cluster, measured_profile, own_times
 
     if args.profile_output:
         profile = measured_profile(
@@ -162,7 +167,7 @@ def _load(args: argparse.Namespace, batch: int):
     The step is captured as ``placer capture`` does (same graph name), so a plan
     made from that command's graph file applies.
     """
-    from ..capture.spec import capture_spec, load_model
+    from ..capture.spec import capture_spec, load_model  # deferred: imports torch
 
     if args.threads < 1:
         raise OptionError(f"--threads must be >= 1, got {args.threads}")
@@ -177,7 +182,7 @@ def _load(args: argparse.Namespace, batch: int):
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from ..runtime.check import exact_float32
+    from ..runtime.check import exact_float32  # deferred: imports torch
 
     # A verified run trains both ways in full float32: the GPUs' default TF32 convolutions
     # would turn last-bit differences into 1e-3 (docs/benchmarks.md, "The CUDA paths").
@@ -188,7 +193,7 @@ def cmd_run(args: argparse.Namespace) -> int:
 def _check_torchrun(args: argparse.Namespace) -> None:
     """Refuse what a rank of a ``torchrun`` launch cannot do, before any work: the local backend (each
     rank would train the whole step alone) and a timeline across hosts (their clocks differ)."""
-    from ..runtime.distributed import torchrun_world, under_torchrun
+    from ..runtime.distributed import torchrun_world, under_torchrun  # deferred: imports torch
 
     if not under_torchrun():
         return
@@ -221,7 +226,7 @@ def _oracles(captured: Any, plan: Any) -> list[str]:
     OptionError
         A replicated plan with neither: the batch does not divide and batch norm couples the samples.
     """
-    from ..runtime.replicas import batch_coupled
+    from ..runtime.replicas import batch_coupled  # deferred: imports torch
 
     target = plan.rewritten_graph
     if target is None or "data_parallel" not in target.extra:
@@ -241,10 +246,8 @@ def _oracles(captured: Any, plan: Any) -> list[str]:
 def _train_ddp(captured: Any, plan: Any, model: Any, inputs: Any, args: argparse.Namespace) -> tuple:
     """Train a copy of ``model`` with DDP (and ZeroRedundancyOptimizer) as the replicated ``plan`` splits the
     batch; the trained model, its optimizer and what to call them."""
-    from ..report.tables import working
-    from ..transform.replicate import BUCKET_BYTES
-    from ..runtime.check import eager_optimizer
-    from ..runtime.ddp import run_ddp
+    from ..runtime.check import eager_optimizer  # deferred: imports torch
+    from ..runtime.ddp import run_ddp  # deferred: imports torch
 
     info = plan.rewritten_graph.extra["data_parallel"]
     replicas, zero = int(info["replicas"]), bool(info["sharded_optimizer"])
@@ -261,11 +264,15 @@ def _train_ddp(captured: Any, plan: Any, model: Any, inputs: Any, args: argparse
 
 def _run(args: argparse.Namespace) -> int:
 
-    from ..cluster import load_cluster
-    from ..plan import Plan
-    from ..runtime.check import eager_optimizer, refuse_random_ops, state_difference, step_times, train_eager
-    from ..runtime.program import copy_to
-    from ..runtime.replicas import replica_steps
+    from ..runtime.check import (  # deferred: imports torch
+        eager_optimizer,
+        refuse_random_ops,
+        state_difference,
+        step_times,
+        train_eager,
+    )
+    from ..runtime.program import copy_to  # deferred: imports torch
+    from ..runtime.replicas import replica_steps  # deferred: imports torch
 
     if args.steps < 1:
         raise OptionError(f"--steps must be >= 1, got {args.steps}")
@@ -312,8 +319,7 @@ def _run(args: argparse.Namespace) -> int:
     optimizer = captured.optimizer.eager(model.parameters())
     flat = captured.step_inputs(model, inputs, optimizer)
     devices = args.devices.split(",") if args.devices else None
-    from ..report.tables import working
-    from ..runtime.distributed import under_torchrun
+    from ..runtime.distributed import under_torchrun  # deferred: imports torch
 
     # Under torchrun rank 0 speaks for the launch, as it reports the run (each rank said it was training).
     announce = not under_torchrun() or os.environ["RANK"] == "0"
@@ -339,7 +345,7 @@ def _run(args: argparse.Namespace) -> int:
               f"receives; the reference model charges them to no device); a step ended {m.tail_s * 1e3:.3f} ms "
               f"after its last operation (the last sends and the barrier between steps)")
     if args.trace:
-        from ..runtime.trace import write_run_trace
+        from ..runtime.trace import write_run_trace  # deferred: imports torch
 
         write_run_trace(args.trace, m.timeline, cluster, step_s=m.step_s[-1], predicted_s=m.predicted_s)
         print(f"timeline of the last step -> {args.trace} (open in ui.perfetto.dev; the simulator's: "
@@ -384,16 +390,11 @@ def _run(args: argparse.Namespace) -> int:
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
-    from ..algorithms import place
-    from ..cluster import load_cluster
-    from ..harness.calibrate import load_calibration
-    from ..sim.messages import MessageCost, simulate_with_messages, spread_over_gaps, without_after_message
-    from ..runtime.check import step_times
-    from ..harness.feedback import measured_cluster, measured_graph, own_times
+    from ..runtime.check import step_times  # deferred: imports torch
 
     if args.rounds < 1 or args.steps < 2:
         raise OptionError("--rounds must be >= 1 and --steps >= 2 (one warm-up step)")
-    from ..runtime.distributed import under_torchrun
+    from ..runtime.distributed import under_torchrun  # deferred: imports torch
 
     if under_torchrun():
         raise OptionError("placer tune starts the ranks of each run itself: run it without torchrun, on one host")
@@ -403,7 +404,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _check_measured_outputs(args, cluster, range(cluster.num_devices), inputs=inputs)
     profile = None
     if args.profile:        # read and checked before the capture
-        from ..cost.profile import load_profile
 
         profile = load_profile(args.profile)
         profile.check_cluster(cluster)
@@ -420,7 +420,6 @@ def cmd_tune(args: argparse.Namespace) -> int:
     graph = captured.graph
     costs = "analytic costs"
     if profile is not None:
-        from ..cost.profile import apply_profile
 
         graph = apply_profile(graph, profile)
         costs = f"the measured times of {args.profile}"

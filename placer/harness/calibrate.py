@@ -26,22 +26,20 @@ import sys
 import tempfile
 import time
 from dataclasses import dataclass, field, replace
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 import numpy as np
 
-from ..cluster import Channel, Cluster
+from ..algorithms import place
+from ..cluster import Channel, Cluster, load_cluster
+from ..cost.profile import Profile, apply_profile
 from ..errors import FormatError, OptionError, PlacerError
 from ..io import Field, check_format, check_number, read_json, write_json_atomic
+from ..sim.messages import MessageCost, fit_after_message, spread_over_gaps
 from ..terminate import signals_deferred, terminate_raises
 from ..transform.bind import bind_plan
-from ..sim.messages import MessageCost
-from datetime import timedelta
-from ..algorithms import place
-from ..cluster import load_cluster
-from ..cost.profile import Profile, apply_profile
-from ..sim.messages import fit_after_message, spread_over_gaps
 from .feedback import own_times
 from .profiling import profile_module
 

@@ -21,14 +21,14 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
-from ..errors import FormatError, OptionError
 from ..capture.optim import optimizer_spec
-from .profiling import profile_step
 from ..cost.analytic import annotate
+from ..errors import FormatError, OptionError
+from .profiling import profile_step
 
 if TYPE_CHECKING:
-    from ..graph import OpGraph
     from ..cost.profile import Profile
+    from ..graph import OpGraph
 
 __all__ = ["BatchModel", "fit_batch_model", "standard_evaluation", "match_nodes"]
 

@@ -15,8 +15,8 @@ import math
 import os
 import shutil
 import tempfile
-from functools import partial
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 from typing import Iterable
 
@@ -34,6 +34,7 @@ from ..show import markdown, one_line
 from ..sim import lower_bound, simulate_plan
 from ..sim.simulator import SimResult
 from ..terminate import raise_if_interrupted, terminate_raises
+from .html import html_report
 from .tables import figure, print_rows
 
 __all__ = ["Comparison", "Entry", "compare", "check_options"]
@@ -170,8 +171,7 @@ class Comparison:
         leaves the earlier report whole, and nothing of its own. Plans and charts an earlier report left
         in ``folder`` for algorithms this one did not plan are removed with it.
         """
-        from .charts import gantt_chart, memory_chart
-        from .html import html_report
+        from .charts import gantt_chart, memory_chart  # deferred: imports matplotlib
 
         folder = check_output(folder, "report folder", folder=True)
         paths = {"markdown": folder / "comparison.md", "csv": folder / "comparison.csv",

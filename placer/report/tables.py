@@ -7,6 +7,7 @@ Every cell, title and message is shown as plain text with its control characters
 from __future__ import annotations
 
 import contextlib
+import io
 import sys
 from typing import Sequence
 
@@ -75,7 +76,6 @@ def print_simulation(result: SimResult, report: dict, console: Console | None = 
 
 def simulation_text(result: SimResult, report: dict, width: int = 100) -> str:
     """:func:`print_simulation` as plain text."""
-    import io
 
     console = Console(file=io.StringIO(), width=width, color_system=None)
     print_simulation(result, report, console)

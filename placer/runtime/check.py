@@ -9,6 +9,7 @@ from typing import Any, Sequence
 
 import torch
 from torch import nn
+
 from ..errors import OptionError
 
 __all__ = ["exact_float32", "eager_optimizer", "train_eager", "state_difference", "StepTimes", "step_times",

@@ -42,8 +42,8 @@ with warnings.catch_warnings():
 from ..errors import OptionError
 from ..terminate import terminate_raises
 from ..transform.replicate import BUCKET_BYTES
-from .distributed import KernelChoice, _die_with_launcher, _stop, _wait, free_port, resolve_backend
 from ..transform.split import part_rows
+from .distributed import KernelChoice, _die_with_launcher, _stop, _wait, free_port, resolve_backend
 
 __all__ = ["DDPResult", "run_ddp", "batch_rows"]
 

@@ -54,8 +54,18 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ..terminate import terminate_raises
 from .portable import PortableStep
-from .program import (Program, call_node, compile_program, copy_to, draw_seed, message_bytes, pack,
-                      receive_buffer, unpack, value_spec)
+from .program import (
+    Program,
+    call_node,
+    compile_program,
+    copy_to,
+    draw_seed,
+    message_bytes,
+    pack,
+    receive_buffer,
+    unpack,
+    value_spec,
+)
 
 __all__ = ["RunError", "RankJob", "KernelChoice", "DistributedResult", "run_distributed", "run_under_torchrun",
            "rank_main", "resolve_backend", "under_torchrun", "torchrun_world", "free_port"]

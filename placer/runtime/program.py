@@ -52,10 +52,10 @@ from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
 from ..plan import Plan
+from ..sim.simulator import simulate_bound
 from ..transform.bind import bind_plan
 from .replicas import Feed, collective_wait, replicate_step
 from .splits import split_step
-from ..sim.simulator import simulate_bound
 
 __all__ = ["Program", "Transfer", "compile_program", "random_nodes", "op_seed", "draw_seed"]
 

@@ -41,12 +41,11 @@ import numpy as np
 import torch
 import torch.fx as fx
 
-from ..errors import InvalidPlanError
+from ..errors import InvalidPlanError, OptionError
 from ..graph import OpGraph
 from ..transform.replicate import BUCKET_BYTES, _optimizer_arithmetic, _state_writes, collective_stages, replica_layout
 from ..transform.split import batch_dependent, part_rows
 from .portable import _portable_value
-from ..errors import OptionError
 
 __all__ = ["Feed", "replicate_step", "replica_steps", "batch_coupled", "pack_bucket", "collective_step",
            "bucket_view", "weighted_loss", "shard_of", "pack_shard", "all_reduce_start", "all_gather_start",

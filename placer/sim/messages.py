@@ -23,11 +23,11 @@ from typing import TYPE_CHECKING, Any, Sequence
 import numpy as np
 
 from ..cluster import Cluster
+from ..cost.profile import apply_placed_times
 from ..errors import FormatError, OptionError
 from ..graph import OpGraph
 from ..io import Field, check_number
 from ..plan import BoundPlan
-from ..cost.profile import apply_placed_times
 from .simulator import simulate_bound
 
 if TYPE_CHECKING:

@@ -7,8 +7,16 @@ checks every registered transform against that statement.
 """
 
 from . import coarsen, colocate, fusion, merge, replicate, split  # noqa: F401  (they register their transforms)
-from .base import (Ensures, NodeMap, Transform, TransformResult, apply_transform, available_transforms,
-                   get_transform, register_transform)
+from .base import (
+                   Ensures,
+                   NodeMap,
+                   Transform,
+                   TransformResult,
+                   apply_transform,
+                   available_transforms,
+                   get_transform,
+                   register_transform,
+)
 
 __all__ = ["Ensures", "NodeMap", "Transform", "TransformResult", "apply_transform", "available_transforms",
            "get_transform", "register_transform"]

@@ -82,7 +82,7 @@ def _with_splits(graph: OpGraph) -> OpGraph:
 
 @lru_cache(maxsize=1)
 def _zoo_document() -> str:
-    from ..capture import capture_spec
+    from ..capture import capture_spec  # deferred: imports torch
 
     return json.dumps(capture_spec("zoo:lenet", 4, optimizer="sgd").graph.to_dict())
 

@@ -64,6 +64,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..cluster import Cluster
+from ..cost.analytic import DEVICE_SPECS, node_time_s
 from ..errors import OptionError
 from ..graph import OpGraph
 from .base import SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, register_transform
@@ -741,7 +742,6 @@ def chunk_copy_time(nbytes: int) -> tuple[float, dict[str, float]]:
 
 @lru_cache(maxsize=2048)
 def _roofline_times(flops: float, nbytes: float) -> tuple[float, dict[str, float]]:
-    from ..cost.analytic import DEVICE_SPECS, node_time_s
 
     times = {k: float(node_time_s(k, flops, nbytes)) for k in DEVICE_SPECS}
     return times["V100"], times

@@ -58,6 +58,7 @@ from typing import Any
 import numpy as np
 
 from ..cluster import Cluster
+from ..cost.analytic import DEVICE_SPECS, node_time_s
 from ..errors import OptionError
 from ..graph import OpGraph
 from .base import SHARE_OR_WHOLE, SUM, Ensures, NodeMap, TransformResult, register_transform
@@ -150,7 +151,6 @@ def part_rows(size: int, parts: int) -> list[tuple[int, int]]:
 
 def _copy_time(graph: OpGraph, node: int, nbytes: float) -> tuple[float, dict[str, float] | None]:
     """Roofline time of copying ``nbytes`` (read + write) on the reference kind and on the op's own kinds."""
-    from ..cost.analytic import DEVICE_SPECS, node_time_s
 
     dtype = graph.node_extra[node].get("dtype", "float32")
     reference = float(node_time_s("V100", 0.0, 2.0 * nbytes, dtype))
