@@ -46,12 +46,13 @@ from ..graph import OpGraph
 from ..io import shown_sizes
 from ..plan import Plan
 from ..sim.simulator import simulate
-from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, link_costs
+from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, fuse_in_order, link_costs
 from .common import incident_edges, linked_devices, liveness_ratio, missing_link
 from .registry import register
 from .timebox import optional_work
 
-__all__ = ["order_place", "celeritas", "CoarseSchedule", "schedule_coarse", "memory_need", "POLICIES"]
+__all__ = ["order_place", "celeritas", "CoarseSchedule", "schedule_coarse", "memory_need", "POLICIES", "Candidate",
+           "candidates", "consumer_order"]
 
 POLICIES = ("order", "adjust")
 HEADROOM = 0.97   # share of each device's memory budgeted: estimates of the peak are seldom exact
@@ -61,6 +62,11 @@ HEADROOM = 0.97   # share of each device's memory budgeted: estimates of the pea
 #: fitting plan at 0.25, 701 ms at 0.0625, where m-ETF's step is 792 ms; docs/benchmarks.md, "Celeritas").
 SMALLER_CLUSTERS_BY = 0.25
 MIN_MEMORY_FRACTION = 1 / 64
+#: Finer exploration ranges tried besides the paper's ``R``: ``R // 10`` and ``R // 64`` (:func:`candidates`).
+FINER = (10, 64)
+#: The largest graph (in operations) for which finer fusions are tried: beyond, only the paper's ``R``,
+#: which keeps planning time for 30k operations under 10 s and for 100k under 30 s.
+FINER_UP_TO = 25_000
 
 
 @dataclass
@@ -106,6 +112,29 @@ class CoarseSchedule:
         return [ranked[self.node_device[ranked] == j] for j in range(num_devices)]
 
 
+class _Queue:
+    """A channel of the reference model: transfers served one at a time in the order they were queued."""
+
+    def __init__(self) -> None:
+        self.queued: list[float] = []
+        self.ends: list[float] = []
+
+    def start(self, queued: float, extra: list[tuple[float, float, float]]) -> float:
+        """When a transfer queued at ``queued`` starts: after every transfer queued before it ends
+        (those held here, and ``extra``: (queued, start, end) of transfers not added yet)."""
+        k = bisect_right(self.queued, queued)
+        t = max(queued, self.ends[k - 1]) if k else queued
+        for q, _, e in extra:
+            if q <= queued:
+                t = max(t, e)
+        return t
+
+    def add(self, queued: float, end: float) -> None:
+        k = bisect_right(self.queued, queued)
+        self.queued.insert(k, queued)
+        self.ends.insert(k, end)
+
+
 class _Timeline:
     """Busy intervals of one device, sorted; finds the earliest gap that holds a task."""
 
@@ -120,6 +149,16 @@ class _Timeline:
                 return t
             t = max(t, self.ends[k])
         return t
+
+    def earliest_besides(self, ready: float, duration: float, extra: list[tuple[float, float]]) -> float:
+        """The earliest gap from ``ready`` clear of this timeline and of the intervals ``extra`` too."""
+        t = ready
+        while True:
+            t = self.earliest(t, duration)
+            clash = [e for s, e in extra if t < e and t + duration > s]
+            if not clash:
+                return t
+            t = max(clash)
 
     def add(self, start: float, finish: float) -> None:
         k = bisect_right(self.starts, start)
@@ -161,6 +200,9 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
     np.maximum.at(largest_out, coarse.src, coarse.edge_bytes.astype(np.float64))
     has_succ = np.bincount(coarse.src, minlength=k_count) > 0
 
+    inputs = _cluster_inputs(fused)
+    delivered = np.full((inputs.keys, n_dev), np.inf)   # when each (producer, tensor) reached each device
+
     group_names = sorted(graph.colocation_groups)
     group_of = np.full(graph.num_nodes, -1, dtype=np.int64)
     for g, key in enumerate(group_names):
@@ -171,6 +213,8 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
     charged = np.zeros(graph.num_nodes, dtype=bool)
     used = np.zeros(n_dev)
     timelines = [_Timeline() for _ in range(n_dev)]
+    channel_of = cluster.channel_index
+    channel_lines = [_Queue() for _ in range(len(cluster.channels))]
     device = np.full(k_count, -1, dtype=np.int64)
     start = np.zeros(k_count)
     finish = np.zeros(k_count)
@@ -197,6 +241,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
                                     "linked to all their neighbours placed so far)")
         ps = slice(in_ptr[k], in_ptr[k + 1])
         preds = pred_of[ps]
+        sends: list[list[tuple[int, float, float]]] = [[] for _ in range(n_dev)]
         if preds.size:
             src_dev = device[preds]
             ready = (finish[preds][:, None] + latency[src_dev] + pred_bytes[ps][:, None] * inverse[src_dev]).max(axis=0)
@@ -204,6 +249,17 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
                 # An input comes from a pinned member, on a device its cluster's has no channel from.
                 ready = np.where(np.isfinite(ready), ready, _arrivals(graph, fused, node_device, finish, k,
                                                                         latency, inverse))
+            if policy == "adjust":
+                xs = slice(inputs.ptr[k], inputs.ptr[k + 1])
+                producer, key, nbytes = inputs.producer[xs], inputs.key[xs], inputs.nbytes[xs]
+                sent = finish[fused.cluster_of[producer]]
+                by_finish = np.argsort(sent, kind="stable")
+                producer, key, nbytes, sent = producer[by_finish], key[by_finish], nbytes[by_finish], sent[by_finish]
+                for d in range(n_dev):
+                    if allowed[d] and np.isfinite(ready[d]):
+                        ready[d], sends[d] = _queued_arrival(d, node_device[producer], sent, key, nbytes,
+                                                             delivered[:, d], channel_of, channel_lines,
+                                                             latency, inverse)
         else:
             ready = np.zeros(n_dev)
         choice = -1
@@ -228,6 +284,9 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
             timelines[choice].earliest(float(ready[choice]), float(duration[k, choice]))
         finish[k] = start[k] + duration[k, choice]
         timelines[choice].add(float(start[k]), float(finish[k]))
+        for ch, s_, e_, keys in sends[choice]:
+            channel_lines[ch].add(s_, e_)
+            delivered[keys, choice] = e_
         # Charge the claim; the groups it pinned now live on ``choice`` (their later members' memory is reserved).
         node_device[decided] = choice
         used[choice] += amount
@@ -235,6 +294,78 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         pin[new_groups] = choice
         prev = choice
     return CoarseSchedule(sequence, previous, forced, device, start, finish, node_device)
+
+
+@dataclass
+class _Inputs:
+    """The tensors each cluster takes from other clusters: one row per (producer, tensor, consumer cluster),
+    grouped by consumer cluster (rows ``ptr[k]:ptr[k + 1]``), with its largest edge's bytes; ``key`` numbers
+    the distinct (producer, tensor) pairs, of which there are ``keys``."""
+
+    ptr: np.ndarray
+    producer: np.ndarray
+    key: np.ndarray
+    nbytes: np.ndarray
+    keys: int
+
+
+def _cluster_inputs(fused: FusedGraph) -> _Inputs:
+    graph, cluster_of = fused.graph, fused.cluster_of
+    cut = np.flatnonzero(cluster_of[graph.src] != cluster_of[graph.dst])
+    s, t, d, b = graph.src[cut], graph.edge_tensor[cut], cluster_of[graph.dst[cut]], graph.edge_bytes[cut]
+    by_key = np.lexsort((b, s, t, d))
+    s, t, d, b = s[by_key], t[by_key], d[by_key], b[by_key]
+    last = np.ones(s.size, dtype=bool)
+    if s.size:
+        last[:-1] = (s[1:] != s[:-1]) | (t[1:] != t[:-1]) | (d[1:] != d[:-1])
+    s, t, d, b = s[last], t[last], d[last], b[last].astype(np.float64)
+    pairs, key = np.unique(np.stack([s, t]), axis=1, return_inverse=True) if s.size else (np.zeros((2, 0)), s)
+    ptr = np.zeros(fused.num_clusters + 1, dtype=np.int64)
+    np.cumsum(np.bincount(d, minlength=fused.num_clusters), out=ptr[1:])
+    return _Inputs(ptr, s, np.asarray(key, dtype=np.int64).reshape(-1), b, int(pairs.shape[1]))
+
+
+def _queued_arrival(d: int, src_dev: np.ndarray, sent: np.ndarray, key: np.ndarray, nbytes: np.ndarray,
+                    delivered: np.ndarray, channel_of: np.ndarray, channel_lines: list[_Queue],
+                    latency: np.ndarray, inverse: np.ndarray) -> tuple[float, list]:
+    """When a cluster's inputs (rows by producer finish ``sent``) are all on device ``d``, and the transfers
+    that brings.
+
+    As in the reference model, a tensor crosses to a device once (one already ``delivered`` there is
+    not sent again), and a channel serves one transfer at a time: the tensors one producing cluster
+    sends are queued together in the earliest gap of their channel after it ends.
+
+    Returns
+    -------
+    (ready, sends)
+        ``sends``: (channel, start, end, keys) per transfer.
+    """
+    ready, sends = 0.0, []
+    extra: dict[int, list[tuple[float, float, float]]] = {}
+    local = src_dev == d
+    if local.any():
+        ready = float(sent[local].max())
+    have = ~local & np.isfinite(delivered[key])
+    if have.any():
+        ready = max(ready, float(delivered[key[have]].max()))
+    todo = np.flatnonzero(~local & ~have)
+    if todo.size == 0:
+        return ready, sends
+    # One transfer per (source device, finish instant): what one producing cluster sends there.
+    groups = np.flatnonzero(np.r_[True, (src_dev[todo][1:] != src_dev[todo][:-1]) | (sent[todo][1:] != sent[todo][:-1])])
+    bounds = np.r_[groups, todo.size].tolist()
+    for g in range(len(groups)):
+        rows = todo[bounds[g]:bounds[g + 1]]
+        a = int(src_dev[rows[0]])
+        ch = int(channel_of[a, d])
+        duration = float(rows.size * latency[a, d] + nbytes[rows].sum() * inverse[a, d])
+        mine = extra.setdefault(ch, [])
+        q = float(sent[rows[0]])
+        t = channel_lines[ch].start(q, mine)
+        mine.append((q, t, t + duration))
+        sends.append((ch, q, t + duration, np.unique(key[rows])))
+        ready = max(ready, t + duration)
+    return ready, sends
 
 
 def _arrivals(graph: OpGraph, fused: FusedGraph, node_device: np.ndarray, finish: np.ndarray, k: int,
@@ -286,21 +417,115 @@ def memory_need(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     return params + share * transient
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One way to fuse and place: the layout the fusion cuts, its exploration range, the placement policy.
+
+    ``layout`` is "cpd" (CPD-TOPO, the paper's) or "consumer" (:func:`consumer_order`).
+    """
+
+    layout: str
+    exploration_range: int
+    policy: str
+
+
+def consumer_order(graph: OpGraph, cluster: Cluster, order: np.ndarray) -> np.ndarray:
+    """``order`` with every node that does no work moved to just before its first consumer.
+
+    A parameter, and a view of it (a transposed weight), take no time; a
+    depth-first order lists them where they become ready, at the start of
+    the step, far from the operations that read them. Cut into contiguous
+    clusters there, they form clusters of their own that Adjusting Placement
+    places at time zero on the first device, and every consumer is then
+    drawn to that device by the weight it would have to fetch. Moved next to
+    its first consumer, such a node is fused with it and goes where it is
+    read. Nodes that do work keep their places; the result is still a
+    topological order.
+
+    Parameters
+    ----------
+    graph, cluster
+    order : ndarray of int
+        A topological order.
+
+    Returns
+    -------
+    ndarray of int
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.graph import OpGraph
+    >>> graph = OpGraph(["w", "x", "f", "g"], [0.0, 1e-3, 1e-3, 1e-3], [0, 1, 2], [3, 2, 3], [8, 8, 8])
+    >>> [graph.ids[i] for i in consumer_order(graph, load_cluster("2xV100-nvlink"), np.arange(4))]
+    ['x', 'f', 'w', 'g']
+    """
+    n = graph.num_nodes
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    free = graph.durations(cluster).max(axis=1) <= 0 if n else np.zeros(0, dtype=bool)
+    anchor = position.astype(np.float64)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(graph.src, minlength=n), out=ptr[1:])
+    children = graph.dst[np.argsort(graph.src, kind="stable")]
+    ptr_list = ptr.tolist()
+    for u in order[::-1][free[order[::-1]]].tolist():
+        if ptr_list[u + 1] > ptr_list[u]:
+            anchor[u] = anchor[children[ptr_list[u]:ptr_list[u + 1]]].min()
+    return np.lexsort((position, ~free, anchor))
+
+
+def candidates(graph: OpGraph, policies: tuple[str, ...], exploration_range: int) -> list[Candidate]:
+    """The fusions and policies tried, in order: the paper's first, then finer clusters where affordable.
+
+    The paper fixes ``R`` = 200 by experiment. Clusters that large hold a
+    whole stretch of the depth-first order, parallel branches and layers
+    together, so on a step that fits one device the coarse graph is nearly
+    a chain and Adjusting Placement rightly keeps it on one device. With
+    "adjust" among ``policies``, the coarse graph is therefore also made
+    with ``R / 10`` and ``R / 64`` (:data:`FINER`), each in the CPD-TOPO
+    layout and in :func:`consumer_order`'s, on graphs of up to
+    :data:`FINER_UP_TO` operations (planning time on larger ones stays that
+    of the paper's fusion).
+    """
+    out = [Candidate("cpd", exploration_range, policy) for policy in policies]
+    if "adjust" not in policies or graph.num_nodes > FINER_UP_TO:
+        return out
+    tried = {exploration_range}
+    for share in FINER:
+        r = max(1, exploration_range // share)
+        if r in tried:
+            continue
+        tried.add(r)
+        out += [Candidate("cpd", r, "adjust"), Candidate("consumer", r, "adjust")]
+    return out
+
+
+def _fused(graph: OpGraph, cluster: Cluster, layout: str, exploration_range: int, memory_fraction: float,
+           cpd: FusedGraph | None) -> FusedGraph:
+    if layout == "cpd":
+        return fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction)
+    base = cpd.order if cpd is not None else fuse(graph, cluster, exploration_range=exploration_range,
+                                                  memory_fraction=memory_fraction).order
+    return fuse_in_order(graph, cluster, consumer_order(graph, cluster, base),
+                         exploration_range=exploration_range, memory_fraction=memory_fraction)
+
+
 def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: str, exploration_range: int,
            memory_fraction: float, time_limit: float | None) -> Plan:
-    """Fuse, schedule the coarse graph by each policy (fused again into smaller clusters where no schedule
-    fits), and map the fastest fitting schedule back.
+    """Fuse, schedule the coarse graph by each candidate (:func:`candidates`; fused again into smaller
+    clusters where none fits), and map the fastest fitting schedule back.
 
     Raises
     ------
     InfeasibleError
-        If no policy gives a schedule that fits (the first policy's diagnosis).
+        If no candidate gives a schedule that fits (the first one's diagnosis).
     """
     deadline = time.perf_counter() + (time_limit if time_limit is not None else np.inf)
     began, errors = time.perf_counter(), []
     fraction = memory_fraction
-    fused = fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=fraction)
-    best = _fastest_fitting(graph, cluster, fused, policies, name, deadline, errors)
+    best = _fastest_fitting(graph, cluster, candidates(graph, policies, exploration_range), fraction,
+                            name, deadline, errors)
     took_s = time.perf_counter() - began
     while best is None and fraction * SMALLER_CLUSTERS_BY >= MIN_MEMORY_FRACTION:
         # Optional work: where the time limit cuts it short, the diagnosis at the fraction asked for stands.
@@ -309,39 +534,43 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
             break
         began = time.perf_counter()
         with box:
-            smaller = fuse(graph, cluster, exploration_range=exploration_range,
-                           memory_fraction=fraction * SMALLER_CLUSTERS_BY)
-            found = _fastest_fitting(graph, cluster, smaller, policies, name, deadline, [])
+            found = _fastest_fitting(graph, cluster, [Candidate("cpd", exploration_range, p) for p in policies],
+                                     fraction * SMALLER_CLUSTERS_BY, name, deadline, [])
         if box.expired:
             break
-        fraction, fused, best, took_s = fraction * SMALLER_CLUSTERS_BY, smaller, found, time.perf_counter() - began
+        fraction, best, took_s = fraction * SMALLER_CLUSTERS_BY, found, time.perf_counter() - began
     if best is None:
         raise errors[0]     # the diagnosis at the memory fraction asked for
-    _, schedule, order, rounds, policy = best
+    _, schedule, order, rounds, chosen, fused = best
     # A graph without compute has an infinite CCR, which a plan file (JSON) cannot hold: None there.
     ccr_before, ccr_after = (x if np.isfinite(x) else None for x in (fused.ccr_before, fused.ccr_after))
     stats = {"clusters": fused.num_clusters, "ccr_before": ccr_before, "ccr_after": ccr_after,
-             "coarse_makespan_s": schedule.makespan_s, "rounds": rounds, "policy": policy,
-             "memory_fraction": fraction}
+             "coarse_makespan_s": schedule.makespan_s, "rounds": rounds, "policy": chosen.policy,
+             "layout": chosen.layout, "exploration_range": chosen.exploration_range, "memory_fraction": fraction}
     return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
 
 
-def _fastest_fitting(graph: OpGraph, cluster: Cluster, fused: FusedGraph, policies: tuple[str, ...], name: str,
+def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], memory_fraction: float, name: str,
                      deadline: float, errors: list) -> tuple | None:
-    """The fastest fitting schedule of ``fused`` by any of ``policies`` (:func:`_fitting_schedule`'s, with
-    the policy), or None; each policy's InfeasibleError goes to ``errors``. No policy after the first
-    starts once a plan is in hand and ``deadline`` has passed."""
-    best = None
-    for policy in policies:
+    """The fastest fitting schedule by any of ``tries`` (:func:`_fitting_schedule`'s, with the candidate and
+    its fused graph), or None; each candidate's InfeasibleError goes to ``errors``. No candidate after the
+    first starts once a plan is in hand and ``deadline`` has passed."""
+    best, fused_by, cpd = None, {}, None
+    for candidate in tries:
         if best is not None and time.perf_counter() > deadline:
             break
+        key = (candidate.layout, candidate.exploration_range)
+        if key not in fused_by:
+            fused_by[key] = _fused(graph, cluster, *key, memory_fraction, cpd)
+            if candidate.layout == "cpd":
+                cpd = fused_by[key]
         try:
-            found = _fitting_schedule(graph, cluster, fused, policy, name, deadline)
+            found = _fitting_schedule(graph, cluster, fused_by[key], candidate.policy, name, deadline)
         except InfeasibleError as exc:
             errors.append(exc)
             continue
         if best is None or found[0] < best[0]:
-            best = (*found, policy)
+            best = (*found, candidate, fused_by[key])
     return best
 
 
