@@ -169,7 +169,7 @@ class _Timeline:
 
 
 def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.ndarray,
-                    capacity: np.ndarray) -> CoarseSchedule:
+                    capacity: np.ndarray, queued: bool = False) -> CoarseSchedule:
     """Place and time every cluster of ``fused`` by ``policy`` ("order" or "adjust").
 
     Parameters
@@ -182,6 +182,13 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         Memory each original node takes from its device's budget.
     capacity : ndarray
         Memory budget per device.
+    queued : bool
+        Time the inputs as the reference model moves them: a tensor crosses
+        to a device once, and the tensors one cluster sends over a channel go
+        as one transfer, queued when the cluster ends and served after every
+        transfer queued on that channel before it. Without, the paper's
+        Equation 7: each coarse edge arrives ``latency + bytes / bandwidth``
+        after its source ends.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -249,7 +256,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
                 # An input comes from a pinned member, on a device its cluster's has no channel from.
                 ready = np.where(np.isfinite(ready), ready, _arrivals(graph, fused, node_device, finish, k,
                                                                         latency, inverse))
-            if policy == "adjust":
+            if queued:
                 xs = slice(inputs.ptr[k], inputs.ptr[k + 1])
                 producer, key, nbytes = inputs.producer[xs], inputs.key[xs], inputs.nbytes[xs]
                 sent = finish[fused.cluster_of[producer]]
@@ -598,7 +605,7 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
     best = None
     for rounds in range(1, tries + 1):
         try:
-            schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory)
+            schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory, queued=policy == "adjust")
         except InfeasibleError as exc:      # a dead end on devices not all linked
             raise InfeasibleError(f"{name}: {exc}") from None
         # The coarse schedule's order, or the reference model's earliest-ready order where that is faster.
