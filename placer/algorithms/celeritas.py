@@ -113,26 +113,31 @@ class CoarseSchedule:
 
 
 class _Queue:
-    """A channel of the reference model: transfers served one at a time in the order they were queued."""
+    """A channel of the reference model: one transfer at a time, in the order they were queued.
+
+    Transfers are added in the order clusters are placed, not the order they
+    are queued; one queued before transfers already here starts after every
+    transfer queued before it, in a gap the later ones leave (they keep their
+    times, as the clusters that wait for them keep theirs).
+    """
 
     def __init__(self) -> None:
         self.queued: list[float] = []
-        self.ends: list[float] = []
+        self.ends: list[float] = []     # by queue instant
+        self.busy = _Timeline()
 
-    def start(self, queued: float, extra: list[tuple[float, float, float]]) -> float:
-        """When a transfer queued at ``queued`` starts: after every transfer queued before it ends
-        (those held here, and ``extra``: (queued, start, end) of transfers not added yet)."""
+    def start(self, queued: float, duration: float, extra: list[tuple[float, float, float]]) -> float:
+        """When a transfer queued at ``queued`` starts; ``extra``: (queued, start, end) of transfers to be
+        added with it."""
         k = bisect_right(self.queued, queued)
-        t = max(queued, self.ends[k - 1]) if k else queued
-        for q, _, e in extra:
-            if q <= queued:
-                t = max(t, e)
-        return t
+        t = max([queued, self.ends[k - 1] if k else queued] + [e for q, _, e in extra if q <= queued])
+        return self.busy.earliest_besides(t, duration, [(s_, e) for _, s_, e in extra])
 
-    def add(self, queued: float, end: float) -> None:
+    def add(self, queued: float, start: float, end: float) -> None:
         k = bisect_right(self.queued, queued)
         self.queued.insert(k, queued)
         self.ends.insert(k, end)
+        self.busy.add(start, end)
 
 
 class _Timeline:
@@ -291,9 +296,9 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
             timelines[choice].earliest(float(ready[choice]), float(duration[k, choice]))
         finish[k] = start[k] + duration[k, choice]
         timelines[choice].add(float(start[k]), float(finish[k]))
-        for ch, s_, e_, keys in sends[choice]:
-            channel_lines[ch].add(s_, e_)
-            delivered[keys, choice] = e_
+        for ch, queued_at, begins, ends, keys in sends[choice]:
+            channel_lines[ch].add(queued_at, begins, ends)
+            delivered[keys, choice] = ends
         # Charge the claim; the groups it pinned now live on ``choice`` (their later members' memory is reserved).
         node_device[decided] = choice
         used[choice] += amount
@@ -345,7 +350,7 @@ def _queued_arrival(d: int, src_dev: np.ndarray, sent: np.ndarray, key: np.ndarr
     Returns
     -------
     (ready, sends)
-        ``sends``: (channel, start, end, keys) per transfer.
+        ``sends``: (channel, queued, start, end, keys) per transfer.
     """
     ready, sends = 0.0, []
     extra: dict[int, list[tuple[float, float, float]]] = {}
@@ -368,9 +373,9 @@ def _queued_arrival(d: int, src_dev: np.ndarray, sent: np.ndarray, key: np.ndarr
         duration = float(rows.size * latency[a, d] + nbytes[rows].sum() * inverse[a, d])
         mine = extra.setdefault(ch, [])
         q = float(sent[rows[0]])
-        t = channel_lines[ch].start(q, mine)
+        t = channel_lines[ch].start(q, duration, mine)
         mine.append((q, t, t + duration))
-        sends.append((ch, q, t + duration, np.unique(key[rows])))
+        sends.append((ch, q, t, t + duration, np.unique(key[rows])))
         ready = max(ready, t + duration)
     return ready, sends
 
