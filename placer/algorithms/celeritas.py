@@ -130,7 +130,7 @@ class _Queue:
         """When a transfer queued at ``queued`` starts; ``extra``: (queued, start, end) of transfers to be
         added with it."""
         k = bisect_right(self.queued, queued)
-        t = max([queued, self.ends[k - 1] if k else queued] + [e for q, _, e in extra if q <= queued])
+        t = max([queued, max(self.ends[:k]) if k else queued] + [e for q, _, e in extra if q <= queued])
         return self.busy.earliest_besides(t, duration, [(s_, e) for _, s_, e in extra])
 
     def add(self, queued: float, start: float, end: float) -> None:
@@ -213,7 +213,8 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
     has_succ = np.bincount(coarse.src, minlength=k_count) > 0
 
     inputs = _cluster_inputs(fused)
-    delivered = np.full((inputs.keys, n_dev), np.inf)   # when each (producer, tensor) reached each device
+    delivered: list[dict[int, float]] = [{} for _ in range(n_dev)]  # when each (producer, tensor) got there
+    latency_l, inverse_l, channel_l = latency.tolist(), inverse.tolist(), cluster.channel_index.tolist()
 
     group_names = sorted(graph.colocation_groups)
     group_of = np.full(graph.num_nodes, -1, dtype=np.int64)
@@ -263,15 +264,16 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
                                                                         latency, inverse))
             if queued:
                 xs = slice(inputs.ptr[k], inputs.ptr[k + 1])
-                producer, key, nbytes = inputs.producer[xs], inputs.key[xs], inputs.nbytes[xs]
+                producer = inputs.producer[xs]
                 sent = finish[fused.cluster_of[producer]]
-                by_finish = np.argsort(sent, kind="stable")
-                producer, key, nbytes, sent = producer[by_finish], key[by_finish], nbytes[by_finish], sent[by_finish]
+                src = node_device[producer]
+                rows = np.lexsort((src, sent))
+                row_list = list(zip(src[rows].tolist(), sent[rows].tolist(), inputs.key[xs][rows].tolist(),
+                                    inputs.nbytes[xs][rows].tolist()))
                 for d in range(n_dev):
                     if allowed[d] and np.isfinite(ready[d]):
-                        ready[d], sends[d] = _queued_arrival(d, node_device[producer], sent, key, nbytes,
-                                                             delivered[:, d], channel_of, channel_lines,
-                                                             latency, inverse)
+                        ready[d], sends[d] = _queued_arrival(d, row_list, delivered[d], channel_l, channel_lines,
+                                                             latency_l, inverse_l)
         else:
             ready = np.zeros(n_dev)
         choice = -1
@@ -298,7 +300,8 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         timelines[choice].add(float(start[k]), float(finish[k]))
         for ch, queued_at, begins, ends, keys in sends[choice]:
             channel_lines[ch].add(queued_at, begins, ends)
-            delivered[keys, choice] = ends
+            for key in keys:
+                delivered[choice][key] = ends
         # Charge the claim; the groups it pinned now live on ``choice`` (their later members' memory is reserved).
         node_device[decided] = choice
         used[choice] += amount
@@ -337,15 +340,15 @@ def _cluster_inputs(fused: FusedGraph) -> _Inputs:
     return _Inputs(ptr, s, np.asarray(key, dtype=np.int64).reshape(-1), b, int(pairs.shape[1]))
 
 
-def _queued_arrival(d: int, src_dev: np.ndarray, sent: np.ndarray, key: np.ndarray, nbytes: np.ndarray,
-                    delivered: np.ndarray, channel_of: np.ndarray, channel_lines: list[_Queue],
-                    latency: np.ndarray, inverse: np.ndarray) -> tuple[float, list]:
-    """When a cluster's inputs (rows by producer finish ``sent``) are all on device ``d``, and the transfers
-    that brings.
+def _queued_arrival(d: int, rows: list[tuple[int, float, int, float]], delivered: dict[int, float],
+                    channel_of: list[list[int]], channel_lines: list[_Queue], latency: list[list[float]],
+                    inverse: list[list[float]]) -> tuple[float, list]:
+    """When a cluster's inputs are all on device ``d``, and the transfers that brings.
 
-    As in the reference model, a tensor crosses to a device once (one already ``delivered`` there is
-    not sent again), and a channel serves one transfer at a time: the tensors one producing cluster
-    sends are queued together in the earliest gap of their channel after it ends.
+    ``rows``: (source device, instant its cluster ends, tensor key, bytes) per input tensor, by instant
+    then device. As in the reference model, a tensor crosses to a device once (one already
+    ``delivered`` there is not sent again), and a channel serves one transfer at a time in the order
+    they were queued: the tensors one producing cluster sends are queued together when it ends.
 
     Returns
     -------
@@ -354,29 +357,35 @@ def _queued_arrival(d: int, src_dev: np.ndarray, sent: np.ndarray, key: np.ndarr
     """
     ready, sends = 0.0, []
     extra: dict[int, list[tuple[float, float, float]]] = {}
-    local = src_dev == d
-    if local.any():
-        ready = float(sent[local].max())
-    have = ~local & np.isfinite(delivered[key])
-    if have.any():
-        ready = max(ready, float(delivered[key[have]].max()))
-    todo = np.flatnonzero(~local & ~have)
-    if todo.size == 0:
-        return ready, sends
-    # One transfer per (source device, finish instant): what one producing cluster sends there.
-    groups = np.flatnonzero(np.r_[True, (src_dev[todo][1:] != src_dev[todo][:-1]) | (sent[todo][1:] != sent[todo][:-1])])
-    bounds = np.r_[groups, todo.size].tolist()
-    for g in range(len(groups)):
-        rows = todo[bounds[g]:bounds[g + 1]]
-        a = int(src_dev[rows[0]])
-        ch = int(channel_of[a, d])
-        duration = float(rows.size * latency[a, d] + nbytes[rows].sum() * inverse[a, d])
+    group: list | None = None      # [source device, instant, bytes, keys, tensors]
+
+    def send(a: int, queued: float, nbytes: float, keys: list[int], tensors: int) -> float:
+        ch = channel_of[a][d]
+        duration = tensors * latency[a][d] + nbytes * inverse[a][d]
         mine = extra.setdefault(ch, [])
-        q = float(sent[rows[0]])
-        t = channel_lines[ch].start(q, duration, mine)
-        mine.append((q, t, t + duration))
-        sends.append((ch, q, t, t + duration, np.unique(key[rows])))
-        ready = max(ready, t + duration)
+        t = channel_lines[ch].start(queued, duration, mine)
+        mine.append((queued, t, t + duration))
+        sends.append((ch, queued, t, t + duration, keys))
+        return t + duration
+
+    for a, at, key, nbytes in rows:
+        if a == d:
+            ready = max(ready, at)
+            continue
+        got = delivered.get(key)
+        if got is not None:
+            ready = max(ready, got)
+            continue
+        if group is not None and group[0] == a and group[1] == at:
+            group[2] += nbytes
+            group[3].append(key)
+            group[4] += 1
+            continue
+        if group is not None:
+            ready = max(ready, send(*group))
+        group = [a, at, nbytes, [key], 1]
+    if group is not None:
+        ready = max(ready, send(*group))
     return ready, sends
 
 
@@ -568,6 +577,7 @@ def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], m
     its fused graph), or None; each candidate's InfeasibleError goes to ``errors``. No candidate after the
     first starts once a plan is in hand and ``deadline`` has passed."""
     best, fused_by, cpd = None, {}, None
+    need = memory_need(graph, cluster)
     for candidate in tries:
         if best is not None and time.perf_counter() > deadline:
             break
@@ -577,7 +587,7 @@ def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], m
             if candidate.layout == "cpd":
                 cpd = fused_by[key]
         try:
-            found = _fitting_schedule(graph, cluster, fused_by[key], candidate.policy, name, deadline)
+            found = _fitting_schedule(graph, cluster, fused_by[key], candidate.policy, name, deadline, need=need)
         except InfeasibleError as exc:
             errors.append(exc)
             continue
@@ -587,8 +597,7 @@ def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], m
 
 
 def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, policy: str, name: str,
-                      deadline: float = np.inf,
-                      tries: int = 8) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
+                      deadline: float = np.inf, tries: int = 8, need: np.ndarray | None = None) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
     """Schedule the coarse graph by ``policy`` until the reference model says the plan fits.
 
     Devices are budgeted with :func:`memory_need`. After a schedule that
@@ -605,7 +614,7 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
     InfeasibleError
         If no schedule within ``tries`` rounds (or before ``deadline``, a ``time.perf_counter`` instant) fits.
     """
-    need = memory_need(graph, cluster)
+    need = memory_need(graph, cluster) if need is None else need
     memory = cluster.memory.astype(np.float64)
     best = None
     for rounds in range(1, tries + 1):
