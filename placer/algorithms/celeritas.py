@@ -12,8 +12,28 @@ device and an insertion slot on that device's timeline:
   sending the cluster's largest output back to it; it also places the same
   coarse graph by Order-Place and keeps the faster plan of the two.
 
+What the paper leaves open, ``celeritas`` decides so that work spreads
+where spreading shortens the step:
+
+- Inputs arrive as the reference model moves them (the paper's Section 6.1
+  also models transfers as tasks, for congestion): a tensor crosses to a
+  device once, however many clusters there read it, and a channel serves
+  one transfer at a time in the order they were queued. Equation 7 alone
+  charges a weight again for every cluster that reads it and lets any
+  number of transfers share a link at full speed.
+- The paper's ``R`` = 200 fuses a whole stretch of the depth-first order,
+  parallel branches and layers together, so on a step that fits one device
+  the coarse graph is nearly a chain that no rule should spread. Finer
+  fusions are also tried (:func:`candidates`), some with every node that
+  does no work (a parameter, a transposed weight) moved next to its first
+  consumer (:func:`consumer_order`): laid out where they become ready, at
+  the start of the step, they form clusters that go to the first device
+  and draw every reader of those weights there. The plan the reference
+  model finds fastest is kept.
+
 A device without room for a cluster counts as never available; when no
-device has room the one with the most room left takes it (best effort).
+device has room the one with the most room left takes it (best effort, the
+paper's "lowest memory usage" on devices of equal memory).
 Colocation follows the paper's rule: the first cluster that places a member
 of a group decides the group's device, its other members' memory is
 reserved there, and a later cluster holding pinned members goes to that
@@ -708,7 +728,10 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
     The rule is greedy, so its lemma (never later than Order-Place) holds
     only step by step; the same coarse graph is therefore also placed by
     Order-Place and the faster plan under the reference model is returned,
-    which makes ``celeritas`` never slower than ``order_place``.
+    which makes ``celeritas`` never slower than ``order_place``. On graphs
+    of up to :data:`FINER_UP_TO` operations, Adjusting Placement also places
+    finer fusions (:func:`candidates`), timing inputs as the reference model
+    moves them (``queued`` in :func:`schedule_coarse`).
 
     Parameters
     ----------
@@ -728,8 +751,9 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
         With a per-device order taken from the coarse schedule (or the
         reference model's earliest-ready order where that is faster), and
         ``extra["celeritas"]``: clusters, CCR before and after fusion (None without compute),
-        ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did), and the
-        ``memory_fraction`` its clusters were fused with.
+        ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did), the
+        ``layout`` ("cpd" or "consumer") and ``exploration_range`` of the winning fusion, and
+        the ``memory_fraction`` its clusters were fused with.
 
     Raises
     ------
