@@ -136,28 +136,31 @@ class _Queue:
     """A channel of the reference model: one transfer at a time, in the order they were queued.
 
     Transfers are added in the order clusters are placed, not the order they
-    are queued; one queued before transfers already here starts after every
-    transfer queued before it, in a gap the later ones leave (they keep their
-    times, as the clusters that wait for them keep theirs).
+    are queued. One queued before transfers already here starts, as in the
+    reference model, once every transfer queued before it has ended; the
+    later ones keep their times here (the clusters that wait for them are
+    placed), and :meth:`pushes` says where it would delay them.
     """
 
     def __init__(self) -> None:
         self.queued: list[float] = []
         self.ends: list[float] = []     # by queue instant
-        self.busy = _Timeline()
 
-    def start(self, queued: float, duration: float, extra: list[tuple[float, float, float]]) -> float:
-        """When a transfer queued at ``queued`` starts; ``extra``: (queued, start, end) of transfers to be
-        added with it."""
+    def start(self, queued: float, extra: list[tuple[float, float]]) -> float:
+        """When a transfer queued at ``queued`` starts; ``extra``: (queued, end) of transfers to be added
+        with it."""
         k = bisect_right(self.queued, queued)
-        t = max([queued, max(self.ends[:k]) if k else queued] + [e for q, _, e in extra if q <= queued])
-        return self.busy.earliest_besides(t, duration, [(s_, e) for _, s_, e in extra])
+        return max([queued, max(self.ends[:k]) if k else queued] + [e for q, e in extra if q <= queued])
 
-    def add(self, queued: float, start: float, end: float) -> None:
+    def pushes(self, queued: float, start: float) -> bool:
+        """Whether a transfer queued at ``queued`` and started at ``start`` delays one queued later."""
+        k = bisect_right(self.queued, queued)
+        return k < len(self.ends) and max(self.ends[k:]) > start
+
+    def add(self, queued: float, end: float) -> None:
         k = bisect_right(self.queued, queued)
         self.queued.insert(k, queued)
         self.ends.insert(k, end)
-        self.busy.add(start, end)
 
 
 class _Timeline:
@@ -174,16 +177,6 @@ class _Timeline:
                 return t
             t = max(t, self.ends[k])
         return t
-
-    def earliest_besides(self, ready: float, duration: float, extra: list[tuple[float, float]]) -> float:
-        """The earliest gap from ``ready`` clear of this timeline and of the intervals ``extra`` too."""
-        t = ready
-        while True:
-            t = self.earliest(t, duration)
-            clash = [e for s, e in extra if t < e and t + duration > s]
-            if not clash:
-                return t
-            t = max(clash)
 
     def add(self, start: float, finish: float) -> None:
         k = bisect_right(self.starts, start)
@@ -211,9 +204,12 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         Time the inputs as the reference model moves them: a tensor crosses
         to a device once, and the tensors one cluster sends over a channel go
         as one transfer, queued when the cluster ends and served after every
-        transfer queued on that channel before it. Without, the paper's
-        Equation 7: each coarse edge arrives ``latency + bytes / bandwidth``
-        after its source ends.
+        transfer queued on that channel before it. A device where the inputs
+        would go ahead of transfers already placed (queued later, not yet
+        over) counts as finishing later by their duration, the delay the
+        reference model gives those. Without, the paper's Equation 7: each
+        coarse edge arrives ``latency + bytes / bandwidth`` after its source
+        ends.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -274,7 +270,8 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
                                     "linked to all their neighbours placed so far)")
         ps = slice(in_ptr[k], in_ptr[k + 1])
         preds = pred_of[ps]
-        sends: list[list[tuple[int, float, float]]] = [[] for _ in range(n_dev)]
+        sends: list[list] = [[] for _ in range(n_dev)]
+        pushed = np.zeros(n_dev)    # what going there would delay transfers already placed
         if preds.size:
             src_dev = device[preds]
             ready = (finish[preds][:, None] + latency[src_dev] + pred_bytes[ps][:, None] * inverse[src_dev]).max(axis=0)
@@ -292,7 +289,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
                                     inputs.nbytes[xs][rows].tolist()))
                 for d in range(n_dev):
                     if allowed[d] and np.isfinite(ready[d]):
-                        ready[d], sends[d] = _queued_arrival(d, row_list, delivered[d], channel_l, channel_lines,
+                        ready[d], sends[d], pushed[d] = _queued_arrival(d, row_list, delivered[d], channel_l, channel_lines,
                                                              latency_l, inverse_l)
         else:
             ready = np.zeros(n_dev)
@@ -310,7 +307,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
             if d == choice or (choice < 0 and allowed[d] and used[d] + amount <= capacity[d]):
                 est[d] = timelines[d].earliest(float(ready[d]), float(duration[k, d]))
         if choice < 0:
-            choice = _choose(policy, est + duration[k], prev, allowed, capacity - used,
+            choice = _choose(policy, est + duration[k] + pushed, prev, allowed, capacity - used,
                              latency, inverse, float(largest_out[k]) if has_succ[k] else None)
         previous[step] = prev
         device[k] = choice
@@ -318,8 +315,8 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
             timelines[choice].earliest(float(ready[choice]), float(duration[k, choice]))
         finish[k] = start[k] + duration[k, choice]
         timelines[choice].add(float(start[k]), float(finish[k]))
-        for ch, queued_at, begins, ends, keys in sends[choice]:
-            channel_lines[ch].add(queued_at, begins, ends)
+        for ch, queued_at, ends, keys in sends[choice]:
+            channel_lines[ch].add(queued_at, ends)
             for key in keys:
                 delivered[choice][key] = ends
         # Charge the claim; the groups it pinned now live on ``choice`` (their later members' memory is reserved).
@@ -362,31 +359,27 @@ def _cluster_inputs(fused: FusedGraph) -> _Inputs:
 
 def _queued_arrival(d: int, rows: list[tuple[int, float, int, float]], delivered: dict[int, float],
                     channel_of: list[list[int]], channel_lines: list[_Queue], latency: list[list[float]],
-                    inverse: list[list[float]]) -> tuple[float, list]:
-    """When a cluster's inputs are all on device ``d``, and the transfers that brings.
+                    inverse: list[list[float]]) -> tuple[float, list, float]:
+    """When a cluster's inputs are all on device ``d``, the transfers that brings, and the delay they
+    cause transfers already placed.
 
     ``rows``: (source device, instant its cluster ends, tensor key, bytes) per input tensor, by instant
     then device. As in the reference model, a tensor crosses to a device once (one already
     ``delivered`` there is not sent again), and a channel serves one transfer at a time in the order
-    they were queued: the tensors one producing cluster sends are queued together when it ends.
+    they were queued: the tensors one producing cluster sends are queued together when it ends, and
+    start once every transfer queued before them has ended.
 
     Returns
     -------
-    (ready, sends)
-        ``sends``: (channel, queued, start, end, keys) per transfer.
+    (ready, sends, pushed)
+        ``sends``: (channel, queued, end, keys) per transfer. ``pushed``: the summed duration of
+        those transfers that go before a transfer already placed, queued later and not yet over;
+        the reference model delays that one (and its reader) by as much.
     """
-    ready, sends = 0.0, []
-    extra: dict[int, list[tuple[float, float, float]]] = {}
+    ready, sends, pushed = 0.0, [], 0.0
+    extra: dict[int, list[tuple[float, float]]] = {}
     group: list | None = None      # [source device, instant, bytes, keys, tensors]
-
-    def send(a: int, queued: float, nbytes: float, keys: list[int], tensors: int) -> float:
-        ch = channel_of[a][d]
-        duration = tensors * latency[a][d] + nbytes * inverse[a][d]
-        mine = extra.setdefault(ch, [])
-        t = channel_lines[ch].start(queued, duration, mine)
-        mine.append((queued, t, t + duration))
-        sends.append((ch, queued, t, t + duration, keys))
-        return t + duration
+    finished: list[tuple[int, float, float, int]] = []   # (source device, instant, bytes, tensors) of each group
 
     for a, at, key, nbytes in rows:
         if a == d:
@@ -402,11 +395,21 @@ def _queued_arrival(d: int, rows: list[tuple[int, float, int, float]], delivered
             group[4] += 1
             continue
         if group is not None:
-            ready = max(ready, send(*group))
+            finished.append(group)
         group = [a, at, nbytes, [key], 1]
     if group is not None:
-        ready = max(ready, send(*group))
-    return ready, sends
+        finished.append(group)
+    for a, queued, nbytes, keys, tensors in finished:
+        ch = channel_of[a][d]
+        duration = tensors * latency[a][d] + nbytes * inverse[a][d]
+        mine = extra.setdefault(ch, [])
+        t = channel_lines[ch].start(queued, mine)
+        mine.append((queued, t + duration))
+        sends.append((ch, queued, t + duration, keys))
+        if channel_lines[ch].pushes(queued, t):
+            pushed += duration
+        ready = max(ready, t + duration)
+    return ready, sends, pushed
 
 
 def _arrivals(graph: OpGraph, fused: FusedGraph, node_device: np.ndarray, finish: np.ndarray, k: int,
