@@ -78,7 +78,8 @@ def goals() -> None:
             stats = ours.extra["celeritas"]
             print(f"{f'{model}-bs{batch}':>14} {name:>14} {mine * 1e3:10.1f} {took:7.1f} | "
                   + " ".join(f"{r} {s * 1e3:.1f}" for r, s in steps.items())
-                  + f" | {'yes' if met else 'no'}  ({stats['policy']}, {stats['layout']}, R={stats['exploration_range']})",
+                  + f" | {'yes' if met else 'no'}  ({stats['policy']}, {stats['layout']}, R={stats['exploration_range']}"
+                  + ("" if stats["charge_pushes"] else ", uncharged") + ")",
                   flush=True)
 
 

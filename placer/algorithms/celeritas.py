@@ -187,7 +187,7 @@ class _Timeline:
 
 
 def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.ndarray,
-                    capacity: np.ndarray, queued: bool = False) -> CoarseSchedule:
+                    capacity: np.ndarray, queued: bool = False, charge_pushes: bool = True) -> CoarseSchedule:
     """Place and time every cluster of ``fused`` by ``policy`` ("order" or "adjust").
 
     Parameters
@@ -207,9 +207,14 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         transfer queued on that channel before it. A device where the inputs
         would go ahead of transfers already placed (queued later, not yet
         over) counts as finishing later by their duration, the delay the
-        reference model gives those. Without, the paper's Equation 7: each
-        coarse edge arrives ``latency + bytes / bandwidth`` after its source
-        ends.
+        reference model gives those (unless not ``charge_pushes``). Without,
+        the paper's Equation 7: each coarse edge arrives ``latency + bytes /
+        bandwidth`` after its source ends.
+    charge_pushes : bool
+        With ``queued``, whether that delay counts against a device: it
+        assumes the delayed transfer's reader lies on the critical path, which
+        is often so in a backward pass and often not between parallel
+        branches.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -291,6 +296,8 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
                     if allowed[d] and np.isfinite(ready[d]):
                         ready[d], sends[d], pushed[d] = _queued_arrival(d, row_list, delivered[d], channel_l, channel_lines,
                                                              latency_l, inverse_l)
+                if not charge_pushes:
+                    pushed[:] = 0.0
         else:
             ready = np.zeros(n_dev)
         choice = -1
@@ -465,12 +472,14 @@ def memory_need(graph: OpGraph, cluster: Cluster) -> np.ndarray:
 class Candidate:
     """One way to fuse and place: the layout the fusion cuts, its exploration range, the placement policy.
 
-    ``layout`` is "cpd" (CPD-TOPO, the paper's) or "consumer" (:func:`consumer_order`).
+    ``layout`` is "cpd" (CPD-TOPO, the paper's) or "consumer" (:func:`consumer_order`);
+    ``charge_pushes`` as for :func:`schedule_coarse`.
     """
 
     layout: str
     exploration_range: int
     policy: str
+    charge_pushes: bool = True
 
 
 def consumer_order(graph: OpGraph, cluster: Cluster, order: np.ndarray) -> np.ndarray:
@@ -528,9 +537,17 @@ def candidates(graph: OpGraph, policies: tuple[str, ...], exploration_range: int
     a chain and Adjusting Placement rightly keeps it on one device. With
     "adjust" among ``policies``, the coarse graph is therefore also made
     with ``R / 10`` and ``R / 64`` (:data:`FINER`), each in the CPD-TOPO
-    layout and in :func:`consumer_order`'s, on graphs of up to
-    :data:`FINER_UP_TO` operations (planning time on larger ones stays that
-    of the paper's fusion).
+    layout and in :func:`consumer_order`'s, each placed with the charge for
+    transfers pushed back (``charge_pushes`` of :func:`schedule_coarse`) and,
+    at ``R / 10``, without it too, on graphs of up to :data:`FINER_UP_TO`
+    operations (planning time on larger ones stays that of the paper's
+    fusion).
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> [(c.layout, c.exploration_range, c.policy) for c in candidates(training_graph(layers=2), ("adjust",), 200)][:3]
+    [('cpd', 200, 'adjust'), ('cpd', 20, 'adjust'), ('consumer', 20, 'adjust')]
     """
     out = [Candidate("cpd", exploration_range, policy) for policy in policies]
     if "adjust" not in policies or graph.num_nodes > FINER_UP_TO:
@@ -540,8 +557,9 @@ def candidates(graph: OpGraph, policies: tuple[str, ...], exploration_range: int
         r = max(1, exploration_range // share)
         if r in tried:
             continue
+        charges = (True, False) if len(tried) == 1 else (True,)    # uncharged at the first finer R only
         tried.add(r)
-        out += [Candidate("cpd", r, "adjust"), Candidate("consumer", r, "adjust")]
+        out += [Candidate(layout, r, "adjust", charge) for charge in charges for layout in ("cpd", "consumer")]
     return out
 
 
@@ -590,7 +608,8 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
     ccr_before, ccr_after = (x if np.isfinite(x) else None for x in (fused.ccr_before, fused.ccr_after))
     stats = {"clusters": fused.num_clusters, "ccr_before": ccr_before, "ccr_after": ccr_after,
              "coarse_makespan_s": schedule.makespan_s, "rounds": rounds, "policy": chosen.policy,
-             "layout": chosen.layout, "exploration_range": chosen.exploration_range, "memory_fraction": fraction}
+             "layout": chosen.layout, "exploration_range": chosen.exploration_range,
+             "charge_pushes": chosen.charge_pushes, "memory_fraction": fraction}
     return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
 
 
@@ -610,7 +629,8 @@ def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], m
             if candidate.layout == "cpd":
                 cpd = fused_by[key]
         try:
-            found = _fitting_schedule(graph, cluster, fused_by[key], candidate.policy, name, deadline, need=need)
+            found = _fitting_schedule(graph, cluster, fused_by[key], candidate.policy, name, deadline, need=need,
+                                      charge_pushes=candidate.charge_pushes)
         except InfeasibleError as exc:
             errors.append(exc)
             continue
@@ -620,7 +640,8 @@ def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], m
 
 
 def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, policy: str, name: str,
-                      deadline: float = np.inf, tries: int = 8, need: np.ndarray | None = None) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
+                      deadline: float = np.inf, tries: int = 8, need: np.ndarray | None = None,
+                      charge_pushes: bool = True) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
     """Schedule the coarse graph by ``policy`` until the reference model says the plan fits.
 
     Devices are budgeted with :func:`memory_need`. After a schedule that
@@ -642,7 +663,8 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
     best = None
     for rounds in range(1, tries + 1):
         try:
-            schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory, queued=policy == "adjust")
+            schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory, queued=policy == "adjust",
+                                       charge_pushes=charge_pushes)
         except InfeasibleError as exc:      # a dead end on devices not all linked
             raise InfeasibleError(f"{name}: {exc}") from None
         # The coarse schedule's order, or the reference model's earliest-ready order where that is faster.
@@ -755,8 +777,9 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
         reference model's earliest-ready order where that is faster), and
         ``extra["celeritas"]``: clusters, CCR before and after fusion (None without compute),
         ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did), the
-        ``layout`` ("cpd" or "consumer") and ``exploration_range`` of the winning fusion, and
-        the ``memory_fraction`` its clusters were fused with.
+        ``layout`` ("cpd" or "consumer") and ``exploration_range`` of the winning fusion,
+        ``charge_pushes`` (see :func:`schedule_coarse`), and the ``memory_fraction`` its
+        clusters were fused with.
 
     Raises
     ------
