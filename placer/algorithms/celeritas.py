@@ -408,6 +408,8 @@ def _queued_arrival(d: int, rows: list[tuple[int, float, int, float]], delivered
         finished.append(group)
     for a, queued, nbytes, keys, tensors in finished:
         ch = channel_of[a][d]
+        if ch < 0:      # a pinned producer on a device with no channel to d
+            return float("inf"), [], 0.0
         duration = tensors * latency[a][d] + nbytes * inverse[a][d]
         mine = extra.setdefault(ch, [])
         t = channel_lines[ch].start(queued, mine)
