@@ -1,7 +1,14 @@
-"""Celeritas: fusion (the paper's Table 2 columns) and plan time, against Order-Place and the expert split.
+"""Celeritas: its Table 3 goals, fusion (the Table 2 columns) and plan time.
 
     ./run.sh bench bench/celeritas.py              # or: python bench/celeritas.py [--sizes 1k,10k,30k,100k]
                                                    #     [--transformer-layers 64] [--zoo inception_v3,...]
+                                                   #     [--goals / --no-goals]
+
+Goals (the paper's Table 3, on the reference model): Inception-v3 (batch 64),
+GNMT (128) and Transformer (32), captured with Adam, over ``4xV100-nvlink``
+and ``4xGPU-pcie``: the simulated step of ``celeritas`` against m-SCT, m-ETF,
+m-TOPO and Order-Place; and RNNLM (batch 128) over ``2xV100-nvlink`` against
+the expert split. Then:
 
 For each graph: nodes and CCR before and after Optimal Operation Fusion
 (R = 200, M = 0.25 of a device's memory; CCR = summed transfer time over
@@ -41,6 +48,39 @@ from placer.transform.fusion import fuse
 
 SIZES = {"1k": 71, "10k": 715, "30k": 2143, "100k": 7142}   # blocks of 3 branches -> ~1k .. ~100k nodes
 ALGORITHMS = ("celeritas", "order_place", "expert")
+#: (zoo model, batch, clusters, algorithms celeritas must beat)
+GOALS = [(model, batch, ("4xV100-nvlink", "4xGPU-pcie"), ("m_sct", "m_etf", "m_topo", "order_place"))
+         for model, batch in (("inception_v3", 64), ("gnmt", 128), ("transformer", 32))]
+GOALS.append(("rnnlm", 128, ("2xV100-nvlink",), ("expert",)))
+
+
+def goals() -> None:
+    """Print the goal table: each case's steps in ms, and whether celeritas beats every rival."""
+    from placer.capture import capture_spec
+
+    print("goal: celeritas's simulated step (ms) below each rival's (RNNLM: no slower than the expert split)")
+    print(f"{'model':>14} {'cluster':>14} {'celeritas':>10} {'plan s':>7} | rivals (ms) | met")
+    for model, batch, clusters, rivals in GOALS:
+        graph = capture_spec(f"zoo:{model}", batch, optimizer="adam", fake=True).graph
+        for name in clusters:
+            cluster = load_cluster(name)
+            began = time.perf_counter()
+            ours = place(graph, cluster, "celeritas")
+            took = time.perf_counter() - began
+            steps = {}
+            for rival in rivals:
+                try:
+                    steps[rival] = place(graph, cluster, rival).predicted["makespan_s"]
+                except PlacerError:
+                    steps[rival] = float("inf")
+            mine = ours.predicted["makespan_s"]
+            met = all(mine <= s if rival == "expert" else mine < s for rival, s in steps.items())
+            stats = ours.extra["celeritas"]
+            print(f"{f'{model}-bs{batch}':>14} {name:>14} {mine * 1e3:10.1f} {took:7.1f} | "
+                  + " ".join(f"{r} {s * 1e3:.1f}" for r, s in steps.items())
+                  + f" | {'yes' if met else 'no'}  ({stats['policy']}, {stats['layout']}, R={stats['exploration_range']}"
+                  + ("" if stats["charge_pushes"] else ", uncharged") + ")",
+                  flush=True)
 
 
 def generated(blocks: int) -> OpGraph:
@@ -91,7 +131,12 @@ def main() -> None:
     parser.add_argument("--sizes", default=",".join(SIZES), help="generated sizes to run, from " + ",".join(SIZES))
     parser.add_argument("--transformer-layers", type=int, default=64, help="layers of the captured transformer (0: none)")
     parser.add_argument("--zoo", default="", help="zoo models to capture, comma-separated")
+    parser.add_argument("--goals", action=argparse.BooleanOptionalAction, default=True,
+                        help="run the goal table first (Table 3 models against the list schedulers)")
     args = parser.parse_args()
+    print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}")
+    if args.goals:
+        goals()
     cluster = load_cluster("4xV100-nvlink")
     graphs = []
     if args.transformer_layers:

@@ -12,7 +12,7 @@ from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
 from placer.graph import OpGraph
-from placer.sim.simulator import simulate_plan
+from placer.sim.simulator import simulate, simulate_plan
 from placer.transform.fusion import fuse
 
 from .clusters import line_cluster
@@ -268,3 +268,72 @@ def test_nodes_no_linked_device_can_take_are_refused_naming_the_link():
     cluster = line_cluster(["d0", "d1", "d2"], GiB, kinds=["cpu", "V100", "T4"], both_ways=False)
     with pytest.raises(InfeasibleError, match="'a' would send from 'd2' to node 'b' on 'd0', but no channel connects"):
         place(graph, cluster, "celeritas")
+
+
+def four_chains(length: int) -> OpGraph:
+    """A root, four independent chains of ``length`` 1 ms operations with 64 KiB between them, and a join."""
+    ids, src, dst = ["root"], [], []
+    for chain in range(4):
+        for j in range(length):
+            ids.append(f"c{chain}.{j}")
+            src.append(0 if j == 0 else len(ids) - 2)
+            dst.append(len(ids) - 1)
+    ids.append("join")
+    for chain in range(4):
+        src.append(1 + chain * length + length - 1)
+        dst.append(len(ids) - 1)
+    compute = [1e-4] + [1e-3] * (4 * length) + [1e-4]
+    return OpGraph(ids, compute, src, dst, [1 << 16] * len(src), output_bytes=[1 << 16] * len(ids))
+
+
+def test_spreads_parallel_chains_that_the_papers_range_fuses_into_one_cluster():
+    """At R = 200 the 82 operations make one cluster, which one device runs in 80 ms; four devices
+    can run the chains at once (about 20 ms plus a few transfers). Celeritas's finer fusions find that."""
+    graph = four_chains(20)
+    cluster = load_cluster("4xV100-nvlink")
+    ours = place(graph, cluster, "celeritas")
+    assert fuse(graph, cluster).num_clusters == 1
+    assert len(set(ours.placement.values())) == 4
+    assert len({ours.placement[f"c{chain}.{j}"] for chain in range(4) for j in range(20)}) == 4
+    assert ours.predicted["makespan_s"] < 0.025
+    assert ours.predicted["makespan_s"] < place(graph, cluster, "m_topo").predicted["makespan_s"]
+    assert ours.predicted["makespan_s"] < place(graph, cluster, "single").predicted["makespan_s"] / 3
+    assert simulate_plan(ours, graph, cluster).makespan_s == pytest.approx(ours.predicted["makespan_s"], rel=1e-9)
+
+
+@SETTINGS
+@given(fused_graphs(colocation=False), st.sampled_from(["order", "adjust"]), st.booleans())
+def test_best_effort_where_no_device_has_room(case, policy, queued):
+    """Algorithm 2, line 20: where every device is out of memory, the cluster goes to the one with the
+    lowest usage (the most room left, on devices of equal memory), and that device is charged anyway."""
+    fused, cluster = case
+    need = np.full(fused.graph.num_nodes, 1e6)
+    capacity = np.full(cluster.num_devices, 1.0)     # nothing fits anywhere
+    schedule = schedule_coarse(fused, cluster, policy, need, capacity, queued=queued)
+    used = np.zeros(cluster.num_devices)
+    for k in schedule.sequence.tolist():
+        expected = int(np.argmin(used))
+        assert schedule.device[k] == expected
+        used[expected] += need[fused.members[k]].sum()
+    assert used.max() - used.min() <= max(need[m].sum() for m in fused.members)
+
+
+def test_queued_inputs_wait_for_the_channel_as_in_the_reference_model():
+    """a0 -> a1 on gpu0 (one colocation group, which fills it), each sending 1 GiB to b0 and b1 on gpu1. Over the one
+    channel, a1's tensor waits for a0's: b1 starts two transfers after a0 ends, where Equation 7 says one
+    transfer after a1 ends (gpu1 is then still busy with b0). The reference model, given the queued schedule's placement and order, agrees."""
+    graph = OpGraph(["a0", "a1", "b0", "b1"], [1e-3, 1e-3, 5e-3, 1e-3], [0, 0, 1], [1, 2, 3], [1 << 10, 1 << 30, 1 << 30],
+                    edge_tensor=[0, 1, 0], output_bytes=[1 << 30, 1 << 30, 0, 0], colocation=["a", "a", "b", "b"])
+    cluster = load_cluster("2xV100-nvlink")
+    fused = fuse(graph, cluster, exploration_range=1)
+    need, capacity = np.array([3.0, 3.0, 2.0, 2.0]), np.array([6.0, 4.0])
+    k = fused.cluster_of
+    transfer = cluster.transfer_s(0, 1, 1 << 30)
+    queued = schedule_coarse(fused, cluster, "adjust", need, capacity, queued=True)
+    paper = schedule_coarse(fused, cluster, "adjust", need, capacity)
+    for schedule in (queued, paper):
+        assert list(schedule.device[k]) == [0, 0, 1, 1]
+    assert paper.start[k[3]] == pytest.approx(6e-3 + transfer)     # after b0, on gpu1 from 1 ms + transfer
+    assert queued.start[k[3]] == pytest.approx(1e-3 + 2 * transfer)
+    result = simulate(graph, cluster, queued.node_device, queued.device_orders(fused, cluster.num_devices))
+    assert result.start == pytest.approx(queued.start[k])

@@ -12,8 +12,28 @@ device and an insertion slot on that device's timeline:
   sending the cluster's largest output back to it; it also places the same
   coarse graph by Order-Place and keeps the faster plan of the two.
 
+What the paper leaves open, ``celeritas`` decides so that work spreads
+where spreading shortens the step:
+
+- Inputs arrive as the reference model moves them (the paper's Section 6.1
+  also models transfers as tasks, for congestion): a tensor crosses to a
+  device once, however many clusters there read it, and a channel serves
+  one transfer at a time in the order they were queued. Equation 7 alone
+  charges a weight again for every cluster that reads it and lets any
+  number of transfers share a link at full speed.
+- The paper's ``R`` = 200 fuses a whole stretch of the depth-first order,
+  parallel branches and layers together, so on a step that fits one device
+  the coarse graph is nearly a chain that no rule should spread. Finer
+  fusions are also tried (:func:`candidates`), some with every node that
+  does no work (a parameter, a transposed weight) moved next to its first
+  consumer (:func:`consumer_order`): laid out where they become ready, at
+  the start of the step, they form clusters that go to the first device
+  and draw every reader of those weights there. The plan the reference
+  model finds fastest is kept.
+
 A device without room for a cluster counts as never available; when no
-device has room the one with the most room left takes it (best effort).
+device has room the one with the most room left takes it (best effort, the
+paper's "lowest memory usage" on devices of equal memory).
 Colocation follows the paper's rule: the first cluster that places a member
 of a group decides the group's device, its other members' memory is
 reserved there, and a later cluster holding pinned members goes to that
@@ -46,12 +66,13 @@ from ..graph import OpGraph
 from ..io import shown_sizes
 from ..plan import Plan
 from ..sim.simulator import simulate
-from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, link_costs
+from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, fuse_in_order, link_costs
 from .common import incident_edges, linked_devices, liveness_ratio, missing_link
 from .registry import register
 from .timebox import optional_work
 
-__all__ = ["order_place", "celeritas", "CoarseSchedule", "schedule_coarse", "memory_need", "POLICIES"]
+__all__ = ["order_place", "celeritas", "CoarseSchedule", "schedule_coarse", "memory_need", "POLICIES", "Candidate",
+           "candidates", "consumer_order"]
 
 POLICIES = ("order", "adjust")
 HEADROOM = 0.97   # share of each device's memory budgeted: estimates of the peak are seldom exact
@@ -61,6 +82,11 @@ HEADROOM = 0.97   # share of each device's memory budgeted: estimates of the pea
 #: fitting plan at 0.25, 701 ms at 0.0625, where m-ETF's step is 792 ms; docs/benchmarks.md, "Celeritas").
 SMALLER_CLUSTERS_BY = 0.25
 MIN_MEMORY_FRACTION = 1 / 64
+#: Finer exploration ranges tried besides the paper's ``R``: ``R // 10`` and ``R // 64`` (:func:`candidates`).
+FINER = (10, 64)
+#: The largest graph (in operations) for which finer fusions are tried: beyond, only the paper's ``R``,
+#: which keeps planning time for 30k operations under 10 s and for 100k under 30 s.
+FINER_UP_TO = 25_000
 
 
 @dataclass
@@ -106,6 +132,37 @@ class CoarseSchedule:
         return [ranked[self.node_device[ranked] == j] for j in range(num_devices)]
 
 
+class _Queue:
+    """A channel of the reference model: one transfer at a time, in the order they were queued.
+
+    Transfers are added in the order clusters are placed, not the order they
+    are queued. One queued before transfers already here starts, as in the
+    reference model, once every transfer queued before it has ended; the
+    later ones keep their times here (the clusters that wait for them are
+    placed), and :meth:`pushes` says where it would delay them.
+    """
+
+    def __init__(self) -> None:
+        self.queued: list[float] = []
+        self.ends: list[float] = []     # by queue instant
+
+    def start(self, queued: float, extra: list[tuple[float, float]]) -> float:
+        """When a transfer queued at ``queued`` starts; ``extra``: (queued, end) of transfers to be added
+        with it."""
+        k = bisect_right(self.queued, queued)
+        return max([queued, max(self.ends[:k]) if k else queued] + [e for q, e in extra if q <= queued])
+
+    def pushes(self, queued: float, start: float) -> bool:
+        """Whether a transfer queued at ``queued`` and started at ``start`` delays one queued later."""
+        k = bisect_right(self.queued, queued)
+        return k < len(self.ends) and max(self.ends[k:]) > start
+
+    def add(self, queued: float, end: float) -> None:
+        k = bisect_right(self.queued, queued)
+        self.queued.insert(k, queued)
+        self.ends.insert(k, end)
+
+
 class _Timeline:
     """Busy intervals of one device, sorted; finds the earliest gap that holds a task."""
 
@@ -130,7 +187,7 @@ class _Timeline:
 
 
 def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.ndarray,
-                    capacity: np.ndarray) -> CoarseSchedule:
+                    capacity: np.ndarray, queued: bool = False, charge_pushes: bool = True) -> CoarseSchedule:
     """Place and time every cluster of ``fused`` by ``policy`` ("order" or "adjust").
 
     Parameters
@@ -143,6 +200,21 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         Memory each original node takes from its device's budget.
     capacity : ndarray
         Memory budget per device.
+    queued : bool
+        Time the inputs as the reference model moves them: a tensor crosses
+        to a device once, and the tensors one cluster sends over a channel go
+        as one transfer, queued when the cluster ends and served after every
+        transfer queued on that channel before it. A device where the inputs
+        would go ahead of transfers already placed (queued later, not yet
+        over) counts as finishing later by their duration, the delay the
+        reference model gives those (unless not ``charge_pushes``). Without,
+        the paper's Equation 7: each coarse edge arrives ``latency + bytes /
+        bandwidth`` after its source ends.
+    charge_pushes : bool
+        With ``queued``, whether that delay counts against a device: it
+        assumes the delayed transfer's reader lies on the critical path, which
+        is often so in a backward pass and often not between parallel
+        branches.
     """
     if policy not in POLICIES:
         raise ValueError(f"policy must be one of {POLICIES}, got {policy!r}")
@@ -161,6 +233,10 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
     np.maximum.at(largest_out, coarse.src, coarse.edge_bytes.astype(np.float64))
     has_succ = np.bincount(coarse.src, minlength=k_count) > 0
 
+    inputs = _cluster_inputs(fused)
+    delivered: list[dict[int, float]] = [{} for _ in range(n_dev)]  # when each (producer, tensor) got there
+    latency_l, inverse_l, channel_l = latency.tolist(), inverse.tolist(), cluster.channel_index.tolist()
+
     group_names = sorted(graph.colocation_groups)
     group_of = np.full(graph.num_nodes, -1, dtype=np.int64)
     for g, key in enumerate(group_names):
@@ -171,6 +247,8 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
     charged = np.zeros(graph.num_nodes, dtype=bool)
     used = np.zeros(n_dev)
     timelines = [_Timeline() for _ in range(n_dev)]
+    channel_of = cluster.channel_index
+    channel_lines = [_Queue() for _ in range(len(cluster.channels))]
     device = np.full(k_count, -1, dtype=np.int64)
     start = np.zeros(k_count)
     finish = np.zeros(k_count)
@@ -197,6 +275,8 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
                                     "linked to all their neighbours placed so far)")
         ps = slice(in_ptr[k], in_ptr[k + 1])
         preds = pred_of[ps]
+        sends: list[list] = [[] for _ in range(n_dev)]
+        pushed = np.zeros(n_dev)    # what going there would delay transfers already placed
         if preds.size:
             src_dev = device[preds]
             ready = (finish[preds][:, None] + latency[src_dev] + pred_bytes[ps][:, None] * inverse[src_dev]).max(axis=0)
@@ -204,6 +284,20 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
                 # An input comes from a pinned member, on a device its cluster's has no channel from.
                 ready = np.where(np.isfinite(ready), ready, _arrivals(graph, fused, node_device, finish, k,
                                                                         latency, inverse))
+            if queued:
+                xs = slice(inputs.ptr[k], inputs.ptr[k + 1])
+                producer = inputs.producer[xs]
+                sent = finish[fused.cluster_of[producer]]
+                src = node_device[producer]
+                rows = np.lexsort((src, sent))
+                row_list = list(zip(src[rows].tolist(), sent[rows].tolist(), inputs.key[xs][rows].tolist(),
+                                    inputs.nbytes[xs][rows].tolist()))
+                for d in range(n_dev):
+                    if allowed[d] and np.isfinite(ready[d]):
+                        ready[d], sends[d], pushed[d] = _queued_arrival(d, row_list, delivered[d], channel_l, channel_lines,
+                                                             latency_l, inverse_l)
+                if not charge_pushes:
+                    pushed[:] = 0.0
         else:
             ready = np.zeros(n_dev)
         choice = -1
@@ -220,7 +314,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
             if d == choice or (choice < 0 and allowed[d] and used[d] + amount <= capacity[d]):
                 est[d] = timelines[d].earliest(float(ready[d]), float(duration[k, d]))
         if choice < 0:
-            choice = _choose(policy, est + duration[k], prev, allowed, capacity - used,
+            choice = _choose(policy, est + duration[k] + pushed, prev, allowed, capacity - used,
                              latency, inverse, float(largest_out[k]) if has_succ[k] else None)
         previous[step] = prev
         device[k] = choice
@@ -228,6 +322,10 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
             timelines[choice].earliest(float(ready[choice]), float(duration[k, choice]))
         finish[k] = start[k] + duration[k, choice]
         timelines[choice].add(float(start[k]), float(finish[k]))
+        for ch, queued_at, ends, keys in sends[choice]:
+            channel_lines[ch].add(queued_at, ends)
+            for key in keys:
+                delivered[choice][key] = ends
         # Charge the claim; the groups it pinned now live on ``choice`` (their later members' memory is reserved).
         node_device[decided] = choice
         used[choice] += amount
@@ -235,6 +333,92 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         pin[new_groups] = choice
         prev = choice
     return CoarseSchedule(sequence, previous, forced, device, start, finish, node_device)
+
+
+@dataclass
+class _Inputs:
+    """The tensors each cluster takes from other clusters: one row per (producer, tensor, consumer cluster),
+    grouped by consumer cluster (rows ``ptr[k]:ptr[k + 1]``), with its largest edge's bytes; ``key`` numbers
+    the distinct (producer, tensor) pairs, of which there are ``keys``."""
+
+    ptr: np.ndarray
+    producer: np.ndarray
+    key: np.ndarray
+    nbytes: np.ndarray
+    keys: int
+
+
+def _cluster_inputs(fused: FusedGraph) -> _Inputs:
+    graph, cluster_of = fused.graph, fused.cluster_of
+    cut = np.flatnonzero(cluster_of[graph.src] != cluster_of[graph.dst])
+    s, t, d, b = graph.src[cut], graph.edge_tensor[cut], cluster_of[graph.dst[cut]], graph.edge_bytes[cut]
+    by_key = np.lexsort((b, s, t, d))
+    s, t, d, b = s[by_key], t[by_key], d[by_key], b[by_key]
+    last = np.ones(s.size, dtype=bool)
+    if s.size:
+        last[:-1] = (s[1:] != s[:-1]) | (t[1:] != t[:-1]) | (d[1:] != d[:-1])
+    s, t, d, b = s[last], t[last], d[last], b[last].astype(np.float64)
+    pairs, key = np.unique(np.stack([s, t]), axis=1, return_inverse=True) if s.size else (np.zeros((2, 0)), s)
+    ptr = np.zeros(fused.num_clusters + 1, dtype=np.int64)
+    np.cumsum(np.bincount(d, minlength=fused.num_clusters), out=ptr[1:])
+    return _Inputs(ptr, s, np.asarray(key, dtype=np.int64).reshape(-1), b, int(pairs.shape[1]))
+
+
+def _queued_arrival(d: int, rows: list[tuple[int, float, int, float]], delivered: dict[int, float],
+                    channel_of: list[list[int]], channel_lines: list[_Queue], latency: list[list[float]],
+                    inverse: list[list[float]]) -> tuple[float, list, float]:
+    """When a cluster's inputs are all on device ``d``, the transfers that brings, and the delay they
+    cause transfers already placed.
+
+    ``rows``: (source device, instant its cluster ends, tensor key, bytes) per input tensor, by instant
+    then device. As in the reference model, a tensor crosses to a device once (one already
+    ``delivered`` there is not sent again), and a channel serves one transfer at a time in the order
+    they were queued: the tensors one producing cluster sends are queued together when it ends, and
+    start once every transfer queued before them has ended.
+
+    Returns
+    -------
+    (ready, sends, pushed)
+        ``sends``: (channel, queued, end, keys) per transfer. ``pushed``: the summed duration of
+        those transfers that go before a transfer already placed, queued later and not yet over;
+        the reference model delays that one (and its reader) by as much.
+    """
+    ready, sends, pushed = 0.0, [], 0.0
+    extra: dict[int, list[tuple[float, float]]] = {}
+    group: list | None = None      # [source device, instant, bytes, keys, tensors]
+    finished: list[tuple[int, float, float, int]] = []   # (source device, instant, bytes, tensors) of each group
+
+    for a, at, key, nbytes in rows:
+        if a == d:
+            ready = max(ready, at)
+            continue
+        got = delivered.get(key)
+        if got is not None:
+            ready = max(ready, got)
+            continue
+        if group is not None and group[0] == a and group[1] == at:
+            group[2] += nbytes
+            group[3].append(key)
+            group[4] += 1
+            continue
+        if group is not None:
+            finished.append(group)
+        group = [a, at, nbytes, [key], 1]
+    if group is not None:
+        finished.append(group)
+    for a, queued, nbytes, keys, tensors in finished:
+        ch = channel_of[a][d]
+        if ch < 0:      # a pinned producer on a device with no channel to d
+            return float("inf"), [], 0.0
+        duration = tensors * latency[a][d] + nbytes * inverse[a][d]
+        mine = extra.setdefault(ch, [])
+        t = channel_lines[ch].start(queued, mine)
+        mine.append((queued, t + duration))
+        sends.append((ch, queued, t + duration, keys))
+        if channel_lines[ch].pushes(queued, t):
+            pushed += duration
+        ready = max(ready, t + duration)
+    return ready, sends, pushed
 
 
 def _arrivals(graph: OpGraph, fused: FusedGraph, node_device: np.ndarray, finish: np.ndarray, k: int,
@@ -286,21 +470,126 @@ def memory_need(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     return params + share * transient
 
 
+@dataclass(frozen=True)
+class Candidate:
+    """One way to fuse and place: the layout the fusion cuts, its exploration range, the placement policy.
+
+    ``layout`` is "cpd" (CPD-TOPO, the paper's) or "consumer" (:func:`consumer_order`);
+    ``charge_pushes`` as for :func:`schedule_coarse`.
+    """
+
+    layout: str
+    exploration_range: int
+    policy: str
+    charge_pushes: bool = True
+
+
+def consumer_order(graph: OpGraph, cluster: Cluster, order: np.ndarray) -> np.ndarray:
+    """``order`` with every node that does no work moved to just before its first consumer.
+
+    A parameter, and a view of it (a transposed weight), take no time; a
+    depth-first order lists them where they become ready, at the start of
+    the step, far from the operations that read them. Cut into contiguous
+    clusters there, they form clusters of their own that Adjusting Placement
+    places at time zero on the first device, and every consumer is then
+    drawn to that device by the weight it would have to fetch. Moved next to
+    its first consumer, such a node is fused with it and goes where it is
+    read. Nodes that do work keep their places; the result is still a
+    topological order.
+
+    Parameters
+    ----------
+    graph, cluster
+    order : ndarray of int
+        A topological order.
+
+    Returns
+    -------
+    ndarray of int
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.graph import OpGraph
+    >>> graph = OpGraph(["w", "x", "f", "g"], [0.0, 1e-3, 1e-3, 1e-3], [0, 1, 2], [3, 2, 3], [8, 8, 8])
+    >>> [graph.ids[i] for i in consumer_order(graph, load_cluster("2xV100-nvlink"), np.arange(4))]
+    ['x', 'f', 'w', 'g']
+    """
+    n = graph.num_nodes
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
+    free = graph.durations(cluster).max(axis=1) <= 0 if n else np.zeros(0, dtype=bool)
+    anchor = position.astype(np.float64)
+    ptr = np.zeros(n + 1, dtype=np.int64)
+    np.cumsum(np.bincount(graph.src, minlength=n), out=ptr[1:])
+    children = graph.dst[np.argsort(graph.src, kind="stable")]
+    ptr_list = ptr.tolist()
+    for u in order[::-1][free[order[::-1]]].tolist():
+        if ptr_list[u + 1] > ptr_list[u]:
+            anchor[u] = anchor[children[ptr_list[u]:ptr_list[u + 1]]].min()
+    return np.lexsort((position, ~free, anchor))
+
+
+def candidates(graph: OpGraph, policies: tuple[str, ...], exploration_range: int) -> list[Candidate]:
+    """The fusions and policies tried, in order: the paper's first, then finer clusters where affordable.
+
+    The paper fixes ``R`` = 200 by experiment. Clusters that large hold a
+    whole stretch of the depth-first order, parallel branches and layers
+    together, so on a step that fits one device the coarse graph is nearly
+    a chain and Adjusting Placement rightly keeps it on one device. With
+    "adjust" among ``policies``, the coarse graph is therefore also made
+    with ``R / 10`` and ``R / 64`` (:data:`FINER`), each in the CPD-TOPO
+    layout and in :func:`consumer_order`'s, each placed with the charge for
+    transfers pushed back (``charge_pushes`` of :func:`schedule_coarse`) and,
+    at ``R / 10``, without it too, on graphs of up to :data:`FINER_UP_TO`
+    operations (planning time on larger ones stays that of the paper's
+    fusion).
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> [(c.layout, c.exploration_range, c.policy) for c in candidates(training_graph(layers=2), ("adjust",), 200)][:3]
+    [('cpd', 200, 'adjust'), ('cpd', 20, 'adjust'), ('consumer', 20, 'adjust')]
+    """
+    out = [Candidate("cpd", exploration_range, policy) for policy in policies]
+    if "adjust" not in policies or graph.num_nodes > FINER_UP_TO:
+        return out
+    tried = {exploration_range}
+    for share in FINER:
+        r = max(1, exploration_range // share)
+        if r in tried:
+            continue
+        charges = (True, False) if len(tried) == 1 else (True,)    # uncharged at the first finer R only
+        tried.add(r)
+        out += [Candidate(layout, r, "adjust", charge) for charge in charges for layout in ("cpd", "consumer")]
+    return out
+
+
+def _fused(graph: OpGraph, cluster: Cluster, layout: str, exploration_range: int, memory_fraction: float,
+           cpd: FusedGraph | None) -> FusedGraph:
+    if layout == "cpd":
+        return fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction)
+    base = cpd.order if cpd is not None else fuse(graph, cluster, exploration_range=exploration_range,
+                                                  memory_fraction=memory_fraction).order
+    return fuse_in_order(graph, cluster, consumer_order(graph, cluster, base),
+                         exploration_range=exploration_range, memory_fraction=memory_fraction)
+
+
 def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: str, exploration_range: int,
            memory_fraction: float, time_limit: float | None) -> Plan:
-    """Fuse, schedule the coarse graph by each policy (fused again into smaller clusters where no schedule
-    fits), and map the fastest fitting schedule back.
+    """Fuse, schedule the coarse graph by each candidate (:func:`candidates`; fused again into smaller
+    clusters where none fits), and map the fastest fitting schedule back.
 
     Raises
     ------
     InfeasibleError
-        If no policy gives a schedule that fits (the first policy's diagnosis).
+        If no candidate gives a schedule that fits (the first one's diagnosis).
     """
     deadline = time.perf_counter() + (time_limit if time_limit is not None else np.inf)
     began, errors = time.perf_counter(), []
     fraction = memory_fraction
-    fused = fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=fraction)
-    best = _fastest_fitting(graph, cluster, fused, policies, name, deadline, errors)
+    best = _fastest_fitting(graph, cluster, candidates(graph, policies, exploration_range), fraction,
+                            name, deadline, errors)
     took_s = time.perf_counter() - began
     while best is None and fraction * SMALLER_CLUSTERS_BY >= MIN_MEMORY_FRACTION:
         # Optional work: where the time limit cuts it short, the diagnosis at the fraction asked for stands.
@@ -309,45 +598,52 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
             break
         began = time.perf_counter()
         with box:
-            smaller = fuse(graph, cluster, exploration_range=exploration_range,
-                           memory_fraction=fraction * SMALLER_CLUSTERS_BY)
-            found = _fastest_fitting(graph, cluster, smaller, policies, name, deadline, [])
+            found = _fastest_fitting(graph, cluster, [Candidate("cpd", exploration_range, p) for p in policies],
+                                     fraction * SMALLER_CLUSTERS_BY, name, deadline, [])
         if box.expired:
             break
-        fraction, fused, best, took_s = fraction * SMALLER_CLUSTERS_BY, smaller, found, time.perf_counter() - began
+        fraction, best, took_s = fraction * SMALLER_CLUSTERS_BY, found, time.perf_counter() - began
     if best is None:
         raise errors[0]     # the diagnosis at the memory fraction asked for
-    _, schedule, order, rounds, policy = best
+    _, schedule, order, rounds, chosen, fused = best
     # A graph without compute has an infinite CCR, which a plan file (JSON) cannot hold: None there.
     ccr_before, ccr_after = (x if np.isfinite(x) else None for x in (fused.ccr_before, fused.ccr_after))
     stats = {"clusters": fused.num_clusters, "ccr_before": ccr_before, "ccr_after": ccr_after,
-             "coarse_makespan_s": schedule.makespan_s, "rounds": rounds, "policy": policy,
-             "memory_fraction": fraction}
+             "coarse_makespan_s": schedule.makespan_s, "rounds": rounds, "policy": chosen.policy,
+             "layout": chosen.layout, "exploration_range": chosen.exploration_range,
+             "charge_pushes": chosen.charge_pushes, "memory_fraction": fraction}
     return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
 
 
-def _fastest_fitting(graph: OpGraph, cluster: Cluster, fused: FusedGraph, policies: tuple[str, ...], name: str,
+def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], memory_fraction: float, name: str,
                      deadline: float, errors: list) -> tuple | None:
-    """The fastest fitting schedule of ``fused`` by any of ``policies`` (:func:`_fitting_schedule`'s, with
-    the policy), or None; each policy's InfeasibleError goes to ``errors``. No policy after the first
-    starts once a plan is in hand and ``deadline`` has passed."""
-    best = None
-    for policy in policies:
+    """The fastest fitting schedule by any of ``tries`` (:func:`_fitting_schedule`'s, with the candidate and
+    its fused graph), or None; each candidate's InfeasibleError goes to ``errors``. No candidate after the
+    first starts once a plan is in hand and ``deadline`` has passed."""
+    best, fused_by, cpd = None, {}, None
+    need = memory_need(graph, cluster)
+    for candidate in tries:
         if best is not None and time.perf_counter() > deadline:
             break
+        key = (candidate.layout, candidate.exploration_range)
+        if key not in fused_by:
+            fused_by[key] = _fused(graph, cluster, *key, memory_fraction, cpd)
+            if candidate.layout == "cpd":
+                cpd = fused_by[key]
         try:
-            found = _fitting_schedule(graph, cluster, fused, policy, name, deadline)
+            found = _fitting_schedule(graph, cluster, fused_by[key], candidate.policy, name, deadline, need=need,
+                                      charge_pushes=candidate.charge_pushes)
         except InfeasibleError as exc:
             errors.append(exc)
             continue
         if best is None or found[0] < best[0]:
-            best = (*found, policy)
+            best = (*found, candidate, fused_by[key])
     return best
 
 
 def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, policy: str, name: str,
-                      deadline: float = np.inf,
-                      tries: int = 8) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
+                      deadline: float = np.inf, tries: int = 8, need: np.ndarray | None = None,
+                      charge_pushes: bool = True) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
     """Schedule the coarse graph by ``policy`` until the reference model says the plan fits.
 
     Devices are budgeted with :func:`memory_need`. After a schedule that
@@ -364,12 +660,13 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
     InfeasibleError
         If no schedule within ``tries`` rounds (or before ``deadline``, a ``time.perf_counter`` instant) fits.
     """
-    need = memory_need(graph, cluster)
+    need = memory_need(graph, cluster) if need is None else need
     memory = cluster.memory.astype(np.float64)
     best = None
     for rounds in range(1, tries + 1):
         try:
-            schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory)
+            schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory, queued=policy == "adjust",
+                                       charge_pushes=charge_pushes)
         except InfeasibleError as exc:      # a dead end on devices not all linked
             raise InfeasibleError(f"{name}: {exc}") from None
         # The coarse schedule's order, or the reference model's earliest-ready order where that is faster.
@@ -458,7 +755,10 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
     The rule is greedy, so its lemma (never later than Order-Place) holds
     only step by step; the same coarse graph is therefore also placed by
     Order-Place and the faster plan under the reference model is returned,
-    which makes ``celeritas`` never slower than ``order_place``.
+    which makes ``celeritas`` never slower than ``order_place``. On graphs
+    of up to :data:`FINER_UP_TO` operations, Adjusting Placement also places
+    finer fusions (:func:`candidates`), timing inputs as the reference model
+    moves them (``queued`` in :func:`schedule_coarse`).
 
     Parameters
     ----------
@@ -478,8 +778,10 @@ def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: fl
         With a per-device order taken from the coarse schedule (or the
         reference model's earliest-ready order where that is faster), and
         ``extra["celeritas"]``: clusters, CCR before and after fusion (None without compute),
-        ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did), and the
-        ``memory_fraction`` its clusters were fused with.
+        ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did), the
+        ``layout`` ("cpd" or "consumer") and ``exploration_range`` of the winning fusion,
+        ``charge_pushes`` (see :func:`schedule_coarse`), and the ``memory_fraction`` its
+        clusters were fused with.
 
     Raises
     ------

@@ -38,7 +38,7 @@ from .base import CUT, MAX, SUM, Ensures, TransformResult, register_transform
 from .coarsen import summed_times_by_kind
 
 __all__ = ["FusedGraph", "fuse", "link_costs", "ccr", "cpath", "cpd_topo_order", "dfs_topo_order",
-           "head_first_order", "optimal_breakpoints", "group_allowed", "fuse_transform"]
+           "head_first_order", "optimal_breakpoints", "group_allowed", "fuse_transform", "fuse_in_order"]
 
 
 def link_costs(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
@@ -349,6 +349,81 @@ def fuse(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200, memo
     coarse_w, coarse_c = link_costs(coarse, cluster)
     return FusedGraph(graph, coarse, cluster_of, members, order, position, coarse_allowed,
                       ccr(node_w, edge_c), ccr(coarse_w, coarse_c), memory_cap)
+
+
+def fuse_in_order(graph: OpGraph, cluster: Cluster, order: np.ndarray, *, exploration_range: int = 200,
+                  memory_fraction: float = 0.25) -> FusedGraph:
+    """Optimal sequential partition of a topological ``order`` given by the caller, and its coarse DAG.
+
+    :func:`fuse` with the CPD-TOPO order replaced: contiguous pieces of any
+    topological order form a DAG (the paper's Lemma 2), so the caller may
+    lay the nodes out another way (e.g. each node that does no work moved
+    next to its first consumer) and still get a coarse DAG.
+
+    Parameters
+    ----------
+    graph, cluster, exploration_range, memory_fraction
+        As for :func:`fuse`.
+    order : ndarray of int
+        A topological order of ``graph``'s nodes.
+
+    Returns
+    -------
+    FusedGraph
+        Its ``order`` is ``order``.
+
+    Raises
+    ------
+    OptionError
+        As :func:`fuse`, or ``order`` not a topological order of the graph.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> graph, cluster = training_graph(layers=4), load_cluster("2xV100-nvlink")
+    >>> fused = fuse_in_order(graph, cluster, dfs_topo_order(graph), exploration_range=8)
+    >>> bool((fused.order == dfs_topo_order(graph)).all())
+    True
+    """
+    _check_fusion_options(exploration_range, memory_fraction)
+    n = graph.num_nodes
+    order = np.asarray(order, dtype=np.int64)
+    position = np.full(n, -1, dtype=np.int64)
+    if order.shape != (n,) or np.any(order < 0) or np.any(order >= n):
+        raise OptionError(f"order must list each of the {n} nodes once")
+    position[order] = np.arange(n)
+    if np.any(position < 0) or np.any(position[graph.src] >= position[graph.dst]):
+        raise OptionError("order must be a topological order of the graph, each node listed once")
+    node_w, edge_c = link_costs(graph, cluster)
+    memory_cap = float(memory_fraction) * float(cluster.memory.min())
+    allowed = group_allowed(graph, cluster)
+    mask = None
+    if not allowed.all():
+        columns = np.unique(allowed, axis=1)
+        mask = (columns[order].astype(np.int64) << np.arange(columns.shape[1], dtype=np.int64)).sum(axis=1)
+    cuts = optimal_breakpoints(n, position[graph.src], position[graph.dst], edge_c,
+                               static_footprint(graph)[order], exploration_range=int(exploration_range),
+                               memory_cap=memory_cap, device_mask=mask)
+    sizes = np.diff(cuts)
+    cluster_of = np.empty(n, dtype=np.int64)
+    cluster_of[order] = np.repeat(np.arange(sizes.size), sizes)
+    members = np.split(order, cuts[1:-1]) if n else []
+    coarse = _coarse_graph(graph, cluster, cluster_of, sizes.size)
+    coarse_allowed = np.ones((sizes.size, cluster.num_devices), dtype=bool)
+    np.logical_and.at(coarse_allowed, cluster_of, allowed)
+    coarse_w, coarse_c = link_costs(coarse, cluster)
+    return FusedGraph(graph, coarse, cluster_of, members, order, position, coarse_allowed,
+                      ccr(node_w, edge_c), ccr(coarse_w, coarse_c), memory_cap)
+
+
+def _check_fusion_options(exploration_range: int, memory_fraction: float) -> None:
+    """Raise OptionError as :func:`fuse` does for a bad ``exploration_range`` or ``memory_fraction``."""
+    if isinstance(exploration_range, bool) or not isinstance(exploration_range, (int, np.integer)) or exploration_range < 1:
+        raise OptionError(f"option exploration_range must be an integer >= 1, got {exploration_range!r}")
+    if not (isinstance(memory_fraction, (int, float)) and 0 < memory_fraction <= 1):
+        raise OptionError(f"option memory_fraction must be in (0, 1], a share of the smallest device's memory, "
+                          f"got {memory_fraction!r}")
 
 
 def _coarse_graph(graph: OpGraph, cluster: Cluster, cluster_of: np.ndarray, k: int) -> OpGraph:
