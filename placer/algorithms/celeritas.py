@@ -247,7 +247,6 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
     charged = np.zeros(graph.num_nodes, dtype=bool)
     used = np.zeros(n_dev)
     timelines = [_Timeline() for _ in range(n_dev)]
-    channel_of = cluster.channel_index
     channel_lines = [_Queue() for _ in range(len(cluster.channels))]
     device = np.full(k_count, -1, dtype=np.int64)
     start = np.zeros(k_count)
