@@ -58,7 +58,7 @@ from ..sim.bounds import lower_bound
 from ..sim.simulator import SimResult, simulate
 from ..transform.coarsen import Coarsening, coarsen
 from .common import liveness_ratio
-from .pesto_lns import LnsBudget, Neighbourhoods
+from .pesto_lns import REFINE_PER_SECOND, REFINE_UNIT_FACTOR, LnsBudget, Neighbourhoods, refine
 from .registry import available_algorithms, place, register
 from .timebox import TimeBox, frugal
 
@@ -213,6 +213,10 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
             ratio = min(1.0, ratio * 1.5)     # its plans overflow memory: budget more conservatively
         if search is not None and status != "OPTIMAL" and not exact:
             best = search.improve(best, budget)
+            best, refined = _refine(graph, cluster, best, goal, seed, limit, solve_until)
+            report.update(refined)
+    if report.get("refine_cut_by_wall_clock"):
+        wall_cuts.append("refinement")
     if search is not None:
         wall_cuts += search.wall_cuts
         report.update(search.report())
@@ -256,6 +260,52 @@ def _coarsen(graph: OpGraph, cluster: Cluster, goal: int) -> Coarsening:
     if graph.num_nodes <= goal:
         return Coarsening(graph, np.arange(graph.num_nodes), [np.array([i]) for i in range(graph.num_nodes)], 0)
     return coarsen(graph, goal, cluster=cluster)
+
+
+def _refine(graph: OpGraph, cluster: Cluster, best: _Best | None, goal: int, seed: int, limit: float,
+            until: float) -> tuple[_Best | None, dict]:
+    """Refine ``best`` on the whole graph (:func:`.pesto_lns.refine`); the better plan and a report."""
+    evaluations = int(REFINE_PER_SECOND * limit)
+    if best is None or evaluations < 1 or cluster.num_devices < 2:
+        return best, {}
+    found = best.plan
+    if isinstance(found, SimResult):
+        result = found
+    else:
+        device_of = np.array([cluster.device_index[found.placement[i]] for i in graph.ids], dtype=np.int64)
+        index = {name: i for i, name in enumerate(graph.ids)}
+        order = [[index[i] for i in found.order.get(d.name, [])] for d in cluster.devices]
+        result = simulate(graph, cluster, device_of, order, check=False)
+    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position[graph.topological_order] = np.arange(graph.num_nodes)
+    rank = np.empty(graph.num_nodes, dtype=np.int64)
+    rank[np.lexsort((position, result.finish, result.start))] = np.arange(graph.num_nodes)
+    refined = refine(graph, cluster, result.device_of, rank, _move_units(graph, cluster, REFINE_UNIT_FACTOR * goal),
+                     seed, evaluations, until)
+    report = {"refine_evaluations": refined.evaluations, "refine_accepted": refined.accepted,
+              "refine_cut_by_wall_clock": refined.cut_by_wall_clock}
+    span = refined.result.makespan_s
+    if refined.result.fits and span < best.makespan_s * (1 - 1e-12):
+        best = _Best(span, "refinement", refined.result)
+    return best, report
+
+
+def _move_units(graph: OpGraph, cluster: Cluster, size: int) -> np.ndarray:
+    """Unit of every node for the refinement: the graph coarsened to ``size`` nodes, colocation groups joined."""
+    fine = _coarsen(graph, cluster, size)
+    parent = np.arange(fine.graph.num_nodes)
+
+    def find(u: int) -> int:
+        while parent[u] != u:
+            parent[u] = parent[parent[u]]
+            u = int(parent[u])
+        return u
+
+    for members in fine.graph.colocation_groups.values():
+        for other in members[1:].tolist():
+            parent[find(other)] = find(int(members[0]))
+    roots = np.array([find(u) for u in range(fine.graph.num_nodes)], dtype=np.int64)
+    return np.unique(roots, return_inverse=True)[1].reshape(-1)[fine.group_of]
 
 
 def _starting_placement(graph: OpGraph, cluster: Cluster, coarse: Coarsening, problem: "_Problem",

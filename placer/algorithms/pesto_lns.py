@@ -22,11 +22,18 @@ plan says so.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 
 import numpy as np
 
-__all__ = ["LnsBudget", "Neighbourhoods", "NEIGHBOURHOOD_KINDS"]
+from ..cluster import Cluster
+from ..errors import InvalidPlanError
+from ..graph import OpGraph
+from ..sim.simulator import SimResult, simulate
+from .auto import critical_path_nodes
+
+__all__ = ["NEIGHBOURHOOD_KINDS", "LnsBudget", "Neighbourhoods", "RefineResult", "refine"]
 
 #: Rounds of the search per second of the time limit.
 ROUNDS_PER_SECOND = 0.5
@@ -162,3 +169,112 @@ class Neighbourhoods:
         for v in np.flatnonzero(free).tolist():     # colocated nodes move together
             free[self.groups[v]] = True
         return free
+
+
+#: Simulations of the full-graph refinement per second of the time limit.
+REFINE_PER_SECOND = 2.0
+#: Move units of the refinement: the graph coarsened to this many times the solver's coarse size.
+REFINE_UNIT_FACTOR = 4
+
+
+@dataclass
+class RefineResult:
+    """Outcome of :func:`refine`: the placement, ranks, its simulation, and the moves tried and kept."""
+
+    device_of: np.ndarray
+    rank: np.ndarray
+    result: SimResult
+    evaluations: int
+    accepted: int
+    cut_by_wall_clock: bool
+
+
+def refine(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, rank: np.ndarray, unit_of: np.ndarray,
+           seed: int, evaluations: int, until: float) -> RefineResult:
+    """Hill-climb on the whole graph: move units off the critical path, each move checked by the simulator.
+
+    The coarse solution fixes every node of a coarse node to one device; the
+    refinement moves smaller units (``unit_of``, e.g. a finer coarsening) to
+    another device, keeping each device's nodes in the order of ``rank`` (a
+    linear extension of the graph, such as the solver's start times), so that
+    the solver's schedule survives the move. A move is kept when the
+    reference makespan falls, or stays and the mean finish time falls (to
+    cross plateaus). It stops after ``evaluations`` simulations (so that a
+    seed gives one result), or at ``until`` on the wall clock.
+
+    Parameters
+    ----------
+    graph, cluster
+    device_of : array of int
+        Starting placement (valid for the graph's kinds and colocation).
+    rank : array
+        Position of every node in one global order consistent with the edges.
+    unit_of : array of int
+        Unit of every node; a unit moves as a whole, and must hold whole
+        colocation groups.
+    seed : int
+    evaluations : int
+    until : float
+        ``time.perf_counter()`` value after which no further simulation starts.
+
+    Returns
+    -------
+    RefineResult
+    """
+    rng = np.random.default_rng(seed % 2**63)
+    allowed = graph.allowed(cluster)
+    n_units = int(unit_of.max()) + 1 if unit_of.size else 0
+    unit_allowed = np.ones((n_units, cluster.num_devices), dtype=bool)
+    np.logical_and.at(unit_allowed, unit_of, allowed)
+    members = [np.flatnonzero(unit_of == u) for u in range(n_units)]
+    order_key = np.argsort(rank, kind="stable")
+
+    def run(placement: np.ndarray) -> SimResult:
+        seqs = [order_key[placement[order_key] == d] for d in range(cluster.num_devices)]
+        return simulate(graph, cluster, placement, seqs, check=False)
+
+    def key(r: SimResult) -> tuple[float, float]:
+        return (r.makespan_s if r.fits else np.inf, float(np.mean(r.finish)) if r.finish.size else 0.0)
+
+    current = device_of.copy()
+    best = run(current)
+    best_key = key(best)
+    tried = accepted = 0
+    cut = False
+    seen = {current.tobytes()}
+    neighbours_dst = graph.dst
+    neighbours_src = graph.src
+    while tried < evaluations and cluster.num_devices > 1 and n_units:
+        if time.perf_counter() > until:
+            cut = True
+            break
+        tried += 1
+        chain = critical_path_nodes(best)
+        node = int(chain[rng.integers(chain.size)]) if chain.size else int(rng.integers(graph.num_nodes))
+        unit = int(unit_of[node])
+        here = int(current[node])
+        targets = np.flatnonzero(unit_allowed[unit])
+        targets = targets[targets != here]
+        if targets.size == 0:
+            continue
+        # Half the moves go where a neighbour of the unit runs (saving a transfer), the others anywhere.
+        mine = members[unit]
+        near = np.concatenate([current[neighbours_dst[np.isin(neighbours_src, mine)]],
+                               current[neighbours_src[np.isin(neighbours_dst, mine)]]])
+        near = np.intersect1d(near, targets)
+        pool = near if near.size and rng.random() < 0.5 else targets
+        target = int(pool[rng.integers(pool.size)])
+        candidate = current.copy()
+        candidate[mine] = target
+        if candidate.tobytes() in seen:
+            continue
+        seen.add(candidate.tobytes())
+        try:
+            trial = run(candidate)
+        except InvalidPlanError:     # no channel between the unit's new device and a neighbour's
+            continue
+        trial_key = key(trial)
+        if trial_key < best_key:
+            current, best, best_key = candidate, trial, trial_key
+            accepted += 1
+    return RefineResult(current, rank, best, tried, accepted, cut)
