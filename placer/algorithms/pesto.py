@@ -85,6 +85,8 @@ FIFO_MAX_PAIRS = 20000
 WARM_START_SHARE = 0.3
 #: Share of the time limit kept for mapping the solution back and placer's check of the plan.
 CHECK_SHARE = 0.1
+#: Seconds before the search's end at which the refinement starts no further simulation.
+REFINE_MARGIN_S = 0.5
 #: Solves with a growing memory ratio when the solver's plans overflow memory under the reference model.
 MEMORY_ATTEMPTS = 3
 
@@ -212,14 +214,22 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
                 break
             ratio = min(1.0, ratio * 1.5)     # its plans overflow memory: budget more conservatively
         if search is not None and status != "OPTIMAL" and not exact:
-            best = search.improve(best, budget)
-            best, refined = _refine(graph, cluster, best, goal, seed, limit, solve_until)
+            search.best = best
+            best = search.improve(budget)
+            best, refined = _refine(graph, cluster, best, goal, seed, limit, solve_until - REFINE_MARGIN_S)
             report.update(refined)
+    if search is not None and search.best is not None and (best is None or search.best.makespan_s < best.makespan_s):
+        best = search.best      # the time box ended a round: keep what the rounds found
     if report.get("refine_cut_by_wall_clock"):
         wall_cuts.append("refinement")
     if search is not None:
         wall_cuts += search.wall_cuts
         report.update(search.report())
+        # Rounds are due unless the first solve closed the model or left nothing to start from.
+        planned = 0 if exact or status in ("OPTIMAL", "INFEASIBLE") or search.device is None else budget.rounds
+        report["lns_rounds_planned"] = planned
+        if search.stats["lns_rounds"] < planned:
+            wall_cuts.append(f"search: {planned - search.stats['lns_rounds']} of {planned} rounds not run")
     if box.expired:
         wall_cuts.append("time box")
         report["note"] = "the time limit ran out before the search ended: the best plan so far is returned"
@@ -830,6 +840,7 @@ class _Search:
         self.incumbent_objective = np.inf
         self.stats = {"lns_rounds": 0, "lns_accepted": 0, "lns_improved": 0, "lns_closed": 0}
         self.hoods: Neighbourhoods | None = None
+        self.best: _Best | None = None           # the best plan of the search (and of what it was given)
 
     def _solve(self, seed: int, work: float, label: str):
         seconds = self.until - time.perf_counter()
@@ -877,10 +888,14 @@ class _Search:
                 best = _Best(result.makespan_s, label, result)
         return best
 
-    def improve(self, best: _Best | None, budget: LnsBudget) -> _Best | None:
-        """Run the neighbourhood rounds of ``budget`` from the incumbent; the best plan after them."""
+    def improve(self, budget: LnsBudget) -> _Best | None:
+        """Run the neighbourhood rounds of ``budget`` from the incumbent; the best plan after them.
+
+        ``self.best`` holds the best plan so far at every moment, so that a
+        time box ending a round loses nothing found before it.
+        """
         if self.device is None or budget.rounds == 0:
-            return best
+            return self.best
         g = self.coarse.graph
         n = g.num_nodes
         neighbours: list[set] = [set() for _ in range(n)]
@@ -897,9 +912,11 @@ class _Search:
             starts = simulate(g, self.cluster, self.device, check=False).start
         else:
             starts = self.cp.starts_of(self.values)
+        return self._rounds(budget, hoods, starts)
+
+    def _rounds(self, budget: LnsBudget, hoods: Neighbourhoods, starts) -> _Best | None:
         for r in range(budget.rounds):
             if self.until - time.perf_counter() < 0.5:
-                self.wall_cuts.append(f"search: {budget.rounds - r} of {budget.rounds} rounds not run")
                 break
             free = hoods.pick(np.asarray(starts, dtype=np.float64), self.device)
             self.cp.fix_placements(self.device, free)
@@ -928,10 +945,10 @@ class _Search:
             self.values, self.device, self.span = values, self.cp.placement_of(values), result.makespan_s
             self.incumbent_objective = solver.ObjectiveValue()
             starts = self.cp.starts_of(values)
-            if best is None or result.makespan_s < best.makespan_s:
+            if self.best is None or result.makespan_s < self.best.makespan_s:
                 self.stats["lns_improved"] += 1
-                best = _Best(result.makespan_s, f"search ({label})", result)
-        return best
+                self.best = _Best(result.makespan_s, f"search ({label})", result)
+        return self.best
 
     def report(self) -> dict:
         out = dict(self.stats, solver_work=self.work_done)
