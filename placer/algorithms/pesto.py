@@ -28,15 +28,27 @@ simulations of all plans (whose memory budget holds and whose times the
 resolution represents), so the optimum is the reference optimum over every
 placement and order.
 
-The search is warm-started from the best plan of the cheap registered
-algorithms (hinted as a complete solution; the coarsening only merges nodes
-that plan puts together, so it is a solution of the coarse model). The
-solution maps back to every node: placement from its coarse node, order per
-device from the solver's start times (members of a coarse node in topological
-order); the reference model's own earliest-ready order for that placement is
-tried too. The returned plan is never slower than the warm start under the
-reference model. When the solver's plans overflow memory under the reference
-model, it solves again with a more conservative memory budget.
+The graph is coarsened by Theorem 3.5's batch merging to the size the
+solver handles (about 200 nodes), whatever any plan does with it. The cheap
+registered algorithms' plans are projected on the coarse graph (each coarse
+node where most of its compute ran) and the best projection, by the
+reference makespan of the whole graph, is hinted to one solve of the whole
+model. A large-neighbourhood search follows (:mod:`.pesto_lns`): each round
+frees the placement of a window of the incumbent's schedule, a device pair's
+nodes or a subgraph, fixes every other placement, and re-solves with the
+incumbent as a complete hint. A solution maps back to every node: placement
+from its coarse node, order per device from the solver's start times
+(members of a coarse node in topological order); the reference model's own
+earliest-ready order for that placement is tried too. A round's plan becomes
+the incumbent only if the reference simulation finds it no slower. Last, a
+hill climb on the whole graph moves smaller units (a finer coarsening) off
+the critical path, keeping the search's order. Rounds, their solver work and
+the hill climb's simulations follow from the time limit alone, so that a
+seed and a limit give one plan wherever the wall clock lets the work finish;
+the plan lists whatever the wall clock cut. The returned plan is never
+slower than the warm start under the reference model. When the solver's
+plans overflow memory under the reference model, it solves again with a
+more conservative memory budget.
 """
 
 from __future__ import annotations
@@ -73,11 +85,6 @@ EXACT_MAX_NODES = 12
 DEFAULT_TIME_LIMIT = 60.0
 #: Integer time units per horizon: the resolution is the power of ten giving at least this many.
 TIME_STEPS = 10**6
-#: Deterministic solver time (CP-SAT's work measure) granted per second of the time limit. On the development
-#: machine a unit of it takes 10 to 35 s of wall time on these models (more when the machine is shared), so
-#: the deterministic limit normally ends the search first, which makes runs reproducible; the wall-clock
-#: limit still holds, and ``extra["pesto"]["solver_cut_by_wall_clock"]`` says when it ended the search.
-DETERMINISTIC_PER_SECOND = 0.004
 MODELS = ("auto", "exact", "relaxed")
 #: Pairs of transfers sharing a channel up to which a relaxed model also keeps channels first-come-first-served.
 FIFO_MAX_PAIRS = 20000
@@ -102,12 +109,15 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     seed : int
         Seeds the solver and the warm-start algorithms.
     time_limit : float, optional
-        Wall-clock seconds for the whole search (default 60). The solver also
-        stops after a deterministic amount of work proportional to the limit
-        (``DETERMINISTIC_PER_SECOND``), and no further warm-start algorithm
-        starts after ``WARM_START_SHARE`` of it, so that a run is reproducible
-        for a seed unless the wall clock cuts a phase short. The solver stops
-        at once when it proves optimality.
+        Seconds for the whole search (default 60). The work follows from it
+        alone (:class:`.pesto_lns.LnsBudget`: half a round of
+        ``WORK_PER_ROUND`` deterministic solver time per second, and
+        ``REFINE_PER_SECOND`` simulations of the hill climb per second), so
+        that a run is reproducible for a seed unless the wall clock cuts a
+        phase short; then ``extra["pesto"]["cut_by_wall_clock"]`` is true and
+        ``wall_clock_cuts`` says what was cut. No further warm-start
+        algorithm starts after ``WARM_START_SHARE`` of the limit. The solver
+        stops at once when it proves optimality.
     target : int
         Nodes of the coarsened graph; 0 picks ``3200 / devices**2`` within
         [24, 200] (the transfer intervals grow with the square of the
@@ -126,8 +136,11 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     Plan
         Placement and per-device order of every original node.
         ``extra["pesto"]`` reports the coarse size, model, time resolution,
-        solver status and its proven gap on its model, the gap to the best
-        valid lower bound, and the warm start.
+        the first solve's status and its proven gap on its model, the
+        rounds of the search (planned, run, accepted, improving), the hill
+        climb's simulations, the best valid lower bound (``lower_bound_s``)
+        and the gap to it (``gap``), where the plan came from
+        (``returned``), the warm start, and what the wall clock cut.
 
     Raises
     ------
