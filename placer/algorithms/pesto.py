@@ -110,7 +110,7 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         Seeds the solver and the warm-start algorithms.
     time_limit : float, optional
         Seconds for the whole search (default 60). The work follows from it
-        alone (:class:`.pesto_lns.LnsBudget`: half a round of
+        alone (:class:`.pesto_lns.LnsBudget`: 0.4 rounds of
         ``WORK_PER_ROUND`` deterministic solver time per second, and
         ``REFINE_PER_SECOND`` simulations of the hill climb per second), so
         that a run is reproducible for a seed unless the wall clock cuts a
@@ -119,7 +119,7 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         algorithm starts after ``WARM_START_SHARE`` of the limit. The solver
         stops at once when it proves optimality.
     target : int
-        Nodes of the coarsened graph; 0 picks ``3200 / devices**2`` within
+        Nodes of the coarsened graph; 0 picks ``512 / devices`` within
         [24, 200] (the transfer intervals grow with the square of the
         devices). Graphs no larger are not coarsened.
     workers : int
@@ -178,7 +178,7 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     failures: dict[str, str] = {}
     plans: dict[str, Plan] = {}
     warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * limit, failures, plans)
-    goal = target or min(200, max(24, 3200 // n_dev**2))
+    goal = target or min(200, max(24, 512 // n_dev))
     warm_done = coarse_done = time.perf_counter()
     report = {"warm_start_failures": failures, "warm_start": warm_name,
               "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"],
@@ -209,6 +209,7 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
             if start is not None:
                 problem.admit(start)
             cp = _CpModel(problem, exact)
+            budget = LnsBudget.for_limit(limit, len(cp.model.Proto().variables))
             search = _Search(graph, cluster, coarse, cp, seed, workers, solve_until)
             built = time.perf_counter()
             # The exact model (tiny graphs) gets the whole budget in one solve, which proves the optimum.

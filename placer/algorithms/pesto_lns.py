@@ -35,13 +35,16 @@ from .auto import critical_path_nodes
 
 __all__ = ["NEIGHBOURHOOD_KINDS", "LnsBudget", "Neighbourhoods", "RefineResult", "refine"]
 
-#: Rounds of the search per second of the time limit.
-ROUNDS_PER_SECOND = 0.5
-#: CP-SAT deterministic work of one round (about half a second of solver time on the 200-node models).
-WORK_PER_ROUND = 0.25
+#: Rounds of the search per second of the time limit, on a model of ``REFERENCE_VARIABLES`` variables.
+ROUNDS_PER_SECOND = 0.4
+#: Rounds on bigger models (more devices: a transfer per tensor and device pair) cost more wall time
+#: for the same deterministic work: their number shrinks in proportion.
+REFERENCE_VARIABLES = 15_000
+#: CP-SAT deterministic work of one round (a fraction of a second of solver time on a 200-node model).
+WORK_PER_ROUND = 0.2
 #: Work of the first solve, the whole model from the warm start, in rounds.
 FIRST_SOLVE_ROUNDS = 1
-#: At most this many rounds, whatever the limit (a 600 s limit gets 300).
+#: At most this many rounds, whatever the limit (a 600 s limit gets 240).
 MAX_ROUNDS = 100_000
 #: The neighbourhood's first share of the coarse nodes, and its bounds.
 FIRST_SHARE, MIN_SHARE, MAX_SHARE = 0.15, 0.08, 0.6
@@ -66,7 +69,9 @@ class LnsBudget:
     Examples
     --------
     >>> LnsBudget.for_limit(60.0)
-    LnsBudget(rounds=30, work_per_round=0.25, first_work=0.25)
+    LnsBudget(rounds=24, work_per_round=0.2, first_work=0.2)
+    >>> LnsBudget.for_limit(60.0, variables=45_000).rounds
+    8
     >>> LnsBudget.for_limit(1.5).rounds
     0
     """
@@ -76,8 +81,10 @@ class LnsBudget:
     first_work: float
 
     @classmethod
-    def for_limit(cls, seconds: float) -> "LnsBudget":
-        rounds = int(min(MAX_ROUNDS, math.floor(max(seconds, 0.0) * ROUNDS_PER_SECOND)))
+    def for_limit(cls, seconds: float, variables: int = 0) -> "LnsBudget":
+        """The budget of a ``seconds`` limit on a model of ``variables`` variables."""
+        scale = min(1.0, REFERENCE_VARIABLES / variables) if variables > 0 else 1.0
+        rounds = int(min(MAX_ROUNDS, math.floor(max(seconds, 0.0) * ROUNDS_PER_SECOND * scale)))
         if rounds < 1:
             return cls(0, WORK_PER_ROUND, WORK_PER_ROUND)
         return cls(rounds, WORK_PER_ROUND, FIRST_SOLVE_ROUNDS * WORK_PER_ROUND)
