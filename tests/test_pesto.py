@@ -224,3 +224,27 @@ def test_ortools_leaves_ctrl_c_to_placer_and_takes_any_seed():
 
     status, solver = _CpModel(_Problem.build(graph, cluster, 1.0), True).solve(2**40, 1, 5.0, 1.0)
     assert solver.parameters.catch_sigint_signal is False
+
+
+def test_the_coarsening_follows_the_graph_not_the_warm_start(monkeypatch):
+    # Merging only what the warm start kept together left the solver unable to move what mattered.
+    import placer.algorithms.pesto as pesto_module
+    from placer.transform.coarsen import coarsen
+
+    calls = []
+
+    def recording_coarsen(graph, target, **options):
+        calls.append(options)
+        return coarsen(graph, target, **options)
+
+    monkeypatch.setattr(pesto_module, "coarsen", recording_coarsen)
+    graph = training_graph(layers=10, branches=2, seed=3)
+    cluster = load_cluster("2xV100-nvlink")
+    groups = []
+    for warm in (("single",), ("dpos",)):
+        monkeypatch.setattr(pesto_module, "WARM_START_ALGORITHMS", warm)
+        calls.clear()
+        plan = place(graph, cluster, "pesto", time_limit=3, target=40)
+        assert calls and all(options.get("labels") is None for options in calls)
+        groups.append(plan.extra["pesto"]["coarse_nodes"])
+    assert groups[0] == groups[1] == 40
