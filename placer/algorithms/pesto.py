@@ -56,7 +56,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -474,6 +474,19 @@ class _Problem:
                 default=0.0)
         return float(max(err, 0.0))
 
+    def restricted(self, device_of: np.ndarray, free: np.ndarray) -> "_Problem":
+        """The problem with every node not ``free`` held to its device in ``device_of`` (a colocation
+        group is free as a whole if any member is)."""
+        free = free.copy()
+        for members in self.graph.colocation_groups.values():
+            free[members] = free[members].any()
+        duration = self.duration.copy()
+        held = np.flatnonzero(~free)
+        keep = duration[held, device_of[held]]
+        duration[held] = -1
+        duration[held, device_of[held]] = keep
+        return replace(self, duration=duration)
+
     def admit(self, device_of: np.ndarray) -> None:
         """Raise memory budgets to what ``device_of`` uses, so that a plan known to fit stays a solution."""
         used = np.bincount(device_of, weights=self.need, minlength=self.cluster.num_devices)
@@ -695,10 +708,10 @@ class _CpModel:
                 m.AddBoolOr(reasons).OnlyEnforceIf(present)
 
     # ------------------------------------------------------------ hint and solve
-    def hint(self, device_of: np.ndarray) -> None:
-        """Hint the schedule the reference model gives ``device_of``, retimed in integer units."""
+    def hint(self, device_of: np.ndarray, order: list[np.ndarray] | None = None) -> None:
+        """Hint the schedule the reference model gives ``device_of`` (in ``order``), retimed in integer units."""
         p, m = self.p, self.model
-        result = simulate(p.graph, p.cluster, device_of, check=False)
+        result = simulate(p.graph, p.cluster, device_of, order, check=False)
         starts, ends, xfer_times = _integer_schedule(p, result)
         for v in range(p.graph.num_nodes):
             for d, lit in self.x[v].items():
@@ -747,29 +760,6 @@ class _CpModel:
         end = np.array([values[e.Index()] for e in self.end], dtype=np.int64)
         by_time = np.lexsort((self.p.position, end, start)) if start.size else np.zeros(0, dtype=np.int64)
         return [by_time[device_of[by_time] == d] for d in range(self.p.cluster.num_devices)]
-
-    def hint_values(self, values) -> None:
-        """Hint a complete solution (a value for every variable of the model)."""
-        self.model.ClearHints()
-        hint = self.model.Proto().solution_hint
-        hint.vars.extend(range(len(values)))
-        hint.values.extend(int(v) for v in values)
-
-    def fix_placements(self, device_of: np.ndarray, free: np.ndarray) -> None:
-        """Fix the device of every node not ``free`` to ``device_of`` (undone by :meth:`free_placements`)."""
-        variables = self.model.Proto().variables
-        for v in np.flatnonzero(~free).tolist():
-            for d, lit in self.x[v].items():
-                value = int(device_of[v] == d)
-                domain = variables[lit.Index()].domain      # a Boolean's domain is [0, 1]: two bounds
-                domain[0] = domain[1] = value
-
-    def free_placements(self) -> None:
-        variables = self.model.Proto().variables
-        for xs in self.x:
-            for lit in xs.values():
-                domain = variables[lit.Index()].domain
-                domain[0], domain[1] = 0, 1
 
     def is_relaxation(self, coarse: Coarsening, graph: OpGraph) -> bool:
         """Whether the solver's bound bounds every plan of ``graph``: uncoarsened, memory not limiting."""
@@ -848,29 +838,30 @@ class _Search:
         self.first_unfit: bool | None = None     # the first solve's plans all overflow memory
         self.wall_cuts: list[str] = []
         self.work_done = 0.0
-        self.values = None                       # the incumbent: a value per model variable
-        self.device = None                       # its coarse placement
-        self.span = np.inf                       # its reference makespan
-        self.incumbent_objective = np.inf
+        self.device = None                       # the incumbent: its coarse placement,
+        self.order = None                        # its coarse nodes per device in order (None: earliest ready),
+        self.starts = None                       # their start times (any unit),
+        self.span = np.inf                       # and its reference makespan
         self.stats = {"lns_rounds": 0, "lns_accepted": 0, "lns_improved": 0, "lns_closed": 0}
         self.hoods: Neighbourhoods | None = None
         self.best: _Best | None = None           # the best plan of the search (and of what it was given)
 
-    def _solve(self, seed: int, work: float, label: str):
+    def _solve(self, seed: int, work: float, label: str, cp: "_CpModel | None" = None):
         seconds = self.until - time.perf_counter()
-        status, solver = self.cp.solve(seed, self.workers, seconds, work)
+        status, solver = (cp or self.cp).solve(seed, self.workers, seconds, work)
         done = solver.ResponseProto().deterministic_time
         self.work_done += done
         if status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and done < 0.99 * solver.parameters.max_deterministic_time:
             self.wall_cuts.append(label)
         return status, solver
 
-    def _evaluate(self, values) -> list[tuple[str, SimResult]]:
+    def _evaluate(self, values, cp: "_CpModel | None" = None) -> list[tuple[str, SimResult]]:
         """The solution's plan on the whole graph, in the solver's order and in the reference model's; those that fit."""
-        coarse_device = self.cp.placement_of(values)
+        cp = cp or self.cp
+        coarse_device = cp.placement_of(values)
         device_of = self.coarse.expand(coarse_device)
         order = [np.concatenate([self.coarse.members[k] for k in seq.tolist()]) if seq.size
-                 else np.zeros(0, dtype=np.int64) for seq in self.cp.orders_of(values, coarse_device)]
+                 else np.zeros(0, dtype=np.int64) for seq in cp.orders_of(values, coarse_device)]
         results = [("solver", simulate(self.graph, self.cluster, device_of, order, check=False)),
                    ("solver_placement", simulate(self.graph, self.cluster, device_of, check=False))]
         return [(label, r) for label, r in results if r.fits]
@@ -881,6 +872,7 @@ class _Search:
             self.cp.hint(start)
             self.device = start
             self.span = simulate(self.graph, self.cluster, self.coarse.expand(start), check=False).makespan_s
+            self.starts = simulate(self.coarse.graph, self.cluster, start, check=False).start
         status, solver = self._solve(self.seed, work, "first solve")
         if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             self.objective = solver.ObjectiveValue()
@@ -890,9 +882,7 @@ class _Search:
             self.fitting = self._evaluate(values)
             self.first_unfit = not self.fitting
             if self.fitting:
-                self.values, self.device = values, self.cp.placement_of(values)
-                self.span = min(r.makespan_s for _, r in self.fitting)
-                self.incumbent_objective = self.objective
+                self._adopt(self.cp, values, min(r.makespan_s for _, r in self.fitting))
         return solver.StatusName(status)
 
     def offer(self, best: _Best | None) -> _Best | None:
@@ -902,11 +892,22 @@ class _Search:
                 best = _Best(result.makespan_s, label, result)
         return best
 
+    def _adopt(self, cp: "_CpModel", values, span: float) -> None:
+        """Make a solution of ``cp`` the incumbent: its coarse placement, device orders and start times."""
+        self.device = cp.placement_of(values)
+        self.order = cp.orders_of(values, self.device)
+        self.starts = cp.starts_of(values)
+        self.span = span
+
     def improve(self, budget: LnsBudget) -> _Best | None:
         """Run the neighbourhood rounds of ``budget`` from the incumbent; the best plan after them.
 
-        ``self.best`` holds the best plan so far at every moment, so that a
-        time box ending a round loses nothing found before it.
+        Each round builds the model again with every placement but the
+        neighbourhood's held (so that the solver loads only what may change),
+        hinted with the incumbent's schedule: its placement in its device
+        orders under the reference model. ``self.best`` holds the best plan
+        so far at every moment, so that a time box ending a round loses
+        nothing found before it.
         """
         if self.device is None or budget.rounds == 0:
             return self.best
@@ -922,43 +923,27 @@ class _Search:
                 groups[v] = np.asarray(members)
         self.hoods = hoods = Neighbourhoods([np.array(sorted(s), dtype=np.int64) for s in neighbours], groups,
                                             self.cluster.num_devices, self.seed)
-        if self.values is None:          # the first solve found nothing: start from the hint's schedule
-            starts = simulate(g, self.cluster, self.device, check=False).start
-        else:
-            starts = self.cp.starts_of(self.values)
-        return self._rounds(budget, hoods, starts)
-
-    def _rounds(self, budget: LnsBudget, hoods: Neighbourhoods, starts) -> _Best | None:
         for r in range(budget.rounds):
             if self.until - time.perf_counter() < 0.5:
                 break
-            free = hoods.pick(np.asarray(starts, dtype=np.float64), self.device)
-            self.cp.fix_placements(self.device, free)
-            if self.values is None:
-                self.cp.model.ClearHints()
-                self.cp.hint(self.device)
-            else:
-                self.cp.hint_values(self.values)
-            try:
-                status, solver = self._solve(self.seed + r + 1, budget.work_per_round, f"search round {r + 1}")
-            finally:
-                self.cp.free_placements()
+            free = hoods.pick(np.asarray(self.starts, dtype=np.float64), self.device)
+            sub = _CpModel(self.cp.p.restricted(self.device, free), False)
+            sub.hint(self.device, self.order)
+            status, solver = self._solve(self.seed + r + 1, budget.work_per_round, f"search round {r + 1}", sub)
             self.stats["lns_rounds"] += 1
             hoods.adapt(status == cp_model.OPTIMAL)
             self.stats["lns_closed"] += status == cp_model.OPTIMAL
             if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
                 continue
             values = list(solver.ResponseProto().solution)
-            fitting = self._evaluate(values)
+            fitting = self._evaluate(values, sub)
             if not fitting:
                 continue
             label, result = min(fitting, key=lambda c: c[1].makespan_s)
             if result.makespan_s > self.span * (1 + 1e-12):
                 continue
             self.stats["lns_accepted"] += 1
-            self.values, self.device, self.span = values, self.cp.placement_of(values), result.makespan_s
-            self.incumbent_objective = solver.ObjectiveValue()
-            starts = self.cp.starts_of(values)
+            self._adopt(sub, values, result.makespan_s)
             if self.best is None or result.makespan_s < self.best.makespan_s:
                 self.stats["lns_improved"] += 1
                 self.best = _Best(result.makespan_s, f"search ({label})", result)
