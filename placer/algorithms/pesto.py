@@ -78,9 +78,9 @@ __all__ = ["pesto", "WARM_START_ALGORITHMS", "EXACT_MAX_NODES"]
 
 #: Cheap algorithms whose plans warm-start the solver (those registered are run), best value first: on
 #: big graphs or a busy machine the later ones may not get their turn (``WARM_START_SHARE``). The expert
-#: split and m-SCT (the paper's baselines) come right after the list schedulers; the plans that rarely
-#: win (one device, topological, round robin) come last.
-WARM_START_ALGORITHMS = ("dpos", "heft", "expert", "m_sct", "metis", "m_etf", "single", "m_topo", "round_robin")
+#: split and METIS (quick) come right after the list schedulers, then m-SCT and m-ETF (slow on big graphs);
+#: the plans that rarely win (one device, topological, round robin) come last.
+WARM_START_ALGORITHMS = ("dpos", "heft", "expert", "metis", "m_sct", "m_etf", "single", "m_topo", "round_robin")
 #: Largest uncoarsened graph the automatic choice solves with the exact (simulator-faithful) model.
 EXACT_MAX_NODES = 12
 DEFAULT_TIME_LIMIT = 60.0
