@@ -228,9 +228,10 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
             if search.first_unfit is not True or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
                 break
             ratio = min(1.0, ratio * 1.5)     # its plans overflow memory: budget more conservatively
-        if search is not None and status != "OPTIMAL" and not exact:
+        if search is not None and not exact:
             search.best = best
-            best = search.improve(budget)
+            if status != "OPTIMAL":         # the optimum of a coarse model: the refinement may still move parts
+                best = search.improve(budget)
             best, refined = _refine(graph, cluster, best, goal, seed, limit, solve_until - REFINE_MARGIN_S)
             report.update(refined)
     if search is not None and search.best is not None and (best is None or search.best.makespan_s < best.makespan_s):
