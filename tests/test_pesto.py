@@ -157,3 +157,95 @@ def test_bad_options_raise_option_error(bad):
     graph, cluster = tiny_case(0, 4, 2, False)
     with pytest.raises(OptionError):
         place(graph, cluster, "pesto", **bad)
+
+
+def test_same_seed_and_limit_give_the_same_plan_after_a_search_that_works(monkeypatch):
+    # Under a 5 s limit, a ResNet-26 over 4 GPUs once gave 2.839 / 3.159 / 3.159 / 3.159 ms in four runs
+    # while the plan said the wall clock had not cut the solver: the search stopped on wall time.
+    import placer.algorithms.pesto_lns as lns
+
+    monkeypatch.setattr(lns, "WORK_PER_ROUND", 0.05)     # few small rounds, so that a busy machine has room
+    monkeypatch.setattr(lns, "ROUNDS_PER_SECOND", 0.2)
+    graph = training_graph(layers=10, branches=2, seed=3)
+    cluster = load_cluster("4xGPU-pcie")
+    plans = [place(graph, cluster, "pesto", time_limit=30, target=60, seed=5) for _ in range(2)]
+    reports = [p.extra["pesto"] for p in plans]
+    for report in reports:
+        assert report["cut_by_wall_clock"] is False and report["wall_clock_cuts"] == []
+        assert report["solver_status"] == "FEASIBLE"       # not closed by the first solve: the rounds run
+        assert report["lns_rounds"] == report["lns_rounds_planned"] == 6
+        assert report["lns_accepted"] >= 1 and report["solver_work"] > 0
+    assert plans[0].placement == plans[1].placement and plans[0].order == plans[1].order
+    assert plans[0].predicted["makespan_s"] == plans[1].predicted["makespan_s"]
+    for key in ("lns_accepted", "lns_improved", "solver_work", "refine_accepted", "returned"):
+        assert reports[0][key] == reports[1][key]
+
+
+def test_the_plan_says_when_the_wall_clock_cut_the_search(monkeypatch):
+    import placer.algorithms.pesto_lns as lns
+
+    monkeypatch.setattr(lns, "ROUNDS_PER_SECOND", 10_000.0)     # far more rounds than 3 s can run
+    graph = training_graph(layers=10, branches=2, seed=3)
+    cluster = load_cluster("4xGPU-pcie")
+    plan = place(graph, cluster, "pesto", time_limit=3, target=60)
+    report = plan.extra["pesto"]
+    assert report["cut_by_wall_clock"] is True
+    assert report["lns_rounds"] < report["lns_rounds_planned"]
+    assert any(cut.startswith("search:") for cut in report["wall_clock_cuts"]), report
+    assert simulate_plan(plan, graph, cluster).fits
+
+
+def test_the_search_improves_on_a_warm_start_known_to_be_slow(monkeypatch):
+    # One device for a graph of three parallel branches over two GPUs: the search must spread it, in its
+    # rounds (the first solve of the whole model is given almost no work).
+    import placer.algorithms.pesto as pesto_module
+    import placer.algorithms.pesto_lns as lns
+
+    monkeypatch.setattr(pesto_module, "WARM_START_ALGORITHMS", ("single",))
+    monkeypatch.setattr(lns, "FIRST_SOLVE_ROUNDS", 0)
+    monkeypatch.setattr(pesto_module, "REFINE_PER_SECOND", 0.0)
+    graph = training_graph(layers=6, branches=3, seed=2)
+    cluster = load_cluster("2xV100-nvlink")
+    single = place(graph, cluster, "single").predicted["makespan_s"]
+    plan = place(graph, cluster, "pesto", time_limit=20, target=48)
+    report = plan.extra["pesto"]
+    assert report["warm_start"] == "single" and report["warm_start_makespan_s"] == pytest.approx(single)
+    assert report["lns_improved"] >= 1 and report["returned"].startswith("search")
+    assert plan.predicted["makespan_s"] < 0.9 * single
+    assert simulate_plan(plan, graph, cluster).makespan_s == pytest.approx(plan.predicted["makespan_s"], rel=1e-9)
+    assert report["lower_bound_s"] <= plan.predicted["makespan_s"]
+    assert report["gap"] == pytest.approx(1 - report["lower_bound_s"] / plan.predicted["makespan_s"])
+
+
+def test_ortools_leaves_ctrl_c_to_placer_and_takes_any_seed():
+    graph, cluster = tiny_case(1, 6, 2, False)
+    plan = place(graph, cluster, "pesto", seed=2**31)     # beyond CP-SAT's 32-bit seed
+    assert plan.extra["pesto"]["solver_status"] == "OPTIMAL"
+    from placer.algorithms.pesto import _CpModel, _Problem
+
+    status, solver = _CpModel(_Problem.build(graph, cluster, 1.0), True).solve(2**40, 1, 5.0, 1.0)
+    assert solver.parameters.catch_sigint_signal is False
+
+
+def test_the_coarsening_follows_the_graph_not_the_warm_start(monkeypatch):
+    # Merging only what the warm start kept together left the solver unable to move what mattered.
+    import placer.algorithms.pesto as pesto_module
+    from placer.transform.coarsen import coarsen
+
+    calls = []
+
+    def recording_coarsen(graph, target, **options):
+        calls.append(options)
+        return coarsen(graph, target, **options)
+
+    monkeypatch.setattr(pesto_module, "coarsen", recording_coarsen)
+    graph = training_graph(layers=10, branches=2, seed=3)
+    cluster = load_cluster("2xV100-nvlink")
+    groups = []
+    for warm in (("single",), ("dpos",)):
+        monkeypatch.setattr(pesto_module, "WARM_START_ALGORITHMS", warm)
+        calls.clear()
+        plan = place(graph, cluster, "pesto", time_limit=3, target=40)
+        assert calls and all(options.get("labels") is None for options in calls)
+        groups.append(plan.extra["pesto"]["coarse_nodes"])
+    assert groups[0] == groups[1] == 40

@@ -28,15 +28,27 @@ simulations of all plans (whose memory budget holds and whose times the
 resolution represents), so the optimum is the reference optimum over every
 placement and order.
 
-The search is warm-started from the best plan of the cheap registered
-algorithms (hinted as a complete solution; the coarsening only merges nodes
-that plan puts together, so it is a solution of the coarse model). The
-solution maps back to every node: placement from its coarse node, order per
-device from the solver's start times (members of a coarse node in topological
-order); the reference model's own earliest-ready order for that placement is
-tried too. The returned plan is never slower than the warm start under the
-reference model. When the solver's plans overflow memory under the reference
-model, it solves again with a more conservative memory budget.
+The graph is coarsened by Theorem 3.5's batch merging to the size the
+solver handles (about 200 nodes), whatever any plan does with it. The cheap
+registered algorithms' plans are projected on the coarse graph (each coarse
+node where most of its compute ran) and the best projection, by the
+reference makespan of the whole graph, is hinted to one solve of the whole
+model. A large-neighbourhood search follows (:mod:`.pesto_lns`): each round
+frees the placement of a window of the incumbent's schedule, a device pair's
+nodes or a subgraph, fixes every other placement, and re-solves with the
+incumbent as a complete hint. A solution maps back to every node: placement
+from its coarse node, order per device from the solver's start times
+(members of a coarse node in topological order); the reference model's own
+earliest-ready order for that placement is tried too. A round's plan becomes
+the incumbent only if the reference simulation finds it no slower. Last, a
+hill climb on the whole graph moves smaller units (a finer coarsening) off
+the critical path, keeping the search's order. Rounds, their solver work and
+the hill climb's simulations follow from the time limit alone, so that a
+seed and a limit give one plan wherever the wall clock lets the work finish;
+the plan lists whatever the wall clock cut. The returned plan is never
+slower than the warm start under the reference model. When the solver's
+plans overflow memory under the reference model, it solves again with a
+more conservative memory budget.
 """
 
 from __future__ import annotations
@@ -44,7 +56,7 @@ from __future__ import annotations
 import itertools
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -58,25 +70,22 @@ from ..sim.bounds import lower_bound
 from ..sim.simulator import SimResult, simulate
 from ..transform.coarsen import Coarsening, coarsen
 from .common import liveness_ratio
+from .pesto_lns import REFINE_PER_SECOND, REFINE_UNIT_FACTOR, LnsBudget, Neighbourhoods, refine
 from .registry import available_algorithms, place, register
 from .timebox import TimeBox, frugal
 
 __all__ = ["pesto", "WARM_START_ALGORITHMS", "EXACT_MAX_NODES"]
 
-#: Cheap algorithms whose best plan warm-starts the solver (those registered are run), best value first:
-#: on big graphs the later ones may not get their turn (``WARM_START_SHARE``). m-ETF and m-SCT come last,
-#: the slowest (1-3 s on ResNet-50's 4,548 and Inception-v3's 8,331 operations).
-WARM_START_ALGORITHMS = ("dpos", "heft", "single", "expert", "metis", "m_topo", "round_robin", "m_etf", "m_sct")
+#: Cheap algorithms whose plans warm-start the solver (those registered are run), best value first: on
+#: big graphs or a busy machine the later ones may not get their turn (``WARM_START_SHARE``). The expert
+#: split and METIS (quick) come right after the list schedulers, then m-SCT and m-ETF (slow on big graphs);
+#: the plans that rarely win (one device, topological, round robin) come last.
+WARM_START_ALGORITHMS = ("dpos", "heft", "expert", "metis", "m_sct", "m_etf", "single", "m_topo", "round_robin")
 #: Largest uncoarsened graph the automatic choice solves with the exact (simulator-faithful) model.
 EXACT_MAX_NODES = 12
 DEFAULT_TIME_LIMIT = 60.0
 #: Integer time units per horizon: the resolution is the power of ten giving at least this many.
 TIME_STEPS = 10**6
-#: Deterministic solver time (CP-SAT's work measure) granted per second of the time limit. On the development
-#: machine a unit of it takes 10 to 35 s of wall time on these models (more when the machine is shared), so
-#: the deterministic limit normally ends the search first, which makes runs reproducible; the wall-clock
-#: limit still holds, and ``extra["pesto"]["solver_cut_by_wall_clock"]`` says when it ended the search.
-DETERMINISTIC_PER_SECOND = 0.004
 MODELS = ("auto", "exact", "relaxed")
 #: Pairs of transfers sharing a channel up to which a relaxed model also keeps channels first-come-first-served.
 FIFO_MAX_PAIRS = 20000
@@ -84,6 +93,8 @@ FIFO_MAX_PAIRS = 20000
 WARM_START_SHARE = 0.3
 #: Share of the time limit kept for mapping the solution back and placer's check of the plan.
 CHECK_SHARE = 0.1
+#: Seconds before the search's end at which the refinement starts no further simulation.
+REFINE_MARGIN_S = 0.5
 #: Solves with a growing memory ratio when the solver's plans overflow memory under the reference model.
 MEMORY_ATTEMPTS = 3
 
@@ -99,14 +110,17 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     seed : int
         Seeds the solver and the warm-start algorithms.
     time_limit : float, optional
-        Wall-clock seconds for the whole search (default 60). The solver also
-        stops after a deterministic amount of work proportional to the limit
-        (``DETERMINISTIC_PER_SECOND``), and no further warm-start algorithm
-        starts after ``WARM_START_SHARE`` of it, so that a run is reproducible
-        for a seed unless the wall clock cuts a phase short. The solver stops
-        at once when it proves optimality.
+        Seconds for the whole search (default 60). The work follows from it
+        alone (:class:`.pesto_lns.LnsBudget`: 0.4 rounds of
+        ``WORK_PER_ROUND`` deterministic solver time per second, and
+        ``REFINE_PER_SECOND`` simulations of the hill climb per second), so
+        that a run is reproducible for a seed unless the wall clock cuts a
+        phase short; then ``extra["pesto"]["cut_by_wall_clock"]`` is true and
+        ``wall_clock_cuts`` says what was cut. No further warm-start
+        algorithm starts after ``WARM_START_SHARE`` of the limit. The solver
+        stops at once when it proves optimality.
     target : int
-        Nodes of the coarsened graph; 0 picks ``3200 / devices**2`` within
+        Nodes of the coarsened graph; 0 picks ``512 / devices`` within
         [24, 200] (the transfer intervals grow with the square of the
         devices). Graphs no larger are not coarsened.
     workers : int
@@ -123,8 +137,11 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     Plan
         Placement and per-device order of every original node.
         ``extra["pesto"]`` reports the coarse size, model, time resolution,
-        solver status and its proven gap on its model, the gap to the best
-        valid lower bound, and the warm start.
+        the first solve's status and its proven gap on its model, the
+        rounds of the search (planned, run, accepted, improving), the hill
+        climb's simulations, the best valid lower bound (``lower_bound_s``)
+        and the gap to it (``gap``), where the plan came from
+        (``returned``), the warm start, and what the wall clock cut.
 
     Raises
     ------
@@ -154,105 +171,188 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     if model not in MODELS:
         raise OptionError(f"option model of 'pesto' must be one of {', '.join(MODELS)}, got {model!r}")
     began = time.perf_counter()
-    deadline = began + (DEFAULT_TIME_LIMIT if time_limit is None else time_limit)
+    limit = DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit)
+    deadline = began + limit
+    budget = LnsBudget.for_limit(limit)
     n, n_dev = graph.num_nodes, cluster.num_devices
 
     failures: dict[str, str] = {}
-    warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * (deadline - began), failures)
-    warm_device = None if warm is None else np.array([cluster.device_index[warm.placement[i]] for i in graph.ids],
-                                                     dtype=np.int64)
-    goal = target or min(200, max(24, 3200 // n_dev**2))
+    plans: dict[str, Plan] = {}
+    warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * limit, failures, plans)
+    goal = target or min(200, max(24, 512 // n_dev))
     warm_done = coarse_done = time.perf_counter()
     report = {"warm_start_failures": failures, "warm_start": warm_name,
-              "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"]}
-    best = None if warm is None else (warm.predicted["makespan_s"], "warm_start", warm)
+              "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"],
+              "lns_rounds_planned": budget.rounds, "lns_work_per_round": budget.work_per_round}
+    best = None if warm is None else _Best(warm.predicted["makespan_s"], "warm_start", warm)
     valid_bound = 0.0
-    # With a warm start in hand, coarsening and solving are boxed: what is left of the limit after
+    wall_cuts = [f"warm start: {name}" for name, why in failures.items()
+                 if why.startswith(("not started", "out of the warm"))]
+    search: _Search | None = None
+    status = None
+    # With a warm start in hand, coarsening and the search are boxed: what is left of the limit after
     # them maps the solution back and lets placer check the plan. The solver, which the box cannot
     # stop, is given the time to the box's end.
-    solve_until = deadline if best is None else deadline - CHECK_SHARE * (deadline - began)
+    solve_until = deadline if best is None else deadline - CHECK_SHARE * limit
     with TimeBox(None if best is None else solve_until - time.perf_counter()) as box:
-        coarse, kept = _coarsen(graph, cluster, goal, warm_device)
+        coarse = _coarsen(graph, cluster, goal)
         coarse_done = time.perf_counter()
         exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
         report.update(coarse_nodes=coarse.graph.num_nodes, coarsening_rounds=coarse.rounds,
-                      coarsening_kept_warm_start=kept, model="exact" if exact else "relaxed")
+                      model="exact" if exact else "relaxed")
         ratio = liveness_ratio(graph, cluster)
         for attempt in range(1, MEMORY_ATTEMPTS + 1):
             if deadline - time.perf_counter() < 1.0 and best is not None:
+                wall_cuts.append("memory attempts")
                 break
             problem = _Problem.build(coarse.graph, cluster, ratio)
-            warm_coarse = None if warm_device is None else _project(graph, warm_device, coarse, problem)
-            if warm_coarse is not None:
-                problem.admit(warm_coarse)
+            start = _starting_placement(graph, cluster, coarse, problem, plans)
+            if start is not None:
+                problem.admit(start)
             cp = _CpModel(problem, exact)
-            if warm_coarse is not None:
-                cp.hint(warm_coarse)
+            budget = LnsBudget.for_limit(limit, len(cp.model.Proto().variables))
+            search = _Search(graph, cluster, coarse, cp, seed, workers, solve_until)
             built = time.perf_counter()
-            left = solve_until - built
-            # Keep a little time to map the solution back and simulate it.
-            status, solver = cp.solve(seed, workers, left - min(2.0, 0.05 * left), DETERMINISTIC_PER_SECOND * left)
-            work = solver.ResponseProto().deterministic_time
+            # The exact model (tiny graphs) gets the whole budget in one solve, which proves the optimum.
+            work = budget.first_work + (budget.rounds * budget.work_per_round if exact else 0.0)
+            status = search.first_solve(start, work)
             report.update(solves=attempt, memory_ratio=ratio, resolution_s=problem.resolution,
-                          solver_status=solver.StatusName(status), model_build_s=built - coarse_done,
-                          solver_s=solver.WallTime(), solver_cut_by_wall_clock=bool(
-                              status in (cp_model.FEASIBLE, cp_model.UNKNOWN)
-                              and work < 0.99 * solver.parameters.max_deterministic_time))
-            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-                break
-            objective = solver.ObjectiveValue() * problem.resolution
-            bound = solver.BestObjectiveBound() * problem.resolution
-            report.update(solver_objective_s=objective, solver_bound_s=bound,
-                          solver_gap=0.0 if objective <= 0 else max(0.0, (objective - bound) / objective))
-            if cp.is_relaxation(coarse, graph):
-                valid_bound = max(valid_bound, bound - problem.rounding_slack)
-            fitting = [c for c in _candidates(graph, cluster, coarse, cp, solver) if c[1].fits]
-            for label, candidate in fitting:
-                if best is None or candidate.makespan_s < best[0]:
-                    best = (candidate.makespan_s, label, candidate)
-            report["solver_plan_makespan_s"] = min((c.makespan_s for _, c in fitting), default=None)
-            if fitting or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
+                          model_build_s=built - coarse_done, solver_status=status)
+            if search.objective is not None:
+                report.update(solver_objective_s=search.objective * problem.resolution,
+                              solver_bound_s=search.bound * problem.resolution,
+                              solver_gap=search.model_gap)
+                if cp.is_relaxation(coarse, graph):
+                    valid_bound = max(valid_bound, search.bound * problem.resolution - problem.rounding_slack)
+            best = search.offer(best)
+            if search.first_unfit is not True or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
                 break
             ratio = min(1.0, ratio * 1.5)     # its plans overflow memory: budget more conservatively
+        if search is not None and not exact:
+            search.best = best
+            if status != "OPTIMAL":         # the optimum of a coarse model: the refinement may still move parts
+                best = search.improve(budget)
+            best, refined = _refine(graph, cluster, best, goal, seed, limit, solve_until - REFINE_MARGIN_S)
+            report.update(refined)
+    if search is not None and search.best is not None and (best is None or search.best.makespan_s < best.makespan_s):
+        best = search.best      # the time box ended a round: keep what the rounds found
+    if report.get("refine_cut_by_wall_clock"):
+        wall_cuts.append("refinement")
+    if search is not None:
+        wall_cuts += search.wall_cuts
+        report.update(search.report())
+        # Rounds are due unless the first solve closed the model or left nothing to start from.
+        planned = 0 if exact or status in ("OPTIMAL", "INFEASIBLE") or search.device is None else budget.rounds
+        report["lns_rounds_planned"] = planned
+        if search.stats["lns_rounds"] < planned:
+            wall_cuts.append(f"search: {planned - search.stats['lns_rounds']} of {planned} rounds not run")
     if box.expired:
-        report["note"] = "the time limit ran out before the solver had a plan: the warm start is returned"
+        wall_cuts.append("time box")
+        report["note"] = "the time limit ran out before the search ended: the best plan so far is returned"
     if best is None:
-        raise InfeasibleError(f"pesto: the solver found no plan that fits ({solver.StatusName(status)}) "
+        raise InfeasibleError(f"pesto: the solver found no plan that fits ({status}) "
                               "and no warm-start algorithm did either")
-    span, origin, found = best
+    found = best.plan
     if isinstance(found, SimResult):
         plan = Plan.from_arrays(graph, cluster, found.device_of, found.device_orders())
     else:
         plan = Plan(dict(found.placement), dict(found.order), graph_name=found.graph_name,
                     cluster_name=found.cluster_name, graph_digest=found.graph_digest)
     floor = max(lower_bound(graph, cluster), valid_bound)
-    report.update(returned=origin, solve_time_s=time.perf_counter() - began, warm_start_s=warm_done - began,
+    report.update(returned=best.origin, solve_time_s=time.perf_counter() - began, warm_start_s=warm_done - began,
                   coarsening_s=coarse_done - warm_done, lower_bound_s=floor,
-                  gap=0.0 if span <= 0 else max(0.0, (span - floor) / span))
-    if origin == "warm_start" and "solver_plan_makespan_s" in report and not box.expired:
-        report["note"] = ("the solver's plan simulates no faster than the warm start, which is returned"
-                          if report["solver_plan_makespan_s"] is not None else
+                  gap=0.0 if best.makespan_s <= 0 else max(0.0, (best.makespan_s - floor) / best.makespan_s),
+                  cut_by_wall_clock=bool(wall_cuts), wall_clock_cuts=wall_cuts)
+    report["solver_cut_by_wall_clock"] = any(not cut.startswith("warm start") for cut in wall_cuts)
+    if best.origin == "warm_start" and search is not None and not box.expired:
+        report["note"] = ("the search's plans simulate no faster than the warm start, which is returned"
+                          if search.first_unfit is not True else
                           "the solver's plans overflow memory under the reference model; the warm start is returned")
     plan.extra["pesto"] = report
     return plan
 
 
-def _coarsen(graph: OpGraph, cluster: Cluster, goal: int, warm_device: np.ndarray | None) -> tuple[Coarsening, bool]:
-    """The graph coarsened to about ``goal`` nodes, and whether each coarse node sits on one warm-start device.
+@dataclass
+class _Best:
+    """The fastest fitting plan so far: its reference makespan, where it came from, and the plan."""
 
-    Merging only nodes the warm start puts together keeps it a solution of
-    the coarse model; when that stops far above the goal (a scattered warm
-    start), the graph is coarsened freely instead.
-    """
+    makespan_s: float
+    origin: str
+    plan: object        # a Plan (a warm start) or a SimResult (from the search)
+
+
+def _coarsen(graph: OpGraph, cluster: Cluster, goal: int) -> Coarsening:
+    """The graph coarsened to about ``goal`` nodes (Theorem 3.5's batch merging), whatever any plan does."""
     if graph.num_nodes <= goal:
-        identity = Coarsening(graph, np.arange(graph.num_nodes), [np.array([i]) for i in range(graph.num_nodes)], 0)
-        return identity, True
-    if warm_device is not None:
-        coarse = coarsen(graph, goal, labels=warm_device, cluster=cluster)
-        if coarse.graph.num_nodes <= 1.5 * goal:
-            return coarse, True
-    return coarsen(graph, goal, cluster=cluster), warm_device is None
+        return Coarsening(graph, np.arange(graph.num_nodes), [np.array([i]) for i in range(graph.num_nodes)], 0)
+    return coarsen(graph, goal, cluster=cluster)
 
+
+def _refine(graph: OpGraph, cluster: Cluster, best: _Best | None, goal: int, seed: int, limit: float,
+            until: float) -> tuple[_Best | None, dict]:
+    """Refine ``best`` on the whole graph (:func:`.pesto_lns.refine`); the better plan and a report."""
+    evaluations = int(REFINE_PER_SECOND * limit)
+    if best is None or evaluations < 1 or cluster.num_devices < 2:
+        return best, {}
+    found = best.plan
+    if isinstance(found, SimResult):
+        result = found
+    else:
+        device_of = np.array([cluster.device_index[found.placement[i]] for i in graph.ids], dtype=np.int64)
+        index = {name: i for i, name in enumerate(graph.ids)}
+        order = [[index[i] for i in found.order.get(d.name, [])] for d in cluster.devices]
+        result = simulate(graph, cluster, device_of, order, check=False)
+    position = np.empty(graph.num_nodes, dtype=np.int64)
+    position[graph.topological_order] = np.arange(graph.num_nodes)
+    rank = np.empty(graph.num_nodes, dtype=np.int64)
+    rank[np.lexsort((position, result.finish, result.start))] = np.arange(graph.num_nodes)
+    refined = refine(graph, cluster, result.device_of, rank, _move_units(graph, cluster, REFINE_UNIT_FACTOR * goal),
+                     seed, evaluations, until)
+    report = {"refine_evaluations": refined.evaluations, "refine_accepted": refined.accepted,
+              "refine_cut_by_wall_clock": refined.cut_by_wall_clock}
+    span = refined.result.makespan_s
+    if refined.result.fits and span < best.makespan_s * (1 - 1e-12):
+        best = _Best(span, "refinement", refined.result)
+    return best, report
+
+
+def _move_units(graph: OpGraph, cluster: Cluster, size: int) -> np.ndarray:
+    """Unit of every node for the refinement: the graph coarsened to ``size`` nodes, colocation groups joined."""
+    fine = _coarsen(graph, cluster, size)
+    parent = np.arange(fine.graph.num_nodes)
+
+    def find(u: int) -> int:
+        while parent[u] != u:
+            parent[u] = parent[parent[u]]
+            u = int(parent[u])
+        return u
+
+    for members in fine.graph.colocation_groups.values():
+        for other in members[1:].tolist():
+            parent[find(other)] = find(int(members[0]))
+    roots = np.array([find(u) for u in range(fine.graph.num_nodes)], dtype=np.int64)
+    return np.unique(roots, return_inverse=True)[1].reshape(-1)[fine.group_of]
+
+
+def _starting_placement(graph: OpGraph, cluster: Cluster, coarse: Coarsening, problem: "_Problem",
+                        plans: dict[str, Plan]) -> np.ndarray | None:
+    """The warm-start plan whose projection on the coarse graph simulates fastest, projected, or None.
+
+    Coarse nodes need not sit on one device in a warm-start plan: each goes
+    where most of its compute ran, and the projections are compared by the
+    reference makespan of the whole graph (ties: the order of
+    ``WARM_START_ALGORITHMS``).
+    """
+    found: tuple[float, np.ndarray] | None = None
+    for name, plan in plans.items():
+        device_of = np.array([cluster.device_index[plan.placement[i]] for i in graph.ids], dtype=np.int64)
+        projected = _project(graph, device_of, coarse, problem)
+        if projected is None:
+            continue
+        result = simulate(graph, cluster, coarse.expand(projected), check=False)
+        if result.fits and (found is None or result.makespan_s < found[0]):
+            found = (result.makespan_s, projected)
+    return None if found is None else found[1]
 
 def _project(graph: OpGraph, device_of: np.ndarray, coarse: Coarsening, problem: "_Problem") -> np.ndarray | None:
     """A device per coarse node from a placement of the original nodes, or None if it cannot be made valid.
@@ -272,9 +372,11 @@ def _project(graph: OpGraph, device_of: np.ndarray, coarse: Coarsening, problem:
     return choice
 
 
-def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float,
-                failures: dict[str, str]) -> tuple[str | None, Plan | None]:
+def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float, failures: dict[str, str],
+                plans: dict[str, Plan] | None = None) -> tuple[str | None, Plan | None]:
     """The fastest fitting plan among the cheap registered algorithms (name, plan), or (None, None).
+
+    Every fitting plan is also put in ``plans`` (by algorithm) when given.
 
     Once a plan is in hand, no further algorithm starts or runs past ``until``. An
     algorithm that fails only loses its turn; ``failures`` records why (a
@@ -302,6 +404,8 @@ def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float,
             failures[name] = f"{type(exc).__name__}: {exc}"
             continue
         span = plan.predicted["makespan_s"]
+        if plans is not None and plan.predicted.get("fits", True):
+            plans[name] = plan
         if best is None or span < best[0]:
             best = (span, name, plan)
     return (None, None) if best is None else (best[1], best[2])
@@ -371,6 +475,19 @@ class _Problem:
                  - self.transfer_units(s, d, b) * self.resolution for s, d in pairs for b in {b for _, b in consumers}),
                 default=0.0)
         return float(max(err, 0.0))
+
+    def restricted(self, device_of: np.ndarray, free: np.ndarray) -> "_Problem":
+        """The problem with every node not ``free`` held to its device in ``device_of`` (a colocation
+        group is free as a whole if any member is)."""
+        free = free.copy()
+        for members in self.graph.colocation_groups.values():
+            free[members] = free[members].any()
+        duration = self.duration.copy()
+        held = np.flatnonzero(~free)
+        keep = duration[held, device_of[held]]
+        duration[held] = -1
+        duration[held, device_of[held]] = keep
+        return replace(self, duration=duration)
 
     def admit(self, device_of: np.ndarray) -> None:
         """Raise memory budgets to what ``device_of`` uses, so that a plan known to fit stays a solution."""
@@ -593,10 +710,10 @@ class _CpModel:
                 m.AddBoolOr(reasons).OnlyEnforceIf(present)
 
     # ------------------------------------------------------------ hint and solve
-    def hint(self, device_of: np.ndarray) -> None:
-        """Hint the schedule the reference model gives ``device_of``, retimed in integer units."""
+    def hint(self, device_of: np.ndarray, order: list[np.ndarray] | None = None) -> None:
+        """Hint the schedule the reference model gives ``device_of`` (in ``order``), retimed in integer units."""
         p, m = self.p, self.model
-        result = simulate(p.graph, p.cluster, device_of, check=False)
+        result = simulate(p.graph, p.cluster, device_of, order, check=False)
         starts, ends, xfer_times = _integer_schedule(p, result)
         for v in range(p.graph.num_nodes):
             for d, lit in self.x[v].items():
@@ -619,8 +736,9 @@ class _CpModel:
     def solve(self, seed: int, workers: int, seconds: float, effort: float):
         solver = cp_model.CpSolver()
         params = solver.parameters
-        params.random_seed = seed
+        params.random_seed = seed % 2**31        # CP-SAT's seed is a 32-bit integer
         params.num_workers = workers
+        params.catch_sigint_signal = False        # Ctrl-C is placer's to handle
         if workers > 1:
             params.interleave_search = True
         params.max_time_in_seconds = max(0.1, seconds)
@@ -631,16 +749,18 @@ class _CpModel:
         status = solver.Solve(self.model)
         return status, solver
 
-    def device_of(self, solver: cp_model.CpSolver) -> np.ndarray:
-        return np.array([next(d for d, lit in xs.items() if solver.BooleanValue(lit)) for xs in self.x],
-                        dtype=np.int64)
+    def placement_of(self, values) -> np.ndarray:
+        """Device of every node in a solution given as the values of all the model's variables."""
+        return np.array([next(d for d, lit in xs.items() if values[lit.Index()]) for xs in self.x], dtype=np.int64)
 
-    def orders(self, solver: cp_model.CpSolver, device_of: np.ndarray) -> list[np.ndarray]:
-        """Per device, nodes by solver start time (ties: end time, then topological position)."""
-        n = self.p.graph.num_nodes
-        start = np.array([solver.Value(s) for s in self.start])
-        end = np.array([solver.Value(e) for e in self.end])
-        by_time = np.lexsort((self.p.position, end, start)) if n else np.zeros(0, dtype=np.int64)
+    def starts_of(self, values) -> np.ndarray:
+        return np.array([values[s.Index()] for s in self.start], dtype=np.int64)
+
+    def orders_of(self, values, device_of: np.ndarray) -> list[np.ndarray]:
+        """Per device, nodes by start time in a solution (ties: end time, then topological position)."""
+        start = self.starts_of(values)
+        end = np.array([values[e.Index()] for e in self.end], dtype=np.int64)
+        by_time = np.lexsort((self.p.position, end, start)) if start.size else np.zeros(0, dtype=np.int64)
         return [by_time[device_of[by_time] == d] for d in range(self.p.cluster.num_devices)]
 
     def is_relaxation(self, coarse: Coarsening, graph: OpGraph) -> bool:
@@ -698,11 +818,142 @@ def _integer_schedule(p: _Problem, result: SimResult):
     return start, end, {x_key[x]: (xs[x], xe[x]) for x in range(len(xf))}
 
 
-def _candidates(graph: OpGraph, cluster: Cluster, coarse: Coarsening, cp: _CpModel, solver: cp_model.CpSolver):
-    """The solver's plan mapped back to every node: in the solver's order, and in the reference model's own."""
-    coarse_device = cp.device_of(solver)
-    device_of = coarse.expand(coarse_device)
-    order = [np.concatenate([coarse.members[k] for k in seq.tolist()]) if seq.size else np.zeros(0, dtype=np.int64)
-             for seq in cp.orders(solver, coarse_device)]
-    yield "solver", simulate(graph, cluster, device_of, order, check=False)
-    yield "solver_placement", simulate(graph, cluster, device_of, check=False)
+class _Search:
+    """The first solve of the coarse model and the large-neighbourhood search after it.
+
+    Every solution the solver returns is mapped back to the whole graph and
+    simulated under the reference model (in the solver's order and in the
+    reference model's own); a round's solution becomes the incumbent only
+    when its simulated makespan is no worse than the incumbent's, and the
+    best plan only when it is faster. ``wall_cuts`` lists the solves and
+    rounds the wall clock ended before their work was done.
+    """
+
+    def __init__(self, graph: OpGraph, cluster: Cluster, coarse: Coarsening, cp: "_CpModel", seed: int,
+                 workers: int, until: float):
+        self.graph, self.cluster, self.coarse, self.cp = graph, cluster, coarse, cp
+        self.seed, self.workers, self.until = seed, workers, until
+        self.objective: float | None = None      # solver's objective and bound (model units) of the first solve
+        self.bound = 0.0
+        self.model_gap: float | None = None
+        self.fitting: list[tuple[str, SimResult]] = []
+        self.first_unfit: bool | None = None     # the first solve's plans all overflow memory
+        self.wall_cuts: list[str] = []
+        self.work_done = 0.0
+        self.device = None                       # the incumbent: its coarse placement,
+        self.order = None                        # its coarse nodes per device in order (None: earliest ready),
+        self.starts = None                       # their start times (any unit),
+        self.span = np.inf                       # and its reference makespan
+        self.stats = {"lns_rounds": 0, "lns_accepted": 0, "lns_improved": 0, "lns_closed": 0}
+        self.hoods: Neighbourhoods | None = None
+        self.best: _Best | None = None           # the best plan of the search (and of what it was given)
+
+    def _solve(self, seed: int, work: float, label: str, cp: "_CpModel | None" = None):
+        seconds = self.until - time.perf_counter()
+        status, solver = (cp or self.cp).solve(seed, self.workers, seconds, work)
+        done = solver.ResponseProto().deterministic_time
+        self.work_done += done
+        if status in (cp_model.FEASIBLE, cp_model.UNKNOWN) and done < 0.99 * solver.parameters.max_deterministic_time:
+            self.wall_cuts.append(label)
+        return status, solver
+
+    def _evaluate(self, values, cp: "_CpModel | None" = None) -> list[tuple[str, SimResult]]:
+        """The solution's plan on the whole graph, in the solver's order and in the reference model's; those that fit."""
+        cp = cp or self.cp
+        coarse_device = cp.placement_of(values)
+        device_of = self.coarse.expand(coarse_device)
+        order = [np.concatenate([self.coarse.members[k] for k in seq.tolist()]) if seq.size
+                 else np.zeros(0, dtype=np.int64) for seq in cp.orders_of(values, coarse_device)]
+        results = [("solver", simulate(self.graph, self.cluster, device_of, order, check=False)),
+                   ("solver_placement", simulate(self.graph, self.cluster, device_of, check=False))]
+        return [(label, r) for label, r in results if r.fits]
+
+    def first_solve(self, start: np.ndarray | None, work: float) -> str:
+        """Solve the whole model from the warm start's projection; the solver's status."""
+        if start is not None:
+            self.cp.hint(start)
+            self.device = start
+            self.span = simulate(self.graph, self.cluster, self.coarse.expand(start), check=False).makespan_s
+            self.starts = simulate(self.coarse.graph, self.cluster, start, check=False).start
+        status, solver = self._solve(self.seed, work, "first solve")
+        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            self.objective = solver.ObjectiveValue()
+            self.bound = solver.BestObjectiveBound()
+            self.model_gap = 0.0 if self.objective <= 0 else max(0.0, (self.objective - self.bound) / self.objective)
+            values = list(solver.ResponseProto().solution)
+            self.fitting = self._evaluate(values)
+            self.first_unfit = not self.fitting
+            if self.fitting:
+                self._adopt(self.cp, values, min(r.makespan_s for _, r in self.fitting))
+        return solver.StatusName(status)
+
+    def offer(self, best: _Best | None) -> _Best | None:
+        """The faster of ``best`` and the first solve's plans."""
+        for label, result in self.fitting:
+            if best is None or result.makespan_s < best.makespan_s:
+                best = _Best(result.makespan_s, label, result)
+        return best
+
+    def _adopt(self, cp: "_CpModel", values, span: float) -> None:
+        """Make a solution of ``cp`` the incumbent: its coarse placement, device orders and start times."""
+        self.device = cp.placement_of(values)
+        self.order = cp.orders_of(values, self.device)
+        self.starts = cp.starts_of(values)
+        self.span = span
+
+    def improve(self, budget: LnsBudget) -> _Best | None:
+        """Run the neighbourhood rounds of ``budget`` from the incumbent; the best plan after them.
+
+        Each round builds the model again with every placement but the
+        neighbourhood's held (so that the solver loads only what may change),
+        hinted with the incumbent's schedule: its placement in its device
+        orders under the reference model. ``self.best`` holds the best plan
+        so far at every moment, so that a time box ending a round loses
+        nothing found before it.
+        """
+        if self.device is None or budget.rounds == 0:
+            return self.best
+        g = self.coarse.graph
+        n = g.num_nodes
+        neighbours: list[set] = [set() for _ in range(n)]
+        for u, v in zip(g.src.tolist(), g.dst.tolist()):
+            neighbours[u].add(v)
+            neighbours[v].add(u)
+        groups = [np.array([v]) for v in range(n)]
+        for members in g.colocation_groups.values():
+            for v in members.tolist():
+                groups[v] = np.asarray(members)
+        self.hoods = hoods = Neighbourhoods([np.array(sorted(s), dtype=np.int64) for s in neighbours], groups,
+                                            self.cluster.num_devices, self.seed)
+        for r in range(budget.rounds):
+            if self.until - time.perf_counter() < 0.5:
+                break
+            free = hoods.pick(np.asarray(self.starts, dtype=np.float64), self.device)
+            sub = _CpModel(self.cp.p.restricted(self.device, free), False)
+            sub.hint(self.device, self.order)
+            status, solver = self._solve(self.seed + r + 1, budget.work_per_round, f"search round {r + 1}", sub)
+            self.stats["lns_rounds"] += 1
+            hoods.adapt(status == cp_model.OPTIMAL)
+            self.stats["lns_closed"] += status == cp_model.OPTIMAL
+            if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                continue
+            values = list(solver.ResponseProto().solution)
+            fitting = self._evaluate(values, sub)
+            if not fitting:
+                continue
+            label, result = min(fitting, key=lambda c: c[1].makespan_s)
+            if result.makespan_s > self.span * (1 + 1e-12):
+                continue
+            self.stats["lns_accepted"] += 1
+            self._adopt(sub, values, result.makespan_s)
+            if self.best is None or result.makespan_s < self.best.makespan_s:
+                self.stats["lns_improved"] += 1
+                self.best = _Best(result.makespan_s, f"search ({label})", result)
+        return self.best
+
+    def report(self) -> dict:
+        out = dict(self.stats, solver_work=self.work_done)
+        if self.hoods is not None:
+            out["lns_neighbourhoods"] = dict(self.hoods.kinds_used)
+            out["lns_final_share"] = self.hoods.share
+        return out
