@@ -16,6 +16,7 @@ from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
 from placer.algorithms.timebox import TimeBox, frugal
 from placer.algorithms import list_scheduling
+from placer.algorithms.list_scheduling import retries, to_plan
 from placer.algorithms.list_scheduling import (MOST_RAISE, REBUDGETS_AT_FIRST_RATIO, STALE_SCHEDULES, MemoryTimeline,
                                                QueueOrder, Schedule, ScheduleState,
                                                Timeline, earliest_start_priorities, edge_transfer_times,
@@ -389,7 +390,7 @@ def budgets_kept_at_first_ratio(monkeypatch):
     did before budgets moved at the first ratio: for tests that pin what comes after, with stubs that build
     one schedule whatever the budgets or on a case the moves would fit early (the moves are pinned by
     test_memory_retries_start_at_the_liveness_ratio_and_count_whole_after_an_overflow)."""
-    monkeypatch.setattr(list_scheduling, "REBUDGETS_AT_FIRST_RATIO", 0)
+    monkeypatch.setattr(retries, "REBUDGETS_AT_FIRST_RATIO", 0)
 
 
 @pytest.mark.usefixtures("budgets_kept_at_first_ratio")
@@ -592,7 +593,7 @@ def test_list_schedulers_fit_by_colocating_layers_where_their_own_placements_ove
     device_of = np.array([cluster.device_index[plan.placement[i]] for i in g.ids])
     for layer in set(g.layer):
         assert len(set(device_of[[i for i, name in enumerate(g.layer) if name == layer]].tolist())) == 1
-    monkeypatch.setattr(list_scheduling, "colocate_layers", lambda graph: None)
+    monkeypatch.setattr(retries, "colocate_layers", lambda graph: None)
     with pytest.raises(InfeasibleError):
         place(g, cluster, algorithm)
 
@@ -603,7 +604,7 @@ def test_etf_schedulers_fit_node_by_node_once_cut_below_what_they_counted(algori
     # never saw full; cut from its whole capacity the same schedule came back and the node-level retries
     # gave up. Cut from what it counted there, a schedule of single nodes fits.
     g, cluster = _step_over_two_small_cpus(0.7)
-    monkeypatch.setattr(list_scheduling, "colocate_layers", lambda graph: None)
+    monkeypatch.setattr(retries, "colocate_layers", lambda graph: None)
     plan = place(g, cluster, algorithm)
     assert plan.predicted["fits"] and len(set(plan.placement.values())) == 2
 
@@ -709,8 +710,8 @@ def memory_level(held, time):
 def test_memory_timeline_fits_like_a_check_of_every_instant(held, added, limit):
     # Whole-number times and bytes: the check at every breakpoint is exact.
     m = MemoryTimeline(np.array([float(limit), 1.0]))
-    for time, amount in held:
-        m.add(0, float(time), float(amount))
+    for at, amount in held:
+        m.add(0, float(at), float(amount))
     events = [(float(t), float(a)) for t, a in added]
     # fits judges the future of the new events: an excess held before the first of them is not theirs.
     first = min(t for t, _ in added)
@@ -719,8 +720,8 @@ def test_memory_timeline_fits_like_a_check_of_every_instant(held, added, limit):
     assert m.fits(0, events) == expected
     assert m.used[0] == sum(amount for _, amount in held) and m.used[1] == 0
     roomier = MemoryTimeline(np.array([float(limit + 100)]))
-    for time, amount in held:
-        roomier.add(0, float(time), float(amount))
+    for at, amount in held:
+        roomier.add(0, float(at), float(amount))
     assert roomier.fits(0, events) == all(
         memory_level(held, t) + memory_level(added, t) <= limit + 100 for t in instants)
 
@@ -733,13 +734,13 @@ def test_memory_timeline_sees_the_highest_level_each_allocation_reached(held, ch
     # applied at once: the level from each allocation on, with the steps added before it.
     m = MemoryTimeline(np.array([20.0]))
     highest = 0.0
-    for k, ((time, amount), check) in enumerate(zip(held, checks)):
-        m.add(0, float(time), float(amount))
+    for k, ((at, amount), check) in enumerate(zip(held, checks)):
+        m.add(0, float(at), float(amount))
         if amount > 0:
             added = held[:k + 1]
-            highest = max([highest] + [memory_level(added, t) for t, _ in added if t >= time])
+            highest = max([highest] + [memory_level(added, t) for t, _ in added if t >= at])
         if check:
-            m.fits(0, [(float(time), 1.0)])
+            m.fits(0, [(float(at), 1.0)])
     assert m.seen[0] == highest
 
 
@@ -961,7 +962,7 @@ def _with_and_without_the_search(g, share, algorithm, monkeypatch):
     cluster = mesh(["X"] * 3, bandwidth=1e9, latency=1e-5, memory=int(share * need))
     searched = place(g, cluster, algorithm).predicted["makespan_s"]
     with monkeypatch.context() as patch:
-        patch.setattr(list_scheduling, "PRESSURE_COST", np.inf)
+        patch.setattr(retries, "PRESSURE_COST", np.inf)
         return searched, place(g, cluster, algorithm).predicted["makespan_s"]
 
 
@@ -1164,14 +1165,14 @@ def test_refinement_compares_the_steps_of_the_plans_the_schedules_give(dispatch)
 
 def test_dispatch_is_given_up_rather_than_cost_the_plan_when_the_time_limit_runs_out(monkeypatch):
     g, sched = _order_waiting_for_a_transfer()
-    real = list_scheduling.simulate
+    real = to_plan.simulate
 
     def slow_dispatch(graph, cluster, device_of, order=None, **kw):
         if order is None:
             time.sleep(5)
         return real(graph, cluster, device_of, order, **kw)
 
-    monkeypatch.setattr(list_scheduling, "simulate", slow_dispatch)
+    monkeypatch.setattr(to_plan, "simulate", slow_dispatch)
     with TimeBox(0.5) as limit:
         plan = plan_from_schedule(g, mesh(["X", "X"], bandwidth=1.0), sched, dispatch=True)
     assert not limit.expired and plan.order["d1"] == ["b", "c"]
@@ -1380,8 +1381,8 @@ def test_a_generous_time_limit_gives_the_same_plan_every_time(monkeypatch):
 
     _, graph, cluster = random_cases(count=8, seed=16)[0]    # small memories: the memory share is searched
     searched = []
-    real = list_scheduling._search_budgets
-    monkeypatch.setattr(list_scheduling, "_search_budgets", lambda *a: searched.append(1) or real(*a))
+    real = retries._search_budgets
+    monkeypatch.setattr(retries, "_search_budgets", lambda *a: searched.append(1) or real(*a))
     for name in ("dpos", "heft"):
         plans = [place(graph, cluster, name, time_limit=5) for _ in range(4)]
         assert all(p.placement == plans[0].placement and p.order == plans[0].order for p in plans), name

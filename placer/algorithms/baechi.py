@@ -12,6 +12,7 @@ from __future__ import annotations
 import heapq
 import itertools
 import math
+from typing import NamedTuple
 
 import numpy as np
 
@@ -20,17 +21,19 @@ from ..errors import InfeasibleError, OptionError
 from ..graph import OpGraph
 from ..plan import Plan
 from ..transform.colocate import colocate_sole_consumers
-from .list_scheduling import (Schedule, ScheduleState, edge_transfer_times, plan_from_schedule,
-                              schedule_with_memory_retries)
+from .list_scheduling.priorities import edge_transfer_times
+from .list_scheduling.retries import schedule_with_memory_retries
+from .list_scheduling.state import Estimate, Schedule, ScheduleState
+from .list_scheduling.to_plan import plan_from_schedule
 from .registry import register
 
-__all__ = ["m_topo", "m_etf", "m_sct", "m_topo_schedule", "etf_schedule", "favourite_children"]
+__all__ = ["m_topo", "m_etf", "m_sct", "m_topo_schedule", "etf_schedule", "EtfScheduler", "favourite_children"]
 
 
 #: Resolution (s) at which m-ETF compares start times: estimates of one time reached by sums in another
 #: order differ in their last bits, and a heap key a few ulps high would lose a tie it should win.
 TICK_S = 2.0 ** -40
-# Where device_front found a device's first node (the heaps of etf_schedule); a channel's index otherwise.
+# Where EtfScheduler.device_front found a device's first node (its heaps); a channel's index otherwise.
 _STARTABLE, _WAITING = -2, -1
 #: Seconds m-SCT's LP may take when the caller gives no time limit.
 LP_TIME_LIMIT_S = 60.0
@@ -106,7 +109,7 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             return False
         if j not in estimates:
             estimates[j] = state.estimate(v, j)
-        if estimates[j][0] == float("inf"):
+        if estimates[j].start == float("inf"):
             return False        # no channel brings an input to j
         if within_share and given[j] + state.need(v, j, estimates[j]) > share[j]:
             return False
@@ -117,16 +120,16 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         d = state.unit_device[state.unit_of[v]]
         if d >= 0:
             estimate = state.estimate(v, d)
-            if estimate[0] == float("inf"):
+            if estimate.start == float("inf"):
                 raise state.unreached(v)
             state.commit(v, d, estimate)
             continue
-        estimates: dict[int, tuple] = {}
+        estimates: dict[int, Estimate] = {}
         choices = ([(j, True) for j in range(current, n_dev)] + [(j, True) for j in range(current)]
                    + [(j, False) for j in range(n_dev)])
         d = next((j for j, within_share in choices if takes(v, j, within_share, estimates)), -1)
         if d < 0:       # memory, where some device it may use has its inputs brought to it; else the links
-            reached = any(estimate[0] != float("inf") for estimate in estimates.values())
+            reached = any(estimate.start != float("inf") for estimate in estimates.values())
             raise (InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory") if reached
                    else state.unreached(v))
         if state.unit_ok[state.unit_of[v]][current] and d > current:
@@ -140,208 +143,448 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
     return sched
 
 
-def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
-                 favourite: np.ndarray | None = None, capacity_scale: np.ndarray | None = None,
-                 sends: dict | None = None) -> Schedule:
-    """Earliest-time-first list scheduling (m-ETF), or m-SCT when ``favourite`` children are given.
+class _Bound(NamedTuple):
+    """A time before which a node's inputs cannot all be on a device, learnt from another device that they
+    would reach over the same channels (:meth:`~placer.algorithms.list_scheduling.ScheduleState.same_routes`).
+
+    With ``channel`` -1 the bound is ``static``; otherwise it is the channel's last booking's end plus
+    ``rel`` (the node waits in the channel's crowd, its shortest transfer there taking ``shortest``), for
+    as long as no booking leaves the channel idle (``gaps``: the channel's count of those then).
+    """
+
+    static: float
+    channel: int
+    rel: float
+    shortest: float
+    gaps: int
+
+
+class _DueMember(NamedTuple):
+    """The first member of a device's due buckets by ``position``: the ``node`` and its ``bucket``."""
+
+    position: int
+    node: int
+    bucket: _Bucket
+
+
+class _CrowdSpot(NamedTuple):
+    """Where a node's inputs reach a device last in a channel's crowd: the ``channel`` (-1 where they do
+    not), ``rel`` after its last booking ends, its shortest transfer there taking ``shortest``."""
+
+    channel: int
+    rel: float
+    shortest: float
+
+
+_NO_CROWD = _CrowdSpot(-1, 0.0, 0.0)
+_NO_BOUND = _Bound(0.0, -1, 0.0, 0.0, 0)
+
+
+class EtfScheduler:
+    """Earliest-time-first list scheduling within each device's memory (m-ETF), or m-SCT with favourite children.
 
     Repeatedly, among every ready node and every device that may take it,
     the pair with the smallest start time ``max(device free, data ready)``
-    is scheduled (ties: lower topological index, then lower device index;
-    start times are compared to :data:`TICK_S`, below float noise).
+    is booked (ties: lower topological position, then lower device index;
+    start times are compared at :data:`TICK_S`, below float noise), where
+    the device's memory holds it (:meth:`ScheduleState.holds
+    <placer.algorithms.list_scheduling.ScheduleState.holds>`).
 
     With ``favourite`` (the favourite child of every node, -1 for none), a
     favourite child that becomes ready while its parent is still the last
     node on the parent's device, and that could start there as soon as the
     parent finishes and no later than on any other device, runs there next,
-    ahead of every other node (Baechi's m-SCT: the device waits for its
-    favourite child; its "urgent" exception is not modelled).
+    ahead of every other node (m-SCT: the device waits for its favourite
+    child; its "urgent" exception is not modelled).
 
-    Each device keeps its ready nodes in two heaps: those whose inputs would
-    arrive after the device frees, by data-ready time, and those that could
-    start as soon as it frees, by topological index. Booking a node then
-    changes nothing for the other ready nodes, so wide graphs (a captured
-    training step has hundreds of optimizer operations ready at once) cost
-    O(V log V * devices) rather than O(V * ready). Heap keys are lower bounds
-    (below); the winner is re-estimated before it is booked, and goes back
-    with its new key when it grew. A node's first key on a device counts, for
-    each input from another device, the shortest transfer it could take there
-    (the channel's latency and the fewest bytes any copy of that tensor
-    carries): keyed by its producers' finish alone, most nodes of a generated
-    10k-node graph came first somewhere, were estimated and went back (18,653
-    of 29,155 turns of the loop; 2.1 times the calls of a schedule now). Where many nodes wait for one channel
-    (hundreds of optimizer steps whose state lives on another device), each
-    booking on it pushes every other back by one transfer, and re-estimating
-    all of them after each costs k squared estimates for a crowd of k. So a
-    node sent back because its inputs come last on their channel, after every
-    transfer booked there, waits in a heap of that channel's crowd on the
-    device, keyed by how long after the channel's last booking ends its inputs
-    would be there: a booking on the channel moves the whole crowd back
-    without touching the heap, and each node is re-estimated only when its
-    turn comes (NASNet over 8 H100s, where 93% of the re-estimates were of
-    such nodes: a schedule in 12 s before, 4 s after). A crowd keeps its
-    members in buckets of equal ``rel``, by position, which come due whole
-    (their key reached the time the device frees, where they compete by
-    position with the startable nodes) and go back whole when the next
-    booking on their channel overtakes them, without an estimate (ResNet-152
-    over ``2xcpu``: hundreds of step counts, each waiting for one transfer on
-    a device faster than the channel, 308k estimates and 6.2 s a schedule
-    when each was estimated again, 16.5k and 2.1 s when each went back alone,
-    0.85 s by buckets). Keys are lower bounds because an
-    estimate only grows as the schedule fills, but for two events, after which
-    the nodes they concern are estimated again: a transfer booked after its
-    channel's end, leaving it idle before, may let a crowd's transfer start
-    sooner, where its turn in the queue now finds the channel idle
-    (``check_crowd``); and an input sent to a device for another
-    reader may arrive there sooner than a transfer of one's own would (a copy
-    of fewer bytes: one tensor's edges in a captured graph may differ).
-    So m-ETF is exact ETF (``plain_etf`` in the tests). A device whose memory
-    cannot take a node for now holds it aside until memory is freed there; one
-    whose unit needs more room than the device has left comes back once the
-    device has that room, not at every free (NASNet with its layers colocated
-    over 2 V100s: hundreds of large units were weighed again after every
-    booking, 11 s to 0.7 s a schedule).
+    Rather than estimating every ready node on every device at each step,
+    each device keeps its ready nodes in heaps keyed by a lower bound on
+    their start there, and only the device whose first node (its *front*)
+    comes first is looked at: that node is estimated, and booked if its
+    estimate is its key, else put back with the estimate as its key. A
+    booking changes the front of the devices it touches only, so a graph
+    with hundreds of optimizer updates ready at once costs
+    ``O(V log V * devices)`` rather than ``O(V * ready)``. Per device:
 
-    On shared channels (one per source device: NVSwitch, PCIe, a host's NIC)
-    a booking pushes back every ready node waiting for that channel on every
-    device it reaches, and each would be re-estimated on each device. A node
-    whose inputs reach several devices over the same channels needs the same
-    transfers for each, so one re-estimate raises its key on all of them
-    (:meth:`~placer.algorithms.list_scheduling.ScheduleState.same_routes`).
+    - ``waiting``: nodes whose inputs arrive after the device frees, by that
+      time (first keyed by :meth:`ScheduleState.arrives_by
+      <placer.algorithms.list_scheduling.ScheduleState.arrives_by>`);
+    - ``startable``: nodes that could start as soon as it frees, by position;
+    - ``crowds``: per channel, nodes whose inputs come last on the channel,
+      after every transfer booked there, by how long after the channel's last
+      booking ends they would arrive (``rel``), in buckets of equal ``rel``
+      (:class:`_Crowd`): each booking on the channel moves the whole crowd
+      back without touching a heap, and a member is estimated again only
+      when its turn comes;
+    - ``held`` and ``held_for_room``: nodes its memory cannot take for now,
+      back once memory is freed there, or once it has the room their unit
+      needs.
 
-    Raises
-    ------
-    InfeasibleError
-        If the ready nodes left fit no device's remaining memory, or no device they may use is
-        linked to their neighbours' devices (the missing link named).
+    A key stays a lower bound because an estimate only grows as the schedule
+    fills, but for two events, after which the nodes concerned are estimated
+    again: a transfer booked after its channel's end, leaving it idle before
+    (:meth:`check_crowd`), and an input sent to a device for another reader,
+    which may arrive there sooner than a transfer of one's own. A node whose
+    inputs would reach several devices over the same channels raises its key
+    on all of them at one estimate (:class:`_Bound`). So the schedule is
+    exactly ETF's; the tests compare it with a plain ETF that estimates every
+    pair at each step.
+
+    Build one per schedule and call :meth:`run` once.
+
+    References
+    ----------
+    J.-J. Hwang, Y.-C. Chow, F. D. Anger, C.-Y. Lee, "Scheduling precedence
+    graphs in systems with interprocessor communication times", SIAM J.
+    Comput. 18(2), 1989 (ETF). C. Hanen, A. Munier, "An approximation
+    algorithm for scheduling dependent tasks on m processors with small
+    communication delays", Discrete Applied Mathematics 108(3), 2001 (SCT).
+    Baechi (Jeon et al., SoCC 2020), Sections 4.2 and 4.3 (m-ETF, m-SCT).
     """
-    state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale, sends=sends)
-    n, n_dev = graph.num_nodes, cluster.num_devices
-    position = _position(graph).tolist()
-    pending = np.bincount(graph.dst, minlength=n).tolist()
-    # One entry per edge (parallel edges included) so that `pending` reaches zero; each node's in index order.
-    # Sorted at once: a sort per node took a tenth of a schedule's setup.
-    ptr, _ = graph.out_edges
-    successors, at = graph.dst[np.lexsort((graph.dst, graph.src))].tolist(), ptr.tolist()
-    succ = [successors[at[v]:at[v + 1]] for v in range(n)]
-    fav_child = [-1] * n if favourite is None else favourite.tolist()
-    fav_parent = [-1] * n
-    for u, v in enumerate(fav_child):
-        if v >= 0:
-            fav_parent[v] = u
-    cache: dict = {}
-    # (node, device) -> a time before which the node's inputs cannot all be on the device,
-    # learnt from another device that they would reach over the same channels.
-    # The bound is `static`, or with a channel `c` (not -1) the channel's last booking's end plus `rel`
-    # (the crowd, where the node's shortest transfer on it takes `shortest`), for as long as no booking
-    # leaves the channel idle (`gaps`, its count of those then).
-    arrives_after: dict[tuple[int, int], tuple[float, int, float, float, int]] = {}
-    waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (data ready, position, node)
-    startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
-    # Per device and channel, nodes whose inputs come last in that channel's crowd, `rel` after its last
-    # booking ends (and no sooner than a floor, where rounding put their estimate a tick above that).
-    crowds: list[dict[int, _Crowd]] = [{} for _ in range(n_dev)]
-    crowd_serial: dict[tuple[int, int], int] = {}   # (node, device) -> serial of its live crowd membership
-    # Per device, the crowds' buckets that came due, by their first member's position: (position, serial, bucket).
-    due_buckets: list[list[tuple[int, int, _Bucket]]] = [[] for _ in range(n_dev)]
-    serials = itertools.count()
-    held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # waiting for memory
-    held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
-    # Nodes whose unit needs more room than a device has left, by that need: (need, key, position, node, device).
-    held_for_room: list[list[tuple[float, float, int, int, int]]] = [[] for _ in range(n_dev)]
-    # Each device's first node by its heap keys, recomputed only for devices whose heaps or timeline changed.
-    front: list[tuple[float, int, int, int] | None] = [None] * n_dev
-    free_at = [0.0] * n_dev     # when each device frees, as its front was found (its timeline is the same since)
-    dirty: set[int] = set()
 
-    def parent_device(v: int) -> int:
+    def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
+                 favourite: np.ndarray | None = None, capacity_scale: np.ndarray | None = None,
+                 sends: dict | None = None):
+        self.graph = graph
+        self.state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale, sends=sends)
+        n, n_dev = graph.num_nodes, cluster.num_devices
+        self.n, self.n_dev = n, n_dev
+        self.position = _position(graph).tolist()
+        self.pending = np.bincount(graph.dst, minlength=n).tolist()     # inputs not booked yet, per node
+        # One entry per edge (parallel edges included) so that `pending` reaches zero; each node's in index order.
+        ptr, _ = graph.out_edges
+        successors, at = graph.dst[np.lexsort((graph.dst, graph.src))].tolist(), ptr.tolist()
+        self.succ = [successors[at[v]:at[v + 1]] for v in range(n)]
+        self.fav_parent = [-1] * n      # a node's favourite parent, until it is offered everywhere
+        if favourite is not None:
+            for u, v in enumerate(favourite.tolist()):
+                if v >= 0:
+                    self.fav_parent[v] = u
+        self.cache: dict = {}       # ScheduleState.cached_estimate's
+        self.arrives_after: dict[tuple[int, int], _Bound] = {}      # by (node, device)
+        self.waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (key, position, node)
+        self.startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
+        self.crowds: list[dict[int, _Crowd]] = [{} for _ in range(n_dev)]     # per device, by channel
+        self.crowd_serial: dict[tuple[int, int], int] = {}   # (node, device) -> serial of its live crowd membership
+        # Per device, the crowds' buckets that came due, by their first member's position: (position, serial, bucket).
+        self.due_buckets: list[list[tuple[int, int, _Bucket]]] = [[] for _ in range(n_dev)]
+        self.serials = itertools.count()
+        self.held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # (key, position, node, device)
+        self.held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
+        # Nodes whose unit needs more room than a device has left, by that need: (need, key, position, node, device).
+        self.held_for_room: list[list[tuple[float, float, int, int, int]]] = [[] for _ in range(n_dev)]
+        # Each device's front (device_front's), recomputed only for the devices whose heaps or timeline changed.
+        self.front: list[tuple[float, int, int, int, int] | None] = [None] * n_dev
+        # When each device frees, as its front was found (its timeline is the same since).
+        self.free_at = [0.0] * n_dev
+        self.dirty: set[int] = set()     # the devices whose front must be found again
+
+    # ------------------------------------------------------------ the main loop
+    def run(self) -> Schedule:
+        """Book every node; the finished schedule.
+
+        Raises
+        ------
+        InfeasibleError
+            If the ready nodes left fit no device's remaining memory, or no device they may use is
+            linked to their neighbours' devices (the missing link named).
+        """
+        state, n, front, dirty = self.state, self.n, self.front, self.dirty
+        device_front, device_of = self.device_front, state.device_of
+        unit_of, unit_device = state.unit_of, state.unit_device
+        for v in range(n):
+            if self.pending[v] == 0:
+                self.become_ready(v)
+        done, stuck = 0, False
+        while done < n:
+            for d in dirty:
+                front[d] = device_front(d)
+            dirty.clear()
+            # Ties: lower position, then lower device index (whichever heap the node waits in).
+            fronts = [f for f in front if f is not None]
+            if not fronts:
+                self.unstick(stuck)
+                stuck = True
+                continue
+            start, _, v, d, source = min(fronts)
+            dirty.add(d)
+            if source == _STARTABLE:
+                heapq.heappop(self.startable[d])
+            elif source == _WAITING:
+                heapq.heappop(self.waiting[d])
+            else:
+                del self.crowd_serial[(v, d)]     # its bucket drops it when it comes first there
+            if device_of[v] >= 0:
+                continue        # booked already from another of its entries (a reader weighed again waits twice)
+            if not self.may_wait_on(v, d):   # its group went elsewhere meanwhile, or a unit placed since narrowed it
+                if self.fav_parent[v] >= 0:
+                    self.offer_everywhere(v)
+                continue
+            fixed = unit_device[unit_of[v]]
+            if not state.may_take(v, d):
+                self.hold_for_room(v, d, start)
+                continue
+            bound, c = self.bound_on(v, d, start)
+            if bound > start:
+                self.lift(v, d, bound, c)     # the bound still holds: nothing came to d since
+                continue
+            est = state.cached_estimate(v, d, self.cache)
+            if est.start == float("inf"):
+                continue        # no channel brings an input to d
+            if _tick(est.start) > start:
+                self.put_back(v, d, est)
+                continue
+            if not state.holds(v, d, est):
+                self.hold(v, d, start)
+                continue
+            state.commit(v, d, est)
+            done += 1
+            stuck = False
+            self.booked(v, d, est, fixed)
+        return state.schedule()
+
+    def unstick(self, stuck: bool) -> None:
+        """No device has a ready node in its heaps: weigh the held nodes again, or raise where that was done
+        already (``stuck``) or no node is held."""
+        waiting_nodes = ([v for entries in self.held for _, _, v, _ in entries]
+                         + [v for entries in self.held_for_room for _, _, _, v, _ in entries])
+        if not waiting_nodes:       # the ready nodes left were dropped where no channel links a neighbour
+            v = next(v for v in range(self.n) if self.pending[v] == 0 and self.state.device_of[v] < 0)
+            raise self.state.unreached(v)
+        if stuck:       # every node waiting was held for memory on a device its inputs reach
+            raise InfeasibleError(f"node {self.graph.ids[min(waiting_nodes)]!r} fits no device's remaining memory")
+        for j, entries in enumerate(self.held):   # what held them may have eased elsewhere: weigh them again
+            self.release(entries)
+            self.release_room(j, everything=True)
+
+    def put_back(self, v: int, d: int, est: Estimate) -> None:
+        """``v`` starts on ``d`` later than its key: back with its estimate as key, in a channel's crowd where
+        its inputs come last there, and with that bound on the devices its inputs reach the same way."""
+        c, rel, shortest = self.crowd_of(v, d, est)
+        if c < 0:
+            self.wait_on(d, (est.start, self.position[v], v))
+        else:
+            self.join_crowd(v, d, c, rel, _tick(est.start), shortest)
+        # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
+        ready = max((booking.end for booking in est.bookings), default=0.0)
+        gaps = len(self.state.gap_bookings[c]) if c >= 0 else 0
+        for j in self.state.same_routes(v, d, est.bookings):
+            self.arrives_after[(v, j)] = _Bound(_tick(ready), c, rel, shortest, gaps)
+            if self.fronts_on(j, v):
+                self.dirty.add(j)    # its front is v at a key the bound now lifts
+
+    def booked(self, v: int, d: int, est: Estimate, fixed: int) -> None:
+        """After ``v`` is booked on ``d`` (its unit's device was ``fixed`` before): call back the nodes whose
+        keys it may have lowered or whose memory it may have freed, and make its successors ready."""
+        state, position, pending, dirty = self.state, self.position, self.pending, self.dirty
+        # Readers of an input now on d may have it sooner than by a transfer of their own (a copy of
+        # fewer bytes, or sent earlier): those waiting for d weigh it again.
+        inputs = state.inputs[v]
+        for booking in est.bookings:
+            u, t, _ = inputs[booking.input]
+            for w in state.readers[(u, t)]:
+                self.crowd_serial.pop((w, d), None)
+                if pending[w] == 0 and state.device_of[w] < 0 and self.offered(w, d):
+                    self.wait_on(d, (0.0, position[w], w))
+        # Bookings on a channel move its crowds back: the devices they wait for are due again.
+        channels = ({booking.channel for booking in est.bookings}
+                    | {state.channel_of[d][send.device] for send in state.sends.get(v, ())})
+        for c in channels:
+            if c >= 0:
+                dirty.update(j for j in state.receivers[c] if c in self.crowds[j])
+        # Held nodes come back when what held them may have changed: v's colocation group
+        # now lives on d (its parameters are in), or memory was freed.
+        if fixed < 0 and state.grouped[state.unit_of[v]]:
+            self.release(self.held[d])
+            self.release_room(d, everything=True)
+        held, held_used, held_for_room = self.held, self.held_used, self.held_for_room
+        for j in range(self.n_dev):
+            if self.fronts_on(j, v):
+                dirty.add(j)
+            if held[j] and state.memory.used[j] < held_used[j]:
+                self.release(held[j])
+                held_used[j] = -np.inf
+            if held_for_room[j]:
+                self.release_room(j)
+        for w in self.succ[v]:
+            pending[w] -= 1
+            if pending[w] == 0:
+                self.become_ready(w)
+
+    # ------------------------------------------------------------ ready nodes
+    def parent_device(self, v: int) -> int:
         """The device of v's favourite parent while that parent is still the last node there, else -1."""
-        u = fav_parent[v]
+        u = self.fav_parent[v]
         if u < 0:
             return -1
+        state = self.state
         d = state.device_of[u]
         return d if d >= 0 and state.devices[d].last_item() == u else -1
 
-    def wait_on(d: int, entry: tuple[float, int, int]) -> None:
-        ready, pos, v = entry
-        key = _tick(ready)
-        heapq.heappush(waiting[d], (key, pos, v))
-        first = front[d]
-        # It could start at max(key, free) at the earliest: behind d's first node, it cannot come first there.
-        earliest = key if key > free_at[d] else free_at[d]
-        if first is None or earliest < first[0] or (earliest == first[0] and pos < first[1]):
-            dirty.add(d)
+    def become_ready(self, v: int) -> None:
+        """``v``'s inputs are all booked: next on its favourite parent's device where m-SCT keeps it there,
+        else on every device it may use."""
+        home = self.parent_device(v)
+        if home >= 0 and self.state.may_take(v, home) and self.starts_earliest_at(v, home):
+            heapq.heappush(self.startable[home], (-1, v))    # next on its parent's device, before any other
+            self.dirty.add(home)
+        else:
+            self.offer_everywhere(v)
 
-    def release(entries: list) -> None:
-        """Put held nodes back in their devices' heaps."""
-        for *key, d in entries:
-            wait_on(d, tuple(key))
-        entries.clear()
-
-    def starts_earliest_at(v: int, home: int) -> bool:
+    def starts_earliest_at(self, v: int, home: int) -> bool:
         """Whether ``v`` could start on ``home`` when its favourite parent ends there, and nowhere sooner.
 
         Nowhere sooner follows: no device has an input before its producer ends.
         """
-        return state.estimate(v, home)[0] <= state.finish[fav_parent[v]]
+        return self.state.estimate(v, home).start <= self.state.finish[self.fav_parent[v]]
 
-    def become_ready(v: int) -> None:
-        home = parent_device(v)
-        if home >= 0 and state.may_take(v, home) and starts_earliest_at(v, home):
-            heapq.heappush(startable[home], (-1, v))    # next on its parent's device, before any other
-            dirty.add(home)
-        else:
-            offer_everywhere(v)
-
-    def offer_everywhere(v: int) -> None:
+    def offer_everywhere(self, v: int) -> None:
         """Put ``v`` in the heap of every device it may use, keyed by when its inputs can be there at the earliest."""
-        fav_parent[v] = -1
-        for d in range(n_dev):
-            if may_wait_on(v, d):
-                wait_on(d, (state.arrives_by(v, d), position[v], v))
+        self.fav_parent[v] = -1
+        state, pos = self.state, self.position[v]
+        for d in range(self.n_dev):
+            if self.may_wait_on(v, d):
+                self.wait_on(d, (state.arrives_by(v, d), pos, v))
 
-    def channel_end(c: int) -> float:
-        return state.channels[c].last[-1]
-
-    def bound_on(v: int, d: int, key: float) -> tuple[float, int]:
-        """The bound learnt for ``v`` on ``d`` and its channel if it is above ``key`` and still holds, else ``(key, -1)``."""
-        static, c, rel, _, gaps = arrives_after.get((v, d), (0.0, -1, 0.0, 0.0, 0))
-        if c >= 0 and gaps != len(state.gap_bookings[c]):
-            return key, -1
-        bound = static if c < 0 else _tick(channel_end(c) + rel)
-        return (bound, c) if bound > key and not state.any_input_sent(v, d) else (key, -1)
-
-    def may_wait_on(v: int, d: int) -> bool:
+    def may_wait_on(self, v: int, d: int) -> bool:
         """Whether ``v`` may wait on device ``d`` (its unit's device, or a kind it may use)."""
-        fixed = state.unit_device[state.unit_of[v]]
-        return fixed == d if fixed >= 0 else state.unit_ok[state.unit_of[v]][d]
+        state = self.state
+        unit = state.unit_of[v]
+        fixed = state.unit_device[unit]
+        return fixed == d if fixed >= 0 else state.unit_ok[unit][d]
 
-    def offered(v: int, d: int) -> bool:
+    def offered(self, v: int, d: int) -> bool:
         """Whether ready node ``v`` waits on device ``d``: its favourite parent's, or any it may use."""
-        if fav_parent[v] >= 0:
-            return state.device_of[fav_parent[v]] == d
-        return may_wait_on(v, d)
+        if self.fav_parent[v] >= 0:
+            return self.state.device_of[self.fav_parent[v]] == d
+        return self.may_wait_on(v, d)
 
-    def join_crowd(v: int, d: int, c: int, rel: float, key: float, shortest: float) -> None:
+    def wait_on(self, d: int, entry: tuple[float, int, int]) -> None:
+        """Put ``entry`` (a data-ready time, position, node) in ``d``'s waiting heap, its time ticked."""
+        ready, pos, v = entry
+        key = _tick(ready)
+        heapq.heappush(self.waiting[d], (key, pos, v))
+        first, free = self.front[d], self.free_at[d]
+        if first is None:
+            self.dirty.add(d)
+            return
+        # It could start at max(key, free) at the earliest: behind d's first node, it cannot come first there.
+        earliest = key if key > free else free
+        first_start, first_pos, _, _, _ = first
+        if earliest < first_start or (earliest == first_start and pos < first_pos):
+            self.dirty.add(d)
+
+    def bound_on(self, v: int, d: int, key: float) -> tuple[float, int]:
+        """The bound learnt for ``v`` on ``d`` (:class:`_Bound`) and its channel if it is above ``key`` and still
+        holds, else ``(key, -1)``."""
+        static, c, rel, _, gaps = self.arrives_after.get((v, d), _NO_BOUND)
+        if c < 0:
+            bound = static
+        elif gaps != len(self.state.gap_bookings[c]):
+            return key, -1
+        else:
+            bound = _tick(self.state.channels[c].last[-1] + rel)
+        return (bound, c) if bound > key and not self.state.any_input_sent(v, d) else (key, -1)
+
+    def lift(self, v: int, d: int, bound: float, c: int) -> None:
+        """Put ``v`` back on ``d`` at a bound that holds: in channel ``c``'s crowd, or by ``bound`` (``c`` is -1)."""
+        if c < 0:
+            heapq.heappush(self.waiting[d], (bound, self.position[v], v))
+        else:
+            learnt = self.arrives_after[(v, d)]
+            self.join_crowd(v, d, c, learnt.rel, bound, learnt.shortest)
+
+    # ------------------------------------------------------------ memory
+    def hold(self, v: int, d: int, key: float) -> None:
+        """Set ``v`` aside on ``d`` until memory is freed there (a favourite child goes back to every device)."""
+        if self.fav_parent[v] >= 0:
+            self.offer_everywhere(v)
+            return
+        self.held[d].append((key, self.position[v], v, d))
+        self.held_used[d] = max(self.held_used[d], float(self.state.memory.used[d]))
+
+    def hold_for_room(self, v: int, d: int, key: float) -> None:
+        """Set ``v`` aside on ``d`` until ``d`` has the room its unit needs (``ScheduleState.may_take``)."""
+        if self.fav_parent[v] >= 0:
+            self.offer_everywhere(v)
+            return
+        need = self.state.unit_need[self.state.unit_of[v]]
+        heapq.heappush(self.held_for_room[d], (need, key, self.position[v], v, d))
+
+    def release(self, entries: list) -> None:
+        """Put held nodes back in their devices' heaps."""
+        for key, pos, v, d in entries:
+            self.wait_on(d, (key, pos, v))
+        entries.clear()
+
+    def release_room(self, d: int, everything: bool = False) -> None:
+        """Put back the nodes held for room on ``d`` that have it now (``everything``: all of them)."""
+        waiting_room, capacity, used = self.held_for_room[d], self.state.memory.limits[d], self.state.memory.used
+        while waiting_room:
+            need, key, pos, v, _ = waiting_room[0]
+            if not (everything or used[d] + need <= capacity):
+                break
+            heapq.heappop(waiting_room)
+            self.wait_on(d, (key, pos, v))
+
+    # ------------------------------------------------------------ crowds
+    def fronts_on(self, d: int, v: int) -> bool:
+        """Whether ``v`` is device ``d``'s front."""
+        first = self.front[d]
+        if first is None:
+            return False
+        _, _, node, _, _ = first
+        return node == v
+
+    def channel_end(self, c: int) -> float:
+        """When channel ``c``'s last booking ends."""
+        return self.state.channels[c].last[-1]
+
+    def crowd_of(self, v: int, d: int, est: Estimate) -> _CrowdSpot:
+        """Where ``v``'s inputs reach ``d`` last in a channel's crowd (:class:`_CrowdSpot`), ``rel`` after its
+        last booking ends (the estimate's start); ``_NO_CROWD`` where they do not.
+
+        They do when the input that arrives last is sent after every transfer
+        booked on its channel, right after ``v``'s other inputs on it, if any.
+        Inputs already on ``d`` (sent there for another reader) do not keep
+        ``v`` out: they are there at a time that bookings leave as it is (the
+        key's floor, the estimate's start, covers it), and an input of its own
+        sent there for another reader later calls ``v`` back (:meth:`booked`).
+        """
+        bookings = est.bookings
+        if not bookings:
+            return _NO_CROWD
+        c, _, end, _ = max(bookings, key=lambda booking: booking.end)
+        last = previous = self.channel_end(c)
+        if last < 0 or _tick(end) != _tick(est.start):
+            return _NO_CROWD
+        shortest = math.inf
+        for begin, finish in sorted((begin, finish) for channel, begin, finish, _ in bookings if channel == c):
+            if _tick(begin) != _tick(previous):
+                return _NO_CROWD
+            previous, shortest = finish, min(shortest, finish - begin)
+        return _CrowdSpot(c, _tick(end - last), shortest)     # rel ticked: crowds of equal lengths order by position
+
+    def join_crowd(self, v: int, d: int, c: int, rel: float, key: float, shortest: float) -> None:
         """Put ``v`` in channel ``c``'s crowd on ``d``, ``rel`` after the channel's last booking and no sooner than
         ``key``, its shortest transfer on ``c`` taking ``shortest``."""
-        crowd = crowds[d].get(c)
-        if crowd is None or check_crowd(d, c):
-            crowd = crowds[d][c] = _Crowd(len(state.gap_bookings[c]))
+        crowd = self.crowds[d].get(c)
+        if crowd is None or self.check_crowd(d, c):
+            crowd = self.crowds[d][c] = _Crowd(len(self.state.gap_bookings[c]))
         bucket = crowd.buckets.get(rel)
         if bucket is None:
-            bucket = crowd.buckets[rel] = _Bucket(c, rel, next(serials))
+            bucket = crowd.buckets[rel] = _Bucket(c, rel, next(self.serials))
             heapq.heappush(crowd.order, (rel, bucket.serial, bucket))
         bucket.shortest = min(bucket.shortest, shortest)
-        serial, pos = next(serials), position[v]
-        crowd_serial[(v, d)] = serial
+        serial, pos = next(self.serials), self.position[v]
+        self.crowd_serial[(v, d)] = serial
         heapq.heappush(bucket.members, (pos, v, serial, key))
         if bucket.due and pos < bucket.entry:
             bucket.entry = pos
-            heapq.heappush(due_buckets[d], (pos, bucket.serial, bucket))
-        dirty.add(d)
+            heapq.heappush(self.due_buckets[d], (pos, bucket.serial, bucket))
+        self.dirty.add(d)
 
-    def check_crowd(d: int, c: int) -> bool:
+    def check_crowd(self, d: int, c: int) -> bool:
         """Disband the buckets of channel ``c``'s crowd on ``d`` that a booking leaving the channel idle since
         their keys were taken may bring forward; say whether that disbanded the whole crowd.
 
@@ -354,319 +597,189 @@ def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         the members of every bucket whose shortest transfer the span could
         hold go back among the startable, to be estimated again. The others
         still go after the last booking: each idle span left since is too
-        short for any of their transfers. (A schedule told the transfers of
-        the last one books each at its producer's finish, most after their
-        channel's end: on the 30k-node graph of bench/scaling.py, disbanding
-        every crowd at each of those estimated hundreds of optimizer updates,
-        each waiting for its gradient, a hundred times over: 65k estimates
-        against the first schedule's 39k, 42k now.)
+        short for any of their transfers.
         """
-        crowd = crowds[d][c]
-        if crowd.gaps == len(state.gap_bookings[c]):
+        crowd, gap_bookings = self.crowds[d][c], self.state.gap_bookings[c]
+        if crowd.gaps == len(gap_bookings):
             return False
         # The margin covers rounding, as Timeline's does.
-        widest = max(state.gap_bookings[c][crowd.gaps:]) + 1e-9
-        crowd.gaps = len(state.gap_bookings[c])
+        widest = max(gap_bookings[crowd.gaps:]) + 1e-9
+        crowd.gaps = len(gap_bookings)
         for rel, bucket in list(crowd.buckets.items()):
             if bucket.shortest > widest:
                 continue
             bucket.alive = False
             del crowd.buckets[rel]
             for pos, v, serial, _ in bucket.members:
-                if crowd_serial.get((v, d)) == serial:
-                    del crowd_serial[(v, d)]
-                    heapq.heappush(startable[d], (pos, v))
-            dirty.add(d)
+                if self.crowd_serial.get((v, d)) == serial:
+                    del self.crowd_serial[(v, d)]
+                    heapq.heappush(self.startable[d], (pos, v))
+            self.dirty.add(d)
         if crowd.buckets:
             return False
-        del crowds[d][c]
+        del self.crowds[d][c]
         return True
 
-    def crowd_key(c: int, rel: float, floor: float) -> float:
-        """When a node in channel ``c``'s crowd, ``rel`` after its last booking and no sooner than ``floor``,
-        could start at the earliest (its key for the main loop)."""
-        return max(_tick(channel_end(c) + rel), floor)
-
-    def first_member(d: int, bucket: _Bucket) -> tuple[int, int, float] | None:
-        """``(position, node, key)`` of ``bucket``'s first member still waiting in it, its key where it would
-        start at the earliest; None when none is (the bucket is removed)."""
-        members = bucket.members
+    def first_member(self, d: int, bucket: _Bucket) -> tuple[int, int, float] | None:
+        """``(position, node, key)`` of ``bucket``'s first member still waiting in it, its key when it could
+        start at the earliest: the channel's last booking's end plus the bucket's ``rel``, no sooner than the
+        member's floor. None when no member is (the bucket is removed)."""
+        members, crowd_serial, device_of = bucket.members, self.crowd_serial, self.state.device_of
         while members:
             pos, v, serial, floor = members[0]
-            if crowd_serial.get((v, d)) == serial and state.device_of[v] < 0:
-                return pos, v, crowd_key(bucket.channel, bucket.rel, floor)
+            if crowd_serial.get((v, d)) == serial and device_of[v] < 0:
+                return pos, v, max(_tick(self.channel_end(bucket.channel) + bucket.rel), floor)
             heapq.heappop(members)
         bucket.alive = False
-        crowd = crowds[d][bucket.channel]
+        crowd = self.crowds[d][bucket.channel]
         del crowd.buckets[bucket.rel]
         if not crowd.buckets:
-            del crowds[d][bucket.channel]
+            del self.crowds[d][bucket.channel]
         return None
 
-    def first_not_due(d: int, crowd: _Crowd) -> tuple[_Bucket, tuple[int, int, float]] | None:
-        """``crowd``'s first bucket not due (smallest ``rel``) and its first member (:func:`first_member`)."""
+    def first_not_due(self, d: int, crowd: _Crowd) -> tuple[_Bucket, tuple[int, int, float]] | None:
+        """``crowd``'s first bucket not due (smallest ``rel``) and its first member (:meth:`first_member`)."""
         order = crowd.order
         while order:
-            bucket = order[0][2]
-            first = first_member(d, bucket) if bucket.alive else None
+            _, _, bucket = order[0]
+            first = self.first_member(d, bucket) if bucket.alive else None
             if first is not None:
                 return bucket, first
             heapq.heappop(order)
         return None
 
-    def come_due(d: int, free: float) -> None:
+    def come_due(self, d: int, free: float) -> None:
         """Move the buckets whose key has reached ``free`` (when ``d`` frees) among ``d``'s due buckets."""
-        for crowd in list(crowds[d].values()):
-            while (top := first_not_due(d, crowd)) is not None and top[1][2] <= free:
-                bucket, (pos, _, _) = top
+        for crowd in list(self.crowds[d].values()):
+            while (top := self.first_not_due(d, crowd)) is not None:
+                bucket, (pos, _, key) = top
+                if key > free:
+                    break
                 heapq.heappop(crowd.order)
                 bucket.due, bucket.entry = True, pos
-                heapq.heappush(due_buckets[d], (pos, bucket.serial, bucket))
+                heapq.heappush(self.due_buckets[d], (pos, bucket.serial, bucket))
 
-    def first_due(d: int, free: float) -> tuple[int, int, _Bucket] | None:
-        """``(position, node, bucket)`` of the first member of ``d``'s due buckets by position.
+    def first_due(self, d: int, free: float) -> _DueMember | None:
+        """The first member of ``d``'s due buckets by position.
 
         A bucket that bookings on its channel (none leaving it idle) have moved
-        past ``free`` goes back among its crowd's, whole: without buckets, each
-        booking on a channel would have every member that came due estimated
-        again, k squared estimates for a crowd of k (hundreds of step counts,
-        each waiting for one transfer, on a device faster than the channel:
-        ResNet-152 over ``2xcpu``), and moving them back one by one was k
-        squared heap moves (ResNet-200 over ``2xcpu``).
+        past ``free`` goes back among its crowd's, whole, without an estimate:
+        each booking on a channel would otherwise have every member that came
+        due estimated again, k squared estimates for a crowd of k.
         """
-        due = due_buckets[d]
+        due = self.due_buckets[d]
         while due:
             pos, _, bucket = due[0]
-            first = first_member(d, bucket) if bucket.alive and bucket.due and bucket.entry == pos else None
+            first = self.first_member(d, bucket) if bucket.alive and bucket.due and bucket.entry == pos else None
             if first is None:
                 heapq.heappop(due)
-            elif first[0] != pos:      # its first member left: the bucket goes by its next one
-                heapq.heapreplace(due, (first[0], bucket.serial, bucket))
-                bucket.entry = first[0]
-            elif first[2] > free:
+                continue
+            first_pos, v, key = first
+            if first_pos != pos:      # its first member left: the bucket goes by its next one
+                heapq.heapreplace(due, (first_pos, bucket.serial, bucket))
+                bucket.entry = first_pos
+            elif key > free:
                 heapq.heappop(due)
                 bucket.due = False
-                heapq.heappush(crowds[d][bucket.channel].order, (bucket.rel, bucket.serial, bucket))
+                heapq.heappush(self.crowds[d][bucket.channel].order, (bucket.rel, bucket.serial, bucket))
             else:
-                return pos, first[1], bucket
+                return _DueMember(pos, v, bucket)
         return None
 
-    def lift(v: int, d: int, bound: float, c: int) -> None:
-        """Put ``v`` back on ``d`` at a bound that holds: in channel ``c``'s crowd, or by ``bound`` (``c`` is -1)."""
-        if c < 0:
-            heapq.heappush(waiting[d], (bound, position[v], v))
-        else:
-            _, _, rel, shortest, _ = arrives_after[(v, d)]
-            join_crowd(v, d, c, rel, bound, shortest)
+    # ------------------------------------------------------------ fronts
+    def device_front(self, d: int) -> tuple[float, int, int, int, int] | None:
+        """The first ready node on device ``d`` by its heap keys: ``(start, position, node, d, heap)``, where
+        ``heap`` is the one it waits in (``_STARTABLE``, ``_WAITING`` or a channel's crowd). Plain tuples:
+        made at every turn of the main loop, which takes the smallest.
 
-    def device_front(d: int) -> tuple[float, int, int, int] | None:
-        """``(start, position, node, heap)`` of the first ready node on device ``d`` by its heap keys.
-
-        ``heap`` is where it waits: ``_STARTABLE``, ``_WAITING`` or a channel's crowd.
         A node whose key is below a bound learnt from another device goes back with the bound as its
         key (as the main loop would do on popping it), so that the loop only sees keys that hold.
         """
-        free = free_at[d] = _tick(max(0.0, state.devices[d].last[-1]))     # when its last booking ends
-        wait, start, on_channels = waiting[d], startable[d], crowds[d]
+        state = self.state
+        device_of = state.device_of
+        free = self.free_at[d] = _tick(max(0.0, state.devices[d].last[-1]))     # when its last booking ends
+        wait, start, on_channels = self.waiting[d], self.startable[d], self.crowds[d]
         if on_channels:     # most devices, most of the time, have no crowd: none of this is needed
             for c in list(on_channels):
-                check_crowd(d, c)
-            come_due(d, free)
+                self.check_crowd(d, c)
+            self.come_due(d, free)
         best = None
         while True:
-            while wait and (wait[0][0] <= free or state.device_of[wait[0][2]] >= 0):
-                _, pos, v = heapq.heappop(wait)
-                if state.device_of[v] < 0:
+            while wait:
+                key, pos, v = wait[0]
+                if key > free and device_of[v] < 0:
+                    break
+                heapq.heappop(wait)
+                if device_of[v] < 0:
                     heapq.heappush(start, (pos, v))
-            while start and state.device_of[start[0][1]] >= 0:
-                heapq.heappop(start)
-            due = first_due(d, free) if due_buckets[d] else None
-            # Startable nodes and due crowd members could all start when d frees: they go by position.
-            if start and (due is None or start[0][0] <= due[0]):
+            while start:
                 pos, v = start[0]
-                bound, c = bound_on(v, d, free)
-                if bound == free:
-                    best = free, pos, v, _STARTABLE
+                if device_of[v] < 0:
                     break
                 heapq.heappop(start)
-                lift(v, d, bound, c)
+            due = self.first_due(d, free) if self.due_buckets[d] else None
+            # Startable nodes and due crowd members could all start when d frees: they go by position.
+            if start and (due is None or pos <= due.position):
+                bound, c = self.bound_on(v, d, free)
+                if bound == free:
+                    best = free, pos, v, d, _STARTABLE
+                    break
+                heapq.heappop(start)
+                self.lift(v, d, bound, c)
                 continue
             if due is not None:
-                pos, v, bucket = due
-                bound, c = bound_on(v, d, free)
+                bound, c = self.bound_on(due.node, d, free)
                 if bound == free:
-                    best = free, pos, v, bucket.channel
+                    best = free, due.position, due.node, d, due.bucket.channel
                     break
-                del crowd_serial[(v, d)]
-                lift(v, d, bound, c)
+                del self.crowd_serial[(due.node, d)]
+                self.lift(due.node, d, bound, c)
                 continue
             if not wait:
                 break
             key, pos, v = wait[0]
-            bound, c = bound_on(v, d, key)
+            bound, c = self.bound_on(v, d, key)
             if bound == key:
-                best = key, pos, v, _WAITING
+                best = key, pos, v, d, _WAITING
                 break
             heapq.heappop(wait)
-            lift(v, d, bound, c)
+            self.lift(v, d, bound, c)
         if not on_channels:
             return best
         crowd_best = None
         for c, crowd in list(on_channels.items()):
-            top = first_not_due(d, crowd)
+            top = self.first_not_due(d, crowd)
             if top is not None:
-                pos, v, key = top[1]
-                crowd_best = min(crowd_best, (key, pos, v, c)) if crowd_best else (key, pos, v, c)
+                _, (pos, v, key) = top
+                candidate = key, pos, v, d, c
+                crowd_best = min(crowd_best, candidate) if crowd_best else candidate
         return min(best, crowd_best) if best and crowd_best else best or crowd_best
 
-    def crowd_of(v: int, d: int, est: tuple) -> tuple[int, float, float]:
-        """``(channel, rel, shortest)`` where ``v``'s inputs reach ``d`` last in a channel's crowd, ``rel`` after
-        its last booking ends (the estimate's start), its shortest transfer there taking ``shortest``;
-        ``(-1, 0, 0)`` otherwise.
 
-        They do when the input that arrives last is sent after every transfer
-        booked on its channel, right after ``v``'s other inputs on it, if any.
-        Inputs already on ``d`` (sent there for another reader) do not keep
-        ``v`` out: they are there at a time that bookings leave as it is (the
-        key's floor, the estimate's start, covers it), and an input of its own
-        sent there for another reader later calls ``v`` back (the main loop).
-        Kept out, Adam's divisions of Inception-v3 at batch 64 over ``2xcpu``,
-        in a schedule told the last one's transfers, were each estimated again
-        at every booking on their channel: the scalar all 292 read was sent
-        ahead to their device (54.6k estimates, 12.4k now).
-        """
-        bookings = est[3]
-        if not bookings:
-            return -1, 0.0, 0.0
-        c, _, end, _ = max(bookings, key=lambda booking: booking[2])
-        last = previous = channel_end(c)
-        if last < 0 or _tick(end) != _tick(est[0]):
-            return -1, 0.0, 0.0
-        shortest = math.inf
-        for begin, finish in sorted((begin, finish) for channel, begin, finish, _ in bookings if channel == c):
-            if _tick(begin) != _tick(previous):
-                return -1, 0.0, 0.0
-            previous, shortest = finish, min(shortest, finish - begin)
-        return c, _tick(end - last), shortest     # rel ticked: crowds of equal lengths order by position
+def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
+                 favourite: np.ndarray | None = None, capacity_scale: np.ndarray | None = None,
+                 sends: dict | None = None) -> Schedule:
+    """Earliest-time-first list scheduling (m-ETF), or m-SCT when ``favourite`` children are given.
 
-    def hold(v: int, d: int, key: float) -> None:
-        """Set ``v`` aside on ``d`` until memory is freed there (a favourite child goes back to every device)."""
-        if fav_parent[v] >= 0:
-            offer_everywhere(v)
-            return
-        held[d].append((key, position[v], v, d))
-        held_used[d] = max(held_used[d], float(state.memory.used[d]))
+    The schedule :class:`EtfScheduler` makes under memory ratio ``ratio``,
+    per-device budgets ``capacity_scale`` and transfers booked ahead
+    ``sends`` (as :class:`~placer.algorithms.list_scheduling.ScheduleState` takes them).
 
-    def hold_for_room(v: int, d: int, key: float) -> None:
-        """Set ``v`` aside on ``d`` until ``d`` has the room its unit needs (``ScheduleState.may_take``)."""
-        if fav_parent[v] >= 0:
-            offer_everywhere(v)
-            return
-        heapq.heappush(held_for_room[d], (state.unit_need[state.unit_of[v]], key, position[v], v, d))
+    Raises
+    ------
+    InfeasibleError
+        If the ready nodes left fit no device's remaining memory, or no device they may use is
+        linked to their neighbours' devices (the missing link named).
 
-    def release_room(d: int, everything: bool = False) -> None:
-        """Put back the nodes held for room on ``d`` that have it now (``everything``: all of them)."""
-        waiting_room, capacity = held_for_room[d], state.memory.limits[d]
-        while waiting_room and (everything or state.memory.used[d] + waiting_room[0][0] <= capacity):
-            _, *key, _ = heapq.heappop(waiting_room)
-            wait_on(d, tuple(key))
-
-    for v in range(n):
-        if pending[v] == 0:
-            become_ready(v)
-    done, stuck = 0, False
-    while done < n:
-        for d in dirty:
-            front[d] = device_front(d)
-        dirty.clear()
-        # Ties: lower position, then lower device index (whichever heap the node waits in).
-        fronts = [(f[0], f[1], f[2], d, f[3]) for d, f in enumerate(front) if f is not None]
-        if not fronts:
-            waiting_nodes = ([entry[2] for entries in held for entry in entries]
-                             + [entry[3] for entries in held_for_room for entry in entries])
-            if not waiting_nodes:       # the ready nodes left were dropped where no channel links a neighbour
-                v = next(v for v in range(n) if pending[v] == 0 and state.device_of[v] < 0)
-                raise state.unreached(v)
-            if stuck:       # every node waiting was held for memory on a device its inputs reach
-                raise InfeasibleError(f"node {graph.ids[min(waiting_nodes)]!r} fits no device's remaining memory")
-            for j, entries in enumerate(held):   # what held them may have eased elsewhere: weigh them again
-                release(entries)
-                release_room(j, everything=True)
-            stuck = True
-            continue
-        start, _, v, d, source = min(fronts)
-        dirty.add(d)
-        if source == _STARTABLE:
-            heapq.heappop(startable[d])
-        elif source == _WAITING:
-            heapq.heappop(waiting[d])
-        else:
-            del crowd_serial[(v, d)]     # its bucket drops it when it comes first there
-        if state.device_of[v] >= 0:
-            continue        # booked already from another of its entries (a reader weighed again waits twice)
-        if not may_wait_on(v, d):   # its group went elsewhere meanwhile, or a unit placed since narrowed its devices
-            if fav_parent[v] >= 0:
-                offer_everywhere(v)
-            continue
-        fixed = state.unit_device[state.unit_of[v]]
-        if not state.may_take(v, d):
-            hold_for_room(v, d, start)
-            continue
-        bound, c = bound_on(v, d, start)
-        if bound > start:
-            lift(v, d, bound, c)     # the bound still holds: nothing came to d since
-            continue
-        est = state.cached_estimate(v, d, cache)
-        if est[0] == float("inf"):
-            continue        # no channel brings an input to d
-        if _tick(est[0]) > start:
-            c, rel, shortest = crowd_of(v, d, est)
-            if c < 0:
-                wait_on(d, (est[0], position[v], v))
-            else:
-                join_crowd(v, d, c, rel, _tick(est[0]), shortest)
-            # Where v's inputs would travel the very channels they take to d, they arrive no earlier.
-            ready = max((booking[2] for booking in est[3]), default=0.0)
-            for j in state.same_routes(v, d, est[3]):
-                arrives_after[(v, j)] = (_tick(ready), c, rel, shortest, len(state.gap_bookings[c]) if c >= 0 else 0)
-                if front[j] is not None and front[j][2] == v:
-                    dirty.add(j)    # its front is v at a key the bound now lifts
-            continue
-        if not state.holds(v, d, est):
-            hold(v, d, start)
-            continue
-        state.commit(v, d, est)
-        done += 1
-        # Readers of an input now on d may have it sooner than by a transfer of their own (a copy of
-        # fewer bytes, or sent earlier): those waiting for d weigh it again.
-        for _, _, _, k in est[3]:
-            for w in state.readers[state.inputs[v][k][:2]]:
-                crowd_serial.pop((w, d), None)
-                if pending[w] == 0 and state.device_of[w] < 0 and offered(w, d):
-                    wait_on(d, (0.0, position[w], w))
-        # Bookings on a channel move its crowds back: the devices they wait for are due again.
-        for c in {booking[0] for booking in est[3]} | {state.channel_of[d][j] for _, j, _ in state.sends.get(v, ())}:
-            if c >= 0:
-                dirty.update(j for j in state.receivers[c] if c in crowds[j])
-        stuck = False
-        # Held nodes come back when what held them may have changed: v's colocation group
-        # now lives on d (its parameters are in), or memory was freed.
-        if fixed < 0 and state.grouped[state.unit_of[v]]:
-            release(held[d])
-            release_room(d, everything=True)
-        for j, first in enumerate(front):
-            if first is not None and first[2] == v:
-                dirty.add(j)
-            if held[j] and state.memory.used[j] < held_used[j]:
-                release(held[j])
-                held_used[j] = -np.inf
-            if held_for_room[j]:
-                release_room(j)
-        for w in succ[v]:
-            pending[w] -= 1
-            if pending[w] == 0:
-                become_ready(w)
-    return state.schedule()
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> g = OpGraph(["a", "b", "c"], [1.0, 2.0, 2.0], [0, 0], [1, 2], [0, 0], [0, 1])
+    >>> sched = etf_schedule(g, load_cluster("2xcpu"))     # c goes to cpu1: it starts there once its input arrives
+    >>> sched.device_of.tolist(), sched.start.tolist()
+    ([0, 0, 1], [0.0, 1.0, 1.000016])
+    """
+    return EtfScheduler(graph, cluster, ratio, favourite, capacity_scale, sends).run()
 
 
 def _tick(t: float) -> float:

@@ -18,14 +18,10 @@ from ..sim.simulator import simulate
 from ..transform.split import split_dims
 from .auto import critical_path_nodes
 from .data_parallel import data_parallel_schedule
-from .list_scheduling import (
-    Schedule,
-    ScheduleState,
-    plan_from_schedule,
-    priority_order,
-    rank_ordered_with_memory_retries,
-    scheduling_priorities,
-)
+from .list_scheduling.priorities import priority_order, scheduling_priorities
+from .list_scheduling.retries import rank_ordered_with_memory_retries
+from .list_scheduling.state import Schedule, ScheduleState
+from .list_scheduling.to_plan import plan_from_schedule
 from .registry import register
 from .timebox import TimeBox
 
@@ -59,7 +55,7 @@ def _holds(state: ScheduleState, v: int, d: int, devices: list[int], cache: dict
     if d not in devices:
         return False
     estimate = state.cached_estimate(v, d, cache)
-    return estimate[0] != float("inf") and state.holds(v, d, estimate)
+    return estimate.start != float("inf") and state.holds(v, d, estimate)
 
 
 def _critical_path_device(state: ScheduleState, remaining: list[int], candidates: list[int] | None = None) -> int:

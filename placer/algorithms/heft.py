@@ -7,8 +7,10 @@ import numpy as np
 from ..cluster import Cluster
 from ..graph import OpGraph
 from ..plan import Plan
-from .list_scheduling import (Schedule, ScheduleState, plan_from_schedule, priority_order,
-                              rank_ordered_with_memory_retries, scheduling_priorities)
+from .list_scheduling.priorities import priority_order, scheduling_priorities
+from .list_scheduling.retries import rank_ordered_with_memory_retries
+from .list_scheduling.state import Schedule, ScheduleState
+from .list_scheduling.to_plan import plan_from_schedule
 from .registry import register
 
 __all__ = ["heft", "heft_schedule"]

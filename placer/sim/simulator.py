@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import heapq
 from dataclasses import dataclass
-from typing import Sequence
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -205,8 +205,32 @@ def _durations_on(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> np
     return dur
 
 
-def _plan_transfers(graph: OpGraph, cluster: Cluster, device_of: np.ndarray):
-    """Group cross-device edges into transfers: one per (producer, tensor, destination device)."""
+class _TransferPlan(NamedTuple):
+    """The edges of a placed graph, and the transfers its cross-device edges make (:func:`_plan_transfers`)."""
+
+    local: np.ndarray           #: edges within one device
+    cross: np.ndarray           #: edges between devices
+    edge_to_xfer: np.ndarray    #: per cross edge, its transfer
+    producer: np.ndarray        #: per transfer (as the rest): the node that produced its tensor
+    tensor: np.ndarray          #: which output of the producer
+    src: np.ndarray             #: the producer's device
+    dst: np.ndarray             #: the destination device
+    channel: np.ndarray
+    nbytes: np.ndarray          #: the most bytes of its edges
+    duration: np.ndarray        #: the channel's latency plus nbytes over its bandwidth
+
+
+def _plan_transfers(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> _TransferPlan:
+    """Group cross-device edges into transfers: one per (producer, tensor, destination device).
+
+    Transfers are numbered in the channel queue's tie order: by producer,
+    destination device name, tensor (FORMATS.md, rule 4).
+
+    Raises
+    ------
+    InvalidPlanError
+        Where no channel connects a producer's device to a destination.
+    """
     src, dst = graph.src, graph.dst
     sdev, ddev = device_of[src], device_of[dst]
     cross = np.flatnonzero(sdev != ddev)
@@ -237,7 +261,7 @@ def _plan_transfers(graph: OpGraph, cluster: Cluster, device_of: np.ndarray):
     lat = np.array([c.latency_s for c in cluster.channels] or [0.0])
     bw = np.array([c.bandwidth_bytes_per_s for c in cluster.channels] or [1.0])
     duration = lat[channel] + nbytes / bw[channel] if nx_ else np.zeros(0)
-    return local, cross, edge_to_xfer, producer, tensor, x_src, x_dst, channel, nbytes, duration
+    return _TransferPlan(local, cross, edge_to_xfer, producer, tensor, x_src, x_dst, channel, nbytes, duration)
 
 
 def _group(keys: np.ndarray, values: np.ndarray, n: int) -> list[list[int]]:
@@ -252,18 +276,17 @@ def _group(keys: np.ndarray, values: np.ndarray, n: int) -> list[list[int]]:
 def _run(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[np.ndarray] | None) -> SimResult:
     n, n_dev, n_ch = graph.num_nodes, cluster.num_devices, len(cluster.channels)
     dur = _durations_on(graph, cluster, device_of)
-    (local, cross, edge_to_xfer, producer, tensor, x_src, x_dst, channel, nbytes,
-     x_dur) = _plan_transfers(graph, cluster, device_of)
-    n_x = producer.size
+    xp = _plan_transfers(graph, cluster, device_of)
+    n_x = xp.producer.size
 
-    local_succ = _group(graph.src[local], graph.dst[local], n)
-    xfers_of = _group(producer, np.arange(n_x), n)
-    xfer_dsts = _group(edge_to_xfer, graph.dst[cross], n_x)
+    local_succ = _group(graph.src[xp.local], graph.dst[xp.local], n)
+    xfers_of = _group(xp.producer, np.arange(n_x), n)
+    xfer_dsts = _group(xp.edge_to_xfer, graph.dst[xp.cross], n_x)
     pending = np.bincount(graph.dst, minlength=n).tolist()
     dev = device_of.tolist()
     dur_l = dur.tolist()
-    ch_of = channel.tolist()
-    xdur = x_dur.tolist()
+    ch_of = xp.channel.tolist()
+    xdur = xp.duration.tolist()
 
     start = [0.0] * n
     finish = [0.0] * n
@@ -392,9 +415,10 @@ def _run(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[n
         _raise_deadlock(graph, cluster, device_of, orders, ptr if ordered else None)
     start_a = np.asarray(start)
     finish_a = np.asarray(finish)
-    transfers = Transfers(producer, tensor, x_src, x_dst, channel, nbytes, finish_a[producer],
+    transfers = Transfers(xp.producer, xp.tensor, xp.src, xp.dst, xp.channel, xp.nbytes, finish_a[xp.producer],
                           np.asarray(x_start), np.asarray(x_end))
-    peak, events_mem = _memory(graph, cluster, device_of, start_a, finish_a, local, cross, edge_to_xfer, transfers)
+    peak, events_mem = _memory(graph, cluster, device_of, start_a, finish_a, xp.local, xp.cross, xp.edge_to_xfer,
+                               transfers)
     return SimResult(graph, cluster, device_of, start_a, finish_a, np.asarray(rank, dtype=np.int64), transfers,
                      peak, cluster.memory, events_mem)
 
