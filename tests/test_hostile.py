@@ -225,7 +225,7 @@ def test_3_plans_that_split_or_replicate_still_validate(tmp_path, capsys):
 # ----------------------------------------------------------------------------- 4
 _SWALLOWED = """
     import os, signal, sys
-    import placer.algorithms, placer.report.compare
+    import placer.algorithms, placer.cli.core, placer.report.compare
     from placer.cli import main
 
     real = placer.algorithms.place
@@ -238,7 +238,7 @@ _SWALLOWED = """
             pass
         return real(*args, **kwargs)
 
-    placer.algorithms.place = placer.report.compare.place = swallowing
+    placer.algorithms.place = placer.cli.core.place = placer.report.compare.place = swallowing
     sys.exit(main({argv!r}))
 """
 
