@@ -14,10 +14,11 @@ the 32 of FastT's ResNet-200) with SGD, on fake tensors, and costed by the analy
 columns count OS-DPOS's splits and how many of them are of backward operations (``convolution_backward``
 and the weight-gradient ``mm``).
 
-``--verify`` captures each model at a tiny size (a few samples; the zoo's small options), asks OS-DPOS for
-a plan over two CPU devices with its costs scaled so that splits pay, makes sure the plan splits a backward
-operation (else splits one itself), and runs three training steps of it with the local executor against
-eager PyTorch (:func:`placer.runtime.check.verify_plan`), as ``placer run ... --verify`` does.
+``--verify`` captures each model at a tiny size (2 samples; the zoo's small options, no dropout), makes two
+plans over two CPU devices, OS-DPOS's (its costs scaled so that splits pay) and one that splits backward
+operations by hand (a ``convolution_backward`` and a weight-gradient ``mm`` along the batch, others along
+their channels, placed at random), and runs each with ``placer run ... --verify`` (local backend): the
+trained model must equal eager PyTorch's.
 """
 
 from __future__ import annotations
@@ -87,55 +88,70 @@ def table(models: list[tuple[str, int]], clusters: list[str], time_limit: float)
               f"({geomean:.3f}x) over {len(gains)} cases")
 
 
-#: Tiny captures for --verify: (zoo model, batch, zoo options).
-TINY = [("vgg19", 2, {"width": 4, "image": 32, "classes": 10}),
-        ("resnet50", 2, {"width": 4, "image": 32, "classes": 10}),
-        ("inception_v3", 2, {"width": 2, "image": 75, "classes": 10})]
+#: Tiny captures for --verify: zoo specs at 2 samples (no dropout: random draws cannot equal eager training's).
+TINY = {"vgg19": "zoo:vgg19?image_size=32&width=4&hidden=32&classes=10&dropout=0",
+        "resnet50": "zoo:resnet50?image_size=32&width=4&classes=10",
+        "inception_v3": "zoo:inception_v3?image_size=75&width=4&classes=10&aux=false&dropout=0"}
+TINY_BATCH = 2
 
 
-def verify(models: list[str]) -> bool:
-    """Run OS-DPOS's split plans of tiny models with the local executor against eager training."""
-    import torch
+def _hand_splits(graph) -> list[tuple[str, str, int]]:
+    """Two of each backward kind, one split along the batch and one along the channels, in 2 parts."""
+    from placer.transform.split import split_dims
+
+    chosen = []
+    for op in BACKWARD_OPS:
+        nodes = [i for i in range(graph.num_nodes) if graph.op[i] == op
+                 and any("join" in e for e in graph.splittable[i] or ())]
+        for dim in ("batch", "channel"):
+            node = next((i for i in nodes if dim in split_dims(graph, i)
+                         and graph.ids[i] not in {n for n, _, _ in chosen}), None)
+            if node is not None:
+                chosen.append((graph.ids[node], dim, 2))
+    return chosen
+
+
+def verify(models: list[str], workdir: str) -> bool:
+    """``placer run --verify`` (local backend, 2 steps) on split plans of tiny captures of each model: OS-DPOS's
+    plan (its costs scaled so that splits pay on two devices) and one splitting backward operations by hand."""
+    import subprocess
 
     from placer.algorithms.common import placement_units
-    from placer.capture.spec import capture_spec, load_model
+    from placer.capture import capture_spec
     from placer.plan import Plan
-    from placer.runtime.check import verify_plan
-    from placer.transform.split import split_dims, split_operation
+    from placer.transform.split import split_operation
 
-    torch.set_num_threads(1)
     cluster = load_cluster("2xcpu")
     ok = True
-    for model, batch, options in TINY:
-        if model not in models:
-            continue
-        spec = f"zoo:{model}"
-        captured = capture_spec(spec, batch, optimizer="sgd", **options)
-        graph = captured.graph
-        # Costs that make a backward operation's split pay on two devices: every op 1 ms per unit of work.
-        plan = place(graph.replace(compute_s=np.where(np.isnan(graph.flops), 0, graph.flops) * 1e-9 + 1e-6),
-                     cluster, "os_dpos", data_parallel_start=False, time_limit=20)
-        target = plan.rewritten_graph
-        splits = list(plan.splits)
-        backward = [s for s in splits if graph.op[graph.index[s["node"]]] in BACKWARD_OPS] if splits else []
-        if not backward:
-            # OS-DPOS split no backward operation here: split the first of each kind along each dimension.
-            target, splits = graph, []
-            for op in BACKWARD_OPS:
-                for dim in ("batch", "channel"):
-                    node = next((graph.ids[i] for i in range(graph.num_nodes) if graph.op[i] == op
-                                 and dim in split_dims(graph, i) and "join" in graph.splittable[i][0]), None)
-                    if node is not None and node not in {s["node"] for s in splits}:
-                        target = split_operation(target, node, dim, 2)
-                        splits.append({"node": node, "dim": dim, "parts": 2})
-            unit_of, units = placement_units(target)
-            device_of = np.arange(len(units))[unit_of] % cluster.num_devices
-            plan = Plan.from_arrays(graph, cluster, device_of, placed_graph=target, splits=splits)
-        model_, inputs = load_model(spec, batch, **options)
-        report = verify_plan(plan, captured, model_, inputs, steps=3)
-        kinds = sorted({(graph.op[graph.index[s["node"]]].removeprefix("aten."), s["dim"]) for s in splits})
-        print(f"{model}: {len(splits)} splits {kinds}: {report}", flush=True)
-        ok &= report.ok
+    for model in models:
+        spec = TINY[model]
+        graph = capture_spec(spec, TINY_BATCH, optimizer="sgd").graph
+        # One second per TFLOP: the operations outweigh the transfers, so OS-DPOS splits.
+        heavy = graph.replace(compute_s=np.nan_to_num(graph.flops) * 1e-12 + 1e-7, compute_s_by_kind=None)
+        plans = {"os_dpos": place(heavy, cluster, "os_dpos", data_parallel_start=False, time_limit=30)}
+        target = graph
+        splits = _hand_splits(graph)
+        for node, dim, parts in splits:
+            target = split_operation(target, node, dim, parts)
+        unit_of, units = placement_units(target)
+        device_of = np.random.default_rng(0).integers(0, cluster.num_devices, len(units))[unit_of]
+        plans["by hand"] = Plan.from_arrays(graph, cluster, device_of, placed_graph=target,
+                                            splits=[{"node": n, "dim": d, "parts": p} for n, d, p in splits])
+        for label, plan in plans.items():
+            path = os.path.join(workdir, f"{model}-{label.replace(' ', '_')}.json")
+            plan.save(path)
+            ops = sorted({(graph.op[graph.index[s["node"]]].removeprefix("aten."), s["dim"]) for s in plan.splits
+                          if s["node"] in graph.index})
+            command = [sys.executable, "-m", "placer", "run", spec, "--plan", path, "--batch", str(TINY_BATCH),
+                       "--optimizer", "sgd", "--steps", "2", "--verify", "--backend", "local"]
+            done = subprocess.run(command, capture_output=True, text=True)
+            verdict = next((line.strip() for line in done.stdout.splitlines() if line.startswith("verify")),
+                           (done.stderr.strip().splitlines() or ["?"])[-1])
+            print(f"{model:>13} {label:>8}: {len(plan.splits)} splits {ops}; exit {done.returncode}: {verdict}",
+                  flush=True)
+            ok &= done.returncode == 0
+    print(f"command: placer run SPEC --plan PLAN --batch {TINY_BATCH} --optimizer sgd --steps 2 --verify "
+          f"--backend local")
     return ok
 
 
@@ -145,12 +161,13 @@ def main() -> None:
     parser.add_argument("--clusters", default=",".join(CLUSTERS))
     parser.add_argument("--time-limit", type=float, default=60.0, help="OS-DPOS's search time per case")
     parser.add_argument("--verify", action="store_true", help="run tiny split plans against eager training")
+    parser.add_argument("--workdir", default=".", help="where --verify writes its plan files")
     args = parser.parse_args()
     names = args.models.split(",")
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
           f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
     if args.verify:
-        ok = verify(names)
+        ok = verify(names, args.workdir)
     else:
         table([(m, b) for m, b in MODELS if m in names], args.clusters.split(","), args.time_limit)
         ok = True

@@ -20,8 +20,8 @@ from placer.plan import Plan
 from placer.runtime.check import state_difference, train_eager
 from placer.runtime.program import compile_program
 from placer.transform import apply_transform
-from placer.transform.checks import _law_failure
 from placer.transform.base import SHARE_AND_WHOLE
+from placer.transform.checks import _law_failure
 from placer.transform.replicate import data_parallel_graph
 from placer.transform.split import split_dims, split_operation
 

@@ -23,10 +23,22 @@ is an fx node the executors can place and run:
   that everything downstream computes on exactly the layout it was captured
   with.
 
-Only batch splits of single-output aten operations whose sliced inputs lead
-with the batch, and channel splits of such operations whose sliced inputs are
-the arguments the capture recorded, are executed; anything else is refused
-naming the node.
+A backward operation's split (its nodes record the capture's ``"join"``)
+slices the arguments the capture recorded along their own axes, for the batch
+too (a weight gradient ``t(grad) @ x`` slices the columns of its first operand
+and the rows of its second); a part's argument holding the extent (``"resize"``:
+``convolution_backward``'s ``bias_sizes``) is set to the part's; a part of a
+multi-output operation gives its outputs through ``getitem`` nodes it carries;
+a *sum* node (:func:`sum_like`) adds the parts' whole partials of an output the
+split computes as partial sums, a concat joins the others; and each ``getitem``
+of the original operation takes its joined output instead (:func:`picked`; an
+output the operation does not compute, as ``convolution_backward``'s masked
+input gradient, stays None).
+
+Only batch splits of aten operations whose sliced inputs lead with the batch,
+and channel or backward splits of such operations whose sliced inputs are the
+arguments the capture recorded, are executed; anything else is refused naming
+the node.
 """
 
 from __future__ import annotations
@@ -42,7 +54,7 @@ from ..capture.layout import dense_strides
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
 
-__all__ = ["split_step", "batch_slices", "slices_along", "concat_like"]
+__all__ = ["split_step", "batch_slices", "slices_along", "concat_like", "sum_like", "picked", "nothing"]
 
 #: The dimensions :func:`split_step` executes.
 RUNTIME_DIMS = ("batch", "channel")

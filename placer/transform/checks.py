@@ -42,8 +42,18 @@ from ..cluster import Cluster, load_cluster
 from ..errors import OptionError
 from ..generate import contract_cases, training_graph
 from ..graph import OpGraph
-from .base import (CUT, MAX, REQUIRED, SAME, SHARE_AND_WHOLE, SHARE_OR_WHOLE, SUM, Transform, TransformResult,
-                   get_transform)
+from .base import (
+    CUT,
+    MAX,
+    REQUIRED,
+    SAME,
+    SHARE_AND_WHOLE,
+    SHARE_OR_WHOLE,
+    SUM,
+    Transform,
+    TransformResult,
+    get_transform,
+)
 
 __all__ = ["CHECKS", "check_transform", "transform_cases", "check_valid_graph", "check_mapping",
            "check_conservation", "check_transfers", "check_constraints", "check_dependencies",

@@ -17,6 +17,19 @@ For every output tensor a *concat* node joins the parts' slices for the
 consumers, along the batch (axis 0) or along the channel axis that the
 operation's ``splittable`` entry names (``"axis"``, 1 when it names none).
 
+A backward operation's entry says more (capture's ``_backward_splits``):
+``"inputs"`` names the producers of the arguments a split slices (so that a
+``convolution_backward`` split along its output channels slices the output
+gradient and the weight, not the input, though both of the first two depend
+on the batch), and ``"join"`` says, per output, the axis its slices are
+concatenated along or ``"sum"``: each part then computes a whole *partial*
+of that output (a weight gradient over its rows of the batch, an input
+gradient over its output channels) and a *sum* node adds them. A part holds
+its whole partials and its share of the other outputs; it sends a sum node
+its whole partial; the sum node reads every partial and writes one, an add
+per element and partial but the first, on the roofline of each device kind
+the op has a time for.
+
 Costs come from the graph's own: a part of ``k`` rows (or channels) out of
 ``B`` takes ``k / B`` of the op's time (per device kind too), FLOPs, output
 and workspace (and, split along the channels, of the parameters the op
@@ -30,7 +43,8 @@ Every rewritten node records where it came from in ``node_extra``:
 parts ``{"split_of": id, "part": k, "parts": n, "dim": d, "rows": [lo, hi]}``,
 split nodes ``{"split_of": id, "role": "split", "parts": n, "dim": d,
 "source": producer id, "tensor": t}``, concat nodes ``{"split_of": id,
-"role": "concat", "parts": n, "dim": d, "tensor": t}``, so that the
+"role": "concat", "parts": n, "dim": d, "tensor": t}`` (sum nodes ``"role": "sum"``; under an
+entry with ``"join"`` every node records it, its ``"resize"`` too, and a concat its ``"axis"``), so that the
 runtime can execute them and :func:`original_ids` maps back; ``rows`` are
 the part's channels in a channel split, every node of which also records
 the output's channel ``"axis"``, and its split nodes the operation's
@@ -42,9 +56,10 @@ Contract (``split`` through :func:`~placer.transform.base.apply_transform`,
 the extent ``B``, ``sum_k (hi_k - lo_k) / B = 1``, so the parts' times on
 every device sum to the operation's, and their outputs and workspaces (cut
 into whole bytes ``total * hi_k // B - total * lo_k // B``, which telescope
-to ``total``) sum to its; parameters are whole in every part of a batch split
-and shared in a channel split. The split and concat nodes are what the
-transform adds; every other node is unchanged.
+to ``total``) sum to its, but for the whole partials of summed outputs, which
+every part holds (the ``share_and_whole`` law); parameters are whole in every
+part of a batch split and shared in a channel split. The split, concat and sum
+nodes are what the transform adds; every other node is unchanged.
 
 References
 ----------
@@ -496,8 +511,10 @@ def split_transform(graph: OpGraph, cluster: Cluster | None, *, node: str, dim: 
     (:func:`part_rows`), so ``sum_k (hi_k - lo_k) / B = 1``: the parts' times
     (on every device) sum to the operation's, and their outputs and
     workspaces, cut into whole bytes that add up, to its. Every other node is
-    itself. The split and concat nodes are added (``added``); part ``k`` is
-    copy ``k``, and only part 0 keeps the operation's colocation group.
+    itself, and a part's outputs are its share but for the whole partials of
+    summed outputs. The split, concat and sum nodes are added (``added``);
+    part ``k`` is copy ``k``, and only part 0 keeps the operation's colocation
+    group.
 
     Examples
     --------
@@ -525,8 +542,8 @@ def split_transform(graph: OpGraph, cluster: Cluster | None, *, node: str, dim: 
     image = NodeMap.from_groups([range(x, x + n_new) if u == x else [int(shift[u])]
                                  for u in range(graph.num_nodes)], new.num_nodes)
     rewritten = [extra.get("split_of") == node and u in range(x, x + n_new) for u, extra in enumerate(new.node_extra)]
-    added = np.array([r and new.node_extra[u].get("role") in ("split", "concat", "sum") for u, r in enumerate(rewritten)],
-                     dtype=bool)
+    added = np.array([r and new.node_extra[u].get("role") in ("split", "concat", "sum")
+                      for u, r in enumerate(rewritten)], dtype=bool)
     copy = np.array([int(new.node_extra[u].get("part", 0)) if r else 0 for u, r in enumerate(rewritten)],
                     dtype=np.int64)
     return TransformResult(new, graph, origin, image, added, copy)
