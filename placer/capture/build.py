@@ -447,7 +447,7 @@ def _backward_splits(node: fx.Node, batch: int | None, leading: set[fx.Node],
         bias_sizes = args[3]
         if (not args[7] and args[9] == 1 and args[2] not in dependent and args[0] in dependent
                 and grad_out.dim() >= 2 and int(grad_out.shape[1]) == channels >= 2
-                and (bias_sizes is None or list(bias_sizes) == [channels])):
+                and (bias_sizes is None or not mask[2] or list(bias_sizes) == [channels])):
             entry = {"dim": "channel", "size": channels, "args": [[0, 1], [2, 0]],
                      "inputs": [[args[0].name, 0], [args[2].name, 0]], "join": ["sum", 0, 0]}
             if bias_sizes is not None and mask[2]:
