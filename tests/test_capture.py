@@ -306,13 +306,19 @@ def test_batch_splittable_ops():
     step = capture(*_mlp(batch=5), optimizer="sgd")
     graph = step.graph
     split = {graph.ids[i]: _dims(s, "batch") for i, s in enumerate(graph.splittable) if _dims(s, "batch")}
-    assert split and all(s == [{"dim": "batch", "size": 5}] for s in split.values())
+    rows = {i: s for i, s in split.items() if "join" not in s[0]}
+    assert rows and all(s == [{"dim": "batch", "size": 5}] for s in rows.values())
     assert all(graph.op[graph.index[i]] in ("aten.addmm", "aten.mm") for i in split)
-    # Weight gradients (rows = output features, not samples) are not batch-splittable.
+    # Weight gradients (rows = output features, not samples) are not split by rows: t(grad) @ x sums over the
+    # batch, so a batch split slices both operands' samples and sums the partial products.
     weight_shapes = {tuple(p.shape) for p in MLP().parameters()}
     for node in step.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default):
         is_weight_grad = tuple(node.meta["val"].shape) in weight_shapes
-        assert (graph.splittable[graph.index[node.name]] is None) == is_weight_grad, node.name
+        assert (node.name not in rows) == is_weight_grad, node.name
+        if is_weight_grad:
+            (a, b), entry = node.args, split[node.name][0]
+            assert entry == {"dim": "batch", "size": 5, "args": [[0, 1], [1, 0]],
+                             "inputs": [[a.name, 0], [b.name, 0]], "join": ["sum"]}
     cnn = capture(*_cnn(batch=3), optimizer="sgd").graph
     assert cnn.splittable[cnn.index["convolution"]] == [
         {"dim": "batch", "size": 3}, {"dim": "channel", "size": 4, "axis": 1, "args": [[1, 0], [2, 0]]}]
@@ -323,8 +329,13 @@ def test_channel_splittable_ops_record_the_arguments_a_split_slices():
     step = capture(*_mlp(batch=5), optimizer="sgd")
     graph = step.graph
     channel = {graph.ids[i]: _dims(s, "channel") for i, s in enumerate(graph.splittable) if _dims(s, "channel")}
+    # Weight gradients read the batch twice: their output rows split with t(grad)'s rows, x whole.
+    weight_grads = {i: s for i, s in channel.items() if "join" in s[0]}
+    assert sorted(s[0]["size"] for s in weight_grads.values()) == [3, 8]
+    assert all(s[0]["join"] == [0] and s[0]["args"] == [[0, 0]] for s in weight_grads.values())
+    channel = {i: s for i, s in channel.items() if i not in weight_grads}
     # fc1 (8 outputs) and fc2 (3) forward: addmm(bias, x, t(weight)), bias and weight columns sliced; fc2's
-    # input gradient mm(grad, weight): the weight's 8 columns. Weight gradients read the batch twice: none.
+    # input gradient mm(grad, weight): the weight's 8 columns.
     entry = {"dim": "channel", "axis": 1}
     assert channel == {"addmm": [{**entry, "size": 8, "args": [[0, 0], [2, 1]]}],
                        "addmm_1": [{**entry, "size": 3, "args": [[0, 0], [2, 1]]}],
@@ -699,8 +710,12 @@ def test_mlp_graph_properties(widths, batch, optimizer):
     for i in np.flatnonzero(graph.output_bytes):
         assert graph.op[i] != "placeholder" or graph.ids[i].startswith("input_")
     for i, split in enumerate(graph.splittable):
-        assert split is None or (_dims(split, "batch") == [{"dim": "batch", "size": batch}]
+        # A weight gradient's entries sum partial products ("join"); its batch entry, where the batch has 2
+        # samples or more, slices the samples as the others' do.
+        summing = any("join" in e for e in split or [])
+        assert split is None or ((_dims(split, "batch") == [{"dim": "batch", "size": batch}] or summing)
                                  and graph.op[i] in ("aten.addmm", "aten.mm"))
+        assert all(e["size"] == batch for e in _dims(split, "batch")) and len(_dims(split, "batch")) <= 1
         # Channels: a layer's outputs (its forward product) or inputs (its input gradient), 2 or more of them.
         assert all(e["size"] in widths and e["size"] >= 2 for e in _dims(split, "channel"))
     groups = graph.colocation_groups
@@ -715,7 +730,11 @@ def test_batch_splittable_ops_record_the_rows_a_split_cuts():
     sizes = set()
     for node in step.gm.graph.nodes:
         split = _dims(graph.splittable[graph.index[node.name]], "batch") if node.name in graph.index else None
-        if split:
+        if split and "join" in split[0]:
+            # A weight gradient t(grad) @ x sums over the rows it contracts, x's leading ones.
+            assert split[0]["size"] == node.args[1].meta["val"].shape[0], node.name
+            sizes.add(split[0]["size"])
+        elif split:
             packet = node.target.overloadpacket
             first = node.args[1] if packet in (torch.ops.aten.addmm, torch.ops.aten.baddbmm) else node.args[0]
             assert split == [{"dim": "batch", "size": first.meta["val"].shape[0]}], node.name

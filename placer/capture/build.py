@@ -20,7 +20,10 @@ end (FORMATS.md, rule 6). Per node:
   weight gradient);
 * ``splittable``: the batch rows of a matrix operation or convolution whose
   first operand leads with the batch, and the output channels of a forward
-  convolution or of a product with a weight;
+  convolution or of a product with a weight, with the arguments a channel
+  split slices; the batch and the output channels of ``convolution_backward``
+  and of a linear layer's weight gradient (``t(grad) @ x``), whose
+  contributions over the sliced dimension are summed (:func:`_backward_splits`);
 * ``node_extra``: ``bytes_accessed`` (input plus output bytes; 0 for a pick) and ``dtype``.
 
 An edge's ``bytes`` are what the runtime copies when its consumer is on
@@ -395,6 +398,73 @@ class _UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
+def _backward_splits(node: fx.Node, batch: int | None, leading: set[fx.Node],
+                     dependent: set[fx.Node]) -> list[dict]:
+    """The splits of a backward operation whose results over the sliced dimension are partial sums.
+
+    Each entry names what a split slices and how the parts' results combine (``args``: ``[position,
+    axis]`` of the captured operation's sliced arguments; ``inputs``: the producers of those arguments,
+    ``[node id, 0]``; ``join``: per output, the axis its slices are concatenated along, or ``"sum"`` where
+    every part computes a whole partial and the output is their sum; ``resize``: ``[position, index]`` of
+    an argument's entry holding the extent, which a part replaces by its own):
+
+    * ``convolution_backward(grad_out, input, weight, bias_sizes, ...)`` along the batch: ``grad_out`` and
+      ``input`` by rows (both lead with the batch's ``B`` rows), the weight whole; ``grad_input`` is
+      concatenated by rows, ``grad_weight`` and ``grad_bias`` are sums over the rows. Along its ``C``
+      output channels (not transposed, one group, a weight that does not depend on the step's inputs):
+      ``grad_out`` along axis 1 and the weight along axis 0, ``input`` whole; ``grad_input`` is the sum of
+      every channel slice's contribution, ``grad_weight`` and ``grad_bias`` are concatenated along axis 0.
+    * A linear layer's weight gradient ``mm(a, b)``, ``a = t(grad_out)`` of ``(O, R)`` and ``b = x`` of
+      ``(R, I)``, both depending on the step's inputs and ``b`` leading with the batch's ``R`` rows:
+      along the batch, ``a``'s columns and ``b``'s rows, the output the sum of the partial products;
+      along the ``O`` output channels, ``a``'s rows, ``b`` whole, the output concatenated along axis 0.
+
+    Empty for every other operation.
+    """
+    target = node.target
+    if batch is None or not isinstance(target, torch._ops.OpOverload):
+        return []
+    packet, args = target.overloadpacket, node.args
+
+    def tensor(a: Any) -> torch.Tensor | None:
+        value = a.meta.get("val") if isinstance(a, fx.Node) else None
+        return value if isinstance(value, torch.Tensor) else None
+
+    entries: list[dict] = []
+    if packet == _aten.convolution_backward and len(args) == 11 and not node.kwargs:
+        grad_out, x, weight = (tensor(a) for a in args[:3])
+        if grad_out is None or x is None or weight is None or len({args[0], args[1], args[2]}) != 3:
+            return []
+        mask = list(args[10])
+        rows = int(grad_out.shape[0])
+        if (args[0] in leading and args[1] in leading and _leading_size(args[0]) == rows == _leading_size(args[1])
+                and rows >= 2 and args[2] not in dependent):
+            entries.append({"dim": "batch", "size": rows, "args": [[0, 0], [1, 0]],
+                            "inputs": [[args[0].name, 0], [args[1].name, 0]], "join": [0, "sum", "sum"]})
+        channels = int(weight.shape[0])
+        bias_sizes = args[3]
+        if (not args[7] and args[9] == 1 and args[2] not in dependent and args[0] in dependent
+                and grad_out.dim() >= 2 and int(grad_out.shape[1]) == channels >= 2
+                and (bias_sizes is None or not mask[2] or list(bias_sizes) == [channels])):
+            entry = {"dim": "channel", "size": channels, "args": [[0, 1], [2, 0]],
+                     "inputs": [[args[0].name, 0], [args[2].name, 0]], "join": ["sum", 0, 0]}
+            if bias_sizes is not None and mask[2]:
+                entry["resize"] = [[3, 0]]
+            entries.append(entry)
+    elif packet == _aten.mm and len(args) == 2 and not node.kwargs:
+        a, b = tensor(args[0]), tensor(args[1])
+        if a is None or b is None or args[0] is args[1] or args[0] not in dependent or args[1] not in dependent:
+            return []
+        rows = int(b.shape[0])
+        if args[1] in leading and _leading_size(args[1]) == rows >= 2 and rows % batch == 0:
+            entries.append({"dim": "batch", "size": rows, "args": [[0, 1], [1, 0]],
+                            "inputs": [[args[0].name, 0], [args[1].name, 0]], "join": ["sum"]})
+            if int(a.shape[0]) >= 2:
+                entries.append({"dim": "channel", "size": int(a.shape[0]), "args": [[0, 0]],
+                                "inputs": [[args[0].name, 0]], "join": [0]})
+    return entries
+
+
 def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
                 resident: Iterable[str], batch: int | None,
                 batch_inputs: Iterable[str] = ()) -> tuple[OpGraph, dict[str, str]]:
@@ -462,7 +532,8 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
             param_bytes[i] = sum(storages.values())
         flops[i] = _flops(node)
         entries = (_splittable(node, batch, leading, dependent) or []) + [
-            entry for entry in (_channel_split(node, dependent),) if entry]
+            entry for entry in (_channel_split(node, dependent),) if entry] + _backward_splits(
+            node, batch, leading, dependent)
         splittable.append(entries or None)
         inputs = _arg_nodes(node)
         if picked:

@@ -33,7 +33,12 @@ is one of
 - :data:`MAX`: ``max(q[N]) == max(q[O])`` (workspace: members run one at a time);
 - :data:`SHARE_OR_WHOLE`: either ``sum(q[N]) == sum(q[O])`` (the work is
   shared among the copies; a share in whole bytes may round by half a byte)
-  or every ``q[v] == sum(q[O])`` (every copy holds the whole).
+  or every ``q[v] == sum(q[O])`` (every copy holds the whole);
+- :data:`SHARE_AND_WHOLE`: ``sum(q[N]) >= sum(q[O])`` and every
+  ``q[v] <= sum(q[O])``: each copy holds a share of some of it and the whole
+  of the rest (the parts of a split that each compute a whole partial of an
+  output that is their sum, and a share of the other outputs), so nothing is
+  lost and no copy holds more than the original.
 
 Transfers (edge bytes) follow :data:`SAME` (the same edges), :data:`CUT`
 (between any two blocks, the new edges carry what the original sends between
@@ -86,13 +91,13 @@ from ..graph import OpGraph
 
 __all__ = ["NodeMap", "TransformResult", "Ensures", "Transform", "register_transform", "get_transform",
            "available_transforms", "apply_transform", "checked_transform_options", "REQUIRED",
-           "SAME", "SUM", "MAX", "SHARE_OR_WHOLE", "CUT", "LAWS"]
+           "SAME", "SUM", "MAX", "SHARE_OR_WHOLE", "SHARE_AND_WHOLE", "CUT", "LAWS"]
 
 #: Laws a quantity may follow (see the module's description).
-SAME, SUM, MAX, SHARE_OR_WHOLE = "same", "sum", "max", "share_or_whole"
+SAME, SUM, MAX, SHARE_OR_WHOLE, SHARE_AND_WHOLE = "same", "sum", "max", "share_or_whole", "share_and_whole"
 #: The law of transfers between blocks: the original's cut transfers, once each.
 CUT = "cut"
-LAWS = (SAME, SUM, MAX, SHARE_OR_WHOLE)
+LAWS = (SAME, SUM, MAX, SHARE_OR_WHOLE, SHARE_AND_WHOLE)
 
 
 class _Required:

@@ -42,7 +42,18 @@ from ..cluster import Cluster, load_cluster
 from ..errors import OptionError
 from ..generate import contract_cases, training_graph
 from ..graph import OpGraph
-from .base import CUT, MAX, REQUIRED, SAME, SHARE_OR_WHOLE, SUM, Transform, TransformResult, get_transform
+from .base import (
+    CUT,
+    MAX,
+    REQUIRED,
+    SAME,
+    SHARE_AND_WHOLE,
+    SHARE_OR_WHOLE,
+    SUM,
+    Transform,
+    TransformResult,
+    get_transform,
+)
 
 __all__ = ["CHECKS", "check_transform", "transform_cases", "check_valid_graph", "check_mapping",
            "check_conservation", "check_transfers", "check_constraints", "check_dependencies",
@@ -180,6 +191,16 @@ def _law_failure(law: str, before: np.ndarray, after: np.ndarray, result: Transf
         whole = np.ones(count, dtype=bool)
         np.logical_and.at(whole, block_new[kept], _equal(after[kept], sum_old[block_new[kept]], integer))
         ok = shared | whole
+        got, want = sum_new, sum_old
+    elif law == SHARE_AND_WHOLE:
+        copies = np.bincount(block_new[kept], minlength=count)
+        # Shares in whole bytes round by at most half a byte each.
+        enough = sum_new >= sum_old - (copies / 2 if integer else np.abs(sum_old) * RTOL)
+        within = np.ones(count, dtype=bool)
+        top = sum_old[block_new[kept]]
+        np.logical_and.at(within, block_new[kept],
+                          after[kept] <= (top if integer else top + np.abs(top) * RTOL + 1e-12))
+        ok = enough & within
         got, want = sum_new, sum_old
     else:
         raise ValueError(f"unknown law {law!r}")

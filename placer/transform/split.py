@@ -17,6 +17,19 @@ For every output tensor a *concat* node joins the parts' slices for the
 consumers, along the batch (axis 0) or along the channel axis that the
 operation's ``splittable`` entry names (``"axis"``, 1 when it names none).
 
+A backward operation's entry says more (capture's ``_backward_splits``):
+``"inputs"`` names the producers of the arguments a split slices (so that a
+``convolution_backward`` split along its output channels slices the output
+gradient and the weight, not the input, though both of the first two depend
+on the batch), and ``"join"`` says, per output, the axis its slices are
+concatenated along or ``"sum"``: each part then computes a whole *partial*
+of that output (a weight gradient over its rows of the batch, an input
+gradient over its output channels) and a *sum* node adds them. A part holds
+its whole partials and its share of the other outputs; it sends a sum node
+its whole partial; the sum node reads every partial and writes one, an add
+per element and partial but the first, on the roofline of each device kind
+the op has a time for.
+
 Costs come from the graph's own: a part of ``k`` rows (or channels) out of
 ``B`` takes ``k / B`` of the op's time (per device kind too), FLOPs, output
 and workspace (and, split along the channels, of the parameters the op
@@ -30,7 +43,8 @@ Every rewritten node records where it came from in ``node_extra``:
 parts ``{"split_of": id, "part": k, "parts": n, "dim": d, "rows": [lo, hi]}``,
 split nodes ``{"split_of": id, "role": "split", "parts": n, "dim": d,
 "source": producer id, "tensor": t}``, concat nodes ``{"split_of": id,
-"role": "concat", "parts": n, "dim": d, "tensor": t}``, so that the
+"role": "concat", "parts": n, "dim": d, "tensor": t}`` (sum nodes ``"role": "sum"``; under an
+entry with ``"join"`` every node records it, its ``"resize"`` too, and a concat its ``"axis"``), so that the
 runtime can execute them and :func:`original_ids` maps back; ``rows`` are
 the part's channels in a channel split, every node of which also records
 the output's channel ``"axis"``, and its split nodes the operation's
@@ -42,9 +56,10 @@ Contract (``split`` through :func:`~placer.transform.base.apply_transform`,
 the extent ``B``, ``sum_k (hi_k - lo_k) / B = 1``, so the parts' times on
 every device sum to the operation's, and their outputs and workspaces (cut
 into whole bytes ``total * hi_k // B - total * lo_k // B``, which telescope
-to ``total``) sum to its; parameters are whole in every part of a batch split
-and shared in a channel split. The split and concat nodes are what the
-transform adds; every other node is unchanged.
+to ``total``) sum to its, but for the whole partials of summed outputs, which
+every part holds (the ``share_and_whole`` law); parameters are whole in every
+part of a batch split and shared in a channel split. The split, concat and sum
+nodes are what the transform adds; every other node is unchanged.
 
 References
 ----------
@@ -61,7 +76,7 @@ from ..cluster import Cluster
 from ..cost.analytic import DEVICE_SPECS, node_time_s
 from ..errors import OptionError
 from ..graph import OpGraph
-from .base import SHARE_OR_WHOLE, SUM, Ensures, NodeMap, TransformResult, register_transform
+from .base import SHARE_AND_WHOLE, SHARE_OR_WHOLE, SUM, Ensures, NodeMap, TransformResult, register_transform
 
 __all__ = ["split_operation", "batch_dependent", "batch_samples", "split_dims", "original_ids", "part_rows", "fresh_id",
            "split_transform"]
@@ -159,6 +174,63 @@ def _copy_time(graph: OpGraph, node: int, nbytes: float) -> tuple[float, dict[st
     return reference, by_kind or None
 
 
+def _sum_time(graph: OpGraph, node: int, nbytes: float, parts: int) -> tuple[float, dict[str, float] | None]:
+    """Roofline time of summing ``parts`` partials of ``nbytes`` each (read them all, write one; an add per
+    element and partial but the first) on the reference kind and on the op's own kinds."""
+    from ..cost.analytic import DEVICE_SPECS, node_time_s
+
+    dtype = graph.node_extra[node].get("dtype", "float32")
+    flops = (parts - 1) * nbytes / max(1, np.dtype(_NUMPY_DTYPES.get(dtype, "float32")).itemsize)
+    moved = (parts + 1) * float(nbytes)
+    reference = float(node_time_s("V100", flops, moved, dtype))
+    kinds = graph.compute_s_by_kind[node] or {}
+    by_kind = {k: float(node_time_s(k, flops, moved, dtype)) for k in kinds if k in DEVICE_SPECS}
+    return reference, by_kind or None
+
+
+#: Element types of the dtypes a capture records that numpy lacks, by their size.
+_NUMPY_DTYPES = {"bfloat16": "float16", "tf32": "float32"}
+
+
+def _named_inputs(graph: OpGraph, x: int, entry: dict) -> set[tuple[int, int]] | None:
+    """The inputs ``(producer, tensor)`` of node ``x`` that ``entry`` names (``inputs``), or None where it
+    names none (the slicing follows the batch then).
+
+    An entry names the producers of the captured step; in a rewritten graph a producer may stand as a data-
+    parallel replica's node (``r<k>/`` before its id, as ``x`` has) or as the node joining a split of it
+    (its ``split_of``).
+
+    Raises
+    ------
+    OptionError
+        If some named input is not an input of ``x``.
+    """
+    if "inputs" not in entry:
+        return None
+    extra = graph.node_extra[x]
+    own = graph.ids[x]
+    prefix = own[:len(own) - len(extra["replica_of"])] if "replica_of" in extra and own.endswith(
+        extra["replica_of"]) else ""
+    wanted = {(str(name), int(t)) for name, t in entry["inputs"]}
+    found: set[tuple[int, int]] = set()
+    seen: set[tuple[str, int]] = set()
+    for e in np.flatnonzero(graph.dst == x).tolist():
+        u, t = int(graph.src[e]), int(graph.edge_tensor[e])
+        producer = graph.node_extra[u]
+        if producer.get("role") in ("concat", "sum"):
+            name, t = producer["split_of"], int(producer.get("tensor", t))
+        else:
+            name = graph.ids[u]
+        key = (name[len(prefix):] if prefix and name.startswith(prefix) else name, t)
+        if key in wanted:
+            found.add((u, t))
+            seen.add(key)
+    missing = sorted(wanted - seen)
+    if missing:
+        raise OptionError(f"node {own!r}: its split slices input {missing[0][0]!r}, which does not feed it")
+    return found
+
+
 def original_ids(graph: OpGraph) -> list[str]:
     """For every node of a rewritten graph, the id of the original node it comes from (by ``split_of``).
 
@@ -242,9 +314,12 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
         """Part ``k``'s share of ``total`` bytes, in whole bytes that add up to ``total`` over the parts."""
         lo, hi = rows[k]
         return int(total) * hi // extent - int(total) * lo // extent
-    # Along the batch, what depends on the batch is sliced; along the channels, what does not (weights, bias).
-    sliced = batch_dependent(graph) if dim == "batch" else ~batch_dependent(graph)
     entry = next(item for item in graph.splittable[x] if item.get("dim") == dim)
+    named = _named_inputs(graph, x, entry)
+    if named is None:
+        # Along the batch, what depends on the batch is sliced; along the channels, what does not (weights, bias).
+        sliced_node = batch_dependent(graph) if dim == "batch" else ~batch_dependent(graph)
+    join = entry.get("join")
 
     # Inputs of x merged per (producer, tensor) at their largest bytes; outputs per tensor.
     in_edges = np.flatnonzero(graph.dst == x)
@@ -262,17 +337,29 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
 
     base: dict[str, Any] = {"split_of": node, "parts": parts, "dim": dim}
     sliced_args: dict[str, Any] = {}
-    if dim == "channel":
+    if join is not None:
+        base["join"] = list(join)
+        if "resize" in entry:
+            base["resize"] = [[int(a), int(b)] for a, b in entry["resize"]]
+    elif dim == "channel":
         base["axis"] = int(entry.get("axis", 1))
-        if "args" in entry:
-            sliced_args["args"] = [[int(a), int(b)] for a, b in entry["args"]]
+    if "args" in entry and (dim == "channel" or join is not None):
+        sliced_args["args"] = [[int(a), int(b)] for a, b in entry["args"]]
+
+    def is_sliced(u: int, t: int, nbytes: int) -> bool:
+        if named is not None:
+            return (u, t) in named
+        return bool(sliced_node[u]) and bool(nbytes)
+
+    def summed(t: int) -> bool:
+        return join is not None and t < len(join) and join[t] == "sum"
     new_nodes: list[dict[str, Any]] = []      # constructor fields of each new node
     new_edges: list[tuple[str, str, int, int]] = []
     part_ids = [fresh_id(f"{node}@part{k}", taken) for k in range(parts)]
     extra_x = graph.node_extra[x]
     for j, ((u, t), nbytes) in enumerate(sorted(inputs.items())):
         source = graph.ids[u]
-        if not sliced[u] or not nbytes:
+        if not is_sliced(u, t, nbytes):
             # Inputs without the dimension (weights in a batch split, the activation in a channel split) go
             # whole to every part, as do edges that carry nothing (an order, or a view's base held while the
             # view is read).
@@ -287,18 +374,24 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
         for k, pid in enumerate(part_ids):       # one tensor per slice: each travels on its own
             new_edges.append((sid, pid, piece(nbytes, k), k))
     by_kind = graph.compute_s_by_kind[x]
-    whole = 0 if dim == "batch" else min(sum(nbytes for (u, _), nbytes in inputs.items() if not sliced[u]),
-                                         int(extra_x.get("bytes_accessed", 0)))
+    whole = 0 if dim == "batch" and named is None else min(
+        sum(nbytes for (u, t), nbytes in inputs.items() if not is_sliced(u, t, nbytes)),
+        int(extra_x.get("bytes_accessed", 0)))
+    # Every part computes a whole partial of a summed output, and its share of the others.
+    partial = min(sum(nbytes for t, nbytes in outputs.items() if summed(t)), int(graph.output_bytes[x]))
     for k, pid in enumerate(part_ids):
         f = share[k]
         extra = {key: value for key, value in extra_x.items() if key != "bytes_accessed"}
         if "bytes_accessed" in extra_x:
-            # Every part reads the inputs that go whole (along the channels, the activation) and its share of the rest.
-            extra["bytes_accessed"] = whole + piece(int(extra_x["bytes_accessed"]) - whole, k)
+            # Every part reads the inputs that go whole (along the channels, the activation) and its share of the
+            # rest, and writes its whole partials.
+            fixed = min(whole + partial, int(extra_x["bytes_accessed"]))
+            extra["bytes_accessed"] = fixed + piece(int(extra_x["bytes_accessed"]) - fixed, k)
         extra.update({**base, "part": k, "rows": list(rows[k])})
         new_nodes.append(dict(
             id=pid, compute_s=float(graph.compute_s[x]) * f, op=graph.op[x], layer=graph.layer[x],
-            output_bytes=piece(graph.output_bytes[x], k), temp_bytes=piece(graph.temp_bytes[x], k),
+            output_bytes=partial + piece(int(graph.output_bytes[x]) - partial, k),
+            temp_bytes=piece(graph.temp_bytes[x], k),
             # Split along the batch, every part needs the whole weights; along the channels, its own channels'.
             # The first keeps the op's colocation (its state's home).
             param_bytes=int(graph.param_bytes[x]) if dim == "batch" else piece(graph.param_bytes[x], k),
@@ -308,14 +401,23 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
             node_extra=extra))
     concat_of: dict[int, str] = {}
     for t, nbytes in sorted(outputs.items()):
-        cid = fresh_id(f"{node}@concat{t}", taken)
+        if summed(t):
+            cid = fresh_id(f"{node}@sum{t}", taken)
+            reference, kinds = _sum_time(graph, x, nbytes, parts)
+            role: dict[str, Any] = {"role": "sum", "tensor": t}
+        else:
+            cid = fresh_id(f"{node}@concat{t}", taken)
+            reference, kinds = _copy_time(graph, x, nbytes)
+            role = {"role": "concat", "tensor": t}
+            if join is not None:
+                role["axis"] = int(join[t]) if t < len(join) else 0
         concat_of[t] = cid
-        reference, kinds = _copy_time(graph, x, nbytes)
-        new_nodes.append(dict(id=cid, compute_s=reference, compute_s_by_kind=kinds, op="aten.cat",
+        new_nodes.append(dict(id=cid, compute_s=reference, compute_s_by_kind=kinds,
+                              op="aten.add" if summed(t) else "aten.cat",
                               layer=graph.layer[x], output_bytes=nbytes, device_kinds=graph.device_kinds[x],
-                              node_extra={**base, "role": "concat", "tensor": t}))
+                              node_extra={**base, **role}))
         for k, pid in enumerate(part_ids):
-            new_edges.append((pid, cid, piece(nbytes, k), t))
+            new_edges.append((pid, cid, nbytes if summed(t) else piece(nbytes, k), t))
     for e in out_edges.tolist():
         new_edges.append((concat_of[int(graph.edge_tensor[e])], graph.ids[int(graph.dst[e])],
                           int(graph.edge_bytes[e]), 0))
@@ -369,25 +471,39 @@ def _rebuild(graph: OpGraph, removed: int, new_nodes: list[dict], new_edges: lis
 
 
 def _split_trials(graph: OpGraph) -> list[dict]:
-    """The first operation splittable along each dimension, in up to 3 parts."""
+    """The first operation splittable along each dimension, and the first whose split sums partials of an
+    output (a backward operation's), in up to 3 parts."""
     trials = []
     for dim in SUPPORTED_DIMS:
-        node = next((i for i in range(graph.num_nodes) if dim in split_dims(graph, i)), None)
-        if node is not None:
-            trials.append({"node": graph.ids[node], "dim": dim, "parts": min(3, split_dims(graph, node)[dim])})
+        for sums in (False, True):
+            node = next((i for i in range(graph.num_nodes) if dim in split_dims(graph, i)
+                         and ("sum" in _entry(graph, i, dim).get("join", ())) == sums), None)
+            if node is not None:
+                trials.append({"node": graph.ids[node], "dim": dim, "parts": min(3, split_dims(graph, node)[dim])})
     return trials
+
+
+def _entry(graph: OpGraph, node: int, dim: str) -> dict:
+    """``node``'s ``splittable`` entry for ``dim``."""
+    return next(item for item in graph.splittable[node] or () if item.get("dim") == dim)
 
 
 @register_transform(
     "split", trials=_split_trials,
     requires="node names an operation whose splittable entry lists dim (batch or channel) with an extent of at "
              "least parts >= 2.",
-    ensures=Ensures(compute=SUM, output_bytes=SUM, param_bytes=SHARE_OR_WHOLE, temp_bytes=SUM, transfers=None,
+    ensures=Ensures(compute=SUM, output_bytes=SHARE_AND_WHOLE, param_bytes=SHARE_OR_WHOLE, temp_bytes=SUM,
+                    transfers=None,
                     note="The parts share the operation's time, output and workspace by their rows; along the "
-                         "batch each part holds the whole parameters, along the channels its own. Added: a split "
-                         "node per sliced input (no cost: a slice is a view) and a concat node per output tensor "
-                         "(one copy of it). A sliced input goes once to its split node and in slices to the parts; "
-                         "any other input goes whole to every part."))
+                         "batch each part holds the whole parameters, along the channels its own. An output that "
+                         "the operation's splittable entry joins by a sum (a weight gradient split along the "
+                         "batch, an input gradient along the channels) is a whole partial in every part, the "
+                         "other outputs are shared; without such an output the parts' outputs sum to the "
+                         "operation's. Added: a split node per sliced input (no cost: a slice is a view), a "
+                         "concat node per concatenated output tensor (one copy of it) and a sum node per summed "
+                         "one (reading every partial, writing one). A sliced input goes once to its split node "
+                         "and in slices to the parts; any other input goes whole to every part; a part sends its "
+                         "slice of a concatenated output and its whole partial of a summed one."))
 def split_transform(graph: OpGraph, cluster: Cluster | None, *, node: str, dim: str, parts: int) -> TransformResult:
     """FastT's SplitOperation (:func:`split_operation`): the parts, split and concat nodes stand for ``node``.
 
@@ -395,8 +511,10 @@ def split_transform(graph: OpGraph, cluster: Cluster | None, *, node: str, dim: 
     (:func:`part_rows`), so ``sum_k (hi_k - lo_k) / B = 1``: the parts' times
     (on every device) sum to the operation's, and their outputs and
     workspaces, cut into whole bytes that add up, to its. Every other node is
-    itself. The split and concat nodes are added (``added``); part ``k`` is
-    copy ``k``, and only part 0 keeps the operation's colocation group.
+    itself, and a part's outputs are its share but for the whole partials of
+    summed outputs. The split, concat and sum nodes are added (``added``);
+    part ``k`` is copy ``k``, and only part 0 keeps the operation's colocation
+    group.
 
     Examples
     --------
@@ -424,8 +542,8 @@ def split_transform(graph: OpGraph, cluster: Cluster | None, *, node: str, dim: 
     image = NodeMap.from_groups([range(x, x + n_new) if u == x else [int(shift[u])]
                                  for u in range(graph.num_nodes)], new.num_nodes)
     rewritten = [extra.get("split_of") == node and u in range(x, x + n_new) for u, extra in enumerate(new.node_extra)]
-    added = np.array([r and new.node_extra[u].get("role") in ("split", "concat") for u, r in enumerate(rewritten)],
-                     dtype=bool)
+    added = np.array([r and new.node_extra[u].get("role") in ("split", "concat", "sum")
+                      for u, r in enumerate(rewritten)], dtype=bool)
     copy = np.array([int(new.node_extra[u].get("part", 0)) if r else 0 for u, r in enumerate(rewritten)],
                     dtype=np.int64)
     return TransformResult(new, graph, origin, image, added, copy)
