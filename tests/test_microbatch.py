@@ -1,0 +1,104 @@
+"""The micro-batch transform and the pipeline algorithms, against counts made by hand."""
+
+import numpy as np
+import pytest
+
+from placer.cluster import Cluster, Device
+from placer.errors import OptionError
+from placer.generate import training_graph
+from placer.graph import OpGraph
+from placer.sim.simulator import simulate
+from placer.transform import apply_transform
+from placer.transform.microbatch import microbatch_graph
+
+ONE = Cluster("one", [Device("d0", "V100", 1 << 40)], [])
+
+
+def _step(batch: int = 4) -> OpGraph:
+    """A one-layer training step at ``batch`` samples: x (1000 B a sample) -> h = x w (2000 B a sample) ->
+    loss (8 B) -> dh (2000 B a sample), saved x -> dw (a gradient of w's 1000 B) -> the in-place update."""
+    ids = ["w", "x", "h", "loss", "dh", "dw", "upd"]
+    per = {"x": 1000, "h": 2000, "dh": 2000}
+    out = [0, per["x"] * batch, per["h"] * batch, 8, per["dh"] * batch, 1000, 0]
+    edges = [("x", "h", out[1]), ("w", "h", 1000), ("h", "loss", out[2]), ("loss", "dh", 8), ("h", "dh", out[2]),
+             ("x", "dw", out[1]), ("dh", "dw", out[4]), ("dw", "upd", 1000)]
+    index = {x: i for i, x in enumerate(ids)}
+    return OpGraph(ids, [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0], [index[a] for a, _, _ in edges],
+                   [index[b] for _, b, _ in edges], [b for _, _, b in edges], output_bytes=out,
+                   param_bytes=[1000, 0, 0, 0, 0, 0, 0],
+                   op=["placeholder", "placeholder", "aten.mm", "aten.sum", "aten.mul", "aten.mm", "aten.copy_"],
+                   colocation=["state:w", None, None, None, None, None, "state:w"], name="step",
+                   extra={"batch_size": batch})
+
+
+def _peak(tensors: list[tuple[int, int, int]]) -> int:
+    """Peak bytes of a run of one operation at a time, each tensor (bytes, first step, last step) held from
+    the step that makes it through the last step that reads it."""
+    steps = max(last for _, _, last in tensors) + 1
+    return max(sum(b for b, first, last in tensors if first <= i <= last) for i in range(steps))
+
+
+def _run(graph: OpGraph, names: list[str]):
+    """Simulate ``graph`` on one device running ``names`` in that order (the whole nodes w first, upd last)."""
+    order = [graph.index[x] for x in ["w"] + names + ["upd"]]
+    return simulate(graph, ONE, np.zeros(graph.num_nodes, dtype=np.int64), [order])
+
+
+def test_each_microbatch_holds_its_activations_from_forward_to_backward():
+    g = _step()
+    mb = microbatch_graph(g, 2).graph
+    acc = "mb1/dw.accumulate"
+    # All forwards, then all backwards (GPipe's order on one stage): both micro-batches' activations at once.
+    gpipe = ["mb0/x", "mb0/h", "mb0/loss", "mb1/x", "mb1/h", "mb1/loss", "mb0/dh", "mb0/dw", "mb1/dh", "mb1/dw", acc]
+    # step:   0        1        2           3        4        5           6         7         8         9        10
+    held = [(2000, 0, 7), (4000, 1, 6), (4, 2, 6), (2000, 3, 9), (4000, 4, 8), (4, 5, 8), (4000, 6, 7),
+            (1000, 7, 10), (4000, 8, 9), (1000, 9, 10), (1000, 10, 11)]
+    assert _run(mb, gpipe).peak_memory_bytes[0] == 1000 + _peak(held) == 1000 + 16008
+    # Each micro-batch's forward and backward before the next's: one micro-batch's activations at a time.
+    serial = ["mb0/x", "mb0/h", "mb0/loss", "mb0/dh", "mb0/dw", "mb1/x", "mb1/h", "mb1/loss", "mb1/dh", "mb1/dw", acc]
+    held = [(2000, 0, 4), (4000, 1, 3), (4, 2, 3), (4000, 3, 4), (1000, 4, 10), (2000, 5, 9), (4000, 6, 8),
+            (4, 7, 8), (4000, 8, 9), (1000, 9, 10), (1000, 10, 11)]
+    assert _run(mb, serial).peak_memory_bytes[0] == 1000 + _peak(held) == 1000 + 11004
+    # The step without micro-batches holds the whole batch's.
+    whole = _run(g, ["x", "h", "loss", "dh", "dw"]).peak_memory_bytes[0]
+    assert whole == 1000 + _peak([(4000, 0, 4), (8000, 1, 3), (8, 2, 3), (8000, 3, 4), (1000, 4, 5)]) == 21008
+
+
+def test_uneven_microbatches_take_their_rows_and_the_gradient_stays_whole():
+    mb = microbatch_graph(_step(batch=4), 3)
+    assert mb.rows == [(0, 2), (2, 3), (3, 4)]
+    g = mb.graph
+    assert [int(g.output_bytes[g.index[f"mb{k}/h"]]) for k in range(3)] == [4000, 2000, 2000]
+    assert [int(g.output_bytes[g.index[f"mb{k}/dw"]]) for k in range(3)] == [1000] * 3
+    assert [float(g.compute_s[g.index[f"mb{k}/h"]]) for k in range(3)] == [0.5, 0.25, 0.25]
+    # Two adds in a chain, each reading its micro-batch's gradient; the update reads the last.
+    first, second = g.index["mb1/dw.accumulate"], g.index["mb2/dw.accumulate"]
+    assert sorted(g.ids[u] for u in g.predecessors(first)) == ["mb0/dw", "mb1/dw"]
+    assert sorted(g.ids[u] for u in g.predecessors(second)) == ["mb1/dw.accumulate", "mb2/dw"]
+    assert [g.ids[u] for u in g.predecessors(g.index["upd"])] == ["mb2/dw.accumulate"]
+    # The weight is read by every micro-batch, whole; the saved input by its own micro-batch's backward.
+    reads_w = sorted(g.ids[int(v)] for v, b in zip(g.dst[g.src == g.index["w"]], g.edge_bytes[g.src == g.index["w"]])
+                     if b == 1000)
+    assert reads_w == ["mb0/h", "mb1/h", "mb2/h"]
+
+
+def test_microbatches_refused_in_one_line():
+    with pytest.raises(OptionError, match=r"5 micro-batches of a batch of 4 samples \(graph 'step'\): at most 4"):
+        microbatch_graph(_step(), 5)
+    no_batch = OpGraph(["w", "f"], [0.0, 1.0], [0], [1], [8], param_bytes=[8, 0], op=["placeholder", "aten.t"])
+    with pytest.raises(OptionError, match="no batch input"):
+        apply_transform("microbatch", no_batch, microbatches=2)
+    with pytest.raises(OptionError, match="integer >= 1"):
+        microbatch_graph(_step(), 0)
+
+
+def test_one_microbatch_is_the_step_and_work_is_conserved():
+    g = training_graph(layers=3, branches=2, seed=1)
+    assert not apply_transform("microbatch", g, microbatches=1).changed
+    r = apply_transform("microbatch", g, microbatches=4)
+    kept = ~r.added
+    assert np.isclose(r.graph.compute_s[kept].sum(), g.compute_s.sum())
+    assert r.graph.param_bytes.sum() == g.param_bytes.sum()
+    # Generated forward ops hold their weights: every micro-batch's copy sits with them.
+    fwd = g.index["block0.b0.fwd"]
+    assert len({r.graph.colocation[v] for v in r.image[fwd].tolist()}) == 1
