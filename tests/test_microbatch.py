@@ -102,3 +102,90 @@ def test_one_microbatch_is_the_step_and_work_is_conserved():
     # Generated forward ops hold their weights: every micro-batch's copy sits with them.
     fwd = g.index["block0.b0.fwd"]
     assert len({r.graph.colocation[v] for v in r.image[fwd].tolist()}) == 1
+
+
+# ----------------------------------------------------------------- placing the micro-batched step
+
+def _phases(plan, device: str) -> list[tuple[int, str]]:
+    """The (micro-batch, F or B) runs of a device's order in a pipeline plan, each run listed once."""
+    graph = plan.rewritten_graph
+    out: list[tuple[int, str]] = []
+    backward = _backward_ids(plan)
+    for node in plan.order[device]:
+        extra = graph.node_extra[graph.index[node]]
+        if "microbatch" not in extra:
+            continue
+        step = (extra["microbatch"], "B" if node in backward or "accumulate" in extra else "F")
+        if not out or out[-1] != step:
+            out.append(step)
+    return out
+
+
+def _backward_ids(plan) -> set[str]:
+    """Nodes of a micro-batch that read, directly or not, what a node on a later stage computed."""
+    graph = plan.rewritten_graph
+    stage = {d: s for s, d in enumerate(plan.extra["stages"])}
+    later = np.full(graph.num_nodes, -1)
+    for v in graph.topological_order.tolist():
+        for u in graph.predecessors(v).tolist():
+            later[v] = max(later[v], stage[plan.placement[graph.ids[u]]], later[u])
+    return {graph.ids[v] for v in range(graph.num_nodes) if later[v] > stage[plan.placement[graph.ids[v]]]}
+
+
+def test_each_device_runs_the_schedules_order():
+    from placer.algorithms import place
+    from placer.cluster import load_cluster
+
+    g, c = training_graph(layers=6, branches=1, seed=3), load_cluster("2xV100-nvlink")
+    plan = place(g, c, "1f1b", microbatches=4)
+    assert plan.extra["stages"] == ["gpu0", "gpu1"]
+    assert _phases(plan, "gpu0") == [(0, "F"), (1, "F"), (0, "B"), (2, "F"), (1, "B"), (3, "F"), (2, "B"), (3, "B")]
+    plan = place(g, c, "gpipe", microbatches=3)
+    assert _phases(plan, "gpu0") == [(0, "F"), (1, "F"), (2, "F"), (0, "B"), (1, "B"), (2, "B")]
+
+
+def test_1f1b_holds_one_microbatch_where_gpipe_holds_all():
+    from placer.algorithms import place
+
+    g = training_graph(layers=6, branches=1, param_mib=1, activation_mib=100, seed=3)
+    whole = simulate(g, ONE, np.zeros(g.num_nodes, dtype=np.int64)).peak_memory_bytes[0]
+    gp = place(g, ONE, "gpipe", microbatches=8).predicted["peak_memory_bytes"]["d0"]
+    one = place(g, ONE, "1f1b", microbatches=8).predicted["peak_memory_bytes"]["d0"]
+    # One stage: GPipe runs every forward first and holds the batch's activations, as the whole step does;
+    # 1F1B runs each micro-batch's backward after its forward and holds an eighth, give or take transients.
+    assert 0.75 * whole <= gp <= whole
+    assert one < 0.25 * whole
+
+
+def test_microbatches_make_a_step_fit_that_does_not_whole():
+    from placer.algorithms import place
+    from placer.cluster import load_cluster
+    from placer.errors import InfeasibleError
+    from placer.plan import Plan
+    from placer.sim.simulator import simulate_plan
+
+    g = training_graph(layers=3, branches=1, param_mib=1, activation_mib=100, seed=2)
+    whole = simulate(g, ONE, np.zeros(g.num_nodes, dtype=np.int64)).peak_memory_bytes[0]
+    small = Cluster("small", [Device("d0", "V100", int(whole * 0.6))], [])
+    for algorithm in ("single", "1f1b"):
+        with pytest.raises(InfeasibleError):
+            place(g, small, algorithm, microbatches=1)
+    plan = place(g, small, "1f1b", microbatches=4)
+    again = Plan.from_dict(plan.to_dict())
+    result = simulate_plan(again, g, small)
+    assert result.fits and np.isclose(result.makespan_s, plan.predicted["makespan_s"])
+    assert again.extra["microbatches"] == 4
+    # Any algorithm places the micro-batched step; its plan reads back and validates on the original graph.
+    plan = place(g, load_cluster("2xV100-nvlink"), "m_etf", microbatches=3)
+    again = Plan.from_dict(plan.to_dict())
+    assert np.isclose(simulate_plan(again, g, load_cluster("2xV100-nvlink")).makespan_s, plan.predicted["makespan_s"])
+
+
+def test_a_count_beyond_the_batch_is_refused_before_any_work():
+    from placer.algorithms import place
+    from placer.cluster import load_cluster
+
+    c = load_cluster("2xV100-nvlink")
+    for algorithm in ("m_etf", "gpipe", "1f1b"):
+        with pytest.raises(OptionError, match="5 micro-batches of a batch of 4 samples"):
+            place(_step(), c, algorithm, microbatches=5)
