@@ -2,9 +2,8 @@
 
 The step is cut into ``m`` micro-batches (:func:`~placer.transform.microbatch.microbatch_graph`:
 gradients accumulated over them, the optimizer once). Its layers, in the
-order the data flows through them (:func:`~placer.algorithms.baselines.forward_ordered`;
-a layer's forward and backward operations together, colocation groups kept
-whole), are cut into ``K`` contiguous *stages*, one per device, each
+order of their last forward operation on the batch (a layer's forward and
+backward operations together, colocation groups kept whole), are cut into ``K`` contiguous *stages*, one per device, each
 device's devices later in the cluster's order than the one before (so
 stages follow the cluster's hosts). Each micro-batch's copy of an operation
 runs on its layer's stage; the stage's whole nodes (parameters, the
@@ -32,9 +31,9 @@ Each device runs its nodes in the schedule's order (rule 2):
   (torch's ``Schedule1F1B``, PipeDream-Flush), so at most ``K - s``
   micro-batches' activations are held there at once.
 
-A stage's *backward* operations of a micro-batch are those that depend on a
-later layer's output (the gradients coming back); the others are its
-forward. Operations that do not depend on the batch (parameters) come
+A micro-batch's *backward* operations are those that follow the step's turn:
+the last operation from which every gradient is reached (the loss's
+gradient, before it branches into the layers'); the others are its forward. Operations that do not depend on the batch (parameters) come
 first, the optimizer's last, and each accumulation with its micro-batch's
 backward.
 
@@ -50,6 +49,7 @@ Pipeline-Parallel DNN Training", ICML 2021 (1F1B with flushes);
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -57,14 +57,14 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import InfeasibleError, InvalidPlanError
 from ..feasibility import diagnose
-from ..graph import OpGraph, topological_sort
+from ..graph import OpGraph
 from ..io import shown_sizes
 from ..plan import Plan, check_order_acyclic
 from ..sim.simulator import SimResult, simulate
 from ..transform.microbatch import MicroBatchedGraph, check_microbatches, microbatch_graph
 from ..transform.replicate import chunk_add_time, replica_layout
 from ..transform.split import batch_dependent, batch_samples
-from .baselines import forward_ordered, layer_labels
+from .baselines import layer_labels
 from .common import placement_units, unit_allowed
 from .registry import register
 
@@ -228,17 +228,96 @@ def _cut(costs: _Costs, cluster: Cluster, schedule: str, stages: int, m: int, li
     return Stages(bounds, devices, bottleneck, estimate)
 
 
-def _backward(graph: OpGraph, unit_of: np.ndarray, position: np.ndarray) -> np.ndarray:
-    """Per node: whether it depends on a later unit's output (a gradient coming back), by forward position."""
-    later = np.full(graph.num_nodes, -1, dtype=np.int64)
-    ptr, eids = graph.in_edges
-    src = graph.src
-    pos = position[unit_of]
+def _backward(graph: OpGraph, producers: list[int]) -> np.ndarray:
+    """Per node: whether it belongs to the backward pass, the turn of the step and what follows from it.
+
+    The turn is the last node, in topological order, from which every gradient's producer is reached
+    (the loss's gradient, before it branches into the layers'); a step without gradients has no backward.
+    """
+    n = graph.num_nodes
+    back = np.zeros(n, dtype=bool)
+    if not producers:
+        return back
+    bit = {u: 1 << k for k, u in enumerate(sorted(set(producers)))}
+    every = (1 << len(bit)) - 1
+    reach = [0] * n
+    ptr, eids = graph.out_edges
+    dst = graph.dst[eids].tolist()
+    ptr = ptr.tolist()
+    turn = -1
+    for v in graph.topological_order[::-1].tolist():
+        bits = bit.get(v, 0)
+        for w in dst[ptr[v]:ptr[v + 1]]:
+            bits |= reach[w]
+        reach[v] = bits
+        if bits == every and turn < 0:
+            turn = v
+    back[turn] = True
     for v in graph.topological_order.tolist():
-        preds = src[eids[ptr[v]:ptr[v + 1]]]
-        if preds.size:
-            later[v] = max(int(pos[preds].max()), int(later[preds].max()))
-    return later > pos
+        if back[v]:
+            back[dst[ptr[v]:ptr[v + 1]]] = True
+    return back
+
+
+def _pipeline_labels(graph: OpGraph, forward: np.ndarray, backward: np.ndarray, topo_pos: np.ndarray,
+                     min_layers: int) -> np.ndarray:
+    """A layer label per node: its ``layer``; an unlabelled node (an activation, a residual sum) takes its
+    parents' layer, the latest of them in forward order for a forward node (a residual sum after a
+    block goes with the block) and the earliest for a backward node (the gradient's sum goes with the
+    layer it flows into), else its children's earliest. A graph without layer names: slices of the
+    topological order (:func:`~placer.algorithms.baselines.layer_labels`)."""
+    if all(name is None for name in graph.layer):
+        return layer_labels(graph, min_layers=min_layers)
+    n = graph.num_nodes
+    names: dict[str, int] = {}
+    label = np.array([-1 if x is None else names.setdefault(x, len(names)) for x in graph.layer], dtype=np.int64)
+    # Where each layer's forward work on the batch ends, by topological position.
+    rank = np.full(len(names) + n, -np.inf)
+    marked = forward & (label >= 0)
+    np.maximum.at(rank, label[marked], topo_pos[marked].astype(np.float64))
+    lazy = np.full(len(names) + n, np.inf)       # a layer without forward work: where its first node comes
+    np.minimum.at(lazy, label[label >= 0], topo_pos[label >= 0].astype(np.float64))
+    rank = np.where(np.isinf(rank), lazy, rank)
+    ptr_in, e_in = graph.in_edges
+    ptr_out, e_out = graph.out_edges
+    src, dst = graph.src, graph.dst
+    for v in graph.topological_order.tolist():
+        if label[v] < 0:
+            parents = label[src[e_in[ptr_in[v]:ptr_in[v + 1]]]]
+            parents = parents[parents >= 0]
+            if parents.size:
+                pick = np.argmin(rank[parents]) if backward[v] else np.argmax(rank[parents])
+                label[v] = parents[pick]
+                if forward[v] and graph.num_nodes:
+                    rank[label[v]] = max(rank[label[v]], topo_pos[v])
+    for v in graph.topological_order[::-1].tolist():
+        if label[v] < 0:
+            children = label[dst[e_out[ptr_out[v]:ptr_out[v + 1]]]]
+            children = children[children >= 0]
+            if children.size:
+                label[v] = children[np.argmin(rank[children])]
+    alone = np.flatnonzero(label < 0)
+    label[alone] = len(names) + np.arange(alone.size)
+    return label
+
+
+def _forward_units(graph: OpGraph, n_dev: int, forward: np.ndarray, backward: np.ndarray,
+                   topo_pos: np.ndarray) -> list[np.ndarray]:
+    """Layers (:func:`_pipeline_labels`, colocation kept), in the order of their last forward operation
+    on the batch.
+
+    The last, not the first: a topological order may run a loss's preparation of its labels, or a
+    layer's constants (a causal mask), long before the layer; what the layer computes from the
+    batch ends where its output is ready. Sources do not place a layer. A layer with no forward
+    operation on the batch goes where its first node comes.
+    """
+    forward = forward & (np.bincount(graph.dst, minlength=graph.num_nodes) > 0)
+    unit_of, units = placement_units(graph, _pipeline_labels(graph, forward, backward, topo_pos, 4 * n_dev))
+    first = np.full(len(units), -np.inf)
+    np.maximum.at(first, unit_of[forward], topo_pos[forward].astype(np.float64))
+    alone = np.isinf(first)
+    first[alone] = [topo_pos[units[u]].min() for u in np.flatnonzero(alone)]
+    return [units[u] for u in np.argsort(first, kind="stable")]
 
 
 def _orders(mb_graph: OpGraph, device_of: np.ndarray, key: np.ndarray, n_dev: int) -> list[np.ndarray]:
@@ -255,11 +334,23 @@ def _orders(mb_graph: OpGraph, device_of: np.ndarray, key: np.ndarray, n_dev: in
         pass
     rank = np.empty(key.shape[0], dtype=np.int64)
     rank[by_key] = np.arange(key.shape[0])
-    # Kahn's algorithm by rank: relabel the nodes by rank, sort, and map back.
-    topo = topological_sort(mb_graph.num_nodes, rank[mb_graph.src], rank[mb_graph.dst])
-    inverse = np.empty_like(rank)
-    inverse[rank] = np.arange(rank.size)
-    global_order = inverse[topo]
+    # Kahn's algorithm, the ready node of the lowest rank first.
+    n = mb_graph.num_nodes
+    indegree = np.bincount(mb_graph.dst, minlength=n).tolist()
+    ptr, eids = mb_graph.out_edges
+    ptr, succ = ptr.tolist(), mb_graph.dst[eids].tolist()
+    ranks = rank.tolist()
+    ready = [(ranks[v], v) for v in range(n) if indegree[v] == 0]
+    heapq.heapify(ready)
+    sequence = []
+    while ready:
+        _, v = heapq.heappop(ready)
+        sequence.append(v)
+        for w in succ[ptr[v]:ptr[v + 1]]:
+            indegree[w] -= 1
+            if indegree[w] == 0:
+                heapq.heappush(ready, (ranks[w], w))
+    global_order = np.asarray(sequence, dtype=np.int64)
     return [global_order[device_of[global_order] == d] for d in range(n_dev)]
 
 
@@ -305,18 +396,17 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
     layout = replica_layout(graph, 2)
     per_batch = layout.per_batch if m > 1 else np.zeros(graph.num_nodes, dtype=bool)
     grad_bytes = {g: b for g, b in layout.grad_bytes.items() if per_batch[g[0]]}
-    units = forward_ordered(graph, *placement_units(graph, layer_labels(graph, min_layers=4 * n_dev)))
-    costs = _Costs(graph, cluster, units, mb, m, per_batch, grad_bytes)
-    position = np.arange(len(units))
-    backward = _backward(graph, costs.unit_of, position)
+    backward = _backward(graph, [u for u, _ in layout.grad_bytes])
     whole_first = ~batch_dependent(graph)
+    topo_pos = np.empty(graph.num_nodes, dtype=np.int64)
+    topo_pos[graph.topological_order] = np.arange(graph.num_nodes)
+    units = _forward_units(graph, n_dev, ~whole_first & ~backward, backward, topo_pos)
+    costs = _Costs(graph, cluster, units, mb, m, per_batch, grad_bytes)
     # The step's peak on one device against its outputs: the share of a micro-batch's outputs held at once.
     solo = simulate(graph, cluster, np.zeros(graph.num_nodes, dtype=np.int64), check=False)
     held = float(solo.peak_memory_bytes[0] - graph.param_bytes.sum())
     outputs = float(((graph.output_bytes + graph.temp_bytes) * per_batch).sum())
     liveness = min(1.0, max(held / outputs, 0.05)) if outputs > 0 else 1.0
-    topo_pos = np.empty(graph.num_nodes, dtype=np.int64)
-    topo_pos[graph.topological_order] = np.arange(graph.num_nodes)
     linked = cluster.linked
 
     def build(stages: Stages) -> tuple[np.ndarray, list[np.ndarray]] | None:
