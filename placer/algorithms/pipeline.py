@@ -262,7 +262,7 @@ def _backward(graph: OpGraph, producers: list[int]) -> np.ndarray:
 def _pipeline_labels(graph: OpGraph, forward: np.ndarray, backward: np.ndarray, topo_pos: np.ndarray,
                      min_layers: int) -> np.ndarray:
     """A layer label per node: its ``layer``; an unlabelled node (an activation, a residual sum) takes its
-    parents' layer, the latest of them in forward order for a forward node (a residual sum after a
+    parents' layer (those on the batch, where it has any: not the layer of a weight it reads), the latest of them in forward order for a forward node (a residual sum after a
     block goes with the block) and the earliest for a backward node (the gradient's sum goes with the
     layer it flows into), else its children's earliest. A graph without layer names: slices of the
     topological order (:func:`~placer.algorithms.baselines.layer_labels`)."""
@@ -281,9 +281,13 @@ def _pipeline_labels(graph: OpGraph, forward: np.ndarray, backward: np.ndarray, 
     ptr_in, e_in = graph.in_edges
     ptr_out, e_out = graph.out_edges
     src, dst = graph.src, graph.dst
+    batch = batch_dependent(graph)
     for v in graph.topological_order.tolist():
         if label[v] < 0:
-            parents = label[src[e_in[ptr_in[v]:ptr_in[v + 1]]]]
+            feeding = src[e_in[ptr_in[v]:ptr_in[v + 1]]]
+            if batch[feeding].any():        # the data, not a weight it reads (a tied embedding's)
+                feeding = feeding[batch[feeding]]
+            parents = label[feeding]
             parents = parents[parents >= 0]
             if parents.size:
                 pick = np.argmin(rank[parents]) if backward[v] else np.argmax(rank[parents])
