@@ -3,11 +3,12 @@
 The step is cut into ``m`` micro-batches (:func:`~placer.transform.microbatch.microbatch_graph`:
 gradients accumulated over them, the optimizer once). Its layers, in the
 order of their last forward operation on the batch (a layer's forward and
-backward operations together, colocation groups kept whole), are cut into ``K`` contiguous *stages*, one per device, each
-device's devices later in the cluster's order than the one before (so
-stages follow the cluster's hosts). Each micro-batch's copy of an operation
-runs on its layer's stage; the stage's whole nodes (parameters, the
-optimizer) and the accumulation of its gradients run there too.
+backward operations together, colocation groups kept whole), are cut into
+``K`` contiguous *stages*, one per device, each stage's device later in the
+cluster's order than the previous stage's (so stages follow the cluster's
+hosts). Each micro-batch's copy of an operation runs on its layer's stage;
+the stage's whole nodes (parameters, the optimizer) and the accumulation of
+its gradients run there too.
 
 Stages are balanced by a dynamic programme over the cut points: for every
 stage count ``K``, it minimises the slowest of each stage's time per
@@ -50,7 +51,7 @@ Pipeline-Parallel DNN Training", ICML 2021 (1F1B with flushes);
 from __future__ import annotations
 
 import heapq
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 
@@ -60,8 +61,8 @@ from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..io import shown_sizes
 from ..plan import Plan, check_order_acyclic
-from ..sim.simulator import SimResult, simulate
-from ..transform.microbatch import MicroBatchedGraph, check_microbatches, microbatch_graph
+from ..sim.simulator import simulate
+from ..transform.microbatch import check_microbatches, microbatch_graph
 from ..transform.replicate import chunk_add_time, replica_layout
 from ..transform.split import batch_dependent, batch_samples
 from .baselines import layer_labels
@@ -86,7 +87,6 @@ class Stages:
     devices: list[int]
     bottleneck_s: float
     estimate_s: float = 0.0
-    result: SimResult | None = field(default=None, repr=False)
 
 
 def schedule_sequence(schedule: str, stage: int, stages: int, microbatches: int) -> list[tuple[int, str]]:
@@ -121,8 +121,8 @@ def _in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int
 class _Costs:
     """Per unit (in forward order) and device: time per micro-batch, memory, and what crosses each cut."""
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, units: list[np.ndarray], mb: MicroBatchedGraph | None,
-                 microbatches: int, per_batch: np.ndarray, grad_bytes: dict):
+    def __init__(self, graph: OpGraph, cluster: Cluster, units: list[np.ndarray], microbatches: int,
+                 per_batch: np.ndarray, grad_bytes: dict):
         n_units, n_dev = len(units), cluster.num_devices
         m = microbatches
         dur = graph.durations(cluster)
@@ -405,7 +405,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
     topo_pos = np.empty(graph.num_nodes, dtype=np.int64)
     topo_pos[graph.topological_order] = np.arange(graph.num_nodes)
     units = _forward_units(graph, n_dev, ~whole_first & ~backward, backward, topo_pos)
-    costs = _Costs(graph, cluster, units, mb, m, per_batch, grad_bytes)
+    costs = _Costs(graph, cluster, units, m, per_batch, grad_bytes)
     # The step's peak on one device against its outputs: the share of a micro-batch's outputs held at once.
     solo = simulate(graph, cluster, np.zeros(graph.num_nodes, dtype=np.int64), check=False)
     held = float(solo.peak_memory_bytes[0] - graph.param_bytes.sum())
