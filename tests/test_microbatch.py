@@ -189,3 +189,20 @@ def test_a_count_beyond_the_batch_is_refused_before_any_work():
     for algorithm in ("m_etf", "gpipe", "1f1b"):
         with pytest.raises(OptionError, match="5 micro-batches of a batch of 4 samples"):
             place(_step(), c, algorithm, microbatches=5)
+
+
+def test_the_command_line_plans_micro_batches_and_refuses_too_many(tmp_path, capsys):
+    from placer.cli import main
+    from placer.plan import Plan
+
+    graph_file, plan_file = tmp_path / "g.json", tmp_path / "p.json"
+    _step().save(graph_file)
+    code = main(["plan", str(graph_file), "--cluster", "2xV100-nvlink", "--algorithm", "m_etf", "--microbatches", "3",
+                 "-o", str(plan_file)])
+    assert code == 0 and Plan.load(plan_file).extra["microbatches"] == 3
+    capsys.readouterr()
+    for command in (["plan", "-o", str(tmp_path / "q.json"), "--algorithm", "m_etf"],
+                    ["compare", "--algorithms", "m_etf,1f1b"]):
+        code = main(command[:1] + [str(graph_file), "--cluster", "2xV100-nvlink", "--microbatches", "5"] + command[1:])
+        err = capsys.readouterr().err
+        assert code != 0 and "5 micro-batches of a batch of 4 samples" in err and len(err.strip().splitlines()) == 1, err
