@@ -95,19 +95,20 @@ def _ms(value: float | None) -> str:
 def table(records: list[dict], microbatches: int) -> str:
     head = ("| model | batch | cluster | fits one device | best op-level, no micro-batches | data parallel | "
             f"gpipe (M={microbatches}) | 1f1b (M={microbatches}) | {OP_LEVEL[0]}, M={microbatches} | "
-            "best with micro-batches vs best without |")
-    lines = [head, "|---|---:|---|---|---:|---:|---:|---:|---:|---:|"]
+            "best with micro-batches: vs best op-level | vs best without (data parallel too) |")
+    lines = [head, "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         p = r["plans"]
         best = r["best_op_level"]
         with_mb = [p[k]["step_s"] for k in ("gpipe", "1f1b", f"{OP_LEVEL[0]}+mb") if p[k]["step_s"] is not None]
         without = [x for x in ([best["step_s"]] if best else []) + [p["data_parallel"]["step_s"]] if x is not None]
         ratio = f"{min(without) / min(with_mb):.2f}x" if with_mb and without else "-"
+        op_ratio = f"{best['step_s'] / min(with_mb):.2f}x" if with_mb and best else "-"
         best_cell = "-" if best is None else f"{best['step_s'] * 1e3:.0f} ({best['algorithm']})"
         peak = f"{'yes' if r['fits_one_device'] else 'no'} ({r['one_device_peak_gib']:.1f} GiB)"
         lines.append(f"| {r['model']} | {r['batch']} | {r['cluster']} | {peak} | {best_cell} | "
                      f"{_ms(p['data_parallel']['step_s'])} | {_ms(p['gpipe']['step_s'])} | {_ms(p['1f1b']['step_s'])} "
-                     f"| {_ms(p[OP_LEVEL[0] + '+mb']['step_s'])} | {ratio} |")
+                     f"| {_ms(p[OP_LEVEL[0] + '+mb']['step_s'])} | {op_ratio} | {ratio} |")
     return "\n".join(lines)
 
 
@@ -121,7 +122,13 @@ def main(argv: list[str] | None = None) -> int:
                         help="skip the op-level scheduler on micro-batched steps larger than this")
     parser.add_argument("--cache", type=Path, default=Path(__file__).parent / ".cache")
     parser.add_argument("-o", "--output", type=Path, help="JSON file of the records (rewritten after each case)")
+    parser.add_argument("--table", nargs="+", type=Path, metavar="JSON",
+                        help="print the table of earlier runs' records (-o files) instead of running")
     args = parser.parse_args(argv)
+    if args.table:
+        docs = [json.loads(path.read_text()) for path in args.table]
+        print(table([r for doc in docs for r in doc["records"]], docs[0]["microbatches"]))
+        return 0
     sizes = args.sizes.split(",")
     records = []
     began = time.perf_counter()
