@@ -206,3 +206,41 @@ def test_the_command_line_plans_micro_batches_and_refuses_too_many(tmp_path, cap
         code = main(command[:1] + [str(graph_file), "--cluster", "2xV100-nvlink", "--microbatches", "5"] + command[1:])
         err = capsys.readouterr().err
         assert code != 0 and "5 micro-batches of a batch of 4 samples" in err and len(err.strip().splitlines()) == 1, err
+
+
+def test_the_stage_cut_is_the_best_of_every_contiguous_cut():
+    """The dynamic programme's bottleneck equals the best over every cut into K contiguous stages on
+    devices in the cluster's order, enumerated."""
+    import itertools
+
+    from placer.algorithms import pipeline
+    from placer.cluster import load_cluster
+    from placer.transform.replicate import replica_layout
+
+    g, c = training_graph(layers=8, branches=1, seed=4), load_cluster("2x4xV100")
+    m = 4
+    layout = replica_layout(g, 2)
+    grads = {k: b for k, b in layout.grad_bytes.items() if layout.per_batch[k[0]]}
+    topo = np.empty(g.num_nodes, dtype=np.int64)
+    topo[g.topological_order] = np.arange(g.num_nodes)
+    backward = pipeline._backward(g, [u for u, _ in grads])
+    units = pipeline._forward_units(g, c.num_devices, ~backward, backward, topo)
+    costs = pipeline._Costs(g, c, units, m, layout.per_batch, grads)
+    n_units, budget = len(units), np.full(c.num_devices, np.inf)
+    assert n_units >= 10
+
+    def bottleneck(bounds, devices):
+        worst = max(costs.per_mb[b, d] - costs.per_mb[a, d] for a, b, d in zip(bounds, bounds[1:], devices))
+        for i, q, d in zip(bounds[1:-1], devices, devices[1:]):
+            slowest = max(costs.inverse_bandwidth[q, d], costs.inverse_bandwidth[d, q])
+            worst = max(worst, costs.latency[q, d] + costs.latency[d, q] + costs.crossing[i] * slowest)
+        return worst
+
+    for stages in (1, 2, 3):
+        best = min(bottleneck([0, *cuts, n_units], devices)
+                   for cuts in itertools.combinations(range(1, n_units), stages - 1)
+                   for devices in itertools.combinations(range(c.num_devices), stages))
+        found = pipeline._cut(costs, c, "gpipe", stages, m, 1.0, budget)
+        assert np.isclose(found.bottleneck_s, best, rtol=1e-12), (stages, found.bottleneck_s, best)
+        assert np.isclose(bottleneck(found.bounds, found.devices), best, rtol=1e-12)     # the cut it returns
+        assert len(found.devices) == stages and found.bounds[0] == 0 and found.bounds[-1] == n_units
