@@ -33,7 +33,8 @@ __all__ = ["plan", "validate", "describe", "apply"]
 
 def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluster" = "4xV100-nvlink",
          algorithm: str = "auto", batch: int | None = None, optimizer: Any = "adam", lr: float | None = None,
-         profile: "str | os.PathLike | None" = None, runnable: bool | None = None, **options: Any) -> Plan:
+         profile: "str | os.PathLike | None" = None, runnable: bool | None = None, microbatches: int | None = None,
+         **options: Any) -> Plan:
     """Capture one training step of ``model``, place it on ``cluster`` and check the plan.
 
     Parameters
@@ -58,6 +59,10 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     profile : path, optional
         A ``placer.profile/1`` file of measured per-node times to use instead
         of the analytic costs for its device kind.
+    microbatches : int, optional
+        Place the step cut into this many micro-batches, their gradients
+        accumulated before one optimizer step (``place(..., microbatches=M)``):
+        every algorithm then pipelines. At most the batch's samples.
     runnable : bool, optional
         Deprecated, no effect (every plan runs): giving it warns with a
         DeprecationWarning. To be removed in the next release.
@@ -88,6 +93,9 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
         warnings.warn(RUNNABLE_DEPRECATED, DeprecationWarning, stacklevel=2)
     target = load_cluster(cluster)
     checked_options(get_algorithm(algorithm), options)
+    if microbatches is not None and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
+                                     or microbatches < 1):
+        raise OptionError(f"placer.plan: microbatches must be an integer >= 1, got {microbatches!r}")
     measured = None
     if profile is not None:
 
@@ -97,7 +105,7 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
     graph, captured = _captured(model, inputs, batch, name, lr, settings)
     if measured is not None:
         graph = apply_profile(graph, measured)
-    result = place(graph, target, algorithm, **options)
+    result = place(graph, target, algorithm, microbatches=microbatches, **options)
     result.context.update(graph=graph, cluster=target, captured=captured)
     return result
 

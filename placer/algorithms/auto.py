@@ -46,6 +46,9 @@ SEARCHES = ("os_dpos",) + SLOW_ALGORITHMS
 #: runs before a slower one can use up the time; the searches last.
 FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "single", "metis", "celeritas", "order_place",
               "m_sct", "m_topo", "dpos", "heft")
+#: Members that place the step as micro-batches, which the runtime does not run yet: in the portfolio only
+#: where ``portfolio`` names them, so that a plan auto picks by default runs.
+MICROBATCHED = ("gpipe", "1f1b")
 #: Options auto gives members: data parallelism reduces its gradients with whichever collective is faster
 #: for the case (the ring or direct exchanges within and between hosts).
 MEMBER_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_parallel": {"collective": "best"}}
@@ -200,9 +203,10 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
 def default_portfolio(time_limit: float | None) -> list[str]:
     """The registered algorithms auto runs, in order: fast one-pass ones first, searches last.
 
-    Pesto and placeto join only when a limit of at least a minute is given.
+    Pesto and placeto join only when a limit of at least a minute is given; the pipelines
+    (:data:`MICROBATCHED`) only by name.
     """
-    registered = [name for name in available_algorithms() if name != "auto"]
+    registered = [name for name in available_algorithms() if name != "auto" and name not in MICROBATCHED]
     first = [name for name in FAST_FIRST if name in registered]
     searches = [name for name in SEARCHES if name in registered and name not in first
                 and (name not in SLOW_ALGORITHMS or (time_limit is not None and time_limit >= 60))]

@@ -31,6 +31,7 @@ from ..plan import Plan
 from ..sim.bounds import lower_bound
 from ..sim.validation import validate
 from ..transform.bind import target_graph
+from ..transform.microbatch import check_microbatches, microbatch_graph
 from .timebox import TimeBox
 
 __all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message",
@@ -182,7 +183,8 @@ def _import_libraries() -> None:
     import scipy.sparse.csgraph  # noqa: F401
 
 
-def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options: Any) -> Plan:
+def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", *, microbatches: int | None = None,
+          **options: Any) -> Plan:
     """Place ``graph`` on ``cluster`` with the named algorithm and return a valid plan.
 
     Parameters
@@ -196,6 +198,13 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
         ``time_limit`` (seconds or None). The limit bounds the checks and the
         search, not a process's one-time setup (the first call imports scipy's
         graphs and solvers, and Placeto's torch, before its clock starts).
+    microbatches : int, optional
+        Place the step cut into this many micro-batches, their gradients
+        accumulated (:func:`~placer.transform.microbatch.microbatch_graph`):
+        the plan places the micro-batched step, which it carries as its
+        rewritten graph, so that any algorithm pipelines by itself. An
+        algorithm with a ``microbatches`` option of its own (``gpipe``,
+        ``1f1b``) is given it instead. None or 1: the step as it is.
 
     Returns
     -------
@@ -207,7 +216,8 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     Raises
     ------
     OptionError
-        Unknown algorithm or option, or a bad option value.
+        Unknown algorithm or option, or a bad option value; more
+        micro-batches than the batch has samples, or none to cut.
     InfeasibleError
         The problem is impossible, or the algorithm found no plan that fits.
     TimeLimitError
@@ -219,14 +229,25 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     >>> g = OpGraph(["a", "b"], [1.0, 1.0], [0], [1], [8])
     >>> place(g, PRESETS["2xV100-nvlink"](), "single").predicted["makespan_s"]
     2.0
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2)
+    >>> place(g, PRESETS["2xV100-nvlink"](), "m_etf", microbatches=2).rewritten_graph.extra["microbatches"]["count"]
+    2
     """
     alg = get_algorithm(algorithm)
+    if microbatches is not None and "microbatches" in alg.options:
+        options = {**options, "microbatches": microbatches}
+    elif microbatches is not None:
+        checked_options(alg, options)
+        if check_microbatches(graph, microbatches, algorithm) > 1:
+            return _place_microbatched(graph, cluster, algorithm, int(microbatches), options)
     opts = checked_options(alg, options)
     _import_libraries()             # once per process, outside the time limit: it is no search
     if alg.prepare is not None:
         alg.prepare(opts)
     entered = time.perf_counter()
-    diagnose(graph, cluster)
+    if "microbatches" not in alg.options:     # an algorithm that cuts the step diagnoses what it cuts
+        diagnose(graph, cluster)
     began = time.perf_counter()
     # Searches stop by themselves within their limit (the box leaves them 5% to return what they
     # found); the box stops what cannot stop itself (the one-pass schedulers).
@@ -262,4 +283,23 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", **options
     plan.predicted = dict(figures)
     plan.search_time_s = elapsed
     plan.context.update(graph=graph, cluster=cluster)      # describe(plan) and apply(plan, ...) without them
+    return plan
+
+
+def _place_microbatched(graph: OpGraph, cluster: Cluster, algorithm: str, microbatches: int,
+                        options: dict[str, Any]) -> Plan:
+    """:func:`place` of the step cut into ``microbatches`` micro-batches, as a plan of ``graph``.
+
+    The algorithm places the micro-batched step like any graph (and :func:`place` checks that plan
+    against it); the plan then names ``graph`` as the one it was made for and carries what it placed
+    as its rewritten graph, so that it binds, validates and runs as a plan of ``graph``.
+    """
+    micro = microbatch_graph(graph, microbatches).graph
+    plan = place(micro, cluster, algorithm, **options)
+    if plan.rewritten_graph is None:
+        plan.rewritten_graph = target_graph(plan, micro)
+    plan.graph_digest, plan.graph_name = graph.digest(), graph.name
+    plan.extra = {**plan.extra, "microbatches": microbatches}
+    plan.context.update(graph=graph, cluster=cluster)
+    _checked[plan] = (_check_key(plan, graph, cluster), dict(plan.predicted))
     return plan

@@ -128,6 +128,21 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", metavar="FILE", help="placer.profile/1 file of measured times to use")
 
 
+def _add_microbatches_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--microbatches", type=int, metavar="M",
+                   help="place the step cut into M micro-batches, gradients accumulated (every algorithm pipelines)")
+
+
+def _check_microbatches_flag(args: argparse.Namespace) -> None:
+    """``--microbatches`` refused before a model is captured: below 1, or above a model spec's ``--batch``."""
+    m = args.microbatches
+    if m is not None and m < 1:
+        raise OptionError(f"--microbatches must be >= 1, got {m}")
+    if m is not None and getattr(args, "batch", None) and m > args.batch:
+        raise OptionError(f"--microbatches {m} cuts a batch of {args.batch} samples (--batch): at most {args.batch}, "
+                          f"one sample each")
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
 
     _check_search_flags(args)
@@ -138,6 +153,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise OptionError(f"--option {key}=... and --{key.replace('_', '-')} both set {key}: give one")
             options[key] = value
     checked_options(get_algorithm(args.algorithm), options)    # before a model is captured
+    _check_microbatches_flag(args)
     if args.algorithm == "auto" and "runnable" in options:
         print(f"placer: warning: option {RUNNABLE_DEPRECATED}; leave it out", file=sys.stderr)
     check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
@@ -149,7 +165,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     with working(f"planning {graph.name} on {cluster.name} with {args.algorithm}{limit} ..."), \
             warnings.catch_warnings():
         warnings.filterwarnings("ignore", RUNNABLE_DEPRECATED, DeprecationWarning)     # said just above
-        plan = place(graph, cluster, args.algorithm, **options)
+        plan = place(graph, cluster, args.algorithm, microbatches=args.microbatches, **options)
     plan.save(args.output)
     p = plan.predicted
     print(f"{args.algorithm}: makespan {p['makespan_s'] * 1e3:.3f} ms (lower bound {p['lower_bound_s'] * 1e3:.3f} ms), "
@@ -308,11 +324,13 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _check_search_flags(args)
     names = _algorithm_names(args.algorithms)
     check_options(names, seed=args.seed, time_limit=args.time_limit)
+    _check_microbatches_flag(args)
     if args.output:
         check_output(args.output, "report folder", folder=True)
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args, cluster)
-    comparison = compare(graph, cluster, names, seed=args.seed, time_limit=args.time_limit)
+    comparison = compare(graph, cluster, names, seed=args.seed, time_limit=args.time_limit,
+                         microbatches=args.microbatches)
     comparison.print()
     if args.output:
         paths = comparison.write(args.output)
@@ -348,6 +366,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--time-limit", type=float, help="search time limit in seconds")
     p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
                    help="algorithm option (value parsed as JSON when it can be); repeatable")
+    _add_microbatches_option(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="simulate a plan under the reference model")
@@ -386,6 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", help="folder for the table (md, csv, json), plans, charts and report.html")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, help="per-algorithm time limit in seconds")
+    _add_microbatches_option(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on the built-in default (no GPU, no input)")

@@ -34,6 +34,7 @@ from ..show import markdown, one_line
 from ..sim import lower_bound, simulate_plan
 from ..sim.simulator import SimResult
 from ..terminate import raise_if_interrupted, terminate_raises
+from ..transform.microbatch import check_microbatches
 from .html import html_report
 from .tables import figure, print_rows
 
@@ -225,7 +226,8 @@ def check_options(algorithms: Iterable[str] | None, *, seed: int = 0, time_limit
 
 
 def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None = None, *, seed: int = 0,
-            time_limit: float | None = None, console: Console | None = None, progress: bool = True) -> Comparison:
+            time_limit: float | None = None, console: Console | None = None, progress: bool = True,
+            microbatches: int | None = None) -> Comparison:
     """Run each algorithm (default: every registered one) on ``graph`` and ``cluster``.
 
     Parameters
@@ -237,6 +239,9 @@ def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None =
         Per-algorithm limit in seconds, passed to every algorithm.
     progress : bool
         Show a progress bar on the console.
+    microbatches : int, optional
+        Every algorithm places the step cut into this many micro-batches
+        (:func:`~placer.algorithms.registry.place`); checked against the batch before anything runs.
 
     Returns
     -------
@@ -245,6 +250,8 @@ def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None =
         no names and a bad seed or time limit raise OptionError before anything runs.
     """
     names = check_options(algorithms, seed=seed, time_limit=time_limit)
+    if microbatches is not None:
+        check_microbatches(graph, microbatches, "compare")
     entries: list[Entry] = []
     with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
                   TimeElapsedColumn(), console=console, disable=not progress, transient=True) as bar:
@@ -252,7 +259,7 @@ def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None =
         for name in names:
             bar.update(task, description=f"placing with {name}")
             try:
-                plan = place(graph, cluster, name, seed=seed, time_limit=time_limit)
+                plan = place(graph, cluster, name, seed=seed, time_limit=time_limit, microbatches=microbatches)
                 entries.append(Entry(name, plan, simulate_plan(plan, graph, cluster)))
             except PlacerError as exc:
                 entries.append(Entry(name, error=failure_message(name, exc)))

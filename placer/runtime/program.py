@@ -237,6 +237,9 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
 
     bound = bind_plan(plan, graph, cluster)
     target = bound.graph
+    if "microbatches" in target.extra:
+        raise InvalidPlanError(f"the plan places the step as {target.extra['microbatches']['count']} micro-batches, "
+                               "which the runtime does not run yet: plan without micro-batches to run it")
     feeds = None
     replicated = "data_parallel" in target.extra and any("replica" in extra for extra in target.node_extra)
     if collectives == "torch" and not (replicated and _replica_per_device(target, bound.device_of, cluster)):

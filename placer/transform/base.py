@@ -402,8 +402,9 @@ def available_transforms() -> list[str]:
 
     Examples
     --------
-    >>> available_transforms()
-    ['coarsen', 'colocate_layers', 'colocate_sole_consumers', 'contract', 'fuse', 'merge', 'replicate', 'split']
+    >>> available_transforms()      # doctest: +NORMALIZE_WHITESPACE
+    ['coarsen', 'colocate_layers', 'colocate_sole_consumers', 'contract', 'fuse', 'merge', 'microbatch', 'replicate',
+     'split']
     """
     return sorted(_TRANSFORMS)
 
