@@ -296,6 +296,7 @@ def test_probe_options(monkeypatch):
 
 def test_calibrate_cli_with_a_probe(tmp_path, capsys, monkeypatch):
     from placer.cli import main
+    from placer.cli import cost as cost_cli
     from placer.harness import calibrate as calibrate_module
 
     probed = _calibration()
@@ -303,6 +304,7 @@ def test_calibrate_cli_with_a_probe(tmp_path, capsys, monkeypatch):
                        stream_message_cost=probed.message_cost.to_dict())
     asked = {}
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: asked.update(k) or probed)
+    monkeypatch.setattr(cost_cli, "calibrate", calibrate_module.calibrate)
     out = tmp_path / "cal.json"
     assert main(["calibrate", "--probe", "-o", str(out)]) == 0
     assert asked["probe"] is True
@@ -315,12 +317,14 @@ def test_calibrate_cli_with_a_probe(tmp_path, capsys, monkeypatch):
 
 def test_calibrate_warns_of_a_fit_that_explains_little_of_its_points(tmp_path, capsys, monkeypatch):
     from placer.cli import main
+    from placer.cli import cost as cost_cli
     from placer.harness import calibrate as calibrate_module
 
     # A 1 KiB message slower than a 64 KiB one (R^2 0.55) went silently into the cluster file.
     noisy = _calibration()
     noisy.links["gloo"] = LinkFit(1.24e-3, 2.8e9, 0.55, [(1024, 2e-3), (65536, 1e-3), (1 << 20, 1.6e-3)])
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: noisy)
+    monkeypatch.setattr(cost_cli, "calibrate", calibrate_module.calibrate)
     assert main(["calibrate", "-o", str(tmp_path / "cal.json")]) == 0
     err = capsys.readouterr().err
     assert "the gloo fit explains little of its points (R^2 0.55" in err and "cuda-peer" not in err
@@ -328,9 +332,12 @@ def test_calibrate_warns_of_a_fit_that_explains_little_of_its_points(tmp_path, c
 
 def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_path, capsys, monkeypatch):
     from placer.cli import main
+    from placer.cli import cost as cost_cli
     from placer.harness import calibrate as calibrate_module
 
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: pytest.fail("measured before the check"))
+
+    monkeypatch.setattr(cost_cli, "calibrate", calibrate_module.calibrate)
     out = ["-o", str(tmp_path / "cal.json"), "--cluster-output", str(tmp_path / "c.json")]
     assert main(["calibrate", "--backend", "gloo", "--cluster", "4xV100-nvlink", *out]) == 2
     assert "map one with --link LINK=gloo" in capsys.readouterr().err
@@ -357,6 +364,7 @@ def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_pat
 ])
 def test_calibrate_sizes_are_read_exactly_or_refused_before_measuring(tmp_path, capsys, monkeypatch, sizes, message):
     from placer.cli import main
+    from placer.cli import cost as cost_cli
     from placer.harness import calibrate as calibrate_module
 
     measured = []
@@ -366,6 +374,8 @@ def test_calibrate_sizes_are_read_exactly_or_refused_before_measuring(tmp_path, 
         raise OptionError("stop before measuring")
 
     monkeypatch.setattr(calibrate_module, "calibrate", fake_calibrate)
+
+    monkeypatch.setattr(cost_cli, "calibrate", calibrate_module.calibrate)
     out = ["-o", str(tmp_path / "cal.json")]
     assert main(["calibrate", "--sizes", "1.5K,64K, 2MiB,.25K,1e3,4096B", *out]) == 2
     assert measured == [[1536, 65536, 2 << 20, 256, 1000, 4096]]

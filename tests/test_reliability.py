@@ -175,6 +175,7 @@ def test_interrupt_writes_no_plan(tmp_path, capsys, monkeypatch):
         raise KeyboardInterrupt
 
     monkeypatch.setattr("placer.algorithms.place", interrupted)
+    monkeypatch.setattr("placer.cli.core.place", interrupted)
     out = tmp_path / "p.json"
     assert main(["plan", str(graph), "--cluster", "2xV100-nvlink", "-o", str(out)]) == 130
     assert "interrupted" in capsys.readouterr().err
