@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up placer in ./.venv (once, or again when pyproject.toml changes) and run a job.
 #   ./run.sh demo        the main job on the built-in default (no GPU needed)
-#   ./run.sh test        the full test suite
+#   ./run.sh test        ruff (lint and format check), then the full test suite
 #   ./run.sh placer ...  any placer command;  ./run.sh bench FILE  a benchmark
 set -euo pipefail
 cd "$(dirname "$0")"
@@ -27,7 +27,7 @@ job=${1:-demo}
 shift || true
 case "$job" in
   demo) exec .venv/bin/placer demo "$@" ;;
-  test) exec .venv/bin/python -m pytest -n 2 -q "$@" ;;
+  test) .venv/bin/ruff check placer tests bench && .venv/bin/ruff format --check placer tests bench && exec .venv/bin/python -m pytest -n 2 -q "$@" ;;
   placer) exec .venv/bin/placer "$@" ;;
   bench) exec .venv/bin/python "$@" ;;
   *) echo "usage: ./run.sh demo|test|placer ARGS|bench FILE" >&2; exit 2 ;;

@@ -43,7 +43,7 @@ def capture_table(names: list[str], skip_paper: bool) -> list[list[str]]:
     rows = []
     for name in names:
         entry = ZOO[name]
-        for batch in ([4] if skip_paper else [4, entry.paper_batch]):
+        for batch in [4] if skip_paper else [4, entry.paper_batch]:
             try:
                 with torch.device("meta"):
                     model, inputs = entry.factory(batch)
@@ -52,15 +52,24 @@ def capture_table(names: list[str], skip_paper: bool) -> list[list[str]]:
                 seconds = time.perf_counter() - started
                 g = step.graph
                 _GFLOP[name, batch] = float(np.nansum(g.flops)) / 1e9
-                rows.append([name, str(batch), str(g.num_nodes), str(g.num_edges),
-                             f"{g.param_bytes.sum() / 2**20:.0f}", f"{np.nansum(g.flops) / 1e9:.1f}", f"{seconds:.2f}"])
+                rows.append(
+                    [
+                        name,
+                        str(batch),
+                        str(g.num_nodes),
+                        str(g.num_edges),
+                        f"{g.param_bytes.sum() / 2**20:.0f}",
+                        f"{np.nansum(g.flops) / 1e9:.1f}",
+                        f"{seconds:.2f}",
+                    ]
+                )
             except Exception as exc:  # noqa: BLE001 - a benchmark reports failures and goes on
                 rows.append([name, str(batch), "-", "-", "-", "-", f"failed: {type(exc).__name__}: {exc}"[:80]])
             print(" | ".join(rows[-1]), flush=True)
     return rows
 
 
-_GFLOP: dict[tuple[str, int], float] = {}   # (model, batch) -> step GFLOP at the default size, from part 1
+_GFLOP: dict[tuple[str, int], float] = {}  # (model, batch) -> step GFLOP at the default size, from part 1
 
 
 def step_gflop(name: str, batch: int) -> float:
@@ -71,8 +80,15 @@ def step_gflop(name: str, batch: int) -> float:
     return float(np.nansum(capture(model, inputs).graph.flops)) / 1e9
 
 
-def cost_table(names: list[str], device: str, repeats: int, batch: int, max_gflop: float,
-               gpu_timing: str, analytic_kind: str | None) -> list[list[str]]:
+def cost_table(
+    names: list[str],
+    device: str,
+    repeats: int,
+    batch: int,
+    max_gflop: float,
+    gpu_timing: str,
+    analytic_kind: str | None,
+) -> list[list[str]]:
     rows = []
     for name in names:
         entry = ZOO[name]
@@ -87,13 +103,21 @@ def cost_table(names: list[str], device: str, repeats: int, batch: int, max_gflo
             g = step.graph
             measured = np.array([profile.node_seconds[i] for i in g.ids])
             timed = np.array([op != "placeholder" for op in g.op]) & (measured > 0)
-            row = [name, "default" if default else "tiny", str(g.num_nodes), f"{np.nansum(g.flops) / 1e9:.2f}",
-                   f"{measured.sum() * 1e3:.2f}"]
+            row = [
+                name,
+                "default" if default else "tiny",
+                str(g.num_nodes),
+                f"{np.nansum(g.flops) / 1e9:.2f}",
+                f"{measured.sum() * 1e3:.2f}",
+            ]
             if analytic_kind:
                 predicted = annotate(g, reference=analytic_kind, kinds=()).compute_s
                 rel = np.abs(predicted[timed] - measured[timed]) / measured[timed]
-                row += [f"{predicted.sum() * 1e3:.2f}", f"{predicted.sum() / measured.sum():.2f}",
-                        f"{100 * float(np.median(rel)):.0f}%"]
+                row += [
+                    f"{predicted.sum() * 1e3:.2f}",
+                    f"{predicted.sum() / measured.sum():.2f}",
+                    f"{100 * float(np.median(rel)):.0f}%",
+                ]
             else:
                 row += ["", "", ""]
             if device != "cpu":
@@ -135,7 +159,9 @@ def cpu_figures() -> list[str]:
     for dtype in (torch.float32, torch.bfloat16, torch.float64):
         a, b = torch.randn(1024, 1024, dtype=dtype), torch.randn(1024, 1024, dtype=dtype)
         torch.mm(a, b)
-        lines.append(f"1024^3 {str(dtype).removeprefix('torch.')} matmul: {2 * 1024**3 / best(lambda: torch.mm(a, b)) / 1e9:.0f} GFLOP/s")
+        lines.append(
+            f"1024^3 {str(dtype).removeprefix('torch.')} matmul: {2 * 1024**3 / best(lambda: torch.mm(a, b)) / 1e9:.0f} GFLOP/s"
+        )
     x = torch.randn(16 << 20)
     y = torch.empty_like(x)
     lines.append(f"64 MiB in-place copy: {2 * x.numel() * 4 / best(lambda: y.copy_(x)) / 1e9:.1f} GB/s")
@@ -155,11 +181,21 @@ def cost_parts(args: argparse.Namespace, names: list[str], kind: str, device_nam
     """Parts 2 and 3: measured profiles against the analytic model, and single-thread CPU figures."""
     analytic_kind = args.analytic_kind or (kind if kind in DEVICE_SPECS else None)
     clock = "thread CPU time" if args.device == "cpu" else f"{args.gpu_timing} time"
-    print(f"\n## Part 2: batch {args.batch}, measured ({clock}) on {device_name} ({kind}) "
-          f"vs analytic {analytic_kind or '(none for this kind: pass --analytic-kind)'}")
+    print(
+        f"\n## Part 2: batch {args.batch}, measured ({clock}) on {device_name} ({kind}) "
+        f"vs analytic {analytic_kind or '(none for this kind: pass --analytic-kind)'}"
+    )
     rows = cost_table(names, args.device, args.repeats, args.batch, args.max_gflop, args.gpu_timing, analytic_kind)
-    header = ["model", "size", "nodes", "GFLOP", "measured ms", "analytic ms", "analytic / measured",
-              "median node error"]
+    header = [
+        "model",
+        "size",
+        "nodes",
+        "GFLOP",
+        "measured ms",
+        "analytic ms",
+        "analytic / measured",
+        "median node error",
+    ]
     print(markdown(header + (["whole step ms"] if args.device != "cpu" else []), rows))
     if args.device == "cpu":
         print("\n## Part 3: single-thread CPU figures")
@@ -172,23 +208,37 @@ def main() -> None:
     parser.add_argument("--device", default="cpu", help="cpu or cuda:N for part 2")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs per node (median)")
     parser.add_argument("--batch", type=int, default=4, help="batch size of part 2 (default 4)")
-    parser.add_argument("--max-gflop", type=float, default=30.0,
-                        help="part 2 profiles the default size when its step is at most this many GFLOP, "
-                             "else the tiny configuration (default 30)")
-    parser.add_argument("--gpu-timing", choices=("kernel", "wall"), default="kernel",
-                        help="on a GPU: sum of each node's CUDA kernels (default) or synchronised wall time")
-    parser.add_argument("--analytic-kind", choices=sorted(DEVICE_SPECS),
-                        help="device kind of the analytic model in part 2 (default: the device's own, where known; "
-                             "e.g. H100 on an H200, which has its compute and more memory bandwidth)")
+    parser.add_argument(
+        "--max-gflop",
+        type=float,
+        default=30.0,
+        help="part 2 profiles the default size when its step is at most this many GFLOP, "
+        "else the tiny configuration (default 30)",
+    )
+    parser.add_argument(
+        "--gpu-timing",
+        choices=("kernel", "wall"),
+        default="kernel",
+        help="on a GPU: sum of each node's CUDA kernels (default) or synchronised wall time",
+    )
+    parser.add_argument(
+        "--analytic-kind",
+        choices=sorted(DEVICE_SPECS),
+        help="device kind of the analytic model in part 2 (default: the device's own, where known; "
+        "e.g. H100 on an H200, which has its compute and more memory bandwidth)",
+    )
     parser.add_argument("--skip-capture", action="store_true", help="skip part 1")
     parser.add_argument("--skip-paper", action="store_true", help="part 1 at batch 4 only")
-    parser.add_argument("--skip-cost", action="store_true",
-                        help="skip parts 2 and 3 (profiles against the analytic model)")
+    parser.add_argument(
+        "--skip-cost", action="store_true", help="skip parts 2 and 3 (profiles against the analytic model)"
+    )
     args = parser.parse_args()
     names = [n.strip() for n in args.models.split(",")] if args.models else list(ZOO)
     kind, device_name = device_kind_of(args.device)
-    print(f"python {platform.python_version()}, torch {torch.__version__}, {device_name}; "
-          f"{args.repeats} timed runs per node (median)")
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, {device_name}; "
+        f"{args.repeats} timed runs per node (median)"
+    )
     if not args.skip_capture:
         print("\n## Part 1: capture at the default size, meta device")
         rows = capture_table(names, args.skip_paper)

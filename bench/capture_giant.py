@@ -35,8 +35,9 @@ class Block(nn.Module):
 
     def forward(self, x):
         b, t, d = x.shape
-        q, k, v = (y.view(b, t, self.heads, d // self.heads).transpose(1, 2)
-                   for y in self.qkv(self.ln_1(x)).split(d, dim=2))
+        q, k, v = (
+            y.view(b, t, self.heads, d // self.heads).transpose(1, 2) for y in self.qkv(self.ln_1(x)).split(d, dim=2)
+        )
         a = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         x = x + self.proj(a.transpose(1, 2).reshape(b, t, d))
         return x + self.out(nn.functional.gelu(self.fc(self.ln_2(x))))
@@ -79,10 +80,14 @@ def main() -> None:
     seconds, cpu_seconds = time.perf_counter() - started, time.process_time() - cpu_started
     g = step.graph
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20
-    print(f"GPT {args.layers} layers x {args.width}, {params / 1e9:.2f}B parameters, batch {args.batch} x {args.context}, Adam")
-    print(f"captured in {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU (wall is higher on a busy machine): {g.num_nodes} nodes, {g.num_edges} edges, "
-          f"resident state {g.param_bytes.sum() / 2**30:.1f} GiB, {g.flops.sum() / 1e12:.1f} TFLOP per step, "
-          f"peak host memory of this process {peak:.2f} GiB")
+    print(
+        f"GPT {args.layers} layers x {args.width}, {params / 1e9:.2f}B parameters, batch {args.batch} x {args.context}, Adam"
+    )
+    print(
+        f"captured in {seconds:.1f} s wall, {cpu_seconds:.1f} s CPU (wall is higher on a busy machine): {g.num_nodes} nodes, {g.num_edges} edges, "
+        f"resident state {g.param_bytes.sum() / 2**30:.1f} GiB, {g.flops.sum() / 1e12:.1f} TFLOP per step, "
+        f"peak host memory of this process {peak:.2f} GiB"
+    )
     print("reproduce: python bench/capture_giant.py " + " ".join(f"--{k} {v}" for k, v in vars(args).items()))
 
 

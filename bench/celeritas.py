@@ -46,11 +46,13 @@ from placer.generate import training_graph
 from placer.graph import OpGraph
 from placer.transform.fusion import fuse
 
-SIZES = {"1k": 71, "10k": 715, "30k": 2143, "100k": 7142}   # blocks of 3 branches -> ~1k .. ~100k nodes
+SIZES = {"1k": 71, "10k": 715, "30k": 2143, "100k": 7142}  # blocks of 3 branches -> ~1k .. ~100k nodes
 ALGORITHMS = ("celeritas", "order_place", "expert")
 #: (zoo model, batch, clusters, algorithms celeritas must beat)
-GOALS = [(model, batch, ("4xV100-nvlink", "4xGPU-pcie"), ("m_sct", "m_etf", "m_topo", "order_place"))
-         for model, batch in (("inception_v3", 64), ("gnmt", 128), ("transformer", 32))]
+GOALS = [
+    (model, batch, ("4xV100-nvlink", "4xGPU-pcie"), ("m_sct", "m_etf", "m_topo", "order_place"))
+    for model, batch in (("inception_v3", 64), ("gnmt", 128), ("transformer", 32))
+]
 GOALS.append(("rnnlm", 128, ("2xV100-nvlink",), ("expert",)))
 
 
@@ -76,18 +78,27 @@ def goals() -> None:
             mine = ours.predicted["makespan_s"]
             met = all(mine <= s if rival == "expert" else mine < s for rival, s in steps.items())
             stats = ours.extra["celeritas"]
-            print(f"{f'{model}-bs{batch}':>14} {name:>14} {mine * 1e3:10.1f} {took:7.1f} | "
-                  + " ".join(f"{r} {s * 1e3:.1f}" for r, s in steps.items())
-                  + f" | {'yes' if met else 'no'}  ({stats['policy']}, {stats['layout']}, R={stats['exploration_range']}"
-                  + ("" if stats["charge_pushes"] else ", uncharged") + ")",
-                  flush=True)
+            print(
+                f"{f'{model}-bs{batch}':>14} {name:>14} {mine * 1e3:10.1f} {took:7.1f} | "
+                + " ".join(f"{r} {s * 1e3:.1f}" for r, s in steps.items())
+                + f" | {'yes' if met else 'no'}  ({stats['policy']}, {stats['layout']}, R={stats['exploration_range']}"
+                + ("" if stats["charge_pushes"] else ", uncharged")
+                + ")",
+                flush=True,
+            )
 
 
 def generated(blocks: int) -> OpGraph:
     """A training step with ~24 GiB of parameters and ~6 GiB of activations over ``blocks`` blocks."""
     branch_ops = 3 * blocks
-    return training_graph(layers=blocks, branches=3, seed=0, param_mib=24 * 1024 / branch_ops,
-                          activation_mib=6 * 1024 / branch_ops, name=f"synthetic-{blocks}x3")
+    return training_graph(
+        layers=blocks,
+        branches=3,
+        seed=0,
+        param_mib=24 * 1024 / branch_ops,
+        activation_mib=6 * 1024 / branch_ops,
+        name=f"synthetic-{blocks}x3",
+    )
 
 
 def transformer(layers: int) -> OpGraph:
@@ -101,8 +112,10 @@ def transformer(layers: int) -> OpGraph:
         def __init__(self, depth: int, width: int = 1024, heads: int = 16, vocab: int = 32000):
             super().__init__()
             self.embed = nn.Embedding(vocab, width)
-            self.blocks = nn.ModuleList(nn.TransformerEncoderLayer(width, heads, 4 * width, batch_first=True,
-                                                                   norm_first=True) for _ in range(depth))
+            self.blocks = nn.ModuleList(
+                nn.TransformerEncoderLayer(width, heads, 4 * width, batch_first=True, norm_first=True)
+                for _ in range(depth)
+            )
             self.head = nn.Linear(width, vocab)
 
         def forward(self, tokens, targets):
@@ -129,10 +142,16 @@ def zoo_graphs(names: list[str]) -> list[OpGraph]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--sizes", default=",".join(SIZES), help="generated sizes to run, from " + ",".join(SIZES))
-    parser.add_argument("--transformer-layers", type=int, default=64, help="layers of the captured transformer (0: none)")
+    parser.add_argument(
+        "--transformer-layers", type=int, default=64, help="layers of the captured transformer (0: none)"
+    )
     parser.add_argument("--zoo", default="", help="zoo models to capture, comma-separated")
-    parser.add_argument("--goals", action=argparse.BooleanOptionalAction, default=True,
-                        help="run the goal table first (Table 3 models against the list schedulers)")
+    parser.add_argument(
+        "--goals",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="run the goal table first (Table 3 models against the list schedulers)",
+    )
     args = parser.parse_args()
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}")
     if args.goals:
@@ -147,8 +166,10 @@ def main() -> None:
     graphs += [generated(SIZES[s]) for s in args.sizes.split(",") if s]
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}; cluster {cluster.name}")
     print("times: wall seconds / CPU seconds of this process (the machine is shared); step: simulated step time")
-    print(f"{'graph':>18} {'nodes':>7} {'CCR':>6} {'fused':>6} {'CCR':>6} {'fuse s':>11} | "
-          + " | ".join(f"{a + ' s':>13} {'step':>7}" for a in ALGORITHMS))
+    print(
+        f"{'graph':>18} {'nodes':>7} {'CCR':>6} {'fused':>6} {'CCR':>6} {'fuse s':>11} | "
+        + " | ".join(f"{a + ' s':>13} {'step':>7}" for a in ALGORITHMS)
+    )
     for graph in graphs:
         wall, cpu = time.perf_counter(), time.process_time()
         fused = fuse(graph, cluster)
@@ -161,8 +182,10 @@ def main() -> None:
                 step = f"{'failed':>7}"
                 print(f"  {algorithm} on {graph.name}: {exc}")
             cells.append(f"{time.perf_counter() - wall:6.2f}/{time.process_time() - cpu:6.2f} {step}")
-        print(f"{graph.name:>18} {graph.num_nodes:>7} {fused.ccr_before:>6.2f} {fused.num_clusters:>6} "
-              f"{fused.ccr_after:>6.2f} {cells[0]:>11} | " + " | ".join(cells[1:]))
+        print(
+            f"{graph.name:>18} {graph.num_nodes:>7} {fused.ccr_before:>6.2f} {fused.num_clusters:>6} "
+            f"{fused.ccr_after:>6.2f} {cells[0]:>11} | " + " | ".join(cells[1:])
+        )
     print(f"reproduce: ./run.sh bench bench/celeritas.py {shlex.join(sys.argv[1:])}")
 
 

@@ -38,7 +38,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-MODEL = textwrap.dedent('''
+MODEL = textwrap.dedent("""
     import torch
     from torch import nn
 
@@ -61,12 +61,18 @@ MODEL = textwrap.dedent('''
     def make(batch_size):
         torch.manual_seed(0)
         return Net(), (torch.randn(batch_size, 3, 16, 16), torch.randint(0, 10, (batch_size,)))
-''')
+""")
 
 
 def _max_diff(a: list, b: list) -> float:
-    return max((float((x.double() - y.double()).abs().max()) for x, y in zip(a, b)
-                if isinstance(x, torch.Tensor) and x.numel()), default=0.0)
+    return max(
+        (
+            float((x.double() - y.double()).abs().max())
+            for x, y in zip(a, b)
+            if isinstance(x, torch.Tensor) and x.numel()
+        ),
+        default=0.0,
+    )
 
 
 def _random_plan(graph, cluster, seed, split: str | None = None):
@@ -78,14 +84,21 @@ def _random_plan(graph, cluster, seed, split: str | None = None):
 
     target, splits = graph, []
     if split:
-        for name in [graph.ids[i] for i, s in enumerate(graph.splittable)
-                     if any(e["dim"] == split for e in s or [])][:3]:
+        for name in [graph.ids[i] for i, s in enumerate(graph.splittable) if any(e["dim"] == split for e in s or [])][
+            :3
+        ]:
             target = split_operation(target, name, split, 2)
             splits.append({"node": name, "dim": split, "parts": 2})
     rng = np.random.default_rng(seed)
     unit_of, units = placement_units(target)
-    return Plan.from_arrays(graph, cluster, rng.integers(0, cluster.num_devices, len(units))[unit_of],
-                            algorithm="random", placed_graph=target if split else None, splits=splits)
+    return Plan.from_arrays(
+        graph,
+        cluster,
+        rng.integers(0, cluster.num_devices, len(units))[unit_of],
+        algorithm="random",
+        placed_graph=target if split else None,
+        splits=splits,
+    )
 
 
 def main() -> int:
@@ -133,13 +146,17 @@ def main() -> int:
         return flat, captured.step_inputs(eager_model, inputs, eager_opt)
 
     unplaced, eager_flat = references()
-    print(f"torch's default float32 precision {float32_precision()}: unplaced captured step vs eager torch.optim "
-          f"max diff {_max_diff(unplaced, eager_flat):.3g}")
+    print(
+        f"torch's default float32 precision {float32_precision()}: unplaced captured step vs eager torch.optim "
+        f"max diff {_max_diff(unplaced, eager_flat):.3g}"
+    )
     # The placed runs, as `placer run --verify` trains: full float32, no TF32.
     set_float32_precision(("ieee", "ieee"))
     unplaced, eager_flat = references()
-    print(f"full float32 {float32_precision()}: unplaced captured step vs eager torch.optim max diff "
-          f"{_max_diff(unplaced, eager_flat):.3g}")
+    print(
+        f"full float32 {float32_precision()}: unplaced captured step vs eager torch.optim max diff "
+        f"{_max_diff(unplaced, eager_flat):.3g}"
+    )
 
     failures = 0
     for cluster_name in ("2xV100-nvlink", "4xV100-nvlink"):
@@ -148,8 +165,13 @@ def main() -> int:
         devices = [torch.device("cuda", j) for j in range(n)] if gpus >= n else [gpu0] * n
         where = "one GPU each" if gpus >= n else f"{n} streams on GPU 0"
         for how in ("random", "expert", "split", "channel split"):
-            plan = place(captured.graph, cluster, "expert") if how == "expert" else \
-                _random_plan(captured.graph, cluster, n, split={"split": "batch", "channel split": "channel"}.get(how))
+            plan = (
+                place(captured.graph, cluster, "expert")
+                if how == "expert"
+                else _random_plan(
+                    captured.graph, cluster, n, split={"split": "batch", "channel split": "channel"}.get(how)
+                )
+            )
             program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
             executor = LocalExecutor(program, devices, profile=how == "expert")
             flat = [t.clone() for t in start]
@@ -163,37 +185,63 @@ def main() -> int:
             # Split parts multiply fewer rows, so they may round differently from the whole op.
             ok = vs_unplaced == 0.0 if "split" not in how else vs_unplaced <= 1e-5
             if executor.profile:
-                tensors = sum(value_spec(x.node)[0] == "tensor" for x in program.transfers)   # scalars are not copied
-                ok = ok and len(executor.op_s) == len(program.graph_node) - len(program.placeholders) \
+                tensors = sum(value_spec(x.node)[0] == "tensor" for x in program.transfers)  # scalars are not copied
+                ok = (
+                    ok
+                    and len(executor.op_s) == len(program.graph_node) - len(program.placeholders)
                     and len(executor.transfer_s) == tensors
+                )
                 how += "+profile"
             failures += not ok
-            print(f"local  {cluster_name:14s} {how:14s} ({where}, {len(program.transfers)} transfers): "
-                  f"{'OK' if ok else 'MISMATCH'} vs unplaced step (max diff {vs_unplaced:.3g}), "
-                  f"vs eager torch.optim max diff {vs_eager:.3g}; step {np.median(times[1:] or times) * 1e3:.2f} ms")
+            print(
+                f"local  {cluster_name:14s} {how:14s} ({where}, {len(program.transfers)} transfers): "
+                f"{'OK' if ok else 'MISMATCH'} vs unplaced step (max diff {vs_unplaced:.3g}), "
+                f"vs eager torch.optim max diff {vs_eager:.3g}; step {np.median(times[1:] or times) * 1e3:.2f} ms"
+            )
             if gpus >= n:
-                result = run_distributed(captured.gm, captured.graph, plan, cluster, [t.cpu() for t in start],
-                                         steps=args.steps, backend="nccl", carrier=captured.carrier, timeout_s=120)
+                result = run_distributed(
+                    captured.gm,
+                    captured.graph,
+                    plan,
+                    cluster,
+                    [t.cpu() for t in start],
+                    steps=args.steps,
+                    backend="nccl",
+                    carrier=captured.carrier,
+                    timeout_s=120,
+                )
                 got = [result.state.get(k, t.cpu()) for k, t in enumerate(start)]
                 vs_local = _max_diff(got, [t.cpu() for t in flat])
                 ok = vs_local == 0.0
                 failures += not ok
-                print(f"nccl   {cluster_name:14s} {how:7s} ({n} ranks): {'OK' if ok else 'MISMATCH'} vs local placed "
-                      f"run (max diff {vs_local:.3g}); step {np.median(result.step_s[1:]) * 1e3:.2f} ms")
+                print(
+                    f"nccl   {cluster_name:14s} {how:7s} ({n} ranks): {'OK' if ok else 'MISMATCH'} vs local placed "
+                    f"run (max diff {vs_local:.3g}); step {np.median(result.step_s[1:]) * 1e3:.2f} ms"
+                )
             else:
                 print(f"nccl   {cluster_name:14s} {how:7s}: skipped, needs {n} GPUs ({gpus} here)")
     # One rank over NCCL: a spawned process that gets the step by pickle (PortableStep), on any GPU machine.
     one = Cluster("1xV100", [load_cluster("2xV100-nvlink").devices[0]], [])
     plan = place(captured.graph, one, "single")
-    result = run_distributed(captured.gm, captured.graph, plan, one, [t.cpu() for t in start], steps=args.steps,
-                             backend="nccl", carrier=captured.carrier, timeout_s=120)
+    result = run_distributed(
+        captured.gm,
+        captured.graph,
+        plan,
+        one,
+        [t.cpu() for t in start],
+        steps=args.steps,
+        backend="nccl",
+        carrier=captured.carrier,
+        timeout_s=120,
+    )
     vs_unplaced = _max_diff([result.state.get(k, t.cpu()) for k, t in enumerate(start)], [t.cpu() for t in unplaced])
     ok = vs_unplaced == 0.0
     failures += not ok
-    print(f"nccl   1xV100         single  (1 rank, spawned): {'OK' if ok else 'MISMATCH'} vs unplaced step "
-          f"(max diff {vs_unplaced:.3g}); step {np.median(result.step_s[1:] or result.step_s) * 1e3:.2f} ms")
-    print("reproduce: PYTHONPATH=. python bench/cuda_check.py "
-          f"--steps {args.steps} --batch {args.batch}")
+    print(
+        f"nccl   1xV100         single  (1 rank, spawned): {'OK' if ok else 'MISMATCH'} vs unplaced step "
+        f"(max diff {vs_unplaced:.3g}); step {np.median(result.step_s[1:] or result.step_s) * 1e3:.2f} ms"
+    )
+    print(f"reproduce: PYTHONPATH=. python bench/cuda_check.py --steps {args.steps} --batch {args.batch}")
     return 1 if failures else 0
 
 

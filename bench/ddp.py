@@ -73,7 +73,7 @@ MODELS = {
 DEFAULT_MODELS = "resnet,lenet,transformer"
 PLANS = ("data_parallel", "sharded_data_parallel", "auto")
 SHORT = {"data_parallel": "dp", "sharded_data_parallel": "sdp", "auto": "auto"}
-BUCKET_BYTES = 25 << 20         # placer.transform.replicate.BUCKET_BYTES, DDP's bucket_cap_mb=25
+BUCKET_BYTES = 25 << 20  # placer.transform.replicate.BUCKET_BYTES, DDP's bucket_cap_mb=25
 #: The goals, as ratios.
 DP_OVER_DDP = 1.10
 AUTO_OVER_DDP = 1.00
@@ -113,8 +113,13 @@ def busy_split(result, plan, cluster, step_s: float) -> dict[str, Any]:
         own[j] += seconds - sent
         messages[j] += sent
     j = max(range(cluster.num_devices), key=lambda k: own[k] + messages[k])
-    return {"rank": j, "ops_s": own[j], "messages_s": messages[j],
-            "rest_s": step_s - own[j] - messages[j], "tail_s": result.tail_s}
+    return {
+        "rank": j,
+        "ops_s": own[j],
+        "messages_s": messages[j],
+        "rest_s": step_s - own[j] - messages[j],
+        "tail_s": result.tail_s,
+    }
 
 
 def with_messages_s(plan, graph, cluster, calibration) -> float | None:
@@ -155,9 +160,12 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     seconds = {node: statistics.median(p.node_seconds[node] for p in profiles) for node in captured.graph.ids}
     profile = Profile(captured.graph.name, captured.graph.digest(), "cpu", seconds)
     graph = apply_profile(captured.graph, profile)
-    say(f"batch {batch}, {params / 1e6:.2f} M parameters, {captured.graph.num_nodes} operations; profiled: "
+    say(
+        f"batch {batch}, {params / 1e6:.2f} M parameters, {captured.graph.num_nodes} operations; profiled: "
         f"{profile.total_s * 1e3:.1f} ms of operations (profiles: "
-        + ", ".join(f"{p.total_s * 1e3:.1f}" for p in profiles) + " ms)")
+        + ", ".join(f"{p.total_s * 1e3:.1f}" for p in profiles)
+        + " ms)"
+    )
     plans = {}
     for cluster_name, (cluster, calibration) in clusters.items():
         for algorithm in PLANS:
@@ -166,11 +174,13 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
             plan = place(graph, cluster, algorithm, **options)
             plans[cluster_name, algorithm] = plan
             chosen = f" ({plan.extra['auto']['start']})" if algorithm == "auto" else ""
-            say(f"{cluster_name} {SHORT[algorithm]}{chosen}: planned in {time.perf_counter() - t0:.1f} s, predicted "
-                f"{plan.predicted['makespan_s'] * 1e3:.1f} ms")
+            say(
+                f"{cluster_name} {SHORT[algorithm]}{chosen}: planned in {time.perf_counter() - t0:.1f} s, predicted "
+                f"{plan.predicted['makespan_s'] * 1e3:.1f} ms"
+            )
     # Every engine runs once per round, in turn, so that the machine's speed, which moves over seconds,
     # weighs on all alike: a step is the median of every round's steps after the warm-up.
-    rounds: dict[tuple[str, str], list[list[float]]] = {}      # (cluster, engine) -> each round's steps
+    rounds: dict[tuple[str, str], list[list[float]]] = {}  # (cluster, engine) -> each round's steps
     splits: dict[tuple[str, str], list[dict]] = {}
     predicted: dict[tuple[str, str], float] = {}
 
@@ -183,20 +193,37 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
         say(took(("", "eager"), eager_steps(model, inputs, captured.optimizer, args.steps, args.warmup)))
         for cluster_name, (cluster, calibration) in clusters.items():
             for engine, zero in (("ddp", False), ("zero", True)):
-                result = run_ddp(model, inputs, captured.optimizer, cluster.num_devices, steps=steps, zero=zero,
-                                 bucket_bytes=BUCKET_BYTES)
-                say(took((cluster_name, engine), result.step_s[args.warmup:]))
+                result = run_ddp(
+                    model,
+                    inputs,
+                    captured.optimizer,
+                    cluster.num_devices,
+                    steps=steps,
+                    zero=zero,
+                    bucket_bytes=BUCKET_BYTES,
+                )
+                say(took((cluster_name, engine), result.step_s[args.warmup :]))
             for algorithm in PLANS:
                 plan, short = plans[cluster_name, algorithm], SHORT[algorithm]
-                result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=steps,
-                                         carrier=captured.carrier, threads=1,
-                                         replica_steps=replica_steps(captured, plan))
+                result = run_distributed(
+                    captured.gm,
+                    graph,
+                    plan,
+                    cluster,
+                    flat,
+                    steps=steps,
+                    carrier=captured.carrier,
+                    threads=1,
+                    replica_steps=replica_steps(captured, plan),
+                )
                 measured = median_after(result.step_s, args.warmup)
                 splits.setdefault((cluster_name, short), []).append(busy_split(result, plan, cluster, measured))
                 predicted[cluster_name, short] = result.predicted_s
                 error = (result.predicted_s - measured) / measured
-                say(took((cluster_name, short), result.step_s[args.warmup:])
-                    + f", predicted {result.predicted_s * 1e3:.1f} ms ({error:+.1%})")
+                say(
+                    took((cluster_name, short), result.step_s[args.warmup :])
+                    + f", predicted {result.predicted_s * 1e3:.1f} ms ({error:+.1%})"
+                )
 
     def step_s(key: tuple[str, str]) -> float:
         return statistics.median(s for steps_ in rounds[key] for s in steps_)
@@ -206,22 +233,31 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
 
     cases = []
     for cluster_name, (cluster, calibration) in clusters.items():
-        case: dict[str, Any] = {"model": name, "spec": spec, "batch": batch, "parameters": params,
-                                "cluster": cluster_name, "ranks": cluster.num_devices,
-                                "profiled_s": profile.total_s,
-                                "eager_s": step_s(("", "eager")), "eager_rounds_s": round_s(("", "eager"))}
+        case: dict[str, Any] = {
+            "model": name,
+            "spec": spec,
+            "batch": batch,
+            "parameters": params,
+            "cluster": cluster_name,
+            "ranks": cluster.num_devices,
+            "profiled_s": profile.total_s,
+            "eager_s": step_s(("", "eager")),
+            "eager_rounds_s": round_s(("", "eager")),
+        }
         for engine in ("ddp", "zero"):
             case[f"{engine}_s"] = step_s((cluster_name, engine))
             case[f"{engine}_rounds_s"] = round_s((cluster_name, engine))
         for algorithm in PLANS:
             plan, short = plans[cluster_name, algorithm], SHORT[algorithm]
             split = splits[cluster_name, short]
-            entry = {"measured_s": step_s((cluster_name, short)), "rounds_s": round_s((cluster_name, short)),
-                     "predicted_s": predicted[cluster_name, short],
-                     "predicted_messages_s": with_messages_s(plan, graph, cluster, calibration),
-                     # The busiest rank's time by what it did, the median over the rounds.
-                     "busiest": {key: statistics.median(one[key] for one in split) for key in split[0]
-                                 if key != "rank"}}
+            entry = {
+                "measured_s": step_s((cluster_name, short)),
+                "rounds_s": round_s((cluster_name, short)),
+                "predicted_s": predicted[cluster_name, short],
+                "predicted_messages_s": with_messages_s(plan, graph, cluster, calibration),
+                # The busiest rank's time by what it did, the median over the rounds.
+                "busiest": {key: statistics.median(one[key] for one in split) for key in split[0] if key != "rank"},
+            }
             if algorithm == "auto":
                 entry["start"] = plan.extra["auto"]["start"]
                 entry["replicas"] = plan.extra.get("replicas")
@@ -243,9 +279,12 @@ def calibrated_clusters(names: list[str], began: float) -> dict:
         calibration = calibrate("gloo", ranks=preset.num_devices)
         link = calibration.links["gloo"]
         clusters[name] = (apply_calibration(preset, calibration), calibration)
-        print(f"[{time.perf_counter() - began:6.0f} s] calibrated {name}: gloo latency {link.latency_s * 1e6:.1f} us, "
-              f"bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s, barrier "
-              f"{(calibration.barrier_s or 0.0) * 1e6:.1f} us", flush=True)
+        print(
+            f"[{time.perf_counter() - began:6.0f} s] calibrated {name}: gloo latency {link.latency_s * 1e6:.1f} us, "
+            f"bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s, barrier "
+            f"{(calibration.barrier_s or 0.0) * 1e6:.1f} us",
+            flush=True,
+        )
     return clusters
 
 
@@ -255,25 +294,35 @@ def ms(seconds: float) -> str:
 
 def table(cases: list[dict]) -> str:
     """The Markdown table: measured steps (predictions in brackets), the goals' ratios."""
-    lines = [("| model | ranks | eager | DDP | DDP+ZeRO | dp (pred) | sdp (pred) | auto (pred) | dp/DDP | "
-              "auto/DDP | error dp, sdp, auto |"),
-             "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = [
+        (
+            "| model | ranks | eager | DDP | DDP+ZeRO | dp (pred) | sdp (pred) | auto (pred) | dp/DDP | "
+            "auto/DDP | error dp, sdp, auto |"
+        ),
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     for c in cases:
         plans = [c[SHORT[a]] for a in PLANS]
         cells = [f"{ms(p['measured_s'])} ({ms(p['predicted_s'])})" for p in plans]
         errors = ", ".join(f"{abs(p['predicted_s'] - p['measured_s']) / p['measured_s']:.0%}" for p in plans)
-        lines.append(f"| {c['model']} | {c['ranks']} | {ms(c['eager_s'])} | {ms(c['ddp_s'])} | {ms(c['zero_s'])} | "
-                     + " | ".join(cells) + f" | {c['dp_over_ddp']:.2f} | {c['auto_over_ddp']:.2f} | {errors} |")
+        lines.append(
+            f"| {c['model']} | {c['ranks']} | {ms(c['eager_s'])} | {ms(c['ddp_s'])} | {ms(c['zero_s'])} | "
+            + " | ".join(cells)
+            + f" | {c['dp_over_ddp']:.2f} | {c['auto_over_ddp']:.2f} | {errors} |"
+        )
     return "\n".join(lines)
 
 
 def breakdown(cases: list[dict]) -> str:
     """Where each placer plan's step went on its busiest rank: operations, their messages, the rest."""
-    lines = ["| model | ranks | " + " | ".join(f"{SHORT[a]}: ops + messages + rest" for a in PLANS) + " |",
-             "|---|---:|" + "---:|" * len(PLANS)]
+    lines = [
+        "| model | ranks | " + " | ".join(f"{SHORT[a]}: ops + messages + rest" for a in PLANS) + " |",
+        "|---|---:|" + "---:|" * len(PLANS),
+    ]
     for c in cases:
-        cells = [" + ".join(ms(c[SHORT[a]]["busiest"][key]) for key in ("ops_s", "messages_s", "rest_s"))
-                 for a in PLANS]
+        cells = [
+            " + ".join(ms(c[SHORT[a]]["busiest"][key]) for key in ("ops_s", "messages_s", "rest_s")) for a in PLANS
+        ]
         lines.append(f"| {c['model']} | {c['ranks']} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -284,11 +333,16 @@ def goals(cases: list[dict]) -> list[str]:
     for key, goal, what in (("dp_over_ddp", DP_OVER_DDP, "dp / DDP"), ("auto_over_ddp", AUTO_OVER_DDP, "auto / DDP")):
         met = sum(c[key] <= goal for c in cases)
         said.append(f"{what} <= {goal:.2f}: {met} of {len(cases)} cases (worst {max(c[key] for c in cases):.2f})")
-    errors = [abs(c[SHORT[a]]["predicted_s"] - c[SHORT[a]]["measured_s"]) / c[SHORT[a]]["measured_s"]
-              for c in cases for a in PLANS]
-    said.append(f"|predicted - measured| / measured <= {PREDICTION_ERROR:.2f}: "
-                f"{sum(e <= PREDICTION_ERROR for e in errors)} of {len(errors)} runs "
-                f"(mean {statistics.mean(errors):.1%}, worst {max(errors):.1%})")
+    errors = [
+        abs(c[SHORT[a]]["predicted_s"] - c[SHORT[a]]["measured_s"]) / c[SHORT[a]]["measured_s"]
+        for c in cases
+        for a in PLANS
+    ]
+    said.append(
+        f"|predicted - measured| / measured <= {PREDICTION_ERROR:.2f}: "
+        f"{sum(e <= PREDICTION_ERROR for e in errors)} of {len(errors)} runs "
+        f"(mean {statistics.mean(errors):.1%}, worst {max(errors):.1%})"
+    )
     return said
 
 
@@ -310,8 +364,9 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=10, help="measured steps, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="steps before those measured, in every run")
     parser.add_argument("--rounds", type=int, default=4, help="runs of every engine, in turn")
-    parser.add_argument("--profiles", type=int, default=3, help="profiles of each step; a node's time is "
-                        "its median over them")
+    parser.add_argument(
+        "--profiles", type=int, default=3, help="profiles of each step; a node's time is its median over them"
+    )
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
     parser.add_argument("--time-limit", type=float, default=20.0, help="auto's, seconds")
     parser.add_argument("--output", default="bench/data/ddp-cpu.json", help="the record ('' for none)")
@@ -323,12 +378,17 @@ def main() -> int:
     if args.steps < 1 or args.warmup < 0 or args.rounds < 1 or args.profiles < 1:
         parser.error("--steps, --rounds and --profiles must be >= 1, --warmup >= 0")
     torch.set_num_threads(1)
-    command = (f"./run.sh bench bench/ddp.py --models {','.join(models)} --clusters {args.clusters} "
-               f"--steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} --profiles {args.profiles} "
-               f"--optimizer {args.optimizer} --time-limit {args.time_limit:g}"
-               + (f" --output {args.output}" if args.output else ""))
-    print(f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} CPU cores, load average "
-          f"{os.getloadavg()[0]:.1f}; {args.optimizer}, {args.steps} steps after {args.warmup}", flush=True)
+    command = (
+        f"./run.sh bench bench/ddp.py --models {','.join(models)} --clusters {args.clusters} "
+        f"--steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} --profiles {args.profiles} "
+        f"--optimizer {args.optimizer} --time-limit {args.time_limit:g}"
+        + (f" --output {args.output}" if args.output else "")
+    )
+    print(
+        f"python {platform.python_version()}, torch {torch.__version__}, {os.cpu_count()} CPU cores, load average "
+        f"{os.getloadavg()[0]:.1f}; {args.optimizer}, {args.steps} steps after {args.warmup}",
+        flush=True,
+    )
     began = time.perf_counter()
     clusters = calibrated_clusters([c.strip() for c in args.clusters.split(",") if c.strip()], began)
     cases = []
@@ -337,33 +397,52 @@ def main() -> int:
     elapsed = time.perf_counter() - began
     text = table(cases)
     print()
-    print(f"Steps in ms (median of {args.rounds} x {args.steps} after {args.warmup} each); pred: the simulator's "
-          f"step for the plan, profiled and calibrated before the runs; {args.optimizer}, 25 MiB buckets; "
-          f"{os.cpu_count()} CPU cores")
+    print(
+        f"Steps in ms (median of {args.rounds} x {args.steps} after {args.warmup} each); pred: the simulator's "
+        f"step for the plan, profiled and calibrated before the runs; {args.optimizer}, 25 MiB buckets; "
+        f"{os.cpu_count()} CPU cores"
+    )
     print()
     print(text)
     print()
     for line in goals(cases):
         print(line)
     print()
-    print("The busiest rank of each placer plan, ms: its operations' own time, their messages' host time, and the "
-          "rest of the step (waiting for other ranks, the step's end); medians over the rounds")
+    print(
+        "The busiest rank of each placer plan, ms: its operations' own time, their messages' host time, and the "
+        "rest of the step (waiting for other ranks, the step's end); medians over the rounds"
+    )
     print()
     print(breakdown(cases))
     print()
     print(f"{elapsed:.0f} s in all")
     print(f"reproduce: {command}")
     if args.output:
-        record = {"what": "placer's replicated plans against torch DDP and ZeroRedundancyOptimizer (bench/ddp.py)",
-                  "command": command, "torch": torch.__version__, "cpu_cores": os.cpu_count(),
-                  "optimizer": args.optimizer, "steps": args.steps, "warmup": args.warmup, "rounds": args.rounds,
-                  "profiles": args.profiles,
-                  "bucket_bytes": BUCKET_BYTES, "auto_time_limit_s": args.time_limit,
-                  "calibration": {name: {"latency_s": cal.links["gloo"].latency_s,
-                                         "bandwidth_bytes_per_s": cal.links["gloo"].bandwidth_bytes_per_s,
-                                         "barrier_s": cal.barrier_s}
-                                  for name, (_, cal) in clusters.items()},
-                  "seconds": elapsed, "cases": cases, "table": text, "goals": goals(cases)}
+        record = {
+            "what": "placer's replicated plans against torch DDP and ZeroRedundancyOptimizer (bench/ddp.py)",
+            "command": command,
+            "torch": torch.__version__,
+            "cpu_cores": os.cpu_count(),
+            "optimizer": args.optimizer,
+            "steps": args.steps,
+            "warmup": args.warmup,
+            "rounds": args.rounds,
+            "profiles": args.profiles,
+            "bucket_bytes": BUCKET_BYTES,
+            "auto_time_limit_s": args.time_limit,
+            "calibration": {
+                name: {
+                    "latency_s": cal.links["gloo"].latency_s,
+                    "bandwidth_bytes_per_s": cal.links["gloo"].bandwidth_bytes_per_s,
+                    "barrier_s": cal.barrier_s,
+                }
+                for name, (_, cal) in clusters.items()
+            },
+            "seconds": elapsed,
+            "cases": cases,
+            "table": text,
+            "goals": goals(cases),
+        }
         with open(args.output, "w") as f:
             json.dump(rounded(record), f, indent=1)
             f.write("\n")

@@ -47,8 +47,14 @@ def _split_kinds(plan, graph) -> tuple[int, int]:
     target = plan.rewritten_graph
     backward = 0
     for split in plan.splits:
-        part = next((i for i, extra in enumerate(target.node_extra)
-                     if extra.get("split_of") == split["node"] and "part" in extra), None)
+        part = next(
+            (
+                i
+                for i, extra in enumerate(target.node_extra)
+                if extra.get("split_of") == split["node"] and "part" in extra
+            ),
+            None,
+        )
         if part is not None and "join" in target.node_extra[part]:
             backward += 1
     return len(plan.splits), backward
@@ -58,10 +64,13 @@ def table(models: list[tuple[str, int]], clusters: list[str], time_limit: float)
     from placer.capture import capture_spec
     from placer.cost.analytic import annotate
 
-    print(f"simulated step time in ms; OS-DPOS from the model's own graph, {time_limit:g} s search; "
-          f"splits (of them backward)")
-    print(f"{'model':>22} {'cluster':>14} {'ops':>6} {'dpos':>9} {'os_dpos':>9} {'splits':>7} {'gain':>7} "
-          f"{'time (s)':>9}")
+    print(
+        f"simulated step time in ms; OS-DPOS from the model's own graph, {time_limit:g} s search; "
+        f"splits (of them backward)"
+    )
+    print(
+        f"{'model':>22} {'cluster':>14} {'ops':>6} {'dpos':>9} {'os_dpos':>9} {'splits':>7} {'gain':>7} {'time (s)':>9}"
+    )
     gains = []
     for model, batch in models:
         began = time.perf_counter()
@@ -80,18 +89,25 @@ def table(models: list[tuple[str, int]], clusters: list[str], time_limit: float)
             a, b = dpos.predicted["makespan_s"], os_dpos.predicted["makespan_s"]
             gains.append(a / b)
             count, backward = _split_kinds(os_dpos, graph)
-            print(f"{graph.name:>22} {name:>14} {graph.num_nodes:>6} {a * 1e3:>9.1f} {b * 1e3:>9.1f} "
-                  f"{f'{count}({backward})':>7} {(1 - b / a) * 100:>+6.1f}% {took:>9.1f}", flush=True)
+            print(
+                f"{graph.name:>22} {name:>14} {graph.num_nodes:>6} {a * 1e3:>9.1f} {b * 1e3:>9.1f} "
+                f"{f'{count}({backward})':>7} {(1 - b / a) * 100:>+6.1f}% {took:>9.1f}",
+                flush=True,
+            )
     if gains:
         geomean = math.exp(sum(math.log(g) for g in gains) / len(gains))
-        print(f"geometric mean: OS-DPOS {(1 - 1 / geomean) * 100:.1f}% faster than DPOS "
-              f"({geomean:.3f}x) over {len(gains)} cases")
+        print(
+            f"geometric mean: OS-DPOS {(1 - 1 / geomean) * 100:.1f}% faster than DPOS "
+            f"({geomean:.3f}x) over {len(gains)} cases"
+        )
 
 
 #: Tiny captures for --verify: zoo specs at 2 samples (no dropout: random draws cannot equal eager training's).
-TINY = {"vgg19": "zoo:vgg19?image_size=32&width=4&hidden=32&classes=10&dropout=0",
-        "resnet50": "zoo:resnet50?image_size=32&width=4&classes=10",
-        "inception_v3": "zoo:inception_v3?image_size=75&width=4&classes=10&aux=false&dropout=0"}
+TINY = {
+    "vgg19": "zoo:vgg19?image_size=32&width=4&hidden=32&classes=10&dropout=0",
+    "resnet50": "zoo:resnet50?image_size=32&width=4&classes=10",
+    "inception_v3": "zoo:inception_v3?image_size=75&width=4&classes=10&aux=false&dropout=0",
+}
 #: Samples per tiny capture: Inception-v3's 94 batch norms at 2 samples turn a split's rounding (a sum in
 #: another order) into differences over 1e-6 within two steps; at 8 they stay under it.
 TINY_BATCH = {"vgg19": 2, "resnet50": 2, "inception_v3": 8}
@@ -103,11 +119,16 @@ def _hand_splits(graph) -> list[tuple[str, str, int]]:
 
     chosen = []
     for op in BACKWARD_OPS:
-        nodes = [i for i in range(graph.num_nodes) if graph.op[i] == op
-                 and any("join" in e for e in graph.splittable[i] or ())]
+        nodes = [
+            i
+            for i in range(graph.num_nodes)
+            if graph.op[i] == op and any("join" in e for e in graph.splittable[i] or ())
+        ]
         for dim in ("batch", "channel"):
-            node = next((i for i in nodes if dim in split_dims(graph, i)
-                         and graph.ids[i] not in {n for n, _, _ in chosen}), None)
+            node = next(
+                (i for i in nodes if dim in split_dims(graph, i) and graph.ids[i] not in {n for n, _, _ in chosen}),
+                None,
+            )
             if node is not None:
                 chosen.append((graph.ids[node], dim, 2))
     return chosen
@@ -137,20 +158,50 @@ def verify(models: list[str], workdir: str) -> bool:
             target = split_operation(target, node, dim, parts)
         unit_of, units = placement_units(target)
         device_of = np.random.default_rng(0).integers(0, cluster.num_devices, len(units))[unit_of]
-        plans["by hand"] = Plan.from_arrays(graph, cluster, device_of, placed_graph=target,
-                                            splits=[{"node": n, "dim": d, "parts": p} for n, d, p in splits])
+        plans["by hand"] = Plan.from_arrays(
+            graph,
+            cluster,
+            device_of,
+            placed_graph=target,
+            splits=[{"node": n, "dim": d, "parts": p} for n, d, p in splits],
+        )
         for label, plan in plans.items():
             path = os.path.join(workdir, f"{model}-{label.replace(' ', '_')}.json")
             plan.save(path)
-            ops = sorted({(graph.op[graph.index[s["node"]]].removeprefix("aten."), s["dim"]) for s in plan.splits
-                          if s["node"] in graph.index})
-            command = [sys.executable, "-m", "placer", "run", spec, "--plan", path, "--batch", str(TINY_BATCH[model]),
-                       "--optimizer", "sgd", "--steps", "2", "--verify", "--backend", "local"]
+            ops = sorted(
+                {
+                    (graph.op[graph.index[s["node"]]].removeprefix("aten."), s["dim"])
+                    for s in plan.splits
+                    if s["node"] in graph.index
+                }
+            )
+            command = [
+                sys.executable,
+                "-m",
+                "placer",
+                "run",
+                spec,
+                "--plan",
+                path,
+                "--batch",
+                str(TINY_BATCH[model]),
+                "--optimizer",
+                "sgd",
+                "--steps",
+                "2",
+                "--verify",
+                "--backend",
+                "local",
+            ]
             done = subprocess.run(command, capture_output=True, text=True)
-            verdict = next((line.strip() for line in done.stdout.splitlines() if line.startswith("verify")),
-                           (done.stderr.strip().splitlines() or ["?"])[-1])
-            print(f"{model:>13} {label:>8}: {len(plan.splits)} splits {ops}; exit {done.returncode}: {verdict}",
-                  flush=True)
+            verdict = next(
+                (line.strip() for line in done.stdout.splitlines() if line.startswith("verify")),
+                (done.stderr.strip().splitlines() or ["?"])[-1],
+            )
+            print(
+                f"{model:>13} {label:>8}: {len(plan.splits)} splits {ops}; exit {done.returncode}: {verdict}",
+                flush=True,
+            )
             ok &= done.returncode == 0
     print("command: placer run SPEC --plan PLAN --batch BATCH --optimizer sgd --steps 2 --verify --backend local")
     return ok
@@ -165,8 +216,10 @@ def main() -> None:
     parser.add_argument("--workdir", default=".", help="where --verify writes its plan files")
     args = parser.parse_args()
     names = args.models.split(",")
-    print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
-          f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}")
+    print(
+        f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}, "
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f}"
+    )
     if args.verify:
         ok = verify(names, args.workdir)
     else:

@@ -124,7 +124,7 @@ PLANS = ("expert", "metis", "round_robin")
 WARMUP_STEPS = 2
 
 
-@dataclasses.dataclass(eq=False)       # a run is itself: predictions are cached by (run, source)
+@dataclasses.dataclass(eq=False)  # a run is itself: predictions are cached by (run, source)
 class Run:
     """One placed run: the case, what was planned for it and what it measured."""
 
@@ -137,12 +137,12 @@ class Run:
     step_s: list
     op_s: dict
     transfer_s: list
-    op_message_s: dict = dataclasses.field(default_factory=dict)     # absent from the oldest records
+    op_message_s: dict = dataclasses.field(default_factory=dict)  # absent from the oldest records
     message_s: list = dataclasses.field(default_factory=list)
-    calibrated_message_cost: Any = None                              # absent from the oldest records
-    tail_s: float = 0.0          # from the record, or from its traces where it has none (see recorded_runs)
-    round_step_s: list = dataclasses.field(default_factory=list)    # each round's median step, with --rounds
-    calibrated_barrier_s: float = 0.0                                # absent from older records
+    calibrated_message_cost: Any = None  # absent from the oldest records
+    tail_s: float = 0.0  # from the record, or from its traces where it has none (see recorded_runs)
+    round_step_s: list = dataclasses.field(default_factory=list)  # each round's median step, with --rounds
+    calibrated_barrier_s: float = 0.0  # absent from older records
     # The last step's measured trace events (run_trace's), where the record keeps them (live runs, records).
     trace_events: list = dataclasses.field(default_factory=list)
     # With --probe: the calibration's streams' message cost, calibrated_message_cost the probe's.
@@ -177,15 +177,17 @@ def fed_graph(run: Run, source: Run):
     return measured_graph(run.graph, source.plan.bind(run.graph, run.cluster), run.cluster, source.op_s)
 
 
-@functools.cache        # the tables and the pair count ask for the same predictions
+@functools.cache  # the tables and the pair count ask for the same predictions
 def predicted_from(run: Run, source: Run) -> float:
     """The simulator's step for ``run``'s plan from the op and transfer times ``source`` measured, plus the
     end of a step ``source`` measured (:attr:`placer.runtime.distributed.DistributedResult.tail_s`)."""
     from placer.harness.feedback import measured_cluster
     from placer.sim import simulate_plan
 
-    return simulate_plan(run.plan, fed_graph(run, source),
-                         measured_cluster(run.cluster, source.transfer_s)).makespan_s + source.tail_s
+    return (
+        simulate_plan(run.plan, fed_graph(run, source), measured_cluster(run.cluster, source.transfer_s)).makespan_s
+        + source.tail_s
+    )
 
 
 @functools.cache
@@ -221,7 +223,7 @@ def run_own_seconds(run: Run) -> np.ndarray:
     return np.array([own.get(node, np.nan) for node in run.graph.ids])
 
 
-@functools.cache        # the tables and the gap's split ask for the same simulations
+@functools.cache  # the tables and the gap's split ask for the same simulations
 def step_with_messages(run: Run, cost, ops_from: Run | None) -> float:
     """``run``'s plan simulated with ``cost`` charged for its messages, each node at the own time ``ops_from``
     measured (:func:`placer.harness.feedback.own_times`, less what ``cost`` charges the operation after
@@ -229,8 +231,11 @@ def step_with_messages(run: Run, cost, ops_from: Run | None) -> float:
     profiled time."""
     from placer.sim.messages import simulate_with_messages, without_after_message
 
-    own = {} if ops_from is None else without_after_message(
-        run_own_times(ops_from), ops_from.plan.bind(ops_from.graph, ops_from.cluster), cost)
+    own = (
+        {}
+        if ops_from is None
+        else without_after_message(run_own_times(ops_from), ops_from.plan.bind(ops_from.graph, ops_from.cluster), cost)
+    )
     return simulate_with_messages(run.plan.bind(run.graph, run.cluster), cost, own).makespan_s
 
 
@@ -246,8 +251,9 @@ def run_message_cost(run: Run):
     fitted = MessageCost.fit(run.message_s)
     if run.calibrated_message_cost is None:
         return fitted
-    return spread_over_gaps(fitted, run.calibrated_message_cost, run.plan.bind(run.graph, run.cluster),
-                            run_own_times(run))
+    return spread_over_gaps(
+        fitted, run.calibrated_message_cost, run.plan.bind(run.graph, run.cluster), run_own_times(run)
+    )
 
 
 #: The predictions of a run the table shows: key, column, and how the summary says it.
@@ -255,15 +261,18 @@ PREDICTIONS = (
     ("calibrated", "calibrated", "calibrated"),
     ("calibrated_messages", "calibrated, message cost", "calibrated with the calibrated message cost"),
     # The same without what an operation loses right after a message (where the record's calibration has it).
-    ("calibrated_messages_plain", "calibrated, message cost, not the op after",
-     "the same without the operations after messages"),
+    (
+        "calibrated_messages_plain",
+        "calibrated, message cost, not the op after",
+        "the same without the operations after messages",
+    ),
     ("op", "run's op times", "with the run's own op times"),
     ("op_transfer", "run's op and transfer times", "with its op and transfer times"),
     ("own_messages", "ops' own times, message cost", "with the ops' own times and its message cost"),
 )
 
 
-@functools.cache        # a live run prints its line as it ends, then again in the table
+@functools.cache  # a live run prints its line as it ends, then again in the table
 def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
     """One run's line of the table: the case, what was measured, and each of :data:`PREDICTIONS` (None
     where the record lacks what it needs)."""
@@ -276,13 +285,18 @@ def table_row(run: Run) -> tuple[tuple, float, dict[str, float | None]]:
         if cost.after_send_s or cost.after_receive_s or cost.after_wait_s:
             plain = step_with_messages(run, cost.host_only(), None) + run.calibrated_barrier_s
     case = (run.model, run.graph.num_nodes, run.cluster_name, run.algorithm, len(set(run.plan.placement.values())))
-    return case, run.measured_s, {
-        "calibrated": run.plan.predicted["makespan_s"],
-        "calibrated_messages": calibrated_messages,
-        "calibrated_messages_plain": plain,
-        "op": simulate_plan(run.plan, fed_graph(run, run), run.cluster).makespan_s + run.tail_s,
-        "op_transfer": predicted_from(run, run),
-        "own_messages": predicted_with_messages(run, run)}
+    return (
+        case,
+        run.measured_s,
+        {
+            "calibrated": run.plan.predicted["makespan_s"],
+            "calibrated_messages": calibrated_messages,
+            "calibrated_messages_plain": plain,
+            "op": simulate_plan(run.plan, fed_graph(run, run), run.cluster).makespan_s + run.tail_s,
+            "op_transfer": predicted_from(run, run),
+            "own_messages": predicted_with_messages(run, run),
+        },
+    )
 
 
 def record_run(folder: str, run: Run, result) -> None:
@@ -295,24 +309,40 @@ def record_run(folder: str, run: Run, result) -> None:
 
     os.makedirs(folder, exist_ok=True)
     stem = os.path.join(folder, f"{run.model}-{run.cluster_name}-{run.algorithm}")
-    write_run_trace(stem + "-measured.json", result.timeline, run.cluster, step_s=result.step_s[-1],
-                    predicted_s=run.plan.predicted["makespan_s"])
+    write_run_trace(
+        stem + "-measured.json",
+        result.timeline,
+        run.cluster,
+        step_s=result.step_s[-1],
+        predicted_s=run.plan.predicted["makespan_s"],
+    )
     write_trace(simulate_plan(run.plan, fed_graph(run, run), run.cluster), stem + "-simulated.json")
     run.graph.save(os.path.join(folder, f"{run.model}-graph.json"))
     run.cluster.save(os.path.join(folder, f"{run.cluster_name}-cluster.json"))
     run.plan.save(stem + "-plan.json")
     # Times to 0.1 us (a clock read costs more), compact: tens of thousands of messages per model.
-    measured = _rounded({"step_s": run.step_s, "op_s": run.op_s, "transfer_s": run.transfer_s,
-                         "op_message_s": run.op_message_s, "message_s": run.message_s, "tail_s": run.tail_s,
-                         "round_step_s": run.round_step_s, "calibrated_barrier_s": run.calibrated_barrier_s})
+    measured = _rounded(
+        {
+            "step_s": run.step_s,
+            "op_s": run.op_s,
+            "transfer_s": run.transfer_s,
+            "op_message_s": run.op_message_s,
+            "message_s": run.message_s,
+            "tail_s": run.tail_s,
+            "round_step_s": run.round_step_s,
+            "calibrated_barrier_s": run.calibrated_barrier_s,
+        }
+    )
     if run.calibrated_message_cost is not None:
         measured["calibrated_message_cost"] = run.calibrated_message_cost.to_dict()
     if run.stream_message_cost is not None:
         measured["stream_message_cost"] = run.stream_message_cost.to_dict()
     write_text_atomic(stem + "-run.json", json.dumps(measured, separators=(",", ":")))
     if run.profiles:
-        write_text_atomic(os.path.join(folder, f"{run.model}-profiles.json"),
-                          json.dumps(_rounded(run.profiles), separators=(",", ":")))
+        write_text_atomic(
+            os.path.join(folder, f"{run.model}-profiles.json"),
+            json.dumps(_rounded(run.profiles), separators=(",", ":")),
+        )
 
 
 def _rounded(value):
@@ -329,9 +359,9 @@ def _rounded(value):
 def recorded_runs(source: str) -> list[Run]:
     """The runs of a record (a folder, or a ``.tar.*`` archive of one)."""
     from placer.cluster import load_cluster
-    from placer.sim.messages import MessageCost
     from placer.graph import OpGraph
     from placer.plan import Plan
+    from placer.sim.messages import MessageCost
 
     with tempfile.TemporaryDirectory() as unpacked:
         if os.path.isfile(source):
@@ -344,7 +374,7 @@ def recorded_runs(source: str) -> list[Run]:
             sys.exit(f"fidelity: no *-run.json under {source}")
         runs = []
         for path in sorted(found):
-            folder, stem = os.path.split(path[:-len("-run.json")])
+            folder, stem = os.path.split(path[: -len("-run.json")])
             name, cluster_name, algorithm = stem.split("-", 2)
             with open(path, encoding="utf-8") as f:
                 measured = json.load(f)
@@ -354,18 +384,29 @@ def recorded_runs(source: str) -> list[Run]:
             if os.path.exists(profiles_path):
                 with open(profiles_path, encoding="utf-8") as f:
                     profiles = json.load(f)
-            runs.append(Run(name, cluster_name, algorithm, OpGraph.load(os.path.join(folder, f"{name}-graph.json")),
-                            load_cluster(os.path.join(folder, f"{cluster_name}-cluster.json")),
-                            Plan.load(os.path.join(folder, f"{stem}-plan.json")), measured["step_s"],
-                            measured["op_s"], [tuple(x) for x in measured["transfer_s"]],
-                            measured.get("op_message_s", {}), [tuple(x) for x in measured.get("message_s", [])],
-                            measured.get("calibrated_message_cost") and
-                            MessageCost.from_dict(measured["calibrated_message_cost"]),
-                            measured["tail_s"] if "tail_s" in measured else trace_tail_s(trace),
-                            measured.get("round_step_s", []), measured.get("calibrated_barrier_s", 0.0),
-                            [] if trace is None else trace["traceEvents"],
-                            measured.get("stream_message_cost") and
-                            MessageCost.from_dict(measured["stream_message_cost"]), profiles))
+            runs.append(
+                Run(
+                    name,
+                    cluster_name,
+                    algorithm,
+                    OpGraph.load(os.path.join(folder, f"{name}-graph.json")),
+                    load_cluster(os.path.join(folder, f"{cluster_name}-cluster.json")),
+                    Plan.load(os.path.join(folder, f"{stem}-plan.json")),
+                    measured["step_s"],
+                    measured["op_s"],
+                    [tuple(x) for x in measured["transfer_s"]],
+                    measured.get("op_message_s", {}),
+                    [tuple(x) for x in measured.get("message_s", [])],
+                    measured.get("calibrated_message_cost")
+                    and MessageCost.from_dict(measured["calibrated_message_cost"]),
+                    measured["tail_s"] if "tail_s" in measured else trace_tail_s(trace),
+                    measured.get("round_step_s", []),
+                    measured.get("calibrated_barrier_s", 0.0),
+                    [] if trace is None else trace["traceEvents"],
+                    measured.get("stream_message_cost") and MessageCost.from_dict(measured["stream_message_cost"]),
+                    profiles,
+                )
+            )
     return runs
 
 
@@ -390,26 +431,42 @@ def trace_tail_s(trace: dict | None) -> float:
 
 
 def print_table(rows: list[tuple]) -> None:
-    shown = [(key, column, phrase) for key, column, phrase in PREDICTIONS
-             if all(predicted[key] is not None for _, _, predicted in rows)]
-    print("| model | nodes | cluster | plan | devices used | measured | "
-          + " | ".join(f"predicted ({column}) | error" for _, column, _ in shown) + " |")
+    shown = [
+        (key, column, phrase)
+        for key, column, phrase in PREDICTIONS
+        if all(predicted[key] is not None for _, _, predicted in rows)
+    ]
+    print(
+        "| model | nodes | cluster | plan | devices used | measured | "
+        + " | ".join(f"predicted ({column}) | error" for _, column, _ in shown)
+        + " |"
+    )
     print("|---|---:|---|---|---:|---:|" + "---:|---:|" * len(shown))
     for case, measured, predicted in rows:
-        print("| " + " | ".join(map(str, case)) + f" | {measured * 1e3:.2f} ms | " + " | ".join(
-            f"{predicted[key] * 1e3:.2f} ms | {(predicted[key] - measured) / measured:+.1%}" for key, _, _ in shown)
-            + " |")
+        print(
+            "| "
+            + " | ".join(map(str, case))
+            + f" | {measured * 1e3:.2f} ms | "
+            + " | ".join(
+                f"{predicted[key] * 1e3:.2f} ms | {(predicted[key] - measured) / measured:+.1%}" for key, _, _ in shown
+            )
+            + " |"
+        )
     print()
     for label, kinds in (("all", None), ("expert and metis", ("expert", "metis")), ("round_robin", ("round_robin",))):
         chosen = [row for row in rows if kinds is None or row[0][3] in kinds]
         if chosen:
-            means = [f"{statistics.mean(abs(p[key] - m) / m for _, m, p in chosen):.1%} {phrase}"
-                     for key, _, phrase in shown]
+            means = [
+                f"{statistics.mean(abs(p[key] - m) / m for _, m, p in chosen):.1%} {phrase}" for key, _, phrase in shown
+            ]
             print(f"mean |error| over {len(chosen)} runs ({label}): " + ", ".join(means))
 
 
-def print_cross(runs: list[Run], predict=predicted_from,
-                title: str = "Predicted from another plan's run (its op and transfer times)") -> None:
+def print_cross(
+    runs: list[Run],
+    predict=predicted_from,
+    title: str = "Predicted from another plan's run (its op and transfer times)",
+) -> None:
     """Each plan's step predicted from another plan's run of the same model and cluster: out of sample.
 
     This is what ``placer tune`` does: it measures one plan, then predicts others from those measurements.
@@ -438,16 +495,23 @@ def print_cross(runs: list[Run], predict=predicted_from,
             errors.setdefault(source, []).append(abs(error))
             errors.setdefault(f"onto {run.algorithm}", []).append(abs(error))
             cells.append(f"{predicted * 1e3:.2f} ms | {error:+.1%}")
-        print(f"| {run.model} | {run.cluster_name} | {run.algorithm} | {run.measured_s * 1e3:.2f} ms | "
-              + " | ".join(cells) + " |")
+        print(
+            f"| {run.model} | {run.cluster_name} | {run.algorithm} | {run.measured_s * 1e3:.2f} ms | "
+            + " | ".join(cells)
+            + " |"
+        )
     print()
     pairs = [e for source in sources for e in errors.get(source, [])]
     if not pairs:
         return
-    print(f"mean |error| over {len(pairs)} (plan, other plan's run) pairs: {statistics.mean(pairs):.1%}; "
-          + ", ".join(f"from {s}'s runs {statistics.mean(errors[s]):.1%}" for s in sources if s in errors) + "; "
-          + ", ".join(f"{key} {statistics.mean(errors[key]):.1%}" for key in
-                      (f"onto {s}" for s in sources) if key in errors))
+    print(
+        f"mean |error| over {len(pairs)} (plan, other plan's run) pairs: {statistics.mean(pairs):.1%}; "
+        + ", ".join(f"from {s}'s runs {statistics.mean(errors[s]):.1%}" for s in sources if s in errors)
+        + "; "
+        + ", ".join(
+            f"{key} {statistics.mean(errors[key]):.1%}" for key in (f"onto {s}" for s in sources) if key in errors
+        )
+    )
 
 
 def ordered_pairs(runs: list[Run], predict) -> tuple[int, int]:
@@ -485,9 +549,13 @@ def print_gap_parts(runs: list[Run]) -> None:
                     errors.setdefault(group, {}).setdefault((ops, messages), []).append(error)
     for group, parts in errors.items():
         count = len(next(iter(parts.values())))
-        print(f"mean |error| (mean error) over {count} runs ({group}), op times and message cost each calibrated "
-              "or the run's, without the step's end: " + "; ".join(
-                  f"{ops} op times, {messages} message cost {mean_errors(e)}" for (ops, messages), e in parts.items()))
+        print(
+            f"mean |error| (mean error) over {count} runs ({group}), op times and message cost each calibrated "
+            "or the run's, without the step's end: "
+            + "; ".join(
+                f"{ops} op times, {messages} message cost {mean_errors(e)}" for (ops, messages), e in parts.items()
+            )
+        )
 
 
 def print_probe_message_cost(runs: list[Run]) -> None:
@@ -513,7 +581,7 @@ def print_probe_message_cost(runs: list[Run]) -> None:
     for run in runs:
         if run.algorithm == "round_robin" and run.message_s:
             donors.setdefault(run.cluster_name, []).append(run)
-    errors: dict[str, dict[str, list[float]]] = {}      # plan -> way -> errors
+    errors: dict[str, dict[str, list[float]]] = {}  # plan -> way -> errors
     for run in runs:
         others = [donor for donor in donors.get(run.cluster_name, []) if donor.model != run.model]
         if not others or run.calibrated_message_cost is None:
@@ -530,22 +598,29 @@ def print_probe_message_cost(runs: list[Run]) -> None:
             by_way.setdefault("fitted", []).append(fitted / run.measured_s - 1)
     for plans, by_way in errors.items():
         calibrated, probed = by_way["calibrated"], by_way["probe"]
-        print(f"mean |error| (mean error) over {len(probed)} runs ({plans}), profiled op times, without the "
-              f"step's end: the calibration's streams' message cost {mean_errors(calibrated)}; another model's "
-              f"round-robin run's message cost {mean_errors(probed)}, with what its operations lost after its "
-              f"messages {mean_errors(by_way['fitted'])}")
+        print(
+            f"mean |error| (mean error) over {len(probed)} runs ({plans}), profiled op times, without the "
+            f"step's end: the calibration's streams' message cost {mean_errors(calibrated)}; another model's "
+            f"round-robin run's message cost {mean_errors(probed)}, with what its operations lost after its "
+            f"messages {mean_errors(by_way['fitted'])}"
+        )
     streams: dict[str, list[tuple[float, float]]] = {}
     for run in runs:
-        if run.stream_message_cost is not None:     # calibrated with --probe: both costs recorded
+        if run.stream_message_cost is not None:  # calibrated with --probe: both costs recorded
             for plans in ("all", run.algorithm):
                 streams.setdefault(plans, []).append(
-                    (step_with_messages(run, run.calibrated_message_cost, None) / run.measured_s - 1,
-                     step_with_messages(run, run.stream_message_cost, None) / run.measured_s - 1))
+                    (
+                        step_with_messages(run, run.calibrated_message_cost, None) / run.measured_s - 1,
+                        step_with_messages(run, run.stream_message_cost, None) / run.measured_s - 1,
+                    )
+                )
     for plans, pairs in streams.items():
         probed, streamed = zip(*pairs)
-        print(f"mean |error| (mean error) over {len(pairs)} runs ({plans}), profiled op times, without the step's "
-              f"end: the calibration's probe run's message cost {mean_errors(probed)}; its streams' "
-              f"{mean_errors(streamed)}")
+        print(
+            f"mean |error| (mean error) over {len(pairs)} runs ({plans}), profiled op times, without the step's "
+            f"end: the calibration's probe run's message cost {mean_errors(probed)}; its streams' "
+            f"{mean_errors(streamed)}"
+        )
 
 
 def beside_messages(run: Run) -> tuple[Any, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -584,10 +659,13 @@ def print_message_slowdown(runs: list[Run]) -> None:
     if len(rows) < 2:
         return
     weights = 1 / np.array(ran_s)
-    (factor, per_message), *_ = np.linalg.lstsq(np.array(rows) * weights[:, None], np.array(ran_s) * weights,
-                                                rcond=None)
-    print(f"a rank's operations' own time over {len(rows)} ranks: {factor:.3f} x profiled + "
-          f"{per_message * 1e6:.1f} us per message it sends or receives")
+    (factor, per_message), *_ = np.linalg.lstsq(
+        np.array(rows) * weights[:, None], np.array(ran_s) * weights, rcond=None
+    )
+    print(
+        f"a rank's operations' own time over {len(rows)} ranks: {factor:.3f} x profiled + "
+        f"{per_message * 1e6:.1f} us per message it sends or receives"
+    )
     print_message_roles(runs)
 
 
@@ -596,7 +674,7 @@ def print_message_roles(runs: list[Run]) -> None:
     they send a message, receive one, both or neither, for the plans with few messages (expert, METIS) and
     round robin's."""
     roles = ("neither", "sends", "receives", "sends and receives")
-    totals: dict[tuple[str, str], list[float]] = {}     # (plans, role) -> [ops, profiled, ran, messages]
+    totals: dict[tuple[str, str], list[float]] = {}  # (plans, role) -> [ops, profiled, ran, messages]
     for run in runs:
         _, profiled, ran, sends, receives = beside_messages(run)
         role = (sends > 0) + 2 * (receives > 0)
@@ -633,8 +711,11 @@ def rank_slowdowns(run: Run, over_s: float = 50e-6) -> dict[int, float]:
     device_of = bound.device_of
     ran = run_own_seconds(run)
     timed = (profiled > over_s) & ~np.isnan(ran)
-    return {rank: float(ran[timed & (device_of == rank)].sum() / profiled[timed & (device_of == rank)].sum())
-            for rank in range(run.cluster.num_devices) if (timed & (device_of == rank)).sum() >= 5}
+    return {
+        rank: float(ran[timed & (device_of == rank)].sum() / profiled[timed & (device_of == rank)].sum())
+        for rank in range(run.cluster.num_devices)
+        if (timed & (device_of == rank)).sum() >= 5
+    }
 
 
 def traced_ops(run: Run, over_s: float = 50e-6) -> tuple[np.ndarray, int]:
@@ -661,8 +742,10 @@ def traced_ops(run: Run, over_s: float = 50e-6) -> tuple[np.ndarray, int]:
             lanes.setdefault(event["tid"], []).append(event)
     if len(lanes) < 2:
         return np.zeros((0, 4)), 0
-    busy = {lane: np.array([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "op"]).reshape(-1, 2)
-            for lane, events in lanes.items()}
+    busy = {
+        lane: np.array([(e["ts"], e["ts"] + e["dur"]) for e in events if e.get("cat") == "op"]).reshape(-1, 2)
+        for lane, events in lanes.items()
+    }
     rows, wakes = [], len(lanes)
     for lane, events in lanes.items():
         woke = 0.0
@@ -675,10 +758,14 @@ def traced_ops(run: Run, over_s: float = 50e-6) -> tuple[np.ndarray, int]:
             i = index.get(event["name"])
             if i is None or messaging[i] or profiled[i] <= over_s or end <= start:
                 continue
-            others = sum(np.clip(np.minimum(spans[:, 1], end) - np.maximum(spans[:, 0], start), 0, None).sum()
-                         for other, spans in busy.items() if other != lane)
-            rows.append((event["dur"] / 1e6, profiled[i], (start - woke) / 1e6,
-                         others / (end - start) / (len(lanes) - 1)))
+            others = sum(
+                np.clip(np.minimum(spans[:, 1], end) - np.maximum(spans[:, 0], start), 0, None).sum()
+                for other, spans in busy.items()
+                if other != lane
+            )
+            rows.append(
+                (event["dur"] / 1e6, profiled[i], (start - woke) / 1e6, others / (end - start) / (len(lanes) - 1))
+            )
     return np.array(rows, dtype=float).reshape(-1, 4), wakes
 
 
@@ -694,21 +781,28 @@ def print_traced_slowdowns(runs: list[Run], window_s: float = 200e-6) -> None:
     wakes = sum(woken for _, woken in tables)
 
     def slowdown(chosen: np.ndarray) -> str:
-        return (f"{rows[chosen, 0].sum() / rows[chosen, 1].sum():.2f}x their profile ({int(chosen.sum())} ops)"
-                if chosen.any() else "none")
+        return (
+            f"{rows[chosen, 0].sum() / rows[chosen, 1].sum():.2f}x their profile ({int(chosen.sum())} ops)"
+            if chosen.any()
+            else "none"
+        )
 
     soon = rows[:, 2] < window_s
     later = rows[~soon, 0].sum() / rows[~soon, 1].sum()
     excess = rows[soon, 0].sum() - later * rows[soon, 1].sum()
-    print(f"operations with no message of their own, profiled over 50 us, in the traced steps of {len(traced)} runs "
-          f"(round robin apart): within {window_s * 1e6:.0f} us of their rank's last blocking wait or the step's "
-          f"start, {slowdown(soon)}; later, {slowdown(~soon)}; the excess {excess * 1e6 / wakes:.1f} us per wake "
-          f"({wakes} wakes: the ranks' starts and their blocking waits), "
-          f"{excess / sum(run.measured_s for run in traced):.1%} of the steps")
+    print(
+        f"operations with no message of their own, profiled over 50 us, in the traced steps of {len(traced)} runs "
+        f"(round robin apart): within {window_s * 1e6:.0f} us of their rank's last blocking wait or the step's "
+        f"start, {slowdown(soon)}; later, {slowdown(~soon)}; the excess {excess * 1e6 / wakes:.1f} us per wake "
+        f"({wakes} wakes: the ranks' starts and their blocking waits), "
+        f"{excess / sum(run.measured_s for run in traced):.1%} of the steps"
+    )
     share = rows[:, 3]
-    print("the same operations by the share of their time the other ranks spent in operations: "
-          f"under 25%, {slowdown(share < 0.25)}; 25 to 50%, {slowdown((share >= 0.25) & (share < 0.5))}; "
-          f"50 to 75%, {slowdown((share >= 0.5) & (share < 0.75))}; 75% or more, {slowdown(share >= 0.75)}")
+    print(
+        "the same operations by the share of their time the other ranks spent in operations: "
+        f"under 25%, {slowdown(share < 0.25)}; 25 to 50%, {slowdown((share >= 0.25) & (share < 0.5))}; "
+        f"50 to 75%, {slowdown((share >= 0.5) & (share < 0.75))}; 75% or more, {slowdown(share >= 0.75)}"
+    )
 
 
 def per_op_residual_s(run: Run, probe_s: float = 3e-6) -> float:
@@ -730,15 +824,19 @@ def print_residuals(runs: list[Run]) -> None:
     """The step's end the runs measured, and what each run spent per operation beyond its operations' times."""
     tails = [run.tail_s for run in runs if run.tail_s > 0]
     if tails:
-        print(f"the step's end after the last operation: {statistics.median(tails) * 1e3:.2f} ms (median over "
-              f"{len(tails)} runs), {min(tails) * 1e3:.2f} to {max(tails) * 1e3:.2f} ms")
+        print(
+            f"the step's end after the last operation: {statistics.median(tails) * 1e3:.2f} ms (median over "
+            f"{len(tails)} runs), {min(tails) * 1e3:.2f} to {max(tails) * 1e3:.2f} ms"
+        )
     if not all(run.message_s for run in runs):
         return
     by_plan: dict[str, list[float]] = {}
     for run in runs:
         by_plan.setdefault(run.algorithm, []).append(per_op_residual_s(run))
-    print("left per operation, beyond the run's own times, message cost and step end (linear estimate, median "
-          "over runs): " + ", ".join(f"{plan} {statistics.median(r) * 1e6:.1f} us" for plan, r in by_plan.items()))
+    print(
+        "left per operation, beyond the run's own times, message cost and step end (linear estimate, median "
+        "over runs): " + ", ".join(f"{plan} {statistics.median(r) * 1e6:.1f} us" for plan, r in by_plan.items())
+    )
 
 
 def print_round_spread(runs: list[Run]) -> None:
@@ -749,18 +847,24 @@ def print_round_spread(runs: list[Run]) -> None:
         return
     deviations = [abs(step / statistics.median(run.round_step_s) - 1) for run in runs for step in run.round_step_s]
     ratios = [max(run.round_step_s) / min(run.round_step_s) for run in runs]
-    print(f"rounds: over {len(runs)} plans, a round's median step lies {statistics.mean(deviations):.1%} from its "
-          f"plan's median round on average, the slowest round up to {max(ratios):.2f} times the fastest")
+    print(
+        f"rounds: over {len(runs)} plans, a round's median step lies {statistics.mean(deviations):.1%} from its "
+        f"plan's median round on average, the slowest round up to {max(ratios):.2f} times the fastest"
+    )
     rounds = min(len(run.round_step_s) for run in runs)
     for key, column, _ in PREDICTIONS[:2]:
         predicted = [table_row(run)[2][key] for run in runs]
         if None in predicted:
             continue
-        alone = [statistics.mean(abs(p / run.round_step_s[k] - 1) for p, run in zip(predicted, runs))
-                 for k in range(rounds)]
+        alone = [
+            statistics.mean(abs(p / run.round_step_s[k] - 1) for p, run in zip(predicted, runs)) for k in range(rounds)
+        ]
         pooled_error = statistics.mean(abs(p / run.measured_s - 1) for p, run in zip(predicted, runs))
-        print(f"  predicted ({column}) against each round alone: " + ", ".join(f"{e:.1%}" for e in alone)
-              + f"; against the rounds pooled: {pooled_error:.1%}")
+        print(
+            f"  predicted ({column}) against each round alone: "
+            + ", ".join(f"{e:.1%}" for e in alone)
+            + f"; against the rounds pooled: {pooled_error:.1%}"
+        )
 
 
 def before_run_from(run: Run, seconds: dict[str, float]) -> float:
@@ -769,8 +873,10 @@ def before_run_from(run: Run, seconds: dict[str, float]) -> float:
     from placer.cost.profile import Profile, apply_profile
 
     graph = apply_profile(run.graph, Profile(run.graph.name, run.graph.digest(), "cpu", seconds))
-    return (step_with_messages(dataclasses.replace(run, graph=graph), run.calibrated_message_cost, None)
-            + run.calibrated_barrier_s)
+    return (
+        step_with_messages(dataclasses.replace(run, graph=graph), run.calibrated_message_cost, None)
+        + run.calibrated_barrier_s
+    )
 
 
 def print_profile_choice(runs: list[Run]) -> None:
@@ -782,15 +888,16 @@ def print_profile_choice(runs: list[Run]) -> None:
     choices = {
         "every profile": lambda run: run.profiles,
         "each round's first profile": lambda run: [
-            next(p for p in run.profiles if p["round"] == r) for r in sorted({p["round"] for p in run.profiles})],
+            next(p for p in run.profiles if p["round"] == r) for r in sorted({p["round"] for p in run.profiles})
+        ],
         "the profiles just before its runs": lambda run: [
-            p for p in run.profiles if p["before"] == f"{run.cluster_name} {run.algorithm}"],
+            p for p in run.profiles if p["before"] == f"{run.cluster_name} {run.algorithm}"
+        ],
     }
     said = []
     for label, chosen in choices.items():
         errors = [before_run_from(run, median_profile(chosen(run))) / run.measured_s - 1 for run in runs]
-        said.append(f"{label} ({statistics.mean(len(chosen(run)) for run in runs):.0f} per run) "
-                    + mean_errors(errors))
+        said.append(f"{label} ({statistics.mean(len(chosen(run)) for run in runs):.0f} per run) " + mean_errors(errors))
     print(f"before a run (calibrated, message cost), over {len(runs)} runs, profiled from: " + "; ".join(said))
 
 
@@ -812,14 +919,18 @@ def print_rank_slowdowns(runs: list[Run]) -> None:
     spreads, least = [], 0
     for run in runs:
         factors = rank_slowdowns(run)
-        print(f"  {run.model:12s}{run.cluster_name:6s}{run.algorithm:12s}"
-              + "  ".join(f"rank {rank} {factor:.2f}" for rank, factor in factors.items()))
+        print(
+            f"  {run.model:12s}{run.cluster_name:6s}{run.algorithm:12s}"
+            + "  ".join(f"rank {rank} {factor:.2f}" for rank, factor in factors.items())
+        )
         if len(factors) > 1:
             spreads.append(max(factors.values()) / min(factors.values()))
             least += min(factors, key=factors.get) == 0
     if spreads:
-        print(f"over the {len(spreads)} runs with several such ranks: the slowest rank's factor over the fastest's "
-              f"{statistics.median(spreads):.2f} (median), up to {max(spreads):.2f}; rank 0 the fastest in {least}")
+        print(
+            f"over the {len(spreads)} runs with several such ranks: the slowest rank's factor over the fastest's "
+            f"{statistics.median(spreads):.2f} (median), up to {max(spreads):.2f}; rank 0 the fastest in {least}"
+        )
 
 
 def operator_slowdowns(run: Run, totals: dict[str, list[float]]) -> None:
@@ -836,8 +947,10 @@ def operator_slowdowns(run: Run, totals: dict[str, list[float]]) -> None:
 def print_operator_slowdowns(runs: list[Run], top: int = 4) -> None:
     """Per model, over its expert and METIS runs (few messages), the operators whose own time in the runs
     exceeds their profile the most, and the whole step's operations."""
-    print("By operator, the expert and METIS runs of each model (few messages): own time in the runs over the "
-          "profile's, the operators that lost the most")
+    print(
+        "By operator, the expert and METIS runs of each model (few messages): own time in the runs over the "
+        "profile's, the operators that lost the most"
+    )
     by_model: dict[str, dict[str, list[float]]] = {}
     for run in runs:
         if run.algorithm in ("expert", "metis"):
@@ -846,9 +959,14 @@ def print_operator_slowdowns(runs: list[Run], top: int = 4) -> None:
         profiled = sum(entry[0] for entry in totals.values())
         ran = sum(entry[1] for entry in totals.values())
         worst = sorted(totals.items(), key=lambda item: item[1][0] - item[1][1])[:top]
-        print(f"  {model:12s} all {ran / profiled:.2f}x; " + ", ".join(
-            f"{op} {entry[1] / entry[0]:.2f}x (+{(entry[1] - entry[0]) / ran:.0%} of the ops' time)"
-            for op, entry in worst if entry[0] > 0))
+        print(
+            f"  {model:12s} all {ran / profiled:.2f}x; "
+            + ", ".join(
+                f"{op} {entry[1] / entry[0]:.2f}x (+{(entry[1] - entry[0]) / ran:.0%} of the ops' time)"
+                for op, entry in worst
+                if entry[0] > 0
+            )
+        )
 
 
 def report(runs: list[Run]) -> None:
@@ -860,11 +978,17 @@ def report(runs: list[Run]) -> None:
     with_messages = all(run.message_s for run in runs)
     if with_messages:
         print()
-        print_cross(runs, predicted_with_messages, "Predicted from another plan's run (the operations' own "
-                    "times, the fitted host cost of a message as this plan sends them, the calibrated links)")
+        print_cross(
+            runs,
+            predicted_with_messages,
+            "Predicted from another plan's run (the operations' own "
+            "times, the fitted host cost of a message as this plan sends them, the calibrated links)",
+        )
     print()
-    for label, predict in (("op and transfer times", predicted_from),
-                           ("ops' own times and message cost", predicted_with_messages)):
+    for label, predict in (
+        ("op and transfer times", predicted_from),
+        ("ops' own times and message cost", predicted_with_messages),
+    ):
         if predict is predicted_from or with_messages:
             right, total = ordered_pairs(runs, predict)
             print(f"the faster of two plans of a case, predicted from a run's {label}: right in {right} of {total}")
@@ -888,13 +1012,13 @@ def gap_costs(cost) -> str:
 def measure(args: argparse.Namespace) -> list[Run]:
     from placer.algorithms import place
     from placer.cluster import load_cluster
-    from placer.harness.calibrate import apply_calibration, calibrate
-    from placer.sim.messages import MessageCost
     from placer.cost.profile import Profile, apply_profile
+    from placer.harness.calibrate import apply_calibration, calibrate
     from placer.harness.profiling import profile_module
     from placer.runtime.distributed import run_distributed
     from placer.runtime.trace import run_trace
     from placer.sim import simulate_plan
+    from placer.sim.messages import MessageCost
 
     torch.set_num_threads(1)
     t0 = time.perf_counter()
@@ -903,22 +1027,26 @@ def measure(args: argparse.Namespace) -> list[Run]:
     cost = calibration.message_cost
     streams = calibration.meta.get("stream_message_cost")
     stream_cost = streams and MessageCost.from_dict(streams)
-    streamed = stream_cost or cost      # with --probe, the predictions take the probe's cost
-    print(f"gloo link: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s "
-          f"(R^2 {link.r2:.3f}); a message's host cost: sending {streamed.send_fixed_s * 1e6:.1f} us + "
-          f"{streamed.send_per_byte_s * 1e12:.0f} ps/B, receiving {streamed.receive_fixed_s * 1e6:.1f} us + "
-          f"{streamed.receive_per_byte_s * 1e12:.0f} ps/B; in streams (sending, receiving us by us between them) "
-          + gap_costs(streamed)
-          + f"; an operation right after a message {cost.after_send_s * 1e6:.1f} us longer (sending), "
-          f"{cost.after_receive_s * 1e6:.1f} us (receiving), {cost.after_wait_s * 1e6:.1f} us (waiting to receive)"
-          + f"; the last rank in a barrier {(calibration.barrier_s or 0.0) * 1e6:.1f} us; "
-          f"measured in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPU cores, load average "
-          f"{os.getloadavg()[0]:.1f}")
+    streamed = stream_cost or cost  # with --probe, the predictions take the probe's cost
+    print(
+        f"gloo link: latency {link.latency_s * 1e6:.1f} us, bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s "
+        f"(R^2 {link.r2:.3f}); a message's host cost: sending {streamed.send_fixed_s * 1e6:.1f} us + "
+        f"{streamed.send_per_byte_s * 1e12:.0f} ps/B, receiving {streamed.receive_fixed_s * 1e6:.1f} us + "
+        f"{streamed.receive_per_byte_s * 1e12:.0f} ps/B; in streams (sending, receiving us by us between them) "
+        + gap_costs(streamed)
+        + f"; an operation right after a message {cost.after_send_s * 1e6:.1f} us longer (sending), "
+        f"{cost.after_receive_s * 1e6:.1f} us (receiving), {cost.after_wait_s * 1e6:.1f} us (waiting to receive)"
+        + f"; the last rank in a barrier {(calibration.barrier_s or 0.0) * 1e6:.1f} us; "
+        f"measured in {time.perf_counter() - t0:.1f} s; {os.cpu_count()} CPU cores, load average "
+        f"{os.getloadavg()[0]:.1f}"
+    )
     if stream_cost is not None:
-        print(f"a message's host cost from the probe run ({calibration.meta['probe']['messages']} messages), which "
-              f"the predictions before a run take: sending {cost.send_fixed_s * 1e6:.1f} us + "
-              f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
-              f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; by gap, the streams' shape scaled to it: " + gap_costs(cost))
+        print(
+            f"a message's host cost from the probe run ({calibration.meta['probe']['messages']} messages), which "
+            f"the predictions before a run take: sending {cost.send_fixed_s * 1e6:.1f} us + "
+            f"{cost.send_per_byte_s * 1e12:.0f} ps/B, receiving {cost.receive_fixed_s * 1e6:.1f} us + "
+            f"{cost.receive_per_byte_s * 1e12:.0f} ps/B; by gap, the streams' shape scaled to it: " + gap_costs(cost)
+        )
     runs = []
     for name in [m.strip() for m in args.models.split(",") if m.strip()]:
         captured, flat = captured_model(name)
@@ -927,53 +1055,82 @@ def measure(args: argparse.Namespace) -> list[Run]:
             return apply_profile(captured.graph, Profile(captured.graph.name, captured.graph.digest(), "cpu", seconds))
 
         def profile(round_: int, before: str) -> dict[str, float]:
-            seconds = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
-                                     node_ids=set(captured.graph.ids))
+            seconds = profile_module(
+                captured.gm, [t.clone() for t in flat], repeats=5, warmup=1, node_ids=set(captured.graph.ids)
+            )
             profiles.append({"round": round_, "before": before, "seconds": seconds})
             return seconds
 
-        profiles, jobs = [], []         # jobs: (cluster name, cluster, algorithm, plan, its runs)
+        profiles, jobs = [], []  # jobs: (cluster name, cluster, algorithm, plan, its runs)
         for round_ in range(args.rounds):
             # The machine's speed moves over seconds (docs/benchmarks.md, "Fidelity"): rounds spread the
             # runs over time, and a profile before every run spreads the profiles over the same seconds.
-            if round_ == 0:         # the plans come from the first profile
+            if round_ == 0:  # the plans come from the first profile
                 first = profile(0, "")
                 for cluster_name in args.clusters.split(","):
                     cluster = apply_calibration(load_cluster(cluster_name), calibration)
                     for algorithm in args.plans.split(","):
                         try:
                             plan = place(profiled(first), cluster, algorithm)
-                        except ImportError as exc:          # e.g. metis without pymetis installed
+                        except ImportError as exc:  # e.g. metis without pymetis installed
                             print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: skipped ({exc})")
                             continue
                         jobs.append((cluster_name, cluster, algorithm, plan, []))
-                if jobs:            # the plans' profile is also the one before the first run
+                if jobs:  # the plans' profile is also the one before the first run
                     profiles[0]["before"] = f"{jobs[0][0]} {jobs[0][2]}"
             for index, (cluster_name, cluster, algorithm, plan, rounds) in enumerate(jobs):
-                if round_ > 0 or index > 0:       # the first run follows the plans' profile
+                if round_ > 0 or index > 0:  # the first run follows the plans' profile
                     profile(round_, f"{cluster_name} {algorithm}")
-                rounds.append(run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=args.steps,
-                                              carrier=captured.carrier, timeout_s=120))
+                rounds.append(
+                    run_distributed(
+                        captured.gm,
+                        captured.graph,
+                        plan,
+                        cluster,
+                        flat,
+                        steps=args.steps,
+                        carrier=captured.carrier,
+                        timeout_s=120,
+                    )
+                )
                 if args.rounds > 1:
-                    print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: round {round_ + 1} of {args.rounds}, step "
-                          f"{statistics.median(rounds[-1].step_s[WARMUP_STEPS:]) * 1e3:.2f} ms", flush=True)
+                    print(
+                        f"{name:8s} {cluster_name:6s} {algorithm:11s}: round {round_ + 1} of {args.rounds}, step "
+                        f"{statistics.median(rounds[-1].step_s[WARMUP_STEPS:]) * 1e3:.2f} ms",
+                        flush=True,
+                    )
         graph = profiled(median_profile(profiles))
         for cluster_name, cluster, algorithm, plan, rounds in jobs:
-            if len(profiles) > 1:     # predicted from every profile
+            if len(profiles) > 1:  # predicted from every profile
                 plan.predicted = simulate_plan(plan, graph, cluster).predicted()
-            run = Run(name, cluster_name, algorithm, graph, cluster, plan, **pooled(rounds),
-                      calibrated_message_cost=calibration.message_cost,
-                      calibrated_barrier_s=calibration.barrier_s or 0.0,
-                      trace_events=run_trace(rounds[-1].timeline, cluster)["traceEvents"],
-                      stream_message_cost=stream_cost, profiles=profiles)
+            run = Run(
+                name,
+                cluster_name,
+                algorithm,
+                graph,
+                cluster,
+                plan,
+                **pooled(rounds),
+                calibrated_message_cost=calibration.message_cost,
+                calibrated_barrier_s=calibration.barrier_s or 0.0,
+                trace_events=run_trace(rounds[-1].timeline, cluster)["traceEvents"],
+                stream_message_cost=stream_cost,
+                profiles=profiles,
+            )
             if args.record:
                 record_run(args.record, run, rounds[-1])
             runs.append(run)
             _, measured, predicted = table_row(run)
-            said = [f"{column} {predicted[key] * 1e3:.2f} ms ({(predicted[key] - measured) / measured:+.1%})"
-                    for key, column, _ in PREDICTIONS if predicted[key] is not None]
-            print(f"{name:8s} {cluster_name:6s} {algorithm:11s}: measured {measured * 1e3:8.2f} ms; predicted "
-                  + ", ".join(said), flush=True)
+            said = [
+                f"{column} {predicted[key] * 1e3:.2f} ms ({(predicted[key] - measured) / measured:+.1%})"
+                for key, column, _ in PREDICTIONS
+                if predicted[key] is not None
+            ]
+            print(
+                f"{name:8s} {cluster_name:6s} {algorithm:11s}: measured {measured * 1e3:8.2f} ms; predicted "
+                + ", ".join(said),
+                flush=True,
+            )
     return runs
 
 
@@ -994,14 +1151,20 @@ def pooled(rounds: list) -> dict[str, Any]:
     step_s = list(first.step_s) + [s for result in rounds[1:] for s in result.step_s[WARMUP_STEPS:]]
 
     def per_node(field: str) -> dict:
-        return {node: statistics.median(getattr(result, field)[node] for result in rounds
-                                        if node in getattr(result, field)) for node in getattr(first, field)}
+        return {
+            node: statistics.median(getattr(result, field)[node] for result in rounds if node in getattr(result, field))
+            for node in getattr(first, field)
+        }
 
-    return {"step_s": step_s, "op_s": per_node("op_s"), "op_message_s": per_node("op_message_s"),
-            "transfer_s": [t for result in rounds for t in result.transfer_s],
-            "message_s": [m for result in rounds for m in result.message_s],
-            "tail_s": statistics.median(result.tail_s for result in rounds),
-            "round_step_s": [statistics.median(result.step_s[WARMUP_STEPS:]) for result in rounds]}
+    return {
+        "step_s": step_s,
+        "op_s": per_node("op_s"),
+        "op_message_s": per_node("op_message_s"),
+        "transfer_s": [t for result in rounds for t in result.transfer_s],
+        "message_s": [m for result in rounds for m in result.message_s],
+        "tail_s": statistics.median(result.tail_s for result in rounds),
+        "round_step_s": [statistics.median(result.step_s[WARMUP_STEPS:]) for result in rounds],
+    }
 
 
 def main() -> int:
@@ -1010,19 +1173,34 @@ def main() -> int:
     parser.add_argument("--models", default=",".join(MODELS), help=f"comma-separated, of {', '.join(MODELS)}")
     parser.add_argument("--clusters", default="2xcpu,4xcpu", help="comma-separated cpu presets")
     parser.add_argument("--plans", default=",".join(PLANS), help="comma-separated registered algorithms")
-    parser.add_argument("--rounds", type=int, default=1,
-                        help="run every plan (each after a profile) this many times per model; each plan's steps "
-                             "and op times pooled over the rounds, its prediction from every profile")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="run every plan (each after a profile) this many times per model; each plan's steps "
+        "and op times pooled over the rounds, its prediction from every profile",
+    )
     parser.add_argument("--record", help="folder to keep what each run measured (and its traces) in")
-    parser.add_argument("--probe", action="store_true",
-                        help="calibrate a message's host cost with a probe run (placer calibrate --probe); the "
-                             "replay then also shows the prediction with the streams' cost")
-    parser.add_argument("--replay", help="a --record folder or archive, or several, comma-separated (one sample "
-                                         "measured in parts): predict their runs again, run nothing")
-    parser.add_argument("--rounds-log", help="with --replay: a live --rounds run's output, for the rounds of a "
-                                             "record made before records kept them")
-    parser.add_argument("--calibration", help="with --replay: a `placer calibrate` file whose message cost and "
-                                              "barrier the predictions before the runs take, instead of the recorded")
+    parser.add_argument(
+        "--probe",
+        action="store_true",
+        help="calibrate a message's host cost with a probe run (placer calibrate --probe); the "
+        "replay then also shows the prediction with the streams' cost",
+    )
+    parser.add_argument(
+        "--replay",
+        help="a --record folder or archive, or several, comma-separated (one sample "
+        "measured in parts): predict their runs again, run nothing",
+    )
+    parser.add_argument(
+        "--rounds-log",
+        help="with --replay: a live --rounds run's output, for the rounds of a record made before records kept them",
+    )
+    parser.add_argument(
+        "--calibration",
+        help="with --replay: a `placer calibrate` file whose message cost and "
+        "barrier the predictions before the runs take, instead of the recorded",
+    )
     args = parser.parse_args()
     if args.rounds < 1:
         parser.error(f"--rounds must be at least 1, got {args.rounds}")
@@ -1035,8 +1213,8 @@ def main() -> int:
             for run in runs:
                 run.round_step_s = run.round_step_s or logged.get((run.model, run.cluster_name, run.algorithm), [])
         if args.calibration:
-            from placer.harness.calibrate import load_calibration
             from placer.errors import PlacerError
+            from placer.harness.calibrate import load_calibration
 
             try:
                 calibration = load_calibration(args.calibration)
@@ -1048,17 +1226,22 @@ def main() -> int:
                 run.calibrated_message_cost = calibration.message_cost
                 run.calibrated_barrier_s = calibration.barrier_s or 0.0
         report(runs)
-        print(f"reproduce: PYTHONPATH=. python bench/fidelity.py --replay {args.replay}"
-              + (f" --rounds-log {args.rounds_log}" if args.rounds_log else "")
-              + (f" --calibration {args.calibration}" if args.calibration else ""))
+        print(
+            f"reproduce: PYTHONPATH=. python bench/fidelity.py --replay {args.replay}"
+            + (f" --rounds-log {args.rounds_log}" if args.rounds_log else "")
+            + (f" --calibration {args.calibration}" if args.calibration else "")
+        )
         return 0
     runs = measure(args)
     print()
     report(runs)
     print(f"load average now {os.getloadavg()[0]:.1f}")
-    print(f"reproduce: PYTHONPATH=. python bench/fidelity.py --steps {args.steps} --models {args.models} "
-          f"--clusters {args.clusters} --plans {args.plans} --rounds {args.rounds}"
-          + (" --probe" if args.probe else "") + (f" --record {args.record}" if args.record else ""))
+    print(
+        f"reproduce: PYTHONPATH=. python bench/fidelity.py --steps {args.steps} --models {args.models} "
+        f"--clusters {args.clusters} --plans {args.plans} --rounds {args.rounds}"
+        + (" --probe" if args.probe else "")
+        + (f" --record {args.record}" if args.record else "")
+    )
     return 0
 
 

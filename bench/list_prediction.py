@@ -47,8 +47,10 @@ from quality import captured_graph  # noqa: E402  (the zoo capture cache of benc
 SCHEDULERS = {"heft": heft_schedule, "dpos": dpos_schedule, "m_etf": etf_schedule}
 #: Those whose plans take earliest-ready dispatch where faster, so whose refinement compares by that.
 DISPATCHING = {"m_etf"}
-CASES = ("resnet50/4xV100-nvlink,resnet50/4xGPU-pcie,inception_v3/4xV100-nvlink,gnmt/4xGPU-pcie,"
-         "gnmt/8xV100-nvlink,transformer/4xGPU-pcie,bert_large/8xH100-nvswitch,rnnlm/2x4xV100")
+CASES = (
+    "resnet50/4xV100-nvlink,resnet50/4xGPU-pcie,inception_v3/4xV100-nvlink,gnmt/4xGPU-pcie,"
+    "gnmt/8xV100-nvlink,transformer/4xGPU-pcie,bert_large/8xH100-nvswitch,rnnlm/2x4xV100"
+)
 
 
 def where_they_part(graph, sched) -> str:
@@ -61,25 +63,35 @@ def where_they_part(graph, sched) -> str:
     unused = [key for key in sched.transfers if key not in ran]
     early_ms = 1e3 * sum(ran[key][1] - ran[key][0] for key in early)
     unused_ms = 1e3 * sum(sched.transfers[key][2] - sched.transfers[key][1] for key in unused)
-    return (f"{len(sched.transfers)} booked: {len(early)} ran earlier ({early_ms:.1f} ms of channel time, "
-            f"{sum(source[key[0]] for key in early)} from sources), {late} later, {len(unused)} ran nowhere "
-            f"({unused_ms:.1f} ms)")
+    return (
+        f"{len(sched.transfers)} booked: {len(early)} ran earlier ({early_ms:.1f} ms of channel time, "
+        f"{sum(source[key[0]] for key in early)} from sources), {late} later, {len(unused)} ran nowhere "
+        f"({unused_ms:.1f} ms)"
+    )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cases", default=CASES, help="comma-separated model/cluster pairs")
     parser.add_argument("--cache", default="bench/.cache", help="folder for captured graphs")
-    parser.add_argument("--coplace", action="store_true",
-                        help="schedule with Baechi's co-placement (each operation with its only reader)")
-    parser.add_argument("--why", action="store_true",
-                        help="also print where each schedule's bookings part from its simulation's transfers")
+    parser.add_argument(
+        "--coplace",
+        action="store_true",
+        help="schedule with Baechi's co-placement (each operation with its only reader)",
+    )
+    parser.add_argument(
+        "--why",
+        action="store_true",
+        help="also print where each schedule's bookings part from its simulation's transfers",
+    )
     args = parser.parse_args()
     print(f"python {platform.python_version()}, {platform.machine()}")
-    print("per scheduler: the first schedule's predicted / simulated step, then the kept schedule's predicted / "
-          "simulated / simulated with earliest-ready dispatch, in ms ('!' where that plan does not fit memory)")
+    print(
+        "per scheduler: the first schedule's predicted / simulated step, then the kept schedule's predicted / "
+        "simulated / simulated with earliest-ready dispatch, in ms ('!' where that plan does not fit memory)"
+    )
     print(f"{'case':>36} " + " ".join(f"{name:>34}" for name in SCHEDULERS) + "   wall s")
-    errors: dict[str, dict[str, list[float]]] = {"first": {}, "kept": {}}   # |predicted / simulated - 1|
+    errors: dict[str, dict[str, list[float]]] = {"first": {}, "kept": {}}  # |predicted / simulated - 1|
     for case in args.cases.split(","):
         model, cluster_name = case.split("/")
         graph, cluster = captured_graph(model, None, Path(args.cache)), load_cluster(cluster_name)
@@ -88,34 +100,53 @@ def main() -> None:
         ratio, scale = liveness_ratio(graph, cluster), np.ones(cluster.num_devices)
         began, cells, whys = time.perf_counter(), [], []
         for name, schedule in SCHEDULERS.items():
+
             def build(g, ratio, scale, sends=None):
                 return schedule(g, cluster, ratio, capacity_scale=scale, sends=sends)
+
             try:
                 first = build(graph, ratio, scale)
             except InfeasibleError:
                 cells.append("infeasible")
                 continue
             first.simulated = simulate(graph, cluster, first.device_of, first.orders, check=False)
-            kept = (refined_schedule(build, graph, cluster, first, ratio, scale, dispatch=name in DISPATCHING)
-                    if first.simulated.fits else first)
+            kept = (
+                refined_schedule(build, graph, cluster, first, ratio, scale, dispatch=name in DISPATCHING)
+                if first.simulated.fits
+                else first
+            )
             dispatched = simulate(graph, cluster, kept.device_of, check=False)
             cell = []
             for which, sched in (("first", first), ("kept", kept)):
                 errors[which].setdefault(name, []).append(abs(sched.makespan_s / sched.simulated.makespan_s - 1))
-                cell.append(f"{sched.makespan_s * 1e3:.1f} / {sched.simulated.makespan_s * 1e3:.1f}"
-                            f"{'' if sched.simulated.fits else '!'}")
+                cell.append(
+                    f"{sched.makespan_s * 1e3:.1f} / {sched.simulated.makespan_s * 1e3:.1f}"
+                    f"{'' if sched.simulated.fits else '!'}"
+                )
             cells.append(f"{cell[0]} -> {cell[1]} / {dispatched.makespan_s * 1e3:.1f}{'' if dispatched.fits else '!'}")
-            whys += [f"    {name} {which}: {where_they_part(graph, sched)}"
-                     for which, sched in (("first", first), ("kept", kept)) if args.why]
-        print(f"{graph.name + '/' + cluster.name:>36} " + " ".join(f"{c:>34}" for c in cells)
-              + f"   {time.perf_counter() - began:.1f}", flush=True)
+            whys += [
+                f"    {name} {which}: {where_they_part(graph, sched)}"
+                for which, sched in (("first", first), ("kept", kept))
+                if args.why
+            ]
+        print(
+            f"{graph.name + '/' + cluster.name:>36} "
+            + " ".join(f"{c:>34}" for c in cells)
+            + f"   {time.perf_counter() - began:.1f}",
+            flush=True,
+        )
         for line in whys:
             print(line)
     for which, per_scheduler in errors.items():
-        print(f"mean |predicted / simulated with its order - 1|, {which} schedule: " + ", ".join(
-            f"{name} {100 * sum(e) / len(e):.1f}% over {len(e)}" for name, e in per_scheduler.items()))
-    print(f"reproduce: ./run.sh bench bench/list_prediction.py --cases {args.cases}"
-          + (" --coplace" if args.coplace else "") + (" --why" if args.why else ""))
+        print(
+            f"mean |predicted / simulated with its order - 1|, {which} schedule: "
+            + ", ".join(f"{name} {100 * sum(e) / len(e):.1f}% over {len(e)}" for name, e in per_scheduler.items())
+        )
+    print(
+        f"reproduce: ./run.sh bench bench/list_prediction.py --cases {args.cases}"
+        + (" --coplace" if args.coplace else "")
+        + (" --why" if args.why else "")
+    )
 
 
 if __name__ == "__main__":

@@ -33,8 +33,11 @@ sys.path.insert(0, str(Path(__file__).parent))
 from quality import captured_graph  # noqa: E402  (the zoo capture cache of bench/quality.py)
 
 SCHEDULERS = {"heft": heft_schedule, "dpos": dpos_schedule}
-CASES = ",".join(f"{m}/{c}" for m in ("vgg19", "resnet50", "resnet101", "resnet152", "resnet200", "inception_v3")
-                 for c in ("2xcpu", "4xcpu"))
+CASES = ",".join(
+    f"{m}/{c}"
+    for m in ("vgg19", "resnet50", "resnet101", "resnet152", "resnet200", "inception_v3")
+    for c in ("2xcpu", "4xcpu")
+)
 
 
 def main() -> None:
@@ -44,8 +47,10 @@ def main() -> None:
     parser.add_argument("--cache", default="bench/.cache", help="folder for captured graphs")
     args = parser.parse_args()
     schedule = SCHEDULERS[args.scheduler]
-    print(f"{args.scheduler}: simulated step of the first schedule in ms per memory ratio "
-          f"('!' overflows, '-' no room for some node)")
+    print(
+        f"{args.scheduler}: simulated step of the first schedule in ms per memory ratio "
+        f"('!' overflows, '-' no room for some node)"
+    )
     for case in args.cases.split(","):
         model, cluster_name = case.split("/")
         graph = captured_graph(model, None, Path(args.cache))
@@ -54,7 +59,9 @@ def main() -> None:
         ratios = [r for r in low * 1.15 ** np.arange(12) if r < 1.0] + [1.0]
         began = time.perf_counter()
         best: tuple[float, str] = (math.inf, "none")
-        print(f"\n{graph.name}/{cluster_name}: liveness ratio {low:.3f}; ratios " + " ".join(f"{r:.2f}" for r in ratios))
+        print(
+            f"\n{graph.name}/{cluster_name}: liveness ratio {low:.3f}; ratios " + " ".join(f"{r:.2f}" for r in ratios)
+        )
         for stage_name, stage in (("nodes", graph), ("layers", colocate_layers(graph))):
             if stage is None:
                 continue
@@ -75,8 +82,11 @@ def main() -> None:
             plan = f"{place(graph, cluster, args.scheduler).predicted['makespan_s'] * 1e3:.1f} ms"
         except InfeasibleError:
             plan = "none"
-        print(f"  fastest fitting: {best[0] * 1e3:.1f} ms ({best[1]}); placer.place's plan: {plan}; "
-              f"{time.perf_counter() - began:.1f} s", flush=True)
+        print(
+            f"  fastest fitting: {best[0] * 1e3:.1f} ms ({best[1]}); placer.place's plan: {plan}; "
+            f"{time.perf_counter() - began:.1f} s",
+            flush=True,
+        )
     print(f"\nreproduce: ./run.sh bench bench/memory_budgets.py --scheduler {args.scheduler} --cases {args.cases}")
 
 

@@ -21,8 +21,8 @@ import time
 
 import numpy as np
 
-from placer.api import validate
 from placer import load_cluster, place
+from placer.api import validate
 from placer.capture import capture_spec
 from placer.runtime.local import LocalExecutor
 from placer.runtime.program import compile_program
@@ -65,11 +65,17 @@ def main() -> None:
         print(f"{'':>12} ({time.perf_counter() - began:.0f} s)", flush=True)
     every = [r for rs in ratios.values() for r in rs]
     for name, rs in ratios.items():
-        print(f"{name}: mean |simulated / held - 1| {np.mean(np.abs(np.array(rs) - 1)) * 100:.1f}% over {len(rs)} "
-              f"devices (under by over 0.1%: {sum(r < UNDER for r in rs)}, lowest ratio {min(rs):.3f})")
-    print(f"all: mean |simulated / held - 1| {np.mean(np.abs(np.array(every) - 1)) * 100:.1f}% over {len(every)} devices")
-    print(f"reproduce: ./run.sh bench bench/memory_fidelity.py --models {args.models} --batch {args.batch} "
-          f"--algorithms {args.algorithms} --cluster {args.cluster}")
+        print(
+            f"{name}: mean |simulated / held - 1| {np.mean(np.abs(np.array(rs) - 1)) * 100:.1f}% over {len(rs)} "
+            f"devices (under by over 0.1%: {sum(r < UNDER for r in rs)}, lowest ratio {min(rs):.3f})"
+        )
+    print(
+        f"all: mean |simulated / held - 1| {np.mean(np.abs(np.array(every) - 1)) * 100:.1f}% over {len(every)} devices"
+    )
+    print(
+        f"reproduce: ./run.sh bench bench/memory_fidelity.py --models {args.models} --batch {args.batch} "
+        f"--algorithms {args.algorithms} --cluster {args.cluster}"
+    )
 
 
 if __name__ == "__main__":

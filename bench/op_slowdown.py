@@ -85,8 +85,9 @@ def _profile(name: str, core: int | None, barrier, queue) -> None:
         os.sched_setaffinity(0, {core})
     captured, flat = captured_model(name)
     barrier.wait()
-    seconds = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
-                             node_ids=set(captured.graph.ids))
+    seconds = profile_module(
+        captured.gm, [t.clone() for t in flat], repeats=5, warmup=1, node_ids=set(captured.graph.ids)
+    )
     queue.put(seconds)
 
 
@@ -94,11 +95,12 @@ def concurrent_profiles(name: str, k: int, cores: list[int] | None) -> list[dict
     """Every node's seconds in each of ``k`` processes profiling ``name`` at once (pinned to ``cores``)."""
     ctx = mp.get_context("spawn")
     barrier, queue = ctx.Barrier(k), ctx.Queue()
-    procs = [ctx.Process(target=_profile, args=(name, None if cores is None else cores[i], barrier, queue))
-             for i in range(k)]
+    procs = [
+        ctx.Process(target=_profile, args=(name, None if cores is None else cores[i], barrier, queue)) for i in range(k)
+    ]
     for p in procs:
         p.start()
-    results = [queue.get(timeout=600) for _ in procs]       # a process that died raises queue.Empty
+    results = [queue.get(timeout=600) for _ in procs]  # a process that died raises queue.Empty
     for p in procs:
         p.join()
     return results
@@ -114,8 +116,9 @@ class Pin:
         os.sched_setaffinity(0, {self.cores[rank]})
 
 
-def ratios(graph, plan, cluster, op_s: dict[str, float], op_message_s: dict[str, float],
-           alone: dict[str, float]) -> tuple[float, float]:
+def ratios(
+    graph, plan, cluster, op_s: dict[str, float], op_message_s: dict[str, float], alone: dict[str, float]
+) -> tuple[float, float]:
     """Sum of the run's own op times over the alone profile's, for ops over 20 us reading a remote input / not."""
     from placer.harness.feedback import own_times
 
@@ -140,9 +143,15 @@ def gauge_s() -> float:
     the machine's speed now. The least of 7 tries, on tensors made once."""
     if not _GAUGE:
         g = torch.Generator().manual_seed(0)
-        _GAUGE.update(x=torch.randn(16, 8, 32, 32, generator=g), w=torch.randn(8, 8, 3, 3, generator=g),
-                      a=torch.randn(256, 256, generator=g), b=torch.randn(256, 256, generator=g),
-                      c=torch.empty(256, 256), v=torch.randn(1 << 20, generator=g), u=torch.empty(1 << 20))
+        _GAUGE.update(
+            x=torch.randn(16, 8, 32, 32, generator=g),
+            w=torch.randn(8, 8, 3, 3, generator=g),
+            a=torch.randn(256, 256, generator=g),
+            b=torch.randn(256, 256, generator=g),
+            c=torch.empty(256, 256),
+            v=torch.randn(1 << 20, generator=g),
+            u=torch.empty(1 << 20),
+        )
     t = _GAUGE
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -174,7 +183,7 @@ class GaugeInRank:
 
 def current_cpu_and_node() -> str:
     """``cpu C, node N`` this process last ran on (Linux /proc and /sys; ``?`` where they do not say)."""
-    try:        # field 39 of /proc/self/stat, counted after the command's closing parenthesis
+    try:  # field 39 of /proc/self/stat, counted after the command's closing parenthesis
         cpu = Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[36]
     except (OSError, IndexError):
         return "cpu ?, node ?"
@@ -183,8 +192,10 @@ def current_cpu_and_node() -> str:
 
 
 #: A round as :func:`drift` prints it, and its gauges (older logs have none).
-ROUND = re.compile(r"(?P<model>\w+) round \d+: profile alone (?P<profile>[\d.]+) ms; one-rank run: "
-                   r"step (?P<step>[\d.]+) ms, its ops (?P<ops>[\d.]+) ms")
+ROUND = re.compile(
+    r"(?P<model>\w+) round \d+: profile alone (?P<profile>[\d.]+) ms; one-rank run: "
+    r"step (?P<step>[\d.]+) ms, its ops (?P<ops>[\d.]+) ms"
+)
 GAUGES = re.compile(r"before profile (?P<gauge_profile>[\d.]+) ms, before run (?P<gauge_run>[\d.]+) ms")
 RANK_GAUGE = re.compile(r"gauge in rank 0: (?P<gauge_rank>[\d.]+) ms")
 
@@ -205,23 +216,33 @@ def drift(args) -> None:
         graph = captured.graph
         for k in range(args.rounds):
             before = gauge_s()
-            alone = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
-                                   node_ids=set(graph.ids))
+            alone = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1, node_ids=set(graph.ids))
             total = sum(alone.values())
             plan = place(apply_profile(graph, Profile(graph.name, graph.digest(), "cpu", alone)), cluster, "single")
             between = gauge_s()
             # The rank that works (rank 0) gauges its core first (the rank hook), then runs.
             with tempfile.TemporaryDirectory() as folder:
-                result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=args.steps,
-                                         carrier=captured.carrier, timeout_s=120, hook=GaugeInRank(folder))
+                result = run_distributed(
+                    captured.gm,
+                    graph,
+                    plan,
+                    cluster,
+                    flat,
+                    steps=args.steps,
+                    carrier=captured.carrier,
+                    timeout_s=120,
+                    hook=GaugeInRank(folder),
+                )
                 in_rank = float(Path(folder, "rank-0").read_text())
             own = sum(result.op_s.values())
             step = statistics.median(result.step_s[2:])
-            line = (f"gauge in rank 0: {in_rank * 1e3:.2f} ms; gauge before profile {before * 1e3:.2f} ms, "
-                    f"before run {between * 1e3:.2f} ms, after {gauge_s() * 1e3:.2f} ms; "
-                    f"{name} round {k}: profile alone {total * 1e3:.2f} ms; "
-                    f"one-rank run: step {step * 1e3:.2f} ms, its ops {own * 1e3:.2f} ms "
-                    f"({own / total:.2f}x the profile), outside ops {(step - own) * 1e3:.2f} ms")
+            line = (
+                f"gauge in rank 0: {in_rank * 1e3:.2f} ms; gauge before profile {before * 1e3:.2f} ms, "
+                f"before run {between * 1e3:.2f} ms, after {gauge_s() * 1e3:.2f} ms; "
+                f"{name} round {k}: profile alone {total * 1e3:.2f} ms; "
+                f"one-rank run: step {step * 1e3:.2f} ms, its ops {own * 1e3:.2f} ms "
+                f"({own / total:.2f}x the profile), outside ops {(step - own) * 1e3:.2f} ms"
+            )
             print(line, flush=True)
             lines.append(line)
     print()
@@ -249,37 +270,46 @@ def summarize(lines: list[str]) -> None:
         ratios += [r["ops"] / r["profile"] for r in seen]
         plain += [abs(r["profile"] - r["step"]) / r["step"] for r in seen]
         with_gauges = [r for r in seen if "gauge_rank" in r and "gauge_profile" in r]
-        gauged += [abs(r["profile"] * r["gauge_rank"] / r["gauge_profile"] - r["step"]) / r["step"]
-                   for r in with_gauges]
-        gauges = "".join(f"; gauge {where} {min(r[key] for r in with_gauges):.2f} to "
-                         f"{max(r[key] for r in with_gauges):.2f} ms"
-                         for where, key in (("in the parent", "gauge_profile"), ("in the rank", "gauge_rank"))
-                         if with_gauges)
-        print(f"{model}: {len(seen)} rounds, one-rank step {min(steps):.2f} to {max(steps):.2f} ms "
-              f"({min(steps) / middle:.2f} to {max(steps) / middle:.2f}x the median {middle:.2f} ms, "
-              f"mean |deviation| {statistics.mean(deviation):.1%}){gauges}")
+        gauged += [
+            abs(r["profile"] * r["gauge_rank"] / r["gauge_profile"] - r["step"]) / r["step"] for r in with_gauges
+        ]
+        gauges = "".join(
+            f"; gauge {where} {min(r[key] for r in with_gauges):.2f} to {max(r[key] for r in with_gauges):.2f} ms"
+            for where, key in (("in the parent", "gauge_profile"), ("in the rank", "gauge_rank"))
+            if with_gauges
+        )
+        print(
+            f"{model}: {len(seen)} rounds, one-rank step {min(steps):.2f} to {max(steps):.2f} ms "
+            f"({min(steps) / middle:.2f} to {max(steps) / middle:.2f}x the median {middle:.2f} ms, "
+            f"mean |deviation| {statistics.mean(deviation):.1%}){gauges}"
+        )
     if not plain:
         print("no rounds found")
         return
-    print(f"over {len(plain)} rounds: the steps' mean |deviation| from their model's median "
-          f"{statistics.mean(deviations):.1%}; the run's ops over the round's profile, median "
-          f"{statistics.median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f}); mean |error| of the step "
-          f"predicted by the round's profile {statistics.mean(plain):.1%}"
-          + (f"; over the {len(gauged)} with gauges, scaled by them {statistics.mean(gauged):.1%}" if gauged else ""))
+    print(
+        f"over {len(plain)} rounds: the steps' mean |deviation| from their model's median "
+        f"{statistics.mean(deviations):.1%}; the run's ops over the round's profile, median "
+        f"{statistics.median(ratios):.2f} ({min(ratios):.2f} to {max(ratios):.2f}); mean |error| of the step "
+        f"predicted by the round's profile {statistics.mean(plain):.1%}"
+        + (f"; over the {len(gauged)} with gauges, scaled by them {statistics.mean(gauged):.1%}" if gauged else "")
+    )
 
 
 def load(args) -> None:
     """Profiles alone and under load, then runs free and pinned: what each run's operations took over the profile."""
     from placer.algorithms import place
     from placer.cluster import load_cluster
-    from placer.harness.calibrate import apply_calibration, calibrate
     from placer.cost.profile import Profile, apply_profile
+    from placer.harness.calibrate import apply_calibration, calibrate
     from placer.runtime.distributed import run_distributed
 
     torch.set_num_threads(1)
     cores = physical_cores()
-    print(f"{os.cpu_count()} logical CPUs, {len(cores)} physical cores allowed: {cores}; "
-          f"load average {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"{os.cpu_count()} logical CPUs, {len(cores)} physical cores allowed: {cores}; "
+        f"load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
     calibration = calibrate("gloo", ranks=2)
     raw: dict = {}
     for name in args.models.split(","):
@@ -290,35 +320,56 @@ def load(args) -> None:
         for k in (2, 4):
             loaded = concurrent_profiles(name, k, None)
             profiles[f"{k} at once"] = {n: statistics.median(p[n] for p in loaded) for n in loaded[0]}
-            if len(cores) > k:      # a core of its own for each, beside the parent's
-                pinned = concurrent_profiles(name, k, cores[1:k + 1])
+            if len(cores) > k:  # a core of its own for each, beside the parent's
+                pinned = concurrent_profiles(name, k, cores[1 : k + 1])
                 profiles[f"{k} at once, pinned"] = {n: statistics.median(p[n] for p in pinned) for n in pinned[0]}
         alone = profiles["alone"]
         total = sum(alone.values())
-        print(f"{name}: {graph.num_nodes} nodes, profiled alone {total * 1e3:.2f} ms; "
-              + ", ".join(f"{key} x{sum(p.values()) / total:.3f}" for key, p in profiles.items() if key != "alone"),
-              flush=True)
+        print(
+            f"{name}: {graph.num_nodes} nodes, profiled alone {total * 1e3:.2f} ms; "
+            + ", ".join(f"{key} x{sum(p.values()) / total:.3f}" for key, p in profiles.items() if key != "alone"),
+            flush=True,
+        )
         graph = apply_profile(graph, Profile(graph.name, graph.digest(), "cpu", alone))
         raw[name] = {"profiles": profiles, "runs": []}
         for cluster_name in args.clusters.split(","):
             cluster = apply_calibration(load_cluster(cluster_name), calibration)
             for algorithm in args.plans.split(","):
                 plan = place(graph, cluster, algorithm)
-                for pin in (False, True)[:1 + (len(cores) > cluster.num_devices)]:
-                    result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=args.steps,
-                                             carrier=captured.carrier, timeout_s=120,
-                                             hook=Pin(cores[1:]) if pin else None)
+                for pin in (False, True)[: 1 + (len(cores) > cluster.num_devices)]:
+                    result = run_distributed(
+                        captured.gm,
+                        graph,
+                        plan,
+                        cluster,
+                        flat,
+                        steps=args.steps,
+                        carrier=captured.carrier,
+                        timeout_s=120,
+                        hook=Pin(cores[1:]) if pin else None,
+                    )
                     step = statistics.median(result.step_s[2:])
                     remote, local = ratios(graph, plan, cluster, result.op_s, result.op_message_s, alone)
                     how = "pinned" if pin else "free  "
-                    print(f"  {cluster_name} {algorithm:11s} {how}: step {step * 1e3:8.2f} ms "
-                          f"(predicted {plan.predicted['makespan_s'] * 1e3:8.2f}); own op time / alone profile: "
-                          f"remote-input ops {remote:.2f}, others {local:.2f}", flush=True)
-                    raw[name]["runs"].append({"cluster": cluster_name, "plan": algorithm, "pinned": pin,
-                                              "placement": plan.placement, "step_s": result.step_s,
-                                              "op_s": result.op_s, "op_message_s": result.op_message_s})
+                    print(
+                        f"  {cluster_name} {algorithm:11s} {how}: step {step * 1e3:8.2f} ms "
+                        f"(predicted {plan.predicted['makespan_s'] * 1e3:8.2f}); own op time / alone profile: "
+                        f"remote-input ops {remote:.2f}, others {local:.2f}",
+                        flush=True,
+                    )
+                    raw[name]["runs"].append(
+                        {
+                            "cluster": cluster_name,
+                            "plan": algorithm,
+                            "pinned": pin,
+                            "placement": plan.placement,
+                            "step_s": result.step_s,
+                            "op_s": result.op_s,
+                            "op_message_s": result.op_message_s,
+                        }
+                    )
         print(f"  ({time.perf_counter() - began:.0f} s)", flush=True)
-        if args.out:        # after every model, so that a run cut short keeps what it measured
+        if args.out:  # after every model, so that a run cut short keeps what it measured
             Path(args.out).mkdir(parents=True, exist_ok=True)
             Path(args.out, "op_slowdown.json").write_text(json.dumps(raw))
 
@@ -332,42 +383,71 @@ def ranks(args) -> None:
     from placer.runtime.distributed import run_distributed
 
     torch.set_num_threads(1)
-    print(f"{os.cpu_count()} logical CPUs; parent on {current_cpu_and_node()}; load average "
-          f"{os.getloadavg()[0]:.1f}", flush=True)
-    pairs = []          # (rank's gauge over the parent's, rank's slowdown factor)
+    print(
+        f"{os.cpu_count()} logical CPUs; parent on {current_cpu_and_node()}; load average {os.getloadavg()[0]:.1f}",
+        flush=True,
+    )
+    pairs = []  # (rank's gauge over the parent's, rank's slowdown factor)
     for name in args.models.split(","):
         captured, flat = captured_model(name)
         parent = gauge_s()
-        alone = profile_module(captured.gm, [t.clone() for t in flat], repeats=5, warmup=1,
-                               node_ids=set(captured.graph.ids))
+        alone = profile_module(
+            captured.gm, [t.clone() for t in flat], repeats=5, warmup=1, node_ids=set(captured.graph.ids)
+        )
         graph = apply_profile(captured.graph, Profile(captured.graph.name, captured.graph.digest(), "cpu", alone))
         for cluster_name in args.clusters.split(","):
             cluster = load_cluster(cluster_name)
             for algorithm in args.plans.split(","):
                 plan = place(graph, cluster, algorithm)
                 with tempfile.TemporaryDirectory() as folder:
-                    result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=args.steps,
-                                             carrier=captured.carrier, timeout_s=120,
-                                             hook=GaugeInRank(folder, where=True))
+                    result = run_distributed(
+                        captured.gm,
+                        graph,
+                        plan,
+                        cluster,
+                        flat,
+                        steps=args.steps,
+                        carrier=captured.carrier,
+                        timeout_s=120,
+                        hook=GaugeInRank(folder, where=True),
+                    )
                     gauges, where = {}, {}
                     for rank in range(cluster.num_devices):
                         gauges[rank] = float(Path(folder, f"rank-{rank}").read_text())
                         where[rank] = Path(folder, f"rank-{rank}.where").read_text()
-                run = Run(name, cluster_name, algorithm, graph, cluster, plan, result.step_s, result.op_s,
-                          result.transfer_s, result.op_message_s, result.message_s)
+                run = Run(
+                    name,
+                    cluster_name,
+                    algorithm,
+                    graph,
+                    cluster,
+                    plan,
+                    result.step_s,
+                    result.op_s,
+                    result.transfer_s,
+                    result.op_message_s,
+                    result.message_s,
+                )
                 factors = rank_slowdowns(run)
                 step = statistics.median(result.step_s[2:])
-                print(f"{name:12s}{cluster_name:6s}{algorithm:12s}step {step * 1e3:8.2f} ms; parent's gauge "
-                      f"{parent * 1e3:.2f} ms; " + "; ".join(
-                          f"rank {rank} ({where[rank]}): gauge x{gauges[rank] / parent:.2f}, ops x{factor:.2f}"
-                          for rank, factor in factors.items()), flush=True)
+                print(
+                    f"{name:12s}{cluster_name:6s}{algorithm:12s}step {step * 1e3:8.2f} ms; parent's gauge "
+                    f"{parent * 1e3:.2f} ms; "
+                    + "; ".join(
+                        f"rank {rank} ({where[rank]}): gauge x{gauges[rank] / parent:.2f}, ops x{factor:.2f}"
+                        for rank, factor in factors.items()
+                    ),
+                    flush=True,
+                )
                 pairs += [(gauges[rank] / parent, factor) for rank, factor in factors.items()]
     if len(pairs) > 2:
         gauge, factor = np.array(pairs).T
-        print(f"over {len(pairs)} ranks: ops' factor {np.median(factor):.2f} (median), the core's gauge over the "
-              f"parent's {np.median(gauge):.2f}; correlation {np.corrcoef(gauge, factor)[0, 1]:+.2f}; the factor "
-              f"over the gauge's ratio {np.median(factor / gauge):.2f} (median), {np.min(factor / gauge):.2f} to "
-              f"{np.max(factor / gauge):.2f}")
+        print(
+            f"over {len(pairs)} ranks: ops' factor {np.median(factor):.2f} (median), the core's gauge over the "
+            f"parent's {np.median(gauge):.2f}; correlation {np.corrcoef(gauge, factor)[0, 1]:+.2f}; the factor "
+            f"over the gauge's ratio {np.median(factor / gauge):.2f} (median), {np.min(factor / gauge):.2f} to "
+            f"{np.max(factor / gauge):.2f}"
+        )
 
 
 RECEIVE_SIZES = (256, 4 << 10, 64 << 10, 1 << 20, 4 << 20)
@@ -380,8 +460,9 @@ def _receive_rank(rank: int, port: int, repeats: int, queue) -> None:
     import torch.distributed as dist
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2,
-                            timeout=timedelta(seconds=60))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2, timeout=timedelta(seconds=60)
+    )
     clock = time.perf_counter
 
     def timed(tensor) -> float:
@@ -397,7 +478,7 @@ def _receive_rank(rank: int, port: int, repeats: int, queue) -> None:
         # Per repetition, in turn: the received tensor first after a receive that was there, the rank's
         # own first, the received one first after a receive it waited for (its peer sends a millisecond late).
         samples: list[list[float]] = [[], [], [], [], []]
-        for rep in range(3 * repeats + 3):      # the first of each way warms up
+        for rep in range(3 * repeats + 3):  # the first of each way warms up
             mode = rep % 3
             if rank == 1:
                 sent = torch.empty(size // 4)
@@ -413,7 +494,7 @@ def _receive_rank(rank: int, port: int, repeats: int, queue) -> None:
             request = dist.irecv(buf, src=1)
             dist.barrier()
             if mode < 2:
-                compute_for(300e-6, own)        # until the message is surely there
+                compute_for(300e-6, own)  # until the message is surely there
             request.wait()
             if rep < 3:
                 continue
@@ -445,14 +526,20 @@ def receive(args) -> None:
     rows = queue.get(timeout=300)
     for p in procs:
         p.join()
-    print(f"{os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.1f}; torch.add(x, 1.0) on rank 0 "
-          f"(us, median of {args.steps} each), x received or written by its own thread, first after a receive "
-          "that was there or after another operation, and first after a receive it waited for:")
-    print(f"{'bytes':>9} {'received, first':>16} {'received, after op':>19} {'own, first':>11} "
-          f"{'own, after op':>14} {'received, first after waiting':>30}")
+    print(
+        f"{os.cpu_count()} logical CPUs, load average {os.getloadavg()[0]:.1f}; torch.add(x, 1.0) on rank 0 "
+        f"(us, median of {args.steps} each), x received or written by its own thread, first after a receive "
+        "that was there or after another operation, and first after a receive it waited for:"
+    )
+    print(
+        f"{'bytes':>9} {'received, first':>16} {'received, after op':>19} {'own, first':>11} "
+        f"{'own, after op':>14} {'received, first after waiting':>30}"
+    )
     for size, received_first, received_after, own_first, own_after, waited_first in rows:
-        print(f"{size:9d} {received_first * 1e6:16.1f} {received_after * 1e6:19.1f} {own_first * 1e6:11.1f} "
-              f"{own_after * 1e6:14.1f} {waited_first * 1e6:30.1f}")
+        print(
+            f"{size:9d} {received_first * 1e6:16.1f} {received_after * 1e6:19.1f} {own_first * 1e6:11.1f} "
+            f"{own_after * 1e6:14.1f} {waited_first * 1e6:30.1f}"
+        )
 
 
 def main() -> int:
@@ -473,9 +560,11 @@ def main() -> int:
     if args.part == "receive":
         print(f"reproduce: PYTHONPATH=. python bench/op_slowdown.py --part receive --steps {args.steps}")
         return 0
-    print(f"reproduce: PYTHONPATH=. python bench/op_slowdown.py --part {args.part} --models {args.models} "
-          + (f"--rounds {args.rounds}" if args.part == "drift" else f"--clusters {args.clusters} --plans {args.plans}")
-          + f" --steps {args.steps}")
+    print(
+        f"reproduce: PYTHONPATH=. python bench/op_slowdown.py --part {args.part} --models {args.models} "
+        + (f"--rounds {args.rounds}" if args.part == "drift" else f"--clusters {args.clusters} --plans {args.plans}")
+        + f" --steps {args.steps}"
+    )
     return 0
 
 

@@ -47,8 +47,10 @@ MODELS = {
 }
 CLUSTERS = {"nvlink2": "2xV100-nvlink", "pcie4": "4xGPU-pcie"}
 CASES = {f"{m}-{c}": (m, cluster) for m in MODELS for c, cluster in CLUSTERS.items()}
-NOTES = ("Transformer is the zoo's base model (6+6 layers, d_model 512, 8 heads), not the paper's "
-         "10- and 12-layer 1024-unit variants; NASNet is 4 cells of 212 filters (one of the paper's three).")
+NOTES = (
+    "Transformer is the zoo's base model (6+6 layers, d_model 512, 8 heads), not the paper's "
+    "10- and 12-layer 1024-unit variants; NASNet is 4 cells of 212 filters (one of the paper's three)."
+)
 #: Not compared: ``auto`` (a portfolio of the others, pesto included) and pesto itself.
 EXCLUDED = ("auto", "pesto")
 #: Algorithms that may change the graph (split operations, replicate the model), which pesto does not:
@@ -121,12 +123,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--cache", default="bench/.cache", help="folder for captured graphs")
     args = parser.parse_args()
-    print(f"python {platform.python_version()}, {platform.machine()}; time limit {args.time_limit:g} s; "
-          f"{time.strftime('%Y-%m-%d')}")
+    print(
+        f"python {platform.python_version()}, {platform.machine()}; time limit {args.time_limit:g} s; "
+        f"{time.strftime('%Y-%m-%d')}"
+    )
     long_col = f" pesto {args.long_limit:g} s |" if args.long_limit else ""
-    print(f"| case | ops | expert | m_sct | best other | best placement | pesto {args.time_limit:g} s |{long_col} "
-          "lower bound | pesto vs expert | best other / pesto | best placement / pesto | rounds | returned "
-          "| wall clock cut |")
+    print(
+        f"| case | ops | expert | m_sct | best other | best placement | pesto {args.time_limit:g} s |{long_col} "
+        "lower bound | pesto vs expert | best other / pesto | best placement / pesto | rounds | returned "
+        "| wall clock cut |"
+    )
     print("|---|---|---|---|---|---|---|" + ("---|" if args.long_limit else "") + "---|---|---|---|---|---|---|")
     under_expert, over_best, over_placement = [], [], []
     for name in args.cases.split(","):
@@ -154,27 +160,35 @@ def main() -> None:
             over_best.append(spans[best_name] / span)
         if placement_name is not None:
             over_placement.append(spans[placement_name] / span)
-        print(f"| {name} | {graph.num_nodes} | {cell('expert')} | {cell('m_sct')} | "
-              f"{cell(best_name)} ({best_name}) | {cell(placement_name)} ({placement_name}) | "
-              f"{span * 1e3:.1f} |{long_cell} {report['lower_bound_s'] * 1e3:.1f} | "
-              f"{'-' if 'expert' not in spans else format(1 - span / spans['expert'], '+.1%')} | "
-              f"{'-' if best_name is None else f'{spans[best_name] / span:.3f}x'} | "
-              f"{'-' if placement_name is None else f'{spans[placement_name] / span:.3f}x'} | "
-              f"{report.get('lns_rounds', 0)}/{report.get('lns_rounds_planned', 0)} | {report['returned']} | "
-              f"{'yes: ' + ', '.join(report['wall_clock_cuts']) if report['cut_by_wall_clock'] else 'no'} |",
-              flush=True)
+        print(
+            f"| {name} | {graph.num_nodes} | {cell('expert')} | {cell('m_sct')} | "
+            f"{cell(best_name)} ({best_name}) | {cell(placement_name)} ({placement_name}) | "
+            f"{span * 1e3:.1f} |{long_cell} {report['lower_bound_s'] * 1e3:.1f} | "
+            f"{'-' if 'expert' not in spans else format(1 - span / spans['expert'], '+.1%')} | "
+            f"{'-' if best_name is None else f'{spans[best_name] / span:.3f}x'} | "
+            f"{'-' if placement_name is None else f'{spans[placement_name] / span:.3f}x'} | "
+            f"{report.get('lns_rounds', 0)}/{report.get('lns_rounds_planned', 0)} | {report['returned']} | "
+            f"{'yes: ' + ', '.join(report['wall_clock_cuts']) if report['cut_by_wall_clock'] else 'no'} |",
+            flush=True,
+        )
     if under_expert:
         print(f"mean reduction under expert: {np.mean(under_expert):.1%} over {len(under_expert)} cases")
     if over_best:
-        print(f"geomean speed-up over the best other algorithm: {np.exp(np.mean(np.log(over_best))):.3f}x "
-              f"over {len(over_best)} cases")
+        print(
+            f"geomean speed-up over the best other algorithm: {np.exp(np.mean(np.log(over_best))):.3f}x "
+            f"over {len(over_best)} cases"
+        )
     if over_placement:
-        print(f"geomean speed-up over the best algorithm that keeps the graph: "
-              f"{np.exp(np.mean(np.log(over_placement))):.3f}x over {len(over_placement)} cases")
+        print(
+            f"geomean speed-up over the best algorithm that keeps the graph: "
+            f"{np.exp(np.mean(np.log(over_placement))):.3f}x over {len(over_placement)} cases"
+        )
     print(NOTES)
     long_opt = f" --long-limit {args.long_limit:g}" if args.long_limit else ""
-    print(f"reproduce: ./run.sh bench bench/pesto.py --time-limit {args.time_limit:g}{long_opt} --seed {args.seed} "
-          f"--cases {args.cases}")
+    print(
+        f"reproduce: ./run.sh bench bench/pesto.py --time-limit {args.time_limit:g}{long_opt} --seed {args.seed} "
+        f"--cases {args.cases}"
+    )
 
 
 if __name__ == "__main__":

@@ -40,8 +40,13 @@ from quality import captured_graph  # noqa: E402  (the zoo capture cache of benc
 
 #: Batches per model: the zoo's paper batch (GPT-2's 512 at context 1024 holds an attention operation of
 #: 98 GiB, more than any device: batch 8 instead), and four times it, where a replica outgrows a V100.
-BATCHES = {"gpt2": (8, 32), "bert_large": (16, 64), "gnmt": (128, 512), "resnet152": (32, 128),
-           "inception_v3": (64, 256)}
+BATCHES = {
+    "gpt2": (8, 32),
+    "bert_large": (16, 64),
+    "gnmt": (128, 512),
+    "resnet152": (32, 128),
+    "inception_v3": (64, 256),
+}
 CLUSTERS = ("4xV100-nvlink", "2x4xV100")
 OP_LEVEL = ("heft", "m_etf")
 
@@ -59,14 +64,21 @@ def _plan(graph, cluster, algorithm: str, **options) -> tuple[float | None, str,
     return plan.predicted["makespan_s"], what, time.perf_counter() - began
 
 
-def run_case(model: str, batch: int, cluster_name: str, microbatches: int, cache: Path,
-             max_microbatched_nodes: int) -> dict:
+def run_case(
+    model: str, batch: int, cluster_name: str, microbatches: int, cache: Path, max_microbatched_nodes: int
+) -> dict:
     graph = captured_graph(model, batch, cache)
     cluster = load_cluster(cluster_name)
     solo = simulate(graph, cluster, np.zeros(graph.num_nodes, dtype=np.int64), check=False)
-    record: dict = {"model": model, "batch": batch, "cluster": cluster_name, "nodes": graph.num_nodes,
-                    "one_device_peak_gib": float(solo.peak_memory_bytes[0]) / 2**30,
-                    "fits_one_device": bool(solo.fits), "plans": {}}
+    record: dict = {
+        "model": model,
+        "batch": batch,
+        "cluster": cluster_name,
+        "nodes": graph.num_nodes,
+        "one_device_peak_gib": float(solo.peak_memory_bytes[0]) / 2**30,
+        "fits_one_device": bool(solo.fits),
+        "plans": {},
+    }
     best = None
     for name in OP_LEVEL:
         step, what, seconds = _plan(graph, cluster, name)
@@ -93,9 +105,11 @@ def _ms(value: float | None) -> str:
 
 
 def table(records: list[dict], microbatches: int) -> str:
-    head = ("| model | batch | cluster | fits one device | best op-level, no micro-batches | data parallel | "
-            f"gpipe (M={microbatches}) | 1f1b (M={microbatches}) | {OP_LEVEL[0]}, M={microbatches} | "
-            "best with micro-batches: vs best op-level | vs best without (data parallel too) |")
+    head = (
+        "| model | batch | cluster | fits one device | best op-level, no micro-batches | data parallel | "
+        f"gpipe (M={microbatches}) | 1f1b (M={microbatches}) | {OP_LEVEL[0]}, M={microbatches} | "
+        "best with micro-batches: vs best op-level | vs best without (data parallel too) |"
+    )
     lines = [head, "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
     for r in records:
         p = r["plans"]
@@ -106,9 +120,11 @@ def table(records: list[dict], microbatches: int) -> str:
         op_ratio = f"{best['step_s'] / min(with_mb):.2f}x" if with_mb and best else "-"
         best_cell = "-" if best is None else f"{best['step_s'] * 1e3:.0f} ({best['algorithm']})"
         peak = f"{'yes' if r['fits_one_device'] else 'no'} ({r['one_device_peak_gib']:.1f} GiB)"
-        lines.append(f"| {r['model']} | {r['batch']} | {r['cluster']} | {peak} | {best_cell} | "
-                     f"{_ms(p['data_parallel']['step_s'])} | {_ms(p['gpipe']['step_s'])} | {_ms(p['1f1b']['step_s'])} "
-                     f"| {_ms(p[OP_LEVEL[0] + '+mb']['step_s'])} | {op_ratio} | {ratio} |")
+        lines.append(
+            f"| {r['model']} | {r['batch']} | {r['cluster']} | {peak} | {best_cell} | "
+            f"{_ms(p['data_parallel']['step_s'])} | {_ms(p['gpipe']['step_s'])} | {_ms(p['1f1b']['step_s'])} "
+            f"| {_ms(p[OP_LEVEL[0] + '+mb']['step_s'])} | {op_ratio} | {ratio} |"
+        )
     return "\n".join(lines)
 
 
@@ -118,12 +134,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clusters", default=",".join(CLUSTERS))
     parser.add_argument("--sizes", default="paper,large", help="which batches: paper, large, or both")
     parser.add_argument("--microbatches", type=int, default=8)
-    parser.add_argument("--max-microbatched-nodes", type=int, default=120_000,
-                        help="skip the op-level scheduler on micro-batched steps larger than this")
+    parser.add_argument(
+        "--max-microbatched-nodes",
+        type=int,
+        default=120_000,
+        help="skip the op-level scheduler on micro-batched steps larger than this",
+    )
     parser.add_argument("--cache", type=Path, default=Path(__file__).parent / ".cache")
     parser.add_argument("-o", "--output", type=Path, help="JSON file of the records (rewritten after each case)")
-    parser.add_argument("--table", nargs="+", type=Path, metavar="JSON",
-                        help="print the table of earlier runs' records (-o files) instead of running")
+    parser.add_argument(
+        "--table",
+        nargs="+",
+        type=Path,
+        metavar="JSON",
+        help="print the table of earlier runs' records (-o files) instead of running",
+    )
     args = parser.parse_args(argv)
     if args.table:
         docs = [json.loads(path.read_text()) for path in args.table]
@@ -142,9 +167,17 @@ def main(argv: list[str] | None = None) -> int:
                 summary = ", ".join(f"{k} {_ms(v['step_s'])}" for k, v in record["plans"].items())
                 print(f"{model} bs{batch} {cluster}: {summary} ({time.perf_counter() - t:.0f} s)", flush=True)
                 if args.output:
-                    args.output.write_text(json.dumps({"records": records, "microbatches": args.microbatches,
-                                                       "date": date.today().isoformat(),
-                                                       "python": platform.python_version()}, indent=1))
+                    args.output.write_text(
+                        json.dumps(
+                            {
+                                "records": records,
+                                "microbatches": args.microbatches,
+                                "date": date.today().isoformat(),
+                                "python": platform.python_version(),
+                            },
+                            indent=1,
+                        )
+                    )
     print()
     print(table(records, args.microbatches))
     print(f"\n{len(records)} cases in {time.perf_counter() - began:.0f} s, {date.today().isoformat()}")

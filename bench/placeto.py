@@ -56,10 +56,12 @@ def main() -> None:
     print(f"python {platform.python_version()}, {platform.machine()}; cluster {args.cluster}")
     if curve:
         k = max(1, len(curve["return"]) // 10)
-        print(f"shipped policy: {trained.get('episodes')} episodes, {len(curve['return'])} updates, "
-              f"{trained.get('workers')} worker processes, {curve['seconds'][-1]:.0f} s of training; "
-              f"mean episode return {np.mean(curve['return'][:k]):+.3f} (first tenth) -> "
-              f"{np.mean(curve['return'][-k:]):+.3f} (last tenth)")
+        print(
+            f"shipped policy: {trained.get('episodes')} episodes, {len(curve['return'])} updates, "
+            f"{trained.get('workers')} worker processes, {curve['seconds'][-1]:.0f} s of training; "
+            f"mean episode return {np.mean(curve['return'][:k]):+.3f} (first tenth) -> "
+            f"{np.mean(curve['return'][-k:]):+.3f} (last tenth)"
+        )
     if missing:
         print(f"not registered on this branch (not compared): {', '.join(missing)}")
     rows = []
@@ -81,23 +83,35 @@ def main() -> None:
             rows.append(row)
             shown = "  ".join(f"{name} {row[name] * 1e3:8.3f}" for name in baselines)
             tuned = f"  fine-tuned {row['fine_tuned'] * 1e3:8.3f}" if "fine_tuned" in row else ""
-            print(f"{graph.name:9s} {graph.num_nodes:4d} nodes  {shown}  placeto {row['placeto'] * 1e3:8.3f}{tuned} ms"
-                  f"  ({row['placeto_s']:.1f} s)", flush=True)
+            print(
+                f"{graph.name:9s} {graph.num_nodes:4d} nodes  {shown}  placeto {row['placeto'] * 1e3:8.3f}{tuned} ms"
+                f"  ({row['placeto_s']:.1f} s)",
+                flush=True,
+            )
     print()
     print("geometric mean of placeto's makespan over each baseline's (< 1: placeto is faster)")
     header = f"{'':20s}" + "".join(f"{name:>12s}" for name in baselines)
     print(header)
     for label, subset in [(f, [r for r in rows if r["family"] == f]) for f in FAMILIES] + [("all", rows)]:
-        print(f"zero-shot {label:10s}" + "".join(f"{geomean([r['placeto'] / r[b] for r in subset]):12.3f}"
-                                              for b in baselines))
+        print(
+            f"zero-shot {label:10s}"
+            + "".join(f"{geomean([r['placeto'] / r[b] for r in subset]):12.3f}" for b in baselines)
+        )
     tuned = [r for r in rows if "fine_tuned" in r]
     if tuned:
         print(f"fine-tuned ({len(tuned)} graphs, {args.fine_tune_episodes} episodes each)")
-        print(f"{'  zero-shot':20s}" + "".join(f"{geomean([r['placeto'] / r[b] for r in tuned]):12.3f}" for b in baselines))
-        print(f"{'  fine-tuned':20s}" + "".join(f"{geomean([r['fine_tuned'] / r[b] for r in tuned]):12.3f}"
-                                             for b in baselines))
-        print(f"fine-tuned over zero-shot: {geomean([r['fine_tuned'] / r['placeto'] for r in tuned]):.3f}; "
-              f"mean fine-tuning time {np.mean([r['fine_tune_s'] for r in tuned]):.1f} s")
+        print(
+            f"{'  zero-shot':20s}"
+            + "".join(f"{geomean([r['placeto'] / r[b] for r in tuned]):12.3f}" for b in baselines)
+        )
+        print(
+            f"{'  fine-tuned':20s}"
+            + "".join(f"{geomean([r['fine_tuned'] / r[b] for r in tuned]):12.3f}" for b in baselines)
+        )
+        print(
+            f"fine-tuned over zero-shot: {geomean([r['fine_tuned'] / r['placeto'] for r in tuned]):.3f}; "
+            f"mean fine-tuning time {np.mean([r['fine_tune_s'] for r in tuned]):.1f} s"
+        )
     print(f"mean zero-shot planning time {np.mean([r['placeto_s'] for r in rows]):.2f} s")
     if args.json:
         with open(args.json, "w") as f:

@@ -70,13 +70,18 @@ def main() -> None:
     parser.add_argument("--algorithms", help="comma-separated (default: every registered one but the searching ones)")
     parser.add_argument("--time-limit", type=float, default=10.0, help="per-algorithm limit in seconds")
     parser.add_argument("--cache", default="bench/.cache", help="folder for captured graphs")
-    parser.add_argument("--results", default="bench/.cache/presets-results.json",
-                        help="outcomes so far (reused; delete to start afresh)")
-    parser.add_argument("--pair", default="sharded_data_parallel,data_parallel",
-                        help="two algorithms to set side by side over every stored case where both ran")
+    parser.add_argument(
+        "--results",
+        default="bench/.cache/presets-results.json",
+        help="outcomes so far (reused; delete to start afresh)",
+    )
+    parser.add_argument(
+        "--pair",
+        default="sharded_data_parallel,data_parallel",
+        help="two algorithms to set side by side over every stored case where both ran",
+    )
     args = parser.parse_args()
-    names = (args.algorithms.split(",") if args.algorithms
-             else [n for n in available_algorithms() if n not in SEARCHING])
+    names = args.algorithms.split(",") if args.algorithms else [n for n in available_algorithms() if n not in SEARCHING]
     results_path = Path(args.results)
     store = json.loads(results_path.read_text()) if results_path.exists() else {}
     print(f"python {platform.python_version()}, {platform.machine()}; time limit {args.time_limit:g} s per algorithm")
@@ -107,8 +112,10 @@ def main() -> None:
             bugs += [(case, n, done[n]["bug"]) for n in names if "bug" in done[n]]
             timed_out = [n for n in names if TIME_LIMIT_MESSAGE in done[n].get("error", "")]
             timeouts += len(timed_out)
-            cells = [f"{span[n] * 1e3:9.1f}" if math.isfinite(span[n]) else f"{'t' if n in timed_out else '-':>9}"
-                     for n in names]
+            cells = [
+                f"{span[n] * 1e3:9.1f}" if math.isfinite(span[n]) else f"{'t' if n in timed_out else '-':>9}"
+                for n in names
+            ]
             wall = sum(done[n]["wall_s"] for n in names)
             print(f"{case:>40} {'yes' if one_device else 'no':>5} " + " ".join(cells) + f" {wall:8.1f}", flush=True)
     print(f"\n{valid}/{runs} runs returned a valid, fitting plan on {cases} cases; {timeouts} ran out of time (t)")
@@ -129,13 +136,17 @@ def main() -> None:
             if not auto <= best * (1 + 1e-9):
                 slower.append(f"{case} ({auto * 1e3:.1f} ms, {best_name} {best * 1e3:.1f} ms)")
         walls = [rec["auto"]["wall_s"] for rec in judged.values()]
-        print(f"auto as fast as the best other algorithm stored for the case on {len(judged) - len(slower)}/"
-              f"{len(judged)} cases; fits wherever one of them fits on {fits}/{len(judged)}")
+        print(
+            f"auto as fast as the best other algorithm stored for the case on {len(judged) - len(slower)}/"
+            f"{len(judged)} cases; fits wherever one of them fits on {fits}/{len(judged)}"
+        )
         if gains:
-            print(f"where both have a plan ({len(gains)} cases): the best other's step / auto's, geomean "
-                  f"{math.exp(np.mean(np.log(gains))):.3f}, largest {max(gains):.3f}; auto strictly faster on "
-                  f"{sum(g > 1 + 1e-9 for g in gains)}; auto's wall time mean {np.mean(walls):.1f} s, "
-                  f"largest {max(walls):.1f} s")
+            print(
+                f"where both have a plan ({len(gains)} cases): the best other's step / auto's, geomean "
+                f"{math.exp(np.mean(np.log(gains))):.3f}, largest {max(gains):.3f}; auto strictly faster on "
+                f"{sum(g > 1 + 1e-9 for g in gains)}; auto's wall time mean {np.mean(walls):.1f} s, "
+                f"largest {max(walls):.1f} s"
+            )
         for line in slower:
             print(f"  slower: {line}")
     print_pair(store, *args.pair.split(","))
@@ -159,19 +170,28 @@ def print_per_algorithm(store: dict, names: list[str]) -> None:
 
 def print_pair(store: dict, first: str, second: str) -> None:
     """``first`` against ``second`` on every stored case where both ran."""
-    both = {case: (rec[first]["makespan_s"], rec[second]["makespan_s"]) for case, rec in store.items()
-            if first in rec and second in rec}
+    both = {
+        case: (rec[first]["makespan_s"], rec[second]["makespan_s"])
+        for case, rec in store.items()
+        if first in rec and second in rec
+    }
     if not both:
         return
     ratios = {case: b / a for case, (a, b) in both.items() if math.isfinite(a) and math.isfinite(b)}
-    fastest = sum(min(r["makespan_s"] for n, r in store[case].items() if n != "auto") == a and math.isfinite(a)
-                  for case, (a, _) in both.items())
-    print(f"{first} against {second} on {len(both)} cases: both fit on {len(ratios)}, {first} faster on "
-          f"{sum(x > 1 + 1e-9 for x in ratios.values())}, slower on {sum(x < 1 - 1e-9 for x in ratios.values())}")
+    fastest = sum(
+        min(r["makespan_s"] for n, r in store[case].items() if n != "auto") == a and math.isfinite(a)
+        for case, (a, _) in both.items()
+    )
+    print(
+        f"{first} against {second} on {len(both)} cases: both fit on {len(ratios)}, {first} faster on "
+        f"{sum(x > 1 + 1e-9 for x in ratios.values())}, slower on {sum(x < 1 - 1e-9 for x in ratios.values())}"
+    )
     if ratios:
         best, worst = max(ratios, key=ratios.get), min(ratios, key=ratios.get)
-        print(f"  {second}'s step / {first}'s: geomean {math.exp(np.mean(np.log(list(ratios.values())))):.3f}, "
-              f"largest {ratios[best]:.3f} ({best}), smallest {ratios[worst]:.3f} ({worst})")
+        print(
+            f"  {second}'s step / {first}'s: geomean {math.exp(np.mean(np.log(list(ratios.values())))):.3f}, "
+            f"largest {ratios[best]:.3f} ({best}), smallest {ratios[worst]:.3f} ({worst})"
+        )
     for a, b, (x, y) in ((first, second, (0, 1)), (second, first, (1, 0))):
         only = [case for case, spans in both.items() if math.isfinite(spans[x]) and not math.isfinite(spans[y])]
         print(f"  {a} fits where {b} does not: {', '.join(only) or 'none'}")

@@ -42,8 +42,18 @@ from placer.sim.bounds import lower_bound
 
 CLUSTERS = ["2xV100-nvlink", "4xV100-nvlink", "8xV100-nvlink", "4xGPU-pcie", "2x4xV100"]
 #: The papers' own algorithms: "speed-up over the best paper algorithm" compares against these.
-PAPER_ALGORITHMS = ["m_topo", "m_etf", "m_sct", "heft", "dpos", "os_dpos", "pesto", "order_place", "celeritas",
-                    "placeto"]
+PAPER_ALGORITHMS = [
+    "m_topo",
+    "m_etf",
+    "m_sct",
+    "heft",
+    "dpos",
+    "os_dpos",
+    "pesto",
+    "order_place",
+    "celeritas",
+    "placeto",
+]
 #: Algorithms whose plans split ops (a rewritten graph): left out of ``auto_unsplit``.
 SPLITTING = {"data_parallel", "sharded_data_parallel", "os_dpos"}
 
@@ -62,7 +72,7 @@ def captured_graph(model: str, batch: int | None, cache: Path) -> OpGraph:
     from placer.capture.zoo import ZOO
 
     batch = batch or ZOO[model].paper_batch
-    path = cache / f"{model}-bs{batch}-{_capture_digest()}.json"     # a change to capture makes a new one
+    path = cache / f"{model}-bs{batch}-{_capture_digest()}.json"  # a change to capture makes a new one
     if path.exists():
         return OpGraph.load(path)
     began = time.perf_counter()
@@ -83,8 +93,9 @@ def reproduce_line(script: str, parser: argparse.ArgumentParser, args: argparse.
             continue
         if action.dest not in ("cache", "results") or value != action.default:
             flag = action.option_strings[-1]
-            options.append(flag if value is True else f"{flag} {value:g}" if isinstance(value, float)
-                           else f"{flag} {value}")
+            options.append(
+                flag if value is True else f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}"
+            )
     return " ".join([f"reproduce: ./run.sh bench bench/{script}", *options])
 
 
@@ -103,8 +114,11 @@ def run_one(graph: OpGraph, cluster, name: str, time_limit: float) -> dict:
         plan = place(graph, cluster, name, seed=0, time_limit=time_limit, **options)
     except PlacerError as exc:
         return {"makespan_s": math.inf, "wall_s": time.perf_counter() - began, "error": str(exc)[:200]}
-    record = {"makespan_s": plan.predicted["makespan_s"], "wall_s": time.perf_counter() - began,
-              "split": plan.rewritten_graph is not None}
+    record = {
+        "makespan_s": plan.predicted["makespan_s"],
+        "wall_s": time.perf_counter() - began,
+        "split": plan.rewritten_graph is not None,
+    }
     if "auto" in plan.extra:
         record["auto"] = plan.extra["auto"]
     return record
@@ -118,8 +132,11 @@ def main() -> None:
     parser.add_argument("--algorithms", help="comma-separated (default: every registered algorithm)")
     parser.add_argument("--time-limit", type=float, default=20.0, help="per-algorithm limit in seconds")
     parser.add_argument("--cache", default="bench/.cache", help="folder for captured graphs")
-    parser.add_argument("--results", default="bench/.cache/quality-results.json",
-                        help="outcomes so far (reused; delete to start afresh)")
+    parser.add_argument(
+        "--results",
+        default="bench/.cache/quality-results.json",
+        help="outcomes so far (reused; delete to start afresh)",
+    )
     parser.add_argument("--rerun", default="", help="comma-separated algorithms to measure again")
     args = parser.parse_args()
     names = args.algorithms.split(",") if args.algorithms else available_algorithms() + ["auto_unsplit"]
@@ -127,8 +144,9 @@ def main() -> None:
     results_path = Path(args.results)
     store = json.loads(results_path.read_text()) if results_path.exists() else {}
     print(f"python {platform.python_version()}, {platform.machine()}; time limit {args.time_limit:g} s per algorithm")
-    stats: dict[str, dict[str, list]] = {n: {"ratio": [], "vs_expert": [], "vs_paper": [], "fits": [], "time": []}
-                                         for n in names}
+    stats: dict[str, dict[str, list]] = {
+        n: {"ratio": [], "vs_expert": [], "vs_paper": [], "fits": [], "time": []} for n in names
+    }
     auto_ok, auto_fits_ok, unsplit_ok, cases = 0, 0, 0, 0
     for model in args.models.split(","):
         graph = captured_graph(model, args.batch, Path(args.cache))
@@ -146,8 +164,9 @@ def main() -> None:
             span = {n: done[n]["makespan_s"] for n in names}
             best_paper = min((span[n] for n in PAPER_ALGORITHMS if n in span), default=math.inf)
             best_other = min((s for n, s in span.items() if not n.startswith("auto")), default=math.inf)
-            best_unsplit = min((s for n, s in span.items() if not n.startswith("auto") and n not in SPLITTING),
-                               default=math.inf)
+            best_unsplit = min(
+                (s for n, s in span.items() if not n.startswith("auto") and n not in SPLITTING), default=math.inf
+            )
             cases += 1
             if "auto" in span:
                 auto_ok += span["auto"] <= best_other * (1 + 1e-9)
@@ -171,21 +190,29 @@ def main() -> None:
                 if name in names and "auto" in done[name]:
                     info = done[name]["auto"]
                     note += f" [{name}: from {info['start']}, local search -{info['local_search_gain']:.1%}]"
-            print(f"{graph.name} on {cluster_name} (lower bound {bound * 1e3:.1f} ms): " + " ".join(cells) + note,
-                  flush=True)
+            print(
+                f"{graph.name} on {cluster_name} (lower bound {bound * 1e3:.1f} ms): " + " ".join(cells) + note,
+                flush=True,
+            )
     print()
-    print("| algorithm | geomean makespan / lower bound | speed-up over expert | speed-up over best paper "
-          "algorithm | fit rate | mean wall time (s) |")
+    print(
+        "| algorithm | geomean makespan / lower bound | speed-up over expert | speed-up over best paper "
+        "algorithm | fit rate | mean wall time (s) |"
+    )
     print("|---|---|---|---|---|---|")
     for name in names:
         s = stats[name]
         fit = sum(s["fits"]) / len(s["fits"]) if s["fits"] else 0.0
         mean_time = sum(s["time"]) / len(s["time"]) if s["time"] else float("nan")
-        print(f"| {name} | {geomean(s['ratio']):.3f} | {geomean(s['vs_expert']):.3f} | {geomean(s['vs_paper']):.3f} "
-              f"| {fit:.0%} | {mean_time:.1f} |")
+        print(
+            f"| {name} | {geomean(s['ratio']):.3f} | {geomean(s['vs_expert']):.3f} | {geomean(s['vs_paper']):.3f} "
+            f"| {fit:.0%} | {mean_time:.1f} |"
+        )
     if "auto" in names:
-        print(f"\nauto as fast as the best other algorithm on {auto_ok}/{cases} cases; "
-              f"fits wherever any algorithm fits on {auto_fits_ok}/{cases}")
+        print(
+            f"\nauto as fast as the best other algorithm on {auto_ok}/{cases} cases; "
+            f"fits wherever any algorithm fits on {auto_fits_ok}/{cases}"
+        )
     if "auto_unsplit" in names:
         print(f"auto_unsplit as fast as the best other algorithm that does not split ops on {unsplit_ok}/{cases} cases")
     print(reproduce_line("quality.py", parser, args))

@@ -29,14 +29,30 @@ from placer.errors import InfeasibleError
 #: Models at sizes that plan in seconds, and the batch they are captured at (Adam, meta device).
 MODELS = {"lenet": 64, "resnet50": 32, "inception_v3": 16, "rnnlm": 16, "transformer": 8, "gpt2": 8}
 CLUSTERS = ("2xcpu", "4xV100-nvlink", "4xGPU-pcie", "2x4xV100")
-ALGORITHMS = ("single", "round_robin", "expert", "metis", "m_topo", "m_etf", "m_sct", "heft", "dpos",
-              "data_parallel", "sharded_data_parallel", "data_parallel:collective=direct")
+ALGORITHMS = (
+    "single",
+    "round_robin",
+    "expert",
+    "metis",
+    "m_topo",
+    "m_etf",
+    "m_sct",
+    "heft",
+    "dpos",
+    "data_parallel",
+    "sharded_data_parallel",
+    "data_parallel:collective=direct",
+)
 
 
 def plan_hash(plan) -> str:
     """A hash of what a plan decides: placement, each device's order, splits, and its simulated step."""
-    record = {"placement": sorted(plan.placement.items()), "order": plan.order, "splits": plan.splits,
-              "makespan_ns": round(plan.predicted.get("makespan_s", 0.0) * 1e9)}
+    record = {
+        "placement": sorted(plan.placement.items()),
+        "order": plan.order,
+        "splits": plan.splits,
+        "makespan_ns": round(plan.predicted.get("makespan_s", 0.0) * 1e9),
+    }
     return hashlib.sha256(json.dumps(record, sort_keys=True, default=str).encode()).hexdigest()[:16]
 
 

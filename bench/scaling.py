@@ -43,7 +43,7 @@ from placer.cluster import Cluster
 from placer.errors import InfeasibleError
 from placer.generate import training_graph
 
-SIZES = {"1k": 67, "10k": 667, "30k": 2000, "100k": 6667}     # blocks of 3 branches: 15 nodes each
+SIZES = {"1k": 67, "10k": 667, "30k": 2000, "100k": 6667}  # blocks of 3 branches: 15 nodes each
 ALGORITHMS = ["m_topo", "m_etf", "m_sct", "heft", "dpos", "data_parallel", "sharded_data_parallel", "os_dpos"]
 ZOO = [("vgg19", 64), ("resnet50", 32), ("inception_v3", 32)]
 
@@ -63,7 +63,7 @@ def sizes(budget: float, algorithms: list[str], labels: list[str], repeat: int) 
 
     for label in labels:
         graph = generated(label)
-        unused = [graph]        # the first run takes it; every other builds its own
+        unused = [graph]  # the first run takes it; every other builds its own
         cells = []
         for spec in algorithms:
             if spec in slow:
@@ -90,9 +90,11 @@ def sizes(budget: float, algorithms: list[str], labels: list[str], repeat: int) 
                 slow.add(spec)
             cells.append(cell)
         print(f"{graph.num_nodes:>7} {graph.num_edges:>7} " + " ".join(f"{c:>{width}}" for c in cells), flush=True)
-    print("cells: CPU seconds / wall seconds to plan" + (f", the fastest of {repeat} runs - the slowest"
-                                                          if repeat > 1 else "")
-          + " (the plan's simulated step time); 'skipped': over the budget at a smaller size")
+    print(
+        "cells: CPU seconds / wall seconds to plan"
+        + (f", the fastest of {repeat} runs - the slowest" if repeat > 1 else "")
+        + " (the plan's simulated step time); 'skipped': over the budget at a smaller size"
+    )
 
 
 def _algorithm(spec: str) -> tuple[str, dict]:
@@ -111,12 +113,20 @@ def zoo(time_limit: float, clusters: list[str]) -> None:
 
     two = load_cluster("2xV100-nvlink")
     one_v100 = Cluster("1xV100", two.devices[:1], [])
-    rows = [("single", {}), ("dpos", {}), ("data_parallel", {}), ("os_dpos", {"time_limit": time_limit}),
-            ("os_dpos", {"time_limit": time_limit, "data_parallel_start": False})]
+    rows = [
+        ("single", {}),
+        ("dpos", {}),
+        ("data_parallel", {}),
+        ("os_dpos", {"time_limit": time_limit}),
+        ("os_dpos", {"time_limit": time_limit, "data_parallel_start": False}),
+    ]
     labels = ["single", "dpos", "data_parallel", "os_dpos", "os_dpos(own)"]
     print("simulated step time in ms (splits made by OS-DPOS); global batch fixed (strong scaling)")
-    print(f"{'model':>22} {'cluster':>14} " + " ".join(f"{label:>14}" for label in labels)
-          + f" {'os_dpos vs dpos':>16} {'vs data_par.':>13}")
+    print(
+        f"{'model':>22} {'cluster':>14} "
+        + " ".join(f"{label:>14}" for label in labels)
+        + f" {'os_dpos vs dpos':>16} {'vs data_par.':>13}"
+    )
     for model, batch in ZOO:
         graph = annotate(capture_spec(f"zoo:{model}", batch, optimizer="sgd", fake=True).graph)
         for cluster in [one_v100] + [load_cluster(name) for name in clusters]:
@@ -130,31 +140,55 @@ def zoo(time_limit: float, clusters: list[str]) -> None:
                 spans[label] = plan.predicted["makespan_s"]
                 extra = f"({len(plan.splits)})" if name == "os_dpos" else ""
                 cells.append(f"{spans[label] * 1e3:.1f}{extra}")
-            gain = lambda other: (f"{(1 - spans['os_dpos'] / spans[other]) * 100:+.1f}%"
-                                  if "os_dpos" in spans and other in spans else "-")
-            print(f"{graph.name:>22} {cluster.name:>14} " + " ".join(f"{c:>14}" for c in cells)
-                  + f" {gain('dpos'):>16} {gain('data_parallel'):>13}", flush=True)
+
+            def gain(other):
+                return (
+                    f"{(1 - spans['os_dpos'] / spans[other]) * 100:+.1f}%"
+                    if "os_dpos" in spans and other in spans
+                    else "-"
+                )
+
+            print(
+                f"{graph.name:>22} {cluster.name:>14} "
+                + " ".join(f"{c:>14}" for c in cells)
+                + f" {gain('dpos'):>16} {gain('data_parallel'):>13}",
+                flush=True,
+            )
     print("gain columns: how much faster OS-DPOS's step is than DPOS's and than data parallelism's")
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--part", choices=("sizes", "zoo", "all"), default="all")
-    parser.add_argument("--budget", type=float, default=120.0,
-                        help="seconds an algorithm may take at one size before larger sizes are skipped")
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=120.0,
+        help="seconds an algorithm may take at one size before larger sizes are skipped",
+    )
     parser.add_argument("--time-limit", type=float, default=20.0, help="OS-DPOS's search time on the zoo models")
     parser.add_argument("--algorithms", default=",".join(ALGORITHMS), help="comma-separated, for the sizes part")
     parser.add_argument("--sizes", default=",".join(SIZES), help=f"comma-separated, of {', '.join(SIZES)}")
-    parser.add_argument("--repeat", type=int, default=1,
-                        help="runs of each cell of the sizes part: the fastest is shown, and the slowest beside it")
-    parser.add_argument("--zoo-clusters", default="2xV100-nvlink,4xV100-nvlink",
-                        help="comma-separated presets or cluster files, for the zoo part (one V100 is always first)")
+    parser.add_argument(
+        "--repeat",
+        type=int,
+        default=1,
+        help="runs of each cell of the sizes part: the fastest is shown, and the slowest beside it",
+    )
+    parser.add_argument(
+        "--zoo-clusters",
+        default="2xV100-nvlink,4xV100-nvlink",
+        help="comma-separated presets or cluster files, for the zoo part (one V100 is always first)",
+    )
     args = parser.parse_args()
     labels = args.sizes.split(",")
     unknown = [label for label in labels if label not in SIZES]
     if unknown or args.repeat < 1:
-        parser.error(f"--sizes must name some of {', '.join(SIZES)}, got {', '.join(unknown)}" if unknown
-                     else f"--repeat must be at least 1, got {args.repeat}")
+        parser.error(
+            f"--sizes must name some of {', '.join(SIZES)}, got {', '.join(unknown)}"
+            if unknown
+            else f"--repeat must be at least 1, got {args.repeat}"
+        )
     print(f"python {platform.python_version()}, numpy {np.__version__}, {platform.machine()}")
     if args.part in ("sizes", "all"):
         sizes(args.budget, args.algorithms.split(","), labels, args.repeat)

@@ -27,7 +27,7 @@ import numpy as np
 from placer import load_cluster, place, simulate
 from placer.generate import training_graph
 
-CASES = {"1k": (62, 3), "10k": (715, 3), "100k": (7142, 3)}   # layers, branches -> ~1k, 10k, 100k nodes
+CASES = {"1k": (62, 3), "10k": (715, 3), "100k": (7142, 3)}  # layers, branches -> ~1k, 10k, 100k nodes
 ROW = "{:>5} {:>7} {:>7} {:>9} {:>13} {:>8.3f} {:>10.0f}"
 
 
@@ -44,7 +44,7 @@ def best_of(repeat: int, graph, cluster, placement, **kwargs):
 def zoo_case(repeat: int, cache: Path) -> None:
     """NASNet's step as sharded data parallelism builds it over 8 H100s, with and without the plan's order."""
     sys.path.insert(0, str(Path(__file__).parent))
-    from quality import captured_graph      # the zoo capture cache of bench/quality.py
+    from quality import captured_graph  # the zoo capture cache of bench/quality.py
 
     cluster = load_cluster("8xH100-nvswitch")
     graph = captured_graph("nasnet", 32, cache)
@@ -52,8 +52,17 @@ def zoo_case(repeat: int, cache: Path) -> None:
     bound = plan.bind(graph, cluster)
     for mode, kwargs in (("sharded DP", {}), ("+order", {"order": bound.order})):
         best, result = best_of(repeat, bound.graph, cluster, bound.device_of, **kwargs)
-        print(ROW.format("nasnet", bound.graph.num_nodes, bound.graph.num_edges, len(result.transfers), mode, best,
-                         bound.graph.num_nodes / best))
+        print(
+            ROW.format(
+                "nasnet",
+                bound.graph.num_nodes,
+                bound.graph.num_edges,
+                len(result.transfers),
+                mode,
+                best,
+                bound.graph.num_nodes / best,
+            )
+        )
 
 
 def main() -> None:
@@ -71,12 +80,14 @@ def main() -> None:
         device_of = np.array([cluster.device_index[plan.placement[i]] for i in graph.ids])
         order = [np.array([graph.index[i] for i in plan.order[d.name]]) for d in cluster.devices]
         scattered = np.arange(graph.num_nodes) % cluster.num_devices
-        runs = (("expert", device_of, {}), ("expert+order", device_of, {"order": order}),
-                ("scattered", scattered, {}))
+        runs = (("expert", device_of, {}), ("expert+order", device_of, {"order": order}), ("scattered", scattered, {}))
         for mode, placement, kwargs in runs:
             best, result = best_of(args.repeat, graph, cluster, placement, **kwargs)
-            print(ROW.format(label, graph.num_nodes, graph.num_edges, len(result.transfers), mode, best,
-                             graph.num_nodes / best))
+            print(
+                ROW.format(
+                    label, graph.num_nodes, graph.num_edges, len(result.transfers), mode, best, graph.num_nodes / best
+                )
+            )
     if not args.no_zoo:
         zoo_case(args.repeat, Path(args.cache))
     print(f"reproduce: ./run.sh bench bench/simulator.py --repeat {args.repeat}" + (" --no-zoo" if args.no_zoo else ""))

@@ -67,7 +67,7 @@ def main() -> None:
             flag = "  OVER" if wall > 1.1 * limit else ""
             print(f"{name:>14} {limit:>8.1f} {wall:>8.2f} {wall / limit:>10.2f}  {outcome}{flag}")
     print(f"worst wall/limit: {worst:.2f} (goal <= 1.10)")
-    if args.nodes:      # no model is captured
+    if args.nodes:  # no model is captured
         args.model = args.batch = None
     print(reproduce_line("time_limits.py", parser, args))
 

@@ -20,9 +20,17 @@ or, from a graph file::
 
 from .algorithms import available_algorithms, place, register
 from .api import apply, describe, plan, validate
-from .cluster import PRESETS, Cluster, Device, Channel, load_cluster
-from .errors import (ClusterMismatchWarning, FormatError, GraphCycleError, InfeasibleError, InvalidPlanError,
-                     OptionError, PlacerError, TimeLimitError)
+from .cluster import PRESETS, Channel, Cluster, Device, load_cluster
+from .errors import (
+    ClusterMismatchWarning,
+    FormatError,
+    GraphCycleError,
+    InfeasibleError,
+    InvalidPlanError,
+    OptionError,
+    PlacerError,
+    TimeLimitError,
+)
 from .graph import OpGraph
 from .plan import Plan
 from .sim import SimResult, lower_bound, simulate, simulate_plan
@@ -30,8 +38,30 @@ from .sim import SimResult, lower_bound, simulate, simulate_plan
 __version__ = "0.1.0"
 
 __all__ = [
-    "plan", "validate", "describe", "apply", "OpGraph", "Cluster", "Device", "Channel", "PRESETS", "load_cluster", "Plan", "place", "register",
-    "available_algorithms", "simulate", "simulate_plan", "lower_bound", "SimResult", "PlacerError",
-    "FormatError", "GraphCycleError", "InvalidPlanError", "InfeasibleError", "TimeLimitError", "OptionError",
+    "plan",
+    "validate",
+    "describe",
+    "apply",
+    "OpGraph",
+    "Cluster",
+    "Device",
+    "Channel",
+    "PRESETS",
+    "load_cluster",
+    "Plan",
+    "place",
+    "register",
+    "available_algorithms",
+    "simulate",
+    "simulate_plan",
+    "lower_bound",
+    "SimResult",
+    "PlacerError",
+    "FormatError",
+    "GraphCycleError",
+    "InvalidPlanError",
+    "InfeasibleError",
+    "TimeLimitError",
+    "OptionError",
     "ClusterMismatchWarning",
 ]

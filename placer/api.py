@@ -31,10 +31,20 @@ from .transform.bind import bind_plan
 __all__ = ["plan", "validate", "describe", "apply"]
 
 
-def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluster" = "4xV100-nvlink",
-         algorithm: str = "auto", batch: int | None = None, optimizer: Any = "adam", lr: float | None = None,
-         profile: "str | os.PathLike | None" = None, runnable: bool | None = None, microbatches: int | None = None,
-         **options: Any) -> Plan:
+def plan(
+    model: Any,
+    inputs: Any = None,
+    *,
+    cluster: "str | os.PathLike | Cluster" = "4xV100-nvlink",
+    algorithm: str = "auto",
+    batch: int | None = None,
+    optimizer: Any = "adam",
+    lr: float | None = None,
+    profile: "str | os.PathLike | None" = None,
+    runnable: bool | None = None,
+    microbatches: int | None = None,
+    **options: Any,
+) -> Plan:
     """Capture one training step of ``model``, place it on ``cluster`` and check the plan.
 
     Parameters
@@ -93,12 +103,12 @@ def plan(model: Any, inputs: Any = None, *, cluster: "str | os.PathLike | Cluste
         warnings.warn(RUNNABLE_DEPRECATED, DeprecationWarning, stacklevel=2)
     target = load_cluster(cluster)
     checked_options(get_algorithm(algorithm), options)
-    if microbatches is not None and (isinstance(microbatches, bool) or not isinstance(microbatches, int)
-                                     or microbatches < 1):
+    if microbatches is not None and (
+        isinstance(microbatches, bool) or not isinstance(microbatches, int) or microbatches < 1
+    ):
         raise OptionError(f"placer.plan: microbatches must be an integer >= 1, got {microbatches!r}")
     measured = None
     if profile is not None:
-
         measured = load_profile(profile)
         measured.check_cluster(target)
     name, lr, settings = _optimizer(optimizer, lr)
@@ -116,29 +126,35 @@ def _optimizer(optimizer: Any, lr: float | None) -> tuple[str, float, dict]:
         return optimizer, 1e-3 if lr is None else lr, {}
 
     if lr is not None:
-        raise OptionError(f"placer.plan(optimizer={type(optimizer).__name__}, lr={lr!r}): a live optimizer "
-                          f"gives its own lr; lr= is for an optimizer name")
+        raise OptionError(
+            f"placer.plan(optimizer={type(optimizer).__name__}, lr={lr!r}): a live optimizer "
+            f"gives its own lr; lr= is for an optimizer name"
+        )
     spec = spec_of(optimizer)
     settings = spec.settings
     return spec.name, settings.pop("lr"), settings
 
 
-def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: float,
-              settings: dict | None = None) -> tuple[OpGraph, Any]:
+def _captured(
+    model: Any, inputs: Any, batch: int | None, optimizer: str, lr: float, settings: dict | None = None
+) -> tuple[OpGraph, Any]:
     """The graph of ``model``'s training step and the captured step (None for a graph), refusing an argument
     that would be ignored (a batch or inputs beside a graph, inputs beside a spec, a batch beside a module)."""
     if isinstance(model, OpGraph):
         if batch is not None or inputs is not None:
             given = "batch=" if batch is not None else "inputs"
-            raise OptionError(f"placer.plan(graph {model.name!r}): {given} is for a model to capture; the graph is "
-                              f"captured already, at its own batch")
+            raise OptionError(
+                f"placer.plan(graph {model.name!r}): {given} is for a model to capture; the graph is "
+                f"captured already, at its own batch"
+            )
         return model, None
     if isinstance(model, str):
         from .capture import capture_spec  # deferred: imports torch
 
         if inputs is not None:
-            raise OptionError(f"placer.plan({model!r}, inputs): a model spec makes its own inputs at batch=N; "
-                              f"inputs are for a module")
+            raise OptionError(
+                f"placer.plan({model!r}, inputs): a model spec makes its own inputs at batch=N; inputs are for a module"
+            )
         if batch is None:
             raise OptionError(f"placer.plan({model!r}): a model spec needs batch=N")
         captured = capture_spec(model, batch, optimizer=optimizer, lr=lr, settings=settings)
@@ -146,17 +162,26 @@ def _captured(model: Any, inputs: Any, batch: int | None, optimizer: str, lr: fl
     from torch import nn  # deferred: imports torch
 
     if not isinstance(model, nn.Module):
-        raise OptionError(f"placer.plan(model): model must be a torch.nn.Module, a model spec ('zoo:NAME', "
-                          f"'path/file.py:FACTORY') or an OpGraph, got {type(model).__name__}")
+        raise OptionError(
+            f"placer.plan(model): model must be a torch.nn.Module, a model spec ('zoo:NAME', "
+            f"'path/file.py:FACTORY') or an OpGraph, got {type(model).__name__}"
+        )
     if inputs is None:
         raise OptionError("placer.plan(model, inputs): a module needs example inputs (a tuple of tensors)")
     if batch is not None:
-        raise OptionError(f"placer.plan(model, inputs, batch={batch!r}): a module's batch is that of its inputs; "
-                          f"batch= is for a model spec")
+        raise OptionError(
+            f"placer.plan(model, inputs, batch={batch!r}): a module's batch is that of its inputs; "
+            f"batch= is for a model spec"
+        )
     from .capture import capture  # deferred: imports torch
 
-    captured = capture(model, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,),
-                       optimizer=optimizer, lr=lr, settings=settings)
+    captured = capture(
+        model,
+        tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,),
+        optimizer=optimizer,
+        lr=lr,
+        settings=settings,
+    )
     return captured.graph, captured
 
 

@@ -8,10 +8,9 @@ preset's figures say where they come from.
 
 from __future__ import annotations
 
-import math
-
 import hashlib
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -75,8 +74,14 @@ class Cluster:
         two channels.
     """
 
-    def __init__(self, name: str, devices: list[Device], channels: list[Channel],
-                 extra: dict | None = None, source: str | None = None):
+    def __init__(
+        self,
+        name: str,
+        devices: list[Device],
+        channels: list[Channel],
+        extra: dict | None = None,
+        source: str | None = None,
+    ):
         where = f"cluster {source}" if source else f"cluster '{name}'"
         if not devices:
             raise FormatError(f"{where}: field 'devices' must list at least one device")
@@ -92,9 +97,11 @@ class Cluster:
                 raise FormatError(f"{where}: device {d.name!r}: field 'memory_bytes' must be > 0")
             if d.memory_bytes == math.inf:
                 raise FormatError(f"{where}: device {d.name!r}: field 'memory_bytes' must be finite")
-            if not MIN_SPEED <= d.speed <= MAX_SPEED:   # a cluster built in code, not read from a file
-                raise FormatError(f"{where}: device {d.name!r}: field 'speed' must lie in [{MIN_SPEED:g}, "
-                                  f"{MAX_SPEED:g}], got {d.speed!r}")
+            if not MIN_SPEED <= d.speed <= MAX_SPEED:  # a cluster built in code, not read from a file
+                raise FormatError(
+                    f"{where}: device {d.name!r}: field 'speed' must lie in [{MIN_SPEED:g}, "
+                    f"{MAX_SPEED:g}], got {d.speed!r}"
+                )
             self.device_index[d.name] = j
         n = len(self.devices)
         self.channel_index = np.full((n, n), -1, dtype=np.int64)
@@ -104,22 +111,28 @@ class Cluster:
                 raise FormatError(f"{where}: duplicate channel name {ch.name!r}")
             names.add(ch.name)
             if not MIN_BANDWIDTH <= ch.bandwidth_bytes_per_s:
-                raise FormatError(f"{where}: channel {ch.name!r}: field 'bandwidth_bytes_per_s' must be >= "
-                                  f"{MIN_BANDWIDTH:g}, got {ch.bandwidth_bytes_per_s!r}")
-            if ch.bandwidth_bytes_per_s == math.inf:     # built in code: no file can hold it
+                raise FormatError(
+                    f"{where}: channel {ch.name!r}: field 'bandwidth_bytes_per_s' must be >= "
+                    f"{MIN_BANDWIDTH:g}, got {ch.bandwidth_bytes_per_s!r}"
+                )
+            if ch.bandwidth_bytes_per_s == math.inf:  # built in code: no file can hold it
                 raise FormatError(f"{where}: channel {ch.name!r}: field 'bandwidth_bytes_per_s' must be finite")
             if ch.latency_s < 0:
                 raise FormatError(f"{where}: channel {ch.name!r}: field 'latency_s' must be >= 0")
             if not ch.latency_s <= MAX_LATENCY_S:
-                raise FormatError(f"{where}: channel {ch.name!r}: field 'latency_s' must be <= {MAX_LATENCY_S:g}, "
-                                  f"got {ch.latency_s!r}")
+                raise FormatError(
+                    f"{where}: channel {ch.name!r}: field 'latency_s' must be <= {MAX_LATENCY_S:g}, "
+                    f"got {ch.latency_s!r}"
+                )
             for s, d in ch.pairs:
                 for end in (s, d):
                     if end not in self.device_index:
                         raise FormatError(f"{where}: channel {ch.name!r} names unknown device {end!r}")
                 i, j = self.device_index[s], self.device_index[d]
                 if i == j:
-                    raise FormatError(f"{where}: channel {ch.name!r} lists the pair ({s!r}, {d!r}) from a device to itself")
+                    raise FormatError(
+                        f"{where}: channel {ch.name!r} lists the pair ({s!r}, {d!r}) from a device to itself"
+                    )
                 if self.channel_index[i, j] >= 0:
                     other = self.channels[self.channel_index[i, j]].name
                     raise FormatError(f"{where}: pair ({s!r}, {d!r}) is listed by channels {other!r} and {ch.name!r}")
@@ -181,26 +194,40 @@ class Cluster:
     def unreachable_pairs(self) -> list[tuple[str, str]]:
         """Ordered device pairs with no channel between them."""
         n = self.num_devices
-        return [(self.devices[i].name, self.devices[j].name)
-                for i in range(n) for j in range(n) if i != j and self.channel_index[i, j] < 0]
+        return [
+            (self.devices[i].name, self.devices[j].name)
+            for i in range(n)
+            for j in range(n)
+            if i != j and self.channel_index[i, j] < 0
+        ]
 
     def digest(self) -> str:
         """A short fingerprint of the devices and channels' figures (not the names of the cluster or its
         channels), to tell a plan's cluster from another of the same name."""
-        figures = [[[d.name, d.kind, int(d.memory_bytes), float(d.speed)] for d in self.devices],
-                   [[float(c.bandwidth_bytes_per_s), float(c.latency_s), [list(p) for p in c.pairs]]
-                    for c in self.channels]]
+        figures = [
+            [[d.name, d.kind, int(d.memory_bytes), float(d.speed)] for d in self.devices],
+            [[float(c.bandwidth_bytes_per_s), float(c.latency_s), [list(p) for p in c.pairs]] for c in self.channels],
+        ]
         return hashlib.sha256(json.dumps(figures).encode()).hexdigest()[:16]
 
     # ---------------------------------------------------------------- io
     def to_dict(self) -> dict:
         doc: dict[str, Any] = {"format": CLUSTER_FORMAT, "name": self.name}
         doc.update(self.extra)
-        doc["devices"] = [{"name": d.name, "kind": d.kind, "memory_bytes": int(d.memory_bytes),
-                           "speed": float(d.speed), **d.extra} for d in self.devices]
-        doc["channels"] = [{"name": c.name, "bandwidth_bytes_per_s": float(c.bandwidth_bytes_per_s),
-                            "latency_s": float(c.latency_s), "pairs": [list(p) for p in c.pairs],
-                            **c.extra} for c in self.channels]
+        doc["devices"] = [
+            {"name": d.name, "kind": d.kind, "memory_bytes": int(d.memory_bytes), "speed": float(d.speed), **d.extra}
+            for d in self.devices
+        ]
+        doc["channels"] = [
+            {
+                "name": c.name,
+                "bandwidth_bytes_per_s": float(c.bandwidth_bytes_per_s),
+                "latency_s": float(c.latency_s),
+                "pairs": [list(p) for p in c.pairs],
+                **c.extra,
+            }
+            for c in self.channels
+        ]
         return doc
 
     @classmethod
@@ -214,11 +241,15 @@ class Cluster:
             f = Field(raw, f"{where}: device #{k}")
             dname = f.string("name", required=True)
             f.where = f"{where}: device {dname!r}"
-            devices.append(Device(
-                name=dname, kind=f.string("kind", required=True),
-                memory_bytes=f.integer("memory_bytes", required=True, minimum=1),
-                speed=f.number("speed", default=1.0, positive=True, minimum=MIN_SPEED, maximum=MAX_SPEED),
-                extra=f.extra({"name", "kind", "memory_bytes", "speed"})))
+            devices.append(
+                Device(
+                    name=dname,
+                    kind=f.string("kind", required=True),
+                    memory_bytes=f.integer("memory_bytes", required=True, minimum=1),
+                    speed=f.number("speed", default=1.0, positive=True, minimum=MIN_SPEED, maximum=MAX_SPEED),
+                    extra=f.extra({"name", "kind", "memory_bytes", "speed"}),
+                )
+            )
         channels = []
         for k, raw in enumerate(top.array("channels") or []):
             f = Field(raw, f"{where}: channel #{k}")
@@ -227,17 +258,22 @@ class Cluster:
             pairs = []
             for p in f.array("pairs", required=True):
                 if not (isinstance(p, list) and len(p) == 2 and all(isinstance(x, str) for x in p)):
-                    raise FormatError(f"{f.where}: each entry of 'pairs' must be [source, destination] device names, got {shown(p)}")
+                    raise FormatError(
+                        f"{f.where}: each entry of 'pairs' must be [source, destination] device names, got {shown(p)}"
+                    )
                 pairs.append((p[0], p[1]))
-            channels.append(Channel(
-                name=cname,
-                bandwidth_bytes_per_s=f.number("bandwidth_bytes_per_s", required=True, positive=True,
-                                               minimum=MIN_BANDWIDTH),
-                latency_s=f.number("latency_s", default=0.0, maximum=MAX_LATENCY_S),
-                pairs=tuple(pairs),
-                extra=f.extra({"name", "bandwidth_bytes_per_s", "latency_s", "pairs"})))
-        return cls(name, devices, channels, extra=top.extra({"format", "name", "devices", "channels"}),
-                   source=source)
+            channels.append(
+                Channel(
+                    name=cname,
+                    bandwidth_bytes_per_s=f.number(
+                        "bandwidth_bytes_per_s", required=True, positive=True, minimum=MIN_BANDWIDTH
+                    ),
+                    latency_s=f.number("latency_s", default=0.0, maximum=MAX_LATENCY_S),
+                    pairs=tuple(pairs),
+                    extra=f.extra({"name", "bandwidth_bytes_per_s", "latency_s", "pairs"}),
+                )
+            )
+        return cls(name, devices, channels, extra=top.extra({"format", "name", "devices", "channels"}), source=source)
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Cluster":
@@ -271,18 +307,27 @@ _GPU_LATENCY = 1e-5
 
 
 def _full_mesh(names: list[str], bandwidth: float, latency: float, link: str) -> list[Channel]:
-    return [Channel(f"{a}->{b}", bandwidth, latency, ((a, b),), {"link": link})
-            for a in names for b in names if a != b]
+    return [Channel(f"{a}->{b}", bandwidth, latency, ((a, b),), {"link": link}) for a in names for b in names if a != b]
 
 
 def _per_source(names: list[str], bandwidth: float, latency: float, link: str) -> list[Channel]:
-    return [Channel(f"{a}->*", bandwidth, latency, tuple((a, b) for b in names if b != a), {"link": link})
-            for a in names]
+    return [
+        Channel(f"{a}->*", bandwidth, latency, tuple((a, b) for b in names if b != a), {"link": link}) for a in names
+    ]
 
 
-def _box(name: str, count: int, kind: str, memory: int, speed: float, bandwidth: float,
-         topology: Callable[..., list[Channel]], link: str, prefix: str = "gpu",
-         latency: float = _GPU_LATENCY) -> Cluster:
+def _box(
+    name: str,
+    count: int,
+    kind: str,
+    memory: int,
+    speed: float,
+    bandwidth: float,
+    topology: Callable[..., list[Channel]],
+    link: str,
+    prefix: str = "gpu",
+    latency: float = _GPU_LATENCY,
+) -> Cluster:
     devices = [Device(f"{prefix}{i}", kind, memory, speed) for i in range(count)]
     names = [d.name for d in devices]
     return Cluster(name, devices, topology(names, bandwidth, latency, link))
@@ -341,5 +386,4 @@ def load_cluster(spec: "str | os.PathLike | Cluster") -> Cluster:
         return cluster
     if Path(key).exists() or key.endswith(".json"):
         return Cluster.load(key)
-    raise FormatError(f"unknown cluster {key!r}: not a file and not a preset "
-                      f"(presets: {', '.join(PRESETS)})")
+    raise FormatError(f"unknown cluster {key!r}: not a file and not a preset (presets: {', '.join(PRESETS)})")

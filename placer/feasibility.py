@@ -36,8 +36,10 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
     if nowhere.size:
         i = nowhere[0]
         kinds = sorted({d.kind for d in cluster.devices})
-        raise InfeasibleError(f"node {graph.ids[i]!r} may run only on kinds {list(graph.device_kinds[i])}, "
-                              f"and cluster {cluster.name!r} has only {kinds}")
+        raise InfeasibleError(
+            f"node {graph.ids[i]!r} may run only on kinds {list(graph.device_kinds[i])}, "
+            f"and cluster {cluster.name!r} has only {kinds}"
+        )
     need = static_footprint(graph)
     room = np.where(allowed, memory[None, :], 0).max(axis=1) if graph.num_nodes else np.zeros(0)
     over = np.flatnonzero(need > room)
@@ -53,8 +55,9 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
         group_room = memory[group_allowed].max()
         if group_need > group_room:
             needs, has = shown_sizes(group_need, group_room)
-            raise InfeasibleError(f"colocation group {key!r} needs at least {needs}, more than any device it may "
-                                  f"use ({has})")
+            raise InfeasibleError(
+                f"colocation group {key!r} needs at least {needs}, more than any device it may use ({has})"
+            )
     total_params = int(graph.param_bytes.sum())
     if total_params > int(memory.sum()):
         needs, has = shown_sizes(total_params, memory.sum())
@@ -112,13 +115,13 @@ def live_memory_bound(graph: OpGraph, cluster: Cluster) -> tuple[int, int]:
     topological = graph.topological_order.tolist()
     for ptr_eids, ends, into, outwards in ((graph.in_edges, src, below, False), (graph.out_edges, dst, above, True)):
         ptr, eids = (a.tolist() for a in ptr_eids)
-        for v in (reversed(topological) if outwards else topological):
+        for v in reversed(topological) if outwards else topological:
             reach = 0
             for k in range(ptr[v], ptr[v + 1]):
                 u = ends[eids[k]]
                 reach |= into[u] | bit[u]
             into[v] = reach
-    crossing = (np.array(above, dtype=np.uint64)[graph.src] & np.array(below, dtype=np.uint64)[graph.dst])
+    crossing = np.array(above, dtype=np.uint64)[graph.src] & np.array(below, dtype=np.uint64)[graph.dst]
     # Per (producer, tensor) the largest edge, per producer the sum, capped by its output.
     order = np.lexsort((graph.edge_tensor, graph.src))
     src_sorted, tensor_sorted = graph.src[order], graph.edge_tensor[order]
@@ -167,7 +170,8 @@ def _check_live_memory(graph: OpGraph, cluster: Cluster) -> None:
         raise InfeasibleError(
             f"while node {graph.ids[node]!r} runs, any plan holds at least {holds} over all devices "
             f"(every parameter, and each tensor made before it and read after it), more than the cluster's "
-            f"{has} in total")
+            f"{has} in total"
+        )
 
 
 def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
@@ -196,4 +200,5 @@ def _check_reachability(graph: OpGraph, cluster: Cluster) -> None:
             raise InfeasibleError(
                 f"devices {a!r} and {b!r} (and maybe others) have no channel between them; the connected part "
                 f"of the graph around node {graph.ids[min(part)]!r} needs {needs} of parameters, more than any "
-                f"set of devices that channels connect ({has})")
+                f"set of devices that channels connect ({has})"
+            )

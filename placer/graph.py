@@ -31,8 +31,20 @@ __all__ = ["OpGraph", "GRAPH_FORMAT", "topological_sort", "joined_groups", "stat
 
 GRAPH_FORMAT = "placer.graph/1"
 
-_NODE_FIELDS = {"id", "op", "compute_s", "output_bytes", "param_bytes", "temp_bytes", "layer",
-                "colocation", "device_kinds", "compute_s_by_kind", "flops", "splittable"}
+_NODE_FIELDS = {
+    "id",
+    "op",
+    "compute_s",
+    "output_bytes",
+    "param_bytes",
+    "temp_bytes",
+    "layer",
+    "colocation",
+    "device_kinds",
+    "compute_s_by_kind",
+    "flops",
+    "splittable",
+}
 _EDGE_FIELDS = {"src", "dst", "bytes", "tensor"}
 #: The most seconds one node may take: sums over a graph of such nodes stay finite.
 MAX_COMPUTE_S = 1e9
@@ -45,7 +57,7 @@ def _numbers(values: Any, dtype: type, what: str) -> np.ndarray:
         return values
     try:
         arr = np.asarray(values)
-        if arr.dtype.kind in "USV":     # text ("1.5" would convert) or raw bytes
+        if arr.dtype.kind in "USV":  # text ("1.5" would convert) or raw bytes
             raise TypeError
         if arr.dtype.kind not in "biuf":
             arr = arr.astype(np.float64)
@@ -67,8 +79,12 @@ def _split_entry(entry: Any) -> bool:
     if not isinstance(entry, dict):
         return False
     size = entry.get("size")
-    return (isinstance(entry.get("dim"), str) and isinstance(size, (int, np.integer)) and not isinstance(size, bool)
-            and size >= 1)
+    return (
+        isinstance(entry.get("dim"), str)
+        and isinstance(size, (int, np.integer))
+        and not isinstance(size, bool)
+        and size >= 1
+    )
 
 
 class OpGraph:
@@ -110,19 +126,38 @@ class OpGraph:
         If the edges contain a cycle; the message names nodes on it.
     """
 
-    def __init__(self, ids: Sequence[str], compute_s, src, dst, edge_bytes, edge_tensor=None, *,
-                 output_bytes=None, param_bytes=None, temp_bytes=None, flops=None,
-                 op=None, layer=None, colocation=None, device_kinds=None,
-                 compute_s_by_kind=None, splittable=None, node_extra=None, edge_extra=None,
-                 name: str = "", extra: dict | None = None, source: str | None = None):
+    def __init__(
+        self,
+        ids: Sequence[str],
+        compute_s,
+        src,
+        dst,
+        edge_bytes,
+        edge_tensor=None,
+        *,
+        output_bytes=None,
+        param_bytes=None,
+        temp_bytes=None,
+        flops=None,
+        op=None,
+        layer=None,
+        colocation=None,
+        device_kinds=None,
+        compute_s_by_kind=None,
+        splittable=None,
+        node_extra=None,
+        edge_extra=None,
+        name: str = "",
+        extra: dict | None = None,
+        source: str | None = None,
+    ):
         where = f"graph {source}" if source else f"graph '{name}'"
         self.name = name
         self.ids: list[str] = list(ids)
         n = len(self.ids)
         bad_id = next((k for k, x in enumerate(self.ids) if not isinstance(x, str) or not x), None)
         if bad_id is not None:
-            raise FormatError(f"{where}: node #{bad_id}: its id must be a non-empty string, got "
-                              f"{self.ids[bad_id]!r}")
+            raise FormatError(f"{where}: node #{bad_id}: its id must be a non-empty string, got {self.ids[bad_id]!r}")
         self.index: dict[str, int] = {node_id: i for i, node_id in enumerate(self.ids)}
         if len(self.index) != n:
             seen: set[str] = set()
@@ -140,16 +175,22 @@ class OpGraph:
         self.param_bytes = node_array(param_bytes, np.int64, "param_bytes")
         self.temp_bytes = node_array(temp_bytes, np.int64, "temp_bytes")
         self.flops = np.full(n, np.nan) if flops is None else node_array(flops, np.float64, "flops")
-        for label, arr in (("compute_s", self.compute_s), ("output_bytes", self.output_bytes),
-                           ("param_bytes", self.param_bytes), ("temp_bytes", self.temp_bytes)):
+        for label, arr in (
+            ("compute_s", self.compute_s),
+            ("output_bytes", self.output_bytes),
+            ("param_bytes", self.param_bytes),
+            ("temp_bytes", self.temp_bytes),
+        ):
             if arr.dtype.kind == "f":
                 bad = np.flatnonzero(~np.isfinite(arr) | (arr < 0) | (arr > MAX_COMPUTE_S))
             else:
                 bad = np.flatnonzero(arr < 0)
             if bad.size:
                 most = f" and at most {MAX_COMPUTE_S:g}" if arr.dtype.kind == "f" else ""
-                raise FormatError(f"{where}: node {self.ids[bad[0]]!r}: field '{label}' must be a finite number "
-                                  f">= 0{most}, got {arr[bad[0]].item()!r}")
+                raise FormatError(
+                    f"{where}: node {self.ids[bad[0]]!r}: field '{label}' must be a finite number "
+                    f">= 0{most}, got {arr[bad[0]].item()!r}"
+                )
 
         def node_list(values, label):
             if values is None:
@@ -166,24 +207,31 @@ class OpGraph:
         for i, kinds in enumerate(self.device_kinds):
             if kinds is not None:
                 if isinstance(kinds, str) or not all(isinstance(k, str) for k in kinds):
-                    raise FormatError(f"{where}: node {self.ids[i]!r}: field 'device_kinds' must be a list of "
-                                      f"kind names, got {kinds!r}")
+                    raise FormatError(
+                        f"{where}: node {self.ids[i]!r}: field 'device_kinds' must be a list of "
+                        f"kind names, got {kinds!r}"
+                    )
                 self.device_kinds[i] = tuple(kinds)
         self.compute_s_by_kind: list[dict[str, float] | None] = node_list(compute_s_by_kind, "compute_s_by_kind")
         self._check_times_by_kind(where)
         self.splittable: list[list[dict] | None] = node_list(splittable, "splittable")
         for i, entries in enumerate(self.splittable):
             if entries is not None and not (isinstance(entries, list) and all(map(_split_entry, entries))):
-                raise FormatError(f"{where}: node {self.ids[i]!r}: field 'splittable' must be a list of "
-                                  f"{{'dim': name, 'size': integer >= 1}}, got {entries!r}")
+                raise FormatError(
+                    f"{where}: node {self.ids[i]!r}: field 'splittable' must be a list of "
+                    f"{{'dim': name, 'size': integer >= 1}}, got {entries!r}"
+                )
         self.node_extra: list[dict] = [e or {} for e in node_list(node_extra, "node_extra")]
 
         self.src = _numbers(src, np.int64, f"{where}: edge sources").reshape(-1)
         self.dst = _numbers(dst, np.int64, f"{where}: edge destinations").reshape(-1)
         m = self.src.size
         self.edge_bytes = _numbers(edge_bytes, np.int64, f"{where}: edge bytes").reshape(-1)
-        self.edge_tensor = np.zeros(m, dtype=np.int64) if edge_tensor is None else \
-            _numbers(edge_tensor, np.int64, f"{where}: edge tensors").reshape(-1)
+        self.edge_tensor = (
+            np.zeros(m, dtype=np.int64)
+            if edge_tensor is None
+            else _numbers(edge_tensor, np.int64, f"{where}: edge tensors").reshape(-1)
+        )
         if not (self.dst.size == self.edge_bytes.size == self.edge_tensor.size == m):
             raise FormatError(f"{where}: edge arrays have different lengths")
         if m and (self.src.min() < 0 or self.dst.min() < 0 or self.src.max() >= n or self.dst.max() >= n):
@@ -204,19 +252,24 @@ class OpGraph:
         tables = [times for times in self.compute_s_by_kind if times]
         if not set(map(type, tables)) <= {dict}:
             i = next(i for i, times in enumerate(self.compute_s_by_kind) if times and not isinstance(times, dict))
-            raise FormatError(f"{where}: node {self.ids[i]!r}: field 'compute_s_by_kind' must map kinds to "
-                              f"seconds, got {self.compute_s_by_kind[i]!r}")
+            raise FormatError(
+                f"{where}: node {self.ids[i]!r}: field 'compute_s_by_kind' must map kinds to "
+                f"seconds, got {self.compute_s_by_kind[i]!r}"
+            )
         values = [seconds for times in tables for seconds in times.values()]
         # Types by set (a C loop), not a check per value: graphs of 10^5 nodes are built in hot loops.
         fine = set(map(type, values)) <= {float, int, np.float64}
         if fine:
             seconds = np.asarray(values, dtype=np.float64)
             fine = bool((np.isfinite(seconds) & (seconds >= 0) & (seconds <= MAX_COMPUTE_S)).all())
-        if not fine:      # find and name the first bad one
+        if not fine:  # find and name the first bad one
             for i, times in enumerate(self.compute_s_by_kind):
                 for kind, seconds in (times or {}).items():
-                    check_number(seconds, f"{where}: node {self.ids[i]!r}: field 'compute_s_by_kind.{kind}'",
-                                 maximum=MAX_COMPUTE_S)
+                    check_number(
+                        seconds,
+                        f"{where}: node {self.ids[i]!r}: field 'compute_s_by_kind.{kind}'",
+                        maximum=MAX_COMPUTE_S,
+                    )
 
     # ------------------------------------------------------------------ shape
     @property
@@ -249,11 +302,11 @@ class OpGraph:
 
     def successors(self, i: int) -> np.ndarray:
         ptr, eids = self.out_edges
-        return self.dst[eids[ptr[i]:ptr[i + 1]]]
+        return self.dst[eids[ptr[i] : ptr[i + 1]]]
 
     def predecessors(self, i: int) -> np.ndarray:
         ptr, eids = self.in_edges
-        return self.src[eids[ptr[i]:ptr[i + 1]]]
+        return self.src[eids[ptr[i] : ptr[i + 1]]]
 
     @cached_property
     def topological_order(self) -> np.ndarray:
@@ -321,14 +374,28 @@ class OpGraph:
     # ----------------------------------------------------------- building
     def replace(self, **changes: Any) -> "OpGraph":
         """A copy with some constructor arguments changed (e.g. ``compute_s=...``)."""
-        args = dict(ids=self.ids, compute_s=self.compute_s, src=self.src, dst=self.dst,
-                    edge_bytes=self.edge_bytes, edge_tensor=self.edge_tensor,
-                    output_bytes=self.output_bytes, param_bytes=self.param_bytes,
-                    temp_bytes=self.temp_bytes, flops=self.flops, op=self.op, layer=self.layer,
-                    colocation=self.colocation, device_kinds=self.device_kinds,
-                    compute_s_by_kind=self.compute_s_by_kind, splittable=self.splittable,
-                    node_extra=self.node_extra, edge_extra=self.edge_extra, name=self.name,
-                    extra=self.extra)
+        args = dict(
+            ids=self.ids,
+            compute_s=self.compute_s,
+            src=self.src,
+            dst=self.dst,
+            edge_bytes=self.edge_bytes,
+            edge_tensor=self.edge_tensor,
+            output_bytes=self.output_bytes,
+            param_bytes=self.param_bytes,
+            temp_bytes=self.temp_bytes,
+            flops=self.flops,
+            op=self.op,
+            layer=self.layer,
+            colocation=self.colocation,
+            device_kinds=self.device_kinds,
+            compute_s_by_kind=self.compute_s_by_kind,
+            splittable=self.splittable,
+            node_extra=self.node_extra,
+            edge_extra=self.edge_extra,
+            name=self.name,
+            extra=self.extra,
+        )
         args.update(changes)
         return OpGraph(**args)
 
@@ -338,12 +405,14 @@ class OpGraph:
         g = nx.MultiDiGraph(name=self.name)
         for i, node_id in enumerate(self.ids):
             g.add_node(node_id, compute_s=float(self.compute_s[i]))
-        for s, d, b, t in zip(self.src.tolist(), self.dst.tolist(), self.edge_bytes.tolist(), self.edge_tensor.tolist()):
+        for s, d, b, t in zip(
+            self.src.tolist(), self.dst.tolist(), self.edge_bytes.tolist(), self.edge_tensor.tolist()
+        ):
             g.add_edge(self.ids[s], self.ids[d], bytes=b, tensor=t)
         return g
 
     # ---------------------------------------------------------------- io
-    @gc_paused()        # a dict per node: placer.gcpause
+    @gc_paused()  # a dict per node: placer.gcpause
     def to_dict(self) -> dict:
         """The ``placer.graph/1`` document."""
         nodes = []
@@ -369,8 +438,9 @@ class OpGraph:
             node.update(self.node_extra[i])
             nodes.append(node)
         edges = []
-        for e, (s, d, b, t) in enumerate(zip(self.src.tolist(), self.dst.tolist(),
-                                             self.edge_bytes.tolist(), self.edge_tensor.tolist())):
+        for e, (s, d, b, t) in enumerate(
+            zip(self.src.tolist(), self.dst.tolist(), self.edge_bytes.tolist(), self.edge_tensor.tolist())
+        ):
             edge = {"src": self.ids[s], "dst": self.ids[d], "bytes": b, "tensor": t}
             edge.update(self.edge_extra[e])
             edges.append(edge)
@@ -435,8 +505,10 @@ class OpGraph:
                 kinds[i] = tuple(dk)
             bk = f.mapping("compute_s_by_kind")
             if bk is not None:
-                by_kind[i] = {str(k): check_number(v, f"{f.where}: field 'compute_s_by_kind.{k}'",
-                                                   maximum=MAX_COMPUTE_S) for k, v in bk.items()}
+                by_kind[i] = {
+                    str(k): check_number(v, f"{f.where}: field 'compute_s_by_kind.{k}'", maximum=MAX_COMPUTE_S)
+                    for k, v in bk.items()
+                }
             sp = f.array("splittable")
             if sp is not None:
                 for k, item in enumerate(sp):
@@ -468,13 +540,33 @@ class OpGraph:
         # Each size is at most 2**62; their sums (memory, traffic) must fit int64 too.
         total = sum(float(a.sum(dtype=np.float64)) for a in (out_b, par_b, tmp_b, eb))
         if total > MAX_INTEGER:
-            raise FormatError(f"{where}: the nodes' output_bytes, param_bytes and temp_bytes and the edges' bytes "
-                              f"add up to {total:.4g}, more than 2**62")
-        return cls(ids, compute, src, dst, eb, et, output_bytes=out_b, param_bytes=par_b,
-                   temp_bytes=tmp_b, flops=flops, op=op, layer=layer, colocation=coloc,
-                   device_kinds=kinds, compute_s_by_kind=by_kind, splittable=split,
-                   node_extra=extra, edge_extra=e_extra, name=name,
-                   extra=top.extra({"format", "name", "nodes", "edges"}), source=source)
+            raise FormatError(
+                f"{where}: the nodes' output_bytes, param_bytes and temp_bytes and the edges' bytes "
+                f"add up to {total:.4g}, more than 2**62"
+            )
+        return cls(
+            ids,
+            compute,
+            src,
+            dst,
+            eb,
+            et,
+            output_bytes=out_b,
+            param_bytes=par_b,
+            temp_bytes=tmp_b,
+            flops=flops,
+            op=op,
+            layer=layer,
+            colocation=coloc,
+            device_kinds=kinds,
+            compute_s_by_kind=by_kind,
+            splittable=split,
+            node_extra=extra,
+            edge_extra=e_extra,
+            name=name,
+            extra=top.extra({"format", "name", "nodes", "edges"}),
+            source=source,
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "OpGraph":
@@ -486,8 +578,7 @@ class OpGraph:
         write_json_atomic(path, self.to_dict(), "graph file")
 
 
-def joined_groups(n: int, *labellings: Sequence[Any],
-                  pairs: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
+def joined_groups(n: int, *labellings: Sequence[Any], pairs: tuple[np.ndarray, np.ndarray] | None = None) -> np.ndarray:
     """A group number per node: nodes that share a label in any labelling are in one group.
 
     Each labelling gives every node a hashable label or None (no label);
@@ -506,8 +597,12 @@ def joined_groups(n: int, *labellings: Sequence[Any],
     from scipy.sparse.csgraph import connected_components  # deferred: imports scipy
 
     first: dict[tuple[int, Any], int] = {}
-    labelled = [(first.setdefault((k, label), i), i) for k, labels in enumerate(labellings)
-                for i, label in enumerate(labels) if label is not None]
+    labelled = [
+        (first.setdefault((k, label), i), i)
+        for k, labels in enumerate(labellings)
+        for i, label in enumerate(labels)
+        if label is not None
+    ]
     a, b = np.array(labelled, dtype=np.int64).reshape(-1, 2).T
     if pairs is not None:
         a = np.concatenate([a, np.asarray(pairs[0], dtype=np.int64)])

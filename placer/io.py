@@ -42,9 +42,27 @@ import numpy as np
 from .errors import FormatError, PlacerError
 from .terminate import raise_if_interrupted, signals_deferred, terminate_raises
 
-__all__ = ["read_json", "read_bytes", "write_atomic", "write_files_atomic", "write_json_atomic", "write_text_atomic",
-           "json_text", "check_output", "note_input", "command_scope", "same_file", "shown_bytes", "WriteError",
-           "check_format", "check_finite", "Field", "shown", "MAX_FILE_BYTES", "MAX_NESTING"]
+__all__ = [
+    "read_json",
+    "read_bytes",
+    "write_atomic",
+    "write_files_atomic",
+    "write_json_atomic",
+    "write_text_atomic",
+    "json_text",
+    "check_output",
+    "note_input",
+    "command_scope",
+    "same_file",
+    "shown_bytes",
+    "WriteError",
+    "check_format",
+    "check_finite",
+    "Field",
+    "shown",
+    "MAX_FILE_BYTES",
+    "MAX_NESTING",
+]
 
 #: The largest file placer reads, in bytes (512 MiB): a captured graph of 10^5 operations takes about
 #: 50 MB, and a larger file would take more memory to parse than most machines have.
@@ -62,9 +80,13 @@ class WriteError(PlacerError, OSError):
 # ------------------------------------------------------------------ reading
 def _kind(mode: int) -> str:
     """What a file that is not a regular file is, for a message."""
-    for test, name in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO (named pipe)"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
+    for test, name in (
+        (stat.S_ISDIR, "a directory"),
+        (stat.S_ISFIFO, "a FIFO (named pipe)"),
+        (stat.S_ISCHR, "a character device"),
+        (stat.S_ISBLK, "a block device"),
+        (stat.S_ISSOCK, "a socket"),
+    ):
         if test(mode):
             return name
     return "not a regular file"
@@ -116,14 +138,15 @@ def read_json(path: str | os.PathLike, what: str) -> Any:
     """
     data = read_bytes(path, what)
     try:
-        text = data.decode("utf-8-sig")     # a byte-order mark (some Windows editors) is no error
+        text = data.decode("utf-8-sig")  # a byte-order mark (some Windows editors) is no error
     except UnicodeDecodeError:
         raise FormatError(f"{what} {path}: not a JSON text file (not UTF-8)") from None
     if not text.strip():
         raise FormatError(f"{what} {path}: the file is empty")
     if nesting(text) > MAX_NESTING:
-        raise FormatError(f"{what} {path}: invalid JSON: nested too deeply (more than {MAX_NESTING} levels "
-                          f"of arrays and objects)")
+        raise FormatError(
+            f"{what} {path}: invalid JSON: nested too deeply (more than {MAX_NESTING} levels of arrays and objects)"
+        )
     try:
         return json.loads(text, parse_constant=_reject_constant, object_pairs_hook=_unique_keys)
     except json.JSONDecodeError as exc:
@@ -162,11 +185,12 @@ def _reject_constant(name: str) -> Any:
 
 def _unique_keys(pairs: list[tuple[str, Any]]) -> dict:
     obj = dict(pairs)
-    if len(obj) != len(pairs):      # json would keep the last silently; another reader may keep the first
+    if len(obj) != len(pairs):  # json would keep the last silently; another reader may keep the first
         seen: set[str] = set()
         key = next(k for k, _ in pairs if k in seen or seen.add(k))
-        named = next((f" (the object with {k} {shown(obj[k])})" for k in ("id", "name") if isinstance(obj.get(k), str)),
-                     "")
+        named = next(
+            (f" (the object with {k} {shown(obj[k])})" for k in ("id", "name") if isinstance(obj.get(k), str)), ""
+        )
         raise ValueError(f"field {shown(key)} appears twice in one object{named}")
     return obj
 
@@ -177,7 +201,7 @@ class _Command:
     """What one command has read (device and inode -> path as given), and where its standard output went."""
 
     inputs: dict[tuple[int, int], str] = field(default_factory=dict)
-    stdout: Any = None      # the standard output an output file took over; None while none has
+    stdout: Any = None  # the standard output an output file took over; None while none has
 
 
 _commands: list[_Command] = []
@@ -273,8 +297,9 @@ def _take_stdout() -> None:
         sys.stdout = sys.stderr
 
 
-def check_output(path: str | os.PathLike, what: str = "file", folder: bool = False,
-                 inputs: Sequence[str | os.PathLike | None] = ()) -> Path:
+def check_output(
+    path: str | os.PathLike, what: str = "file", folder: bool = False, inputs: Sequence[str | os.PathLike | None] = ()
+) -> Path:
     """Raise WriteError unless ``path`` can be written as a file (``folder``: a folder); return it.
 
     Missing folders above it are fine (they are made); the nearest existing one
@@ -304,8 +329,10 @@ def check_output(path: str | os.PathLike, what: str = "file", folder: bool = Fal
         if sink == "null":
             return path
         if not stat.S_ISREG(info.st_mode):
-            raise WriteError(f"cannot write {what} {path}: it is {_kind(info.st_mode)}, not a regular file: placer "
-                             f"replaces only regular files (-o - writes to standard output)")
+            raise WriteError(
+                f"cannot write {what} {path}: it is {_kind(info.st_mode)}, not a regular file: placer "
+                f"replaces only regular files (-o - writes to standard output)"
+            )
         _refuse_input(path, info, what, inputs)
     above = path if folder else path.parent
     while not above.exists() and above != above.parent:
@@ -355,8 +382,11 @@ def write_atomic(path: str | os.PathLike, write: Callable[[Path], None], what: s
     write_files_atomic({path: write}, what)
 
 
-def write_files_atomic(outputs: Mapping[str | os.PathLike, Callable[[Path], None]], what: str = "file",
-                       remove: Iterable[str | os.PathLike] = ()) -> None:
+def write_files_atomic(
+    outputs: Mapping[str | os.PathLike, Callable[[Path], None]],
+    what: str = "file",
+    remove: Iterable[str | os.PathLike] = (),
+) -> None:
     """Make every output of ``outputs`` (path -> ``write(tmp)``), each in a temporary file beside it, then
     put them all in place together and remove the files ``remove`` names, with Ctrl-C and SIGTERM held
     back meanwhile: a stopped command leaves either every previous file or every new one.
@@ -367,7 +397,7 @@ def write_files_atomic(outputs: Mapping[str | os.PathLike, Callable[[Path], None
     for path in paths:
         check_output(path, what)
     made: dict[Path, Path] = {}
-    at = next(iter(paths), Path())     # the output being written, for a message
+    at = next(iter(paths), Path())  # the output being written, for a message
     with terminate_raises():
         try:
             for at, write in paths.items():
@@ -376,7 +406,7 @@ def write_files_atomic(outputs: Mapping[str | os.PathLike, Callable[[Path], None
             with signals_deferred():
                 raise_if_interrupted()
                 for at in made:
-                    check_output(at, what)        # it may have become a FIFO, or been read, meanwhile
+                    check_output(at, what)  # it may have become a FIFO, or been read, meanwhile
                 for at, write in paths.items():
                     if at not in made:
                         _write_into(at, write)
@@ -442,6 +472,7 @@ def write_text_atomic(path: str | os.PathLike, text: str, what: str = "file") ->
 
 def text_writer(text: str) -> Callable[[Path], None]:
     """A ``write(tmp)`` for :func:`write_atomic` that writes ``text`` in UTF-8 and syncs it to disk."""
+
     def write(tmp: Path) -> None:
         with open(tmp, "w", encoding="utf-8") as handle:
             handle.write(text)
@@ -470,8 +501,10 @@ def json_text(doc: Any) -> str:
     except RecursionError:
         text = None
     if text is None or nesting(text) > MAX_NESTING:
-        raise FormatError(f"the document nests more than {MAX_NESTING} levels of arrays and objects, which "
-                          f"placer does not read back; not written")
+        raise FormatError(
+            f"the document nests more than {MAX_NESTING} levels of arrays and objects, which "
+            f"placer does not read back; not written"
+        )
     return text
 
 
@@ -483,7 +516,7 @@ def write_json_atomic(path: str | os.PathLike, doc: Any, what: str = "file") -> 
 def check_format(doc: Any, expected: str, where: str) -> None:
     """Check that ``doc`` is an object tagged ``"format": expected``."""
     if not isinstance(doc, dict):
-        raise FormatError(f"{where}: expected a JSON object with \"format\": \"{expected}\"")
+        raise FormatError(f'{where}: expected a JSON object with "format": "{expected}"')
     tag = doc.get("format")
     if tag is None:
         raise FormatError(f"{where}: missing field 'format' (expected \"{expected}\")")
@@ -518,17 +551,23 @@ class Field:
             raise FormatError(f"{self.where}: field '{key}' must be a string, got {shown(value)}")
         return value
 
-    def number(self, key: str, required: bool = False, default: float | None = None,
-               minimum: float | None = 0.0, positive: bool = False,
-               maximum: float | None = None) -> float | None:
+    def number(
+        self,
+        key: str,
+        required: bool = False,
+        default: float | None = None,
+        minimum: float | None = 0.0,
+        positive: bool = False,
+        maximum: float | None = None,
+    ) -> float | None:
         value = self._get(key, required)
         if value is None:
             return default
-        return check_number(value, f"{self.where}: field '{key}'", minimum=minimum, positive=positive,
-                            maximum=maximum)
+        return check_number(value, f"{self.where}: field '{key}'", minimum=minimum, positive=positive, maximum=maximum)
 
-    def integer(self, key: str, required: bool = False, default: int | None = None,
-                minimum: int | None = 0) -> int | None:
+    def integer(
+        self, key: str, required: bool = False, default: int | None = None, minimum: int | None = 0
+    ) -> int | None:
         value = self._get(key, required)
         if value is None:
             return default
@@ -604,7 +643,7 @@ def check_finite(value: Any, where: str) -> None:
 
     A file's 1e400 reads as inf, which no JSON file can hold: a document keeping it could not be saved.
     """
-    stack = [value]     # not recursive: the JSON may nest as deeply as the parser allows
+    stack = [value]  # not recursive: the JSON may nest as deeply as the parser allows
     while stack:
         value = stack.pop()
         if isinstance(value, float) and not math.isfinite(value):
@@ -612,8 +651,9 @@ def check_finite(value: Any, where: str) -> None:
         stack.extend(value.values() if isinstance(value, dict) else value if isinstance(value, list) else ())
 
 
-def check_number(value: Any, where: str, minimum: float | None = 0.0, positive: bool = False,
-                 maximum: float | None = None) -> float:
+def check_number(
+    value: Any, where: str, minimum: float | None = 0.0, positive: bool = False, maximum: float | None = None
+) -> float:
     """A finite real number (not a bool), at least ``minimum``, at most ``maximum``, and > 0 if ``positive``."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise FormatError(f"{where} must be a number, got {shown(value)}")

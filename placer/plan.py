@@ -27,8 +27,20 @@ from .io import Field, check_finite, check_format, check_number, read_json, show
 __all__ = ["Plan", "BoundPlan", "PLAN_FORMAT"]
 
 PLAN_FORMAT = "placer.plan/1"
-_PLAN_FIELDS = {"format", "graph", "cluster", "algorithm", "placement", "order", "splits",
-                "rewritten_graph", "predicted", "search_time_s", "graph_digest", "cluster_digest"}
+_PLAN_FIELDS = {
+    "format",
+    "graph",
+    "cluster",
+    "algorithm",
+    "placement",
+    "order",
+    "splits",
+    "rewritten_graph",
+    "predicted",
+    "search_time_s",
+    "graph_digest",
+    "cluster_digest",
+}
 
 
 class BoundPlan:
@@ -44,8 +56,7 @@ class BoundPlan:
         Per device, node indices in the order that device runs them.
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, device_of: np.ndarray,
-                 order: list[np.ndarray] | None):
+    def __init__(self, graph: OpGraph, cluster: Cluster, device_of: np.ndarray, order: list[np.ndarray] | None):
         self.graph = graph
         self.cluster = cluster
         self.device_of = device_of
@@ -79,12 +90,22 @@ class Plan:
         Fingerprint of the cluster the plan was made for (:meth:`Cluster.digest`).
     """
 
-    def __init__(self, placement: dict[str, str], order: dict[str, list[str]] | None = None, *,
-                 graph_name: str = "", cluster_name: str = "", algorithm: str = "",
-                 splits: list[dict] | None = None, rewritten_graph: OpGraph | None = None,
-                 predicted: dict | None = None, search_time_s: float | None = None,
-                 graph_digest: str | None = None, cluster_digest: str | None = None,
-                 extra: dict | None = None):
+    def __init__(
+        self,
+        placement: dict[str, str],
+        order: dict[str, list[str]] | None = None,
+        *,
+        graph_name: str = "",
+        cluster_name: str = "",
+        algorithm: str = "",
+        splits: list[dict] | None = None,
+        rewritten_graph: OpGraph | None = None,
+        predicted: dict | None = None,
+        search_time_s: float | None = None,
+        graph_digest: str | None = None,
+        cluster_digest: str | None = None,
+        extra: dict | None = None,
+    ):
         self.placement = dict(placement)
         self.order = None if order is None else {d: list(v) for d, v in order.items()}
         self.graph_name = graph_name
@@ -114,15 +135,25 @@ class Plan:
 
     def __repr__(self) -> str:
         span = self.predicted.get("makespan_s")
-        return (f"Plan(algorithm={self.algorithm!r}, graph={self.graph_name!r}, cluster={self.cluster_name!r}, "
-                f"nodes={len(self.placement)}" + (f", makespan_s={span:.6g})" if span is not None else ")"))
+        return (
+            f"Plan(algorithm={self.algorithm!r}, graph={self.graph_name!r}, cluster={self.cluster_name!r}, "
+            f"nodes={len(self.placement)}" + (f", makespan_s={span:.6g})" if span is not None else ")")
+        )
 
     # --------------------------------------------------------- building
     @classmethod
-    def from_arrays(cls, graph: OpGraph, cluster: Cluster, device_of: Sequence[int] | np.ndarray,
-                    order: Sequence[Sequence[int]] | None = None, *, algorithm: str = "",
-                    placed_graph: OpGraph | None = None, splits: list[dict] | None = None,
-                    **kwargs: Any) -> "Plan":
+    def from_arrays(
+        cls,
+        graph: OpGraph,
+        cluster: Cluster,
+        device_of: Sequence[int] | np.ndarray,
+        order: Sequence[Sequence[int]] | None = None,
+        *,
+        algorithm: str = "",
+        placed_graph: OpGraph | None = None,
+        splits: list[dict] | None = None,
+        **kwargs: Any,
+    ) -> "Plan":
         """A plan from a device index per node and optional per-device node-index orders.
 
         ``placed_graph`` is the rewritten graph when the plan splits operations;
@@ -135,12 +166,20 @@ class Plan:
         order_doc = None
         if order is not None:
             order_doc = {names[j]: [ids[i] for i in np.asarray(seq).tolist()] for j, seq in enumerate(order)}
-        plan = cls(placement, order_doc, graph_name=graph.name, cluster_name=cluster.name,
-                   algorithm=algorithm, splits=splits,
-                   rewritten_graph=placed_graph, graph_digest=graph.digest(),
-                   cluster_digest=cluster.digest(), **kwargs)
+        plan = cls(
+            placement,
+            order_doc,
+            graph_name=graph.name,
+            cluster_name=cluster.name,
+            algorithm=algorithm,
+            splits=splits,
+            rewritten_graph=placed_graph,
+            graph_digest=graph.digest(),
+            cluster_digest=cluster.digest(),
+            **kwargs,
+        )
         if placed_graph is not None:
-            plan._rewritten_of = weakref.ref(graph)     # made here by the transforms: no rebuild for this graph
+            plan._rewritten_of = weakref.ref(graph)  # made here by the transforms: no rebuild for this graph
         return plan
 
     def rebuilt_for(self, graph: OpGraph) -> OpGraph | None:
@@ -171,13 +210,23 @@ class Plan:
             Naming both graphs, and what differs: the operations, or only the name.
         """
         if self.graph_digest and self.graph_digest != graph.digest():
-            same = (" (the same name, other operations: the model changed, or the plan predates a change to "
-                    "placer's capture; plan again)") if self.graph_name and self.graph_name == graph.name else ""
-            raise InvalidPlanError(f"the plan was made for another graph ({self.graph_name!r}, "
-                                   f"digest {self.graph_digest}), not {graph.name!r} (digest {graph.digest()}){same}")
+            same = (
+                (
+                    " (the same name, other operations: the model changed, or the plan predates a change to "
+                    "placer's capture; plan again)"
+                )
+                if self.graph_name and self.graph_name == graph.name
+                else ""
+            )
+            raise InvalidPlanError(
+                f"the plan was made for another graph ({self.graph_name!r}, "
+                f"digest {self.graph_digest}), not {graph.name!r} (digest {graph.digest()}){same}"
+            )
         if self.graph_name and graph.name and self.graph_name != graph.name:
-            raise InvalidPlanError(f"the plan was made for graph {self.graph_name!r}, not {graph.name!r} (the "
-                                   f"same operations: another batch size or optimizer, or a --name at capture)")
+            raise InvalidPlanError(
+                f"the plan was made for graph {self.graph_name!r}, not {graph.name!r} (the "
+                f"same operations: another batch size or optimizer, or a --name at capture)"
+            )
 
     def check_splits_recorded(self) -> None:
         """Refuse a rewritten graph that does not hold the splits the plan lists (node, dimension, parts).
@@ -216,16 +265,23 @@ class Plan:
         made_here = target is not None and self.rewritten_graph is None
         if target is None:
             if self.splits and self.rewritten_graph is None:
-                raise InvalidPlanError("the plan lists splits but carries no rewritten graph: bind it with "
-                                       "placer.transform.bind.bind_plan, which makes them")
+                raise InvalidPlanError(
+                    "the plan lists splits but carries no rewritten graph: bind it with "
+                    "placer.transform.bind.bind_plan, which makes them"
+                )
             target = graph if self.rewritten_graph is None else self.rewritten_graph
         n = target.num_nodes
         device_of = np.full(n, -1, dtype=np.int64)
         # One pass per lookup, not per node: a data-parallel plan places 10^5 nodes or more.
         nodes = _indices(target.index, self.placement.keys(), lambda node_id: self._unknown(node_id, target, made_here))
-        devices = _indices(cluster.device_index, self.placement.values(), lambda device: (
-            f"node {next(k for k, v in self.placement.items() if v == device)!r} is placed on "
-            f"unknown device {device!r}"))
+        devices = _indices(
+            cluster.device_index,
+            self.placement.values(),
+            lambda device: (
+                f"node {next(k for k, v in self.placement.items() if v == device)!r} is placed on "
+                f"unknown device {device!r}"
+            ),
+        )
         device_of[nodes] = devices
         missing = np.flatnonzero(device_of < 0)
         if missing.size:
@@ -243,8 +299,10 @@ class Plan:
         for k, split in enumerate(self.splits):
             if node_id == split["node"] or node_id.startswith(split["node"] + "@"):
                 made = [i for i in target.ids if i.startswith(split["node"] + "@")]
-                return (f"{message}: splits[{k}] rewrites {split['node']!r} into "
-                        f"{', '.join(map(repr, made))}, which the placement names instead")
+                return (
+                    f"{message}: splits[{k}] rewrites {split['node']!r} into "
+                    f"{', '.join(map(repr, made))}, which the placement names instead"
+                )
         return message
 
     def _bind_order(self, graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> list[np.ndarray]:
@@ -258,8 +316,10 @@ class Plan:
             elsewhere = np.flatnonzero(device_of[idx] != j)
             if elsewhere.size:
                 i = idx[elsewhere[0]]
-                raise InvalidPlanError(f"the order of {device!r} lists {graph.ids[i]!r}, which is placed on "
-                                       f"{cluster.devices[device_of[i]].name!r}")
+                raise InvalidPlanError(
+                    f"the order of {device!r} lists {graph.ids[i]!r}, which is placed on "
+                    f"{cluster.devices[device_of[i]].name!r}"
+                )
             counts = np.bincount(idx, minlength=1)
             if counts.max() > 1:
                 raise InvalidPlanError(f"the order lists node {graph.ids[int(np.argmax(counts))]!r} twice")
@@ -268,15 +328,21 @@ class Plan:
         unlisted = np.flatnonzero(~listed)
         if unlisted.size:
             i = unlisted[0]
-            raise InvalidPlanError(f"the order of {cluster.devices[device_of[i]].name!r} leaves out node {graph.ids[i]!r}")
+            raise InvalidPlanError(
+                f"the order of {cluster.devices[device_of[i]].name!r} leaves out node {graph.ids[i]!r}"
+            )
         check_order_acyclic(graph, order, [d.name for d in cluster.devices])
         return order
 
     # ---------------------------------------------------------------- io
     def to_dict(self) -> dict:
         doc: dict[str, Any] = {
-            "format": PLAN_FORMAT, "graph": self.graph_name, "cluster": self.cluster_name,
-            "algorithm": self.algorithm, "placement": self.placement}
+            "format": PLAN_FORMAT,
+            "graph": self.graph_name,
+            "cluster": self.cluster_name,
+            "algorithm": self.algorithm,
+            "placement": self.placement,
+        }
         if self.order is not None:
             doc["order"] = self.order
         doc["splits"] = self.splits
@@ -311,7 +377,9 @@ class Plan:
             sf.integer("parts", required=True, minimum=2)
             check_finite(item, sf.where)
         rewritten = doc.get("rewritten_graph")
-        rewritten_graph = None if rewritten is None else OpGraph.from_dict(rewritten, source=f"{where} (rewritten_graph)")
+        rewritten_graph = (
+            None if rewritten is None else OpGraph.from_dict(rewritten, source=f"{where} (rewritten_graph)")
+        )
         predicted = f.mapping("predicted") or {}
         figures = Field(predicted, f"{where}: predicted")
         figures.number("makespan_s")
@@ -319,11 +387,20 @@ class Plan:
         for device, peak in (figures.mapping("peak_memory_bytes") or {}).items():
             check_number(peak, f"{figures.where}: field 'peak_memory_bytes.{device}'")
         check_finite(predicted, figures.where)
-        return cls(placement, order, graph_name=f.string("graph", default=""),
-                   cluster_name=f.string("cluster", default=""), algorithm=f.string("algorithm", default=""),
-                   splits=splits, rewritten_graph=rewritten_graph, predicted=predicted,
-                   search_time_s=f.number("search_time_s"), graph_digest=f.string("graph_digest"),
-                   cluster_digest=f.string("cluster_digest"), extra=f.extra(_PLAN_FIELDS))
+        return cls(
+            placement,
+            order,
+            graph_name=f.string("graph", default=""),
+            cluster_name=f.string("cluster", default=""),
+            algorithm=f.string("algorithm", default=""),
+            splits=splits,
+            rewritten_graph=rewritten_graph,
+            predicted=predicted,
+            search_time_s=f.number("search_time_s"),
+            graph_digest=f.string("graph_digest"),
+            cluster_digest=f.string("cluster_digest"),
+            extra=f.extra(_PLAN_FIELDS),
+        )
 
     @classmethod
     def load(cls, path: str | os.PathLike) -> "Plan":
@@ -350,8 +427,10 @@ def check_placement(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> 
     if bad.size:
         i = bad[0]
         d = cluster.devices[device_of[i]]
-        raise InvalidPlanError(f"node {graph.ids[i]!r} may run only on kinds {list(graph.device_kinds[i])}, "
-                               f"but is placed on {d.name!r} of kind {d.kind!r}")
+        raise InvalidPlanError(
+            f"node {graph.ids[i]!r} may run only on kinds {list(graph.device_kinds[i])}, "
+            f"but is placed on {d.name!r} of kind {d.kind!r}"
+        )
     for key, members in graph.colocation_groups.items():
         devices = np.unique(device_of[members])
         if devices.size > 1:
@@ -369,9 +448,11 @@ def _check_splits_made(splits: list[dict], rewritten: OpGraph) -> None:
         parts = made.get(split["node"], [])
         dims = {part.get("dim") for part in parts}
         if len(parts) != split["parts"] or split.get("dim", "batch") not in dims:
-            raise InvalidPlanError(f"splits[{k}] ({split['node']!r} along {split.get('dim', 'batch')!r} into "
-                                   f"{split['parts']} parts) is not what the plan's rewritten graph holds "
-                                   f"({len(parts)} parts of it{f' along {sorted(dims)}' if parts else ''})")
+            raise InvalidPlanError(
+                f"splits[{k}] ({split['node']!r} along {split.get('dim', 'batch')!r} into "
+                f"{split['parts']} parts) is not what the plan's rewritten graph holds "
+                f"({len(parts)} parts of it{f' along {sorted(dims)}' if parts else ''})"
+            )
 
 
 def check_order_acyclic(graph: OpGraph, order: Sequence[np.ndarray], device_names: Sequence[str] | None = None) -> None:
@@ -387,12 +468,15 @@ def check_order_acyclic(graph: OpGraph, order: Sequence[np.ndarray], device_name
     if topo.size < graph.num_nodes:
         stuck = np.ones(graph.num_nodes, dtype=bool)
         stuck[topo] = False
-        raise InvalidPlanError("the order contradicts the dependencies (it would deadlock): "
-                               + _order_cycle(graph, order, stuck, device_names))
+        raise InvalidPlanError(
+            "the order contradicts the dependencies (it would deadlock): "
+            + _order_cycle(graph, order, stuck, device_names)
+        )
 
 
-def _order_cycle(graph: OpGraph, order: Sequence[np.ndarray], stuck: np.ndarray,
-                 device_names: Sequence[str] | None) -> str:
+def _order_cycle(
+    graph: OpGraph, order: Sequence[np.ndarray], stuck: np.ndarray, device_names: Sequence[str] | None
+) -> str:
     """One cycle among the ``stuck`` nodes, told as the dependencies and orders that make it."""
 
     links = nx.DiGraph()
@@ -401,15 +485,19 @@ def _order_cycle(graph: OpGraph, order: Sequence[np.ndarray], stuck: np.ndarray,
         kept = stuck[a] & stuck[b]
         links.add_edges_from(zip(a[kept].tolist(), b[kept].tolist()), device=j)
     kept = stuck[graph.src] & stuck[graph.dst]
-    links.add_edges_from(zip(graph.src[kept].tolist(), graph.dst[kept].tolist()), device=None)   # feeds wins
+    links.add_edges_from(zip(graph.src[kept].tolist(), graph.dst[kept].tolist()), device=None)  # feeds wins
     steps = []
     for u, v in nx.find_cycle(links):
         device = links.edges[u, v]["device"]
         if device is not None and steps and steps[-1][2] == device:
-            steps[-1][1] = v        # a run of one device's order reads as one "comes before"
+            steps[-1][1] = v  # a run of one device's order reads as one "comes before"
         else:
             steps.append([u, v, device])
     name = (lambda j: repr(device_names[j])) if device_names is not None else str
-    told = [f"{graph.ids[u]!r} feeds {graph.ids[v]!r}" if device is None else
-            f"{graph.ids[u]!r} comes before {graph.ids[v]!r} in the order of {name(device)}" for u, v, device in steps]
+    told = [
+        f"{graph.ids[u]!r} feeds {graph.ids[v]!r}"
+        if device is None
+        else f"{graph.ids[u]!r} comes before {graph.ids[v]!r} in the order of {name(device)}"
+        for u, v, device in steps
+    ]
     return "; ".join(told[:6]) + ("; ..." if len(told) > 6 else "")

@@ -88,7 +88,7 @@ def markdown(text: object) -> str:
 
 def _cut_run(found: re.Match) -> str:
     run = found.group()
-    return f"{run[:RUN_CHARS // 2]}... ({len(run):,} characters)"
+    return f"{run[: RUN_CHARS // 2]}... ({len(run):,} characters)"
 
 
 def one_line(message: object) -> str:
@@ -109,6 +109,6 @@ def one_line(message: object) -> str:
     """
     text = _LONG_RUN.sub(_cut_run, terminal(message))
     if len(text) > MESSAGE_CHARS:
-        head, tail = text[:MESSAGE_CHARS * 3 // 4], text[-MESSAGE_CHARS // 4:]
+        head, tail = text[: MESSAGE_CHARS * 3 // 4], text[-MESSAGE_CHARS // 4 :]
         text = f"{head} ... ({len(text) - len(head) - len(tail):,} characters left out) ... {tail}"
     return text

@@ -19,8 +19,14 @@ import threading
 from contextlib import contextmanager
 from typing import Iterator
 
-__all__ = ["Terminated", "terminate_raises", "interrupts_recorded", "interrupted", "raise_if_interrupted",
-           "signals_deferred"]
+__all__ = [
+    "Terminated",
+    "terminate_raises",
+    "interrupts_recorded",
+    "interrupted",
+    "raise_if_interrupted",
+    "signals_deferred",
+]
 
 
 class Terminated(BaseException):
@@ -38,8 +44,10 @@ def terminate_raises(said: str | None = None) -> Iterator[None]:
     The handler is limited to the block because a Python handler waits for a long C call to return
     (a collective, a solver), which the default action does not.
     """
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGTERM) is not signal.SIG_DFL
+    ):
         yield
         return
 
@@ -53,8 +61,8 @@ def terminate_raises(said: str | None = None) -> Iterator[None]:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         if said:
             print(said, file=sys.stderr, flush=True)
-        signal.raise_signal(signal.SIGTERM)       # terminate, now that the block has cleaned up
-        raise                                     # (not reached)
+        signal.raise_signal(signal.SIGTERM)  # terminate, now that the block has cleaned up
+        raise  # (not reached)
     finally:
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
@@ -92,8 +100,10 @@ def interrupts_recorded() -> Iterator[None]:
     True
     """
     global _interrupted, _recording
-    if threading.current_thread() is not threading.main_thread() \
-            or signal.getsignal(signal.SIGINT) is not signal.default_int_handler:
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or signal.getsignal(signal.SIGINT) is not signal.default_int_handler
+    ):
         yield
         return
     _interrupted, _recording = False, True

@@ -10,5 +10,8 @@ def line_cluster(names, memory=16 * GIB, kinds=None, both_ways=True) -> Cluster:
     the devices at the two ends cannot send to each other."""
     pairs = list(zip(names, names[1:])) + (list(zip(names[1:], names)) if both_ways else [])
     kinds = kinds or ["V100"] * len(names)
-    return Cluster("line", [Device(n, k, memory) for n, k in zip(names, kinds)],
-                   [Channel(f"{a}->{b}", 25e9, 1e-5, ((a, b),)) for a, b in pairs])
+    return Cluster(
+        "line",
+        [Device(n, k, memory) for n, k in zip(names, kinds)],
+        [Channel(f"{a}->{b}", 25e9, 1e-5, ((a, b),)) for a, b in pairs],
+    )

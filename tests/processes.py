@@ -17,23 +17,30 @@ def live_processes(*, parent: int | None = None, group: int | None = None) -> li
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rpartition(")")[2].split()
-        except OSError:     # it exited while we looked
+        except OSError:  # it exited while we looked
             continue
         if fields[0] != "Z" and (int(fields[1]) == parent or int(fields[2]) == group):
             found.append(int(stat.parent.name))
     return found
 
 
-def terminate_once_ranks_run(args: list[str], ranks: int, marker: bytes,
-                             env: dict | None = None) -> tuple[int, str, list[int]]:
+def terminate_once_ranks_run(
+    args: list[str], ranks: int, marker: bytes, env: dict | None = None
+) -> tuple[int, str, list[int]]:
     """Run ``python -m placer ARGS``, wait until it has ``ranks`` child processes, and SIGTERM placer
     alone (`kill PID`: `timeout` signals the group too). Returns its exit status, its stderr and the
     children's ids; children left running whose command line holds ``marker`` are killed after."""
-    launcher = subprocess.Popen([sys.executable, "-m", "placer", *args], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.PIPE, text=True, start_new_session=True, env=env)
+    launcher = subprocess.Popen(
+        [sys.executable, "-m", "placer", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+        env=env,
+    )
     children: list[int] = []
     try:
-        for _ in range(1200):        # until every rank has started (placer imports first)
+        for _ in range(1200):  # until every rank has started (placer imports first)
             children = live_processes(parent=launcher.pid)
             if len(children) == ranks or launcher.poll() is not None:
                 break

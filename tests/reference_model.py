@@ -34,12 +34,13 @@ def reference_simulate(graph: dict, cluster: dict, placement: dict, order: dict 
         if a == b:
             continue
         key = (e["src"], e.get("tensor", 0), b)
-        t = transfers.setdefault(key, {"bytes": 0, "consumers": [], "channel": channel_of[(a, b)]["name"],
-                                       "src_dev": a, "dst_dev": b})
+        t = transfers.setdefault(
+            key, {"bytes": 0, "consumers": [], "channel": channel_of[(a, b)]["name"], "src_dev": a, "dst_dev": b}
+        )
         t["bytes"] = max(t["bytes"], e["bytes"])
         t["consumers"].append(e["dst"])
     channels = {ch["name"]: ch for ch in cluster.get("channels", [])}
-    inputs = {n["id"]: [] for n in nodes}   # per node: list of ("local", producer) or ("xfer", key)
+    inputs = {n["id"]: [] for n in nodes}  # per node: list of ("local", producer) or ("xfer", key)
     for e in edges:
         if placement[e["src"]] == placement[e["dst"]]:
             inputs[e["dst"]].append(("local", e["src"]))
@@ -81,8 +82,11 @@ def reference_simulate(graph: dict, cluster: dict, placement: dict, order: dict 
                 if dev_running[name] is not None:
                     continue
                 if order is None:
-                    cands = [n["id"] for n in nodes if placement[n["id"]] == name and n["id"] in ready_at
-                             and n["id"] not in start]
+                    cands = [
+                        n["id"]
+                        for n in nodes
+                        if placement[n["id"]] == name and n["id"] in ready_at and n["id"] not in start
+                    ]
                     if not cands:
                         continue
                     v = min(cands, key=lambda v: (ready_at[v], index[v]))
@@ -106,7 +110,7 @@ def reference_simulate(graph: dict, cluster: dict, placement: dict, order: dict 
                 if not cands:
                     continue
                 k = min(cands, key=lambda k: (x_queued[k], index[k[0]], k[2], k[1]))
-                length = ch["latency_s"] + transfers[k]["bytes"] / ch["bandwidth_bytes_per_s"]   # a duration, as rule 4
+                length = ch["latency_s"] + transfers[k]["bytes"] / ch["bandwidth_bytes_per_s"]  # a duration, as rule 4
                 if instant_only and length != 0:
                     continue
                 x_start[k] = time
@@ -116,8 +120,9 @@ def reference_simulate(graph: dict, cluster: dict, placement: dict, order: dict 
             if began:
                 break
         pending = [t for t in list(finish.values()) + list(x_end.values()) if t > time]
-        zero_now = any(dev_running[d] is not None and finish[dev_running[d]] == time for d in devices) or \
-            any(ch_running[c] is not None and x_end[ch_running[c]] == time for c in channels)
+        zero_now = any(dev_running[d] is not None and finish[dev_running[d]] == time for d in devices) or any(
+            ch_running[c] is not None and x_end[ch_running[c]] == time for c in channels
+        )
         if zero_now:
             continue
         if not pending:
@@ -177,4 +182,3 @@ def random_valid_order(graph, num_devices: int, device_of, rnd) -> list[list[int
             if indeg[v] == 0:
                 ready.append(v)
     return [[i for i in topo if device_of[i] == j] for j in range(num_devices)]
-

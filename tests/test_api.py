@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from placer.api import apply, describe, validate
 import placer
+from placer.api import apply, describe, validate
 from placer.cli import main
 from placer.errors import OptionError, PlacerError
 from placer.generate import training_graph
@@ -68,11 +68,13 @@ def test_plan_refuses_missing_inputs_and_batch():
 
 def test_cli_plans_and_compares_a_model_spec(tmp_path, capsys):
     out = tmp_path / "plan.json"
-    assert main(["plan", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithm", "expert",
-                 "-o", str(out)]) == 0
+    assert (
+        main(["plan", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithm", "expert", "-o", str(out)]) == 0
+    )
     assert placer.Plan.load(out).placement
-    assert main(["compare", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu",
-                 "--algorithms", "expert,round_robin"]) == 0
+    assert (
+        main(["compare", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithms", "expert,round_robin"]) == 0
+    )
     assert "round_robin" in capsys.readouterr().out
     assert main(["plan", "zoo:lenet", "--cluster", "2xcpu", "-o", str(out)]) == 2
     assert "needs --batch N" in capsys.readouterr().err
@@ -83,13 +85,18 @@ def test_plan_checks_its_arguments_before_capturing(tmp_path, monkeypatch):
     # reported only after it.
     import placer.capture.spec
 
-    monkeypatch.setattr(placer.capture.spec, "capture_spec",
-                        lambda *args, **kwargs: pytest.fail("captured before checking the arguments"))
-    for arguments, message in [({"algorithm": "nope"}, "unknown algorithm 'nope'"),
-                               ({"cluster": "3xfoo"}, "unknown cluster '3xfoo'"),
-                               ({"algorithm": "expert", "seed": -1}, "option seed must be"),
-                               ({"algorithm": "expert", "depth": 3}, "has no option 'depth'"),
-                               ({"profile": tmp_path / "missing.json"}, "missing.json: no such file")]:
+    monkeypatch.setattr(
+        placer.capture.spec,
+        "capture_spec",
+        lambda *args, **kwargs: pytest.fail("captured before checking the arguments"),
+    )
+    for arguments, message in [
+        ({"algorithm": "nope"}, "unknown algorithm 'nope'"),
+        ({"cluster": "3xfoo"}, "unknown cluster '3xfoo'"),
+        ({"algorithm": "expert", "seed": -1}, "option seed must be"),
+        ({"algorithm": "expert", "depth": 3}, "has no option 'depth'"),
+        ({"profile": tmp_path / "missing.json"}, "missing.json: no such file"),
+    ]:
         with pytest.raises(PlacerError, match=message):
             placer.plan("zoo:resnet50", batch=64, **{"cluster": "2xcpu", **arguments})
 
@@ -97,11 +104,13 @@ def test_plan_checks_its_arguments_before_capturing(tmp_path, monkeypatch):
 def test_plan_refuses_arguments_it_would_ignore():
     graph = training_graph(layers=2, branches=2)
     model, inputs = _model_and_inputs()
-    for call, message in [(lambda: placer.plan(graph, batch=64), "batch= is for a model to capture"),
-                          (lambda: placer.plan(graph, inputs), "inputs is for a model to capture"),
-                          (lambda: placer.plan("zoo:lenet", inputs, batch=4), "a model spec makes its own inputs"),
-                          (lambda: placer.plan(model, inputs, batch=64), "a module's batch is that of its inputs"),
-                          (lambda: placer.plan(None), "must be a torch.nn.Module, a model spec .* got NoneType")]:
+    for call, message in [
+        (lambda: placer.plan(graph, batch=64), "batch= is for a model to capture"),
+        (lambda: placer.plan(graph, inputs), "inputs is for a model to capture"),
+        (lambda: placer.plan("zoo:lenet", inputs, batch=4), "a model spec makes its own inputs"),
+        (lambda: placer.plan(model, inputs, batch=64), "a module's batch is that of its inputs"),
+        (lambda: placer.plan(None), "must be a torch.nn.Module, a model spec .* got NoneType"),
+    ]:
         with pytest.raises(OptionError, match=message):
             call()
 
@@ -125,8 +134,10 @@ def test_runnable_is_deprecated_and_has_no_effect():
 def test_failure_messages_name_the_algorithm_once():
     from placer.algorithms.registry import failure_message
 
-    assert failure_message("pesto", TimeoutError("pesto found no plan within its time limit")) == \
-        "pesto found no plan within its time limit"
+    assert (
+        failure_message("pesto", TimeoutError("pesto found no plan within its time limit"))
+        == "pesto found no plan within its time limit"
+    )
     assert failure_message("pesto", ValueError("pesto: no solver")) == "pesto: no solver"
     assert failure_message("pesto", ValueError("pestos are green")) == "pesto: pestos are green"
     assert failure_message("pesto", ValueError("option x of 'pesto' must be")) == "option x of 'pesto' must be"
@@ -140,10 +151,13 @@ def test_a_plan_from_place_reports_without_arguments_and_an_overflowing_plan_say
 
     graph = training_graph(layers=2, branches=2)
     plan = placer.place(graph, placer.load_cluster("2xcpu"), "expert")
-    assert "cpu0" in describe(plan)          # it needed report(graph, cluster) but from placer.plan
+    assert "cpu0" in describe(plan)  # it needed report(graph, cluster) but from placer.plan
     # The same plan on two 1-MiB devices: reported with its fits column, where it raised.
-    small = Cluster("small", [Device(f"cpu{j}", "cpu", 1 << 20) for j in range(2)],
-                    [Channel(f"cpu{a}->cpu{b}", 1e9, 1e-5, ((f"cpu{a}", f"cpu{b}"),)) for a, b in ((0, 1), (1, 0))])
+    small = Cluster(
+        "small",
+        [Device(f"cpu{j}", "cpu", 1 << 20) for j in range(2)],
+        [Channel(f"cpu{a}->cpu{b}", 1e9, 1e-5, ((f"cpu{a}", f"cpu{b}"),)) for a, b in ((0, 1), (1, 0))],
+    )
     overflowing = placer.Plan(plan.placement, plan.order, graph_name=graph.name)
     assert "fits: False" in describe(overflowing, graph, small)
     with pytest.raises(placer.errors.InvalidPlanError, match=r"needs \d+\.\d MiB at peak but has 1\.0 MiB"):

@@ -5,10 +5,10 @@ import time
 import numpy as np
 import pytest
 
-from placer.api import validate
 from placer.algorithms import auto as auto_module
 from placer.algorithms import place
 from placer.algorithms.auto import default_portfolio
+from placer.api import validate
 from placer.cluster import load_cluster
 from placer.errors import OptionError
 from placer.generate import training_graph
@@ -43,8 +43,9 @@ def test_local_search_improves_a_poor_start(case):
 
 def test_deterministic_for_a_seed(case):
     graph, cluster = case
-    first, second = (place(graph, cluster, "auto", seed=5, portfolio="round_robin", max_evaluations=40)
-                     for _ in range(2))
+    first, second = (
+        place(graph, cluster, "auto", seed=5, portfolio="round_robin", max_evaluations=40) for _ in range(2)
+    )
     assert first.placement == second.placement
     assert first.predicted["makespan_s"] == second.predicted["makespan_s"]
 
@@ -99,16 +100,26 @@ def test_ctrl_c_in_the_portfolio_returns_the_best_so_far(case, monkeypatch):
 def test_default_portfolio_runs_fast_members_first_and_slow_ones_only_with_time():
     short, long = default_portfolio(20), default_portfolio(120)
     # The cheapest before m-SCT, which may use all the time left (GNMT over two hosts).
-    assert short[:8] == ["expert", "sharded_data_parallel", "data_parallel", "single", "metis", "celeritas",
-                         "order_place", "m_sct"]
-    assert len(short) == len(set(short))   # m_sct, a search, runs once
+    assert short[:8] == [
+        "expert",
+        "sharded_data_parallel",
+        "data_parallel",
+        "single",
+        "metis",
+        "celeritas",
+        "order_place",
+        "m_sct",
+    ]
+    assert len(short) == len(set(short))  # m_sct, a search, runs once
     assert "pesto" not in short and "pesto" in long
     assert "auto" not in long
     assert long.index("os_dpos") > long.index("m_etf")
 
 
-@pytest.mark.parametrize("options", [{"portfolio": "dpos,no_such_algorithm"}, {"portfolio": " , "},
-                                     {"max_evaluations": -1}, {"runnable": "yes"}])
+@pytest.mark.parametrize(
+    "options",
+    [{"portfolio": "dpos,no_such_algorithm"}, {"portfolio": " , "}, {"max_evaluations": -1}, {"runnable": "yes"}],
+)
 def test_bad_options_are_refused(case, options):
     graph, cluster = case
     with pytest.raises(OptionError):
@@ -119,13 +130,14 @@ def test_runnable_is_deprecated_and_keeps_no_member_out():
     # runnable=True once left the data-parallel members out (the runtime ran no replicas): now every plan runs.
     from placer.transform.replicate import replicated_node
 
-    graph = training_graph(layers=4, branches=2, param_mib=0.5, activation_mib=64)   # where replicas win
+    graph = training_graph(layers=4, branches=2, param_mib=0.5, activation_mib=64)  # where replicas win
     cluster = load_cluster("4xGPU-pcie")
     with pytest.warns(DeprecationWarning, match="runnable is deprecated and has no effect: every plan runs"):
         plan = place(graph, cluster, "auto", runnable=True, portfolio="expert,data_parallel", max_evaluations=5)
     assert plan.extra["auto"]["start"] == "data_parallel" and replicated_node(plan.rewritten_graph) is not None
-    assert plan.placement == place(graph, cluster, "auto", portfolio="expert,data_parallel",
-                                   max_evaluations=5).placement
+    assert (
+        plan.placement == place(graph, cluster, "auto", portfolio="expert,data_parallel", max_evaluations=5).placement
+    )
     assert {"data_parallel", "sharded_data_parallel"} <= set(default_portfolio(20))
 
 
@@ -139,21 +151,24 @@ def test_fits_when_only_some_members_do():
     assert np.all(peaks <= cluster.memory)
 
 
-
 def test_where_no_member_fits_every_reason_is_told():
     # The message named the first three members only: here the three farthest from fitting.
     from placer.cluster import Channel, Cluster, Device
     from placer.errors import InfeasibleError
 
     names = [f"g{i}" for i in range(4)]
-    cluster = Cluster("tight", [Device(n, "V100", 100 << 20) for n in names],
-                      [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for a in names for b in names if a != b])
+    cluster = Cluster(
+        "tight",
+        [Device(n, "V100", 100 << 20) for n in names],
+        [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for a in names for b in names if a != b],
+    )
     members = ["expert", "single", "m_topo", "dpos", "heft"]
     with pytest.raises(InfeasibleError) as refused:
         place(training_graph(layers=4, branches=2), cluster, "auto", portfolio=",".join(members), time_limit=30)
     reasons = str(refused.value).split("\n")[1:]
     assert [reason.split(":")[0].strip() for reason in reasons] == members
     assert "would need" in reasons[-1]
+
 
 @pytest.mark.parametrize("param_mib, runs", [(400.0, False), (0.5, True)])
 def test_data_parallel_runs_only_where_its_lower_bound_can_beat_the_best_plan(param_mib, runs):
@@ -179,7 +194,7 @@ def test_a_members_plan_is_not_checked_again_but_a_changed_one_is(case, monkeypa
     monkeypatch.setattr(registry, "validate", lambda plan, *args: checks.append(plan) or validate(plan, *args))
     plan = place(graph, cluster, "auto", portfolio="expert", max_evaluations=0)
     assert plan.extra["auto"]["start"] == "expert" and plan.algorithm == "auto"
-    assert checks == [plan]             # checked once, by the member's place(); auto returned it as it was
+    assert checks == [plan]  # checked once, by the member's place(); auto returned it as it was
     assert plan.predicted["makespan_s"] == pytest.approx(simulate_plan(plan, graph, cluster).makespan_s)
 
     def tampering(graph, cluster, *, seed=0, time_limit=None):
@@ -189,7 +204,8 @@ def test_a_members_plan_is_not_checked_again_but_a_changed_one_is(case, monkeypa
         checked.order[device].reverse()
         return checked
 
-    monkeypatch.setitem(registry._REGISTRY, "tampering",
-                        registry.Algorithm("tampering", tampering, {"seed": 0, "time_limit": None}, ""))
+    monkeypatch.setitem(
+        registry._REGISTRY, "tampering", registry.Algorithm("tampering", tampering, {"seed": 0, "time_limit": None}, "")
+    )
     with pytest.raises(InfeasibleError, match="tampering found no valid plan"):
         place(graph, cluster, "tampering")

@@ -79,8 +79,11 @@ def mlp_step():
 
 
 def _backward(graph, op):
-    return [graph.ids[i] for i in range(graph.num_nodes) if graph.op[i] == op
-            and any("join" in e for e in graph.splittable[i] or ())]
+    return [
+        graph.ids[i]
+        for i in range(graph.num_nodes)
+        if graph.op[i] == op and any("join" in e for e in graph.splittable[i] or ())
+    ]
 
 
 def _entry(graph, node, dim):
@@ -102,7 +105,7 @@ def test_capture_declares_backward_convolutions_and_weight_gradients_splittable(
         assert channel["inputs"][1][0].startswith("p_conv") and channel["resize"] == [[3, 0]]
     graph = mlp_step[2].graph
     grads = _backward(graph, "aten.mm")
-    assert len(grads) == 3          # every layer's weight gradient
+    assert len(grads) == 3  # every layer's weight gradient
     for node in grads:
         assert _entry(graph, node, "batch")["join"] == ["sum"] and _entry(graph, node, "channel")["join"] == [0]
 
@@ -120,8 +123,9 @@ def test_a_batch_split_sums_whole_partials_in_a_node_of_its_own(conv_step):
     # grad_bias (its partials).
     assert np.allclose(g.compute_s[[g.index[i] for i in ids]], graph.compute_s[x] / 3)
     partial = out[1] + out[2]
-    share = [(graph.output_bytes[x] - partial) * (k + 1) // 3 - (graph.output_bytes[x] - partial) * k // 3
-             for k in range(3)]
+    share = [
+        (graph.output_bytes[x] - partial) * (k + 1) // 3 - (graph.output_bytes[x] - partial) * k // 3 for k in range(3)
+    ]
     assert g.output_bytes[[g.index[i] for i in ids]].tolist() == [partial + s for s in share]
     edges = {(g.ids[s], g.ids[d]): b for s, d, b in zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist())}
     assert [edges[(i, f"{node}@sum1")] for i in ids] == [out[1]] * 3
@@ -140,8 +144,11 @@ def test_a_channel_split_slices_grad_out_and_the_weight_and_sums_the_input_gradi
     graph = conv_step[2].graph
     node = _backward(graph, "aten.convolution_backward")[0]
     g = split_operation(graph, node, "channel", 2)
-    splits = {g.node_extra[i]["source"] for i in range(g.num_nodes)
-              if g.node_extra[i].get("split_of") == node and g.node_extra[i].get("role") == "split"}
+    splits = {
+        g.node_extra[i]["source"]
+        for i in range(g.num_nodes)
+        if g.node_extra[i].get("split_of") == node and g.node_extra[i].get("role") == "split"
+    }
     assert splits == {n for n, _ in _entry(graph, node, "channel")["inputs"]}
     assert f"{node}@sum0" in g.ids and f"{node}@concat1" in g.ids and f"{node}@concat2" in g.ids
     assert g.node_extra[g.index[f"{node}@concat1"]]["axis"] == 0
@@ -161,10 +168,11 @@ def test_the_split_transform_states_and_keeps_its_memory_law(conv_step):
 
 def test_named_inputs_resolve_in_a_data_parallel_graph_and_after_a_producer_is_split(mlp_step):
     graph = mlp_step[2].graph
-    grad = _backward(graph, "aten.mm")[-1]          # the first layer's weight gradient, t(grad) @ x
+    grad = _backward(graph, "aten.mm")[-1]  # the first layer's weight gradient, t(grad) @ x
     dp = data_parallel_graph(graph, 2).graph
     g = split_operation(dp, f"r1/{grad}", "batch", 3)
     assert f"r1/{grad}@sum0" in g.ids
+
     # A producer split first: its concat feeds the weight gradient, which still finds its input (two linear
     # layers with nothing between: the second's weight gradient reads the first's addmm).
     class Linears(nn.Module):
@@ -180,11 +188,17 @@ def test_named_inputs_resolve_in_a_data_parallel_graph_and_after_a_producer_is_s
     grad = next(n for n in _backward(graph, "aten.mm") if _entry(graph, n, "batch")["inputs"][1][0] == "addmm")
     producer = "addmm"
     g = split_operation(split_operation(graph, producer, "batch", 2), grad, "batch", 2)
-    split = next(i for i in range(g.num_nodes) if g.node_extra[i].get("split_of") == grad
-                 and g.node_extra[i].get("source") == f"{producer}@concat0")
+    split = next(
+        i
+        for i in range(g.num_nodes)
+        if g.node_extra[i].get("split_of") == grad and g.node_extra[i].get("source") == f"{producer}@concat0"
+    )
     assert g.node_extra[split]["role"] == "split"
-    bad = graph.replace(splittable=[[{**e, "inputs": [["nowhere", 0]]} if "join" in e else e for e in s]
-                                    if s else s for s in graph.splittable])
+    bad = graph.replace(
+        splittable=[
+            [{**e, "inputs": [["nowhere", 0]]} if "join" in e else e for e in s] if s else s for s in graph.splittable
+        ]
+    )
     with pytest.raises(OptionError, match="slices input 'nowhere', which does not feed it"):
         split_operation(bad, grad, "batch", 2)
 
@@ -202,8 +216,7 @@ def test_the_simulator_costs_the_sum_node(conv_step):
     slower = g.compute_s.copy()
     slower[s] += 1.0
     # On one device every node runs in turn: a second more of the sum is a second more of the step.
-    assert simulate(g.replace(compute_s=slower), cluster, device_of).makespan_s == pytest.approx(
-        base.makespan_s + 1.0)
+    assert simulate(g.replace(compute_s=slower), cluster, device_of).makespan_s == pytest.approx(base.makespan_s + 1.0)
 
 
 # ------------------------------------------------------------------ the runtime
@@ -213,8 +226,9 @@ def _plan(graph, splits, cluster, seed=0):
         target = split_operation(target, node, dim, parts)
     unit_of, units = placement_units(target)
     device_of = np.random.default_rng(seed).integers(0, cluster.num_devices, len(units))[unit_of]
-    return Plan.from_arrays(graph, cluster, device_of, placed_graph=target,
-                            splits=[{"node": n, "dim": d, "parts": p} for n, d, p in splits])
+    return Plan.from_arrays(
+        graph, cluster, device_of, placed_graph=target, splits=[{"node": n, "dim": d, "parts": p} for n, d, p in splits]
+    )
 
 
 def _trains_like_eager(model, inputs, captured, plan, tensors=6):
@@ -256,8 +270,11 @@ def test_split_weight_gradients_of_an_mlp_train_as_eager(mlp_step):
     model, inputs, captured = mlp_step
     graph = captured.graph
     grads = _backward(graph, "aten.mm")
-    rows = [graph.ids[i] for i in range(graph.num_nodes) if graph.op[i] == "aten.mm"
-            and graph.ids[i] not in grads and graph.splittable[i]]
+    rows = [
+        graph.ids[i]
+        for i in range(graph.num_nodes)
+        if graph.op[i] == "aten.mm" and graph.ids[i] not in grads and graph.splittable[i]
+    ]
     splits = [(grads[0], "batch", 4), (grads[1], "channel", 3), (grads[2], "batch", 2), (rows[0], "batch", 2)]
     cluster = load_cluster("2xcpu")
     for seed in (0, 1):
@@ -309,8 +326,10 @@ def test_a_convolution_without_bias_splits_its_backward_along_the_channels():
     captured = capture(copy.deepcopy(model), inputs, optimizer="sgd")
     graph = captured.graph
     convs = _backward(graph, "aten.convolution_backward")
-    assert [split_dims(graph, graph.index[n]) for n in convs] == [{"batch": 4, "channel": 5},
-                                                                    {"batch": 4, "channel": 4}]
+    assert [split_dims(graph, graph.index[n]) for n in convs] == [
+        {"batch": 4, "channel": 5},
+        {"batch": 4, "channel": 4},
+    ]
     assert all("resize" not in _entry(graph, n, "channel") for n in convs)
     plan = _plan(graph, [(convs[0], "channel", 3), (convs[1], "channel", 2)], load_cluster("2xcpu"))
     _trains_like_eager(model, inputs, captured, plan, tensors=2)

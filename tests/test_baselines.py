@@ -21,12 +21,21 @@ def _block_between_two_convolutions() -> OpGraph:
     """
     ids = ["w1", "w3", "x", "count1", "count3", "conv1", "relu", "conv3", "loss"]
     layer = ["conv1", "conv3", None, "conv1", "conv3", "conv1", "block", "conv3", "head"]
-    edges = [("w1", "count1"), ("w3", "count3"), ("x", "conv1"), ("w1", "conv1"), ("conv1", "relu"),
-             ("relu", "conv3"), ("w3", "conv3"), ("conv3", "loss")]
+    edges = [
+        ("w1", "count1"),
+        ("w3", "count3"),
+        ("x", "conv1"),
+        ("w1", "conv1"),
+        ("conv1", "relu"),
+        ("relu", "conv3"),
+        ("w3", "conv3"),
+        ("conv3", "loss"),
+    ]
     index = {name: i for i, name in enumerate(ids)}
     compute = [0.0, 0.0, 0.0, 0.0, 0.0, 1.0, 1.0, 1.0, 1.0]
-    return OpGraph(ids, compute, [index[a] for a, _ in edges], [index[b] for _, b in edges], [4] * len(edges),
-                   layer=layer)
+    return OpGraph(
+        ids, compute, [index[a] for a, _ in edges], [index[b] for _, b in edges], [4] * len(edges), layer=layer
+    )
 
 
 def test_forward_ordered_puts_a_parameter_free_layer_where_the_data_reaches_it():
@@ -48,7 +57,7 @@ def test_expert_splits_the_layers_contiguously_in_forward_order():
 def test_round_robin_skips_a_device_the_last_one_cannot_send_to():
     # d0 - d1 - d2 linked to neighbours only: n3's turn is d0, which n2 on d2 cannot reach (it was refused).
     chain = OpGraph([f"n{i}" for i in range(6)], [1e-3] * 6, [0, 1, 2, 3, 4], [1, 2, 3, 4, 5], [1 << 20] * 5)
-    plan = place(chain, line_cluster(["d0", "d1", "d2"]), "round_robin")       # place() validates it
+    plan = place(chain, line_cluster(["d0", "d1", "d2"]), "round_robin")  # place() validates it
     assert [plan.placement[f"n{i}"] for i in range(6)] == ["d0", "d1", "d2", "d1", "d2", "d1"]
 
 
@@ -56,8 +65,10 @@ def test_round_robin_names_the_missing_link_where_no_device_is_linked():
     # d0 -> d1 -> d2 one way: 'c' reads 'a' on d0 and 'b' on d2 (their turns), and no device is reached from both.
     # It was placed on d0 anyway, and refused by place()'s check of the plan.
     graph = OpGraph(["a", "x", "b", "c"], [1e-3] * 4, [0, 1, 0, 2], [1, 2, 3, 3], [8] * 4)
-    with pytest.raises(InfeasibleError, match="round_robin: node 'b' would send from 'd2' to node 'c' on 'd0', but "
-                                              "no channel connects these devices"):
+    with pytest.raises(
+        InfeasibleError,
+        match="round_robin: node 'b' would send from 'd2' to node 'c' on 'd0', but no channel connects these devices",
+    ):
         place(graph, line_cluster(["d0", "d1", "d2"], both_ways=False), "round_robin")
 
 

@@ -60,8 +60,9 @@ class TinyLM(nn.Module):
         super().__init__()
         self.wte = nn.Embedding(vocab, dim)
         self.wpe = nn.Embedding(context, dim)
-        self.block = nn.TransformerEncoderLayer(dim, nhead=2, dim_feedforward=16, dropout=0.0,
-                                                batch_first=True, norm_first=True)
+        self.block = nn.TransformerEncoderLayer(
+            dim, nhead=2, dim_feedforward=16, dropout=0.0, batch_first=True, norm_first=True
+        )
         self.ln_f = nn.LayerNorm(dim)
         self.lm_head = nn.Linear(dim, vocab, bias=False)
         self.lm_head.weight = self.wte.weight
@@ -144,7 +145,7 @@ def test_two_captured_steps_equal_eager_training(model_name, optimizer):
     model, inputs = MODELS[model_name]()
     reference = copy.deepcopy(model)
     step = capture(model, inputs, optimizer=optimizer, lr=1e-2)
-    opt = step.optimizer.eager(model.parameters())   # its state is filled by the captured step
+    opt = step.optimizer.eager(model.parameters())  # its state is filled by the captured step
     eager_opt = step.optimizer.eager(reference.parameters())
     losses = [step.run(model, inputs, opt).item() for _ in range(2)]
     np.testing.assert_allclose(losses, _eager_steps(reference, inputs, eager_opt, 2), rtol=1e-6, atol=1e-6)
@@ -173,8 +174,19 @@ def _fx_signature(gm: torch.fx.GraphModule) -> list[tuple]:
         val = node.meta.get("val")
         layout = (tuple(val.shape), val.stride(), val.dtype) if isinstance(val, torch.Tensor) else type(val).__name__
         seq = None if node.op == "placeholder" else first_seen.setdefault(node.meta.get("seq_nr"), len(first_seen))
-        signature.append((node.name, node.op, str(node.target), str(node.args), str(node.kwargs), layout,
-                          node.meta.get("custom"), seq, str(node.meta.get("nn_module_stack"))))
+        signature.append(
+            (
+                node.name,
+                node.op,
+                str(node.target),
+                str(node.args),
+                str(node.kwargs),
+                layout,
+                node.meta.get("custom"),
+                seq,
+                str(node.meta.get("nn_module_stack")),
+            )
+        )
     return signature
 
 
@@ -223,11 +235,11 @@ def test_depthwise_weight_gradient_does_the_forward_multiply_adds():
     # torch's own formula counts the weight gradient over every input channel (8x too many here).
     step = capture(Depthwise(8), (torch.randn(2, 8, 6, 6),), optimizer="sgd")
     graph = step.graph
-    forward = 2 * 2 * 8 * 1 * 3 * 3 * 6 * 6       # 2 x batch x out channels x in channels per group x 3x3 x 6x6
+    forward = 2 * 2 * 8 * 1 * 3 * 3 * 6 * 6  # 2 x batch x out channels x in channels per group x 3x3 x 6x6
     (conv,) = [i for i, op in enumerate(graph.op) if op == "aten.convolution"]
     (backward,) = [i for i, op in enumerate(graph.op) if op == "aten.convolution_backward"]
     assert graph.flops[conv] == forward
-    assert graph.flops[backward] == forward      # the input needs no gradient: the weight's alone
+    assert graph.flops[backward] == forward  # the input needs no gradient: the weight's alone
 
 
 def test_capture_is_deterministic_and_ids_are_fx_names():
@@ -262,8 +274,8 @@ def test_placeholders_hold_state_and_tied_weight_is_listed_once():
     unique = {id(p): p for p in model.parameters()}.values()
     param_bytes = sum(p.numel() * p.element_size() for p in unique)
     buffer_bytes = sum(b.numel() * b.element_size() for b in model.buffers())
-    state_bytes = 2 * param_bytes + 4 * len(unique)   # exp_avg, exp_avg_sq, step per parameter
-    assert graph.param_bytes.sum() == param_bytes + buffer_bytes + state_bytes + 8      # and the float64 lr
+    state_bytes = 2 * param_bytes + 4 * len(unique)  # exp_avg, exp_avg_sq, step per parameter
+    assert graph.param_bytes.sum() == param_bytes + buffer_bytes + state_bytes + 8  # and the float64 lr
     i = graph.index["p_wte_weight"]
     assert graph.op[i] == "placeholder" and graph.layer[i] == "wte"
 
@@ -273,7 +285,7 @@ def test_state_writes_are_colocated_and_ordered_after_every_reader():
     graph, gm = step.graph, step.gm
     order = {node_id: k for k, node_id in enumerate(graph.topological_order.tolist())}
     writes = [n for n in gm.graph.nodes if n.target is torch.ops.aten.copy_.default]
-    assert len(writes) == len(step.layout.params) * 4 + 1   # params, 3 Adam states, num_batches_tracked
+    assert len(writes) == len(step.layout.params) * 4 + 1  # params, 3 Adam states, num_batches_tracked
     for node in writes:
         target = node.args[0].name
         w, t = graph.index[node.name], graph.index[target]
@@ -284,8 +296,11 @@ def test_state_writes_are_colocated_and_ordered_after_every_reader():
                 assert order[r] < order[w], (reader.name, node.name)
     # native_batch_norm writes the running statistics in place: same group as both buffers.
     bn = graph.index["native_batch_norm"]
-    assert graph.colocation[bn] == graph.colocation[graph.index["b_bn_running_mean"]] \
+    assert (
+        graph.colocation[bn]
+        == graph.colocation[graph.index["b_bn_running_mean"]]
         == graph.colocation[graph.index["b_bn_running_var"]]
+    )
 
 
 def test_layers_follow_modules_into_backward_and_optimizer():
@@ -317,11 +332,18 @@ def test_batch_splittable_ops():
         assert (node.name not in rows) == is_weight_grad, node.name
         if is_weight_grad:
             (a, b), entry = node.args, split[node.name][0]
-            assert entry == {"dim": "batch", "size": 5, "args": [[0, 1], [1, 0]],
-                             "inputs": [[a.name, 0], [b.name, 0]], "join": ["sum"]}
+            assert entry == {
+                "dim": "batch",
+                "size": 5,
+                "args": [[0, 1], [1, 0]],
+                "inputs": [[a.name, 0], [b.name, 0]],
+                "join": ["sum"],
+            }
     cnn = capture(*_cnn(batch=3), optimizer="sgd").graph
     assert cnn.splittable[cnn.index["convolution"]] == [
-        {"dim": "batch", "size": 3}, {"dim": "channel", "size": 4, "axis": 1, "args": [[1, 0], [2, 0]]}]
+        {"dim": "batch", "size": 3},
+        {"dim": "channel", "size": 4, "axis": 1, "args": [[1, 0], [2, 0]]},
+    ]
 
 
 def test_channel_splittable_ops_record_the_arguments_a_split_slices():
@@ -337,9 +359,11 @@ def test_channel_splittable_ops_record_the_arguments_a_split_slices():
     # fc1 (8 outputs) and fc2 (3) forward: addmm(bias, x, t(weight)), bias and weight columns sliced; fc2's
     # input gradient mm(grad, weight): the weight's 8 columns.
     entry = {"dim": "channel", "axis": 1}
-    assert channel == {"addmm": [{**entry, "size": 8, "args": [[0, 0], [2, 1]]}],
-                       "addmm_1": [{**entry, "size": 3, "args": [[0, 0], [2, 1]]}],
-                       "mm": [{**entry, "size": 8, "args": [[1, 1]]}]}
+    assert channel == {
+        "addmm": [{**entry, "size": 8, "args": [[0, 0], [2, 1]]}],
+        "addmm_1": [{**entry, "size": 3, "args": [[0, 0], [2, 1]]}],
+        "mm": [{**entry, "size": 8, "args": [[1, 1]]}],
+    }
     assert step.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default)[0].name == "mm"
 
     class Convs(nn.Module):
@@ -409,20 +433,27 @@ class LossUnderNoGrad(MLP):
             return super().forward(x, y)
 
 
-@pytest.mark.parametrize("model", [LossOfInputsOnly(), DetachedLoss(), LossUnderNoGrad()],
-                         ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize(
+    "model", [LossOfInputsOnly(), DetachedLoss(), LossUnderNoGrad()], ids=lambda m: type(m).__name__
+)
 def test_a_loss_without_gradient_is_refused(model):
     # It used to capture a forward pass with zero gradients and no backward, silently.
-    with pytest.raises(FormatError, match=f"training step of {type(model).__name__}: its loss has no gradient, "
-                                          r"it depends on none of the trainable parameters \(fc1.weight"):
+    with pytest.raises(
+        FormatError,
+        match=f"training step of {type(model).__name__}: its loss has no gradient, "
+        r"it depends on none of the trainable parameters \(fc1.weight",
+    ):
         capture(model, (torch.randn(4, 6), torch.randint(0, 3, (4,))))
 
 
 def test_a_model_without_trainable_parameters_is_refused():
     model, inputs = _mlp()
     model.requires_grad_(False)
-    with pytest.raises(FormatError, match="training step of MLP: it has no trainable parameter "
-                                          r"\(its 4 parameters all have requires_grad=False\)"):
+    with pytest.raises(
+        FormatError,
+        match="training step of MLP: it has no trainable parameter "
+        r"\(its 4 parameters all have requires_grad=False\)",
+    ):
         capture(model, inputs)
     with pytest.raises(FormatError, match=r"no trainable parameter \(it has no parameters\)"):
         capture(nn.MSELoss(), (torch.randn(4, 2), torch.randn(4, 2)))
@@ -465,23 +496,27 @@ class Checkpointed(nn.Module):
 class CumulativeNorm(nn.Module):
     def __init__(self):
         super().__init__()
-        self.norm = nn.BatchNorm1d(3, momentum=None)      # reads its step count as a Python number
+        self.norm = nn.BatchNorm1d(3, momentum=None)  # reads its step count as a Python number
 
     def forward(self, x):
         return self.norm(x).pow(2).sum()
 
 
-@pytest.mark.parametrize("model, message", [
-    (ScalesItsInput, r"test_capture.py:\d+: .*writes in place into one of its inputs"),
-    (Checkpointed, r"test_capture.py:\d+ \(in torch.*activation checkpointing"),
-    (CumulativeNorm, r"test_capture.py:\d+ \(in torch.nn.modules.batchnorm.py:\d+\).*branches on tensor values")])
+@pytest.mark.parametrize(
+    "model, message",
+    [
+        (ScalesItsInput, r"test_capture.py:\d+: .*writes in place into one of its inputs"),
+        (Checkpointed, r"test_capture.py:\d+ \(in torch.*activation checkpointing"),
+        (CumulativeNorm, r"test_capture.py:\d+ \(in torch.nn.modules.batchnorm.py:\d+\).*branches on tensor values"),
+    ],
+)
 def test_what_capture_cannot_follow_is_said_in_the_models_terms(model, message):
     # torch's own advice ("rewrite the function being transformed", "open an issue") named torch's files.
     with pytest.raises(FormatError, match=message):
         capture(model(), (torch.randn(4, 3),))
 
 
-MODEL_FILE = '''
+MODEL_FILE = """
 import torch
 from torch import nn
 from sibling import WIDTH   # imported from the file's own folder, as when it runs
@@ -518,7 +553,7 @@ def data_dependent(batch_size):
     return Positive(), (torch.randn(batch_size, 10), torch.randn(batch_size, 1))
 
 NOT_A_FUNCTION = 3
-'''
+"""
 
 
 @pytest.fixture()
@@ -540,14 +575,17 @@ def test_file_spec_captures_an_unchanged_model_file(model_file):
     assert real.graph.to_dict() == step.graph.to_dict()
 
 
-@pytest.mark.parametrize("factory, error, words", [
-    ("broken", FormatError, "factory 'broken' .* raised ValueError: no data here"),
-    ("missing", FormatError, "no factory 'missing'.*broken, data_dependent, make"),
-    ("NOT_A_FUNCTION", FormatError, "non-callable factory"),
-    ("model_only", FormatError, r"must return \(model, inputs\)"),
-    ("vector_loss", FormatError, "scalar"),
-    ("data_dependent", FormatError, "size depends on the data"),
-])
+@pytest.mark.parametrize(
+    "factory, error, words",
+    [
+        ("broken", FormatError, "factory 'broken' .* raised ValueError: no data here"),
+        ("missing", FormatError, "no factory 'missing'.*broken, data_dependent, make"),
+        ("NOT_A_FUNCTION", FormatError, "non-callable factory"),
+        ("model_only", FormatError, r"must return \(model, inputs\)"),
+        ("vector_loss", FormatError, "scalar"),
+        ("data_dependent", FormatError, "size depends on the data"),
+    ],
+)
 def test_bad_file_specs_say_what_is_wrong(model_file, factory, error, words):
     from placer.capture import capture_spec
 
@@ -568,14 +606,20 @@ def test_bad_specs_and_batches(tmp_path):
             parse_spec(spec)
     with pytest.raises(OptionError, match="batch"):
         capture_spec("zoo:anything", 0)
-    assert parse_spec("zoo:gpt2?layers=2&dropout=0.1&tied=true&act=gelu") == \
-        ("zoo", "gpt2", {"layers": 2, "dropout": 0.1, "tied": True, "act": "gelu"})
+    assert parse_spec("zoo:gpt2?layers=2&dropout=0.1&tied=true&act=gelu") == (
+        "zoo",
+        "gpt2",
+        {"layers": 2, "dropout": 0.1, "tied": True, "act": "gelu"},
+    )
 
 
-@pytest.mark.parametrize("query, message", [
-    ("depth=50&depth=101", r"size option 'depth' is given twice \('depth=50' and 'depth=101'\)"),
-    ("image-size=64&width=8&image_size=64", r"size option 'image_size' is given twice \('image-size=64' and"),
-])
+@pytest.mark.parametrize(
+    "query, message",
+    [
+        ("depth=50&depth=101", r"size option 'depth' is given twice \('depth=50' and 'depth=101'\)"),
+        ("image-size=64&width=8&image_size=64", r"size option 'image_size' is given twice \('image-size=64' and"),
+    ],
+)
 def test_a_size_option_given_twice_is_refused(query, message):
     # The last one used to win silently.
     from placer.capture import capture_spec, parse_spec
@@ -606,7 +650,7 @@ def test_write_back_from_copies_equals_running_in_place():
     step = capture(model, inputs, optimizer="adam", lr=1e-2)
     opt, ref_opt = step.optimizer.eager(model.parameters()), step.optimizer.eager(reference.parameters())
     for _ in range(2):
-        copies = [t.clone() for t in step.step_inputs(model, inputs, opt)]   # as a runtime on other devices
+        copies = [t.clone() for t in step.step_inputs(model, inputs, opt)]  # as a runtime on other devices
         loss = step.gm(*copies)
         step.write_back(copies, model, opt)
         ref_loss = step.run(reference, inputs, ref_opt)
@@ -615,7 +659,7 @@ def test_write_back_from_copies_equals_running_in_place():
         assert torch.equal(a, b)
     for p, q in zip(model.parameters(), reference.parameters()):
         assert all(torch.equal(opt.state[p][k], ref_opt.state[q][k]) for k in step.layout.state_names)
-    fresh = step.step_inputs(model, inputs)   # no optimizer: new zero state, reused across steps
+    fresh = step.step_inputs(model, inputs)  # no optimizer: new zero state, reused across steps
     assert len(fresh) == step.layout.num_flat
     with pytest.raises(OptionError, match="Adam"):
         step.step_inputs(model, inputs, torch.optim.SGD(model.parameters(), lr=0.1))
@@ -685,8 +729,11 @@ def test_unknown_zoo_model_and_option_are_named():
 
 
 @settings(max_examples=4, deadline=None)
-@given(widths=st.lists(st.integers(1, 9), min_size=2, max_size=4), batch=st.integers(1, 6),
-       optimizer=st.sampled_from(OPTIMIZERS))
+@given(
+    widths=st.lists(st.integers(1, 9), min_size=2, max_size=4),
+    batch=st.integers(1, 6),
+    optimizer=st.sampled_from(OPTIMIZERS),
+)
 def test_mlp_graph_properties(widths, batch, optimizer):
     layers = [nn.Linear(a, b) for a, b in zip(widths, widths[1:])]
     model = nn.Sequential(*[m for layer in layers for m in (layer, nn.ReLU())][:-1])
@@ -706,21 +753,23 @@ def test_mlp_graph_properties(widths, batch, optimizer):
     assert graph.flops.sum() == 2 * batch * (3 * macs - widths[0] * widths[1])
     params = sum(p.numel() for p in model.parameters()) * 4
     state = {"sgd": 0, "adam": 2 * params + 4 * 2 * len(layers), "adamw": 2 * params + 4 * 2 * len(layers)}
-    assert graph.param_bytes.sum() == params + state[optimizer] + 8      # the learning rate, a float64
+    assert graph.param_bytes.sum() == params + state[optimizer] + 8  # the learning rate, a float64
     for i in np.flatnonzero(graph.output_bytes):
         assert graph.op[i] != "placeholder" or graph.ids[i].startswith("input_")
     for i, split in enumerate(graph.splittable):
         # A weight gradient's entries sum partial products ("join"); its batch entry, where the batch has 2
         # samples or more, slices the samples as the others' do.
         summing = any("join" in e for e in split or [])
-        assert split is None or ((_dims(split, "batch") == [{"dim": "batch", "size": batch}] or summing)
-                                 and graph.op[i] in ("aten.addmm", "aten.mm"))
+        assert split is None or (
+            (_dims(split, "batch") == [{"dim": "batch", "size": batch}] or summing)
+            and graph.op[i] in ("aten.addmm", "aten.mm")
+        )
         assert all(e["size"] == batch for e in _dims(split, "batch")) and len(_dims(split, "batch")) <= 1
         # Channels: a layer's outputs (its forward product) or inputs (its input gradient), 2 or more of them.
         assert all(e["size"] in widths and e["size"] >= 2 for e in _dims(split, "channel"))
     groups = graph.colocation_groups
     assert len(groups) == len(step.layout.params) * (1 + len(step.layout.state_names))
-    assert all(len(members) == 2 for members in groups.values())   # each state tensor and its write-back
+    assert all(len(members) == 2 for members in groups.values())  # each state tensor and its write-back
 
 
 def test_batch_splittable_ops_record_the_rows_a_split_cuts():
@@ -739,7 +788,7 @@ def test_batch_splittable_ops_record_the_rows_a_split_cuts():
             first = node.args[1] if packet in (torch.ops.aten.addmm, torch.ops.aten.baddbmm) else node.args[0]
             assert split == [{"dim": "batch", "size": first.meta["val"].shape[0]}], node.name
             sizes.add(split[0]["size"])
-    assert 2 * 5 in sizes                       # batch 2 x 5 tokens
+    assert 2 * 5 in sizes  # batch 2 x 5 tokens
 
     class Gram(nn.Module):
         """x @ (x^T x): the second operand depends on the batch too, so rows of x alone cannot be cut."""
@@ -753,8 +802,11 @@ def test_batch_splittable_ops_record_the_rows_a_split_cuts():
             return (h @ (h.t() @ h)).pow(2).mean()
 
     gram = capture(Gram(), (torch.randn(4, 4),), optimizer="sgd")
-    outer = [n for n in gram.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default)
-             if n.args[0].name == "addmm"]
+    outer = [
+        n
+        for n in gram.gm.graph.find_nodes(op="call_function", target=torch.ops.aten.mm.default)
+        if n.args[0].name == "addmm"
+    ]
     assert outer and all(gram.graph.splittable[gram.graph.index[n.name]] is None for n in outer)
 
 
@@ -769,13 +821,20 @@ def test_an_ordering_edge_holds_its_source_only_until_the_first_node_that_leads_
     graph = nx.DiGraph([(int(g.src[e]), int(g.dst[e])) for e in range(g.num_edges)])
     writes = [i for i, op in enumerate(g.op) if op == "aten.copy_"]
     leads = {w: nx.ancestors(graph, w) for w in writes}
-    held = [(g.ids[int(g.src[e])], g.ids[int(g.dst[e])]) for e in range(g.num_edges)
-            if not g.edge_bytes[e] and g.output_bytes[g.src[e]] and int(g.dst[e]) in leads
-            and any(x in leads[int(g.dst[e])] for x in range(int(g.src[e]) + 1, int(g.dst[e])))]
+    held = [
+        (g.ids[int(g.src[e])], g.ids[int(g.dst[e])])
+        for e in range(g.num_edges)
+        if not g.edge_bytes[e]
+        and g.output_bytes[g.src[e]]
+        and int(g.dst[e]) in leads
+        and any(x in leads[int(g.dst[e])] for x in range(int(g.src[e]) + 1, int(g.dst[e])))
+    ]
     assert not held
     # The input gradients' orderings are there, pointed at nodes before the writes.
-    assert any(not g.edge_bytes[e] and g.op[g.src[e]] == "aten.mm" and any(int(g.dst[e]) in leads[w] for w in writes)
-               for e in range(g.num_edges))
+    assert any(
+        not g.edge_bytes[e] and g.op[g.src[e]] == "aten.mm" and any(int(g.dst[e]) in leads[w] for w in writes)
+        for e in range(g.num_edges)
+    )
 
 
 def test_each_output_of_a_multi_output_op_is_a_node_held_until_its_own_readers_end():
@@ -789,8 +848,9 @@ def test_each_output_of_a_multi_output_op_is_a_node_held_until_its_own_readers_e
     picks = {int(p.args[1]): p for p in norm.users}
     assert set(picks) == {0, 1, 2} and all(step.carrier[p.name] == p.name for p in picks.values())
     ptr, eids = graph.out_edges
-    consumers = {int(graph.dst[e]): (int(graph.edge_tensor[e]), int(graph.edge_bytes[e]))
-                 for e in eids[ptr[x]:ptr[x + 1]]}
+    consumers = {
+        int(graph.dst[e]): (int(graph.edge_tensor[e]), int(graph.edge_bytes[e])) for e in eids[ptr[x] : ptr[x + 1]]
+    }
     assert consumers == {graph.index[p.name]: (k, p.meta["val"].numel() * 4) for k, p in picks.items()}
     assert graph.output_bytes[x] == sum(graph.output_bytes[graph.index[p.name]] for p in picks.values())
     y = graph.index[picks[0].name]
@@ -837,15 +897,19 @@ def test_no_ordering_edge_is_implied_by_a_path(optimizer):
 
     def storages(node):
         val = node.meta.get("val")
-        return {StorageWeakRef(t.untyped_storage()) for t in (val if isinstance(val, (tuple, list)) else [val])
-                if isinstance(t, torch.Tensor)}
+        return {
+            StorageWeakRef(t.untyped_storage())
+            for t in (val if isinstance(val, (tuple, list)) else [val])
+            if isinstance(t, torch.Tensor)
+        }
 
     def keeps_a_view_base(u, v):
         """Whether edge (u, v) holds the storage of a view that v reads (not an ordering)."""
         return any(storages(fx_node[g.ids[u]]) & storages(a) for a in fx_node[g.ids[v]].all_input_nodes)
 
-    zero = {e for e in range(g.num_edges)
-            if g.edge_bytes[e] == 0 and not keeps_a_view_base(int(g.src[e]), int(g.dst[e]))}
+    zero = {
+        e for e in range(g.num_edges) if g.edge_bytes[e] == 0 and not keeps_a_view_base(int(g.src[e]), int(g.dst[e]))
+    }
     others = nx.DiGraph([(int(g.src[e]), int(g.dst[e])) for e in range(g.num_edges)])
     implied = []
     for e in zero:
@@ -903,22 +967,28 @@ def test_copied_updates_with_momentum_give_the_graph_of_a_trace_of_every_update(
     assert copied.graph.to_dict() == traced.graph.to_dict()
 
 
-@pytest.mark.parametrize("optimizer, settings", [("sgd", {}), ("sgd", dict(momentum=0.9, nesterov=True)),
-                                                 ("adam", {}), ("adamw", dict(weight_decay=0.05))])
+@pytest.mark.parametrize(
+    "optimizer, settings",
+    [("sgd", {}), ("sgd", dict(momentum=0.9, nesterov=True)), ("adam", {}), ("adamw", dict(weight_decay=0.05))],
+)
 def test_the_learning_rate_is_an_input_of_the_step_not_a_constant(optimizer, settings):
     # A scheduler changes lr between steps: the update reads it from the step's lr input, once per step.
     model, inputs = _cnn()
     step = capture(model, inputs, optimizer=optimizer, lr=0.0123, settings=settings)
     gone = {0.0123, -0.0123, 1 - 0.0123 * 0.05}
-    constants = [(n.name, a) for n in step.gm.graph.nodes for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs))
-                 if isinstance(a, float) and a in gone]
+    constants = [
+        (n.name, a)
+        for n in step.gm.graph.nodes
+        for a in torch.utils._pytree.tree_leaves((n.args, n.kwargs))
+        if isinstance(a, float) and a in gone
+    ]
     assert not constants
     placeholders = [n for n in step.gm.graph.nodes if n.op == "placeholder"]
     lr = placeholders[step.layout.lr_offset]
     assert lr.name == "lr" and lr.meta["val"].dtype == torch.float64 and lr.meta["val"].shape == ()
     assert [u.target for u in lr.users] == [torch.ops.aten._local_scalar_dense.default]
     other = capture(model, inputs, optimizer=optimizer, lr=0.5, settings=settings)
-    assert step.graph.to_dict() == other.graph.to_dict()        # one graph, one plan, for every lr
+    assert step.graph.to_dict() == other.graph.to_dict()  # one graph, one plan, for every lr
 
 
 def test_momentum_buffers_are_optimizer_state_the_graph_counts():
@@ -937,27 +1007,32 @@ def test_momentum_buffers_are_optimizer_state_the_graph_counts():
     decayed = capture(model, inputs, optimizer="sgd", settings=dict(weight_decay=1e-4)).graph
     assert decayed.param_bytes.sum() == plain.param_bytes.sum() and decayed.num_nodes > plain.num_nodes
     adam = capture(model, inputs, optimizer="adam").graph
-    assert capture(model, inputs, optimizer="adam", lr=0.5, settings=dict(betas=(0.5, 0.9))).graph.digest() \
+    assert (
+        capture(model, inputs, optimizer="adam", lr=0.5, settings=dict(betas=(0.5, 0.9))).graph.digest()
         == adam.digest()
+    )
 
 
-@pytest.mark.parametrize("name, settings, message", [
-    ("sgd", dict(momentum=-0.1), "momentum must be a finite number >= 0, got -0.1"),
-    ("sgd", dict(momentum="0.9"), "momentum must be a finite number"),
-    ("sgd", dict(weight_decay=float("nan")), "weight_decay must be a finite number"),
-    ("sgd", dict(nesterov=1), "nesterov must be True or False, got 1"),
-    ("sgd", dict(nesterov=True), "nesterov=True needs momentum > 0"),
-    ("sgd", dict(momentum=0.9, dampening=0.1), "dampening=0.1 with momentum is not supported"),
-    ("sgd", dict(betas=(0.9, 0.99)), "optimizer 'sgd' has no setting 'betas'.*momentum"),
-    ("sgd", dict(amsgrad=True), "optimizer 'sgd' has no setting 'amsgrad'"),
-    ("adam", dict(momentum=0.9), "optimizer 'adam' has no setting 'momentum'.*betas"),
-    ("adam", dict(betas=(0.9, 1.0)), r"betas\[1\] must be a finite number in \[0, 1\), got 1.0"),
-    ("adam", dict(betas=0.9), "betas must be a pair of numbers"),
-    ("adam", dict(eps=-1e-8), "eps must be a finite number >= 0"),
-    ("adam", dict(amsgrad=True), "amsgrad=True is not supported by capture"),
-    ("adam", dict(fused=True), "fused=True is not supported by capture"),
-    ("adamw", dict(decoupled_weight_decay=False), "optimizer 'adamw' has no setting 'decoupled_weight_decay'"),
-])
+@pytest.mark.parametrize(
+    "name, settings, message",
+    [
+        ("sgd", dict(momentum=-0.1), "momentum must be a finite number >= 0, got -0.1"),
+        ("sgd", dict(momentum="0.9"), "momentum must be a finite number"),
+        ("sgd", dict(weight_decay=float("nan")), "weight_decay must be a finite number"),
+        ("sgd", dict(nesterov=1), "nesterov must be True or False, got 1"),
+        ("sgd", dict(nesterov=True), "nesterov=True needs momentum > 0"),
+        ("sgd", dict(momentum=0.9, dampening=0.1), "dampening=0.1 with momentum is not supported"),
+        ("sgd", dict(betas=(0.9, 0.99)), "optimizer 'sgd' has no setting 'betas'.*momentum"),
+        ("sgd", dict(amsgrad=True), "optimizer 'sgd' has no setting 'amsgrad'"),
+        ("adam", dict(momentum=0.9), "optimizer 'adam' has no setting 'momentum'.*betas"),
+        ("adam", dict(betas=(0.9, 1.0)), r"betas\[1\] must be a finite number in \[0, 1\), got 1.0"),
+        ("adam", dict(betas=0.9), "betas must be a pair of numbers"),
+        ("adam", dict(eps=-1e-8), "eps must be a finite number >= 0"),
+        ("adam", dict(amsgrad=True), "amsgrad=True is not supported by capture"),
+        ("adam", dict(fused=True), "fused=True is not supported by capture"),
+        ("adamw", dict(decoupled_weight_decay=False), "optimizer 'adamw' has no setting 'decoupled_weight_decay'"),
+    ],
+)
 def test_optimizer_settings_are_checked_at_the_door_naming_the_setting(name, settings, message):
     from placer.capture import optimizer_spec
 
@@ -970,8 +1045,11 @@ def test_optimizer_settings_are_checked_at_the_door_naming_the_setting(name, set
 def test_an_optimizer_object_is_refused_saying_capture_takes_a_name():
     # Its repr (several lines) was shown as the "name" not supported.
     model, inputs = _mlp()
-    with pytest.raises(OptionError, match=r"^optimizer must be a name, one of sgd, adam, adamw \(its settings in "
-                                          r"settings=...\), not a torch.optim.adam.Adam object$"):
+    with pytest.raises(
+        OptionError,
+        match=r"^optimizer must be a name, one of sgd, adam, adamw \(its settings in "
+        r"settings=...\), not a torch.optim.adam.Adam object$",
+    ):
         capture(model, inputs, optimizer=torch.optim.Adam(model.parameters(), amsgrad=True))
 
 
@@ -993,5 +1071,7 @@ def test_a_step_is_named_with_its_optimizer_settings_other_than_the_defaults():
         def forward(self, x):
             return super().forward(x).square().mean()
 
-    assert capture(Regression(3, 1), torch.randn(2, 3), optimizer="adamw",
-                   settings={"weight_decay": 0.1}).graph.name == "Regression-bs2-adamw-weight_decay0.1"
+    assert (
+        capture(Regression(3, 1), torch.randn(2, 3), optimizer="adamw", settings={"weight_decay": 0.1}).graph.name
+        == "Regression-bs2-adamw-weight_decay0.1"
+    )

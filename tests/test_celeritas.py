@@ -23,11 +23,15 @@ SETTINGS = settings(max_examples=25, deadline=None, suppress_health_check=[Healt
 
 def mixed_speeds() -> Cluster:
     """Three devices of different speeds, one channel per ordered pair."""
-    devices = [Device("fast", "V100", 16 * GiB, 2.0), Device("mid", "V100", 16 * GiB, 1.0),
-               Device("slow", "V100", 16 * GiB, 0.5)]
+    devices = [
+        Device("fast", "V100", 16 * GiB, 2.0),
+        Device("mid", "V100", 16 * GiB, 1.0),
+        Device("slow", "V100", 16 * GiB, 0.5),
+    ]
     names = [d.name for d in devices]
-    return Cluster("mixed-speeds", devices, [Channel(f"{a}->{b}", 1e10, 2e-5, ((a, b),))
-                                             for a in names for b in names if a != b])
+    return Cluster(
+        "mixed-speeds", devices, [Channel(f"{a}->{b}", 1e10, 2e-5, ((a, b),)) for a in names for b in names if a != b]
+    )
 
 
 @st.composite
@@ -35,12 +39,17 @@ def fused_graphs(draw, colocation=True):
     """A random DAG or training graph fused with a small exploration range, and a cluster."""
     groups = draw(st.integers(0, 3)) if colocation else 0
     if draw(st.booleans()):
-        graph = random_dag(draw(st.integers(1, 50)), edge_prob=draw(st.floats(0.05, 0.9)),
-                           max_compute_s=draw(st.sampled_from([1e-5, 1e-3])),
-                           colocation_groups=groups, seed=draw(st.integers(0, 10**6)))
+        graph = random_dag(
+            draw(st.integers(1, 50)),
+            edge_prob=draw(st.floats(0.05, 0.9)),
+            max_compute_s=draw(st.sampled_from([1e-5, 1e-3])),
+            colocation_groups=groups,
+            seed=draw(st.integers(0, 10**6)),
+        )
     else:
-        graph = training_graph(layers=draw(st.integers(1, 5)), branches=draw(st.integers(1, 4)),
-                               seed=draw(st.integers(0, 10**6)))
+        graph = training_graph(
+            layers=draw(st.integers(1, 5)), branches=draw(st.integers(1, 4)), seed=draw(st.integers(0, 10**6))
+        )
         if not colocation:
             graph = graph.replace(colocation=None)
     cluster = draw(st.sampled_from([load_cluster("4xV100-nvlink"), load_cluster("2x4xV100"), mixed_speeds()]))
@@ -80,9 +89,17 @@ def test_each_adjustment_is_no_slower_than_order_place(case):
     busy = [[] for _ in range(cluster.num_devices)]
     for step, k in enumerate(schedule.sequence.tolist()):
         into = np.flatnonzero(coarse.dst == k)
-        ready = [max([schedule.finish[coarse.src[e]] + cluster.transfer_s(schedule.device[coarse.src[e]], d,
-                                                                           coarse.edge_bytes[e]) for e in into],
-                     default=0.0) for d in range(cluster.num_devices)]
+        ready = [
+            max(
+                [
+                    schedule.finish[coarse.src[e]]
+                    + cluster.transfer_s(schedule.device[coarse.src[e]], d, coarse.edge_bytes[e])
+                    for e in into
+                ],
+                default=0.0,
+            )
+            for d in range(cluster.num_devices)
+        ]
         est = [earliest_gap(busy[d], ready[d], duration[k, d]) for d in range(cluster.num_devices)]
         chosen = int(schedule.device[k])
         assert schedule.start[k] == pytest.approx(est[chosen], rel=1e-12, abs=1e-15)
@@ -95,7 +112,7 @@ def test_each_adjustment_is_no_slower_than_order_place(case):
             t_adjust = schedule.finish[k] + back_cost
             if chosen != d_k:
                 assert t_adjust < t_order_end
-            else:   # the same sum taken in another order: equal up to rounding
+            else:  # the same sum taken in another order: equal up to rounding
                 assert t_adjust <= t_order_end * (1 + 1e-12)
         busy[chosen].append((schedule.start[k], schedule.finish[k]))
 
@@ -167,7 +184,7 @@ def test_plan_fits_when_one_device_cannot(algorithm):
     assert len({plan.placement[i] for i in graph.ids}) >= 2
     stats = plan.extra["celeritas"]
     assert stats["clusters"] < graph.num_nodes and stats["ccr_after"] <= stats["ccr_before"]
-    assert stats["memory_fraction"] == 0.25     # fitting at the paper's cap: no smaller clusters tried
+    assert stats["memory_fraction"] == 0.25  # fitting at the paper's cap: no smaller clusters tried
 
 
 @pytest.mark.parametrize("algorithm", ["celeritas", "order_place"])
@@ -177,8 +194,11 @@ def test_smaller_clusters_where_none_of_the_first_fit(algorithm):
     graph = training_graph(layers=4, branches=3, param_mib=1, activation_mib=4, seed=1)
     names = ["d0", "d1", "d2"]
     memory = int(0.7 * (graph.param_bytes.sum() + graph.output_bytes.sum()) / len(names))
-    cluster = Cluster("tight", [Device(name, "cpu", memory) for name in names],
-                      [Channel(f"{a}->{b}", 2e9, 1e-5, ((a, b),)) for a in names for b in names if a != b])
+    cluster = Cluster(
+        "tight",
+        [Device(name, "cpu", memory) for name in names],
+        [Channel(f"{a}->{b}", 2e9, 1e-5, ((a, b),)) for a in names for b in names if a != b],
+    )
     plan = place(graph, cluster, algorithm)
     assert simulate_plan(plan, graph, cluster).fits
     assert plan.extra["celeritas"]["memory_fraction"] == 0.25 / 4
@@ -219,8 +239,13 @@ def test_bad_options_are_refused(algorithm, options):
 
 
 @SETTINGS
-@given(st.integers(1, 40), st.floats(0.05, 0.9), st.integers(0, 10**6),
-       st.sampled_from(["4xV100-nvlink", "4xGPU-pcie", "2x4xV100"]), st.integers(1, 6))
+@given(
+    st.integers(1, 40),
+    st.floats(0.05, 0.9),
+    st.integers(0, 10**6),
+    st.sampled_from(["4xV100-nvlink", "4xGPU-pcie", "2x4xV100"]),
+    st.integers(1, 6),
+)
 def test_celeritas_is_never_slower_than_order_place(nodes, edge_prob, seed, cluster_name, exploration_range):
     """Issue 6: Adjusting Placement on the same coarse graph is never slower than Order-Place.
 
@@ -242,10 +267,13 @@ def test_devices_not_all_linked_get_a_valid_plan(algorithm):
     # A ring of 4 with little memory: where no device had room, the cluster went to the one with the most
     # room left whether or not its inputs could reach it ("no channel connects these devices").
     names = ["g0", "g1", "g2", "g3"]
-    channels = [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for i, a in enumerate(names)
-                for b in (names[(i + 1) % 4], names[i - 1])]
+    channels = [
+        Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),))
+        for i, a in enumerate(names)
+        for b in (names[(i + 1) % 4], names[i - 1])
+    ]
     ring = Cluster("ring4", [Device(x, "V100", 160 << 20) for x in names], channels)
-    plan = place(training_graph(layers=4, branches=2), ring, algorithm)     # place() validates it
+    plan = place(training_graph(layers=4, branches=2), ring, algorithm)  # place() validates it
     assert plan.predicted["fits"]
 
 
@@ -261,10 +289,17 @@ def test_a_pinned_member_stays_linked_to_its_cluster_on_a_line(algorithm, nodes,
 
 def test_nodes_no_linked_device_can_take_are_refused_naming_the_link():
     # d0 -> d1 -> d2 one way only; 'a' may run only on d2's kind and 'b', fed by 'a', only on d0's.
-    graph = OpGraph.from_dict({"format": "placer.graph/1", "name": "back", "nodes": [
-        {"id": "a", "compute_s": 1e-3, "device_kinds": ["T4"]},
-        {"id": "b", "compute_s": 1e-3, "device_kinds": ["cpu"]}],
-        "edges": [{"src": "a", "dst": "b", "bytes": 10}]})
+    graph = OpGraph.from_dict(
+        {
+            "format": "placer.graph/1",
+            "name": "back",
+            "nodes": [
+                {"id": "a", "compute_s": 1e-3, "device_kinds": ["T4"]},
+                {"id": "b", "compute_s": 1e-3, "device_kinds": ["cpu"]},
+            ],
+            "edges": [{"src": "a", "dst": "b", "bytes": 10}],
+        }
+    )
     cluster = line_cluster(["d0", "d1", "d2"], GiB, kinds=["cpu", "V100", "T4"], both_ways=False)
     with pytest.raises(InfeasibleError, match="'a' would send from 'd2' to node 'b' on 'd0', but no channel connects"):
         place(graph, cluster, "celeritas")
@@ -308,7 +343,7 @@ def test_best_effort_where_no_device_has_room(case, policy, queued):
     lowest usage (the most room left, on devices of equal memory), and that device is charged anyway."""
     fused, cluster = case
     need = np.full(fused.graph.num_nodes, 1e6)
-    capacity = np.full(cluster.num_devices, 1.0)     # nothing fits anywhere
+    capacity = np.full(cluster.num_devices, 1.0)  # nothing fits anywhere
     schedule = schedule_coarse(fused, cluster, policy, need, capacity, queued=queued)
     used = np.zeros(cluster.num_devices)
     for k in schedule.sequence.tolist():
@@ -322,8 +357,16 @@ def test_queued_inputs_wait_for_the_channel_as_in_the_reference_model():
     """a0 -> a1 on gpu0 (one colocation group, which fills it), each sending 1 GiB to b0 and b1 on gpu1. Over the one
     channel, a1's tensor waits for a0's: b1 starts two transfers after a0 ends, where Equation 7 says one
     transfer after a1 ends (gpu1 is then still busy with b0). The reference model, given the queued schedule's placement and order, agrees."""
-    graph = OpGraph(["a0", "a1", "b0", "b1"], [1e-3, 1e-3, 5e-3, 1e-3], [0, 0, 1], [1, 2, 3], [1 << 10, 1 << 30, 1 << 30],
-                    edge_tensor=[0, 1, 0], output_bytes=[1 << 30, 1 << 30, 0, 0], colocation=["a", "a", "b", "b"])
+    graph = OpGraph(
+        ["a0", "a1", "b0", "b1"],
+        [1e-3, 1e-3, 5e-3, 1e-3],
+        [0, 0, 1],
+        [1, 2, 3],
+        [1 << 10, 1 << 30, 1 << 30],
+        edge_tensor=[0, 1, 0],
+        output_bytes=[1 << 30, 1 << 30, 0, 0],
+        colocation=["a", "a", "b", "b"],
+    )
     cluster = load_cluster("2xV100-nvlink")
     fused = fuse(graph, cluster, exploration_range=1)
     need, capacity = np.array([3.0, 3.0, 2.0, 2.0]), np.array([6.0, 4.0])
@@ -333,7 +376,7 @@ def test_queued_inputs_wait_for_the_channel_as_in_the_reference_model():
     paper = schedule_coarse(fused, cluster, "adjust", need, capacity)
     for schedule in (queued, paper):
         assert list(schedule.device[k]) == [0, 0, 1, 1]
-    assert paper.start[k[3]] == pytest.approx(6e-3 + transfer)     # after b0, on gpu1 from 1 ms + transfer
+    assert paper.start[k[3]] == pytest.approx(6e-3 + transfer)  # after b0, on gpu1 from 1 ms + transfer
     assert queued.start[k[3]] == pytest.approx(1e-3 + 2 * transfer)
     result = simulate(graph, cluster, queued.node_device, queued.device_orders(fused, cluster.num_devices))
     assert result.start == pytest.approx(queued.start[k])

@@ -29,11 +29,33 @@ def run(capsys, *argv):
 def test_plan_warns_that_runnable_is_deprecated_and_notes_no_replicas(tmp_path, capsys, graph_file, recwarn):
     # `placer run` runs data-parallel plans too: a plan with replicas needs no note, and auto's runnable
     # option (which once kept them out) does nothing but warn, once.
-    code, out, err = run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "--algorithm", "data_parallel",
-                         "-o", tmp_path / "p.json")
+    code, out, err = run(
+        capsys,
+        "plan",
+        graph_file,
+        "--cluster",
+        "2xV100-nvlink",
+        "--algorithm",
+        "data_parallel",
+        "-o",
+        tmp_path / "p.json",
+    )
     assert code == 0 and err == "", err
-    code, out, err = run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "--algorithm", "auto",
-                         "--option", "runnable=true", "--option", "max_evaluations=5", "-o", tmp_path / "a.json")
+    code, out, err = run(
+        capsys,
+        "plan",
+        graph_file,
+        "--cluster",
+        "2xV100-nvlink",
+        "--algorithm",
+        "auto",
+        "--option",
+        "runnable=true",
+        "--option",
+        "max_evaluations=5",
+        "-o",
+        tmp_path / "a.json",
+    )
     assert code == 0 and "placer: warning: option runnable is deprecated and has no effect" in err, err
     assert not [w for w in recwarn if issubclass(w.category, DeprecationWarning)]
 
@@ -41,16 +63,19 @@ def test_plan_warns_that_runnable_is_deprecated_and_notes_no_replicas(tmp_path, 
 @pytest.mark.parametrize("algorithm", ["single", "round_robin", "expert", "metis"])
 def test_plan_then_simulate_json_agrees_with_reference(tmp_path, capsys, graph_file, algorithm):
     plan_file = tmp_path / "p.json"
-    code, out, err = run(capsys, "plan", graph_file, "--cluster", "4xV100-nvlink", "--algorithm", algorithm,
-                         "-o", plan_file, "--seed", 1)
+    code, out, err = run(
+        capsys, "plan", graph_file, "--cluster", "4xV100-nvlink", "--algorithm", algorithm, "-o", plan_file, "--seed", 1
+    )
     assert code == 0, err
     code, out, err = run(capsys, "simulate", graph_file, plan_file, "--cluster", "4xV100-nvlink", "--json")
     assert code == 0, err
     report = json.loads(out)
     plan = json.loads(plan_file.read_text())
     from placer.cluster import load_cluster
-    ref = reference_simulate(json.loads(graph_file.read_text()), load_cluster("4xV100-nvlink").to_dict(),
-                             plan["placement"], plan["order"])
+
+    ref = reference_simulate(
+        json.loads(graph_file.read_text()), load_cluster("4xV100-nvlink").to_dict(), plan["placement"], plan["order"]
+    )
     assert close(report["makespan_s"], ref["makespan_s"], rel=1e-6)
     assert close(plan["predicted"]["makespan_s"], ref["makespan_s"], rel=1e-6)
     assert report["peak_memory_bytes"] == ref["peak_memory_bytes"]
@@ -60,9 +85,9 @@ def test_plan_then_simulate_json_agrees_with_reference(tmp_path, capsys, graph_f
 def test_long_steps_say_what_they_do_on_stderr_and_leave_a_pipe_clean(capsys):
     from placer.report.tables import working
 
-    with working("planning ..."):       # a spinner: drawn on a terminal only
+    with working("planning ..."):  # a spinner: drawn on a terminal only
         print("result")
-    with working("timing ...", measuring=True):     # a line: no drawing thread beside what is timed
+    with working("timing ...", measuring=True):  # a line: no drawing thread beside what is timed
         pass
     out = capsys.readouterr()
     assert out.out == "result\n" and out.err == "timing ...\n"
@@ -80,7 +105,6 @@ def test_simulate_writes_a_trace(tmp_path, capsys, graph_file):
     assert transfers, "the expert split on two devices sends tensors"
 
 
-
 def test_simulate_says_a_plan_without_its_order_may_have_been_edited(tmp_path, capsys, graph_file):
     # The note blamed other costs (a --profile) alone, where the order had been removed by hand.
     plan_file = tmp_path / "p.json"
@@ -88,16 +112,17 @@ def test_simulate_says_a_plan_without_its_order_may_have_been_edited(tmp_path, c
     doc = json.loads(plan_file.read_text())
     doc.pop("order")
     plan_file.write_text(json.dumps(doc))
-    code, _, err = run(capsys, "simulate", graph_file, plan_file)      # earliest-ready dispatch: another step
+    code, _, err = run(capsys, "simulate", graph_file, plan_file)  # earliest-ready dispatch: another step
     assert code == 0 and "or edited since (it has no order now: was it removed?)" in err
+
 
 def test_simulate_with_a_calibrated_message_cost(tmp_path, capsys, graph_file):
     from placer.cluster import load_cluster
-    from placer.harness.calibrate import Calibration, LinkFit
-    from placer.sim.messages import MessageCost, messages_graph
     from placer.graph import OpGraph
+    from placer.harness.calibrate import Calibration, LinkFit
     from placer.plan import Plan
     from placer.sim import simulate_plan
+    from placer.sim.messages import MessageCost, messages_graph
 
     plan_file, calibration = tmp_path / "p.json", tmp_path / "cal.json"
     assert run(capsys, "plan", graph_file, "--cluster", "2xcpu", "--algorithm", "round_robin", "-o", plan_file)[0] == 0
@@ -108,8 +133,8 @@ def test_simulate_with_a_calibrated_message_cost(tmp_path, capsys, graph_file):
     report = json.loads(out)
     graph, plan, cluster = OpGraph.load(graph_file), Plan.load(plan_file), load_cluster("2xcpu")
     expected = simulate_plan(plan, messages_graph(graph, plan.bind(graph, cluster), cluster, {}, cost), cluster)
-    assert report["with_message_cost_s"] == pytest.approx(expected.makespan_s + 4e-4, rel=1e-12)   # and the barrier
-    assert report["with_message_cost_s"] > report["makespan_s"]         # round robin sends between its devices
+    assert report["with_message_cost_s"] == pytest.approx(expected.makespan_s + 4e-4, rel=1e-12)  # and the barrier
+    assert report["with_message_cost_s"] > report["makespan_s"]  # round robin sends between its devices
     code, out, _ = run(capsys, "simulate", graph_file, plan_file, "--message-cost", calibration)
     assert code == 0 and "with the host cost of its messages" in out
     Calibration({"gloo": LinkFit(3e-5, 4e9, 1.0)}).save(calibration)
@@ -117,14 +142,26 @@ def test_simulate_with_a_calibrated_message_cost(tmp_path, capsys, graph_file):
     assert code == 2 and "has no message cost" in err
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["plan", "{graph}", "--cluster", "nope", "-o", "{out}"], "unknown cluster 'nope'"),
-    (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--algorithm", "nope", "-o", "{out}"], "unknown algorithm 'nope'"),
-    (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--option", "x=1", "-o", "{out}"], "has no option 'x'"),
-    (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--time-limit", "-1", "-o", "{out}"], "option '--time-limit' must be"),
-    (["plan", "{missing}", "--cluster", "2xV100-nvlink", "-o", "{out}"], "no such file"),
-    (["plan", "{big}", "--cluster", "2xV100-nvlink", "--algorithm", "single", "-o", "{out}"], "single: no one device"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["plan", "{graph}", "--cluster", "nope", "-o", "{out}"], "unknown cluster 'nope'"),
+        (
+            ["plan", "{graph}", "--cluster", "2xV100-nvlink", "--algorithm", "nope", "-o", "{out}"],
+            "unknown algorithm 'nope'",
+        ),
+        (["plan", "{graph}", "--cluster", "2xV100-nvlink", "--option", "x=1", "-o", "{out}"], "has no option 'x'"),
+        (
+            ["plan", "{graph}", "--cluster", "2xV100-nvlink", "--time-limit", "-1", "-o", "{out}"],
+            "option '--time-limit' must be",
+        ),
+        (["plan", "{missing}", "--cluster", "2xV100-nvlink", "-o", "{out}"], "no such file"),
+        (
+            ["plan", "{big}", "--cluster", "2xV100-nvlink", "--algorithm", "single", "-o", "{out}"],
+            "single: no one device",
+        ),
+    ],
+)
 def test_user_errors_exit_2_with_one_line_and_write_nothing(tmp_path, capsys, graph_file, argv, message):
     big = tmp_path / "big.json"
     training_graph(layers=4, branches=2, param_mib=2000).save(big)
@@ -160,9 +197,27 @@ def test_algorithms_and_clusters_list(capsys):
 
 def test_installed_command_runs_demo(tmp_path):
     # The demo's own path on a small model; the full default (inception_v3) runs in bench/quality.py's time.
-    done = subprocess.run([sys.executable, "-m", "placer", "demo", "-o", str(tmp_path / "demo"), "--model",
-                           "zoo:lenet", "--batch", "64", "--cluster", "2xcpu", "--time-limit", "2"],
-                          capture_output=True, text=True, timeout=300)
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "placer",
+            "demo",
+            "-o",
+            str(tmp_path / "demo"),
+            "--model",
+            "zoo:lenet",
+            "--batch",
+            "64",
+            "--cluster",
+            "2xcpu",
+            "--time-limit",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert done.returncode == 0, done.stderr
     assert "best:" in done.stdout
     assert (tmp_path / "demo" / "graph.json").exists()
@@ -187,8 +242,12 @@ def test_a_demo_whose_report_fails_leaves_no_lone_graph(tmp_path, monkeypatch):
 def test_simulate_takes_the_model_spec_a_plan_was_made_from(tmp_path, capsys):
     plan_file = tmp_path / "p.json"
     spec = ["zoo:lenet", "--batch", "8", "--optimizer", "sgd"]
-    assert run(capsys, "plan", *spec[:1], "--cluster", "2xcpu", "--algorithm", "round_robin", "-o", plan_file,
-               *spec[1:])[0] == 0
+    assert (
+        run(capsys, "plan", *spec[:1], "--cluster", "2xcpu", "--algorithm", "round_robin", "-o", plan_file, *spec[1:])[
+            0
+        ]
+        == 0
+    )
     code, out, err = run(capsys, "simulate", spec[0], plan_file, *spec[1:], "--json")
     assert code == 0, err
     assert close(json.loads(out)["makespan_s"], json.loads(plan_file.read_text())["predicted"]["makespan_s"], rel=1e-9)
@@ -212,8 +271,9 @@ def test_a_plan_of_a_graph_captured_under_a_name_applies_to_the_spec_with_that_n
     code, out, err = run(capsys, "simulate", *spec, plan_file, "--name", "mynet", "--json")
     assert code == 0, err
     assert close(json.loads(out)["makespan_s"], json.loads(plan_file.read_text())["predicted"]["makespan_s"], rel=1e-9)
-    code, out, err = run(capsys, "run", spec[0], *spec[1:], "--plan", plan_file, "--name", "mynet", "--steps", "2",
-                         "--lr", "0.001")
+    code, out, err = run(
+        capsys, "run", spec[0], *spec[1:], "--plan", plan_file, "--name", "mynet", "--steps", "2", "--lr", "0.001"
+    )
     assert code == 0 and "mynet on 2xcpu" in out, err
     code, _, err = run(capsys, "simulate", graph_file, plan_file, "--name", "mynet")
     assert code == 2 and "--name applies to a model spec" in err
@@ -235,9 +295,12 @@ def planned(tmp_path, capsys, graph_file):
 
 def test_a_plan_is_checked_on_the_cluster_it_was_made_for(tmp_path, capsys, graph_file, planned):
     slow, plan_file = planned
-    for argv in (["simulate", graph_file, plan_file], ["validate", plan_file, "--graph", graph_file],
-                 ["run", "zoo:lenet", "--plan", plan_file]):
-        code, _, err = run(capsys, *argv)      # not the preset of that name, with other figures
+    for argv in (
+        ["simulate", graph_file, plan_file],
+        ["validate", plan_file, "--graph", graph_file],
+        ["run", "zoo:lenet", "--plan", plan_file],
+    ):
+        code, _, err = run(capsys, *argv)  # not the preset of that name, with other figures
         assert code == 2 and err.count("\n") == 1, err
         assert f"plan {plan_file} was made for cluster '2xV100-nvlink' (its \"cluster\" field)" in err
         assert "pass --cluster FILE" in err
@@ -264,22 +327,25 @@ def test_a_plan_is_checked_on_the_cluster_it_was_made_for(tmp_path, capsys, grap
     assert code == 0 and err == "" and "makespan" in out
 
 
-def test_validate_on_another_cluster_checks_it_there_and_says_the_plan_was_made_for_another(graph_file, capsys,
-                                                                                            planned):
+def test_validate_on_another_cluster_checks_it_there_and_says_the_plan_was_made_for_another(
+    graph_file, capsys, planned
+):
     slow, plan_file = planned
     with warnings.catch_warnings():
-        warnings.simplefilter("error")      # the note, not a Python warning besides
+        warnings.simplefilter("error")  # the note, not a Python warning besides
         code, out, err = run(capsys, "validate", plan_file, "--graph", graph_file, "--cluster", "2xV100-nvlink")
     assert code == 0 and out.startswith(f"{plan_file}: valid plan, makespan ")
-    assert err == (f"placer: note: plan {plan_file} was made for cluster '2xV100-nvlink', whose figures differ from "
-                   f"those of --cluster 2xV100-nvlink\n")
+    assert err == (
+        f"placer: note: plan {plan_file} was made for cluster '2xV100-nvlink', whose figures differ from "
+        f"those of --cluster 2xV100-nvlink\n"
+    )
 
 
 def test_simulate_errors_name_the_plan_file_and_its_cluster(tmp_path, capsys, graph_file):
     plan_file = tmp_path / "p.json"
     assert run(capsys, "plan", graph_file, "--cluster", "2xV100-nvlink", "-o", plan_file)[0] == 0
     code, _, err = run(capsys, "simulate", graph_file, plan_file, "--cluster", "2xcpu")
-    note, error = err.splitlines()      # the note that the cluster differs, then the error
+    note, error = err.splitlines()  # the note that the cluster differs, then the error
     assert code == 2 and note.startswith("placer: note: ") and error.startswith(f"placer: error: {plan_file}: node ")
     assert error.endswith("(the plan was made for cluster '2xV100-nvlink', not '2xcpu')")
     doc = json.loads(plan_file.read_text())
@@ -294,20 +360,29 @@ def test_simulate_errors_name_the_plan_file_and_its_cluster(tmp_path, capsys, gr
     assert code == 2 and err == f"placer: error: {plan_file}: splits[0] names unknown node 'ghost'\n"
 
 
-@pytest.mark.parametrize("argv, message", [
-    (["plan", "{graph}", "--cluster", "2xcpu", "-o", "{dir}"], "cannot write plan file {dir}: is a directory"),
-    (["plan", "{graph}", "--cluster", "2xcpu", "-o", "{graph}/p.json"],
-     "cannot write plan file {graph}/p.json: {graph} is a file, not a folder"),
-    (["plan", "{graph}", "--cluster", "2xcpu", "-o", ""], "cannot write plan file '': the path is empty"),
-    (["plan", "{graph}", "--cluster", "2xcpu", "-o", "{graph}"],
-     "plan file {graph} is the input file {graph}; pick another output"),
-    (["simulate", "{graph}", "{plan}", "--trace", "{dir}"], "cannot write trace file {dir}: is a directory"),
-    (["compare", "{graph}", "--cluster", "2xcpu", "-o", "{graph}"],
-     "cannot write report folder {graph}: it is a file, not a folder"),
-    (["cost", "{graph}", "-o", "{dir}"], "cannot write graph file {dir}: is a directory"),
-    (["capture", "zoo:lenet", "--batch", "2", "-o", "{dir}"], "cannot write graph file {dir}: is a directory"),
-    (["demo", "-o", "{graph}"], "cannot write report folder {graph}: it is a file, not a folder"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["plan", "{graph}", "--cluster", "2xcpu", "-o", "{dir}"], "cannot write plan file {dir}: is a directory"),
+        (
+            ["plan", "{graph}", "--cluster", "2xcpu", "-o", "{graph}/p.json"],
+            "cannot write plan file {graph}/p.json: {graph} is a file, not a folder",
+        ),
+        (["plan", "{graph}", "--cluster", "2xcpu", "-o", ""], "cannot write plan file '': the path is empty"),
+        (
+            ["plan", "{graph}", "--cluster", "2xcpu", "-o", "{graph}"],
+            "plan file {graph} is the input file {graph}; pick another output",
+        ),
+        (["simulate", "{graph}", "{plan}", "--trace", "{dir}"], "cannot write trace file {dir}: is a directory"),
+        (
+            ["compare", "{graph}", "--cluster", "2xcpu", "-o", "{graph}"],
+            "cannot write report folder {graph}: it is a file, not a folder",
+        ),
+        (["cost", "{graph}", "-o", "{dir}"], "cannot write graph file {dir}: is a directory"),
+        (["capture", "zoo:lenet", "--batch", "2", "-o", "{dir}"], "cannot write graph file {dir}: is a directory"),
+        (["demo", "-o", "{graph}"], "cannot write report folder {graph}: it is a file, not a folder"),
+    ],
+)
 def test_output_paths_are_checked_before_the_work(tmp_path, capsys, monkeypatch, graph_file, argv, message):
     import placer.algorithms
     import placer.capture
@@ -322,8 +397,12 @@ def test_output_paths_are_checked_before_the_work(tmp_path, capsys, monkeypatch,
     def never(*args, **kwargs):
         raise AssertionError("the work ran before the output path was checked")
 
-    for module, name in ((placer.algorithms, "place"), (placer.report.compare, "place"),
-                         (placer.capture, "capture_spec"), (placer.capture.spec, "capture_spec")):
+    for module, name in (
+        (placer.algorithms, "place"),
+        (placer.report.compare, "place"),
+        (placer.capture, "capture_spec"),
+        (placer.capture.spec, "capture_spec"),
+    ):
         monkeypatch.setattr(module, name, never)
     code, _, err = run(capsys, *[a.format(graph=graph_file, plan=plan_file, dir=folder) for a in argv])
     assert code == 2 and err == "placer: error: " + message.format(graph=graph_file, dir=folder) + "\n"
@@ -341,7 +420,7 @@ def test_validate_checks_every_file_and_takes_a_model_spec(tmp_path, capsys, gra
     assert err == f"placer: error: file {broken}: invalid JSON at line 1 column 12: Expecting value\n"
     code, _, err = run(capsys, "validate", plan_file, "--cluster", "2xV100-nvlink")
     assert code == 2 and "option '--cluster' checks plans against a cluster, which needs '--graph' too" in err
-    for flags in (["--batch", "2"], ["--momentum", "0.9"], ["--nesterov"]):     # were ignored without --graph
+    for flags in (["--batch", "2"], ["--momentum", "0.9"], ["--nesterov"]):  # were ignored without --graph
         code, _, err = run(capsys, "validate", plan_file, *flags)
         assert code == 2 and f"option '{flags[0]}' shapes the step captured from a model spec" in err
     lenet = tmp_path / "lenet.json"
@@ -350,13 +429,18 @@ def test_validate_checks_every_file_and_takes_a_model_spec(tmp_path, capsys, gra
     assert code == 0 and "valid plan" in out, err
 
 
-@pytest.mark.parametrize("option, message", [
-    (["--algorithms", ",,"], "option '--algorithms' names no algorithm: ',,'"),
-    (["--algorithms", "single,expert,single"], "option '--algorithms' names 'single' twice (one row and one plan "
-                                               "file each)"),
-    (["--time-limit", "-1"], "option '--time-limit' must be a positive number of seconds, got -1"),
-    (["--seed", "-1"], "option '--seed' must be a non-negative integer, got -1"),
-])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--algorithms", ",,"], "option '--algorithms' names no algorithm: ',,'"),
+        (
+            ["--algorithms", "single,expert,single"],
+            "option '--algorithms' names 'single' twice (one row and one plan file each)",
+        ),
+        (["--time-limit", "-1"], "option '--time-limit' must be a positive number of seconds, got -1"),
+        (["--seed", "-1"], "option '--seed' must be a non-negative integer, got -1"),
+    ],
+)
 def test_compare_refuses_bad_options_up_front(capsys, monkeypatch, graph_file, option, message):
     import placer.report.compare
 
@@ -365,19 +449,23 @@ def test_compare_refuses_bad_options_up_front(capsys, monkeypatch, graph_file, o
     assert code == 2 and out == "" and err == f"placer: error: {message}\n"
 
 
-@pytest.mark.parametrize("option, message", [
-    (["--time-limit", "0"], "option '--time-limit' must be a positive number of seconds, got 0"),
-    (["--seed", "-2"], "option '--seed' must be a non-negative integer, got -2"),
-    (["--option", "x=1"], "algorithm 'expert' has no option 'x'"),
-    (["--seed", "1", "--option", "seed=2"], "--option seed=... and --seed both set seed: give one"),
-    (["--algorithm", "m_etf", "--option", "coplace=3"], "option coplace of 'm_etf' must be true or false"),
-])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--time-limit", "0"], "option '--time-limit' must be a positive number of seconds, got 0"),
+        (["--seed", "-2"], "option '--seed' must be a non-negative integer, got -2"),
+        (["--option", "x=1"], "algorithm 'expert' has no option 'x'"),
+        (["--seed", "1", "--option", "seed=2"], "--option seed=... and --seed both set seed: give one"),
+        (["--algorithm", "m_etf", "--option", "coplace=3"], "option coplace of 'm_etf' must be true or false"),
+    ],
+)
 def test_plan_refuses_bad_options_before_capturing_the_model(tmp_path, capsys, monkeypatch, option, message):
     import placer.capture
 
     monkeypatch.setattr(placer.capture, "capture_spec", lambda *a, **k: pytest.fail("the model was captured"))
-    code, out, err = run(capsys, "plan", "zoo:lenet", "--batch", "2", "--cluster", "2xcpu",
-                         "-o", tmp_path / "p.json", *option)
+    code, out, err = run(
+        capsys, "plan", "zoo:lenet", "--batch", "2", "--cluster", "2xcpu", "-o", tmp_path / "p.json", *option
+    )
     assert code == 2 and out == "" and message in err and err.count("\n") == 1, err
 
 
@@ -389,8 +477,9 @@ def test_compare_on_a_graph_with_no_compute_writes_the_whole_report(tmp_path, ca
     g = training_graph(layers=2, branches=1, seed=3)
     zero = tmp_path / "zero.json"
     OpGraph.from_dict({**g.to_dict(), "nodes": [{**n, "compute_s": 0} for n in g.to_dict()["nodes"]]}).save(zero)
-    code, out, err = run(capsys, "compare", zero, "--cluster", "2xcpu", "--algorithms", "single,expert",
-                         "-o", tmp_path / "report")
+    code, out, err = run(
+        capsys, "compare", zero, "--cluster", "2xcpu", "--algorithms", "single,expert", "-o", tmp_path / "report"
+    )
     assert code == 0, err
     assert (tmp_path / "report" / "report.html").exists() and (tmp_path / "report" / "plan-expert.json").exists()
     # A late error leaves no half-written folder.
@@ -406,8 +495,9 @@ def test_a_reader_that_leaves_early_gets_no_traceback():
     import sys
 
     # `placer clusters | head -1`: the pipe closes while the table is written.
-    proc = subprocess.Popen([sys.executable, "-m", "placer", "clusters"], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "placer", "clusters"], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
     proc.stdout.readline()
     proc.stdout.close()
     err = proc.stderr.read().decode()

@@ -46,12 +46,12 @@ def test_matched_pairs_meet_the_theorem_conditions():
     pairs = acyclic_matching(g)
     assert pairs
     used = [x for p in pairs for x in p]
-    assert len(used) == len(set(used))                     # (i) a matching
+    assert len(used) == len(set(used))  # (i) a matching
     for u, v in pairs:
         assert v in succ[u]
         type_s = all(h[w] >= h[v] for w in succ[u])
         type_p = all(h[x] <= h[u] for x in pred[v])
-        assert type_s or type_p                           # (ii), generalised
+        assert type_s or type_p  # (ii), generalised
 
 
 def test_heaviest_edge_merges_first():
@@ -77,13 +77,22 @@ def test_bad_target_raises_option_error():
 
 
 @settings(max_examples=40, deadline=None)
-@given(n=st.integers(2, 60), p=st.floats(0.05, 0.9), seed=st.integers(0, 10**6), groups=st.integers(0, 4),
-       frac=st.floats(0.02, 1.0), use_labels=st.booleans())
+@given(
+    n=st.integers(2, 60),
+    p=st.floats(0.05, 0.9),
+    seed=st.integers(0, 10**6),
+    groups=st.integers(0, 4),
+    frac=st.floats(0.02, 1.0),
+    use_labels=st.booleans(),
+)
 def test_coarsening_is_acyclic_complete_and_keeps_costs(n, p, seed, groups, frac, use_labels):
     g = random_dag(n, edge_prob=p, seed=seed, colocation_groups=groups)
     rng = np.random.default_rng(seed)
-    g = g.replace(device_kinds=[("V100",) if rng.random() < 0.1 else ("V100", "A100") if rng.random() < 0.1 else None
-                                for _ in range(n)])
+    g = g.replace(
+        device_kinds=[
+            ("V100",) if rng.random() < 0.1 else ("V100", "A100") if rng.random() < 0.1 else None for _ in range(n)
+        ]
+    )
     labels = rng.integers(0, 3, n) if use_labels else None
     target = max(1, int(n * frac))
     c = coarsen(g, target, labels=labels)
@@ -94,7 +103,7 @@ def test_coarsening_is_acyclic_complete_and_keeps_costs(n, p, seed, groups, frac
         assert np.all(c.group_of[mem] == k)
         position = np.empty(n, dtype=int)
         position[g.topological_order] = np.arange(n)
-        assert np.all(np.diff(position[mem]) > 0)           # members in topological order
+        assert np.all(np.diff(position[mem]) > 0)  # members in topological order
         if labels is not None:
             assert np.unique(labels[mem]).size == 1
         kinds = [set(g.device_kinds[i]) for i in mem.tolist() if g.device_kinds[i] is not None]
@@ -145,7 +154,14 @@ def test_training_graph_coarsens_to_target_quickly():
 
 def test_a_joined_group_takes_a_name_no_group_of_the_graph_has():
     # Groups "a" and "b" share a coarse node; an unrelated group is named "a|b" already.
-    graph = OpGraph(["p", "q", "r"], [1.0, 1.0, 1.0], [0], [1], [8],
-                    colocation=["a", "b", "a|b"], device_kinds=[("A",), ("A",), ("B",)])
+    graph = OpGraph(
+        ["p", "q", "r"],
+        [1.0, 1.0, 1.0],
+        [0],
+        [1],
+        [8],
+        colocation=["a", "b", "a|b"],
+        device_kinds=[("A",), ("A",), ("B",)],
+    )
     coarse, _ = contract(graph, np.array([0, 0, 1]))
     assert {k: v.tolist() for k, v in coarse.colocation_groups.items()} == {"a|b~1": [0], "a|b": [1]}

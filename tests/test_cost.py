@@ -46,8 +46,14 @@ def test_dtype_and_matrix_units_pick_the_peak():
 
 
 def test_vectorised_over_nodes_with_views_and_nan():
-    t = node_time_s("V100", [np.nan, 0.0, 1e9], [0, 0, 0], ["float32", "float16", "float32"],
-                    matrix=[False, False, True], views=[True, False, False])
+    t = node_time_s(
+        "V100",
+        [np.nan, 0.0, 1e9],
+        [0, 0, 0],
+        ["float32", "float16", "float32"],
+        matrix=[False, False, True],
+        views=[True, False, False],
+    )
     assert t.shape == (3,)
     assert t[0] == 0.0  # a view launches nothing
     assert t[1] == pytest.approx(5e-6)  # an empty kernel still costs its launch
@@ -69,14 +75,26 @@ def test_op_names_normalise():
 def _hand_graph() -> OpGraph:
     # conv (fp32 -> TF32 on A100), mm (fp32 stays FP32), view (free), relu (no bytes_accessed:
     # falls back to input edges + output), add in fp16.
-    extra = [{"bytes_accessed": 4e6, "dtype": "float32"}, {"bytes_accessed": 8e6, "dtype": "torch.float32"},
-             {"bytes_accessed": 0}, {}, {"bytes_accessed": 3e6, "dtype": "float16"}]
-    return OpGraph(["conv", "mm", "view", "relu", "add"], [1, 1, 1, 1, 1], [0, 1, 2, 3], [1, 2, 3, 4],
-                   [1000, 2000, 2000, 3000], output_bytes=[1000, 2000, 2000, 5000, 10],
-                   flops=[2e12, 1e12, np.nan, 0.0, 1e6],
-                   op=["aten.convolution.default", "aten.mm.default", "aten.view.default",
-                       "aten.relu.default", "aten.add.Tensor"],
-                   node_extra=extra, compute_s_by_kind=[{"cpu": 0.5}, None, None, None, None], name="hand")
+    extra = [
+        {"bytes_accessed": 4e6, "dtype": "float32"},
+        {"bytes_accessed": 8e6, "dtype": "torch.float32"},
+        {"bytes_accessed": 0},
+        {},
+        {"bytes_accessed": 3e6, "dtype": "float16"},
+    ]
+    return OpGraph(
+        ["conv", "mm", "view", "relu", "add"],
+        [1, 1, 1, 1, 1],
+        [0, 1, 2, 3],
+        [1, 2, 3, 4],
+        [1000, 2000, 2000, 3000],
+        output_bytes=[1000, 2000, 2000, 5000, 10],
+        flops=[2e12, 1e12, np.nan, 0.0, 1e6],
+        op=["aten.convolution.default", "aten.mm.default", "aten.view.default", "aten.relu.default", "aten.add.Tensor"],
+        node_extra=extra,
+        compute_s_by_kind=[{"cpu": 0.5}, None, None, None, None],
+        name="hand",
+    )
 
 
 def test_annotate_fills_reference_and_other_kinds():
@@ -100,7 +118,7 @@ def test_annotate_costs_every_known_kind_by_default_so_cpu_presets_run_at_cpu_sp
     assert set(g.compute_s_by_kind[1]) == set(DEVICE_SPECS) - {"V100"}
     on_cpu = g.durations(load_cluster("2xcpu"))[:, 0]
     np.testing.assert_allclose(on_cpu[1:], [g.compute_s_by_kind[i]["cpu"] for i in range(1, 5)])
-    assert on_cpu[1] > 50 * g.compute_s[1]      # a matrix product on one core, not at the V100's speed
+    assert on_cpu[1] > 50 * g.compute_s[1]  # a matrix product on one core, not at the V100's speed
 
 
 def test_annotated_graph_durations_on_presets():
@@ -111,9 +129,19 @@ def test_annotated_graph_durations_on_presets():
 
 
 # -------------------------------------------------------------- calibration
-from placer.harness.calibrate import MESSAGE_GAPS, Calibration, LinkFit, apply_calibration, calibrate, fit_link, load_calibration, measure_gloo, measure_probe  # noqa: E402
-from placer.sim.messages import MessageCost  # noqa: E402
 from placer.errors import FormatError, PlacerError  # noqa: E402
+from placer.harness.calibrate import (  # noqa: E402
+    MESSAGE_GAPS,
+    Calibration,
+    LinkFit,
+    apply_calibration,
+    calibrate,
+    fit_link,
+    load_calibration,
+    measure_gloo,
+    measure_probe,
+)
+from placer.sim.messages import MessageCost  # noqa: E402
 
 
 def test_fit_recovers_latency_and_bandwidth_exactly():
@@ -134,11 +162,14 @@ def test_fit_of_noisy_points_has_r2_below_one():
     assert fit.bandwidth_bytes_per_s == pytest.approx(1e9, rel=0.3)
 
 
-@pytest.mark.parametrize("sizes, times, message", [
-    ([1e3, 1e3], [1e-5, 2e-5], "two distinct sizes"),
-    ([1e3, 1e6], [1e-5, -1.0], "finite and > 0"),
-    ([1e3, 1e6], [1e-3, 1e-5], "does not grow"),
-])
+@pytest.mark.parametrize(
+    "sizes, times, message",
+    [
+        ([1e3, 1e3], [1e-5, 2e-5], "two distinct sizes"),
+        ([1e3, 1e6], [1e-5, -1.0], "finite and > 0"),
+        ([1e3, 1e6], [1e-3, 1e-5], "does not grow"),
+    ],
+)
 def test_fit_refuses_unusable_points(sizes, times, message):
     with pytest.raises(PlacerError, match=message):
         fit_link(sizes, times, "pcie")
@@ -146,10 +177,13 @@ def test_fit_refuses_unusable_points(sizes, times, message):
 
 def _calibration() -> Calibration:
     messages = [(0, 1, 1024, 2e-5, 1e-5), (0, 1, 1 << 20, 3e-4, 5e-5)]
-    return Calibration({"gloo": LinkFit(3e-5, 4e9, 0.99, [(1024, 3.1e-5), (1 << 20, 2.9e-4)]),
-                        "cuda-peer": LinkFit(-1e-6, 2e11, 0.9)}, {"backend": "gloo"},
-                       replace(MessageCost.fit(messages), by_gap=((0.0, 5e-6, 4e-6), (1e-3, 1e-5, 8e-6))), messages,
-                       barrier_s=2e-4)
+    return Calibration(
+        {"gloo": LinkFit(3e-5, 4e9, 0.99, [(1024, 3.1e-5), (1 << 20, 2.9e-4)]), "cuda-peer": LinkFit(-1e-6, 2e11, 0.9)},
+        {"backend": "gloo"},
+        replace(MessageCost.fit(messages), by_gap=((0.0, 5e-6, 4e-6), (1e-3, 1e-5, 8e-6))),
+        messages,
+        barrier_s=2e-4,
+    )
 
 
 def test_calibration_round_trip_and_apply(tmp_path):
@@ -174,22 +208,47 @@ def test_calibration_round_trip_and_apply(tmp_path):
         apply_calibration(load_cluster("4xV100-nvlink"), cal)
 
 
-@pytest.mark.parametrize("doc, message", [
-    ({"format": "placer.profile/1", "links": {}}, "field 'format'"),
-    ({"format": "placer.calibration/1"}, "missing required field 'links'"),
-    ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5}}},
-     "link 'gloo': missing required field 'bandwidth_bytes_per_s'"),
-    ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 0}}},
-     "'bandwidth_bytes_per_s' must be > 0"),
-    ({"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9,
-                                                          "samples": [[1, 2, 3]]}}}, "sample #0"),
-    ({"format": "placer.calibration/1", "links": {}, "messages": {"send_fixed_s": 1e-5}},
-     "field 'messages': missing required field 'send_per_byte_s'"),
-    ({"format": "placer.calibration/1", "links": {}, "barrier_s": -1e-4}, "field 'barrier_s'"),
-    ({"format": "placer.calibration/1", "links": {}, "messages": {
-        "send_fixed_s": 1e-5, "send_per_byte_s": 0, "receive_fixed_s": 1e-5, "receive_per_byte_s": 0,
-        "samples": [[0, 1, 1024, 1e-5]]}}, "'messages': sample #0 must be"),
-])
+@pytest.mark.parametrize(
+    "doc, message",
+    [
+        ({"format": "placer.profile/1", "links": {}}, "field 'format'"),
+        ({"format": "placer.calibration/1"}, "missing required field 'links'"),
+        (
+            {"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5}}},
+            "link 'gloo': missing required field 'bandwidth_bytes_per_s'",
+        ),
+        (
+            {"format": "placer.calibration/1", "links": {"gloo": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 0}}},
+            "'bandwidth_bytes_per_s' must be > 0",
+        ),
+        (
+            {
+                "format": "placer.calibration/1",
+                "links": {"gloo": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9, "samples": [[1, 2, 3]]}},
+            },
+            "sample #0",
+        ),
+        (
+            {"format": "placer.calibration/1", "links": {}, "messages": {"send_fixed_s": 1e-5}},
+            "field 'messages': missing required field 'send_per_byte_s'",
+        ),
+        ({"format": "placer.calibration/1", "links": {}, "barrier_s": -1e-4}, "field 'barrier_s'"),
+        (
+            {
+                "format": "placer.calibration/1",
+                "links": {},
+                "messages": {
+                    "send_fixed_s": 1e-5,
+                    "send_per_byte_s": 0,
+                    "receive_fixed_s": 1e-5,
+                    "receive_per_byte_s": 0,
+                    "samples": [[0, 1, 1024, 1e-5]],
+                },
+            },
+            "'messages': sample #0 must be",
+        ),
+    ],
+)
 def test_bad_calibration_files(tmp_path, doc, message):
     path = tmp_path / "bad.json"
     path.write_text(__import__("json").dumps(doc))
@@ -215,8 +274,10 @@ def test_real_gloo_calibration_two_ranks():
     assert [gap for gap, _, _ in cal.message_cost.by_gap] == list(MESSAGE_GAPS)
     assert all(sent >= 0 and received >= 0 for _, sent, received in cal.message_cost.by_gap)
     # And what an operation right after a message loses, each side (never below zero, finite).
-    assert all(0 <= after < 0.1 for after in (cal.message_cost.after_send_s, cal.message_cost.after_receive_s,
-                                               cal.message_cost.after_wait_s))
+    assert all(
+        0 <= after < 0.1
+        for after in (cal.message_cost.after_send_s, cal.message_cost.after_receive_s, cal.message_cost.after_wait_s)
+    )
     # And the barrier that ends a step, for the last rank to reach it.
     assert 0 < cal.barrier_s < 1.0
 
@@ -252,18 +313,21 @@ def test_a_terminated_calibration_stops_its_ranks_and_leaves_no_directory(tmp_pa
 
     # SIGTERM to placer alone left both ranks running and the directory they write in behind.
     out = tmp_path / "cal.json"
-    code, err, ranks = terminate_once_ranks_run(["calibrate", "-o", str(out)], 2, b"_gloo_worker",
-                                                env={**os.environ, "TMPDIR": str(tmp_path)})
+    code, err, ranks = terminate_once_ranks_run(
+        ["calibrate", "-o", str(out)], 2, b"_gloo_worker", env={**os.environ, "TMPDIR": str(tmp_path)}
+    )
     assert code == -signal.SIGTERM
-    assert err.splitlines()[-1] == ("placer: terminated: the calibration's processes were stopped and nothing "
-                                    "was written")
+    assert err.splitlines()[-1] == (
+        "placer: terminated: the calibration's processes were stopped and nothing was written"
+    )
     assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), "a rank outlived placer"
     assert not list(tmp_path.glob("placer-calibrate-*")), "the ranks' directory was left behind"
     assert not out.exists()
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    ({"ranks": 1}, "ranks"), ({"repeats": 0}, "repeats"), ({"sizes": [0]}, "sizes")])
+@pytest.mark.parametrize(
+    "kwargs, message", [({"ranks": 1}, "ranks"), ({"repeats": 0}, "repeats"), ({"sizes": [0]}, "sizes")]
+)
 def test_gloo_calibration_options(kwargs, message):
     with pytest.raises(OptionError, match=message):
         measure_gloo(**{"ranks": 2, "sizes": [1024], "repeats": 1, **kwargs})
@@ -272,8 +336,16 @@ def test_gloo_calibration_options(kwargs, message):
 def test_probe_run_message_cost():
     # The streams' shape over gaps, scaled to what the probe's messages cost; the charges for the operation
     # after a message fitted to the probe's operations (not the streams'); the per-byte parts the probe's own.
-    streams = MessageCost(3e-5, 0.0, 4e-5, 0.0, by_gap=((0.0, 2e-5, 3e-5), (1e-3, 4e-5, 5e-5)),
-                          after_send_s=1e-6, after_receive_s=2e-6, after_wait_s=3e-6)
+    streams = MessageCost(
+        3e-5,
+        0.0,
+        4e-5,
+        0.0,
+        by_gap=((0.0, 2e-5, 3e-5), (1e-3, 4e-5, 5e-5)),
+        after_send_s=1e-6,
+        after_receive_s=2e-6,
+        after_wait_s=3e-6,
+    )
     cost, fitted_to = measure_probe(streams, ("zoo:lenet", 8), steps=2)
     assert fitted_to > 0
     assert [gap for gap, _, _ in cost.by_gap] == [0.0, 1e-3]
@@ -295,13 +367,15 @@ def test_probe_options(monkeypatch):
 
 
 def test_calibrate_cli_with_a_probe(tmp_path, capsys, monkeypatch):
-    from placer.cli import main
     from placer.cli import cost as cost_cli
+    from placer.cli import main
     from placer.harness import calibrate as calibrate_module
 
     probed = _calibration()
-    probed.meta.update(probe={"model": "zoo:lenet", "batch": 8, "steps": 2, "messages": 40},
-                       stream_message_cost=probed.message_cost.to_dict())
+    probed.meta.update(
+        probe={"model": "zoo:lenet", "batch": 8, "steps": 2, "messages": 40},
+        stream_message_cost=probed.message_cost.to_dict(),
+    )
     asked = {}
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: asked.update(k) or probed)
     monkeypatch.setattr(cost_cli, "calibrate", calibrate_module.calibrate)
@@ -309,15 +383,17 @@ def test_calibrate_cli_with_a_probe(tmp_path, capsys, monkeypatch):
     assert main(["calibrate", "--probe", "-o", str(out)]) == 0
     assert asked["probe"] is True
     printed = capsys.readouterr().out
-    assert "fitted to 40 messages of a probe run (zoo:lenet, batch 8" in printed and "scaled to the probe run" in printed
+    assert (
+        "fitted to 40 messages of a probe run (zoo:lenet, batch 8" in printed and "scaled to the probe run" in printed
+    )
     saved = load_calibration(out)
     assert saved.meta["probe"]["messages"] == 40 and saved.message_cost == probed.message_cost
     assert MessageCost.from_dict(saved.meta["stream_message_cost"], "streams") == probed.message_cost
 
 
 def test_calibrate_warns_of_a_fit_that_explains_little_of_its_points(tmp_path, capsys, monkeypatch):
-    from placer.cli import main
     from placer.cli import cost as cost_cli
+    from placer.cli import main
     from placer.harness import calibrate as calibrate_module
 
     # A 1 KiB message slower than a 64 KiB one (R^2 0.55) went silently into the cluster file.
@@ -331,8 +407,8 @@ def test_calibrate_warns_of_a_fit_that_explains_little_of_its_points(tmp_path, c
 
 
 def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_path, capsys, monkeypatch):
-    from placer.cli import main
     from placer.cli import cost as cost_cli
+    from placer.cli import main
     from placer.harness import calibrate as calibrate_module
 
     monkeypatch.setattr(calibrate_module, "calibrate", lambda *a, **k: pytest.fail("measured before the check"))
@@ -346,25 +422,30 @@ def test_calibrate_refuses_a_cluster_it_could_not_apply_before_measuring(tmp_pat
     assert main(["calibrate", "--backend", "gloo", "--cluster", "2xcpu", "--link", "foo", *out]) == 2
     assert "give CHANNEL_LINK=MEASURED_LINK" in capsys.readouterr().err
     # Each refused before measuring (the cluster output was dropped without a word; the others failed after it).
-    for argv, message in [(out, "'--cluster-output' needs '--cluster'"),
-                          (["--ranks", "1", *out[:2]], "'--ranks' must be >= 2"),
-                          (["--sizes", "1K,1024", *out[:2]], "'--sizes' needs two sizes or more")]:
+    for argv, message in [
+        (out, "'--cluster-output' needs '--cluster'"),
+        (["--ranks", "1", *out[:2]], "'--ranks' must be >= 2"),
+        (["--sizes", "1K,1024", *out[:2]], "'--sizes' needs two sizes or more"),
+    ]:
         assert main(["calibrate", *argv]) == 2
         assert message in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("sizes, message", [
-    ("1.5", "option '--sizes': '1.5' is 1.5 bytes, not a whole number of bytes"),      # was read as 1 byte
-    ("4K,0.3K", "option '--sizes': '0.3K' is 307.2 bytes, not a whole number"),      # was 307
-    ("-1K", "option '--sizes': sizes must be at least 4 bytes (one float32), got '-1K'"),
-    ("0", "option '--sizes': sizes must be at least 4 bytes"),
-    ("inf", "option '--sizes' expects sizes in bytes like 4096, 64K, 1.5M or 1G (K = 1024), got 'inf'"),  # a crash
-    ("4K,,8K", "option '--sizes' expects sizes in bytes like 4096, 64K, 1.5M or 1G (K = 1024), got ''"),
-    ("12 parsecs", "got '12 parsecs'"),
-])
+@pytest.mark.parametrize(
+    "sizes, message",
+    [
+        ("1.5", "option '--sizes': '1.5' is 1.5 bytes, not a whole number of bytes"),  # was read as 1 byte
+        ("4K,0.3K", "option '--sizes': '0.3K' is 307.2 bytes, not a whole number"),  # was 307
+        ("-1K", "option '--sizes': sizes must be at least 4 bytes (one float32), got '-1K'"),
+        ("0", "option '--sizes': sizes must be at least 4 bytes"),
+        ("inf", "option '--sizes' expects sizes in bytes like 4096, 64K, 1.5M or 1G (K = 1024), got 'inf'"),  # a crash
+        ("4K,,8K", "option '--sizes' expects sizes in bytes like 4096, 64K, 1.5M or 1G (K = 1024), got ''"),
+        ("12 parsecs", "got '12 parsecs'"),
+    ],
+)
 def test_calibrate_sizes_are_read_exactly_or_refused_before_measuring(tmp_path, capsys, monkeypatch, sizes, message):
-    from placer.cli import main
     from placer.cli import cost as cost_cli
+    from placer.cli import main
     from placer.harness import calibrate as calibrate_module
 
     measured = []
@@ -388,13 +469,18 @@ def test_calibrate_sizes_are_read_exactly_or_refused_before_measuring(tmp_path, 
 import json  # noqa: E402
 
 from placer.cost.profile import Profile, apply_profile, load_profile  # noqa: E402
-from placer.harness.profiling import profile_module  # noqa: E402
 from placer.generate import training_graph  # noqa: E402
+from placer.harness.profiling import profile_module  # noqa: E402
 
 
 def _profile_for(graph: OpGraph) -> Profile:
-    return Profile(graph.name, graph.digest(), "cpu", {node: 1e-4 * (k + 1) for k, node in enumerate(graph.ids)},
-                   {"device_name": "test cpu", "torch": "2.13.0"})
+    return Profile(
+        graph.name,
+        graph.digest(),
+        "cpu",
+        {node: 1e-4 * (k + 1) for k, node in enumerate(graph.ids)},
+        {"device_name": "test cpu", "torch": "2.13.0"},
+    )
 
 
 def test_profile_round_trip_and_apply(tmp_path):
@@ -422,21 +508,24 @@ def _write(tmp_path, doc) -> str:
     return str(path)
 
 
-@pytest.mark.parametrize("mutate, message", [
-    (lambda d: "{not json", "invalid JSON"),
-    (lambda d: "", "empty"),
-    (lambda d: {**d, "format": "placer.graph/1"}, "field 'format' is 'placer.graph/1'"),
-    (lambda d: {k: v for k, v in d.items() if k != "format"}, "missing field 'format'"),
-    (lambda d: {k: v for k, v in d.items() if k != "node_seconds"}, "missing required field 'node_seconds'"),
-    (lambda d: {k: v for k, v in d.items() if k != "device_kind"}, "missing required field 'device_kind'"),
-    (lambda d: {**d, "node_seconds": [1, 2]}, "field 'node_seconds' must be an object"),
-    (lambda d: {**d, "node_seconds": {**d["node_seconds"], "loss": -1.0}}, "node 'loss': time must be >= 0"),
-    (lambda d: {**d, "node_seconds": {**d["node_seconds"], "loss": "fast"}}, "node 'loss': time must be a number"),
-    (lambda d: json.dumps(d).replace('"loss": 0.', '"loss": NaN, "x": 0.'), "NaN is not a valid number"),
-    (lambda d: json.dumps(d).replace('"loss": 0.', '"loss": 1e999, "x": 0.'), "node 'loss': time must be finite"),
-    (lambda d: {**d, "node_seconds": {**d["node_seconds"], "ghost": 1.0}}, "node 'ghost' is not in graph"),
-    (lambda d: {**d, "graph_digest": "0123456789abcdef"}, "made for graph"),
-])
+@pytest.mark.parametrize(
+    "mutate, message",
+    [
+        (lambda d: "{not json", "invalid JSON"),
+        (lambda d: "", "empty"),
+        (lambda d: {**d, "format": "placer.graph/1"}, "field 'format' is 'placer.graph/1'"),
+        (lambda d: {k: v for k, v in d.items() if k != "format"}, "missing field 'format'"),
+        (lambda d: {k: v for k, v in d.items() if k != "node_seconds"}, "missing required field 'node_seconds'"),
+        (lambda d: {k: v for k, v in d.items() if k != "device_kind"}, "missing required field 'device_kind'"),
+        (lambda d: {**d, "node_seconds": [1, 2]}, "field 'node_seconds' must be an object"),
+        (lambda d: {**d, "node_seconds": {**d["node_seconds"], "loss": -1.0}}, "node 'loss': time must be >= 0"),
+        (lambda d: {**d, "node_seconds": {**d["node_seconds"], "loss": "fast"}}, "node 'loss': time must be a number"),
+        (lambda d: json.dumps(d).replace('"loss": 0.', '"loss": NaN, "x": 0.'), "NaN is not a valid number"),
+        (lambda d: json.dumps(d).replace('"loss": 0.', '"loss": 1e999, "x": 0.'), "node 'loss': time must be finite"),
+        (lambda d: {**d, "node_seconds": {**d["node_seconds"], "ghost": 1.0}}, "node 'ghost' is not in graph"),
+        (lambda d: {**d, "graph_digest": "0123456789abcdef"}, "made for graph"),
+    ],
+)
 def test_bad_profiles_name_file_and_field(tmp_path, mutate, message):
     graph = training_graph(layers=2)
     path = _write(tmp_path, mutate(_profile_for(graph).to_dict()))
@@ -480,14 +569,21 @@ from placer.harness.standard_eval import fit_batch_model, match_nodes  # noqa: E
 def _step_at(batch: int, prefix: str = "") -> OpGraph:
     # Memory, FLOPs and edges exactly linear in the batch; a parameter node constant.
     ids = [f"{prefix}{n}" for n in ("w", "fwd", "loss", "upd")]
-    return OpGraph(ids, [1e-5, 2e-5 * batch, 1e-6 * batch + 3e-6, 4e-5], [0, 1, 1, 2], [1, 2, 3, 3],
-                   [4096, 512 * batch, 128 * batch, 8],
-                   output_bytes=[4096, 512 * batch, 8, 4096], param_bytes=[4096, 0, 0, 8192],
-                   temp_bytes=[0, 64 * batch + 32, 0, 0], flops=[np.nan, 1e6 * batch, 2e3 * batch, 3e3],
-                   op=["aten.clone", "aten.mm", "aten.sum", "aten.add"],
-                   node_extra=[{}, {"bytes_accessed": 1000 * batch + 10}, {}, {}],
-                   splittable=[None, [{"dim": "batch", "size": batch}], [{"dim": "batch", "size": 16 * batch}], None],
-                   name=f"step-bs{batch}")      # the loss's rows: 16 per sample (batch x sequence)
+    return OpGraph(
+        ids,
+        [1e-5, 2e-5 * batch, 1e-6 * batch + 3e-6, 4e-5],
+        [0, 1, 1, 2],
+        [1, 2, 3, 3],
+        [4096, 512 * batch, 128 * batch, 8],
+        output_bytes=[4096, 512 * batch, 8, 4096],
+        param_bytes=[4096, 0, 0, 8192],
+        temp_bytes=[0, 64 * batch + 32, 0, 0],
+        flops=[np.nan, 1e6 * batch, 2e3 * batch, 3e3],
+        op=["aten.clone", "aten.mm", "aten.sum", "aten.add"],
+        node_extra=[{}, {"bytes_accessed": 1000 * batch + 10}, {}, {}],
+        splittable=[None, [{"dim": "batch", "size": batch}], [{"dim": "batch", "size": 16 * batch}], None],
+        name=f"step-bs{batch}",
+    )  # the loss's rows: 16 per sample (batch x sequence)
 
 
 def test_standard_evaluation_predicts_linear_costs_exactly():
@@ -546,7 +642,12 @@ def test_a_prediction_of_captures_is_costed_by_the_roofline_again_on_every_kind_
 
     def work(g, node_id):
         i = g.index[node_id]
-        return float(np.nan_to_num(g.flops[i])), g.node_extra[i].get("bytes_accessed"), g.output_bytes[i], g.temp_bytes[i]
+        return (
+            float(np.nan_to_num(g.flops[i])),
+            g.node_extra[i].get("bytes_accessed"),
+            g.output_bytes[i],
+            g.temp_bytes[i],
+        )
 
     # A node with the same work at every batch (Adam's updates) keeps its median time: the line through
     # its times, noise alone, multiplied it 80-fold from batches 2, 4 and 8 to 512.
@@ -587,8 +688,9 @@ from placer.harness.standard_eval import standard_evaluation  # noqa: E402
 class _TinyNet(torch.nn.Module):
     def __init__(self):
         super().__init__()
-        self.net = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(),
-                                       torch.nn.Linear(32, 4))
+        self.net = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.BatchNorm1d(32), torch.nn.ReLU(), torch.nn.Linear(32, 4)
+        )
 
     def forward(self, x, y):
         return torch.nn.functional.cross_entropy(self.net(x), y)
@@ -613,8 +715,9 @@ def test_profile_step_times_every_graph_node_and_leaves_the_model_alone(tmp_path
     assert profile.device_kind == "cpu" and profile.meta["inputs"] == "model"
     profile.save(tmp_path / "p.json")
     graph = apply_profile(step.graph, load_profile(tmp_path / "p.json", step.graph))
-    np.testing.assert_allclose(graph.durations(load_cluster("2xcpu"))[:, 1],
-                               [profile.node_seconds[i] for i in graph.ids])
+    np.testing.assert_allclose(
+        graph.durations(load_cluster("2xcpu"))[:, 1], [profile.node_seconds[i] for i in graph.ids]
+    )
     synthetic = profile_step(step, repeats=1, warmup=0)
     assert set(synthetic.node_seconds) == set(step.graph.ids) and synthetic.meta["inputs"] == "synthetic"
 
@@ -644,8 +747,12 @@ def test_cost_command_annotates_and_applies_profiles(tmp_path, capsys):
     graph.save(tmp_path / "g.json")
     _profile_for(graph).save(tmp_path / "p.json")
     out = tmp_path / "costed.json"
-    assert main(["cost", str(tmp_path / "g.json"), "--kinds", "A100", "--profile", str(tmp_path / "p.json"),
-                 "-o", str(out)]) == 0
+    assert (
+        main(
+            ["cost", str(tmp_path / "g.json"), "--kinds", "A100", "--profile", str(tmp_path / "p.json"), "-o", str(out)]
+        )
+        == 0
+    )
     costed = OpGraph.load(out)
     assert set(costed.compute_s_by_kind[0]) == {"A100", "cpu"}
     bad = tmp_path / "bad.json"
@@ -660,8 +767,21 @@ def test_cost_command_annotates_and_applies_profiles(tmp_path, capsys):
 def test_cost_command_says_when_the_presets_v100s_lose_their_own_times(tmp_path, capsys):
     training_graph(layers=2).save(tmp_path / "g.json")
     for kinds, lost in (("A100", True), ("A100,V100", False)):
-        assert main(["cost", str(tmp_path / "g.json"), "--reference", "cpu", "--kinds", kinds,
-                     "-o", str(tmp_path / "c.json")]) == 0
+        assert (
+            main(
+                [
+                    "cost",
+                    str(tmp_path / "g.json"),
+                    "--reference",
+                    "cpu",
+                    "--kinds",
+                    kinds,
+                    "-o",
+                    str(tmp_path / "c.json"),
+                ]
+            )
+            == 0
+        )
         assert ("the presets' V100s (speed 1.0) run at the cpu times" in capsys.readouterr().err) == lost
     assert "V100" in OpGraph.load(tmp_path / "c.json").compute_s_by_kind[0]
 
@@ -675,8 +795,10 @@ def test_cost_command_refuses_to_replace_measured_times_unless_told(tmp_path, ca
     apply_profile(graph, profile).save(measured)
     out = tmp_path / "costed.json"
     assert main(["cost", str(measured), "-o", str(out)]) == 2
-    assert f"graph file {measured} has measured times that the analytic model would replace: " \
-           f"{graph.num_nodes} for kind 'cpu' (node {graph.ids[0]!r}: 0.0001 s -> " in capsys.readouterr().err
+    assert (
+        f"graph file {measured} has measured times that the analytic model would replace: "
+        f"{graph.num_nodes} for kind 'cpu' (node {graph.ids[0]!r}: 0.0001 s -> " in capsys.readouterr().err
+    )
     assert not out.exists()
 
     def cpu_times():
@@ -689,7 +811,9 @@ def test_cost_command_refuses_to_replace_measured_times_unless_told(tmp_path, ca
     assert cpu_times() == [profile.node_seconds[i] for i in graph.ids]
     capsys.readouterr()
     assert main(["cost", str(measured), "--overwrite-measured", "-o", str(out)]) == 0
-    assert f"replaced {graph.num_nodes} measured times for kind 'cpu' by the analytic model's" in capsys.readouterr().out
+    assert (
+        f"replaced {graph.num_nodes} measured times for kind 'cpu' by the analytic model's" in capsys.readouterr().out
+    )
     assert cpu_times() == [d["cpu"] for d in annotate(graph).compute_s_by_kind]
     # The analytic model's own times (a captured graph's) are costed again without a word.
     annotate(graph).save(tmp_path / "analytic.json")
@@ -697,7 +821,7 @@ def test_cost_command_refuses_to_replace_measured_times_unless_told(tmp_path, ca
     assert "replaced" not in capsys.readouterr().out
 
 
-_MODEL_FILE = '''
+_MODEL_FILE = """
 import torch
 class Net(torch.nn.Module):
     def __init__(self):
@@ -708,11 +832,16 @@ class Net(torch.nn.Module):
 def make(batch_size):
     torch.manual_seed(0)
     return Net(), (torch.randn(batch_size, 8), torch.randint(0, 3, (batch_size,)))
-'''
+"""
 
 
-@pytest.mark.parametrize("option, message", [(["--batches", "2,2"], "needs at least two distinct batch sizes"),
-                                             (["--repeats", "0"], "'--repeats' must be >= 1")])
+@pytest.mark.parametrize(
+    "option, message",
+    [
+        (["--batches", "2,2"], "needs at least two distinct batch sizes"),
+        (["--repeats", "0"], "'--repeats' must be >= 1"),
+    ],
+)
 def test_predict_refuses_bad_options_before_capturing(tmp_path, capsys, monkeypatch, option, message):
     from placer.cli import main
     from placer.harness import standard_eval
@@ -726,20 +855,54 @@ def test_profile_and_predict_commands(tmp_path, capsys):
     model_file = tmp_path / "net.py"
     model_file.write_text(_MODEL_FILE)
     spec = f"{model_file}:make"
-    assert main(["profile", spec, "--batch", "4", "--repeats", "2", "-o", str(tmp_path / "p.json"),
-                 "--graph-output", str(tmp_path / "g.json")]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                spec,
+                "--batch",
+                "4",
+                "--repeats",
+                "2",
+                "-o",
+                str(tmp_path / "p.json"),
+                "--graph-output",
+                str(tmp_path / "g.json"),
+            ]
+        )
+        == 0
+    )
     graph = OpGraph.load(tmp_path / "g.json")
     profile = load_profile(tmp_path / "p.json", graph)
     assert set(profile.node_seconds) == set(graph.ids) and profile.device_kind == "cpu"
     assert all(d["cpu"] == profile.node_seconds[i] for i, d in zip(graph.ids, graph.compute_s_by_kind))
-    assert main(["predict", spec, "--batches", "2,4", "--target", "32", "--device", "none",
-                 "-o", str(tmp_path / "big.json")]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                spec,
+                "--batches",
+                "2,4",
+                "--target",
+                "32",
+                "--device",
+                "none",
+                "-o",
+                str(tmp_path / "big.json"),
+            ]
+        )
+        == 0
+    )
     big = OpGraph.load(tmp_path / "big.json")
     assert big.extra["standard_evaluation"]["target_batch"] == 32
     # The step it prints is the written graph's (it printed the line through the small batches').
     assert f"predicted step {big.compute_s.sum() * 1e3:.3f} ms (compute_s, one device)" in capsys.readouterr().out
-    assert main(["predict", spec, "--batches", "2,4", "--target", "32", "--device", "tpu:0",
-                 "-o", str(tmp_path / "x.json")]) == 2
+    assert (
+        main(
+            ["predict", spec, "--batches", "2,4", "--target", "32", "--device", "tpu:0", "-o", str(tmp_path / "x.json")]
+        )
+        == 2
+    )
     err = capsys.readouterr().err
     assert "option 'device' must be 'cpu' or 'cuda:N', got 'tpu:0'" in err and "capturing" not in err
     assert main(["profile", spec, "--batch", "0", "-o", str(tmp_path / "x.json")]) == 2
@@ -763,8 +926,20 @@ def test_profile_and_predict_take_the_optimizers_capture_takes(tmp_path, capsys)
         option = next(a for a in commands[command]._actions if "--optimizer" in a.option_strings)
         assert (set(option.choices or ()), option.default) == (set(OPTIMIZERS), "adam"), command
         with pytest.raises(SystemExit) as exited:
-            main([command, "zoo:lenet", "--batch", "2", "--target", "4", "--optimizer", "SGD",
-                  "-o", str(tmp_path / "x.json")])
+            main(
+                [
+                    command,
+                    "zoo:lenet",
+                    "--batch",
+                    "2",
+                    "--target",
+                    "4",
+                    "--optimizer",
+                    "SGD",
+                    "-o",
+                    str(tmp_path / "x.json"),
+                ]
+            )
         assert exited.value.code == 2
         assert "argument --optimizer: invalid choice: 'SGD'" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
@@ -783,13 +958,45 @@ def test_profile_and_predict_take_the_optimizer_settings_capture_takes(tmp_path,
     spec = f"{model_file}:make"
     settings = ["--optimizer", "sgd", "--lr", "0.1", "--momentum", "0.9", "--weight-decay", "1e-4"]
     assert main(["capture", spec, "--batch", "8", *settings, "-o", str(tmp_path / "c.json")]) == 0
-    assert main(["profile", spec, "--batch", "8", *settings, "--repeats", "1", "-o", str(tmp_path / "p.json"),
-                 "--graph-output", str(tmp_path / "g.json")]) == 0
-    assert main(["predict", spec, "--batches", "2,4", "--target", "8", *settings, "--device", "none",
-                 "-o", str(tmp_path / "big.json")]) == 0
+    assert (
+        main(
+            [
+                "profile",
+                spec,
+                "--batch",
+                "8",
+                *settings,
+                "--repeats",
+                "1",
+                "-o",
+                str(tmp_path / "p.json"),
+                "--graph-output",
+                str(tmp_path / "g.json"),
+            ]
+        )
+        == 0
+    )
+    assert (
+        main(
+            [
+                "predict",
+                spec,
+                "--batches",
+                "2,4",
+                "--target",
+                "8",
+                *settings,
+                "--device",
+                "none",
+                "-o",
+                str(tmp_path / "big.json"),
+            ]
+        )
+        == 0
+    )
     captured = OpGraph.load(tmp_path / "c.json")
     plain = capture(*load_model(spec, 8), optimizer="sgd").graph
-    assert len(captured.ids) > len(plain.ids)       # the momentum buffers' nodes
+    assert len(captured.ids) > len(plain.ids)  # the momentum buffers' nodes
     for name in ("g.json", "big.json"):
         graph = OpGraph.load(tmp_path / name)
         assert graph.ids == captured.ids, name
@@ -809,8 +1016,25 @@ def test_predict_names_its_graph_as_capture_names_that_step(tmp_path):
     model_file.write_text(_MODEL_FILE)
     spec = f"{model_file}:make"
     assert main(["capture", spec, "--batch", "16", "--optimizer", "sgd", "-o", str(tmp_path / "c.json")]) == 0
-    assert main(["predict", spec, "--batches", "2,4", "--target", "16", "--optimizer", "sgd", "--device", "none",
-                 "-o", str(tmp_path / "p.json")]) == 0
+    assert (
+        main(
+            [
+                "predict",
+                spec,
+                "--batches",
+                "2,4",
+                "--target",
+                "16",
+                "--optimizer",
+                "sgd",
+                "--device",
+                "none",
+                "-o",
+                str(tmp_path / "p.json"),
+            ]
+        )
+        == 0
+    )
     captured, predicted = OpGraph.load(tmp_path / "c.json"), OpGraph.load(tmp_path / "p.json")
     assert predicted.name == captured.name == "make-bs16-sgd" and predicted.ids == captured.ids
     profile = _profile_for(captured)
@@ -844,11 +1068,14 @@ def test_python_number_arithmetic_costs_a_gpu_nothing_and_a_cpu_its_per_op_overh
 
     graph = capture_spec("zoo:lenet", 4, optimizer="adam", fake=True).graph
     host = np.array([op.startswith("_operator.") and op != "_operator.getitem" for op in graph.op])
-    assert host.sum() == 7 * 10    # 3 pow, 2 sub, truediv, neg per parameter tensor; LeNet-5 has 10
+    assert host.sum() == 7 * 10  # 3 pow, 2 sub, truediv, neg per parameter tensor; LeNet-5 has 10
     counter = step_counter_nodes(graph)
     # step += 1, its write-back, .item() of the step; the one .item() of the learning rate
     assert Counter(graph.op[i] for i in np.flatnonzero(counter & ~host)) == {
-        "aten.add": 10, "aten.copy_": 10, "aten._local_scalar_dense": 10 + 1}
+        "aten.add": 10,
+        "aten.copy_": 10,
+        "aten._local_scalar_dense": 10 + 1,
+    }
     host |= counter
     for reference in ("V100", "cpu"):
         g = annotate(graph, reference=reference, kinds=("A100", "H100"))
@@ -860,18 +1087,30 @@ def test_python_number_arithmetic_costs_a_gpu_nothing_and_a_cpu_its_per_op_overh
 
 
 def test_a_profile_for_a_kind_the_cluster_lacks_is_refused_and_simulate_says_a_plan_was_costed_otherwise(
-        tmp_path, capsys):
+    tmp_path, capsys
+):
     # A cpu profile on 4 V100s was silently ignored; simulating a plan made with a profile, without it,
     # gave another step than the plan's own with no word.
     graph = training_graph(layers=2)
     graph.save(tmp_path / "g.json")
     _profile_for(graph).save(tmp_path / "p.json")
     plan = tmp_path / "plan.json"
-    base = ["plan", str(tmp_path / "g.json"), "--profile", str(tmp_path / "p.json"), "--algorithm", "expert",
-            "-o", str(plan)]
+    base = [
+        "plan",
+        str(tmp_path / "g.json"),
+        "--profile",
+        str(tmp_path / "p.json"),
+        "--algorithm",
+        "expert",
+        "-o",
+        str(plan),
+    ]
     assert main(base + ["--cluster", "4xV100-nvlink"]) == 2
-    assert "p.json: a profile of device kind 'cpu', which cluster '4xV100-nvlink' does not have (its kinds: " \
-           "V100)" in capsys.readouterr().err and not plan.exists()
+    assert (
+        "p.json: a profile of device kind 'cpu', which cluster '4xV100-nvlink' does not have (its kinds: V100)"
+        in capsys.readouterr().err
+        and not plan.exists()
+    )
     assert main(base + ["--cluster", "2xcpu"]) == 0
     capsys.readouterr()
     assert main(["simulate", str(tmp_path / "g.json"), str(plan), "--profile", str(tmp_path / "p.json")]) == 0
@@ -886,8 +1125,9 @@ def test_validate_takes_the_profile_a_plan_was_made_with_and_checks_it_against_e
     from placer.cli import main
 
     graph = training_graph(layers=2)
-    graph_file, profile, on_cpu, on_v100 = (str(tmp_path / name) for name in ("g.json", "p.json", "cpu.json",
-                                                                               "v100.json"))
+    graph_file, profile, on_cpu, on_v100 = (
+        str(tmp_path / name) for name in ("g.json", "p.json", "cpu.json", "v100.json")
+    )
     graph.save(graph_file)
     _profile_for(graph).save(profile)
     assert main(["plan", graph_file, "--cluster", "2xcpu", "--profile", profile, "-o", on_cpu]) == 0
@@ -900,8 +1140,11 @@ def test_validate_takes_the_profile_a_plan_was_made_with_and_checks_it_against_e
     assert main(["validate", on_v100, on_cpu, "--graph", graph_file, "--profile", profile]) == 2
     out, err = capsys.readouterr()
     assert out.startswith(f"{on_cpu}: valid plan")
-    assert err == (f"placer: error: {on_v100}: {profile}: a profile of device kind 'cpu', which cluster "
-                   f"'2xV100-nvlink' does not have (its kinds: V100): no time of it would be used\n")
+    assert err == (
+        f"placer: error: {on_v100}: {profile}: a profile of device kind 'cpu', which cluster "
+        f"'2xV100-nvlink' does not have (its kinds: V100): no time of it would be used\n"
+    )
     assert main(["validate", on_cpu, "--profile", profile]) == 2
-    assert capsys.readouterr().err == ("placer: error: option '--profile' re-costs the graph plans are checked "
-                                       "against, which needs '--graph' too\n")
+    assert capsys.readouterr().err == (
+        "placer: error: option '--profile' re-costs the graph plans are checked against, which needs '--graph' too\n"
+    )

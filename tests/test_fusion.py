@@ -13,8 +13,16 @@ from placer.errors import OptionError
 from placer.feasibility import static_footprint
 from placer.generate import random_dag, training_graph
 from placer.graph import OpGraph
-from placer.transform.fusion import (ccr, cpath, cpd_topo_order, dfs_topo_order, fuse, group_allowed, link_costs,
-                                     optimal_breakpoints)
+from placer.transform.fusion import (
+    ccr,
+    cpath,
+    cpd_topo_order,
+    dfs_topo_order,
+    fuse,
+    group_allowed,
+    link_costs,
+    optimal_breakpoints,
+)
 
 CLUSTER = load_cluster("4xV100-nvlink")
 SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -24,10 +32,15 @@ SETTINGS = settings(max_examples=30, deadline=None, suppress_health_check=[Healt
 def graphs(draw):
     """Random DAGs (with colocation groups) and small training graphs."""
     if draw(st.booleans()):
-        return random_dag(draw(st.integers(1, 60)), edge_prob=draw(st.floats(0.05, 0.9)),
-                          colocation_groups=draw(st.integers(0, 4)), seed=draw(st.integers(0, 10**6)))
-    return training_graph(layers=draw(st.integers(1, 6)), branches=draw(st.integers(1, 3)),
-                          seed=draw(st.integers(0, 10**6)))
+        return random_dag(
+            draw(st.integers(1, 60)),
+            edge_prob=draw(st.floats(0.05, 0.9)),
+            colocation_groups=draw(st.integers(0, 4)),
+            seed=draw(st.integers(0, 10**6)),
+        )
+    return training_graph(
+        layers=draw(st.integers(1, 6)), branches=draw(st.integers(1, 3)), seed=draw(st.integers(0, 10**6))
+    )
 
 
 def assert_topological(graph: OpGraph, order: np.ndarray) -> None:
@@ -116,8 +129,9 @@ def test_fusion_partitions_into_an_acyclic_coarse_graph(graph, window, fraction)
     assert_topological(graph, fused.order)
     together = np.concatenate(fused.members) if fused.members else np.zeros(0, dtype=np.int64)
     assert np.array_equal(together, fused.order)
-    assert np.array_equal(fused.cluster_of[together], np.repeat(np.arange(fused.num_clusters),
-                                                                [m.size for m in fused.members]))
+    assert np.array_equal(
+        fused.cluster_of[together], np.repeat(np.arange(fused.num_clusters), [m.size for m in fused.members])
+    )
     # the coarse graph is a DAG whose edges are exactly the cut edges' cluster pairs
     coarse = nx.DiGraph(list(zip(fused.coarse.src.tolist(), fused.coarse.dst.tolist())))
     assert nx.is_directed_acyclic_graph(coarse)
@@ -142,8 +156,11 @@ def test_every_cluster_has_a_device_for_all_its_kinds(graph, window):
     kinds = [("A100",) if i % 3 == 0 else ("V100",) if i % 3 == 1 else None for i in range(graph.num_nodes)]
     graph = graph.replace(device_kinds=kinds)
     hosts = load_cluster("2x4xV100")
-    mixed = Cluster("mixed-kinds", [Device(d.name, "A100" if j % 2 == 0 else "V100", d.memory_bytes)
-                                    for j, d in enumerate(hosts.devices)], hosts.channels)
+    mixed = Cluster(
+        "mixed-kinds",
+        [Device(d.name, "A100" if j % 2 == 0 else "V100", d.memory_bytes) for j, d in enumerate(hosts.devices)],
+        hosts.channels,
+    )
     allowed = group_allowed(graph, mixed)
     if not allowed.any(axis=1).all():
         return  # a colocation group mixing kinds: no valid plan exists at all
@@ -160,9 +177,16 @@ def test_fusion_reduces_a_large_graph():
     assert fused.ccr_after < fused.ccr_before / 2
 
 
-@pytest.mark.parametrize("options", [{"exploration_range": 0}, {"exploration_range": 2.5},
-                                     {"exploration_range": True}, {"memory_fraction": 0},
-                                     {"memory_fraction": float("nan")}])
+@pytest.mark.parametrize(
+    "options",
+    [
+        {"exploration_range": 0},
+        {"exploration_range": 2.5},
+        {"exploration_range": True},
+        {"memory_fraction": 0},
+        {"memory_fraction": float("nan")},
+    ],
+)
 def test_bad_options_are_refused(options):
     with pytest.raises(OptionError, match=next(iter(options))):
         fuse(training_graph(layers=2), CLUSTER, **options)
@@ -171,8 +195,11 @@ def test_bad_options_are_refused(options):
 def test_fused_times_are_the_members_sums_on_devices_of_one_kind_at_other_speeds():
     from placer.cluster import Channel, Cluster, Device
 
-    cluster = Cluster("c", [Device("slow", "A", 10**12, 1.0), Device("fast", "A", 10**12, 2.0)],
-                      [Channel("s>f", 1e9, 0.0, (("slow", "fast"),)), Channel("f>s", 1e9, 0.0, (("fast", "slow"),))])
+    cluster = Cluster(
+        "c",
+        [Device("slow", "A", 10**12, 1.0), Device("fast", "A", 10**12, 2.0)],
+        [Channel("s>f", 1e9, 0.0, (("slow", "fast"),)), Channel("f>s", 1e9, 0.0, (("fast", "slow"),))],
+    )
     # A measured time for a kind the cluster lacks must not pin the kind A devices to one speed.
     graph = OpGraph(["a", "b"], [2.0, 2.0], [0], [1], [8], compute_s_by_kind=[None, {"B": 1.0}])
     fused = fuse(graph, cluster)

@@ -13,7 +13,7 @@ def test_restored_after_an_error_and_left_to_the_outermost_block():
         with gc_paused():
             with gc_paused():
                 assert not gc.isenabled()
-            assert not gc.isenabled()       # the inner block leaves it to the outer one
+            assert not gc.isenabled()  # the inner block leaves it to the outer one
             raise RuntimeError("boom")
     assert gc.isenabled()
 
@@ -39,4 +39,4 @@ def test_the_simulator_runs_with_the_collector_off_and_restores_it(monkeypatch):
     graph = OpGraph(["a", "b"], [1.0, 1.0], [0], [1], [8])
     result = simulator.simulate(graph, load_cluster("2xV100-nvlink"), [0, 1])
     assert seen == [False] and gc.isenabled()
-    assert result.makespan_s > 2.0      # the transfer between the devices counts
+    assert result.makespan_s > 2.0  # the transfer between the devices counts

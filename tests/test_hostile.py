@@ -46,8 +46,14 @@ def placer_process(script: str, tmp_path: Path, timeout: float = 240) -> subproc
     """Run ``script`` (Python, with ``placer`` importable) in a fresh process whose signals are its own."""
     env = {**os.environ, "PYTHONPATH": str(ROOT), "TMPDIR": str(tmp_path / "tmp")}
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(script)], cwd=tmp_path, env=env, text=True,
-                          capture_output=True, timeout=timeout)
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(script)],
+        cwd=tmp_path,
+        env=env,
+        text=True,
+        capture_output=True,
+        timeout=timeout,
+    )
 
 
 @pytest.fixture
@@ -90,12 +96,13 @@ def test_1_an_output_that_is_a_special_file_is_refused_not_replaced(tmp_path, ca
 
 
 @pytest.mark.parametrize("output", ["-", "/proc/self/fd/1"])
-def test_1_standard_output_is_written_into_and_the_summary_goes_to_stderr(tmp_path, capsys, monkeypatch, graph_file,
-                                                                          output):
+def test_1_standard_output_is_written_into_and_the_summary_goes_to_stderr(
+    tmp_path, capsys, monkeypatch, graph_file, output
+):
     monkeypatch.chdir(tmp_path)
     status, out, err = run(capsys, "plan", graph_file, "--cluster", "2xcpu", "--algorithm", "m_etf", "-o", output)
     assert status == 0, err
-    assert json.loads(out)["format"] == "placer.plan/1"     # the plan alone: the summary went to stderr
+    assert json.loads(out)["format"] == "placer.plan/1"  # the plan alone: the summary went to stderr
     assert "m_etf: makespan" in err
     assert not (tmp_path / "-").exists()
 
@@ -106,7 +113,7 @@ def test_2_capture_refuses_to_write_over_the_model_source(tmp_path, capsys, monk
     source = "import torch\n\ndef make(batch):\n    return torch.nn.Linear(2, 1), (torch.zeros(batch, 2),)\n"
     model.write_text(source)
     monkeypatch.chdir(tmp_path)
-    for output in ("model.py", "./model.py", str(model)):       # the same file, however spelled
+    for output in ("model.py", "./model.py", str(model)):  # the same file, however spelled
         status, _, err = run(capsys, "capture", "model.py:make", "--batch", "2", "-o", output)
         assert status == 2 and "is the input file" in err, err
     assert model.read_text() == source
@@ -114,13 +121,30 @@ def test_2_capture_refuses_to_write_over_the_model_source(tmp_path, capsys, monk
 
 def test_2_run_refuses_a_trace_over_its_plan(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
-    assert run(capsys, "plan", "zoo:lenet", "--batch", "8", "--cluster", "2xcpu", "--algorithm", "single",
-               "-o", "p.json")[0] == 0
+    assert (
+        run(capsys, "plan", "zoo:lenet", "--batch", "8", "--cluster", "2xcpu", "--algorithm", "single", "-o", "p.json")[
+            0
+        ]
+        == 0
+    )
     before = Path("p.json").read_bytes()
-    os.link("p.json", "same.json")          # another name of the same file
+    os.link("p.json", "same.json")  # another name of the same file
     for trace in ("p.json", "./p.json", "same.json"):
-        status, _, err = run(capsys, "run", "zoo:lenet", "--batch", "8", "--plan", "p.json", "--backend",
-                             "distributed", "--steps", "2", "--trace", trace)
+        status, _, err = run(
+            capsys,
+            "run",
+            "zoo:lenet",
+            "--batch",
+            "8",
+            "--plan",
+            "p.json",
+            "--backend",
+            "distributed",
+            "--steps",
+            "2",
+            "--trace",
+            trace,
+        )
         assert status == 2 and "is the input file" in err, err
     assert Path("p.json").read_bytes() == before
 
@@ -139,7 +163,7 @@ def test_2_no_output_of_a_command_replaces_a_file_it_read(tmp_path, graph_file):
         OpGraph.load(graph_file)
         with pytest.raises(WriteError, match="is the input file"):
             write_json_atomic(graph_file, {"format": "placer.graph/1", "nodes": [], "edges": []}, "graph file")
-    training_graph(layers=1).save(graph_file)       # a program outside any command may (read, change, save)
+    training_graph(layers=1).save(graph_file)  # a program outside any command may (read, change, save)
 
 
 # ----------------------------------------------------------------------------- 3
@@ -204,12 +228,24 @@ def test_3_a_rewritten_graph_missing_nodes_is_refused(tmp_path, capsys):
 def test_3_plans_that_split_or_replicate_still_validate(tmp_path, capsys):
     from placer.capture import capture_spec
 
-    lenet = capture_spec("zoo:lenet", 32).graph         # data parallelism, then a split (os_dpos on two devices)
-    conv = OpGraph(["x", "conv"], [0.0, 8.0], [0], [1], [800], op=["placeholder", "aten.convolution"],
-                   output_bytes=[800, 400], splittable=[None, [{"dim": "batch", "size": 8}]], name="conv")
-    cases = [(lenet, "data_parallel", "2xV100-nvlink", {}), (lenet, "sharded_data_parallel", "4xV100-nvlink", {}),
-             (lenet, "os_dpos", "2xV100-nvlink", {"time_limit": 20}),
-             (conv, "os_dpos", "2xV100-nvlink", {"data_parallel_start": False})]
+    lenet = capture_spec("zoo:lenet", 32).graph  # data parallelism, then a split (os_dpos on two devices)
+    conv = OpGraph(
+        ["x", "conv"],
+        [0.0, 8.0],
+        [0],
+        [1],
+        [800],
+        op=["placeholder", "aten.convolution"],
+        output_bytes=[800, 400],
+        splittable=[None, [{"dim": "batch", "size": 8}]],
+        name="conv",
+    )
+    cases = [
+        (lenet, "data_parallel", "2xV100-nvlink", {}),
+        (lenet, "sharded_data_parallel", "4xV100-nvlink", {}),
+        (lenet, "os_dpos", "2xV100-nvlink", {"time_limit": 20}),
+        (conv, "os_dpos", "2xV100-nvlink", {"data_parallel_start": False}),
+    ]
     for graph, algorithm, cluster, options in cases:
         graph_path = tmp_path / f"{graph.name}.json"
         graph.save(graph_path)
@@ -246,8 +282,12 @@ _SWALLOWED = """
 def test_4_ctrl_c_that_a_library_swallows_still_interrupts_plan_and_keeps_the_output(tmp_path, graph_file):
     output = tmp_path / "p.json"
     output.write_text("previous")
-    done = placer_process(_SWALLOWED.format(argv=["plan", str(graph_file), "--cluster", "2xcpu", "--algorithm",
-                                                  "m_etf", "-o", str(output)]), tmp_path)
+    done = placer_process(
+        _SWALLOWED.format(
+            argv=["plan", str(graph_file), "--cluster", "2xcpu", "--algorithm", "m_etf", "-o", str(output)]
+        ),
+        tmp_path,
+    )
     assert done.returncode == 130 and done.stderr.splitlines() == ["placer: interrupted"], done.stderr
     assert output.read_text() == "previous"
 
@@ -256,8 +296,12 @@ def test_4_ctrl_c_that_a_library_swallows_still_interrupts_compare_and_keeps_the
     folder = tmp_path / "report"
     compare(OpGraph.load(graph_file), load_cluster("2xcpu"), ["single"], progress=False).write(folder)
     before = contents(folder)
-    done = placer_process(_SWALLOWED.format(argv=["compare", str(graph_file), "--cluster", "2xcpu",
-                                                  "--algorithms", "m_etf,single", "-o", str(folder)]), tmp_path)
+    done = placer_process(
+        _SWALLOWED.format(
+            argv=["compare", str(graph_file), "--cluster", "2xcpu", "--algorithms", "m_etf,single", "-o", str(folder)]
+        ),
+        tmp_path,
+    )
     assert done.returncode == 130 and done.stderr.splitlines()[-1:] == ["placer: interrupted"], done.stderr
     assert contents(folder) == before
 
@@ -265,7 +309,8 @@ def test_4_ctrl_c_that_a_library_swallows_still_interrupts_compare_and_keeps_the
 def test_4_ctrl_c_during_auto_exits_130_and_keeps_the_previous_plan(tmp_path, graph_file):
     # auto stops at Ctrl-C and returns its best so far; the command must not save that as its result.
     (tmp_path / "p.json").write_text("previous")
-    done = placer_process(f"""
+    done = placer_process(
+        f"""
         import signal, sys
         import placer.algorithms.auto as auto
         from placer.cli import main
@@ -283,18 +328,23 @@ def test_4_ctrl_c_during_auto_exits_130_and_keeps_the_previous_plan(tmp_path, gr
                        "-o", "p.json"])
         assert len(calls) >= 2, calls
         sys.exit(status)
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     assert done.returncode == 130 and done.stderr.splitlines() == ["placer: interrupted"], done.stderr
     assert (tmp_path / "p.json").read_text() == "previous"
 
 
 # ----------------------------------------------------------------------------- 5
-@pytest.mark.parametrize("argv, message", [
-    (["--algorithm", "m_etf", "--time-limit", "1e10"], "must be at most 1,000,000 seconds"),
-    (["--algorithm", "pesto", "--seed", "2147483648"], "must be at most 2147483647"),
-    (["--algorithm", "metis", "--seed", "9223372036854775808"], "must be at most 2147483647"),
-    (["--algorithm", "metis", "--option", "seed=4294967296"], "must be at most 2147483647"),
-])
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--algorithm", "m_etf", "--time-limit", "1e10"], "must be at most 1,000,000 seconds"),
+        (["--algorithm", "pesto", "--seed", "2147483648"], "must be at most 2147483647"),
+        (["--algorithm", "metis", "--seed", "9223372036854775808"], "must be at most 2147483647"),
+        (["--algorithm", "metis", "--option", "seed=4294967296"], "must be at most 2147483647"),
+    ],
+)
 def test_5_out_of_range_limits_and_seeds_are_one_line_errors(tmp_path, capsys, graph_file, argv, message):
     status, _, err = run(capsys, "plan", graph_file, "--cluster", "2xcpu", "-o", tmp_path / "p.json", *argv)
     assert status == 2 and len(err.splitlines()) == 1 and message in err, err
@@ -302,25 +352,32 @@ def test_5_out_of_range_limits_and_seeds_are_one_line_errors(tmp_path, capsys, g
 
 
 def test_5_compare_refuses_an_out_of_range_seed(capsys, graph_file):
-    status, _, err = run(capsys, "compare", graph_file, "--cluster", "2xcpu", "--algorithms", "metis,pesto",
-                         "--seed", str(2**31))
+    status, _, err = run(
+        capsys, "compare", graph_file, "--cluster", "2xcpu", "--algorithms", "metis,pesto", "--seed", str(2**31)
+    )
     assert status == 2 and "must be at most 2147483647" in err
 
 
-@pytest.mark.parametrize("target, message", [
-    ("/dev/zero", "placer: error: file /dev/zero: is a character device, not a file"),
-    ("huge.json", "placer: error: file huge.json: larger than the 512.0 MiB placer reads (MAX_FILE_BYTES)"),
-])
+@pytest.mark.parametrize(
+    "target, message",
+    [
+        ("/dev/zero", "placer: error: file /dev/zero: is a character device, not a file"),
+        ("huge.json", "placer: error: file huge.json: larger than the 512.0 MiB placer reads (MAX_FILE_BYTES)"),
+    ],
+)
 def test_5_validate_refuses_a_device_and_a_file_over_the_size_limit(tmp_path, target, message):
-    with open(tmp_path / "huge.json", "wb") as handle:        # sparse: no disk, and no reading it
+    with open(tmp_path / "huge.json", "wb") as handle:  # sparse: no disk, and no reading it
         handle.truncate(MAX_FILE_BYTES + 1)
     # In a process of bounded memory: a reader without a limit takes all there is (MemoryError, or worse).
-    done = placer_process(f"""
+    done = placer_process(
+        f"""
         import resource, sys
         resource.setrlimit(resource.RLIMIT_AS, (3 << 30, 3 << 30))
         from placer.cli import main
         sys.exit(main(["validate", {target!r}]))
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     assert done.returncode == 2 and done.stderr.splitlines() == [message], done.stderr
 
 
@@ -332,7 +389,7 @@ def test_5_a_pipe_is_read_up_to_the_limit(tmp_path):
         with pytest.raises(FormatError, match="larger than the 10 bytes"):
             read_bytes(fifo, "graph file", limit=10)
     finally:
-        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))      # let the writer finish
+        os.close(os.open(fifo, os.O_RDONLY | os.O_NONBLOCK))  # let the writer finish
         writer.join(timeout=10)
 
 
@@ -341,7 +398,8 @@ def test_6_sigterm_while_charts_are_drawn_leaves_the_earlier_report_and_nothing_
     folder = tmp_path / "report"
     compare(OpGraph.load(graph_file), load_cluster("2xcpu"), ["single"], progress=False).write(folder)
     before = contents(folder)
-    done = placer_process(f"""
+    done = placer_process(
+        f"""
         import os, signal, sys
         import placer.report.charts
         from placer.cli import main
@@ -355,9 +413,11 @@ def test_6_sigterm_while_charts_are_drawn_leaves_the_earlier_report_and_nothing_
         placer.report.charts.memory_chart = terminated
         sys.exit(main(["compare", {str(graph_file)!r}, "--cluster", "2xcpu", "--algorithms", "single,m_etf",
                        "-o", {str(folder)!r}]))
-        """, tmp_path)
+        """,
+        tmp_path,
+    )
     assert done.returncode == -signal.SIGTERM, done.stderr
-    assert contents(folder) == before                     # no .report-*/ folder, no partial chart, no .tmp
+    assert contents(folder) == before  # no .report-*/ folder, no partial chart, no .tmp
     assert not list((tmp_path / "tmp").glob("placer-*"))  # nor its charts in the temporary folder
 
 
@@ -368,18 +428,25 @@ def test_8_names_reach_the_terminal_with_their_control_characters_escaped(tmp_pa
     graph = graph.replace(ids=[f"{i}{evil}" for i in graph.ids])
     graph_path = tmp_path / "g.json"
     graph.save(graph_path)
-    cluster = Cluster(f"box{evil}", [Device(f"d0{evil}", "V100", 16 << 30), Device("d1\x9b2J", "V100", 16 << 30)],
-                      [Channel("a", 25e9, 1e-5, ((f"d0{evil}", "d1\x9b2J"),)),
-                       Channel("b", 25e9, 1e-5, (("d1\x9b2J", f"d0{evil}"),))])
+    cluster = Cluster(
+        f"box{evil}",
+        [Device(f"d0{evil}", "V100", 16 << 30), Device("d1\x9b2J", "V100", 16 << 30)],
+        [
+            Channel("a", 25e9, 1e-5, ((f"d0{evil}", "d1\x9b2J"),)),
+            Channel("b", 25e9, 1e-5, (("d1\x9b2J", f"d0{evil}"),)),
+        ],
+    )
     cluster_path = tmp_path / "c.json"
     cluster.save(cluster_path)
     plan_path = tmp_path / "p.json"
     shown = ""
-    for argv in (["plan", graph_path, "--cluster", cluster_path, "--algorithm", "m_etf", "-o", plan_path],
-                 ["simulate", graph_path, plan_path, "--cluster", cluster_path],
-                 ["validate", graph_path, cluster_path, plan_path],
-                 ["cost", graph_path, "-o", tmp_path / "costed.json"],
-                 ["compare", graph_path, "--cluster", cluster_path, "--algorithms", "single,m_etf"]):
+    for argv in (
+        ["plan", graph_path, "--cluster", cluster_path, "--algorithm", "m_etf", "-o", plan_path],
+        ["simulate", graph_path, plan_path, "--cluster", cluster_path],
+        ["validate", graph_path, cluster_path, plan_path],
+        ["cost", graph_path, "-o", tmp_path / "costed.json"],
+        ["compare", graph_path, "--cluster", cluster_path, "--algorithms", "single,m_etf"],
+    ):
         status, out, err = run(capsys, *argv)
         assert status == 0, err
         shown += out + err
@@ -395,8 +462,9 @@ def test_9_comparison_md_shows_html_in_names_as_text(tmp_path):
     paths = compare(graph, cluster, ["single"], progress=False).write(tmp_path)
     text = paths["markdown"].read_text()
     assert "<script" not in text and "<img" not in text and not re.search(r"(?<!\\)\]\(javascript", text)
-    assert text.splitlines()[0] == ("# &lt;script&gt;alert(1)&lt;/script&gt; on &lt;img src=x onerror=alert(2)&gt; "
-                                    "\\[link\\](javascript:alert(3))")
+    assert text.splitlines()[0] == (
+        "# &lt;script&gt;alert(1)&lt;/script&gt; on &lt;img src=x onerror=alert(2)&gt; \\[link\\](javascript:alert(3))"
+    )
 
 
 # ----------------------------------------------------------------------------- 10
@@ -422,8 +490,11 @@ def _nested(tmp_path: Path, depth: int) -> Path:
 
 def test_11_every_command_reads_to_one_nesting_limit(tmp_path, capsys):
     deep, fine = _nested(tmp_path, MAX_NESTING + 50), _nested(tmp_path, MAX_NESTING - 10)
-    commands = [lambda g: ["validate", g], lambda g: ["cost", g, "-o", tmp_path / "c.json"],
-                lambda g: ["plan", g, "--cluster", "2xcpu", "--algorithm", "m_etf", "-o", tmp_path / "p.json"]]
+    commands = [
+        lambda g: ["validate", g],
+        lambda g: ["cost", g, "-o", tmp_path / "c.json"],
+        lambda g: ["plan", g, "--cluster", "2xcpu", "--algorithm", "m_etf", "-o", tmp_path / "p.json"],
+    ]
     for command in commands:
         status, _, err = run(capsys, *command(deep))
         assert status == 2 and f"nested too deeply (more than {MAX_NESTING} levels" in err, err
@@ -463,8 +534,11 @@ def test_held_a_policy_file_is_loaded_without_running_its_code(tmp_path):
 
 def test_held_report_html_escapes_every_name(tmp_path):
     graph = training_graph(layers=2, branches=1, name="<script>g</script>")
-    cluster = Cluster("<b>c</b>", [Device("<i>d0</i>", "V100", 16 << 30), Device("d1", "V100", 16 << 30)],
-                      [Channel("x", 25e9, 1e-5, (("<i>d0</i>", "d1"),)), Channel("y", 25e9, 1e-5, (("d1", "<i>d0</i>"),))])
+    cluster = Cluster(
+        "<b>c</b>",
+        [Device("<i>d0</i>", "V100", 16 << 30), Device("d1", "V100", 16 << 30)],
+        [Channel("x", 25e9, 1e-5, (("<i>d0</i>", "d1"),)), Channel("y", 25e9, 1e-5, (("d1", "<i>d0</i>"),))],
+    )
     html = compare(graph, cluster, ["single"], progress=False).write(tmp_path)["html"].read_text()
     assert "<script>g" not in html and "<b>c" not in html and "<i>d0" not in html
 

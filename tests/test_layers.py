@@ -37,8 +37,15 @@ LAYERS = (
 
 def layer_of(module: str) -> int:
     """Index in :data:`LAYERS` of the longest prefix that names ``module``'s layer."""
-    best = max(((len(prefix), k) for k, (_, prefixes) in enumerate(LAYERS) for prefix in prefixes
-                if module == prefix or (prefix != "placer" and module.startswith(prefix + "."))), default=None)
+    best = max(
+        (
+            (len(prefix), k)
+            for k, (_, prefixes) in enumerate(LAYERS)
+            for prefix in prefixes
+            if module == prefix or (prefix != "placer" and module.startswith(prefix + "."))
+        ),
+        default=None,
+    )
     if best is None:
         raise AssertionError(f"module {module} is in no layer: add it to LAYERS and docs/architecture.md")
     return best[1]
@@ -64,9 +71,12 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[Import]:
     """Every import of a placer module in ``path``, at any depth of the file."""
     package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
     tree = ast.parse(path.read_text(encoding="utf-8"))
-    typing_only = {id(inner) for node in ast.walk(tree)
-                   if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
-                   for inner in ast.walk(node)}
+    typing_only = {
+        id(inner)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.If) and ast.unparse(node.test).endswith("TYPE_CHECKING")
+        for inner in ast.walk(node)
+    }
     found = []
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -74,12 +84,13 @@ def imports(name: str, path: Path, known: dict[str, Path]) -> list[Import]:
         elif isinstance(node, ast.ImportFrom):
             base = node.module or ""
             if node.level:
-                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+                base = ".".join(package[: len(package) - node.level + 1] + ([base] if base else []))
             targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in known else base for alias in node.names]
         else:
             continue
-        found += [Import(target, node.lineno, id(node) in typing_only) for target in targets
-                  if target.startswith("placer")]
+        found += [
+            Import(target, node.lineno, id(node) in typing_only) for target in targets if target.startswith("placer")
+        ]
     return found
 
 
@@ -88,21 +99,24 @@ def import_graph() -> nx.DiGraph:
     graph = nx.DiGraph()
     for name, path in known.items():
         for target, line, typing_only in imports(name, path, known):
-            if target != name and not name.startswith(target + "."):        # a package's own __init__
+            if target != name and not name.startswith(target + "."):  # a package's own __init__
                 graph.add_edge(name, target, line=line, typing_only=typing_only)
     return graph
 
 
 def test_no_module_imports_a_layer_above_its_own():
-    upward = [f"{a}:{d['line']} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
-              for a, b, d in import_graph().edges(data=True) if layer_of(b) > layer_of(a)]
+    upward = [
+        f"{a}:{d['line']} ({LAYERS[layer_of(a)][0]}) imports {b} ({LAYERS[layer_of(b)][0]})"
+        for a, b, d in import_graph().edges(data=True)
+        if layer_of(b) > layer_of(a)
+    ]
     assert not upward, "\n".join(upward)
 
 
 def test_no_import_cycle_between_modules():
     graph = import_graph()
     graph.remove_edges_from([(a, b) for a, b, typing_only in graph.edges(data="typing_only") if typing_only])
-    graph.remove_node("placer")                 # the package re-exports its layers
+    graph.remove_node("placer")  # the package re-exports its layers
     cycles = list(nx.simple_cycles(graph, length_bound=6))
     assert not cycles, "\n".join(" -> ".join(c + [c[0]]) for c in cycles[:10])
 

@@ -8,27 +8,40 @@ import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from placer.api import validate
-from placer.transform.bind import target_graph
 from placer import OpGraph, place, simulate
+from placer.algorithms import list_scheduling
 from placer.algorithms.baechi import _tick, etf_schedule, favourite_children, m_topo_schedule
 from placer.algorithms.fastt import critical_path, dpos_schedule
 from placer.algorithms.heft import heft_schedule
+from placer.algorithms.list_scheduling import (
+    MOST_RAISE,
+    REBUDGETS_AT_FIRST_RATIO,
+    STALE_SCHEDULES,
+    MemoryTimeline,
+    QueueOrder,
+    Schedule,
+    ScheduleState,
+    Timeline,
+    earliest_start_priorities,
+    edge_transfer_times,
+    plan_from_schedule,
+    priority_order,
+    retries,
+    schedule_with_memory_retries,
+    simulated_sends,
+    to_plan,
+    upward_ranks,
+)
 from placer.algorithms.timebox import TimeBox, frugal
-from placer.algorithms import list_scheduling
-from placer.algorithms.list_scheduling import retries, to_plan
-from placer.algorithms.list_scheduling import (MOST_RAISE, REBUDGETS_AT_FIRST_RATIO, STALE_SCHEDULES, MemoryTimeline,
-                                               QueueOrder, Schedule, ScheduleState,
-                                               Timeline, earliest_start_priorities, edge_transfer_times,
-                                               plan_from_schedule, priority_order, schedule_with_memory_retries,
-                                               simulated_sends, upward_ranks)
+from placer.api import validate
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
-from placer.transform.replicate import data_parallel_graph
 from placer.sim import simulate_plan
 from placer.sim.simulator import simulate as simulate_placement
 from placer.transform import colocate
+from placer.transform.bind import target_graph
+from placer.transform.replicate import data_parallel_graph
 
 from .clusters import line_cluster
 
@@ -51,21 +64,56 @@ def graph(nodes, edges, **kw):
     """nodes: {id: compute_s}; edges: [(src, dst, bytes)], each edge its own tensor."""
     ids = list(nodes)
     idx = {k: i for i, k in enumerate(ids)}
-    return OpGraph(ids, [nodes[k] for k in ids], [idx[e[0]] for e in edges], [idx[e[1]] for e in edges],
-                   [e[2] for e in edges], list(range(len(edges))), **kw)
+    return OpGraph(
+        ids,
+        [nodes[k] for k in ids],
+        [idx[e[0]] for e in edges],
+        [idx[e[1]] for e in edges],
+        [e[2] for e in edges],
+        list(range(len(edges))),
+        **kw,
+    )
 
 
 # ------------------------------------------------------------------ HEFT, Topcuoglu et al. 2002, Fig. 2
-HEFT_COSTS = {1: (14, 16, 9), 2: (13, 19, 18), 3: (11, 13, 19), 4: (13, 8, 17), 5: (12, 13, 10),
-              6: (13, 16, 9), 7: (7, 15, 11), 8: (5, 11, 14), 9: (18, 12, 20), 10: (21, 7, 16)}
-HEFT_EDGES = [(1, 2, 18), (1, 3, 12), (1, 4, 9), (1, 5, 11), (1, 6, 14), (2, 8, 19), (2, 9, 16), (3, 7, 23),
-              (4, 8, 27), (4, 9, 23), (5, 9, 13), (6, 8, 15), (7, 10, 17), (8, 10, 11), (9, 10, 13)]
+HEFT_COSTS = {
+    1: (14, 16, 9),
+    2: (13, 19, 18),
+    3: (11, 13, 19),
+    4: (13, 8, 17),
+    5: (12, 13, 10),
+    6: (13, 16, 9),
+    7: (7, 15, 11),
+    8: (5, 11, 14),
+    9: (18, 12, 20),
+    10: (21, 7, 16),
+}
+HEFT_EDGES = [
+    (1, 2, 18),
+    (1, 3, 12),
+    (1, 4, 9),
+    (1, 5, 11),
+    (1, 6, 14),
+    (2, 8, 19),
+    (2, 9, 16),
+    (3, 7, 23),
+    (4, 8, 27),
+    (4, 9, 23),
+    (5, 9, 13),
+    (6, 8, 15),
+    (7, 10, 17),
+    (8, 10, 11),
+    (9, 10, 13),
+]
 
 
 def heft_example():
     """The paper's 10 tasks on processors P1-P3: one device kind each, 1 byte/s links without latency."""
-    g = graph({f"n{i}": 1.0 for i in HEFT_COSTS}, [(f"n{a}", f"n{b}", c) for a, b, c in HEFT_EDGES],
-              compute_s_by_kind=[{f"P{k + 1}": float(t) for k, t in enumerate(HEFT_COSTS[i])} for i in HEFT_COSTS])
+    g = graph(
+        {f"n{i}": 1.0 for i in HEFT_COSTS},
+        [(f"n{a}", f"n{b}", c) for a, b, c in HEFT_EDGES],
+        compute_s_by_kind=[{f"P{k + 1}": float(t) for k, t in enumerate(HEFT_COSTS[i])} for i in HEFT_COSTS],
+    )
     return g, mesh(["P1", "P2", "P3"])
 
 
@@ -80,17 +128,20 @@ def test_heft_mean_transfer_time_is_mean_latency_plus_bytes_over_mean_bandwidth(
     """Topcuoglu et al. 2002, Sec. 3: c̄ = L̄ + data / B̄ over the linked pairs (B̄ their mean rate)."""
     devices = [Device(f"d{j}", "X", 10**12, 1.0) for j in range(3)]
     # d0 <-> d1 at 1 B/s with 1 s latency; d1 <-> d2 at 3 B/s with 3 s; d0 and d2 not linked.
-    channels = [Channel(f"{a}->{b}", bw, lat, ((a, b),))
-                for x, y, bw, lat in [("d0", "d1", 1.0, 1.0), ("d1", "d2", 3.0, 3.0)] for a, b in [(x, y), (y, x)]]
+    channels = [
+        Channel(f"{a}->{b}", bw, lat, ((a, b),))
+        for x, y, bw, lat in [("d0", "d1", 1.0, 1.0), ("d1", "d2", 3.0, 3.0)]
+        for a, b in [(x, y), (y, x)]
+    ]
     g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 12)])
     cluster = Cluster("t", devices, channels)
     assert edge_transfer_times(g, cluster, "mean").tolist() == [2.0 + 12 / 2.0]
-    assert edge_transfer_times(g, cluster, "max").tolist() == [1.0 + 12 / 1.0]      # the slowest pair
+    assert edge_transfer_times(g, cluster, "max").tolist() == [1.0 + 12 / 1.0]  # the slowest pair
 
 
 def test_heft_schedule_of_the_classic_example_is_80():
     g, cluster = heft_example()
-    sched = heft_schedule(g, cluster, contention=False)   # the paper's model: links never congest
+    sched = heft_schedule(g, cluster, contention=False)  # the paper's model: links never congest
     assert sched.makespan_s == 80.0
     # Fig. 4(a): processor and start time of n1..n10.
     assert sched.device_of.tolist() == [2, 0, 2, 1, 2, 1, 2, 0, 1, 1]
@@ -103,14 +154,13 @@ def test_heft_with_congested_links_predicts_what_the_simulator_measures():
     sched = heft_schedule(g, cluster)
     result = simulate(g, cluster, sched.device_of, sched.orders)
     assert np.array_equal(result.start, sched.start)
-    assert result.makespan_s == sched.makespan_s > 80.0   # n1's two transfers to P2 now queue on one link
+    assert result.makespan_s == sched.makespan_s > 80.0  # n1's two transfers to P2 now queue on one link
 
 
 # ------------------------------------------------------------------ small hand-computed graphs
 def diamond():
     """a(1) -> b(2), c(2) -> d(1); every transfer 0.5 s (1 byte at 2 bytes/s)."""
-    return graph({"a": 1.0, "b": 2.0, "c": 2.0, "d": 1.0},
-                 [("a", "b", 1), ("a", "c", 1), ("b", "d", 1), ("c", "d", 1)])
+    return graph({"a": 1.0, "b": 2.0, "c": 2.0, "d": 1.0}, [("a", "b", 1), ("a", "c", 1), ("b", "d", 1), ("c", "d", 1)])
 
 
 @pytest.mark.parametrize("schedule", [etf_schedule, heft_schedule])
@@ -148,8 +198,7 @@ def test_etf_picks_the_earliest_start_where_heft_picks_the_earliest_finish():
 
 def test_m_topo_fills_devices_in_topological_order_up_to_their_share():
     # Four 1-GiB nodes in a chain on two devices: share = 4/2 + 1 = 3 GiB each.
-    g = graph({f"n{i}": 1.0 for i in range(4)}, [(f"n{i}", f"n{i + 1}", 0) for i in range(3)],
-              param_bytes=[GiB] * 4)
+    g = graph({f"n{i}": 1.0 for i in range(4)}, [(f"n{i}", f"n{i + 1}", 0) for i in range(3)], param_bytes=[GiB] * 4)
     cluster = mesh(["X", "X"], memory=8 * GiB)
     sched = m_topo_schedule(g, cluster)
     assert sched.device_of.tolist() == [0, 0, 0, 1]
@@ -160,8 +209,12 @@ def test_m_topo_passes_over_a_device_whose_share_cannot_hold_the_input_copies():
     # Five 1-GiB units, share = 5/2 + 1 = 3.5 GiB: a1, a2, b1 fill d0, b2 and b3 go to d1. c needs
     # a1's and a2's outputs: on d1 that is 2 GiB of copies beside 2 GiB, past its share; d0 holds them.
     nodes = {"a1": 1.0, "a2": 1.0, "b1": 1.0, "b2": 1.0, "b3": 1.0, "c": 1.0}
-    g = graph(nodes, [("a1", "c", GiB), ("a2", "c", GiB)],
-              output_bytes=[GiB, GiB, 0, 0, 0, 0], param_bytes=[0, 0, GiB, GiB, GiB, 0])
+    g = graph(
+        nodes,
+        [("a1", "c", GiB), ("a2", "c", GiB)],
+        output_bytes=[GiB, GiB, 0, 0, 0, 0],
+        param_bytes=[0, 0, GiB, GiB, GiB, 0],
+    )
     cluster = mesh(["X", "X"], memory=8 * GiB)
     sched = m_topo_schedule(g, cluster)
     assert sched.device_of.tolist() == [0, 0, 0, 1, 1, 0]
@@ -191,9 +244,12 @@ def test_dpos_moves_the_critical_path_when_its_device_is_full():
 def test_dpos_leaves_the_critical_path_device_when_an_input_copy_would_not_fit_there():
     # Path a -> b -> v stays on d0; u goes to d1 (idle) and its 1-GiB output would have to be copied
     # to d0 for v, beyond d0's 1.5 GiB beside b's 0.75-GiB parameters: v must run on d1 instead.
-    g = graph({"a": 1.0, "b": 3.0, "u": 2.0, "v": 1.0},
-              [("a", "b", 0), ("a", "u", 0), ("b", "v", 0), ("u", "v", GiB)],
-              param_bytes=[0, 3 * GiB // 4, 0, 0], output_bytes=[0, 0, GiB, 0])
+    g = graph(
+        {"a": 1.0, "b": 3.0, "u": 2.0, "v": 1.0},
+        [("a", "b", 0), ("a", "u", 0), ("b", "v", 0), ("u", "v", GiB)],
+        param_bytes=[0, 3 * GiB // 4, 0, 0],
+        output_bytes=[0, 0, GiB, 0],
+    )
     cluster = mesh(["X", "X"], bandwidth=1e12, memory=3 * GiB // 2)
     assert critical_path(g, upward_ranks(g, cluster, "max")) == [0, 1, 3]
     sched = dpos_schedule(g, cluster)
@@ -215,8 +271,12 @@ def test_memory_retries_shrink_an_overflowed_device_then_the_ratio_where_that_le
     def build(g, ratio, scale, sends=None):
         tried.append((ratio, scale.tolist()))
         if scale[0] == 1:
-            return Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)],
-                            np.array([0.0, 1.0]), np.array([1.0, 2.0]))
+            return Schedule(
+                np.array([0, 0]),
+                [np.array([0, 1]), np.array([], dtype=int)],
+                np.array([0.0, 1.0]),
+                np.array([1.0, 2.0]),
+            )
         if ratio > 0.7:
             raise InfeasibleError("too tight")
         return Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
@@ -245,8 +305,13 @@ def test_memory_retries_shrink_an_overflowed_device_below_what_the_scheduler_cou
         if scale[0] >= 0.5:
             counted = MemoryTimeline(cluster.memory)
             counted.add(0, 0.0, GiB)
-            return Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)],
-                            np.array([0.0, 1.0]), np.array([1.0, 2.0]), memory=counted)
+            return Schedule(
+                np.array([0, 0]),
+                [np.array([0, 1]), np.array([], dtype=int)],
+                np.array([0.0, 1.0]),
+                np.array([1.0, 2.0]),
+                memory=counted,
+            )
         return Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
 
     sched = schedule_with_memory_retries(build, g, cluster, "test", ratio=1.0)
@@ -293,8 +358,9 @@ def test_memory_retries_start_at_the_liveness_ratio_and_count_whole_after_an_ove
     g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 4])
     cluster = mesh(["X", "X"], memory=6)
     tried = []
-    stacked = Schedule(np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)],
-                       np.arange(3.0), np.arange(1.0, 4.0))                   # 8 bytes on d0: overflows
+    stacked = Schedule(
+        np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)], np.arange(3.0), np.arange(1.0, 4.0)
+    )  # 8 bytes on d0: overflows
 
     def build(g, ratio, scale, sends=None):
         tried.append((ratio, scale.tolist()))
@@ -302,10 +368,9 @@ def test_memory_retries_start_at_the_liveness_ratio_and_count_whole_after_an_ove
 
     with pytest.raises(InfeasibleError):
         schedule_with_memory_retries(build, g, cluster, "test", tries=REBUDGETS_AT_FIRST_RATIO + 3)
-    first = REBUDGETS_AT_FIRST_RATIO + 1     # the first schedule, then a new budget after each overflow
+    first = REBUDGETS_AT_FIRST_RATIO + 1  # the first schedule, then a new budget after each overflow
     assert tried[0] == (pytest.approx(8 / 12), [1.0, 1.0])
-    assert all(ratio == pytest.approx(8 / 12) and cut < 1.0 and raised > 1.0
-               for ratio, (cut, raised) in tried[1:first])
+    assert all(ratio == pytest.approx(8 / 12) and cut < 1.0 and raised > 1.0 for ratio, (cut, raised) in tried[1:first])
     assert tried[first] == (1.0, [1.0, 1.0])
     assert tried[first + 1][0] == 1.0 and tried[first + 1][1][0] < 1.0 and tried[first + 1][1][1] > 1.0
 
@@ -315,8 +380,9 @@ def test_memory_retries_stop_when_moving_work_only_moves_the_excess():
     # REBUDGETS_AT_FIRST_RATIO more at that ratio without progress, then the first one counted whole,
     # STALE_SCHEDULES more without progress end the retries (no layers to fall back on).
     g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 4])
-    stacked = Schedule(np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)],
-                       np.arange(3.0), np.arange(1.0, 4.0))
+    stacked = Schedule(
+        np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)], np.arange(3.0), np.arange(1.0, 4.0)
+    )
     tried = []
 
     def build(g, ratio, scale, sends=None):
@@ -332,8 +398,9 @@ def _chain_over_two_devices(memory=(8, 4)):
     """a (4 bytes) -> b (4) -> c (1), one layer, over devices of ``memory`` bytes, and schedules by placement:
     the reference model's peaks are (0,1,0) [5, 8], (0,1,1) [4, 8], (0,0,1) [8, 5], (1,0,0) [8, 4] and
     (0,0,0) [8, 0]."""
-    g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 1],
-              layer=["L", "L", "L"])
+    g = graph(
+        {"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4), ("b", "c", 4)], output_bytes=[4, 4, 1], layer=["L", "L", "L"]
+    )
     cluster = Cluster("test", [Device("d0", "X", memory[0]), Device("d1", "X", memory[1])], mesh(["X", "X"]).channels)
 
     def placed(*devices):
@@ -354,8 +421,9 @@ def test_memory_retries_retime_a_slight_overflow_at_the_liveness_ratio(d1_bytes,
 
     def placed(*devices):
         device_of = np.array(devices)
-        return Schedule(device_of, [np.flatnonzero(device_of == d) for d in range(2)], np.arange(3.0),
-                        np.arange(1.0, 4.0))
+        return Schedule(
+            device_of, [np.flatnonzero(device_of == d) for d in range(2)], np.arange(3.0), np.arange(1.0, 4.0)
+        )
 
     calls = []
 
@@ -395,8 +463,7 @@ def budgets_kept_at_first_ratio(monkeypatch):
 
 @pytest.mark.usefixtures("budgets_kept_at_first_ratio")
 @pytest.mark.parametrize("first, overfilled", [((0, 1, 0), True), ((0, 1, 1), False)])
-def test_memory_retries_leave_the_nodes_when_counting_whole_leaves_no_room_after_an_overfilled_start(first,
-                                                                                                  overfilled):
+def test_memory_retries_leave_the_nodes_when_counting_whole_leaves_no_room_after_an_overfilled_start(first, overfilled):
     # At the first ratio (0,1,0) peaks at 5 + 8 bytes, more than the 8 + 4 of both devices; (0,1,1) at 4 + 8.
     # Counting whole then leaves no room for some node: after the overfilled start the retries go to the
     # colocated layers from the next ratio down; otherwise the nodes are tried at that ratio first.
@@ -445,8 +512,12 @@ def test_memory_retries_refuse_with_the_schedule_closest_to_fitting():
 
 
 def test_colocate_layers_joins_each_layer_with_the_colocation_groups_it_touches():
-    g = graph({"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0, "e": 1.0}, [("a", "b", 1), ("b", "c", 1), ("c", "d", 1)],
-              layer=["L1", "L1", "L2", "L3", None], colocation=[None, "p", "p", None, None])
+    g = graph(
+        {"a": 1.0, "b": 1.0, "c": 1.0, "d": 1.0, "e": 1.0},
+        [("a", "b", 1), ("b", "c", 1), ("c", "d", 1)],
+        layer=["L1", "L1", "L2", "L3", None],
+        colocation=[None, "p", "p", None, None],
+    )
     # L1 and L2 meet in group p; L3 is alone in its layer, e in none.
     assert colocate.colocate_layers(g).colocation == ["layer0", "layer0", "layer0", None, None]
     assert colocate.colocate_layers(graph({"a": 1.0, "b": 1.0}, [], layer=["L1", "L2"])) is None
@@ -457,38 +528,55 @@ def test_colocate_layers_joins_each_layer_with_the_colocation_groups_it_touches(
         members = [i for i, k in enumerate(groups) if k == key]
         assert len({dp.node_extra[i].get("replica") for i in members}) == 1
     # An operation held to a device kind keeps out of its layer: a CPU-only and a GPU-only one run nowhere together.
-    kinds = graph({"load": 1.0, "fwd": 1.0, "bwd": 1.0, "upd": 1.0}, [("load", "fwd", 1), ("fwd", "bwd", 1),
-                                                                    ("bwd", "upd", 1)],
-                  layer=["fc"] * 4, device_kinds=[("cpu",), ("V100",), None, None])
+    kinds = graph(
+        {"load": 1.0, "fwd": 1.0, "bwd": 1.0, "upd": 1.0},
+        [("load", "fwd", 1), ("fwd", "bwd", 1), ("bwd", "upd", 1)],
+        layer=["fc"] * 4,
+        device_kinds=[("cpu",), ("V100",), None, None],
+    )
     assert colocate.colocate_layers(kinds).colocation == [None, None, "layer0", "layer0"]
 
 
 def test_colocate_sole_consumers_makes_each_free_operation_follow_its_only_reader():
     # w (a parameter's group) -> t -> mm -> relu -> loss, mm also -> loss; cpu_only reads relu alone but
     # may run only on CPUs; relu has two readers.
-    g = graph({"w": 0.0, "t": 0.0, "mm": 1.0, "relu": 1.0, "loss": 1.0, "cpu_only": 1.0},
-              [("w", "t", 4), ("t", "mm", 4), ("mm", "relu", 4), ("mm", "loss", 4), ("relu", "loss", 4),
-               ("relu", "cpu_only", 4), ("cpu_only", "loss", 4), ("cpu_only", "loss", 8)],
-              colocation=["p", None, None, None, "q", None], device_kinds=[None] * 5 + [["cpu"]])
+    g = graph(
+        {"w": 0.0, "t": 0.0, "mm": 1.0, "relu": 1.0, "loss": 1.0, "cpu_only": 1.0},
+        [
+            ("w", "t", 4),
+            ("t", "mm", 4),
+            ("mm", "relu", 4),
+            ("mm", "loss", 4),
+            ("relu", "loss", 4),
+            ("relu", "cpu_only", 4),
+            ("cpu_only", "loss", 4),
+            ("cpu_only", "loss", 8),
+        ],
+        colocation=["p", None, None, None, "q", None],
+        device_kinds=[None] * 5 + [["cpu"]],
+    )
     grouped = colocate.colocate_sole_consumers(g)
     # t follows mm (its only reader); w stays in p; cpu_only is bound to CPUs and loss's group q is not.
     assert grouped.colocation == ["p", "coplace:mm", "coplace:mm", None, "q", None]
     assert (grouped.src.tolist(), grouped.dst.tolist(), grouped.compute_s.tolist()) == (
-        g.src.tolist(), g.dst.tolist(), g.compute_s.tolist())
+        g.src.tolist(),
+        g.dst.tolist(),
+        g.compute_s.tolist(),
+    )
     # Two tensors to one reader are one reader: a free op reading like cpu_only follows it.
     free = g.replace(device_kinds=None)
     assert colocate.colocate_sole_consumers(free).colocation == ["p", "coplace:mm", "coplace:mm", None, "q", "q"]
-    assert colocate.colocate_sole_consumers(graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 1), ("a", "c", 1)])) \
-        is None
+    assert (
+        colocate.colocate_sole_consumers(graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 1), ("a", "c", 1)])) is None
+    )
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(2, 40), st.integers(0, 10**6), st.sampled_from(["m_topo", "m_etf", "m_sct"]),
-       st.integers(2, 4))
+@given(st.integers(2, 40), st.integers(0, 10**6), st.sampled_from(["m_topo", "m_etf", "m_sct"]), st.integers(2, 4))
 def test_baechi_co_placement_puts_each_free_operation_with_its_only_reader(n, seed, algorithm, devices):
     g = random_dag(n, edge_prob=0.5, seed=seed, max_bytes=1 << 20, colocation_groups=3)
     cluster = mesh(["X"] * devices, bandwidth=1e9, latency=1e-5)
-    plan = place(g, cluster, algorithm, coplace=True)   # place checks the plan under the reference model
+    plan = place(g, cluster, algorithm, coplace=True)  # place checks the plan under the reference model
     readers = [set() for _ in range(n)]
     for u, v in zip(g.src.tolist(), g.dst.tolist()):
         readers[u].add(v)
@@ -503,8 +591,9 @@ def _one_layer_over_a_small_device():
     g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)], output_bytes=[4, 4], layer=["L", "L"])
     cluster = Cluster("test", [Device("d0", "X", 100), Device("d1", "X", 3)], mesh(["X", "X"]).channels)
     split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.zeros(2), np.ones(2))
-    together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
-                        np.array([1.0, 2.0]))
+    together = Schedule(
+        np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]), np.array([1.0, 2.0])
+    )
     return g, cluster, split, together
 
 
@@ -553,8 +642,13 @@ def test_memory_retries_keep_the_pressed_schedule_where_it_fits_at_the_first_rat
     g, cluster, split, together = _one_layer_over_a_small_device()
     calls = []
     sched = schedule_with_memory_retries(
-        lambda g, ratio, scale, sends=None: calls.append(("build", ratio, sends)) or split, g, cluster, "test",
-        ratio=0.5, pressed=lambda g, ratio, scale, sends=None: calls.append(("pressed", ratio, sends)) or together)
+        lambda g, ratio, scale, sends=None: calls.append(("build", ratio, sends)) or split,
+        g,
+        cluster,
+        "test",
+        ratio=0.5,
+        pressed=lambda g, ratio, scale, sends=None: calls.append(("pressed", ratio, sends)) or together,
+    )
     # The last call is the pressed build's refinement, told the transfers of its schedule (none here).
     assert calls == [("build", 0.5, None), ("pressed", 0.5, None), ("pressed", 0.5, {})] and sched is together
 
@@ -579,8 +673,9 @@ def _step_over_two_small_cpus(share: float) -> tuple[OpGraph, Cluster]:
     g = training_graph(layers=6, branches=2, seed=0, param_mib=1, activation_mib=64)
     cpus = load_cluster("2xcpu")
     need = simulate_placement(g, cpus, np.zeros(g.num_nodes, dtype=int), check=False).peak_memory_bytes[0]
-    return g, Cluster("two-small-cpus", [Device(d.name, d.kind, int(share * need), d.speed) for d in cpus.devices],
-                      cpus.channels)
+    return g, Cluster(
+        "two-small-cpus", [Device(d.name, d.kind, int(share * need), d.speed) for d in cpus.devices], cpus.channels
+    )
 
 
 @pytest.mark.parametrize("algorithm", ["m_etf", "m_sct", "heft", "dpos"])
@@ -618,7 +713,7 @@ def test_schedules_share_the_graphs_tables_and_leave_them_as_they_were(schedule)
     tables = list_scheduling.schedule_tables(g, cluster)
     assert list_scheduling.schedule_tables(g, cluster) is tables
     assert list_scheduling.schedule_tables(g, load_cluster("2xcpu")) is not tables
-    assert any(tables.grouped)      # optimizer updates colocated with their parameters
+    assert any(tables.grouped)  # optimizer updates colocated with their parameters
     before = copy.deepcopy(tables.__dict__)
     first = schedule(g, cluster, 0.5)
     np.testing.assert_equal(tables.__dict__, before)
@@ -633,8 +728,11 @@ def test_memory_counts_a_copy_from_its_transfer_not_from_the_booking_of_its_cons
     # reads p's 6 bytes from d0: the reference model sends them to d1 as p ends (t = 1), so with c on d1
     # d1 would hold 12 bytes of 10 over [1, 21), although at the booking frontier only the copy is live.
     # Sent ahead (booked with p), the copy counts from then too, but only once a consumer on d1 needs it.
-    g = graph({"p": 1.0, "x": 1.0, "long": 19.0, "y": 1.0, "c": 1.0},
-              [("p", "c", 6), ("x", "y", 6), ("long", "y", 0)], output_bytes=[6, 6, 0, 0, 0])
+    g = graph(
+        {"p": 1.0, "x": 1.0, "long": 19.0, "y": 1.0, "c": 1.0},
+        [("p", "c", 6), ("x", "y", 6), ("long", "y", 0)],
+        output_bytes=[6, 6, 0, 0, 0],
+    )
     cluster = mesh(["X", "X"], bandwidth=1e9, memory=10)
     state = ScheduleState(g, cluster, 1.0, insertion=False, sends={0: [(0, 1, 6)]} if sent_ahead else None)
     for v, d in [("p", 0), ("x", 1), ("long", 1), ("y", 1)]:
@@ -683,7 +781,7 @@ def earliest_gap(t, ready, length):
 @given(st.lists(st.tuples(st.floats(0, 100), st.floats(0, 5)), max_size=300), st.floats(0, 100), st.floats(0, 5))
 def test_timeline_finds_the_earliest_gap_like_a_walk_over_every_interval(jobs, ready, length):
     t = Timeline()
-    t.BLOCK = 4     # blocks split often
+    t.BLOCK = 4  # blocks split often
     for begin, job in jobs:
         # The same question again and again as the timeline fills, as list schedulers ask it.
         assert t.find(ready, length, insertion=True)[0] == earliest_gap(t, ready, length)
@@ -694,7 +792,7 @@ def test_timeline_finds_the_earliest_gap_like_a_walk_over_every_interval(jobs, r
     assert starts == sorted(starts) and all(f <= s for f, s in zip(finishes, starts[1:]))
     assert len(t.items()) == len(jobs)
     assert t.find(ready, length, insertion=True)[0] == earliest_gap(t, ready, length)
-    for begin in finishes[::7]:     # every block
+    for begin in finishes[::7]:  # every block
         assert t.idle_at(begin, length) == (earliest_gap(t, begin, length) == begin)
 
 
@@ -704,9 +802,11 @@ def memory_level(held, time):
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 40), st.integers(-5, 10)), max_size=150),
-       st.lists(st.tuples(st.integers(0, 40), st.integers(-5, 10)), min_size=1, max_size=4),
-       st.integers(0, 60))
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(-5, 10)), max_size=150),
+    st.lists(st.tuples(st.integers(0, 40), st.integers(-5, 10)), min_size=1, max_size=4),
+    st.integers(0, 60),
+)
 def test_memory_timeline_fits_like_a_check_of_every_instant(held, added, limit):
     # Whole-number times and bytes: the check at every breakpoint is exact.
     m = MemoryTimeline(np.array([float(limit), 1.0]))
@@ -723,12 +823,15 @@ def test_memory_timeline_fits_like_a_check_of_every_instant(held, added, limit):
     for at, amount in held:
         roomier.add(0, float(at), float(amount))
     assert roomier.fits(0, events) == all(
-        memory_level(held, t) + memory_level(added, t) <= limit + 100 for t in instants)
+        memory_level(held, t) + memory_level(added, t) <= limit + 100 for t in instants
+    )
 
 
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 40), st.integers(-5, 10)), max_size=150),
-       st.lists(st.booleans(), min_size=150, max_size=150))
+@given(
+    st.lists(st.tuples(st.integers(0, 40), st.integers(-5, 10)), max_size=150),
+    st.lists(st.booleans(), min_size=150, max_size=150),
+)
 def test_memory_timeline_sees_the_highest_level_each_allocation_reached(held, checks):
     # Steps are applied only when a check needs them; what the timeline saw is as if each were
     # applied at once: the level from each allocation on, with the steps added before it.
@@ -737,7 +840,7 @@ def test_memory_timeline_sees_the_highest_level_each_allocation_reached(held, ch
     for k, ((at, amount), check) in enumerate(zip(held, checks)):
         m.add(0, float(at), float(amount))
         if amount > 0:
-            added = held[:k + 1]
+            added = held[: k + 1]
             highest = max([highest] + [memory_level(added, t) for t, _ in added if t >= at])
         if check:
             m.fits(0, [(float(at), 1.0)])
@@ -756,11 +859,10 @@ def test_m_sct_keeps_favourite_children_with_their_parent():
     g = graph({"a": 1.0, "b": 1.0, "c": 1.0, "x": 1.0}, [("a", "b", 100), ("b", "c", 100), ("a", "x", 100)])
     cluster = mesh(["X", "X"], bandwidth=100.0)
     favourite = favourite_children(g, cluster)
-    assert favourite[0] in (1, 3) and favourite[1] == 2   # a has one favourite of its two children
+    assert favourite[0] in (1, 3) and favourite[1] == 2  # a has one favourite of its two children
     sched = etf_schedule(g, cluster, favourite=favourite)
     assert sched.device_of[0] == sched.device_of[favourite[0]]
     assert sched.device_of[1] == sched.device_of[2]
-
 
 
 def test_m_sct_counts_a_pair_of_nodes_once_whatever_tensors_pass_between_them():
@@ -769,6 +871,7 @@ def test_m_sct_counts_a_pair_of_nodes_once_whatever_tensors_pass_between_them():
     two = OpGraph(["a", "b", "c"], [1e-3] * 3, [0, 0, 1], [1, 1, 2], [10**8] * 3, [0, 1, 0])
     cluster = load_cluster("2xV100-nvlink")
     assert favourite_children(one, cluster).tolist() == favourite_children(two, cluster).tolist() == [1, 2, -1]
+
 
 def test_m_sct_runs_a_ready_favourite_child_next_on_its_parents_device():
     # a's children both start earliest on a's device (their transfers take 100 s); w comes first in
@@ -811,9 +914,15 @@ def uniform_tensor_bytes(g):
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(2, 40), st.floats(0.1, 0.9), st.integers(0, 2**30), st.integers(1, 4),
-       st.sampled_from(sorted(SCHEDULES)), st.booleans())
-@example(31, 0.23828125, 57374, 3, "dpos", False)   # a transfer queued ahead of one booked before it
+@given(
+    st.integers(2, 40),
+    st.floats(0.1, 0.9),
+    st.integers(0, 2**30),
+    st.integers(1, 4),
+    st.sampled_from(sorted(SCHEDULES)),
+    st.booleans(),
+)
+@example(31, 0.23828125, 57374, 3, "dpos", False)  # a transfer queued ahead of one booked before it
 def test_prediction_equals_simulation_without_congestion(n, p, seed, n_dev, name, shared):
     g = uniform_tensor_bytes(random_dag(n, edge_prob=p, seed=seed, max_bytes=1 << 24))
     cluster = mesh(["X"] * n_dev, bandwidth=2e9, latency=1e-5, shared=shared)
@@ -829,8 +938,9 @@ def test_prediction_equals_simulation_without_congestion(n, p, seed, n_dev, name
         assert ran.keys() == sched.transfers.keys()
         for key, (c, start, end) in sched.transfers.items():
             x = ran[key]
-            assert sent.channel[x] == c and np.allclose((sent.start[x], sent.end[x]), (start, end), rtol=1e-9,
-                                                        atol=1e-12)
+            assert sent.channel[x] == c and np.allclose(
+                (sent.start[x], sent.end[x]), (start, end), rtol=1e-9, atol=1e-12
+            )
 
 
 def test_priority_order_can_take_zero_time_sources_first_in_graph_order():
@@ -850,10 +960,21 @@ def _three_speeds():
     devices = [Device("d0", "X", 100), Device("d1", "X", 3), Device("d2", "X", 100, 0.25)]
     cluster = Cluster("test", devices, mesh(["X", "X", "X"]).channels)
     ends = {0: np.array([1.0, 2.0]), 2: np.array([4.0, 8.0])}
-    split = Schedule(np.array([0, 1]), [np.array([0]), np.array([1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
-                     np.array([1.0, 2.0]))
-    on = {d: Schedule(np.array([d, d]), [np.array([0, 1]) if j == d else np.array([], dtype=int) for j in range(3)],
-                      ends[d] - ends[d][0], ends[d]) for d in (0, 2)}
+    split = Schedule(
+        np.array([0, 1]),
+        [np.array([0]), np.array([1]), np.array([], dtype=int)],
+        np.array([0.0, 1.0]),
+        np.array([1.0, 2.0]),
+    )
+    on = {
+        d: Schedule(
+            np.array([d, d]),
+            [np.array([0, 1]) if j == d else np.array([], dtype=int) for j in range(3)],
+            ends[d] - ends[d][0],
+            ends[d],
+        )
+        for d in (0, 2)
+    }
     return g, cluster, split, on[2], on[0]
 
 
@@ -880,8 +1001,15 @@ def test_memory_retries_search_the_ratio_for_a_faster_fitting_schedule_where_mem
     # The retries (0.5 overflows, 1 fits slowly), then the layers at 0.5 (fits: nothing smaller to try),
     # the nodes between 0.5 (overflowed) and 1 (fitted), halving three times; then the climbs: the layers
     # a notch above 0.5 (no faster: no further), nothing above 1 on the nodes.
-    assert searched == [("nodes", 0.5), ("nodes", 1.0), ("layers", 0.5), ("nodes", 0.75), ("nodes", 0.875),
-                        ("nodes", 0.9375), ("layers", 0.5 * 1.15)]
+    assert searched == [
+        ("nodes", 0.5),
+        ("nodes", 1.0),
+        ("layers", 0.5),
+        ("nodes", 0.75),
+        ("nodes", 0.875),
+        ("nodes", 0.9375),
+        ("layers", 0.5 * 1.15),
+    ]
 
 
 def _searched_on_layers(layers):
@@ -908,8 +1036,10 @@ def _no_room():
 def test_memory_retries_search_halves_the_ratio_between_overflow_and_no_room():
     # On the layers: overflows below 0.6, fits from 0.6 to 0.8 (on the slow device from 0.7), no room above.
     probes, sched, together = _searched_on_layers(
-        lambda ratio, split, slow, together: _no_room() if ratio > 0.8 else
-        split if ratio < 0.6 else together if ratio < 0.7 else slow)
+        lambda ratio, split, slow, together: (
+            _no_room() if ratio > 0.8 else split if ratio < 0.6 else together if ratio < 0.7 else slow
+        )
+    )
     # Halvings, then a notch above the smallest fit (0.625), on the slow device: no further.
     assert probes == [0.5, 1.0, 0.75, 0.625, 0.5625, round(0.625 * 1.15, 6)]
     assert sched is together
@@ -919,8 +1049,9 @@ def test_memory_retries_search_climbs_above_the_smallest_fitting_ratio_while_fas
     # On the layers: fits from 0.5, but slowly there (on d2); from 0.55 together on d0, the fastest; no room
     # from 0.7. The smallest fit is slow; a notch above it is faster, the next no faster.
     probes, sched, together = _searched_on_layers(
-        lambda ratio, split, slow, together: _no_room() if ratio >= 0.7 else slow if ratio < 0.55 else together)
-    assert probes == [0.5, round(0.5 * 1.15, 6), round(0.5 * 1.15 ** 2, 6)]
+        lambda ratio, split, slow, together: _no_room() if ratio >= 0.7 else slow if ratio < 0.55 else together
+    )
+    assert probes == [0.5, round(0.5 * 1.15, 6), round(0.5 * 1.15**2, 6)]
     assert sched is together
 
 
@@ -948,8 +1079,12 @@ def test_memory_retries_do_not_search_where_memory_cost_little():
     g, cluster, split, slow, together = _three_speeds()
     tried = []
     sched = schedule_with_memory_retries(
-        lambda g, ratio, scale, sends=None: tried.append(ratio) or (together if ratio == 1.0 else split), g,
-        cluster, "test", ratio=0.5)
+        lambda g, ratio, scale, sends=None: tried.append(ratio) or (together if ratio == 1.0 else split),
+        g,
+        cluster,
+        "test",
+        ratio=0.5,
+    )
     assert sched is together and tried == [0.5, 1.0, 1.0]
     assert list_scheduling.PRESSURE_COST * 2.0 < 8.0
 
@@ -966,17 +1101,25 @@ def _with_and_without_the_search(g, share, algorithm, monkeypatch):
         return searched, place(g, cluster, algorithm).predicted["makespan_s"]
 
 
-@pytest.mark.parametrize("algorithm, layers, branches, seed, share", [
-    ("heft", 5, 3, 360322, 0.884), ("dpos", 3, 1, 88935, 0.889), ("m_etf", 5, 3, 890396, 0.774)])
+@pytest.mark.parametrize(
+    "algorithm, layers, branches, seed, share",
+    [("heft", 5, 3, 360322, 0.884), ("dpos", 3, 1, 88935, 0.889), ("m_etf", 5, 3, 890396, 0.774)],
+)
 def test_the_budget_search_finds_a_far_faster_fitting_schedule(algorithm, layers, branches, seed, share, monkeypatch):
-    searched, retried = _with_and_without_the_search(training_graph(layers=layers, branches=branches, seed=seed),
-                                                     share, algorithm, monkeypatch)
+    searched, retried = _with_and_without_the_search(
+        training_graph(layers=layers, branches=branches, seed=seed), share, algorithm, monkeypatch
+    )
     assert searched < retried / 2
 
 
 @settings(max_examples=20, deadline=None)
-@given(st.integers(1, 5), st.integers(1, 3), st.integers(0, 10**6), st.sampled_from(["heft", "dpos", "m_etf"]),
-       st.floats(0.3, 0.9))
+@given(
+    st.integers(1, 5),
+    st.integers(1, 3),
+    st.integers(0, 10**6),
+    st.sampled_from(["heft", "dpos", "m_etf"]),
+    st.floats(0.3, 0.9),
+)
 def test_the_budget_search_never_makes_a_list_schedule_slower(layers, branches, seed, algorithm, share):
     g = training_graph(layers=layers, branches=branches, seed=seed)
     try:
@@ -991,8 +1134,11 @@ def test_the_budget_search_never_makes_a_list_schedule_slower(layers, branches, 
 def test_a_schedule_told_the_sends_books_the_transfers_made_at_time_zero_in_graph_order(schedule):
     # Two parameters on d0 (their earliest finish ties everywhere: the lowest index) read on d1 (kind B),
     # p1's reader a on the longer path: ranked first. The reference model sends both at time 0, p0's first.
-    g = graph({"p0": 0.0, "p1": 0.0, "a": 1.0, "b": 1.0, "c": 5.0}, [("p0", "b", 2), ("p1", "a", 2), ("a", "c", 1)],
-              device_kinds=[None, None, ("B",), ("B",), ("B",)])
+    g = graph(
+        {"p0": 0.0, "p1": 0.0, "a": 1.0, "b": 1.0, "c": 5.0},
+        [("p0", "b", 2), ("p1", "a", 2), ("a", "c", 1)],
+        device_kinds=[None, None, ("B",), ("B",), ("B",)],
+    )
     cluster = mesh(["A", "B"])
     first = schedule(g, cluster)
     again = schedule(g, cluster, sends=simulated_sends(simulate(g, cluster, first.device_of, first.orders)))
@@ -1002,19 +1148,28 @@ def test_a_schedule_told_the_sends_books_the_transfers_made_at_time_zero_in_grap
 
 
 @settings(max_examples=25, deadline=None)
-@given(st.integers(3, 40), st.integers(0, 2**30), st.integers(0, 3),
-       st.sampled_from(LIST_SCHEDULERS + ["data_parallel", "os_dpos"]))
+@given(
+    st.integers(3, 40),
+    st.integers(0, 2**30),
+    st.integers(0, 3),
+    st.sampled_from(LIST_SCHEDULERS + ["data_parallel", "os_dpos"]),
+)
 def test_plans_are_valid_fit_keep_colocation_and_are_deterministic(n, seed, groups, name):
     rng = np.random.default_rng(seed)
     g = random_dag(n, edge_prob=0.4, seed=seed, max_bytes=32 << 20, colocation_groups=groups)
     g = g.replace(device_kinds=[("A",) if rng.random() < 0.2 else None for _ in range(n)])
-    cluster = mesh(["A", "B", "A"], bandwidth=1e10, latency=1e-5, memory=int(rng.integers(1, 4)) * (256 << 20),
-                   speeds=[1.0, 1.5, 0.7])
+    cluster = mesh(
+        ["A", "B", "A"],
+        bandwidth=1e10,
+        latency=1e-5,
+        memory=int(rng.integers(1, 4)) * (256 << 20),
+        speeds=[1.0, 1.5, 0.7],
+    )
     try:
         plan = place(g, cluster, name, seed=3)
     except InfeasibleError:
         return
-    result = validate(plan, g, cluster)   # kinds, colocation, order, memory
+    result = validate(plan, g, cluster)  # kinds, colocation, order, memory
     assert result.fits and np.isclose(plan.predicted["makespan_s"], result.makespan_s)
     target = target_graph(plan, g)
     for members in target.colocation_groups.values():
@@ -1032,10 +1187,15 @@ def plain_etf(g, cluster, sends=None):
     position = np.empty(g.num_nodes, dtype=np.int64)
     position[g.topological_order] = np.arange(g.num_nodes)
     preds = [set(g.src[g.dst == v].tolist()) for v in range(g.num_nodes)]
-    while (ready := [v for v in range(g.num_nodes)
-                     if state.device_of[v] < 0 and all(state.device_of[u] >= 0 for u in preds[v])]):
-        _, _, d, v, est = min((_tick(est[0]), position[v], d, v, est) for v in ready
-                              for d in state.devices_for(v) if (est := state.estimate(v, d))[0] < np.inf)
+    while ready := [
+        v for v in range(g.num_nodes) if state.device_of[v] < 0 and all(state.device_of[u] >= 0 for u in preds[v])
+    ]:
+        _, _, d, v, est = min(
+            (_tick(est[0]), position[v], d, v, est)
+            for v in ready
+            for d in state.devices_for(v)
+            if (est := state.estimate(v, d))[0] < np.inf
+        )
         state.commit(v, d, est)
     return state.schedule()
 
@@ -1047,11 +1207,13 @@ def test_m_etf_crowds_waiting_for_one_channel_get_the_schedule_of_plain_etf(shar
     # Times are powers of two, so that sums in any order are exact and ties are ties.
     sources = [f"s{i}" for i in range(10)]
     readers = {f"r{i}_{j}": 2.0**-20 for i in range(10) for j in range(6)}
-    g = graph({**{s: 2.0**-18 for s in sources}, **readers},
-              [(f"s{i}", f"r{i}_{j}", 4096) for i in range(10) for j in range(6)])
+    g = graph(
+        {**{s: 2.0**-18 for s in sources}, **readers},
+        [(f"s{i}", f"r{i}_{j}", 4096) for i in range(10) for j in range(6)],
+    )
     cluster = mesh(["X"] * 4, bandwidth=2.0**30, shared=shared)
     fast, plain = etf_schedule(g, cluster), plain_etf(g, cluster)
-    assert len(set(fast.device_of.tolist())) == 4      # readers were sent away: their transfers queued
+    assert len(set(fast.device_of.tolist())) == 4  # readers were sent away: their transfers queued
     assert fast.device_of.tolist() == plain.device_of.tolist()
     assert fast.start.tolist() == plain.start.tolist()
 
@@ -1062,8 +1224,12 @@ def test_m_etf_estimates_a_crowd_that_outpaces_its_channel_a_bounded_number_of_t
     # every reader that had come due estimated again (1,526 estimates for k = 100); now each goes back
     # to its crowd without one, and the schedule is still plain ETF's.
     k = 100
-    nodes = {**{f"s{i}": 0.0 for i in range(k)}, **{f"r{i}": 2.0**-22 for i in range(k)},
-             **{f"f{i}": 2.0**-16 for i in range(k)}, "long": 2.0**-10}
+    nodes = {
+        **{f"s{i}": 0.0 for i in range(k)},
+        **{f"r{i}": 2.0**-22 for i in range(k)},
+        **{f"f{i}": 2.0**-16 for i in range(k)},
+        "long": 2.0**-10,
+    }
     edges = [(f"s{i}", f"r{i}", 4096) for i in range(k)] + [(f"r{i}", f"f{i}", 4) for i in range(k)]
     g = graph(nodes, edges, device_kinds=[("A",)] * k + [("B",)] * (2 * k + 1))
     cluster = mesh(["A", "B"], bandwidth=2.0**30, latency=2.0**-16)
@@ -1077,8 +1243,17 @@ def test_m_etf_estimates_a_crowd_that_outpaces_its_channel_a_bounded_number_of_t
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(2, 40), st.floats(0.1, 0.9), st.integers(0, 2**30), st.integers(1, 4), st.booleans(),
-       st.booleans(), st.sampled_from([2e9, 2e10]), st.booleans(), st.booleans())
+@given(
+    st.integers(2, 40),
+    st.floats(0.1, 0.9),
+    st.integers(0, 2**30),
+    st.integers(1, 4),
+    st.booleans(),
+    st.booleans(),
+    st.sampled_from([2e9, 2e10]),
+    st.booleans(),
+    st.booleans(),
+)
 # Two inputs on one channel: the key of node 11 summed their transfers in another order, 2 ulps high.
 @example(34, 0.515625, 34, 2, False, False, 2e9, False, True)
 # Told the sends, a transfer booked in an idle slot of a channel let a member of its crowd start sooner.
@@ -1088,8 +1263,9 @@ def test_m_etf_estimates_a_crowd_that_outpaces_its_channel_a_bounded_number_of_t
 @example(48, 0.6848313278023622, 193582272, 2, True, False, 2e9, False, False)
 # Two devices' starts of node 13 one ulp apart: a tie at m-ETF's resolution, which goes to the lower device.
 @example(41, 0.7183831768537, 544186824, 4, False, True, 2e10, True, True)
-def test_m_etf_heaps_give_the_schedule_of_plain_etf(n, p, seed, n_dev, shared, zero_length, bandwidth, told_sends,
-                                                    uniform_bytes):
+def test_m_etf_heaps_give_the_schedule_of_plain_etf(
+    n, p, seed, n_dev, shared, zero_length, bandwidth, told_sends, uniform_bytes
+):
     # Zero-length nodes (as captured graphs have hundreds of) make many ties on start times; a captured
     # graph's edges of one tensor may carry different bytes (a view reads part of it).
     g = random_dag(n, edge_prob=p, seed=seed, max_bytes=1 << 24)
@@ -1099,7 +1275,7 @@ def test_m_etf_heaps_give_the_schedule_of_plain_etf(n, p, seed, n_dev, shared, z
         g = g.replace(compute_s=np.where(np.arange(n) % 3 == 0, 0.0, g.compute_s))
     cluster = mesh(["X"] * n_dev, bandwidth=bandwidth, latency=1e-5, shared=shared)
     sends = None
-    if told_sends:      # as the memory retries build a schedule again
+    if told_sends:  # as the memory retries build a schedule again
         first = etf_schedule(g, cluster)
         sends = simulated_sends(simulate(g, cluster, first.device_of, first.orders))
     fast, plain = etf_schedule(g, cluster, sends=sends), plain_etf(g, cluster, sends)
@@ -1112,8 +1288,15 @@ def test_m_sct_keeps_a_favourite_child_that_another_reader_brings_its_input_to()
     # S's tensor goes to X (on C) first over S's shared channel, so it reaches A at 12, after P ends:
     # P's favourite child W and the other reader R wait for it on A. R books it there (lower
     # position, same start); W, still P's favourite, must wait on A for its turn, not be dropped.
-    g = OpGraph(["S", "P", "R", "W", "X"], [0.0, 10.0, 1.0, 1.0, 1.0], [0, 0, 0, 1], [2, 3, 4, 3], [6, 6, 6, 1],
-                [0, 0, 0, 0], device_kinds=[("B",), ("A",), ("A",), ("A",), ("C",)])
+    g = OpGraph(
+        ["S", "P", "R", "W", "X"],
+        [0.0, 10.0, 1.0, 1.0, 1.0],
+        [0, 0, 0, 1],
+        [2, 3, 4, 3],
+        [6, 6, 6, 1],
+        [0, 0, 0, 0],
+        device_kinds=[("B",), ("A",), ("A",), ("A",), ("C",)],
+    )
     sched = etf_schedule(g, mesh(["A", "B", "C"], shared=True), favourite=np.array([-1, 3, -1, -1, -1]))
     assert sched.device_of.tolist() == [1, 0, 0, 0, 2]
     assert sched.start.tolist() == [0.0, 0.0, 12.0, 13.0, 6.0]
@@ -1122,8 +1305,11 @@ def test_m_sct_keeps_a_favourite_child_that_another_reader_brings_its_input_to()
 def test_m_etf_takes_back_a_node_held_for_room_once_its_device_has_it():
     # a's 6-byte output leaves no room for x's 5 on the one 10-byte device until b, a's consumer,
     # is booked; x then goes before c and d, which come after it in topological order.
-    g = graph({"a": 1.0, "x": 1.0, "b": 1.0, "c": 1.0, "d": 1.0}, [("a", "b", 6), ("b", "c", 0), ("c", "d", 0)],
-              output_bytes=[6, 5, 0, 0, 0])
+    g = graph(
+        {"a": 1.0, "x": 1.0, "b": 1.0, "c": 1.0, "d": 1.0},
+        [("a", "b", 6), ("b", "c", 0), ("c", "d", 0)],
+        output_bytes=[6, 5, 0, 0, 0],
+    )
     sched = etf_schedule(g, mesh(["X"], memory=10))
     assert [g.ids[v] for v in sched.orders[0].tolist()] == ["a", "b", "x", "c", "d"]
 
@@ -1132,8 +1318,9 @@ def _order_waiting_for_a_transfer(**kw):
     # a (d0) sends b (d1) 4 bytes at 1 byte/s (1..5); c (d1) needs nothing. The order [b, c] idles d1
     # until b's input arrives (b 5..6, c 6..8); dispatch runs c first (c 0..2, b 5..6).
     g = graph({"a": 1.0, "b": 1.0, "c": 2.0}, [("a", "b", 4)], **kw)
-    sched = Schedule(np.array([0, 1, 1]), [np.array([0]), np.array([1, 2])], np.array([0.0, 5.0, 6.0]),
-                     np.array([1.0, 6.0, 8.0]))
+    sched = Schedule(
+        np.array([0, 1, 1]), [np.array([0]), np.array([1, 2])], np.array([0.0, 5.0, 6.0]), np.array([1.0, 6.0, 8.0])
+    )
     return g, sched
 
 
@@ -1156,10 +1343,16 @@ def test_refinement_compares_the_steps_of_the_plans_the_schedules_give(dispatch)
     # The first schedule's order takes 8 s, its placement under dispatch 6 s; built again, c moves to d0:
     # 6 s either way. Faster by the orders; not faster for a Baechi placer, whose plan dispatches.
     g, first = _order_waiting_for_a_transfer()
-    again = Schedule(np.array([0, 1, 0]), [np.array([0, 2]), np.array([1])], np.array([0.0, 5.0, 1.0]),
-                     np.array([1.0, 6.0, 3.0]))
-    kept = schedule_with_memory_retries(lambda g, ratio, scale, sends=None: first if sends is None else again, g,
-                                        mesh(["X", "X"], bandwidth=1.0), "test", dispatch=dispatch)
+    again = Schedule(
+        np.array([0, 1, 0]), [np.array([0, 2]), np.array([1])], np.array([0.0, 5.0, 1.0]), np.array([1.0, 6.0, 3.0])
+    )
+    kept = schedule_with_memory_retries(
+        lambda g, ratio, scale, sends=None: first if sends is None else again,
+        g,
+        mesh(["X", "X"], bandwidth=1.0),
+        "test",
+        dispatch=dispatch,
+    )
     assert kept is (first if dispatch else again)
 
 
@@ -1178,13 +1371,14 @@ def test_dispatch_is_given_up_rather_than_cost_the_plan_when_the_time_limit_runs
     assert not limit.expired and plan.order["d1"] == ["b", "c"]
 
 
-
 @settings(max_examples=60, deadline=None)
-@given(st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3), st.floats(0.0, 50.0)), max_size=60),
-       st.lists(st.tuples(st.integers(0, 7), st.integers(0, 3)), min_size=1, max_size=10))
+@given(
+    st.lists(st.tuples(st.integers(0, 6), st.integers(0, 3), st.floats(0.0, 50.0)), max_size=60),
+    st.lists(st.tuples(st.integers(0, 7), st.integers(0, 3)), min_size=1, max_size=10),
+)
 def test_queue_order_gives_the_latest_end_among_the_keys_ahead(booked, asked):
     queue = QueueOrder()
-    queue.BLOCK = 2     # blocks split often
+    queue.BLOCK = 2  # blocks split often
     for i, (time_, tie, end) in enumerate(booked):
         queue.add((float(time_), tie, i), end)
     keys = [(float(t), k, i) for i, (t, k, _) in enumerate(booked)]
@@ -1234,8 +1428,9 @@ def test_a_transfer_waits_for_every_transfer_booked_on_its_channel_that_queues_a
     # a, b, z on d0 (0..1, 1..2, 2..5), one shared egress channel. z's byte to d1 is booked first
     # (5..6); a's 5 bytes to d2 queue at 1 but do not fit the 4 idle seconds before it (6..11);
     # b's byte to d1 queues at 2, behind a's, so it waits for them (11..12) though 2..5 is idle.
-    g = graph({"a": 1.0, "b": 1.0, "z": 3.0, "x": 1.0, "y": 1.0, "w": 1.0},
-              [("z", "x", 1), ("a", "y", 5), ("b", "w", 1)])
+    g = graph(
+        {"a": 1.0, "b": 1.0, "z": 3.0, "x": 1.0, "y": 1.0, "w": 1.0}, [("z", "x", 1), ("a", "y", 5), ("b", "w", 1)]
+    )
     state = booked(g, mesh(["X", "X", "X"], bandwidth=1.0, shared=True), ((0, 0), (1, 0), (2, 0), (3, 1), (4, 2)))
     assert (state.start[3], state.start[4]) == (6.0, 11.0)
     assert state.estimate(5, 1)[0] == 12.0
@@ -1244,8 +1439,9 @@ def test_a_transfer_waits_for_every_transfer_booked_on_its_channel_that_queues_a
 def _crowd_on_a_shared_channel():
     """a, z, q on d0 (0..1, 1..2, 2..10), one shared egress channel; x and r on d1 read z's 4 bytes and
     q's byte, y on d2 reads a's 2 bytes. Placements in booking order: y's last."""
-    g = graph({"a": 1.0, "z": 1.0, "q": 8.0, "x": 1.0, "r": 1.0, "y": 1.0},
-              [("z", "x", 4), ("q", "r", 1), ("a", "y", 2)])
+    g = graph(
+        {"a": 1.0, "z": 1.0, "q": 8.0, "x": 1.0, "r": 1.0, "y": 1.0}, [("z", "x", 4), ("q", "r", 1), ("a", "y", 2)]
+    )
     return g, mesh(["X", "X", "X"], bandwidth=1.0, shared=True), ((0, 0), (1, 0), (2, 0), (3, 1), (4, 1), (5, 2))
 
 
@@ -1268,7 +1464,7 @@ def test_transfers_sent_ahead_are_booked_with_their_producer_where_the_reference
     simulated = simulate(g, cluster, first.device_of, first.orders)
     assert (first.start[5], simulated.start[5]) == (13.0, 3.0)
     sends = simulated_sends(simulated)
-    assert sends == {0: [(2, 2, 2)], 1: [(0, 1, 4)], 2: [(1, 1, 1)]}   # producer: [(tensor, device, bytes)]
+    assert sends == {0: [(2, 2, 2)], 1: [(0, 1, 4)], 2: [(1, 1, 1)]}  # producer: [(tensor, device, bytes)]
     again = booked(g, cluster, placements, sends).schedule()
     assert again.start.tolist() == simulated.start.tolist() == [0.0, 1.0, 2.0, 7.0, 11.0, 3.0]
 
@@ -1277,8 +1473,9 @@ def _two_schedules():
     # a sends b 4 bytes at 1 byte/s: apart, a step of 6 s; together on d0, 2 s.
     g = graph({"a": 1.0, "b": 1.0}, [("a", "b", 4)])
     apart = Schedule(np.array([0, 1]), [np.array([0]), np.array([1])], np.array([0.0, 5.0]), np.array([1.0, 6.0]))
-    together = Schedule(np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]),
-                        np.array([1.0, 2.0]))
+    together = Schedule(
+        np.array([0, 0]), [np.array([0, 1]), np.array([], dtype=int)], np.array([0.0, 1.0]), np.array([1.0, 2.0])
+    )
     return g, mesh(["X", "X"], bandwidth=1.0), apart, together
 
 
@@ -1314,16 +1511,19 @@ def test_a_refinement_cut_short_by_the_time_limit_is_dropped_or_skipped_where_it
     # A try that would not fit its share of the seconds left, going by the last one's time, is not made.
     calls = []
     with TimeBox(0.5):
-        kept = list_scheduling.refined_schedule(lambda *args, **kw: calls.append(kw) or build(*args, **kw),
-                                                g, cluster, sched, 1.0, np.ones(2), took_s=0.3)
+        kept = list_scheduling.refined_schedule(
+            lambda *args, **kw: calls.append(kw) or build(*args, **kw), g, cluster, sched, 1.0, np.ones(2), took_s=0.3
+        )
     assert kept is apart and calls == []
 
 
 def _refined_and_one_pass(name, n, seed, n_dev):
     g = uniform_tensor_bytes(random_dag(n, edge_prob=0.3, seed=seed, max_bytes=1 << 24))
     cluster = mesh(["X"] * n_dev, bandwidth=2e9, latency=1e-5, shared=True)
-    return (place(g, cluster, name).predicted["makespan_s"],
-            place(g, cluster, name, refine=False).predicted["makespan_s"])
+    return (
+        place(g, cluster, name).predicted["makespan_s"],
+        place(g, cluster, name, refine=False).predicted["makespan_s"],
+    )
 
 
 @settings(max_examples=30, deadline=None)
@@ -1336,17 +1536,22 @@ def test_a_refined_plan_is_never_slower_than_the_papers_one_pass(n, seed, n_dev,
 
 def test_refining_shortens_a_step_whose_transfers_the_first_schedule_booked_late():
     refined, one_pass = _refined_and_one_pass("heft", 20, 2, 3)
-    assert refined < 0.9 * one_pass     # 16.6 -> 14.1 ms when written
+    assert refined < 0.9 * one_pass  # 16.6 -> 14.1 ms when written
 
 
 def test_refinement_stops_once_a_schedule_built_again_gains_little():
     # a -> b and a short c: all on d0, 2.01 s; c on d1, 2.0 s (0.5% shorter, under REFINE_GAIN): kept, and
     # no third schedule is tried.
     g = graph({"a": 1.0, "b": 1.0, "c": 0.01}, [("a", "b", 4)])
-    serial = Schedule(np.zeros(3, dtype=int), [np.array([0, 1, 2]), np.array([], dtype=int)],
-                      np.array([0.0, 1.0, 2.0]), np.array([1.0, 2.0, 2.01]))
-    beside = Schedule(np.array([0, 0, 1]), [np.array([0, 1]), np.array([2])], np.array([0.0, 1.0, 0.0]),
-                      np.array([1.0, 2.0, 0.01]))
+    serial = Schedule(
+        np.zeros(3, dtype=int),
+        [np.array([0, 1, 2]), np.array([], dtype=int)],
+        np.array([0.0, 1.0, 2.0]),
+        np.array([1.0, 2.0, 2.01]),
+    )
+    beside = Schedule(
+        np.array([0, 0, 1]), [np.array([0, 1]), np.array([2])], np.array([0.0, 1.0, 0.0]), np.array([1.0, 2.0, 0.01])
+    )
     told = []
 
     def build(g, ratio, scale, sends=None):
@@ -1358,8 +1563,14 @@ def test_refinement_stops_once_a_schedule_built_again_gains_little():
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(2, 30), st.integers(0, 2**30), st.integers(2, 4), st.sampled_from(sorted(SCHEDULES)),
-       st.booleans(), st.integers(0, 3))
+@given(
+    st.integers(2, 30),
+    st.integers(0, 2**30),
+    st.integers(2, 4),
+    st.sampled_from(sorted(SCHEDULES)),
+    st.booleans(),
+    st.integers(0, 3),
+)
 def test_any_transfers_sent_ahead_leave_a_valid_schedule(n, seed, n_dev, name, shared, groups):
     # Sends as no simulation of this graph would tell them: to devices no consumer uses, to the producer's
     # own device, of tensors no edge carries (skipped). Every node is booked once, after its inputs, in
@@ -1367,26 +1578,30 @@ def test_any_transfers_sent_ahead_leave_a_valid_schedule(n, seed, n_dev, name, s
     rng = np.random.default_rng(seed)
     g = random_dag(n, edge_prob=0.4, seed=seed, max_bytes=1 << 24, colocation_groups=groups)
     cluster = mesh(["X"] * n_dev, bandwidth=2e9, latency=1e-5, shared=shared)
-    sends = {int(u): [(int(rng.integers(2)), int(rng.integers(n_dev)), int(rng.integers(1, 1 << 24)))
-                      for _ in range(int(rng.integers(1, 4)))]
-             for u in rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False)}
+    sends = {
+        int(u): [
+            (int(rng.integers(2)), int(rng.integers(n_dev)), int(rng.integers(1, 1 << 24)))
+            for _ in range(int(rng.integers(1, 4)))
+        ]
+        for u in rng.choice(n, size=int(rng.integers(1, n + 1)), replace=False)
+    }
     sched = SCHEDULES[name](g, cluster, sends=sends)
     assert sorted(np.concatenate(sched.orders).tolist()) == list(range(n))
     assert np.all(sched.start[g.dst] >= sched.finish[g.src] - 1e-12)
-    simulate(g, cluster, sched.device_of, sched.orders)      # raises on an order it cannot run
+    simulate(g, cluster, sched.device_of, sched.orders)  # raises on an order it cannot run
 
 
 def test_a_generous_time_limit_gives_the_same_plan_every_time(monkeypatch):
     from placer.algorithms.checks import random_cases
 
-    _, graph, cluster = random_cases(count=8, seed=16)[0]    # small memories: the memory share is searched
+    _, graph, cluster = random_cases(count=8, seed=16)[0]  # small memories: the memory share is searched
     searched = []
     real = retries._search_budgets
     monkeypatch.setattr(retries, "_search_budgets", lambda *a: searched.append(1) or real(*a))
     for name in ("dpos", "heft"):
         plans = [place(graph, cluster, name, time_limit=5) for _ in range(4)]
         assert all(p.placement == plans[0].placement and p.order == plans[0].order for p in plans), name
-    assert searched     # else the case no longer reaches the search this pins
+    assert searched  # else the case no longer reaches the search this pins
 
 
 @pytest.mark.usefixtures("budgets_kept_at_first_ratio")
@@ -1395,8 +1610,9 @@ def test_a_generous_time_limit_gives_the_plan_no_limit_gives():
     # memory budgets finds a faster one. Under any time limit it was held to the builds spent so far.
     g = training_graph(layers=2, branches=2, seed=92, param_mib=5.779, activation_mib=23.070)
     devices = [Device("d0", "V100", 143766823, 0.6678476463112349), Device("d1", "V100", 143766823, 1.3550225400761522)]
-    cluster = Cluster("fz", devices, [Channel("d0->d1", 1e9, 1e-5, (("d0", "d1"),)),
-                                      Channel("d1->d0", 1e9, 1e-5, (("d1", "d0"),))])
+    cluster = Cluster(
+        "fz", devices, [Channel("d0->d1", 1e9, 1e-5, (("d0", "d1"),)), Channel("d1->d0", 1e9, 1e-5, (("d1", "d0"),))]
+    )
     free = place(g, cluster, "dpos")
     limited = place(g, cluster, "dpos", time_limit=1e6)
     assert limited.placement == free.placement and limited.order == free.order
@@ -1415,8 +1631,15 @@ ALL_LIST_SCHEDULERS = {**{name: {} for name in LIST_SCHEDULERS}, "os_dpos": {"da
 def _v100_line(memory: int) -> Cluster:
     """An A100 and two V100s in a line, a0 <-> v0 <-> v1 (a0 and v1 cannot send to each other)."""
     devices = [Device("a0", "A100", memory, 1.3), Device("v0", "V100", memory), Device("v1", "V100", memory)]
-    return Cluster("line-3", devices, [Channel(f"{a}->{b}", 12e9, 1e-5, ((a, b),))
-                                       for x, y in (("a0", "v0"), ("v0", "v1")) for a, b in ((x, y), (y, x))])
+    return Cluster(
+        "line-3",
+        devices,
+        [
+            Channel(f"{a}->{b}", 12e9, 1e-5, ((a, b),))
+            for x, y in (("a0", "v0"), ("v0", "v1"))
+            for a, b in ((x, y), (y, x))
+        ],
+    )
 
 
 @pytest.mark.parametrize("algorithm", sorted(ALL_LIST_SCHEDULERS))
@@ -1425,12 +1648,22 @@ def test_a_colocation_group_goes_where_its_members_inputs_reach(algorithm):
     # could not reach, then refused ("node 'n13' must join its colocation group on 'd2' (an earlier member's
     # device): ..."), though every node fits d1 alone; on a ring of 4 the same, all but m-TOPO.
     names = ["g0", "g1", "g2", "g3"]
-    ring = Cluster("ring4", [Device(x, "V100", 160 << 20) for x in names],
-                   [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for i, a in enumerate(names)
-                    for b in (names[(i + 1) % 4], names[i - 1])])
-    for graph, cluster in ((random_dag(20, edge_prob=0.4, seed=22, max_bytes=8 << 20, colocation_groups=2),
-                            line_cluster(["d0", "d1", "d2"])),
-                           (random_dag(80, edge_prob=0.3, seed=3, max_bytes=4 << 20, colocation_groups=4), ring)):
+    ring = Cluster(
+        "ring4",
+        [Device(x, "V100", 160 << 20) for x in names],
+        [
+            Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),))
+            for i, a in enumerate(names)
+            for b in (names[(i + 1) % 4], names[i - 1])
+        ],
+    )
+    for graph, cluster in (
+        (
+            random_dag(20, edge_prob=0.4, seed=22, max_bytes=8 << 20, colocation_groups=2),
+            line_cluster(["d0", "d1", "d2"]),
+        ),
+        (random_dag(80, edge_prob=0.3, seed=3, max_bytes=4 << 20, colocation_groups=4), ring),
+    ):
         plan = place(graph, cluster, algorithm, **ALL_LIST_SCHEDULERS[algorithm])
         assert validate(plan, graph, cluster).fits
 
@@ -1440,22 +1673,44 @@ def test_a_node_no_device_links_to_its_neighbours_is_refused_naming_the_link(alg
     # x reads p (V100 only) and feeds r (A100 only), but only a0 sends to v0: no plan exists.
     # The schedulers said "no channel brings its inputs to a device it may use" (m-TOPO: "fits no device's
     # remaining memory (or no channel reaches one)"), naming no link.
-    graph = OpGraph(["p", "x", "r"], [1e-3] * 3, [0, 1], [1, 2], [1000, 1000], output_bytes=[1000, 1000, 0],
-                    device_kinds=[("V100",), None, ("A100",)], name="stranded")
-    cluster = Cluster("one-way", [Device("a0", "A100", GiB), Device("v0", "V100", GiB)],
-                      [Channel("a0->v0", 1e10, 1e-5, (("a0", "v0"),))])
-    with pytest.raises(InfeasibleError, match=rf"^{algorithm}: node 'r': no device it may use is linked to its "
-                                              r"neighbours' devices, as on 'a0': node 'x' would send from 'v0' to "
-                                              r"node 'r' on 'a0', but no channel connects these devices$"):
+    graph = OpGraph(
+        ["p", "x", "r"],
+        [1e-3] * 3,
+        [0, 1],
+        [1, 2],
+        [1000, 1000],
+        output_bytes=[1000, 1000, 0],
+        device_kinds=[("V100",), None, ("A100",)],
+        name="stranded",
+    )
+    cluster = Cluster(
+        "one-way",
+        [Device("a0", "A100", GiB), Device("v0", "V100", GiB)],
+        [Channel("a0->v0", 1e10, 1e-5, (("a0", "v0"),))],
+    )
+    with pytest.raises(
+        InfeasibleError,
+        match=rf"^{algorithm}: node 'r': no device it may use is linked to its "
+        r"neighbours' devices, as on 'a0': node 'x' would send from 'v0' to "
+        r"node 'r' on 'a0', but no channel connects these devices$",
+    ):
         place(graph, cluster, algorithm, **ALL_LIST_SCHEDULERS[algorithm])
 
 
 @settings(max_examples=40, deadline=None)
-@given(st.integers(2, 30), st.floats(0.1, 0.8), st.integers(0, 2**30), st.integers(1, 4), st.booleans(),
-       st.sampled_from([0.5, 0.8, 2.0, 4.0]), st.sampled_from(sorted(ALL_LIST_SCHEDULERS)))
-@example(20, 0.4, 19, 2, False, 2.0, "dpos")     # refused: a group's later member out of its inputs' reach
+@given(
+    st.integers(2, 30),
+    st.floats(0.1, 0.8),
+    st.integers(0, 2**30),
+    st.integers(1, 4),
+    st.booleans(),
+    st.sampled_from([0.5, 0.8, 2.0, 4.0]),
+    st.sampled_from(sorted(ALL_LIST_SCHEDULERS)),
+)
+@example(20, 0.4, 19, 2, False, 2.0, "dpos")  # refused: a group's later member out of its inputs' reach
 def test_list_schedulers_on_a_line_plan_validly_or_refuse_and_plan_where_one_device_holds_the_step(
-        n, p, seed, groups, kinds, room, algorithm):
+    n, p, seed, groups, kinds, room, algorithm
+):
     # Each device holds ``room`` times the peak of the whole step run on one device. At twice that, any
     # refusal would be for a missing link; at exactly the peak the schedulers' memory budgets may refuse on
     # fully linked devices too.
@@ -1478,7 +1733,10 @@ def test_list_schedulers_on_a_line_plan_validly_or_refuse_and_plan_where_one_dev
 def test_m_topo_and_m_etf_refused_for_memory_say_memory_alone(schedule):
     # Every device reached, none with room: the message named channels too ("or no channel reaches one").
     graph = OpGraph(["a", "b"], [1e-3, 1e-3], [0], [1], [3 * GiB], output_bytes=[3 * GiB, 0], name="big")
-    cluster = Cluster("small", [Device("g0", "V100", 2 * GiB), Device("g1", "V100", 2 * GiB)],
-                      [Channel("g0<->g1", 1e10, 1e-5, (("g0", "g1"), ("g1", "g0")))])
+    cluster = Cluster(
+        "small",
+        [Device("g0", "V100", 2 * GiB), Device("g1", "V100", 2 * GiB)],
+        [Channel("g0<->g1", 1e10, 1e-5, (("g0", "g1"), ("g1", "g0")))],
+    )
     with pytest.raises(InfeasibleError, match=r"^node 'a' fits no device's remaining memory$"):
         schedule(graph, cluster)

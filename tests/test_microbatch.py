@@ -20,15 +20,30 @@ def _step(batch: int = 4) -> OpGraph:
     ids = ["w", "x", "h", "loss", "dh", "dw", "upd"]
     per = {"x": 1000, "h": 2000, "dh": 2000}
     out = [0, per["x"] * batch, per["h"] * batch, 8, per["dh"] * batch, 1000, 0]
-    edges = [("x", "h", out[1]), ("w", "h", 1000), ("h", "loss", out[2]), ("loss", "dh", 8), ("h", "dh", out[2]),
-             ("x", "dw", out[1]), ("dh", "dw", out[4]), ("dw", "upd", 1000)]
+    edges = [
+        ("x", "h", out[1]),
+        ("w", "h", 1000),
+        ("h", "loss", out[2]),
+        ("loss", "dh", 8),
+        ("h", "dh", out[2]),
+        ("x", "dw", out[1]),
+        ("dh", "dw", out[4]),
+        ("dw", "upd", 1000),
+    ]
     index = {x: i for i, x in enumerate(ids)}
-    return OpGraph(ids, [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0], [index[a] for a, _, _ in edges],
-                   [index[b] for _, b, _ in edges], [b for _, _, b in edges], output_bytes=out,
-                   param_bytes=[1000, 0, 0, 0, 0, 0, 0],
-                   op=["placeholder", "placeholder", "aten.mm", "aten.sum", "aten.mul", "aten.mm", "aten.copy_"],
-                   colocation=["state:w", None, None, None, None, None, "state:w"], name="step",
-                   extra={"batch_size": batch})
+    return OpGraph(
+        ids,
+        [0.0, 0.0, 1.0, 1.0, 1.0, 1.0, 1.0],
+        [index[a] for a, _, _ in edges],
+        [index[b] for _, b, _ in edges],
+        [b for _, _, b in edges],
+        output_bytes=out,
+        param_bytes=[1000, 0, 0, 0, 0, 0, 0],
+        op=["placeholder", "placeholder", "aten.mm", "aten.sum", "aten.mul", "aten.mm", "aten.copy_"],
+        colocation=["state:w", None, None, None, None, None, "state:w"],
+        name="step",
+        extra={"batch_size": batch},
+    )
 
 
 def _peak(tensors: list[tuple[int, int, int]]) -> int:
@@ -51,13 +66,35 @@ def test_each_microbatch_holds_its_activations_from_forward_to_backward():
     # All forwards, then all backwards (GPipe's order on one stage): both micro-batches' activations at once.
     gpipe = ["mb0/x", "mb0/h", "mb0/loss", "mb1/x", "mb1/h", "mb1/loss", "mb0/dh", "mb0/dw", "mb1/dh", "mb1/dw", acc]
     # step:   0        1        2           3        4        5           6         7         8         9        10
-    held = [(2000, 0, 7), (4000, 1, 6), (4, 2, 6), (2000, 3, 9), (4000, 4, 8), (4, 5, 8), (4000, 6, 7),
-            (1000, 7, 10), (4000, 8, 9), (1000, 9, 10), (1000, 10, 11)]
+    held = [
+        (2000, 0, 7),
+        (4000, 1, 6),
+        (4, 2, 6),
+        (2000, 3, 9),
+        (4000, 4, 8),
+        (4, 5, 8),
+        (4000, 6, 7),
+        (1000, 7, 10),
+        (4000, 8, 9),
+        (1000, 9, 10),
+        (1000, 10, 11),
+    ]
     assert _run(mb, gpipe).peak_memory_bytes[0] == 1000 + _peak(held) == 1000 + 16008
     # Each micro-batch's forward and backward before the next's: one micro-batch's activations at a time.
     serial = ["mb0/x", "mb0/h", "mb0/loss", "mb0/dh", "mb0/dw", "mb1/x", "mb1/h", "mb1/loss", "mb1/dh", "mb1/dw", acc]
-    held = [(2000, 0, 4), (4000, 1, 3), (4, 2, 3), (4000, 3, 4), (1000, 4, 10), (2000, 5, 9), (4000, 6, 8),
-            (4, 7, 8), (4000, 8, 9), (1000, 9, 10), (1000, 10, 11)]
+    held = [
+        (2000, 0, 4),
+        (4000, 1, 3),
+        (4, 2, 3),
+        (4000, 3, 4),
+        (1000, 4, 10),
+        (2000, 5, 9),
+        (4000, 6, 8),
+        (4, 7, 8),
+        (4000, 8, 9),
+        (1000, 9, 10),
+        (1000, 10, 11),
+    ]
     assert _run(mb, serial).peak_memory_bytes[0] == 1000 + _peak(held) == 1000 + 11004
     # The step without micro-batches holds the whole batch's.
     whole = _run(g, ["x", "h", "loss", "dh", "dw"]).peak_memory_bytes[0]
@@ -77,8 +114,9 @@ def test_uneven_microbatches_take_their_rows_and_the_gradient_stays_whole():
     assert sorted(g.ids[u] for u in g.predecessors(second)) == ["mb1/dw.accumulate", "mb2/dw"]
     assert [g.ids[u] for u in g.predecessors(g.index["upd"])] == ["mb2/dw.accumulate"]
     # The weight is read by every micro-batch, whole; the saved input by its own micro-batch's backward.
-    reads_w = sorted(g.ids[int(v)] for v, b in zip(g.dst[g.src == g.index["w"]], g.edge_bytes[g.src == g.index["w"]])
-                     if b == 1000)
+    reads_w = sorted(
+        g.ids[int(v)] for v, b in zip(g.dst[g.src == g.index["w"]], g.edge_bytes[g.src == g.index["w"]]) if b == 1000
+    )
     assert reads_w == ["mb0/h", "mb1/h", "mb2/h"]
 
 
@@ -105,6 +143,7 @@ def test_one_microbatch_is_the_step_and_work_is_conserved():
 
 
 # ----------------------------------------------------------------- placing the micro-batched step
+
 
 def _phases(plan, device: str) -> list[tuple[int, str]]:
     """The (micro-batch, F or B) runs of a device's order in a pipeline plan, each run listed once."""
@@ -197,15 +236,31 @@ def test_the_command_line_plans_micro_batches_and_refuses_too_many(tmp_path, cap
 
     graph_file, plan_file = tmp_path / "g.json", tmp_path / "p.json"
     _step().save(graph_file)
-    code = main(["plan", str(graph_file), "--cluster", "2xV100-nvlink", "--algorithm", "m_etf", "--microbatches", "3",
-                 "-o", str(plan_file)])
+    code = main(
+        [
+            "plan",
+            str(graph_file),
+            "--cluster",
+            "2xV100-nvlink",
+            "--algorithm",
+            "m_etf",
+            "--microbatches",
+            "3",
+            "-o",
+            str(plan_file),
+        ]
+    )
     assert code == 0 and Plan.load(plan_file).extra["microbatches"] == 3
     capsys.readouterr()
-    for command in (["plan", "-o", str(tmp_path / "q.json"), "--algorithm", "m_etf"],
-                    ["compare", "--algorithms", "m_etf,1f1b"]):
+    for command in (
+        ["plan", "-o", str(tmp_path / "q.json"), "--algorithm", "m_etf"],
+        ["compare", "--algorithms", "m_etf,1f1b"],
+    ):
         code = main(command[:1] + [str(graph_file), "--cluster", "2xV100-nvlink", "--microbatches", "5"] + command[1:])
         err = capsys.readouterr().err
-        assert code != 0 and "5 micro-batches of a batch of 4 samples" in err and len(err.strip().splitlines()) == 1, err
+        assert code != 0 and "5 micro-batches of a batch of 4 samples" in err and len(err.strip().splitlines()) == 1, (
+            err
+        )
 
 
 def test_the_stage_cut_is_the_best_of_every_contiguous_cut():
@@ -237,10 +292,12 @@ def test_the_stage_cut_is_the_best_of_every_contiguous_cut():
         return worst
 
     for stages in (1, 2, 3):
-        best = min(bottleneck([0, *cuts, n_units], devices)
-                   for cuts in itertools.combinations(range(1, n_units), stages - 1)
-                   for devices in itertools.combinations(range(c.num_devices), stages))
+        best = min(
+            bottleneck([0, *cuts, n_units], devices)
+            for cuts in itertools.combinations(range(1, n_units), stages - 1)
+            for devices in itertools.combinations(range(c.num_devices), stages)
+        )
         found = pipeline._cut(costs, c, "gpipe", stages, m, 1.0, budget)
         assert np.isclose(found.bottleneck_s, best, rtol=1e-12), (stages, found.bottleneck_s, best)
-        assert np.isclose(bottleneck(found.bounds, found.devices), best, rtol=1e-12)     # the cut it returns
+        assert np.isclose(bottleneck(found.bounds, found.devices), best, rtol=1e-12)  # the cut it returns
         assert len(found.devices) == stages and found.bounds[0] == 0 and found.bounds[-1] == n_units

@@ -8,8 +8,8 @@ import pytest
 from placer import OpGraph, place, simulate
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InvalidPlanError, OptionError
-from placer.plan import check_placement
 from placer.generate import training_graph
+from placer.plan import check_placement
 from placer.sim.simulator import simulate_plan
 
 
@@ -23,11 +23,18 @@ def tiny_case(seed: int, n: int, n_dev: int, shared: bool):
                 src.append(u)
                 dst.append(v)
     m = len(src)
-    graph = OpGraph([f"n{i}" for i in range(n)], rng.integers(1, 5, n).astype(float), src, dst,
-                    rng.integers(0, 4, m), rng.integers(0, 2, m), name=f"tiny-{seed}")
+    graph = OpGraph(
+        [f"n{i}" for i in range(n)],
+        rng.integers(1, 5, n).astype(float),
+        src,
+        dst,
+        rng.integers(0, 4, m),
+        rng.integers(0, 2, m),
+        name=f"tiny-{seed}",
+    )
     devices = [Device(f"d{j}", "X", 1 << 40, speed=[1.0, 2.0, 1.0][j]) for j in range(n_dev)]
     names = [d.name for d in devices]
-    if shared:   # one outgoing link per device, shared by its destinations
+    if shared:  # one outgoing link per device, shared by its destinations
         channels = [Channel(f"{a}->*", 1.0, 0.5, tuple((a, b) for b in names if b != a)) for a in names]
     else:
         channels = [Channel(f"{a}->{b}", 1.0, 0.5, ((a, b),)) for a in names for b in names if a != b]
@@ -58,16 +65,19 @@ def brute_force_optimum(graph: OpGraph, cluster: Cluster) -> float:
             check_placement(graph, cluster, device_of)
         except InvalidPlanError:
             continue
-        orders = {tuple(tuple(v for v in ext if placement[v] == d) for d in range(cluster.num_devices))
-                  for ext in extensions}
+        orders = {
+            tuple(tuple(v for v in ext if placement[v] == d) for d in range(cluster.num_devices)) for ext in extensions
+        }
         for order in orders:
             span = simulate(graph, cluster, device_of, [list(o) for o in order], check=False).makespan_s
             best = min(best, span)
     return best
 
 
-@pytest.mark.parametrize("seed,n,n_dev,shared", [(1, 6, 2, False), (2, 7, 2, False), (3, 6, 2, True),
-                                                (4, 5, 3, True), (5, 6, 3, False), (6, 8, 2, True)])
+@pytest.mark.parametrize(
+    "seed,n,n_dev,shared",
+    [(1, 6, 2, False), (2, 7, 2, False), (3, 6, 2, True), (4, 5, 3, True), (5, 6, 3, False), (6, 8, 2, True)],
+)
 def test_exact_model_finds_the_optimum_of_every_placement_and_order(seed, n, n_dev, shared):
     graph, cluster = tiny_case(seed, n, n_dev, shared)
     optimum = brute_force_optimum(graph, cluster)
@@ -84,10 +94,14 @@ def test_exact_model_finds_the_optimum_of_every_placement_and_order(seed, n, n_d
 def test_exact_model_keeps_colocation_and_kinds_and_stays_optimal():
     graph, cluster = tiny_case(7, 6, 3, False)
     kinds = ["A", "X", "X"]
-    cluster = Cluster(cluster.name, [Device(d.name, k, d.memory_bytes, d.speed) for d, k in zip(cluster.devices, kinds)],
-                      cluster.channels)
-    graph = graph.replace(colocation=["g", None, None, "g", None, None],
-                          device_kinds=[None, ("A",), None, None, ("X",), None])
+    cluster = Cluster(
+        cluster.name,
+        [Device(d.name, k, d.memory_bytes, d.speed) for d, k in zip(cluster.devices, kinds)],
+        cluster.channels,
+    )
+    graph = graph.replace(
+        colocation=["g", None, None, "g", None, None], device_kinds=[None, ("A",), None, None, ("X",), None]
+    )
     plan = place(graph, cluster, "pesto")
     assert plan.placement["n0"] == plan.placement["n3"]
     assert plan.placement["n1"] == "d0" and plan.placement["n4"] != "d0"
@@ -138,16 +152,18 @@ def test_warm_starts_left_out_for_time_are_reported():
     failures = {}
     name, plan = _warm_start(training_graph(layers=2, seed=1), load_cluster("2xV100-nvlink"), 0, 0.0, failures)
     assert name == WARM_START_ALGORITHMS[0] and plan is not None
-    assert failures == {other: "not started: the warm start's share of the time limit was spent"
-                        for other in WARM_START_ALGORITHMS[1:]}
+    assert failures == {
+        other: "not started: the warm start's share of the time limit was spent" for other in WARM_START_ALGORITHMS[1:]
+    }
 
 
 def test_congestion_keeps_transfers_apart():
     # Two producers on d0 feed two consumers; one shared outgoing link: the model must queue the transfers.
     g = OpGraph(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], [0, 1], [2, 3], [4, 4])
     devices = [Device("d0", "X", 1 << 40), Device("d1", "X", 1 << 40)]
-    cluster = Cluster("c", devices, [Channel("d0->d1", 1.0, 0.0, (("d0", "d1"),)),
-                                     Channel("d1->d0", 1.0, 0.0, (("d1", "d0"),))])
+    cluster = Cluster(
+        "c", devices, [Channel("d0->d1", 1.0, 0.0, (("d0", "d1"),)), Channel("d1->d0", 1.0, 0.0, (("d1", "d0"),))]
+    )
     plan = place(g, cluster, "pesto")
     assert plan.predicted["makespan_s"] == pytest.approx(brute_force_optimum(g, cluster))
 
@@ -164,7 +180,7 @@ def test_same_seed_and_limit_give_the_same_plan_after_a_search_that_works(monkey
     # while the plan said the wall clock had not cut the solver: the search stopped on wall time.
     import placer.algorithms.pesto_lns as lns
 
-    monkeypatch.setattr(lns, "WORK_PER_ROUND", 0.05)     # few small rounds, so that a busy machine has room
+    monkeypatch.setattr(lns, "WORK_PER_ROUND", 0.05)  # few small rounds, so that a busy machine has room
     monkeypatch.setattr(lns, "ROUNDS_PER_SECOND", 0.2)
     graph = training_graph(layers=10, branches=2, seed=3)
     cluster = load_cluster("4xGPU-pcie")
@@ -172,7 +188,7 @@ def test_same_seed_and_limit_give_the_same_plan_after_a_search_that_works(monkey
     reports = [p.extra["pesto"] for p in plans]
     for report in reports:
         assert report["cut_by_wall_clock"] is False and report["wall_clock_cuts"] == []
-        assert report["solver_status"] == "FEASIBLE"       # not closed by the first solve: the rounds run
+        assert report["solver_status"] == "FEASIBLE"  # not closed by the first solve: the rounds run
         assert report["lns_rounds"] == report["lns_rounds_planned"] == 6
         assert report["lns_accepted"] >= 1 and report["solver_work"] > 0
     assert plans[0].placement == plans[1].placement and plans[0].order == plans[1].order
@@ -184,7 +200,7 @@ def test_same_seed_and_limit_give_the_same_plan_after_a_search_that_works(monkey
 def test_the_plan_says_when_the_wall_clock_cut_the_search(monkeypatch):
     import placer.algorithms.pesto_lns as lns
 
-    monkeypatch.setattr(lns, "ROUNDS_PER_SECOND", 10_000.0)     # far more rounds than 3 s can run
+    monkeypatch.setattr(lns, "ROUNDS_PER_SECOND", 10_000.0)  # far more rounds than 3 s can run
     graph = training_graph(layers=10, branches=2, seed=3)
     cluster = load_cluster("4xGPU-pcie")
     plan = place(graph, cluster, "pesto", time_limit=3, target=60)
@@ -219,7 +235,7 @@ def test_the_search_improves_on_a_warm_start_known_to_be_slow(monkeypatch):
 
 def test_ortools_leaves_ctrl_c_to_placer_and_takes_any_seed():
     graph, cluster = tiny_case(1, 6, 2, False)
-    plan = place(graph, cluster, "pesto", seed=2**31 - 1)     # the largest seed place() takes
+    plan = place(graph, cluster, "pesto", seed=2**31 - 1)  # the largest seed place() takes
     assert plan.extra["pesto"]["solver_status"] == "OPTIMAL"
     from placer.algorithms.pesto import _CpModel, _Problem
 

@@ -9,7 +9,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import given, settings, strategies as st
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from placer.cluster import load_cluster
 from placer.errors import OptionError
@@ -35,7 +36,7 @@ def test_family_graphs_are_training_steps_with_costs(family):
     # every update is colocated with the variable it writes
     for key, members in g.colocation_groups.items():
         assert sorted(g.op[i] for i in members) == ["aten._foreach_add", "placeholder"], key
-    assert family_graph(family, 3).digest() == g.digest()     # reproducible
+    assert family_graph(family, 3).digest() == g.digest()  # reproducible
 
 
 def test_splits_are_fixed_and_disjoint():
@@ -66,7 +67,7 @@ def _check_coarsening(graph, coarse):
         device_of[members] = k % 2
     free = np.array([c is None for c in cg.colocation])
     device_of[free] = np.arange(free.sum()) % 2
-    simulate(graph, load_cluster("2xV100-nvlink"), coarse.expand(device_of))   # check=True: raises if invalid
+    simulate(graph, load_cluster("2xV100-nvlink"), coarse.expand(device_of))  # check=True: raises if invalid
 
 
 @settings(max_examples=25, deadline=None)
@@ -136,7 +137,9 @@ def test_mdp_rewards_are_cost_differences_of_simulated_placements():
 def test_memory_penalty_counts_excess_over_each_device():
     graph = training_graph(layers=2, branches=2, seed=0)
     cluster = load_cluster("2xV100-nvlink")
-    tight = type(cluster)("tight", [type(d)(d.name, d.kind, 64 << 20, d.speed) for d in cluster.devices], cluster.channels)
+    tight = type(cluster)(
+        "tight", [type(d)(d.name, d.kind, 64 << 20, d.speed) for d in cluster.devices], cluster.channels
+    )
     mdp = PlacementMDP(graph, tight, target_nodes=6, memory_penalty=2.0)
     placement = torch.zeros(mdp.ctx.num_nodes, dtype=torch.int64)
     cost, span, fits, device_of = mdp.cost(placement)
@@ -207,7 +210,7 @@ def test_shipped_policy_places_a_held_out_graph_zero_shot():
     assert SHIPPED_POLICY.is_file() and SHIPPED_POLICY.stat().st_size < 200_000
     graph = dataset("nmt", "test", count=1)[0]
     cluster = load_cluster("4xV100-nvlink")
-    plan = place(graph, cluster, "placeto")        # place() validates it under the reference model
+    plan = place(graph, cluster, "placeto")  # place() validates it under the reference model
     info = plan.extra["placeto"]
     assert np.isclose(plan.predicted["makespan_s"], info["zero_shot_makespan_s"])
     assert plan.predicted["makespan_s"] < place(graph, cluster, "round_robin").predicted["makespan_s"]
@@ -217,16 +220,26 @@ def test_shipped_policy_places_a_held_out_graph_zero_shot():
 
 def test_walks_stop_at_the_time_limit_with_the_best_placement_so_far():
     graph, cluster = training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink")
-    plan = place(graph, cluster, "placeto", passes=10**9, time_limit=3)   # more passes than could ever run
+    plan = place(graph, cluster, "placeto", passes=10**9, time_limit=3)  # more passes than could ever run
     assert plan.predicted["fits"]
 
 
 def _run_in_a_fresh_process(script: str) -> None:
     """Run ``script`` in a new Python process (nothing imported yet) with this checkout's placer; it must pass."""
-    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [
-                              str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")]))})
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={
+            **os.environ,
+            "PYTHONPATH": os.pathsep.join(
+                filter(None, [str(Path(__file__).resolve().parents[1]), os.environ.get("PYTHONPATH")])
+            ),
+        },
+    )
     assert done.returncode == 0, done.stderr[-2000:]
+
 
 def test_a_process_first_call_imports_torch_before_its_time_limit_starts():
     # torch's import (1 to 3 s) is a process's set-up, not search: a short limit would fail on it.
@@ -273,6 +286,7 @@ assert not late, late[:5]
 """
     _run_in_a_fresh_process(script)
 
+
 def test_fine_tuning_keeps_the_better_placement():
     graph = training_graph(layers=3, branches=2, seed=1)
     cluster = load_cluster("2xV100-nvlink")
@@ -282,7 +296,6 @@ def test_fine_tuning_keeps_the_better_placement():
     assert plan.predicted["makespan_s"] <= min(info["zero_shot_makespan_s"], info["fine_tuned_makespan_s"]) * (1 + 1e-9)
     timed = place(graph, cluster, "placeto", fine_tune_s=0.5, seed=1)
     assert timed.extra["placeto"]["fine_tune_episodes"] >= 0
-
 
 
 def test_fine_tuning_that_the_time_limit_cuts_leaves_the_zero_shot_plan(monkeypatch):
@@ -296,7 +309,7 @@ def test_fine_tuning_that_the_time_limit_cuts_leaves_the_zero_shot_plan(monkeypa
     real_rollout = train_module._rollout
 
     def slow_rollout(task):
-        time.sleep(3.0)     # an update that outlasts the limit, as a big graph's on a loaded machine
+        time.sleep(3.0)  # an update that outlasts the limit, as a big graph's on a loaded machine
         return real_rollout(task)
 
     monkeypatch.setattr(train_module, "_rollout", slow_rollout)
@@ -311,11 +324,13 @@ def test_walks_run_torch_on_one_thread(monkeypatch):
 
     threads = []
     real_episode = PlacementMDP.episode
-    monkeypatch.setattr(PlacementMDP, "episode", lambda *a, **k: threads.append(torch.get_num_threads())
-                        or real_episode(*a, **k))
+    monkeypatch.setattr(
+        PlacementMDP, "episode", lambda *a, **k: threads.append(torch.get_num_threads()) or real_episode(*a, **k)
+    )
     before = torch.get_num_threads()
     place(training_graph(layers=3, branches=2, seed=1), load_cluster("2xV100-nvlink"), "placeto", samples=2)
     assert threads == [1, 1, 1] and torch.get_num_threads() == before
+
 
 def test_memory_repair_moves_units_off_a_full_device():
     graph = training_graph(layers=4, branches=2, param_mib=1500, activation_mib=100, seed=5)
@@ -326,7 +341,9 @@ def test_memory_repair_moves_units_off_a_full_device():
     probs = np.full((mdp.ctx.num_nodes, 4), 0.25)
     repaired = _repair_memory(graph, cluster, mdp, everything_on_one, probs)
     assert simulate(graph, cluster, repaired).fits
-    small = type(cluster)("small", [type(d)(d.name, d.kind, 4 << 30, d.speed) for d in cluster.devices], cluster.channels)
+    small = type(cluster)(
+        "small", [type(d)(d.name, d.kind, 4 << 30, d.speed) for d in cluster.devices], cluster.channels
+    )
     with pytest.raises(InfeasibleError):
         _repair_memory(graph, small, mdp, everything_on_one, probs)
 
@@ -339,7 +356,7 @@ def test_memory_repair_moves_units_only_where_channels_link_their_neighbours():
     mdp = PlacementMDP(graph, cluster, target_nodes=10)
     probs = np.tile([0.1, 0.2, 0.3, 0.4], (mdp.ctx.num_nodes, 1))
     repaired = _repair_memory(graph, cluster, mdp, np.zeros(graph.num_nodes, dtype=np.int64), probs)
-    assert simulate(graph, cluster, repaired).fits       # simulate checks every transfer has a channel
+    assert simulate(graph, cluster, repaired).fits  # simulate checks every transfer has a channel
 
 
 def test_placeto_falls_back_to_the_expert_split_where_no_walk_found_a_valid_placement(monkeypatch):
@@ -356,7 +373,7 @@ def test_placeto_falls_back_to_the_expert_split_where_no_walk_found_a_valid_plac
 
     monkeypatch.setattr(module, "_place_with_policy", invalid_walks)
     graph, cluster = training_graph(layers=2, branches=2, seed=1), line_cluster(["d0", "d1", "d2"])
-    plan = place(graph, cluster, "placeto", samples=1)       # place() validates it
+    plan = place(graph, cluster, "placeto", samples=1)  # place() validates it
     assert plan.placement == place(graph, cluster, "expert").placement
     assert "expert split" in plan.extra["placeto"]["memory_repair"]
 
@@ -400,14 +417,19 @@ def test_placeto_options_are_checked(tmp_path):
     (tmp_path / "cut.pt").write_bytes(SHIPPED_POLICY.read_bytes()[:5000])
     torch.save({"weights": 1}, tmp_path / "other.pt")
     (tmp_path / "folder.pt").mkdir()
-    for name, reason in [("empty.pt", "empty"), ("policy.json", "not a file torch.save wrote, or one cut short"),
-                         ("cut.pt", "not a file torch.save wrote, or one cut short"),
-                         ("other.pt", "a torch file without a policy's settings and weights"),
-                         ("folder.pt", "a directory")]:
+    for name, reason in [
+        ("empty.pt", "empty"),
+        ("policy.json", "not a file torch.save wrote, or one cut short"),
+        ("cut.pt", "not a file torch.save wrote, or one cut short"),
+        ("other.pt", "a torch file without a policy's settings and weights"),
+        ("folder.pt", "a directory"),
+    ]:
         with pytest.raises(OptionError) as refused:
             place(graph, cluster, "placeto", policy=str(tmp_path / name))
-        assert str(refused.value) == (f"option policy of 'placeto': policy file {tmp_path / name}: "
-                                      f"not a policy written by placer train ({reason})")
+        assert str(refused.value) == (
+            f"option policy of 'placeto': policy file {tmp_path / name}: "
+            f"not a policy written by placer train ({reason})"
+        )
     for bad in ({"samples": -1}, {"fine_tune_s": -1.0}, {"target_nodes": -2}):
         with pytest.raises(OptionError):
             place(graph, cluster, "placeto", **bad)
@@ -415,16 +437,49 @@ def test_placeto_options_are_checked(tmp_path):
 
 def test_cli_trains_a_policy_with_checkpoint_and_curve(tmp_path, capsys):
     out = tmp_path / "policy.pt"
-    code = main(["train", "placeto", "--family", "rnn", "--episodes", "2", "--rollouts-per-update", "1",
-                 "--target-nodes", "6", "--passes", "1", "--checkpoint-every", "1", "--output", str(out)])
+    code = main(
+        [
+            "train",
+            "placeto",
+            "--family",
+            "rnn",
+            "--episodes",
+            "2",
+            "--rollouts-per-update",
+            "1",
+            "--target-nodes",
+            "6",
+            "--passes",
+            "1",
+            "--checkpoint-every",
+            "1",
+            "--output",
+            str(out),
+        ]
+    )
     assert code == 0
     assert out.is_file() and (tmp_path / "policy.pt.ckpt").is_file() and (tmp_path / "policy.png").is_file()
     assert len(PlacetoPolicy.load(out).metadata["curve"]["return"]) == 2
     plan_out = tmp_path / "plan.json"
     graph_file = tmp_path / "g.json"
     family_graph("rnn", 1).save(graph_file)
-    assert main(["plan", str(graph_file), "--cluster", "2xV100-nvlink", "--algorithm", "placeto",
-                 "--option", f"policy={out}", "-o", str(plan_out)]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                str(graph_file),
+                "--cluster",
+                "2xV100-nvlink",
+                "--algorithm",
+                "placeto",
+                "--option",
+                f"policy={out}",
+                "-o",
+                str(plan_out),
+            ]
+        )
+        == 0
+    )
     printed = capsys.readouterr().out
     assert "trained in" in printed
     # Not a terminal: a line per update here (a log file showed the bar only once, at the end).
@@ -439,8 +494,27 @@ def test_cli_trains_on_the_graph_files_given(tmp_path, capsys, monkeypatch):
     used = []
     monkeypatch.setattr("placer.learn.train.train", lambda *a, **k: used.append(a[0]) or train(*a, **k))
     out = tmp_path / "mine.pt"
-    assert main(["train", "placeto", "--graph", str(graph_file), "--episodes", "2", "--rollouts-per-update", "1",
-                 "--target-nodes", "6", "--passes", "1", "-o", str(out)]) == 0
+    assert (
+        main(
+            [
+                "train",
+                "placeto",
+                "--graph",
+                str(graph_file),
+                "--episodes",
+                "2",
+                "--rollouts-per-update",
+                "1",
+                "--target-nodes",
+                "6",
+                "--passes",
+                "1",
+                "-o",
+                str(out),
+            ]
+        )
+        == 0
+    )
     assert [g.digest() for g in used[0]] == [mine.digest()]
     assert "training placeto on 1 graphs (1 file(s))" in capsys.readouterr().out
     assert len(PlacetoPolicy.load(out).metadata["curve"]["return"]) == 2
@@ -463,8 +537,20 @@ def test_cli_tells_the_episodes_that_run(tmp_path, capsys, monkeypatch):
         raise OptionError("stopped after the header")
 
     monkeypatch.setattr(train_module, "train", stop)
-    main(["train", "placeto", "--family", "rnn", "--episodes", "3", "--rollouts-per-update", "2",
-          "-o", str(tmp_path / "p.pt")])
+    main(
+        [
+            "train",
+            "placeto",
+            "--family",
+            "rnn",
+            "--episodes",
+            "3",
+            "--rollouts-per-update",
+            "2",
+            "-o",
+            str(tmp_path / "p.pt"),
+        ]
+    )
     assert ": 2 episodes in 1 updates" in capsys.readouterr().out
 
 
@@ -476,17 +562,41 @@ def test_ctrl_c_stops_training_with_workers_and_writes_no_policy(tmp_path):
     import time
 
     out = tmp_path / "policy.pt"
-    proc = subprocess.Popen([sys.executable, "-m", "placer", "train", "placeto", "--family", "rnn",
-                             "--episodes", "100000", "--workers", "2", "--rollouts-per-update", "2",
-                             "--target-nodes", "6", "--passes", "1", "--checkpoint-every", "1", "--output", str(out)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "placer",
+            "train",
+            "placeto",
+            "--family",
+            "rnn",
+            "--episodes",
+            "100000",
+            "--workers",
+            "2",
+            "--rollouts-per-update",
+            "2",
+            "--target-nodes",
+            "6",
+            "--passes",
+            "1",
+            "--checkpoint-every",
+            "1",
+            "--output",
+            str(out),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         # The first checkpoint: the workers are up and have run an update's rollouts.
         deadline = time.monotonic() + 120
         while not (tmp_path / "policy.pt.ckpt").exists():
             assert proc.poll() is None and time.monotonic() < deadline, "training did not get under way"
             time.sleep(0.1)
-        os.killpg(proc.pid, signal.SIGINT)     # as Ctrl-C does: to the workers too
+        os.killpg(proc.pid, signal.SIGINT)  # as Ctrl-C does: to the workers too
         err = proc.communicate(timeout=60)[1].decode()
         deadline = time.monotonic() + 30
         while live_processes(group=proc.pid) and time.monotonic() < deadline:
@@ -503,16 +613,20 @@ def test_ctrl_c_stops_training_with_workers_and_writes_no_policy(tmp_path):
     assert f"no policy written to {out}; {out}.ckpt holds the weights after update {update} (go on with --init" in err
 
 
-@pytest.mark.parametrize("extra, message", [
-    (["--output", "{tmp}/p.png"], "would both be written to"),
-    (["--output", "{tmp}/p.pt", "--curve", "{tmp}/c.txt"], ".png, .pdf or .svg"),
-    (["--output", "{tmp}"], "is a directory"),
-    (["--output", "{tmp}/p.pt", "--init", "{tmp}/nosuch.pt"], "policy file"),
-    (["--output", "{tmp}/p.pt", "--cluster", "nosuch"], "nosuch"),
-    (["--output", "{tmp}/p.pt", "--lr", "0"], "option lr must be > 0"),
-    (["--output", "{tmp}/p.pt", "--checkpoint-every", "-1"], "option checkpoint_every must be an integer >= 0"),
-    (["--output", "{tmp}/p.pt", "--graph", "{tmp}/nosuch.json"], "nosuch.json"),
-    (["--output", "{tmp}/p.pt", "--family", "none"], "--family none leaves no graph to train on")])
+@pytest.mark.parametrize(
+    "extra, message",
+    [
+        (["--output", "{tmp}/p.png"], "would both be written to"),
+        (["--output", "{tmp}/p.pt", "--curve", "{tmp}/c.txt"], ".png, .pdf or .svg"),
+        (["--output", "{tmp}"], "is a directory"),
+        (["--output", "{tmp}/p.pt", "--init", "{tmp}/nosuch.pt"], "policy file"),
+        (["--output", "{tmp}/p.pt", "--cluster", "nosuch"], "nosuch"),
+        (["--output", "{tmp}/p.pt", "--lr", "0"], "option lr must be > 0"),
+        (["--output", "{tmp}/p.pt", "--checkpoint-every", "-1"], "option checkpoint_every must be an integer >= 0"),
+        (["--output", "{tmp}/p.pt", "--graph", "{tmp}/nosuch.json"], "nosuch.json"),
+        (["--output", "{tmp}/p.pt", "--family", "none"], "--family none leaves no graph to train on"),
+    ],
+)
 def test_cli_refuses_bad_outputs_and_inputs_before_training(tmp_path, capsys, monkeypatch, extra, message):
     from placer.learn import train as train_module
 
@@ -525,15 +639,39 @@ def test_cli_training_from_a_policy_keeps_its_network_and_settings(tmp_path, mon
     # A policy of other sizes than the default crashed --init ("size mismatch" in load_state_dict).
     from placer.learn.train import save_result
 
-    config = TrainConfig(episodes=1, rollouts_per_update=1, target_nodes=12, passes=1, discount=0.8,
-                         policy={"embed": 8, "hidden": 8, "head_hidden": 16, "rounds": 2})
+    config = TrainConfig(
+        episodes=1,
+        rollouts_per_update=1,
+        target_nodes=12,
+        passes=1,
+        discount=0.8,
+        policy={"embed": 8, "hidden": 8, "head_hidden": 16, "rounds": 2},
+    )
     save_result(train(_small_graphs(), config=config), tmp_path / "small.pt", config)
     used = []
     monkeypatch.setattr("placer.learn.train.train", lambda *a, **k: used.append(a[2]) or train(*a, **k))
-    code = main(["train", "placeto", "--family", "rnn", "--episodes", "1", "--rollouts-per-update", "1",
-                 "--init", str(tmp_path / "small.pt"), "--passes", "2", "--lr", "1e-3", "-o", str(tmp_path / "more.pt")])
+    code = main(
+        [
+            "train",
+            "placeto",
+            "--family",
+            "rnn",
+            "--episodes",
+            "1",
+            "--rollouts-per-update",
+            "1",
+            "--init",
+            str(tmp_path / "small.pt"),
+            "--passes",
+            "2",
+            "--lr",
+            "1e-3",
+            "-o",
+            str(tmp_path / "more.pt"),
+        ]
+    )
     assert code == 0
     (settings,) = used
     assert settings.policy == config.policy and settings.target_nodes == 12 and settings.discount == 0.8
-    assert settings.passes == 2 and settings.lr == 1e-3 and settings.lr_final < settings.lr    # given here
+    assert settings.passes == 2 and settings.lr == 1e-3 and settings.lr_final < settings.lr  # given here
     assert PlacetoPolicy.load(tmp_path / "more.pt").config.to_dict() == config.policy

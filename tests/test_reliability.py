@@ -5,11 +5,11 @@ import json
 import numpy as np
 import pytest
 
-from placer.api import validate
 from placer import load_cluster, place
 from placer.algorithms import auto as auto_module
-from placer.cli import main
 from placer.algorithms import available_algorithms
+from placer.api import validate
+from placer.cli import main
 from placer.errors import InfeasibleError
 from placer.generate import training_graph
 
@@ -37,12 +37,27 @@ BAD_GRAPHS = {
     "wrong format tag": ({"format": "placer.cluster/1", "nodes": []}, "'format' is 'placer.cluster/1'"),
     "missing format tag": ({"nodes": []}, "missing field 'format'"),
     "wrongly typed field": (_graph_doc(compute_s="1.0"), "field 'compute_s' must be a number"),
-    "NaN cost": (json.dumps(_graph_doc()).replace('"compute_s": 0.', '"compute_s": NaN, "x": 0.', 1), "NaN is not a valid number"),
-    "infinite cost": (json.dumps(_graph_doc()).replace('"compute_s": 0.', '"compute_s": Infinity, "x": 0.', 1), "Infinity is not a valid number"),
+    "NaN cost": (
+        json.dumps(_graph_doc()).replace('"compute_s": 0.', '"compute_s": NaN, "x": 0.', 1),
+        "NaN is not a valid number",
+    ),
+    "infinite cost": (
+        json.dumps(_graph_doc()).replace('"compute_s": 0.', '"compute_s": Infinity, "x": 0.', 1),
+        "Infinity is not a valid number",
+    ),
     "negative size": (_graph_doc(output_bytes=-1), "field 'output_bytes' must be >= 0"),
-    "duplicate ids": ({**_graph_doc(), "nodes": _graph_doc()["nodes"] + [_graph_doc()["nodes"][0]]}, "duplicate node id 'input'"),
-    "edge to unknown node": ({**_graph_doc(), "edges": [{"src": "input", "dst": "ghost", "bytes": 1}]}, "unknown node 'ghost'"),
-    "cycle": ({**_graph_doc(), "edges": _graph_doc()["edges"] + [{"src": "loss", "dst": "input", "bytes": 1}]}, "contain a cycle"),
+    "duplicate ids": (
+        {**_graph_doc(), "nodes": _graph_doc()["nodes"] + [_graph_doc()["nodes"][0]]},
+        "duplicate node id 'input'",
+    ),
+    "edge to unknown node": (
+        {**_graph_doc(), "edges": [{"src": "input", "dst": "ghost", "bytes": 1}]},
+        "unknown node 'ghost'",
+    ),
+    "cycle": (
+        {**_graph_doc(), "edges": _graph_doc()["edges"] + [{"src": "loss", "dst": "input", "bytes": 1}]},
+        "contain a cycle",
+    ),
 }
 
 
@@ -65,9 +80,18 @@ def _cluster(mutate):
 
 
 BAD_CLUSTERS = {
-    "device with no memory": (_cluster(lambda d: d["devices"][0].update(memory_bytes=0)), "device 'gpu0': field 'memory_bytes' must be >= 1"),
-    "channel with no bandwidth": (_cluster(lambda d: d["channels"][0].update(bandwidth_bytes_per_s=0)), "field 'bandwidth_bytes_per_s' must be > 0"),
-    "channel naming unknown device": (_cluster(lambda d: d["channels"][0].update(pairs=[["gpu0", "tpu"]])), "unknown device 'tpu'"),
+    "device with no memory": (
+        _cluster(lambda d: d["devices"][0].update(memory_bytes=0)),
+        "device 'gpu0': field 'memory_bytes' must be >= 1",
+    ),
+    "channel with no bandwidth": (
+        _cluster(lambda d: d["channels"][0].update(bandwidth_bytes_per_s=0)),
+        "field 'bandwidth_bytes_per_s' must be > 0",
+    ),
+    "channel naming unknown device": (
+        _cluster(lambda d: d["channels"][0].update(pairs=[["gpu0", "tpu"]])),
+        "unknown device 'tpu'",
+    ),
     "missing devices": (_cluster(lambda d: d.pop("devices")), "missing required field 'devices'"),
 }
 
@@ -85,7 +109,10 @@ def test_bad_cluster_files(tmp_path, capsys, case):
 
 
 IMPOSSIBLE = {
-    "node larger than every device": (dict(param_bytes=20 * GIB), "node 'block0.b0.fwd' needs 20.008 GiB, more than any device"),
+    "node larger than every device": (
+        dict(param_bytes=20 * GIB),
+        "node 'block0.b0.fwd' needs 20.008 GiB, more than any device",
+    ),
     "device kind nobody has": (dict(device_kinds=["TPUv4"]), "may run only on kinds ['TPUv4']"),
     "colocation group larger than every device": (None, "colocation group 'big' needs at least"),
     "graph larger than the cluster": (None, "the parameters alone need"),
@@ -198,8 +225,12 @@ def test_plans_are_byte_identical_apart_from_timing(tmp_path, capsys, algorithm)
     docs = []
     for k in range(2):
         out = tmp_path / f"p{k}.json"
-        assert main(["plan", str(graph), "--cluster", "4xGPU-pcie", "--algorithm", algorithm, "--seed", "3",
-                     "-o", str(out)]) == 0
+        assert (
+            main(
+                ["plan", str(graph), "--cluster", "4xGPU-pcie", "--algorithm", algorithm, "--seed", "3", "-o", str(out)]
+            )
+            == 0
+        )
         doc = json.loads(out.read_text())
         doc.pop("search_time_s")
         docs.append(json.dumps(doc, sort_keys=True))
@@ -218,8 +249,16 @@ def test_a_pipeline_over_devices_linked_only_to_their_neighbours_is_not_refused(
 
     names = ["d0", "d1", "d2", "d3"]
     # Each stage's parameters fill most of one device: the stages must sit on d0..d3 in turn.
-    graph = OpGraph(["s0", "s1", "s2", "s3"], [1e-3] * 4, [0, 1, 2], [1, 2, 3], [1 << 20] * 3,
-                    output_bytes=[1 << 20] * 4, param_bytes=[10 * GIB] * 4, name="pipe")
+    graph = OpGraph(
+        ["s0", "s1", "s2", "s3"],
+        [1e-3] * 4,
+        [0, 1, 2],
+        [1, 2, 3],
+        [1 << 20] * 3,
+        output_bytes=[1 << 20] * 4,
+        param_bytes=[10 * GIB] * 4,
+        name="pipe",
+    )
     for cluster in (line_cluster(names), line_cluster(names, both_ways=False)):
         plan = place(graph, cluster, "expert")
         assert [plan.placement[s] for s in graph.ids] == names and plan.predicted["fits"]
@@ -232,19 +271,40 @@ def test_dpos_keeps_a_critical_path_node_off_a_device_its_inputs_cannot_reach(al
 
     # The critical path a -> b -> c -> d runs fastest on the A100, which b (V100 only) may not use; of the
     # V100s only g1 has a channel from the A100. DPOS sent b to g0, then found no channel to it.
-    graph = OpGraph.from_dict({"format": "placer.graph/1", "name": "pin", "nodes": [
-        {"id": "a", "compute_s": 1e-3, "device_kinds": ["A100"], "output_bytes": 1000},
-        {"id": "b", "compute_s": 1e-3, "device_kinds": ["V100"]},
-        {"id": "c", "compute_s": 1e-3, "colocation": "K", "device_kinds": ["A100", "V100"]},
-        {"id": "d", "compute_s": 1e-3, "colocation": "K", "device_kinds": ["A100"]}],
-        "edges": [{"src": "a", "dst": "b", "bytes": 1000}, {"src": "b", "dst": "c", "bytes": 10},
-                  {"src": "c", "dst": "d", "bytes": 10}]})
+    graph = OpGraph.from_dict(
+        {
+            "format": "placer.graph/1",
+            "name": "pin",
+            "nodes": [
+                {"id": "a", "compute_s": 1e-3, "device_kinds": ["A100"], "output_bytes": 1000},
+                {"id": "b", "compute_s": 1e-3, "device_kinds": ["V100"]},
+                {"id": "c", "compute_s": 1e-3, "colocation": "K", "device_kinds": ["A100", "V100"]},
+                {"id": "d", "compute_s": 1e-3, "colocation": "K", "device_kinds": ["A100"]},
+            ],
+            "edges": [
+                {"src": "a", "dst": "b", "bytes": 1000},
+                {"src": "b", "dst": "c", "bytes": 10},
+                {"src": "c", "dst": "d", "bytes": 10},
+            ],
+        }
+    )
     link = {"bandwidth_bytes_per_s": 5e9, "latency_s": 2e-5}
-    cluster = Cluster.from_dict({"format": "placer.cluster/1", "name": "het", "devices": [
-        {"name": "g0", "kind": "V100", "memory_bytes": GIB}, {"name": "g1", "kind": "V100", "memory_bytes": GIB},
-        {"name": "a0", "kind": "A100", "memory_bytes": 2 * GIB, "speed": 2.5}], "channels": [
-        {"name": "g0g1", **link, "pairs": [["g0", "g1"], ["g1", "g0"]]},
-        {"name": "g1a0", **link, "pairs": [["g1", "a0"]]}, {"name": "a0g1", **link, "pairs": [["a0", "g1"]]}]})
+    cluster = Cluster.from_dict(
+        {
+            "format": "placer.cluster/1",
+            "name": "het",
+            "devices": [
+                {"name": "g0", "kind": "V100", "memory_bytes": GIB},
+                {"name": "g1", "kind": "V100", "memory_bytes": GIB},
+                {"name": "a0", "kind": "A100", "memory_bytes": 2 * GIB, "speed": 2.5},
+            ],
+            "channels": [
+                {"name": "g0g1", **link, "pairs": [["g0", "g1"], ["g1", "g0"]]},
+                {"name": "g1a0", **link, "pairs": [["g1", "a0"]]},
+                {"name": "a0g1", **link, "pairs": [["a0", "g1"]]},
+            ],
+        }
+    )
     plan = place(graph, cluster, algorithm)
     assert plan.placement == {"a": "a0", "b": "g1", "c": "a0", "d": "a0"}
     assert validate(plan, graph, cluster).fits
@@ -256,8 +316,16 @@ def test_a_pipeline_too_big_for_the_devices_is_refused_for_memory_not_for_channe
 
     # Three stages of 10 GiB of parameters over two 16 GiB devices: the third fits neither (HEFT and
     # DPOS said no channel reached a device for it; OS-DPOS blamed memory whatever the cause).
-    graph = OpGraph(["s0", "s1", "s2"], [1e-3] * 3, [0, 1], [1, 2], [1 << 20] * 2, output_bytes=[1 << 20] * 3,
-                    param_bytes=[10 * GIB] * 3, name="pipe")
+    graph = OpGraph(
+        ["s0", "s1", "s2"],
+        [1e-3] * 3,
+        [0, 1],
+        [1, 2],
+        [1 << 20] * 2,
+        output_bytes=[1 << 20] * 3,
+        param_bytes=[10 * GIB] * 3,
+        name="pipe",
+    )
     with pytest.raises(InfeasibleError, match="memory") as caught:
         place(graph, load_cluster("2xV100-nvlink"), algorithm)
     assert "channel" not in str(caught.value)
@@ -268,14 +336,29 @@ def test_expert_says_when_device_kinds_rule_out_a_contiguous_split():
     from placer.graph import OpGraph
 
     # The cluster lists the V100 first, but the first layer may run only on the A100.
-    graph = OpGraph.from_dict({"format": "placer.graph/1", "name": "kinds", "nodes": [
-        {"id": "a", "compute_s": 1e-3, "device_kinds": ["A100"]}, {"id": "b", "compute_s": 1e-3,
-                                                                   "device_kinds": ["V100"]}],
-        "edges": [{"src": "a", "dst": "b", "bytes": 10}]})
+    graph = OpGraph.from_dict(
+        {
+            "format": "placer.graph/1",
+            "name": "kinds",
+            "nodes": [
+                {"id": "a", "compute_s": 1e-3, "device_kinds": ["A100"]},
+                {"id": "b", "compute_s": 1e-3, "device_kinds": ["V100"]},
+            ],
+            "edges": [{"src": "a", "dst": "b", "bytes": 10}],
+        }
+    )
     link = {"bandwidth_bytes_per_s": 5e9, "latency_s": 2e-5}
-    cluster = Cluster.from_dict({"format": "placer.cluster/1", "name": "het", "devices": [
-        {"name": "g0", "kind": "V100", "memory_bytes": GIB}, {"name": "a0", "kind": "A100", "memory_bytes": GIB}],
-        "channels": [{"name": "both", **link, "pairs": [["g0", "a0"], ["a0", "g0"]]}]})
+    cluster = Cluster.from_dict(
+        {
+            "format": "placer.cluster/1",
+            "name": "het",
+            "devices": [
+                {"name": "g0", "kind": "V100", "memory_bytes": GIB},
+                {"name": "a0", "kind": "A100", "memory_bytes": GIB},
+            ],
+            "channels": [{"name": "both", **link, "pairs": [["g0", "a0"], ["a0", "g0"]]}],
+        }
+    )
     with pytest.raises(InfeasibleError, match="device of its kinds"):
         place(graph, cluster, "expert")
 

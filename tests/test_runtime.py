@@ -20,24 +20,30 @@ import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placer.api import apply, validate
 import placer
 from placer.algorithms import place
 from placer.algorithms.common import placement_units
+from placer.api import apply, validate
 from placer.capture import capture
 from placer.capture.layout import dense_strides
 from placer.capture.spec import capture_spec, load_model
 from placer.cli import main
 from placer.cluster import Cluster, load_cluster
 from placer.errors import FormatError, InvalidPlanError, OptionError
+from placer.harness.feedback import measured_cluster, measured_graph, own_times
 from placer.plan import Plan
 from placer.runtime.check import exact_float32, state_difference, train_eager
-from placer.sim.messages import MessageCost, messages_graph
-from placer.harness.feedback import measured_cluster, measured_graph, own_times
+from placer.runtime.distributed import (
+    RunError,
+    float32_precision,
+    free_port,
+    run_distributed,
+    run_under_torchrun,
+    under_torchrun,
+)
 from placer.runtime.local import LocalExecutor
-from placer.runtime.distributed import (RunError, float32_precision, free_port, run_distributed,
-                                        run_under_torchrun, under_torchrun)
 from placer.runtime.program import compile_program, copy_to, message_bytes, pack, receive_buffer, unpack, value_spec
+from placer.sim.messages import MessageCost, messages_graph
 from placer.transform.split import split_operation
 
 from .processes import terminate_once_ranks_run
@@ -77,10 +83,10 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 @dataclass
 class Case:
     spec: str
-    model: torch.nn.Module        # initial weights (never trained)
+    model: torch.nn.Module  # initial weights (never trained)
     inputs: tuple
     captured: object
-    reference: torch.nn.Module     # after STEPS eager steps
+    reference: torch.nn.Module  # after STEPS eager steps
     reference_optimizer: torch.optim.Optimizer
 
     def fresh(self):
@@ -167,11 +173,12 @@ def test_distributed_executor_trains_like_eager(case, how, cluster_name):
     plan = make_plan(how, captured.graph, cluster)
     model, optimizer = case.fresh()
     flat = captured.step_inputs(model, case.inputs, optimizer)
-    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
-                             carrier=captured.carrier, timeout_s=30)
+    result = run_distributed(
+        captured.gm, captured.graph, plan, cluster, flat, steps=STEPS, carrier=captured.carrier, timeout_s=30
+    )
     assert len(result.step_s) == STEPS and all(s > 0 for s in result.step_s)
     assert all(src != dst and nbytes > 0 and seconds > 0 for src, dst, nbytes, seconds in result.transfer_s)
-    assert how != "random" or result.transfer_s            # some rank waited for some message
+    assert how != "random" or result.transfer_s  # some rank waited for some message
     assert result.predicted_s == pytest.approx(plan.predicted.get("makespan_s", result.predicted_s))
     captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     case.assert_matches(model, optimizer)
@@ -184,8 +191,17 @@ def test_spawned_ranks_get_the_step_by_pickle_and_train_like_eager(zoo_case):
     plan = make_plan("random", captured.graph, cluster)
     model, optimizer = zoo_case.fresh()
     flat = captured.step_inputs(model, zoo_case.inputs, optimizer)
-    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
-                             carrier=captured.carrier, timeout_s=60, start_method="spawn")
+    result = run_distributed(
+        captured.gm,
+        captured.graph,
+        plan,
+        cluster,
+        flat,
+        steps=STEPS,
+        carrier=captured.carrier,
+        timeout_s=60,
+        start_method="spawn",
+    )
     captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     zoo_case.assert_matches(model, optimizer)
 
@@ -223,15 +239,18 @@ def _hang_rank_1(rank: int) -> None:
 
 def _exit_rank_1(rank: int) -> None:
     if rank == 1:
-        os._exit(3)                 # no exception, no signal: only its exit status tells
+        os._exit(3)  # no exception, no signal: only its exit status tells
 
 
-@pytest.mark.parametrize("hook, message", [
-    (_kill_rank_1, "rank 1 was killed by signal SIGKILL"),
-    (_raise_on_rank_1, "rank 1 failed: ValueError: injected failure"),
-    (_hang_rank_1, r"rank 0 failed: .*rank\(s\) \[1\] were still running"),  # rank 0 gives up waiting
-    (_exit_rank_1, "^rank 1 exited with status 3;"),               # not rank 0's echo of its death
-])
+@pytest.mark.parametrize(
+    "hook, message",
+    [
+        (_kill_rank_1, "rank 1 was killed by signal SIGKILL"),
+        (_raise_on_rank_1, "rank 1 failed: ValueError: injected failure"),
+        (_hang_rank_1, r"rank 0 failed: .*rank\(s\) \[1\] were still running"),  # rank 0 gives up waiting
+        (_exit_rank_1, "^rank 1 exited with status 3;"),  # not rank 0's echo of its death
+    ],
+)
 def test_a_failing_rank_stops_the_run_with_an_error(file_case, hook, message):
     cluster = load_cluster("2xcpu")
     captured = file_case.captured
@@ -239,14 +258,14 @@ def test_a_failing_rank_stops_the_run_with_an_error(file_case, hook, message):
     flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
     before = [t.clone() for t in flat]
     with pytest.raises(RunError, match=message):
-        run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier,
-                        timeout_s=3, hook=hook)
-    assert all(torch.equal(a, b) for a, b in zip(flat, before))      # ranks train copies: nothing half-written
-
+        run_distributed(
+            captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier, timeout_s=3, hook=hook
+        )
+    assert all(torch.equal(a, b) for a, b in zip(flat, before))  # ranks train copies: nothing half-written
 
 
 def _kill_rank_1_in_its_steps(rank: int) -> None:
-    if rank == 1:       # a second into the run, whatever it is doing then
+    if rank == 1:  # a second into the run, whatever it is doing then
         threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGKILL)).start()
 
 
@@ -256,13 +275,22 @@ def test_a_rank_killed_while_it_trains_stops_the_run(file_case):
     captured = file_case.captured
     flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
     with pytest.raises(RunError, match="rank 1 was killed by signal SIGKILL"):
-        run_distributed(captured.gm, captured.graph, random_plan(captured.graph, cluster, seed=1), cluster, flat,
-                        steps=10**7, carrier=captured.carrier, timeout_s=10, hook=_kill_rank_1_in_its_steps)
+        run_distributed(
+            captured.gm,
+            captured.graph,
+            random_plan(captured.graph, cluster, seed=1),
+            cluster,
+            flat,
+            steps=10**7,
+            carrier=captured.carrier,
+            timeout_s=10,
+            hook=_kill_rank_1_in_its_steps,
+        )
 
 
 def _stop_rank_1(rank: int) -> None:
     if rank == 1:
-        os.kill(os.getpid(), signal.SIGSTOP)     # as a debugger or a job control stop leaves it
+        os.kill(os.getpid(), signal.SIGSTOP)  # as a debugger or a job control stop leaves it
 
 
 def test_a_stopped_rank_is_ended_without_waiting_out_the_grace(file_case, monkeypatch):
@@ -276,9 +304,19 @@ def test_a_stopped_rank_is_ended_without_waiting_out_the_grace(file_case, monkey
     flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
     began = time.monotonic()
     with pytest.raises(RunError, match=r"rank 0 failed: .*rank\(s\) \[1\] were still running"):
-        run_distributed(captured.gm, captured.graph, random_plan(captured.graph, cluster, seed=1), cluster, flat,
-                        steps=2, carrier=captured.carrier, timeout_s=3, hook=_stop_rank_1)
+        run_distributed(
+            captured.gm,
+            captured.graph,
+            random_plan(captured.graph, cluster, seed=1),
+            cluster,
+            flat,
+            steps=2,
+            carrier=captured.carrier,
+            timeout_s=3,
+            hook=_stop_rank_1,
+        )
     assert time.monotonic() - began < 150
+
 
 def _state(model, optimizer) -> dict[str, torch.Tensor]:
     """Copies of the model's parameters and buffers and of the optimizer's state, by name."""
@@ -290,8 +328,9 @@ def _state(model, optimizer) -> dict[str, torch.Tensor]:
 
 @pytest.mark.parametrize("failing_step", [1, 2])
 @pytest.mark.parametrize("fails", ["after batch norm", "last update"])
-def test_an_atomic_step_that_fails_part_way_leaves_the_model_and_optimizer_as_they_were(file_case, monkeypatch,
-                                                                                       failing_step, fails):
+def test_an_atomic_step_that_fails_part_way_leaves_the_model_and_optimizer_as_they_were(
+    file_case, monkeypatch, failing_step, fails
+):
     """An operation fails after the plan's order has run writes of the step's new state (batch norm's
     running statistics, new parameters and optimizer state): in an atomic step none of them reaches the
     model or the optimizer, and training goes on as if the failed step had not been tried; by default
@@ -305,9 +344,10 @@ def test_an_atomic_step_that_fails_part_way_leaves_the_model_and_optimizer_as_th
     position = {v.name: k for k, v in enumerate(program.schedule)}
     batch_norm = next(v.name for v in program.schedule if "batch_norm" in str(v.target))
     others = [v.name for v in program.schedule if v not in program.writes]
-    failing = next(n for n in others if position[n] > position[batch_norm]) if fails == "after batch norm" \
-        else others[-1]
-    assert min(position[v.name] for v in program.writes) < position[failing]     # writes were in its way
+    failing = (
+        next(n for n in others if position[n] > position[batch_norm]) if fails == "after batch norm" else others[-1]
+    )
+    assert min(position[v.name] for v in program.writes) < position[failing]  # writes were in its way
     run = local.call_node
 
     def call_node(v, *args):
@@ -352,8 +392,13 @@ def _split_plan(case: Case, cluster, parts: int = 2) -> Plan:
         target = split_operation(target, name, "batch", parts)
     unit_of, units = placement_units(target)
     device_of = np.random.default_rng(0).integers(0, cluster.num_devices, len(units))[unit_of]
-    return Plan.from_arrays(graph, cluster, device_of, placed_graph=target,
-                            splits=[{"node": n, "dim": "batch", "parts": parts} for n in names])
+    return Plan.from_arrays(
+        graph,
+        cluster,
+        device_of,
+        placed_graph=target,
+        splits=[{"node": n, "dim": "batch", "parts": parts} for n in names],
+    )
 
 
 def _assert_split_plan_trains_like_eager(case, plan, cluster, backend: str) -> None:
@@ -367,8 +412,9 @@ def _assert_split_plan_trains_like_eager(case, plan, cluster, backend: str) -> N
     else:
         captured = case.captured
         flat = captured.step_inputs(model, case.inputs, optimizer)
-        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=STEPS,
-                                 carrier=captured.carrier, timeout_s=30)
+        result = run_distributed(
+            captured.gm, captured.graph, plan, cluster, flat, steps=STEPS, carrier=captured.carrier, timeout_s=30
+        )
         captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
         assert any("@part" in node_id for node_id in result.op_s)
     case.assert_matches(model, optimizer)
@@ -383,10 +429,11 @@ def test_split_operations_run_as_slices_parts_and_concat(zoo_case, backend):
     """
     cluster = load_cluster("2xcpu")
     plan = _split_plan(zoo_case, cluster)
-    program = compile_program(zoo_case.captured.gm, zoo_case.captured.graph, plan, cluster,
-                              carrier=zoo_case.captured.carrier)
+    program = compile_program(
+        zoo_case.captured.gm, zoo_case.captured.graph, plan, cluster, carrier=zoo_case.captured.carrier
+    )
     parts = [program.device_of[v] for v in program.schedule if (program.node_id(v) or "").count("@part")]
-    assert len(parts) == 6 and len(set(parts)) == 2           # the parts really are spread
+    assert len(parts) == 6 and len(set(parts)) == 2  # the parts really are spread
     _assert_split_plan_trains_like_eager(zoo_case, plan, cluster, backend)
 
 
@@ -397,11 +444,10 @@ def test_splits_the_runtime_cannot_execute_are_refused_naming_the_node(zoo_case,
     target = plan.rewritten_graph
     extra = [dict(e) for e in target.node_extra]
     victim = next(i for i, e in enumerate(extra) if "part" in e)
-    extra[victim]["dim"] = dim          # one part of a batch split claims another dimension
+    extra[victim]["dim"] = dim  # one part of a batch split claims another dimension
     plan.rewritten_graph = target.replace(node_extra=extra)
     with pytest.raises(InvalidPlanError, match=f"{target.ids[victim]}.*batch and channel splits only"):
-        compile_program(zoo_case.captured.gm, zoo_case.captured.graph, plan, cluster,
-                        carrier=zoo_case.captured.carrier)
+        compile_program(zoo_case.captured.gm, zoo_case.captured.graph, plan, cluster, carrier=zoo_case.captured.carrier)
 
 
 @pytest.fixture(scope="module")
@@ -438,8 +484,9 @@ def test_channel_splits_of_a_convolution_and_a_linear_layer_train_as_eager(batch
     assert not any(e["dim"] == "batch" and e["size"] > 1 for s in case.captured.graph.splittable if s for e in s)
     plan = _channel_plan(case, cluster)
     program = compile_program(case.captured.gm, case.captured.graph, plan, cluster, carrier=case.captured.carrier)
-    parts = {program.node_id(v): program.device_of[v] for v in program.schedule
-             if "@part" in (program.node_id(v) or "")}
+    parts = {
+        program.node_id(v): program.device_of[v] for v in program.schedule if "@part" in (program.node_id(v) or "")
+    }
     assert {"convolution@part2", "addmm@part1"} <= parts.keys() and len(set(parts.values())) == 2
     _assert_split_plan_trains_like_eager(case, plan, cluster, backend)
 
@@ -448,8 +495,7 @@ def test_channel_splits_of_arguments_the_capture_did_not_record_are_refused_nami
     case, cluster = batch1_case, load_cluster("2xcpu")
     plan = _channel_plan(case, cluster)
     target = plan.rewritten_graph
-    for args, message in (([[0, 0]], "is not an argument that the capture recorded"),
-                          (None, "none recorded")):
+    for args, message in (([[0, 0]], "is not an argument that the capture recorded"), (None, "none recorded")):
         extra = [dict(e) for e in target.node_extra]
         victim = next(i for i, e in enumerate(extra) if e.get("role") == "split" and e["split_of"] == "convolution")
         extra[victim]["args"] = args
@@ -463,12 +509,13 @@ def test_a_distributed_run_reports_each_messages_host_time_and_each_ops_share_of
     captured = file_case.captured
     plan = random_plan(captured.graph, cluster, seed=1)
     flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
-    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=3, carrier=captured.carrier,
-                             timeout_s=30)
+    result = run_distributed(
+        captured.gm, captured.graph, plan, cluster, flat, steps=3, carrier=captured.carrier, timeout_s=30
+    )
     program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
-    sent = [x for x in program.transfers if message_bytes(value_spec(x.node)) > 0]     # empty tensors are not
+    sent = [x for x in program.transfers if message_bytes(value_spec(x.node)) > 0]  # empty tensors are not
     assert sent
-    assert len(result.message_s) == 2 * len(sent)          # every message, after the first step
+    assert len(result.message_s) == 2 * len(sent)  # every message, after the first step
     for src, dst, nbytes, sending, receiving in result.message_s:
         assert src != dst and nbytes > 0 and sending > 0 and receiving > 0
     assert set(result.op_message_s) <= set(result.op_s)
@@ -494,8 +541,7 @@ def test_messages_graph_charges_a_plans_messages_to_their_producer_and_first_con
     from placer.graph import OpGraph
 
     # a's one output goes to b and c on the other device (one message, of the larger edge), and to d beside it.
-    graph = OpGraph(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], [0, 0, 0], [1, 2, 3], [100, 300, 50],
-                    name="fan-out")
+    graph = OpGraph(["a", "b", "c", "d"], [1.0, 1.0, 1.0, 1.0], [0, 0, 0], [1, 2, 3], [100, 300, 50], name="fan-out")
     cluster = load_cluster("2xcpu")
     cost = MessageCost(send_fixed_s=0.1, send_per_byte_s=1e-3, receive_fixed_s=0.2, receive_per_byte_s=0.0)
     plan = Plan.from_arrays(graph, cluster, [0, 1, 1, 0], order=[[0, 3], [2, 1]])
@@ -512,16 +558,17 @@ def test_the_operation_after_a_nodes_messages_is_charged_once_per_node_and_side(
     from placer.graph import OpGraph
 
     # a sends two tensors to device 1 (two messages), which b receives both of; c receives one from b.
-    graph = OpGraph(["a", "b", "c"], [1.0, 1.0, 1.0], [0, 0, 1], [1, 1, 2], [64, 64, 64],
-                    edge_tensor=[0, 1, 0], name="two-messages")
+    graph = OpGraph(
+        ["a", "b", "c"], [1.0, 1.0, 1.0], [0, 0, 1], [1, 1, 2], [64, 64, 64], edge_tensor=[0, 1, 0], name="two-messages"
+    )
     cluster = load_cluster("2xcpu")
     cost = MessageCost(0.1, 0.0, 0.2, 0.0, after_send_s=0.01, after_receive_s=0.02)
     plan = Plan.from_arrays(graph, cluster, [0, 1, 0])
     costed = messages_graph(graph, plan.bind(graph, cluster), cluster, {}, cost)
     # a: two sends and one operation after them; b: two receives and one after, then a send; c: a receive.
-    assert costed.durations(cluster)[:, 0].tolist() == pytest.approx([1.0 + 2 * 0.1 + 0.01,
-                                                                      1.0 + 2 * 0.2 + 0.02 + 0.1 + 0.01,
-                                                                      1.0 + 0.2 + 0.02])
+    assert costed.durations(cluster)[:, 0].tolist() == pytest.approx(
+        [1.0 + 2 * 0.1 + 0.01, 1.0 + 2 * 0.2 + 0.02 + 0.1 + 0.01, 1.0 + 0.2 + 0.02]
+    )
     assert MessageCost.from_dict(cost.to_dict()) == cost
     assert "after_send_s" not in MessageCost(0.1, 0.0, 0.2, 0.0).to_dict()
 
@@ -529,17 +576,19 @@ def test_the_operation_after_a_nodes_messages_is_charged_once_per_node_and_side(
 def test_a_runs_own_times_give_back_the_operation_after_its_messages_for_another_plan():
     from placer.sim.messages import spread_over_gaps, without_after_message
 
-    graph, cluster, bound = _ping_pong()            # a -> b -> c over two devices: a sends, b both, c receives
+    graph, cluster, bound = _ping_pong()  # a -> b -> c over two devices: a sends, b both, c receives
     cost = MessageCost(0.0, 0.0, 0.0, 0.0, after_send_s=0.01, after_receive_s=0.02)
     own = {"a": 1.0, "b": 1.0, "c": 1.0}
     plain = without_after_message(own, bound, cost)
     assert plain == pytest.approx({"a": 0.99, "b": 0.97, "c": 0.98})
     # Charged again for the plan that ran, the run's own times; on one device, none.
     assert messages_graph(graph, bound, cluster, plain, cost).durations(cluster)[:, 0].tolist() == pytest.approx(
-        [1.0, 1.0, 1.0])
+        [1.0, 1.0, 1.0]
+    )
     alone = Plan.from_arrays(graph, cluster, [0, 0, 0]).bind(graph, cluster)
     assert messages_graph(graph, alone, cluster, plain, cost).durations(cluster)[:, 0].tolist() == pytest.approx(
-        [0.99, 0.97, 0.98])
+        [0.99, 0.97, 0.98]
+    )
     assert without_after_message(own, bound, MessageCost(0.0, 0.0, 0.0, 0.0)) is own
     # A run's fitted cost takes the calibration's charge with its shape over gaps.
     calibrated = replace(cost, by_gap=((0.0, 0.05, 0.05), (1.0, 0.5, 0.25)))
@@ -550,12 +599,12 @@ def test_a_runs_own_times_give_back_the_operation_after_its_messages_for_another
 def test_what_the_operations_after_a_runs_messages_lost_is_fitted_by_role():
     from placer.sim.messages import fit_after_message
 
-    graph, cluster, bound = _ping_pong()            # a -> b -> c over two devices: a sends, b both, c receives
+    graph, cluster, bound = _ping_pong()  # a -> b -> c over two devices: a sends, b both, c receives
     assert bound.placed_durations().tolist() == [1.0, 1.0, 1.0]
     cost = MessageCost(0.1, 0.0, 0.2, 0.0, by_gap=((0.0, 0.1, 0.2),), after_send_s=0.5, after_receive_s=0.5)
     fitted = fit_after_message(bound, {"a": 1.01, "b": 1.03, "c": 1.02}, cost)
     assert (fitted.after_send_s, fitted.after_receive_s, fitted.after_wait_s) == pytest.approx((0.01, 0.02, 0.02))
-    assert replace(fitted, after_send_s=0.5, after_receive_s=0.5, after_wait_s=0.0) == cost    # the rest kept
+    assert replace(fitted, after_send_s=0.5, after_receive_s=0.5, after_wait_s=0.0) == cost  # the rest kept
     # A role that ran faster than its profile is charged nothing; without a timed node that sends or receives,
     # there is nothing to fit.
     assert fit_after_message(bound, {"a": 0.9, "b": 1.0, "c": 1.1}, cost).after_send_s == 0.0
@@ -564,10 +613,10 @@ def test_what_the_operations_after_a_runs_messages_lost_is_fitted_by_role():
 
 
 def test_a_receive_the_rank_waited_for_costs_the_operation_after_it_more():
-    from placer.sim.messages import simulate_with_messages, waiting_nodes, without_after_message
     from placer.sim import simulate_bound
+    from placer.sim.messages import simulate_with_messages, waiting_nodes, without_after_message
 
-    graph, cluster, bound = _ping_pong()            # a -> b -> c over two devices: b and c wait for a message
+    graph, cluster, bound = _ping_pong()  # a -> b -> c over two devices: b and c wait for a message
     plain = simulate_bound(bound)
     assert waiting_nodes(plain, bound.order if bound.order is not None else plain.device_orders()) == {1, 2}
     cost = MessageCost(0.0, 0.0, 0.0, 0.0, after_receive_s=0.02, after_wait_s=0.5)
@@ -584,7 +633,7 @@ def test_a_receive_the_rank_waited_for_costs_the_operation_after_it_more():
 
 def test_a_message_costs_what_its_gap_on_its_rank_gives():
     cost = MessageCost(0.1, 1e-3, 0.2, 0.0, by_gap=((0.0, 0.01, 0.02), (1.0, 0.05, 0.06)))
-    assert (cost.send_s(10), cost.receive_s(10)) == (pytest.approx(0.11), 0.2)          # alone
+    assert (cost.send_s(10), cost.receive_s(10)) == (pytest.approx(0.11), 0.2)  # alone
     assert (cost.send_s(10, 0.5), cost.receive_s(10, 0.5)) == (pytest.approx(0.04), pytest.approx(0.04))
     assert (cost.send_s(0, 9.0), cost.receive_s(0, 0.0)) == (pytest.approx(0.05), pytest.approx(0.02))
     assert MessageCost.from_dict(cost.to_dict()) == cost
@@ -621,8 +670,8 @@ def test_message_gaps_are_the_time_since_the_ranks_previous_message():
 
 
 def test_simulate_with_messages_charges_each_message_at_its_gap():
-    from placer.sim.messages import simulate_with_messages
     from placer.sim import simulate_bound
+    from placer.sim.messages import simulate_with_messages
 
     graph, cluster, bound = _ping_pong()
     alone = MessageCost(0.5, 0.0, 0.25, 0.0)
@@ -653,7 +702,7 @@ def test_spread_over_gaps_gives_a_runs_cost_the_calibrations_shape():
     graph, _, bound = _ping_pong()
     fitted = MessageCost(0.02, 1e-3, 0.01, 0.0)
     alone = MessageCost(0.5, 0.0, 0.25, 0.0)
-    assert spread_over_gaps(fitted, alone, bound, {}) is fitted        # no shape to give
+    assert spread_over_gaps(fitted, alone, bound, {}) is fitted  # no shape to give
     curve = replace(alone, by_gap=((0.0, 0.05, 0.05), (10.0, 0.15, 0.25)))
     spread = spread_over_gaps(fitted, curve, bound, {"a": 0.5})
     # At the gaps the run's messages had (its plan with the fitted cost), the shaped cost averages the run's.
@@ -670,8 +719,9 @@ def test_measured_transfers_set_the_links_latency_to_their_mean_excess():
     # In a running step messages of a few similar sizes take about the same time, whatever the size.
     cluster = load_cluster("2xcpu")
     bandwidth = cluster.channels[0].bandwidth_bytes_per_s
-    transfers = [(0, 1, n, t) for n, t in ((32_768, 210e-6), (65_536, 190e-6), (262_144, 400e-6))] \
-        + [(1, 0, 65_536, 150e-6)]
+    transfers = [(0, 1, n, t) for n, t in ((32_768, 210e-6), (65_536, 190e-6), (262_144, 400e-6))] + [
+        (1, 0, 65_536, 150e-6)
+    ]
     fitted = measured_cluster(cluster, transfers)
     expected = np.mean([t - n / bandwidth for _, _, n, t in transfers])
     for ch in fitted.channels:
@@ -689,8 +739,10 @@ def test_measured_transfers_set_the_links_latency_to_their_mean_excess():
     unnamed = Cluster.from_dict(doc)
     assert all(ch.extra.get("link") is None for ch in unnamed.channels)
     fitted = measured_cluster(unnamed, transfers)
-    by_direction = {(0, 1): np.mean([t - n / bandwidth for _, _, n, t in transfers[:3]]),
-                    (1, 0): 150e-6 - 65_536 / bandwidth}
+    by_direction = {
+        (0, 1): np.mean([t - n / bandwidth for _, _, n, t in transfers[:3]]),
+        (1, 0): 150e-6 - 65_536 / bandwidth,
+    }
     for (src, dst), expected in by_direction.items():
         assert fitted.channels[unnamed.channel_index[src, dst]].latency_s == pytest.approx(expected, rel=1e-12)
 
@@ -714,8 +766,10 @@ def test_a_runs_times_as_a_profile_give_the_graph_what_measured_graph_gives(file
     profile = load_profile(tmp_path / "p.json", graph)
     assert profile.device_kind == "cpu" and profile.meta == {"source": "a test"}
     assert "not_a_node" not in profile.node_seconds
-    assert apply_profile(graph, profile).compute_s_by_kind == \
-        measured_graph(graph, bound, cluster, seconds).compute_s_by_kind
+    assert (
+        apply_profile(graph, profile).compute_s_by_kind
+        == measured_graph(graph, bound, cluster, seconds).compute_s_by_kind
+    )
     # One file holds one kind's times: a run over two kinds is refused, naming them.
     mixed = load_cluster(_two_kinds(tmp_path / "mixed.json"))
     with pytest.raises(OptionError, match=r"one device kind, .* of 2 \('cpu', 'slowcpu'\)"):
@@ -736,8 +790,9 @@ def test_a_split_plans_run_gives_a_profile_of_the_captured_graph(file_case):
     from placer.algorithms.common import placement_units
 
     unit_of, _ = placement_units(split)
-    plan = Plan.from_arrays(graph, cluster, unit_of % 2, placed_graph=split,
-                            splits=[{"node": name, "dim": "batch", "parts": 2}])
+    plan = Plan.from_arrays(
+        graph, cluster, unit_of % 2, placed_graph=split, splits=[{"node": name, "dim": "batch", "parts": 2}]
+    )
     bound = plan.bind(graph, cluster)
     seconds = {node: 1e-4 for node in bound.graph.ids}
     profile = measured_profile(bound, seconds, graph)
@@ -782,8 +837,16 @@ def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):
 
     plan = random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3)
     plan.save(tmp_path / "plan.json")
-    args = ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--trace",
-            str(tmp_path / "run.json")]
+    args = [
+        "run",
+        file_case.spec,
+        "--plan",
+        str(tmp_path / "plan.json"),
+        "--steps",
+        "2",
+        "--trace",
+        str(tmp_path / "run.json"),
+    ]
     assert main(args + ["--backend", "distributed"]) == 0
     out = capsys.readouterr().out
     assert "timeline of the last step" in out
@@ -797,11 +860,13 @@ def test_placer_run_writes_the_measured_timeline(file_case, tmp_path, capsys):
     assert "--trace needs --backend distributed" in capsys.readouterr().err
     # Refused before any training (an unwritable trace was found only after it).
     plan_args = args[:6]
-    for extra, message in [(["--trace", str(tmp_path / "run.json" / "t.json")], "trace file"),
-                           (["--warmup", "-1"], "--warmup must be >= 0"),
-                           (["--threads", "0"], "--threads must be >= 1"),
-                           (["--timeout", "0.001"], "--timeout must be at least 1 second"),
-                           (["--devices", "cpu,cpu"], "--devices is for --backend local")]:
+    for extra, message in [
+        (["--trace", str(tmp_path / "run.json" / "t.json")], "trace file"),
+        (["--warmup", "-1"], "--warmup must be >= 0"),
+        (["--threads", "0"], "--threads must be >= 1"),
+        (["--timeout", "0.001"], "--timeout must be at least 1 second"),
+        (["--devices", "cpu,cpu"], "--devices is for --backend local"),
+    ]:
         assert main(plan_args + ["--backend", "distributed", *extra]) == 2
         err = capsys.readouterr().err
         assert message in err and "training" not in err, err
@@ -815,7 +880,6 @@ def test_a_plan_for_another_graph_is_refused(file_case):
         compile_program(file_case.captured.gm, file_case.captured.graph, plan, cluster)
 
 
-
 def test_placer_run_refuses_a_plan_for_another_batch_before_training(file_case, tmp_path, capsys):
     # It said "training 2 steps of ..." first, then refused.
     other = capture(*load_model(file_case.spec, 2))
@@ -824,6 +888,7 @@ def test_placer_run_refuses_a_plan_for_another_batch_before_training(file_case, 
     out, err = capsys.readouterr()
     assert code == 2 and "training" not in out + err
     assert f"{tmp_path / 'bs2.json'}: the plan was made for graph 'Net-bs2-adam'" in err
+
 
 def test_an_optimizer_the_capture_cannot_reproduce_is_refused(file_case):
     plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
@@ -844,7 +909,6 @@ def test_an_optimizer_the_capture_cannot_reproduce_is_refused(file_case):
         apply(plan, model, torch.optim.RMSprop(model.parameters()))
 
 
-
 OPTIMIZER_SETTINGS = {
     "sgd-momentum-wd": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, weight_decay=1e-4)),
     "sgd-nesterov": (torch.optim.SGD, dict(lr=0.1, momentum=0.9, nesterov=True)),
@@ -862,7 +926,7 @@ def test_a_placed_step_trains_with_the_optimizers_settings_like_eager(file_case,
     reference_optimizer = torch_class(reference.parameters(), foreach=False, **given)
     plan = placer.plan(model, file_case.inputs, cluster="2xcpu", algorithm="round_robin", optimizer=optimizer)
     _check_spread(plan)
-    del plan.context["captured"]             # apply captures the step itself, from the optimizer's settings
+    del plan.context["captured"]  # apply captures the step itself, from the optimizer's settings
     step = apply(plan, model, optimizer)
     for _ in range(STEPS):
         step(*file_case.inputs)
@@ -909,11 +973,11 @@ def test_a_placed_step_follows_a_learning_rate_scheduler_like_eager(file_case, n
         for _ in range(STEPS):
             step(*file_case.inputs)
             scheduler.step()
-    assert not [w for w in seen if "lr_scheduler.step()" in str(w.message)]   # no word of a skipped optimizer.step()
+    assert not [w for w in seen if "lr_scheduler.step()" in str(w.message)]  # no word of a skipped optimizer.step()
     for _ in range(STEPS):
         train_eager(reference, file_case.inputs, reference_optimizer, 1)
         reference_scheduler.step()
-    assert optimizer.param_groups[0]["lr"] == lr * 0.5 ** STEPS
+    assert optimizer.param_groups[0]["lr"] == lr * 0.5**STEPS
     worst, where, _ = state_difference(model, optimizer, reference, reference_optimizer)
     assert worst == 0.0, f"{where} differs from eager training by {worst}"
 
@@ -929,8 +993,9 @@ def test_distributed_runs_of_a_step_each_follow_a_learning_rate_scheduler_like_e
     plan = random_plan(captured.graph, cluster, seed=3)
     for _ in range(2):
         flat = captured.step_inputs(model, file_case.inputs, optimizer)
-        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1,
-                                 carrier=captured.carrier, timeout_s=30)
+        result = run_distributed(
+            captured.gm, captured.graph, plan, cluster, flat, steps=1, carrier=captured.carrier, timeout_s=30
+        )
         captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
         scheduler.step()
         train_eager(reference, file_case.inputs, reference_optimizer, 1)
@@ -946,22 +1011,35 @@ def test_a_placed_step_refuses_optimizer_settings_changed_since_its_capture(file
     step = apply(plan, model, optimizer)
     step(*file_case.inputs)
     optimizer.param_groups[0]["momentum"] = 0.8
-    with pytest.raises(OptionError, match=r"settings changed since the step was captured: momentum 0.8 \(captured "
-                                          r"with 0.9\).*apply the plan again"):
+    with pytest.raises(
+        OptionError,
+        match=r"settings changed since the step was captured: momentum 0.8 \(captured "
+        r"with 0.9\).*apply the plan again",
+    ):
         step(*file_case.inputs)
-    apply(plan, model, optimizer)(*file_case.inputs)    # the same graph, another constant: captured anew
-    optimizer.param_groups[0]["weight_decay"] = 1e-4   # another graph (the decay's operations): plan again
-    with pytest.raises(InvalidPlanError, match=r"made for a training step with SGD \(lr 0.1, momentum 0.9\), but "
-                                               r"the optimizer is SGD \(lr 0.1, momentum 0.8, weight_decay 0.0001\)"):
+    apply(plan, model, optimizer)(*file_case.inputs)  # the same graph, another constant: captured anew
+    optimizer.param_groups[0]["weight_decay"] = 1e-4  # another graph (the decay's operations): plan again
+    with pytest.raises(
+        InvalidPlanError,
+        match=r"made for a training step with SGD \(lr 0.1, momentum 0.9\), but "
+        r"the optimizer is SGD \(lr 0.1, momentum 0.8, weight_decay 0.0001\)",
+    ):
         apply(plan, model, optimizer)(*file_case.inputs)
 
 
 # --------------------------------------------------------- tensor layouts
 def _views():
     base = torch.arange(24, dtype=torch.float32).reshape(4, 6)
-    heads = torch.arange(480.0).reshape(4, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)[0]      # (batch, head, token, dim)
-    return {"dense": base, "transposed": base.t(), "gapped": base[:, ::2], "offset": base[1:, 2:],
-            "expanded": torch.arange(3.0).reshape(3, 1).expand(3, 5), "empty": base[:0], "heads": heads}
+    heads = torch.arange(480.0).reshape(4, 5, 3, 2, 4).permute(2, 0, 3, 1, 4)[0]  # (batch, head, token, dim)
+    return {
+        "dense": base,
+        "transposed": base.t(),
+        "gapped": base[:, ::2],
+        "offset": base[1:, 2:],
+        "expanded": torch.arange(3.0).reshape(3, 1).expand(3, 5),
+        "empty": base[:0],
+        "heads": heads,
+    }
 
 
 @pytest.mark.parametrize("name", list(_views()))
@@ -971,7 +1049,7 @@ def test_transfers_keep_values_and_strides(name):
     assert moved.stride() == t.stride() and torch.equal(moved, t)
     assert moved.numel() == 0 or moved.data_ptr() != t.data_ptr()
 
-    class Node:                                   # what value_spec reads of an fx node
+    class Node:  # what value_spec reads of an fx node
         name = "v"
         meta = {"val": t}
 
@@ -997,8 +1075,10 @@ def test_compact_transfers_send_a_view_with_gaps_as_its_elements_alone(name):
         meta = {"val": t}
 
     spec = value_spec(Node, compact=True)
-    for out in (copy_to(t, torch.device("cpu"), compact=True),
-                unpack(pack(t, spec, torch.device("cpu"), snapshot=True), spec, torch.device("cpu"))):
+    for out in (
+        copy_to(t, torch.device("cpu"), compact=True),
+        unpack(pack(t, spec, torch.device("cpu"), snapshot=True), spec, torch.device("cpu")),
+    ):
         assert torch.equal(out, t)
         assert out.stride() == (dense_strides(t.shape, t.stride()) if gapped else t.stride())
     assert name != "heads" or dense_strides(t.shape, t.stride()) == (40, 4, 8, 1)
@@ -1055,8 +1135,11 @@ def test_a_gate_read_on_another_device_holds_there_what_the_graph_counts():
     torch.manual_seed(0)
     captured = capture(_Gates(), (torch.randn(256, 16), torch.randint(0, 3, (256,))), optimizer="sgd")
     graph, cluster = captured.graph, load_cluster("2xcpu")
-    readers = {graph.index[n.name] for n in captured.gm.graph.nodes if str(n.target) in ("aten.sigmoid.default",
-                                                                                          "aten.tanh.default")}
+    readers = {
+        graph.index[n.name]
+        for n in captured.gm.graph.nodes
+        if str(n.target) in ("aten.sigmoid.default", "aten.tanh.default")
+    }
     placement = {node_id: "cpu1" if i in readers else "cpu0" for i, node_id in enumerate(graph.ids)}
     plan = Plan(placement, graph_name=graph.name)
     program = compile_program(captured.gm, graph, plan, cluster, carrier=captured.carrier)
@@ -1065,8 +1148,9 @@ def test_a_gate_read_on_another_device_holds_there_what_the_graph_counts():
     executor.run(captured.example_args())
     assert executor.peak_bytes[1] == validate(plan, graph, cluster).peak_memory_bytes[1] > 0
     strided = capture(_Strided(), (torch.randn(4, 8), torch.randint(0, 4, (4,))), optimizer="sgd")
-    assert not compile_program(strided.gm, strided.graph, place(strided.graph, cluster, "single"), cluster,
-                               carrier=strided.carrier).compact_views
+    assert not compile_program(
+        strided.gm, strided.graph, place(strided.graph, cluster, "single"), cluster, carrier=strided.carrier
+    ).compact_views
 
 
 class _Broadcast(torch.nn.Module):
@@ -1085,13 +1169,14 @@ def test_an_expand_read_on_another_device_carries_and_holds_its_span_alone():
     torch.manual_seed(0)
     captured = capture(_Broadcast(), (torch.randn(512, 256), torch.randint(0, 256, (512,))), optimizer="sgd")
     graph, cluster = captured.graph, load_cluster("2xcpu")
-    wide = next(n for n in captured.gm.graph.nodes if n.target is torch.ops.aten.expand.default)   # the forward's
+    wide = next(n for n in captured.gm.graph.nodes if n.target is torch.ops.aten.expand.default)  # the forward's
     readers = {reader.name for reader in wide.users}
     for e in np.flatnonzero(graph.src == graph.index[wide.name]):
         assert graph.edge_bytes[e] == 256 * 4
     plan = Plan({node_id: "cpu1" if node_id in readers else "cpu0" for node_id in graph.ids}, graph_name=graph.name)
-    executor = LocalExecutor(compile_program(captured.gm, graph, plan, cluster, carrier=captured.carrier),
-                             track_memory=True)
+    executor = LocalExecutor(
+        compile_program(captured.gm, graph, plan, cluster, carrier=captured.carrier), track_memory=True
+    )
     executor.run(captured.example_args())
     assert executor.peak_bytes[1] == validate(plan, graph, cluster).peak_memory_bytes[1] > 0
 
@@ -1104,8 +1189,13 @@ def test_every_edge_carries_what_the_runtime_sends_for_it(model, batch):
     rows, features, classes = batch
     captured = capture(model(), (torch.randn(rows, features), torch.randint(0, classes, (rows,))), optimizer="sgd")
     graph = captured.graph
-    program = compile_program(captured.gm, graph, place(graph, load_cluster("2xcpu"), "single"), load_cluster("2xcpu"),
-                              carrier=captured.carrier)
+    program = compile_program(
+        captured.gm,
+        graph,
+        place(graph, load_cluster("2xcpu"), "single"),
+        load_cluster("2xcpu"),
+        carrier=captured.carrier,
+    )
     fx_node = {v.name: v for v in captured.gm.graph.nodes}
     checked = 0
     for src, b in zip(graph.src.tolist(), graph.edge_bytes.tolist()):
@@ -1137,7 +1227,6 @@ def test_placer_run_verifies_against_eager_training(file_case, tmp_path, capsys)
     assert "equal eager training" in out and "simulator predicts" in out
 
 
-
 def _recording_runs(monkeypatch) -> list:
     """The Measurement of every run the CLI makes from now on."""
     import placer.cli.run as runtime_cli
@@ -1152,8 +1241,7 @@ def _recording_runs(monkeypatch) -> list:
     return runs
 
 
-def test_placer_run_writes_its_measured_times_as_a_profile_placer_cost_applies(zoo_case, tmp_path, capsys,
-                                                                               monkeypatch):
+def test_placer_run_writes_its_measured_times_as_a_profile_placer_cost_applies(zoo_case, tmp_path, capsys, monkeypatch):
     from placer.graph import OpGraph
 
     runs = _recording_runs(monkeypatch)
@@ -1161,12 +1249,26 @@ def test_placer_run_writes_its_measured_times_as_a_profile_placer_cost_applies(z
     graph.save(tmp_path / "g.json")
     random_plan(graph, load_cluster("2xcpu"), seed=2).save(tmp_path / "plan.json")
     profile, cluster = tmp_path / "run" / "p.json", tmp_path / "c.json"
-    code = main(["run", zoo_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "3", "--backend", "local",
-                 "--profile-output", str(profile), "--cluster-output", str(cluster)])
+    code = main(
+        [
+            "run",
+            zoo_case.spec,
+            "--plan",
+            str(tmp_path / "plan.json"),
+            "--steps",
+            "3",
+            "--backend",
+            "local",
+            "--profile-output",
+            str(profile),
+            "--cluster-output",
+            str(cluster),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     (m,) = runs
-    times = own_times(m.op_s, m.op_message_s)       # every operation's (the local run times no placeholder)
+    times = own_times(m.op_s, m.op_message_s)  # every operation's (the local run times no placeholder)
     assert f"measured times of {len(times)} nodes on 'cpu' devices -> {profile}" in out
     assert set(times) <= set(graph.ids) and sum(times.values()) > 0
     assert main(["cost", str(tmp_path / "g.json"), "--profile", str(profile), "-o", str(tmp_path / "gc.json")]) == 0
@@ -1183,7 +1285,8 @@ def test_placer_run_writes_its_measured_times_as_a_profile_placer_cost_applies(z
 
 
 def test_placer_run_and_tune_refuse_a_measurement_file_they_cannot_write_before_any_work(
-        file_case, tmp_path, capsys, monkeypatch):
+    file_case, tmp_path, capsys, monkeypatch
+):
     import placer.cli.run as runtime_cli
 
     def no_capture(*args, **kwargs):
@@ -1197,19 +1300,32 @@ def test_placer_run_and_tune_refuse_a_measurement_file_they_cannot_write_before_
     run = ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1"]
     tune = ["tune", file_case.spec, "--batch", "4", "-o", str(tmp_path / "tuned.json")]
     for command, flags, message in (
-            (run, ["--profile-output", str(tmp_path / "a_file" / "p.json")], "cannot write profile file"),
-            (run, ["--cluster-output", str(tmp_path / "a_file" / "c.json")], "cannot write cluster file"),
-            (run, ["--profile-output", str(tmp_path / "plan.json")], "is the input file"),
-            (run, ["--cluster", mixed, "--profile-output", str(tmp_path / "p.json")],
-             "--profile-output: a placer.profile/1 file holds the times of one device kind"),
-            (tune + ["--cluster", mixed], ["--profile-output", str(tmp_path / "p.json")], "of one device kind"),
-            (tune + ["--cluster", "2xcpu"], ["--cluster-output", str(tmp_path / "a_file" / "c.json")],
-             "cannot write cluster file"),
-            # Two outputs at one path: the second would replace the first.
-            (run, ["--profile-output", str(tmp_path / "p.json"), "--cluster-output", str(tmp_path / "p.json")],
-             "--profile-output and --cluster-output are both"),
-            (tune + ["--cluster", "2xcpu"], ["--profile-output", str(tmp_path / "tuned.json")],
-             "--output and --profile-output are both")):
+        (run, ["--profile-output", str(tmp_path / "a_file" / "p.json")], "cannot write profile file"),
+        (run, ["--cluster-output", str(tmp_path / "a_file" / "c.json")], "cannot write cluster file"),
+        (run, ["--profile-output", str(tmp_path / "plan.json")], "is the input file"),
+        (
+            run,
+            ["--cluster", mixed, "--profile-output", str(tmp_path / "p.json")],
+            "--profile-output: a placer.profile/1 file holds the times of one device kind",
+        ),
+        (tune + ["--cluster", mixed], ["--profile-output", str(tmp_path / "p.json")], "of one device kind"),
+        (
+            tune + ["--cluster", "2xcpu"],
+            ["--cluster-output", str(tmp_path / "a_file" / "c.json")],
+            "cannot write cluster file",
+        ),
+        # Two outputs at one path: the second would replace the first.
+        (
+            run,
+            ["--profile-output", str(tmp_path / "p.json"), "--cluster-output", str(tmp_path / "p.json")],
+            "--profile-output and --cluster-output are both",
+        ),
+        (
+            tune + ["--cluster", "2xcpu"],
+            ["--profile-output", str(tmp_path / "tuned.json")],
+            "--output and --profile-output are both",
+        ),
+    ):
         code = main(command + flags)
         err = capsys.readouterr().err
         assert code == 2 and message in err, err
@@ -1219,8 +1335,24 @@ def test_placer_run_and_tune_refuse_a_measurement_file_they_cannot_write_before_
 def test_placer_run_verifies_sgd_with_momentum_against_eager_training(tmp_path, capsys):
     plan = tmp_path / "plan.json"
     settings = ["--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "1e-4"]
-    assert main(["plan", "zoo:lenet", "--batch", "2", "--cluster", "2xcpu", "--algorithm", "round_robin",
-                 "-o", str(plan), *settings]) == 0
+    assert (
+        main(
+            [
+                "plan",
+                "zoo:lenet",
+                "--batch",
+                "2",
+                "--cluster",
+                "2xcpu",
+                "--algorithm",
+                "round_robin",
+                "-o",
+                str(plan),
+                *settings,
+            ]
+        )
+        == 0
+    )
     capsys.readouterr()
     code = main(["run", "zoo:lenet", "--plan", str(plan), "--lr", "0.05", "--steps", "3", "--verify", *settings])
     out = capsys.readouterr().out
@@ -1232,18 +1364,23 @@ def test_placer_run_verifies_sgd_with_momentum_against_eager_training(tmp_path, 
     assert "optimizer settings that add operations or state (--momentum, --weight-decay" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--optimizer", "adam", "--momentum", "0.9"], "--momentum is for --optimizer sgd, not adam"),
-    (["--optimizer", "sgd", "--betas", "0.8,0.99"], "--betas is for --optimizer adam or adamw, not sgd"),
-    (["--optimizer", "sgd", "--momentum", "-1"], r"momentum must be a finite number >= 0, got -1.0 \(--momentum\)"),
-    (["--optimizer", "sgd", "--nesterov"], "nesterov=True needs momentum > 0"),
-    (["--optimizer", "adam", "--betas", "0.9,1.5"], r"betas\[1\] must be a finite number in \[0, 1\)"),
-    (["--optimizer", "adam", "--weight-decay", "-0.1"], "weight_decay must be a finite number >= 0"),
-    # Only the flag that is wrong is named (both were), and a bad --lr is told as itself.
-    (["--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "-1"],
-     r"weight_decay must be a finite number >= 0, got -1.0 \(--weight-decay\)$"),
-    (["--optimizer", "sgd", "--lr", "-1", "--momentum", "0.9"], r"lr must be a finite number >= 0, got -1.0$"),
-])
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (["--optimizer", "adam", "--momentum", "0.9"], "--momentum is for --optimizer sgd, not adam"),
+        (["--optimizer", "sgd", "--betas", "0.8,0.99"], "--betas is for --optimizer adam or adamw, not sgd"),
+        (["--optimizer", "sgd", "--momentum", "-1"], r"momentum must be a finite number >= 0, got -1.0 \(--momentum\)"),
+        (["--optimizer", "sgd", "--nesterov"], "nesterov=True needs momentum > 0"),
+        (["--optimizer", "adam", "--betas", "0.9,1.5"], r"betas\[1\] must be a finite number in \[0, 1\)"),
+        (["--optimizer", "adam", "--weight-decay", "-0.1"], "weight_decay must be a finite number >= 0"),
+        # Only the flag that is wrong is named (both were), and a bad --lr is told as itself.
+        (
+            ["--optimizer", "sgd", "--momentum", "0.9", "--weight-decay", "-1"],
+            r"weight_decay must be a finite number >= 0, got -1.0 \(--weight-decay\)$",
+        ),
+        (["--optimizer", "sgd", "--lr", "-1", "--momentum", "0.9"], r"lr must be a finite number >= 0, got -1.0$"),
+    ],
+)
 def test_placer_run_refuses_bad_optimizer_settings_naming_them_before_any_work(flags, message, tmp_path, capsys):
     code = main(["run", "zoo:lenet", "--plan", str(tmp_path / "missing.json"), *flags])
     err = capsys.readouterr().err
@@ -1263,7 +1400,7 @@ def test_verify_trains_the_eager_reference_where_the_plans_first_device_ran(monk
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
     assert _first_device("local", None, 2) == torch.device("cuda", 0)
-    assert _first_device("local", None, 4) == torch.device("cpu")       # too few GPUs: every device is the CPU
+    assert _first_device("local", None, 4) == torch.device("cpu")  # too few GPUs: every device is the CPU
 
 
 def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tmp_path, capsys, monkeypatch):
@@ -1284,14 +1421,43 @@ def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tm
     # A momentum buffer (a running sum of gradients) differing is told as such (an H200 run: 1.3e-05 there,
     # its parameters within 1e-6).
     monkeypatch.setattr(check, "state_difference", lambda *args: (1.3e-5, "conv1.weight:momentum_buffer", 4))
-    sgd = ["run", "zoo:lenet", "--plan", str(tmp_path / "sgd.json"), "--steps", "1", "--verify", "--optimizer", "sgd",
-           "--momentum", "0.9"]
-    assert main(["plan", "zoo:lenet", "--batch", "2", "--cluster", "2xcpu", "--algorithm", "round_robin",
-                 "--optimizer", "sgd", "--momentum", "0.9", "-o", str(tmp_path / "sgd.json")]) == 0
+    sgd = [
+        "run",
+        "zoo:lenet",
+        "--plan",
+        str(tmp_path / "sgd.json"),
+        "--steps",
+        "1",
+        "--verify",
+        "--optimizer",
+        "sgd",
+        "--momentum",
+        "0.9",
+    ]
+    assert (
+        main(
+            [
+                "plan",
+                "zoo:lenet",
+                "--batch",
+                "2",
+                "--cluster",
+                "2xcpu",
+                "--algorithm",
+                "round_robin",
+                "--optimizer",
+                "sgd",
+                "--momentum",
+                "0.9",
+                "-o",
+                str(tmp_path / "sgd.json"),
+            ]
+        )
+        == 0
+    )
     assert main(sgd) == 1
     out = capsys.readouterr().out
     assert "a momentum buffer holds a running sum of gradients" in out and "--optimizer sgd" not in out
-
 
 
 def test_placer_run_verify_catches_an_executor_that_computes_wrong(file_case, tmp_path, capsys, monkeypatch):
@@ -1303,16 +1469,22 @@ def test_placer_run_verify_catches_an_executor_that_computes_wrong(file_case, tm
 
     def off(v, values, device, seed):
         out = real_call(v, values, device, seed)
-        if not perturbed and isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() > 1 \
-                and "addmm" in str(v.target):
+        if (
+            not perturbed
+            and isinstance(out, torch.Tensor)
+            and out.is_floating_point()
+            and out.numel() > 1
+            and "addmm" in str(v.target)
+        ):
             perturbed.append(v.name)
             return out * (1 + 1e-6)
         return out
 
     monkeypatch.setattr(local, "call_node", off)
     random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3).save(tmp_path / "plan.json")
-    code = main(["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--verify",
-                 "--tolerance", "0"])
+    code = main(
+        ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--verify", "--tolerance", "0"]
+    )
     assert perturbed and code == 1
     assert "FAILED: " in capsys.readouterr().out
 
@@ -1325,6 +1497,7 @@ def test_extra_optimizer_state_counts_as_a_difference():
     assert state_difference(model, optimizer, reference, reference_optimizer)[0] == 0.0
     optimizer.state[model.bias]["exp_avg"] = torch.zeros(2)
     assert state_difference(model, optimizer, reference, reference_optimizer)[:2] == (float("inf"), "bias:exp_avg")
+
 
 def test_placer_run_refuses_a_tolerance_without_verify(file_case, tmp_path, capsys):
     # Without --verify nothing is compared: a --tolerance there would be silently ignored.
@@ -1346,7 +1519,7 @@ def test_a_verified_run_trains_both_ways_in_full_float32_and_restores_the_settin
     plan = random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3)
     plan.save(tmp_path / "plan.json")
     before = float32_precision()
-    assert before[0] == "tf32"          # torch's default for cuDNN convolutions
+    assert before[0] == "tf32"  # torch's default for cuDNN convolutions
     assert main(["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1", "--verify"]) == 0
     assert seen == [("ieee", "ieee")]
     assert float32_precision() == before
@@ -1363,11 +1536,29 @@ def test_spawned_ranks_take_the_launchers_float32_precision(file_case):
     plan = random_plan(captured.graph, cluster, seed=1)
     flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
     with exact_float32():
-        run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1, carrier=captured.carrier,
-                        timeout_s=30, hook=_expect_exact_float32)
+        run_distributed(
+            captured.gm,
+            captured.graph,
+            plan,
+            cluster,
+            flat,
+            steps=1,
+            carrier=captured.carrier,
+            timeout_s=30,
+            hook=_expect_exact_float32,
+        )
     with pytest.raises(RunError, match="float32 precision"):
-        run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1, carrier=captured.carrier,
-                        timeout_s=30, hook=_expect_exact_float32)
+        run_distributed(
+            captured.gm,
+            captured.graph,
+            plan,
+            cluster,
+            flat,
+            steps=1,
+            carrier=captured.carrier,
+            timeout_s=30,
+            hook=_expect_exact_float32,
+        )
 
 
 def _expect_deterministic_cudnn(rank: int) -> None:
@@ -1383,8 +1574,18 @@ def test_spawned_ranks_take_the_launchers_choice_of_cudnn_algorithms(file_case, 
     plan = random_plan(captured.graph, cluster, seed=1)
     flat = captured.step_inputs(*file_case.fresh()[:1], file_case.inputs)
     monkeypatch.setattr(torch.backends.cudnn, "deterministic", True)
-    run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1, carrier=captured.carrier,
-                    timeout_s=60, hook=_expect_deterministic_cudnn, start_method="spawn")
+    run_distributed(
+        captured.gm,
+        captured.graph,
+        plan,
+        cluster,
+        flat,
+        steps=1,
+        carrier=captured.carrier,
+        timeout_s=60,
+        hook=_expect_deterministic_cudnn,
+        start_method="spawn",
+    )
 
 
 def _calibration_file(path, by_gap=((0.0, 2e-5, 1e-5), (1e-3, 8e-5, 6e-5))):
@@ -1397,8 +1598,24 @@ def _calibration_file(path, by_gap=((0.0, 2e-5, 1e-5), (1e-3, 8e-5, 6e-5))):
 
 def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys):
     out_path = tmp_path / "tuned.json"
-    code = main(["tune", file_case.spec, "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",
-                 "--message-cost", _calibration_file(tmp_path / "cal.json"), "-o", str(out_path)])
+    code = main(
+        [
+            "tune",
+            file_case.spec,
+            "--cluster",
+            "2xcpu",
+            "--batch",
+            "4",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            "--message-cost",
+            _calibration_file(tmp_path / "cal.json"),
+            "-o",
+            str(out_path),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert "round 1:" in out and ("kept" in out or "rolled back" in out)
@@ -1408,17 +1625,36 @@ def test_placer_tune_keeps_the_faster_measured_plan(file_case, tmp_path, capsys)
     assert tuned.extra["measured_step_s"] > 0
 
 
-
 def test_placer_tune_with_the_local_backend_feeds_its_transfers_back_and_writes_the_kept_run(
-        tmp_path, capsys, monkeypatch):
+    tmp_path, capsys, monkeypatch
+):
     from placer.cost.profile import load_profile
     from placer.runtime.check import step_times
 
     runs = _recording_runs(monkeypatch)
     # The local executor's copies were timed and then dropped: only the distributed run's refined the links.
-    code = main(["tune", "zoo:lenet", "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",
-                 "--backend", "local", "-o", str(tmp_path / "tuned.json"),
-                 "--profile-output", str(tmp_path / "p.json"), "--cluster-output", str(tmp_path / "c.json")])
+    code = main(
+        [
+            "tune",
+            "zoo:lenet",
+            "--cluster",
+            "2xcpu",
+            "--batch",
+            "4",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            "--backend",
+            "local",
+            "-o",
+            str(tmp_path / "tuned.json"),
+            "--profile-output",
+            str(tmp_path / "p.json"),
+            "--cluster-output",
+            str(tmp_path / "c.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     assert re.search(r"round 1: \d+ measured op times, [1-9]\d* measured transfers; gloo link now", out), out
@@ -1431,9 +1667,28 @@ def test_placer_tune_with_the_local_backend_feeds_its_transfers_back_and_writes_
     # The plan names the cluster it runs on, the measured file its own.
     assert (tuned.cluster_name, load_cluster(tmp_path / "c.json").name) == ("2xcpu", "2xcpu-measured")
     # The next tune starts from those measured times (a run's profile closes the loop across commands).
-    code = main(["tune", "zoo:lenet", "--cluster", "2xcpu", "--batch", "4", "--rounds", "1", "--steps", "2",
-                 "--backend", "local", "--algorithm", "m_etf", "--profile", str(tmp_path / "p.json"),
-                 "-o", str(tmp_path / "again.json")])
+    code = main(
+        [
+            "tune",
+            "zoo:lenet",
+            "--cluster",
+            "2xcpu",
+            "--batch",
+            "4",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            "--backend",
+            "local",
+            "--algorithm",
+            "m_etf",
+            "--profile",
+            str(tmp_path / "p.json"),
+            "-o",
+            str(tmp_path / "again.json"),
+        ]
+    )
     out = capsys.readouterr().out
     assert code == 0, out
     from placer.capture import capture_spec
@@ -1441,17 +1696,43 @@ def test_placer_tune_with_the_local_backend_feeds_its_transfers_back_and_writes_
 
     profiled = apply_profile(capture_spec("zoo:lenet", 4).graph, load_profile(tmp_path / "p.json"))
     first = place(profiled, load_cluster("2xcpu"), "m_etf", seed=0)
-    assert (f"round 0: m_etf on the measured times of {tmp_path / 'p.json'}: measured " in out
-            and f"predicted {first.predicted['makespan_s'] * 1e3:.3f} ms" in out), out
-    code = main(["tune", "zoo:lenet", "--cluster", "4xV100-nvlink", "--batch", "4", "--profile",
-                 str(tmp_path / "p.json"), "-o", str(tmp_path / "x.json")])
+    assert (
+        f"round 0: m_etf on the measured times of {tmp_path / 'p.json'}: measured " in out
+        and f"predicted {first.predicted['makespan_s'] * 1e3:.3f} ms" in out
+    ), out
+    code = main(
+        [
+            "tune",
+            "zoo:lenet",
+            "--cluster",
+            "4xV100-nvlink",
+            "--batch",
+            "4",
+            "--profile",
+            str(tmp_path / "p.json"),
+            "-o",
+            str(tmp_path / "x.json"),
+        ]
+    )
     assert code == 2 and "a profile of device kind 'cpu', which cluster '4xV100-nvlink'" in capsys.readouterr().err
 
 
 def test_placer_tune_refuses_a_calibration_without_costs_by_gap(file_case, tmp_path, capsys):
     calibration = _calibration_file(tmp_path / "cal.json", by_gap=())
-    code = main(["tune", file_case.spec, "--cluster", "2xcpu", "--batch", "4", "--message-cost", calibration,
-                 "-o", str(tmp_path / "tuned.json")])
+    code = main(
+        [
+            "tune",
+            file_case.spec,
+            "--cluster",
+            "2xcpu",
+            "--batch",
+            "4",
+            "--message-cost",
+            calibration,
+            "-o",
+            str(tmp_path / "tuned.json"),
+        ]
+    )
     assert code == 2
     assert f"calibration {calibration} has no message cost by gap" in capsys.readouterr().err
     assert not (tmp_path / "tuned.json").exists()
@@ -1460,16 +1741,30 @@ def test_placer_tune_refuses_a_calibration_without_costs_by_gap(file_case, tmp_p
 def _torchrun_rank(rank: int, port: int, case: Case, plans: list[Plan], out: str) -> None:
     """One rank as torchrun starts it: only the environment says who it is. Rank 1 builds its model
     unseeded (other weights and inputs than rank 0's) and reads ``plans[1]``."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2",
-                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
+    os.environ.update(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=str(port),
+        RANK=str(rank),
+        WORLD_SIZE="2",
+        LOCAL_RANK=str(rank),
+        LOCAL_WORLD_SIZE="2",
+    )
     assert under_torchrun()
     captured, plan = case.captured, plans[rank]
     model, optimizer = case.fresh()
     flat = captured.step_inputs(model, case.inputs, optimizer)
     if rank == 1:
         flat = [x + torch.randn_like(x) if x.is_floating_point() else x for x in flat]
-    result = run_under_torchrun(captured.gm, captured.graph, plan, load_cluster("2xcpu"), flat, steps=STEPS,
-                                carrier=captured.carrier, timeout_s=30)
+    result = run_under_torchrun(
+        captured.gm,
+        captured.graph,
+        plan,
+        load_cluster("2xcpu"),
+        flat,
+        steps=STEPS,
+        carrier=captured.carrier,
+        timeout_s=30,
+    )
     assert (result is None) == (rank != 0)
     if result is not None:
         torch.save(result.state, out)
@@ -1482,8 +1777,7 @@ def test_ranks_started_by_torchrun_run_the_plan_together_from_rank_0s_state(file
 
     plan = place(file_case.captured.graph, load_cluster("2xcpu"), "expert")
     out = str(tmp_path / "state.pt")
-    mp.start_processes(_torchrun_rank, args=(free_port(), file_case, [plan, plan], out), nprocs=2,
-                       start_method="fork")
+    mp.start_processes(_torchrun_rank, args=(free_port(), file_case, [plan, plan], out), nprocs=2, start_method="fork")
     model, optimizer = file_case.fresh()
     flat = file_case.captured.step_inputs(model, file_case.inputs, optimizer)
     state = torch.load(out, weights_only=False)
@@ -1496,10 +1790,14 @@ def test_torchrun_ranks_with_another_plan_than_rank_0s_stop_with_an_error(file_c
 
     cluster = load_cluster("2xcpu")
     plans = [place(file_case.captured.graph, cluster, name) for name in ("expert", "round_robin")]
-    with pytest.raises(mp.ProcessRaisedException, match=r"rank\(s\) \[1\] have another plan or captured step "
-                                                        r"than rank 0"):
-        mp.start_processes(_torchrun_rank, args=(free_port(), file_case, plans, str(tmp_path / "x.pt")),
-                           nprocs=2, start_method="fork")
+    with pytest.raises(
+        mp.ProcessRaisedException,
+        match=r"rank\(s\) \[1\] have another plan or captured step "
+        r"than rank 0",
+    ):
+        mp.start_processes(
+            _torchrun_rank, args=(free_port(), file_case, plans, str(tmp_path / "x.pt")), nprocs=2, start_method="fork"
+        )
 
 
 def test_placer_run_under_torchrun_trains_and_rank_0_alone_speaks(tmp_path):
@@ -1508,12 +1806,36 @@ def test_placer_run_under_torchrun_trains_and_rank_0_alone_speaks(tmp_path):
     import sys
 
     plan = tmp_path / "plan.json"
-    assert main(["plan", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithm", "round_robin",
-                 "-o", str(plan)]) == 0
-    done = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           "-m", "placer", "run", "zoo:lenet", "--batch", "4", "--plan", str(plan),
-                           "--backend", "distributed", "--steps", "3"],
-                          capture_output=True, text=True, timeout=240, cwd=tmp_path)
+    assert (
+        main(["plan", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithm", "round_robin", "-o", str(plan)])
+        == 0
+    )
+    done = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "placer",
+            "run",
+            "zoo:lenet",
+            "--batch",
+            "4",
+            "--plan",
+            str(plan),
+            "--backend",
+            "distributed",
+            "--steps",
+            "3",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
     assert done.returncode == 0, done.stderr[-2000:]
     assert done.stderr.count("training 3 steps of lenet-bs4-adam as the plan places it (distributed)") == 1
     assert done.stdout.count("lenet-bs4-adam on 2xcpu (distributed, 2 devices): 3 steps") == 1
@@ -1524,11 +1846,16 @@ def test_a_terminated_distributed_run_stops_its_ranks_and_says_so(tmp_path):
     import signal
 
     plan = tmp_path / "plan.json"
-    assert main(["plan", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithm", "round_robin",
-                 "-o", str(plan)]) == 0
-    code, err, ranks = terminate_once_ranks_run(["run", "zoo:lenet", "--batch", "4", "--plan", str(plan),
-                                                 "--backend", "distributed", "--steps", "1000000"], 2,
-                                                b"multiprocessing", env={**os.environ, "TMPDIR": str(tmp_path)})
+    assert (
+        main(["plan", "zoo:lenet", "--batch", "4", "--cluster", "2xcpu", "--algorithm", "round_robin", "-o", str(plan)])
+        == 0
+    )
+    code, err, ranks = terminate_once_ranks_run(
+        ["run", "zoo:lenet", "--batch", "4", "--plan", str(plan), "--backend", "distributed", "--steps", "1000000"],
+        2,
+        b"multiprocessing",
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     assert code == -signal.SIGTERM
     assert err.splitlines()[-1] == "placer: terminated: the run's processes were stopped and nothing was written"
     assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), "a rank outlived placer"
@@ -1556,16 +1883,17 @@ def test_random_operations_draw_their_own_streams_the_same_on_both_backends():
     cluster = load_cluster("2xcpu")
     plan = place(captured.graph, cluster, "round_robin")
     program = compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
-    assert sorted(program.device_of[v] for v in program.random) == [0, 1]      # one dropout per rank
+    assert sorted(program.device_of[v] for v in program.random) == [0, 1]  # one dropout per rank
     flat = captured.step_inputs(model, inputs)
     torch.manual_seed(1)
     local = LocalExecutor(program)
     local_flat = [t.clone() for t in flat]
     losses = [float(local.run(local_flat)[0]) for _ in range(2)]
-    torch.manual_seed(1)            # the same base seed: the same draws, whatever the backend
-    result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier,
-                             timeout_s=30)
-    assert losses[0] > 0.1 and losses[0] != losses[1]        # independent masks, new ones every step
+    torch.manual_seed(1)  # the same base seed: the same draws, whatever the backend
+    result = run_distributed(
+        captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier, timeout_s=30
+    )
+    assert losses[0] > 0.1 and losses[0] != losses[1]  # independent masks, new ones every step
     assert float(result.outputs[0]) == losses[1]
     for k, value in result.state.items():
         assert torch.equal(value, local_flat[k])
@@ -1582,7 +1910,7 @@ class _FusedAttention(torch.nn.Module):
         b, n, c = x.shape
         q, k, v = self.qkv(x).reshape(b, n, 3, 2, 4).permute(2, 0, 3, 1, 4).unbind(0)
         a = torch.nn.functional.scaled_dot_product_attention(q, k, v, dropout_p=self.dropout_p)
-        return a.transpose(1, 2).reshape(b, n, c).pow(2).mean()     # traced as a view where it may be one
+        return a.transpose(1, 2).reshape(b, n, c).pow(2).mean()  # traced as a view where it may be one
 
 
 @pytest.mark.parametrize("backend", ["local", "distributed"])
@@ -1596,17 +1924,24 @@ def test_attention_heads_received_on_another_device_keep_the_layout_a_later_view
     captured = capture(model, (x,), optimizer="sgd")
     cluster = load_cluster("2xcpu")
     graph = captured.graph
-    attention = {graph.colocation[graph.index[n.name]] for n in captured.gm.graph.nodes
-                 if "attention" in str(n.target) and "backward" not in str(n.target)}      # with its outputs
-    plan = Plan({node_id: "cpu1" if graph.colocation[i] in attention else "cpu0"
-                 for i, node_id in enumerate(graph.ids)}, graph_name=graph.name)
+    attention = {
+        graph.colocation[graph.index[n.name]]
+        for n in captured.gm.graph.nodes
+        if "attention" in str(n.target) and "backward" not in str(n.target)
+    }  # with its outputs
+    plan = Plan(
+        {node_id: "cpu1" if graph.colocation[i] in attention else "cpu0" for i, node_id in enumerate(graph.ids)},
+        graph_name=graph.name,
+    )
     flat = captured.step_inputs(model, (x,))
     if backend == "local":
-        outputs = LocalExecutor(compile_program(captured.gm, captured.graph, plan, cluster,
-                                                carrier=captured.carrier)).run(flat)
+        outputs = LocalExecutor(
+            compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier)
+        ).run(flat)
     else:
-        outputs = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=1,
-                                  carrier=captured.carrier, timeout_s=30).outputs
+        outputs = run_distributed(
+            captured.gm, captured.graph, plan, cluster, flat, steps=1, carrier=captured.carrier, timeout_s=30
+        ).outputs
     assert float(outputs[0]) == float(eager(x).detach())
 
 
@@ -1622,7 +1957,8 @@ def test_attention_draws_random_numbers_only_with_dropout(dropout_p):
 
 def test_verify_refuses_a_step_that_draws_random_numbers_naming_them(tmp_path, capsys):
     path = tmp_path / "drop.py"
-    path.write_text(textwrap.dedent('''
+    path.write_text(
+        textwrap.dedent("""
         import torch
         from torch import nn
 
@@ -1636,14 +1972,15 @@ def test_verify_refuses_a_step_that_draws_random_numbers_naming_them(tmp_path, c
                 def forward(self, x):
                     return self.net(x).pow(2).mean()
             return Loss(), (torch.randn(batch_size, 4),)
-    '''))
+    """)
+    )
     captured = capture_spec(f"{path}:make", 2)
     place(captured.graph, load_cluster("2xcpu"), "round_robin").save(tmp_path / "plan.json")
     args = ["run", f"{path}:make", "--plan", str(tmp_path / "plan.json"), "--steps", "1"]
     assert main(args + ["--verify"]) == 2
     err = capsys.readouterr().err
     assert "--verify cannot compare" in err and "'bernoulli' (aten.bernoulli in net.1)" in err
-    assert main(args) == 0                      # training is fine
+    assert main(args) == 0  # training is fine
 
 
 class _Scaled(torch.nn.Module):
@@ -1695,10 +2032,10 @@ def test_a_placed_step_takes_a_changed_learning_rate_and_refuses_a_changed_mode_
     model, optimizer, plan, inputs = _scaled_step()
     step = apply(plan, model, optimizer)
     step(*inputs)
-    optimizer.param_groups[0]["lr"] = 1e-4          # what a learning-rate scheduler does: an input of the step
+    optimizer.param_groups[0]["lr"] = 1e-4  # what a learning-rate scheduler does: an input of the step
     step(*inputs)
-    apply(plan, model, optimizer)(*inputs)                # the plan's capture, taken with another lr
-    optimizer.param_groups[0]["lr"] = 0.0                # as torch.optim does, and a warm-up may start
+    apply(plan, model, optimizer)(*inputs)  # the plan's capture, taken with another lr
+    optimizer.param_groups[0]["lr"] = 0.0  # as torch.optim does, and a warm-up may start
     step(*inputs)
     optimizer.param_groups[0]["lr"] = torch.tensor(1e-3)
     with pytest.raises(OptionError, match="the optimizer's lr is a tensor"):
@@ -1709,7 +2046,7 @@ def test_a_placed_step_takes_a_changed_learning_rate_and_refuses_a_changed_mode_
         step(*inputs)
     model.train()
     step(*inputs)
-    model.eval()                     # before the first call too: the plan's capture was made in training mode
+    model.eval()  # before the first call too: the plan's capture was made in training mode
     with pytest.raises(OptionError, match="the model is in eval mode"):
         apply(plan, model, optimizer)(*inputs)
     model.train()
@@ -1751,8 +2088,9 @@ def test_tensor_constants_of_the_step_run_where_the_plan_puts_them(backend):
             step(*inputs)
     else:
         flat = captured.step_inputs(model, inputs, optimizer)
-        result = run_distributed(captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier,
-                                 timeout_s=30)
+        result = run_distributed(
+            captured.gm, captured.graph, plan, cluster, flat, steps=2, carrier=captured.carrier, timeout_s=30
+        )
         captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     worst, where, _ = state_difference(model, optimizer, reference, reference_optimizer)
     assert worst <= TOLERANCE, f"{where} differs by {worst}"
@@ -1782,8 +2120,9 @@ def test_splits_of_batch_times_sequence_rows_run():
         target = split_operation(target, name, "batch", 3)
     unit_of, units = placement_units(target)
     device_of = np.random.default_rng(0).integers(0, 2, len(units))[unit_of]
-    plan = Plan.from_arrays(graph, cluster, device_of, placed_graph=target,
-                            splits=[{"node": n, "dim": "batch", "parts": 3} for n in names])
+    plan = Plan.from_arrays(
+        graph, cluster, device_of, placed_graph=target, splits=[{"node": n, "dim": "batch", "parts": 3} for n in names]
+    )
     plan.context["captured"] = captured
     reference = copy.deepcopy(model)
     reference_optimizer = torch.optim.SGD(reference.parameters(), lr=1e-3)
@@ -1809,7 +2148,7 @@ def test_verify_counts_nan_against_nan_as_equal():
 
 
 # ---------------------------------------------------------- the launcher's lifetime
-LAUNCHER = textwrap.dedent('''
+LAUNCHER = textwrap.dedent("""
     import os, signal, sys, torch
     from torch import nn
     from placer.algorithms import place
@@ -1836,7 +2175,7 @@ LAUNCHER = textwrap.dedent('''
     plan = place(captured.graph, cluster, "round_robin")
     run_distributed(captured.gm, captured.graph, plan, cluster, captured.step_inputs(model, inputs),
                     steps=10**7, carrier=captured.carrier, timeout_s=30, hook=hook)
-''')
+""")
 
 
 def _running(pid: int) -> bool:
@@ -1856,9 +2195,13 @@ def test_ranks_stop_when_the_launcher_is_interrupted_terminated_or_killed(tmp_pa
     script = tmp_path / "launch.py"
     script.write_text(LAUNCHER)
     sigint = "default" if sig == signal.SIGINT else "ignore-sigint"
-    launcher = subprocess.Popen([sys.executable, str(script), str(tmp_path), sigint], stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, start_new_session=True,
-                                env={**os.environ, "TMPDIR": str(tmp_path)})
+    launcher = subprocess.Popen(
+        [sys.executable, str(script), str(tmp_path), sigint],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        env={**os.environ, "TMPDIR": str(tmp_path)},
+    )
     ranks: list[int] = []
     try:
         deadline = time.monotonic() + 60
@@ -1881,13 +2224,19 @@ def test_ranks_stop_when_the_launcher_is_interrupted_terminated_or_killed(tmp_pa
         launcher.wait(timeout=15)
 
 
-@pytest.mark.parametrize("devices, message", [(["cpu", "meta"], "runs on 'cpu' and 'cuda:N'"),
-                                              (["cpu", "cuda:99"], "names a CUDA device"),
-                                              (["cpu", "not-a-device"], "is not a torch device")])
+@pytest.mark.parametrize(
+    "devices, message",
+    [
+        (["cpu", "meta"], "runs on 'cpu' and 'cuda:N'"),
+        (["cpu", "cuda:99"], "names a CUDA device"),
+        (["cpu", "not-a-device"], "is not a torch device"),
+    ],
+)
 def test_the_local_executor_refuses_devices_it_cannot_run_on(file_case, devices, message):
     cluster = load_cluster("2xcpu")
-    program = compile_program(file_case.captured.gm, file_case.captured.graph,
-                              random_plan(file_case.captured.graph, cluster, 0), cluster)
+    program = compile_program(
+        file_case.captured.gm, file_case.captured.graph, random_plan(file_case.captured.graph, cluster, 0), cluster
+    )
     with pytest.raises(OptionError, match=message):
         LocalExecutor(program, devices)
 
@@ -1898,8 +2247,24 @@ def test_tune_starts_from_and_may_keep_a_replicated_plan(file_case, tmp_path, ca
     from placer.transform.replicate import replicated_node
 
     out_path = tmp_path / "tuned.json"
-    code = main(["tune", file_case.spec, "--cluster", "2xcpu", "--batch", "4", "--algorithm", "data_parallel",
-                 "--rounds", "1", "--steps", "2", "-o", str(out_path)])
+    code = main(
+        [
+            "tune",
+            file_case.spec,
+            "--cluster",
+            "2xcpu",
+            "--batch",
+            "4",
+            "--algorithm",
+            "data_parallel",
+            "--rounds",
+            "1",
+            "--steps",
+            "2",
+            "-o",
+            str(out_path),
+        ]
+    )
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "round 0: data_parallel" in captured.out
@@ -1917,8 +2282,9 @@ def test_run_refuses_a_plan_it_cannot_run_before_capturing_the_model(file_case, 
     monkeypatch.setattr(runtime_cli, "_load", no_capture)
     graph = file_case.captured.graph
     place(graph, load_cluster("4xcpu"), "round_robin").save(tmp_path / "rr4.json")
-    for plan, cluster, message in (("rr4.json", "2xcpu", "which cluster '2xcpu' lacks (the plan was made for "
-                                                         "cluster '4xcpu', not '2xcpu')"),):
+    for plan, cluster, message in (
+        ("rr4.json", "2xcpu", "which cluster '2xcpu' lacks (the plan was made for cluster '4xcpu', not '2xcpu')"),
+    ):
         code = main(["run", file_case.spec, "--plan", str(tmp_path / plan), "--cluster", cluster, "--steps", "1"])
         assert code == 2 and message in capsys.readouterr().err
 
@@ -1971,8 +2337,9 @@ def test_simulated_peak_memory_is_what_the_executor_holds(model, algorithm):
         captured = capture_spec("zoo:lenet", 8)
     cluster = load_cluster("2xcpu")
     plan = place(captured.graph, cluster, algorithm)
-    executor = LocalExecutor(compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier),
-                             track_memory=True)
+    executor = LocalExecutor(
+        compile_program(captured.gm, captured.graph, plan, cluster, carrier=captured.carrier), track_memory=True
+    )
     executor.run(captured.example_args())
     simulated = validate(plan, captured.graph, cluster).peak_memory_bytes
     used = simulated > 0
@@ -2015,8 +2382,16 @@ def test_a_parameter_the_loss_does_not_reach_and_a_replaced_buffer_train_as_eage
             step(*inputs)
     else:
         flat = captured.step_inputs(model, inputs, optimizer)
-        result = run_distributed(captured.gm, captured.graph, plan, load_cluster("2xcpu"), flat, steps=STEPS,
-                                 carrier=captured.carrier, timeout_s=30)
+        result = run_distributed(
+            captured.gm,
+            captured.graph,
+            plan,
+            load_cluster("2xcpu"),
+            flat,
+            steps=STEPS,
+            carrier=captured.carrier,
+            timeout_s=30,
+        )
         captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     assert float(model.count) == float(reference.count) == STEPS
     assert not optimizer.state.get(model.aux.weight)
@@ -2040,13 +2415,14 @@ def test_a_buffer_replaced_by_another_shape_is_refused_at_capture():
 
 def test_a_placed_step_refuses_an_optimizer_without_every_trained_parameter_and_a_parameter_frozen_since():
     model, optimizer, plan, inputs = _scaled_step()
-    with pytest.raises(OptionError, match="the optimizer does not hold parameter 'l1.weight' \\(and 1 more\\), "
-                                          "which requires grad"):
+    with pytest.raises(
+        OptionError, match="the optimizer does not hold parameter 'l1.weight' \\(and 1 more\\), which requires grad"
+    ):
         apply(plan, model, torch.optim.Adam(list(model.bn.parameters()) + list(model.l2.parameters())))(*inputs)
     step = apply(plan, model, optimizer)
     step(*inputs)
-    model.l1.weight.requires_grad_(False)          # fine-tuning: freezing a layer after the step was made
+    model.l1.weight.requires_grad_(False)  # fine-tuning: freezing a layer after the step was made
     with pytest.raises(OptionError, match="parameter 'l1.weight' does not require grad now, but it was trained"):
         step(*inputs)
     with pytest.raises(OptionError, match="parameter 'l1.weight' does not require grad now"):
-        apply(plan, model)(*inputs)                  # the default optimizer's step checks it too
+        apply(plan, model)(*inputs)  # the default optimizer's step checks it too

@@ -30,8 +30,15 @@ def graph(nodes, edges, **kw):
     """nodes: {id: compute_s}; edges: [(src, dst, bytes, tensor)]."""
     ids = list(nodes)
     idx = {k: i for i, k in enumerate(ids)}
-    return OpGraph(ids, [nodes[k] for k in ids], [idx[e[0]] for e in edges], [idx[e[1]] for e in edges],
-                   [e[2] for e in edges], [e[3] if len(e) > 3 else 0 for e in edges], **kw)
+    return OpGraph(
+        ids,
+        [nodes[k] for k in ids],
+        [idx[e[0]] for e in edges],
+        [idx[e[1]] for e in edges],
+        [e[2] for e in edges],
+        [e[3] if len(e) > 3 else 0 for e in edges],
+        **kw,
+    )
 
 
 def test_congested_shared_channel_serves_one_transfer_at_a_time():
@@ -51,7 +58,7 @@ def test_congested_shared_channel_serves_one_transfer_at_a_time():
 def test_tensor_is_sent_once_per_destination_device():
     g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4, 0), ("a", "c", 6, 0)])
     r = simulate(g, line_cluster(n=2), [0, 1, 1])
-    assert len(r.transfers) == 1 and r.transfers.nbytes.tolist() == [6]   # the largest bytes among the edges
+    assert len(r.transfers) == 1 and r.transfers.nbytes.tolist() == [6]  # the largest bytes among the edges
     assert r.start.tolist() == [0.0, 7.0, 8.0]
     # Two different tensors of the same producer travel separately.
     g = graph({"a": 1.0, "b": 1.0, "c": 1.0}, [("a", "b", 4, 0), ("a", "c", 6, 1)])
@@ -67,8 +74,13 @@ def test_latency_and_bandwidth():
 
 
 def test_memory_lifetimes_on_one_device():
-    g = graph({"a": 1.0, "b": 2.0, "c": 1.0}, [("a", "b", 10, 0), ("b", "c", 20, 0)],
-              output_bytes=[10, 20, 30], temp_bytes=[5, 7, 0], param_bytes=[100, 0, 0])
+    g = graph(
+        {"a": 1.0, "b": 2.0, "c": 1.0},
+        [("a", "b", 10, 0), ("b", "c", 20, 0)],
+        output_bytes=[10, 20, 30],
+        temp_bytes=[5, 7, 0],
+        param_bytes=[100, 0, 0],
+    )
     r = simulate(g, line_cluster(n=1), [0, 0, 0])
     # [1,3): a's output (until b finishes) + b's temp + b's output = 37; [3,4): b out + c out = 50.
     assert r.peak_memory_bytes.tolist() == [150]
@@ -77,8 +89,12 @@ def test_memory_lifetimes_on_one_device():
 
 
 def test_received_copy_lives_from_transfer_start_to_last_consumer():
-    g = graph({"a": 1.0, "b": 1.0, "c": 3.0}, [("a", "b", 8, 0), ("a", "c", 8, 0)],
-              output_bytes=[8, 0, 0], temp_bytes=[0, 0, 0])
+    g = graph(
+        {"a": 1.0, "b": 1.0, "c": 3.0},
+        [("a", "b", 8, 0), ("a", "c", 8, 0)],
+        output_bytes=[8, 0, 0],
+        temp_bytes=[0, 0, 0],
+    )
     r = simulate(g, line_cluster(n=2, bandwidth=4.0), [0, 1, 1])
     # a's output lives on d0 until its transfer ends at 3; the copy on d1 from 1 until c ends at 7.
     assert r.peak_memory_bytes.tolist() == [8, 8]
@@ -112,16 +128,23 @@ def test_order_that_deadlocks_across_devices_is_invalid():
         simulate(g, line_cluster(n=2), [0, 1, 1, 0], order=[[3, 0], [1, 2]])
     # The message walks the cycle, wherever it starts it.
     told = str(caught.value).split(": ", 1)[1].split("; ")
-    assert sorted(told) == ["'a' feeds 'b'", "'b' comes before 'c' in the order of 'd1'",
-                            "'c' feeds 'd'", "'d' comes before 'a' in the order of 'd0'"]
+    assert sorted(told) == [
+        "'a' feeds 'b'",
+        "'b' comes before 'c' in the order of 'd1'",
+        "'c' feeds 'd'",
+        "'d' comes before 'a' in the order of 'd0'",
+    ]
 
 
 def test_order_against_a_local_dependency_is_invalid():
     # Named: the pair in conflict, not the nodes stuck behind it ('x' and 'y' wait on d0 after them).
     g = graph({"a": 1.0, "b": 1.0, "x": 1.0, "y": 1.0}, [("a", "b", 0, 0), ("b", "x", 0, 0), ("x", "y", 0, 0)])
-    with pytest.raises(InvalidPlanError, match=r"contradicts the dependencies \(it would deadlock\): "
-                                               r"('a' feeds 'b'; 'b' comes before 'a' in the order of 'd0'|"
-                                               r"'b' comes before 'a' in the order of 'd0'; 'a' feeds 'b')$"):
+    with pytest.raises(
+        InvalidPlanError,
+        match=r"contradicts the dependencies \(it would deadlock\): "
+        r"('a' feeds 'b'; 'b' comes before 'a' in the order of 'd0'|"
+        r"'b' comes before 'a' in the order of 'd0'; 'a' feeds 'b')$",
+    ):
         simulate(g, line_cluster(n=1), [0, 0, 0, 0], order=[[1, 0, 2, 3]])
 
 
@@ -146,15 +169,13 @@ def test_zero_duration_chain_on_one_instant():
     assert list(r.device_orders()[0]) == [0, 2]
 
 
-
 def test_jobs_of_no_duration_end_before_a_channel_picks():
     # At t=1, p's transfer (d1->d3) joins channel X's queue, and so does z's (d0->d2), once z, an operation
     # of no duration that a's finish makes ready, ends at that instant. Rule 7 applies z's end before X
     # picks, so the tie goes to z, listed first: 1-2, then p's 2-3 (not p's first, which gave 8).
     devices = [Device(f"d{i}", "K", 1000) for i in range(4)]
     cluster = Cluster("c", devices, [Channel("X", 100.0, 0.0, (("d0", "d2"), ("d1", "d3")))])
-    g = graph({"z": 0.0, "a": 1.0, "p": 1.0, "zc": 5.0, "pc": 1.0},
-              [("a", "z", 0), ("z", "zc", 100), ("p", "pc", 100)])
+    g = graph({"z": 0.0, "a": 1.0, "p": 1.0, "zc": 5.0, "pc": 1.0}, [("a", "z", 0), ("z", "zc", 100), ("p", "pc", 100)])
     r = simulate(g, cluster, [0, 0, 1, 2, 3])
     assert r.transfers.producer.tolist() == [0, 2] and r.transfers.start.tolist() == [1.0, 2.0]
     assert r.makespan_s == 7.0
@@ -164,13 +185,16 @@ def test_jobs_of_no_duration_end_before_a_channel_picks():
 def test_jobs_of_no_duration_end_before_a_device_picks():
     # At t=1 'late' is ready on d1; 'early', listed first, becomes ready there at the same instant through
     # z (no duration, on d0) and a transfer of no duration: d1 starts 'early' first.
-    cluster = Cluster("c", [Device("d0", "K", 1000), Device("d1", "K", 1000)],
-                      [Channel("X", 100.0, 0.0, (("d0", "d1"),))])
-    g = graph({"early": 5.0, "z": 0.0, "a": 1.0, "m": 1.0, "late": 1.0},
-              [("a", "z", 0), ("z", "early", 0), ("m", "late", 0)])
+    cluster = Cluster(
+        "c", [Device("d0", "K", 1000), Device("d1", "K", 1000)], [Channel("X", 100.0, 0.0, (("d0", "d1"),))]
+    )
+    g = graph(
+        {"early": 5.0, "z": 0.0, "a": 1.0, "m": 1.0, "late": 1.0}, [("a", "z", 0), ("z", "early", 0), ("m", "late", 0)]
+    )
     r = simulate(g, cluster, [1, 0, 0, 1, 1])
     assert r.start.tolist() == [1.0, 1.0, 0.0, 0.0, 6.0]
     _compare_with_reference(g, cluster, np.array([1, 0, 0, 1, 1]))
+
 
 # ---------------------------------------------------------------- properties
 
@@ -180,10 +204,15 @@ cluster_names = st.sampled_from(["2xV100-nvlink", "4xGPU-pcie", "2x4xV100", "8xH
 @st.composite
 def placed_graphs(draw, max_nodes=14):
     n = draw(st.integers(1, max_nodes))
-    g = random_dag(n, edge_prob=draw(st.floats(0.1, 0.9)), seed=draw(st.integers(0, 10**6)),
-                   max_compute_s=draw(st.sampled_from([1e-6, 1e-3, 1.0])), max_bytes=draw(st.sampled_from([1, 1 << 20, 1 << 30])))
+    g = random_dag(
+        n,
+        edge_prob=draw(st.floats(0.1, 0.9)),
+        seed=draw(st.integers(0, 10**6)),
+        max_compute_s=draw(st.sampled_from([1e-6, 1e-3, 1.0])),
+        max_bytes=draw(st.sampled_from([1, 1 << 20, 1 << 30])),
+    )
     instant = draw(st.sets(st.integers(0, n - 1), max_size=n // 2))
-    if instant:     # operations of no duration, as a captured graph's views: rule 7's cascades within one instant
+    if instant:  # operations of no duration, as a captured graph's views: rule 7's cascades within one instant
         doc = g.to_dict()
         for i in instant:
             doc["nodes"][i]["compute_s"] = 0.0
@@ -277,10 +306,25 @@ def test_live_memory_bound_holds_while_its_node_runs_under_any_placement_and_ord
 
 def test_live_memory_bound_counts_what_crosses_the_loss():
     # x feeds the loss and, past it, the gradient: x's 100 bytes are held while the loss runs.
-    g = OpGraph(["x", "loss", "grad"], [1.0, 1.0, 1.0], [0, 0, 1], [1, 2, 2], [100, 100, 4],
-                output_bytes=[100, 4, 100], param_bytes=[0, 0, 10], temp_bytes=[0, 7, 0])
+    g = OpGraph(
+        ["x", "loss", "grad"],
+        [1.0, 1.0, 1.0],
+        [0, 0, 1],
+        [1, 2, 2],
+        [100, 100, 4],
+        output_bytes=[100, 4, 100],
+        param_bytes=[0, 0, 10],
+        temp_bytes=[0, 7, 0],
+    )
     assert live_memory_bound(g, PRESETS["2xV100-nvlink"]()) == (10 + 100 + 4 + 7, 1)
     # A tensor read only by the loss is not held past it: the largest is x's own output while x runs.
-    g = OpGraph(["x", "loss", "grad"], [1.0, 1.0, 1.0], [0, 1], [1, 2], [100, 4],
-                output_bytes=[100, 4, 50], param_bytes=[0, 0, 10])
+    g = OpGraph(
+        ["x", "loss", "grad"],
+        [1.0, 1.0, 1.0],
+        [0, 1],
+        [1, 2],
+        [100, 4],
+        output_bytes=[100, 4, 50],
+        param_bytes=[0, 0, 10],
+    )
     assert live_memory_bound(g, PRESETS["2xV100-nvlink"]()) == (10 + 100, 0)

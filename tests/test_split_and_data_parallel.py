@@ -5,10 +5,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from placer.api import validate
 from placer import OpGraph, place, simulate
-from placer.algorithms.data_parallel import (data_parallel_lower_bound, data_parallel_schedule, replica_devices,
-                                             replica_hosts)
+from placer.algorithms.data_parallel import (
+    data_parallel_lower_bound,
+    data_parallel_schedule,
+    replica_devices,
+    replica_hosts,
+)
+from placer.api import validate
 from placer.cluster import PRESETS, Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import training_graph
@@ -21,22 +25,33 @@ GiB = 1 << 30
 def mesh(n, bandwidth=1e9, latency=0.0, memory=64 * GiB):
     devices = [Device(f"d{j}", "V100", memory) for j in range(n)]
     names = [d.name for d in devices]
-    return Cluster("mesh", devices, [Channel(f"{a}->{b}", bandwidth, latency, ((a, b),))
-                                     for a in names for b in names if a != b])
+    return Cluster(
+        "mesh", devices, [Channel(f"{a}->{b}", bandwidth, latency, ((a, b),)) for a in names for b in names if a != b]
+    )
 
 
 def conv_graph(compute=8.0, batch=8):
     """input -> conv (batch-splittable, reads a weight) -> relu; the weight is a parameter placeholder."""
-    return OpGraph(["x", "w", "conv", "relu"], [0.0, 0.0, compute, 0.5], [0, 1, 2], [2, 2, 3], [800, 40, 400],
-                   op=["placeholder", "placeholder", "aten.convolution", "aten.relu"],
-                   output_bytes=[800, 0, 400, 400], param_bytes=[0, 40, 0, 0], temp_bytes=[0, 0, 80, 0],
-                   compute_s_by_kind=[None, None, {"A100": compute / 2}, None], flops=[0, 0, 1e9, 1e6],
-                   splittable=[None, None, [{"dim": "batch", "size": batch}], None])
+    return OpGraph(
+        ["x", "w", "conv", "relu"],
+        [0.0, 0.0, compute, 0.5],
+        [0, 1, 2],
+        [2, 2, 3],
+        [800, 40, 400],
+        op=["placeholder", "placeholder", "aten.convolution", "aten.relu"],
+        output_bytes=[800, 0, 400, 400],
+        param_bytes=[0, 40, 0, 0],
+        temp_bytes=[0, 0, 80, 0],
+        compute_s_by_kind=[None, None, {"A100": compute / 2}, None],
+        flops=[0, 0, 1e9, 1e6],
+        splittable=[None, None, [{"dim": "batch", "size": batch}], None],
+    )
 
 
 def convlike(graph, batch=32):
-    return graph.replace(splittable=[[{"dim": "batch", "size": batch}] if op == "aten.convolution" else None
-                                     for op in graph.op])
+    return graph.replace(
+        splittable=[[{"dim": "batch", "size": batch}] if op == "aten.convolution" else None for op in graph.op]
+    )
 
 
 # ------------------------------------------------------------------ split
@@ -44,8 +59,10 @@ def test_split_slices_batch_inputs_and_broadcasts_weights():
     g = split_operation(conv_graph(), "conv", "batch", 3)
     assert g.ids == ["x", "w", "conv@split0", "conv@part0", "conv@part1", "conv@part2", "conv@concat0", "relu"]
     idx = g.index
-    edges = {(g.ids[s], g.ids[d]): (b, t) for s, d, b, t in
-             zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist(), g.edge_tensor.tolist())}
+    edges = {
+        (g.ids[s], g.ids[d]): (b, t)
+        for s, d, b, t in zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist(), g.edge_tensor.tolist())
+    }
     # 8 rows cut 3/3/2: slices of the 800-byte input, each its own tensor; the weight goes whole to every part.
     assert [edges[("conv@split0", f"conv@part{k}")] for k in range(3)] == [(300, 0), (300, 1), (200, 2)]
     assert [edges[("w", f"conv@part{k}")] for k in range(3)] == [(40, 0)] * 3
@@ -56,7 +73,7 @@ def test_split_slices_batch_inputs_and_broadcasts_weights():
     assert g.output_bytes[parts].tolist() == [150, 150, 100] and g.temp_bytes[parts].tolist() == [30, 30, 20]
     assert g.node_extra[parts[2]] == {"split_of": "conv", "part": 2, "parts": 3, "dim": "batch", "rows": [6, 8]}
     assert g.node_extra[idx["conv@concat0"]]["role"] == "concat" and g.compute_s[idx["conv@concat0"]] > 0
-    assert g.compute_s[idx["conv@split0"]] == 0.0        # a batch slice is a view
+    assert g.compute_s[idx["conv@split0"]] == 0.0  # a batch slice is a view
     assert original_ids(g) == ["x", "w", "conv", "conv", "conv", "conv", "conv", "relu"]
 
 
@@ -68,9 +85,15 @@ def test_split_parts_run_in_parallel_in_the_reference_model():
     assert 4.5 < r.makespan_s < 4.6
 
 
-@pytest.mark.parametrize("node, dim, parts, message", [
-    ("nope", "batch", 2, "unknown node"), ("relu", "batch", 2, "cannot be split"),
-    ("conv", "channel", 2, "cannot be split"), ("conv", "batch", 9, "between 2 and 8")])
+@pytest.mark.parametrize(
+    "node, dim, parts, message",
+    [
+        ("nope", "batch", 2, "unknown node"),
+        ("relu", "batch", 2, "cannot be split"),
+        ("conv", "channel", 2, "cannot be split"),
+        ("conv", "batch", 9, "between 2 and 8"),
+    ],
+)
 def test_split_rejects_bad_requests(node, dim, parts, message):
     with pytest.raises(OptionError, match=message):
         split_operation(conv_graph(), node, dim, parts)
@@ -79,17 +102,21 @@ def test_split_rejects_bad_requests(node, dim, parts, message):
 def channel_graph(compute=8.0, channels=5, batch=1, conv_params=10):
     """conv_graph at ``batch`` samples whose convolution may also be split along its ``channels`` output channels."""
     entries = [{"dim": "batch", "size": batch}, {"dim": "channel", "size": channels, "axis": 1, "args": [[1, 0]]}]
-    return conv_graph(compute, batch).replace(param_bytes=[0, 40, conv_params, 0],
-                                              splittable=[None, None, entries, None],
-                                              node_extra=[{}, {}, {"bytes_accessed": 1240}, {}])
+    return conv_graph(compute, batch).replace(
+        param_bytes=[0, 40, conv_params, 0],
+        splittable=[None, None, entries, None],
+        node_extra=[{}, {}, {"bytes_accessed": 1240}, {}],
+    )
 
 
 def test_channel_split_slices_the_weight_and_sends_the_input_whole_to_every_part():
     g = split_operation(channel_graph(), "conv", "channel", 3)
     assert g.ids == ["x", "w", "conv@split1", "conv@part0", "conv@part1", "conv@part2", "conv@concat0", "relu"]
     idx = g.index
-    edges = {(g.ids[s], g.ids[d]): (b, t) for s, d, b, t in
-             zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist(), g.edge_tensor.tolist())}
+    edges = {
+        (g.ids[s], g.ids[d]): (b, t)
+        for s, d, b, t in zip(g.src.tolist(), g.dst.tolist(), g.edge_bytes.tolist(), g.edge_tensor.tolist())
+    }
     # 5 channels cut 2/2/1: the 40-byte weight's slices 16/16/8, each its own tensor; the 800-byte input whole.
     assert [edges[("conv@split1", f"conv@part{k}")] for k in range(3)] == [(16, 0), (16, 1), (8, 2)]
     assert [edges[("x", f"conv@part{k}")] for k in range(3)] == [(800, 0)] * 3
@@ -102,15 +129,36 @@ def test_channel_split_slices_the_weight_and_sends_the_input_whole_to_every_part
     assert [g.compute_s_by_kind[p]["A100"] for p in parts] == pytest.approx([1.6, 1.6, 0.8])
     assert g.flops[parts].tolist() == pytest.approx([4e8, 4e8, 2e8])
     assert g.output_bytes[parts].tolist() == [160, 160, 80] and g.temp_bytes[parts].tolist() == [32, 32, 16]
-    assert g.param_bytes[parts].tolist() == [4, 4, 2]         # each part holds its own channels' weights
+    assert g.param_bytes[parts].tolist() == [4, 4, 2]  # each part holds its own channels' weights
     # Every part reads the whole 800-byte input, and 2/5, 2/5, 1/5 of the weight and output (440 bytes).
     assert [g.node_extra[p]["bytes_accessed"] for p in parts] == [976, 976, 888]
-    assert g.node_extra[parts[2]] == {"split_of": "conv", "part": 2, "parts": 3, "dim": "channel", "axis": 1,
-                                      "rows": [4, 5], "bytes_accessed": 888}
-    assert g.node_extra[idx["conv@split1"]] == {"split_of": "conv", "role": "split", "parts": 3, "dim": "channel",
-                                                "axis": 1, "source": "w", "tensor": 0, "args": [[1, 0]]}
-    assert g.node_extra[idx["conv@concat0"]] == {"split_of": "conv", "role": "concat", "parts": 3, "dim": "channel",
-                                                 "axis": 1, "tensor": 0}
+    assert g.node_extra[parts[2]] == {
+        "split_of": "conv",
+        "part": 2,
+        "parts": 3,
+        "dim": "channel",
+        "axis": 1,
+        "rows": [4, 5],
+        "bytes_accessed": 888,
+    }
+    assert g.node_extra[idx["conv@split1"]] == {
+        "split_of": "conv",
+        "role": "split",
+        "parts": 3,
+        "dim": "channel",
+        "axis": 1,
+        "source": "w",
+        "tensor": 0,
+        "args": [[1, 0]],
+    }
+    assert g.node_extra[idx["conv@concat0"]] == {
+        "split_of": "conv",
+        "role": "concat",
+        "parts": 3,
+        "dim": "channel",
+        "axis": 1,
+        "tensor": 0,
+    }
     assert g.compute_s[idx["conv@split1"]] == 0.0 and g.compute_s[idx["conv@concat0"]] > 0
     assert g.output_bytes[idx["conv@concat0"]] == 400
     assert original_ids(g) == ["x", "w", "conv", "conv", "conv", "conv", "conv", "relu"]
@@ -125,11 +173,13 @@ def test_channel_split_parts_run_in_parallel_in_the_reference_model():
     r = simulate(g, mesh(2), [0, 0, 0, 0, 1, 0, 0])
     # 3 and 2 channels of 5 (4.8 s and 3.2 s) overlap: the step takes about 4.8 + concat + relu of the unsplit 8.5 s.
     assert 5.3 < r.makespan_s < 5.4
-    assert r.start[4] >= 800 / 1e9        # the second device waits for the whole input
+    assert r.start[4] >= 800 / 1e9  # the second device waits for the whole input
 
 
-@pytest.mark.parametrize("node, dim, parts, message", [
-    ("conv", "channel", 6, "between 2 and 5"), ("conv", "batch", 2, "may be split along .'channel'.")])
+@pytest.mark.parametrize(
+    "node, dim, parts, message",
+    [("conv", "channel", 6, "between 2 and 5"), ("conv", "batch", 2, "may be split along .'channel'.")],
+)
 def test_channel_split_rejects_bad_requests(node, dim, parts, message):
     with pytest.raises(OptionError, match=message):
         split_operation(channel_graph(), node, dim, parts)
@@ -144,7 +194,7 @@ def test_gradients_of_the_generated_training_graph_are_its_weight_gradients():
     g = training_graph(layers=3, branches=2)
     grads, optimizer = gradients(g)
     assert sorted(g.ids[u] for u, _ in grads) == sorted(i for i in g.ids if i.endswith("bwd_weight"))
-    assert not optimizer.any()     # the update reads the gradient directly
+    assert not optimizer.any()  # the update reads the gradient directly
 
 
 def capture_small_cnn(optimizer):
@@ -180,7 +230,7 @@ def test_gradients_of_a_captured_step_are_one_per_parameter(captured):
     # conv weight and bias, batch-norm weight and bias, linear weight and bias
     assert len(grads) == 6
     dp = data_parallel_graph(captured, 2)
-    assert dp.graph.num_nodes > 2 * captured.num_nodes       # replicas and their all-reduce
+    assert dp.graph.num_nodes > 2 * captured.num_nodes  # replicas and their all-reduce
 
 
 def test_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_gradients_per_device():
@@ -188,7 +238,7 @@ def test_ring_all_reduce_sends_2_n_minus_1_over_n_of_the_gradients_per_device():
     n = 4
     grads, _ = gradients(g)
     total = sum(int(g.edge_bytes[(g.src == u) & (g.edge_tensor == t)].max()) for u, t in grads)
-    dp = data_parallel_graph(g, n, bucket_bytes=1 << 40, first_bucket_bytes=1 << 40)     # one bucket
+    dp = data_parallel_graph(g, n, bucket_bytes=1 << 40, first_bucket_bytes=1 << 40)  # one bucket
     r = simulate(dp.graph, mesh(n), dp.replica)
     sent = np.bincount(r.transfers.src_device, weights=r.transfers.nbytes, minlength=n)
     chunk = -(-total // n)
@@ -202,12 +252,13 @@ def test_a_sharded_optimizer_does_1_over_n_of_the_update_and_holds_1_over_n_of_a
     plain, sharded = data_parallel_graph(g, n), data_parallel_graph(g, n, shard_optimizer=True)
     _, optimizer = gradients(g)
     update = [f"r0/{g.ids[i]}" for i in np.flatnonzero(optimizer)]
-    assert len(update) >= 12           # Adam's arithmetic on the gradient of each of the six parameters
+    assert len(update) >= 12  # Adam's arithmetic on the gradient of each of the six parameters
     for node_id in update:
         assert sharded.graph.compute_s[sharded.graph.index[node_id]] == pytest.approx(
-            plain.graph.compute_s[plain.graph.index[node_id]] / n)
-    replica0 = lambda dp: dp.replica[:dp.original.size] == 0        # noqa: E731
-    held = lambda dp: int(dp.graph.param_bytes[replica0(dp)].sum())   # noqa: E731
+            plain.graph.compute_s[plain.graph.index[node_id]] / n
+        )
+    replica0 = lambda dp: dp.replica[: dp.original.size] == 0  # noqa: E731
+    held = lambda dp: int(dp.graph.param_bytes[replica0(dp)].sum())  # noqa: E731
     # Parameters, batch-norm buffers and step counters whole; Adam's two moments in quarters (each of the
     # six rounded up).
     saved = held(plain) - held(sharded)
@@ -223,8 +274,9 @@ def test_a_sharded_optimizer_updates_between_its_reduce_scatter_and_all_gather_o
     result = simulate(dp.graph, mesh(n), dp.replica)
     start, finish = result.start, result.finish
     steps = [i for i, e in enumerate(dp.graph.node_extra) if e.get("replica") == 0 and "allreduce" in e]
-    assert [dp.graph.op[i] for i in steps] == (["bucket.pack"] + ["reduce_scatter.add"] * (n - 1) + ["shard.pack"]
-                                               + ["all_gather.copy"] * (n - 1))
+    assert [dp.graph.op[i] for i in steps] == (
+        ["bucket.pack"] + ["reduce_scatter.add"] * (n - 1) + ["shard.pack"] + ["all_gather.copy"] * (n - 1)
+    )
     steps = [i for i in steps if dp.graph.op[i] in ("reduce_scatter.add", "all_gather.copy")]
     update = [dp.graph.index[f"r0/{g.ids[i]}"] for i in np.flatnonzero(optimizer)]
     assert finish[steps[n - 2]] <= start[update].min() and finish[update].max() <= start[steps[n - 1]]
@@ -239,8 +291,14 @@ def test_a_sharded_optimizer_updates_between_its_reduce_scatter_and_all_gather_o
 def one_bucket_traffic(g, cluster, collective):
     """Bytes each channel carries when the gradients of ``g`` are reduced in one bucket over ``cluster``."""
     devices = list(range(cluster.num_devices))
-    dp = data_parallel_graph(g, len(devices), bucket_bytes=1 << 40, first_bucket_bytes=1 << 40, collective=collective,
-                             hosts=replica_hosts(cluster, devices))
+    dp = data_parallel_graph(
+        g,
+        len(devices),
+        bucket_bytes=1 << 40,
+        first_bucket_bytes=1 << 40,
+        collective=collective,
+        hosts=replica_hosts(cluster, devices),
+    )
     result = simulate(dp.graph, cluster, dp.replica)
     return np.bincount(result.transfers.channel, weights=result.transfers.nbytes, minlength=len(cluster.channels))
 
@@ -253,7 +311,7 @@ def test_a_direct_collective_spreads_the_ring_traffic_over_every_link_of_a_mesh(
     assert np.count_nonzero(ring) == n and np.count_nonzero(direct) == n * (n - 1)
     # Each replica receives its quarter of the bucket from each other one, then sends its reduced quarter on.
     assert direct.tolist() == [2 * -(-sum(sizes) // n)] * (n * (n - 1))
-    assert direct.sum() == ring.sum()       # the same bytes
+    assert direct.sum() == ring.sum()  # the same bytes
 
 
 def test_a_direct_collective_sends_the_bucket_between_hosts_once_each_way_where_the_ring_sends_it_1_75_times():
@@ -266,8 +324,10 @@ def test_a_direct_collective_sends_the_bucket_between_hosts_once_each_way_where_
     assert np.allclose(ring / total, 2 * 7 / 8, rtol=1e-3) and np.allclose(direct / total, 1.0, rtol=1e-3)
 
 
-@pytest.mark.parametrize("collective, hosts", [("ring", None), ("direct", None), ("direct", [[0, 1], [2, 3]]),
-                                               ("direct", [[0], [1], [2], [3]])])
+@pytest.mark.parametrize(
+    "collective, hosts",
+    [("ring", None), ("direct", None), ("direct", [[0, 1], [2, 3]]), ("direct", [[0], [1], [2], [3]])],
+)
 @pytest.mark.parametrize("shard", [False, True])
 def test_every_replica_updates_from_the_gradients_of_every_replica(collective, hosts, shard):
     import networkx as nx
@@ -280,7 +340,7 @@ def test_every_replica_updates_from_the_gradients_of_every_replica(collective, h
     readers = [(u, int(w)) for u, t in grads for w in g.dst[(g.src == u) & (g.edge_tensor == t)]]
     assert len(readers) >= len(grads) == 4
     for k in range(n):
-        for u, w in readers:      # what reads a gradient reads the sum of every replica's
+        for u, w in readers:  # what reads a gradient reads the sum of every replica's
             before = nx.ancestors(nxg, f"r{k}/{g.ids[w]}")
             assert all(f"r{j}/{g.ids[u]}" in before for j in range(n))
 
@@ -295,8 +355,10 @@ def test_an_unknown_collective_or_uneven_hosts_are_refused():
 
 def test_the_best_collective_is_the_faster_of_the_ring_and_the_direct_one():
     g, cluster = training_graph(layers=3, branches=2, param_mib=64), load_cluster("8xV100-nvlink")
-    spans = {name: place(g, cluster, "sharded_data_parallel", collective=name).predicted["makespan_s"]
-             for name in ("ring", "direct", "best")}
+    spans = {
+        name: place(g, cluster, "sharded_data_parallel", collective=name).predicted["makespan_s"]
+        for name in ("ring", "direct", "best")
+    }
     assert spans["direct"] < spans["ring"] and spans["best"] == spans["direct"]
 
 
@@ -331,14 +393,20 @@ def test_data_parallel_names_the_link_its_collective_lacks(algorithm):
     # g0 - g1 - g2 in a line: neither collective can close. It named an internal node
     # ('r2/allreduce0.step0') of a graph the user never sees.
     names = ["g0", "g1", "g2"]
-    channels = [Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),)) for a, b in
-                [("g0", "g1"), ("g1", "g0"), ("g1", "g2"), ("g2", "g1")]]
+    channels = [
+        Channel(f"{a}->{b}", 2.5e10, 1e-5, ((a, b),))
+        for a, b in [("g0", "g1"), ("g1", "g0"), ("g1", "g2"), ("g2", "g1")]
+    ]
     line = Cluster("line", [Device(n, "V100", 700 << 20) for n in names], channels)
-    with pytest.raises(InfeasibleError, match=f"^{algorithm}: the ring all-reduce sends from 'g2' to 'g0', which no "
-                                              f"channel connects; the direct all-reduce sends from 'g2' to 'g0'"):
+    with pytest.raises(
+        InfeasibleError,
+        match=f"^{algorithm}: the ring all-reduce sends from 'g2' to 'g0', which no "
+        f"channel connects; the direct all-reduce sends from 'g2' to 'g0'",
+    ):
         place(training_graph(layers=4, branches=2), line, algorithm, collective="best")
     ring = Cluster("ring", line.devices, channels + [Channel("g2->g0", 2.5e10, 1e-5, (("g2", "g0"),))])
     assert place(training_graph(layers=4, branches=2), ring, algorithm, collective="ring").predicted["fits"]
+
 
 def test_data_parallel_is_refused_when_a_replica_does_not_fit():
     g = training_graph(layers=6, branches=2, param_mib=1500, activation_mib=100, seed=5)
@@ -399,25 +467,34 @@ def test_data_parallel_leaves_out_devices_of_a_forbidden_kind():
     g = g.replace(device_kinds=[("V100",)] * g.num_nodes)
     devices = [Device("v0", "V100", 16 * GiB), Device("a0", "A100", 40 * GiB), Device("v1", "V100", 16 * GiB)]
     names = [d.name for d in devices]
-    cluster = Cluster("mixed", devices, [Channel(f"{a}->{b}", 1e10, 1e-5, ((a, b),))
-                                         for a in names for b in names if a != b])
+    cluster = Cluster(
+        "mixed", devices, [Channel(f"{a}->{b}", 1e10, 1e-5, ((a, b),)) for a in names for b in names if a != b]
+    )
     dp, device_of, _ = data_parallel_schedule(g, cluster)
     assert sorted(set(device_of.tolist())) == [0, 2]
 
 
 @settings(max_examples=30, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layers=st.integers(1, 5), branches=st.integers(1, 3), seed=st.integers(0, 50),
-       param_mib=st.sampled_from([0.5, 16.0, 400.0]), cluster=st.sampled_from(sorted(PRESETS)), shard=st.booleans(),
-       collective=st.sampled_from(["ring", "direct"]))
-def test_data_parallel_lower_bound_is_the_busiest_device_or_channel_of_its_plan(layers, branches, seed, param_mib,
-                                                                                 cluster, shard, collective):
+@given(
+    layers=st.integers(1, 5),
+    branches=st.integers(1, 3),
+    seed=st.integers(0, 50),
+    param_mib=st.sampled_from([0.5, 16.0, 400.0]),
+    cluster=st.sampled_from(sorted(PRESETS)),
+    shard=st.booleans(),
+    collective=st.sampled_from(["ring", "direct"]),
+)
+def test_data_parallel_lower_bound_is_the_busiest_device_or_channel_of_its_plan(
+    layers, branches, seed, param_mib, cluster, shard, collective
+):
     """The bound needs no replicated graph, yet equals what the plan's simulation keeps busiest."""
     g = training_graph(layers=layers, branches=branches, seed=seed, param_mib=param_mib)
     c = load_cluster(cluster)
     bound = data_parallel_lower_bound(g, c, shard_optimizer=shard, collective=collective)
-    devices = replica_devices(g, c)          # memory aside: a replica of 400 MiB layers overflows the CPUs
-    dp = data_parallel_graph(g, len(devices), shard_optimizer=shard, collective=collective,
-                             hosts=replica_hosts(c, devices))
+    devices = replica_devices(g, c)  # memory aside: a replica of 400 MiB layers overflows the CPUs
+    dp = data_parallel_graph(
+        g, len(devices), shard_optimizer=shard, collective=collective, hosts=replica_hosts(c, devices)
+    )
     device_of = np.asarray(devices)[dp.replica]
     result = simulate(dp.graph, c, device_of, check=False)
     busy = np.bincount(device_of, weights=result.finish - result.start, minlength=c.num_devices)
@@ -473,8 +550,9 @@ def test_os_dpos_starts_from_each_parameter_updated_once_where_that_beats_replic
 
     g = annotate(capture_spec("zoo:lenet", 256, optimizer="adam", fake=True).graph)
     c = load_cluster("2xV100-nvlink")
-    replicated, sharded = (place(g, c, name).predicted["makespan_s"]
-                           for name in ("data_parallel", "sharded_data_parallel"))
+    replicated, sharded = (
+        place(g, c, name).predicted["makespan_s"] for name in ("data_parallel", "sharded_data_parallel")
+    )
     plan = place(g, c, "os_dpos", time_limit=20)
     assert plan.rewritten_graph.extra["data_parallel"]["sharded_optimizer"] and plan.splits
     assert plan.predicted["makespan_s"] < sharded < replicated
@@ -570,7 +648,7 @@ def test_os_dpos_splits_a_convolution_at_batch_1_along_its_channels(devices):
     g = channel_graph(channels=8).replace(extra={"batch_size": 1})
     cluster = mesh(devices)
     dpos = place(g, cluster, "dpos")
-    for start in (False, True):      # at one sample, data parallelism has nothing to split either
+    for start in (False, True):  # at one sample, data parallelism has nothing to split either
         plan = place(g, cluster, "os_dpos", data_parallel_start=start)
         assert plan.splits == [{"node": "conv", "dim": "channel", "parts": devices}]
         assert plan.predicted["makespan_s"] < dpos.predicted["makespan_s"] * 0.6
@@ -639,12 +717,29 @@ def chained_update_graph():
     MiB = 1 << 20
     ids = ["x", "f1", "g1", "u1", "f2", "g2", "u2"]
     ops = ["placeholder", "aten.mm", "aten.mm", "aten._foreach_add", "aten.mm", "aten.mm", "aten._foreach_add"]
-    edges = [("x", "f1", 16), ("x", "g1", 16), ("g1", "u1", 8), ("f1", "g1", 16), ("x", "g2", 16), ("u1", "g2", 8),
-             ("f2", "g2", 16), ("x", "f2", 16), ("g2", "u2", 8)]
+    edges = [
+        ("x", "f1", 16),
+        ("x", "g1", 16),
+        ("g1", "u1", 8),
+        ("f1", "g1", 16),
+        ("x", "g2", 16),
+        ("u1", "g2", 8),
+        ("f2", "g2", 16),
+        ("x", "f2", 16),
+        ("g2", "u2", 8),
+    ]
     ix = {k: i for i, k in enumerate(ids)}
-    return OpGraph(ids, [1e-3] * 7, [ix[a] for a, _, _ in edges], [ix[b] for _, b, _ in edges],
-                   [n * MiB for *_, n in edges], op=ops, colocation=[None, "A", None, "A", "B", None, "B"],
-                   param_bytes=[0, 8 * MiB, 0, 0, 8 * MiB, 0, 0], output_bytes=[m * MiB for m in (16, 16, 8, 8, 16, 8, 8)])
+    return OpGraph(
+        ids,
+        [1e-3] * 7,
+        [ix[a] for a, _, _ in edges],
+        [ix[b] for _, b, _ in edges],
+        [n * MiB for *_, n in edges],
+        op=ops,
+        colocation=[None, "A", None, "A", "B", None, "B"],
+        param_bytes=[0, 8 * MiB, 0, 0, 8 * MiB, 0, 0],
+        output_bytes=[m * MiB for m in (16, 16, 8, 8, 16, 8, 8)],
+    )
 
 
 @pytest.mark.parametrize("shard", [False, True])
@@ -656,7 +751,7 @@ def test_a_gradient_that_follows_another_groups_update_is_reduced_in_a_later_buc
     layout = replica_layout(g, 2, shard_optimizer=shard)
     assert [[g.ids[u] for u, _ in bucket] for bucket in layout.buckets] == [["g1"], ["g2"]]
     dp = data_parallel_graph(g, 2, shard_optimizer=shard, collective=collective)
-    assert len(dp.graph.topological_order) == dp.graph.num_nodes       # acyclic
+    assert len(dp.graph.topological_order) == dp.graph.num_nodes  # acyclic
     idx = dp.graph.index
     # Every replica's u1 reads the reduced first bucket, and the second bucket packs g2 after it.
     for k in range(2):
@@ -692,9 +787,17 @@ def test_the_all_reduce_steps_ids_never_collide_with_the_graphs_own():
 
 @pytest.mark.parametrize("parts", [2, 3, 4])
 def test_split_parts_share_bytes_in_whole_bytes_that_add_up(parts):
-    graph = OpGraph(["x", "conv", "y"], [0.0, 4.0, 1.0], [0, 1], [1, 2], [5, 3],
-                    op=["placeholder", "aten.convolution", "aten.relu"], output_bytes=[5, 3, 3], temp_bytes=[0, 5, 0],
-                    splittable=[None, [{"dim": "batch", "size": 4}], None])
+    graph = OpGraph(
+        ["x", "conv", "y"],
+        [0.0, 4.0, 1.0],
+        [0, 1],
+        [1, 2],
+        [5, 3],
+        op=["placeholder", "aten.convolution", "aten.relu"],
+        output_bytes=[5, 3, 3],
+        temp_bytes=[0, 5, 0],
+        splittable=[None, [{"dim": "batch", "size": 4}], None],
+    )
     split = split_operation(graph, "conv", "batch", parts)
     part = [i for i, extra in enumerate(split.node_extra) if "part" in extra]
     assert split.output_bytes[part].sum() == 3 and split.temp_bytes[part].sum() == 5
@@ -710,14 +813,22 @@ def test_a_plan_with_splits_and_no_rewritten_graph_places_the_graph_its_splits_m
     from placer import Plan
     from placer.errors import InvalidPlanError
 
-    g = OpGraph(["x", "conv", "y"], [0.0, 4.0, 1.0], [0, 1], [1, 2], [64, 32],
-                op=["placeholder", "aten.convolution", "aten.relu"], output_bytes=[64, 32, 32],
-                splittable=[None, [{"dim": "batch", "size": 8}], None])
+    g = OpGraph(
+        ["x", "conv", "y"],
+        [0.0, 4.0, 1.0],
+        [0, 1],
+        [1, 2],
+        [64, 32],
+        op=["placeholder", "aten.convolution", "aten.relu"],
+        output_bytes=[64, 32, 32],
+        splittable=[None, [{"dim": "batch", "size": 8}], None],
+    )
     cluster = load_cluster("2xV100-nvlink")
     rewritten = split_operation(g, "conv", "batch", 2)
-    device_of = [0, 0, 0, 1, 0, 0]          # x, conv@split0, conv@part0, conv@part1, conv@concat0, y
-    carried = Plan.from_arrays(g, cluster, np.array(device_of), placed_graph=rewritten,
-                               splits=[{"node": "conv", "dim": "batch", "parts": 2}])
+    device_of = [0, 0, 0, 1, 0, 0]  # x, conv@split0, conv@part0, conv@part1, conv@concat0, y
+    carried = Plan.from_arrays(
+        g, cluster, np.array(device_of), placed_graph=rewritten, splits=[{"node": "conv", "dim": "batch", "parts": 2}]
+    )
     doc = carried.to_dict()
     doc["rewritten_graph"] = None
     made = validate(Plan.from_dict(doc), g, cluster)
@@ -729,24 +840,42 @@ def test_a_plan_with_splits_and_no_rewritten_graph_places_the_graph_its_splits_m
     with pytest.raises(InvalidPlanError, match=r"^splits\[1\] splits 'conv' again \(splits\[0\] did\)$"):
         validate(Plan.from_dict(doc), g, cluster)
     # A placement of the graph before its splits: the message says what to name instead.
-    doc = {**carried.to_dict(), "rewritten_graph": None, "order": None,
-           "placement": {"x": "gpu0", "conv": "gpu1", "y": "gpu0"}}
-    with pytest.raises(InvalidPlanError, match=r"^the plan places unknown node 'conv': splits\[0\] rewrites 'conv' "
-                                               r"into 'conv@split0', 'conv@part0', 'conv@part1', 'conv@concat0', "
-                                               r"which the placement names instead$"):
+    doc = {
+        **carried.to_dict(),
+        "rewritten_graph": None,
+        "order": None,
+        "placement": {"x": "gpu0", "conv": "gpu1", "y": "gpu0"},
+    }
+    with pytest.raises(
+        InvalidPlanError,
+        match=r"^the plan places unknown node 'conv': splits\[0\] rewrites 'conv' "
+        r"into 'conv@split0', 'conv@part0', 'conv@part1', 'conv@concat0', "
+        r"which the placement names instead$",
+    ):
         validate(Plan.from_dict(doc), g, cluster)
     doc = carried.to_dict()
     doc["splits"][0]["parts"] = 3
-    with pytest.raises(InvalidPlanError, match=r"splits\[0\] \('conv' along 'batch' into 3 parts\) is not what the "
-                                               r"plan's rewritten graph holds \(2 parts of it along \['batch'\]\)"):
+    with pytest.raises(
+        InvalidPlanError,
+        match=r"splits\[0\] \('conv' along 'batch' into 3 parts\) is not what the "
+        r"plan's rewritten graph holds \(2 parts of it along \['batch'\]\)",
+    ):
         validate(Plan.from_dict(doc), g, cluster)
 
 
 def test_a_source_that_declares_a_batch_split_carries_the_batch():
     # A hand-written graph whose only source holds parameters: nothing was batch-dependent, so every
     # replica ran the whole batch (data parallelism over 3 devices costed three whole steps).
-    g = OpGraph(["x", "y", "z"], [0.004, 0.008, 0.002], [0, 1], [1, 2], [4000, 4000], output_bytes=[4000, 4000, 400],
-                param_bytes=[100, 200, 0], splittable=[[{"dim": "batch", "size": 8}], None, None])
+    g = OpGraph(
+        ["x", "y", "z"],
+        [0.004, 0.008, 0.002],
+        [0, 1],
+        [1, 2],
+        [4000, 4000],
+        output_bytes=[4000, 4000, 400],
+        param_bytes=[100, 200, 0],
+        splittable=[[{"dim": "batch", "size": 8}], None, None],
+    )
     assert batch_dependent(g).tolist() == [True, True, True]
     cluster = load_cluster("2xV100-nvlink")
     halves = place(g, cluster, "data_parallel").rewritten_graph

@@ -70,15 +70,16 @@ def test_an_expiry_swallowed_where_it_landed_comes_again():
     # Raised inside a __del__ (or a weakref callback), the exception is printed and dropped.
     began = time.perf_counter()
     with TimeBox(0.05) as box:
-        _SlowToDelete()         # deleted at once: the alarm lands in its __del__
+        _SlowToDelete()  # deleted at once: the alarm lands in its __del__
         spin(5)
     assert box.expired and time.perf_counter() - began < 1.0
 
 
 def test_an_expiry_waits_for_an_import_to_end(tmp_path, monkeypatch):
     # A module left half imported breaks every later import of it (torch's crashed the process).
-    (tmp_path / "slow_to_import.py").write_text("import time\nend = time.perf_counter() + 0.3\n"
-                                               "while time.perf_counter() < end:\n    pass\nDONE = True\n")
+    (tmp_path / "slow_to_import.py").write_text(
+        "import time\nend = time.perf_counter() + 0.3\nwhile time.perf_counter() < end:\n    pass\nDONE = True\n"
+    )
     monkeypatch.syspath_prepend(str(tmp_path))
     from placer.algorithms import timebox
 
@@ -91,6 +92,7 @@ def test_an_expiry_waits_for_an_import_to_end(tmp_path, monkeypatch):
     monkeypatch.setattr(timebox, "_must_wait", counted)
     with TimeBox(0.05) as box:
         import slow_to_import
+
         spin(5)
     assert box.expired and slow_to_import.DONE
     # While it waits, the alarm comes every IMPORT_WAIT_S, not in a busy loop that slows the import.
@@ -98,7 +100,7 @@ def test_an_expiry_waits_for_an_import_to_end(tmp_path, monkeypatch):
 
 
 def test_an_error_raised_by_what_an_expiry_interrupted_stays_in_the_box():
-    def library_call():     # as numpy's comparisons turn an exception from Python code into theirs
+    def library_call():  # as numpy's comparisons turn an exception from Python code into theirs
         try:
             spin(5)
         except BaseException:
@@ -107,7 +109,7 @@ def test_an_error_raised_by_what_an_expiry_interrupted_stays_in_the_box():
     with TimeBox(0.05) as box:
         library_call()
     assert box.expired
-    with pytest.raises(TypeError):      # an error of the body's own, with time left, is not the box's
+    with pytest.raises(TypeError):  # an error of the body's own, with time left, is not the box's
         with TimeBox(5.0):
             raise TypeError("a bug")
 
@@ -116,8 +118,10 @@ def test_an_algorithm_without_a_plan_at_its_limit_raises_time_limit_error(monkey
     def slow(graph, cluster, *, seed=0, time_limit=None):
         spin(10)
 
-    monkeypatch.setitem(registry._REGISTRY, "slow", registry.Algorithm("slow", slow, {"seed": 0, "time_limit": None}, "spins"))
-    registry._import_libraries()        # a process's one-time imports, outside any limit
+    monkeypatch.setitem(
+        registry._REGISTRY, "slow", registry.Algorithm("slow", slow, {"seed": 0, "time_limit": None}, "spins")
+    )
+    registry._import_libraries()  # a process's one-time imports, outside any limit
     began = time.perf_counter()
     with pytest.raises(TimeLimitError, match=r"slow found no plan within its time limit of 0.2 s"):
         place(training_graph(layers=2), load_cluster("2xV100-nvlink"), "slow", time_limit=0.2)

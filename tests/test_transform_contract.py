@@ -6,8 +6,14 @@ import pytest
 from placer.errors import OptionError
 from placer.generate import training_graph
 from placer.graph import OpGraph
-from placer.transform import (TransformResult, apply_transform, available_transforms, checks, get_transform,
-                              register_transform)
+from placer.transform import (
+    TransformResult,
+    apply_transform,
+    available_transforms,
+    checks,
+    get_transform,
+    register_transform,
+)
 from placer.transform import base as transform_base
 from placer.transform.base import NodeMap
 from placer.transform.checks import CHECKS
@@ -37,8 +43,9 @@ def lost_cost(graph, cluster):
         return r
     times = r.graph.compute_s.copy()
     times[0] = 0.0
-    return TransformResult.quotient(graph, r.graph.replace(compute_s=times, compute_s_by_kind=None),
-                                    r.image.index, None)
+    return TransformResult.quotient(
+        graph, r.graph.replace(compute_s=times, compute_s_by_kind=None), r.image.index, None
+    )
 
 
 def lost_memory(graph, cluster):
@@ -74,15 +81,21 @@ def inconsistent(graph, cluster):
         return TransformResult.identity(graph)
     swapped = np.arange(n)
     swapped[[0, 1]] = [1, 0]
-    return TransformResult(graph, graph, NodeMap.function(swapped, n), NodeMap.identity(n), np.zeros(n, bool),
-                           np.zeros(n, np.int64))
+    return TransformResult(
+        graph, graph, NodeMap.function(swapped, n), NodeMap.identity(n), np.zeros(n, bool), np.zeros(n, np.int64)
+    )
 
 
 def dropped_edge(graph, cluster):
     """The identity without the graph's first edge (a dependency lost, an edge changed)."""
     keep = slice(1, None)
-    new = graph.replace(src=graph.src[keep], dst=graph.dst[keep], edge_bytes=graph.edge_bytes[keep],
-                        edge_tensor=graph.edge_tensor[keep], edge_extra=None)
+    new = graph.replace(
+        src=graph.src[keep],
+        dst=graph.dst[keep],
+        edge_bytes=graph.edge_bytes[keep],
+        edge_tensor=graph.edge_tensor[keep],
+        edge_extra=None,
+    )
     return TransformResult.identity(graph, new)
 
 
@@ -125,9 +138,10 @@ def noisy(graph, cluster):
 def shrunk_replicas(graph, cluster):
     """Data parallelism whose replicas each take 0.7 of every node's time: neither a share nor the whole."""
     dp = data_parallel_graph(graph, 2)
-    new = dp.graph.replace(compute_s=dp.graph.compute_s * 0.7,
-                           compute_s_by_kind=[t and {k: s * 0.7 for k, s in t.items()}
-                                              for t in dp.graph.compute_s_by_kind])
+    new = dp.graph.replace(
+        compute_s=dp.graph.compute_s * 0.7,
+        compute_s_by_kind=[t and {k: s * 0.7 for k, s in t.items()} for t in dp.graph.compute_s_by_kind],
+    )
     r = get_transform("replicate").func(graph, cluster, replicas=2)
     return TransformResult(new, graph, r.origin, r.image, r.added, r.copy)
 
@@ -175,8 +189,9 @@ def test_a_broken_transform_fails_its_check(registered, func, ensures, check):
 
 def test_a_registry_that_accepts_any_option_fails_option_validation(monkeypatch):
     """Options are checked at the door: without that, the option check fails."""
-    monkeypatch.setattr(transform_base, "checked_transform_options",
-                        lambda transform, options: {**transform.options, **options})
+    monkeypatch.setattr(
+        transform_base, "checked_transform_options", lambda transform, options: {**transform.options, **options}
+    )
     with pytest.raises(AssertionError, match="option"):
         checks.check_option_validation("coarsen")
 
@@ -185,7 +200,8 @@ def test_trials_that_give_nothing_fail():
     """A transform no case gives options to is not checked by anything: that fails, not passes."""
     name = "broken-untried"
     register_transform(name, requires="", ensures=COLOCATION_ENSURES, trials=lambda graph: [])(
-        lambda graph, cluster: TransformResult.identity(graph))
+        lambda graph, cluster: TransformResult.identity(graph)
+    )
     try:
         with pytest.raises(AssertionError, match="nothing checks it"):
             checks.check_mapping(name)
@@ -194,6 +210,7 @@ def test_trials_that_give_nothing_fail():
 
 
 # ----------------------------------------------------------------- the contract's own rules
+
 
 def test_unknown_transform_and_options_are_refused_by_name():
     g = OpGraph(["a", "b"], [1.0, 1.0], [0], [1], [8])
@@ -214,10 +231,12 @@ def test_unknown_transform_and_options_are_refused_by_name():
 def test_registering_a_name_twice_or_a_bad_signature_is_refused():
     with pytest.raises(TypeError, match="twice"):
         register_transform("coarsen", requires="", ensures=QUOTIENT_ENSURES, trials=lambda g: [])(
-            lambda graph, cluster: None)
+            lambda graph, cluster: None
+        )
     with pytest.raises(TypeError, match="graph, cluster"):
         register_transform("broken-signature", requires="", ensures=QUOTIENT_ENSURES, trials=lambda g: [])(
-            lambda graph: None)
+            lambda graph: None
+        )
 
 
 def test_a_result_that_does_not_match_its_graphs_is_refused():
@@ -230,7 +249,7 @@ def test_expand_reads_one_value_per_original_node_and_refuses_replicas():
     g = training_graph(layers=2, branches=1)
     position = np.empty(g.num_nodes, dtype=np.int64)
     position[g.topological_order] = np.arange(g.num_nodes)
-    merged = apply_transform("contract", g, groups=position // 4)     # pieces of a topological order
+    merged = apply_transform("contract", g, groups=position // 4)  # pieces of a topological order
     devices = np.array(["gpu0", "gpu1"])[np.arange(merged.graph.num_nodes) % 2]
     assert merged.expand(devices).tolist() == [devices[position[u] // 4] for u in range(g.num_nodes)]
     replicated = apply_transform("replicate", g, replicas=2)

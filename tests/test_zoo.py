@@ -10,15 +10,15 @@ from placer.errors import OptionError
 
 PUBLISHED_PARAMETERS = {
     # torchvision / paper figures, in parameters
-    "lenet": 61_706,             # LeCun et al. (1998), LeNet-5
-    "alexnet": 61_100_840,       # torchvision alexnet
-    "vgg19": 143_667_240,        # torchvision vgg19
-    "resnet50": 25_557_032,      # torchvision resnet50
-    "resnet101": 44_549_160,     # torchvision resnet101
-    "resnet152": 60_192_808,     # torchvision resnet152
+    "lenet": 61_706,  # LeCun et al. (1998), LeNet-5
+    "alexnet": 61_100_840,  # torchvision alexnet
+    "vgg19": 143_667_240,  # torchvision vgg19
+    "resnet50": 25_557_032,  # torchvision resnet50
+    "resnet101": 44_549_160,  # torchvision resnet101
+    "resnet152": 60_192_808,  # torchvision resnet152
     "inception_v3": 27_161_264,  # torchvision inception_v3 with the auxiliary head
-    "bert_large": 335_174_458,   # BERT-large encoder (no pooler) + masked-LM head; Devlin et al.: 340M
-    "gpt2": 124_439_808,         # GPT-2 small (HF gpt2), output tied to the embedding
+    "bert_large": 335_174_458,  # BERT-large encoder (no pooler) + masked-LM head; Devlin et al.: 340M
+    "gpt2": 124_439_808,  # GPT-2 small (HF gpt2), output tied to the embedding
 }
 
 
@@ -49,8 +49,9 @@ def test_building_is_deterministic(name):
     before = torch.random.get_rng_state()
     (model_a, inputs_a), (model_b, inputs_b) = entry.factory(2, **entry.tiny), entry.factory(2, **entry.tiny)
     assert torch.equal(torch.random.get_rng_state(), before), "a factory must not move the caller's RNG"
-    for a, b in zip(list(model_a.state_dict().values()) + list(inputs_a),
-                    list(model_b.state_dict().values()) + list(inputs_b)):
+    for a, b in zip(
+        list(model_a.state_dict().values()) + list(inputs_a), list(model_b.state_dict().values()) + list(inputs_b)
+    ):
         assert torch.equal(a, b)
 
 
@@ -114,14 +115,17 @@ def test_resnet_depth_option():
     assert _parameters(_meta("resnet50", depth=101)[0]) == PUBLISHED_PARAMETERS["resnet101"]
 
 
-@pytest.mark.parametrize("name, options, message", [
-    ("resnet50", {"depht": 50}, "no size option 'depht'"),
-    ("resnet50", {"depth": 51}, "depth must be one of"),
-    ("vgg19", {"width": 0}, "positive integer"),
-    ("alexnet", {"dropout": 1.0}, r"\[0, 1\)"),
-    ("inception_v3", {"aux": 1}, "true or false"),
-    ("inception_v3", {"image_size": 160}, "aux=false"),
-])
+@pytest.mark.parametrize(
+    "name, options, message",
+    [
+        ("resnet50", {"depht": 50}, "no size option 'depht'"),
+        ("resnet50", {"depth": 51}, "depth must be one of"),
+        ("vgg19", {"width": 0}, "positive integer"),
+        ("alexnet", {"dropout": 1.0}, r"\[0, 1\)"),
+        ("inception_v3", {"aux": 1}, "true or false"),
+        ("inception_v3", {"image_size": 160}, "aux=false"),
+    ],
+)
 def test_bad_size_options_are_named(name, options, message):
     with pytest.raises(OptionError, match=message):
         ZOO[name].factory(2, **options)

@@ -44,8 +44,19 @@ SEARCHES = ("os_dpos",) + SLOW_ALGORITHMS
 #: (the same ring traffic, 1/n of the update): where a replica fits it often beats every placement, and its
 #: lower bound skips it where it cannot win. Then the cheap one-pass members, fastest first, so that each
 #: runs before a slower one can use up the time; the searches last.
-FAST_FIRST = ("expert", "sharded_data_parallel", "data_parallel", "single", "metis", "celeritas", "order_place",
-              "m_sct", "m_topo", "dpos", "heft")
+FAST_FIRST = (
+    "expert",
+    "sharded_data_parallel",
+    "data_parallel",
+    "single",
+    "metis",
+    "celeritas",
+    "order_place",
+    "m_sct",
+    "m_topo",
+    "dpos",
+    "heft",
+)
 #: Members that place the step as micro-batches, which the runtime does not run yet: in the portfolio only
 #: where ``portfolio`` names them, so that a plan auto picks by default runs.
 MICROBATCHED = ("gpipe", "1f1b")
@@ -55,9 +66,12 @@ MEMBER_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_paralle
 #: Members whose makespan has a cheap lower bound (for the options above): one whose bound is no better than
 #: the best plan so far cannot win and does not run. Data parallelism's bound costs far less than its plan and
 #: is tightest where the all-reduce dominates.
-LOWER_BOUNDS = {"data_parallel": partial(data_parallel_lower_bound, **MEMBER_OPTIONS["data_parallel"]),
-                "sharded_data_parallel": partial(data_parallel_lower_bound, shard_optimizer=True,
-                                                 **MEMBER_OPTIONS["sharded_data_parallel"])}
+LOWER_BOUNDS = {
+    "data_parallel": partial(data_parallel_lower_bound, **MEMBER_OPTIONS["data_parallel"]),
+    "sharded_data_parallel": partial(
+        data_parallel_lower_bound, shard_optimizer=True, **MEMBER_OPTIONS["sharded_data_parallel"]
+    ),
+}
 #: What ``runnable=True`` (auto's and ``placer.plan``'s, deprecated) warns.
 RUNNABLE_DEPRECATED = "runnable is deprecated and has no effect: every plan runs"
 
@@ -93,7 +107,7 @@ def critical_path_nodes(result: SimResult) -> np.ndarray:
     node = int(np.argmax(result.finish))
     while node >= 0:
         chain.append(node)
-        inputs = eids[ptr[node]:ptr[node + 1]]
+        inputs = eids[ptr[node] : ptr[node + 1]]
         start = result.start[node]
         cause = -1
         if inputs.size:
@@ -107,8 +121,16 @@ def critical_path_nodes(result: SimResult) -> np.ndarray:
 
 
 @register("auto")
-def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-         max_evaluations: int = 300, portfolio: str = "", runnable: bool = False) -> Plan:
+def auto(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    max_evaluations: int = 300,
+    portfolio: str = "",
+    runnable: bool = False,
+) -> Plan:
     """The fastest fitting plan of the registered algorithms, improved by local search.
 
     Parameters
@@ -177,22 +199,30 @@ def auto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
             get_algorithm(name)
     else:
         members = default_portfolio(time_limit)
-    best, log, interrupted, check_s = _run_portfolio(graph, cluster, members, seed, began + PORTFOLIO_SHARE * limit,
-                                            deadline, MEMBER_OPTIONS)
+    best, log, interrupted, check_s = _run_portfolio(
+        graph, cluster, members, seed, began + PORTFOLIO_SHARE * limit, deadline, MEMBER_OPTIONS
+    )
     if best is None:
         # Every member's reason, one a line: the first few seldom include the one that came closest.
         reasons = log["failed"] + ([f"out of time: {', '.join(log['out_of_time'])}"] if log["out_of_time"] else [])
         raise InfeasibleError("auto: no algorithm found a plan that fits:\n  " + "\n  ".join(reasons))
     span, origin, plan = best
-    info = {"start": origin, "start_makespan_s": span, **log, "evaluations": 0, "local_search_gain": 0.0,
-            "interrupted": interrupted}
+    info = {
+        "start": origin,
+        "start_makespan_s": span,
+        **log,
+        "evaluations": 0,
+        "local_search_gain": 0.0,
+        "interrupted": interrupted,
+    }
     # Split graphs are searched by their own algorithm; the search needs time for a few simulations.
     if plan.rewritten_graph is not None or interrupted or deadline - time.perf_counter() < 3 * check_s:
         plan.extra["auto"] = info
         return plan
     device_of = np.array([cluster.device_index[plan.placement[i]] for i in graph.ids], dtype=np.int64)
     improved, improved_span, info["evaluations"], info["interrupted"] = _local_search(
-        graph, cluster, device_of, seed, max_evaluations, deadline)
+        graph, cluster, device_of, seed, max_evaluations, deadline
+    )
     if improved_span < span:
         plan = Plan.from_arrays(graph, cluster, improved)
         info["local_search_gain"] = 1 - improved_span / span
@@ -208,14 +238,26 @@ def default_portfolio(time_limit: float | None) -> list[str]:
     """
     registered = [name for name in available_algorithms() if name != "auto" and name not in MICROBATCHED]
     first = [name for name in FAST_FIRST if name in registered]
-    searches = [name for name in SEARCHES if name in registered and name not in first
-                and (name not in SLOW_ALGORITHMS or (time_limit is not None and time_limit >= 60))]
+    searches = [
+        name
+        for name in SEARCHES
+        if name in registered
+        and name not in first
+        and (name not in SLOW_ALGORITHMS or (time_limit is not None and time_limit >= 60))
+    ]
     rest = [name for name in registered if name not in first and name not in SEARCHES]
     return first + rest + searches
 
 
-def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: int, end: float, deadline: float,
-                   options: dict[str, dict]):
+def _run_portfolio(
+    graph: OpGraph,
+    cluster: Cluster,
+    members: list[str],
+    seed: int,
+    end: float,
+    deadline: float,
+    options: dict[str, dict],
+):
     """Run ``members`` (each with its ``options``) in order until ``end``.
 
     Returns the fastest fitting plan (span, name, plan) or None, a log, whether
@@ -236,7 +278,7 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
             log["out_of_time"].append(name)
             continue
         if name in LOWER_BOUNDS and best is not None:
-            with TimeBox(left) as box:      # seconds on a big graph: within the time left, which it then shortens
+            with TimeBox(left) as box:  # seconds on a big graph: within the time left, which it then shortens
                 bound = LOWER_BOUNDS[name](graph, cluster)
             left = min(end, deadline - check_s) - time.perf_counter()
             if box.expired or left <= 0:
@@ -248,9 +290,14 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
         searches = name in SEARCHES
         try:
             with frugal(), TimeBox(left if best is not None else None) as box:
-                plan = place(graph, cluster, name, seed=seed,
-                             time_limit=max(1.0, left / 3) if searches else (left if best is not None else None),
-                             **options.get(name, {}))
+                plan = place(
+                    graph,
+                    cluster,
+                    name,
+                    seed=seed,
+                    time_limit=max(1.0, left / 3) if searches else (left if best is not None else None),
+                    **options.get(name, {}),
+                )
             if box.expired:
                 log["out_of_time"].append(name)
                 continue
@@ -273,8 +320,9 @@ def _run_portfolio(graph: OpGraph, cluster: Cluster, members: list[str], seed: i
     return best, log, False, check_s
 
 
-def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed: int, max_evaluations: int,
-                  deadline: float) -> tuple[np.ndarray, float, int, bool]:
+def _local_search(
+    graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed: int, max_evaluations: int, deadline: float
+) -> tuple[np.ndarray, float, int, bool]:
     """Hill-climb on the placement; the earliest-ready order of the reference model runs each candidate.
 
     A candidate is simulated only if it and placer's final check of the plan end
@@ -289,12 +337,16 @@ def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed:
         granularities.append((unit_of, units, unit_allowed(graph, cluster, units)))
     began = time.perf_counter()
     state = _State(device_of.copy(), simulate(graph, cluster, device_of, check=False))
-    step = time.perf_counter() - began   # seconds per simulation, a running mean
+    step = time.perf_counter() - began  # seconds per simulation, a running mean
     seen = {device_of.tobytes()}
     evaluations = 0
     try:
-        while (evaluations < max_evaluations and time.perf_counter() + 2 * step < deadline and n_dev > 1
-               and graph.num_nodes):
+        while (
+            evaluations < max_evaluations
+            and time.perf_counter() + 2 * step < deadline
+            and n_dev > 1
+            and graph.num_nodes
+        ):
             candidate = _propose(graph, granularities[evaluations % 2], rng, state)
             evaluations += 1
             if candidate is None or candidate.tobytes() in seen:
@@ -303,7 +355,7 @@ def _local_search(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, seed:
             began = time.perf_counter()
             try:
                 trial = _State(candidate, simulate(graph, cluster, candidate, check=False))
-            except InvalidPlanError:    # a move to a device no channel reaches from a neighbour
+            except InvalidPlanError:  # a move to a device no channel reaches from a neighbour
                 continue
             step = 0.5 * step + 0.5 * (time.perf_counter() - began)
             if trial.key < state.key:
@@ -356,8 +408,9 @@ def _propose(graph: OpGraph, granularity, rng: np.random.Generator, state: _Stat
     if kind == 0:
         ptr_in, e_in = graph.in_edges
         ptr_out, e_out = graph.out_edges
-        neighbours = np.concatenate([graph.src[e_in[ptr_in[node]:ptr_in[node + 1]]],
-                                     graph.dst[e_out[ptr_out[node]:ptr_out[node + 1]]]])
+        neighbours = np.concatenate(
+            [graph.src[e_in[ptr_in[node] : ptr_in[node + 1]]], graph.dst[e_out[ptr_out[node] : ptr_out[node + 1]]]]
+        )
         near = np.intersect1d(current[neighbours], options)
         if near.size:
             options = near
@@ -367,7 +420,7 @@ def _propose(graph: OpGraph, granularity, rng: np.random.Generator, state: _Stat
     there = int(options[rng.integers(options.size)])
     candidate = current.copy()
     candidate[units[u]] = there
-    if rng.random() < 0.5:   # a swap: send back a unit of the target device that may run here
+    if rng.random() < 0.5:  # a swap: send back a unit of the target device that may run here
         residents = np.unique(unit_of[candidate == there])
         residents = residents[(residents != u) & allowed[residents, here]]
         if residents.size:

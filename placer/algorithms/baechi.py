@@ -32,7 +32,7 @@ __all__ = ["m_topo", "m_etf", "m_sct", "m_topo_schedule", "etf_schedule", "EtfSc
 
 #: Resolution (s) at which m-ETF compares start times: estimates of one time reached by sums in another
 #: order differ in their last bits, and a heap key a few ulps high would lose a tie it should win.
-TICK_S = 2.0 ** -40
+TICK_S = 2.0**-40
 # Where EtfScheduler.device_front found a device's first node (its heaps); a channel's index otherwise.
 _STARTABLE, _WAITING = -2, -1
 #: Seconds m-SCT's LP may take when the caller gives no time limit.
@@ -45,9 +45,9 @@ class _Crowd:
     __slots__ = ("buckets", "order", "gaps")
 
     def __init__(self, gaps: int):
-        self.buckets: dict[float, _Bucket] = {}    # rel -> its bucket
-        self.order: list[tuple[float, int, _Bucket]] = []     # the buckets not due: (rel, bucket serial, bucket)
-        self.gaps = gaps    # the channel's count of bookings that left it idle when its buckets were last checked
+        self.buckets: dict[float, _Bucket] = {}  # rel -> its bucket
+        self.order: list[tuple[float, int, _Bucket]] = []  # the buckets not due: (rel, bucket serial, bucket)
+        self.gaps = gaps  # the channel's count of bookings that left it idle when its buckets were last checked
 
 
 class _Bucket:
@@ -57,11 +57,11 @@ class _Bucket:
 
     def __init__(self, channel: int, rel: float, serial: int):
         self.channel, self.rel, self.serial = channel, rel, serial
-        self.shortest = math.inf    # the shortest transfer on the channel of any member: what an idle span must hold
+        self.shortest = math.inf  # the shortest transfer on the channel of any member: what an idle span must hold
         # Heap of (position, node, membership serial, a key the node starts no sooner than).
         self.members: list[tuple[int, int, int, float]] = []
-        self.due = False        # its key has reached the time the device frees: it competes by position
-        self.entry = -1         # the position of its live entry among the device's due buckets
+        self.due = False  # its key has reached the time the device frees: it competes by position
+        self.entry = -1  # the position of its live entry among the device's due buckets
         self.alive = True
 
 
@@ -76,8 +76,13 @@ def _position(graph: OpGraph) -> np.ndarray:
     return position
 
 
-def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
-                    capacity_scale: np.ndarray | None = None, sends: dict | None = None) -> Schedule:
+def m_topo_schedule(
+    graph: OpGraph,
+    cluster: Cluster,
+    ratio: float = 1.0,
+    capacity_scale: np.ndarray | None = None,
+    sends: dict | None = None,
+) -> Schedule:
     """m-TOPO under a memory ratio: topological order, devices filled one after another.
 
     Each device's share is the total need (every unit's reservation) over the
@@ -110,7 +115,7 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
         if j not in estimates:
             estimates[j] = state.estimate(v, j)
         if estimates[j].start == float("inf"):
-            return False        # no channel brings an input to j
+            return False  # no channel brings an input to j
         if within_share and given[j] + state.need(v, j, estimates[j]) > share[j]:
             return False
         return state.holds(v, j, estimates[j])
@@ -125,13 +130,19 @@ def m_topo_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
             state.commit(v, d, estimate)
             continue
         estimates: dict[int, Estimate] = {}
-        choices = ([(j, True) for j in range(current, n_dev)] + [(j, True) for j in range(current)]
-                   + [(j, False) for j in range(n_dev)])
+        choices = (
+            [(j, True) for j in range(current, n_dev)]
+            + [(j, True) for j in range(current)]
+            + [(j, False) for j in range(n_dev)]
+        )
         d = next((j for j, within_share in choices if takes(v, j, within_share, estimates)), -1)
-        if d < 0:       # memory, where some device it may use has its inputs brought to it; else the links
+        if d < 0:  # memory, where some device it may use has its inputs brought to it; else the links
             reached = any(estimate.start != float("inf") for estimate in estimates.values())
-            raise (InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory") if reached
-                   else state.unreached(v))
+            raise (
+                InfeasibleError(f"node {graph.ids[v]!r} fits no device's remaining memory")
+                if reached
+                else state.unreached(v)
+            )
         if state.unit_ok[state.unit_of[v]][current] and d > current:
             current = d
         given[d] += state.need(v, d, estimates[d])
@@ -242,42 +253,48 @@ class EtfScheduler:
     Baechi (Jeon et al., SoCC 2020), Sections 4.2 and 4.3 (m-ETF, m-SCT).
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
-                 favourite: np.ndarray | None = None, capacity_scale: np.ndarray | None = None,
-                 sends: dict | None = None):
+    def __init__(
+        self,
+        graph: OpGraph,
+        cluster: Cluster,
+        ratio: float = 1.0,
+        favourite: np.ndarray | None = None,
+        capacity_scale: np.ndarray | None = None,
+        sends: dict | None = None,
+    ):
         self.graph = graph
         self.state = ScheduleState(graph, cluster, ratio, insertion=False, capacity_scale=capacity_scale, sends=sends)
         n, n_dev = graph.num_nodes, cluster.num_devices
         self.n, self.n_dev = n, n_dev
         self.position = _position(graph).tolist()
-        self.pending = np.bincount(graph.dst, minlength=n).tolist()     # inputs not booked yet, per node
+        self.pending = np.bincount(graph.dst, minlength=n).tolist()  # inputs not booked yet, per node
         # One entry per edge (parallel edges included) so that `pending` reaches zero; each node's in index order.
         ptr, _ = graph.out_edges
         successors, at = graph.dst[np.lexsort((graph.dst, graph.src))].tolist(), ptr.tolist()
-        self.succ = [successors[at[v]:at[v + 1]] for v in range(n)]
-        self.fav_parent = [-1] * n      # a node's favourite parent, until it is offered everywhere
+        self.succ = [successors[at[v] : at[v + 1]] for v in range(n)]
+        self.fav_parent = [-1] * n  # a node's favourite parent, until it is offered everywhere
         if favourite is not None:
             for u, v in enumerate(favourite.tolist()):
                 if v >= 0:
                     self.fav_parent[v] = u
-        self.cache: dict = {}       # ScheduleState.cached_estimate's
-        self.arrives_after: dict[tuple[int, int], _Bound] = {}      # by (node, device)
-        self.waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]    # (key, position, node)
-        self.startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]        # (position, node)
-        self.crowds: list[dict[int, _Crowd]] = [{} for _ in range(n_dev)]     # per device, by channel
-        self.crowd_serial: dict[tuple[int, int], int] = {}   # (node, device) -> serial of its live crowd membership
+        self.cache: dict = {}  # ScheduleState.cached_estimate's
+        self.arrives_after: dict[tuple[int, int], _Bound] = {}  # by (node, device)
+        self.waiting: list[list[tuple[float, int, int]]] = [[] for _ in range(n_dev)]  # (key, position, node)
+        self.startable: list[list[tuple[int, int]]] = [[] for _ in range(n_dev)]  # (position, node)
+        self.crowds: list[dict[int, _Crowd]] = [{} for _ in range(n_dev)]  # per device, by channel
+        self.crowd_serial: dict[tuple[int, int], int] = {}  # (node, device) -> serial of its live crowd membership
         # Per device, the crowds' buckets that came due, by their first member's position: (position, serial, bucket).
         self.due_buckets: list[list[tuple[int, int, _Bucket]]] = [[] for _ in range(n_dev)]
         self.serials = itertools.count()
         self.held: list[list[tuple[float, int, int, int]]] = [[] for _ in range(n_dev)]  # (key, position, node, device)
-        self.held_used = [-np.inf] * n_dev       # the most memory in use when a node was held, per device
+        self.held_used = [-np.inf] * n_dev  # the most memory in use when a node was held, per device
         # Nodes whose unit needs more room than a device has left, by that need: (need, key, position, node, device).
         self.held_for_room: list[list[tuple[float, float, int, int, int]]] = [[] for _ in range(n_dev)]
         # Each device's front (device_front's), recomputed only for the devices whose heaps or timeline changed.
         self.front: list[tuple[float, int, int, int, int] | None] = [None] * n_dev
         # When each device frees, as its front was found (its timeline is the same since).
         self.free_at = [0.0] * n_dev
-        self.dirty: set[int] = set()     # the devices whose front must be found again
+        self.dirty: set[int] = set()  # the devices whose front must be found again
 
     # ------------------------------------------------------------ the main loop
     def run(self) -> Schedule:
@@ -313,10 +330,10 @@ class EtfScheduler:
             elif source == _WAITING:
                 heapq.heappop(self.waiting[d])
             else:
-                del self.crowd_serial[(v, d)]     # its bucket drops it when it comes first there
+                del self.crowd_serial[(v, d)]  # its bucket drops it when it comes first there
             if device_of[v] >= 0:
-                continue        # booked already from another of its entries (a reader weighed again waits twice)
-            if not self.may_wait_on(v, d):   # its group went elsewhere meanwhile, or a unit placed since narrowed it
+                continue  # booked already from another of its entries (a reader weighed again waits twice)
+            if not self.may_wait_on(v, d):  # its group went elsewhere meanwhile, or a unit placed since narrowed it
                 if self.fav_parent[v] >= 0:
                     self.offer_everywhere(v)
                 continue
@@ -326,11 +343,11 @@ class EtfScheduler:
                 continue
             bound, c = self.bound_on(v, d, start)
             if bound > start:
-                self.lift(v, d, bound, c)     # the bound still holds: nothing came to d since
+                self.lift(v, d, bound, c)  # the bound still holds: nothing came to d since
                 continue
             est = state.cached_estimate(v, d, self.cache)
             if est.start == float("inf"):
-                continue        # no channel brings an input to d
+                continue  # no channel brings an input to d
             if _tick(est.start) > start:
                 self.put_back(v, d, est)
                 continue
@@ -346,14 +363,15 @@ class EtfScheduler:
     def unstick(self, stuck: bool) -> None:
         """No device has a ready node in its heaps: weigh the held nodes again, or raise where that was done
         already (``stuck``) or no node is held."""
-        waiting_nodes = ([v for entries in self.held for _, _, v, _ in entries]
-                         + [v for entries in self.held_for_room for _, _, _, v, _ in entries])
-        if not waiting_nodes:       # the ready nodes left were dropped where no channel links a neighbour
+        waiting_nodes = [v for entries in self.held for _, _, v, _ in entries] + [
+            v for entries in self.held_for_room for _, _, _, v, _ in entries
+        ]
+        if not waiting_nodes:  # the ready nodes left were dropped where no channel links a neighbour
             v = next(v for v in range(self.n) if self.pending[v] == 0 and self.state.device_of[v] < 0)
             raise self.state.unreached(v)
-        if stuck:       # every node waiting was held for memory on a device its inputs reach
+        if stuck:  # every node waiting was held for memory on a device its inputs reach
             raise InfeasibleError(f"node {self.graph.ids[min(waiting_nodes)]!r} fits no device's remaining memory")
-        for j, entries in enumerate(self.held):   # what held them may have eased elsewhere: weigh them again
+        for j, entries in enumerate(self.held):  # what held them may have eased elsewhere: weigh them again
             self.release(entries)
             self.release_room(j, everything=True)
 
@@ -371,7 +389,7 @@ class EtfScheduler:
         for j in self.state.same_routes(v, d, est.bookings):
             self.arrives_after[(v, j)] = _Bound(_tick(ready), c, rel, shortest, gaps)
             if self.fronts_on(j, v):
-                self.dirty.add(j)    # its front is v at a key the bound now lifts
+                self.dirty.add(j)  # its front is v at a key the bound now lifts
 
     def booked(self, v: int, d: int, est: Estimate, fixed: int) -> None:
         """After ``v`` is booked on ``d`` (its unit's device was ``fixed`` before): call back the nodes whose
@@ -387,8 +405,9 @@ class EtfScheduler:
                 if pending[w] == 0 and state.device_of[w] < 0 and self.offered(w, d):
                     self.wait_on(d, (0.0, position[w], w))
         # Bookings on a channel move its crowds back: the devices they wait for are due again.
-        channels = ({booking.channel for booking in est.bookings}
-                    | {state.channel_of[d][send.device] for send in state.sends.get(v, ())})
+        channels = {booking.channel for booking in est.bookings} | {
+            state.channel_of[d][send.device] for send in state.sends.get(v, ())
+        }
         for c in channels:
             if c >= 0:
                 dirty.update(j for j in state.receivers[c] if c in self.crowds[j])
@@ -426,7 +445,7 @@ class EtfScheduler:
         else on every device it may use."""
         home = self.parent_device(v)
         if home >= 0 and self.state.may_take(v, home) and self.starts_earliest_at(v, home):
-            heapq.heappush(self.startable[home], (-1, v))    # next on its parent's device, before any other
+            heapq.heappush(self.startable[home], (-1, v))  # next on its parent's device, before any other
             self.dirty.add(home)
         else:
             self.offer_everywhere(v)
@@ -563,7 +582,7 @@ class EtfScheduler:
             if _tick(begin) != _tick(previous):
                 return _NO_CROWD
             previous, shortest = finish, min(shortest, finish - begin)
-        return _CrowdSpot(c, _tick(end - last), shortest)     # rel ticked: crowds of equal lengths order by position
+        return _CrowdSpot(c, _tick(end - last), shortest)  # rel ticked: crowds of equal lengths order by position
 
     def join_crowd(self, v: int, d: int, c: int, rel: float, key: float, shortest: float) -> None:
         """Put ``v`` in channel ``c``'s crowd on ``d``, ``rel`` after the channel's last booking and no sooner than
@@ -603,7 +622,7 @@ class EtfScheduler:
         if crowd.gaps == len(gap_bookings):
             return False
         # The margin covers rounding, as Timeline's does.
-        widest = max(gap_bookings[crowd.gaps:]) + 1e-9
+        widest = max(gap_bookings[crowd.gaps :]) + 1e-9
         crowd.gaps = len(gap_bookings)
         for rel, bucket in list(crowd.buckets.items()):
             if bucket.shortest > widest:
@@ -675,7 +694,7 @@ class EtfScheduler:
                 heapq.heappop(due)
                 continue
             first_pos, v, key = first
-            if first_pos != pos:      # its first member left: the bucket goes by its next one
+            if first_pos != pos:  # its first member left: the bucket goes by its next one
                 heapq.heapreplace(due, (first_pos, bucket.serial, bucket))
                 bucket.entry = first_pos
             elif key > free:
@@ -697,9 +716,9 @@ class EtfScheduler:
         """
         state = self.state
         device_of = state.device_of
-        free = self.free_at[d] = _tick(max(0.0, state.devices[d].last[-1]))     # when its last booking ends
+        free = self.free_at[d] = _tick(max(0.0, state.devices[d].last[-1]))  # when its last booking ends
         wait, start, on_channels = self.waiting[d], self.startable[d], self.crowds[d]
-        if on_channels:     # most devices, most of the time, have no crowd: none of this is needed
+        if on_channels:  # most devices, most of the time, have no crowd: none of this is needed
             for c in list(on_channels):
                 self.check_crowd(d, c)
             self.come_due(d, free)
@@ -756,9 +775,14 @@ class EtfScheduler:
         return min(best, crowd_best) if best and crowd_best else best or crowd_best
 
 
-def etf_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0,
-                 favourite: np.ndarray | None = None, capacity_scale: np.ndarray | None = None,
-                 sends: dict | None = None) -> Schedule:
+def etf_schedule(
+    graph: OpGraph,
+    cluster: Cluster,
+    ratio: float = 1.0,
+    favourite: np.ndarray | None = None,
+    capacity_scale: np.ndarray | None = None,
+    sends: dict | None = None,
+) -> Schedule:
     """Earliest-time-first list scheduling (m-ETF), or m-SCT when ``favourite`` children are given.
 
     The schedule :class:`EtfScheduler` makes under memory ratio ``ratio``,
@@ -787,8 +811,9 @@ def _tick(t: float) -> float:
     return t if t == math.inf else math.floor(t / TICK_S) * TICK_S
 
 
-def favourite_children(graph: OpGraph, cluster: Cluster, theta: float = 0.1,
-                       time_limit: float | None = None) -> np.ndarray:
+def favourite_children(
+    graph: OpGraph, cluster: Cluster, theta: float = 0.1, time_limit: float | None = None
+) -> np.ndarray:
     """m-SCT's favourite child of every node (-1 for none), from the LP relaxation of Baechi Sec. 4.3.
 
     Variables: ``x_e`` in [0, 1] per edge (1 = its transfer is paid), start
@@ -847,14 +872,16 @@ def favourite_children(graph: OpGraph, cluster: Cluster, theta: float = 0.1,
     vals += [np.ones(sinks.size), -np.ones(sinks.size)]
     rhs.append(-p[sinks])
     row += sinks.size
-    a_ub = coo_matrix((np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))),
-                      shape=(row, m + n + 1)).tocsr()
+    a_ub = coo_matrix(
+        (np.concatenate(vals), (np.concatenate(rows), np.concatenate(cols))), shape=(row, m + n + 1)
+    ).tocsr()
     objective = np.zeros(m + n + 1)
     objective[-1] = 1.0
     bounds = np.array([(0.0, 1.0)] * m + [(0.0, None)] * (n + 1), dtype=object)
     options = {} if time_limit is None else {"time_limit": float(time_limit)}
-    result = linprog(objective, A_ub=a_ub, b_ub=np.concatenate(rhs), bounds=bounds.tolist(),
-                     method="highs", options=options)
+    result = linprog(
+        objective, A_ub=a_ub, b_ub=np.concatenate(rhs), bounds=bounds.tolist(), method="highs", options=options
+    )
     if result.x is None:
         return favourite
     x = result.x[:m]
@@ -879,8 +906,15 @@ _REFERENCE = """
 
 
 @register("m_topo")
-def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-           refine: bool = True, coplace: bool = False) -> Plan:
+def m_topo(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    refine: bool = True,
+    coplace: bool = False,
+) -> Plan:
     """Baechi's m-TOPO: topological order, each device filled to its memory share before the next.
 
     Parameters
@@ -919,13 +953,25 @@ def m_topo(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
     """
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: m_topo_schedule(g, cluster, ratio, scale, sends),
-        _grouped(graph, coplace), cluster, "m_topo", refine=refine, dispatch=True)
+        _grouped(graph, coplace),
+        cluster,
+        "m_topo",
+        refine=refine,
+        dispatch=True,
+    )
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
 @register("m_etf")
-def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-          refine: bool = True, coplace: bool = False) -> Plan:
+def m_etf(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    refine: bool = True,
+    coplace: bool = False,
+) -> Plan:
     """Baechi's m-ETF: earliest-time-first list scheduling within each device's memory.
 
     Parameters
@@ -961,13 +1007,26 @@ def m_etf(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     """
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, capacity_scale=scale, sends=sends),
-        _grouped(graph, coplace), cluster, "m_etf", refine=refine, dispatch=True)
+        _grouped(graph, coplace),
+        cluster,
+        "m_etf",
+        refine=refine,
+        dispatch=True,
+    )
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 
 @register("m_sct")
-def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-          theta: float = 0.1, refine: bool = True, coplace: bool = False) -> Plan:
+def m_sct(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    theta: float = 0.1,
+    refine: bool = True,
+    coplace: bool = False,
+) -> Plan:
     """Baechi's m-SCT: m-ETF that keeps each LP-chosen favourite child on its parent's device.
 
     Parameters
@@ -1011,7 +1070,12 @@ def m_sct(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     favourite = favourite_children(graph, cluster, theta, LP_TIME_LIMIT_S if time_limit is None else time_limit / 2)
     sched = schedule_with_memory_retries(
         lambda g, ratio, scale, sends=None: etf_schedule(g, cluster, ratio, favourite, scale, sends=sends),
-        _grouped(graph, coplace), cluster, "m_sct", refine=refine, dispatch=True)
+        _grouped(graph, coplace),
+        cluster,
+        "m_sct",
+        refine=refine,
+        dispatch=True,
+    )
     return plan_from_schedule(graph, cluster, sched, dispatch=True)
 
 

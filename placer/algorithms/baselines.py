@@ -106,8 +106,9 @@ def round_robin(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: 
     return Plan.from_arrays(graph, cluster, fitting_plan_with_retries(build, graph, cluster, "round_robin"))
 
 
-def _unplaceable(name: str, graph: OpGraph, cluster: Cluster, device_of: np.ndarray, members: np.ndarray,
-                 room: np.ndarray) -> InfeasibleError:
+def _unplaceable(
+    name: str, graph: OpGraph, cluster: Cluster, device_of: np.ndarray, members: np.ndarray, room: np.ndarray
+) -> InfeasibleError:
     """The error where a unit fits no device: the channel a device with ``room`` (allowed, budget left) lacks
     to its placed neighbours (:func:`missing_link`), else memory."""
     if room.any():
@@ -123,7 +124,9 @@ def layer_labels(graph: OpGraph, min_layers: int = 1) -> np.ndarray:
     """
     n = graph.num_nodes
     names: dict[str, int] = {}
-    label = np.array([-1 if l is None else names.setdefault(l, len(names)) for l in graph.layer], dtype=np.int64)
+    label = np.array(
+        [-1 if name is None else names.setdefault(name, len(names)) for name in graph.layer], dtype=np.int64
+    )
     if not names:
         position = np.empty(n, dtype=np.int64)
         position[graph.topological_order] = np.arange(n)
@@ -132,13 +135,13 @@ def layer_labels(graph: OpGraph, min_layers: int = 1) -> np.ndarray:
     ptr_out, e_out = graph.out_edges
     for i in graph.topological_order.tolist():
         if label[i] < 0:
-            parents = label[graph.src[e_in[ptr_in[i]:ptr_in[i + 1]]]]
+            parents = label[graph.src[e_in[ptr_in[i] : ptr_in[i + 1]]]]
             parents = parents[parents >= 0]
             if parents.size:
                 label[i] = parents[0]
     for i in graph.topological_order[::-1].tolist():
         if label[i] < 0:
-            children = label[graph.dst[e_out[ptr_out[i]:ptr_out[i + 1]]]]
+            children = label[graph.dst[e_out[ptr_out[i] : ptr_out[i + 1]]]]
             children = children[children >= 0]
             if children.size:
                 label[i] = children[0]
@@ -204,8 +207,11 @@ def expert(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
         j, load = 0, 0.0
         for u, members in enumerate(units):
             need = 0 if budget is None else budget.unit_need(members)
-            while j < n_dev and not (allowed[u, j] and (budget is None or budget.fits(j, need))
-                                     and (load == 0.0 or load + unit_time[u, j] <= limit)):
+            while j < n_dev and not (
+                allowed[u, j]
+                and (budget is None or budget.fits(j, need))
+                and (load == 0.0 or load + unit_time[u, j] <= limit)
+            ):
                 j, load = j + 1, 0.0
             if j == n_dev:
                 return None
@@ -219,8 +225,10 @@ def expert(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
         best = greedy(np.inf, MemoryBudget(graph, cluster, ratio))
         if best is None:
             if greedy(np.inf, None) is None:
-                raise InfeasibleError("expert: no contiguous split of the layers over the devices in the cluster's "
-                                      "order gives every node a device of its kinds")
+                raise InfeasibleError(
+                    "expert: no contiguous split of the layers over the devices in the cluster's "
+                    "order gives every node a device of its kinds"
+                )
             raise InfeasibleError("expert: no contiguous split of the layers fits the devices' memory")
         lo, hi = float(unit_time.min(axis=1).max(initial=0.0)), float(unit_time.max(axis=1).sum())
         for _ in range(40):
@@ -241,8 +249,9 @@ def expert(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float
 
 
 @register("metis")
-def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-          imbalance: float = 0.05) -> Plan:
+def metis(
+    graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None, imbalance: float = 0.05
+) -> Plan:
     """k-way METIS partition minimising bytes cut, balancing compute, then repaired for kinds and memory.
 
     Units (colocation groups) become weighted vertices; edge weights are the
@@ -280,7 +289,7 @@ def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         pair_bytes[(x, y)] = pair_bytes.get((x, y), 0) + w
     adjacency: list[list[int]] = [[] for _ in range(n_units)]
     weights: list[list[int]] = [[] for _ in range(n_units)]
-    top = max(max(pair_bytes.values(), default=1), 1)     # edges of 0 bytes weigh the least, as others would
+    top = max(max(pair_bytes.values(), default=1), 1)  # edges of 0 bytes weigh the least, as others would
     for (x, y), w in sorted(pair_bytes.items()):
         scaled = max(1, int(round(w / top * 1e6)))
         adjacency[x].append(y)
@@ -295,9 +304,14 @@ def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         parts = np.zeros(n_units, dtype=np.int64)
     else:
         options = pymetis.Options(seed=seed, ufactor=int(round(imbalance * 1000)) or 1)
-        _, membership = pymetis.part_graph(n_dev, pymetis.CSRAdjacency(xadj, adjncy), vweights=vweights.tolist(),
-                                           eweights=eweights or None, tpwgts=(speeds / speeds.sum()).tolist(),
-                                           options=options)
+        _, membership = pymetis.part_graph(
+            n_dev,
+            pymetis.CSRAdjacency(xadj, adjncy),
+            vweights=vweights.tolist(),
+            eweights=eweights or None,
+            tpwgts=(speeds / speeds.sum()).tolist(),
+            options=options,
+        )
         parts = np.asarray(membership, dtype=np.int64)
     linked = cluster.linked
     parts = linked_parts(parts, unit_of, graph, linked, speeds)
@@ -328,8 +342,9 @@ def metis(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     return Plan.from_arrays(graph, cluster, fitting_plan_with_retries(build, graph, cluster, "metis"))
 
 
-def linked_parts(parts: np.ndarray, unit_of: np.ndarray, graph: OpGraph, linked: np.ndarray,
-                 speeds: np.ndarray) -> np.ndarray:
+def linked_parts(
+    parts: np.ndarray, unit_of: np.ndarray, graph: OpGraph, linked: np.ndarray, speeds: np.ndarray
+) -> np.ndarray:
     """``parts`` (a device per unit) relabelled so that the fewest bytes cross device pairs without a channel.
 
     A partitioner numbers its parts arbitrarily: on a line of devices, two parts that exchange data may

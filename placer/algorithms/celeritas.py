@@ -71,11 +71,20 @@ from .common import incident_edges, linked_devices, liveness_ratio, missing_link
 from .registry import register
 from .timebox import optional_work
 
-__all__ = ["order_place", "celeritas", "CoarseSchedule", "schedule_coarse", "memory_need", "POLICIES", "Candidate",
-           "candidates", "consumer_order"]
+__all__ = [
+    "order_place",
+    "celeritas",
+    "CoarseSchedule",
+    "schedule_coarse",
+    "memory_need",
+    "POLICIES",
+    "Candidate",
+    "candidates",
+    "consumer_order",
+]
 
 POLICIES = ("order", "adjust")
-HEADROOM = 0.97   # share of each device's memory budgeted: estimates of the peak are seldom exact
+HEADROOM = 0.97  # share of each device's memory budgeted: estimates of the peak are seldom exact
 #: Where no schedule of the fused graph fits, it is fused again with clusters capped at this share of the
 #: last cap, while the cap stays at least :data:`MIN_MEMORY_FRACTION` of a device: whole clusters of up to
 #: a quarter of a device leave too coarse a split where the step hardly fits (NASNet over two V100s: no
@@ -144,7 +153,7 @@ class _Queue:
 
     def __init__(self) -> None:
         self.queued: list[float] = []
-        self.ends: list[float] = []     # by queue instant
+        self.ends: list[float] = []  # by queue instant
 
     def start(self, queued: float, extra: list[tuple[float, float]]) -> float:
         """When a transfer queued at ``queued`` starts; ``extra``: (queued, end) of transfers to be added
@@ -186,8 +195,15 @@ class _Timeline:
         self.ends.insert(k, finish)
 
 
-def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.ndarray,
-                    capacity: np.ndarray, queued: bool = False, charge_pushes: bool = True) -> CoarseSchedule:
+def schedule_coarse(
+    fused: FusedGraph,
+    cluster: Cluster,
+    policy: str,
+    need: np.ndarray,
+    capacity: np.ndarray,
+    queued: bool = False,
+    charge_pushes: bool = True,
+) -> CoarseSchedule:
     """Place and time every cluster of ``fused`` by ``policy`` ("order" or "adjust").
 
     Parameters
@@ -243,7 +259,7 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         group_of[graph.colocation_groups[key]] = g
     group_members = [graph.colocation_groups[key] for key in group_names]
     linked = cluster.linked
-    pin = np.full(len(group_names) + 1, -1, dtype=np.int64)   # the last entry stands for "no group"
+    pin = np.full(len(group_names) + 1, -1, dtype=np.int64)  # the last entry stands for "no group"
     charged = np.zeros(graph.num_nodes, dtype=bool)
     used = np.zeros(n_dev)
     timelines = [_Timeline() for _ in range(n_dev)]
@@ -269,32 +285,42 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         # (a pinned member sits on its group's device, which need not be its cluster's).
         allowed = fused.allowed[k] & linked_devices(graph, linked, node_device, decided)
         if not allowed.any():
-            raise InfeasibleError(missing_link(graph, cluster, node_device, decided, int(np.argmax(fused.allowed[k])))
-                                  + " (nor is any other device the nodes' kinds and colocation groups allow "
-                                    "linked to all their neighbours placed so far)")
+            raise InfeasibleError(
+                missing_link(graph, cluster, node_device, decided, int(np.argmax(fused.allowed[k])))
+                + " (nor is any other device the nodes' kinds and colocation groups allow "
+                "linked to all their neighbours placed so far)"
+            )
         ps = slice(in_ptr[k], in_ptr[k + 1])
         preds = pred_of[ps]
         sends: list[list] = [[] for _ in range(n_dev)]
-        pushed = np.zeros(n_dev)    # what going there would delay transfers already placed
+        pushed = np.zeros(n_dev)  # what going there would delay transfers already placed
         if preds.size:
             src_dev = device[preds]
             ready = (finish[preds][:, None] + latency[src_dev] + pred_bytes[ps][:, None] * inverse[src_dev]).max(axis=0)
             if not np.isfinite(ready[allowed]).all():
                 # An input comes from a pinned member, on a device its cluster's has no channel from.
-                ready = np.where(np.isfinite(ready), ready, _arrivals(graph, fused, node_device, finish, k,
-                                                                        latency, inverse))
+                ready = np.where(
+                    np.isfinite(ready), ready, _arrivals(graph, fused, node_device, finish, k, latency, inverse)
+                )
             if queued:
                 xs = slice(inputs.ptr[k], inputs.ptr[k + 1])
                 producer = inputs.producer[xs]
                 sent = finish[fused.cluster_of[producer]]
                 src = node_device[producer]
                 rows = np.lexsort((src, sent))
-                row_list = list(zip(src[rows].tolist(), sent[rows].tolist(), inputs.key[xs][rows].tolist(),
-                                    inputs.nbytes[xs][rows].tolist()))
+                row_list = list(
+                    zip(
+                        src[rows].tolist(),
+                        sent[rows].tolist(),
+                        inputs.key[xs][rows].tolist(),
+                        inputs.nbytes[xs][rows].tolist(),
+                    )
+                )
                 for d in range(n_dev):
                     if allowed[d] and np.isfinite(ready[d]):
-                        ready[d], sends[d], pushed[d] = _queued_arrival(d, row_list, delivered[d], channel_l, channel_lines,
-                                                             latency_l, inverse_l)
+                        ready[d], sends[d], pushed[d] = _queued_arrival(
+                            d, row_list, delivered[d], channel_l, channel_lines, latency_l, inverse_l
+                        )
                 if not charge_pushes:
                     pushed[:] = 0.0
         else:
@@ -303,8 +329,9 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
         if (pinned_to >= 0).any():
             # The first-placed member of a group decided its device; most pinned members decide here,
             # if that device has room for the rest (else the rest is placed freely, the pinned members stay).
-            votes = np.where(allowed & (used + amount <= capacity),
-                             np.bincount(pinned_to[pinned_to >= 0], minlength=n_dev), 0)
+            votes = np.where(
+                allowed & (used + amount <= capacity), np.bincount(pinned_to[pinned_to >= 0], minlength=n_dev), 0
+            )
             if votes.max() > 0:
                 choice = int(np.argmax(votes))
                 forced[step] = True
@@ -313,12 +340,23 @@ def schedule_coarse(fused: FusedGraph, cluster: Cluster, policy: str, need: np.n
             if d == choice or (choice < 0 and allowed[d] and used[d] + amount <= capacity[d]):
                 est[d] = timelines[d].earliest(float(ready[d]), float(duration[k, d]))
         if choice < 0:
-            choice = _choose(policy, est + duration[k] + pushed, prev, allowed, capacity - used,
-                             latency, inverse, float(largest_out[k]) if has_succ[k] else None)
+            choice = _choose(
+                policy,
+                est + duration[k] + pushed,
+                prev,
+                allowed,
+                capacity - used,
+                latency,
+                inverse,
+                float(largest_out[k]) if has_succ[k] else None,
+            )
         previous[step] = prev
         device[k] = choice
-        start[k] = est[choice] if np.isfinite(est[choice]) else \
-            timelines[choice].earliest(float(ready[choice]), float(duration[k, choice]))
+        start[k] = (
+            est[choice]
+            if np.isfinite(est[choice])
+            else timelines[choice].earliest(float(ready[choice]), float(duration[k, choice]))
+        )
         finish[k] = start[k] + duration[k, choice]
         timelines[choice].add(float(start[k]), float(finish[k]))
         for ch, queued_at, ends, keys in sends[choice]:
@@ -363,9 +401,15 @@ def _cluster_inputs(fused: FusedGraph) -> _Inputs:
     return _Inputs(ptr, s, np.asarray(key, dtype=np.int64).reshape(-1), b, int(pairs.shape[1]))
 
 
-def _queued_arrival(d: int, rows: list[tuple[int, float, int, float]], delivered: dict[int, float],
-                    channel_of: list[list[int]], channel_lines: list[_Queue], latency: list[list[float]],
-                    inverse: list[list[float]]) -> tuple[float, list, float]:
+def _queued_arrival(
+    d: int,
+    rows: list[tuple[int, float, int, float]],
+    delivered: dict[int, float],
+    channel_of: list[list[int]],
+    channel_lines: list[_Queue],
+    latency: list[list[float]],
+    inverse: list[list[float]],
+) -> tuple[float, list, float]:
     """When a cluster's inputs are all on device ``d``, the transfers that brings, and the delay they
     cause transfers already placed.
 
@@ -384,8 +428,8 @@ def _queued_arrival(d: int, rows: list[tuple[int, float, int, float]], delivered
     """
     ready, sends, pushed = 0.0, [], 0.0
     extra: dict[int, list[tuple[float, float]]] = {}
-    group: list | None = None      # [source device, instant, bytes, keys, tensors]
-    finished: list[tuple[int, float, float, int]] = []   # (source device, instant, bytes, tensors) of each group
+    group: list | None = None  # [source device, instant, bytes, keys, tensors]
+    finished: list[tuple[int, float, float, int]] = []  # (source device, instant, bytes, tensors) of each group
 
     for a, at, key, nbytes in rows:
         if a == d:
@@ -407,7 +451,7 @@ def _queued_arrival(d: int, rows: list[tuple[int, float, int, float]], delivered
         finished.append(group)
     for a, queued, nbytes, keys, tensors in finished:
         ch = channel_of[a][d]
-        if ch < 0:      # a pinned producer on a device with no channel to d
+        if ch < 0:  # a pinned producer on a device with no channel to d
             return float("inf"), [], 0.0
         duration = tensors * latency[a][d] + nbytes * inverse[a][d]
         mine = extra.setdefault(ch, [])
@@ -420,8 +464,15 @@ def _queued_arrival(d: int, rows: list[tuple[int, float, int, float]], delivered
     return ready, sends, pushed
 
 
-def _arrivals(graph: OpGraph, fused: FusedGraph, node_device: np.ndarray, finish: np.ndarray, k: int,
-              latency: np.ndarray, inverse: np.ndarray) -> np.ndarray:
+def _arrivals(
+    graph: OpGraph,
+    fused: FusedGraph,
+    node_device: np.ndarray,
+    finish: np.ndarray,
+    k: int,
+    latency: np.ndarray,
+    inverse: np.ndarray,
+) -> np.ndarray:
     """When the inputs of cluster ``k`` from other clusters could reach each device, by the devices their
     producers sit on (a pinned member's is its group's, not its cluster's); inf where no channel does."""
     _, edges = incident_edges(graph, fused.members[k])
@@ -431,8 +482,16 @@ def _arrivals(graph: OpGraph, fused: FusedGraph, node_device: np.ndarray, finish
     return (sent + latency[src_dev] + graph.edge_bytes[edges][:, None] * inverse[src_dev]).max(axis=0)
 
 
-def _choose(policy: str, eft: np.ndarray, prev: int, allowed: np.ndarray, room: np.ndarray,
-            latency: np.ndarray, inverse: np.ndarray, largest_out: float | None) -> int:
+def _choose(
+    policy: str,
+    eft: np.ndarray,
+    prev: int,
+    allowed: np.ndarray,
+    room: np.ndarray,
+    latency: np.ndarray,
+    inverse: np.ndarray,
+    largest_out: float | None,
+) -> int:
     """The device for one cluster, given its earliest finish per device (inf where it may not go).
 
     ``allowed``: the devices its kinds allow that channels link to its neighbours placed so far.
@@ -450,7 +509,7 @@ def _choose(policy: str, eft: np.ndarray, prev: int, allowed: np.ndarray, room: 
     best = int(np.argmin(eft))
     back_cost = 0.0 if largest_out is None else latency[best, prev] + largest_out * inverse[best, prev]
     if not np.isfinite(eft[prev]) or eft[prev] - eft[best] > back_cost:
-        return best     # (prev full, or not linked to this cluster's neighbours: no channel back costs inf too)
+        return best  # (prev full, or not linked to this cluster's neighbours: no channel back costs inf too)
     return prev
 
 
@@ -525,7 +584,7 @@ def consumer_order(graph: OpGraph, cluster: Cluster, order: np.ndarray) -> np.nd
     ptr_list = ptr.tolist()
     for u in order[::-1][free[order[::-1]]].tolist():
         if ptr_list[u + 1] > ptr_list[u]:
-            anchor[u] = anchor[children[ptr_list[u]:ptr_list[u + 1]]].min()
+            anchor[u] = anchor[children[ptr_list[u] : ptr_list[u + 1]]].min()
     return np.lexsort((position, ~free, anchor))
 
 
@@ -558,24 +617,45 @@ def candidates(graph: OpGraph, policies: tuple[str, ...], exploration_range: int
         r = max(1, exploration_range // share)
         if r in tried:
             continue
-        charges = (True, False) if len(tried) == 1 else (True,)    # uncharged at the first finer R only
+        charges = (True, False) if len(tried) == 1 else (True,)  # uncharged at the first finer R only
         tried.add(r)
         out += [Candidate(layout, r, "adjust", charge) for charge in charges for layout in ("cpd", "consumer")]
     return out
 
 
-def _fused(graph: OpGraph, cluster: Cluster, layout: str, exploration_range: int, memory_fraction: float,
-           cpd: FusedGraph | None) -> FusedGraph:
+def _fused(
+    graph: OpGraph,
+    cluster: Cluster,
+    layout: str,
+    exploration_range: int,
+    memory_fraction: float,
+    cpd: FusedGraph | None,
+) -> FusedGraph:
     if layout == "cpd":
         return fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction)
-    base = cpd.order if cpd is not None else fuse(graph, cluster, exploration_range=exploration_range,
-                                                  memory_fraction=memory_fraction).order
-    return fuse_in_order(graph, cluster, consumer_order(graph, cluster, base),
-                         exploration_range=exploration_range, memory_fraction=memory_fraction)
+    base = (
+        cpd.order
+        if cpd is not None
+        else fuse(graph, cluster, exploration_range=exploration_range, memory_fraction=memory_fraction).order
+    )
+    return fuse_in_order(
+        graph,
+        cluster,
+        consumer_order(graph, cluster, base),
+        exploration_range=exploration_range,
+        memory_fraction=memory_fraction,
+    )
 
 
-def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: str, exploration_range: int,
-           memory_fraction: float, time_limit: float | None) -> Plan:
+def _place(
+    graph: OpGraph,
+    cluster: Cluster,
+    policies: tuple[str, ...],
+    name: str,
+    exploration_range: int,
+    memory_fraction: float,
+    time_limit: float | None,
+) -> Plan:
     """Fuse, schedule the coarse graph by each candidate (:func:`candidates`; fused again into smaller
     clusters where none fits), and map the fastest fitting schedule back.
 
@@ -587,8 +667,9 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
     deadline = time.perf_counter() + (time_limit if time_limit is not None else np.inf)
     began, errors = time.perf_counter(), []
     fraction = memory_fraction
-    best = _fastest_fitting(graph, cluster, candidates(graph, policies, exploration_range), fraction,
-                            name, deadline, errors)
+    best = _fastest_fitting(
+        graph, cluster, candidates(graph, policies, exploration_range), fraction, name, deadline, errors
+    )
     took_s = time.perf_counter() - began
     while best is None and fraction * SMALLER_CLUSTERS_BY >= MIN_MEMORY_FRACTION:
         # Optional work: where the time limit cuts it short, the diagnosis at the fraction asked for stands.
@@ -597,25 +678,47 @@ def _place(graph: OpGraph, cluster: Cluster, policies: tuple[str, ...], name: st
             break
         began = time.perf_counter()
         with box:
-            found = _fastest_fitting(graph, cluster, [Candidate("cpd", exploration_range, p) for p in policies],
-                                     fraction * SMALLER_CLUSTERS_BY, name, deadline, [])
+            found = _fastest_fitting(
+                graph,
+                cluster,
+                [Candidate("cpd", exploration_range, p) for p in policies],
+                fraction * SMALLER_CLUSTERS_BY,
+                name,
+                deadline,
+                [],
+            )
         if box.expired:
             break
         fraction, best, took_s = fraction * SMALLER_CLUSTERS_BY, found, time.perf_counter() - began
     if best is None:
-        raise errors[0]     # the diagnosis at the memory fraction asked for
+        raise errors[0]  # the diagnosis at the memory fraction asked for
     _, schedule, order, rounds, chosen, fused = best
     # A graph without compute has an infinite CCR, which a plan file (JSON) cannot hold: None there.
     ccr_before, ccr_after = (x if np.isfinite(x) else None for x in (fused.ccr_before, fused.ccr_after))
-    stats = {"clusters": fused.num_clusters, "ccr_before": ccr_before, "ccr_after": ccr_after,
-             "coarse_makespan_s": schedule.makespan_s, "rounds": rounds, "policy": chosen.policy,
-             "layout": chosen.layout, "exploration_range": chosen.exploration_range,
-             "charge_pushes": chosen.charge_pushes, "memory_fraction": fraction}
+    stats = {
+        "clusters": fused.num_clusters,
+        "ccr_before": ccr_before,
+        "ccr_after": ccr_after,
+        "coarse_makespan_s": schedule.makespan_s,
+        "rounds": rounds,
+        "policy": chosen.policy,
+        "layout": chosen.layout,
+        "exploration_range": chosen.exploration_range,
+        "charge_pushes": chosen.charge_pushes,
+        "memory_fraction": fraction,
+    }
     return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
 
 
-def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], memory_fraction: float, name: str,
-                     deadline: float, errors: list) -> tuple | None:
+def _fastest_fitting(
+    graph: OpGraph,
+    cluster: Cluster,
+    tries: list[Candidate],
+    memory_fraction: float,
+    name: str,
+    deadline: float,
+    errors: list,
+) -> tuple | None:
     """The fastest fitting schedule by any of ``tries`` (:func:`_fitting_schedule`'s, with the candidate and
     its fused graph), or None; each candidate's InfeasibleError goes to ``errors``. No candidate after the
     first starts once a plan is in hand and ``deadline`` has passed."""
@@ -630,8 +733,16 @@ def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], m
             if candidate.layout == "cpd":
                 cpd = fused_by[key]
         try:
-            found = _fitting_schedule(graph, cluster, fused_by[key], candidate.policy, name, deadline, need=need,
-                                      charge_pushes=candidate.charge_pushes)
+            found = _fitting_schedule(
+                graph,
+                cluster,
+                fused_by[key],
+                candidate.policy,
+                name,
+                deadline,
+                need=need,
+                charge_pushes=candidate.charge_pushes,
+            )
         except InfeasibleError as exc:
             errors.append(exc)
             continue
@@ -640,9 +751,17 @@ def _fastest_fitting(graph: OpGraph, cluster: Cluster, tries: list[Candidate], m
     return best
 
 
-def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, policy: str, name: str,
-                      deadline: float = np.inf, tries: int = 8, need: np.ndarray | None = None,
-                      charge_pushes: bool = True) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
+def _fitting_schedule(
+    graph: OpGraph,
+    cluster: Cluster,
+    fused: FusedGraph,
+    policy: str,
+    name: str,
+    deadline: float = np.inf,
+    tries: int = 8,
+    need: np.ndarray | None = None,
+    charge_pushes: bool = True,
+) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
     """Schedule the coarse graph by ``policy`` until the reference model says the plan fits.
 
     Devices are budgeted with :func:`memory_need`. After a schedule that
@@ -664,9 +783,10 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
     best = None
     for rounds in range(1, tries + 1):
         try:
-            schedule = schedule_coarse(fused, cluster, policy, need, HEADROOM * memory, queued=policy == "adjust",
-                                       charge_pushes=charge_pushes)
-        except InfeasibleError as exc:      # a dead end on devices not all linked
+            schedule = schedule_coarse(
+                fused, cluster, policy, need, HEADROOM * memory, queued=policy == "adjust", charge_pushes=charge_pushes
+            )
+        except InfeasibleError as exc:  # a dead end on devices not all linked
             raise InfeasibleError(f"{name}: {exc}") from None
         # The coarse schedule's order, or the reference model's earliest-ready order where that is faster.
         peaks = []
@@ -688,8 +808,15 @@ def _fitting_schedule(graph: OpGraph, cluster: Cluster, fused: FusedGraph, polic
 
 
 @register("order_place")
-def order_place(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-                exploration_range: int = 200, memory_fraction: float = 0.25) -> Plan:
+def order_place(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    exploration_range: int = 200,
+    memory_fraction: float = 0.25,
+) -> Plan:
     """Celeritas's Order-Place baseline: the fused graph in CPD-TOPO order, filling one device after another.
 
     Each cluster of the fused graph stays on the previous cluster's device
@@ -737,8 +864,15 @@ def order_place(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: 
 
 
 @register("celeritas")
-def celeritas(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-              exploration_range: int = 200, memory_fraction: float = 0.25) -> Plan:
+def celeritas(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    exploration_range: int = 200,
+    memory_fraction: float = 0.25,
+) -> Plan:
     """Celeritas: optimal operation fusion, then Adjusting Placement of the fused graph.
 
     Clusters are taken in the CPD-TOPO order of the fused graph. For each,

@@ -35,9 +35,19 @@ from ..sim.validation import validate
 from ..transform.bind import target_graph
 from .registry import checked_options, get_algorithm, place
 
-__all__ = ["CHECKS", "check_algorithm", "contract_cases", "random_cases", "check_valid_plans", "check_constraints",
-           "check_memory_pressure", "check_random_cases", "check_partially_linked", "check_determinism",
-           "check_option_validation"]
+__all__ = [
+    "CHECKS",
+    "check_algorithm",
+    "contract_cases",
+    "random_cases",
+    "check_valid_plans",
+    "check_constraints",
+    "check_memory_pressure",
+    "check_random_cases",
+    "check_partially_linked",
+    "check_determinism",
+    "check_option_validation",
+]
 
 GiB = 1 << 30
 CHECK_TIME_LIMIT = 10.0
@@ -45,12 +55,13 @@ CHECK_TIME_LIMIT = 10.0
 
 def _check_plan(plan: Plan, graph: OpGraph, cluster: Cluster, label: str) -> None:
     # Read the plan back from its file form: what a user gets must simulate to what it predicts.
-    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict(), allow_nan=False)))   # as Plan.save writes it
+    again = Plan.from_dict(json.loads(json.dumps(plan.to_dict(), allow_nan=False)))  # as Plan.save writes it
     result = simulate_plan(again, graph, cluster)
     assert result.fits, f"{label}: plan does not fit memory"
     predicted = plan.predicted["makespan_s"]
-    assert np.isclose(predicted, result.makespan_s, rtol=1e-6, atol=0), \
+    assert np.isclose(predicted, result.makespan_s, rtol=1e-6, atol=0), (
         f"{label}: predicted makespan {predicted} but the reference model gives {result.makespan_s}"
+    )
     for name, peak in plan.predicted["peak_memory_bytes"].items():
         j = cluster.device_index[name]
         assert peak == int(result.peak_memory_bytes[j]), f"{label}: predicted peak memory of {name} differs"
@@ -77,8 +88,9 @@ def check_constraints(name: str, **options) -> None:
             assert len(devices) == 1, f"{name} on {label}: colocation group {key!r} split over {devices}"
         for i, allowed in enumerate(target.device_kinds):
             if allowed is not None:
-                assert kinds[plan.placement[target.ids[i]]] in allowed, \
+                assert kinds[plan.placement[target.ids[i]]] in allowed, (
                     f"{name} on {label}: node {target.ids[i]!r} on a forbidden kind"
+                )
 
 
 def check_memory_pressure(name: str, **options) -> None:
@@ -99,13 +111,24 @@ def random_cases(count: int = 6, seed: int = 0) -> list[tuple[str, OpGraph, Clus
     for k in range(count):
         n_dev = int(rng.integers(2, 5))
         kinds = ["V100", "A100"]
-        devices = [Device(f"d{j}", kinds[j % 2], int(rng.integers(1, 8)) * (64 << 20), float(rng.uniform(0.5, 2)))
-                   for j in range(n_dev)]
+        devices = [
+            Device(f"d{j}", kinds[j % 2], int(rng.integers(1, 8)) * (64 << 20), float(rng.uniform(0.5, 2)))
+            for j in range(n_dev)
+        ]
         names = [d.name for d in devices]
-        channels = [Channel(f"{a}->{b}", float(rng.uniform(1e9, 5e10)), float(rng.uniform(0, 1e-4)), ((a, b),))
-                    for a in names for b in names if a != b]
-        graph = random_dag(int(rng.integers(5, 60)), edge_prob=float(rng.uniform(0.1, 0.8)), seed=int(rng.integers(1 << 30)),
-                           max_bytes=16 << 20, colocation_groups=int(rng.integers(0, 4)))
+        channels = [
+            Channel(f"{a}->{b}", float(rng.uniform(1e9, 5e10)), float(rng.uniform(0, 1e-4)), ((a, b),))
+            for a in names
+            for b in names
+            if a != b
+        ]
+        graph = random_dag(
+            int(rng.integers(5, 60)),
+            edge_prob=float(rng.uniform(0.1, 0.8)),
+            seed=int(rng.integers(1 << 30)),
+            max_bytes=16 << 20,
+            colocation_groups=int(rng.integers(0, 4)),
+        )
         graph = graph.replace(device_kinds=[("V100",) if rng.random() < 0.1 else None for _ in range(graph.num_nodes)])
         cases.append((f"random-{k}", graph, Cluster(f"random-{k}", devices, channels)))
     return cases
@@ -125,11 +148,22 @@ def _line_case() -> tuple[OpGraph, Cluster]:
     """A random DAG with kinds and colocation over an A100 and two V100s in a line (channels both ways between
     neighbours only: a0 cannot send to v1), each holding 60% of a one-device run: the step needs two devices."""
     graph = with_device_kinds(random_dag(40, edge_prob=0.15, colocation_groups=3, seed=8, max_bytes=8 << 20))
-    memory = int(0.6 * simulate(graph, Cluster("one", [Device("one", "V100", 1 << 50)], []),
-                                np.zeros(graph.num_nodes, dtype=np.int64)).peak_memory_bytes[0])
+    memory = int(
+        0.6
+        * simulate(
+            graph, Cluster("one", [Device("one", "V100", 1 << 50)], []), np.zeros(graph.num_nodes, dtype=np.int64)
+        ).peak_memory_bytes[0]
+    )
     devices = [Device("a0", "A100", memory, 1.3), Device("v0", "V100", memory), Device("v1", "V100", memory)]
-    return graph, Cluster("line-3", devices, [Channel(f"{a}->{b}", 12e9, 1e-5, ((a, b),))
-                                              for x, y in (("a0", "v0"), ("v0", "v1")) for a, b in ((x, y), (y, x))])
+    return graph, Cluster(
+        "line-3",
+        devices,
+        [
+            Channel(f"{a}->{b}", 12e9, 1e-5, ((a, b),))
+            for x, y in (("a0", "v0"), ("v0", "v1"))
+            for a, b in ((x, y), (y, x))
+        ],
+    )
 
 
 def check_partially_linked(name: str, **options) -> None:
@@ -171,8 +205,15 @@ def check_option_validation(name: str, **options) -> None:
         raise AssertionError(f"{name}: option {bad} was accepted")
 
 
-CHECKS = (check_valid_plans, check_constraints, check_memory_pressure, check_random_cases, check_partially_linked,
-          check_determinism, check_option_validation)
+CHECKS = (
+    check_valid_plans,
+    check_constraints,
+    check_memory_pressure,
+    check_random_cases,
+    check_partially_linked,
+    check_determinism,
+    check_option_validation,
+)
 
 
 def check_algorithm(name: str, **options) -> None:

@@ -20,8 +20,16 @@ from ..graph import OpGraph, joined_groups
 from ..io import shown_sizes
 from ..sim.simulator import simulate
 
-__all__ = ["placement_units", "liveness_ratio", "MemoryBudget", "unit_allowed", "fitting_plan_with_retries",
-           "incident_edges", "linked_devices", "missing_link"]
+__all__ = [
+    "placement_units",
+    "liveness_ratio",
+    "MemoryBudget",
+    "unit_allowed",
+    "fitting_plan_with_retries",
+    "incident_edges",
+    "linked_devices",
+    "missing_link",
+]
 
 
 def placement_units(graph: OpGraph, extra_groups: np.ndarray | None = None) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -128,7 +136,7 @@ def incident_edges(graph: OpGraph, nodes: np.ndarray) -> tuple[np.ndarray, np.nd
     """The edges out of ``nodes`` and the edges into them (edge indices)."""
     found = []
     for ptr, ids in (graph.out_edges, graph.in_edges):
-        found.append(np.concatenate([ids[ptr[v]:ptr[v + 1]] for v in nodes.tolist()] + [np.zeros(0, dtype=np.int64)]))
+        found.append(np.concatenate([ids[ptr[v] : ptr[v + 1]] for v in nodes.tolist()] + [np.zeros(0, dtype=np.int64)]))
     return found[0], found[1]
 
 
@@ -154,6 +162,8 @@ def missing_link(graph: OpGraph, cluster: Cluster, node_device: np.ndarray, node
         u, v = int(graph.src[e]), int(graph.dst[e])
         a, b = (node_device[u], device) if node_device[v] < 0 else (device, node_device[v])
         if min(a, b) >= 0 and not linked[a, b]:
-            return (f"node {graph.ids[u]!r} would send from {names[a]!r} to node {graph.ids[v]!r} on {names[b]!r}, "
-                    f"but no channel connects these devices")
+            return (
+                f"node {graph.ids[u]!r} would send from {names[a]!r} to node {graph.ids[v]!r} on {names[b]!r}, "
+                f"but no channel connects these devices"
+            )
     raise ValueError(f"every edge of these nodes is linked on device {names[device]!r}")

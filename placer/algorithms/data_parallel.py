@@ -22,8 +22,14 @@ from ..transform.replicate import (
 from ..transform.split import batch_samples
 from .registry import register
 
-__all__ = ["data_parallel", "sharded_data_parallel", "replica_devices", "replica_hosts", "data_parallel_schedule",
-           "data_parallel_lower_bound"]
+__all__ = [
+    "data_parallel",
+    "sharded_data_parallel",
+    "replica_devices",
+    "replica_hosts",
+    "data_parallel_schedule",
+    "data_parallel_lower_bound",
+]
 
 #: The ``collective`` option's values: one of :data:`~placer.transform.replicate.COLLECTIVES`, or the
 #: fastest of them for the case.
@@ -58,8 +64,9 @@ def replica_hosts(cluster: Cluster, devices: list[int]) -> list[list[int]]:
     return groups if len({len(g) for g in groups}) == 1 else [[k] for k in range(r)]
 
 
-def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False,
-                              collective: str = "ring") -> float:
+def data_parallel_lower_bound(
+    graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False, collective: str = "ring"
+) -> float:
     """No data-parallel plan of ``graph`` on ``cluster`` is faster than this; far cheaper than building one.
 
     The longest of: the busiest replica device (its share of the batch, the
@@ -88,8 +95,9 @@ def data_parallel_lower_bound(graph: OpGraph, cluster: Cluster, *, shard_optimiz
     return min(_collective_lower_bounds(graph, cluster, shard_optimizer, names).values())
 
 
-def _collective_lower_bounds(graph: OpGraph, cluster: Cluster, shard_optimizer: bool,
-                             collectives: tuple[str, ...]) -> dict[str, float]:
+def _collective_lower_bounds(
+    graph: OpGraph, cluster: Cluster, shard_optimizer: bool, collectives: tuple[str, ...]
+) -> dict[str, float]:
     """:func:`data_parallel_lower_bound` of each of ``collectives``, sharing the replicas' own work."""
     devices = replica_devices(graph, cluster)
     if not devices:
@@ -118,16 +126,23 @@ def _collective_lower_bounds(graph: OpGraph, cluster: Cluster, shard_optimizer: 
                             return float("inf")
                         channel_busy[c] += cluster.channels[c].transfer_s(nbytes)
         if step_times:
-            steps = OpGraph([f"stage{i}" for i in range(len(step_times))], [t for t, _ in step_times], [], [], [],
-                            compute_s_by_kind=[by_kind for _, by_kind in step_times])
+            steps = OpGraph(
+                [f"stage{i}" for i in range(len(step_times))],
+                [t for t, _ in step_times],
+                [],
+                [],
+                [],
+                compute_s_by_kind=[by_kind for _, by_kind in step_times],
+            )
             busy = busy + steps.durations(cluster)[:, devices].sum(axis=0)
         return float(max(finish.max(initial=0.0), busy.max(), first_gradient + channel_busy.max(initial=0.0)))
 
     return {name: bound(name) for name in collectives}
 
 
-def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False,
-                           collective: str = "ring") -> tuple[DataParallelGraph, np.ndarray, list[np.ndarray]]:
+def data_parallel_schedule(
+    graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool = False, collective: str = "ring"
+) -> tuple[DataParallelGraph, np.ndarray, list[np.ndarray]]:
     """The data-parallel graph over every device that may hold a replica, its placement and order.
 
     Replica ``k`` (with its all-reduce steps) goes to the ``k``-th such device;
@@ -148,18 +163,21 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     """
     name = "sharded_data_parallel" if shard_optimizer else "data_parallel"
     if collective not in COLLECTIVE_CHOICES:
-        raise OptionError(f"option collective of {name!r} must be one of {', '.join(COLLECTIVE_CHOICES)}, "
-                          f"got {collective!r}")
+        raise OptionError(
+            f"option collective of {name!r} must be one of {', '.join(COLLECTIVE_CHOICES)}, got {collective!r}"
+        )
     devices = replica_devices(graph, cluster)
     if not devices:
         raise InfeasibleError(f"{name}: no device may run every node of the step (device kinds)")
     rows = batch_samples(graph)
     if rows is not None and rows < len(devices):
-        raise InfeasibleError(f"{name}: the batch has {rows} sample{'s' if rows > 1 else ''}, fewer than "
-                              f"the {len(devices)} replicas (one per device) to share it")
+        raise InfeasibleError(
+            f"{name}: the batch has {rows} sample{'s' if rows > 1 else ''}, fewer than "
+            f"the {len(devices)} replicas (one per device) to share it"
+        )
     hosts = replica_hosts(cluster, devices)
     kinds = [collective]
-    if collective == "best":     # the most promising first; one whose lower bound cannot win is not built
+    if collective == "best":  # the most promising first; one whose lower bound cannot win is not built
         bounds = _collective_lower_bounds(graph, cluster, shard_optimizer, COLLECTIVES)
         kinds = sorted(COLLECTIVES, key=bounds.__getitem__)
     best, unlinked = None, []
@@ -170,7 +188,7 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
         device_of = np.asarray(devices, dtype=np.int64)[dp.replica]
         src, dst = device_of[dp.graph.src], device_of[dp.graph.dst]
         missing = np.flatnonzero((src != dst) & (cluster.channel_index[src, dst] < 0))
-        if missing.size:        # devices not all linked: the collective's pattern needs a channel there is not
+        if missing.size:  # devices not all linked: the collective's pattern needs a channel there is not
             a, b = (cluster.devices[j].name for j in (src[missing[0]], dst[missing[0]]))
             unlinked.append(f"the {kind} all-reduce sends from {a!r} to {b!r}, which no channel connects")
             continue
@@ -183,14 +201,17 @@ def data_parallel_schedule(graph: OpGraph, cluster: Cluster, *, shard_optimizer:
     if not result.fits:
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
         needs, has = shown_sizes(result.peak_memory_bytes[j], cluster.devices[j].memory_bytes)
-        raise InfeasibleError(f"{name}: a replica on 1/{len(devices)} of the batch does not fit one device: "
-                              f"{cluster.devices[j].name!r} would need {needs} of {has}")
+        raise InfeasibleError(
+            f"{name}: a replica on 1/{len(devices)} of the batch does not fit one device: "
+            f"{cluster.devices[j].name!r} would need {needs} of {has}"
+        )
     return dp, device_of, result.device_orders()
 
 
 @register("data_parallel")
-def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-                  collective: str = "ring") -> Plan:
+def data_parallel(
+    graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None, collective: str = "ring"
+) -> Plan:
     """Data parallelism: every device runs a replica on 1/n of the batch; gradients are all-reduced.
 
     The plan places the data-parallel graph (:func:`~placer.transform.replicate.data_parallel_graph`,
@@ -237,8 +258,9 @@ def data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit
 
 
 @register("sharded_data_parallel")
-def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-                          collective: str = "ring") -> Plan:
+def sharded_data_parallel(
+    graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None, collective: str = "ring"
+) -> Plan:
     """Data parallelism with the optimizer sharded across the replicas (ZeRO stage 1).
 
     As :func:`data_parallel`, but each bucket of gradients is reduce-scattered,
@@ -289,7 +311,9 @@ def sharded_data_parallel(graph: OpGraph, cluster: Cluster, *, seed: int = 0, ti
 
 
 def _replica_plan(graph: OpGraph, cluster: Cluster, *, shard_optimizer: bool, collective: str) -> Plan:
-    dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=shard_optimizer,
-                                                   collective=collective)
-    return Plan.from_arrays(graph, cluster, device_of, orders, placed_graph=dp.graph,
-                            extra={"replicas": int(dp.replica.max(initial=0)) + 1})
+    dp, device_of, orders = data_parallel_schedule(
+        graph, cluster, shard_optimizer=shard_optimizer, collective=collective
+    )
+    return Plan.from_arrays(
+        graph, cluster, device_of, orders, placed_graph=dp.graph, extra={"replicas": int(dp.replica.max(initial=0)) + 1}
+    )

@@ -68,7 +68,7 @@ def _critical_path_device(state: ScheduleState, remaining: list[int], candidates
     """
     best, best_key = -1, None
     memory = state.memory
-    for d in (range(state.cluster.num_devices) if candidates is None else candidates):
+    for d in range(state.cluster.num_devices) if candidates is None else candidates:
         room = memory.capacity[d] - memory.used[d]
         seen: set[int] = set()
         total, count = 0.0, 0
@@ -92,9 +92,15 @@ def _critical_path_device(state: ScheduleState, remaining: list[int], candidates
     return best
 
 
-def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: np.ndarray | None = None,
-                  capacity_scale: np.ndarray | None = None, earliest_first: bool = False,
-                  sends: dict | None = None) -> Schedule:
+def dpos_schedule(
+    graph: OpGraph,
+    cluster: Cluster,
+    ratio: float = 1.0,
+    fixed: np.ndarray | None = None,
+    capacity_scale: np.ndarray | None = None,
+    earliest_first: bool = False,
+    sends: dict | None = None,
+) -> Schedule:
     """DPOS (FastT Algorithm 1) under a memory ratio.
 
     Priorities are upward ranks with each node's largest time over its
@@ -127,10 +133,10 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
             devices = [keep[v]]
         cache = None
         if on_path[v] and len(devices) > 1:
-            cache = {}      # the estimates that pick the critical-path device, which best_device needs again
+            cache = {}  # the estimates that pick the critical-path device, which best_device needs again
             if not _holds(state, v, cp_device, devices, cache):
                 holding = [d for d in devices if _holds(state, v, d, devices, cache)]
-                cp_device = _critical_path_device(state, path[position[v]:], holding)
+                cp_device = _critical_path_device(state, path[position[v] :], holding)
             if cp_device in devices:
                 devices = [cp_device]
         d, est = state.best_device(v, devices, cache=cache)
@@ -139,8 +145,9 @@ def dpos_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, fixed: n
 
 
 @register("dpos")
-def dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-         refine: bool = True) -> Plan:
+def dpos(
+    graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None, refine: bool = True
+) -> Plan:
     """FastT's DPOS: rank_u priorities, a critical-path device, insertion-based earliest finish elsewhere.
 
     Parameters
@@ -190,8 +197,9 @@ CHECK_SHARE = 0.9
 CHECK_SIMULATIONS = 4
 
 
-def _dpos_with_retries(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None, name: str,
-                       refine: bool = True) -> Schedule:
+def _dpos_with_retries(
+    graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None, name: str, refine: bool = True
+) -> Schedule:
     """DPOS's schedule that fits under the reference model, with its simulation (its memory retries)."""
     return rank_ordered_with_memory_retries(dpos_schedule, graph, cluster, name, refine, fixed=fixed)
 
@@ -204,8 +212,9 @@ def _dpos_fitting(graph: OpGraph, cluster: Cluster, fixed: np.ndarray | None = N
         return None
 
 
-def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
-           deadline: float | None = None) -> tuple[OpGraph, Schedule, float]:
+def _start(
+    graph: OpGraph, cluster: Cluster, data_parallel_start: bool, deadline: float | None = None
+) -> tuple[OpGraph, Schedule, float]:
     """Algorithm 2's input graph and strategy (line 3).
 
     A model that fits one device starts from a data-parallel graph (FastT
@@ -230,12 +239,12 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
 
     data_parallel: list[tuple[OpGraph, Schedule]] = []
     check_s = 0.0
-    for shard_optimizer in ((False, True) if data_parallel_start and cluster.num_devices > 1 else ()):
+    for shard_optimizer in (False, True) if data_parallel_start and cluster.num_devices > 1 else ():
         try:
             dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=shard_optimizer)
             began = time.perf_counter()
             result = simulate(dp.graph, cluster, device_of, orders, check=False)
-        except (InfeasibleError, InvalidPlanError):     # no room for a replica, or no channel for its ring
+        except (InfeasibleError, InvalidPlanError):  # no room for a replica, or no channel for its ring
             continue
         check_s = max(check_s, CHECK_SIMULATIONS * (time.perf_counter() - began))
         data_parallel.append((dp.graph, Schedule(device_of, orders, result.start, result.finish, simulated=result)))
@@ -258,7 +267,7 @@ def _start(graph: OpGraph, cluster: Cluster, data_parallel_start: bool,
         if scheduled is not None:
             starts.append((dp_graph, scheduled))
     if not starts:
-        raise failures[0]        # the model's own graph's: no data-parallel start either
+        raise failures[0]  # the model's own graph's: no data-parallel start either
     return (*min(starts, key=lambda start: start[1].simulated.makespan_s), check_s)
 
 
@@ -273,8 +282,15 @@ def _split_candidates(graph: OpGraph, sched: Schedule) -> list[int]:
 
 
 @register("os_dpos")
-def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-            max_parts: int = 0, data_parallel_start: bool = True) -> Plan:
+def os_dpos(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    max_parts: int = 0,
+    data_parallel_start: bool = True,
+) -> Plan:
     """FastT's OS-DPOS: DPOS, then split critical-path operations while the simulated step gets faster.
 
     Starting from DPOS's schedule (or data parallelism, when the model fits
@@ -355,7 +371,7 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     current, sched, check_s = _start(graph, cluster, data_parallel_start, deadline)
     deadline -= check_s
     splits: list[dict] = []
-    trial_s = 0.0   # the longest trial so far: one more must fit before the deadline
+    trial_s = 0.0  # the longest trial so far: one more must fit before the deadline
 
     def out_of_time() -> bool:
         return time.perf_counter() + trial_s >= deadline
@@ -375,12 +391,14 @@ def os_dpos(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
                 # The first trial has no time of its own to go by: the deadline stops it.
                 with TimeBox(deadline - trial_began):
                     trial = split_operation(current, v, dim, parts)
-                    keep = np.array([sched.device_of[current.index[i]] if i in current.index else -1
-                                     for i in trial.ids])
+                    keep = np.array(
+                        [sched.device_of[current.index[i]] if i in current.index else -1 for i in trial.ids]
+                    )
                     for fixed in (None, keep):
                         candidate = _dpos_fitting(trial, cluster, fixed)
-                        if candidate is not None and (best is None or candidate.simulated.makespan_s
-                                                      < best[1].simulated.makespan_s):
+                        if candidate is not None and (
+                            best is None or candidate.simulated.makespan_s < best[1].simulated.makespan_s
+                        ):
                             best = (trial, candidate, {"node": v, "dim": dim, "parts": parts})
                 trial_s = max(trial_s, time.perf_counter() - trial_began)
         if best is None or best[1].simulated.makespan_s >= sched.simulated.makespan_s:

@@ -16,9 +16,16 @@ from .registry import register
 __all__ = ["heft", "heft_schedule"]
 
 
-def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, contention: bool = True,
-                  capacity_scale: np.ndarray | None = None, earliest_first: bool = False,
-                  sends: dict | None = None) -> Schedule:
+def heft_schedule(
+    graph: OpGraph,
+    cluster: Cluster,
+    ratio: float = 1.0,
+    *,
+    contention: bool = True,
+    capacity_scale: np.ndarray | None = None,
+    earliest_first: bool = False,
+    sends: dict | None = None,
+) -> Schedule:
     """HEFT's schedule under a memory ratio (see :class:`ScheduleState`).
 
     Nodes go in decreasing upward rank computed with mean computation and mean
@@ -29,8 +36,9 @@ def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, conte
     (:func:`~placer.algorithms.list_scheduling.earliest_start_priorities`), under memory pressure.
     """
     rank = scheduling_priorities(graph, cluster, "mean", earliest_first)
-    state = ScheduleState(graph, cluster, ratio, insertion=True, contention=contention, capacity_scale=capacity_scale,
-                          sends=sends)
+    state = ScheduleState(
+        graph, cluster, ratio, insertion=True, contention=contention, capacity_scale=capacity_scale, sends=sends
+    )
     for v in priority_order(graph, rank, sources_first=bool(sends)).tolist():
         d, est = state.best_device(v)
         state.commit(v, d, est)
@@ -38,8 +46,9 @@ def heft_schedule(graph: OpGraph, cluster: Cluster, ratio: float = 1.0, *, conte
 
 
 @register("heft")
-def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-         refine: bool = True) -> Plan:
+def heft(
+    graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None, refine: bool = True
+) -> Plan:
     """HEFT: upward-rank priorities, insertion-based earliest finish time on every device.
 
     Parameters
@@ -78,5 +87,6 @@ def heft(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float |
     task scheduling for heterogeneous computing", IEEE TPDS 13(3), 2002,
     Section 4.1 (Fig. 3, the HEFT algorithm).
     """
-    return plan_from_schedule(graph, cluster, rank_ordered_with_memory_retries(heft_schedule, graph, cluster, "heft",
-                                                                               refine))
+    return plan_from_schedule(
+        graph, cluster, rank_ordered_with_memory_retries(heft_schedule, graph, cluster, "heft", refine)
+    )

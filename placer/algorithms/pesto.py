@@ -100,8 +100,16 @@ MEMORY_ATTEMPTS = 3
 
 
 @register("pesto")
-def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-          target: int = 0, workers: int = 1, model: str = "auto") -> Plan:
+def pesto(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    target: int = 0,
+    workers: int = 1,
+    model: str = "auto",
+) -> Plan:
     """Joint placement and schedule from a CP-SAT model of the (coarsened) graph, warm-started.
 
     Parameters
@@ -181,13 +189,18 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
     warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * limit, failures, plans)
     goal = target or min(200, max(24, 512 // n_dev))
     warm_done = coarse_done = time.perf_counter()
-    report = {"warm_start_failures": failures, "warm_start": warm_name,
-              "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"],
-              "lns_rounds_planned": budget.rounds, "lns_work_per_round": budget.work_per_round}
+    report = {
+        "warm_start_failures": failures,
+        "warm_start": warm_name,
+        "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"],
+        "lns_rounds_planned": budget.rounds,
+        "lns_work_per_round": budget.work_per_round,
+    }
     best = None if warm is None else _Best(warm.predicted["makespan_s"], "warm_start", warm)
     valid_bound = 0.0
-    wall_cuts = [f"warm start: {name}" for name, why in failures.items()
-                 if why.startswith(("not started", "out of the warm"))]
+    wall_cuts = [
+        f"warm start: {name}" for name, why in failures.items() if why.startswith(("not started", "out of the warm"))
+    ]
     search: _Search | None = None
     status = None
     # With a warm start in hand, coarsening and the search are boxed: what is left of the limit after
@@ -198,8 +211,9 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         coarse = _coarsen(graph, cluster, goal)
         coarse_done = time.perf_counter()
         exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
-        report.update(coarse_nodes=coarse.graph.num_nodes, coarsening_rounds=coarse.rounds,
-                      model="exact" if exact else "relaxed")
+        report.update(
+            coarse_nodes=coarse.graph.num_nodes, coarsening_rounds=coarse.rounds, model="exact" if exact else "relaxed"
+        )
         ratio = liveness_ratio(graph, cluster)
         for attempt in range(1, MEMORY_ATTEMPTS + 1):
             if deadline - time.perf_counter() < 1.0 and best is not None:
@@ -216,26 +230,33 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
             # The exact model (tiny graphs) gets the whole budget in one solve, which proves the optimum.
             work = budget.first_work + (budget.rounds * budget.work_per_round if exact else 0.0)
             status = search.first_solve(start, work)
-            report.update(solves=attempt, memory_ratio=ratio, resolution_s=problem.resolution,
-                          model_build_s=built - coarse_done, solver_status=status)
+            report.update(
+                solves=attempt,
+                memory_ratio=ratio,
+                resolution_s=problem.resolution,
+                model_build_s=built - coarse_done,
+                solver_status=status,
+            )
             if search.objective is not None:
-                report.update(solver_objective_s=search.objective * problem.resolution,
-                              solver_bound_s=search.bound * problem.resolution,
-                              solver_gap=search.model_gap)
+                report.update(
+                    solver_objective_s=search.objective * problem.resolution,
+                    solver_bound_s=search.bound * problem.resolution,
+                    solver_gap=search.model_gap,
+                )
                 if cp.is_relaxation(coarse, graph):
                     valid_bound = max(valid_bound, search.bound * problem.resolution - problem.rounding_slack)
             best = search.offer(best)
             if search.first_unfit is not True or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
                 break
-            ratio = min(1.0, ratio * 1.5)     # its plans overflow memory: budget more conservatively
+            ratio = min(1.0, ratio * 1.5)  # its plans overflow memory: budget more conservatively
         if search is not None and not exact:
             search.best = best
-            if status != "OPTIMAL":         # the optimum of a coarse model: the refinement may still move parts
+            if status != "OPTIMAL":  # the optimum of a coarse model: the refinement may still move parts
                 best = search.improve(budget)
             best, refined = _refine(graph, cluster, best, goal, seed, limit, solve_until - REFINE_MARGIN_S)
             report.update(refined)
     if search is not None and search.best is not None and (best is None or search.best.makespan_s < best.makespan_s):
-        best = search.best      # the time box ended a round: keep what the rounds found
+        best = search.best  # the time box ended a round: keep what the rounds found
     if report.get("refine_cut_by_wall_clock"):
         wall_cuts.append("refinement")
     if search is not None:
@@ -250,24 +271,38 @@ def pesto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
         wall_cuts.append("time box")
         report["note"] = "the time limit ran out before the search ended: the best plan so far is returned"
     if best is None:
-        raise InfeasibleError(f"pesto: the solver found no plan that fits ({status}) "
-                              "and no warm-start algorithm did either")
+        raise InfeasibleError(
+            f"pesto: the solver found no plan that fits ({status}) and no warm-start algorithm did either"
+        )
     found = best.plan
     if isinstance(found, SimResult):
         plan = Plan.from_arrays(graph, cluster, found.device_of, found.device_orders())
     else:
-        plan = Plan(dict(found.placement), dict(found.order), graph_name=found.graph_name,
-                    cluster_name=found.cluster_name, graph_digest=found.graph_digest)
+        plan = Plan(
+            dict(found.placement),
+            dict(found.order),
+            graph_name=found.graph_name,
+            cluster_name=found.cluster_name,
+            graph_digest=found.graph_digest,
+        )
     floor = max(lower_bound(graph, cluster), valid_bound)
-    report.update(returned=best.origin, solve_time_s=time.perf_counter() - began, warm_start_s=warm_done - began,
-                  coarsening_s=coarse_done - warm_done, lower_bound_s=floor,
-                  gap=0.0 if best.makespan_s <= 0 else max(0.0, (best.makespan_s - floor) / best.makespan_s),
-                  cut_by_wall_clock=bool(wall_cuts), wall_clock_cuts=wall_cuts)
+    report.update(
+        returned=best.origin,
+        solve_time_s=time.perf_counter() - began,
+        warm_start_s=warm_done - began,
+        coarsening_s=coarse_done - warm_done,
+        lower_bound_s=floor,
+        gap=0.0 if best.makespan_s <= 0 else max(0.0, (best.makespan_s - floor) / best.makespan_s),
+        cut_by_wall_clock=bool(wall_cuts),
+        wall_clock_cuts=wall_cuts,
+    )
     report["solver_cut_by_wall_clock"] = any(not cut.startswith("warm start") for cut in wall_cuts)
     if best.origin == "warm_start" and search is not None and not box.expired:
-        report["note"] = ("the search's plans simulate no faster than the warm start, which is returned"
-                          if search.first_unfit is not True else
-                          "the solver's plans overflow memory under the reference model; the warm start is returned")
+        report["note"] = (
+            "the search's plans simulate no faster than the warm start, which is returned"
+            if search.first_unfit is not True
+            else "the solver's plans overflow memory under the reference model; the warm start is returned"
+        )
     plan.extra["pesto"] = report
     return plan
 
@@ -278,7 +313,7 @@ class _Best:
 
     makespan_s: float
     origin: str
-    plan: object        # a Plan (a warm start) or a SimResult (from the search)
+    plan: object  # a Plan (a warm start) or a SimResult (from the search)
 
 
 def _coarsen(graph: OpGraph, cluster: Cluster, goal: int) -> Coarsening:
@@ -288,8 +323,9 @@ def _coarsen(graph: OpGraph, cluster: Cluster, goal: int) -> Coarsening:
     return coarsen(graph, goal, cluster=cluster)
 
 
-def _refine(graph: OpGraph, cluster: Cluster, best: _Best | None, goal: int, seed: int, limit: float,
-            until: float) -> tuple[_Best | None, dict]:
+def _refine(
+    graph: OpGraph, cluster: Cluster, best: _Best | None, goal: int, seed: int, limit: float, until: float
+) -> tuple[_Best | None, dict]:
     """Refine ``best`` on the whole graph (:func:`.pesto_lns.refine`); the better plan and a report."""
     evaluations = int(REFINE_PER_SECOND * limit)
     if best is None or evaluations < 1 or cluster.num_devices < 2:
@@ -306,10 +342,21 @@ def _refine(graph: OpGraph, cluster: Cluster, best: _Best | None, goal: int, see
     position[graph.topological_order] = np.arange(graph.num_nodes)
     rank = np.empty(graph.num_nodes, dtype=np.int64)
     rank[np.lexsort((position, result.finish, result.start))] = np.arange(graph.num_nodes)
-    refined = refine(graph, cluster, result.device_of, rank, _move_units(graph, cluster, REFINE_UNIT_FACTOR * goal),
-                     seed, evaluations, until)
-    report = {"refine_evaluations": refined.evaluations, "refine_accepted": refined.accepted,
-              "refine_cut_by_wall_clock": refined.cut_by_wall_clock}
+    refined = refine(
+        graph,
+        cluster,
+        result.device_of,
+        rank,
+        _move_units(graph, cluster, REFINE_UNIT_FACTOR * goal),
+        seed,
+        evaluations,
+        until,
+    )
+    report = {
+        "refine_evaluations": refined.evaluations,
+        "refine_accepted": refined.accepted,
+        "refine_cut_by_wall_clock": refined.cut_by_wall_clock,
+    }
     span = refined.result.makespan_s
     if refined.result.fits and span < best.makespan_s * (1 - 1e-12):
         best = _Best(span, "refinement", refined.result)
@@ -334,8 +381,9 @@ def _move_units(graph: OpGraph, cluster: Cluster, size: int) -> np.ndarray:
     return np.unique(roots, return_inverse=True)[1].reshape(-1)[fine.group_of]
 
 
-def _starting_placement(graph: OpGraph, cluster: Cluster, coarse: Coarsening, problem: "_Problem",
-                        plans: dict[str, Plan]) -> np.ndarray | None:
+def _starting_placement(
+    graph: OpGraph, cluster: Cluster, coarse: Coarsening, problem: "_Problem", plans: dict[str, Plan]
+) -> np.ndarray | None:
     """The warm-start plan whose projection on the coarse graph simulates fastest, projected, or None.
 
     Coarse nodes need not sit on one device in a warm-start plan: each goes
@@ -353,6 +401,7 @@ def _starting_placement(graph: OpGraph, cluster: Cluster, coarse: Coarsening, pr
         if result.fits and (found is None or result.makespan_s < found[0]):
             found = (result.makespan_s, projected)
     return None if found is None else found[1]
+
 
 def _project(graph: OpGraph, device_of: np.ndarray, coarse: Coarsening, problem: "_Problem") -> np.ndarray | None:
     """A device per coarse node from a placement of the original nodes, or None if it cannot be made valid.
@@ -372,8 +421,14 @@ def _project(graph: OpGraph, device_of: np.ndarray, coarse: Coarsening, problem:
     return choice
 
 
-def _warm_start(graph: OpGraph, cluster: Cluster, seed: int, until: float, failures: dict[str, str],
-                plans: dict[str, Plan] | None = None) -> tuple[str | None, Plan | None]:
+def _warm_start(
+    graph: OpGraph,
+    cluster: Cluster,
+    seed: int,
+    until: float,
+    failures: dict[str, str],
+    plans: dict[str, Plan] | None = None,
+) -> tuple[str | None, Plan | None]:
     """The fastest fitting plan among the cheap registered algorithms (name, plan), or (None, None).
 
     Every fitting plan is also put in ``plans`` (by algorithm) when given.
@@ -423,13 +478,13 @@ class _Problem:
     graph: OpGraph
     cluster: Cluster
     resolution: float
-    duration: np.ndarray                  # (nodes, devices) units; -1 where not allowed
-    need: np.ndarray                      # memory units per node
-    capacity: np.ndarray                  # memory units per device
+    duration: np.ndarray  # (nodes, devices) units; -1 where not allowed
+    need: np.ndarray  # memory units per node
+    capacity: np.ndarray  # memory units per device
     horizon: int
-    tensors: list[tuple[int, int, list[tuple[int, int]]]]   # (producer, tensor, [(consumer, bytes)])
-    position: np.ndarray                  # topological position of every node
-    rounding_slack: float = 0.0           # seconds integer rounding may take off any schedule
+    tensors: list[tuple[int, int, list[tuple[int, int]]]]  # (producer, tensor, [(consumer, bytes)])
+    position: np.ndarray  # topological position of every node
+    rounding_slack: float = 0.0  # seconds integer rounding may take off any schedule
 
     @classmethod
     def build(cls, graph: OpGraph, cluster: Cluster, ratio: float) -> "_Problem":
@@ -438,8 +493,9 @@ class _Problem:
         _restrict_to_groups(graph, allowed)
         seconds = np.where(allowed, graph.durations(cluster), 0.0)
         consumers: dict[tuple[int, int], list[tuple[int, int]]] = {}
-        for u, v, b, t in zip(graph.src.tolist(), graph.dst.tolist(), graph.edge_bytes.tolist(),
-                              graph.edge_tensor.tolist()):
+        for u, v, b, t in zip(
+            graph.src.tolist(), graph.dst.tolist(), graph.edge_bytes.tolist(), graph.edge_tensor.tolist()
+        ):
             consumers.setdefault((u, t), []).append((v, b))
         tensors = [(u, t, vs) for (u, t), vs in sorted(consumers.items())]
         lat, inv_bw = cluster.latency, cluster.inverse_bandwidth
@@ -458,22 +514,39 @@ class _Problem:
         position = np.empty(n, dtype=np.int64)
         position[graph.topological_order] = np.arange(n)
         events = n + len(tensors) * n_dev
-        problem = cls(graph, cluster, resolution, units, np.ceil(footprint / scale).astype(np.int64),
-                      np.floor(memory / scale).astype(np.int64), int(math.ceil(horizon_s / resolution)) + events + 1,
-                      tensors, position)
+        problem = cls(
+            graph,
+            cluster,
+            resolution,
+            units,
+            np.ceil(footprint / scale).astype(np.int64),
+            np.floor(memory / scale).astype(np.int64),
+            int(math.ceil(horizon_s / resolution)) + events + 1,
+            tensors,
+            position,
+        )
         problem.rounding_slack = problem._rounding_error(seconds, allowed)
         return problem
 
     def _rounding_error(self, seconds: np.ndarray, allowed: np.ndarray) -> float:
         """Most that integer rounding can shorten any schedule: every job's largest rounding error, summed."""
         err = np.where(allowed, np.maximum(seconds - self.duration * self.resolution, 0.0), 0.0).max(axis=1).sum()
-        pairs = [(s, d) for s in range(self.cluster.num_devices) for d in range(self.cluster.num_devices)
-                 if s != d and self.cluster.channel_index[s, d] >= 0]
-        for _, _, consumers in self.tensors:   # a tensor travels to at most every other device
+        pairs = [
+            (s, d)
+            for s in range(self.cluster.num_devices)
+            for d in range(self.cluster.num_devices)
+            if s != d and self.cluster.channel_index[s, d] >= 0
+        ]
+        for _, _, consumers in self.tensors:  # a tensor travels to at most every other device
             err += (self.cluster.num_devices - 1) * max(
-                (self.cluster.channels[self.cluster.channel_index[s, d]].transfer_s(b)
-                 - self.transfer_units(s, d, b) * self.resolution for s, d in pairs for b in {b for _, b in consumers}),
-                default=0.0)
+                (
+                    self.cluster.channels[self.cluster.channel_index[s, d]].transfer_s(b)
+                    - self.transfer_units(s, d, b) * self.resolution
+                    for s, d in pairs
+                    for b in {b for _, b in consumers}
+                ),
+                default=0.0,
+            )
         return float(max(err, 0.0))
 
     def restricted(self, device_of: np.ndarray, free: np.ndarray) -> "_Problem":
@@ -525,8 +598,9 @@ class _CpModel:
             m.AddExactlyOne(self.x[v].values())
             m.Add(self.end[v] == self.start[v] + sum(int(p.duration[v, d]) * lit for d, lit in self.x[v].items()))
             for d, lit in self.x[v].items():
-                on_device[d].append(m.NewOptionalFixedSizeIntervalVar(self.start[v], int(p.duration[v, d]), lit,
-                                                                      f"run{v}_{d}"))
+                on_device[d].append(
+                    m.NewOptionalFixedSizeIntervalVar(self.start[v], int(p.duration[v, d]), lit, f"run{v}_{d}")
+                )
             m.Add(self.makespan >= self.end[v])
         for members in g.colocation_groups.values():
             head = int(members[0])
@@ -551,18 +625,18 @@ class _CpModel:
         """One optional interval per (tensor, destination, source device) on that pair's channel."""
         p, m, cluster = self.p, self.model, self.p.cluster
         n_dev = cluster.num_devices
-        self.xfer: dict[tuple[int, int], tuple] = {}       # (tensor index, dst) -> (start, end)
-        self.wanted: dict[tuple[int, int], object] = {}     # (tensor index, dst) -> some consumer on dst
-        self.present: dict[tuple[int, int, int], object] = {}   # (tensor index, src, dst) -> transfer made
+        self.xfer: dict[tuple[int, int], tuple] = {}  # (tensor index, dst) -> (start, end)
+        self.wanted: dict[tuple[int, int], object] = {}  # (tensor index, dst) -> some consumer on dst
+        self.present: dict[tuple[int, int, int], object] = {}  # (tensor index, src, dst) -> transfer made
         self.sizes: dict[tuple[int, int, int], tuple] = {}  # variable sizes: (var, [(consumer, units)])
-        self.fifo: dict[tuple[int, int], object] = {}       # (producer a, producer b) -> a finishes no later
+        self.fifo: dict[tuple[int, int], object] = {}  # (producer a, producer b) -> a finishes no later
         self.on_channel: list[list[tuple]] = [[] for _ in range(len(cluster.channels))]
         for k, (u, t, consumers) in enumerate(p.tensors):
             for d in range(n_dev):
                 here = [(v, b) for v, b in consumers if d in self.x[v]]
                 if not here:
                     continue
-                wanted = m.NewBoolVar(f"want{k}_{d}")           # some consumer of the tensor sits on d
+                wanted = m.NewBoolVar(f"want{k}_{d}")  # some consumer of the tensor sits on d
                 m.AddBoolOr([self.x[v][d] for v, _ in here]).OnlyEnforceIf(wanted)
                 for v, _ in here:
                     m.AddImplication(self.x[v][d], wanted)
@@ -575,7 +649,7 @@ class _CpModel:
                     if s == d:
                         continue
                     c = int(cluster.channel_index[s, d])
-                    if c < 0:     # no channel: producer on s and a consumer on d cannot both happen
+                    if c < 0:  # no channel: producer on s and a consumer on d cannot both happen
                         for v, _ in here:
                             m.AddBoolOr([from_lit.Not(), self.x[v][d].Not()])
                         continue
@@ -586,7 +660,7 @@ class _CpModel:
                     sizes = sorted({p.transfer_units(s, d, b) for _, b in here})
                     if len(sizes) == 1:
                         size = sizes[0]
-                    else:   # the largest bytes among the edges to the consumers on d
+                    else:  # the largest bytes among the edges to the consumers on d
                         size = m.NewIntVar(0, sizes[-1], f"tsz{k}_{s}_{d}")
                         m.AddMaxEquality(size, [p.transfer_units(s, d, b) * self.x[v][d] for v, b in here])
                         self.sizes[(k, s, d)] = (size, [(v, p.transfer_units(s, d, b)) for v, b in here])
@@ -617,7 +691,7 @@ class _CpModel:
             k, d = entry[0], entry[1]
             return p.tensors[k][0], name_rank[d], p.tensors[k][1]
 
-        groups = []      # per channel, its entries by producer, and those by source device, in queue order
+        groups = []  # per channel, its entries by producer, and those by source device, in queue order
         same_count = across_count = 0
         for entries in self.on_channel:
             by_producer: dict[int, list] = {}
@@ -637,17 +711,22 @@ class _CpModel:
         for by_producer in groups:
             for group in by_producer.values():
                 for i, a in enumerate(group):
-                    for b in group[i + 1:]:
-                        if a[2] == b[2]:          # one producer sits on one device
+                    for b in group[i + 1 :]:
+                        if a[2] == b[2]:  # one producer sits on one device
                             m.Add(self.xfer[a[:2]][1] <= self.xfer[b[:2]][0]).OnlyEnforceIf([a[3], b[3]])
         if same_count + across_count > budget:
             return
-        across = [(a, b) for by_producer in groups
-                  for (ua, group_a), (ub, group_b) in itertools.combinations(by_producer.items(), 2)
-                  for a in group_a for b in group_b if a[:2] != b[:2]]
+        across = [
+            (a, b)
+            for by_producer in groups
+            for (ua, group_a), (ub, group_b) in itertools.combinations(by_producer.items(), 2)
+            for a in group_a
+            for b in group_b
+            if a[:2] != b[:2]
+        ]
         for a, b in across:
             ua, ub = queue_key(a)[0], queue_key(b)[0]
-            if (ua, ub) not in self.fifo:     # a's producer finishes no later (ties go to the lower index)
+            if (ua, ub) not in self.fifo:  # a's producer finishes no later (ties go to the lower index)
                 lit = self.fifo[(ua, ub)] = m.NewBoolVar(f"fifo{ua}_{ub}")
                 m.Add(self.end[ua] <= self.end[ub]).OnlyEnforceIf(lit)
                 m.Add(self.end[ua] > self.end[ub]).OnlyEnforceIf(lit.Not())
@@ -677,7 +756,7 @@ class _CpModel:
                         continue
                     if p.duration[u, d] == 0 and p.duration[v, d] == 0 and p.position[u] > p.position[v]:
                         continue
-                    after = m.NewBoolVar(f"after{u}_{v}_{d}")     # u ran just before v on d
+                    after = m.NewBoolVar(f"after{u}_{v}_{d}")  # u ran just before v on d
                     m.Add(self.end[u] == self.start[v]).OnlyEnforceIf(after)
                     m.AddImplication(after, lit)
                     m.AddImplication(after, self.x[u][d])
@@ -736,9 +815,9 @@ class _CpModel:
     def solve(self, seed: int, workers: int, seconds: float, effort: float):
         solver = cp_model.CpSolver()
         params = solver.parameters
-        params.random_seed = seed % 2**31        # CP-SAT's seed is a 32-bit integer
+        params.random_seed = seed % 2**31  # CP-SAT's seed is a 32-bit integer
         params.num_workers = workers
-        params.catch_sigint_signal = False        # Ctrl-C is placer's to handle
+        params.catch_sigint_signal = False  # Ctrl-C is placer's to handle
         if workers > 1:
             params.interleave_search = True
         params.max_time_in_seconds = max(0.1, seconds)
@@ -789,14 +868,14 @@ def _integer_schedule(p: _Problem, result: SimResult):
     in_ptr, in_eids = g.in_edges
     start, end = [0] * n, [0] * n
     xs, xe = [0] * len(xf), [0] * len(xf)
-    for _ in range(4):        # repeat until stable (ties of zero-length jobs may need a second pass)
+    for _ in range(4):  # repeat until stable (ties of zero-length jobs may need a second pass)
         changed = False
         dev_free: dict[int, int] = {}
         ch_free: dict[int, int] = {}
         for _, _, kind, i in jobs:
             if kind == 0:
                 ready = dev_free.get(int(dev[i]), 0)
-                for e in in_eids[in_ptr[i]:in_ptr[i + 1]].tolist():
+                for e in in_eids[in_ptr[i] : in_ptr[i + 1]].tolist():
                     u = int(g.src[e])
                     if dev[u] == dev[i]:
                         ready = max(ready, end[u])
@@ -829,24 +908,32 @@ class _Search:
     rounds the wall clock ended before their work was done.
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, coarse: Coarsening, cp: "_CpModel", seed: int,
-                 workers: int, until: float):
+    def __init__(
+        self,
+        graph: OpGraph,
+        cluster: Cluster,
+        coarse: Coarsening,
+        cp: "_CpModel",
+        seed: int,
+        workers: int,
+        until: float,
+    ):
         self.graph, self.cluster, self.coarse, self.cp = graph, cluster, coarse, cp
         self.seed, self.workers, self.until = seed, workers, until
-        self.objective: float | None = None      # solver's objective and bound (model units) of the first solve
+        self.objective: float | None = None  # solver's objective and bound (model units) of the first solve
         self.bound = 0.0
         self.model_gap: float | None = None
         self.fitting: list[tuple[str, SimResult]] = []
-        self.first_unfit: bool | None = None     # the first solve's plans all overflow memory
+        self.first_unfit: bool | None = None  # the first solve's plans all overflow memory
         self.wall_cuts: list[str] = []
         self.work_done = 0.0
-        self.device = None                       # the incumbent: its coarse placement,
-        self.order = None                        # its coarse nodes per device in order (None: earliest ready),
-        self.starts = None                       # their start times (any unit),
-        self.span = np.inf                       # and its reference makespan
+        self.device = None  # the incumbent: its coarse placement,
+        self.order = None  # its coarse nodes per device in order (None: earliest ready),
+        self.starts = None  # their start times (any unit),
+        self.span = np.inf  # and its reference makespan
         self.stats = {"lns_rounds": 0, "lns_accepted": 0, "lns_improved": 0, "lns_closed": 0}
         self.hoods: Neighbourhoods | None = None
-        self.best: _Best | None = None           # the best plan of the search (and of what it was given)
+        self.best: _Best | None = None  # the best plan of the search (and of what it was given)
 
     def _solve(self, seed: int, work: float, label: str, cp: "_CpModel | None" = None):
         seconds = self.until - time.perf_counter()
@@ -862,10 +949,14 @@ class _Search:
         cp = cp or self.cp
         coarse_device = cp.placement_of(values)
         device_of = self.coarse.expand(coarse_device)
-        order = [np.concatenate([self.coarse.members[k] for k in seq.tolist()]) if seq.size
-                 else np.zeros(0, dtype=np.int64) for seq in cp.orders_of(values, coarse_device)]
-        results = [("solver", simulate(self.graph, self.cluster, device_of, order, check=False)),
-                   ("solver_placement", simulate(self.graph, self.cluster, device_of, check=False))]
+        order = [
+            np.concatenate([self.coarse.members[k] for k in seq.tolist()]) if seq.size else np.zeros(0, dtype=np.int64)
+            for seq in cp.orders_of(values, coarse_device)
+        ]
+        results = [
+            ("solver", simulate(self.graph, self.cluster, device_of, order, check=False)),
+            ("solver_placement", simulate(self.graph, self.cluster, device_of, check=False)),
+        ]
         return [(label, r) for label, r in results if r.fits]
 
     def first_solve(self, start: np.ndarray | None, work: float) -> str:
@@ -923,8 +1014,9 @@ class _Search:
         for members in g.colocation_groups.values():
             for v in members.tolist():
                 groups[v] = np.asarray(members)
-        self.hoods = hoods = Neighbourhoods([np.array(sorted(s), dtype=np.int64) for s in neighbours], groups,
-                                            self.cluster.num_devices, self.seed)
+        self.hoods = hoods = Neighbourhoods(
+            [np.array(sorted(s), dtype=np.int64) for s in neighbours], groups, self.cluster.num_devices, self.seed
+        )
         for r in range(budget.rounds):
             if self.until - time.perf_counter() < 0.5:
                 break

@@ -172,8 +172,8 @@ class Neighbourhoods:
                     pool = np.arange(n)
             by_start = pool[np.lexsort((pool, start[pool]))]
             first = int(self.rng.integers(max(1, by_start.size - k + 1)))
-            free[by_start[first:first + k]] = True
-        for v in np.flatnonzero(free).tolist():     # colocated nodes move together
+            free[by_start[first : first + k]] = True
+        for v in np.flatnonzero(free).tolist():  # colocated nodes move together
             free[self.groups[v]] = True
         return free
 
@@ -196,8 +196,16 @@ class RefineResult:
     cut_by_wall_clock: bool
 
 
-def refine(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, rank: np.ndarray, unit_of: np.ndarray,
-           seed: int, evaluations: int, until: float) -> RefineResult:
+def refine(
+    graph: OpGraph,
+    cluster: Cluster,
+    device_of: np.ndarray,
+    rank: np.ndarray,
+    unit_of: np.ndarray,
+    seed: int,
+    evaluations: int,
+    until: float,
+) -> RefineResult:
     """Hill-climb on the whole graph: move units off the critical path, each move checked by the simulator.
 
     The coarse solution fixes every node of a coarse node to one device; the
@@ -266,8 +274,12 @@ def refine(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, rank: np.nda
             continue
         # Half the moves go where a neighbour of the unit runs (saving a transfer), the others anywhere.
         mine = members[unit]
-        near = np.concatenate([current[neighbours_dst[np.isin(neighbours_src, mine)]],
-                               current[neighbours_src[np.isin(neighbours_dst, mine)]]])
+        near = np.concatenate(
+            [
+                current[neighbours_dst[np.isin(neighbours_src, mine)]],
+                current[neighbours_src[np.isin(neighbours_dst, mine)]],
+            ]
+        )
         near = np.intersect1d(near, targets)
         pool = near if near.size and rng.random() < 0.5 else targets
         target = int(pool[rng.integers(pool.size)])
@@ -278,7 +290,7 @@ def refine(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, rank: np.nda
         seen.add(candidate.tobytes())
         try:
             trial = run(candidate)
-        except InvalidPlanError:     # no channel between the unit's new device and a neighbour's
+        except InvalidPlanError:  # no channel between the unit's new device and a neighbour's
             continue
         trial_key = key(trial)
         if trial_key < best_key:

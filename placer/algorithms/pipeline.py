@@ -121,8 +121,15 @@ def _in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int
 class _Costs:
     """Per unit (in forward order) and device: time per micro-batch, memory, and what crosses each cut."""
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, units: list[np.ndarray], microbatches: int,
-                 per_batch: np.ndarray, grad_bytes: dict):
+    def __init__(
+        self,
+        graph: OpGraph,
+        cluster: Cluster,
+        units: list[np.ndarray],
+        microbatches: int,
+        per_batch: np.ndarray,
+        grad_bytes: dict,
+    ):
         n_units, n_dev = len(units), cluster.num_devices
         m = microbatches
         dur = graph.durations(cluster)
@@ -149,8 +156,9 @@ class _Costs:
         forbidden = ~unit_allowed(graph, cluster, units)
         self.forbidden = np.vstack([np.zeros(n_dev, dtype=np.int64), np.cumsum(forbidden, axis=0)])
         fixed = np.bincount(unit_of, weights=graph.param_bytes.astype(np.float64), minlength=n_units) + 2 * grads
-        outputs = np.bincount(unit_of, weights=(graph.output_bytes + graph.temp_bytes) * per_batch,
-                              minlength=n_units) / m
+        outputs = (
+            np.bincount(unit_of, weights=(graph.output_bytes + graph.temp_bytes) * per_batch, minlength=n_units) / m
+        )
         self.fixed = np.concatenate([[0.0], np.cumsum(fixed)])
         self.activations = np.concatenate([[0.0], np.cumsum(outputs)])
         # Bytes crossing the cut before unit i (1..n_units - 1), both ways, per micro-batch.
@@ -160,13 +168,14 @@ class _Costs:
         diff = np.zeros(n_units + 1)
         np.add.at(diff, lo + 1, sent)
         np.add.at(diff, hi + 1, -sent)
-        self.crossing = np.cumsum(diff)[:n_units + 1]
+        self.crossing = np.cumsum(diff)[: n_units + 1]
         self.latency = cluster.latency
         self.inverse_bandwidth = cluster.inverse_bandwidth
 
 
-def _cut(costs: _Costs, cluster: Cluster, schedule: str, stages: int, m: int, liveness: float,
-         budget: np.ndarray) -> Stages | None:
+def _cut(
+    costs: _Costs, cluster: Cluster, schedule: str, stages: int, m: int, liveness: float, budget: np.ndarray
+) -> Stages | None:
     """The cut into ``stages`` stages with the smallest bottleneck (dynamic programme), or None if none fits."""
     n_units, n_dev = costs.per_mb.shape[0] - 1, cluster.num_devices
     inf = np.inf
@@ -174,7 +183,7 @@ def _cut(costs: _Costs, cluster: Cluster, schedule: str, stages: int, m: int, li
     best = np.full((n_units + 1, n_dev), inf)
     choice: list[np.ndarray] = []
     idx = np.arange(n_units + 1)
-    before = idx[:, None] < idx[None, :]           # [i, j]: a stage of units [i, j) is not empty
+    before = idx[:, None] < idx[None, :]  # [i, j]: a stage of units [i, j) is not empty
     fixed = costs.fixed[None, :] - costs.fixed[:, None]
     acts = costs.activations[None, :] - costs.activations[:, None]
     for s in range(stages):
@@ -247,7 +256,7 @@ def _backward(graph: OpGraph, producers: list[int]) -> np.ndarray:
     turn = -1
     for v in graph.topological_order[::-1].tolist():
         bits = bit.get(v, 0)
-        for w in dst[ptr[v]:ptr[v + 1]]:
+        for w in dst[ptr[v] : ptr[v + 1]]:
             bits |= reach[w]
         reach[v] = bits
         if bits == every and turn < 0:
@@ -255,12 +264,13 @@ def _backward(graph: OpGraph, producers: list[int]) -> np.ndarray:
     back[turn] = True
     for v in graph.topological_order.tolist():
         if back[v]:
-            back[dst[ptr[v]:ptr[v + 1]]] = True
+            back[dst[ptr[v] : ptr[v + 1]]] = True
     return back
 
 
-def _pipeline_labels(graph: OpGraph, forward: np.ndarray, backward: np.ndarray, topo_pos: np.ndarray,
-                     min_layers: int) -> np.ndarray:
+def _pipeline_labels(
+    graph: OpGraph, forward: np.ndarray, backward: np.ndarray, topo_pos: np.ndarray, min_layers: int
+) -> np.ndarray:
     """A layer label per node: its ``layer``; an unlabelled node (an activation, a residual sum) takes its
     parents' layer (those on the batch, where it has any: not the layer of a weight it reads), the latest of them in forward order for a forward node (a residual sum after a
     block goes with the block) and the earliest for a backward node (the gradient's sum goes with the
@@ -275,7 +285,7 @@ def _pipeline_labels(graph: OpGraph, forward: np.ndarray, backward: np.ndarray, 
     rank = np.full(len(names) + n, -np.inf)
     marked = forward & (label >= 0)
     np.maximum.at(rank, label[marked], topo_pos[marked].astype(np.float64))
-    lazy = np.full(len(names) + n, np.inf)       # a layer without forward work: where its first node comes
+    lazy = np.full(len(names) + n, np.inf)  # a layer without forward work: where its first node comes
     np.minimum.at(lazy, label[label >= 0], topo_pos[label >= 0].astype(np.float64))
     rank = np.where(np.isinf(rank), lazy, rank)
     ptr_in, e_in = graph.in_edges
@@ -284,8 +294,8 @@ def _pipeline_labels(graph: OpGraph, forward: np.ndarray, backward: np.ndarray, 
     batch = batch_dependent(graph)
     for v in graph.topological_order.tolist():
         if label[v] < 0:
-            feeding = src[e_in[ptr_in[v]:ptr_in[v + 1]]]
-            if batch[feeding].any():        # the data, not a weight it reads (a tied embedding's)
+            feeding = src[e_in[ptr_in[v] : ptr_in[v + 1]]]
+            if batch[feeding].any():  # the data, not a weight it reads (a tied embedding's)
                 feeding = feeding[batch[feeding]]
             parents = label[feeding]
             parents = parents[parents >= 0]
@@ -296,7 +306,7 @@ def _pipeline_labels(graph: OpGraph, forward: np.ndarray, backward: np.ndarray, 
                     rank[label[v]] = max(rank[label[v]], topo_pos[v])
     for v in graph.topological_order[::-1].tolist():
         if label[v] < 0:
-            children = label[dst[e_out[ptr_out[v]:ptr_out[v + 1]]]]
+            children = label[dst[e_out[ptr_out[v] : ptr_out[v + 1]]]]
             children = children[children >= 0]
             if children.size:
                 label[v] = children[np.argmin(rank[children])]
@@ -305,8 +315,9 @@ def _pipeline_labels(graph: OpGraph, forward: np.ndarray, backward: np.ndarray, 
     return label
 
 
-def _forward_units(graph: OpGraph, n_dev: int, forward: np.ndarray, backward: np.ndarray,
-                   topo_pos: np.ndarray) -> list[np.ndarray]:
+def _forward_units(
+    graph: OpGraph, n_dev: int, forward: np.ndarray, backward: np.ndarray, topo_pos: np.ndarray
+) -> list[np.ndarray]:
     """Layers (:func:`_pipeline_labels`, colocation kept), in the order of their last forward operation
     on the batch.
 
@@ -350,7 +361,7 @@ def _orders(mb_graph: OpGraph, device_of: np.ndarray, key: np.ndarray, n_dev: in
     while ready:
         _, v = heapq.heappop(ready)
         sequence.append(v)
-        for w in succ[ptr[v]:ptr[v + 1]]:
+        for w in succ[ptr[v] : ptr[v + 1]]:
             indegree[w] -= 1
             if indegree[w] == 0:
                 heapq.heappush(ready, (ranks[w], w))
@@ -386,8 +397,13 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
     name = schedule
     n_dev = cluster.num_devices
     if graph.num_nodes == 0:
-        return Plan.from_arrays(graph, cluster, np.zeros(0, dtype=np.int64), [np.zeros(0, dtype=np.int64)] * n_dev,
-                                extra={"microbatches": 1, "schedule": schedule, "stages": []})
+        return Plan.from_arrays(
+            graph,
+            cluster,
+            np.zeros(0, dtype=np.int64),
+            [np.zeros(0, dtype=np.int64)] * n_dev,
+            extra={"microbatches": 1, "schedule": schedule, "stages": []},
+        )
     has_batch = bool(batch_dependent(graph).any())
     if microbatches:
         m = check_microbatches(graph, microbatches, name)
@@ -396,7 +412,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         m = min(2 * n_dev, samples if samples is not None else 2 * n_dev) if has_batch else 1
     mb = microbatch_graph(graph, m) if m > 1 else None
     target = mb.graph if mb is not None else graph
-    diagnose(target, cluster)           # place() leaves it to an algorithm that cuts the step
+    diagnose(target, cluster)  # place() leaves it to an algorithm that cuts the step
     layout = replica_layout(graph, 2)
     per_batch = layout.per_batch if m > 1 else np.zeros(graph.num_nodes, dtype=bool)
     grad_bytes = {g: b for g, b in layout.grad_bytes.items() if per_batch[g[0]]}
@@ -428,15 +444,20 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         if not linked[src_d, dst_d].all():
             return None
         k_stages = len(stages.devices)
-        slot = np.zeros((k_stages, m, 2), dtype=np.int64)          # [stage, micro-batch, backward]
+        slot = np.zeros((k_stages, m, 2), dtype=np.int64)  # [stage, micro-batch, backward]
         for s in range(k_stages):
             for t, (k, phase) in enumerate(schedule_sequence(schedule, s, k_stages, m)):
                 slot[s, k, int(phase == "B")] = t
         whole = ~layout.per_batch[original]
         phase = (backward[original] | accumulates).astype(np.int64)
         first = np.where(whole_first[original], -1, 2 * m + 1)
-        key = np.stack([np.where(whole & ~accumulates, first, slot[node_stage, np.maximum(micro, 0), phase]),
-                        2 * topo_pos[original] + accumulates], axis=1)
+        key = np.stack(
+            [
+                np.where(whole & ~accumulates, first, slot[node_stage, np.maximum(micro, 0), phase]),
+                2 * topo_pos[original] + accumulates,
+            ],
+            axis=1,
+        )
         return device_of, _orders(target, device_of, key, n_dev)
 
     candidates: list[Stages] = []
@@ -446,8 +467,10 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         if found is not None:
             candidates.append(found)
     if not candidates:
-        raise InfeasibleError(f"{name}: no cut of the layers into contiguous stages, in the cluster's device order, "
-                              "gives every layer a device of its kinds, links the stages and fits the memory estimate")
+        raise InfeasibleError(
+            f"{name}: no cut of the layers into contiguous stages, in the cluster's device order, "
+            "gives every layer a device of its kinds, links the stages and fits the memory estimate"
+        )
     candidates.sort(key=lambda c: (c.estimate_s, len(c.devices)))
     best: tuple[float, Stages, np.ndarray, list[np.ndarray]] | None = None
     overflow = ""
@@ -477,14 +500,20 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         raise InfeasibleError(overflow or f"{name}: no pipeline fits")
     _, stages, device_of, orders = best
     names = [d.name for d in cluster.devices]
-    return Plan.from_arrays(graph, cluster, device_of, orders, placed_graph=target if mb is not None else None,
-                            extra={"microbatches": m, "schedule": schedule,
-                                   "stages": [names[d] for d in stages.devices]})
+    return Plan.from_arrays(
+        graph,
+        cluster,
+        device_of,
+        orders,
+        placed_graph=target if mb is not None else None,
+        extra={"microbatches": m, "schedule": schedule, "stages": [names[d] for d in stages.devices]},
+    )
 
 
 @register("gpipe")
-def gpipe(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-          microbatches: int = 0) -> Plan:
+def gpipe(
+    graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None, microbatches: int = 0
+) -> Plan:
     """GPipe: contiguous stages balanced by a dynamic programme, every forward then every backward.
 
     Parameters
@@ -510,8 +539,9 @@ def gpipe(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float 
 
 
 @register("1f1b")
-def one_f_one_b(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-                microbatches: int = 0) -> Plan:
+def one_f_one_b(
+    graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None, microbatches: int = 0
+) -> Plan:
     """1F1B: contiguous stages balanced by a dynamic programme, one forward and one backward in turn.
 
     Stage ``s`` of ``K`` holds at most ``K - s`` micro-batches' activations.

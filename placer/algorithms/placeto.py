@@ -79,9 +79,19 @@ def _import_torch(options: dict) -> None:
 
 
 @register("placeto", prepare=_import_torch)
-def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None,
-            policy: str = "", samples: int = 0, fine_tune_s: float = 0.0, fine_tune_episodes: int = 0,
-            passes: int = 0, target_nodes: int = 0) -> Plan:
+def placeto(
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    policy: str = "",
+    samples: int = 0,
+    fine_tune_s: float = 0.0,
+    fine_tune_episodes: int = 0,
+    passes: int = 0,
+    target_nodes: int = 0,
+) -> Plan:
     """Placeto's learned policy, zero-shot or fine-tuned on the graph (Addanki et al., NeurIPS 2019).
 
     The graph is reduced by Merge-and-Colocate to ``target_nodes`` nodes; the
@@ -149,8 +159,12 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     began = time.perf_counter()
     if not (isinstance(fine_tune_s, (int, float)) and math.isfinite(fine_tune_s) and fine_tune_s >= 0):
         raise OptionError(f"option fine_tune_s of 'placeto' must be a number of seconds >= 0, got {fine_tune_s!r}")
-    for name, value in (("samples", samples), ("fine_tune_episodes", fine_tune_episodes), ("passes", passes),
-                        ("target_nodes", target_nodes)):
+    for name, value in (
+        ("samples", samples),
+        ("fine_tune_episodes", fine_tune_episodes),
+        ("passes", passes),
+        ("target_nodes", target_nodes),
+    ):
         if value < 0:
             raise OptionError(f"option {name} of 'placeto' must be an integer >= 0, got {value!r}")
     net = load_policy(policy)
@@ -165,8 +179,9 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
     from ..learn.policy import one_thread  # deferred: imports torch
 
     with one_thread():
-        mdp, best, info = _place_with_policy(graph, cluster, net, trained, seed, deadline, samples, passes,
-                                             target_nodes, fine_tune_s, fine_tune_episodes)
+        mdp, best, info = _place_with_policy(
+            graph, cluster, net, trained, seed, deadline, samples, passes, target_nodes, fine_tune_s, fine_tune_episodes
+        )
     device_of = best.best_device_of
     if not best.best_fits:
         try:
@@ -179,25 +194,41 @@ def placeto(graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: floa
             if repaired is None:
                 raise InfeasibleError("placeto: the memory repair ran out of its share of the time limit")
             device_of = repaired
-            info["memory_repair"] = "the policy's placement exceeded device memory; units moved to the devices " \
-                                    "with room the policy preferred"
-        except (InfeasibleError, InvalidPlanError):    # no room elsewhere, a send no channel carries, or no time
-
+            info["memory_repair"] = (
+                "the policy's placement exceeded device memory; units moved to the devices "
+                "with room the policy preferred"
+            )
+        except (InfeasibleError, InvalidPlanError):  # no room elsewhere, a send no channel carries, or no time
             try:
                 fallback = expert(graph, cluster, seed=seed)
             except InfeasibleError as exc:
-                raise InfeasibleError(f"placeto: the policy's placement is invalid or overflows device memory, and "
-                                      f"the expert split it falls back to fails too ({exc})") from None
+                raise InfeasibleError(
+                    f"placeto: the policy's placement is invalid or overflows device memory, and "
+                    f"the expert split it falls back to fails too ({exc})"
+                ) from None
             device_of = np.array([cluster.device_index[fallback.placement[i]] for i in graph.ids], dtype=np.int64)
-            info["memory_repair"] = "the policy's placement exceeded device memory (or sent between devices no " \
-                                    "channel links) and could not be repaired" \
-                                    + (" within its share of the time limit" if box.expired else "") \
-                                    + "; the expert split (memory-aware) was used instead"
+            info["memory_repair"] = (
+                "the policy's placement exceeded device memory (or sent between devices no "
+                "channel links) and could not be repaired"
+                + (" within its share of the time limit" if box.expired else "")
+                + "; the expert split (memory-aware) was used instead"
+            )
     return Plan.from_arrays(graph, cluster, device_of, extra={"placeto": info})
 
 
-def _place_with_policy(graph: OpGraph, cluster: Cluster, net, trained: dict, seed: int, deadline: float | None,
-                       samples: int, passes: int, target_nodes: int, fine_tune_s: float, fine_tune_episodes: int):
+def _place_with_policy(
+    graph: OpGraph,
+    cluster: Cluster,
+    net,
+    trained: dict,
+    seed: int,
+    deadline: float | None,
+    samples: int,
+    passes: int,
+    target_nodes: int,
+    fine_tune_s: float,
+    fine_tune_episodes: int,
+):
     """The placement problem, the best episode of the walks (fine-tuned first where asked), and what to
     report of them.
 
@@ -208,18 +239,32 @@ def _place_with_policy(graph: OpGraph, cluster: Cluster, net, trained: dict, see
 
     mdp = PlacementMDP(graph, cluster, target_nodes=target_nodes)
     best = _walks(mdp, net, passes, samples, seed, deadline)
-    info = {"merged_nodes": mdp.ctx.num_nodes, "zero_shot_makespan_s": best.best_makespan_s,
-            "start_makespan_s": best.start_makespan_s}
+    info = {
+        "merged_nodes": mdp.ctx.num_nodes,
+        "zero_shot_makespan_s": best.best_makespan_s,
+        "start_makespan_s": best.start_makespan_s,
+    }
     if fine_tune_s <= 0 and fine_tune_episodes <= 0:
         return mdp, best, info
     budget = [deadline] if deadline is not None else []
     if fine_tune_s > 0:
         budget.append(time.perf_counter() + fine_tune_s)
     lr = float(trained.get("lr", 3e-3))
-    config = TrainConfig(episodes=fine_tune_episodes or 10**9, rollouts_per_update=1, workers=1,
-                         passes=passes, target_nodes=target_nodes, seed=seed, checkpoint_every=0,
-                         lr=lr, lr_final=lr, discount=float(trained.get("discount", 0.9)),
-                         entropy=0.0, entropy_final=0.0, policy=net.config.to_dict())
+    config = TrainConfig(
+        episodes=fine_tune_episodes or 10**9,
+        rollouts_per_update=1,
+        workers=1,
+        passes=passes,
+        target_nodes=target_nodes,
+        seed=seed,
+        checkpoint_every=0,
+        lr=lr,
+        lr_final=lr,
+        discount=float(trained.get("discount", 0.9)),
+        entropy=0.0,
+        entropy_final=0.0,
+        policy=net.config.to_dict(),
+    )
     with TimeBox(None if deadline is None else deadline - time.perf_counter()) as box:
         result = train([graph], [cluster], config, policy=copy.deepcopy(net), deadline=min(budget) if budget else None)
         tuned = _walks(mdp, result.policy, passes, samples, seed, deadline)
@@ -230,11 +275,13 @@ def _place_with_policy(graph: OpGraph, cluster: Cluster, net, trained: dict, see
     found = [(not tuned.best_fits, tuned.best_cost, tuned.best_makespan_s, tuned.best_device_of)]
     found += list(result.best.values())
     choice = min(found, key=lambda f: f[:2])
-    info.update(fine_tune_episodes=len(result.curve["return"]), fine_tune_s=result.seconds,
-                fine_tuned_makespan_s=choice[2])
+    info.update(
+        fine_tune_episodes=len(result.curve["return"]), fine_tune_s=result.seconds, fine_tuned_makespan_s=choice[2]
+    )
     if choice[:2] < (not best.best_fits, best.best_cost):
-        best = dataclasses.replace(best, best_fits=not choice[0], best_cost=choice[1],
-                                   best_makespan_s=choice[2], best_device_of=choice[3])
+        best = dataclasses.replace(
+            best, best_fits=not choice[0], best_cost=choice[1], best_makespan_s=choice[2], best_device_of=choice[3]
+        )
     return mdp, best, info
 
 
@@ -284,7 +331,7 @@ def _repair_memory(graph: OpGraph, cluster: Cluster, mdp, device_of: np.ndarray,
         room = memory - result.peak_memory_bytes
         unit_device = out[[members[0] for members in units]]
         for u in sorted(np.flatnonzero(unit_device == j).tolist(), key=lambda u: -footprint[u]):
-            out[units[u]] = -1       # (unplaced while asking where its neighbours' devices link it)
+            out[units[u]] = -1  # (unplaced while asking where its neighbours' devices link it)
             linkable = linked_devices(graph, linked, out, units[u])
             out[units[u]] = j
             targets = np.flatnonzero(allowed[u] & (room >= footprint[u]) & (np.arange(len(memory)) != j) & linkable)

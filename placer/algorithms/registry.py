@@ -34,8 +34,17 @@ from ..transform.bind import target_graph
 from ..transform.microbatch import check_microbatches, microbatch_graph
 from .timebox import TimeBox
 
-__all__ = ["register", "get_algorithm", "available_algorithms", "place", "Algorithm", "failure_message",
-           "checked_options", "check_time_limit", "check_seed"]
+__all__ = [
+    "register",
+    "get_algorithm",
+    "available_algorithms",
+    "place",
+    "Algorithm",
+    "failure_message",
+    "checked_options",
+    "check_time_limit",
+    "check_seed",
+]
 
 _COMMON = ("seed", "time_limit")
 #: An algorithm still running at this share of its ``time_limit`` is stopped (TimeLimitError).
@@ -65,12 +74,21 @@ def _check_key(plan: Plan, graph: OpGraph, cluster: Cluster) -> tuple:
     """Everything a check of ``plan`` on ``graph`` and ``cluster`` depends on (the objects by identity)."""
     order = None if plan.order is None else tuple((device, tuple(ids)) for device, ids in plan.order.items())
     rewritten = None if plan.rewritten_graph is None else id(plan.rewritten_graph)
-    return (weakref.ref(graph), weakref.ref(cluster), rewritten, plan.graph_digest, plan.graph_name,
-            repr(plan.splits), tuple(plan.placement.items()), order)
+    return (
+        weakref.ref(graph),
+        weakref.ref(cluster),
+        rewritten,
+        plan.graph_digest,
+        plan.graph_name,
+        repr(plan.splits),
+        tuple(plan.placement.items()),
+        order,
+    )
 
 
-def register(name: str, *, prepare: Callable[[dict[str, Any]], None] | None = None
-             ) -> Callable[[Callable[..., Plan]], Callable[..., Plan]]:
+def register(
+    name: str, *, prepare: Callable[[dict[str, Any]], None] | None = None
+) -> Callable[[Callable[..., Plan]], Callable[..., Plan]]:
     """Register ``func(graph, cluster, *, seed=..., time_limit=..., **options) -> Plan`` as ``name``.
 
     ``prepare(options)``, if given, does a process's one-time setup for a call with these (checked)
@@ -124,12 +142,14 @@ MAX_SEED = 2**31 - 1
 def check_time_limit(value: Any, option: str = "time_limit") -> None:
     """Refuse a time limit that is not a positive number of seconds up to :data:`MAX_TIME_LIMIT` (None: none),
     naming ``option``."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
-                              or not math.isfinite(value) or value <= 0):
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0
+    ):
         raise OptionError(f"option {option} must be a positive number of seconds, got {_number(value)}")
     if value is not None and value > MAX_TIME_LIMIT:
-        raise OptionError(f"option {option} must be at most {MAX_TIME_LIMIT:,.0f} seconds (about 11.6 days), "
-                          f"got {_number(value)}")
+        raise OptionError(
+            f"option {option} must be at most {MAX_TIME_LIMIT:,.0f} seconds (about 11.6 days), got {_number(value)}"
+        )
 
 
 def check_seed(value: Any, option: str = "seed") -> None:
@@ -137,8 +157,10 @@ def check_seed(value: Any, option: str = "seed") -> None:
     if isinstance(value, bool) or not isinstance(value, int) or value < 0:
         raise OptionError(f"option {option} must be a non-negative integer, got {_number(value)}")
     if value > MAX_SEED:
-        raise OptionError(f"option {option} must be at most {MAX_SEED} (2**31 - 1: the solvers hold a seed in "
-                          f"32 bits), got {shown(value)}")
+        raise OptionError(
+            f"option {option} must be at most {MAX_SEED} (2**31 - 1: the solvers hold a seed in "
+            f"32 bits), got {shown(value)}"
+        )
 
 
 def _number(value: Any) -> str:
@@ -149,8 +171,9 @@ def checked_options(alg: Algorithm, options: dict[str, Any]) -> dict[str, Any]:
     """``alg``'s options with ``options`` applied, each validated (OptionError naming the option otherwise)."""
     unknown = sorted(set(options) - set(alg.options))
     if unknown:
-        raise OptionError(f"algorithm {alg.name!r} has no option {unknown[0]!r}; "
-                          f"its options are: {', '.join(sorted(alg.options))}")
+        raise OptionError(
+            f"algorithm {alg.name!r} has no option {unknown[0]!r}; its options are: {', '.join(sorted(alg.options))}"
+        )
     checked = dict(alg.options)
     for key, value in options.items():
         default = alg.options[key]
@@ -183,8 +206,9 @@ def _import_libraries() -> None:
     import scipy.sparse.csgraph  # noqa: F401
 
 
-def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", *, microbatches: int | None = None,
-          **options: Any) -> Plan:
+def place(
+    graph: OpGraph, cluster: Cluster, algorithm: str = "expert", *, microbatches: int | None = None, **options: Any
+) -> Plan:
     """Place ``graph`` on ``cluster`` with the named algorithm and return a valid plan.
 
     Parameters
@@ -242,11 +266,11 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", *, microb
         if check_microbatches(graph, microbatches, algorithm) > 1:
             return _place_microbatched(graph, cluster, algorithm, int(microbatches), options)
     opts = checked_options(alg, options)
-    _import_libraries()             # once per process, outside the time limit: it is no search
+    _import_libraries()  # once per process, outside the time limit: it is no search
     if alg.prepare is not None:
         alg.prepare(opts)
     entered = time.perf_counter()
-    if "microbatches" not in alg.options:     # an algorithm that cuts the step diagnoses what it cuts
+    if "microbatches" not in alg.options:  # an algorithm that cuts the step diagnoses what it cuts
         diagnose(graph, cluster)
     began = time.perf_counter()
     # Searches stop by themselves within their limit (the box leaves them 5% to return what they
@@ -255,15 +279,17 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", *, microb
     try:
         with TimeBox(None if limit is None else BOX_SHARE * limit - (began - entered)) as box:
             plan = alg.func(graph, cluster, **opts)
-    except InvalidPlanError as exc:     # the algorithm's own check of what it built (a baseline's fixed rule)
+    except InvalidPlanError as exc:  # the algorithm's own check of what it built (a baseline's fixed rule)
         raise InfeasibleError(failure_message(algorithm, f"found no valid plan: {exc}")) from None
-    except OptionError as exc:          # an option checked where it is used (a transform's), named like the rest
+    except OptionError as exc:  # an option checked where it is used (a transform's), named like the rest
         raise OptionError(failure_message(algorithm, str(exc))) from None
     if box.expired:
-        raise TimeLimitError(f"{algorithm} found no plan within its time limit of {opts['time_limit']:g} s "
-                             f"({graph.num_nodes} ops on {cluster.num_devices} devices); give it more time")
+        raise TimeLimitError(
+            f"{algorithm} found no plan within its time limit of {opts['time_limit']:g} s "
+            f"({graph.num_nodes} ops on {cluster.num_devices} devices); give it more time"
+        )
     elapsed = time.perf_counter() - began
-    plan.cluster_digest = cluster.digest()      # before the check: the plan is for this cluster, as built on any
+    plan.cluster_digest = cluster.digest()  # before the check: the plan is for this cluster, as built on any
     known = _checked.get(plan)
     if known is not None and known[0] == _check_key(plan, graph, cluster):
         figures = known[1]
@@ -275,19 +301,21 @@ def place(graph: OpGraph, cluster: Cluster, algorithm: str = "expert", *, microb
         if plan.order is None:
             names = [d.name for d in cluster.devices]
             target = target_graph(plan, graph)
-            plan.order = {names[j]: [target.ids[i] for i in seq.tolist()]
-                          for j, seq in enumerate(result.device_orders())}
+            plan.order = {
+                names[j]: [target.ids[i] for i in seq.tolist()] for j, seq in enumerate(result.device_orders())
+            }
         figures = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster, splits=plan.rewrites_graph)}
         _checked[plan] = (_check_key(plan, graph, cluster), figures)
     plan.algorithm = algorithm
     plan.predicted = dict(figures)
     plan.search_time_s = elapsed
-    plan.context.update(graph=graph, cluster=cluster)      # describe(plan) and apply(plan, ...) without them
+    plan.context.update(graph=graph, cluster=cluster)  # describe(plan) and apply(plan, ...) without them
     return plan
 
 
-def _place_microbatched(graph: OpGraph, cluster: Cluster, algorithm: str, microbatches: int,
-                        options: dict[str, Any]) -> Plan:
+def _place_microbatched(
+    graph: OpGraph, cluster: Cluster, algorithm: str, microbatches: int, options: dict[str, Any]
+) -> Plan:
     """:func:`place` of the step cut into ``microbatches`` micro-batches, as a plan of ``graph``.
 
     The algorithm places the micro-batched step like any graph (and :func:`place` checks that plan

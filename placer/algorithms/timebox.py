@@ -70,7 +70,7 @@ def _arm() -> None:
 def _on_alarm(signum, frame) -> None:
     now = time.perf_counter()
     expired = [box for box in _open if box.deadline <= now + 1e-4]
-    if not expired:         # an alarm for a box that has closed since
+    if not expired:  # an alarm for a box that has closed since
         _arm()
         return
     wait = _must_wait(frame)
@@ -145,7 +145,7 @@ class TimeBox:
                 signal.signal(signal.SIGALRM, _previous_handler)
         if isinstance(exc, OutOfTime):
             return exc.box is self
-        return self.expired and isinstance(exc, Exception)     # raised by what the expiry interrupted
+        return self.expired and isinstance(exc, Exception)  # raised by what the expiry interrupted
 
 
 _BOOKKEEPING = {TimeBox.__enter__.__code__, TimeBox.__exit__.__code__, _arm.__code__}

@@ -12,12 +12,33 @@ not import torch.
 from importlib import import_module
 from typing import Any
 
-__all__ = ["capture", "capture_spec", "load_model", "parse_spec", "spec_label", "step_name", "CapturedStep",
-           "StepLayout", "OPTIMIZERS", "OptimizerSpec", "optimizer_spec"]
+__all__ = [
+    "capture",
+    "capture_spec",
+    "load_model",
+    "parse_spec",
+    "spec_label",
+    "step_name",
+    "CapturedStep",
+    "StepLayout",
+    "OPTIMIZERS",
+    "OptimizerSpec",
+    "optimizer_spec",
+]
 
-_HOME = {"capture": "trace", "CapturedStep": "trace", "StepLayout": "trace", "step_name": "trace",
-         "capture_spec": "spec", "load_model": "spec", "parse_spec": "spec", "spec_label": "spec",
-         "OPTIMIZERS": "optim", "OptimizerSpec": "optim", "optimizer_spec": "optim"}
+_HOME = {
+    "capture": "trace",
+    "CapturedStep": "trace",
+    "StepLayout": "trace",
+    "step_name": "trace",
+    "capture_spec": "spec",
+    "load_model": "spec",
+    "parse_spec": "spec",
+    "spec_label": "spec",
+    "OPTIMIZERS": "optim",
+    "OptimizerSpec": "optim",
+    "optimizer_spec": "optim",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -59,20 +59,50 @@ _aten = torch.ops.aten
 
 # Ops that write their running-statistics arguments (3 and 4) in training mode without
 # saying so in their schema.
-_HIDDEN_STAT_WRITERS = {_aten.native_batch_norm.default, _aten.cudnn_batch_norm.default,
-                        _aten.miopen_batch_norm.default}
+_HIDDEN_STAT_WRITERS = {
+    _aten.native_batch_norm.default,
+    _aten.cudnn_batch_norm.default,
+    _aten.miopen_batch_norm.default,
+}
 
 # Ops whose first input's leading dimension may be cut into parts computed independently.
 _BATCH_SPLITTABLE = {_aten.convolution, _aten.mm, _aten.addmm, _aten.bmm, _aten.baddbmm}
 
 # Views that keep samples in contiguous blocks of the leading dimension when its size stays a
 # multiple of the batch.
-_VIEWS = {_aten.view, _aten._unsafe_view, _aten.reshape, _aten.expand, _aten.alias, _aten.unsqueeze,
-          _aten.squeeze, _aten.flatten}
+_VIEWS = {
+    _aten.view,
+    _aten._unsafe_view,
+    _aten.reshape,
+    _aten.expand,
+    _aten.alias,
+    _aten.unsqueeze,
+    _aten.squeeze,
+    _aten.flatten,
+}
 
-_REDUCTIONS = {_aten.sum, _aten.mean, _aten.amax, _aten.amin, _aten.max, _aten.min, _aten.prod, _aten.var,
-               _aten.std, _aten.var_mean, _aten.std_mean, _aten.logsumexp, _aten.norm, _aten.linalg_vector_norm,
-               _aten.any, _aten.all, _aten.argmax, _aten.argmin, _aten.cumsum, _aten.cumprod}
+_REDUCTIONS = {
+    _aten.sum,
+    _aten.mean,
+    _aten.amax,
+    _aten.amin,
+    _aten.max,
+    _aten.min,
+    _aten.prod,
+    _aten.var,
+    _aten.std,
+    _aten.var_mean,
+    _aten.std_mean,
+    _aten.logsumexp,
+    _aten.norm,
+    _aten.linalg_vector_norm,
+    _aten.any,
+    _aten.all,
+    _aten.argmax,
+    _aten.argmin,
+    _aten.cumsum,
+    _aten.cumprod,
+}
 
 _SCALAR_BYTES = 8
 
@@ -156,8 +186,9 @@ def _written_args(node: fx.Node) -> list[fx.Node]:
 
 def _alias_base(node: fx.Node) -> fx.Node:
     """Follow views back to the node that owns the storage."""
-    while _aliases_input(node) and node.target is not operator.getitem and node.args \
-            and isinstance(node.args[0], fx.Node):
+    while (
+        _aliases_input(node) and node.target is not operator.getitem and node.args and isinstance(node.args[0], fx.Node)
+    ):
         node = node.args[0]
     return node
 
@@ -180,8 +211,21 @@ def _dtype(value: Any) -> str | None:
     return None
 
 
-def conv_backward_flops(grad_out_shape, x_shape, w_shape, _bias, _stride, _padding, _dilation, transposed,
-                        _output_padding, _groups, output_mask, out_shape, **kwargs) -> int:
+def conv_backward_flops(
+    grad_out_shape,
+    x_shape,
+    w_shape,
+    _bias,
+    _stride,
+    _padding,
+    _dilation,
+    transposed,
+    _output_padding,
+    _groups,
+    output_mask,
+    out_shape,
+    **kwargs,
+) -> int:
     """FLOPs of ``aten.convolution_backward``, from shapes (a flop formula for :class:`FlopCounterMode`).
 
     The input gradient is counted as torch counts it. The weight gradient does
@@ -295,8 +339,9 @@ def batch_dependent(nodes: Iterable[fx.Node], input_nodes: Iterable[fx.Node]) ->
     return dependent
 
 
-def _splittable(node: fx.Node, batch: int | None, leading: set[fx.Node],
-                dependent: set[fx.Node] | None = None) -> list[dict] | None:
+def _splittable(
+    node: fx.Node, batch: int | None, leading: set[fx.Node], dependent: set[fx.Node] | None = None
+) -> list[dict] | None:
     """``[{"dim": "batch", "size": R}]`` for a matrix op whose first operand is batch-leading, R its rows.
 
     R is the first operand's leading size: the batch, or a multiple of it where
@@ -398,8 +443,7 @@ class _UnionFind:
             self.parent[max(ra, rb)] = min(ra, rb)
 
 
-def _backward_splits(node: fx.Node, batch: int | None, leading: set[fx.Node],
-                     dependent: set[fx.Node]) -> list[dict]:
+def _backward_splits(node: fx.Node, batch: int | None, leading: set[fx.Node], dependent: set[fx.Node]) -> list[dict]:
     """The splits of a backward operation whose results over the sliced dimension are partial sums.
 
     Each entry names what a split slices and how the parts' results combine (``args``: ``[position,
@@ -437,17 +481,40 @@ def _backward_splits(node: fx.Node, batch: int | None, leading: set[fx.Node],
             return []
         mask = list(args[10])
         rows = int(grad_out.shape[0])
-        if (args[0] in leading and args[1] in leading and _leading_size(args[0]) == rows == _leading_size(args[1])
-                and rows >= 2 and args[2] not in dependent):
-            entries.append({"dim": "batch", "size": rows, "args": [[0, 0], [1, 0]],
-                            "inputs": [[args[0].name, 0], [args[1].name, 0]], "join": [0, "sum", "sum"]})
+        if (
+            args[0] in leading
+            and args[1] in leading
+            and _leading_size(args[0]) == rows == _leading_size(args[1])
+            and rows >= 2
+            and args[2] not in dependent
+        ):
+            entries.append(
+                {
+                    "dim": "batch",
+                    "size": rows,
+                    "args": [[0, 0], [1, 0]],
+                    "inputs": [[args[0].name, 0], [args[1].name, 0]],
+                    "join": [0, "sum", "sum"],
+                }
+            )
         channels = int(weight.shape[0])
         bias_sizes = args[3]
-        if (not args[7] and args[9] == 1 and args[2] not in dependent and args[0] in dependent
-                and grad_out.dim() >= 2 and int(grad_out.shape[1]) == channels >= 2
-                and (bias_sizes is None or not mask[2] or list(bias_sizes) == [channels])):
-            entry = {"dim": "channel", "size": channels, "args": [[0, 1], [2, 0]],
-                     "inputs": [[args[0].name, 0], [args[2].name, 0]], "join": ["sum", 0, 0]}
+        if (
+            not args[7]
+            and args[9] == 1
+            and args[2] not in dependent
+            and args[0] in dependent
+            and grad_out.dim() >= 2
+            and int(grad_out.shape[1]) == channels >= 2
+            and (bias_sizes is None or not mask[2] or list(bias_sizes) == [channels])
+        ):
+            entry = {
+                "dim": "channel",
+                "size": channels,
+                "args": [[0, 1], [2, 0]],
+                "inputs": [[args[0].name, 0], [args[2].name, 0]],
+                "join": ["sum", 0, 0],
+            }
             if bias_sizes is not None and mask[2]:
                 entry["resize"] = [[3, 0]]
             entries.append(entry)
@@ -457,17 +524,37 @@ def _backward_splits(node: fx.Node, batch: int | None, leading: set[fx.Node],
             return []
         rows = int(b.shape[0])
         if args[1] in leading and _leading_size(args[1]) == rows >= 2 and rows % batch == 0:
-            entries.append({"dim": "batch", "size": rows, "args": [[0, 1], [1, 0]],
-                            "inputs": [[args[0].name, 0], [args[1].name, 0]], "join": ["sum"]})
+            entries.append(
+                {
+                    "dim": "batch",
+                    "size": rows,
+                    "args": [[0, 1], [1, 0]],
+                    "inputs": [[args[0].name, 0], [args[1].name, 0]],
+                    "join": ["sum"],
+                }
+            )
             if int(a.shape[0]) >= 2:
-                entries.append({"dim": "channel", "size": int(a.shape[0]), "args": [[0, 0]],
-                                "inputs": [[args[0].name, 0]], "join": [0]})
+                entries.append(
+                    {
+                        "dim": "channel",
+                        "size": int(a.shape[0]),
+                        "args": [[0, 0]],
+                        "inputs": [[args[0].name, 0]],
+                        "join": [0],
+                    }
+                )
     return entries
 
 
-def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
-                resident: Iterable[str], batch: int | None,
-                batch_inputs: Iterable[str] = ()) -> tuple[OpGraph, dict[str, str]]:
+def build_graph(
+    gm: fx.GraphModule,
+    *,
+    name: str,
+    layers: dict[str, str | None],
+    resident: Iterable[str],
+    batch: int | None,
+    batch_inputs: Iterable[str] = (),
+) -> tuple[OpGraph, dict[str, str]]:
     """The OpGraph of ``gm`` and, for every fx node, the graph node that carries it.
 
     Parameters
@@ -496,11 +583,13 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     nodes = [n for n in gm.graph.nodes if n.op != "output"]
     for node in nodes:
         val = node.meta.get("val")
-        for v in (val if isinstance(val, (tuple, list)) else (val,)):
+        for v in val if isinstance(val, (tuple, list)) else (val,):
             if isinstance(v, torch.Tensor) and not all(isinstance(d, int) for d in v.shape):
-                raise FormatError(f"node {node.name!r} ({_op_name(node)}) of the training step makes a tensor whose "
-                                  f"size depends on the data (as x[x > 0] does); placer needs every size known "
-                                  f"before the step runs")
+                raise FormatError(
+                    f"node {node.name!r} ({_op_name(node)}) of the training step makes a tensor whose "
+                    f"size depends on the data (as x[x > 0] does); placer needs every size known "
+                    f"before the step runs"
+                )
     batch_names = set(batch_inputs)
     leading = batch_leading(nodes, [n for n in nodes if n.name in batch_names], batch) if batch else set()
     dependent = batch_dependent(nodes, [n for n in nodes if n.op == "placeholder" and n.name not in resident])
@@ -517,11 +606,11 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
     splittable: list[list[dict] | None] = []
     extra: list[dict] = []
     edges: dict[tuple[int, int, int], int] = {}
-    holder: dict[StorageWeakRef, int] = {}     # storage -> the graph node that holds it (FORMATS.md, rule 6)
-    picks: list[tuple[int, int]] = []          # (pick, multi-output op)
+    holder: dict[StorageWeakRef, int] = {}  # storage -> the graph node that holds it (FORMATS.md, rule 6)
+    picks: list[tuple[int, int]] = []  # (pick, multi-output op)
     # Per view, the nodes it was taken through, back to its storage's holder.
     through: dict[fx.Node, tuple[int, ...]] = {}
-    stored: dict[fx.Node, dict[StorageWeakRef, int]] = {}    # per node, the storages of its value
+    stored: dict[fx.Node, dict[StorageWeakRef, int]] = {}  # per node, the storages of its value
     for i, node in enumerate(nodes):
         val = node.meta.get("val")
         ops.append(_op_name(node))
@@ -531,16 +620,19 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
         if node.op in ("placeholder", "get_attr") and (node.name in resident or node.op == "get_attr"):
             param_bytes[i] = sum(storages.values())
         flops[i] = _flops(node)
-        entries = (_splittable(node, batch, leading, dependent) or []) + [
-            entry for entry in (_channel_split(node, dependent),) if entry] + _backward_splits(
-            node, batch, leading, dependent)
+        entries = (
+            (_splittable(node, batch, leading, dependent) or [])
+            + [entry for entry in (_channel_split(node, dependent),) if entry]
+            + _backward_splits(node, batch, leading, dependent)
+        )
         splittable.append(entries or None)
         inputs = _arg_nodes(node)
         if picked:
             accessed = 0
         else:
             accessed = sum(value_bytes(a.meta.get("val")) for a in inputs) + (
-                0 if _aliases_input(node) else value_bytes(val))
+                0 if _aliases_input(node) else value_bytes(val)
+            )
         info: dict[str, Any] = {"bytes_accessed": int(accessed)}
         dtype = _dtype(val)
         if dtype is None:
@@ -581,15 +673,34 @@ def build_graph(gm: fx.GraphModule, *, name: str, layers: dict[str, str | None],
 
     colocation = _state_writes(nodes, index, ids, edges, picks)
     src, dst, tensor = (np.array([k[j] for k in edges], dtype=np.int64) for j in range(3))
-    graph = OpGraph(ids, np.zeros(n), src, dst, np.array(list(edges.values()), dtype=np.int64), tensor,
-                    output_bytes=output_bytes, param_bytes=param_bytes, flops=flops, op=ops, layer=layer,
-                    colocation=colocation, splittable=splittable, node_extra=extra, name=name,
-                    extra={"batch_size": batch} if batch else None)
+    graph = OpGraph(
+        ids,
+        np.zeros(n),
+        src,
+        dst,
+        np.array(list(edges.values()), dtype=np.int64),
+        tensor,
+        output_bytes=output_bytes,
+        param_bytes=param_bytes,
+        flops=flops,
+        op=ops,
+        layer=layer,
+        colocation=colocation,
+        splittable=splittable,
+        node_extra=extra,
+        name=name,
+        extra={"batch_size": batch} if batch else None,
+    )
     return graph, {node.name: node.name for node in nodes}
 
 
-def _state_writes(nodes: list[fx.Node], index: dict[fx.Node, int], ids: list[str],
-                  edges: dict[tuple[int, int, int], int], picks: list[tuple[int, int]]) -> list[str | None]:
+def _state_writes(
+    nodes: list[fx.Node],
+    index: dict[fx.Node, int],
+    ids: list[str],
+    edges: dict[tuple[int, int, int], int],
+    picks: list[tuple[int, int]],
+) -> list[str | None]:
     """Colocate every in-place writer with what it writes, and every pick with its op; order writers.
 
     Readers of the written tensor (directly or through views of it) listed before the
@@ -668,8 +779,9 @@ def _pull_forward(edges: dict[tuple[int, int, int], int], ordering: set[tuple[in
             edges.setdefault((r, x, t), 0)
 
 
-def _reach(edges: dict[tuple[int, int, int], int], targets: set[int], n: int
-           ) -> tuple[list[set[int]], list[int], dict[int, int]]:
+def _reach(
+    edges: dict[tuple[int, int, int], int], targets: set[int], n: int
+) -> tuple[list[set[int]], list[int], dict[int, int]]:
     """Each node's successors, and the ``targets`` it reaches (itself included), a bit per target.
 
     Graph indices follow the program, so every edge goes from a lower index to a higher one, and a

@@ -18,8 +18,16 @@ from typing import Iterable, Sequence
 import torch
 import torch.fx as fx
 
-__all__ = ["dense_layout", "storage_span", "dense_strides", "STRIDE_READERS", "reads_strides", "views_compact",
-           "sent_contiguous", "sent_elements"]
+__all__ = [
+    "dense_layout",
+    "storage_span",
+    "dense_strides",
+    "STRIDE_READERS",
+    "reads_strides",
+    "views_compact",
+    "sent_contiguous",
+    "sent_elements",
+]
 
 
 def dense_layout(size: Sequence[int], stride: Sequence[int]) -> bool:
@@ -64,9 +72,17 @@ def dense_strides(size: Sequence[int], stride: Sequence[int]) -> tuple[int, ...]
 
 
 #: Operations whose result depends on the strides of an input, not only on its values.
-STRIDE_READERS = frozenset({torch.ops.aten.as_strided, torch.ops.aten.as_strided_, torch.ops.aten.as_strided_scatter,
-                            torch.ops.aten.as_strided_copy, torch.ops.aten._reshape_alias,
-                            torch.ops.aten._reshape_alias_copy, torch.ops.aten.set_})
+STRIDE_READERS = frozenset(
+    {
+        torch.ops.aten.as_strided,
+        torch.ops.aten.as_strided_,
+        torch.ops.aten.as_strided_scatter,
+        torch.ops.aten.as_strided_copy,
+        torch.ops.aten._reshape_alias,
+        torch.ops.aten._reshape_alias_copy,
+        torch.ops.aten.set_,
+    }
+)
 
 
 def reads_strides(v: fx.Node) -> bool:

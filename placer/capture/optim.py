@@ -74,8 +74,9 @@ class OptimizerSpec:
     def describe(self) -> str:
         """``SGD (lr 0.1, momentum 0.9)``: the class, ``lr`` and the settings other than torch's defaults."""
         defaults = _defaults(self.torch_class)
-        other = [f"{key} {_shown(value)}" for key, value in self.settings.items()
-                 if key != "lr" and value != defaults[key]]
+        other = [
+            f"{key} {_shown(value)}" for key, value in self.settings.items() if key != "lr" and value != defaults[key]
+        ]
         lr = f"lr {self.hyper['lr']:g}"
         return f"{self.torch_class.__name__} ({', '.join([lr, *other])})"
 
@@ -134,12 +135,26 @@ def _adam_update(hyper: dict, param, grad, state) -> None:
         param.mul_(torch.scalar_tensor(1 - lr * weight_decay, dtype=torch.float64, device=param.device))
         weight_decay = 0.0
     _functional_adam(
-        [param], [grad], [state["exp_avg"]], [state["exp_avg_sq"]], [], [state["step"]],
-        foreach=False, capturable=False, differentiable=False, fused=None,
+        [param],
+        [grad],
+        [state["exp_avg"]],
+        [state["exp_avg_sq"]],
+        [],
+        [state["step"]],
+        foreach=False,
+        capturable=False,
+        differentiable=False,
+        fused=None,
         has_complex=param.is_complex(),
         decoupled_weight_decay=hyper.get("decoupled_weight_decay", False),
-        amsgrad=False, beta1=beta1, beta2=beta2, lr=lr,
-        weight_decay=weight_decay, eps=hyper["eps"], maximize=hyper["maximize"])
+        amsgrad=False,
+        beta1=beta1,
+        beta2=beta2,
+        lr=lr,
+        weight_decay=weight_decay,
+        eps=hyper["eps"],
+        maximize=hyper["maximize"],
+    )
 
 
 def _sgd_update(hyper: dict, param, grad, state) -> None:
@@ -147,9 +162,18 @@ def _sgd_update(hyper: dict, param, grad, state) -> None:
 
     # The buffer is never None: torch's first step (a copy of the gradient) is momentum * 0 + grad here.
     _functional_sgd(
-        [param], [grad], [state.get("momentum_buffer")], foreach=False, fused=None,
-        weight_decay=hyper["weight_decay"], momentum=hyper["momentum"], lr=hyper["lr"],
-        dampening=hyper["dampening"], nesterov=hyper["nesterov"], maximize=hyper["maximize"])
+        [param],
+        [grad],
+        [state.get("momentum_buffer")],
+        foreach=False,
+        fused=None,
+        weight_decay=hyper["weight_decay"],
+        momentum=hyper["momentum"],
+        lr=hyper["lr"],
+        dampening=hyper["dampening"],
+        nesterov=hyper["nesterov"],
+        maximize=hyper["maximize"],
+    )
 
 
 # Name -> (the torch.optim class's name, its per-parameter state, the update).
@@ -172,14 +196,21 @@ SETTINGS: dict[str, tuple[str, ...]] = {
 
 # Settings of a torch.optim optimizer a captured step does not reproduce -> the values it does (the
 # single-tensor path; amsgrad's extra state and maximum are not captured).
-_FIXED = {"amsgrad": (False,), "foreach": (None, False), "fused": (None, False), "capturable": (False,),
-          "differentiable": (False,)}
+_FIXED = {
+    "amsgrad": (False,),
+    "foreach": (None, False),
+    "fused": (None, False),
+    "capturable": (False,),
+    "differentiable": (False,),
+}
 
-_WHY = {"amsgrad": "its running maximum is not captured",
-        "foreach": "the multi-tensor kernels round differently from the per-parameter update captured",
-        "fused": "the fused kernels round differently from the per-parameter update captured",
-        "capturable": "the captured update is the one for tensors on the host's control",
-        "differentiable": "the captured update is not differentiated"}
+_WHY = {
+    "amsgrad": "its running maximum is not captured",
+    "foreach": "the multi-tensor kernels round differently from the per-parameter update captured",
+    "fused": "the fused kernels round differently from the per-parameter update captured",
+    "capturable": "the captured update is the one for tensors on the host's control",
+    "differentiable": "the captured update is not differentiated",
+}
 
 
 def _defaults(torch_class: type) -> dict[str, Any]:
@@ -245,8 +276,10 @@ def optimizer_spec(name: str, lr: float = 1e-3, **settings: Any) -> OptimizerSpe
     'Adam (lr 0.001, betas (0.8, 0.99))'
     """
     if not isinstance(name, str):
-        raise OptionError(f"optimizer must be a name, one of {', '.join(OPTIMIZERS)} (its settings in "
-                          f"settings=...), not a {type(name).__module__}.{type(name).__qualname__} object")
+        raise OptionError(
+            f"optimizer must be a name, one of {', '.join(OPTIMIZERS)} (its settings in "
+            f"settings=...), not a {type(name).__module__}.{type(name).__qualname__} object"
+        )
     if name.lower() not in _TABLE:
         raise OptionError(f"optimizer {name!r} is not supported; choose one of {', '.join(OPTIMIZERS)}")
     if isinstance(lr, bool) or not isinstance(lr, (int, float)) or not 0 <= lr < float("inf"):
@@ -262,8 +295,10 @@ def optimizer_spec(name: str, lr: float = 1e-3, **settings: Any) -> OptimizerSpe
     for key, value in settings.items():
         if key in _FIXED and key in hyper:
             if value not in _FIXED[key] or value is None and None not in _FIXED[key]:
-                raise OptionError(f"optimizer {name!r}: {key}={value!r} is not supported by capture "
-                                  f"({_WHY[key]}); leave it at {_FIXED[key][-1]!r}")
+                raise OptionError(
+                    f"optimizer {name!r}: {key}={value!r} is not supported by capture "
+                    f"({_WHY[key]}); leave it at {_FIXED[key][-1]!r}"
+                )
             continue
         if key not in SETTINGS[name]:
             known = ", ".join(("lr", *SETTINGS[name]))
@@ -271,15 +306,19 @@ def optimizer_spec(name: str, lr: float = 1e-3, **settings: Any) -> OptimizerSpe
         hyper[key] = _checked(name, key, value)
     if name == "sgd":
         if hyper["nesterov"] and (hyper["momentum"] <= 0 or hyper["dampening"] != 0):
-            raise OptionError(f"optimizer 'sgd': nesterov=True needs momentum > 0 and dampening 0, got momentum "
-                              f"{hyper['momentum']:g} and dampening {hyper['dampening']:g}")
+            raise OptionError(
+                f"optimizer 'sgd': nesterov=True needs momentum > 0 and dampening 0, got momentum "
+                f"{hyper['momentum']:g} and dampening {hyper['dampening']:g}"
+            )
         if hyper["momentum"] != 0 and hyper["dampening"] != 0:
-            raise OptionError(f"optimizer 'sgd': dampening={hyper['dampening']:g} with momentum is not supported "
-                              f"by capture (torch's first step copies the gradient into the momentum buffer, "
-                              f"undampened, and a captured step is one graph for every step); leave dampening at 0")
+            raise OptionError(
+                f"optimizer 'sgd': dampening={hyper['dampening']:g} with momentum is not supported "
+                f"by capture (torch's first step copies the gradient into the momentum buffer, "
+                f"undampened, and a captured step is one graph for every step); leave dampening at 0"
+            )
         if hyper["momentum"] != 0:
             state_names = ("momentum_buffer",)
-    try:        # whatever else torch refuses, as it says it
+    try:  # whatever else torch refuses, as it says it
         torch_class([torch.zeros(1)], **{k: hyper[k] for k in ("lr", *SETTINGS[name])})
     except (ValueError, TypeError) as exc:
         raise OptionError(f"optimizer {name!r}: {exc}") from None
@@ -303,11 +342,14 @@ def spec_of(optimizer: torch.optim.Optimizer | None) -> OptimizerSpec:
 
     name = next((n for n in OPTIMIZERS if type(optimizer) is getattr(torch.optim, _TABLE[n][0])), None)
     if name is None:
-        raise OptionError(f"optimizer {type(optimizer).__name__} is not supported; use one of "
-                          f"{', '.join(_TABLE[n][0] for n in OPTIMIZERS)}")
+        raise OptionError(
+            f"optimizer {type(optimizer).__name__} is not supported; use one of "
+            f"{', '.join(_TABLE[n][0] for n in OPTIMIZERS)}"
+        )
     if len(optimizer.param_groups) != 1:
-        raise OptionError(f"the optimizer has {len(optimizer.param_groups)} parameter groups; a placed step "
-                          f"supports one")
+        raise OptionError(
+            f"the optimizer has {len(optimizer.param_groups)} parameter groups; a placed step supports one"
+        )
     group = optimizer.param_groups[0]
     lr = group["lr"]
     if isinstance(lr, torch.Tensor):

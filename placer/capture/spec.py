@@ -42,22 +42,24 @@ def parse_spec(spec: str) -> tuple[str, str, Any]:
     if spec.startswith("zoo:"):
         name, _, query = spec[4:].partition("?")
         options: dict[str, Any] = {}
-        given: dict[str, str] = {}      # option -> the item that set it, to name a repeated one
+        given: dict[str, str] = {}  # option -> the item that set it, to name a repeated one
         for item in filter(None, query.split("&")):
             key, sep, raw = item.partition("=")
             if not sep or not key:
                 raise OptionError(f"model spec {spec!r}: size option {item!r} is not KEY=VALUE")
             key = key.replace("-", "_")
-            if key in given:        # which one would win is a guess: refuse rather than take one
-                raise OptionError(f"model spec {spec!r}: size option {key!r} is given twice "
-                                  f"({given[key]!r} and {item!r})")
+            if key in given:  # which one would win is a guess: refuse rather than take one
+                raise OptionError(
+                    f"model spec {spec!r}: size option {key!r} is given twice ({given[key]!r} and {item!r})"
+                )
             given[key] = item
             options[key] = _option_value(raw)
         return "zoo", name, options
     path, sep, factory = spec.rpartition(":")
     if not sep or not path or not factory.isidentifier():
-        raise OptionError(f"model spec {spec!r}: expected 'zoo:NAME' or 'path/to/file.py:FACTORY' "
-                          f"(FACTORY a Python name)")
+        raise OptionError(
+            f"model spec {spec!r}: expected 'zoo:NAME' or 'path/to/file.py:FACTORY' (FACTORY a Python name)"
+        )
     return "file", path, factory
 
 
@@ -72,7 +74,7 @@ def spec_label(spec: str) -> str:
         As :func:`parse_spec`.
     """
     kind, _, detail = parse_spec(spec)
-    return spec[len("zoo:"):] if kind == "zoo" else detail
+    return spec[len("zoo:") :] if kind == "zoo" else detail
 
 
 def _option_value(raw: str) -> Any:
@@ -116,10 +118,10 @@ def _file_factory(path: str, factory: str) -> tuple[Callable[[int], Any], str]:
     folder = str(file.resolve().parent)
     sys.path.insert(0, folder)
     sys.modules[module_name] = module
-    note_input(file)        # an input of the command: no output of it may replace the model's source
+    note_input(file)  # an input of the command: no output of it may replace the model's source
     try:
         module_spec.loader.exec_module(module)
-    except SystemExit as exc:       # the file's sys.exit() is not placer's exit status
+    except SystemExit as exc:  # the file's sys.exit() is not placer's exit status
         sys.modules.pop(module_name, None)
         raise FormatError(f"model file {path}: importing it exited ({_exit_call(exc)})") from None
     except Exception as exc:  # noqa: BLE001 - any error of the user's file is reported as such
@@ -130,8 +132,11 @@ def _file_factory(path: str, factory: str) -> tuple[Callable[[int], Any], str]:
             sys.path.pop(0)
     function = getattr(module, factory, None)
     if function is None or not callable(function):
-        names = sorted(n for n, v in vars(module).items()
-                       if inspect.isfunction(v) and v.__module__ == module_name and not n.startswith("_"))
+        names = sorted(
+            n
+            for n, v in vars(module).items()
+            if inspect.isfunction(v) and v.__module__ == module_name and not n.startswith("_")
+        )
         what = "has no" if function is None else "has a non-callable"
         raise FormatError(f"model file {path} {what} factory {factory!r}; its functions: {', '.join(names) or 'none'}")
     return function, f"factory {factory!r} of {path}"
@@ -183,14 +188,17 @@ def load_model(spec: str, batch: int, *, meta: bool = False) -> tuple[nn.Module,
             result = factory(batch)
     except (FormatError, OptionError):
         raise
-    except SystemExit as exc:       # the factory's sys.exit() is not placer's exit status
+    except SystemExit as exc:  # the factory's sys.exit() is not placer's exit status
         raise FormatError(f"{label} exited ({_exit_call(exc)}) instead of returning (model, inputs)") from None
     except Exception as exc:  # noqa: BLE001 - the user's factory failed; say which and why
         raise FormatError(f"{label} raised {type(exc).__name__}: {exc}") from exc
     if not (isinstance(result, (tuple, list)) and len(result) == 2 and isinstance(result[0], nn.Module)):
-        got = type(result).__name__ if not isinstance(result, (tuple, list)) else \
-            f"a {type(result).__name__} of {len(result)} items" + \
-            (f" starting with a {type(result[0]).__name__}" if result else "")
+        got = (
+            type(result).__name__
+            if not isinstance(result, (tuple, list))
+            else f"a {type(result).__name__} of {len(result)} items"
+            + (f" starting with a {type(result[0]).__name__}" if result else "")
+        )
         raise FormatError(f"{label} must return (model, inputs) with model a torch.nn.Module, got {got}")
     model, inputs = result
     if isinstance(inputs, torch.Tensor):
@@ -200,8 +208,16 @@ def load_model(spec: str, batch: int, *, meta: bool = False) -> tuple[nn.Module,
     return model, tuple(inputs)
 
 
-def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 1e-3,
-                 fake: bool | None = None, name: str | None = None, settings: dict | None = None):
+def capture_spec(
+    spec: str,
+    batch: int,
+    *,
+    optimizer: str = "adam",
+    lr: float = 1e-3,
+    fake: bool | None = None,
+    name: str | None = None,
+    settings: dict | None = None,
+):
     """Capture the training step of the model ``spec`` names (see :func:`load_model`).
 
     Parameters
@@ -229,11 +245,15 @@ def capture_spec(spec: str, batch: int, *, optimizer: str = "adam", lr: float = 
     """
     from .trace import capture, step_name  # deferred: imports torch
 
-    options = dict(optimizer=optimizer, lr=lr, settings=settings, name=name or step_name(
-        spec_label(spec), batch, optimizer_spec(optimizer, lr, **(settings or {}))))
+    options = dict(
+        optimizer=optimizer,
+        lr=lr,
+        settings=settings,
+        name=name or step_name(spec_label(spec), batch, optimizer_spec(optimizer, lr, **(settings or {}))),
+    )
     if fake is None:
         try:
             return capture(*load_model(spec, batch, meta=True), fake=True, **options)
         except FormatError:
-            pass   # the factory or the model needs real tensors: build it for real
+            pass  # the factory or the model needs real tensors: build it for real
     return capture(*load_model(spec, batch, meta=bool(fake)), fake=bool(fake), **options)

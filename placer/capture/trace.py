@@ -142,8 +142,9 @@ class CapturedStep:
     _replica_modules: dict[int, fx.GraphModule] = field(default_factory=dict, repr=False, compare=False)
 
     # ----------------------------------------------------------------- execution
-    def step_inputs(self, model: nn.Module, inputs: Sequence[Any],
-                    optimizer: torch.optim.Optimizer | None = None) -> list[torch.Tensor]:
+    def step_inputs(
+        self, model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer | None = None
+    ) -> list[torch.Tensor]:
         """The flat arguments of :attr:`gm`, sharing storage with ``model`` and ``optimizer``.
 
         Parameters are passed as ``p.detach()``, buffers as themselves, optimizer
@@ -197,12 +198,12 @@ class CapturedStep:
         inputs = _as_tuple(inputs)
         if len(inputs) != self.layout.num_inputs:
             raise OptionError(f"the step was captured with {self.layout.num_inputs} inputs, got {len(inputs)}")
-        return list(flat[:self.layout.input_offset]) + [inputs[k] for k in self.layout.input_slots]
+        return list(flat[: self.layout.input_offset]) + [inputs[k] for k in self.layout.input_slots]
 
     @cached_property
     def _input_specs(self) -> list:
         """The traced value of every input of the step (a fake tensor, or a constant's value)."""
-        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"][self.layout.input_offset:]
+        placeholders = [n for n in self.gm.graph.nodes if n.op == "placeholder"][self.layout.input_offset :]
         return [n.meta.get("val") for n in placeholders]
 
     def checked_inputs(self, inputs: Any) -> tuple:
@@ -228,8 +229,10 @@ class CapturedStep:
             if not isinstance(x, torch.Tensor):
                 raise OptionError(f"input {slot}: the step was captured with {want}, got a {type(x).__name__}{replan}")
             if tuple(x.shape) != tuple(val.shape) or x.dtype != val.dtype:
-                raise OptionError(f"input {slot}: the step was captured with {want}, got a {x.dtype} tensor of "
-                                  f"shape {tuple(x.shape)}{replan}")
+                raise OptionError(
+                    f"input {slot}: the step was captured with {want}, got a {x.dtype} tensor of "
+                    f"shape {tuple(x.shape)}{replan}"
+                )
             if not _same_strides(x.shape, x.stride(), val.stride()) and dense_layout(val.shape, val.stride()):
                 laid = torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=x.dtype, device=x.device)
                 out[slot] = laid.copy_(x)
@@ -237,9 +240,11 @@ class CapturedStep:
             if not _same_value(inputs[slot], value):
                 got = _short(inputs[slot])
                 if _holds_tensors(value):
-                    got = ("other values" if got == _short(value) else got) + \
-                        "; tensors inside a list, tuple or dict argument are constants of the captured step: " \
+                    got = (
+                        ("other values" if got == _short(value) else got)
+                        + "; tensors inside a list, tuple or dict argument are constants of the captured step: "
                         "pass each tensor as an argument of its own"
+                    )
                 else:
                     got += replan
                 raise OptionError(f"input {slot}: the step was captured with {_short(value)} there, got {got}")
@@ -252,9 +257,11 @@ class CapturedStep:
             if captured is not None and module.training != captured:
                 mode, was = ("training", "eval") if module.training else ("eval", "training")
                 what = f"module {name!r}" if name else "the model"
-                raise OptionError(f"{what} is in {mode} mode, but the step was captured in {was} mode (dropout and "
-                                  f"batch norm run as captured): call .{'eval' if captured is False else 'train'}() "
-                                  f"on it again, or plan (capture) again in {mode} mode")
+                raise OptionError(
+                    f"{what} is in {mode} mode, but the step was captured in {was} mode (dropout and "
+                    f"batch norm run as captured): call .{'eval' if captured is False else 'train'}() "
+                    f"on it again, or plan (capture) again in {mode} mode"
+                )
 
     def check_trainable(self, model: nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
         """Raise :class:`OptionError` unless the step updates what eager training of ``model`` with
@@ -270,25 +277,30 @@ class CapturedStep:
                 raise OptionError(f"the model's parameter {name!r} is not one of the captured step's{again}")
             if p.requires_grad != (name in trained):
                 now, was = ("requires", "was frozen") if p.requires_grad else ("does not require", "was trained")
-                raise OptionError(f"parameter {name!r} {now} grad now, but it {was} when the step was "
-                                  f"captured, which holds that fixed{again}")
+                raise OptionError(
+                    f"parameter {name!r} {now} grad now, but it {was} when the step was "
+                    f"captured, which holds that fixed{again}"
+                )
         if optimizer is None:
             return
         held = {id(p) for group in optimizer.param_groups for p in group["params"]}
         missing = [n for n in self.layout.params if id(params[n]) not in held]
         if missing:
             others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-            raise OptionError(f"the optimizer does not hold parameter {missing[0]!r}{others}, which requires grad: "
-                              f"eager training would leave it as it is, but the placed step updates every "
-                              f"parameter that requires grad; freeze those not to train "
-                              f"(requires_grad_(False)) and plan again, or give the optimizer all of them")
+            raise OptionError(
+                f"the optimizer does not hold parameter {missing[0]!r}{others}, which requires grad: "
+                f"eager training would leave it as it is, but the placed step updates every "
+                f"parameter that requires grad; freeze those not to train "
+                f"(requires_grad_(False)) and plan again, or give the optimizer all of them"
+            )
 
     def _state_of(self, param: torch.Tensor, optimizer: torch.optim.Optimizer | None) -> dict[str, torch.Tensor]:
         if optimizer is None:
             return self.optimizer.initial_state(param.detach())
         if type(optimizer) is not self.optimizer.torch_class:
-            raise OptionError(f"the step was captured for {self.optimizer.torch_class.__name__}, "
-                              f"got a {type(optimizer).__name__}")
+            raise OptionError(
+                f"the step was captured for {self.optimizer.torch_class.__name__}, got a {type(optimizer).__name__}"
+            )
         state = optimizer.state[param]
         if any(state.get(name) is None for name in self.layout.state_names):
             # torch.optim's first step (or momentum set since eager steps without it): fresh state where none is
@@ -310,26 +322,36 @@ class CapturedStep:
             ``rows`` is not between 1 and the batch size, or the model traced on
             fewer rows has other operations than on the whole batch.
         """
-        if self.batch_size is None or isinstance(rows, bool) or not isinstance(rows, int) \
-                or not 1 <= rows <= self.batch_size:
+        if (
+            self.batch_size is None
+            or isinstance(rows, bool)
+            or not isinstance(rows, int)
+            or not 1 <= rows <= self.batch_size
+        ):
             raise OptionError(f"rows must be between 1 and the batch's {self.batch_size} samples, got {rows!r}")
         if rows == self.batch_size:
             return self.gm
         if rows in self._replica_modules:
             return self._replica_modules[rows]
         if self.source is None:
-            raise OptionError("the step holds no model to trace again on part of its batch; capture it from the "
-                              "model (placer.capture)")
+            raise OptionError(
+                "the step holds no model to trace again on part of its batch; capture it from the "
+                "model (placer.capture)"
+            )
         model, inputs = self.source
-        sliced = tuple(x[:rows] if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == self.batch_size
-                       else x for x in inputs)
+        sliced = tuple(
+            x[:rows] if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == self.batch_size else x
+            for x in inputs
+        )
         gm, _ = _traced_step(model, self.layout, self.optimizer, sliced)
         names, again = [v.name for v in self.gm.graph.nodes], [v.name for v in gm.graph.nodes]
         if names != again:
             where = next((a for a, b in zip(names, again) if a != b), f"{len(names)} against {len(again)} nodes")
-            raise OptionError(f"the model traced on {rows} of its {self.batch_size} samples has other operations "
-                              f"than on all of them (first difference: {where}); its data-parallel replicas "
-                              f"cannot run the captured step's nodes")
+            raise OptionError(
+                f"the model traced on {rows} of its {self.batch_size} samples has other operations "
+                f"than on all of them (first difference: {where}); its data-parallel replicas "
+                f"cannot run the captured step's nodes"
+            )
         self._replica_modules[rows] = gm
         return gm
 
@@ -361,8 +383,9 @@ class CapturedStep:
                 args.append(torch.zeros(tuple(val.shape), dtype=val.dtype))
         return args
 
-    def write_back(self, flat: Sequence[torch.Tensor], model: nn.Module,
-                   optimizer: torch.optim.Optimizer | None = None) -> None:
+    def write_back(
+        self, flat: Sequence[torch.Tensor], model: nn.Module, optimizer: torch.optim.Optimizer | None = None
+    ) -> None:
         """Copy parameters, buffers and optimizer state from ``flat`` into ``model`` / ``optimizer``.
 
         For a runtime that ran :attr:`gm` on copies (other devices): after it, the live
@@ -373,8 +396,9 @@ class CapturedStep:
         params = dict(model.named_parameters())
         targets: list[torch.Tensor | None] = [tensors[n] for n in (*self.layout.params, *self.layout.buffers)]
         if self.layout.state_names:
-            states = [self._state_of(params[n], optimizer) if optimizer is not None else None
-                      for n in self.layout.params]
+            states = [
+                self._state_of(params[n], optimizer) if optimizer is not None else None for n in self.layout.params
+            ]
             for state_name in self.layout.state_names:
                 targets += [s[state_name] if s is not None else None for s in states]
         with torch.no_grad():
@@ -382,7 +406,9 @@ class CapturedStep:
                 if live is not None and live.data_ptr() != new.data_ptr():
                     live.copy_(new)
 
-    def run(self, model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer | None = None) -> torch.Tensor:
+    def run(
+        self, model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer | None = None
+    ) -> torch.Tensor:
         """One training step of ``model`` (and ``optimizer``'s state) through :attr:`gm`; the loss."""
         return self.gm(*self.step_inputs(model, inputs, optimizer))
 
@@ -395,8 +421,13 @@ def _same_strides(size: Sequence[int], a: Sequence[int], b: Sequence[int]) -> bo
 def _same_value(a: Any, b: Any) -> bool:
     """Whether a non-tensor input equals its captured value (same type; tensors inside compared by value)."""
     if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
-        return (isinstance(a, torch.Tensor) and isinstance(b, torch.Tensor) and a.shape == b.shape
-                and a.dtype == b.dtype and bool(torch.equal(a.detach().cpu(), b.detach().cpu())))
+        return (
+            isinstance(a, torch.Tensor)
+            and isinstance(b, torch.Tensor)
+            and a.shape == b.shape
+            and a.dtype == b.dtype
+            and bool(torch.equal(a.detach().cpu(), b.detach().cpu()))
+        )
     if type(a) is not type(b):
         return False
     if isinstance(a, (list, tuple)):
@@ -404,7 +435,7 @@ def _same_value(a: Any, b: Any) -> bool:
     if isinstance(a, dict):
         return a.keys() == b.keys() and all(_same_value(a[k], b[k]) for k in a)
     try:
-        return bool(a == b) or (a != a and b != b)          # NaN equals NaN here
+        return bool(a == b) or (a != a and b != b)  # NaN equals NaN here
     except Exception:  # noqa: BLE001 - values that cannot be compared are not the same
         return a is b
 
@@ -456,8 +487,9 @@ def _leave_backward(grad_inputs: Any, grad_outputs: Any) -> None:
     fx_traceback.reset_grad_fn_seq_nr()
 
 
-def _layout(model: nn.Module, opt: OptimizerSpec, inputs: tuple, slots: tuple[int, ...],
-            unreached: tuple[str, ...]) -> StepLayout:
+def _layout(
+    model: nn.Module, opt: OptimizerSpec, inputs: tuple, slots: tuple[int, ...], unreached: tuple[str, ...]
+) -> StepLayout:
     """The flat arguments of ``model``'s step, the parameters in ``unreached`` among the buffers."""
     params = [n for n, p in model.named_parameters() if p.requires_grad and n not in unreached]
     buffers = [n for n, p in model.named_parameters() if not p.requires_grad or n in unreached]
@@ -465,15 +497,16 @@ def _layout(model: nn.Module, opt: OptimizerSpec, inputs: tuple, slots: tuple[in
     return StepLayout(tuple(params), tuple(buffers), opt.state_names, slots, len(inputs), unreached)
 
 
-def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs: tuple
-                 ) -> tuple[fx.GraphModule, tuple[str, ...]]:
+def _traced_step(
+    model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs: tuple
+) -> tuple[fx.GraphModule, tuple[str, ...]]:
     """:func:`_trace_step` over fake tensors like ``model``'s and ``inputs``'; a tracing failure as a
     :class:`FormatError` naming the model's line."""
     tensors = {**dict(model.named_parameters()), **dict(model.named_buffers())}
     fake_mode = FakeTensorMode(shape_env=ShapeEnv(), static_shapes=True, allow_non_fake_inputs=True)
     with fake_mode:
         flat = [_fake_like(tensors[n]) for n in (*layout.params, *layout.buffers)]
-        states = [opt.initial_state(p) for p in flat[:len(layout.params)]]
+        states = [opt.initial_state(p) for p in flat[: len(layout.params)]]
         for state_name in opt.state_names:
             flat += [s[state_name] for s in states]
         flat.append(torch.empty((), dtype=torch.float64))
@@ -481,8 +514,11 @@ def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, input
     try:
         # Stack traces of every op cost much of the trace and are not used (torch 2.11 has no such
         # switch: ``create`` lets it record them there).
-        with fx_traceback.preserve_node_meta(), \
-                patch.object(torch.fx.config, "do_not_emit_stack_traces", True, create=True), portable_kernels():
+        with (
+            fx_traceback.preserve_node_meta(),
+            patch.object(torch.fx.config, "do_not_emit_stack_traces", True, create=True),
+            portable_kernels(),
+        ):
             return _trace_step(model, layout, opt, inputs, flat, states, fake_mode)
     except FormatError:
         raise
@@ -491,8 +527,10 @@ def _traced_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, input
         # The hints' phrases are looked for in the message and in the files the failure went through.
         said = " ".join([str(exc), *(frame.filename for frame in traceback.extract_tb(exc.__traceback__))])
         hint = next((f" ({hint})" for phrase, hint in _TRACE_HINTS if phrase in said), "")
-        raise FormatError(f"cannot capture the training step of {type(model).__name__}: "
-                          f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}") from exc
+        raise FormatError(
+            f"cannot capture the training step of {type(model).__name__}: "
+            f"{type(exc).__name__} at {_user_frame(exc)}: {message}{hint}"
+        ) from exc
 
 
 def _step_function(model: nn.Module, layout: StepLayout, inputs: tuple, update):
@@ -502,8 +540,8 @@ def _step_function(model: nn.Module, layout: StepLayout, inputs: tuple, update):
     n_p, n_b = len(layout.params), len(layout.buffers)
 
     def step(*flat):
-        params, buffers = list(flat[:n_p]), list(flat[n_p:n_p + n_b])
-        state = {name: flat[layout.state_offset(name):layout.state_offset(name) + n_p] for name in layout.state_names}
+        params, buffers = list(flat[:n_p]), list(flat[n_p : n_p + n_b])
+        state = {name: flat[layout.state_offset(name) : layout.state_offset(name) + n_p] for name in layout.state_names}
         args = list(inputs)
         for k, slot in enumerate(layout.input_slots):
             args[slot] = flat[layout.input_offset + k]
@@ -513,21 +551,26 @@ def _step_function(model: nn.Module, layout: StepLayout, inputs: tuple, update):
             loss = torch.func.functional_call(model, tensors, tuple(args), tie_weights=True, strict=False)
             _write_reassigned(model, tensors, dict(zip(layout.buffers, bs)))
             if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.is_floating_point():
-                what = (f"a tensor of shape {tuple(loss.shape)} and dtype {loss.dtype}"
-                        if isinstance(loss, torch.Tensor) else f"a {type(loss).__name__}")
+                what = (
+                    f"a tensor of shape {tuple(loss.shape)} and dtype {loss.dtype}"
+                    if isinstance(loss, torch.Tensor)
+                    else f"a {type(loss).__name__}"
+                )
                 raise FormatError(f"model(*inputs) must return the scalar floating-point loss, got {what}")
             if not loss.requires_grad:
                 # Every gradient would be zero and the step a forward pass with no backward: surely a mistake.
                 some = ", ".join(layout.params[:3]) + (", ..." if len(layout.params) > 3 else "")
-                raise FormatError(f"cannot capture the training step of {type(model).__name__}: its loss has no "
-                                  f"gradient, it depends on none of the trainable parameters ({some}); is it "
-                                  f"computed under torch.no_grad(), detached, or from the inputs alone?")
+                raise FormatError(
+                    f"cannot capture the training step of {type(model).__name__}: its loss has no "
+                    f"gradient, it depends on none of the trainable parameters ({some}); is it "
+                    f"computed under torch.no_grad(), detached, or from the inputs alone?"
+                )
             _tag_backward(loss)
             return loss
 
         grads, loss = torch.func.grad_and_value(loss_of)(params, buffers)
         with torch.no_grad():
-            lr = flat[layout.lr_offset].item()      # once, for every parameter's update
+            lr = flat[layout.lr_offset].item()  # once, for every parameter's update
             for k, (p, g) in enumerate(zip(params, grads)):
                 with fx_traceback.annotate({"param": layout.params[k]}):
                     update(p, g, lr, [state[name][k] for name in layout.state_names])
@@ -545,19 +588,32 @@ def _write_reassigned(model: nn.Module, tensors: dict[str, torch.Tensor], buffer
         if new is buffer:
             continue
         if not isinstance(new, torch.Tensor) or new.shape != buffer.shape or new.dtype != buffer.dtype:
-            what = f"a {new.dtype} tensor of shape {tuple(new.shape)}" if isinstance(new, torch.Tensor) \
+            what = (
+                f"a {new.dtype} tensor of shape {tuple(new.shape)}"
+                if isinstance(new, torch.Tensor)
                 else f"a {type(new).__name__}"
-            raise FormatError(f"cannot capture the training step of {type(model).__name__}: its forward "
-                              f"assigns {what} to buffer {name!r}, a {buffer.dtype} tensor of shape "
-                              f"{tuple(buffer.shape)}; a captured step updates a buffer in place, keeping "
-                              f"its shape and dtype")
+            )
+            raise FormatError(
+                f"cannot capture the training step of {type(model).__name__}: its forward "
+                f"assigns {what} to buffer {name!r}, a {buffer.dtype} tensor of shape "
+                f"{tuple(buffer.shape)}; a captured step updates a buffer in place, keeping "
+                f"its shape and dtype"
+            )
         with torch.no_grad():
             buffer.copy_(new)
 
 
-def _trace_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs: tuple, flat: list,
-                states: list[dict], fake_mode: FakeTensorMode, *, per_parameter: bool = True
-                ) -> tuple[fx.GraphModule, tuple[str, ...]]:
+def _trace_step(
+    model: nn.Module,
+    layout: StepLayout,
+    opt: OptimizerSpec,
+    inputs: tuple,
+    flat: list,
+    states: list[dict],
+    fake_mode: FakeTensorMode,
+    *,
+    per_parameter: bool = True,
+) -> tuple[fx.GraphModule, tuple[str, ...]]:
     """``make_fx``'s trace of the step over the fake tensors ``flat`` (``states``: each parameter's
     optimizer state), its placeholders named after the layout, and the parameters the loss does not
     depend on (:func:`_unreached_params`).
@@ -576,11 +632,11 @@ def _trace_step(model: nn.Module, layout: StepLayout, opt: OptimizerSpec, inputs
     def traced(*args):
         return step(*args)
 
-    traced._orig_mod = model   # lets make_fx record each op's module path (nn_module_stack)
+    traced._orig_mod = model  # lets make_fx record each op's module path (nn_module_stack)
     gm = make_fx(traced, tracing_mode="fake", record_module_stack=True)(*flat)
     if per_parameter:
         lr = [n for n in gm.graph.nodes if n.op == "placeholder"][layout.lr_offset]
-        (lr_read,) = lr.users       # the step's one .item() of it
+        (lr_read,) = lr.users  # the step's one .item() of it
         templates.expand(gm.graph, fake_mode, lr_read)
     _name_placeholders(gm.graph, layout)
     gm.recompile()
@@ -595,8 +651,11 @@ def _unreached_params(graph: fx.Graph, layout: StepLayout) -> tuple[str, ...]:
     unreached = []
     for name, param in zip(layout.params, placeholders):
         for node in param.users:
-            if node.target is torch.ops.aten.zeros_like.default and node.users and all(
-                    (user.meta.get("custom") or {}).get("param") == name for user in node.users):
+            if (
+                node.target is torch.ops.aten.zeros_like.default
+                and node.users
+                and all((user.meta.get("custom") or {}).get("param") == name for user in node.users)
+            ):
                 unreached.append(name)
                 break
     return tuple(unreached)
@@ -616,8 +675,16 @@ def step_name(label: str, batch: int | None, optimizer: "str | OptimizerSpec") -
     return f"{label}-bs{batch}-{optimizer.lower()}"
 
 
-def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float = 1e-3,
-            name: str | None = None, fake: bool = False, settings: dict[str, Any] | None = None) -> CapturedStep:
+def capture(
+    model: nn.Module,
+    inputs: Any,
+    *,
+    optimizer: str = "adam",
+    lr: float = 1e-3,
+    name: str | None = None,
+    fake: bool = False,
+    settings: dict[str, Any] | None = None,
+) -> CapturedStep:
     """Capture one training step (forward, loss, backward, optimizer update) of ``model``.
 
     Parameters
@@ -690,31 +757,36 @@ def capture(model: nn.Module, inputs: Any, *, optimizer: str = "adam", lr: float
         raise OptionError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     inputs = _as_tuple(inputs)
     opt = optimizer_spec(optimizer, lr, **(settings or {}))
-    if not any(p.requires_grad for p in model.parameters()):      # a training step would compute no gradient and update nothing
+    if not any(
+        p.requires_grad for p in model.parameters()
+    ):  # a training step would compute no gradient and update nothing
         count = sum(1 for _ in model.parameters())
         why = f"its {count} parameters all have requires_grad=False" if count else "it has no parameters"
-        raise FormatError(f"cannot capture the training step of {type(model).__name__}: it has no trainable "
-                          f"parameter ({why})")
+        raise FormatError(
+            f"cannot capture the training step of {type(model).__name__}: it has no trainable parameter ({why})"
+        )
     fake = bool(fake) or any(t.is_meta for t in (*model.parameters(), *model.buffers()))
     slots = tuple(k for k, x in enumerate(inputs) if isinstance(x, torch.Tensor))
     batch = next((int(inputs[k].shape[0]) for k in slots if inputs[k].dim() >= 1), None)
     name = name or step_name(type(model).__name__, batch, opt)
     layout = _layout(model, opt, inputs, slots, ())
     gm, unreached = _traced_step(model, layout, opt, inputs)
-    if unreached:       # rare: trainable parameters the loss does not reach, traced again as buffers
+    if unreached:  # rare: trainable parameters the loss does not reach, traced again as buffers
         layout = _layout(model, opt, inputs, slots, unreached)
         gm, _ = _traced_step(model, layout, opt, inputs)
     layers = _layers(gm, layout, model)
-    resident = [n.name for n in gm.graph.nodes if n.op == "placeholder"][:layout.input_offset]
+    resident = [n.name for n in gm.graph.nodes if n.op == "placeholder"][: layout.input_offset]
     batch_inputs = [f"input_{k}" for k in slots if inputs[k].dim() >= 1 and inputs[k].shape[0] == batch]
-    graph, carrier = build_graph(gm, name=name, layers=layers, resident=resident, batch=batch,
-                                 batch_inputs=batch_inputs)
+    graph, carrier = build_graph(
+        gm, name=name, layers=layers, resident=resident, batch=batch, batch_inputs=batch_inputs
+    )
 
     graph = annotate(graph)
     constants = {k: x for k, x in enumerate(inputs) if k not in slots}
     modes = {name: module.training for name, module in model.named_modules()}
-    return CapturedStep(graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants,
-                        (model, inputs), modes)
+    return CapturedStep(
+        graph, gm, layout, opt, carrier, batch, time.perf_counter() - started, fake, constants, (model, inputs), modes
+    )
 
 
 @contextmanager
@@ -731,21 +803,45 @@ def portable_kernels():
 
 
 # Frames inside these parts of torch are the tracer's, not the model's.
-_TRACER_PARTS = tuple(f"{os.sep}torch{os.sep}{part}" for part in
-                      ("fx", "_subclasses", "_functorch", "_dynamo", "utils", "_ops.py", "_prims", "_refs",
-                       "_decomp", "overrides.py", "_tensor.py", "__init__.py", "_compile.py", "_library"))
+_TRACER_PARTS = tuple(
+    f"{os.sep}torch{os.sep}{part}"
+    for part in (
+        "fx",
+        "_subclasses",
+        "_functorch",
+        "_dynamo",
+        "utils",
+        "_ops.py",
+        "_prims",
+        "_refs",
+        "_decomp",
+        "overrides.py",
+        "_tensor.py",
+        "__init__.py",
+        "_compile.py",
+        "_library",
+    )
+)
 
 
-_CHECKPOINTING = ("activation checkpointing (torch.utils.checkpoint) cannot be captured: call the module directly; "
-                  "the plan decides where each activation is held")
+_CHECKPOINTING = (
+    "activation checkpointing (torch.utils.checkpoint) cannot be captured: call the module directly; "
+    "the plan decides where each activation is held"
+)
 #: What a tracing failure's message says (or a file it went through) -> what the model does that capture cannot
 #: follow, and what to do. Checkpointing fails as "saved tensor hooks" under torch 2.13, as "NYI: Functionalize
 #: rule for custom_function_call" under 2.11, inside torch/utils/checkpoint.py either way.
 _TRACE_HINTS = (
-    ("data-dependent", "the model branches on tensor values or reads one as a Python number: if, .item(), "
-                       "float(), int(), which a trace with fake tensors cannot follow"),
-    ("mutate a captured Tensor", "the model writes in place into one of its inputs (x /= 255, x.clamp_()), which "
-                                 "the captured step takes as given: write x = x / 255 instead"),
+    (
+        "data-dependent",
+        "the model branches on tensor values or reads one as a Python number: if, .item(), "
+        "float(), int(), which a trace with fake tensors cannot follow",
+    ),
+    (
+        "mutate a captured Tensor",
+        "the model writes in place into one of its inputs (x /= 255, x.clamp_()), which "
+        "the captured step takes as given: write x = x / 255 instead",
+    ),
     ("saved tensor hooks", _CHECKPOINTING),
     (f"{os.sep}utils{os.sep}checkpoint.py", _CHECKPOINTING),
 )
@@ -755,8 +851,11 @@ _TORCH_DIR = os.path.dirname(torch.__file__)
 def _user_frame(exc: BaseException) -> str:
     """``file:line`` of the innermost frame of ``exc`` that is the model's code, not the tracer's; where
     that is inside torch (a module of ``torch.nn``), the model's own line that called it, then torch's."""
-    frames = [frame for frame in traceback.extract_tb(exc.__traceback__)
-              if not any(part in frame.filename for part in _TRACER_PARTS) and not frame.filename.endswith("trace.py")]
+    frames = [
+        frame
+        for frame in traceback.extract_tb(exc.__traceback__)
+        if not any(part in frame.filename for part in _TRACER_PARTS) and not frame.filename.endswith("trace.py")
+    ]
     if not frames:
         return "?"
     inner = frames[-1]

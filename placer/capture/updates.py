@@ -32,8 +32,9 @@ __all__ = ["UpdateTemplates"]
 
 @torch.library.custom_op("placer::optimizer_update", mutates_args=())
 def _optimizer_update(param: torch.Tensor, grad: torch.Tensor, state: list[torch.Tensor]) -> list[torch.Tensor]:
-    raise RuntimeError("placer::optimizer_update stands in for an optimizer update while a step is traced; "
-                       "it is never run")
+    raise RuntimeError(
+        "placer::optimizer_update stands in for an optimizer update while a step is traced; it is never run"
+    )
 
 
 @_optimizer_update.register_fake
@@ -52,10 +53,10 @@ _PER_PARAMETER = ("custom", "seq_nr", "nn_module_stack")
 class _Template:
     """One parameter's update, traced: inputs ``(param, grad, lr, *state)``, ``lr`` a 0-dim tensor."""
 
-    inputs: tuple[fx.Node, ...]     # the placeholders
-    lr_read: fx.Node                # the .item() of lr
-    body: tuple[fx.Node, ...]       # the update's operations, in order (but lr_read)
-    result: dict[int, fx.Node]      # stand-in output (0: param, 1..: state) -> the node holding its new value
+    inputs: tuple[fx.Node, ...]  # the placeholders
+    lr_read: fx.Node  # the .item() of lr
+    body: tuple[fx.Node, ...]  # the update's operations, in order (but lr_read)
+    result: dict[int, fx.Node]  # stand-in output (0: param, 1..: state) -> the node holding its new value
 
 
 def _kind(param: torch.Tensor) -> tuple:
@@ -83,7 +84,8 @@ class UpdateTemplates:
         lr = param.new_empty((), dtype=torch.float64, device="cpu")
         with torch.no_grad():
             gm = make_fx(torch.func.functionalize(update, remove="mutations"), tracing_mode="fake")(
-                param, grad, lr, *state)
+                param, grad, lr, *state
+            )
         nodes = list(gm.graph.nodes)
         inputs = tuple(n for n in nodes if n.op == "placeholder")
         (lr_read,) = inputs[2].users
@@ -92,8 +94,9 @@ class UpdateTemplates:
         body = tuple(n for n in nodes if n.op == "call_function" and n not in write_backs and n is not lr_read)
         # The stand-in's outputs are the parameter's new value and its state's: inputs 0 and 3.. here.
         outputs = {inputs[0]: 0, **{node: k + 1 for k, node in enumerate(inputs[3:])}}
-        self._templates[kind] = _Template(inputs, lr_read, body, {outputs[n.args[0]]: n.args[1] for n in write_backs
-                                                                  if n.args[0] in outputs})
+        self._templates[kind] = _Template(
+            inputs, lr_read, body, {outputs[n.args[0]]: n.args[1] for n in write_backs if n.args[0] in outputs}
+        )
 
     def stand_in(self, param: torch.Tensor, grad: torch.Tensor, lr: float, state: list[torch.Tensor]) -> None:
         """In the step being traced: one node in place of the update, its new values written back
@@ -136,11 +139,16 @@ class UpdateTemplates:
     def _copy(graph: fx.Graph, node: fx.Node, made: dict, stand_in: fx.Node, fake_mode) -> fx.Node:
         args, kwargs = fx.node.map_arg((node.args, node.kwargs), made.__getitem__)
         # make_fx names an aten op after its overload packet, anything else after its target.
-        name = graph._target_to_str(node.target.overloadpacket.__name__) \
-            if isinstance(node.target, torch._ops.OpOverload) else None
+        name = (
+            graph._target_to_str(node.target.overloadpacket.__name__)
+            if isinstance(node.target, torch._ops.OpOverload)
+            else None
+        )
         copy = graph.create_node("call_function", node.target, args, kwargs, name=name)
-        copy.meta = {**{k: v for k, v in node.meta.items() if k not in _PER_PARAMETER},
-                     **{k: stand_in.meta[k] for k in _PER_PARAMETER if k in stand_in.meta}}
+        copy.meta = {
+            **{k: v for k, v in node.meta.items() if k not in _PER_PARAMETER},
+            **{k: stand_in.meta[k] for k in _PER_PARAMETER if k in stand_in.meta},
+        }
         val = node.meta.get("val")
         if any(isinstance(leaf, torch.Tensor) for leaf in tree_leaves(val)):
             # A tensor of its own (the graph tells aliases by storage); scalars enter as plain numbers, as a

@@ -20,19 +20,26 @@ def cluster_for_plan(plan, path: str, cluster=None, spec: str | None = None):
     if cluster is not None:
         if plan.cluster_digest and cluster.digest() != plan.cluster_digest:
             # Not an error: a plan may be simulated on other clusters on purpose.
-            print(f"placer: note: plan {path} was made for cluster {plan.cluster_name!r}, whose figures differ "
-                  f"from those of --cluster {spec or terminal(cluster.name)}", file=sys.stderr)
+            print(
+                f"placer: note: plan {path} was made for cluster {plan.cluster_name!r}, whose figures differ "
+                f"from those of --cluster {spec or terminal(cluster.name)}",
+                file=sys.stderr,
+            )
         return cluster
     name = plan.cluster_name
     if not name:
         raise OptionError(f"plan {path} names no cluster; pass --cluster")
     if name not in PRESETS and not Path(name).is_file():
-        raise OptionError(f"plan {path} was made for cluster {name!r} (its \"cluster\" field), which is no preset "
-                          f"and no file; pass --cluster FILE")
+        raise OptionError(
+            f'plan {path} was made for cluster {name!r} (its "cluster" field), which is no preset '
+            f"and no file; pass --cluster FILE"
+        )
     cluster = load_cluster(name)
     if plan.cluster_digest and cluster.digest() != plan.cluster_digest:
-        raise OptionError(f"plan {path} was made for cluster {name!r} (its \"cluster\" field) with other figures "
-                          f"than the {'preset' if name in PRESETS else 'file'} {name!r}; pass --cluster FILE")
+        raise OptionError(
+            f'plan {path} was made for cluster {name!r} (its "cluster" field) with other figures '
+            f"than the {'preset' if name in PRESETS else 'file'} {name!r}; pass --cluster FILE"
+        )
     return cluster
 
 

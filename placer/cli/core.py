@@ -83,8 +83,10 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
 
         given = [flag for flag in SETTING_FLAGS if getattr(args, flag, None) is not None]
         if given:
-            raise OptionError(f"--{given[0].replace('_', '-')} applies to a model spec; {source} is a graph file, "
-                              f"captured with its own optimizer")
+            raise OptionError(
+                f"--{given[0].replace('_', '-')} applies to a model spec; {source} is a graph file, "
+                f"captured with its own optimizer"
+            )
         graph = OpGraph.load(source)
     elif args is None or getattr(args, "batch", None) is None:
         raise OptionError(f"{source}: a model spec needs --batch N")
@@ -93,10 +95,14 @@ def _load_graph(source: str, args: argparse.Namespace | None = None, cluster: "C
 
         print(f"capturing one training step of {source} at batch {args.batch} ...", file=sys.stderr)
 
-        graph = capture_spec(source, args.batch, optimizer=args.optimizer, name=getattr(args, "name", None),
-                             settings=optimizer_settings(args)).graph
+        graph = capture_spec(
+            source,
+            args.batch,
+            optimizer=args.optimizer,
+            name=getattr(args, "name", None),
+            settings=optimizer_settings(args),
+        ).graph
     if getattr(args, "profile", None):
-
         profile = load_profile(args.profile)
         if cluster is not None:
             profile.check_cluster(cluster)
@@ -113,15 +119,19 @@ def _algorithm_names(text: str | None) -> list[str] | None:
         raise OptionError(f"option '--algorithms' names no algorithm: {text!r}")
     twice = sorted({name for name in names if names.count(name) > 1})
     if twice:
-        raise OptionError(f"option '--algorithms' names {', '.join(map(repr, twice))} twice (one row and one plan "
-                          f"file each)")
+        raise OptionError(
+            f"option '--algorithms' names {', '.join(map(repr, twice))} twice (one row and one plan file each)"
+        )
     return names
 
 
 def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch", type=int, help="batch size when GRAPH is a model spec")
-    p.add_argument("--name", help="graph name when GRAPH is a model spec, as `placer capture --name` gave it "
-                                  "(default NAME-bsBATCH-OPTIMIZER)")
+    p.add_argument(
+        "--name",
+        help="graph name when GRAPH is a model spec, as `placer capture --name` gave it "
+        "(default NAME-bsBATCH-OPTIMIZER)",
+    )
 
     add_optimizer_option(p, "optimizer of the captured step when GRAPH is a model spec (default adam)")
     add_optimizer_settings(p)
@@ -129,8 +139,12 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
 
 
 def _add_microbatches_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--microbatches", type=int, metavar="M",
-                   help="place the step cut into M micro-batches, gradients accumulated (every algorithm pipelines)")
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        metavar="M",
+        help="place the step cut into M micro-batches, gradients accumulated (every algorithm pipelines)",
+    )
 
 
 def _check_microbatches_flag(args: argparse.Namespace) -> None:
@@ -139,8 +153,9 @@ def _check_microbatches_flag(args: argparse.Namespace) -> None:
     if m is not None and m < 1:
         raise OptionError(f"--microbatches must be >= 1, got {m}")
     if m is not None and getattr(args, "batch", None) and m > args.batch:
-        raise OptionError(f"--microbatches {m} cuts a batch of {args.batch} samples (--batch): at most {args.batch}, "
-                          f"one sample each")
+        raise OptionError(
+            f"--microbatches {m} cuts a batch of {args.batch} samples (--batch): at most {args.batch}, one sample each"
+        )
 
 
 def cmd_plan(args: argparse.Namespace) -> int:
@@ -152,7 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
             if key in options:
                 raise OptionError(f"--option {key}=... and --{key.replace('_', '-')} both set {key}: give one")
             options[key] = value
-    checked_options(get_algorithm(args.algorithm), options)    # before a model is captured
+    checked_options(get_algorithm(args.algorithm), options)  # before a model is captured
     _check_microbatches_flag(args)
     if args.algorithm == "auto" and "runnable" in options:
         print(f"placer: warning: option {RUNNABLE_DEPRECATED}; leave it out", file=sys.stderr)
@@ -162,32 +177,38 @@ def cmd_plan(args: argparse.Namespace) -> int:
 
     # A search can take its whole limit (auto: a minute by default); say what runs meanwhile.
     limit = "" if args.time_limit is None else f", within {args.time_limit:g} s"
-    with working(f"planning {graph.name} on {cluster.name} with {args.algorithm}{limit} ..."), \
-            warnings.catch_warnings():
-        warnings.filterwarnings("ignore", RUNNABLE_DEPRECATED, DeprecationWarning)     # said just above
+    with (
+        working(f"planning {graph.name} on {cluster.name} with {args.algorithm}{limit} ..."),
+        warnings.catch_warnings(),
+    ):
+        warnings.filterwarnings("ignore", RUNNABLE_DEPRECATED, DeprecationWarning)  # said just above
         plan = place(graph, cluster, args.algorithm, microbatches=args.microbatches, **options)
     plan.save(args.output)
     p = plan.predicted
-    print(f"{args.algorithm}: makespan {p['makespan_s'] * 1e3:.3f} ms (lower bound {p['lower_bound_s'] * 1e3:.3f} ms), "
-          f"fits memory, planned in {plan.search_time_s:.2f} s -> {args.output}")
+    print(
+        f"{args.algorithm}: makespan {p['makespan_s'] * 1e3:.3f} ms (lower bound {p['lower_bound_s'] * 1e3:.3f} ms), "
+        f"fits memory, planned in {plan.search_time_s:.2f} s -> {args.output}"
+    )
     return 0
 
 
 def cmd_simulate(args: argparse.Namespace) -> int:
 
-    plan = Plan.load(args.plan)     # a bad plan file fails before a model is captured
+    plan = Plan.load(args.plan)  # a bad plan file fails before a model is captured
     if args.trace:
-        check_output(args.trace, "trace file",
-                      inputs=[args.graph, args.plan, args.cluster, args.profile, args.message_cost])
+        check_output(
+            args.trace, "trace file", inputs=[args.graph, args.plan, args.cluster, args.profile, args.message_cost]
+        )
     cluster = cluster_for_plan(plan, args.plan, load_cluster(args.cluster) if args.cluster else None, args.cluster)
     graph = _load_graph(args.graph, args, cluster)
     with naming_plan(args.plan, plan, cluster):
         result = simulate_plan(plan, graph, cluster)
         if not math.isfinite(result.makespan_s):
-            raise InvalidPlanError(f"the simulated step overflows (makespan {result.makespan_s}): a figure of "
-                                   f"the graph or cluster is out of range")
+            raise InvalidPlanError(
+                f"the simulated step overflows (makespan {result.makespan_s}): a figure of "
+                f"the graph or cluster is out of range"
+            )
     if args.trace:
-
         write_trace(result, args.trace)
     report = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster, splits=plan.rewrites_graph)}
     other = _other_prediction(plan, cluster, result.makespan_s)
@@ -201,8 +222,10 @@ def cmd_simulate(args: argparse.Namespace) -> int:
 
     print_simulation(result, report)
     if args.message_cost:
-        print(f"with the host cost of its messages and the barrier that ends a step ({args.message_cost}; a "
-              f"richer mode than the reference model): {report['with_message_cost_s'] * 1e3:.3f} ms")
+        print(
+            f"with the host cost of its messages and the barrier that ends a step ({args.message_cost}; a "
+            f"richer mode than the reference model): {report['with_message_cost_s'] * 1e3:.3f} ms"
+        )
     if args.trace:
         print(f"timeline written to {args.trace} (open in ui.perfetto.dev)")
     return 0
@@ -212,12 +235,17 @@ def _other_prediction(plan, cluster, makespan_s: float) -> str:
     """What to say where the plan file's own predicted step differs from ``makespan_s`` on the cluster it
     was made for ('' where it agrees, or where the cluster is another, which :func:`cluster_for_plan` notes)."""
     predicted = plan.predicted.get("makespan_s")
-    if (predicted is None or math.isclose(predicted, makespan_s, rel_tol=1e-6, abs_tol=1e-12)
-            or (plan.cluster_digest and plan.cluster_digest != cluster.digest())):
+    if (
+        predicted is None
+        or math.isclose(predicted, makespan_s, rel_tol=1e-6, abs_tol=1e-12)
+        or (plan.cluster_digest and plan.cluster_digest != cluster.digest())
+    ):
         return ""
     edited = "" if plan.order is not None else " (it has no order now: was it removed?)"
-    return (f" predicted {predicted * 1e3:.3f} ms when it was made: it was planned with other costs (a --profile, "
-            f"placer tune's measurements; pass the same to compare), or edited since{edited}")
+    return (
+        f" predicted {predicted * 1e3:.3f} ms when it was made: it was planned with other costs (a --profile, "
+        f"placer tune's measurements; pass the same to compare), or edited since{edited}"
+    )
 
 
 def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: str) -> float:
@@ -226,8 +254,9 @@ def _with_message_cost(graph, plan, cluster, calibration_path: str, plan_path: s
 
     calibration = load_calibration(calibration_path)
     if calibration.message_cost is None:
-        raise OptionError(f"calibration {calibration_path} has no message cost (`placer calibrate --backend gloo` "
-                          f"times one)")
+        raise OptionError(
+            f"calibration {calibration_path} has no message cost (`placer calibrate --backend gloo` times one)"
+        )
     # The rewritten graph's, when the plan splits ops.
     with naming_plan(plan_path, plan, cluster):
         bound = bind_plan(plan, graph, cluster)
@@ -253,10 +282,19 @@ def cmd_clusters(args: argparse.Namespace) -> int:
         c = load_cluster(name)
         kinds = sorted({d.kind for d in c.devices})
         bw = sorted({ch.bandwidth_bytes_per_s for ch in c.channels})
-        rows.append([name, str(c.num_devices), ", ".join(kinds), f"{c.devices[0].memory_bytes / 2**30:.0f} GiB",
-                     ", ".join(f"{b / 1e9:g} GB/s" for b in bw), str(len(c.channels))])
-    print_rows(["preset", "devices", "kinds", "memory each", "channel bandwidths", "channels"], rows,
-               title="Cluster presets")
+        rows.append(
+            [
+                name,
+                str(c.num_devices),
+                ", ".join(kinds),
+                f"{c.devices[0].memory_bytes / 2**30:.0f} GiB",
+                ", ".join(f"{b / 1e9:g} GB/s" for b in bw),
+                str(len(c.channels)),
+            ]
+        )
+    print_rows(
+        ["preset", "devices", "kinds", "memory each", "channel bandwidths", "channels"], rows, title="Cluster presets"
+    )
     for name in PRESETS:
         print(f"{name}: {load_cluster(name).extra['source']}")
     return 0
@@ -264,21 +302,24 @@ def cmd_clusters(args: argparse.Namespace) -> int:
 
 def cmd_validate(args: argparse.Namespace) -> int:
 
-    spec_flags = [(f"--{key.replace('_', '-')}", getattr(args, key), "shapes the step captured from a model spec")
-                  for key in ("batch", "name", *SETTING_FLAGS)]
-    for flag, value, what in (("--cluster", args.cluster, "checks plans against a cluster"),
-                              ("--profile", args.profile, "re-costs the graph plans are checked against"),
-                              *spec_flags):
+    spec_flags = [
+        (f"--{key.replace('_', '-')}", getattr(args, key), "shapes the step captured from a model spec")
+        for key in ("batch", "name", *SETTING_FLAGS)
+    ]
+    for flag, value, what in (
+        ("--cluster", args.cluster, "checks plans against a cluster"),
+        ("--profile", args.profile, "re-costs the graph plans are checked against"),
+        *spec_flags,
+    ):
         if value is not None and not args.graph:
             raise OptionError(f"option '{flag}' {what}, which needs '--graph' too")
     cluster = load_cluster(args.cluster) if args.cluster else None
     graph = _load_graph(args.graph, args, cluster) if args.graph else None
     profile = None
-    if args.profile:        # checked against each plan's own cluster too, as _load_graph did against --cluster
-
+    if args.profile:  # checked against each plan's own cluster too, as _load_graph did against --cluster
         profile = load_profile(args.profile)
     failed = 0
-    for path in args.files:     # each file is checked, and each failure reported on its own line
+    for path in args.files:  # each file is checked, and each failure reported on its own line
         try:
             print(_validate_file(path, graph, cluster, args.cluster, profile))
         except PlacerError as exc:
@@ -304,19 +345,23 @@ def _validate_file(path: str, graph, cluster, cluster_spec: str | None, profile=
     if tag == "placer.plan/1":
         plan = Plan.from_dict(doc, source=path)
         if graph is None:
-            return (f"{path}: well-formed plan for graph {plan.graph_name!r} "
-                    f"(pass --graph to check it against that graph, on its own cluster or --cluster)")
-        plan_cluster = cluster_for_plan(plan, path, cluster, cluster_spec)    # notes another cluster's figures
+            return (
+                f"{path}: well-formed plan for graph {plan.graph_name!r} "
+                f"(pass --graph to check it against that graph, on its own cluster or --cluster)"
+            )
+        plan_cluster = cluster_for_plan(plan, path, cluster, cluster_spec)  # notes another cluster's figures
         with naming_plan(path, plan, plan_cluster), warnings.catch_warnings():
-            warnings.simplefilter("ignore", ClusterMismatchWarning)          # noted once, just above
+            warnings.simplefilter("ignore", ClusterMismatchWarning)  # noted once, just above
             if profile is not None:
                 profile.check_cluster(plan_cluster)
             result = validate(plan, graph, plan_cluster)
         other = _other_prediction(plan, plan_cluster, result.makespan_s)
-        return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory" + \
-            (f" (the plan{other})" if other else "")
-    raise PlacerError(f"{path}: unknown document format {tag!r} "
-                      f"(expected placer.graph/1, placer.cluster/1 or placer.plan/1)")
+        return f"{path}: valid plan, makespan {result.makespan_s * 1e3:.3f} ms, fits memory" + (
+            f" (the plan{other})" if other else ""
+        )
+    raise PlacerError(
+        f"{path}: unknown document format {tag!r} (expected placer.graph/1, placer.cluster/1 or placer.plan/1)"
+    )
 
 
 def cmd_compare(args: argparse.Namespace) -> int:
@@ -329,13 +374,14 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_output(args.output, "report folder", folder=True)
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args, cluster)
-    comparison = compare(graph, cluster, names, seed=args.seed, time_limit=args.time_limit,
-                         microbatches=args.microbatches)
+    comparison = compare(
+        graph, cluster, names, seed=args.seed, time_limit=args.time_limit, microbatches=args.microbatches
+    )
     comparison.print()
     if args.output:
         paths = comparison.write(args.output)
         print(f"report: {paths['html']} (also comparison.md/.csv/.json, plans and charts in {args.output})")
-    else:       # the table alone: say how to keep the report, the plans and their charts
+    else:  # the table alone: say how to keep the report, the plans and their charts
         print("report: none written (-o DIR writes report.html, comparison.md/.csv/.json, the plans and their charts)")
     return 0 if comparison.best is not None else 2
 
@@ -344,14 +390,22 @@ def cmd_demo(args: argparse.Namespace) -> int:
 
     _check_search_flags(args)
     names = _algorithm_names(args.algorithms)
-    return run_demo(Path(args.output), model=args.model, batch=args.batch, cluster=args.cluster,
-                    algorithms=names, time_limit=args.time_limit, train=not args.no_train)
+    return run_demo(
+        Path(args.output),
+        model=args.model,
+        batch=args.batch,
+        cluster=args.cluster,
+        algorithms=names,
+        time_limit=args.time_limit,
+        train=not args.no_train,
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
 
-    parser = argparse.ArgumentParser(prog="placer", description=(
-        "Place and schedule the operations of a training step across devices."))
+    parser = argparse.ArgumentParser(
+        prog="placer", description=("Place and schedule the operations of a training step across devices.")
+    )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     sub.required = True
@@ -364,23 +418,37 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", required=True, help="plan file to write")
     p.add_argument("--seed", type=int, help="random seed")
     p.add_argument("--time-limit", type=float, help="search time limit in seconds")
-    p.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                   help="algorithm option (value parsed as JSON when it can be); repeatable")
+    p.add_argument(
+        "--option",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="algorithm option (value parsed as JSON when it can be); repeatable",
+    )
     _add_microbatches_option(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="simulate a plan under the reference model")
-    p.add_argument("graph", metavar="GRAPH|MODEL", help="the plan's placer.graph/1 file, or the model spec it was "
-                   "planned from (zoo:NAME / file.py:FACTORY, with the same --batch and --optimizer)")
+    p.add_argument(
+        "graph",
+        metavar="GRAPH|MODEL",
+        help="the plan's placer.graph/1 file, or the model spec it was "
+        "planned from (zoo:NAME / file.py:FACTORY, with the same --batch and --optimizer)",
+    )
     p.add_argument("plan")
     _add_model_options(p)
     p.add_argument("--cluster", help="preset or file (default: the cluster the plan names)")
-    p.add_argument("--json", action="store_true", help="print makespan_s, peak_memory_bytes, fits, lower_bound_s as JSON")
+    p.add_argument(
+        "--json", action="store_true", help="print makespan_s, peak_memory_bytes, fits, lower_bound_s as JSON"
+    )
     p.add_argument("--trace", metavar="FILE", help="write a Chrome-trace / Perfetto timeline")
-    p.add_argument("--message-cost", metavar="CALIBRATION",
-                   help="also give the step with each message's host cost and the barrier that ends a step "
-                        "from this calibration file (one process per device over gloo; a richer mode beside the "
-                        "reference model)")
+    p.add_argument(
+        "--message-cost",
+        metavar="CALIBRATION",
+        help="also give the step with each message's host cost and the barrier that ends a step "
+        "from this calibration file (one process per device over gloo; a richer mode beside the "
+        "reference model)",
+    )
     p.set_defaults(func=cmd_simulate)
 
     p = sub.add_parser("algorithms", help="list the registered algorithms")
@@ -391,8 +459,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("validate", help="check graph, cluster and plan files")
     p.add_argument("files", nargs="+")
-    p.add_argument("--graph", metavar="GRAPH|MODEL", help="graph to check plans against: a placer.graph/1 file, "
-                   "or the model spec they were planned from (zoo:NAME / file.py:FACTORY, with --batch)")
+    p.add_argument(
+        "--graph",
+        metavar="GRAPH|MODEL",
+        help="graph to check plans against: a placer.graph/1 file, "
+        "or the model spec they were planned from (zoo:NAME / file.py:FACTORY, with --batch)",
+    )
     p.add_argument("--cluster", help="cluster to check plans against, with --graph (default: the plan's)")
     _add_model_options(p)
     p.set_defaults(func=cmd_validate)
@@ -409,16 +481,24 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on the built-in default (no GPU, no input)")
-    p.add_argument("--output", "-o", default="placer-demo",
-                   help="folder for plans, timelines and the report (default placer-demo)")
+    p.add_argument(
+        "--output", "-o", default="placer-demo", help="folder for plans, timelines and the report (default placer-demo)"
+    )
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"model spec (default {DEFAULT_MODEL})")
     p.add_argument("--batch", type=int, default=DEFAULT_BATCH, help=f"batch size (default {DEFAULT_BATCH})")
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help=f"preset or file (default {DEFAULT_CLUSTER})")
     p.add_argument("--algorithms", help="comma-separated names (default: every registered algorithm)")
-    p.add_argument("--time-limit", type=float, default=DEFAULT_TIME_LIMIT,
-                   help=f"per-algorithm search limit in seconds (default {DEFAULT_TIME_LIMIT:g})")
-    p.add_argument("--no-train", action="store_true",
-                   help="skip training auto's plan of a small model on this machine's CPU ranks afterwards")
+    p.add_argument(
+        "--time-limit",
+        type=float,
+        default=DEFAULT_TIME_LIMIT,
+        help=f"per-algorithm search limit in seconds (default {DEFAULT_TIME_LIMIT:g})",
+    )
+    p.add_argument(
+        "--no-train",
+        action="store_true",
+        help="skip training auto's plan of a small model on this machine's CPU ranks afterwards",
+    )
     p.set_defaults(func=cmd_demo)
 
     # Deferred to here, inside main's try: these import torch, a second or two in which Ctrl-C may come.
@@ -445,7 +525,7 @@ def _main(argv: Sequence[str] | None) -> int:
         raise_if_interrupted()
         return status
     except PlacerError as exc:
-        if interrupted():           # the error is what the interruption left: say that
+        if interrupted():  # the error is what the interruption left: say that
             return _interrupted()
         if getattr(args, "debug", False):
             raise

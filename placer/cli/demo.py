@@ -30,8 +30,18 @@ from ..io import check_output
 from ..report.compare import check_options, compare
 from ..show import terminal
 
-__all__ = ["run_demo", "train_recommended", "DEFAULT_MODEL", "DEFAULT_BATCH", "DEFAULT_CLUSTER",
-           "DEFAULT_TIME_LIMIT", "TRAIN_MODEL", "TRAIN_BATCH", "TRAIN_CLUSTER", "TRAIN_STEPS"]
+__all__ = [
+    "run_demo",
+    "train_recommended",
+    "DEFAULT_MODEL",
+    "DEFAULT_BATCH",
+    "DEFAULT_CLUSTER",
+    "DEFAULT_TIME_LIMIT",
+    "TRAIN_MODEL",
+    "TRAIN_BATCH",
+    "TRAIN_CLUSTER",
+    "TRAIN_STEPS",
+]
 
 DEFAULT_MODEL = "zoo:inception_v3"
 DEFAULT_BATCH = 192
@@ -43,9 +53,17 @@ DEFAULT_TIME_LIMIT = 20.0
 TRAIN_MODEL, TRAIN_BATCH, TRAIN_CLUSTER, TRAIN_STEPS = "zoo:lenet", 256, "2xcpu", 6
 
 
-def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_BATCH,
-             cluster: str = DEFAULT_CLUSTER, algorithms: list[str] | None = None,
-             time_limit: float = DEFAULT_TIME_LIMIT, console: Console | None = None, train: bool = True) -> int:
+def run_demo(
+    output: Path,
+    *,
+    model: str = DEFAULT_MODEL,
+    batch: int = DEFAULT_BATCH,
+    cluster: str = DEFAULT_CLUSTER,
+    algorithms: list[str] | None = None,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    console: Console | None = None,
+    train: bool = True,
+) -> int:
     """Capture ``model`` at ``batch``, compare ``algorithms`` on ``cluster``, write the report to ``output``;
     then, with ``train``, :func:`train_recommended`.
 
@@ -54,20 +72,22 @@ def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_B
     from ..capture import capture_spec  # deferred: imports torch
 
     console = console or Console()
-    check_options(algorithms, seed=0, time_limit=time_limit)     # before the capture, as the output folder
+    check_options(algorithms, seed=0, time_limit=time_limit)  # before the capture, as the output folder
     check_output(output, "report folder", folder=True)
     target = load_cluster(cluster)
     began = time.perf_counter()
     with console.status(f"capturing one training step of {model} at batch {batch} (Adam) ..."):
         graph = capture_spec(model, batch, optimizer="adam", fake=True).graph
     total = (graph.param_bytes.sum() + graph.output_bytes.sum()) / 2**30
-    console.print(f"[bold]{escape(terminal(graph.name))}[/]: {graph.num_nodes} ops captured in "
-                  f"{time.perf_counter() - began:.1f} s, {total:.1f} GiB of training state and activations; cluster "
-                  f"{escape(terminal(target.name))} "
-                  f"({target.num_devices} x {target.devices[0].memory_bytes / 2**30:.0f} GiB)")
+    console.print(
+        f"[bold]{escape(terminal(graph.name))}[/]: {graph.num_nodes} ops captured in "
+        f"{time.perf_counter() - began:.1f} s, {total:.1f} GiB of training state and activations; cluster "
+        f"{escape(terminal(target.name))} "
+        f"({target.num_devices} x {target.devices[0].memory_bytes / 2**30:.0f} GiB)"
+    )
     comparison = compare(graph, target, algorithms, seed=0, time_limit=time_limit, console=console)
     comparison.print(console)
-    paths = comparison.write(output)        # the report first: a failure there leaves no lone graph.json
+    paths = comparison.write(output)  # the report first: a failure there leaves no lone graph.json
     graph.save(output / "graph.json")
     best = comparison.best
     if best is None:
@@ -77,9 +97,16 @@ def run_demo(output: Path, *, model: str = DEFAULT_MODEL, batch: int = DEFAULT_B
     return train_recommended(output, console=console) if train else 0
 
 
-def train_recommended(output: Path, *, model: str = TRAIN_MODEL, batch: int = TRAIN_BATCH,
-                      cluster: str = TRAIN_CLUSTER, steps: int = TRAIN_STEPS, time_limit: float = 5.0,
-                      console: Console | None = None) -> int:
+def train_recommended(
+    output: Path,
+    *,
+    model: str = TRAIN_MODEL,
+    batch: int = TRAIN_BATCH,
+    cluster: str = TRAIN_CLUSTER,
+    steps: int = TRAIN_STEPS,
+    time_limit: float = 5.0,
+    console: Console | None = None,
+) -> int:
     """Profile ``model`` on this CPU, plan it with ``auto`` on ``cluster``'s CPU ranks, and train that plan.
 
     The plan (``output/train-plan.json``) is made from the profile, so the
@@ -96,10 +123,9 @@ def train_recommended(output: Path, *, model: str = TRAIN_MODEL, batch: int = TR
     from . import run  # deferred: imports torch
 
     console = console or Console()
-    with console.status(f"profiling {model} at batch {batch} on this CPU and planning it with auto on "
-                        f"{cluster} ..."):
+    with console.status(f"profiling {model} at batch {batch} on this CPU and planning it with auto on {cluster} ..."):
         threads = torch.get_num_threads()
-        torch.set_num_threads(1)           # each rank runs one thread, as the profile does
+        torch.set_num_threads(1)  # each rank runs one thread, as the profile does
         try:
             net, inputs = load_model(model, batch)
             captured = capture_spec(model, batch, optimizer="sgd", fake=False)
@@ -110,10 +136,27 @@ def train_recommended(output: Path, *, model: str = TRAIN_MODEL, batch: int = TR
     path = output / "train-plan.json"
     plan.save(path)
     start = plan.extra.get("auto", {}).get("start", "auto") if isinstance(plan.extra.get("auto"), dict) else "auto"
-    console.print(f"[bold]training auto's plan[/] of {graph.name} (built on {start}) on {cluster}: {steps} steps, "
-                  f"one process per device -> {path}")
+    console.print(
+        f"[bold]training auto's plan[/] of {graph.name} (built on {start}) on {cluster}: {steps} steps, "
+        f"one process per device -> {path}"
+    )
     parser = argparse.ArgumentParser(prog="placer")
     run.add_commands(parser.add_subparsers())
-    args = parser.parse_args(["run", model, "--batch", str(batch), "--optimizer", "sgd", "--plan", str(path),
-                              "--backend", "distributed", "--steps", str(steps), "--verify"])
+    args = parser.parse_args(
+        [
+            "run",
+            model,
+            "--batch",
+            str(batch),
+            "--optimizer",
+            "sgd",
+            "--plan",
+            str(path),
+            "--backend",
+            "distributed",
+            "--steps",
+            str(steps),
+            "--verify",
+        ]
+    )
     return args.func(args)

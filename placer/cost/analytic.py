@@ -55,9 +55,20 @@ from ..errors import OptionError
 if TYPE_CHECKING:
     from ..graph import OpGraph
 
-__all__ = ["DeviceSpec", "DEVICE_SPECS", "VIEW_OPS", "MATRIX_OPS", "node_time_s", "annotate",
-           "op_base_name", "normalise_dtype", "host_op", "step_counter_nodes", "STEP_COUNTER_PREFIX",
-           "LR_PLACEHOLDER"]
+__all__ = [
+    "DeviceSpec",
+    "DEVICE_SPECS",
+    "VIEW_OPS",
+    "MATRIX_OPS",
+    "node_time_s",
+    "annotate",
+    "op_base_name",
+    "normalise_dtype",
+    "host_op",
+    "step_counter_nodes",
+    "STEP_COUNTER_PREFIX",
+    "LR_PLACEHOLDER",
+]
 
 TERA = 1e12
 GIGA = 1e9
@@ -123,40 +134,47 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
     # whitepaper: 15.7 TFLOP/s FP32, 7.8 FP64, 31.4 FP16 (vector, 2x FP32), 125 TFLOP/s FP16
     # tensor core, 900 GB/s HBM2. No BF16 hardware: BF16 runs at the FP32 rate.
     "V100": DeviceSpec(
-        kind="V100", name="NVIDIA V100 SXM2",
-        vector_flops={"float32": 15.7 * TERA, "float64": 7.8 * TERA, "float16": 31.4 * TERA,
-                      "bfloat16": 15.7 * TERA},
+        kind="V100",
+        name="NVIDIA V100 SXM2",
+        vector_flops={"float32": 15.7 * TERA, "float64": 7.8 * TERA, "float16": 31.4 * TERA, "bfloat16": 15.7 * TERA},
         matrix_flops={"float16": 125 * TERA},
-        memory_bandwidth=900 * GIGA, launch_overhead_s=_GPU_LAUNCH_S,
-        compute_efficiency=_GPU_COMPUTE_EFF, memory_efficiency=_GPU_MEMORY_EFF,
-        source="NVIDIA Tesla V100 datasheet (SXM2): 15.7 TFLOP/s FP32, 125 TFLOP/s FP16 tensor, 900 GB/s"),
+        memory_bandwidth=900 * GIGA,
+        launch_overhead_s=_GPU_LAUNCH_S,
+        compute_efficiency=_GPU_COMPUTE_EFF,
+        memory_efficiency=_GPU_MEMORY_EFF,
+        source="NVIDIA Tesla V100 datasheet (SXM2): 15.7 TFLOP/s FP32, 125 TFLOP/s FP16 tensor, 900 GB/s",
+    ),
     # NVIDIA A100 Tensor Core GPU datasheet (SXM4 40 GB) and the Ampere whitepaper table 1
     # (dense figures, no sparsity): 19.5 TFLOP/s FP32, 9.7 FP64 (19.5 FP64 tensor), 78 FP16 and
     # 39 BF16 vector, 156 TF32 tensor, 312 FP16/BF16 tensor; 1,555 GB/s HBM2.
     "A100": DeviceSpec(
-        kind="A100", name="NVIDIA A100 SXM4 40GB",
-        vector_flops={"float32": 19.5 * TERA, "float64": 9.7 * TERA, "float16": 78 * TERA,
-                      "bfloat16": 39 * TERA},
-        matrix_flops={"tf32": 156 * TERA, "float16": 312 * TERA, "bfloat16": 312 * TERA,
-                      "float64": 19.5 * TERA},
-        memory_bandwidth=1555 * GIGA, launch_overhead_s=_GPU_LAUNCH_S,
-        compute_efficiency=_GPU_COMPUTE_EFF, memory_efficiency=_GPU_MEMORY_EFF,
+        kind="A100",
+        name="NVIDIA A100 SXM4 40GB",
+        vector_flops={"float32": 19.5 * TERA, "float64": 9.7 * TERA, "float16": 78 * TERA, "bfloat16": 39 * TERA},
+        matrix_flops={"tf32": 156 * TERA, "float16": 312 * TERA, "bfloat16": 312 * TERA, "float64": 19.5 * TERA},
+        memory_bandwidth=1555 * GIGA,
+        launch_overhead_s=_GPU_LAUNCH_S,
+        compute_efficiency=_GPU_COMPUTE_EFF,
+        memory_efficiency=_GPU_MEMORY_EFF,
         source="NVIDIA A100 datasheet (SXM4 40GB): 19.5 TFLOP/s FP32, 156 TF32, 312 FP16/BF16 dense, 1555 GB/s",
-        tf32=True),
+        tf32=True,
+    ),
     # NVIDIA H100 Tensor Core GPU datasheet (SXM5) and the Hopper whitepaper (dense figures;
     # the datasheet's 989 TF32 / 1,979 FP16 are with 2:4 sparsity): 67 TFLOP/s FP32, 34 FP64
     # (67 FP64 tensor), 133.8 FP16/BF16 vector, 494.7 TF32 tensor, 989.4 FP16/BF16 tensor;
     # 3.35 TB/s HBM3.
     "H100": DeviceSpec(
-        kind="H100", name="NVIDIA H100 SXM5 80GB",
-        vector_flops={"float32": 67 * TERA, "float64": 34 * TERA, "float16": 133.8 * TERA,
-                      "bfloat16": 133.8 * TERA},
-        matrix_flops={"tf32": 494.7 * TERA, "float16": 989.4 * TERA, "bfloat16": 989.4 * TERA,
-                      "float64": 67 * TERA},
-        memory_bandwidth=3350 * GIGA, launch_overhead_s=_GPU_LAUNCH_S,
-        compute_efficiency=_GPU_COMPUTE_EFF, memory_efficiency=_GPU_MEMORY_EFF,
+        kind="H100",
+        name="NVIDIA H100 SXM5 80GB",
+        vector_flops={"float32": 67 * TERA, "float64": 34 * TERA, "float16": 133.8 * TERA, "bfloat16": 133.8 * TERA},
+        matrix_flops={"tf32": 494.7 * TERA, "float16": 989.4 * TERA, "bfloat16": 989.4 * TERA, "float64": 67 * TERA},
+        memory_bandwidth=3350 * GIGA,
+        launch_overhead_s=_GPU_LAUNCH_S,
+        compute_efficiency=_GPU_COMPUTE_EFF,
+        memory_efficiency=_GPU_MEMORY_EFF,
         source="NVIDIA H100 datasheet (SXM5): 67 TFLOP/s FP32, 494.7 TF32 / 989.4 FP16 dense, 3.35 TB/s",
-        tf32=True),
+        tf32=True,
+    ),
     # One AMD EPYC (Zen 4) core with one torch thread: each "cpu" device of the 2xcpu/4xcpu
     # presets is one process on one core. Achieved single-thread rates (bench/capture.py prints
     # the local machine's): sgemm near the AVX-512 peak, bf16 gemm faster (AVX512_BF16), fp16
@@ -165,45 +183,119 @@ DEVICE_SPECS: dict[str, DeviceSpec] = {
     # overhead is a tiny aten op's time run node by node from a captured graph, as profiles and
     # the runtime run it.
     "cpu": DeviceSpec(
-        kind="cpu", name="AMD EPYC (Zen 4) core, 1 torch thread",
-        vector_flops={"float32": 80 * GIGA, "float64": 33 * GIGA, "float16": 2 * GIGA,
-                      "bfloat16": 80 * GIGA},
+        kind="cpu",
+        name="AMD EPYC (Zen 4) core, 1 torch thread",
+        vector_flops={"float32": 80 * GIGA, "float64": 33 * GIGA, "float16": 2 * GIGA, "bfloat16": 80 * GIGA},
         matrix_flops={"bfloat16": 200 * GIGA},
-        memory_bandwidth=30 * GIGA, launch_overhead_s=5e-6, host_op_s=5e-6,
-        compute_efficiency=0.8, memory_efficiency=0.3,
-        source="measured on this machine (one Zen 4 core, torch 2.13, 1 thread)"),
+        memory_bandwidth=30 * GIGA,
+        launch_overhead_s=5e-6,
+        host_op_s=5e-6,
+        compute_efficiency=0.8,
+        memory_efficiency=0.3,
+        source="measured on this machine (one Zen 4 core, torch 2.13, 1 thread)",
+    ),
 }
 
 #: Ops that only change tensor metadata: no kernel, no time.
-VIEW_OPS = frozenset({
-    "view", "_unsafe_view", "reshape", "alias", "detach", "lift_fresh", "t", "transpose",
-    "permute", "expand", "squeeze", "unsqueeze", "slice", "select", "as_strided", "unfold",
-    "split", "split_with_sizes", "unbind", "chunk", "narrow", "view_as", "expand_as",
-    "getitem", "_reshape_alias", "diagonal", "real", "imag", "view_as_real", "view_as_complex",
-    "unsafe_split", "unsafe_split_with_sizes", "movedim", "numpy_T", "mT", "sym_size",
-    "sym_stride", "sym_numel", "sym_storage_offset", "placeholder", "output",
-})
+VIEW_OPS = frozenset(
+    {
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "alias",
+        "detach",
+        "lift_fresh",
+        "t",
+        "transpose",
+        "permute",
+        "expand",
+        "squeeze",
+        "unsqueeze",
+        "slice",
+        "select",
+        "as_strided",
+        "unfold",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "chunk",
+        "narrow",
+        "view_as",
+        "expand_as",
+        "getitem",
+        "_reshape_alias",
+        "diagonal",
+        "real",
+        "imag",
+        "view_as_real",
+        "view_as_complex",
+        "unsafe_split",
+        "unsafe_split_with_sizes",
+        "movedim",
+        "numpy_T",
+        "mT",
+        "sym_size",
+        "sym_stride",
+        "sym_numel",
+        "sym_storage_offset",
+        "placeholder",
+        "output",
+    }
+)
 
 #: Ops that run on matrix units (tensor cores) when the dtype has them.
-MATRIX_OPS = frozenset({
-    "mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addbmm", "addmv", "mv", "dot",
-    "convolution", "convolution_backward", "_convolution", "conv1d", "conv2d", "conv3d",
-    "cudnn_convolution", "mkldnn_convolution", "_mkldnn_convolution", "conv_transpose2d",
-    "_scaled_dot_product_flash_attention", "_scaled_dot_product_efficient_attention",
-    "_scaled_dot_product_flash_attention_for_cpu", "_scaled_dot_product_cudnn_attention",
-    "_scaled_dot_product_flash_attention_backward", "_scaled_dot_product_efficient_attention_backward",
-    "_scaled_dot_product_flash_attention_for_cpu_backward", "scaled_dot_product_attention",
-    "_flash_attention_forward", "_flash_attention_backward", "_efficient_attention_forward",
-    "_efficient_attention_backward",
-})
+MATRIX_OPS = frozenset(
+    {
+        "mm",
+        "addmm",
+        "bmm",
+        "baddbmm",
+        "matmul",
+        "linear",
+        "addbmm",
+        "addmv",
+        "mv",
+        "dot",
+        "convolution",
+        "convolution_backward",
+        "_convolution",
+        "conv1d",
+        "conv2d",
+        "conv3d",
+        "cudnn_convolution",
+        "mkldnn_convolution",
+        "_mkldnn_convolution",
+        "conv_transpose2d",
+        "_scaled_dot_product_flash_attention",
+        "_scaled_dot_product_efficient_attention",
+        "_scaled_dot_product_flash_attention_for_cpu",
+        "_scaled_dot_product_cudnn_attention",
+        "_scaled_dot_product_flash_attention_backward",
+        "_scaled_dot_product_efficient_attention_backward",
+        "_scaled_dot_product_flash_attention_for_cpu_backward",
+        "scaled_dot_product_attention",
+        "_flash_attention_forward",
+        "_flash_attention_backward",
+        "_efficient_attention_forward",
+        "_efficient_attention_backward",
+    }
+)
 
 _CONV_OPS = frozenset(o for o in MATRIX_OPS if "conv" in o)
 
 _DTYPE_ALIASES = {
-    "float": "float32", "float32": "float32", "fp32": "float32", "single": "float32",
-    "half": "float16", "float16": "float16", "fp16": "float16",
-    "bfloat16": "bfloat16", "bf16": "bfloat16",
-    "double": "float64", "float64": "float64", "fp64": "float64",
+    "float": "float32",
+    "float32": "float32",
+    "fp32": "float32",
+    "single": "float32",
+    "half": "float16",
+    "float16": "float16",
+    "fp16": "float16",
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "double": "float64",
+    "float64": "float64",
+    "fp64": "float64",
     "tf32": "tf32",
 }
 
@@ -253,12 +345,15 @@ def step_counter_nodes(graph: OpGraph) -> np.ndarray:
     that reads the bias correction) is not one.
     """
     out = np.zeros(graph.num_nodes, dtype=bool)
-    stack = [i for i, name in enumerate(graph.ids) if graph.op[i] == "placeholder"
-             and (name.startswith(STEP_COUNTER_PREFIX) or name == LR_PLACEHOLDER)]
+    stack = [
+        i
+        for i, name in enumerate(graph.ids)
+        if graph.op[i] == "placeholder" and (name.startswith(STEP_COUNTER_PREFIX) or name == LR_PLACEHOLDER)
+    ]
     ptr, eids = graph.out_edges
     while stack:
         v = stack.pop()
-        for w in graph.dst[eids[ptr[v]:ptr[v + 1]]].tolist():
+        for w in graph.dst[eids[ptr[v] : ptr[v + 1]]].tolist():
             if not out[w] and graph.output_bytes[w] <= 8:
                 out[w] = True
                 stack.append(w)
@@ -277,12 +372,20 @@ def _spec(kind: str) -> DeviceSpec:
     try:
         return DEVICE_SPECS[kind]
     except KeyError:
-        raise OptionError(f"unknown device kind {kind!r} for the analytic model "
-                          f"(known: {', '.join(DEVICE_SPECS)})") from None
+        raise OptionError(
+            f"unknown device kind {kind!r} for the analytic model (known: {', '.join(DEVICE_SPECS)})"
+        ) from None
 
 
-def node_time_s(kind: str, flops, bytes_accessed, dtype: "str | Sequence[str]" = "float32",
-                matrix: "bool | Sequence[bool]" = False, views=False, host=False) -> np.ndarray:
+def node_time_s(
+    kind: str,
+    flops,
+    bytes_accessed,
+    dtype: "str | Sequence[str]" = "float32",
+    matrix: "bool | Sequence[bool]" = False,
+    views=False,
+    host=False,
+) -> np.ndarray:
     """Roofline time of operations on one device kind (vectorised over operations).
 
     Parameters
@@ -321,17 +424,20 @@ def node_time_s(kind: str, flops, bytes_accessed, dtype: "str | Sequence[str]" =
     nbytes = np.nan_to_num(np.asarray(bytes_accessed, dtype=np.float64), nan=0.0)
     flops, nbytes = np.broadcast_arrays(flops, nbytes)
     matrix_arr = np.broadcast_to(np.asarray(matrix, dtype=bool), flops.shape)
-    dtypes = np.broadcast_to(np.asarray([normalise_dtype(d) for d in np.atleast_1d(dtype)]
-                                        if not isinstance(dtype, str) else normalise_dtype(dtype)),
-                             flops.shape)
+    dtypes = np.broadcast_to(
+        np.asarray(
+            [normalise_dtype(d) for d in np.atleast_1d(dtype)] if not isinstance(dtype, str) else normalise_dtype(dtype)
+        ),
+        flops.shape,
+    )
     peak = np.empty(flops.shape)
     for d in np.unique(dtypes):
         for m in (False, True):
             sel = (dtypes == d) & (matrix_arr == m)
             peak[sel] = spec.peak_flops(str(d), m)
     time = spec.launch_overhead_s + np.maximum(
-        flops / (peak * spec.compute_efficiency),
-        nbytes / (spec.memory_bandwidth * spec.memory_efficiency))
+        flops / (peak * spec.compute_efficiency), nbytes / (spec.memory_bandwidth * spec.memory_efficiency)
+    )
     time = np.where(np.broadcast_to(np.asarray(host, dtype=bool), flops.shape), spec.host_op_s, time)
     return np.where(np.broadcast_to(np.asarray(views, dtype=bool), flops.shape), 0.0, time)
 
@@ -348,8 +454,13 @@ def _node_bytes(graph: "OpGraph") -> np.ndarray:
 PRESET_REFERENCE = "V100"
 
 
-def annotate(graph: "OpGraph", *, reference: str = PRESET_REFERENCE, kinds: Iterable[str] | None = None,
-             tf32_matmul: bool = False) -> "OpGraph":
+def annotate(
+    graph: "OpGraph",
+    *,
+    reference: str = PRESET_REFERENCE,
+    kinds: Iterable[str] | None = None,
+    tf32_matmul: bool = False,
+) -> "OpGraph":
     """A copy of ``graph`` costed by the roofline model.
 
     Parameters

@@ -53,13 +53,21 @@ class Profile:
         it would be used, and a plan would silently keep the analytic costs."""
         kinds = sorted({d.kind for d in cluster.devices})
         if self.device_kind not in kinds:
-            raise OptionError(f"{self.source or 'profile'}: a profile of device kind {self.device_kind!r}, which "
-                              f"cluster {cluster.name!r} does not have (its kinds: {', '.join(kinds)}): no time "
-                              f"of it would be used")
+            raise OptionError(
+                f"{self.source or 'profile'}: a profile of device kind {self.device_kind!r}, which "
+                f"cluster {cluster.name!r} does not have (its kinds: {', '.join(kinds)}): no time "
+                f"of it would be used"
+            )
 
     def to_dict(self) -> dict:
-        return {"format": PROFILE_FORMAT, "graph": self.graph_name, "graph_digest": self.graph_digest,
-                "device_kind": self.device_kind, **self.meta, "node_seconds": dict(self.node_seconds)}
+        return {
+            "format": PROFILE_FORMAT,
+            "graph": self.graph_name,
+            "graph_digest": self.graph_digest,
+            "device_kind": self.device_kind,
+            **self.meta,
+            "node_seconds": dict(self.node_seconds),
+        }
 
     def save(self, path: str | os.PathLike) -> None:
         write_json_atomic(path, self.to_dict())
@@ -80,12 +88,14 @@ class Profile:
         seconds = {}
         for node_id, value in top.mapping("node_seconds", required=True).items():
             seconds[node_id] = check_number(value, f"{where}: node {node_id!r}: time")
-        return cls(graph_name=top.string("graph", default=""),
-                   graph_digest=top.string("graph_digest", required=True),
-                   device_kind=top.string("device_kind", required=True),
-                   node_seconds=seconds,
-                   meta=top.extra({"format", "graph", "graph_digest", "device_kind", "node_seconds"}),
-                   source=source)
+        return cls(
+            graph_name=top.string("graph", default=""),
+            graph_digest=top.string("graph_digest", required=True),
+            device_kind=top.string("device_kind", required=True),
+            node_seconds=seconds,
+            meta=top.extra({"format", "graph", "graph_digest", "device_kind", "node_seconds"}),
+            source=source,
+        )
 
     def check_graph(self, graph: "OpGraph") -> None:
         """Refuse a profile made for another graph, or naming nodes the graph lacks.
@@ -96,16 +106,22 @@ class Profile:
         """
         where = f"profile {self.source}" if self.source else "profile"
         if self.graph_digest != graph.digest():
-            raise FormatError(f"{where}: made for graph {self.graph_name!r} (digest {self.graph_digest}), "
-                              f"not for graph {graph.name!r} (digest {graph.digest()})")
+            raise FormatError(
+                f"{where}: made for graph {self.graph_name!r} (digest {self.graph_digest}), "
+                f"not for graph {graph.name!r} (digest {graph.digest()})"
+            )
         if self.graph_name and graph.name and self.graph_name != graph.name:
             # The digest covers operations and edges, not sizes: the same model at another batch has it too.
-            raise FormatError(f"{where}: made for graph {self.graph_name!r}, not for graph {graph.name!r} (the same "
-                              f"operations at another batch or size time otherwise: profile that graph)")
+            raise FormatError(
+                f"{where}: made for graph {self.graph_name!r}, not for graph {graph.name!r} (the same "
+                f"operations at another batch or size time otherwise: profile that graph)"
+            )
         unknown = [n for n in self.node_seconds if n not in graph.index]
         if unknown:
-            raise FormatError(f"{where}: node {unknown[0]!r} is not in graph {graph.name!r}"
-                              + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else ""))
+            raise FormatError(
+                f"{where}: node {unknown[0]!r} is not in graph {graph.name!r}"
+                + (f" (and {len(unknown) - 1} more)" if len(unknown) > 1 else "")
+            )
 
 
 def load_profile(path: str | os.PathLike, graph: "OpGraph | None" = None) -> Profile:

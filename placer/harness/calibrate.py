@@ -43,8 +43,20 @@ from ..transform.bind import bind_plan
 from .feedback import own_times
 from .profiling import profile_module
 
-__all__ = ["LinkFit", "Calibration", "CALIBRATION_FORMAT", "DEFAULT_SIZES", "PROBE_MODEL", "fit_link",
-           "measure_gloo", "measure_probe", "measure_cuda", "calibrate", "load_calibration", "apply_calibration"]
+__all__ = [
+    "LinkFit",
+    "Calibration",
+    "CALIBRATION_FORMAT",
+    "DEFAULT_SIZES",
+    "PROBE_MODEL",
+    "fit_link",
+    "measure_gloo",
+    "measure_probe",
+    "measure_cuda",
+    "calibrate",
+    "load_calibration",
+    "apply_calibration",
+]
 
 CALIBRATION_FORMAT = "placer.calibration/1"
 
@@ -132,8 +144,9 @@ def fit_link(nbytes: Sequence[float], seconds: Sequence[float], link: str = "lin
     weighted_mean = np.sum(y * w * w) / np.sum(w * w)
     total = np.sum(((y - weighted_mean) * w) ** 2)
     r2 = 1.0 - float(np.sum(residual**2) / total) if total > 0 else 1.0
-    return LinkFit(float(latency), float(1.0 / per_byte), r2,
-                   [(int(a), float(b)) for a, b in zip(x.tolist(), y.tolist())])
+    return LinkFit(
+        float(latency), float(1.0 / per_byte), r2, [(int(a), float(b)) for a, b in zip(x.tolist(), y.tolist())]
+    )
 
 
 @dataclass
@@ -150,10 +163,19 @@ class Calibration:
     barrier_s: float | None = None
 
     def to_dict(self) -> dict:
-        doc = {"format": CALIBRATION_FORMAT, **self.meta,
-               "links": {name: {"latency_s": f.latency_s, "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s,
-                                "r2": f.r2, "samples": [list(s) for s in f.samples]}
-                         for name, f in self.links.items()}}
+        doc = {
+            "format": CALIBRATION_FORMAT,
+            **self.meta,
+            "links": {
+                name: {
+                    "latency_s": f.latency_s,
+                    "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s,
+                    "r2": f.r2,
+                    "samples": [list(s) for s in f.samples],
+                }
+                for name, f in self.links.items()
+            },
+        }
         if self.message_cost is not None:
             doc["messages"] = {**self.message_cost.to_dict(), "samples": [list(m) for m in self.message_samples]}
         if self.barrier_s is not None:
@@ -182,28 +204,35 @@ class Calibration:
             for k, s in enumerate(f.array("samples") or []):
                 if not (isinstance(s, list) and len(s) == 2):
                     raise FormatError(f"{f.where}: sample #{k} must be [bytes, seconds], got {s!r}")
-                samples.append((int(check_number(s[0], f"{f.where}: sample #{k} bytes")),
-                                check_number(s[1], f"{f.where}: sample #{k} seconds")))
+                samples.append(
+                    (
+                        int(check_number(s[0], f"{f.where}: sample #{k} bytes")),
+                        check_number(s[1], f"{f.where}: sample #{k} seconds"),
+                    )
+                )
             links[name] = LinkFit(
                 latency_s=f.number("latency_s", required=True, minimum=None),
                 bandwidth_bytes_per_s=f.number("bandwidth_bytes_per_s", required=True, positive=True),
                 r2=f.number("r2", default=float("nan"), minimum=None),
-                samples=samples)
+                samples=samples,
+            )
         message_cost, message_samples = None, []
         messages = top.mapping("messages")
         if messages is not None:
             where_messages = f"{where}: field 'messages'"
-            message_cost = MessageCost.from_dict({k: v for k, v in messages.items() if k != "samples"},
-                                                 where_messages)
+            message_cost = MessageCost.from_dict({k: v for k, v in messages.items() if k != "samples"}, where_messages)
             for k, m in enumerate(Field(messages, where_messages).array("samples") or []):
                 if not (isinstance(m, list) and len(m) == 5):
-                    raise FormatError(f"{where_messages}: sample #{k} must be [source, destination, bytes, "
-                                      f"sending seconds, receiving seconds], got {m!r}")
+                    raise FormatError(
+                        f"{where_messages}: sample #{k} must be [source, destination, bytes, "
+                        f"sending seconds, receiving seconds], got {m!r}"
+                    )
                 numbers = [check_number(x, f"{where_messages}: sample #{k}") for x in m]
                 message_samples.append((int(numbers[0]), int(numbers[1]), int(numbers[2]), numbers[3], numbers[4]))
         barrier_s = top.number("barrier_s")
-        return cls(links, top.extra({"format", "links", "messages", "barrier_s"}), message_cost, message_samples,
-                   barrier_s)
+        return cls(
+            links, top.extra({"format", "links", "messages", "barrier_s"}), message_cost, message_samples, barrier_s
+        )
 
 
 def load_calibration(path: str | os.PathLike) -> Calibration:
@@ -211,8 +240,7 @@ def load_calibration(path: str | os.PathLike) -> Calibration:
     return Calibration.from_dict(read_json(path, "calibration file"), source=str(path))
 
 
-def apply_calibration(cluster: Cluster, calibration: Calibration,
-                      link_map: dict[str, str] | None = None) -> Cluster:
+def apply_calibration(cluster: Cluster, calibration: Calibration, link_map: dict[str, str] | None = None) -> Cluster:
     """A copy of ``cluster`` whose channels take the fitted latency and bandwidth.
 
     Parameters
@@ -247,13 +275,22 @@ def apply_calibration(cluster: Cluster, calibration: Calibration,
             channels.append(ch)
             continue
         matched += 1
-        channels.append(Channel(ch.name, fit.bandwidth_bytes_per_s, max(0.0, fit.latency_s), ch.pairs,
-                                {**ch.extra, "calibrated_from": link_map.get(link, link)}))
+        channels.append(
+            Channel(
+                ch.name,
+                fit.bandwidth_bytes_per_s,
+                max(0.0, fit.latency_s),
+                ch.pairs,
+                {**ch.extra, "calibrated_from": link_map.get(link, link)},
+            )
+        )
     if not matched:
         have = sorted({str(ch.extra.get("link")) for ch in cluster.channels})
-        raise OptionError(f"calibration links {sorted(calibration.links)} match no channel of cluster "
-                          f"{cluster.name!r} (its links: {have}); map one (link_map; --link CHANNEL_LINK=MEASURED_LINK)")
-    name = cluster.name if cluster.name.endswith("-calibrated") else f"{cluster.name}-calibrated"   # once, again
+        raise OptionError(
+            f"calibration links {sorted(calibration.links)} match no channel of cluster "
+            f"{cluster.name!r} (its links: {have}); map one (link_map; --link CHANNEL_LINK=MEASURED_LINK)"
+        )
+    name = cluster.name if cluster.name.endswith("-calibrated") else f"{cluster.name}-calibrated"  # once, again
     return Cluster(name, cluster.devices, channels, extra=dict(cluster.extra))
 
 
@@ -264,18 +301,20 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: int, timeout_s: float,
-                 out_dir: str) -> None:
+def _gloo_worker(
+    rank: int, ranks: int, port: int, sizes: list[int], repeats: int, timeout_s: float, out_dir: str
+) -> None:
     """One process of :func:`measure_gloo`: rank 0 ping-pongs with every other rank."""
 
     import torch  # deferred: imports torch
     import torch.distributed as dist  # deferred: imports torch
 
     torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks,
-                            timeout=timedelta(seconds=timeout_s))
+    dist.init_process_group(
+        "gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=ranks, timeout=timedelta(seconds=timeout_s)
+    )
     samples, messages, streams, after_message = [], [], [], []
-    pair = dist.new_group([0, 1])      # every rank must create it
+    pair = dist.new_group([0, 1])  # every rank must create it
     try:
         for peer in range(1, ranks):
             warm = torch.zeros(1024)
@@ -307,10 +346,17 @@ def _gloo_worker(rank: int, ranks: int, port: int, sizes: list[int], repeats: in
         barrier = _last_rank_barrier_s(rank, ranks, max(16, repeats))
     finally:
         dist.destroy_process_group()
-    Path(out_dir, f"rank{rank}.json").write_text(json.dumps({"trips": samples, "messages": messages,
-                                                             "streams": streams if rank < 2 else [],
-                                                             "after_message": after_message,
-                                                             "barrier": barrier}))
+    Path(out_dir, f"rank{rank}.json").write_text(
+        json.dumps(
+            {
+                "trips": samples,
+                "messages": messages,
+                "streams": streams if rank < 2 else [],
+                "after_message": after_message,
+                "barrier": barrier,
+            }
+        )
+    )
 
 
 def _last_rank_barrier_s(rank: int, ranks: int, count: int) -> float | None:
@@ -319,10 +365,10 @@ def _last_rank_barrier_s(rank: int, ranks: int, count: int) -> float | None:
     import torch.distributed as dist  # deferred: imports torch
 
     times = []
-    for _ in range(count + 1):          # the first one warms up
+    for _ in range(count + 1):  # the first one warms up
         dist.barrier()
         if rank == ranks - 1:
-            time.sleep(0.002)           # until the others surely wait
+            time.sleep(0.002)  # until the others surely wait
         began = time.perf_counter()
         dist.barrier()
         times.append(time.perf_counter() - began)
@@ -344,7 +390,7 @@ def _message_host_times(rank: int, pair, sizes: list[int], repeats: int) -> list
     for size in sizes:
         value = torch.ones(max(1, size // 4))
         times = []
-        for rep in range(repeats + 1):      # the first one warms up
+        for rep in range(repeats + 1):  # the first one warms up
             began = time.perf_counter()
             if rank == 1:
                 buf = torch.empty_like(value)
@@ -358,7 +404,7 @@ def _message_host_times(rank: int, pair, sizes: list[int], repeats: int) -> list
                 work.wait()
             dist.barrier(group=pair)
             if rank == 1:
-                time.sleep(0.002 + size / 1e9)          # until it has surely arrived
+                time.sleep(0.002 + size / 1e9)  # until it has surely arrived
                 began = time.perf_counter()
                 work.wait()
                 buf.view(value.shape)
@@ -402,7 +448,7 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
     lag = 1e-3
     out = []
     for gap in gaps:
-        total = count + 2       # the first two each way warm up
+        total = count + 2  # the first two each way warm up
         sent_s, received_s = [], []
         posted = []
         for i in range(total):
@@ -421,7 +467,7 @@ def _stream_host_times(rank: int, pair, gaps: Sequence[float], count: int) -> li
             began = clock()
             received.wait()
             if clock() - began > BLOCKED_WAIT_S:
-                began = clock()          # it blocked: waiting, not work
+                began = clock()  # it blocked: waiting, not work
             buf.view(value.shape)
             received_s.append(spent + clock() - began)
         for request in sending:
@@ -464,7 +510,7 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
         compute_until(clock() + seconds, lambda: torch.add(small, 1.0))
 
     after_sending, after_receiving = [], []
-    for i in range(count + 2):          # the first two warm up
+    for i in range(count + 2):  # the first two warm up
         buf = torch.empty_like(value)
         received = dist.irecv(buf, src=peer, tag=i)
         dist.barrier(group=pair)
@@ -482,7 +528,7 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
         buf = torch.empty_like(value)
         received = dist.irecv(buf, src=peer, tag=i)
         dist.barrier(group=pair)
-        if i % 2 == rank:           # this rank waits; its peer computes a millisecond first
+        if i % 2 == rank:  # this rank waits; its peer computes a millisecond first
             sending = dist.isend(value, dst=peer, tag=i)
             received.wait()
             after_waiting.append(excess_s())
@@ -491,14 +537,22 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
             sending = dist.isend(value, dst=peer, tag=i)
             received.wait()
         sending.wait()
-    return [statistics.median(after_sending[2:]), statistics.median(after_receiving[2:]),
-            statistics.median(after_waiting[1:])]
+    return [
+        statistics.median(after_sending[2:]),
+        statistics.median(after_receiving[2:]),
+        statistics.median(after_waiting[1:]),
+    ]
 
 
-def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5,
-                 timeout_s: float = 120.0) -> tuple[list[tuple[int, float]], list[tuple[int, int, int, float, float]],
-                                                    list[tuple[float, float, float]], tuple[float, float, float],
-                                                    float]:
+def measure_gloo(
+    ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5, timeout_s: float = 120.0
+) -> tuple[
+    list[tuple[int, float]],
+    list[tuple[int, int, int, float, float]],
+    list[tuple[float, float, float]],
+    tuple[float, float, float],
+    float,
+]:
     """One-way transfer times between CPU processes over gloo on 127.0.0.1, and a message's host cost.
 
     Spawns ``ranks`` processes and measures, in turn:
@@ -552,11 +606,20 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
         try:
             for rank in range(ranks):
                 args = json.dumps([rank, ranks, port, sizes, repeats, timeout_s, out_dir])
-                code = (f"import json; from placer.harness.calibrate import _gloo_worker; "
-                        f"_gloo_worker(*json.loads({args!r}))")
-                with signals_deferred():        # a rank started is a rank known, and stopped below
-                    procs.append(subprocess.Popen([sys.executable, "-c", code], env=env, stdout=subprocess.DEVNULL,
-                                                  stderr=subprocess.PIPE, text=True))
+                code = (
+                    f"import json; from placer.harness.calibrate import _gloo_worker; "
+                    f"_gloo_worker(*json.loads({args!r}))"
+                )
+                with signals_deferred():  # a rank started is a rank known, and stopped below
+                    procs.append(
+                        subprocess.Popen(
+                            [sys.executable, "-c", code],
+                            env=env,
+                            stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE,
+                            text=True,
+                        )
+                    )
             for rank, p in enumerate(procs):
                 try:
                     _, err = p.communicate(timeout=max(0.1, deadline - time.monotonic()))
@@ -579,19 +642,24 @@ def measure_gloo(ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: 
             raise PlacerError(f"gloo calibration: rank {rank} failed: {message}")
         sender, receiver = (json.loads(Path(out_dir, f"rank{r}.json").read_text()) for r in (0, 1))
         trips = [(int(b), float(t)) for b, t in sender["trips"]]
-        messages = [(0, 1, int(b), float(sent), float(received))
-                    for (b, sent), (_, received) in zip(sender["messages"], receiver["messages"])]
-        streams = [(float(gap), statistics.median(sent + sent_by_1), statistics.median(received + received_by_1))
-                   for (gap, sent, received), (_, sent_by_1, received_by_1) in zip(sender["streams"],
-                                                                                  receiver["streams"])]
-        after_message = tuple(float(np.mean(sides)) for sides in zip(sender["after_message"],
-                                                                     receiver["after_message"]))
+        messages = [
+            (0, 1, int(b), float(sent), float(received))
+            for (b, sent), (_, received) in zip(sender["messages"], receiver["messages"])
+        ]
+        streams = [
+            (float(gap), statistics.median(sent + sent_by_1), statistics.median(received + received_by_1))
+            for (gap, sent, received), (_, sent_by_1, received_by_1) in zip(sender["streams"], receiver["streams"])
+        ]
+        after_message = tuple(
+            float(np.mean(sides)) for sides in zip(sender["after_message"], receiver["after_message"])
+        )
         last = json.loads(Path(out_dir, f"rank{ranks - 1}.json").read_text())
         return trips, messages, streams, after_message, float(last["barrier"])
 
 
-def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, steps: int = PROBE_STEPS,
-                  timeout_s: float = 120.0) -> tuple[MessageCost, int]:
+def measure_probe(
+    cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, steps: int = PROBE_STEPS, timeout_s: float = 120.0
+) -> tuple[MessageCost, int]:
     """The host cost of a message as a run pays it: a probe model's step placed round robin over two gloo ranks.
 
     The calibration's streams send one small message at a time; a plan's run
@@ -644,8 +712,17 @@ def measure_probe(cost: MessageCost, model: tuple[str, int] = PROBE_MODEL, *, st
     profiled = profile_module(captured.gm, [t.clone() for t in flat], node_ids=set(graph.ids))
     graph = apply_profile(graph, Profile(graph.name, graph.digest(), "cpu", profiled))
     plan = place(graph, cluster, "round_robin")
-    result = run_distributed(captured.gm, graph, plan, cluster, flat, steps=steps, backend="gloo",
-                             carrier=captured.carrier, timeout_s=timeout_s)
+    result = run_distributed(
+        captured.gm,
+        graph,
+        plan,
+        cluster,
+        flat,
+        steps=steps,
+        backend="gloo",
+        carrier=captured.carrier,
+        timeout_s=timeout_s,
+    )
     if not result.message_s:
         raise PlacerError(f"the probe {spec!r} sent no message over two ranks; probe with a larger model")
     bound = bind_plan(plan, graph, cluster)
@@ -703,8 +780,15 @@ def measure_cuda(sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5) -> dict
     return out
 
 
-def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES,
-              repeats: int = 5, timeout_s: float = 120.0, probe: bool = False) -> Calibration:
+def calibrate(
+    backend: str = "gloo",
+    *,
+    ranks: int = 2,
+    sizes: Iterable[int] = DEFAULT_SIZES,
+    repeats: int = 5,
+    timeout_s: float = 120.0,
+    probe: bool = False,
+) -> Calibration:
     """Measure the links of ``backend`` (``"gloo"`` or ``"cuda"``) and fit each.
 
     With ``probe`` (gloo), a message's host cost is then the one a probe run pays
@@ -732,30 +816,41 @@ def calibrate(backend: str = "gloo", *, ranks: int = 2, sizes: Iterable[int] = D
     else:
         raise OptionError(f"option 'backend' must be 'gloo' or 'cuda', got {backend!r}")
     links = {name: fit_link([b for b, _ in pts], [t for _, t in pts], name) for name, pts in measured.items()}
-    meta = {"backend": backend, "host": platform.node(), "torch": torch.__version__,
-            "repeats": repeats, "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = {
+        "backend": backend,
+        "host": platform.node(),
+        "torch": torch.__version__,
+        "repeats": repeats,
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     if backend == "gloo":
         meta["ranks"] = ranks
     cost = _message_cost(messages, streams, after_message) if messages else None
     if probe and cost is not None:
         meta["stream_message_cost"] = cost.to_dict()
         cost, fitted_to = measure_probe(cost, timeout_s=timeout_s)
-        meta["probe"] = {"model": PROBE_MODEL[0], "batch": PROBE_MODEL[1], "steps": PROBE_STEPS,
-                         "messages": fitted_to}
+        meta["probe"] = {"model": PROBE_MODEL[0], "batch": PROBE_MODEL[1], "steps": PROBE_STEPS, "messages": fitted_to}
     return Calibration(links, meta, cost, messages, barrier_s)
 
 
-def _message_cost(messages: list[tuple[int, int, int, float, float]],
-                  streams: list[tuple[float, float, float]],
-                  after_message: tuple[float, float, float]) -> MessageCost:
+def _message_cost(
+    messages: list[tuple[int, int, int, float, float]],
+    streams: list[tuple[float, float, float]],
+    after_message: tuple[float, float, float],
+) -> MessageCost:
     """The cost fitted to the messages timed alone, with the streams' fixed parts by gap (their bytes' share
     at the fitted per-byte cost taken off) and what an operation right after a message loses (never below
     zero)."""
     alone = MessageCost.fit(messages)
-    by_gap = tuple((gap, max(0.0, sent - STREAM_MESSAGE_BYTES * alone.send_per_byte_s),
-                    max(0.0, received - STREAM_MESSAGE_BYTES * alone.receive_per_byte_s))
-                   for gap, sent, received in streams)
+    by_gap = tuple(
+        (
+            gap,
+            max(0.0, sent - STREAM_MESSAGE_BYTES * alone.send_per_byte_s),
+            max(0.0, received - STREAM_MESSAGE_BYTES * alone.receive_per_byte_s),
+        )
+        for gap, sent, received in streams
+    )
     after_sending, after_receiving, after_waiting = (max(0.0, s) for s in after_message)
-    return replace(alone, by_gap=by_gap, after_send_s=after_sending, after_receive_s=after_receiving,
-                   after_wait_s=after_waiting)
-
+    return replace(
+        alone, by_gap=by_gap, after_send_s=after_sending, after_receive_s=after_receiving, after_wait_s=after_waiting
+    )

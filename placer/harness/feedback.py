@@ -70,14 +70,15 @@ def profile_kind(cluster: Cluster, devices: Iterable[int], option: str = "--prof
     """
     kinds = sorted({cluster.devices[d].kind for d in devices})
     if len(kinds) != 1:
-        raise OptionError(f"{option}: a placer.profile/1 file holds the times of one device kind, and the run's "
-                          f"devices on cluster {cluster.name!r} are of "
-                          + (f"{len(kinds)} ({', '.join(map(repr, kinds))})" if kinds else "none"))
+        raise OptionError(
+            f"{option}: a placer.profile/1 file holds the times of one device kind, and the run's "
+            f"devices on cluster {cluster.name!r} are of "
+            + (f"{len(kinds)} ({', '.join(map(repr, kinds))})" if kinds else "none")
+        )
     return kinds[0]
 
 
-def measured_profile(bound: BoundPlan, seconds: dict[str, float], graph: OpGraph | None = None,
-                     **meta: Any) -> Profile:
+def measured_profile(bound: BoundPlan, seconds: dict[str, float], graph: OpGraph | None = None, **meta: Any) -> Profile:
     """A run's measured per-node times as a ``placer.profile/1`` profile of the kind of device it ran on.
 
     The file form of :func:`measured_graph`: applied to ``bound.graph``
@@ -151,6 +152,7 @@ def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, 
         keeps its figures, and a negative mean excess gives a latency of 0. With no
         transfer on its channels, ``cluster`` itself.
     """
+
     def link_of(ch) -> tuple[str, str]:
         """The channel's link type where it names one (the presets do), else the channel alone."""
         link = ch.extra.get("link")
@@ -165,10 +167,16 @@ def measured_cluster(cluster: Cluster, transfers: Sequence[tuple[int, int, int, 
     channels = []
     for ch in cluster.channels:
         times = excess.get(link_of(ch))
-        channels.append(ch if times is None else
-                        dataclasses.replace(ch, latency_s=max(0.0, statistics.fmean(times)),
-                                            extra={**ch.extra, "latency_from": "measured in a placed run"}))
+        channels.append(
+            ch
+            if times is None
+            else dataclasses.replace(
+                ch,
+                latency_s=max(0.0, statistics.fmean(times)),
+                extra={**ch.extra, "latency_from": "measured in a placed run"},
+            )
+        )
     if not excess:
         return cluster
-    name = cluster.name if cluster.name.endswith("-measured") else f"{cluster.name}-measured"   # once, measured again
+    name = cluster.name if cluster.name.endswith("-measured") else f"{cluster.name}-measured"  # once, measured again
     return Cluster(name, cluster.devices, channels, extra=dict(cluster.extra))

@@ -38,9 +38,16 @@ def _move(value: Any, device: "torch.device") -> Any:
 _LABEL = "placer::"
 
 
-def profile_module(gm: "torch.fx.GraphModule", args: Sequence[Any], *, device: str = "cpu",
-                   repeats: int = 5, warmup: int = 1, node_ids: "set[str] | None" = None,
-                   gpu_timing: str = "kernel") -> dict[str, float]:
+def profile_module(
+    gm: "torch.fx.GraphModule",
+    args: Sequence[Any],
+    *,
+    device: str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+    node_ids: "set[str] | None" = None,
+    gpu_timing: str = "kernel",
+) -> dict[str, float]:
     """Median seconds of every ``call_function`` node of ``gm`` over ``repeats`` runs.
 
     The module runs node by node (an ``fx.Interpreter``). Factory ops' ``device=``
@@ -144,10 +151,12 @@ def profile_module(gm: "torch.fx.GraphModule", args: Sequence[Any], *, device: s
                     sync()
                 for event in prof.events():
                     if event.name.startswith(_LABEL):
-                        samples.setdefault(event.name[len(_LABEL):], []).append(event.device_time_total / 1e6)
+                        samples.setdefault(event.name[len(_LABEL) :], []).append(event.device_time_total / 1e6)
                 if not any(t > 0 for ts in samples.values() for t in ts):
-                    raise PlacerError("torch.profiler attributed no CUDA kernel to any node; "
-                                      "profile with gpu_timing='wall' (--gpu-timing wall)")
+                    raise PlacerError(
+                        "torch.profiler attributed no CUDA kernel to any node; "
+                        "profile with gpu_timing='wall' (--gpu-timing wall)"
+                    )
             else:
                 for _ in range(repeats):
                     TimingInterpreter(gm, record=True).run(*inputs)
@@ -187,9 +196,17 @@ def step_arguments(captured: Any, model: Any = None, inputs: Any = None) -> list
         return [t.detach().clone() if isinstance(t, torch.Tensor) else t for t in captured.step_inputs(model, inputs)]
 
 
-def profile_step(captured: Any, model: Any = None, inputs: Any = None, *, device: str = "cpu",
-                 repeats: int = 5, warmup: int = 1, kind: str | None = None,
-                 gpu_timing: str = "kernel") -> Profile:
+def profile_step(
+    captured: Any,
+    model: Any = None,
+    inputs: Any = None,
+    *,
+    device: str = "cpu",
+    repeats: int = 5,
+    warmup: int = 1,
+    kind: str | None = None,
+    gpu_timing: str = "kernel",
+) -> Profile:
     """Time every node of a captured training step on ``device``.
 
     Parameters
@@ -223,15 +240,22 @@ def profile_step(captured: Any, model: Any = None, inputs: Any = None, *, device
     graph = captured.graph
     device_kind, device_name = device_kind_of(device)
     args = step_arguments(captured, model, inputs)
-    measured = profile_module(captured.gm, args, device=device, repeats=repeats, warmup=warmup,
-                              gpu_timing=gpu_timing)
+    measured = profile_module(captured.gm, args, device=device, repeats=repeats, warmup=warmup, gpu_timing=gpu_timing)
     seconds = dict.fromkeys(graph.ids, 0.0)
     for fx_name, t in measured.items():
         seconds[captured.carrier.get(fx_name, fx_name)] += t
-    meta = {"device_name": device_name, "device": device, "torch": torch.__version__, "repeats": repeats,
-            "warmup": warmup, "threads": 1 if device_kind == "cpu" else None,
-            "clock": "thread cpu time" if device_kind == "cpu" else
-            ("cuda kernel time" if gpu_timing == "kernel" else "wall, synchronised"), "host": platform.node(),
-            "inputs": "model" if model is not None else "synthetic",
-            "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+    meta = {
+        "device_name": device_name,
+        "device": device,
+        "torch": torch.__version__,
+        "repeats": repeats,
+        "warmup": warmup,
+        "threads": 1 if device_kind == "cpu" else None,
+        "clock": "thread cpu time"
+        if device_kind == "cpu"
+        else ("cuda kernel time" if gpu_timing == "kernel" else "wall, synchronised"),
+        "host": platform.node(),
+        "inputs": "model" if model is not None else "synthetic",
+        "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+    }
     return Profile(graph.name, graph.digest(), kind or device_kind, seconds, meta)

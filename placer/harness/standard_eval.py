@@ -50,8 +50,10 @@ def match_nodes(base: "OpGraph", other: "OpGraph") -> tuple[np.ndarray, np.ndarr
         If the graphs differ in structure (node or edge counts, ops, edges).
     """
     if base.num_nodes != other.num_nodes or base.num_edges != other.num_edges:
-        raise FormatError(f"graphs {base.name!r} and {other.name!r} differ in structure "
-                          f"({base.num_nodes} vs {other.num_nodes} nodes, {base.num_edges} vs {other.num_edges} edges)")
+        raise FormatError(
+            f"graphs {base.name!r} and {other.name!r} differ in structure "
+            f"({base.num_nodes} vs {other.num_nodes} nodes, {base.num_edges} vs {other.num_edges} edges)"
+        )
     if set(base.ids) == set(other.ids):
         node_map, how = np.array([other.index[i] for i in base.ids], dtype=np.int64), "id"
     else:
@@ -60,16 +62,22 @@ def match_nodes(base: "OpGraph", other: "OpGraph") -> tuple[np.ndarray, np.ndarr
         how = "position"
     bad = next((i for i in range(base.num_nodes) if base.op[i] != other.op[node_map[i]]), None)
     if bad is not None:
-        raise FormatError(f"graphs {base.name!r} and {other.name!r} differ in structure: node {base.ids[bad]!r} "
-                          f"is {base.op[bad]!r} in one and {other.op[node_map[bad]]!r} in the other")
-    other_edges = {(int(s), int(d), int(t)): e for e, (s, d, t) in
-                   enumerate(zip(other.src.tolist(), other.dst.tolist(), other.edge_tensor.tolist()))}
+        raise FormatError(
+            f"graphs {base.name!r} and {other.name!r} differ in structure: node {base.ids[bad]!r} "
+            f"is {base.op[bad]!r} in one and {other.op[node_map[bad]]!r} in the other"
+        )
+    other_edges = {
+        (int(s), int(d), int(t)): e
+        for e, (s, d, t) in enumerate(zip(other.src.tolist(), other.dst.tolist(), other.edge_tensor.tolist()))
+    }
     edge_map = np.empty(base.num_edges, dtype=np.int64)
     for e, (s, d, t) in enumerate(zip(base.src.tolist(), base.dst.tolist(), base.edge_tensor.tolist())):
         key = (int(node_map[s]), int(node_map[d]), int(t))
         if key not in other_edges:
-            raise FormatError(f"graphs {base.name!r} and {other.name!r} differ in structure: edge "
-                              f"{base.ids[s]!r} -> {base.ids[d]!r} has no match")
+            raise FormatError(
+                f"graphs {base.name!r} and {other.name!r} differ in structure: edge "
+                f"{base.ids[s]!r} -> {base.ids[d]!r} has no match"
+            )
         edge_map[e] = other_edges[key]
     return node_map, edge_map, how
 
@@ -146,30 +154,56 @@ class BatchModel:
 
         times = self.predict_field("time", batch)
         kind = self.time_kind
-        compute_s, by_kind = g.compute_s, g.compute_s_by_kind     # costed again below where analytic
+        compute_s, by_kind = g.compute_s, g.compute_s_by_kind  # costed again below where analytic
         if not self.analytic:
             compute_s = times if kind is None else self.predict_field("compute_s", batch)
             fitted = {k: self.predict_field(f"time:{k}", batch).tolist() for k in self.fitted_kinds}
-            by_kind = [{**{k: fitted[k][i] for k in (d or {}) if k != kind},
-                        **({kind: float(times[i])} if kind is not None else {})} or None
-                       for i, d in enumerate(g.compute_s_by_kind)]
+            by_kind = [
+                {
+                    **{k: fitted[k][i] for k in (d or {}) if k != kind},
+                    **({kind: float(times[i])} if kind is not None else {}),
+                }
+                or None
+                for i, d in enumerate(g.compute_s_by_kind)
+            ]
         flops = np.where(np.isnan(g.flops), np.nan, self.predict_field("flops", batch))
         accessed = self.predict_field("bytes_accessed", batch)
-        extra = [({**e, "bytes_accessed": int(round(a))} if "bytes_accessed" in e else e)
-                 for e, a in zip(g.node_extra, accessed.tolist())]
+        extra = [
+            ({**e, "bytes_accessed": int(round(a))} if "bytes_accessed" in e else e)
+            for e, a in zip(g.node_extra, accessed.tolist())
+        ]
         # A split's rows are the batch or a multiple of it (batch x sequence): they scale with the batch.
         base = max(self.batches)
-        splittable = [None if s is None else [{**d, "size": d["size"] * batch // base} if d.get("dim") == "batch"
-                                              else d for d in s]
-                      for s in g.splittable]
+        splittable = [
+            None
+            if s is None
+            else [{**d, "size": d["size"] * batch // base} if d.get("dim") == "batch" else d for d in s]
+            for s in g.splittable
+        ]
         name = self.name_at(int(batch)) if self.name_at is not None else f"{g.name}@batch{batch}"
-        info = {"batches": self.batches, "target_batch": batch, "matched_by": self.matched_by,
-                "time_kind": self.time_kind}
-        predicted = g.replace(compute_s=compute_s, compute_s_by_kind=by_kind, output_bytes=sizes("output_bytes"),
-                              param_bytes=sizes("param_bytes"), temp_bytes=sizes("temp_bytes"), flops=flops,
-                              edge_bytes=sizes("edge_bytes"), node_extra=extra, splittable=splittable, name=name,
-                              extra={**g.extra, "standard_evaluation": info,
-                                     **({"batch_size": int(batch)} if "batch_size" in g.extra else {})})
+        info = {
+            "batches": self.batches,
+            "target_batch": batch,
+            "matched_by": self.matched_by,
+            "time_kind": self.time_kind,
+        }
+        predicted = g.replace(
+            compute_s=compute_s,
+            compute_s_by_kind=by_kind,
+            output_bytes=sizes("output_bytes"),
+            param_bytes=sizes("param_bytes"),
+            temp_bytes=sizes("temp_bytes"),
+            flops=flops,
+            edge_bytes=sizes("edge_bytes"),
+            node_extra=extra,
+            splittable=splittable,
+            name=name,
+            extra={
+                **g.extra,
+                "standard_evaluation": info,
+                **({"batch_size": int(batch)} if "batch_size" in g.extra else {}),
+            },
+        )
         if not self.analytic:
             return predicted
 
@@ -177,13 +211,19 @@ class BatchModel:
         costed = annotate(predicted, kinds=sorted(kinds))
         if kind is None:
             return costed
-        return costed.replace(compute_s_by_kind=[{**(d or {}), kind: float(t)}
-                                                 for d, t in zip(costed.compute_s_by_kind, times.tolist())])
+        return costed.replace(
+            compute_s_by_kind=[{**(d or {}), kind: float(t)} for d, t in zip(costed.compute_s_by_kind, times.tolist())]
+        )
 
 
-def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
-                    profiles: "Sequence[Profile] | None" = None, *,
-                    name_at: Callable[[int], str] | None = None, analytic: bool = False) -> BatchModel:
+def fit_batch_model(
+    graphs: Sequence["OpGraph"],
+    batches: Sequence[int],
+    profiles: "Sequence[Profile] | None" = None,
+    *,
+    name_at: Callable[[int], str] | None = None,
+    analytic: bool = False,
+) -> BatchModel:
     """Fit per-node time and memory, linear in the batch size, from graphs at small batches.
 
     Parameters
@@ -242,9 +282,20 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
     kind = next(iter(kinds)) if kinds else None
     # Each kind's times but the measured one get their own fit, unless the analytic model costs them again.
     other_kinds = [] if analytic else sorted({k for d in base.compute_s_by_kind if d for k in d} - {kind})
-    rows: dict[str, list[np.ndarray]] = {k: [] for k in ("time", "output_bytes", "param_bytes", "temp_bytes",
-                                                         "flops", "bytes_accessed", "edge_bytes", "compute_s",
-                                                         *(f"time:{k}" for k in other_kinds))}
+    rows: dict[str, list[np.ndarray]] = {
+        k: []
+        for k in (
+            "time",
+            "output_bytes",
+            "param_bytes",
+            "temp_bytes",
+            "flops",
+            "bytes_accessed",
+            "edge_bytes",
+            "compute_s",
+            *(f"time:{k}" for k in other_kinds),
+        )
+    }
     how = "id"
     for k, g in enumerate(graphs):
         node_map, edge_map, matched = match_nodes(base, g)
@@ -258,8 +309,9 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
         rows["time"].append(times)
         rows["compute_s"].append(g.compute_s[node_map])
         for other in other_kinds:
-            rows[f"time:{other}"].append(np.array([(g.compute_s_by_kind[j] or {}).get(other, g.compute_s[j])
-                                                   for j in node_map]))
+            rows[f"time:{other}"].append(
+                np.array([(g.compute_s_by_kind[j] or {}).get(other, g.compute_s[j]) for j in node_map])
+            )
         for name in ("output_bytes", "param_bytes", "temp_bytes"):
             rows[name].append(getattr(g, name)[node_map].astype(np.float64))
         rows["flops"].append(np.nan_to_num(g.flops[node_map], nan=0.0))
@@ -269,8 +321,13 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
     # A node whose work is the same at every batch (an optimizer update, a copy of a parameter) takes the
     # same time at every batch: its measured times differ by noise alone, which a line would extrapolate
     # far to the target. Its median it is.
-    same_work = np.all([np.ptp(np.stack(rows[name]), axis=0) == 0
-                        for name in ("flops", "bytes_accessed", "output_bytes", "temp_bytes")], axis=0)
+    same_work = np.all(
+        [
+            np.ptp(np.stack(rows[name]), axis=0) == 0
+            for name in ("flops", "bytes_accessed", "output_bytes", "temp_bytes")
+        ],
+        axis=0,
+    )
     coef, fit_error = {}, {}
     for name, values in rows.items():
         y = np.stack(values)
@@ -284,9 +341,16 @@ def fit_batch_model(graphs: Sequence["OpGraph"], batches: Sequence[int],
     return BatchModel(base, batches, how, coef, kind, fit_error, name_at, analytic)
 
 
-def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[int] = (2, 4, 8), *,
-                        optimizer: str = "adam", lr: float = 1e-3, settings: dict | None = None,
-                        device: str | None = "cpu", repeats: int = 3) -> BatchModel:
+def standard_evaluation(
+    spec: "str | Callable[[int], tuple]",
+    batches: Sequence[int] = (2, 4, 8),
+    *,
+    optimizer: str = "adam",
+    lr: float = 1e-3,
+    settings: dict | None = None,
+    device: str | None = "cpu",
+    repeats: int = 3,
+) -> BatchModel:
     """Capture (and profile, on ``device``) a model at small batch sizes and fit a :class:`BatchModel`.
 
     Parameters
@@ -335,15 +399,21 @@ def standard_evaluation(spec: "str | Callable[[int], tuple]", batches: Sequence[
         def factory(batch):
             return load_model(spec, batch)
 
-    labelled = optimizer_spec(optimizer, lr, **(settings or {}))      # the settings are in the graphs' names
+    labelled = optimizer_spec(optimizer, lr, **(settings or {}))  # the settings are in the graphs' names
     graphs, profiles = [], []
     for batch in batches:
         model, inputs = factory(batch)
         label = label or type(model).__name__
-        step = capture(model, inputs, optimizer=optimizer, lr=lr, settings=settings,
-                       name=step_name(label, batch, labelled))
+        step = capture(
+            model, inputs, optimizer=optimizer, lr=lr, settings=settings, name=step_name(label, batch, labelled)
+        )
         graphs.append(step.graph)
         if device:
             profiles.append(profile_step(step, model, inputs, device=device, repeats=repeats))
-    return fit_batch_model(graphs, batches, profiles if device else None,
-                           name_at=partial(step_name, label, optimizer=labelled), analytic=True)
+    return fit_batch_model(
+        graphs,
+        batches,
+        profiles if device else None,
+        name_at=partial(step_name, label, optimizer=labelled),
+        analytic=True,
+    )

@@ -49,8 +49,16 @@ from ..cost.analytic import annotate
 from ..errors import OptionError
 from ..graph import OpGraph
 
-__all__ = ["FAMILIES", "image_cell_graph", "rnn_cell_graph", "nmt_graph", "family_graph", "split_indices",
-           "dataset", "GRAPHS_PER_FAMILY"]
+__all__ = [
+    "FAMILIES",
+    "image_cell_graph",
+    "rnn_cell_graph",
+    "nmt_graph",
+    "family_graph",
+    "split_indices",
+    "dataset",
+    "GRAPHS_PER_FAMILY",
+]
 
 FLOAT = 4  # bytes per float32 element
 GRAPHS_PER_FAMILY = 32
@@ -65,8 +73,8 @@ class _Node:
     flops: float
     out_bytes: int
     params: list[int] = field(default_factory=list)
-    param_bytes: int = 0        # variables: weights plus Adam's two moments
-    weight_bytes: int = 0       # variables: the weights alone (what a reader receives)
+    param_bytes: int = 0  # variables: weights plus Adam's two moments
+    weight_bytes: int = 0  # variables: the weights alone (what a reader receives)
     requires_grad: bool = True
 
 
@@ -86,11 +94,13 @@ class _StepBuilder:
         weight = int(elements * FLOAT)
         return self._add(_Node("placeholder", layer, [], 0.0, 0, param_bytes=3 * weight, weight_bytes=weight))
 
-    def op(self, op: str, layer: str, inputs: list[int], flops: float, out_bytes: float,
-           params: tuple[int, ...] = ()) -> int:
+    def op(
+        self, op: str, layer: str, inputs: list[int], flops: float, out_bytes: float, params: tuple[int, ...] = ()
+    ) -> int:
         needs = bool(params) or any(self.nodes[u].requires_grad for u in inputs)
-        return self._add(_Node(op, layer, list(inputs), float(flops), int(out_bytes), list(params),
-                               requires_grad=needs))
+        return self._add(
+            _Node(op, layer, list(inputs), float(flops), int(out_bytes), list(params), requires_grad=needs)
+        )
 
     def _add(self, node: _Node) -> int:
         self.nodes.append(node)
@@ -135,8 +145,9 @@ class _StepBuilder:
             touched = sum(sent(u) for u in nd.inputs + nd.params) + nd.out_bytes
             kind = nd.op if nd.op == "placeholder" else f"aten.{nd.op}"
             group = f"{self.name}:var{v}" if self._is_variable(v) else None
-            fid.append(node(f"{nd.layer}.{nd.op}", kind, nd.layer, nd.flops, nd.out_bytes, nd.param_bytes,
-                            touched, group))
+            fid.append(
+                node(f"{nd.layer}.{nd.op}", kind, nd.layer, nd.flops, nd.out_bytes, nd.param_bytes, touched, group)
+            )
             for u in nd.inputs + nd.params:
                 edge(fid[u], fid[v], sent(u))
         sinks = [v for v, nd in enumerate(fwd) if not consumers[v] and nd.op != "placeholder"]
@@ -159,10 +170,17 @@ class _StepBuilder:
             incoming = nd.out_bytes * len(grad_sources[v])
             if grad_in:
                 out = sum(fwd[u].out_bytes for u in grad_in)
-                touched = incoming + sum(fwd[u].out_bytes for u in saved) + out \
-                    + sum(fwd[p].weight_bytes for p in nd.params)
-                g = node(f"{nd.layer}.{nd.op}.bwd", f"aten.{nd.op}_backward" if nd.params else f"aten.{nd.op}",
-                         nd.layer, nd.flops, out, touched=touched)
+                touched = (
+                    incoming + sum(fwd[u].out_bytes for u in saved) + out + sum(fwd[p].weight_bytes for p in nd.params)
+                )
+                g = node(
+                    f"{nd.layer}.{nd.op}.bwd",
+                    f"aten.{nd.op}_backward" if nd.params else f"aten.{nd.op}",
+                    nd.layer,
+                    nd.flops,
+                    out,
+                    touched=touched,
+                )
                 for s in grad_sources[v]:
                     edge(s, g, nd.out_bytes)
                 for u in saved:
@@ -174,8 +192,14 @@ class _StepBuilder:
             if nd.params:
                 wbytes = sum(fwd[p].weight_bytes for p in nd.params)
                 touched = incoming + sum(fwd[u].out_bytes for u in saved) + wbytes
-                gw = node(f"{nd.layer}.{nd.op}.bwd_weight", f"aten.{nd.op}_backward", nd.layer, nd.flops, wbytes,
-                          touched=touched)
+                gw = node(
+                    f"{nd.layer}.{nd.op}.bwd_weight",
+                    f"aten.{nd.op}_backward",
+                    nd.layer,
+                    nd.flops,
+                    wbytes,
+                    touched=touched,
+                )
                 for s in grad_sources[v]:
                     edge(s, gw, nd.out_bytes)
                 for u in saved:
@@ -191,13 +215,23 @@ class _StepBuilder:
                     edge(gw, acc, w)
                 grads = [acc]
             # Adam: read weight, gradient and two moments, write three of them back (in place).
-            upd = node(f"{lay}.update", "aten._foreach_add", lay, 10 * w / FLOAT, 0, touched=7 * w,
-                       group=coloc[fid[p]])
+            upd = node(f"{lay}.update", "aten._foreach_add", lay, 10 * w / FLOAT, 0, touched=7 * w, group=coloc[fid[p]])
             edge(grads[0], upd, w)
-        graph = OpGraph(ids, np.zeros(len(ids)), src, dst, ebytes, output_bytes=out_b, param_bytes=par_b,
-                        flops=flops, op=op, layer=layer, colocation=coloc,
-                        node_extra=[{"bytes_accessed": a, "dtype": "float32"} for a in accessed],
-                        name=self.name)
+        graph = OpGraph(
+            ids,
+            np.zeros(len(ids)),
+            src,
+            dst,
+            ebytes,
+            output_bytes=out_b,
+            param_bytes=par_b,
+            flops=flops,
+            op=op,
+            layer=layer,
+            colocation=coloc,
+            node_extra=[{"bytes_accessed": a, "dtype": "float32"} for a in accessed],
+            name=self.name,
+        )
         return annotate(graph)
 
 
@@ -205,9 +239,15 @@ class _StepBuilder:
 _IMAGE_BRANCHES = ("conv3x3", "conv5x5", "avgpool", "maxpool", "identity")
 
 
-def image_cell_graph(seed: int = 0, *, batch: int | None = None, cells: int | None = None,
-                     nodes_per_cell: int | None = None, channels: int | None = None,
-                     name: str | None = None) -> OpGraph:
+def image_cell_graph(
+    seed: int = 0,
+    *,
+    batch: int | None = None,
+    cells: int | None = None,
+    nodes_per_cell: int | None = None,
+    channels: int | None = None,
+    name: str | None = None,
+) -> OpGraph:
     """A training step of a random ENAS-like convolutional network on 32x32 images.
 
     Parameters
@@ -243,8 +283,14 @@ def image_cell_graph(seed: int = 0, *, batch: int | None = None, cells: int | No
 
     def conv(layer, x, c_in, c_out, k, pixels):
         w = b.variable(layer, k * k * c_in * c_out)
-        return b.op("convolution", layer, [x], 2 * k * k * c_in * c_out * pixels * batch,
-                    c_out * pixels * batch * FLOAT, params=(w,))
+        return b.op(
+            "convolution",
+            layer,
+            [x],
+            2 * k * k * c_in * c_out * pixels * batch,
+            c_out * pixels * batch * FLOAT,
+            params=(w,),
+        )
 
     image = b.data("input", 3 * hw * batch * FLOAT)
     stem = conv("stem", image, 3, c, 3, hw)
@@ -290,9 +336,16 @@ def image_cell_graph(seed: int = 0, *, batch: int | None = None, cells: int | No
 _RNN_ACTIVATIONS = ("tanh", "relu", "sigmoid", "identity")
 
 
-def rnn_cell_graph(seed: int = 0, *, batch: int | None = None, steps: int | None = None,
-                   nodes_per_cell: int | None = None, hidden: int | None = None, vocab: int = 10000,
-                   name: str | None = None) -> OpGraph:
+def rnn_cell_graph(
+    seed: int = 0,
+    *,
+    batch: int | None = None,
+    steps: int | None = None,
+    nodes_per_cell: int | None = None,
+    hidden: int | None = None,
+    vocab: int = 10000,
+    name: str | None = None,
+) -> OpGraph:
     """A training step of a random ENAS-like recurrent cell unrolled over ``steps`` (a language model).
 
     Parameters
@@ -340,16 +393,27 @@ def rnn_cell_graph(seed: int = 0, *, batch: int | None = None, steps: int | None
             lin = b.op("mm", layer, inputs, 2 * batch * fan_in * h, state_bytes, params=(cell_w[j],))
             outs.append(lin if acts[j] == "identity" else b.op(acts[j], layer, [lin], batch * h, state_bytes))
         loose = [outs[j] for j in range(per_cell) if j not in parents[1:]]
-        state = b.op("mean", f"step{t}.state", loose, len(loose) * batch * h, state_bytes) if len(loose) > 1 else loose[0]
-        logits = b.op("mm", f"step{t}.softmax", [state], 2 * batch * h * vocab, batch * vocab * FLOAT,
-                      params=(softmax_w,))
+        state = (
+            b.op("mean", f"step{t}.state", loose, len(loose) * batch * h, state_bytes) if len(loose) > 1 else loose[0]
+        )
+        logits = b.op(
+            "mm", f"step{t}.softmax", [state], 2 * batch * h * vocab, batch * vocab * FLOAT, params=(softmax_w,)
+        )
         b.op("cross_entropy", f"step{t}.softmax", [logits], 5 * batch * vocab, FLOAT)
     return b.build()
 
 
 # ---------------------------------------------------------------------- NMT
-def nmt_graph(seed: int = 0, *, batch: int | None = None, steps: int | None = None, hidden: int = 512,
-              layers: int = 2, vocab: int = 16000, name: str | None = None) -> OpGraph:
+def nmt_graph(
+    seed: int = 0,
+    *,
+    batch: int | None = None,
+    steps: int | None = None,
+    hidden: int = 512,
+    layers: int = 2,
+    vocab: int = 16000,
+    name: str | None = None,
+) -> OpGraph:
     """A training step of an LSTM encoder-decoder with attention, unrolled over ``steps`` each side.
 
     Parameters
@@ -385,17 +449,20 @@ def nmt_graph(seed: int = 0, *, batch: int | None = None, steps: int | None = No
     tokens = b.data("input", 2 * steps * batch * 8)
     zero = b.data("input", 2 * hb)
     emb = {side: b.variable(f"{side}.embedding", vocab * hidden) for side in ("enc", "dec")}
-    weights = {(side, l): b.variable(f"{side}.lstm{l}", 2 * hidden * 4 * hidden)
-               for side in ("enc", "dec") for l in range(layers)}
+    weights = {
+        (side, layer): b.variable(f"{side}.lstm{layer}", 2 * hidden * 4 * hidden)
+        for side in ("enc", "dec")
+        for layer in range(layers)
+    }
     attn_w = b.variable("dec.attention", 2 * hidden * hidden)
     proj_w = b.variable("dec.projection", hidden * vocab)
-    states = {(side, l): zero for side in ("enc", "dec") for l in range(layers)}
+    states = {(side, layer): zero for side in ("enc", "dec") for layer in range(layers)}
     encoder_out = []
     for side in ("enc", "dec"):
         for t in range(steps):
             x = b.op("embedding", f"{side}.embedding", [tokens], 0, hb, params=(emb[side],))
-            for l in range(layers):
-                x = states[side, l] = lstm(f"{side}.lstm{l}", x, states[side, l], weights[side, l])
+            for layer in range(layers):
+                x = states[side, layer] = lstm(f"{side}.lstm{layer}", x, states[side, layer], weights[side, layer])
             if side == "enc":
                 encoder_out.append(x)
                 continue
@@ -404,10 +471,12 @@ def nmt_graph(seed: int = 0, *, batch: int | None = None, steps: int | None = No
             score = b.op("bmm", "dec.attention", [x, memory], 2 * batch * steps * hidden, batch * steps * FLOAT)
             weight = b.op("softmax", "dec.attention", [score], 5 * batch * steps, batch * steps * FLOAT)
             context = b.op("bmm", "dec.attention", [weight, memory], 2 * batch * steps * hidden, hb)
-            combined = b.op("addmm", "dec.attention", [x, context], 2 * batch * 2 * hidden * hidden, hb,
-                            params=(attn_w,))
-            logits = b.op("mm", "dec.projection", [combined], 2 * batch * hidden * vocab, batch * vocab * FLOAT,
-                          params=(proj_w,))
+            combined = b.op(
+                "addmm", "dec.attention", [x, context], 2 * batch * 2 * hidden * hidden, hb, params=(attn_w,)
+            )
+            logits = b.op(
+                "mm", "dec.projection", [combined], 2 * batch * hidden * vocab, batch * vocab * FLOAT, params=(proj_w,)
+            )
             b.op("cross_entropy", "dec.projection", [logits], 5 * batch * vocab, FLOAT)
     return b.build()
 

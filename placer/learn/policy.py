@@ -50,7 +50,7 @@ from ..paths import bottom_levels, top_levels
 
 __all__ = ["PolicyConfig", "PlacetoPolicy", "GraphContext", "NODE_FEATURES", "DEVICE_FEATURES", "one_thread"]
 
-NODE_FEATURES = 9     # static node features; 5 dynamic ones follow (on device d, is v, visited, start, finish)
+NODE_FEATURES = 9  # static node features; 5 dynamic ones follow (on device d, is v, visited, start, finish)
 DYNAMIC_FEATURES = 5
 DEVICE_FEATURES = 9
 
@@ -127,20 +127,23 @@ class GraphContext:
         memory = cluster.memory.astype(np.float64)
         footprint = static_footprint(graph).astype(np.float64)
         comm_ratio = float(edge_time.sum()) / max(float(mean_dur.sum()), 1e-12)
-        static = np.stack([
-            np.log1p(mean_dur / unit),
-            np.log1p(out_time / unit),
-            np.log1p(in_time / unit),
-            top / critical,
-            bottom / critical,
-            np.log1p(10 * footprint / memory.mean()),
-            np.full(n, np.log1p(comm_ratio)),
-            np.full(n, np.log(n) / 5),
-            np.full(n, critical / max(float(mean_dur.sum()), 1e-12) * d / 4),
-        ], axis=1)
+        static = np.stack(
+            [
+                np.log1p(mean_dur / unit),
+                np.log1p(out_time / unit),
+                np.log1p(in_time / unit),
+                top / critical,
+                bottom / critical,
+                np.log1p(10 * footprint / memory.mean()),
+                np.full(n, np.log1p(comm_ratio)),
+                np.full(n, np.log(n) / 5),
+                np.full(n, critical / max(float(mean_dur.sum()), 1e-12) * d / 4),
+            ],
+            axis=1,
+        )
         self.features = torch.as_tensor(static, dtype=torch.float32)
         adjacency = np.zeros((n, n))
-        np.add.at(adjacency, (graph.dst, graph.src), 1.0)   # adjacency[v, u]: edges u -> v
+        np.add.at(adjacency, (graph.dst, graph.src), 1.0)  # adjacency[v, u]: edges u -> v
         parents = adjacency / np.maximum(adjacency.sum(axis=1, keepdims=True), 1)
         children = adjacency.T / np.maximum(adjacency.T.sum(axis=1, keepdims=True), 1)
         self.mean_parents = torch.as_tensor(parents, dtype=torch.float32)
@@ -158,8 +161,8 @@ class GraphContext:
         self.edge_bytes = torch.as_tensor(flow / max(flow.sum(), 1.0), dtype=torch.float32)
         self.memory_share = torch.as_tensor(footprint[:, None] / memory[None, :], dtype=torch.float32)
         transfer = np.where(flow > 0, flow * sec_per_byte + lat, 0.0)
-        self.parent_mask = torch.as_tensor(flow > 0)                                 # [u, v]: u -> v
-        self.transfer_s = torch.as_tensor(transfer, dtype=torch.float32)           # uncongested, seconds
+        self.parent_mask = torch.as_tensor(flow > 0)  # [u, v]: u -> v
+        self.transfer_s = torch.as_tensor(transfer, dtype=torch.float32)  # uncongested, seconds
         self.mean_total = float(self.durations.sum() / d)
 
     def groups(self, v: int) -> torch.Tensor:
@@ -191,8 +194,17 @@ class PlacetoPolicy(nn.Module):
         self.aggregate = nn.ModuleList([_mlp([2 * e, h, e]) for _ in range(3)])  # ancestors, descendants, parallel
         self.head = _mlp([2 * e + 3 * e + DEVICE_FEATURES, config.head_hidden, config.head_hidden, 1])
 
-    def forward(self, ctx: GraphContext, placement: torch.Tensor, v: int, visited: torch.Tensor,
-                allowed: torch.Tensor, start: torch.Tensor, finish: torch.Tensor, makespan: float) -> torch.Tensor:
+    def forward(
+        self,
+        ctx: GraphContext,
+        placement: torch.Tensor,
+        v: int,
+        visited: torch.Tensor,
+        allowed: torch.Tensor,
+        start: torch.Tensor,
+        finish: torch.Tensor,
+        makespan: float,
+    ) -> torch.Tensor:
         """Log-probabilities over the devices for node ``v`` (``-inf`` where not allowed).
 
         Parameters
@@ -211,21 +223,21 @@ class PlacetoPolicy(nn.Module):
             The current placement's makespan, seconds.
         """
         n, d = ctx.num_nodes, ctx.num_devices
-        on = torch.nn.functional.one_hot(placement, d).to(torch.float32)          # (N, D)
+        on = torch.nn.functional.one_hot(placement, d).to(torch.float32)  # (N, D)
         current = torch.zeros(n)
         current[v] = 1.0
         span = max(makespan, 1e-12)
-        dynamic = torch.stack([current, visited, start / span, finish / span], dim=-1)       # (N, 4)
+        dynamic = torch.stack([current, visited, start / span, finish / span], dim=-1)  # (N, 4)
         x = torch.cat([ctx.features.expand(d, n, -1), on.T.unsqueeze(-1), dynamic.expand(d, n, -1)], dim=-1)
-        h0 = self.embed_in(x)                                                      # (D, N, E)
+        h0 = self.embed_in(x)  # (D, N, E)
         fwd = h0
         for _ in range(self.config.rounds):
             fwd = h0 + self.update_fwd(ctx.mean_parents @ self.message_fwd(fwd))
         bwd = h0
         for _ in range(self.config.rounds):
             bwd = h0 + self.update_bwd(ctx.mean_children @ self.message_bwd(bwd))
-        z = torch.cat([fwd, bwd], dim=-1)                                          # (D, N, 2E)
-        masks = ctx.groups(v)                                                      # (3, N)
+        z = torch.cat([fwd, bwd], dim=-1)  # (D, N, 2E)
+        masks = ctx.groups(v)  # (3, N)
         summaries = []
         for k, net in enumerate(self.aggregate):
             weight = masks[k] / masks[k].sum().clamp(min=1.0)
@@ -236,8 +248,9 @@ class PlacetoPolicy(nn.Module):
         return torch.log_softmax(scores, dim=-1)
 
     @staticmethod
-    def _device_features(ctx: GraphContext, on: torch.Tensor, v: int, parallel: torch.Tensor,
-                         finish: torch.Tensor, span: float) -> torch.Tensor:
+    def _device_features(
+        ctx: GraphContext, on: torch.Tensor, v: int, parallel: torch.Tensor, finish: torch.Tensor, span: float
+    ) -> torch.Tensor:
         others = on.clone()
         others[v] = 0.0
         load = (others * ctx.durations).sum(0) / max(ctx.mean_total, 1e-12)
@@ -277,8 +290,9 @@ class PlacetoPolicy(nn.Module):
         except FileNotFoundError:
             raise FormatError(f"policy file {path}: no such file") from None
         except (OSError, EOFError, RuntimeError, KeyError, TypeError, ValueError, pickle.UnpicklingError) as exc:
-            raise FormatError(f"policy file {path}: not a policy written by placer train "
-                              f"({_why_unreadable(Path(path), exc)})") from None
+            raise FormatError(
+                f"policy file {path}: not a policy written by placer train ({_why_unreadable(Path(path), exc)})"
+            ) from None
         policy.metadata = doc.get("metadata", {})
         return policy
 
@@ -290,7 +304,7 @@ def _why_unreadable(path: Path, exc: Exception) -> str:
         return "a directory"
     if path.stat().st_size == 0:
         return "empty"
-    if not zipfile.is_zipfile(path):        # what torch.save writes
+    if not zipfile.is_zipfile(path):  # what torch.save writes
         return "not a file torch.save wrote, or one cut short"
     if isinstance(exc, (KeyError, TypeError)):
         return "a torch file without a policy's settings and weights"

@@ -113,7 +113,7 @@ class PlacementMDP:
         self.order = coarse.topological_order.tolist()
         self.memory = cluster.memory.astype(np.float64)
         self._reference = None
-        self.start_s = self.finish_s = torch.zeros(n)   # the last valid placement's times (none yet)
+        self.start_s = self.finish_s = torch.zeros(n)  # the last valid placement's times (none yet)
         self.start = self._round_robin()
         reference = self.cost(self.start)[1]
         if reference == math.inf:
@@ -152,7 +152,7 @@ class PlacementMDP:
         device_of = self.coarse.expand(coarse_placement.numpy())
         try:
             result = simulate(self.graph, self.cluster, device_of, check=False)
-        except InvalidPlanError:   # a transfer between devices no channel connects
+        except InvalidPlanError:  # a transfer between devices no channel connects
             return math.inf, math.inf, False, device_of
         span = result.makespan_s
         m = self.ctx.num_nodes
@@ -166,8 +166,14 @@ class PlacementMDP:
         ref = self._reference or span or 1.0
         return span / ref + self.memory_penalty * float(over), span, bool(over == 0), device_of
 
-    def episode(self, policy: PlacetoPolicy, *, passes: int = 2, generator: torch.Generator | None = None,
-                deadline: float | None = None) -> Episode:
+    def episode(
+        self,
+        policy: PlacetoPolicy,
+        *,
+        passes: int = 2,
+        generator: torch.Generator | None = None,
+        deadline: float | None = None,
+    ) -> Episode:
         """Walk the graph ``passes`` times; sample actions with ``generator``, or take the likeliest without one.
 
         Stops early (keeping what it has) when ``time.perf_counter()`` passes ``deadline``.
@@ -207,8 +213,19 @@ class PlacementMDP:
                         best = candidate
                 else:
                     rewards.append(0.0)
-        return Episode(log_probs, entropies, np.asarray(rewards, dtype=np.float64), best[4], best[1], start_cost,
-                       cost, best[2], start_span, best[3], probs)
+        return Episode(
+            log_probs,
+            entropies,
+            np.asarray(rewards, dtype=np.float64),
+            best[4],
+            best[1],
+            start_cost,
+            cost,
+            best[2],
+            start_span,
+            best[3],
+            probs,
+        )
 
 
 # ------------------------------------------------------------------ training
@@ -274,10 +291,13 @@ class TrainConfig:
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise OptionError(f"option {name} must be a number >= 0, got {value!r}")
-        if not self.lr > 0:     # 0 would not hold the weights: the rate rises linearly to lr_final
+        if not self.lr > 0:  # 0 would not hold the weights: the rate rises linearly to lr_final
             raise OptionError(f"option lr must be > 0, got {self.lr!r}")
-        if isinstance(self.checkpoint_every, bool) or not isinstance(self.checkpoint_every, int) \
-                or self.checkpoint_every < 0:       # -1 checkpointed after every update
+        if (
+            isinstance(self.checkpoint_every, bool)
+            or not isinstance(self.checkpoint_every, int)
+            or self.checkpoint_every < 0
+        ):  # -1 checkpointed after every update
             raise OptionError(f"option checkpoint_every must be an integer >= 0, got {self.checkpoint_every!r}")
 
 
@@ -310,8 +330,13 @@ _PROBLEMS: dict = {}
 
 def _init_problems(graphs: Sequence[OpGraph], clusters: Sequence[Cluster], config: TrainConfig) -> None:
     _PROBLEMS.clear()
-    _PROBLEMS.update(graphs=list(graphs), clusters=list(clusters), config=config, mdps={},
-                     policy=PlacetoPolicy(PolicyConfig(**config.policy)))
+    _PROBLEMS.update(
+        graphs=list(graphs),
+        clusters=list(clusters),
+        config=config,
+        mdps={},
+        policy=PlacetoPolicy(PolicyConfig(**config.policy)),
+    )
     torch.set_num_threads(1)
 
 
@@ -329,8 +354,12 @@ def _mdp(graph_index: int, cluster_index: int) -> PlacementMDP:
     key = (graph_index, cluster_index)
     if key not in _PROBLEMS["mdps"]:
         config = _PROBLEMS["config"]
-        _PROBLEMS["mdps"][key] = PlacementMDP(_PROBLEMS["graphs"][graph_index], _PROBLEMS["clusters"][cluster_index],
-                                              target_nodes=config.target_nodes, memory_penalty=config.memory_penalty)
+        _PROBLEMS["mdps"][key] = PlacementMDP(
+            _PROBLEMS["graphs"][graph_index],
+            _PROBLEMS["clusters"][cluster_index],
+            target_nodes=config.target_nodes,
+            memory_penalty=config.memory_penalty,
+        )
     return _PROBLEMS["mdps"][key]
 
 
@@ -358,20 +387,29 @@ def _rollout(task: tuple) -> tuple:
     if config.normalize_advantages:
         advantage = advantage / (advantage.std() + 1e-8)
     steps = len(ep.log_probs)
-    loss = -(torch.stack(ep.log_probs) * torch.as_tensor(advantage, dtype=torch.float32)).sum() / steps \
+    loss = (
+        -(torch.stack(ep.log_probs) * torch.as_tensor(advantage, dtype=torch.float32)).sum() / steps
         - entropy_coef * torch.stack(ep.entropies).sum() / steps
+    )
     loss.backward()
-    grads = [(p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy().copy()
-             for p in policy.parameters()]
+    grads = [
+        (p.grad if p.grad is not None else torch.zeros_like(p)).detach().numpy().copy() for p in policy.parameters()
+    ]
     stats = (float(ep.rewards.sum()), ep.start_makespan_s / ep.best_makespan_s if ep.best_makespan_s > 0 else 1.0)
     best = (not ep.best_fits, ep.best_cost, ep.best_makespan_s, ep.best_device_of)
     return grads, returns, stats, best
 
 
-def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV100-nvlink",),
-          config: TrainConfig = TrainConfig(), *, policy: PlacetoPolicy | None = None,
-          checkpoint: str | os.PathLike | None = None, deadline: float | None = None,
-          progress: Callable[[int, int, dict], None] | None = None) -> TrainResult:
+def train(
+    graphs: Sequence[OpGraph],
+    clusters: Sequence[Cluster | str] = ("4xV100-nvlink",),
+    config: TrainConfig = TrainConfig(),
+    *,
+    policy: PlacetoPolicy | None = None,
+    checkpoint: str | os.PathLike | None = None,
+    deadline: float | None = None,
+    progress: Callable[[int, int, dict], None] | None = None,
+) -> TrainResult:
     """Train a Placeto policy on ``graphs`` x ``clusters`` with REINFORCE.
 
     Parameters
@@ -435,7 +473,8 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
         if config.workers > 1:
             # Not fork: a parent that has run autograd where CUDA is present cannot fork workers that run it.
             pool = multiprocessing.get_context("spawn").Pool(
-                config.workers, initializer=_init_worker, initargs=(graphs, clusters, config))
+                config.workers, initializer=_init_worker, initargs=(graphs, clusters, config)
+            )
         try:
             for update in range(updates):
                 if deadline is not None and time.perf_counter() >= deadline:
@@ -460,10 +499,13 @@ def train(graphs: Sequence[OpGraph], clusters: Sequence[Cluster | str] = ("4xV10
                     baselines.setdefault(task[1:3], deque(maxlen=config.baseline_window)).append(returns)
                     if task[1:3] not in best or found[:2] < best[task[1:3]][:2]:
                         best[task[1:3]] = found
-                row = {"update": update + 1, "episodes": (update + 1) * config.rollouts_per_update,
-                       "return": float(np.mean([r[2][0] for r in results])),
-                       "speedup": float(np.exp(np.mean(np.log([r[2][1] for r in results])))),
-                       "seconds": time.perf_counter() - began}
+                row = {
+                    "update": update + 1,
+                    "episodes": (update + 1) * config.rollouts_per_update,
+                    "return": float(np.mean([r[2][0] for r in results])),
+                    "speedup": float(np.exp(np.mean(np.log([r[2][1] for r in results])))),
+                    "seconds": time.perf_counter() - began,
+                }
                 for key, value in row.items():
                     curve[key].append(value)
                 if progress is not None:
@@ -498,13 +540,15 @@ def plot_curve(curve: dict, path, *, title: str = "Placeto training", window: in
 
     fig, axes = plt.subplots(1, 2, figsize=(10, 3.6))
     x = np.asarray(curve["episodes"])
-    for ax, key, label in ((axes[0], "return", "episode return (improvement of R)"),
-                           (axes[1], "speedup", "speedup of the best placement over the start")):
+    for ax, key, label in (
+        (axes[0], "return", "episode return (improvement of R)"),
+        (axes[1], "speedup", "speedup of the best placement over the start"),
+    ):
         y = np.asarray(curve[key], dtype=np.float64)
         ax.plot(x, y, color="0.75", lw=0.8, label="per update")
         if y.size >= window:
             smooth = np.convolve(y, np.ones(window) / window, mode="valid")
-            ax.plot(x[window - 1:], smooth, color="C0", lw=1.8, label=f"mean of {window}")
+            ax.plot(x[window - 1 :], smooth, color="C0", lw=1.8, label=f"mean of {window}")
         ax.set_xlabel("episodes")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

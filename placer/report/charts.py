@@ -27,8 +27,9 @@ _PLAIN_TEXT = {"text.parse_math": False}
 
 def _layer_colours(result: SimResult) -> list:
     cmap = plt.get_cmap("tab20")
-    return [cmap(zlib.crc32((layer or op or "").encode()) % 20)
-            for layer, op in zip(result.graph.layer, result.graph.op)]
+    return [
+        cmap(zlib.crc32((layer or op or "").encode()) % 20) for layer, op in zip(result.graph.layer, result.graph.op)
+    ]
 
 
 @matplotlib.rc_context(_PLAIN_TEXT)
@@ -43,12 +44,21 @@ def gantt_chart(result: SimResult, path: str | os.PathLike, title: str = "") -> 
     colours = _layer_colours(result)
     for j in range(cluster.num_devices):
         nodes = np.flatnonzero(result.device_of == j)
-        ax.broken_barh(list(zip(result.start[nodes] * scale, (result.finish[nodes] - result.start[nodes]) * scale)),
-                       (j - 0.4, 0.8), facecolors=[colours[i] for i in nodes], linewidth=0)
+        ax.broken_barh(
+            list(zip(result.start[nodes] * scale, (result.finish[nodes] - result.start[nodes]) * scale)),
+            (j - 0.4, 0.8),
+            facecolors=[colours[i] for i in nodes],
+            linewidth=0,
+        )
     for k, c in enumerate(used_channels):
         sel = np.flatnonzero(xf.channel == c)
-        ax.broken_barh(list(zip(xf.start[sel] * scale, (xf.end[sel] - xf.start[sel]) * scale)),
-                       (cluster.num_devices + k - 0.3, 0.6), facecolors="tab:gray", edgecolors="black", linewidth=0.3)
+        ax.broken_barh(
+            list(zip(xf.start[sel] * scale, (xf.end[sel] - xf.start[sel]) * scale)),
+            (cluster.num_devices + k - 0.3, 0.6),
+            facecolors="tab:gray",
+            edgecolors="black",
+            linewidth=0.3,
+        )
     ax.set_yticks(range(len(lanes)), lanes)
     ax.invert_yaxis()
     ax.set_xlabel(f"time ({unit})")
@@ -69,7 +79,7 @@ def memory_chart(result: SimResult, path: str | os.PathLike, title: str = "") ->
         times, levels = result.memory_timeline(j)
         times = np.append(times, result.makespan_s)
         levels = np.append(levels, levels[-1])
-        line, = ax.step(times * scale, levels / 2**30, where="post", label=d.name, linewidth=1)
+        (line,) = ax.step(times * scale, levels / 2**30, where="post", label=d.name, linewidth=1)
         ax.axhline(d.memory_bytes / 2**30, color=line.get_color(), linestyle=":", linewidth=0.8)
     ax.set_xlabel(f"time ({unit})")
     ax.set_ylabel("GiB in use")

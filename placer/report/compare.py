@@ -40,8 +40,17 @@ from .tables import figure, print_rows
 
 __all__ = ["Comparison", "Entry", "compare", "check_options"]
 
-COLUMNS = ["algorithm", "makespan_ms", "gap_to_lower_bound", "speedup_over_expert", "speedup_over_single",
-           "max_peak_memory_gib", "fits", "plan_time_s", "note"]
+COLUMNS = [
+    "algorithm",
+    "makespan_ms",
+    "gap_to_lower_bound",
+    "speedup_over_expert",
+    "speedup_over_single",
+    "max_peak_memory_gib",
+    "fits",
+    "plan_time_s",
+    "note",
+]
 
 
 @dataclass
@@ -84,8 +93,9 @@ class Comparison:
 
     def rows(self) -> list[dict]:
         """One dict per algorithm with the columns of :data:`COLUMNS` (None where not applicable)."""
-        reference = {name: (self.entry(name).makespan_s if self.entry(name) else math.inf)
-                     for name in ("expert", "single")}
+        reference = {
+            name: (self.entry(name).makespan_s if self.entry(name) else math.inf) for name in ("expert", "single")
+        }
         rows = []
         for e in self.entries:
             if e.result is None:
@@ -93,17 +103,19 @@ class Comparison:
                 continue
             span = e.makespan_s
             bound = self.bound_for(e)
-            rows.append({
-                "algorithm": e.algorithm,
-                "makespan_ms": span * 1e3,
-                "gap_to_lower_bound": _gap(span, bound),
-                "speedup_over_expert": _speedup(reference["expert"], span),
-                "speedup_over_single": _speedup(reference["single"], span),
-                "max_peak_memory_gib": float(e.result.peak_memory_bytes.max()) / 2**30,
-                "fits": e.result.fits,
-                "plan_time_s": e.plan.search_time_s,
-                "note": "splits ops: gap to the split bound" if bound != self.lower_bound_s else "",
-            })
+            rows.append(
+                {
+                    "algorithm": e.algorithm,
+                    "makespan_ms": span * 1e3,
+                    "gap_to_lower_bound": _gap(span, bound),
+                    "speedup_over_expert": _speedup(reference["expert"], span),
+                    "speedup_over_single": _speedup(reference["single"], span),
+                    "max_peak_memory_gib": float(e.result.peak_memory_bytes.max()) / 2**30,
+                    "fits": e.result.fits,
+                    "plan_time_s": e.plan.search_time_s,
+                    "note": "splits ops: gap to the split bound" if bound != self.lower_bound_s else "",
+                }
+            )
         return rows
 
     # ------------------------------------------------------------ output
@@ -123,13 +135,21 @@ class Comparison:
 
     def markdown(self) -> str:
         """The table as Markdown; names as written, none read as HTML or markup (:func:`placer.show.markdown`)."""
-        lines = [f"# {markdown(self.graph.name)} on {markdown(self.cluster.name)}", "",
-                 f"{self.graph.num_nodes} operations; lower bound {self.lower_bound_s * 1e3:.3f} ms "
-                 f"({self.split_lower_bound_s * 1e3:.3f} ms for plans that split operations).", "",
-                 "| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-        for row in self.rows():     # a cell holds no | and no line break, which would end it or its row
-            lines.append("| " + " | ".join(markdown(" ".join(self._cell(row[c]).replace("|", "/").split()))
-                                           for c in COLUMNS) + " |")
+        lines = [
+            f"# {markdown(self.graph.name)} on {markdown(self.cluster.name)}",
+            "",
+            f"{self.graph.num_nodes} operations; lower bound {self.lower_bound_s * 1e3:.3f} ms "
+            f"({self.split_lower_bound_s * 1e3:.3f} ms for plans that split operations).",
+            "",
+            "| " + " | ".join(COLUMNS) + " |",
+            "|" + "---|" * len(COLUMNS),
+        ]
+        for row in self.rows():  # a cell holds no | and no line break, which would end it or its row
+            lines.append(
+                "| "
+                + " | ".join(markdown(" ".join(self._cell(row[c]).replace("|", "/").split())) for c in COLUMNS)
+                + " |"
+            )
         return "\n".join(lines) + "\n"
 
     def csv(self) -> str:
@@ -140,26 +160,57 @@ class Comparison:
         return out.getvalue()
 
     def to_dict(self) -> dict:
-        peaks = {e.algorithm: {d.name: int(p) for d, p in zip(self.cluster.devices, e.result.peak_memory_bytes)}
-                 for e in self.entries if e.result is not None}
-        return {"graph": self.graph.name, "cluster": self.cluster.name, "nodes": self.graph.num_nodes,
-                "lower_bound_s": self.lower_bound_s, "split_lower_bound_s": self.split_lower_bound_s, "rows": self.rows(), "peak_memory_bytes": peaks}
+        peaks = {
+            e.algorithm: {d.name: int(p) for d, p in zip(self.cluster.devices, e.result.peak_memory_bytes)}
+            for e in self.entries
+            if e.result is not None
+        }
+        return {
+            "graph": self.graph.name,
+            "cluster": self.cluster.name,
+            "nodes": self.graph.num_nodes,
+            "lower_bound_s": self.lower_bound_s,
+            "split_lower_bound_s": self.split_lower_bound_s,
+            "rows": self.rows(),
+            "peak_memory_bytes": peaks,
+        }
 
     def print(self, console: Console | None = None) -> None:
-        header = ["algorithm", "makespan\nms", "gap to\nLB", "speedup\nvs\nexpert", "speedup\nvs\nsingle", "peak\nGiB",
-                  "fits", "plan\ns"]
+        header = [
+            "algorithm",
+            "makespan\nms",
+            "gap to\nLB",
+            "speedup\nvs\nexpert",
+            "speedup\nvs\nsingle",
+            "peak\nGiB",
+            "fits",
+            "plan\ns",
+        ]
         rows, notes = [], []
         for row in self.rows():
             if row["makespan_ms"] is None:
                 rows.append([row["algorithm"], "no plan", "-", "-", "-", "-", "-", "-"])
                 notes.append(row["note"])
                 continue
-            rows.append([row["algorithm"], f"{row['makespan_ms']:.5g}", self._percent(row["gap_to_lower_bound"]),
-                         self._cell(row["speedup_over_expert"]), self._cell(row["speedup_over_single"]),
-                         figure(row["max_peak_memory_gib"], 2), self._cell(row["fits"]), f"{row['plan_time_s']:.2f}"])
-        print_rows(header, rows, console=console,
-                   title=f"{self.graph.name} on {self.cluster.name} (lower bound {self.lower_bound_s * 1e3:.3f} ms; "
-                         f"{self.split_lower_bound_s * 1e3:.3f} ms for plans that split operations)")
+            rows.append(
+                [
+                    row["algorithm"],
+                    f"{row['makespan_ms']:.5g}",
+                    self._percent(row["gap_to_lower_bound"]),
+                    self._cell(row["speedup_over_expert"]),
+                    self._cell(row["speedup_over_single"]),
+                    figure(row["max_peak_memory_gib"], 2),
+                    self._cell(row["fits"]),
+                    f"{row['plan_time_s']:.2f}",
+                ]
+            )
+        print_rows(
+            header,
+            rows,
+            console=console,
+            title=f"{self.graph.name} on {self.cluster.name} (lower bound {self.lower_bound_s * 1e3:.3f} ms; "
+            f"{self.split_lower_bound_s * 1e3:.3f} ms for plans that split operations)",
+        )
         for note in notes:
             (console or Console()).print(f"no plan: {one_line(note)}", highlight=False, markup=False)
 
@@ -175,8 +226,12 @@ class Comparison:
         from .charts import gantt_chart, memory_chart  # deferred: imports matplotlib
 
         folder = check_output(folder, "report folder", folder=True)
-        paths = {"markdown": folder / "comparison.md", "csv": folder / "comparison.csv",
-                 "json": folder / "comparison.json", "html": folder / "report.html"}
+        paths = {
+            "markdown": folder / "comparison.md",
+            "csv": folder / "comparison.csv",
+            "json": folder / "comparison.json",
+            "html": folder / "report.html",
+        }
         texts = {paths["markdown"]: self.markdown(), paths["csv"]: self.csv(), paths["json"]: json_text(self.to_dict())}
         planned = [e for e in self.entries if e.result is not None]
         for e in planned:
@@ -186,17 +241,26 @@ class Comparison:
             scratch, charts = Path(scratch_name), {}
             for e in planned:
                 gantt, memory = scratch / f"gantt-{e.algorithm}.png", scratch / f"memory-{e.algorithm}.png"
-                gantt_chart(e.result, gantt, title=f"{e.algorithm}: {self.graph.name} on {self.cluster.name}, "
-                                                   f"makespan {e.makespan_s * 1e3:.3f} ms")
+                gantt_chart(
+                    e.result,
+                    gantt,
+                    title=f"{e.algorithm}: {self.graph.name} on {self.cluster.name}, "
+                    f"makespan {e.makespan_s * 1e3:.3f} ms",
+                )
                 memory_chart(e.result, memory, title=f"{e.algorithm}: memory per device (dotted: capacity)")
                 charts[e.algorithm] = (gantt, memory)
             texts[paths["html"]] = html_report(self, charts)
             outputs = {path: text_writer(text) for path, text in texts.items()}
-            outputs.update({folder / chart.name: partial(shutil.copyfile, chart)
-                            for pair in charts.values() for chart in pair})
+            outputs.update(
+                {folder / chart.name: partial(shutil.copyfile, chart) for pair in charts.values() for chart in pair}
+            )
             # An earlier report's plans and charts of algorithms this one did not plan would read as this run's.
-            stale = [path for pattern in ("plan-*.json", "gantt-*.png", "memory-*.png") for path in folder.glob(pattern)
-                     if path not in outputs]
+            stale = [
+                path
+                for pattern in ("plan-*.json", "gantt-*.png", "memory-*.png")
+                for path in folder.glob(pattern)
+                if path not in outputs
+            ]
             write_files_atomic(outputs, "report file", remove=stale)
         return paths
 
@@ -225,9 +289,17 @@ def check_options(algorithms: Iterable[str] | None, *, seed: int = 0, time_limit
     return names
 
 
-def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None = None, *, seed: int = 0,
-            time_limit: float | None = None, console: Console | None = None, progress: bool = True,
-            microbatches: int | None = None) -> Comparison:
+def compare(
+    graph: OpGraph,
+    cluster: Cluster,
+    algorithms: Iterable[str] | None = None,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    console: Console | None = None,
+    progress: bool = True,
+    microbatches: int | None = None,
+) -> Comparison:
     """Run each algorithm (default: every registered one) on ``graph`` and ``cluster``.
 
     Parameters
@@ -253,8 +325,15 @@ def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None =
     if microbatches is not None:
         check_microbatches(graph, microbatches, "compare")
     entries: list[Entry] = []
-    with Progress(TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                  TimeElapsedColumn(), console=console, disable=not progress, transient=True) as bar:
+    with Progress(
+        TextColumn("{task.description}"),
+        BarColumn(),
+        TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(),
+        console=console,
+        disable=not progress,
+        transient=True,
+    ) as bar:
         task = bar.add_task("placing", total=len(names))
         for name in names:
             bar.update(task, description=f"placing with {name}")
@@ -264,9 +343,9 @@ def compare(graph: OpGraph, cluster: Cluster, algorithms: Iterable[str] | None =
             except PlacerError as exc:
                 entries.append(Entry(name, error=failure_message(name, exc)))
             except Exception as exc:  # noqa: BLE001  a bug in one algorithm must not lose the others' results
-                entries.append(Entry(name, error=f"{name}: internal error (please report): "
-                                                 f"{type(exc).__name__}: {exc}"))
-            raise_if_interrupted()      # Ctrl-C that a solver or a library caught (into an error or a result)
+                entries.append(
+                    Entry(name, error=f"{name}: internal error (please report): {type(exc).__name__}: {exc}")
+                )
+            raise_if_interrupted()  # Ctrl-C that a solver or a library caught (into an error or a result)
             bar.advance(task)
     return Comparison(graph, cluster, entries)
-

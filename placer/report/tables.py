@@ -40,8 +40,9 @@ def figure(value: float, decimals: int) -> str:
     return f"{value:.{decimals}f}" if abs(value) >= 1 or value == 0 else f"{value:#.3g}"
 
 
-def print_rows(header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None,
-               console: Console | None = None) -> None:
+def print_rows(
+    header: Sequence[str], rows: Sequence[Sequence[str]], title: str | None = None, console: Console | None = None
+) -> None:
     """Print a table of strings.
 
     In a narrow terminal, columns of short cells (figures) keep them whole while
@@ -64,14 +65,29 @@ def print_simulation(result: SimResult, report: dict, console: Console | None = 
     rows = []
     for j, d in enumerate(result.cluster.devices):
         peak = int(result.peak_memory_bytes[j])
-        rows.append([d.name, d.kind, str(int((result.device_of == j).sum())), f"{busy[j] * 1e3:.3f}",
-                     f"{100 * busy[j] / span:.0f}%", f"{figure(peak / 2**30, 3)} / {figure(d.memory_bytes / 2**30, 0)} GiB",
-                     "yes" if peak <= d.memory_bytes else "NO"])
-    print_rows(["device", "kind", "ops", "busy ms", "utilisation", "peak memory", "fits"], rows,
-               title=f"{result.graph.name} on {result.cluster.name}", console=console)
+        rows.append(
+            [
+                d.name,
+                d.kind,
+                str(int((result.device_of == j).sum())),
+                f"{busy[j] * 1e3:.3f}",
+                f"{100 * busy[j] / span:.0f}%",
+                f"{figure(peak / 2**30, 3)} / {figure(d.memory_bytes / 2**30, 0)} GiB",
+                "yes" if peak <= d.memory_bytes else "NO",
+            ]
+        )
+    print_rows(
+        ["device", "kind", "ops", "busy ms", "utilisation", "peak memory", "fits"],
+        rows,
+        title=f"{result.graph.name} on {result.cluster.name}",
+        console=console,
+    )
     sent = int(result.transfers.nbytes.sum())
-    (console or Console()).print(f"makespan {report['makespan_s'] * 1e3:.3f} ms; lower bound {report['lower_bound_s'] * 1e3:.3f} ms; "
-          f"{len(result.transfers)} transfers, {sent / 2**20:.1f} MiB; fits: {report['fits']}", highlight=False)
+    (console or Console()).print(
+        f"makespan {report['makespan_s'] * 1e3:.3f} ms; lower bound {report['lower_bound_s'] * 1e3:.3f} ms; "
+        f"{len(result.transfers)} transfers, {sent / 2**20:.1f} MiB; fits: {report['fits']}",
+        highlight=False,
+    )
 
 
 def simulation_text(result: SimResult, report: dict, width: int = 100) -> str:

@@ -18,5 +18,15 @@ from .distributed import DistributedResult, RunError, run_distributed, run_under
 from .local import LocalExecutor, default_devices
 from .program import Program, Transfer, compile_program
 
-__all__ = ["Program", "Transfer", "compile_program", "LocalExecutor", "default_devices", "run_distributed",
-           "run_under_torchrun", "DistributedResult", "RunError", "PlacedStep"]
+__all__ = [
+    "Program",
+    "Transfer",
+    "compile_program",
+    "LocalExecutor",
+    "default_devices",
+    "run_distributed",
+    "run_under_torchrun",
+    "DistributedResult",
+    "RunError",
+    "PlacedStep",
+]

@@ -23,8 +23,11 @@ def _changed(now, then) -> str:
     """What differs between two optimizer specs of one class but ``lr`` (an input of the step):
     ``momentum 0.9 (captured with 0)``, ..."""
     now_settings, then_settings = now.settings, then.settings
-    return ", ".join(f"{key} {now_settings[key]!r} (captured with {then_settings[key]!r})"
-                     for key in now_settings if key != "lr" and now_settings[key] != then_settings[key])
+    return ", ".join(
+        f"{key} {now_settings[key]!r} (captured with {then_settings[key]!r})"
+        for key in now_settings
+        if key != "lr" and now_settings[key] != then_settings[key]
+    )
 
 
 class PlacedStep:
@@ -76,9 +79,17 @@ class PlacedStep:
         step that raises may have written part of the new state (the error says so).
     """
 
-    def __init__(self, plan: Plan, model: nn.Module, optimizer: torch.optim.Optimizer | None = None, *,
-                 cluster: Cluster | str | None = None, devices: Sequence[str] | None = None,
-                 profile: bool = False, atomic: bool = False):
+    def __init__(
+        self,
+        plan: Plan,
+        model: nn.Module,
+        optimizer: torch.optim.Optimizer | None = None,
+        *,
+        cluster: Cluster | str | None = None,
+        devices: Sequence[str] | None = None,
+        profile: bool = False,
+        atomic: bool = False,
+    ):
         self.plan = plan
         self.model = model
         self.optimizer = optimizer
@@ -98,13 +109,17 @@ class PlacedStep:
 
     def __call__(self, *inputs: Any, **keywords: Any) -> torch.Tensor:
         if keywords:
-            raise OptionError(f"a placed step takes its inputs by position, as the step was captured "
-                              f"(model(*inputs)); got keyword inputs {', '.join(map(repr, keywords))}")
-        spec = spec_of(self.optimizer)         # the settings may have changed since the last call
+            raise OptionError(
+                f"a placed step takes its inputs by position, as the step was captured "
+                f"(model(*inputs)); got keyword inputs {', '.join(map(repr, keywords))}"
+            )
+        spec = spec_of(self.optimizer)  # the settings may have changed since the last call
         if self.captured is not None and spec.fixed != self.spec.fixed:
-            raise OptionError(f"the optimizer's settings changed since the step was captured: "
-                              f"{_changed(spec, self.spec)}; the step holds them as constants: apply the plan "
-                              f"again, placer.apply(plan, model, optimizer), for a step captured with the new settings")
+            raise OptionError(
+                f"the optimizer's settings changed since the step was captured: "
+                f"{_changed(spec, self.spec)}; the step holds them as constants: apply the plan "
+                f"again, placer.apply(plan, model, optimizer), for a step captured with the new settings"
+            )
         if self.captured is None:
             self.spec = spec
             self._prepare(inputs)
@@ -112,8 +127,13 @@ class PlacedStep:
         self.captured.check_modes(self.model)
         # step_inputs gives a parameter without optimizer state the fresh state of torch.optim's first
         # step: an atomic step that fails has not taken it.
-        stateless = [] if self.optimizer is None or not self.atomic else \
-            [p for group in self.optimizer.param_groups for p in group["params"] if not self.optimizer.state.get(p)]
+        stateless = (
+            []
+            if self.optimizer is None or not self.atomic
+            else [
+                p for group in self.optimizer.param_groups for p in group["params"] if not self.optimizer.state.get(p)
+            ]
+        )
         try:
             if self.optimizer is not None or self._flat is None:
                 self._flat = self.captured.step_inputs(self.model, inputs, self.optimizer)
@@ -137,9 +157,11 @@ class PlacedStep:
         captured = self.plan.context.get("captured")
         this = self.spec.describe() if self.optimizer is not None else f"the default {self.spec.describe()}"
         if captured is not None and captured.optimizer.name != self.spec.name:
-            raise OptionError(f"the plan was made for a training step with {captured.optimizer.torch_class.__name__}, "
-                              f"but the optimizer is {this}: its update is part of the placed step; plan again "
-                              f"with optimizer={self.spec.name!r}")
+            raise OptionError(
+                f"the plan was made for a training step with {captured.optimizer.torch_class.__name__}, "
+                f"but the optimizer is {this}: its update is part of the placed step; plan again "
+                f"with optimizer={self.spec.name!r}"
+            )
         planned = captured
         if captured is not None and captured.optimizer.fixed != self.spec.fixed:
             # planned with other settings: capture this one (another graph where they add operations or
@@ -150,20 +172,34 @@ class PlacedStep:
             captured = dataclasses.replace(captured, optimizer=self.spec)
         if captured is None:
             settings = {k: v for k, v in self.spec.settings.items() if k != "lr"}
-            captured = capture(self.model, inputs, optimizer=self.spec.name, lr=self.spec.hyper["lr"],
-                               name=self.plan.graph_name or None, settings=settings)
+            captured = capture(
+                self.model,
+                inputs,
+                optimizer=self.spec.name,
+                lr=self.spec.hyper["lr"],
+                name=self.plan.graph_name or None,
+                settings=settings,
+            )
             if self.plan.graph_digest and self.plan.graph_digest != captured.graph.digest():
                 if planned is not None and planned.graph.digest() == self.plan.graph_digest:
                     raise InvalidPlanError(
                         f"the plan was made for a training step with {planned.optimizer.describe()}, but the "
                         f"optimizer is {this}: {_changed(self.spec, planned.optimizer)} change the step's "
                         f"operations or state (momentum buffers, weight decay), so the plan does not fit it; "
-                        f"plan again with these settings")
+                        f"plan again with these settings"
+                    )
                 raise InvalidPlanError(
                     f"the plan was made for another training step (digest {self.plan.graph_digest}) than this "
                     f"model's with these inputs and {this} (digest {captured.graph.digest()}): another model, "
-                    f"batch size or optimizer needs its own plan")
-        program = compile_program(captured.gm, captured.graph, self.plan, self.cluster, carrier=captured.carrier,
-                                  replica_steps=replica_steps(captured, self.plan))
+                    f"batch size or optimizer needs its own plan"
+                )
+        program = compile_program(
+            captured.gm,
+            captured.graph,
+            self.plan,
+            self.cluster,
+            carrier=captured.carrier,
+            replica_steps=replica_steps(captured, self.plan),
+        )
         self.executor = LocalExecutor(program, self.devices, profile=self.profile, atomic=self.atomic)
         self.captured = captured

@@ -12,8 +12,15 @@ from torch import nn
 
 from ..errors import OptionError
 
-__all__ = ["exact_float32", "eager_optimizer", "train_eager", "state_difference", "StepTimes", "step_times",
-           "refuse_random_ops"]
+__all__ = [
+    "exact_float32",
+    "eager_optimizer",
+    "train_eager",
+    "state_difference",
+    "StepTimes",
+    "step_times",
+    "refuse_random_ops",
+]
 
 
 @contextlib.contextmanager
@@ -66,13 +73,17 @@ def refuse_random_ops(captured: Any) -> None:
     if not found:
         return
     layer = dict(zip(captured.graph.ids, captured.graph.layer))
-    named = [f"{v.name!r} (aten.{v.target.overloadpacket.__name__}"
-             + (f" in {layer[v.name]})" if layer.get(v.name) else ")") for v in found[:4]]
+    named = [
+        f"{v.name!r} (aten.{v.target.overloadpacket.__name__}" + (f" in {layer[v.name]})" if layer.get(v.name) else ")")
+        for v in found[:4]
+    ]
     more = f" and {len(found) - 4} more" if len(found) > 4 else ""
-    raise OptionError(f"--verify cannot compare this step with eager training: it draws random numbers "
-                      f"({', '.join(named)}{more}), which a placed step draws from a stream per operation, not "
-                      f"from eager training's one stream; turn them off to verify (dropout probability 0), or run "
-                      f"without --verify")
+    raise OptionError(
+        f"--verify cannot compare this step with eager training: it draws random numbers "
+        f"({', '.join(named)}{more}), which a placed step draws from a stream per operation, not "
+        f"from eager training's one stream; turn them off to verify (dropout probability 0), or run "
+        f"without --verify"
+    )
 
 
 def train_eager(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.Optimizer, steps: int) -> list[float]:
@@ -87,8 +98,12 @@ def train_eager(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.
     return losses
 
 
-def state_difference(model: nn.Module, optimizer: torch.optim.Optimizer | None, reference: nn.Module,
-                     reference_optimizer: torch.optim.Optimizer | None) -> tuple[float, str, int]:
+def state_difference(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    reference: nn.Module,
+    reference_optimizer: torch.optim.Optimizer | None,
+) -> tuple[float, str, int]:
     """Largest absolute difference over parameters, buffers and optimizer state.
 
     Returns
@@ -119,7 +134,7 @@ def state_difference(model: nn.Module, optimizer: torch.optim.Optimizer | None, 
         else:
             x, y = a.detach().double().cpu(), b.detach().double().cpu()
             gap = (x - y).abs()
-            gap = torch.where((x == y) | (x.isnan() & y.isnan()), 0.0, gap)     # equal infinities, NaN and NaN
+            gap = torch.where((x == y) | (x.isnan() & y.isnan()), 0.0, gap)  # equal infinities, NaN and NaN
             diff = float(torch.nan_to_num(gap, nan=float("inf"), posinf=float("inf")).max())
         if diff > worst or count == 1:
             worst, where = diff, name
@@ -135,7 +150,7 @@ class StepTimes:
 
     @property
     def counted(self) -> list[float]:
-        return self.all_s[self.warmup:] or self.all_s[-1:]
+        return self.all_s[self.warmup :] or self.all_s[-1:]
 
     @property
     def median_s(self) -> float:

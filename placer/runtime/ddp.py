@@ -75,7 +75,7 @@ class _Job:
     model: nn.Module
     inputs: tuple
     rows: list[tuple[int, int]]
-    optimizer: Any              # placer.capture.OptimizerSpec
+    optimizer: Any  # placer.capture.OptimizerSpec
     steps: int
     zero: bool
     bucket_bytes: int
@@ -98,9 +98,19 @@ def batch_rows(batch: int, replicas: int) -> list[tuple[int, int]]:
     return part_rows(batch, replicas)
 
 
-def run_ddp(model: nn.Module, inputs: Sequence[Any], optimizer: Any, replicas: int, *, steps: int = 1,
-            zero: bool = False, bucket_bytes: int = BUCKET_BYTES, backend: str = "auto", timeout_s: float = 60.0,
-            threads: int = 1) -> DDPResult:
+def run_ddp(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    optimizer: Any,
+    replicas: int,
+    *,
+    steps: int = 1,
+    zero: bool = False,
+    bucket_bytes: int = BUCKET_BYTES,
+    backend: str = "auto",
+    timeout_s: float = 60.0,
+    threads: int = 1,
+) -> DDPResult:
     """Train ``steps`` steps of ``model`` with DDP (and ZeRO) over ``replicas`` local processes.
 
     Parameters
@@ -150,10 +160,28 @@ def run_ddp(model: nn.Module, inputs: Sequence[Any], optimizer: Any, replicas: i
     backend = resolve_backend(backend, replicas)
     method = "spawn" if backend == "nccl" else "fork"
     with terminate_raises(), tempfile.TemporaryDirectory(prefix="placer-ddp-") as tmp:
-        job = _Job(model, inputs, batch_rows(batch, replicas), optimizer, steps, zero, bucket_bytes, backend,
-                   timeout_s, threads, batch, KernelChoice.here(), str(Path(tmp) / "result.pt"))
-        context = mp.start_processes(_rank, args=(replicas, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
-                                     nprocs=replicas, join=False, start_method=method)
+        job = _Job(
+            model,
+            inputs,
+            batch_rows(batch, replicas),
+            optimizer,
+            steps,
+            zero,
+            bucket_bytes,
+            backend,
+            timeout_s,
+            threads,
+            batch,
+            KernelChoice.here(),
+            str(Path(tmp) / "result.pt"),
+        )
+        context = mp.start_processes(
+            _rank,
+            args=(replicas, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
+            nprocs=replicas,
+            join=False,
+            start_method=method,
+        )
         try:
             _wait(context.processes, time.monotonic() + timeout_s * (steps + 3), timeout_s, tmp)
         except BaseException:
@@ -179,23 +207,28 @@ def _train(rank: int, world: int, job: _Job, init_method: str) -> None:
     device = torch.device("cuda", rank) if job.backend == "nccl" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)
-    dist.init_process_group(job.backend, init_method=init_method, rank=rank, world_size=world,
-                            timeout=timedelta(seconds=job.timeout_s))
+    dist.init_process_group(
+        job.backend, init_method=init_method, rank=rank, world_size=world, timeout=timedelta(seconds=job.timeout_s)
+    )
     try:
         model = copy.deepcopy(job.model).to(device)
-        ddp = DistributedDataParallel(model, device_ids=[rank] if device.type == "cuda" else None,
-                                      bucket_cap_mb=job.bucket_bytes / 2**20)
+        ddp = DistributedDataParallel(
+            model, device_ids=[rank] if device.type == "cuda" else None, bucket_cap_mb=job.bucket_bytes / 2**20
+        )
         settings = dict(job.optimizer.settings)
         if "foreach" in inspect.signature(job.optimizer.torch_class).parameters:
             settings["foreach"] = False
         if job.zero:
-            optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=job.optimizer.torch_class,
-                                                **settings)
+            optimizer = ZeroRedundancyOptimizer(ddp.parameters(), optimizer_class=job.optimizer.torch_class, **settings)
         else:
             optimizer = job.optimizer.torch_class(ddp.parameters(), **settings)
         lo, hi = job.rows[rank]
-        inputs = [x[lo:hi].to(device) if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == job.batch
-                  else (x.to(device) if isinstance(x, torch.Tensor) else x) for x in job.inputs]
+        inputs = [
+            x[lo:hi].to(device)
+            if isinstance(x, torch.Tensor) and x.dim() >= 1 and x.shape[0] == job.batch
+            else (x.to(device) if isinstance(x, torch.Tensor) else x)
+            for x in job.inputs
+        ]
         share = (hi - lo) / job.batch
         step_s, losses = [], []
         for _ in range(job.steps):

@@ -67,8 +67,19 @@ from .program import (
     value_spec,
 )
 
-__all__ = ["RunError", "RankJob", "KernelChoice", "DistributedResult", "run_distributed", "run_under_torchrun",
-           "rank_main", "resolve_backend", "under_torchrun", "torchrun_world", "free_port"]
+__all__ = [
+    "RunError",
+    "RankJob",
+    "KernelChoice",
+    "DistributedResult",
+    "run_distributed",
+    "run_under_torchrun",
+    "rank_main",
+    "resolve_backend",
+    "under_torchrun",
+    "torchrun_world",
+    "free_port",
+]
 
 #: A receive's wait longer than this blocked: its message arrived during it (the wait for a message
 #: already there returns well within it).
@@ -139,7 +150,7 @@ class RankJob:
     hook: Callable[[int], None] | None = None
     result_path: str | None = None
     profile: bool = False
-    same_host: bool = True          # ranks share a clock: transfer times can be measured
+    same_host: bool = True  # ranks share a clock: transfer times can be measured
     # The launcher's choice of kernels (TF32 or not, cuDNN's algorithms), for spawned ranks.
     kernel_choice: KernelChoice | None = None
     # Base seed of the random operations (None: rank 0 draws one and sends it to the others).
@@ -269,8 +280,8 @@ class _RankRunner:
             if dead:
                 self.frees_after.setdefault(v, []).extend(dead)
         self.pair_groups: dict[tuple[int, int], Any] = {}
-        self.op_s: dict[fx.Node, list[float]] = {}     # seconds of every run of each node
-        self.op_message_s: dict[fx.Node, list[float]] = {}     # of those, the host time of its messages
+        self.op_s: dict[fx.Node, list[float]] = {}  # seconds of every run of each node
+        self.op_message_s: dict[fx.Node, list[float]] = {}  # of those, the host time of its messages
         # Per step, transfer index -> host seconds this rank spent on it (sending: packing and
         # the send call; receiving: posting, a wait that did not block, unpacking).
         self.host_s: list[dict[int, float]] = []
@@ -281,7 +292,7 @@ class _RankRunner:
         self.arrived_at: list[dict[int, float]] = []
         # The last step's operations: (node, when it began, seconds waiting for inputs, when it ended).
         self.timeline: list[tuple[fx.Node, float, float, float]] = []
-        self.ops_ended = 0.0        # clock when the last step's operations ended (its sends may not have)
+        self.ops_ended = 0.0  # clock when the last step's operations ended (its sends may not have)
         # On GPUs an op's host time is its launch; with profile, synchronize around each op.
         self.profile_gpu = False
 
@@ -357,7 +368,7 @@ class _RankRunner:
                 # Gloo's receive says it is complete only once waited on, so only a wait
                 # that blocked dates the message's arrival (it came as the wait ended).
                 if ended - began > BLOCKED_WAIT_S and self.device.type == "cpu":
-                    arrived_at[x.index] = began = ended        # waiting, not work
+                    arrived_at[x.index] = began = ended  # waiting, not work
             value = unpack(buf, self.specs[a], self.device)
             host_s[x.index] = host_s.get(x.index, 0.0) + clock() - began
             return value
@@ -411,7 +422,7 @@ class _RankRunner:
             ended = previous_end = clock()
             owner = prog.runs_with.get(v)
             if owner in op_s:
-                op_s[owner][-1] += ended - busy_from - waited     # its op ran earlier in this step
+                op_s[owner][-1] += ended - busy_from - waited  # its op ran earlier in this step
                 op_message_s[owner][-1] += sent
             else:
                 op_s.setdefault(v, []).append(ended - busy_from - waited)
@@ -421,8 +432,11 @@ class _RankRunner:
         self.steps_run += 1
         for work, _ in sending:
             work.wait()
-        return {i: env[v] if isinstance(v, fx.Node) else v for i, v in enumerate(prog.outputs)
-                if not isinstance(v, fx.Node) or prog.device_of[v] == rank}
+        return {
+            i: env[v] if isinstance(v, fx.Node) else v
+            for i, v in enumerate(prog.outputs)
+            if not isinstance(v, fx.Node) or prog.device_of[v] == rank
+        }
 
 
 def _barrier(backend: str, device: torch.device) -> None:
@@ -432,8 +446,9 @@ def _barrier(backend: str, device: torch.device) -> None:
         dist.barrier()
 
 
-def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
-              local_rank: int | None = None) -> dict | None:
+def rank_main(
+    rank: int, world: int, job: RankJob, init_method: str = "env://", local_rank: int | None = None
+) -> dict | None:
     """Run ``job`` as ``rank`` of ``world``; on rank 0 return (and save, with a result path) the merged results.
 
     Under ``torchrun`` call it from every rank with ``init_method="env://"``.
@@ -447,14 +462,27 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
     if backend == "nccl":
         torch.cuda.set_device(device)
     timeout = timedelta(seconds=job.timeout_s)
-    dist.init_process_group(backend, init_method=init_method, rank=rank, world_size=world, timeout=timeout,
-                            **({"device_id": device} if backend == "nccl" else {}))
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world,
+        timeout=timeout,
+        **({"device_id": device} if backend == "nccl" else {}),
+    )
     try:
         flat_inputs = _rank0_start(rank, world, job) if job.from_rank0 else job.flat_inputs
         gm = job.gm.module() if isinstance(job.gm, PortableStep) else job.gm
         steps = {n: m.module() if isinstance(m, PortableStep) else m for n, m in (job.replica_steps or {}).items()}
-        program = compile_program(gm, job.graph, Plan.from_dict(job.plan), job.cluster, carrier=job.carrier,
-                                  replica_steps=steps, collectives=job.collectives)
+        program = compile_program(
+            gm,
+            job.graph,
+            Plan.from_dict(job.plan),
+            job.cluster,
+            carrier=job.carrier,
+            replica_steps=steps,
+            collectives=job.collectives,
+        )
         if program.num_devices != world:
             raise RunError(f"the plan has {program.num_devices} devices but {world} ranks were started")
         seed = job.seed
@@ -488,30 +516,45 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             "state": {k: _to_cpu(state[k]) for k in runner.owned if program.placeholders[k] in written},
             "outputs": {i: _to_cpu(v) for i, v in outputs.items()},
             # the first step warms up caches and allocators
-            "op_s": {program.node_id(v): statistics.median(s[1:] or s) for v, s in runner.op_s.items()
-                     if v in program.graph_node},
-            "op_message_s": {program.node_id(v): statistics.median(s[1:] or s)
-                             for v, s in runner.op_message_s.items() if v in program.graph_node},
+            "op_s": {
+                program.node_id(v): statistics.median(s[1:] or s)
+                for v, s in runner.op_s.items()
+                if v in program.graph_node
+            },
+            "op_message_s": {
+                program.node_id(v): statistics.median(s[1:] or s)
+                for v, s in runner.op_message_s.items()
+                if v in program.graph_node
+            },
             "host_s": runner.host_s,
             "step_s": step_s,
             "tail_s": statistics.median(tail_s[1:] or tail_s),
             "sent_at": runner.sent_at,
             "arrived_at": runner.arrived_at,
-            "began": t0,            # the last step's start
-            "timeline": [(program.node_id(v) if v in program.graph_node else v.name, t0, waited, ended)
-                         for v, t0, waited, ended in runner.timeline],
+            "began": t0,  # the last step's start
+            "timeline": [
+                (program.node_id(v) if v in program.graph_node else v.name, t0, waited, ended)
+                for v, t0, waited, ended in runner.timeline
+            ],
         }
         gathered = [None] * world if rank == 0 else None
         dist.gather_object(payload, gathered, dst=0)
         if rank != 0:
             return None
-        merged = {"step_s": gathered[0]["step_s"], "state": {}, "outputs": {}, "op_s": {}, "op_message_s": {},
-                  "predicted_s": program.predicted_s, "num_outputs": len(program.outputs),
-                  "transfer_s": _transfer_times(program, gathered) if job.same_host else [],
-                  "message_s": _message_times(program, gathered),
-                  "timeline": _timeline(gathered) if job.same_host else {},
-                  # The ranks leave the barrier together: the last to end its operations waits least.
-                  "tail_s": min(part["tail_s"] for part in gathered)}
+        merged = {
+            "step_s": gathered[0]["step_s"],
+            "state": {},
+            "outputs": {},
+            "op_s": {},
+            "op_message_s": {},
+            "predicted_s": program.predicted_s,
+            "num_outputs": len(program.outputs),
+            "transfer_s": _transfer_times(program, gathered) if job.same_host else [],
+            "message_s": _message_times(program, gathered),
+            "timeline": _timeline(gathered) if job.same_host else {},
+            # The ranks leave the barrier together: the last to end its operations waits least.
+            "tail_s": min(part["tail_s"] for part in gathered),
+        }
         for part in gathered:
             for key in ("state", "outputs", "op_s", "op_message_s"):
                 merged[key].update(part[key])
@@ -520,7 +563,7 @@ def rank_main(rank: int, world: int, job: RankJob, init_method: str = "env://",
             torch.save(merged, job.result_path)
         return merged
     except BaseException as exc:
-        exc.failed_at = time.time()          # before closing the group makes the others fail too
+        exc.failed_at = time.time()  # before closing the group makes the others fail too
         raise
     finally:
         dist.destroy_process_group()
@@ -558,8 +601,10 @@ def _message_times(program: Program, gathered: list[dict]) -> list[tuple[int, in
 def _timeline(gathered: list[dict]) -> dict[int, list[tuple[str, float, float, float]]]:
     """Every rank's operations in the last step, in seconds from the first rank's start of it (one host, one clock)."""
     zero = min(part["began"] for part in gathered)
-    return {rank: [(name, t0 - zero, waited, ended - zero) for name, t0, waited, ended in part["timeline"]]
-            for rank, part in enumerate(gathered)}
+    return {
+        rank: [(name, t0 - zero, waited, ended - zero) for name, t0, waited, ended in part["timeline"]]
+        for rank, part in enumerate(gathered)
+    }
 
 
 def _to_cpu(value: Any) -> Any:
@@ -576,10 +621,10 @@ def _die_with_launcher(launcher: int) -> None:
         import ctypes
 
         libc = ctypes.CDLL(None, use_errno=True)
-        armed = libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0          # PR_SET_PDEATHSIG
+        armed = libc.prctl(1, int(signal.SIGKILL), 0, 0, 0) == 0  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):
         armed = False
-    if os.getppid() != launcher:                # it died before we asked
+    if os.getppid() != launcher:  # it died before we asked
         os._exit(1)
     if armed:
         return
@@ -593,7 +638,7 @@ def _die_with_launcher(launcher: int) -> None:
 
 
 def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str, error_dir: str, launcher: int) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)      # not the launcher's handler (forked): stop means stop
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the launcher's handler (forked): stop means stop
     _die_with_launcher(launcher)
     try:
         rank_main(rank, world, job, init_method)
@@ -613,14 +658,26 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
-                    *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
-                    carrier: dict[str, str] | None = None, threads: int = 1,
-                    hook: Callable[[int], None] | None = None, deadline_s: float | None = None,
-                    profile: bool = False, seed: int | None = None,
-                    start_method: str | None = None,
-                    replica_steps: dict[int, fx.GraphModule] | None = None,
-                    collectives: str = "torch") -> DistributedResult:
+def run_distributed(
+    gm: fx.GraphModule,
+    graph: OpGraph,
+    plan: Plan,
+    cluster: Cluster,
+    flat_inputs: Sequence[Any],
+    *,
+    steps: int = 1,
+    backend: str = "auto",
+    timeout_s: float = 60.0,
+    carrier: dict[str, str] | None = None,
+    threads: int = 1,
+    hook: Callable[[int], None] | None = None,
+    deadline_s: float | None = None,
+    profile: bool = False,
+    seed: int | None = None,
+    start_method: str | None = None,
+    replica_steps: dict[int, fx.GraphModule] | None = None,
+    collectives: str = "torch",
+) -> DistributedResult:
     """Train ``steps`` steps with one local process per plan device; return times, outputs and state.
 
     Parameters
@@ -697,18 +754,37 @@ def run_distributed(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     # (SIGTERM's handler outside the directory: it is removed before the process terminates.)
     with terminate_raises(), tempfile.TemporaryDirectory(prefix="placer-run-") as tmp:
         result_path = str(Path(tmp) / "result.pt")
-        job = RankJob(PortableStep(gm) if method == "spawn" else gm, graph, plan.to_dict(), cluster,
-                      list(flat_inputs), steps, backend, timeout_s, carrier, threads, hook, result_path, profile,
-                      kernel_choice=KernelChoice.here(), seed=seed,
-                      replica_steps={n: PortableStep(m) if method == "spawn" else m
-                                     for n, m in (replica_steps or {}).items()} or None, collectives=collectives)
-        context = mp.start_processes(_spawned_rank,
-                                     args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
-                                     nprocs=world, join=False, start_method=method)
+        job = RankJob(
+            PortableStep(gm) if method == "spawn" else gm,
+            graph,
+            plan.to_dict(),
+            cluster,
+            list(flat_inputs),
+            steps,
+            backend,
+            timeout_s,
+            carrier,
+            threads,
+            hook,
+            result_path,
+            profile,
+            kernel_choice=KernelChoice.here(),
+            seed=seed,
+            replica_steps={n: PortableStep(m) if method == "spawn" else m for n, m in (replica_steps or {}).items()}
+            or None,
+            collectives=collectives,
+        )
+        context = mp.start_processes(
+            _spawned_rank,
+            args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
+            nprocs=world,
+            join=False,
+            start_method=method,
+        )
         try:
             _wait(context.processes, deadline, timeout_s, tmp)
         except BaseException:
-            _stop(context.processes)            # interrupted, terminated, or a failure: no rank outlives the run
+            _stop(context.processes)  # interrupted, terminated, or a failure: no rank outlives the run
             raise
         merged = torch.load(result_path, weights_only=False)
     return _result(merged)
@@ -733,16 +809,28 @@ def _rank0_start(rank: int, world: int, job: RankJob) -> list:
     dist.all_gather_object(agree, mine == first)
     others = [k for k, same in enumerate(agree) if not same]
     if others:
-        raise RunError(f"rank(s) {others} have another plan or captured step than rank 0: give every rank the "
-                       f"same plan file, model and batch")
+        raise RunError(
+            f"rank(s) {others} have another plan or captured step than rank 0: give every rank the "
+            f"same plan file, model and batch"
+        )
     return flat
 
 
-def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, flat_inputs: Sequence[Any],
-                       *, steps: int = 1, backend: str = "auto", timeout_s: float = 60.0,
-                       carrier: dict[str, str] | None = None, threads: int = 1,
-                       profile: bool = False,
-                       replica_steps: dict[int, fx.GraphModule] | None = None) -> DistributedResult | None:
+def run_under_torchrun(
+    gm: fx.GraphModule,
+    graph: OpGraph,
+    plan: Plan,
+    cluster: Cluster,
+    flat_inputs: Sequence[Any],
+    *,
+    steps: int = 1,
+    backend: str = "auto",
+    timeout_s: float = 60.0,
+    carrier: dict[str, str] | None = None,
+    threads: int = 1,
+    profile: bool = False,
+    replica_steps: dict[int, fx.GraphModule] | None = None,
+) -> DistributedResult | None:
     """This process's rank of a run launched by ``torchrun`` (one or several hosts).
 
     Every rank calls it with the same arguments (capture is deterministic, so
@@ -761,19 +849,35 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
     world, local_world = torchrun_world()
     if world != cluster.num_devices:
         raise RunError(f"torchrun started {world} ranks for a plan over {cluster.num_devices} devices")
-    job = RankJob(gm, graph, plan.to_dict(), cluster, list(flat_inputs), steps, resolve_backend(backend, local_world),
-                  timeout_s, carrier, threads, None, None, profile, same_host=local_world == world, from_rank0=True,
-                  replica_steps=replica_steps)
+    job = RankJob(
+        gm,
+        graph,
+        plan.to_dict(),
+        cluster,
+        list(flat_inputs),
+        steps,
+        resolve_backend(backend, local_world),
+        timeout_s,
+        carrier,
+        threads,
+        None,
+        None,
+        profile,
+        same_host=local_world == world,
+        from_rank0=True,
+        replica_steps=replica_steps,
+    )
     rank = int(os.environ["RANK"])
     try:
         merged = rank_main(rank, world, job, "env://", int(os.environ.get("LOCAL_RANK", 0)))
     except PlacerError:
         raise
-    except Exception as exc:      # noqa: BLE001 - torch's errors of a failed or stopped peer, as the spawned runs say them
+    except Exception as exc:  # noqa: BLE001 - torch's errors of a failed or stopped peer, as the spawned runs say them
         message = next((line.strip() for line in str(exc).splitlines() if line.strip()), type(exc).__name__)
         where = "" if message.startswith(f"rank {rank}:") else f"rank {rank}: "
-        raise RunError(f"{where}{message} (one of {world} ranks failed, hung or was stopped; the run was "
-                       f"stopped)") from exc
+        raise RunError(
+            f"{where}{message} (one of {world} ranks failed, hung or was stopped; the run was stopped)"
+        ) from exc
     if merged is None:
         return None
     return _result(merged)
@@ -782,9 +886,18 @@ def run_under_torchrun(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: 
 def _result(merged: dict) -> DistributedResult:
     """The result of a run from rank 0's merge of every rank's measurements (:func:`rank_main`)."""
     outputs = [merged["outputs"].get(i) for i in range(merged["num_outputs"])]
-    return DistributedResult(merged["step_s"], outputs, merged["state"], merged["op_s"], merged["predicted_s"],
-                             merged["transfer_s"], merged["timeline"], merged["op_message_s"], merged["message_s"],
-                             merged["tail_s"])
+    return DistributedResult(
+        merged["step_s"],
+        outputs,
+        merged["state"],
+        merged["op_s"],
+        merged["predicted_s"],
+        merged["transfer_s"],
+        merged["timeline"],
+        merged["op_message_s"],
+        merged["message_s"],
+        merged["tail_s"],
+    )
 
 
 def _wait(processes: list, deadline: float, timeout_s: float, error_dir: str) -> None:
@@ -801,7 +914,7 @@ def _wait(processes: list, deadline: float, timeout_s: float, error_dir: str) ->
         failed = any(c not in (None, 0) for c in codes)
         if failed or time.monotonic() > deadline:
             if failed:
-                time.sleep(0.5)                  # let the echoes of the first failure land too
+                time.sleep(0.5)  # let the echoes of the first failure land too
                 codes = [p.exitcode for p in processes]
             _stop(processes)
             raise RunError(_failure_message(codes, error_dir, timeout_s))

@@ -114,9 +114,16 @@ class LocalExecutor:
     >>> outputs = ex.run(flat_inputs)                   # doctest: +SKIP
     """
 
-    def __init__(self, program: Program, devices: Sequence[str | torch.device] | None = None, *,
-                 profile: bool = False, seed: int | None = None, atomic: bool = False,
-                 track_memory: bool = False):
+    def __init__(
+        self,
+        program: Program,
+        devices: Sequence[str | torch.device] | None = None,
+        *,
+        profile: bool = False,
+        seed: int | None = None,
+        atomic: bool = False,
+        track_memory: bool = False,
+    ):
         self.program = program
         self.seed = seed if seed is not None else (draw_seed() if program.random else 0)
         self.steps_run = 0
@@ -129,11 +136,20 @@ class LocalExecutor:
         self.peak_bytes: np.ndarray | None = None
         self.deferred = program.deferred if atomic else frozenset()
         # Atomic: inputs written during the step, not after it, are written in a copy (see run).
-        self.staged = {root for v, roots in program.writes.items() if v not in self.deferred
-                       for root in roots if root.op == "placeholder"} if atomic else set()
+        self.staged = (
+            {
+                root
+                for v, roots in program.writes.items()
+                if v not in self.deferred
+                for root in roots
+                if root.op == "placeholder"
+            }
+            if atomic
+            else set()
+        )
         self.cuda = any(d.type == "cuda" for d in self.devices)
         self.op_s: dict[str, float] = {}
-        self.transfer_s: list[tuple[Any, float]] = []      # (Transfer, seconds)
+        self.transfer_s: list[tuple[Any, float]] = []  # (Transfer, seconds)
         if self.cuda:
             self.compute = [torch.cuda.Stream(device=d) if d.type == "cuda" else None for d in self.devices]
             self.copy_streams: dict[tuple[int, int], tuple[Any, Any]] = {}
@@ -141,7 +157,8 @@ class LocalExecutor:
                 if (x.src, x.dst) not in self.copy_streams:
                     self.copy_streams[(x.src, x.dst)] = tuple(
                         torch.cuda.Stream(device=self.devices[j]) if self.devices[j].type == "cuda" else None
-                        for j in (x.src, x.dst))
+                        for j in (x.src, x.dst)
+                    )
 
     # ------------------------------------------------------------------ api
     def run(self, flat_inputs: Sequence[Any]) -> list[Any]:
@@ -158,7 +175,7 @@ class LocalExecutor:
         env: dict[tuple[fx.Node, int], Any] = {}
         moved: list[tuple[Any, Any]] = []
         written = {root for roots in prog.writes.values() for root in roots}
-        copied = set()      # the inputs the step works on a copy of
+        copied = set()  # the inputs the step works on a copy of
         for p, value in zip(prog.placeholders, prog.input_values(flat_inputs)):
             home = self.devices[prog.device_of[p]]
             if isinstance(value, torch.Tensor) and (value.device != home or p in self.staged):
@@ -170,8 +187,15 @@ class LocalExecutor:
             env[(p, prog.device_of[p])] = value
         # What is held all step, for track_memory: the inputs used in place (the caller holds them), and
         # the copies to write back.
-        pinned = {(p, prog.device_of[p]): env[(p, prog.device_of[p])] for p in prog.placeholders
-                  if p not in copied or p in written} if self.track_memory else {}
+        pinned = (
+            {
+                (p, prog.device_of[p]): env[(p, prog.device_of[p])]
+                for p in prog.placeholders
+                if p not in copied or p in written
+            }
+            if self.track_memory
+            else {}
+        )
         try:
             if self.cuda:
                 for d in self.devices:
@@ -182,9 +206,11 @@ class LocalExecutor:
                 outputs = self._run_sequential(env, pinned)
         except Exception as exc:
             if not self.deferred and any(p in written and p not in copied for p in prog.placeholders):
-                exc.add_note("placer: the step failed part way; the new parameters and optimizer state it wrote "
-                             "before failing are in the model and optimizer already (placer.apply(..., atomic=True) "
-                             "writes them only once the whole step has succeeded)")
+                exc.add_note(
+                    "placer: the step failed part way; the new parameters and optimizer state it wrote "
+                    "before failing are in the model and optimizer already (placer.apply(..., atomic=True) "
+                    "writes them only once the whole step has succeeded)"
+                )
             raise
         self.steps_run += 1
         for original, local in moved:
@@ -215,9 +241,8 @@ class LocalExecutor:
             out = issue(v, values)
             env[(v, d)] = out
             send(v, out)
-            if self.track_memory:       # its inputs, its output and the copies just sent are all held now
-                np.maximum(self.peak_bytes, _held_bytes({**pinned, **env}, prog.num_devices),
-                           out=self.peak_bytes)
+            if self.track_memory:  # its inputs, its output and the copies just sent are all held now
+                np.maximum(self.peak_bytes, _held_bytes({**pinned, **env}, prog.num_devices), out=self.peak_bytes)
             for key in prog.frees[k]:
                 env.pop(key, None)
         for v, values in deferred:
@@ -249,9 +274,9 @@ class LocalExecutor:
 
     def _run_cuda(self, env, pinned) -> list[Any]:
         prog = self.program
-        done: dict[fx.Node, torch.cuda.Event] = {}          # a value is ready on its own device
-        arrived: dict[int, torch.cuda.Event] = {}          # transfer index -> copy finished
-        timing: list[tuple[Any, Any, Any]] = []           # (fx node or Transfer, start, end)
+        done: dict[fx.Node, torch.cuda.Event] = {}  # a value is ready on its own device
+        arrived: dict[int, torch.cuda.Event] = {}  # transfer index -> copy finished
+        timing: list[tuple[Any, Any, Any]] = []  # (fx node or Transfer, start, end)
         entry = {d: torch.cuda.Event() for d in {dev for dev in self.devices if dev.type == "cuda"}}
         for d, ev in entry.items():
             ev.record(torch.cuda.current_stream(d))
@@ -277,7 +302,7 @@ class LocalExecutor:
                     if x is not None and x.index in arrived:
                         if stream is not None:
                             stream.wait_event(arrived[x.index])
-                        else:                                   # a CPU device reads it now
+                        else:  # a CPU device reads it now
                             arrived[x.index].synchronize()
                 for x in prog.guard.get(v, ()):
                     if x.index in arrived and stream is not None:
@@ -299,8 +324,11 @@ class LocalExecutor:
         for dev in entry:
             torch.cuda.synchronize(dev)
         if self.profile:
-            self.op_s = {prog.node_id(v): t0.elapsed_time(t1) / 1e3 for v, t0, t1 in timing
-                         if isinstance(v, fx.Node) and v in prog.graph_node}
+            self.op_s = {
+                prog.node_id(v): t0.elapsed_time(t1) / 1e3
+                for v, t0, t1 in timing
+                if isinstance(v, fx.Node) and v in prog.graph_node
+            }
             self.transfer_s = [(x, t0.elapsed_time(t1) / 1e3) for x, t0, t1 in timing if not isinstance(x, fx.Node)]
         return self._outputs(env)
 

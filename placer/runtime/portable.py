@@ -59,9 +59,17 @@ class PortableStep:
     """
 
     def __init__(self, gm: fx.GraphModule):
-        self.nodes = [(v.op, v.name, _portable_target(v.target), fx.node.map_arg(v.args, lambda a: _Ref(a.name)),
-                       fx.node.map_arg(v.kwargs, lambda a: _Ref(a.name)), _portable_value(v.meta.get("val")))
-                      for v in gm.graph.nodes]
+        self.nodes = [
+            (
+                v.op,
+                v.name,
+                _portable_target(v.target),
+                fx.node.map_arg(v.args, lambda a: _Ref(a.name)),
+                fx.node.map_arg(v.kwargs, lambda a: _Ref(a.name)),
+                _portable_value(v.meta.get("val")),
+            )
+            for v in gm.graph.nodes
+        ]
         self.constants = {v.target: _attribute(gm, v.target) for v in gm.graph.nodes if v.op == "get_attr"}
 
     def module(self) -> fx.GraphModule:
@@ -69,10 +77,17 @@ class PortableStep:
         graph = fx.Graph()
         made: dict[str, fx.Node] = {}
         for op, name, target, args, kwargs, val in self.nodes:
+
             def node_of(a: Any) -> Any:
                 return made[a.name] if isinstance(a, _Ref) else a
-            node = graph.create_node(op, target.resolve() if isinstance(target, _Op) else target,
-                                     _map(args, node_of), _map(kwargs, node_of), name=name)
+
+            node = graph.create_node(
+                op,
+                target.resolve() if isinstance(target, _Op) else target,
+                _map(args, node_of),
+                _map(kwargs, node_of),
+                name=name,
+            )
             if node.name != name:
                 raise RuntimeError(f"node {name!r} came back as {node.name!r}")
             if val is not None:

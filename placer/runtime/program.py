@@ -64,11 +64,11 @@ __all__ = ["Program", "Transfer", "compile_program", "random_nodes", "op_seed", 
 class Transfer:
     """One tensor (or Python scalar) sent from its producer's device to one other device."""
 
-    index: int          # position in Program.transfers; also the message tag
-    node: fx.Node       # producer
-    src: int            # device index
+    index: int  # position in Program.transfers; also the message tag
+    node: fx.Node  # producer
+    src: int  # device index
     dst: int
-    snapshot: bool      # its storage is written in place later in the step: send a copy taken now
+    snapshot: bool  # its storage is written in place later in the step: send a copy taken now
 
 
 @dataclass
@@ -195,9 +195,16 @@ class Program:
         return [v for v in self.schedule if self.device_of[v] == device]
 
 
-def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Cluster, *,
-                    carrier: dict[str, str] | None = None,
-                    replica_steps: dict[int, fx.GraphModule] | None = None, collectives: str = "nodes") -> Program:
+def compile_program(
+    gm: fx.GraphModule,
+    graph: OpGraph,
+    plan: Plan,
+    cluster: Cluster,
+    *,
+    carrier: dict[str, str] | None = None,
+    replica_steps: dict[int, fx.GraphModule] | None = None,
+    collectives: str = "nodes",
+) -> Program:
     """Bind a captured step's GraphModule to a plan of its graph.
 
     Parameters
@@ -238,8 +245,10 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     bound = bind_plan(plan, graph, cluster)
     target = bound.graph
     if "microbatches" in target.extra:
-        raise InvalidPlanError(f"the plan places the step as {target.extra['microbatches']['count']} micro-batches, "
-                               "which the runtime does not run yet: plan without micro-batches to run it")
+        raise InvalidPlanError(
+            f"the plan places the step as {target.extra['microbatches']['count']} micro-batches, "
+            "which the runtime does not run yet: plan without micro-batches to run it"
+        )
     feeds = None
     replicated = "data_parallel" in target.extra and any("replica" in extra for extra in target.node_extra)
     if collectives == "torch" and not (replicated and _replica_per_device(target, bound.device_of, cluster)):
@@ -258,12 +267,15 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     calls = [v for v in nodes if v.op in ("call_function", "get_attr")]
     others = [v for v in nodes if v.op not in ("placeholder", "call_function", "get_attr", "output")]
     if others:
-        raise InvalidPlanError(f"the captured step has a {others[0].op!r} node {others[0].name!r}; "
-                               f"only flat aten graphs (make_fx) can run")
+        raise InvalidPlanError(
+            f"the captured step has a {others[0].op!r} node {others[0].name!r}; only flat aten graphs (make_fx) can run"
+        )
     unknown = [node_id for node_id in target.ids if node_id not in node_of]
     if unknown:
-        raise InvalidPlanError(f"graph node {unknown[0]!r} is not a node of the captured step "
-                               f"({len(unknown)} such); the plan is for another capture")
+        raise InvalidPlanError(
+            f"graph node {unknown[0]!r} is not a node of the captured step "
+            f"({len(unknown)} such); the plan is for another capture"
+        )
     graph_node = {node_of[node_id]: i for i, node_id in enumerate(target.ids)}
 
     writes = {v: _written_roots(v) for v in calls}
@@ -279,14 +291,17 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
     for v, roots in writes.items():
         for root in roots:
             if root.op == "get_attr":
-                raise InvalidPlanError(f"node {v.name!r} writes the tensor constant {root.target!r} of the captured "
-                                       f"step in place; the runtime copies constants afresh every step (register "
-                                       f"the tensor as a buffer of the model)")
+                raise InvalidPlanError(
+                    f"node {v.name!r} writes the tensor constant {root.target!r} of the captured "
+                    f"step in place; the runtime copies constants afresh every step (register "
+                    f"the tensor as a buffer of the model)"
+                )
             if device_of[root] != device_of[v]:
                 raise InvalidPlanError(
                     f"node {v.name!r} writes {root.name!r} in place on {cluster.devices[device_of[v]].name!r}, "
                     f"but {root.name!r} lives on {cluster.devices[device_of[root]].name!r}; writers of a tensor "
-                    f"must share its device (colocation)")
+                    f"must share its device (colocation)"
+                )
 
     # A torch.distributed collective runs in its own threads: its wait is issued once nothing else is
     # ready, as DDP's optimizer runs after backward, so that the rank computes while it reduces.
@@ -309,13 +324,28 @@ def compile_program(gm: fx.GraphModule, graph: OpGraph, plan: Plan, cluster: Clu
         return compile_program(original[0], graph, plan, cluster, carrier=original[1], replica_steps=replica_steps)
     output = next(v for v in nodes if v.op == "output")
     outputs = list(torch.utils._pytree.tree_leaves(output.args))
-    return Program(gm=gm, graph=target, cluster=cluster, device_of=device_of, schedule=schedule,
-                   placeholders=placeholders, transfers=transfers, sends=sends, recv=recv, writes=writes,
-                   guard=guard, frees=_frees(schedule, device_of, outputs), outputs=outputs,
-                   predicted_s=float(sim.makespan_s), graph_node=graph_node, runs_with=runs_with,
-                   random=frozenset(random_nodes(gm)), deferred=_deferrable(schedule, writes),
-                   compact_views=views_compact(calls),
-                   feeds=feeds if feeds is not None else [Feed(i) for i in range(len(placeholders))])
+    return Program(
+        gm=gm,
+        graph=target,
+        cluster=cluster,
+        device_of=device_of,
+        schedule=schedule,
+        placeholders=placeholders,
+        transfers=transfers,
+        sends=sends,
+        recv=recv,
+        writes=writes,
+        guard=guard,
+        frees=_frees(schedule, device_of, outputs),
+        outputs=outputs,
+        predicted_s=float(sim.makespan_s),
+        graph_node=graph_node,
+        runs_with=runs_with,
+        random=frozenset(random_nodes(gm)),
+        deferred=_deferrable(schedule, writes),
+        compact_views=views_compact(calls),
+        feeds=feeds if feeds is not None else [Feed(i) for i in range(len(placeholders))],
+    )
 
 
 def _replica_per_device(target: OpGraph, device_of, cluster: Cluster) -> bool:
@@ -327,8 +357,9 @@ def _replica_per_device(target: OpGraph, device_of, cluster: Cluster) -> bool:
     return all(extra.get("replica", device) == device for extra, device in zip(target.node_extra, device_of.tolist()))
 
 
-def _collectives_in_one_order(schedule: list[fx.Node], graph_node: dict[fx.Node, int], target: OpGraph,
-                              devices: int) -> bool:
+def _collectives_in_one_order(
+    schedule: list[fx.Node], graph_node: dict[fx.Node, int], target: OpGraph, devices: int
+) -> bool:
     """Whether every device starts the buckets' collectives (their first steps) in the same order, as
     ``torch.distributed``'s collectives must be called."""
     from .replicas import all_gather_start, all_reduce_start  # deferred: imports torch
@@ -380,8 +411,14 @@ def _alias_root(v: fx.Node) -> fx.Node:
         if schema is None or not schema.returns or schema.returns[0].alias_info is None:
             return v
         sets = schema.returns[0].alias_info.before_set
-        src = next((n for a, n in _arg_nodes(v, schema) if a.alias_info is not None
-                    and not a.alias_info.is_write and a.alias_info.before_set & sets), None)
+        src = next(
+            (
+                n
+                for a, n in _arg_nodes(v, schema)
+                if a.alias_info is not None and not a.alias_info.is_write and a.alias_info.before_set & sets
+            ),
+            None,
+        )
         if src is None:
             return v
         v = src
@@ -391,8 +428,11 @@ def _alias_root(v: fx.Node) -> fx.Node:
 
 # Ops that update their running statistics (arguments 3 and 4) in training mode
 # although their schema does not mark them as written.
-_HIDDEN_STAT_WRITERS = {torch.ops.aten.native_batch_norm.default, torch.ops.aten.cudnn_batch_norm.default,
-                        torch.ops.aten.miopen_batch_norm.default}
+_HIDDEN_STAT_WRITERS = {
+    torch.ops.aten.native_batch_norm.default,
+    torch.ops.aten.cudnn_batch_norm.default,
+    torch.ops.aten.miopen_batch_norm.default,
+}
 
 
 def _written_roots(v: fx.Node) -> list[fx.Node]:
@@ -422,9 +462,14 @@ def _deferrable(schedule: list[fx.Node], writes: dict[fx.Node, list[fx.Node]]) -
             touched[_alias_root(a)] = k
         for root in writes.get(v, ()):
             written[root] = k
-    return frozenset(v for k, v in enumerate(schedule) if v in writes and not v.users
-                     and all(touched[root] == k for root in writes[v])
-                     and all(written.get(_alias_root(a), k) <= k for a in v.all_input_nodes))
+    return frozenset(
+        v
+        for k, v in enumerate(schedule)
+        if v in writes
+        and not v.users
+        and all(touched[root] == k for root in writes[v])
+        and all(written.get(_alias_root(a), k) <= k for a in v.all_input_nodes)
+    )
 
 
 def _place_unplaced(calls, placeholders, writes, device_of, graph_node, start_rank) -> None:
@@ -517,8 +562,11 @@ def _is_random(v: fx.Node) -> bool:
     of training, or an attention kernel with ``dropout_p`` 0 (``scaled_dot_product_attention``'s
     default) draws nothing that matters."""
     target = v.target
-    if v.op != "call_function" or not isinstance(target, torch._ops.OpOverload) \
-            or torch.Tag.nondeterministic_seeded not in target.tags:
+    if (
+        v.op != "call_function"
+        or not isinstance(target, torch._ops.OpOverload)
+        or torch.Tag.nondeterministic_seeded not in target.tags
+    ):
         return False
     packet = target.overloadpacket
     p = _argument(v, "p")
@@ -623,7 +671,7 @@ def value_spec(v: fx.Node, compact: bool = False) -> tuple:
     """What a node's value looks like as it travels, from its trace metadata: ``("tensor", size, stride,
     dtype)`` or ``("scalar", dtype)``; with ``compact``, a view with gaps as its elements alone, dense in
     the order of its strides (:func:`~placer.capture.layout.dense_strides`)."""
-    if "placer_spec" in v.meta:          # nodes made by split_step
+    if "placer_spec" in v.meta:  # nodes made by split_step
         spec = v.meta["placer_spec"]
     else:
         spec = _value_spec(v)
@@ -642,8 +690,10 @@ def _value_spec(v: fx.Node) -> tuple:
         return ("scalar", torch.int64)
     if isinstance(val, (torch.SymFloat, float)):
         return ("scalar", torch.float64)
-    raise InvalidPlanError(f"node {v.name!r} produces a {type(val).__name__}, which cannot be sent between "
-                           f"devices; place it with its consumers")
+    raise InvalidPlanError(
+        f"node {v.name!r} produces a {type(val).__name__}, which cannot be sent between "
+        f"devices; place it with its consumers"
+    )
 
 
 def copy_to(t: Any, device: torch.device, compact: bool = False) -> Any:

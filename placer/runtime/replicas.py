@@ -47,9 +47,23 @@ from ..transform.replicate import BUCKET_BYTES, _optimizer_arithmetic, _state_wr
 from ..transform.split import batch_dependent, part_rows
 from .portable import _portable_value
 
-__all__ = ["Feed", "replicate_step", "replica_steps", "batch_coupled", "pack_bucket", "collective_step",
-           "bucket_view", "weighted_loss", "shard_of", "pack_shard", "all_reduce_start", "all_gather_start",
-           "collective_pass", "collective_wait", "TORCH_COLLECTIVE"]
+__all__ = [
+    "Feed",
+    "replicate_step",
+    "replica_steps",
+    "batch_coupled",
+    "pack_bucket",
+    "collective_step",
+    "bucket_view",
+    "weighted_loss",
+    "shard_of",
+    "pack_shard",
+    "all_reduce_start",
+    "all_gather_start",
+    "collective_pass",
+    "collective_wait",
+    "TORCH_COLLECTIVE",
+]
 
 
 @dataclass(frozen=True)
@@ -101,8 +115,14 @@ class Feed:
 
 
 #: Batch norm's operations, whose statistics in training mode couple the samples of a batch.
-BATCH_NORMS = ("native_batch_norm", "_native_batch_norm_legit", "_native_batch_norm_legit_functional",
-               "cudnn_batch_norm", "miopen_batch_norm", "batch_norm")
+BATCH_NORMS = (
+    "native_batch_norm",
+    "_native_batch_norm_legit",
+    "_native_batch_norm_legit_functional",
+    "cudnn_batch_norm",
+    "miopen_batch_norm",
+    "batch_norm",
+)
 
 
 def batch_coupled(gm: fx.GraphModule) -> list[str]:
@@ -163,8 +183,14 @@ def _chunks(buffer: torch.Tensor, chunks: Sequence[int], chunk: int) -> list[tor
     return [buffer.narrow(0, j * chunk, chunk) for j in chunks]
 
 
-def collective_step(buffer: torch.Tensor, received: Sequence[torch.Tensor], taken: Sequence[Sequence[int]],
-                    add: bool, chunk: int, sends: Sequence[Sequence[int]]) -> tuple[torch.Tensor, ...]:
+def collective_step(
+    buffer: torch.Tensor,
+    received: Sequence[torch.Tensor],
+    taken: Sequence[Sequence[int]],
+    add: bool,
+    chunk: int,
+    sends: Sequence[Sequence[int]],
+) -> tuple[torch.Tensor, ...]:
     """One step of a bucket's collective on one replica: ``(buffer, *pieces)``.
 
     ``received[i]`` holds the chunks ``taken[i]`` (indices into the buffer's
@@ -281,8 +307,9 @@ def pack_shard(size: int, offsets: Sequence[int], like: torch.Tensor, *pieces: t
 # ------------------------------------------------------------------ the rewrite
 #: Operations that only re-index a tensor's elements: a gradient passes through them (a weight's
 #: ``t``) before the optimizer's arithmetic, which a bucket holds it after.
-VIEW_OPS = frozenset({"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "squeeze", "unsqueeze",
-                      "alias", "detach"})
+VIEW_OPS = frozenset(
+    {"view", "_unsafe_view", "reshape", "t", "transpose", "permute", "squeeze", "unsqueeze", "alias", "detach"}
+)
 
 
 def _op_name(v: fx.Node) -> str | None:
@@ -302,9 +329,14 @@ class _Bucket:
     chunk: int
 
 
-def replicate_step(gm: fx.GraphModule, graph: OpGraph, target: OpGraph, carrier: dict[str, str] | None,
-                   steps: Mapping[int, fx.GraphModule] | None = None, collectives: str = "nodes"
-                   ) -> tuple[fx.GraphModule, dict[str, fx.Node], dict[str, str], list[Feed]]:
+def replicate_step(
+    gm: fx.GraphModule,
+    graph: OpGraph,
+    target: OpGraph,
+    carrier: dict[str, str] | None,
+    steps: Mapping[int, fx.GraphModule] | None = None,
+    collectives: str = "nodes",
+) -> tuple[fx.GraphModule, dict[str, fx.Node], dict[str, str], list[Feed]]:
     """The captured step rewritten as the data-parallel graph ``target`` lays it out.
 
     Parameters
@@ -373,21 +405,33 @@ def replica_steps(captured, plan) -> dict[int, fx.GraphModule] | None:
 class _Rewrite:
     """One rewrite of a captured step into its replicas (see :func:`replicate_step`)."""
 
-    def __init__(self, gm: fx.GraphModule, graph: OpGraph, target: OpGraph, carrier: dict[str, str],
-                 steps: Mapping[int, fx.GraphModule], collectives: str = "nodes"):
+    def __init__(
+        self,
+        gm: fx.GraphModule,
+        graph: OpGraph,
+        target: OpGraph,
+        carrier: dict[str, str],
+        steps: Mapping[int, fx.GraphModule],
+        collectives: str = "nodes",
+    ):
         info = target.extra["data_parallel"]
         self.collectives = collectives
         self.gm, self.graph, self.target, self.old_carrier = gm, graph, target, carrier
         self.r = r = int(info["replicas"])
         self.sharded = bool(info["sharded_optimizer"]) and r > 1
         self.hosts = info.get("hosts") or [list(range(r))]
-        self.layout = replica_layout(graph, r, int(info.get("bucket_bytes") or BUCKET_BYTES),
-                                     shard_optimizer=self.sharded,
-                                     first_bucket_bytes=int(info.get("first_bucket_bytes") or info.get("bucket_bytes")
-                                                            or BUCKET_BYTES))
+        self.layout = replica_layout(
+            graph,
+            r,
+            int(info.get("bucket_bytes") or BUCKET_BYTES),
+            shard_optimizer=self.sharded,
+            first_bucket_bytes=int(info.get("first_bucket_bytes") or info.get("bucket_bytes") or BUCKET_BYTES),
+        )
         if len(self.layout.buckets) != int(info["buckets"]):
-            raise InvalidPlanError(f"the plan reduces {info['buckets']} bucket(s) of gradients where this placer "
-                                   f"finds {len(self.layout.buckets)} for its graph; plan again")
+            raise InvalidPlanError(
+                f"the plan reduces {info['buckets']} bucket(s) of gradients where this placer "
+                f"finds {len(self.layout.buckets)} for its graph; plan again"
+            )
         self.stage_ids: dict[tuple[int, int, int], str] = {}
         collective = "ring"
         for i, extra in enumerate(target.node_extra):
@@ -400,19 +444,22 @@ class _Rewrite:
         self.placeholders = [v for v in self.nodes if v.op == "placeholder"]
         self.shares = _replica_shares(self.placeholders, graph.extra.get("batch_size"), r)
         names = [v.name for v in self.nodes]
-        self.twins: list[dict[str, fx.Node]] = []      # per replica: the nodes of the step traced on its rows
+        self.twins: list[dict[str, fx.Node]] = []  # per replica: the nodes of the step traced on its rows
         for k, n in enumerate(self.shares):
             step = gm if n == sum(self.shares) else steps.get(n)
             if step is None:
-                raise InvalidPlanError(f"replica {k} of the plan takes {n} of the batch's {sum(self.shares)} "
-                                       f"samples, and the step traced on {n} samples was not given "
-                                       f"(replica_steps; placer.runtime.replicas.replica_steps(captured, plan))")
+                raise InvalidPlanError(
+                    f"replica {k} of the plan takes {n} of the batch's {sum(self.shares)} "
+                    f"samples, and the step traced on {n} samples was not given "
+                    f"(replica_steps; placer.runtime.replicas.replica_steps(captured, plan))"
+                )
             twin = {v.name: v for v in step.graph.nodes}
             if list(twin) != names:
                 raise InvalidPlanError(f"the step traced on {n} samples has other nodes than the captured one")
             self.twins.append(twin)
-        self.stages = [collective_stages(self.layout, b, collective, self.hosts)
-                       for b in range(len(self.layout.buckets))]
+        self.stages = [
+            collective_stages(self.layout, b, collective, self.hosts) for b in range(len(self.layout.buckets))
+        ]
         self.buckets = self._lay_out_buckets()
         self.bucketed = {x: (b, i) for b, bucket in enumerate(self.buckets) for i, x in enumerate(bucket.tensors)}
         self.new = fx.Graph()
@@ -424,7 +471,7 @@ class _Rewrite:
         self.consumers: dict[tuple[int, int, int], list[tuple[int, int]]] = {}
         self.reduced: dict[tuple[int, int], fx.Node] = {}
         self.views: dict[tuple[int, int, int], fx.Node] = {}
-        self.missing = [len(bucket.tensors) for bucket in self.buckets]     # tensors not yet copied
+        self.missing = [len(bucket.tensors) for bucket in self.buckets]  # tensors not yet copied
         self.emitted: set[int] = set()
         self.shards = _Sharding(self) if self.sharded else None
 
@@ -442,8 +489,11 @@ class _Rewrite:
                 raise InvalidPlanError(f"output {t} of gradient {node_id!r} has no node in the captured step")
         while len(v.users) == 1:
             (w,) = v.users
-            if _op_name(w) not in VIEW_OPS or not isinstance(w.meta.get("val"), torch.Tensor) \
-                    or w.meta["val"].numel() != v.meta["val"].numel():
+            if (
+                _op_name(w) not in VIEW_OPS
+                or not isinstance(w.meta.get("val"), torch.Tensor)
+                or w.meta["val"].numel() != v.meta["val"].numel()
+            ):
                 break
             v = w
         return v
@@ -454,8 +504,10 @@ class _Rewrite:
             tensors = [self._bucket_tensor(u, t) for u, t in grads]
             dtypes = {x.meta["val"].dtype for x in tensors}
             if len(dtypes) > 1:
-                raise InvalidPlanError(f"bucket {b} of gradients mixes dtypes {sorted(map(str, dtypes))}; the "
-                                       f"runtime reduces a bucket as one flat tensor of one dtype")
+                raise InvalidPlanError(
+                    f"bucket {b} of gradients mixes dtypes {sorted(map(str, dtypes))}; the "
+                    f"runtime reduces a bucket as one flat tensor of one dtype"
+                )
             numels = [int(x.meta["val"].numel()) for x in tensors]
             offsets = np.concatenate([[0], np.cumsum(numels)[:-1]]).astype(int).tolist() if numels else []
             buckets.append(_Bucket(tensors, offsets, numels, max(1, -(-sum(numels) // self.r))))
@@ -504,8 +556,10 @@ class _Rewrite:
                 waiting = self._flush(waiting)
         waiting = self._flush(waiting)
         if waiting:
-            raise InvalidPlanError(f"node {waiting[0].name!r} reads a gradient reduced in a bucket with "
-                                   f"gradients that depend on it; the plan's buckets cannot be executed")
+            raise InvalidPlanError(
+                f"node {waiting[0].name!r} reads a gradient reduced in a bucket with "
+                f"gradients that depend on it; the plan's buckets cannot be executed"
+            )
         for b in range(len(self.buckets)):
             self._reduce(b)
             stages, red = self.stages[b]
@@ -522,8 +576,10 @@ class _Rewrite:
 
     def _ready(self, v: fx.Node) -> bool:
         """Whether ``v``'s inputs are copied, and the buckets of the gradients it reads complete."""
-        return all(a in self.env[0] and not (a in self.bucketed and self.missing[self.bucketed[a][0]])
-                   for a in v.all_input_nodes)
+        return all(
+            a in self.env[0] and not (a in self.bucketed and self.missing[self.bucketed[a][0]])
+            for a in v.all_input_nodes
+        )
 
     def _flush(self, waiting: list[fx.Node]) -> list[fx.Node]:
         """Copy the waiting nodes that are ready (in order, again while any was); those still waiting."""
@@ -542,6 +598,7 @@ class _Rewrite:
     def _copy(self, v: fx.Node) -> bool:
         """Copy ``v`` on every replica; whether that completed a bucket."""
         for k in range(self.r):
+
             def arg(a: fx.Node, k: int = k) -> fx.Node:
                 return self.gradient(k, a) if a in self.bucketed else self.env[k][a]
 
@@ -553,8 +610,13 @@ class _Rewrite:
                 def twin_arg(a: fx.Node, arg=arg) -> fx.Node:
                     return arg(self.by_name[a.name])
 
-                made = self.new.create_node(twin.op, twin.target, fx.node.map_arg(twin.args, twin_arg),
-                                            fx.node.map_arg(twin.kwargs, twin_arg), name=f"r{k}_{v.name}")
+                made = self.new.create_node(
+                    twin.op,
+                    twin.target,
+                    fx.node.map_arg(twin.args, twin_arg),
+                    fx.node.map_arg(twin.kwargs, twin_arg),
+                    name=f"r{k}_{v.name}",
+                )
                 made.meta = dict(twin.meta)
             self.bind(k, v, made)
         if v in self.bucketed:
@@ -572,8 +634,9 @@ class _Rewrite:
         if key not in self.views:
             bucket = self.buckets[b]
             buffer = self.reduced[(b, k)]
-            self.views[key] = self.call(bucket_view, (buffer, bucket.offsets[i], tuple(old.meta["val"].shape)),
-                                        self.carrier[buffer.name])
+            self.views[key] = self.call(
+                bucket_view, (buffer, bucket.offsets[i], tuple(old.meta["val"].shape)), self.carrier[buffer.name]
+            )
         return self.views[key]
 
     def _reduce(self, b: int) -> None:
@@ -584,8 +647,9 @@ class _Rewrite:
         _, red = self.stages[b]
         self._emit(b, 0, red + 1)
         for k in range(self.r):
-            self.reduced[(b, k)] = self.call(operator.getitem, (self.outputs[(b, red, k)], 0),
-                                             self.stage_ids[(b, red, k)])
+            self.reduced[(b, k)] = self.call(
+                operator.getitem, (self.outputs[(b, red, k)], 0), self.stage_ids[(b, red, k)]
+            )
 
     def _emit(self, b: int, first: int, last: int) -> None:
         stages, _ = self.stages[b]
@@ -608,8 +672,7 @@ class _Rewrite:
         for later in range(s + 1, len(stages)):
             for consumer in range(r):
                 if consumer != k and any(source == s and q == k for source, q, _ in stages[later].inputs[consumer]):
-                    sends.append(((later, consumer),
-                                  self._taken(stages[later], consumer, k)))
+                    sends.append(((later, consumer), self._taken(stages[later], consumer, k)))
         self.consumers[(b, s, k)] = [c for c, _ in sends]
         chunks = [c for _, c in sends]
         if stage.role == "pack":
@@ -627,14 +690,17 @@ class _Rewrite:
                 own = self.call(operator.getitem, (self.outputs[(b, source, k)], 0), self.stage_ids[(b, source, k)])
                 continue
             position = self.consumers[(b, source, q)].index((s, k)) + 1
-            received.append(self.call(operator.getitem, (self.outputs[(b, source, q)], position),
-                                      self.stage_ids[(b, source, q)]))
+            received.append(
+                self.call(operator.getitem, (self.outputs[(b, source, q)], position), self.stage_ids[(b, source, q)])
+            )
             taken.append(self._taken(stage, k, q))
         if own is None:
-            raise InvalidPlanError(f"step {node_id!r} reads no buffer of its own replica; the runtime cannot "
-                                   f"execute it")
-        return self.new.call_function(collective_step, (own, received, taken, stage.role.endswith("reduce"),
-                                                        bucket.chunk, chunks))
+            raise InvalidPlanError(
+                f"step {node_id!r} reads no buffer of its own replica; the runtime cannot execute it"
+            )
+        return self.new.call_function(
+            collective_step, (own, received, taken, stage.role.endswith("reduce"), bucket.chunk, chunks)
+        )
 
     def _torch_stage(self, b: int, s: int, k: int, node_id: str) -> fx.Node:
         """Step ``s`` of bucket ``b`` on replica ``k`` where ``torch.distributed`` runs the collective:
@@ -666,8 +732,12 @@ class _Rewrite:
             return [(k - stage.step) % r]
         a, h, width = _host_rank(k, hosts)
         aq, hq, _ = _host_rank(q, hosts)
-        chunks = {"within_reduce": [a * width + x for x in range(width)], "across_reduce": [a * width + h],
-                  "across_gather": [a * width + hq], "within_gather": [aq * width + x for x in range(width)]}
+        chunks = {
+            "within_reduce": [a * width + x for x in range(width)],
+            "across_reduce": [a * width + h],
+            "across_gather": [a * width + hq],
+            "within_gather": [aq * width + x for x in range(width)],
+        }
         if stage.role not in chunks:
             raise InvalidPlanError(f"a collective step of role {stage.role!r} is not one the runtime executes")
         return chunks[stage.role]
@@ -690,8 +760,11 @@ class _Rewrite:
             value = a.meta.get("val")
             if self.r == 1 or not (isinstance(value, torch.Tensor) and value.dim() == 0 and value.is_floating_point()):
                 return self.env[0][a]
-            loss = self.call(weighted_loss, (weights, *[self.env[k][a] for k in range(self.r)]),
-                             self.carrier.get(self.env[0][a].name, f"r0/{a.name}"))
+            loss = self.call(
+                weighted_loss,
+                (weights, *[self.env[k][a] for k in range(self.r)]),
+                self.carrier.get(self.env[0][a].name, f"r0/{a.name}"),
+            )
             loss.meta = dict(a.meta)
             return loss
 
@@ -712,16 +785,23 @@ def _replica_shares(placeholders: list[fx.Node], batch: int | None, r: int) -> l
     Raises InvalidPlanError where the batch's size is unknown or a tensor input does not lead with it.
     """
     if batch is None:
-        raise InvalidPlanError("the captured step records no batch size, so its inputs cannot be cut among "
-                               "data-parallel replicas; capture it from a model and inputs (placer.capture)")
+        raise InvalidPlanError(
+            "the captured step records no batch size, so its inputs cannot be cut among "
+            "data-parallel replicas; capture it from a model and inputs (placer.capture)"
+        )
     for p in placeholders:
         value = p.meta.get("val")
-        if p.name.startswith("input_") and isinstance(value, torch.Tensor) and \
-                (value.dim() == 0 or int(value.shape[0]) != int(batch)):
-            raise InvalidPlanError(f"input {p.name!r} of the step has shape {tuple(value.shape)}, which does not "
-                                   f"lead with the batch ({batch} samples): the capture could not find its batch "
-                                   f"dimension, so a data-parallel plan cannot cut it among replicas; put the "
-                                   f"batch first, or plan without replicas")
+        if (
+            p.name.startswith("input_")
+            and isinstance(value, torch.Tensor)
+            and (value.dim() == 0 or int(value.shape[0]) != int(batch))
+        ):
+            raise InvalidPlanError(
+                f"input {p.name!r} of the step has shape {tuple(value.shape)}, which does not "
+                f"lead with the batch ({batch} samples): the capture could not find its batch "
+                f"dimension, so a data-parallel plan cannot cut it among replicas; put the "
+                f"batch first, or plan without replicas"
+            )
     if int(batch) < r:
         raise InvalidPlanError(f"the batch has {batch} samples, fewer than the plan's {r} replicas")
     return [hi - lo for lo, hi in part_rows(int(batch), r)]
@@ -753,17 +833,24 @@ class _Sharding:
         for key, (writers, found) in walks.items():
             if not writers or not found:
                 continue
-            held = [by_name.get(graph.ids[m]) for m in graph.colocation_groups[key].tolist()
-                    if graph.op[m] == "placeholder"]
+            held = [
+                by_name.get(graph.ids[m]) for m in graph.colocation_groups[key].tolist() if graph.op[m] == "placeholder"
+            ]
             pos = position.get(next(iter(found))) if len(found) == 1 else None
             value = held[0].meta.get("val") if len(held) == 1 and held[0] is not None else None
             shape = tuple(rw.buckets[pos[0]].tensors[pos[1]].meta["val"].shape) if pos is not None else None
-            if pos is None or not isinstance(value, torch.Tensor) or tuple(value.shape) != shape \
-                    or not value.is_contiguous():
+            if (
+                pos is None
+                or not isinstance(value, torch.Tensor)
+                or tuple(value.shape) != shape
+                or not value.is_contiguous()
+            ):
                 what = held[0].name if len(held) == 1 and held[0] is not None else key
-                raise InvalidPlanError(f"a sharded optimizer cannot update {what!r} in parts: its update reads "
-                                       f"{len(found)} gradients, or a tensor of another shape or layout than its "
-                                       f"gradient's; plan with data_parallel instead")
+                raise InvalidPlanError(
+                    f"a sharded optimizer cannot update {what!r} in parts: its update reads "
+                    f"{len(found)} gradients, or a tensor of another shape or layout than its "
+                    f"gradient's; plan with data_parallel instead"
+                )
             self.shape[pos] = shape
             if (rw.layout.param_factor[graph.colocation_groups[key]] < 1).all():
                 self.state_range[held[0]] = [self.range(pos, k) for k in range(rw.r)]
@@ -831,9 +918,11 @@ class _Sharding:
             inputs = [arg(a) for a in v.all_input_nodes]
             if any(x in parts for x in inputs):
                 if name not in VIEW_OPS:
-                    raise InvalidPlanError(f"optimizer node {v.name!r} ({v.target}) reads part of a parameter "
-                                           f"but gives a tensor of another shape; a sharded optimizer cannot "
-                                           f"run it in parts")
+                    raise InvalidPlanError(
+                        f"optimizer node {v.name!r} ({v.target}) reads part of a parameter "
+                        f"but gives a tensor of another shape; a sharded optimizer cannot "
+                        f"run it in parts"
+                    )
                 made = new.call_function(torch.ops.aten.alias.default, (next(x for x in inputs if x in parts),))
             else:
                 made = new.create_node(v.op, v.target, fx.node.map_arg(v.args, arg), fx.node.map_arg(v.kwargs, arg))
@@ -855,8 +944,10 @@ class _Sharding:
             lo, hi = self.range((b, i), k)
             if hi > lo:
                 if (b, i, k) not in self.updated:
-                    raise InvalidPlanError(f"the update of parameter {self.param_of[(b, i)].name!r} was not found "
-                                           f"in the captured step; a sharded optimizer cannot run it in parts")
+                    raise InvalidPlanError(
+                        f"the update of parameter {self.param_of[(b, i)].name!r} was not found "
+                        f"in the captured step; a sharded optimizer cannot run it in parts"
+                    )
                 offsets.append(bucket.offsets[i] + lo)
                 pieces.append(self.updated[(b, i, k)])
         return offsets, pieces
@@ -885,13 +976,12 @@ class _MetaProp(fx.Interpreter):
     def run_node(self, n: fx.Node) -> Any:
         if n.op == "call_function" and n.target in TORCH_COLLECTIVE:
             args, _ = self.fetch_args_kwargs_from_env(n)
-            result = args[0] if n.target is not all_reduce_start and n.target is not all_gather_start \
-                else (args[0],)
+            result = args[0] if n.target is not all_reduce_start and n.target is not all_gather_start else (args[0],)
             n.meta["val"] = result
             return result
         try:
             result = super().run_node(n)
-        except Exception:       # noqa: BLE001 - no meta kernel, or a value that depends on data
+        except Exception:  # noqa: BLE001 - no meta kernel, or a value that depends on data
             result = _portable_value(n.meta.get("val"))
         if n.op != "output":
             n.meta["val"] = result

@@ -76,8 +76,9 @@ def slices_along(t: torch.Tensor, dim: int, rows: Sequence[Sequence[int]]) -> tu
     return tuple(t.narrow(dim, lo, hi - lo) for lo, hi in rows)
 
 
-def concat_like(parts: Sequence[torch.Tensor], size: Sequence[int], stride: Sequence[int],
-                dim: int = 0) -> torch.Tensor:
+def concat_like(
+    parts: Sequence[torch.Tensor], size: Sequence[int], stride: Sequence[int], dim: int = 0
+) -> torch.Tensor:
     """The parts joined along dimension ``dim`` into a new tensor of the given size and strides.
 
     Examples
@@ -94,8 +95,9 @@ def _spec(size: Sequence[int], stride: Sequence[int], dtype: torch.dtype) -> tup
     return ("tensor", tuple(int(s) for s in size), tuple(int(s) for s in stride), dtype)
 
 
-def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | None,
-               node_of: dict[str, fx.Node] | None = None) -> tuple[fx.GraphModule, dict[str, fx.Node], dict[str, str]]:
+def split_step(
+    gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | None, node_of: dict[str, fx.Node] | None = None
+) -> tuple[fx.GraphModule, dict[str, fx.Node], dict[str, str]]:
     """The captured step with every split of ``target`` made in its fx graph.
 
     Parameters
@@ -144,8 +146,10 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
     for original, members in groups.items():
         x = by_name.get(original)
         if x is None or x.op != "call_function":
-            raise InvalidPlanError(f"node {target.ids[members[0]]!r} splits {original!r}, which is not an "
-                                   f"operation of the captured step (a split of a split is not executed)")
+            raise InvalidPlanError(
+                f"node {target.ids[members[0]]!r} splits {original!r}, which is not an "
+                f"operation of the captured step (a split of a split is not executed)"
+            )
         node_of.pop(original, None)
         _split_node(gm, x, target, members, node_of, carrier)
     gm.graph.lint()
@@ -153,58 +157,78 @@ def split_step(gm: fx.GraphModule, target: OpGraph, carrier: dict[str, str] | No
     return gm, node_of, carrier
 
 
-def _split_node(gm: fx.GraphModule, x: fx.Node, target: OpGraph, members: list[int],
-                node_of: dict[str, fx.Node], carrier: dict[str, str]) -> None:
+def _split_node(
+    gm: fx.GraphModule,
+    x: fx.Node,
+    target: OpGraph,
+    members: list[int],
+    node_of: dict[str, fx.Node],
+    carrier: dict[str, str],
+) -> None:
     extras = {target.ids[i]: target.node_extra[i] for i in members}
     dim = extras[target.ids[members[0]]].get("dim")
     bad = next((i for i, e in extras.items() if e.get("dim") not in RUNTIME_DIMS or e.get("dim") != dim), None)
     if bad is not None:
-        raise InvalidPlanError(f"node {bad!r} splits {x.name!r} along {extras[bad].get('dim')!r}; the runtime "
-                               f"executes batch and channel splits only, each of one dimension")
+        raise InvalidPlanError(
+            f"node {bad!r} splits {x.name!r} along {extras[bad].get('dim')!r}; the runtime "
+            f"executes batch and channel splits only, each of one dimension"
+        )
     value = x.meta.get("val")
     outs = list(value) if isinstance(value, (tuple, list)) else [value]
     multi = isinstance(value, (tuple, list))
-    if not isinstance(x.target, torch._ops.OpOverload) or not any(isinstance(o, torch.Tensor) for o in outs) \
-            or not all(o is None or isinstance(o, torch.Tensor) for o in outs) \
-            or multi and any(u.target is not operator.getitem for u in x.users):
-        raise InvalidPlanError(f"split operation {x.name!r} ({x.target}) is not an aten operation of tensor "
-                               f"outputs (picked by getitem where it has several); the runtime cannot split it")
+    if (
+        not isinstance(x.target, torch._ops.OpOverload)
+        or not any(isinstance(o, torch.Tensor) for o in outs)
+        or not all(o is None or isinstance(o, torch.Tensor) for o in outs)
+        or multi
+        and any(u.target is not operator.getitem for u in x.users)
+    ):
+        raise InvalidPlanError(
+            f"split operation {x.name!r} ({x.target}) is not an aten operation of tensor "
+            f"outputs (picked by getitem where it has several); the runtime cannot split it"
+        )
     parts = sorted((e["part"], node_id, tuple(e["rows"])) for node_id, e in extras.items() if "part" in e)
     rows = [r for _, _, r in parts]
     extent = rows[-1][1]
     first = extras[parts[0][1]]
     join = first.get("join")
     splits = [(node_id, e) for node_id, e in extras.items() if e.get("role") == "split"]
-    combines = {int(e.get("tensor", 0)): (node_id, e) for node_id, e in extras.items()
-                if e.get("role") in ("concat", "sum")}
+    combines = {
+        int(e.get("tensor", 0)): (node_id, e) for node_id, e in extras.items() if e.get("role") in ("concat", "sum")
+    }
     used = sorted({int(u.args[1]) for u in x.users} if multi else {0})
     if sorted(combines) != used or len(combines) != sum(e.get("role") in ("concat", "sum") for e in extras.values()):
-        raise InvalidPlanError(f"split of {x.name!r}: expected one concat or sum of each output it gives "
-                               f"({used}), got {sorted(node_id for node_id, _ in combines.values())}")
-    axes: dict[int, int | None] = {}      # output -> the axis its slices are joined along, None: summed
+        raise InvalidPlanError(
+            f"split of {x.name!r}: expected one concat or sum of each output it gives "
+            f"({used}), got {sorted(node_id for node_id, _ in combines.values())}"
+        )
+    axes: dict[int, int | None] = {}  # output -> the axis its slices are joined along, None: summed
     for t, (node_id, e) in combines.items():
         out = outs[t] if t < len(outs) else None
         if out is None and multi:
-            axes[t] = None      # an output not computed (convolution_backward's mask): None, joined from nothing
+            axes[t] = None  # an output not computed (convolution_backward's mask): None, joined from nothing
             continue
         if not isinstance(out, torch.Tensor):
             raise InvalidPlanError(f"node {node_id!r} joins output {t} of {x.name!r}, which it does not give")
         want = join[t] if join is not None and t < len(join) else None
         if e["role"] == "sum":
             if want != "sum":
-                raise InvalidPlanError(f"node {node_id!r} sums output {t} of {x.name!r}, which its split does not "
-                                       f"compute as partial sums")
+                raise InvalidPlanError(
+                    f"node {node_id!r} sums output {t} of {x.name!r}, which its split does not compute as partial sums"
+                )
             axes[t] = None
             continue
         axis = 0 if dim == "batch" and join is None else int(e.get("axis", 1))
         if join is not None and want != axis or not 0 <= axis < out.dim() or out.shape[axis] != extent:
-            raise InvalidPlanError(f"node {node_id!r} joins the {dim} slices of {x.name!r} along axis {axis}, "
-                                   f"which does not have its {extent} rows (output {tuple(out.shape)})")
+            raise InvalidPlanError(
+                f"node {node_id!r} joins the {dim} slices of {x.name!r} along axis {axis}, "
+                f"which does not have its {extent} rows (output {tuple(out.shape)})"
+            )
         axes[t] = axis
     graph = gm.graph
     sliced: dict[fx.Node, list[fx.Node]] = {}
     declared: set[int] = set()
-    recorded = join is not None or dim == "channel"      # the sliced arguments are the ones the capture recorded
+    recorded = join is not None or dim == "channel"  # the sliced arguments are the ones the capture recorded
     with graph.inserting_before(x):
         for node_id, e in splits:
             source = _input_for(x, e["source"], int(e.get("tensor", 0)), carrier)
@@ -212,15 +236,19 @@ def _split_node(gm: fx.GraphModule, x: fx.Node, target: OpGraph, members: list[i
             if not recorded:
                 along = 0
                 if not isinstance(given, torch.Tensor) or given.dim() == 0 or given.shape[0] != extent:
-                    raise InvalidPlanError(f"split node {node_id!r}: input {source.name!r} of {x.name!r} does not "
-                                           f"lead with the batch ({extent} rows); the runtime cannot slice it")
+                    raise InvalidPlanError(
+                        f"split node {node_id!r}: input {source.name!r} of {x.name!r} does not "
+                        f"lead with the batch ({extent} rows); the runtime cannot slice it"
+                    )
             else:
                 along, positions = _channel_axis(x, node_id, e, source)
                 declared |= positions
                 if not isinstance(given, torch.Tensor) or not 0 <= along < given.dim() or given.shape[along] != extent:
-                    raise InvalidPlanError(f"split node {node_id!r}: input {source.name!r} of {x.name!r} does not "
-                                           f"have its {extent} {dim} rows along axis {along}; the runtime cannot "
-                                           f"slice it")
+                    raise InvalidPlanError(
+                        f"split node {node_id!r}: input {source.name!r} of {x.name!r} does not "
+                        f"have its {extent} {dim} rows along axis {along}; the runtime cannot "
+                        f"slice it"
+                    )
             cut = graph.call_function(slices_along, (source, along, [list(r) for r in rows]))
             node_of[node_id] = cut
             carrier[cut.name] = node_id
@@ -236,9 +264,11 @@ def _split_node(gm: fx.GraphModule, x: fx.Node, target: OpGraph, members: list[i
         if recorded:
             wanted = {int(p) for p, _ in (splits[0][1].get("args") or [])} if splits else set()
             if not splits or declared != wanted:
-                raise InvalidPlanError(f"{dim} split of {x.name!r}: its split nodes "
-                                       f"{[node_id for node_id, _ in splits]} slice arguments {sorted(declared)}, "
-                                       f"not the arguments {sorted(wanted)} its {dim} needs")
+                raise InvalidPlanError(
+                    f"{dim} split of {x.name!r}: its split nodes "
+                    f"{[node_id for node_id, _ in splits]} slice arguments {sorted(declared)}, "
+                    f"not the arguments {sorted(wanted)} its {dim} needs"
+                )
         results: dict[int, list[fx.Node]] = {t: [] for t in combines}
         for k, node_id, (lo, hi) in parts:
             args, kwargs = fx.node.map_arg((x.args, x.kwargs), lambda a: sliced[a][k] if a in sliced else a)
@@ -320,8 +350,9 @@ def _resized(args: tuple, resize: Sequence[Sequence[int]], extent: int) -> tuple
     return tuple(out)
 
 
-def _part_outputs(x: fx.Node, args: tuple, kwargs: dict, outs: list, axes: dict[int, int | None],
-                  lo: int, hi: int, keep_strides: bool) -> list[tuple | None]:
+def _part_outputs(
+    x: fx.Node, args: tuple, kwargs: dict, outs: list, axes: dict[int, int | None], lo: int, hi: int, keep_strides: bool
+) -> list[tuple | None]:
     """The spec of each joined output of a part of ``x`` over rows ``[lo, hi)`` (None for the others): an
     output joined along an axis has ``hi - lo`` of it, a summed one is whole. Strides: with
     ``keep_strides`` (a batch split of a single output), ``x``'s output's own; else those of ``x``'s
@@ -349,6 +380,7 @@ def _part_outputs(x: fx.Node, args: tuple, kwargs: dict, outs: list, axes: dict[
 
 def _meta_run(x: fx.Node, args: tuple, kwargs: dict) -> list | None:
     """``x``'s operation run on meta tensors of ``args`` (its outputs as a list), or None where it cannot."""
+
     def meta(a: fx.Node) -> object:
         spec = a.meta.get("placer_spec")
         if spec is not None and spec[0] == "tensor":
@@ -357,10 +389,11 @@ def _meta_run(x: fx.Node, args: tuple, kwargs: dict) -> list | None:
         if isinstance(value, torch.Tensor):
             return torch.empty_strided(tuple(value.shape), tuple(value.stride()), dtype=value.dtype, device="meta")
         return value
+
     try:
         margs, mkwargs = fx.node.map_arg((args, kwargs), meta)
         result = x.target(*margs, **mkwargs)
-    except Exception:       # noqa: BLE001 - an operation without a meta kernel: dense strides instead
+    except Exception:  # noqa: BLE001 - an operation without a meta kernel: dense strides instead
         return None
     return list(result) if isinstance(result, (tuple, list)) else [result]
 
@@ -372,9 +405,11 @@ def _channel_axis(x: fx.Node, node_id: str, extra: dict, source: fx.Node) -> tup
     positions = {p for p, a in enumerate(x.args) if a is source}
     axes = {recorded[p] for p in positions if p in recorded}
     if not recorded or not positions or positions - recorded.keys() or len(axes) != 1 or source in x.kwargs.values():
-        raise InvalidPlanError(f"split node {node_id!r}: input {source.name!r} of {x.name!r} is not an argument "
-                               f"that the capture recorded as sliced along the channels "
-                               f"({sorted(recorded) or 'none recorded'}); the runtime cannot slice it")
+        raise InvalidPlanError(
+            f"split node {node_id!r}: input {source.name!r} of {x.name!r} is not an argument "
+            f"that the capture recorded as sliced along the channels "
+            f"({sorted(recorded) or 'none recorded'}); the runtime cannot slice it"
+        )
     return axes.pop(), positions
 
 

@@ -49,15 +49,41 @@ def run_trace(timeline: dict[int, list[tuple[str, float, float, float]]], cluste
         raise PlacerError("the run recorded no timeline: ranks on several hosts do not share a clock")
     events: list[dict] = [{"ph": "M", "pid": 1, "name": "process_name", "args": {"name": "ranks (measured)"}}]
     for rank, d in enumerate(cluster.devices):
-        events.append({"ph": "M", "pid": 1, "tid": rank, "name": "thread_name",
-                       "args": {"name": f"rank {rank}: {d.name} ({d.kind})"}})
+        events.append(
+            {
+                "ph": "M",
+                "pid": 1,
+                "tid": rank,
+                "name": "thread_name",
+                "args": {"name": f"rank {rank}: {d.name} ({d.kind})"},
+            }
+        )
     for rank, ops in sorted(timeline.items()):
         for name, began, waited, ended in ops:
             if waited > 0:
-                events.append({"ph": "X", "pid": 1, "tid": rank, "name": "wait", "cat": "wait", "ts": began * 1e6,
-                               "dur": waited * 1e6, "args": {"for": name}})
-            events.append({"ph": "X", "pid": 1, "tid": rank, "name": name, "cat": "op", "ts": (began + waited) * 1e6,
-                           "dur": (ended - began - waited) * 1e6})
+                events.append(
+                    {
+                        "ph": "X",
+                        "pid": 1,
+                        "tid": rank,
+                        "name": "wait",
+                        "cat": "wait",
+                        "ts": began * 1e6,
+                        "dur": waited * 1e6,
+                        "args": {"for": name},
+                    }
+                )
+            events.append(
+                {
+                    "ph": "X",
+                    "pid": 1,
+                    "tid": rank,
+                    "name": name,
+                    "cat": "op",
+                    "ts": (began + waited) * 1e6,
+                    "dur": (ended - began - waited) * 1e6,
+                }
+            )
     return {"traceEvents": events, "displayTimeUnit": "ms", "otherData": {"cluster": cluster.name, **other_data}}
 
 

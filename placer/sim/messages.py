@@ -33,8 +33,17 @@ from .simulator import simulate_bound
 if TYPE_CHECKING:
     from .simulator import SimResult
 
-__all__ = ["MessageCost", "messages_graph", "plan_messages", "message_gaps", "simulate_with_messages",
-           "spread_over_gaps", "without_after_message", "waiting_nodes", "fit_after_message"]
+__all__ = [
+    "MessageCost",
+    "messages_graph",
+    "plan_messages",
+    "message_gaps",
+    "simulate_with_messages",
+    "spread_over_gaps",
+    "without_after_message",
+    "waiting_nodes",
+    "fit_after_message",
+]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -86,7 +95,7 @@ class MessageCost:
         nbytes = np.array([m[2] for m in messages], dtype=float)
 
         def line(seconds: np.ndarray) -> tuple[float, float]:
-            if np.ptp(nbytes) == 0:          # one size: no slope to tell
+            if np.ptp(nbytes) == 0:  # one size: no slope to tell
                 return max(0.0, float(seconds.mean())), 0.0
             slope, fixed = np.polyfit(nbytes, seconds, 1)
             if slope < 0:
@@ -117,13 +126,18 @@ class MessageCost:
         by_gap = []
         for k, point in enumerate(f.array("by_gap") or []):
             if not (isinstance(point, list) and len(point) == 3):
-                raise FormatError(f"{where}: field 'by_gap': point #{k} must be [gap seconds, sending seconds, "
-                                  f"receiving seconds], got {point!r}")
+                raise FormatError(
+                    f"{where}: field 'by_gap': point #{k} must be [gap seconds, sending seconds, "
+                    f"receiving seconds], got {point!r}"
+                )
             by_gap.append(tuple(check_number(x, f"{where}: field 'by_gap': point #{k}") for x in point))
         if any(b[0] <= a[0] for a, b in zip(by_gap, by_gap[1:])):
             raise FormatError(f"{where}: field 'by_gap': gaps must ascend, got {[p[0] for p in by_gap]}")
-        return cls(*(f.number(name.name, required=True) for name in dataclasses.fields(cls)[:4]), tuple(by_gap),
-                   *(f.number(name, default=0.0) for name in ("after_send_s", "after_receive_s", "after_wait_s")))
+        return cls(
+            *(f.number(name.name, required=True) for name in dataclasses.fields(cls)[:4]),
+            tuple(by_gap),
+            *(f.number(name, default=0.0) for name in ("after_send_s", "after_receive_s", "after_wait_s")),
+        )
 
     def host_only(self) -> "MessageCost":
         """This cost without the charges for the operations after messages (the messages' host time alone)."""
@@ -135,8 +149,9 @@ class MessageCost:
         ``waited``)."""
         charged = dict.fromkeys((producer for producer, _, _ in messages), self.after_send_s)
         for consumer in {consumer for _, consumer, _ in messages}:
-            charged[consumer] = charged.get(consumer, 0.0) + (self.after_wait_s if consumer in waited
-                                                              else self.after_receive_s)
+            charged[consumer] = charged.get(consumer, 0.0) + (
+                self.after_wait_s if consumer in waited else self.after_receive_s
+            )
         return charged
 
     def _fixed(self, side: int, alone: float, gap_s: float | None) -> float:
@@ -154,10 +169,16 @@ class MessageCost:
         return self._fixed(2, self.receive_fixed_s, gap_s) + nbytes * self.receive_per_byte_s
 
 
-def messages_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, own_s: dict[str, float],
-                   cost: MessageCost, gaps: Sequence[tuple[float, float]] | None = None,
-                   messages: Sequence[tuple[int, int, int]] | None = None,
-                   waited: "set[int] | None" = None) -> OpGraph:
+def messages_graph(
+    graph: OpGraph,
+    bound: BoundPlan,
+    cluster: Cluster,
+    own_s: dict[str, float],
+    cost: MessageCost,
+    gaps: Sequence[tuple[float, float]] | None = None,
+    messages: Sequence[tuple[int, int, int]] | None = None,
+    waited: "set[int] | None" = None,
+) -> OpGraph:
     """``graph`` costed for one plan: each node's own time plus the host time of the messages the plan gives it.
 
     The plan's messages are the reference model's transfers (FORMATS.md rule 4:
@@ -222,8 +243,9 @@ def plan_messages(graph: OpGraph, bound: BoundPlan) -> list[tuple[int, int, int]
         position[:] = np.arange(graph.num_nodes)
     # (producer, tensor, destination device) -> [largest bytes, first consumer there]
     messages: dict[tuple[int, int, int], list[int]] = {}
-    for s, d, t, b in zip(graph.src.tolist(), graph.dst.tolist(), graph.edge_tensor.tolist(),
-                          graph.edge_bytes.tolist()):
+    for s, d, t, b in zip(
+        graph.src.tolist(), graph.dst.tolist(), graph.edge_tensor.tolist(), graph.edge_bytes.tolist()
+    ):
         if device_of[s] != device_of[d]:
             message = messages.setdefault((s, t, int(device_of[d])), [b, d])
             message[0] = max(message[0], b)
@@ -232,8 +254,9 @@ def plan_messages(graph: OpGraph, bound: BoundPlan) -> list[tuple[int, int, int]
     return [(producer, consumer, nbytes) for (producer, _, _), (nbytes, consumer) in messages.items()]
 
 
-def message_gaps(messages: Sequence[tuple[int, int, int]], bound: BoundPlan,
-                 schedule: "SimResult") -> list[tuple[float, float]]:
+def message_gaps(
+    messages: Sequence[tuple[int, int, int]], bound: BoundPlan, schedule: "SimResult"
+) -> list[tuple[float, float]]:
     """``(sending gap, receiving gap)`` of each of :func:`plan_messages`' messages in ``schedule``.
 
     A message is sent as its producer ends and received as its consumer starts; its
@@ -266,8 +289,13 @@ def waiting_nodes(schedule: "SimResult", orders: Sequence[np.ndarray] | None = N
     return waited
 
 
-def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str, float] | None = None,
-                           passes: int = 3, messages: Sequence[tuple[int, int, int]] | None = None) -> "SimResult":
+def simulate_with_messages(
+    bound: BoundPlan,
+    cost: MessageCost,
+    own_s: dict[str, float] | None = None,
+    passes: int = 3,
+    messages: Sequence[tuple[int, int, int]] | None = None,
+) -> "SimResult":
     """The plan simulated with its messages' host cost (:func:`messages_graph`) on its nodes.
 
     Where ``cost`` has costs by gap, a message's gap depends on the schedule its
@@ -306,8 +334,9 @@ def simulate_with_messages(bound: BoundPlan, cost: MessageCost, own_s: dict[str,
     return schedule
 
 
-def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundPlan,
-                     own_s: dict[str, float]) -> MessageCost:
+def spread_over_gaps(
+    fitted: MessageCost, calibrated: MessageCost, bound: BoundPlan, own_s: dict[str, float]
+) -> MessageCost:
     """A run's fitted message cost, shaped over gaps as a calibration's: what another plan's messages cost.
 
     ``fitted`` (:meth:`MessageCost.fit` of a run's messages) is what the run's
@@ -336,10 +365,13 @@ def spread_over_gaps(fitted: MessageCost, calibrated: MessageCost, bound: BoundP
     receiving = float(np.mean([calibrated.receive_s(0, receive_gap) for _, receive_gap in gaps]))
     to_send = fitted.send_fixed_s / sending if sending > 0 else 1.0
     to_receive = fitted.receive_fixed_s / receiving if receiving > 0 else 1.0
-    return dataclasses.replace(fitted, by_gap=tuple((gap, sent * to_send, received * to_receive)
-                                                    for gap, sent, received in calibrated.by_gap),
-                               after_send_s=calibrated.after_send_s, after_receive_s=calibrated.after_receive_s,
-                               after_wait_s=calibrated.after_wait_s)
+    return dataclasses.replace(
+        fitted,
+        by_gap=tuple((gap, sent * to_send, received * to_receive) for gap, sent, received in calibrated.by_gap),
+        after_send_s=calibrated.after_send_s,
+        after_receive_s=calibrated.after_receive_s,
+        after_wait_s=calibrated.after_wait_s,
+    )
 
 
 def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCost) -> MessageCost:
@@ -372,8 +404,7 @@ def fit_after_message(bound: BoundPlan, own_s: dict[str, float], cost: MessageCo
     roles = np.stack([sends, receives], axis=1)[timed].astype(float)
     (after_send, after_receive), *_ = np.linalg.lstsq(roles, (ran - bound.placed_durations())[timed], rcond=None)
     after_send, after_receive = max(float(after_send), 0.0), max(float(after_receive), 0.0)
-    return dataclasses.replace(cost, after_send_s=after_send, after_receive_s=after_receive,
-                               after_wait_s=after_receive)
+    return dataclasses.replace(cost, after_send_s=after_send, after_receive_s=after_receive, after_wait_s=after_receive)
 
 
 def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: MessageCost) -> dict[str, float]:
@@ -390,7 +421,6 @@ def without_after_message(own_s: dict[str, float], bound: BoundPlan, cost: Messa
     messages = plan_messages(bound.graph, bound)
     waited: set[int] = set()
     if cost.after_wait_s:
-        waited = waiting_nodes(simulate_with_messages(bound, cost.host_only(), own_s, messages=messages),
-                               bound.order)
+        waited = waiting_nodes(simulate_with_messages(bound, cost.host_only(), own_s, messages=messages), bound.order)
     back = {bound.graph.ids[node]: after_s for node, after_s in cost.after_message_s(messages, waited).items()}
     return {node: max(0.0, seconds - back.get(node, 0.0)) for node, seconds in own_s.items()}

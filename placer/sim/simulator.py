@@ -34,13 +34,13 @@ __all__ = ["simulate", "simulate_plan", "simulate_bound", "SimResult", "Transfer
 class Transfers:
     """The transfers of a simulated step, as parallel arrays (one entry per transfer)."""
 
-    producer: np.ndarray     # node index that produced the tensor
-    tensor: np.ndarray       # which output of the producer
+    producer: np.ndarray  # node index that produced the tensor
+    tensor: np.ndarray  # which output of the producer
     src_device: np.ndarray
     dst_device: np.ndarray
     channel: np.ndarray
     nbytes: np.ndarray
-    queued: np.ndarray       # when it joined its channel's queue (producer's finish)
+    queued: np.ndarray  # when it joined its channel's queue (producer's finish)
     start: np.ndarray
     end: np.ndarray
 
@@ -49,8 +49,9 @@ class Transfers:
 
     def rows(self) -> dict[tuple[int, int, int], int]:
         """The entry of each transfer by (producer, tensor, destination device): one per triple (rule 4)."""
-        return {key: x for x, key in enumerate(zip(self.producer.tolist(), self.tensor.tolist(),
-                                                    self.dst_device.tolist()))}
+        return {
+            key: x for x, key in enumerate(zip(self.producer.tolist(), self.tensor.tolist(), self.dst_device.tolist()))
+        }
 
 
 @dataclass
@@ -76,7 +77,7 @@ class SimResult:
     device_of: np.ndarray
     start: np.ndarray
     finish: np.ndarray
-    start_rank: np.ndarray   # global sequence in which nodes started (breaks ties of equal start times)
+    start_rank: np.ndarray  # global sequence in which nodes started (breaks ties of equal start times)
     transfers: Transfers
     peak_memory_bytes: np.ndarray
     memory_bytes: np.ndarray
@@ -114,13 +115,21 @@ class SimResult:
     def predicted(self) -> dict:
         """The ``predicted`` block of a plan file."""
         names = [d.name for d in self.cluster.devices]
-        return {"makespan_s": self.makespan_s,
-                "peak_memory_bytes": {n: int(p) for n, p in zip(names, self.peak_memory_bytes)},
-                "fits": self.fits}
+        return {
+            "makespan_s": self.makespan_s,
+            "peak_memory_bytes": {n: int(p) for n, p in zip(names, self.peak_memory_bytes)},
+            "fits": self.fits,
+        }
 
 
-def simulate(graph: OpGraph, cluster: Cluster, device_of: Sequence[int] | np.ndarray,
-             order: Sequence[Sequence[int]] | None = None, *, check: bool = True) -> SimResult:
+def simulate(
+    graph: OpGraph,
+    cluster: Cluster,
+    device_of: Sequence[int] | np.ndarray,
+    order: Sequence[Sequence[int]] | None = None,
+    *,
+    check: bool = True,
+) -> SimResult:
     """Simulate one step of ``graph`` placed by ``device_of`` under the reference model.
 
     Parameters
@@ -208,16 +217,16 @@ def _durations_on(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> np
 class _TransferPlan(NamedTuple):
     """The edges of a placed graph, and the transfers its cross-device edges make (:func:`_plan_transfers`)."""
 
-    local: np.ndarray           #: edges within one device
-    cross: np.ndarray           #: edges between devices
-    edge_to_xfer: np.ndarray    #: per cross edge, its transfer
-    producer: np.ndarray        #: per transfer (as the rest): the node that produced its tensor
-    tensor: np.ndarray          #: which output of the producer
-    src: np.ndarray             #: the producer's device
-    dst: np.ndarray             #: the destination device
+    local: np.ndarray  #: edges within one device
+    cross: np.ndarray  #: edges between devices
+    edge_to_xfer: np.ndarray  #: per cross edge, its transfer
+    producer: np.ndarray  #: per transfer (as the rest): the node that produced its tensor
+    tensor: np.ndarray  #: which output of the producer
+    src: np.ndarray  #: the producer's device
+    dst: np.ndarray  #: the destination device
     channel: np.ndarray
-    nbytes: np.ndarray          #: the most bytes of its edges
-    duration: np.ndarray        #: the channel's latency plus nbytes over its bandwidth
+    nbytes: np.ndarray  #: the most bytes of its edges
+    duration: np.ndarray  #: the channel's latency plus nbytes over its bandwidth
 
 
 def _plan_transfers(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> _TransferPlan:
@@ -257,7 +266,8 @@ def _plan_transfers(graph: OpGraph, cluster: Cluster, device_of: np.ndarray) -> 
         x = int(np.flatnonzero(channel < 0)[0])
         raise InvalidPlanError(
             f"node {graph.ids[producer[x]]!r} sends to {cluster.devices[x_dst[x]].name!r} from "
-            f"{cluster.devices[x_src[x]].name!r}, but no channel connects these devices")
+            f"{cluster.devices[x_src[x]].name!r}, but no channel connects these devices"
+        )
     lat = np.array([c.latency_s for c in cluster.channels] or [0.0])
     bw = np.array([c.bandwidth_bytes_per_s for c in cluster.channels] or [1.0])
     duration = lat[channel] + nbytes / bw[channel] if nx_ else np.zeros(0)
@@ -269,7 +279,7 @@ def _group(keys: np.ndarray, values: np.ndarray, n: int) -> list[list[int]]:
     order = np.argsort(keys, kind="stable")
     vals = values[order].tolist()
     bounds = np.searchsorted(keys[order], np.arange(n + 1)).tolist()
-    return [vals[bounds[k]:bounds[k + 1]] for k in range(n)]
+    return [vals[bounds[k] : bounds[k + 1]] for k in range(n)]
 
 
 @gc_paused()
@@ -296,7 +306,7 @@ def _run(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[n
     dev_busy = [False] * n_dev
     ch_busy = [False] * n_ch
     ch_queue: list[list[tuple[float, int]]] = [[] for _ in range(n_ch)]
-    events: list[tuple[float, int]] = []          # (time, code): code < n op finish, else transfer n+x
+    events: list[tuple[float, int]] = []  # (time, code): code < n op finish, else transfer n+x
     heappush, heappop = heapq.heappush, heapq.heappop
 
     ordered = orders is not None
@@ -397,7 +407,7 @@ def _run(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[n
         if instant_jobs:
             began = [d for d in dirty_dev if not dev_busy[d] and pick_device(d, True)]
             began += [c for c in dirty_ch if not ch_busy[c] and pick_channel(c, True)]
-            if began:       # their ends are events of this instant: applied before the other picks
+            if began:  # their ends are events of this instant: applied before the other picks
                 continue
         for d in dirty_dev:
             if not dev_busy[d]:
@@ -415,12 +425,32 @@ def _run(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, orders: list[n
         _raise_deadlock(graph, cluster, device_of, orders, ptr if ordered else None)
     start_a = np.asarray(start)
     finish_a = np.asarray(finish)
-    transfers = Transfers(xp.producer, xp.tensor, xp.src, xp.dst, xp.channel, xp.nbytes, finish_a[xp.producer],
-                          np.asarray(x_start), np.asarray(x_end))
-    peak, events_mem = _memory(graph, cluster, device_of, start_a, finish_a, xp.local, xp.cross, xp.edge_to_xfer,
-                               transfers)
-    return SimResult(graph, cluster, device_of, start_a, finish_a, np.asarray(rank, dtype=np.int64), transfers,
-                     peak, cluster.memory, events_mem)
+    transfers = Transfers(
+        xp.producer,
+        xp.tensor,
+        xp.src,
+        xp.dst,
+        xp.channel,
+        xp.nbytes,
+        finish_a[xp.producer],
+        np.asarray(x_start),
+        np.asarray(x_end),
+    )
+    peak, events_mem = _memory(
+        graph, cluster, device_of, start_a, finish_a, xp.local, xp.cross, xp.edge_to_xfer, transfers
+    )
+    return SimResult(
+        graph,
+        cluster,
+        device_of,
+        start_a,
+        finish_a,
+        np.asarray(rank, dtype=np.int64),
+        transfers,
+        peak,
+        cluster.memory,
+        events_mem,
+    )
 
 
 def _raise_deadlock(graph, cluster, device_of, orders, ptr) -> None:
@@ -431,8 +461,17 @@ def _raise_deadlock(graph, cluster, device_of, orders, ptr) -> None:
     raise InvalidPlanError("the order deadlocks: " + "; ".join(stuck[:4]))
 
 
-def _memory(graph: OpGraph, cluster: Cluster, device_of: np.ndarray, start: np.ndarray, finish: np.ndarray,
-            local: np.ndarray, cross: np.ndarray, edge_to_xfer: np.ndarray, xf: Transfers):
+def _memory(
+    graph: OpGraph,
+    cluster: Cluster,
+    device_of: np.ndarray,
+    start: np.ndarray,
+    finish: np.ndarray,
+    local: np.ndarray,
+    cross: np.ndarray,
+    edge_to_xfer: np.ndarray,
+    xf: Transfers,
+):
     """Peak memory per device under rule 6, with half-open lifetimes [alloc, free).
 
     Releases at an instant count before allocations at it, which is what

@@ -26,19 +26,38 @@ def chrome_trace(result: SimResult) -> dict:
     for c, ch in enumerate(cluster.channels):
         events.append({"ph": "M", "pid": 2, "tid": c, "name": "thread_name", "args": {"name": ch.name}})
     for i in range(g.num_nodes):
-        events.append({"ph": "X", "pid": 1, "tid": int(result.device_of[i]), "name": g.ids[i],
-                       "cat": g.op[i] or "op", "ts": result.start[i] * 1e6,
-                       "dur": (result.finish[i] - result.start[i]) * 1e6,
-                       "args": {"layer": g.layer[i], "output_bytes": int(g.output_bytes[i])}})
+        events.append(
+            {
+                "ph": "X",
+                "pid": 1,
+                "tid": int(result.device_of[i]),
+                "name": g.ids[i],
+                "cat": g.op[i] or "op",
+                "ts": result.start[i] * 1e6,
+                "dur": (result.finish[i] - result.start[i]) * 1e6,
+                "args": {"layer": g.layer[i], "output_bytes": int(g.output_bytes[i])},
+            }
+        )
     xf = result.transfers
     for x in range(len(xf)):
         src, dst = cluster.devices[xf.src_device[x]].name, cluster.devices[xf.dst_device[x]].name
-        events.append({"ph": "X", "pid": 2, "tid": int(xf.channel[x]), "name": f"{g.ids[xf.producer[x]]}:{int(xf.tensor[x])}",
-                       "cat": "transfer", "ts": xf.start[x] * 1e6, "dur": (xf.end[x] - xf.start[x]) * 1e6,
-                       "args": {"bytes": int(xf.nbytes[x]), "from": src, "to": dst,
-                                "queued_us": xf.queued[x] * 1e6}})
-    return {"traceEvents": events, "displayTimeUnit": "ms",
-            "otherData": {"makespan_s": result.makespan_s, "graph": g.name, "cluster": cluster.name}}
+        events.append(
+            {
+                "ph": "X",
+                "pid": 2,
+                "tid": int(xf.channel[x]),
+                "name": f"{g.ids[xf.producer[x]]}:{int(xf.tensor[x])}",
+                "cat": "transfer",
+                "ts": xf.start[x] * 1e6,
+                "dur": (xf.end[x] - xf.start[x]) * 1e6,
+                "args": {"bytes": int(xf.nbytes[x]), "from": src, "to": dst, "queued_us": xf.queued[x] * 1e6},
+            }
+        )
+    return {
+        "traceEvents": events,
+        "displayTimeUnit": "ms",
+        "otherData": {"makespan_s": result.makespan_s, "graph": g.name, "cluster": cluster.name},
+    }
 
 
 def write_trace(result: SimResult, path: str | os.PathLike) -> None:

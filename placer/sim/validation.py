@@ -60,9 +60,12 @@ def validate(plan: Plan, graph: OpGraph, cluster: Cluster) -> SimResult:
     else:
         other = ""
     if other:
-        warnings.warn(f"plan validated on cluster {cluster.name!r}, {other} the cluster {plan.cluster_name!r} "
-                      f"it was made for (its predicted figures are that cluster's)", ClusterMismatchWarning,
-                      stacklevel=2)
+        warnings.warn(
+            f"plan validated on cluster {cluster.name!r}, {other} the cluster {plan.cluster_name!r} "
+            f"it was made for (its predicted figures are that cluster's)",
+            ClusterMismatchWarning,
+            stacklevel=2,
+        )
     result = simulate_bound(bind_plan(plan, graph, cluster))
     if not result.fits:
         j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))

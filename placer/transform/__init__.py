@@ -19,5 +19,13 @@ from .base import (
     register_transform,
 )
 
-__all__ = ["Ensures", "NodeMap", "Transform", "TransformResult", "apply_transform", "available_transforms",
-           "get_transform", "register_transform"]
+__all__ = [
+    "Ensures",
+    "NodeMap",
+    "Transform",
+    "TransformResult",
+    "apply_transform",
+    "available_transforms",
+    "get_transform",
+    "register_transform",
+]

@@ -89,9 +89,25 @@ from ..cluster import Cluster
 from ..errors import OptionError
 from ..graph import OpGraph
 
-__all__ = ["NodeMap", "TransformResult", "Ensures", "Transform", "register_transform", "get_transform",
-           "available_transforms", "apply_transform", "checked_transform_options", "REQUIRED",
-           "SAME", "SUM", "MAX", "SHARE_OR_WHOLE", "SHARE_AND_WHOLE", "CUT", "LAWS"]
+__all__ = [
+    "NodeMap",
+    "TransformResult",
+    "Ensures",
+    "Transform",
+    "register_transform",
+    "get_transform",
+    "available_transforms",
+    "apply_transform",
+    "checked_transform_options",
+    "REQUIRED",
+    "SAME",
+    "SUM",
+    "MAX",
+    "SHARE_OR_WHOLE",
+    "SHARE_AND_WHOLE",
+    "CUT",
+    "LAWS",
+]
 
 #: Laws a quantity may follow (see the module's description).
 SAME, SUM, MAX, SHARE_OR_WHOLE, SHARE_AND_WHOLE = "same", "sum", "max", "share_or_whole", "share_and_whole"
@@ -130,8 +146,13 @@ class NodeMap:
     size: int
 
     def __post_init__(self) -> None:
-        if self.ptr.ndim != 1 or self.ptr.size < 1 or self.ptr[0] != 0 or self.ptr[-1] != self.index.size \
-                or np.any(np.diff(self.ptr) < 0):
+        if (
+            self.ptr.ndim != 1
+            or self.ptr.size < 1
+            or self.ptr[0] != 0
+            or self.ptr[-1] != self.index.size
+            or np.any(np.diff(self.ptr) < 0)
+        ):
             raise ValueError("NodeMap: ptr must rise from 0 to the number of targets")
         if self.index.size and (self.index.min() < 0 or self.index.max() >= self.size):
             raise ValueError(f"NodeMap: a target lies outside 0..{self.size - 1}")
@@ -160,11 +181,15 @@ class NodeMap:
         return self.ptr.size - 1
 
     def __getitem__(self, i: int) -> np.ndarray:
-        return self.index[self.ptr[i]:self.ptr[i + 1]]
+        return self.index[self.ptr[i] : self.ptr[i + 1]]
 
     def __eq__(self, other: object) -> bool:
-        return (isinstance(other, NodeMap) and self.size == other.size and np.array_equal(self.ptr, other.ptr)
-                and np.array_equal(self.index, other.index))
+        return (
+            isinstance(other, NodeMap)
+            and self.size == other.size
+            and np.array_equal(self.ptr, other.ptr)
+            and np.array_equal(self.index, other.index)
+        )
 
     __hash__ = None  # type: ignore[assignment]
 
@@ -228,11 +253,15 @@ class TransformResult:
     def __post_init__(self) -> None:
         n_new, n_old = self.graph.num_nodes, self.original.num_nodes
         if len(self.origin) != n_new or self.origin.size != n_old:
-            raise ValueError(f"origin maps {len(self.origin)} nodes into {self.origin.size}; the graphs have "
-                             f"{n_new} new and {n_old} original nodes")
+            raise ValueError(
+                f"origin maps {len(self.origin)} nodes into {self.origin.size}; the graphs have "
+                f"{n_new} new and {n_old} original nodes"
+            )
         if len(self.image) != n_old or self.image.size != n_new:
-            raise ValueError(f"image maps {len(self.image)} nodes into {self.image.size}; the graphs have "
-                             f"{n_old} original and {n_new} new nodes")
+            raise ValueError(
+                f"image maps {len(self.image)} nodes into {self.image.size}; the graphs have "
+                f"{n_old} original and {n_new} new nodes"
+            )
         if np.shape(self.added) != (n_new,) or np.shape(self.copy) != (n_new,):
             raise ValueError(f"added and copy need one entry per new node ({n_new})")
 
@@ -241,12 +270,25 @@ class TransformResult:
         """A result whose new graph has the original's nodes in the original's order (``graph``, or the original)."""
         graph = original if graph is None else graph
         n = original.num_nodes
-        return cls(graph, original, NodeMap.identity(n), NodeMap.identity(n), np.zeros(n, dtype=bool),
-                   np.zeros(n, dtype=np.int64), detail)
+        return cls(
+            graph,
+            original,
+            NodeMap.identity(n),
+            NodeMap.identity(n),
+            np.zeros(n, dtype=bool),
+            np.zeros(n, dtype=np.int64),
+            detail,
+        )
 
     @classmethod
-    def quotient(cls, original: OpGraph, graph: OpGraph, group_of: Sequence[int],
-                 members: Sequence[Sequence[int]] | None = None, detail: Any = None) -> TransformResult:
+    def quotient(
+        cls,
+        original: OpGraph,
+        graph: OpGraph,
+        group_of: Sequence[int],
+        members: Sequence[Sequence[int]] | None = None,
+        detail: Any = None,
+    ) -> TransformResult:
         """A result merging the original nodes ``members[g]`` into new node ``g``; ``group_of`` gives each
         original node's new node (``members``, where omitted, is read from it)."""
         m = graph.num_nodes
@@ -276,8 +318,9 @@ class TransformResult:
         """
         if np.any(self.image.sizes != 1):
             i = int(np.flatnonzero(self.image.sizes != 1)[0])
-            raise ValueError(f"original node {self.original.ids[i]!r} has {int(self.image.sizes[i])} new nodes, "
-                             "not one")
+            raise ValueError(
+                f"original node {self.original.ids[i]!r} has {int(self.image.sizes[i])} new nodes, not one"
+            )
         return np.asarray(values)[self.image.index]
 
 
@@ -365,10 +408,14 @@ class Transform:
 _TRANSFORMS: dict[str, Transform] = {}
 
 
-def register_transform(name: str, *, requires: str, ensures: Ensures,
-                       trials: Callable[[OpGraph], list[dict[str, Any]]],
-                       needs_cluster: bool = False) -> Callable[[Callable[..., TransformResult]],
-                                                                Callable[..., TransformResult]]:
+def register_transform(
+    name: str,
+    *,
+    requires: str,
+    ensures: Ensures,
+    trials: Callable[[OpGraph], list[dict[str, Any]]],
+    needs_cluster: bool = False,
+) -> Callable[[Callable[..., TransformResult]], Callable[..., TransformResult]]:
     """Register ``func(graph, cluster, *, **options) -> TransformResult`` as ``name``.
 
     Its keyword-only parameters are its options; one without a default is
@@ -383,8 +430,7 @@ def register_transform(name: str, *, requires: str, ensures: Ensures,
             raise TypeError(f"transform {name!r} must take (graph, cluster) and keyword-only options")
         if name in _TRANSFORMS:
             raise TypeError(f"transform {name!r} is registered twice")
-        options = {p.name: REQUIRED if p.default is p.empty else p.default
-                   for p in params if p.kind is p.KEYWORD_ONLY}
+        options = {p.name: REQUIRED if p.default is p.empty else p.default for p in params if p.kind is p.KEYWORD_ONLY}
         summary = (inspect.getdoc(func) or "").split("\n", 1)[0]
         _TRANSFORMS[name] = Transform(name, func, options, requires, ensures, needs_cluster, trials, summary)
         return func
@@ -428,8 +474,10 @@ def checked_transform_options(transform: Transform, options: dict[str, Any]) -> 
     """
     unknown = sorted(set(options) - set(transform.options))
     if unknown:
-        raise OptionError(f"transform {transform.name!r} has no option {unknown[0]!r}; "
-                          f"its options are: {', '.join(sorted(transform.options)) or 'none'}")
+        raise OptionError(
+            f"transform {transform.name!r} has no option {unknown[0]!r}; "
+            f"its options are: {', '.join(sorted(transform.options)) or 'none'}"
+        )
     checked = {**transform.options, **options}
     missing = sorted(k for k, v in checked.items() if v is REQUIRED)
     if missing:
@@ -445,8 +493,11 @@ def checked_transform_options(transform: Transform, options: dict[str, Any]) -> 
                 raise OptionError(f"{what} must be an integer, got {value!r}")
             checked[key] = int(value)
         elif isinstance(default, float):
-            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, float, np.integer, np.floating)) \
-                    or not math.isfinite(value):
+            if (
+                isinstance(value, (bool, np.bool_))
+                or not isinstance(value, (int, float, np.integer, np.floating))
+                or not math.isfinite(value)
+            ):
                 raise OptionError(f"{what} must be a finite number, got {value!r}")
             checked[key] = float(value)
         elif isinstance(default, str) and not isinstance(value, str):

@@ -14,6 +14,7 @@ from ..cluster import Cluster
 from ..errors import InvalidPlanError, OptionError
 from ..graph import OpGraph
 from ..plan import BoundPlan, Plan
+from .microbatch import microbatch_graph
 from .replicate import BUCKET_BYTES, data_parallel_graph
 from .split import split_operation
 
@@ -84,23 +85,47 @@ def _split(plan: Plan, graph: OpGraph) -> OpGraph:
 
 
 def _rebuild(plan: Plan, graph: OpGraph) -> OpGraph:
-    """What the transforms the rewritten graph records make of ``graph``; InvalidPlanError unless it has the
-    rewritten graph's nodes, edges and data-parallel settings."""
+    """What the transforms the rewritten graph records make of ``graph`` (micro-batches, then the
+    data-parallel step, then splits); InvalidPlanError unless it has the rewritten graph's nodes, edges
+    and data-parallel settings."""
     kept = plan.rewritten_graph
-    info = kept.extra.get("data_parallel")
     base, made = graph, "its splits"
-    if info is not None and info != graph.extra.get("data_parallel"):
+    cut = kept.extra.get("microbatches")
+    if isinstance(cut, dict) and graph.extra.get("microbatches") is None:
         try:
-            collective = next((extra["allreduce"]["collective"] for extra in kept.node_extra
-                               if isinstance(extra, dict) and isinstance(extra.get("allreduce"), dict)), "ring")
+            base = microbatch_graph(graph, int(cut["count"])).graph
+        except (KeyError, TypeError, ValueError, OptionError) as exc:
+            raise InvalidPlanError(
+                f"the plan's rewritten graph records micro-batches placer cannot make of graph {graph.name!r} "
+                f"({type(exc).__name__}: {exc}); plan again"
+            ) from None
+        made = "its micro-batches and splits"
+    info = kept.extra.get("data_parallel")
+    if info is not None and info != base.extra.get("data_parallel"):
+        try:
+            collective = next(
+                (
+                    extra["allreduce"]["collective"]
+                    for extra in kept.node_extra
+                    if isinstance(extra, dict) and isinstance(extra.get("allreduce"), dict)
+                ),
+                "ring",
+            )
             bucket_bytes = int(info.get("bucket_bytes") or BUCKET_BYTES)
-            base = data_parallel_graph(graph, int(info["replicas"]), bucket_bytes=bucket_bytes,
-                                       shard_optimizer=bool(info["sharded_optimizer"]), collective=collective,
-                                       hosts=info.get("hosts"),
-                                       first_bucket_bytes=int(info.get("first_bucket_bytes") or bucket_bytes)).graph
+            base = data_parallel_graph(
+                base,
+                int(info["replicas"]),
+                bucket_bytes=bucket_bytes,
+                shard_optimizer=bool(info["sharded_optimizer"]),
+                collective=collective,
+                hosts=info.get("hosts"),
+                first_bucket_bytes=int(info.get("first_bucket_bytes") or bucket_bytes),
+            ).graph
         except (KeyError, TypeError, ValueError, AttributeError, OptionError) as exc:
-            raise InvalidPlanError(f"the plan's rewritten graph records a data-parallel step placer cannot make "
-                                   f"of graph {graph.name!r} ({type(exc).__name__}: {exc}); plan again") from None
+            raise InvalidPlanError(
+                f"the plan's rewritten graph records a data-parallel step placer cannot make "
+                f"of graph {graph.name!r} ({type(exc).__name__}: {exc}); plan again"
+            ) from None
         made = "its data-parallel step and splits"
     rebuilt = _split(plan, base)
     settings = rebuilt.extra.get("data_parallel") or {}
@@ -108,7 +133,8 @@ def _rebuild(plan: Plan, graph: OpGraph) -> OpGraph:
         raise InvalidPlanError(
             f"the plan's rewritten graph ({kept.num_nodes} nodes, {kept.num_edges} edges) is not what {made} "
             f"make of graph {graph.name!r} ({rebuilt.num_nodes} nodes, {rebuilt.num_edges} edges): the plan was "
-            f"edited, or made for another graph; plan again")
+            f"edited, or made for another graph; plan again"
+        )
     return rebuilt
 
 
@@ -120,6 +146,6 @@ def bind_plan(plan: Plan, graph: OpGraph, cluster: Cluster) -> BoundPlan:
     InvalidPlanError
         As :meth:`Plan.bind` and :func:`target_graph`.
     """
-    plan.check_made_for(graph)          # the other graph named, before any split is tried
+    plan.check_made_for(graph)  # the other graph named, before any split is tried
     plan.check_splits_recorded()
     return plan.bind(graph, cluster, target=target_graph(plan, graph))

@@ -55,9 +55,20 @@ from .base import (
     get_transform,
 )
 
-__all__ = ["CHECKS", "check_transform", "transform_cases", "check_valid_graph", "check_mapping",
-           "check_conservation", "check_transfers", "check_constraints", "check_dependencies",
-           "check_input_untouched", "check_determinism", "check_option_validation"]
+__all__ = [
+    "CHECKS",
+    "check_transform",
+    "transform_cases",
+    "check_valid_graph",
+    "check_mapping",
+    "check_conservation",
+    "check_transfers",
+    "check_constraints",
+    "check_dependencies",
+    "check_input_untouched",
+    "check_determinism",
+    "check_option_validation",
+]
 
 #: Relative tolerance of float sums: the same numbers added in another order.
 RTOL = 1e-9
@@ -79,15 +90,16 @@ class Run(NamedTuple):
 
 def _with_times_by_kind(graph: OpGraph) -> OpGraph:
     """Per-kind timings on every other node: A100 faster than the reference, V100 as measured."""
-    times = [{"A100": float(t) / 1.7, "V100": float(t) * 1.1} if i % 2 else None
-             for i, t in enumerate(graph.compute_s)]
+    times = [{"A100": float(t) / 1.7, "V100": float(t) * 1.1} if i % 2 else None for i, t in enumerate(graph.compute_s)]
     return graph.replace(compute_s_by_kind=times)
 
 
 def _with_splits(graph: OpGraph) -> OpGraph:
     """Forward operations splittable along the batch (32 samples) and their 16 output channels."""
-    entries = [[{"dim": "batch", "size": 32}, {"dim": "channel", "size": 16}] if x.endswith(".fwd") else None
-               for x in graph.ids]
+    entries = [
+        [{"dim": "batch", "size": 32}, {"dim": "channel", "size": 16}] if x.endswith(".fwd") else None
+        for x in graph.ids
+    ]
     return graph.replace(splittable=entries)
 
 
@@ -198,8 +210,9 @@ def _law_failure(law: str, before: np.ndarray, after: np.ndarray, result: Transf
         enough = sum_new >= sum_old - (copies / 2 if integer else np.abs(sum_old) * RTOL)
         within = np.ones(count, dtype=bool)
         top = sum_old[block_new[kept]]
-        np.logical_and.at(within, block_new[kept],
-                          after[kept] <= (top if integer else top + np.abs(top) * RTOL + 1e-12))
+        np.logical_and.at(
+            within, block_new[kept], after[kept] <= (top if integer else top + np.abs(top) * RTOL + 1e-12)
+        )
         ok = enough & within
         got, want = sum_new, sum_old
     else:
@@ -236,17 +249,24 @@ def check_mapping(name: str) -> None:
         assert not missing.size, f"{where}: original node {r.original.ids[missing[0]]!r} has no new node"
         orphan = np.flatnonzero((r.origin.sizes == 0) & ~r.added)
         assert not orphan.size, f"{where}: new node {r.graph.ids[orphan[0]]!r} stands for no original node"
-        forward = np.stack([r.image.sources, r.image.index])             # (original, new)
-        back = np.stack([r.origin.index, r.origin.sources])               # (original, new)
-        pairs = lambda p: set(zip(*p.tolist()))
+        forward = np.stack([r.image.sources, r.image.index])  # (original, new)
+        back = np.stack([r.origin.index, r.origin.sources])  # (original, new)
+
+        def pairs(p):
+            return set(zip(*p.tolist()))
+
         only_image = pairs(forward) - pairs(back)
         only_origin = pairs(back) - pairs(forward)
-        assert not only_image, f"{where}: {len(only_image)} pairs in the image but not the origin, as " \
-                               f"{[(r.original.ids[u], r.graph.ids[v]) for u, v in sorted(only_image)[:3]]}"
-        assert not only_origin, f"{where}: {len(only_origin)} pairs in the origin but not the image, as " \
-                                f"{[(r.original.ids[u], r.graph.ids[v]) for u, v in sorted(only_origin)[:3]]}"
+        assert not only_image, (
+            f"{where}: {len(only_image)} pairs in the image but not the origin, as "
+            f"{[(r.original.ids[u], r.graph.ids[v]) for u, v in sorted(only_image)[:3]]}"
+        )
+        assert not only_origin, (
+            f"{where}: {len(only_origin)} pairs in the origin but not the image, as "
+            f"{[(r.original.ids[u], r.graph.ids[v]) for u, v in sorted(only_origin)[:3]]}"
+        )
         assert np.all(r.copy >= 0), f"{where}: a negative copy number"
-        if np.all(r.image.sizes == 1):     # a value per new node reads back on the original's nodes
+        if np.all(r.image.sizes == 1):  # a value per new node reads back on the original's nodes
             back_again = r.expand(np.arange(r.graph.num_nodes))
             assert all(u in r.origin[v] for u, v in enumerate(back_again.tolist())), f"{where}: expand disagrees"
 
@@ -259,8 +279,9 @@ def check_conservation(name: str) -> None:
         before, after = r.original.durations(run.cluster), r.graph.durations(run.cluster)
         for j, device in enumerate(run.cluster.devices):
             failure = _law_failure(ensures.compute, before[:, j], after[:, j], r)
-            assert failure is None, \
+            assert failure is None, (
                 f"{run.where(name)}: durations on {device.name} break '{ensures.compute}': {failure}"
+            )
         for field in ("output_bytes", "param_bytes", "temp_bytes"):
             law = getattr(ensures, field)
             failure = _law_failure(law, getattr(r.original, field), getattr(r.graph, field), r)
@@ -278,14 +299,20 @@ def check_transfers(name: str) -> None:
         if law == SAME:
             assert not r.added.any() and np.all(r.origin.sizes == 1), f"{where}: 'same' edges need a one-to-one map"
             source = r.origin.index
-            got = sorted(zip(source[new.src].tolist(), source[new.dst].tolist(), new.edge_bytes.tolist(),
-                             new.edge_tensor.tolist()))
+            got = sorted(
+                zip(
+                    source[new.src].tolist(),
+                    source[new.dst].tolist(),
+                    new.edge_bytes.tolist(),
+                    new.edge_tensor.tolist(),
+                )
+            )
             want = sorted(zip(old.src.tolist(), old.dst.tolist(), old.edge_bytes.tolist(), old.edge_tensor.tolist()))
             assert got == want, f"{where}: the edges changed"
             continue
         assert law == CUT, law
         block_old, block_new, _ = _blocks(r)
-        largest: dict[tuple[int, int, int], int] = {}     # (producer, tensor, consuming block) -> bytes
+        largest: dict[tuple[int, int, int], int] = {}  # (producer, tensor, consuming block) -> bytes
         for u, v, t, b in zip(old.src.tolist(), old.dst.tolist(), old.edge_tensor.tolist(), old.edge_bytes.tolist()):
             if block_old[u] != block_old[v]:
                 key = (u, t, int(block_old[v]))
@@ -297,8 +324,10 @@ def check_transfers(name: str) -> None:
         for s, d, b in zip(block_new[new.src].tolist(), block_new[new.dst].tolist(), new.edge_bytes.tolist()):
             if s >= 0 and d >= 0 and s != d:
                 got[(s, d)] = got.get((s, d), 0) + b
-        assert got == want, f"{where}: transfers between blocks differ from the original's in " \
-                            f"{len(set(got.items()) ^ set(want.items()))} entries"
+        assert got == want, (
+            f"{where}: transfers between blocks differ from the original's in "
+            f"{len(set(got.items()) ^ set(want.items()))} entries"
+        )
 
 
 def check_constraints(name: str) -> None:
@@ -311,17 +340,19 @@ def check_constraints(name: str) -> None:
         for v in np.flatnonzero(~r.added).tolist():
             for u in r.origin[v].tolist():
                 if old.device_kinds[u] is not None:
-                    assert new.device_kinds[v] is not None and set(new.device_kinds[v]) <= set(old.device_kinds[u]), \
-                        f"{where}: {new.ids[v]!r} may run on {new.device_kinds[v]}, its original {old.ids[u]!r} " \
+                    assert new.device_kinds[v] is not None and set(new.device_kinds[v]) <= set(old.device_kinds[u]), (
+                        f"{where}: {new.ids[v]!r} may run on {new.device_kinds[v]}, its original {old.ids[u]!r} "
                         f"only on {old.device_kinds[u]}"
+                    )
         for key, members in old.colocation_groups.items():
             images = np.unique(np.concatenate([r.image[u] for u in members.tolist()]))
             images = images[~r.added[images]]
             for c in np.unique(r.copy[images]).tolist():
                 together = images[r.copy[images] == c]
                 labels = {new.colocation[v] for v in together.tolist()}
-                assert together.size < 2 or (len(labels) == 1 and None not in labels), \
+                assert together.size < 2 or (len(labels) == 1 and None not in labels), (
                     f"{where}: colocation group {key!r} (copy {c}) is spread over labels {labels}"
+                )
 
 
 def _ancestors(graph: OpGraph) -> list[int]:
@@ -331,7 +362,7 @@ def _ancestors(graph: OpGraph) -> list[int]:
     src = graph.src.tolist()
     for v in graph.topological_order.tolist():
         bits = 0
-        for e in eids[ptr[v]:ptr[v + 1]].tolist():
+        for e in eids[ptr[v] : ptr[v + 1]].tolist():
             bits |= reach[src[e]] | (1 << src[e])
         reach[v] = bits
     return reach
@@ -352,8 +383,9 @@ def check_dependencies(name: str) -> None:
                 if not r.added[a]:
                     producers |= 1 << a
             for b in r.image[v].tolist():
-                assert r.added[b] or reach[b] & producers, \
+                assert r.added[b] or reach[b] & producers, (
                     f"{where}: {r.graph.ids[b]!r} no longer depends on {r.original.ids[u]!r}"
+                )
 
 
 def _snapshot(graph: OpGraph) -> str:
@@ -378,8 +410,9 @@ def check_determinism(name: str) -> None:
         first, second = run.result, again
         assert _snapshot(first.graph) == _snapshot(second.graph), f"{run.where(name)}: the graph differs between runs"
         assert first.origin == second.origin and first.image == second.image, f"{run.where(name)}: the map differs"
-        assert np.array_equal(first.added, second.added) and np.array_equal(first.copy, second.copy), \
+        assert np.array_equal(first.added, second.added) and np.array_equal(first.copy, second.copy), (
             f"{run.where(name)}: added or copy differs between runs"
+        )
 
 
 def _mistyped(default: Any) -> Any:
@@ -413,23 +446,35 @@ def check_option_validation(name: str) -> None:
     assert trial is not None, f"{name}: its trials give no options on any case, so nothing checks it"
     label, graph, cluster, options = trial
     where = f"{name} on {label}"
-    assert _refused(transform, graph, cluster, {**options, "no_such_option": 1}), \
+    assert _refused(transform, graph, cluster, {**options, "no_such_option": 1}), (
         f"{where}: an unknown option was not refused with OptionError"
+    )
     for key, default in transform.options.items():
         if default is REQUIRED:
             rest = {k: v for k, v in options.items() if k != key}
-            assert _refused(transform, graph, cluster, rest), \
+            assert _refused(transform, graph, cluster, rest), (
                 f"{where}: no OptionError without its required option {key!r}"
+            )
         elif _mistyped(default) is not None:
             bad = _mistyped(default)
-            assert _refused(transform, graph, cluster, {**options, key: bad}), \
+            assert _refused(transform, graph, cluster, {**options, key: bad}), (
                 f"{where}: no OptionError for option {key}={bad!r}"
+            )
     if transform.needs_cluster:
         assert _refused(transform, graph, None, options), f"{where}: no OptionError without the cluster it needs"
 
 
-CHECKS = (check_valid_graph, check_mapping, check_conservation, check_transfers, check_constraints,
-          check_dependencies, check_input_untouched, check_determinism, check_option_validation)
+CHECKS = (
+    check_valid_graph,
+    check_mapping,
+    check_conservation,
+    check_transfers,
+    check_constraints,
+    check_dependencies,
+    check_input_untouched,
+    check_determinism,
+    check_option_validation,
+)
 
 
 def check_transform(name: str) -> None:

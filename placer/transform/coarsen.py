@@ -50,8 +50,17 @@ from ..graph import OpGraph
 from .base import CUT, MAX, SUM, Ensures, TransformResult, register_transform
 from .split import fresh_id
 
-__all__ = ["Coarsening", "coarsen", "heights", "acyclic_matching", "contract", "summed_times_by_kind",
-           "coarsen_transform", "contract_transform", "QUOTIENT_ENSURES"]
+__all__ = [
+    "Coarsening",
+    "coarsen",
+    "heights",
+    "acyclic_matching",
+    "contract",
+    "summed_times_by_kind",
+    "coarsen_transform",
+    "contract_transform",
+    "QUOTIENT_ENSURES",
+]
 
 #: A round merging fewer pairs than this share of the nodes doubles the size cap (or ends the coarsening).
 STALL_FRACTION = 0.01
@@ -99,7 +108,7 @@ def heights(graph: OpGraph) -> np.ndarray:
     ptr, eids = graph.in_edges
     src = graph.src
     for v in graph.topological_order.tolist():
-        inputs = eids[ptr[v]:ptr[v + 1]]
+        inputs = eids[ptr[v] : ptr[v + 1]]
         if inputs.size:
             h[v] = h[src[inputs]].max() + 1
     return h
@@ -143,8 +152,14 @@ class _Units:
             self.kinds[ra] = kinds
 
 
-def acyclic_matching(graph: OpGraph, *, labels: np.ndarray | None = None, size: np.ndarray | None = None,
-                     size_cap: float = np.inf, max_pairs: int | None = None) -> list[tuple[int, int]]:
+def acyclic_matching(
+    graph: OpGraph,
+    *,
+    labels: np.ndarray | None = None,
+    size: np.ndarray | None = None,
+    size_cap: float = np.inf,
+    max_pairs: int | None = None,
+) -> list[tuple[int, int]]:
     """A matching of edges whose simultaneous merging keeps the graph acyclic, heaviest edges first.
 
     Parameters
@@ -211,7 +226,7 @@ def acyclic_matching(graph: OpGraph, *, labels: np.ndarray | None = None, size: 
     cand = cand[np.lexsort((v[cand], u[cand], -weight[cand], joins[cand]))]
     # Keys doubled to stay integral: 2H for single nodes, 2H(v)-1 (S) or 2H(u)+1 (P) for pairs.
     key = np.where(type_s, 2 * h[v] - 1, 2 * h[u] + 1)
-    group_key = np.full(n, -1, dtype=np.int64)     # key of the accepted pair a node belongs to, -1 if none
+    group_key = np.full(n, -1, dtype=np.int64)  # key of the accepted pair a node belongs to, -1 if none
     out_ptr, out_e = graph.out_edges
     in_ptr, in_e = graph.in_edges
     units = _Units(graph)
@@ -226,8 +241,8 @@ def acyclic_matching(graph: OpGraph, *, labels: np.ndarray | None = None, size: 
         kk = int(key[k])
         consistent = True
         for x in (a, b):
-            preds = graph.src[in_e[in_ptr[x]:in_ptr[x + 1]]]
-            succs = graph.dst[out_e[out_ptr[x]:out_ptr[x + 1]]]
+            preds = graph.src[in_e[in_ptr[x] : in_ptr[x + 1]]]
+            succs = graph.dst[out_e[out_ptr[x] : out_ptr[x + 1]]]
             gp = group_key[preds]
             gs = group_key[succs]
             if np.any((gp >= 0) & (gp >= kk)) or np.any((gs >= 0) & (gs <= kk)):
@@ -247,7 +262,9 @@ def _groups_from_pairs(n: int, pairs: list[tuple[int, int]]) -> np.ndarray:
     return parent
 
 
-def contract(graph: OpGraph, group_of: np.ndarray, *, cluster: Cluster | None = None) -> tuple[OpGraph, list[np.ndarray]]:
+def contract(
+    graph: OpGraph, group_of: np.ndarray, *, cluster: Cluster | None = None
+) -> tuple[OpGraph, list[np.ndarray]]:
     """The graph with each group of nodes merged into one node.
 
     Groups are renumbered in topological order of the coarse graph's first
@@ -321,8 +338,10 @@ def contract(graph: OpGraph, group_of: np.ndarray, *, cluster: Cluster | None = 
 
     compute = np.bincount(group_of, weights=graph.compute_s, minlength=n_groups)
     flops = np.bincount(group_of, weights=graph.flops, minlength=n_groups)
-    sums = {name: np.bincount(group_of, weights=getattr(graph, name), minlength=n_groups).astype(np.int64)
-            for name in ("output_bytes", "param_bytes")}
+    sums = {
+        name: np.bincount(group_of, weights=getattr(graph, name), minlength=n_groups).astype(np.int64)
+        for name in ("output_bytes", "param_bytes")
+    }
     temp = np.zeros(n_groups, dtype=np.int64)
     np.maximum.at(temp, group_of, graph.temp_bytes)
     by_kind = summed_times_by_kind(graph, members, cluster)
@@ -344,9 +363,11 @@ def contract(graph: OpGraph, group_of: np.ndarray, *, cluster: Cluster | None = 
         op.append(ops.pop() if len(ops) == 1 else "coarse")
         layers = [graph.layer[i] for i in mem.tolist() if graph.layer[i] is not None]
         layer.append(layers[0] if layers else None)
-        coloc.append(group_label.get(graph.colocation[mem[0]]) if mem.size == 1 else
-                     next((group_label[graph.colocation[i]] for i in mem.tolist()
-                           if graph.colocation[i] is not None), None))
+        coloc.append(
+            group_label.get(graph.colocation[mem[0]])
+            if mem.size == 1
+            else next((group_label[graph.colocation[i]] for i in mem.tolist() if graph.colocation[i] is not None), None)
+        )
         allowed = None
         for i in mem.tolist():
             if graph.device_kinds[i] is not None:
@@ -368,11 +389,25 @@ def contract(graph: OpGraph, group_of: np.ndarray, *, cluster: Cluster | None = 
         src_g, dst_g = uniq[0], uniq[3]
     else:
         nbytes = tensor = src_g = dst_g = np.zeros(0, dtype=np.int64)
-    coarse = OpGraph(ids, compute, src_g, dst_g, nbytes, tensor, output_bytes=sums["output_bytes"],
-                     param_bytes=sums["param_bytes"], temp_bytes=temp, flops=flops, op=op, layer=layer,
-                     colocation=coloc, device_kinds=kinds, compute_s_by_kind=by_kind,
-                     node_extra=[{"members": int(m.size)} for m in members],
-                     name=f"{graph.name}-coarse{n_groups}")
+    coarse = OpGraph(
+        ids,
+        compute,
+        src_g,
+        dst_g,
+        nbytes,
+        tensor,
+        output_bytes=sums["output_bytes"],
+        param_bytes=sums["param_bytes"],
+        temp_bytes=temp,
+        flops=flops,
+        op=op,
+        layer=layer,
+        colocation=coloc,
+        device_kinds=kinds,
+        compute_s_by_kind=by_kind,
+        node_extra=[{"members": int(m.size)} for m in members],
+        name=f"{graph.name}-coarse{n_groups}",
+    )
     return coarse, members
 
 
@@ -399,7 +434,7 @@ def _joined_colocation(graph: OpGraph, members: list[np.ndarray]) -> dict[str, s
     component: dict[str, list[str]] = {}
     for c in parent:
         component.setdefault(find(c), []).append(c)
-    taken = set(parent)     # a joined name must not be a label of the graph already (a group "a|b" of its own)
+    taken = set(parent)  # a joined name must not be a label of the graph already (a group "a|b" of its own)
     joined = {root: fresh_id("|".join(sorted(labels)), taken) for root, labels in component.items() if len(labels) > 1}
     return {c: joined.get(find(c), c) for c in parent}
 
@@ -432,15 +467,23 @@ def summed_times_by_kind(graph: OpGraph, members: list[np.ndarray], cluster: Clu
         times = {}
         for kind in sorted(measured):
             if kind in exact:
-                times[kind] = float(sum(e.get(kind, graph.compute_s[i] / exact[kind]) for e, i in zip(entries, mem.tolist())))
+                times[kind] = float(
+                    sum(e.get(kind, graph.compute_s[i] / exact[kind]) for e, i in zip(entries, mem.tolist()))
+                )
             elif all(kind in e for e in entries):
                 times[kind] = float(sum(e[kind] for e in entries))
         out.append(times or None)
     return out
 
 
-def coarsen(graph: OpGraph, target: int, *, labels: np.ndarray | None = None, cluster: Cluster | None = None,
-            max_rounds: int = 64) -> Coarsening:
+def coarsen(
+    graph: OpGraph,
+    target: int,
+    *,
+    labels: np.ndarray | None = None,
+    cluster: Cluster | None = None,
+    max_rounds: int = 64,
+) -> Coarsening:
     """Merge matched edges in batches until at most ``target`` nodes remain or nothing can merge.
 
     Each round computes heights on the current coarse graph, picks an acyclic
@@ -498,9 +541,10 @@ def coarsen(graph: OpGraph, target: int, *, labels: np.ndarray | None = None, cl
     rounds = 0
     while current.num_nodes > target and rounds < max_rounds:
         rounds += 1
-        pairs = acyclic_matching(current, labels=current_labels, size=current.compute_s, size_cap=cap,
-                                 max_pairs=current.num_nodes - target)
-        if len(pairs) < STALL_FRACTION * current.num_nodes:   # (nearly) stuck: allow bigger nodes
+        pairs = acyclic_matching(
+            current, labels=current_labels, size=current.compute_s, size_cap=cap, max_pairs=current.num_nodes - target
+        )
+        if len(pairs) < STALL_FRACTION * current.num_nodes:  # (nearly) stuck: allow bigger nodes
             if cap >= total:
                 break
             cap *= 2.0
@@ -517,7 +561,7 @@ def coarsen(graph: OpGraph, target: int, *, labels: np.ndarray | None = None, cl
         current = coarse
     try:
         final, members = contract(graph, group_of, cluster=cluster)
-    except GraphCycleError as exc:   # Theorem 3.5 forbids it; say so if it ever happens
+    except GraphCycleError as exc:  # Theorem 3.5 forbids it; say so if it ever happens
         raise GraphCycleError(f"coarsening {graph.name!r} created a cycle: {exc}") from None
     coarse_of = np.empty(n, dtype=np.int64)
     for g, mem in enumerate(members):
@@ -527,10 +571,15 @@ def coarsen(graph: OpGraph, target: int, *, labels: np.ndarray | None = None, cl
 
 #: What contracting groups of nodes into one ensures (:func:`contract`, and so :func:`coarsen`).
 QUOTIENT_ENSURES = Ensures(
-    compute=SUM, output_bytes=SUM, param_bytes=SUM, temp_bytes=MAX, transfers=CUT,
+    compute=SUM,
+    output_bytes=SUM,
+    param_bytes=SUM,
+    temp_bytes=MAX,
+    transfers=CUT,
     note="Durations sum on the cluster given where each device kind's devices share one speed (a kind's "
-         "summed entry stands for all its devices); without a cluster, per-kind times are kept only where every "
-         "member has one. Colocation groups sharing a node join.")
+    "summed entry stands for all its devices); without a cluster, per-kind times are kept only where every "
+    "member has one. Colocation groups sharing a node join.",
+)
 
 
 def _topological_chunks(graph: OpGraph, size: int = 3) -> np.ndarray:
@@ -549,12 +598,17 @@ def _check_labels(graph: OpGraph, values, option: str) -> np.ndarray:
 
 
 @register_transform(
-    "coarsen", ensures=QUOTIENT_ENSURES,
+    "coarsen",
+    ensures=QUOTIENT_ENSURES,
     requires="A target of at least one node; labels, if given, one integer per node.",
-    trials=lambda graph: [{"target": max(1, graph.num_nodes // 4)},
-                          {"target": max(1, graph.num_nodes // 4), "labels": np.arange(graph.num_nodes) % 2}])
-def coarsen_transform(graph: OpGraph, cluster: Cluster | None, *, target: int, labels: np.ndarray | None = None,
-                      max_rounds: int = 64) -> TransformResult:
+    trials=lambda graph: [
+        {"target": max(1, graph.num_nodes // 4)},
+        {"target": max(1, graph.num_nodes // 4), "labels": np.arange(graph.num_nodes) % 2},
+    ],
+)
+def coarsen_transform(
+    graph: OpGraph, cluster: Cluster | None, *, target: int, labels: np.ndarray | None = None, max_rounds: int = 64
+) -> TransformResult:
     """Pesto's acyclic coarsening (:func:`coarsen`): each coarse node stands for the nodes merged into it.
 
     Its laws are those of :func:`contract`, which builds the coarse graph.
@@ -576,10 +630,12 @@ def coarsen_transform(graph: OpGraph, cluster: Cluster | None, *, target: int, l
 
 
 @register_transform(
-    "contract", ensures=QUOTIENT_ENSURES,
+    "contract",
+    ensures=QUOTIENT_ENSURES,
     requires="groups: one integer label per node, whose contraction leaves the graph acyclic (consecutive "
-             "pieces of a topological order always do); GraphCycleError otherwise.",
-    trials=lambda graph: [{"groups": _topological_chunks(graph)}])
+    "pieces of a topological order always do); GraphCycleError otherwise.",
+    trials=lambda graph: [{"groups": _topological_chunks(graph)}],
+)
 def contract_transform(graph: OpGraph, cluster: Cluster | None, *, groups: np.ndarray) -> TransformResult:
     """Every group of nodes contracted into one (:func:`contract`): a coarse node stands for its group.
 

@@ -33,8 +33,12 @@ from ..cluster import Cluster
 from ..graph import OpGraph, joined_groups
 from .base import SAME, Ensures, TransformResult, register_transform
 
-__all__ = ["colocate_layers", "colocate_sole_consumers", "colocate_layers_transform",
-           "colocate_sole_consumers_transform"]
+__all__ = [
+    "colocate_layers",
+    "colocate_sole_consumers",
+    "colocate_layers_transform",
+    "colocate_sole_consumers_transform",
+]
 
 
 def colocate_layers(graph: OpGraph) -> OpGraph | None:
@@ -71,8 +75,10 @@ def colocate_layers(graph: OpGraph) -> OpGraph | None:
     """
     # Replicas of a layer (data parallelism) and parts of a split operation stay apart; an operation
     # held to some device kinds stays out of its layer, which could hold others no device has with it.
-    layers = [None if layer is None or kinds is not None else (layer, extra.get("replica"), extra.get("part"))
-              for layer, kinds, extra in zip(graph.layer, graph.device_kinds, graph.node_extra)]
+    layers = [
+        None if layer is None or kinds is not None else (layer, extra.get("replica"), extra.get("part"))
+        for layer, kinds, extra in zip(graph.layer, graph.device_kinds, graph.node_extra)
+    ]
     named = [layer for layer in layers if layer is not None]
     if len(set(named)) == len(named):
         return None
@@ -136,17 +142,25 @@ def colocate_sole_consumers(graph: OpGraph) -> OpGraph | None:
         name = graph.colocation[i] or f"coplace:{graph.ids[i]}"
         names.setdefault(int(label[i]), name)
     sizes = np.bincount(label, minlength=n)
-    return graph.replace(colocation=[names[c] if sizes[c] > 1 else own
-                                     for c, own in zip(label.tolist(), graph.colocation)])
+    return graph.replace(
+        colocation=[names[c] if sizes[c] > 1 else own for c, own in zip(label.tolist(), graph.colocation)]
+    )
 
 
 #: Colocating changes no node, edge or cost: only colocation labels, by joining groups (never splitting one).
-COLOCATION_ENSURES = Ensures(compute=SAME, output_bytes=SAME, param_bytes=SAME, temp_bytes=SAME, transfers=SAME,
-                             note="Only colocation changes: groups join, none is split; kinds are untouched.")
+COLOCATION_ENSURES = Ensures(
+    compute=SAME,
+    output_bytes=SAME,
+    param_bytes=SAME,
+    temp_bytes=SAME,
+    transfers=SAME,
+    note="Only colocation changes: groups join, none is split; kinds are untouched.",
+)
 
 
-@register_transform("colocate_layers", requires="Nothing beyond a valid graph.", ensures=COLOCATION_ENSURES,
-                    trials=lambda graph: [{}])
+@register_transform(
+    "colocate_layers", requires="Nothing beyond a valid graph.", ensures=COLOCATION_ENSURES, trials=lambda graph: [{}]
+)
 def colocate_layers_transform(graph: OpGraph, cluster: Cluster | None) -> TransformResult:
     """Every layer in one colocation group (:func:`colocate_layers`): the same nodes, the map the identity.
 
@@ -162,8 +176,12 @@ def colocate_layers_transform(graph: OpGraph, cluster: Cluster | None) -> Transf
     return TransformResult.identity(graph, colocate_layers(graph))
 
 
-@register_transform("colocate_sole_consumers", requires="Nothing beyond a valid graph.",
-                    ensures=COLOCATION_ENSURES, trials=lambda graph: [{}])
+@register_transform(
+    "colocate_sole_consumers",
+    requires="Nothing beyond a valid graph.",
+    ensures=COLOCATION_ENSURES,
+    trials=lambda graph: [{}],
+)
 def colocate_sole_consumers_transform(graph: OpGraph, cluster: Cluster | None) -> TransformResult:
     """Every operation with its only consumer (:func:`colocate_sole_consumers`): the map the identity.
 

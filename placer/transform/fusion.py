@@ -37,8 +37,20 @@ from ..paths import bottom_levels, top_levels
 from .base import CUT, MAX, SUM, Ensures, TransformResult, register_transform
 from .coarsen import summed_times_by_kind
 
-__all__ = ["FusedGraph", "fuse", "link_costs", "ccr", "cpath", "cpd_topo_order", "dfs_topo_order",
-           "head_first_order", "optimal_breakpoints", "group_allowed", "fuse_transform", "fuse_in_order"]
+__all__ = [
+    "FusedGraph",
+    "fuse",
+    "link_costs",
+    "ccr",
+    "cpath",
+    "cpd_topo_order",
+    "dfs_topo_order",
+    "head_first_order",
+    "optimal_breakpoints",
+    "group_allowed",
+    "fuse_transform",
+    "fuse_in_order",
+]
 
 
 def link_costs(graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, np.ndarray]:
@@ -155,9 +167,17 @@ def group_allowed(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     return allowed
 
 
-def optimal_breakpoints(n: int, src_pos: np.ndarray, dst_pos: np.ndarray, edge_c: np.ndarray,
-                        node_mem: np.ndarray, *, exploration_range: int, memory_cap: float,
-                        device_mask: np.ndarray | None = None) -> np.ndarray:
+def optimal_breakpoints(
+    n: int,
+    src_pos: np.ndarray,
+    dst_pos: np.ndarray,
+    edge_c: np.ndarray,
+    node_mem: np.ndarray,
+    *,
+    exploration_range: int,
+    memory_cap: float,
+    device_mask: np.ndarray | None = None,
+) -> np.ndarray:
     """Kernighan's optimal sequential partition (Equations 4-6, function Optimal_BP), in O(V * R).
 
     The sequence ``0 .. n-1`` is cut into contiguous clusters ``[b_k, b_{k+1})``
@@ -213,7 +233,7 @@ def optimal_breakpoints(n: int, src_pos: np.ndarray, dst_pos: np.ndarray, edge_c
     in_ptr, in_src, in_c = in_ptr.tolist(), in_src.tolist(), in_c.tolist()
     best = np.zeros(n + 1)
     previous = np.zeros(n + 1, dtype=np.int64)
-    pending = out_c.copy()      # W[k] for k < j: cost of the edges from k to the positions >= j
+    pending = out_c.copy()  # W[k] for k < j: cost of the edges from k to the positions >= j
     for j in range(1, n + 1):
         for e in range(in_ptr[j - 1], in_ptr[j]):  # edges into j-1 no longer cross a cut at j
             pending[in_src[e]] -= in_c[e]
@@ -283,7 +303,9 @@ class FusedGraph:
         return np.asarray(values)[self.cluster_of]
 
 
-def fuse(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200, memory_fraction: float = 0.25) -> FusedGraph:
+def fuse(
+    graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200, memory_fraction: float = 0.25
+) -> FusedGraph:
     """Optimal Operation Fusion (Algorithm 1): CPD-TOPO order, optimal breakpoints, coarse DAG.
 
     Parameters
@@ -319,11 +341,17 @@ def fuse(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200, memo
     Zhang et al., "Celeritas: Fast Optimizer for Large Dataflow Graphs", Section 5.1 and
     Algorithm 1; Kernighan, "Optimal sequential partitions of graphs", J. ACM 18(1), 1971.
     """
-    if isinstance(exploration_range, bool) or not isinstance(exploration_range, (int, np.integer)) or exploration_range < 1:
+    if (
+        isinstance(exploration_range, bool)
+        or not isinstance(exploration_range, (int, np.integer))
+        or exploration_range < 1
+    ):
         raise OptionError(f"option exploration_range must be an integer >= 1, got {exploration_range!r}")
     if not (isinstance(memory_fraction, (int, float)) and 0 < memory_fraction <= 1):
-        raise OptionError(f"option memory_fraction must be in (0, 1], a share of the smallest device's memory, "
-                          f"got {memory_fraction!r}")
+        raise OptionError(
+            f"option memory_fraction must be in (0, 1], a share of the smallest device's memory, "
+            f"got {memory_fraction!r}"
+        )
     n = graph.num_nodes
     node_w, edge_c = link_costs(graph, cluster)
     order = cpd_topo_order(graph, node_w, edge_c)
@@ -336,9 +364,16 @@ def fuse(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200, memo
         columns = np.unique(allowed, axis=1)
         mask = (columns[order].astype(np.int64) << np.arange(columns.shape[1], dtype=np.int64)).sum(axis=1)
     memory_cap = float(memory_fraction) * float(cluster.memory.min())
-    cuts = optimal_breakpoints(n, position[graph.src], position[graph.dst], edge_c,
-                               static_footprint(graph)[order], exploration_range=int(exploration_range),
-                               memory_cap=memory_cap, device_mask=mask)
+    cuts = optimal_breakpoints(
+        n,
+        position[graph.src],
+        position[graph.dst],
+        edge_c,
+        static_footprint(graph)[order],
+        exploration_range=int(exploration_range),
+        memory_cap=memory_cap,
+        device_mask=mask,
+    )
     sizes = np.diff(cuts)
     cluster_of = np.empty(n, dtype=np.int64)
     cluster_of[order] = np.repeat(np.arange(sizes.size), sizes)
@@ -347,12 +382,23 @@ def fuse(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200, memo
     coarse_allowed = np.ones((sizes.size, cluster.num_devices), dtype=bool)
     np.logical_and.at(coarse_allowed, cluster_of, allowed)
     coarse_w, coarse_c = link_costs(coarse, cluster)
-    return FusedGraph(graph, coarse, cluster_of, members, order, position, coarse_allowed,
-                      ccr(node_w, edge_c), ccr(coarse_w, coarse_c), memory_cap)
+    return FusedGraph(
+        graph,
+        coarse,
+        cluster_of,
+        members,
+        order,
+        position,
+        coarse_allowed,
+        ccr(node_w, edge_c),
+        ccr(coarse_w, coarse_c),
+        memory_cap,
+    )
 
 
-def fuse_in_order(graph: OpGraph, cluster: Cluster, order: np.ndarray, *, exploration_range: int = 200,
-                  memory_fraction: float = 0.25) -> FusedGraph:
+def fuse_in_order(
+    graph: OpGraph, cluster: Cluster, order: np.ndarray, *, exploration_range: int = 200, memory_fraction: float = 0.25
+) -> FusedGraph:
     """Optimal sequential partition of a topological ``order`` given by the caller, and its coarse DAG.
 
     :func:`fuse` with the CPD-TOPO order replaced: contiguous pieces of any
@@ -402,9 +448,16 @@ def fuse_in_order(graph: OpGraph, cluster: Cluster, order: np.ndarray, *, explor
     if not allowed.all():
         columns = np.unique(allowed, axis=1)
         mask = (columns[order].astype(np.int64) << np.arange(columns.shape[1], dtype=np.int64)).sum(axis=1)
-    cuts = optimal_breakpoints(n, position[graph.src], position[graph.dst], edge_c,
-                               static_footprint(graph)[order], exploration_range=int(exploration_range),
-                               memory_cap=memory_cap, device_mask=mask)
+    cuts = optimal_breakpoints(
+        n,
+        position[graph.src],
+        position[graph.dst],
+        edge_c,
+        static_footprint(graph)[order],
+        exploration_range=int(exploration_range),
+        memory_cap=memory_cap,
+        device_mask=mask,
+    )
     sizes = np.diff(cuts)
     cluster_of = np.empty(n, dtype=np.int64)
     cluster_of[order] = np.repeat(np.arange(sizes.size), sizes)
@@ -413,17 +466,33 @@ def fuse_in_order(graph: OpGraph, cluster: Cluster, order: np.ndarray, *, explor
     coarse_allowed = np.ones((sizes.size, cluster.num_devices), dtype=bool)
     np.logical_and.at(coarse_allowed, cluster_of, allowed)
     coarse_w, coarse_c = link_costs(coarse, cluster)
-    return FusedGraph(graph, coarse, cluster_of, members, order, position, coarse_allowed,
-                      ccr(node_w, edge_c), ccr(coarse_w, coarse_c), memory_cap)
+    return FusedGraph(
+        graph,
+        coarse,
+        cluster_of,
+        members,
+        order,
+        position,
+        coarse_allowed,
+        ccr(node_w, edge_c),
+        ccr(coarse_w, coarse_c),
+        memory_cap,
+    )
 
 
 def _check_fusion_options(exploration_range: int, memory_fraction: float) -> None:
     """Raise OptionError as :func:`fuse` does for a bad ``exploration_range`` or ``memory_fraction``."""
-    if isinstance(exploration_range, bool) or not isinstance(exploration_range, (int, np.integer)) or exploration_range < 1:
+    if (
+        isinstance(exploration_range, bool)
+        or not isinstance(exploration_range, (int, np.integer))
+        or exploration_range < 1
+    ):
         raise OptionError(f"option exploration_range must be an integer >= 1, got {exploration_range!r}")
     if not (isinstance(memory_fraction, (int, float)) and 0 < memory_fraction <= 1):
-        raise OptionError(f"option memory_fraction must be in (0, 1], a share of the smallest device's memory, "
-                          f"got {memory_fraction!r}")
+        raise OptionError(
+            f"option memory_fraction must be in (0, 1], a share of the smallest device's memory, "
+            f"got {memory_fraction!r}"
+        )
 
 
 def _coarse_graph(graph: OpGraph, cluster: Cluster, cluster_of: np.ndarray, k: int) -> OpGraph:
@@ -445,24 +514,40 @@ def _coarse_graph(graph: OpGraph, cluster: Cluster, cluster_of: np.ndarray, k: i
     by_kind = summed_times_by_kind(graph, members, cluster)
     temp = np.zeros(k, dtype=np.int64)
     np.maximum.at(temp, cluster_of, graph.temp_bytes)
-    return OpGraph([f"cluster{c}" for c in range(k)],
-                   np.bincount(cluster_of, weights=graph.compute_s, minlength=k),
-                   pairs // k if k else pairs, pairs % k if k else pairs, pair_bytes,
-                   output_bytes=np.bincount(cluster_of, weights=graph.output_bytes, minlength=k).astype(np.int64),
-                   param_bytes=np.bincount(cluster_of, weights=graph.param_bytes, minlength=k).astype(np.int64),
-                   temp_bytes=temp, compute_s_by_kind=by_kind, name=f"{graph.name}-fused")
+    return OpGraph(
+        [f"cluster{c}" for c in range(k)],
+        np.bincount(cluster_of, weights=graph.compute_s, minlength=k),
+        pairs // k if k else pairs,
+        pairs % k if k else pairs,
+        pair_bytes,
+        output_bytes=np.bincount(cluster_of, weights=graph.output_bytes, minlength=k).astype(np.int64),
+        param_bytes=np.bincount(cluster_of, weights=graph.param_bytes, minlength=k).astype(np.int64),
+        temp_bytes=temp,
+        compute_s_by_kind=by_kind,
+        name=f"{graph.name}-fused",
+    )
 
 
 @register_transform(
-    "fuse", needs_cluster=True, requires="A cluster: the cost model weighs nodes and edges on its devices.",
+    "fuse",
+    needs_cluster=True,
+    requires="A cluster: the cost model weighs nodes and edges on its devices.",
     trials=lambda graph: [{"exploration_range": 4}, {}],
-    ensures=Ensures(compute=SUM, output_bytes=SUM, param_bytes=SUM, temp_bytes=MAX, transfers=CUT,
-                    constraints=False,
-                    note="The fused graph carries no colocation and no device kinds: FusedGraph.allowed (the "
-                         "detail) holds the devices each cluster may use. Durations sum on the cluster given "
-                         "where each kind's devices share one speed."))
-def fuse_transform(graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200,
-                   memory_fraction: float = 0.25) -> TransformResult:
+    ensures=Ensures(
+        compute=SUM,
+        output_bytes=SUM,
+        param_bytes=SUM,
+        temp_bytes=MAX,
+        transfers=CUT,
+        constraints=False,
+        note="The fused graph carries no colocation and no device kinds: FusedGraph.allowed (the "
+        "detail) holds the devices each cluster may use. Durations sum on the cluster given "
+        "where each kind's devices share one speed.",
+    ),
+)
+def fuse_transform(
+    graph: OpGraph, cluster: Cluster, *, exploration_range: int = 200, memory_fraction: float = 0.25
+) -> TransformResult:
     """Celeritas's Optimal Operation Fusion (:func:`fuse`): each cluster node stands for its members.
 
     A cluster is a contiguous piece of a topological order (so the fused

@@ -81,8 +81,9 @@ def node_cost(graph: OpGraph) -> np.ndarray:
     return np.maximum(graph.output_bytes, out_edge).astype(np.float64)
 
 
-def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
-                       cost_threshold: float | None = None) -> Coarsening:
+def merge_and_colocate(
+    graph: OpGraph, *, target_nodes: int | None = None, cost_threshold: float | None = None
+) -> Coarsening:
     """Merge the cheapest node into a neighbour until ``target_nodes`` remain or none costs less than ``cost_threshold``.
 
     The cheapest node (by :func:`node_cost`, summed over merged members) goes
@@ -129,8 +130,9 @@ def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
     """
     if target_nodes is None and cost_threshold is None:
         raise OptionError("merge_and_colocate needs target_nodes or cost_threshold")
-    if target_nodes is not None and (isinstance(target_nodes, bool) or not isinstance(target_nodes, (int, np.integer))
-                                     or target_nodes < 1):
+    if target_nodes is not None and (
+        isinstance(target_nodes, bool) or not isinstance(target_nodes, (int, np.integer)) or target_nodes < 1
+    ):
         raise OptionError(f"option target_nodes must be an integer >= 1, got {target_nodes!r}")
     if cost_threshold is not None and not cost_threshold >= 0:
         raise OptionError(f"option cost_threshold must be a number >= 0, got {cost_threshold!r}")
@@ -138,7 +140,7 @@ def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
     threshold = np.inf if cost_threshold is None else float(cost_threshold)
 
     n = graph.num_nodes
-    succ: list[dict[int, int]] = [{} for _ in range(n)]   # group -> neighbour group -> bytes between
+    succ: list[dict[int, int]] = [{} for _ in range(n)]  # group -> neighbour group -> bytes between
     pred: list[dict[int, int]] = [{} for _ in range(n)]
     for s, d, b in zip(graph.src.tolist(), graph.dst.tolist(), graph.edge_bytes.tolist()):
         succ[s][d] = succ[s].get(d, 0) + b
@@ -148,7 +150,7 @@ def merge_and_colocate(graph: OpGraph, *, target_nodes: int | None = None,
     # At most one colocation key per group: colocated nodes merged into unrelated neighbours would
     # otherwise tie those groups together, and chains of such ties pin much of the graph to one device.
     coloc = list(graph.colocation)
-    parent = list(range(n))      # merged group -> the group it went into
+    parent = list(range(n))  # merged group -> the group it went into
     version = [0] * n
     heap = [(cost[i], i, 0) for i in range(n)]
     heapq.heapify(heap)
@@ -223,7 +225,7 @@ def _coarse_graph(graph: OpGraph, roots: np.ndarray) -> Coarsening:
     first: dict[int, int] = {}
     for i in graph.topological_order.tolist():
         first.setdefault(int(roots[i]), i)
-    heads = sorted(first.values())   # keep the original listing order among coarse nodes
+    heads = sorted(first.values())  # keep the original listing order among coarse nodes
     index_of_root = {int(roots[h]): k for k, h in enumerate(heads)}
     group_of = np.array([index_of_root[int(r)] for r in roots], dtype=np.int64)
     m = len(heads)
@@ -278,30 +280,53 @@ def _coarse_graph(graph: OpGraph, roots: np.ndarray) -> Coarsening:
         nbytes.append(b)
         tensor.append(tensor_index[key])
     sizes = np.bincount(group_of, minlength=m)
-    coarse = OpGraph([graph.ids[h] for h in heads], per_group(graph.compute_s), src, dst, nbytes, tensor,
-                     output_bytes=per_group(graph.output_bytes), param_bytes=per_group(graph.param_bytes),
-                     temp_bytes=per_group(graph.temp_bytes, np.maximum), flops=per_group(np.nan_to_num(graph.flops)),
-                     op=[graph.op[h] if sizes[g] == 1 else "merged" for g, h in enumerate(heads)],
-                     layer=[graph.layer[h] for h in heads], colocation=colocation,
-                     device_kinds=[graph.device_kinds[h] for h in heads], compute_s_by_kind=by_kind,
-                     name=f"{graph.name}/merged{m}")
+    coarse = OpGraph(
+        [graph.ids[h] for h in heads],
+        per_group(graph.compute_s),
+        src,
+        dst,
+        nbytes,
+        tensor,
+        output_bytes=per_group(graph.output_bytes),
+        param_bytes=per_group(graph.param_bytes),
+        temp_bytes=per_group(graph.temp_bytes, np.maximum),
+        flops=per_group(np.nan_to_num(graph.flops)),
+        op=[graph.op[h] if sizes[g] == 1 else "merged" for g, h in enumerate(heads)],
+        layer=[graph.layer[h] for h in heads],
+        colocation=colocation,
+        device_kinds=[graph.device_kinds[h] for h in heads],
+        compute_s_by_kind=by_kind,
+        name=f"{graph.name}/merged{m}",
+    )
     return Coarsening(coarse, group_of)
 
 
 def _merge_trials(graph: OpGraph) -> list[dict]:
     """A third of the nodes; and the median cost as the threshold."""
     cost = node_cost(graph)
-    return [{"target_nodes": max(1, graph.num_nodes // 3)},
-            {"cost_threshold": float(np.median(cost)) if cost.size else 0.0}]
+    return [
+        {"target_nodes": max(1, graph.num_nodes // 3)},
+        {"cost_threshold": float(np.median(cost)) if cost.size else 0.0},
+    ]
 
 
 @register_transform(
-    "merge", requires="target_nodes or cost_threshold (or both).", trials=_merge_trials,
-    ensures=Ensures(compute=SUM, output_bytes=SUM, param_bytes=SUM, temp_bytes=MAX, transfers=CUT,
-                    note="Only nodes of the same device kinds and the same kinds of per-kind timing merge, so "
-                         "durations sum on any cluster."))
-def merge_transform(graph: OpGraph, cluster: Cluster | None, *, target_nodes: int | None = None,
-                    cost_threshold: float | None = None) -> TransformResult:
+    "merge",
+    requires="target_nodes or cost_threshold (or both).",
+    trials=_merge_trials,
+    ensures=Ensures(
+        compute=SUM,
+        output_bytes=SUM,
+        param_bytes=SUM,
+        temp_bytes=MAX,
+        transfers=CUT,
+        note="Only nodes of the same device kinds and the same kinds of per-kind timing merge, so "
+        "durations sum on any cluster.",
+    ),
+)
+def merge_transform(
+    graph: OpGraph, cluster: Cluster | None, *, target_nodes: int | None = None, cost_threshold: float | None = None
+) -> TransformResult:
     """Placeto's Merge-and-Colocate (:func:`merge_and_colocate`): each merged node stands for its members.
 
     A merged node runs its members one after another on one device, so its
@@ -320,8 +345,9 @@ def merge_transform(graph: OpGraph, cluster: Cluster | None, *, target_nodes: in
     """
     if target_nodes is not None and (isinstance(target_nodes, bool) or not isinstance(target_nodes, (int, np.integer))):
         raise OptionError(f"option target_nodes must be an integer >= 1, got {target_nodes!r}")
-    if cost_threshold is not None and (isinstance(cost_threshold, bool)
-                                       or not isinstance(cost_threshold, (int, float, np.integer, np.floating))):
+    if cost_threshold is not None and (
+        isinstance(cost_threshold, bool) or not isinstance(cost_threshold, (int, float, np.integer, np.floating))
+    ):
         raise OptionError(f"option cost_threshold must be a number >= 0, got {cost_threshold!r}")
     merged = merge_and_colocate(graph, target_nodes=target_nodes, cost_threshold=cost_threshold)
     return TransformResult.quotient(graph, merged.graph, merged.group_of, None, merged)

@@ -85,8 +85,7 @@ from .base import SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, register_tr
 from .replicate import chunk_add_time, replica_layout
 from .split import batch_dependent, batch_samples, fresh_id, part_rows
 
-__all__ = ["MicroBatchedGraph", "microbatch_graph", "microbatch_rows", "check_microbatches",
-           "microbatch_transform"]
+__all__ = ["MicroBatchedGraph", "microbatch_graph", "microbatch_rows", "check_microbatches", "microbatch_transform"]
 
 
 @dataclass(frozen=True, eq=False)
@@ -136,20 +135,27 @@ def check_microbatches(graph: OpGraph, microbatches: object, who: str = "microba
     ...
     placer.errors.OptionError: microbatch: 3 micro-batches of a batch of 2 samples (graph ''): at most 2, one sample each
     """
-    if isinstance(microbatches, (bool, np.bool_)) or not isinstance(microbatches, (int, np.integer)) \
-            or microbatches < 1:
+    if (
+        isinstance(microbatches, (bool, np.bool_))
+        or not isinstance(microbatches, (int, np.integer))
+        or microbatches < 1
+    ):
         raise OptionError(f"{who}: the number of micro-batches must be an integer >= 1, got {microbatches!r}")
     m = int(microbatches)
     if m == 1:
         return m
     samples = batch_samples(graph)
     if samples is not None and m > samples:
-        raise OptionError(f"{who}: {m} micro-batches of a batch of {samples} sample{'s' if samples != 1 else ''} "
-                          f"(graph {graph.name!r}): at most {samples}, one sample each")
+        raise OptionError(
+            f"{who}: {m} micro-batches of a batch of {samples} sample{'s' if samples != 1 else ''} "
+            f"(graph {graph.name!r}): at most {samples}, one sample each"
+        )
     if not graph.num_nodes or not batch_dependent(graph).any():
-        raise OptionError(f"{who}: graph {graph.name!r} has no batch input to cut into micro-batches (no "
-                          "placeholder without parameters that operations read, nor an operation declaring a "
-                          "batch dimension)")
+        raise OptionError(
+            f"{who}: graph {graph.name!r} has no batch input to cut into micro-batches (no "
+            "placeholder without parameters that operations read, nor an operation declaring a "
+            "batch dimension)"
+        )
     return m
 
 
@@ -176,8 +182,7 @@ def _piece(total: np.ndarray, lo: int, hi: int, rows: int) -> np.ndarray:
     return total * hi // rows - total * lo // rows
 
 
-def _splittable(entries: list[dict] | None, lo: int, hi: int, total: int, parts: int,
-                k: int) -> list[dict] | None:
+def _splittable(entries: list[dict] | None, lo: int, hi: int, total: int, parts: int, k: int) -> list[dict] | None:
     """A micro-batch's share of the batch dimension (rows are a multiple of the samples, a sample's in one block)."""
     if not entries:
         return entries
@@ -227,14 +232,14 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
     m = check_microbatches(graph, microbatches)
     rows, total = microbatch_rows(graph, m)
     n = graph.num_nodes
-    layout = replica_layout(graph, 2)           # which nodes work on the batch, and the gradients
+    layout = replica_layout(graph, 2)  # which nodes work on the batch, and the gradients
     per_batch = layout.per_batch.copy()
     if m == 1:
         per_batch[:] = False
     shared = np.flatnonzero(~per_batch)
     cut = np.flatnonzero(per_batch)
     n_shared, n_cut = shared.size, cut.size
-    new_of = np.full((m, n), -1, dtype=np.int64)          # new index of original u in micro-batch k
+    new_of = np.full((m, n), -1, dtype=np.int64)  # new index of original u in micro-batch k
     new_of[:, shared] = np.arange(n_shared)
     for k in range(m):
         new_of[k, cut] = n_shared + k * n_cut + np.arange(n_cut)
@@ -246,15 +251,16 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
     in_ptr, in_eids = graph.in_edges
     for u, t in grads:
         if graph.op[u] == "_operator.getitem":
-            feeding = [e for e in in_eids[in_ptr[u]:in_ptr[u + 1]].tolist() if graph.edge_bytes[e]]
+            feeding = [e for e in in_eids[in_ptr[u] : in_ptr[u + 1]].tolist() if graph.edge_bytes[e]]
             if len(feeding) == 1 and per_batch[graph.src[feeding[0]]]:
                 e = feeding[0]
                 whole_tensor.add((int(graph.src[e]), int(graph.edge_tensor[e])))
     out_ptr, out_eids = graph.out_edges
     whole_output = np.zeros(n, dtype=bool)
     for u in {u for u, _ in whole_tensor}:
-        sent = [(int(graph.edge_tensor[e])) for e in out_eids[out_ptr[u]:out_ptr[u + 1]].tolist()
-                if graph.edge_bytes[e]]
+        sent = [
+            (int(graph.edge_tensor[e])) for e in out_eids[out_ptr[u] : out_ptr[u + 1]].tolist() if graph.edge_bytes[e]
+        ]
         whole_output[u] = bool(sent) and all((u, t) in whole_tensor for t in sent)
 
     # Colocation: a group holding anything whole (or parameters) stays one; otherwise one per micro-batch.
@@ -263,8 +269,11 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
     for key, members in graph.colocation_groups.items():
         if (~per_batch[members]).any() or (graph.param_bytes[members] > 0).any():
             keeps.add(key)
-    holds_params = {u: fresh_id(f"params:{graph.ids[u]}", labels) for u in cut.tolist()
-                    if graph.param_bytes[u] > 0 and graph.colocation[u] is None}
+    holds_params = {
+        u: fresh_id(f"params:{graph.ids[u]}", labels)
+        for u in cut.tolist()
+        if graph.param_bytes[u] > 0 and graph.colocation[u] is None
+    }
 
     ids = [graph.ids[u] for u in shared.tolist()]
     taken = set(ids)
@@ -286,33 +295,47 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
         share = (hi - lo) / total
         ids += [fresh_id(f"mb{k}/{graph.ids[u]}", taken) for u in ct]
         compute.append(graph.compute_s[cut] * share)
-        output.append(np.where(whole_output[cut], graph.output_bytes[cut],
-                               _piece(graph.output_bytes[cut], lo, hi, total)))
+        output.append(
+            np.where(whole_output[cut], graph.output_bytes[cut], _piece(graph.output_bytes[cut], lo, hi, total))
+        )
         params.append(graph.param_bytes[cut] if k == 0 else np.zeros(n_cut, dtype=np.int64))
         temp.append(_piece(graph.temp_bytes[cut], lo, hi, total))
         flops.append(graph.flops[cut] * share)
         op += [graph.op[u] for u in ct]
         layer += [graph.layer[u] for u in ct]
-        colocation += [holds_params.get(u) if c is None else (c if c in keeps else f"mb{k}/{c}")
-                       for u, c in zip(ct, (graph.colocation[u] for u in ct))]
+        colocation += [
+            holds_params.get(u) if c is None else (c if c in keeps else f"mb{k}/{c}")
+            for u, c in zip(ct, (graph.colocation[u] for u in ct))
+        ]
         kinds += [graph.device_kinds[u] for u in ct]
-        by_kind += [None if not t else {kind: s * share for kind, s in t.items()}
-                    for t in (graph.compute_s_by_kind[u] for u in ct)]
+        by_kind += [
+            None if not t else {kind: s * share for kind, s in t.items()}
+            for t in (graph.compute_s_by_kind[u] for u in ct)
+        ]
         splittable += [_splittable(graph.splittable[u], lo, hi, total, m, k) for u in ct]
-        extra += [{**graph.node_extra[u], "microbatch": k, "microbatch_of": graph.ids[u],
-                   "microbatch_rows": [lo, hi]} for u in ct]
-    microbatch = np.concatenate([np.full(n_shared, -1, dtype=np.int64)]
-                                + [np.full(n_cut, k, dtype=np.int64) for k in range(m)])
+        extra += [
+            {**graph.node_extra[u], "microbatch": k, "microbatch_of": graph.ids[u], "microbatch_rows": [lo, hi]}
+            for u in ct
+        ]
+    microbatch = np.concatenate(
+        [np.full(n_shared, -1, dtype=np.int64)] + [np.full(n_cut, k, dtype=np.int64) for k in range(m)]
+    )
     original = np.concatenate([shared] + [cut] * m).astype(np.int64)
 
     # Edges between the nodes: within a micro-batch, from a whole node to every copy, from every copy to a
     # whole node; readers of a gradient read its sum instead.
     src, dst, ebytes = graph.src, graph.dst, graph.edge_bytes
     etensor = graph.edge_tensor
-    is_grad = np.fromiter(((int(u), int(t)) in grad_set for u, t in zip(src.tolist(), etensor.tolist())),
-                          dtype=bool, count=graph.num_edges)
-    whole_edge = np.fromiter(((int(u), int(t)) in whole_tensor for u, t in zip(src.tolist(), etensor.tolist())),
-                             dtype=bool, count=graph.num_edges)
+    is_grad = np.fromiter(
+        ((int(u), int(t)) in grad_set for u, t in zip(src.tolist(), etensor.tolist())),
+        dtype=bool,
+        count=graph.num_edges,
+    )
+    whole_edge = np.fromiter(
+        ((int(u), int(t)) in whole_tensor for u, t in zip(src.tolist(), etensor.tolist())),
+        dtype=bool,
+        count=graph.num_edges,
+    )
     ps, pd = per_batch[src], per_batch[dst]
     e_src, e_dst, e_bytes, e_tensor = [], [], [], []
     both = np.flatnonzero(~is_grad & ~ps & ~pd)
@@ -321,7 +344,7 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
     e_bytes.append(ebytes[both])
     e_tensor.append(etensor[both])
     for k, (lo, hi) in enumerate(rows):
-        sel = np.flatnonzero(~is_grad & (ps | pd))        # anything touching a copy: once per micro-batch
+        sel = np.flatnonzero(~is_grad & (ps | pd))  # anything touching a copy: once per micro-batch
         e_src.append(new_of[k, src[sel]])
         e_dst.append(new_of[k, dst[sel]])
         nbytes = np.where(ps[sel] & ~whole_edge[sel], _piece(ebytes[sel], lo, hi, total), ebytes[sel])
@@ -366,22 +389,38 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
     n_acc = len(acc_ids)
     ids += acc_ids
     new = OpGraph(
-        ids, np.concatenate(compute + [np.asarray(acc_compute, dtype=np.float64)]),
-        np.concatenate(e_src + [_as_int(a_src)]), np.concatenate(e_dst + [_as_int(a_dst)]),
-        np.concatenate(e_bytes + [_as_int(a_bytes)]), np.concatenate(e_tensor + [_as_int(a_tensor)]),
+        ids,
+        np.concatenate(compute + [np.asarray(acc_compute, dtype=np.float64)]),
+        np.concatenate(e_src + [_as_int(a_src)]),
+        np.concatenate(e_dst + [_as_int(a_dst)]),
+        np.concatenate(e_bytes + [_as_int(a_bytes)]),
+        np.concatenate(e_tensor + [_as_int(a_tensor)]),
         output_bytes=np.concatenate(output + [_as_int(acc_bytes)]),
         param_bytes=np.concatenate(params + [np.zeros(n_acc, dtype=np.int64)]),
         temp_bytes=np.concatenate(temp + [np.zeros(n_acc, dtype=np.int64)]),
         flops=np.concatenate(flops + [np.asarray([b / 4 for b in acc_bytes], dtype=np.float64)]),
-        op=op + ["aten.add"] * n_acc, layer=layer + [graph.layer[u] for u in acc_of],
-        colocation=colocation + [None] * n_acc, device_kinds=kinds + acc_kinds,
-        compute_s_by_kind=by_kind + acc_bykind, splittable=splittable + [None] * n_acc,
-        node_extra=extra + acc_extra, name=graph.name,
-        extra={**graph.extra, "microbatches": {"count": m, "rows": [list(r) for r in rows], "total": total}})
+        op=op + ["aten.add"] * n_acc,
+        layer=layer + [graph.layer[u] for u in acc_of],
+        colocation=colocation + [None] * n_acc,
+        device_kinds=kinds + acc_kinds,
+        compute_s_by_kind=by_kind + acc_bykind,
+        splittable=splittable + [None] * n_acc,
+        node_extra=extra + acc_extra,
+        name=graph.name,
+        extra={**graph.extra, "microbatches": {"count": m, "rows": [list(r) for r in rows], "total": total}},
+    )
     accumulates = np.zeros(new.num_nodes, dtype=bool)
     accumulates[base:] = True
-    return MicroBatchedGraph(new, m, rows, total, per_batch, np.concatenate([microbatch, _as_int(acc_mb)]),
-                             np.concatenate([original, _as_int(acc_of)]), accumulates)
+    return MicroBatchedGraph(
+        new,
+        m,
+        rows,
+        total,
+        per_batch,
+        np.concatenate([microbatch, _as_int(acc_mb)]),
+        np.concatenate([original, _as_int(acc_of)]),
+        accumulates,
+    )
 
 
 def _as_int(values: list) -> np.ndarray:
@@ -399,15 +438,21 @@ def _trials(graph: OpGraph) -> list[dict]:
 @register_transform(
     "microbatch",
     requires="the step has a batch input; microbatches >= 1 and at most the batch's samples where the graph "
-             "records them.",
+    "records them.",
     trials=_trials,
-    ensures=Ensures(compute=SHARE_OR_WHOLE, output_bytes=SHARE_OR_WHOLE, param_bytes=SHARE_OR_WHOLE,
-                    temp_bytes=SHARE_OR_WHOLE, transfers=None,
-                    note="A batch-proportional node's micro-batches share its work, workspace and output by their "
-                         "rows of the batch (an output of gradients alone is whole in each), micro-batch 0 holding "
-                         "its parameters; any other node is the original. A tensor between copies shrinks with "
-                         "its producer's share (a gradient does not). Added: the accumulation nodes, which sum "
-                         "each gradient over the micro-batches; readers of a gradient read the sum."))
+    ensures=Ensures(
+        compute=SHARE_OR_WHOLE,
+        output_bytes=SHARE_OR_WHOLE,
+        param_bytes=SHARE_OR_WHOLE,
+        temp_bytes=SHARE_OR_WHOLE,
+        transfers=None,
+        note="A batch-proportional node's micro-batches share its work, workspace and output by their "
+        "rows of the batch (an output of gradients alone is whole in each), micro-batch 0 holding "
+        "its parameters; any other node is the original. A tensor between copies shrinks with "
+        "its producer's share (a gradient does not). Added: the accumulation nodes, which sum "
+        "each gradient over the micro-batches; readers of a gradient read the sum.",
+    ),
+)
 def microbatch_transform(graph: OpGraph, cluster: Cluster | None, *, microbatches: int) -> TransformResult:
     """The micro-batched step (:func:`microbatch_graph`): node ``u``'s copies stand for ``u``.
 
@@ -427,7 +472,9 @@ def microbatch_transform(graph: OpGraph, cluster: Cluster | None, *, microbatche
     if mb.microbatches == 1:
         return TransformResult.identity(graph, detail=mb)
     new = mb.graph
-    origin = NodeMap.from_groups([[] if a else [u] for u, a in zip(mb.original.tolist(), mb.accumulates.tolist())],
-                                 graph.num_nodes)
-    return TransformResult(new, graph, origin, origin.inverse(), mb.accumulates.copy(),
-                           np.maximum(mb.microbatch, 0), mb)
+    origin = NodeMap.from_groups(
+        [[] if a else [u] for u, a in zip(mb.original.tolist(), mb.accumulates.tolist())], graph.num_nodes
+    )
+    return TransformResult(
+        new, graph, origin, origin.inverse(), mb.accumulates.copy(), np.maximum(mb.microbatch, 0), mb
+    )

@@ -70,9 +70,25 @@ from ..graph import OpGraph
 from .base import SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, register_transform
 from .split import batch_dependent, fresh_id, part_rows
 
-__all__ = ["data_parallel_graph", "replicated_node", "gradients", "replica_layout", "chunk_add_time",
-           "DataParallelGraph", "ReplicaLayout", "Stage", "collective_stages", "input_transfers", "chunk_copy_time",
-           "BUCKET_BYTES", "FIRST_BUCKET_BYTES", "COLLECTIVES", "GRADIENTS", "UPDATED", "replicate_transform"]
+__all__ = [
+    "data_parallel_graph",
+    "replicated_node",
+    "gradients",
+    "replica_layout",
+    "chunk_add_time",
+    "DataParallelGraph",
+    "ReplicaLayout",
+    "Stage",
+    "collective_stages",
+    "input_transfers",
+    "chunk_copy_time",
+    "BUCKET_BYTES",
+    "FIRST_BUCKET_BYTES",
+    "COLLECTIVES",
+    "GRADIENTS",
+    "UPDATED",
+    "replicate_transform",
+]
 
 BUCKET_BYTES = 25 << 20
 #: The first bucket's size (DDP's ``_DEFAULT_FIRST_BUCKET_BYTES``): the last layers' gradients, reduced first.
@@ -81,11 +97,50 @@ FIRST_BUCKET_BYTES = 1 << 20
 #: ``_foreach_`` forms included). The walk back from a state write passes only through these: a matmul
 #: whose inputs happen to have the state's size (BERT-large at batch 16 x 64 tokens, hidden 1024, has
 #: activations of a weight's size) made the gradient, however its inputs look.
-OPTIMIZER_OPS = frozenset({
-    "add", "sub", "mul", "div", "neg", "abs", "sign", "sqrt", "rsqrt", "reciprocal", "pow", "exp", "log",
-    "lerp", "addcmul", "addcdiv", "maximum", "minimum", "clamp", "clamp_min", "clamp_max", "where",
-    "copy", "clone", "detach", "alias", "_to_copy", "view", "_unsafe_view", "reshape", "t", "transpose",
-    "permute", "expand", "squeeze", "unsqueeze", "zeros_like", "ones_like", "fill", "sgn"})
+OPTIMIZER_OPS = frozenset(
+    {
+        "add",
+        "sub",
+        "mul",
+        "div",
+        "neg",
+        "abs",
+        "sign",
+        "sqrt",
+        "rsqrt",
+        "reciprocal",
+        "pow",
+        "exp",
+        "log",
+        "lerp",
+        "addcmul",
+        "addcdiv",
+        "maximum",
+        "minimum",
+        "clamp",
+        "clamp_min",
+        "clamp_max",
+        "where",
+        "copy",
+        "clone",
+        "detach",
+        "alias",
+        "_to_copy",
+        "view",
+        "_unsafe_view",
+        "reshape",
+        "t",
+        "transpose",
+        "permute",
+        "expand",
+        "squeeze",
+        "unsqueeze",
+        "zeros_like",
+        "ones_like",
+        "fill",
+        "sgn",
+    }
+)
 
 
 def _optimizer_op(op: str | None) -> bool:
@@ -153,8 +208,11 @@ def _state_writes(graph: OpGraph) -> tuple[dict[str, tuple[list[int], set[tuple[
         def feeding(v: int) -> list[int]:
             """In-edges of v that carry a batch-dependent tensor from outside the group (an edge of 0 bytes
             carries none: it orders, or holds a view's base)."""
-            return [e for e in eids[ptr[v]:ptr[v + 1]].tolist()
-                    if batch[src[e]] and nbytes[e] and int(src[e]) not in inside]
+            return [
+                e
+                for e in eids[ptr[v] : ptr[v + 1]].tolist()
+                if batch[src[e]] and nbytes[e] and int(src[e]) not in inside
+            ]
 
         writers = [w for w in members.tolist() if any(nbytes[e] == size for e in feeding(w))]
         stack = [e for w in writers for e in feeding(w) if nbytes[e] == size]
@@ -167,8 +225,12 @@ def _state_writes(graph: OpGraph) -> tuple[dict[str, tuple[list[int], set[tuple[
             # Element-wise optimizer arithmetic reads only state-sized batch-dependent tensors;
             # the first node that reads anything else (activations) produced the gradient, and so
             # did a sum of gradients alone (a tied weight's, which backward accumulates).
-            if further and _optimizer_op(graph.op[u]) and all(nbytes[f] == size for f in further) \
-                    and not _accumulates(graph, u, further):
+            if (
+                further
+                and _optimizer_op(graph.op[u])
+                and all(nbytes[f] == size for f in further)
+                and not _accumulates(graph, u, further)
+            ):
                 if u not in seen:
                     seen.add(u)
                     optimizer[u] = True
@@ -187,7 +249,7 @@ def _accumulates(graph: OpGraph, u: int, feeding: list[int]) -> bool:
     if op is None or op.rsplit(".", 1)[-1].removeprefix("_foreach_").rstrip("_") != "add" or len(feeding) < 2:
         return False
     ptr, eids = graph.in_edges
-    return all(e in feeding for e in eids[ptr[u]:ptr[u + 1]].tolist() if graph.edge_bytes[e])
+    return all(e in feeding for e in eids[ptr[u] : ptr[u + 1]].tolist() if graph.edge_bytes[e])
 
 
 def _optimizer_arithmetic(graph: OpGraph, optimizer: np.ndarray, batch: np.ndarray) -> np.ndarray:
@@ -202,10 +264,15 @@ def _optimizer_arithmetic(graph: OpGraph, optimizer: np.ndarray, batch: np.ndarr
     stack = np.flatnonzero(optimizer).tolist()
     while stack:
         v = stack.pop()
-        for e in eids[ptr[v]:ptr[v + 1]].tolist():
+        for e in eids[ptr[v] : ptr[v + 1]].tolist():
             u = int(graph.src[e])
-            if (not out[u] and not batch[u] and graph.op[u] not in (None, "placeholder")
-                    and _optimizer_op(graph.op[u]) and graph.output_bytes[u] == graph.edge_bytes[e] > 0):
+            if (
+                not out[u]
+                and not batch[u]
+                and graph.op[u] not in (None, "placeholder")
+                and _optimizer_op(graph.op[u])
+                and graph.output_bytes[u] == graph.edge_bytes[e] > 0
+            ):
                 out[u] = True
                 stack.append(u)
     return out
@@ -314,13 +381,16 @@ def _check_collective(collective: str, hosts: list[list[int]] | None, replicas: 
     """OptionError unless ``collective`` is known and ``hosts`` (if given) splits the replicas into hosts of one size."""
     if collective not in COLLECTIVES:
         raise OptionError(f"collective must be one of {', '.join(COLLECTIVES)}, got {collective!r}")
-    if hosts is not None and (sorted(k for members in hosts for k in members) != list(range(replicas))
-                              or len({len(members) for members in hosts}) != 1):
+    if hosts is not None and (
+        sorted(k for members in hosts for k in members) != list(range(replicas))
+        or len({len(members) for members in hosts}) != 1
+    ):
         raise OptionError(f"hosts must split replicas 0..{replicas - 1} into hosts of one size, got {hosts!r}")
 
 
-def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
-                      hosts: list[list[int]] | None = None) -> tuple[list[Stage], int]:
+def collective_stages(
+    layout: ReplicaLayout, b: int, collective: str = "ring", hosts: list[list[int]] | None = None
+) -> tuple[list[Stage], int]:
     """The stages that reduce bucket ``b`` on every replica, and the one whose output the optimizer reads.
 
     ``ring``: ``2 (n - 1)`` steps, step ``s`` on replica ``k`` receiving
@@ -354,8 +424,7 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
     source = append(Stage("bucket.pack", 0, 0, total, [[(GRADIENTS, k, 1)] for k in range(r)], copy_bytes=total))
 
     def shard() -> int:
-        return append(Stage("shard.pack", 0, 0, -(-total // r), [[(UPDATED, k, r)] for k in range(r)],
-                            role="shard"))
+        return append(Stage("shard.pack", 0, 0, -(-total // r), [[(UPDATED, k, r)] for k in range(r)], role="shard"))
 
     if collective == "ring":
         chunk = -(-total // r)
@@ -364,12 +433,17 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
             reduce = s < r - 1
             if layout.sharded and s == r - 1:
                 reduced, source, own = source, shard(), chunk
-            op = ("reduce_scatter.add" if reduce else "all_gather.copy") if layout.sharded else \
-                ("allreduce.add" if reduce else "allreduce.copy")
+            op = (
+                ("reduce_scatter.add" if reduce else "all_gather.copy")
+                if layout.sharded
+                else ("allreduce.add" if reduce else "allreduce.copy")
+            )
             inputs = [[(source, k, own), (source, (k - 1) % r, chunk)] for k in range(r)]
             role, step = ("ring_reduce", s) if reduce else ("ring_gather", s - (r - 1))
-            source, own = append(Stage(op, int(reduce), chunk, total if s == 2 * r - 3 else chunk, inputs,
-                                       role=role, step=step)), chunk
+            source, own = (
+                append(Stage(op, int(reduce), chunk, total if s == 2 * r - 3 else chunk, inputs, role=role, step=step)),
+                chunk,
+            )
         return stages, (reduced if layout.sharded else source)
     hosts = hosts or [list(range(r))]
     m = len(hosts[0])
@@ -383,8 +457,7 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
     for peers, size, role in ((within, piece, "within_reduce"), (across, part, "across_reduce")):
         if len(peers[0]) > 1:
             inputs = [[(source, q, own if q == k else size) for q in peers[k]] for k in range(r)]
-            source, own = append(Stage("reduce_scatter.add", len(peers[0]) - 1, size, size, inputs,
-                                       role=role)), size
+            source, own = append(Stage("reduce_scatter.add", len(peers[0]) - 1, size, size, inputs, role=role)), size
     reduced = source
     # All-gather: between hosts, then within each host.
     if layout.sharded:
@@ -397,8 +470,14 @@ def collective_stages(layout: ReplicaLayout, b: int, collective: str = "ring",
     return stages, (reduced if layout.sharded else source)
 
 
-def replica_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYTES, *,
-                   shard_optimizer: bool = False, first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> ReplicaLayout:
+def replica_layout(
+    graph: OpGraph,
+    replicas: int,
+    bucket_bytes: int = BUCKET_BYTES,
+    *,
+    shard_optimizer: bool = False,
+    first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+) -> ReplicaLayout:
     """The gradients, their buckets and each node's share of the work for ``replicas`` replicas.
 
     Raises
@@ -441,21 +520,24 @@ def replica_layout(graph: OpGraph, replicas: int, bucket_bytes: int = BUCKET_BYT
         for key, (writers, found) in walks.items():
             members = graph.colocation_groups[key]
             inside = set(members.tolist())
-            readers = {int(graph.dst[e]) for m in members.tolist() for e in eids[ptr[m]:ptr[m + 1]].tolist()}
+            readers = {int(graph.dst[e]) for m in members.tolist() for e in eids[ptr[m] : ptr[m + 1]].tolist()}
             if all(arithmetic[v] or v in inside for v in readers):
-                param_factor[members] = 1.0 / r       # optimizer state, which only the optimizer reads
+                param_factor[members] = 1.0 / r  # optimizer state, which only the optimizer reads
             else:
-                for g in found:                       # a parameter, which the step reads too
+                for g in found:  # a parameter, which the step reads too
                     updated.setdefault(g, max(writers))
         first_write: dict[tuple[int, int], int] = {}
         for writers, found in walks.values():
             for g in found:
                 first_write[g] = min(first_write.get(g, n), *writers)
-        for g in grads:   # a gradient no parameter's update was traced to: its first state write
+        for g in grads:  # a gradient no parameter's update was traced to: its first state write
             updated.setdefault(g, first_write[g])
     grad_set = set(grads)
-    is_grad_edge = np.fromiter(((u, t) in grad_set for u, t in zip(graph.src.tolist(), graph.edge_tensor.tolist())),
-                               dtype=bool, count=graph.num_edges)
+    is_grad_edge = np.fromiter(
+        ((u, t) in grad_set for u, t in zip(graph.src.tolist(), graph.edge_tensor.tolist())),
+        dtype=bool,
+        count=graph.num_edges,
+    )
     grad_bytes = {}
     for e in np.flatnonzero(is_grad_edge).tolist():
         g = (int(graph.src[e]), int(graph.edge_tensor[e]))
@@ -503,10 +585,16 @@ def _reads_reduced(graph: OpGraph, grads: list[tuple[int, int]], is_grad_edge: n
     return after
 
 
-def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BUCKET_BYTES,
-                        shard_optimizer: bool = False, collective: str = "ring",
-                        hosts: list[list[int]] | None = None,
-                        first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> DataParallelGraph:
+def data_parallel_graph(
+    graph: OpGraph,
+    replicas: int,
+    *,
+    bucket_bytes: int = BUCKET_BYTES,
+    shard_optimizer: bool = False,
+    collective: str = "ring",
+    hosts: list[list[int]] | None = None,
+    first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+) -> DataParallelGraph:
     """``replicas`` copies of the step on 1/``replicas`` of the batch each, with all-reduces of the gradients.
 
     Parameters
@@ -551,8 +639,9 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     >>> dp.graph.num_nodes - 2 * g.num_nodes     # two ~16 MiB buckets: a pack and 2 (n - 1) steps on each replica
     12
     """
-    layout = replica_layout(graph, replicas, bucket_bytes, shard_optimizer=shard_optimizer,
-                            first_bucket_bytes=first_bucket_bytes)
+    layout = replica_layout(
+        graph, replicas, bucket_bytes, shard_optimizer=shard_optimizer, first_bucket_bytes=first_bucket_bytes
+    )
     _check_collective(collective, hosts, replicas)
     n, r = graph.num_nodes, replicas
     scaled = layout.per_batch
@@ -562,7 +651,7 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     ids: list[str] = []
     replica_of: list[int] = []
     original: list[int] = []
-    keep = np.flatnonzero(~layout.is_grad_edge)      # readers of a gradient read the all-reduced bucket instead
+    keep = np.flatnonzero(~layout.is_grad_edge)  # readers of a gradient read the all-reduced bucket instead
     columns: dict[float, tuple] = {}
 
     def scaled_columns(share: float) -> tuple:
@@ -571,14 +660,19 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
         if share not in columns:
             factor = np.where(scaled, share, layout.factor)
             # Per-kind times scaled once: the replicas share the dicts (a graph's are never changed in place).
-            by_kind = [None if not times else {kind: s * f for kind, s in times.items()}
-                       for times, f in zip(graph.compute_s_by_kind, factor.tolist())]
+            by_kind = [
+                None if not times else {kind: s * f for kind, s in times.items()}
+                for times, f in zip(graph.compute_s_by_kind, factor.tolist())
+            ]
             # Tensors out of a scaled node shrink with the batch (no kept edge carries a gradient).
-            columns[share] = ((graph.compute_s * factor).tolist(),
-                              np.rint(graph.output_bytes * factor).astype(np.int64).tolist(),
-                              np.rint(graph.temp_bytes * factor).astype(np.int64).tolist(),
-                              (graph.flops * factor).tolist(), by_kind,
-                              np.rint(graph.edge_bytes[keep] * factor[graph.src[keep]]).astype(np.int64))
+            columns[share] = (
+                (graph.compute_s * factor).tolist(),
+                np.rint(graph.output_bytes * factor).astype(np.int64).tolist(),
+                np.rint(graph.temp_bytes * factor).astype(np.int64).tolist(),
+                (graph.flops * factor).tolist(),
+                by_kind,
+                np.rint(graph.edge_bytes[keep] * factor[graph.src[keep]]).astype(np.int64),
+            )
         return columns[share]
 
     ebytes = []
@@ -597,9 +691,12 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
         fields["colocation"] += [None if c is None else f"r{k}/{c}" for c in graph.colocation]
         fields["device_kinds"] += graph.device_kinds
         fields["compute_s_by_kind"] += by_kind
-        fields["splittable"] += [_replica_splittable(sp, k, r, samples) if sc else sp
-                                 for sp, sc in zip(graph.splittable, scaled.tolist())]
-        fields["node_extra"] += [{**extra, "replica": k, "replica_of": x} for extra, x in zip(graph.node_extra, graph.ids)]
+        fields["splittable"] += [
+            _replica_splittable(sp, k, r, samples) if sc else sp for sp, sc in zip(graph.splittable, scaled.tolist())
+        ]
+        fields["node_extra"] += [
+            {**extra, "replica": k, "replica_of": x} for extra, x in zip(graph.node_extra, graph.ids)
+        ]
         replica_of += [k] * n
         original += range(n)
     base = np.arange(r * n, dtype=np.int64).reshape(r, n)
@@ -620,8 +717,8 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
     extra_bytes: list[int] = []
     extra_tensor: list[int] = []
 
-    last_step: dict[tuple[int, int], int] = {}     # (bucket, replica) -> node of the stage the readers read
-    taken = set(ids)                                 # the steps' ids are new, whatever the graph's are named
+    last_step: dict[tuple[int, int], int] = {}  # (bucket, replica) -> node of the stage the readers read
+    taken = set(ids)  # the steps' ids are new, whatever the graph's are named
     for b, members in enumerate(layout.buckets):
         names = [graph.ids[u] + (f":{t}" if t else "") for u, t in members]
         stages, reduced = collective_stages(layout, b, collective, hosts)
@@ -630,10 +727,23 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
             cost, by_kind = layout.stage_compute(stage)
             for k in range(r):
                 stage_node[k, s] = add(
-                    fresh_id(f"r{k}/allreduce{b}.step{s}", taken), k, compute_s=cost,
-                    compute_s_by_kind=by_kind and dict(by_kind), output_bytes=stage.output_bytes, op=stage.op,
-                    node_extra={"replica": k, "allreduce": {"bucket": b, "step": s, "gradients": names,
-                                                            "sharded": layout.sharded, "collective": collective}})
+                    fresh_id(f"r{k}/allreduce{b}.step{s}", taken),
+                    k,
+                    compute_s=cost,
+                    compute_s_by_kind=by_kind and dict(by_kind),
+                    output_bytes=stage.output_bytes,
+                    op=stage.op,
+                    node_extra={
+                        "replica": k,
+                        "allreduce": {
+                            "bucket": b,
+                            "step": s,
+                            "gradients": names,
+                            "sharded": layout.sharded,
+                            "collective": collective,
+                        },
+                    },
+                )
             for k in range(r):
                 for source, q, amount in stage.inputs[k]:
                     if source >= 0:
@@ -660,25 +770,54 @@ def data_parallel_graph(graph: OpGraph, replicas: int, *, bucket_bytes: int = BU
             extra_dst.append(base[k, graph.dst[e]])
             extra_bytes.append(-(-nbytes // r) if layout.sharded else nbytes)
             extra_tensor.append(0)
-    out = OpGraph(ids, fields["compute_s"], np.concatenate(src + [np.asarray(extra_src, dtype=np.int64)]),
-                  np.concatenate(dst + [np.asarray(extra_dst, dtype=np.int64)]),
-                  np.concatenate(ebytes + [np.asarray(extra_bytes, dtype=np.int64)]),
-                  np.concatenate(etensor + [np.asarray(extra_tensor, dtype=np.int64)]),
-                  output_bytes=fields["output_bytes"],
-                  param_bytes=fields["param_bytes"], temp_bytes=fields["temp_bytes"], flops=fields["flops"],
-                  op=fields["op"], layer=fields["layer"], colocation=fields["colocation"],
-                  device_kinds=fields["device_kinds"], compute_s_by_kind=fields["compute_s_by_kind"],
-                  splittable=fields["splittable"], node_extra=fields["node_extra"], name=graph.name,
-                  extra={**graph.extra, "data_parallel": {"replicas": r, "buckets": len(layout.buckets),
-                                                          "sharded_optimizer": layout.sharded,
-                                                          "bucket_bytes": int(bucket_bytes),
-                                                          "first_bucket_bytes": int(first_bucket_bytes),
-                                                          "hosts": hosts}})
+    out = OpGraph(
+        ids,
+        fields["compute_s"],
+        np.concatenate(src + [np.asarray(extra_src, dtype=np.int64)]),
+        np.concatenate(dst + [np.asarray(extra_dst, dtype=np.int64)]),
+        np.concatenate(ebytes + [np.asarray(extra_bytes, dtype=np.int64)]),
+        np.concatenate(etensor + [np.asarray(extra_tensor, dtype=np.int64)]),
+        output_bytes=fields["output_bytes"],
+        param_bytes=fields["param_bytes"],
+        temp_bytes=fields["temp_bytes"],
+        flops=fields["flops"],
+        op=fields["op"],
+        layer=fields["layer"],
+        colocation=fields["colocation"],
+        device_kinds=fields["device_kinds"],
+        compute_s_by_kind=fields["compute_s_by_kind"],
+        splittable=fields["splittable"],
+        node_extra=fields["node_extra"],
+        name=graph.name,
+        extra={
+            **graph.extra,
+            "data_parallel": {
+                "replicas": r,
+                "buckets": len(layout.buckets),
+                "sharded_optimizer": layout.sharded,
+                "bucket_bytes": int(bucket_bytes),
+                "first_bucket_bytes": int(first_bucket_bytes),
+                "hosts": hosts,
+            },
+        },
+    )
     return DataParallelGraph(out, np.asarray(replica_of, dtype=np.int64), np.asarray(original, dtype=np.int64))
 
 
-_DEFAULTS = dict(compute_s=0.0, output_bytes=0, param_bytes=0, temp_bytes=0, flops=np.nan, op=None, layer=None,
-                 colocation=None, device_kinds=None, compute_s_by_kind=None, splittable=None, node_extra=None)
+_DEFAULTS = dict(
+    compute_s=0.0,
+    output_bytes=0,
+    param_bytes=0,
+    temp_bytes=0,
+    flops=np.nan,
+    op=None,
+    layer=None,
+    colocation=None,
+    device_kinds=None,
+    compute_s_by_kind=None,
+    splittable=None,
+    node_extra=None,
+)
 
 
 def replicated_node(graph: OpGraph) -> int | None:
@@ -692,8 +831,7 @@ def replicated_node(graph: OpGraph) -> int | None:
     >>> replicated_node(g), replicated_node(data_parallel_graph(g, 2).graph)
     (None, 0)
     """
-    return next((i for i, extra in enumerate(graph.node_extra) if "replica_of" in extra or "allreduce" in extra),
-                None)
+    return next((i for i, extra in enumerate(graph.node_extra) if "replica_of" in extra or "allreduce" in extra), None)
 
 
 def _replica_samples(graph: OpGraph, replicas: int) -> list[int] | None:
@@ -705,8 +843,9 @@ def _replica_samples(graph: OpGraph, replicas: int) -> list[int] | None:
     return [hi - lo for lo, hi in part_rows(int(batch), replicas)]
 
 
-def _replica_splittable(splittable: list[dict] | None, replica: int, replicas: int,
-                        samples: list[int] | None = None) -> list[dict] | None:
+def _replica_splittable(
+    splittable: list[dict] | None, replica: int, replicas: int, samples: list[int] | None = None
+) -> list[dict] | None:
     """A replica's share of the batch dimension (the other dimensions keep their extent): the rows of its
     ``samples`` (rows are a multiple of the batch, a sample's rows in one block), else a 1/replicas part."""
     if not splittable:
@@ -719,7 +858,7 @@ def _replica_splittable(splittable: list[dict] | None, replica: int, replicas: i
                 lo, hi = part_rows(size, replicas)[replica]
             else:
                 per_sample = size // sum(samples)
-                lo, hi = per_sample * sum(samples[:replica]), per_sample * sum(samples[:replica + 1])
+                lo, hi = per_sample * sum(samples[:replica]), per_sample * sum(samples[: replica + 1])
             if hi - lo < 1:
                 continue
             item = {**item, "size": hi - lo}
@@ -749,20 +888,36 @@ def _roofline_times(flops: float, nbytes: float) -> tuple[float, dict[str, float
 
 @register_transform(
     "replicate",
-    requires="replicas >= 1; hosts, if given, splits the replicas into hosts of one size (for the direct "
-             "collective).",
-    trials=lambda graph: [{"replicas": 2}, {"replicas": 3, "shard_optimizer": True},
-                          {"replicas": 4, "collective": "direct", "hosts": [[0, 1], [2, 3]]}],
-    ensures=Ensures(compute=SHARE_OR_WHOLE, output_bytes=SHARE_OR_WHOLE, param_bytes=SHARE_OR_WHOLE,
-                    temp_bytes=SHARE_OR_WHOLE, transfers=None,
-                    note="A batch-proportional node's replicas share its work and memory by their slices of the "
-                         "batch; any other node is whole in every replica (a sharded optimizer's arithmetic and "
-                         "state are shared instead). A tensor shrinks with its producer's share. Added: the "
-                         "all-reduce steps of every gradient bucket, which stand for no original node; readers "
-                         "of a gradient read their replica's reduced bucket instead."))
-def replicate_transform(graph: OpGraph, cluster: Cluster | None, *, replicas: int, bucket_bytes: int = BUCKET_BYTES,
-                        shard_optimizer: bool = False, collective: str = "ring", hosts: list | None = None,
-                        first_bucket_bytes: int = FIRST_BUCKET_BYTES) -> TransformResult:
+    requires="replicas >= 1; hosts, if given, splits the replicas into hosts of one size (for the direct collective).",
+    trials=lambda graph: [
+        {"replicas": 2},
+        {"replicas": 3, "shard_optimizer": True},
+        {"replicas": 4, "collective": "direct", "hosts": [[0, 1], [2, 3]]},
+    ],
+    ensures=Ensures(
+        compute=SHARE_OR_WHOLE,
+        output_bytes=SHARE_OR_WHOLE,
+        param_bytes=SHARE_OR_WHOLE,
+        temp_bytes=SHARE_OR_WHOLE,
+        transfers=None,
+        note="A batch-proportional node's replicas share its work and memory by their slices of the "
+        "batch; any other node is whole in every replica (a sharded optimizer's arithmetic and "
+        "state are shared instead). A tensor shrinks with its producer's share. Added: the "
+        "all-reduce steps of every gradient bucket, which stand for no original node; readers "
+        "of a gradient read their replica's reduced bucket instead.",
+    ),
+)
+def replicate_transform(
+    graph: OpGraph,
+    cluster: Cluster | None,
+    *,
+    replicas: int,
+    bucket_bytes: int = BUCKET_BYTES,
+    shard_optimizer: bool = False,
+    collective: str = "ring",
+    hosts: list | None = None,
+    first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+) -> TransformResult:
     """The data-parallel graph (:func:`data_parallel_graph`): node ``u``'s replicas stand for ``u``.
 
     Strong scaling: replica ``k`` of ``r`` works on ``b_k`` of the batch's
@@ -783,16 +938,28 @@ def replicate_transform(graph: OpGraph, cluster: Cluster | None, *, replicas: in
     """
     if isinstance(replicas, bool) or not isinstance(replicas, (int, np.integer)):
         raise OptionError(f"option replicas of transform 'replicate' must be an integer >= 1, got {replicas!r}")
-    if hosts is not None and not (isinstance(hosts, (list, tuple)) and all(
-            isinstance(members, (list, tuple)) and all(isinstance(k, (int, np.integer)) and not isinstance(k, bool)
-                                                       for k in members) for members in hosts)):
+    if hosts is not None and not (
+        isinstance(hosts, (list, tuple))
+        and all(
+            isinstance(members, (list, tuple))
+            and all(isinstance(k, (int, np.integer)) and not isinstance(k, bool) for k in members)
+            for members in hosts
+        )
+    ):
         raise OptionError(f"option hosts of transform 'replicate' must be lists of replica numbers, got {hosts!r}")
-    dp = data_parallel_graph(graph, int(replicas), bucket_bytes=bucket_bytes, shard_optimizer=shard_optimizer,
-                             collective=collective, hosts=None if hosts is None else [list(h) for h in hosts],
-                             first_bucket_bytes=first_bucket_bytes)
+    dp = data_parallel_graph(
+        graph,
+        int(replicas),
+        bucket_bytes=bucket_bytes,
+        shard_optimizer=shard_optimizer,
+        collective=collective,
+        hosts=None if hosts is None else [list(h) for h in hosts],
+        first_bucket_bytes=first_bucket_bytes,
+    )
     new = dp.graph
     # Each new node's original from the replication's record; each original's replicas by their ids.
     origin = NodeMap.from_groups([[u] if u >= 0 else [] for u in dp.original.tolist()], graph.num_nodes)
-    image = NodeMap.from_groups([[new.index[f"r{k}/{x}"] for k in range(int(replicas))] for x in graph.ids],
-                                new.num_nodes)
+    image = NodeMap.from_groups(
+        [[new.index[f"r{k}/{x}"] for k in range(int(replicas))] for x in graph.ids], new.num_nodes
+    )
     return TransformResult(new, graph, origin, image, dp.original < 0, dp.replica, dp)

@@ -78,8 +78,16 @@ from ..errors import OptionError
 from ..graph import OpGraph
 from .base import SHARE_AND_WHOLE, SHARE_OR_WHOLE, SUM, Ensures, NodeMap, TransformResult, register_transform
 
-__all__ = ["split_operation", "batch_dependent", "batch_samples", "split_dims", "original_ids", "part_rows", "fresh_id",
-           "split_transform"]
+__all__ = [
+    "split_operation",
+    "batch_dependent",
+    "batch_samples",
+    "split_dims",
+    "original_ids",
+    "part_rows",
+    "fresh_id",
+    "split_transform",
+]
 
 #: The dimension names this transform knows how to split.
 SUPPORTED_DIMS = ("batch", "channel")
@@ -104,8 +112,9 @@ def batch_dependent(graph: OpGraph) -> np.ndarray:
     n = graph.num_nodes
     indegree = np.bincount(graph.dst, minlength=n)
     is_input = np.array([op in (None, "placeholder") for op in graph.op], dtype=bool)
-    declared = np.array([any(item.get("dim") == "batch" for item in entries or ()) for entries in graph.splittable],
-                        dtype=bool)
+    declared = np.array(
+        [any(item.get("dim") == "batch" for item in entries or ()) for entries in graph.splittable], dtype=bool
+    )
     reached = ((indegree == 0) & (graph.param_bytes == 0) & is_input) | declared
     ptr, eids = graph.out_edges
     dst = graph.dst[eids].tolist()
@@ -132,8 +141,9 @@ def batch_samples(graph: OpGraph) -> int | None:
     """
     if graph.extra.get("batch_size") is not None:
         return int(graph.extra["batch_size"])
-    sizes = [int(item["size"]) for entries in graph.splittable if entries
-             for item in entries if item.get("dim") == "batch"]
+    sizes = [
+        int(item["size"]) for entries in graph.splittable if entries for item in entries if item.get("dim") == "batch"
+    ]
     return min(sizes, default=None)
 
 
@@ -147,8 +157,11 @@ def split_dims(graph: OpGraph, node: int) -> dict[str, int]:
     >>> split_dims(g, 0)
     {'batch': 8}
     """
-    return {item["dim"]: int(item["size"]) for item in graph.splittable[node] or []
-            if item.get("dim") in SUPPORTED_DIMS and int(item.get("size", 0)) >= 2}
+    return {
+        item["dim"]: int(item["size"])
+        for item in graph.splittable[node] or []
+        if item.get("dim") in SUPPORTED_DIMS and int(item.get("size", 0)) >= 2
+    }
 
 
 def part_rows(size: int, parts: int) -> list[tuple[int, int]]:
@@ -209,8 +222,11 @@ def _named_inputs(graph: OpGraph, x: int, entry: dict) -> set[tuple[int, int]] |
         return None
     extra = graph.node_extra[x]
     own = graph.ids[x]
-    prefix = own[:len(own) - len(extra["replica_of"])] if "replica_of" in extra and own.endswith(
-        extra["replica_of"]) else ""
+    prefix = (
+        own[: len(own) - len(extra["replica_of"])]
+        if "replica_of" in extra and own.endswith(extra["replica_of"])
+        else ""
+    )
     wanted = {(str(name), int(t)) for name, t in entry["inputs"]}
     found: set[tuple[int, int]] = set()
     seen: set[tuple[str, int]] = set()
@@ -221,7 +237,7 @@ def _named_inputs(graph: OpGraph, x: int, entry: dict) -> set[tuple[int, int]] |
             name, t = producer["split_of"], int(producer.get("tensor", t))
         else:
             name = graph.ids[u]
-        key = (name[len(prefix):] if prefix and name.startswith(prefix) else name, t)
+        key = (name[len(prefix) :] if prefix and name.startswith(prefix) else name, t)
         if key in wanted:
             found.add((u, t))
             seen.add(key)
@@ -303,7 +319,9 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
         raise OptionError(f"cannot split unknown node {node!r}")
     dims = split_dims(graph, x)
     if dim not in dims:
-        raise OptionError(f"node {node!r} cannot be split along {dim!r}; it may be split along {sorted(dims) or 'nothing'}")
+        raise OptionError(
+            f"node {node!r} cannot be split along {dim!r}; it may be split along {sorted(dims) or 'nothing'}"
+        )
     if not 2 <= parts <= dims[dim]:
         raise OptionError(f"node {node!r}: parts must be between 2 and {dims[dim]} (its {dim!r} extent), got {parts!r}")
     rows = part_rows(dims[dim], parts)
@@ -314,6 +332,7 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
         """Part ``k``'s share of ``total`` bytes, in whole bytes that add up to ``total`` over the parts."""
         lo, hi = rows[k]
         return int(total) * hi // extent - int(total) * lo // extent
+
     entry = next(item for item in graph.splittable[x] if item.get("dim") == dim)
     named = _named_inputs(graph, x, entry)
     if named is None:
@@ -353,7 +372,8 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
 
     def summed(t: int) -> bool:
         return join is not None and t < len(join) and join[t] == "sum"
-    new_nodes: list[dict[str, Any]] = []      # constructor fields of each new node
+
+    new_nodes: list[dict[str, Any]] = []  # constructor fields of each new node
     new_edges: list[tuple[str, str, int, int]] = []
     part_ids = [fresh_id(f"{node}@part{k}", taken) for k in range(parts)]
     extra_x = graph.node_extra[x]
@@ -367,16 +387,28 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
                 new_edges.append((source, pid, nbytes, t))
             continue
         sid = fresh_id(f"{node}@split{j}", taken)
-        new_nodes.append(dict(id=sid, compute_s=0.0, op="aten.split", layer=graph.layer[x],
-                              device_kinds=graph.device_kinds[x],
-                              node_extra={**base, "role": "split", "source": source, "tensor": t, **sliced_args}))
+        new_nodes.append(
+            dict(
+                id=sid,
+                compute_s=0.0,
+                op="aten.split",
+                layer=graph.layer[x],
+                device_kinds=graph.device_kinds[x],
+                node_extra={**base, "role": "split", "source": source, "tensor": t, **sliced_args},
+            )
+        )
         new_edges.append((source, sid, nbytes, t))
-        for k, pid in enumerate(part_ids):       # one tensor per slice: each travels on its own
+        for k, pid in enumerate(part_ids):  # one tensor per slice: each travels on its own
             new_edges.append((sid, pid, piece(nbytes, k), k))
     by_kind = graph.compute_s_by_kind[x]
-    whole = 0 if dim == "batch" and named is None else min(
-        sum(nbytes for (u, t), nbytes in inputs.items() if not is_sliced(u, t, nbytes)),
-        int(extra_x.get("bytes_accessed", 0)))
+    whole = (
+        0
+        if dim == "batch" and named is None
+        else min(
+            sum(nbytes for (u, t), nbytes in inputs.items() if not is_sliced(u, t, nbytes)),
+            int(extra_x.get("bytes_accessed", 0)),
+        )
+    )
     # Every part computes a whole partial of a summed output, and its share of the others.
     partial = min(sum(nbytes for t, nbytes in outputs.items() if summed(t)), int(graph.output_bytes[x]))
     for k, pid in enumerate(part_ids):
@@ -388,17 +420,24 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
             fixed = min(whole + partial, int(extra_x["bytes_accessed"]))
             extra["bytes_accessed"] = fixed + piece(int(extra_x["bytes_accessed"]) - fixed, k)
         extra.update({**base, "part": k, "rows": list(rows[k])})
-        new_nodes.append(dict(
-            id=pid, compute_s=float(graph.compute_s[x]) * f, op=graph.op[x], layer=graph.layer[x],
-            output_bytes=partial + piece(int(graph.output_bytes[x]) - partial, k),
-            temp_bytes=piece(graph.temp_bytes[x], k),
-            # Split along the batch, every part needs the whole weights; along the channels, its own channels'.
-            # The first keeps the op's colocation (its state's home).
-            param_bytes=int(graph.param_bytes[x]) if dim == "batch" else piece(graph.param_bytes[x], k),
-            colocation=graph.colocation[x] if k == 0 else None,
-            device_kinds=graph.device_kinds[x], flops=float(graph.flops[x]) * f,
-            compute_s_by_kind=None if not by_kind else {kind: s * f for kind, s in by_kind.items()},
-            node_extra=extra))
+        new_nodes.append(
+            dict(
+                id=pid,
+                compute_s=float(graph.compute_s[x]) * f,
+                op=graph.op[x],
+                layer=graph.layer[x],
+                output_bytes=partial + piece(int(graph.output_bytes[x]) - partial, k),
+                temp_bytes=piece(graph.temp_bytes[x], k),
+                # Split along the batch, every part needs the whole weights; along the channels, its own channels'.
+                # The first keeps the op's colocation (its state's home).
+                param_bytes=int(graph.param_bytes[x]) if dim == "batch" else piece(graph.param_bytes[x], k),
+                colocation=graph.colocation[x] if k == 0 else None,
+                device_kinds=graph.device_kinds[x],
+                flops=float(graph.flops[x]) * f,
+                compute_s_by_kind=None if not by_kind else {kind: s * f for kind, s in by_kind.items()},
+                node_extra=extra,
+            )
+        )
     concat_of: dict[int, str] = {}
     for t, nbytes in sorted(outputs.items()):
         if summed(t):
@@ -412,20 +451,40 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
             if join is not None:
                 role["axis"] = int(join[t]) if t < len(join) else 0
         concat_of[t] = cid
-        new_nodes.append(dict(id=cid, compute_s=reference, compute_s_by_kind=kinds,
-                              op="aten.add" if summed(t) else "aten.cat",
-                              layer=graph.layer[x], output_bytes=nbytes, device_kinds=graph.device_kinds[x],
-                              node_extra={**base, **role}))
+        new_nodes.append(
+            dict(
+                id=cid,
+                compute_s=reference,
+                compute_s_by_kind=kinds,
+                op="aten.add" if summed(t) else "aten.cat",
+                layer=graph.layer[x],
+                output_bytes=nbytes,
+                device_kinds=graph.device_kinds[x],
+                node_extra={**base, **role},
+            )
+        )
         for k, pid in enumerate(part_ids):
             new_edges.append((pid, cid, nbytes if summed(t) else piece(nbytes, k), t))
     for e in out_edges.tolist():
-        new_edges.append((concat_of[int(graph.edge_tensor[e])], graph.ids[int(graph.dst[e])],
-                          int(graph.edge_bytes[e]), 0))
+        new_edges.append(
+            (concat_of[int(graph.edge_tensor[e])], graph.ids[int(graph.dst[e])], int(graph.edge_bytes[e]), 0)
+        )
     return _rebuild(graph, x, new_nodes, new_edges)
 
 
-_NODE_DEFAULTS = dict(output_bytes=0, param_bytes=0, temp_bytes=0, flops=np.nan, op=None, layer=None,
-                      colocation=None, device_kinds=None, compute_s_by_kind=None, splittable=None, node_extra=None)
+_NODE_DEFAULTS = dict(
+    output_bytes=0,
+    param_bytes=0,
+    temp_bytes=0,
+    flops=np.nan,
+    op=None,
+    layer=None,
+    colocation=None,
+    device_kinds=None,
+    compute_s_by_kind=None,
+    splittable=None,
+    node_extra=None,
+)
 _NODE_ARRAYS = ("compute_s", "output_bytes", "param_bytes", "temp_bytes", "flops")
 _NODE_LISTS = ("op", "layer", "colocation", "device_kinds", "compute_s_by_kind", "splittable", "node_extra")
 
@@ -449,7 +508,9 @@ def fresh_id(name: str, taken: set[str]) -> str:
     return candidate
 
 
-def _rebuild(graph: OpGraph, removed: int, new_nodes: list[dict], new_edges: list[tuple[str, str, int, int]]) -> OpGraph:
+def _rebuild(
+    graph: OpGraph, removed: int, new_nodes: list[dict], new_edges: list[tuple[str, str, int, int]]
+) -> OpGraph:
     """``graph`` without node ``removed`` and its edges, with ``new_nodes`` in its place and ``new_edges`` added."""
     keep = [i for i in range(graph.num_nodes) if i != removed]
     before, after = keep[:removed], keep[removed:]
@@ -466,8 +527,17 @@ def _rebuild(graph: OpGraph, removed: int, new_nodes: list[dict], new_edges: lis
     nbytes = graph.edge_bytes[kept].tolist() + [e[2] for e in new_edges]
     tensor = graph.edge_tensor[kept].tolist() + [e[3] for e in new_edges]
     edge_extra = [graph.edge_extra[e] for e in kept.tolist()] + [{} for _ in new_edges]
-    return OpGraph(ids, src=src, dst=dst, edge_bytes=nbytes, edge_tensor=tensor, edge_extra=edge_extra,
-                   name=graph.name, extra=graph.extra, **fields)
+    return OpGraph(
+        ids,
+        src=src,
+        dst=dst,
+        edge_bytes=nbytes,
+        edge_tensor=tensor,
+        edge_extra=edge_extra,
+        name=graph.name,
+        extra=graph.extra,
+        **fields,
+    )
 
 
 def _split_trials(graph: OpGraph) -> list[dict]:
@@ -476,8 +546,14 @@ def _split_trials(graph: OpGraph) -> list[dict]:
     trials = []
     for dim in SUPPORTED_DIMS:
         for sums in (False, True):
-            node = next((i for i in range(graph.num_nodes) if dim in split_dims(graph, i)
-                         and ("sum" in _entry(graph, i, dim).get("join", ())) == sums), None)
+            node = next(
+                (
+                    i
+                    for i in range(graph.num_nodes)
+                    if dim in split_dims(graph, i) and ("sum" in _entry(graph, i, dim).get("join", ())) == sums
+                ),
+                None,
+            )
             if node is not None:
                 trials.append({"node": graph.ids[node], "dim": dim, "parts": min(3, split_dims(graph, node)[dim])})
     return trials
@@ -489,21 +565,28 @@ def _entry(graph: OpGraph, node: int, dim: str) -> dict:
 
 
 @register_transform(
-    "split", trials=_split_trials,
+    "split",
+    trials=_split_trials,
     requires="node names an operation whose splittable entry lists dim (batch or channel) with an extent of at "
-             "least parts >= 2.",
-    ensures=Ensures(compute=SUM, output_bytes=SHARE_AND_WHOLE, param_bytes=SHARE_OR_WHOLE, temp_bytes=SUM,
-                    transfers=None,
-                    note="The parts share the operation's time, output and workspace by their rows; along the "
-                         "batch each part holds the whole parameters, along the channels its own. An output that "
-                         "the operation's splittable entry joins by a sum (a weight gradient split along the "
-                         "batch, an input gradient along the channels) is a whole partial in every part, the "
-                         "other outputs are shared; without such an output the parts' outputs sum to the "
-                         "operation's. Added: a split node per sliced input (no cost: a slice is a view), a "
-                         "concat node per concatenated output tensor (one copy of it) and a sum node per summed "
-                         "one (reading every partial, writing one). A sliced input goes once to its split node "
-                         "and in slices to the parts; any other input goes whole to every part; a part sends its "
-                         "slice of a concatenated output and its whole partial of a summed one."))
+    "least parts >= 2.",
+    ensures=Ensures(
+        compute=SUM,
+        output_bytes=SHARE_AND_WHOLE,
+        param_bytes=SHARE_OR_WHOLE,
+        temp_bytes=SUM,
+        transfers=None,
+        note="The parts share the operation's time, output and workspace by their rows; along the "
+        "batch each part holds the whole parameters, along the channels its own. An output that "
+        "the operation's splittable entry joins by a sum (a weight gradient split along the "
+        "batch, an input gradient along the channels) is a whole partial in every part, the "
+        "other outputs are shared; without such an output the parts' outputs sum to the "
+        "operation's. Added: a split node per sliced input (no cost: a slice is a view), a "
+        "concat node per concatenated output tensor (one copy of it) and a sum node per summed "
+        "one (reading every partial, writing one). A sliced input goes once to its split node "
+        "and in slices to the parts; any other input goes whole to every part; a part sends its "
+        "slice of a concatenated output and its whole partial of a summed one.",
+    ),
+)
 def split_transform(graph: OpGraph, cluster: Cluster | None, *, node: str, dim: str, parts: int) -> TransformResult:
     """FastT's SplitOperation (:func:`split_operation`): the parts, split and concat nodes stand for ``node``.
 
@@ -535,15 +618,18 @@ def split_transform(graph: OpGraph, cluster: Cluster | None, *, node: str, dim: 
         raise OptionError(f"option parts of transform 'split' must be an integer, got {parts!r}")
     new = split_operation(graph, node, dim, int(parts))
     x = graph.index[node]
-    n_new = new.num_nodes - graph.num_nodes + 1        # the nodes that took x's place in the listing order
+    n_new = new.num_nodes - graph.num_nodes + 1  # the nodes that took x's place in the listing order
     # Each new node's original, by id (the new ids are fresh); each original's new nodes, by position.
     origin = NodeMap.function([graph.index.get(new_id, x) for new_id in new.ids], graph.num_nodes)
     shift = np.arange(graph.num_nodes) + np.where(np.arange(graph.num_nodes) > x, n_new - 1, 0)
-    image = NodeMap.from_groups([range(x, x + n_new) if u == x else [int(shift[u])]
-                                 for u in range(graph.num_nodes)], new.num_nodes)
+    image = NodeMap.from_groups(
+        [range(x, x + n_new) if u == x else [int(shift[u])] for u in range(graph.num_nodes)], new.num_nodes
+    )
     rewritten = [extra.get("split_of") == node and u in range(x, x + n_new) for u, extra in enumerate(new.node_extra)]
-    added = np.array([r and new.node_extra[u].get("role") in ("split", "concat", "sum")
-                      for u, r in enumerate(rewritten)], dtype=bool)
-    copy = np.array([int(new.node_extra[u].get("part", 0)) if r else 0 for u, r in enumerate(rewritten)],
-                    dtype=np.int64)
+    added = np.array(
+        [r and new.node_extra[u].get("role") in ("split", "concat", "sum") for u, r in enumerate(rewritten)], dtype=bool
+    )
+    copy = np.array(
+        [int(new.node_extra[u].get("part", 0)) if r else 0 for u, r in enumerate(rewritten)], dtype=np.int64
+    )
     return TransformResult(new, graph, origin, image, added, copy)

@@ -23,22 +23,72 @@ re-exported for reading; patch them on :mod:`.retries`, which reads them.
 """
 
 from .memory import MemoryTimeline
-from .priorities import (earliest_start_priorities, edge_transfer_times, priority_order, scheduling_priorities,
-                         upward_ranks)
-from .retries import (MOST_RAISE, PRESSURE_COST, REBUDGETS_AT_FIRST_RATIO, REFINE_GAIN, REFINEMENTS, RETIME_EXCESS,
-                      SEARCH_BUILDS, SEARCH_CLIMB, SEARCH_CLIMBS, SEARCH_HALVINGS, STALE_SCHEDULES,
-                      rank_ordered_with_memory_retries, rebudgeted, refined_schedule, schedule_with_memory_retries,
-                      simulated_sends)
+from .priorities import (
+    earliest_start_priorities,
+    edge_transfer_times,
+    priority_order,
+    scheduling_priorities,
+    upward_ranks,
+)
+from .retries import (
+    MOST_RAISE,
+    PRESSURE_COST,
+    REBUDGETS_AT_FIRST_RATIO,
+    REFINE_GAIN,
+    REFINEMENTS,
+    RETIME_EXCESS,
+    SEARCH_BUILDS,
+    SEARCH_CLIMB,
+    SEARCH_CLIMBS,
+    SEARCH_HALVINGS,
+    STALE_SCHEDULES,
+    rank_ordered_with_memory_retries,
+    rebudgeted,
+    refined_schedule,
+    schedule_with_memory_retries,
+    simulated_sends,
+)
 from .state import BookedTransfer, Booking, Estimate, Schedule, ScheduleState, Send
 from .tables import Links, ScheduleTables, schedule_tables, unit_neighbours
 from .timeline import QueueOrder, Timeline
 from .to_plan import DISPATCH_SHARE, plan_from_schedule, plan_simulation
 
-__all__ = ["Schedule", "ScheduleState", "upward_ranks", "edge_transfer_times", "Timeline", "QueueOrder",
-           "schedule_with_memory_retries", "plan_from_schedule", "priority_order", "MemoryTimeline",
-           "earliest_start_priorities", "simulated_sends", "refined_schedule", "plan_simulation",
-           "rank_ordered_with_memory_retries", "scheduling_priorities", "rebudgeted",
-           "ScheduleTables", "schedule_tables", "unit_neighbours", "Estimate", "Booking", "BookedTransfer", "Send",
-           "Links", "DISPATCH_SHARE", "REFINEMENTS", "REFINE_GAIN", "STALE_SCHEDULES",
-           "REBUDGETS_AT_FIRST_RATIO", "MOST_RAISE", "PRESSURE_COST", "RETIME_EXCESS", "SEARCH_BUILDS",
-           "SEARCH_HALVINGS", "SEARCH_CLIMB", "SEARCH_CLIMBS"]
+__all__ = [
+    "Schedule",
+    "ScheduleState",
+    "upward_ranks",
+    "edge_transfer_times",
+    "Timeline",
+    "QueueOrder",
+    "schedule_with_memory_retries",
+    "plan_from_schedule",
+    "priority_order",
+    "MemoryTimeline",
+    "earliest_start_priorities",
+    "simulated_sends",
+    "refined_schedule",
+    "plan_simulation",
+    "rank_ordered_with_memory_retries",
+    "scheduling_priorities",
+    "rebudgeted",
+    "ScheduleTables",
+    "schedule_tables",
+    "unit_neighbours",
+    "Estimate",
+    "Booking",
+    "BookedTransfer",
+    "Send",
+    "Links",
+    "DISPATCH_SHARE",
+    "REFINEMENTS",
+    "REFINE_GAIN",
+    "STALE_SCHEDULES",
+    "REBUDGETS_AT_FIRST_RATIO",
+    "MOST_RAISE",
+    "PRESSURE_COST",
+    "RETIME_EXCESS",
+    "SEARCH_BUILDS",
+    "SEARCH_HALVINGS",
+    "SEARCH_CLIMB",
+    "SEARCH_CLIMBS",
+]

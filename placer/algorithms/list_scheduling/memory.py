@@ -38,7 +38,7 @@ class MemoryTimeline:
     def __init__(self, capacity: np.ndarray, capacity_scale: np.ndarray | None = None):
         self.capacity = capacity.astype(np.float64) * (1.0 if capacity_scale is None else capacity_scale)
         n_dev = len(self.capacity)
-        self.limits: list[float] = self.capacity.tolist()     # read at every check: Python floats
+        self.limits: list[float] = self.capacity.tolist()  # read at every check: Python floats
         self.used = [0.0] * n_dev
         # Per device, breakpoints and the level from each until the next (grown by doubling).
         self.times = [np.full(64, -np.inf) for _ in range(n_dev)]
@@ -71,7 +71,7 @@ class MemoryTimeline:
             self._suffix_max[d] = None
         for at, amount in zip(self.pending_times[d], self.pending_bytes[d]):
             k = self._breakpoint(d, at)
-            after = self.levels[d][k:self.count[d]]
+            after = self.levels[d][k : self.count[d]]
             after += amount
             if amount > 0:
                 self._seen[d] = max(self._seen[d], after.max())
@@ -86,8 +86,8 @@ class MemoryTimeline:
         if n == len(times):
             self.times[d] = times = np.concatenate([times, np.full(n, np.inf)])
             self.levels[d] = levels = np.concatenate([levels, np.zeros(n)])
-        times[k + 2:n + 1] = times[k + 1:n]
-        levels[k + 2:n + 1] = levels[k + 1:n]
+        times[k + 2 : n + 1] = times[k + 1 : n]
+        levels[k + 2 : n + 1] = levels[k + 1 : n]
         times[k + 1] = at
         levels[k + 1] = levels[k]
         self.count[d] = n + 1
@@ -114,10 +114,10 @@ class MemoryTimeline:
         if self.surely_fits(d, added):
             return True
         self._settle(d)
-        n, times, levels = self.count[d], self.times[d][:self.count[d]], self.levels[d]
+        n, times, levels = self.count[d], self.times[d][: self.count[d]], self.levels[d]
         suffix_max = self._suffix_max[d]
         if suffix_max is None:
-            suffix_max = self._suffix_max[d] = np.maximum.accumulate(levels[n - 1::-1])[::-1]
+            suffix_max = self._suffix_max[d] = np.maximum.accumulate(levels[n - 1 :: -1])[::-1]
         self.ceiling[d] = float(suffix_max[0])
         if self.ceiling[d] + added <= limit:
             return True
@@ -130,7 +130,7 @@ class MemoryTimeline:
                 continue
             lo = int(times.searchsorted(at, side="right")) - 1
             hi = n if end == np.inf else int(times.searchsorted(end, side="left"))
-            highest = suffix_max[lo] if hi >= n else levels[lo:max(hi, lo + 1)].max()
+            highest = suffix_max[lo] if hi >= n else levels[lo : max(hi, lo + 1)].max()
             if highest + held > limit:
                 return False
         return True

@@ -18,8 +18,13 @@ from ...cluster import Cluster
 from ...graph import OpGraph
 from ...paths import bottom_levels, top_levels
 
-__all__ = ["edge_transfer_times", "upward_ranks", "earliest_start_priorities", "priority_order",
-           "scheduling_priorities"]
+__all__ = [
+    "edge_transfer_times",
+    "upward_ranks",
+    "earliest_start_priorities",
+    "priority_order",
+    "scheduling_priorities",
+]
 
 
 def edge_transfer_times(graph: OpGraph, cluster: Cluster, reduce: str) -> np.ndarray:
@@ -105,8 +110,9 @@ def priority_order(graph: OpGraph, rank: np.ndarray, sources_first: bool = False
     position[graph.topological_order] = np.arange(graph.num_nodes)
     if not sources_first:
         return np.lexsort((position, -rank))
-    no_time = (graph.compute_s == 0) & np.array([not (by_kind and any(by_kind.values()))
-                                                 for by_kind in graph.compute_s_by_kind], dtype=bool)
+    no_time = (graph.compute_s == 0) & np.array(
+        [not (by_kind and any(by_kind.values())) for by_kind in graph.compute_s_by_kind], dtype=bool
+    )
     sources = no_time & (np.bincount(graph.dst, minlength=graph.num_nodes) == 0)
     # Kahn's order (graph.topological_order) puts the sources first, in graph order.
     return np.lexsort((position, np.where(sources, 0.0, -rank), ~sources))

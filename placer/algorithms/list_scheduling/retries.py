@@ -58,10 +58,24 @@ from ..timebox import is_frugal, optional_work
 from .state import Schedule, Send
 from .to_plan import plan_simulation
 
-__all__ = ["schedule_with_memory_retries", "rank_ordered_with_memory_retries", "refined_schedule",
-           "rebudgeted", "simulated_sends", "REFINEMENTS", "REFINE_GAIN", "STALE_SCHEDULES",
-           "REBUDGETS_AT_FIRST_RATIO", "MOST_RAISE", "PRESSURE_COST", "RETIME_EXCESS", "SEARCH_BUILDS",
-           "SEARCH_HALVINGS", "SEARCH_CLIMB", "SEARCH_CLIMBS"]
+__all__ = [
+    "schedule_with_memory_retries",
+    "rank_ordered_with_memory_retries",
+    "refined_schedule",
+    "rebudgeted",
+    "simulated_sends",
+    "REFINEMENTS",
+    "REFINE_GAIN",
+    "STALE_SCHEDULES",
+    "REBUDGETS_AT_FIRST_RATIO",
+    "MOST_RAISE",
+    "PRESSURE_COST",
+    "RETIME_EXCESS",
+    "SEARCH_BUILDS",
+    "SEARCH_HALVINGS",
+    "SEARCH_CLIMB",
+    "SEARCH_CLIMBS",
+]
 
 
 #: Schedules built again knowing the transfers of the best so far (:func:`refined_schedule`).
@@ -94,11 +108,18 @@ SEARCH_CLIMB = 1.15
 SEARCH_CLIMBS = 2
 
 
-@gc_paused()     # its schedules book hundreds of thousands of tuples: placer.gcpause
-def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
-                                 cluster: Cluster, name: str, ratio: float | None = None,
-                                 tries: int = 16, pressed: Callable[..., Schedule] | None = None,
-                                 refine: bool = True, dispatch: bool = False) -> Schedule:
+@gc_paused()  # its schedules book hundreds of thousands of tuples: placer.gcpause
+def schedule_with_memory_retries(
+    build: Callable[..., Schedule],
+    graph: OpGraph,
+    cluster: Cluster,
+    name: str,
+    ratio: float | None = None,
+    tries: int = 16,
+    pressed: Callable[..., Schedule] | None = None,
+    refine: bool = True,
+    dispatch: bool = False,
+) -> Schedule:
     """A schedule that ``build`` makes and that fits under the reference model: the module's stages 1-5.
 
     Parameters
@@ -152,6 +173,7 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
             nonlocal built
             built += 1
             return maker(*args, **kwargs)
+
         return None if maker is None else build_and_count
 
     build, pressed = counted(build), counted(pressed)
@@ -168,45 +190,64 @@ def schedule_with_memory_retries(build: Callable[..., Schedule], graph: OpGraph,
             fit, failure, ratio, _ = _retry(build, layered, graph, cluster, name, ratio, True, tries)
             failures.append(failure)
     if fit is None and pressed is not None:
-        fit, failure, _, _ = _retry(pressed, graph if layered is None else layered, graph, cluster, name, ratio, True,
-                                    tries)
+        fit, failure, _, _ = _retry(
+            pressed, graph if layered is None else layered, graph, cluster, name, ratio, True, tries
+        )
         failures.append(failure)
     if fit is None:
-        raise min(failures, key=lambda failed: failed.excess).error     # the closest to fitting
+        raise min(failures, key=lambda failed: failed.excess).error  # the closest to fitting
 
     def refined(chosen: _Fit) -> Schedule:
         if not refine:
             return chosen.sched
-        return refined_schedule(chosen.build, graph, cluster, chosen.sched, chosen.ratio, chosen.scale, chosen.stage,
-                                chosen.took_s, dispatch)
+        return refined_schedule(
+            chosen.build,
+            graph,
+            cluster,
+            chosen.sched,
+            chosen.ratio,
+            chosen.scale,
+            chosen.stage,
+            chosen.took_s,
+            dispatch,
+        )
 
     sched = refined(fit)
     step = plan_simulation(graph, cluster, sched, dispatch).makespan_s
     if step > PRESSURE_COST * free_step:
         if layered is None:
             layered = colocate_layers(graph)
-        ways = [(stage, maker) for stage in (layered, graph) if stage is not None
-                for maker in (build, pressed) if maker is not None]
+        ways = [
+            (stage, maker)
+            for stage in (layered, graph)
+            if stage is not None
+            for maker in (build, pressed)
+            if maker is not None
+        ]
         found = _search_budgets(fit, step, ways, graph, cluster, loosest, dispatch, built)
-        if found is not None:       # faster already; refining never slows a schedule
+        if found is not None:  # faster already; refining never slows a schedule
             sched = refined(found)
     return sched
 
 
-def rank_ordered_with_memory_retries(schedule: Callable[..., Schedule], graph: OpGraph, cluster: Cluster, name: str,
-                                     refine: bool = True, **options) -> Schedule:
+def rank_ordered_with_memory_retries(
+    schedule: Callable[..., Schedule], graph: OpGraph, cluster: Cluster, name: str, refine: bool = True, **options
+) -> Schedule:
     """:func:`schedule_with_memory_retries` for a scheduler that books by rank (HEFT, DPOS).
 
     ``schedule(graph, cluster, ratio, capacity_scale=..., earliest_first=..., sends=..., **options)``;
     its way of holding less memory at once (``pressed``) is booking by earliest start
     (:func:`~placer.algorithms.list_scheduling.earliest_start_priorities`).
     """
-    def build(g: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None,
-              earliest_first: bool = False) -> Schedule:
+
+    def build(
+        g: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None, earliest_first: bool = False
+    ) -> Schedule:
         return schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=earliest_first, sends=sends, **options)
 
-    return schedule_with_memory_retries(build, graph, cluster, name, pressed=partial(build, earliest_first=True),
-                                        refine=refine)
+    return schedule_with_memory_retries(
+        build, graph, cluster, name, pressed=partial(build, earliest_first=True), refine=refine
+    )
 
 
 @dataclass
@@ -232,15 +273,23 @@ class _Failure(NamedTuple):
 class _Outcome(NamedTuple):
     """What one stage of the retries (:func:`_retry`) found."""
 
-    fit: _Fit | None            #: the fitting schedule, None if there is none
-    failure: _Failure           #: why the schedule closest to fitting failed
-    ratio: float                #: the memory ratio the retries reached
-    first_step: float           #: the simulated step of the first schedule built (inf if none was)
+    fit: _Fit | None  #: the fitting schedule, None if there is none
+    failure: _Failure  #: why the schedule closest to fitting failed
+    ratio: float  #: the memory ratio the retries reached
+    first_step: float  #: the simulated step of the first schedule built (inf if none was)
 
 
-def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
-           cluster: Cluster, name: str, ratio: float, counted_whole: bool, tries: int,
-           pressed: Callable[..., Schedule] | None = None) -> _Outcome:
+def _retry(
+    build: Callable[..., Schedule],
+    stage: OpGraph,
+    graph: OpGraph,
+    cluster: Cluster,
+    name: str,
+    ratio: float,
+    counted_whole: bool,
+    tries: int,
+    pressed: Callable[..., Schedule] | None = None,
+) -> _Outcome:
     """Stages 1 and 2 of :func:`schedule_with_memory_retries` on ``stage`` (``graph``, or it with its layers
     colocated), from ``ratio`` (``counted_whole``: stage 2 at once), up to ``tries`` schedules.
 
@@ -270,7 +319,7 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
             maker = pressed if use_pressed else build
             sched = maker(stage, ratio, scale)
         except InfeasibleError as exc:
-            if np.isinf(closest):       # an overflow says more: how far from fitting
+            if np.isinf(closest):  # an overflow says more: how far from fitting
                 error = InfeasibleError(f"{name}: {exc}")
             if not counted_whole and (use_pressed or np.any(scale != 1.0)):
                 # Budgets moved at the first ratio left some node no room, or ``pressed`` did: go on as if the
@@ -305,16 +354,22 @@ def _retry(build: Callable[..., Schedule], stage: OpGraph, graph: OpGraph,
                     sched, result = again, retimed
         if result.fits:
             sched.simulated = result
-            return _Outcome(_Fit(sched, maker, stage, ratio, scale, time.perf_counter() - began),
-                            _Failure(closest, error), ratio, first_step)
+            return _Outcome(
+                _Fit(sched, maker, stage, ratio, scale, time.perf_counter() - began),
+                _Failure(closest, error),
+                ratio,
+                first_step,
+            )
         peak = result.peak_memory_bytes
-        held_more = peak.sum() > capacity.sum()     # than all the devices together
+        held_more = peak.sum() > capacity.sum()  # than all the devices together
         excess = float(np.maximum(peak - capacity, 0).sum())
         if excess < closest:
             j = int(np.argmax(peak - capacity))
             needs, has = shown_sizes(peak[j], capacity[j])
-            closest, error = excess, InfeasibleError(
-                f"{name}: device {cluster.devices[j].name!r} would need {needs} of {has}{on_layers}")
+            closest, error = (
+                excess,
+                InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need {needs} of {has}{on_layers}"),
+            )
         progress = excess < 0.9 * least_excess
         # A new budget moves work, it sheds none: where the peaks sum to more than the devices hold and no
         # budget made this schedule's excess smaller (or none was made yet), the next would only move it
@@ -373,8 +428,16 @@ def rebudgeted(scale: np.ndarray, peak: np.ndarray, capacity: np.ndarray, seen: 
     return new
 
 
-def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[..., Schedule]]], graph: OpGraph,
-                    cluster: Cluster, low: float, dispatch: bool, spent_builds: int) -> _Fit | None:
+def _search_budgets(
+    fit: _Fit,
+    step: float,
+    ways: list[tuple[OpGraph, Callable[..., Schedule]]],
+    graph: OpGraph,
+    cluster: Cluster,
+    low: float,
+    dispatch: bool,
+    spent_builds: int,
+) -> _Fit | None:
     """The fastest fitting schedule that a way of scheduling builds over the ratio, where its step is below ``step``.
 
     ``fit`` is the retries' fitting schedule, whose budgets need not be built again.
@@ -400,17 +463,18 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
     scheduler costs its caller.
     """
     best, best_step = None, step
-    whole = np.ones(cluster.num_devices)       # every device's whole capacity
+    whole = np.ones(cluster.num_devices)  # every device's whole capacity
     took_s, builds = fit.took_s, 0
     most_builds = min(SEARCH_BUILDS, spent_builds) if is_frugal() else SEARCH_BUILDS
     # Outcomes by (stage, build, ratio), the stages and builds being the very objects of ``ways``. The
     # retries' first schedules, at the loosest ratio on the nodes, did not fit (else no search); theirs did.
-    known: dict[tuple[int, int, float], str] = {(id(graph), id(build), low): "overflows" for _, build in ways
-                                                if low < 1.0}
-    steps: dict[tuple[int, int, float], float] = {}     # the plan's step of each schedule that fits
+    known: dict[tuple[int, int, float], str] = {
+        (id(graph), id(build), low): "overflows" for _, build in ways if low < 1.0
+    }
+    steps: dict[tuple[int, int, float], float] = {}  # the plan's step of each schedule that fits
     if np.all(fit.scale == 1.0):
         known[id(fit.stage), id(fit.build), fit.ratio] = "fits"
-        steps[id(fit.stage), id(fit.build), fit.ratio] = step     # refined: a climb from it must beat that
+        steps[id(fit.stage), id(fit.build), fit.ratio] = step  # refined: a climb from it must beat that
 
     def probe(stage: OpGraph, build: Callable[..., Schedule], ratio: float) -> str | None:
         """``"fits"``, ``"overflows"``, ``"infeasible"``; None where the search must stop."""
@@ -453,7 +517,7 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
         if outcome is None:
             return False
         if ratio == lo or outcome == "overflows":
-            return True     # the loosest budgets fit or leave no room, or the tightest overflow: nothing between
+            return True  # the loosest budgets fit or leave no room, or the tightest overflow: nothing between
         for _ in range(SEARCH_HALVINGS):
             mid = (lo + hi) / 2
             outcome = probe(stage, build, mid)
@@ -495,9 +559,17 @@ def _search_budgets(fit: _Fit, step: float, ways: list[tuple[OpGraph, Callable[.
     return best
 
 
-def refined_schedule(build: Callable[..., Schedule], graph: OpGraph, cluster: Cluster, sched: Schedule,
-                     ratio: float, scale: np.ndarray, stage: OpGraph | None = None, took_s: float = 0.0,
-                     dispatch: bool = False) -> Schedule:
+def refined_schedule(
+    build: Callable[..., Schedule],
+    graph: OpGraph,
+    cluster: Cluster,
+    sched: Schedule,
+    ratio: float,
+    scale: np.ndarray,
+    stage: OpGraph | None = None,
+    took_s: float = 0.0,
+    dispatch: bool = False,
+) -> Schedule:
     """``sched``, or a faster fitting schedule that ``build`` makes knowing what ``sched`` sends.
 
     A list scheduler books a transfer when it places the consumer; the

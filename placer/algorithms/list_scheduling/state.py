@@ -222,9 +222,17 @@ class ScheduleState:
     ([0, 0], [1.0, 3.0], 3.0)
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, ratio: float, *, insertion: bool,
-                 contention: bool = True, capacity_scale: np.ndarray | None = None,
-                 sends: dict[int, list[Send]] | None = None):
+    def __init__(
+        self,
+        graph: OpGraph,
+        cluster: Cluster,
+        ratio: float,
+        *,
+        insertion: bool,
+        contention: bool = True,
+        capacity_scale: np.ndarray | None = None,
+        sends: dict[int, list[Send]] | None = None,
+    ):
         self.graph = graph
         self.cluster = cluster
         self.insertion = insertion
@@ -244,9 +252,10 @@ class ScheduleState:
         self.memory = MemoryTimeline(cluster.memory, capacity_scale)
         # What a unit holds from its first booking: its parameters for the whole step, the rest from that start.
         need = tables.params + ratio * (tables.output_bytes + tables.temp_bytes)
-        alone = need.tolist()       # most units are one node: no sum to take
-        self.unit_need = [alone[members[0]] if len(members) == 1 else float(need[members].sum())
-                          for members in self._units]
+        alone = need.tolist()  # most units are one node: no sum to take
+        self.unit_need = [
+            alone[members[0]] if len(members) == 1 else float(need[members].sum()) for members in self._units
+        ]
         self.unit_device = [-1] * len(self._units)
         # Per unit, the devices it may use: its kinds allow them and, on devices not all linked, each leaves
         # every neighbour a device to go to (narrow_neighbours narrows this copy as units are placed).
@@ -258,13 +267,14 @@ class ScheduleState:
             self._unit_bits = [sum(1 << d for d, ok in enumerate(row) if ok) for row in tables.unit_ok]
             everywhere = (1 << n_dev) - 1
             for unit, bits in enumerate(self._unit_bits):
-                if bits != everywhere:      # its kinds keep it off some devices
+                if bits != everywhere:  # its kinds keep it off some devices
                     self.narrow_neighbours(unit)
         # A colocation group's first member fixes the device of the others, so it reserves room
         # for them there (see ScheduleTables.incoming); booking a member turns its reservations
         # into its allocations, which start no later.
         self._incoming: dict[int, dict[tuple[int, int], float]] = {
-            unit: {key: ratio * b for key, b in incoming.items()} for unit, incoming in tables.incoming.items()}
+            unit: {key: ratio * b for key, b in incoming.items()} for unit, incoming in tables.incoming.items()
+        }
         for unit, incoming in self._incoming.items():
             self.unit_need[unit] += sum(incoming.values())
         # Copies (producer, tensor, device) already on some device's memory timeline.
@@ -274,7 +284,7 @@ class ScheduleState:
         self._consumers_left = [len(c) for c in self._consumers]
         # Per node, the bytes a copy of each of its inputs would hold (the most its copies can add).
         self._copy_need = [ratio * b for b in tables.input_bytes]
-        self._sent_until = [0.0] * n     # when the last transfer of each node's outputs ends
+        self._sent_until = [0.0] * n  # when the last transfer of each node's outputs ends
         self._copies_held: list[list[tuple[int, float]]] = [[] for _ in range(n)]
         self._transient = (ratio * tables.output_bytes).tolist()
         self._workspace = (ratio * tables.temp_bytes).tolist()
@@ -338,7 +348,7 @@ class ScheduleState:
         if not bookings or len(bookings) != len(inputs):
             return []
         others = [j for j in self.receivers[bookings[0].channel] if j != d]
-        if not others:      # a channel per pair of devices
+        if not others:  # a channel per pair of devices
             return []
         # Per input, the device it comes from and its channel; per input whose producer has transfers booked
         # on its channel, the (rank, tensor) ties next below and above its own to d, between which its tie to
@@ -351,10 +361,13 @@ class ScheduleState:
             if sent:
                 i = bisect_left(sent, (rank[d], t))
                 windows.append((sent[i - 1] if i else (-1, -1), sent[i] if i < len(sent) else (len(rank), 0), t))
-        return [j for j in others
-                if all(below < (rank[j], t) < above for below, above, t in windows)
-                and all(self.channel_of[du][j] == c and du != j for du, c in routes)
-                and not self.any_input_sent(v, j)]
+        return [
+            j
+            for j in others
+            if all(below < (rank[j], t) < above for below, above, t in windows)
+            and all(self.channel_of[du][j] == c and du != j for du, c in routes)
+            and not self.any_input_sent(v, j)
+        ]
 
     def data_ready(self, v: int, d: int) -> tuple[float, list[Booking]]:
         """When every input of ``v`` is on device ``d`` (inf where no channel brings one), and the transfers
@@ -371,7 +384,7 @@ class ScheduleState:
         ready = 0.0
         bookings: list[Booking] = []
         pending = []
-        device_of, finish, booked = self.device_of, self.finish, self.booked   # a list scheduler's hottest loop
+        device_of, finish, booked = self.device_of, self.finish, self.booked  # a list scheduler's hottest loop
         for k, (u, t, b) in enumerate(self.inputs[v]):
             if device_of[u] == d:
                 arrives = finish[u]
@@ -523,8 +536,9 @@ class ScheduleState:
             return True
         return self.memory.fits(d, self._allocations(v, d, estimate))
 
-    def best_device(self, v: int, devices: list[int] | None = None, earliest_start: bool = False,
-                    cache: dict | None = None) -> tuple[int, Estimate]:
+    def best_device(
+        self, v: int, devices: list[int] | None = None, earliest_start: bool = False, cache: dict | None = None
+    ) -> tuple[int, Estimate]:
         """The device (among ``devices``, default :meth:`devices_for`) where ``v`` finishes earliest, and its estimate.
 
         A device is passed over when its memory cannot hold ``v`` with the
@@ -548,7 +562,7 @@ class ScheduleState:
                 continue
             est = self.estimate(v, d) if cache is None else self.cached_estimate(v, d, cache)
             if est.start == float("inf"):
-                continue        # no channel brings an input to d
+                continue  # no channel brings an input to d
             reached = True
             if not self.holds(v, d, est):
                 continue
@@ -556,8 +570,11 @@ class ScheduleState:
             if best is None or time < best_time:
                 best_d, best, best_time = d, est, time
         if best is None:
-            raise (InfeasibleError(f"node {self.graph.ids[v]!r} fits no device's remaining memory") if reached
-                   else self.unreached(v))
+            raise (
+                InfeasibleError(f"node {self.graph.ids[v]!r} fits no device's remaining memory")
+                if reached
+                else self.unreached(v)
+            )
         return best_d, best
 
     def unreached(self, v: int) -> InfeasibleError:
@@ -565,18 +582,22 @@ class ScheduleState:
         one missing link: on its colocation group's device where an earlier member placed the group."""
         unit, names = self.unit_of[v], [d.name for d in self.cluster.devices]
         fixed, members = self.unit_device[unit], self._units[unit]
-        placed = np.asarray(self.unit_device)[np.asarray(self.unit_of)]     # each node's unit's device
+        placed = np.asarray(self.unit_device)[np.asarray(self.unit_of)]  # each node's unit's device
         placed[members] = -1
         kinds = schedule_tables(self.graph, self.cluster).unit_ok[unit]
         devices = [fixed] if fixed >= 0 else [d for d, ok in enumerate(kinds) if ok]
         linked = linked_devices(self.graph, self.cluster.linked, placed, members)
-        d = next((d for d in devices if not linked[d]), devices[0])     # else missing_link raises: a bug
+        d = next((d for d in devices if not linked[d]), devices[0])  # else missing_link raises: a bug
         why = missing_link(self.graph, self.cluster, placed, members, d)
         if fixed < 0:
-            return InfeasibleError(f"node {self.graph.ids[v]!r}: no device it may use is linked to its neighbours' "
-                                   f"devices, as on {names[d]!r}: {why}")
-        return InfeasibleError(f"node {self.graph.ids[v]!r} must join its colocation group on {names[fixed]!r} "
-                               f"(an earlier member's device): {why}")
+            return InfeasibleError(
+                f"node {self.graph.ids[v]!r}: no device it may use is linked to its neighbours' "
+                f"devices, as on {names[d]!r}: {why}"
+            )
+        return InfeasibleError(
+            f"node {self.graph.ids[v]!r} must join its colocation group on {names[fixed]!r} "
+            f"(an earlier member's device): {why}"
+        )
 
     # ------------------------------------------------------------ booking
     def commit(self, v: int, d: int, estimate: Estimate) -> None:
@@ -635,7 +656,7 @@ class ScheduleState:
             x = work.pop()
             bits, placed = self._unit_bits[x], self.unit_device[x] >= 0
             for others, reach in zip(self._unit_links[x], self._device_links):
-                support = 0     # the devices linked to one of x's: from it to those x sends to, else to it
+                support = 0  # the devices linked to one of x's: from it to those x sends to, else to it
                 for j in range(n_dev):
                     if bits >> j & 1:
                         support |= reach[j]
@@ -677,8 +698,11 @@ class ScheduleState:
             if d == home or c < 0 or (u, t, d) in self.booked or (u, t) not in self.readers:
                 continue
             length = self.transfer_s(c, nbytes)
-            begin = (self._channel_slot(c, self._queue_key(u, t, d), self.finish[u], length)
-                     if self.contention else self.finish[u])
+            begin = (
+                self._channel_slot(c, self._queue_key(u, t, d), self.finish[u], length)
+                if self.contention
+                else self.finish[u]
+            )
             self._book_transfer(u, t, d, c, begin, begin + length)
             self._sent_ahead.add((u, t, d))
             self._sent_until[u] = max(self._sent_until[u], begin + length)
@@ -701,7 +725,7 @@ class ScheduleState:
                 continue
             self.memory.add(d, arrive[u], -amount)
             copied_from = sent.get((u, t), self.booked[(u, t, d)].start if (u, t, d) in self._sent_ahead else None)
-            if copied_from is not None and (u, t, d) not in self._budgeted:      # else already on d: no new copy
+            if copied_from is not None and (u, t, d) not in self._budgeted:  # else already on d: no new copy
                 self.memory.add(d, copied_from, amount)
                 self._budgeted.add((u, t, d))
                 self._copies_held[u].append((d, amount))
@@ -726,9 +750,11 @@ class ScheduleState:
 
     def schedule(self) -> Schedule:
         """The finished schedule (every node committed)."""
-        return Schedule(np.asarray(self.device_of, dtype=np.int64),
-                        [np.asarray(t.items(), dtype=np.int64) for t in self.devices],
-                        np.asarray(self.start), np.asarray(self.finish), memory=self.memory,
-                        transfers=dict(self.booked))
-
-
+        return Schedule(
+            np.asarray(self.device_of, dtype=np.int64),
+            [np.asarray(t.items(), dtype=np.int64) for t in self.devices],
+            np.asarray(self.start),
+            np.asarray(self.finish),
+            memory=self.memory,
+            transfers=dict(self.booked),
+        )

@@ -78,7 +78,7 @@ class ScheduleTables:
         n = graph.num_nodes
         self.dur = graph.durations(cluster).tolist()
         unit_of, self.units = placement_units(graph)
-        self.unit_of: list[int] = unit_of.tolist()     # read node by node: a list's items are Python ints
+        self.unit_of: list[int] = unit_of.tolist()  # read node by node: a list's items are Python ints
         self.unit_ok: list[list[bool]] = unit_allowed(graph, cluster, self.units).tolist()
         self.params = graph.param_bytes.astype(np.float64)
         self.output_bytes = graph.output_bytes.astype(np.float64)
@@ -86,12 +86,15 @@ class ScheduleTables:
         self.unit_params = np.bincount(unit_of, weights=self.params, minlength=len(self.units)).tolist()
         linked, bits = cluster.linked, 1 << np.arange(cluster.num_devices, dtype=object)
         self.unit_links = None if linked.all() else unit_neighbours(graph, unit_of, len(self.units))
-        self.device_links = None if linked.all() else ((linked * bits).sum(axis=1).tolist(),
-                                                       (linked.T * bits).sum(axis=1).tolist())
+        self.device_links = (
+            None if linked.all() else ((linked * bits).sum(axis=1).tolist(), (linked.T * bits).sum(axis=1).tolist())
+        )
         self.channel_of = cluster.channel_index.tolist()
         # The devices each channel brings data to: a booking on it changes their estimates.
-        self.receivers = [sorted({d for row in self.channel_of for d, c in enumerate(row) if c == k})
-                          for k in range(len(cluster.channels))]
+        self.receivers = [
+            sorted({d for row in self.channel_of for d, c in enumerate(row) if c == k})
+            for k in range(len(cluster.channels))
+        ]
         self.ch_lat = [c.latency_s for c in cluster.channels]
         self.ch_inv_bw = [1.0 / c.bandwidth_bytes_per_s for c in cluster.channels]
         self.name_rank = cluster.name_rank.tolist()
@@ -99,7 +102,7 @@ class ScheduleTables:
         bounds = np.zeros(n + 1, dtype=np.int64)
         np.cumsum(np.bincount(v_in, minlength=n), out=bounds[1:])
         triples, at = list(zip(u_in.tolist(), t_in.tolist(), b_in.tolist())), bounds.tolist()
-        self.inputs: list[list[tuple[int, int, int]]] = [triples[at[v]:at[v + 1]] for v in range(n)]
+        self.inputs: list[list[tuple[int, int, int]]] = [triples[at[v] : at[v + 1]] for v in range(n)]
         summed = np.concatenate([[0], np.cumsum(b_in)])
         self.input_bytes: list[int] = (summed[bounds[1:]] - summed[bounds[:-1]]).tolist()
         # A colocation group reserves room for its members from the earliest each can start, and
@@ -113,14 +116,16 @@ class ScheduleTables:
         self.reserved_at = (earliest.tolist(), (earliest + fastest).tolist())
         self.incoming: dict[int, dict[tuple[int, int], int]] = {
             unit: {(u, t): b for v in members.tolist() for u, t, b in self.inputs[v] if self.unit_of[u] != unit}
-            for unit, members in enumerate(self.units) if self.grouped[unit]}
+            for unit, members in enumerate(self.units)
+            if self.grouped[unit]
+        }
         # Each node's consumers, once each, in index order.
         by_pair = np.lexsort((v_in, u_in))
         once = by_pair[_first_of_runs(u_in[by_pair], v_in[by_pair])]
         pair_u, pair_v = u_in[once], v_in[once]
         np.cumsum(np.bincount(pair_u, minlength=n), out=bounds[1:])
         consumers, at = pair_v.tolist(), bounds.tolist()
-        self.consumers: list[list[int]] = [consumers[at[u]:at[u + 1]] for u in range(n)]
+        self.consumers: list[list[int]] = [consumers[at[u] : at[u + 1]] for u in range(n)]
         # Each tensor's readers in index order, and the fewest bytes among their copies; the tensors in the
         # order of their first reader's inputs.
         by_tensor = np.lexsort((np.arange(u_in.size), t_in, u_in))
@@ -130,7 +135,8 @@ class ScheduleTables:
         keys = list(zip(u_in[by_tensor][first][tensors].tolist(), t_in[by_tensor][first][tensors].tolist()))
         readers, at = v_in[by_tensor].tolist(), np.append(first, u_in.size).tolist()
         self.readers: dict[tuple[int, int], list[int]] = {
-            key: readers[at[k]:at[k + 1]] for key, k in zip(keys, tensors.tolist())}
+            key: readers[at[k] : at[k + 1]] for key, k in zip(keys, tensors.tolist())
+        }
         self.fewest_bytes: dict[tuple[int, int], int] = dict(zip(keys, fewest[tensors].tolist()))
 
 
@@ -158,7 +164,7 @@ def _merged_inputs(graph: OpGraph) -> tuple[np.ndarray, np.ndarray, np.ndarray, 
         empty = np.zeros(0, dtype=np.int64)
         return empty, empty, empty, empty
     most = np.maximum(np.maximum.reduceat(graph.edge_bytes[eids][by_key], first), 0)
-    entry = by_key[first]       # each merged input's first edge, in in_edges order
+    entry = by_key[first]  # each merged input's first edge, in in_edges order
     back = np.argsort(entry)
     return src[entry][back], tensor[entry][back], most[back], dst[entry][back]
 

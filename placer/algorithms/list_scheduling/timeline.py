@@ -42,8 +42,8 @@ class Timeline:
         self.starts: list[list[float]] = [[]]
         self.finishes: list[list[float]] = [[]]
         self.payload: list[list] = [[]]
-        self.last = [float("-inf")]     # last finish of each block (non-decreasing)
-        self.widest = [0.0]             # longest gap before an interval of each block
+        self.last = [float("-inf")]  # last finish of each block (non-decreasing)
+        self.widest = [0.0]  # longest gap before an interval of each block
         # Per ready time, a job length that found no gap between it and the then last interval:
         # bookings only shrink gaps, so a job as long need not look there again (list
         # schedulers ask the same question many times over).
@@ -102,7 +102,7 @@ class Timeline:
                 return finishes[i - 1], b, i
         # The margin covers rounding between `a + length <= b` and `b - a >= length`. Most searches find no
         # later block wide enough: the largest bound, taken in C, settles those without a walk.
-        if b == last_b or max(self.widest[b + 1:]) + 1e-9 < length:
+        if b == last_b or max(self.widest[b + 1 :]) + 1e-9 < length:
             return None
         for b in range(b + 1, last_b + 1):
             if self.widest[b] + 1e-9 >= length:
@@ -114,7 +114,7 @@ class Timeline:
                     if finishes[i - 1] + length <= starts[i]:
                         return finishes[i - 1], b, i
                     widest = max(widest, starts[i] - finishes[i - 1])
-                self.widest[b] = widest   # bookings only shrink gaps: tighten the bound now that it is known
+                self.widest[b] = widest  # bookings only shrink gaps: tighten the bound now that it is known
         return None
 
     def book(self, begin: float, b: int, k: int, length: float, item=None) -> None:
@@ -174,16 +174,16 @@ class QueueOrder:
     BLOCK = 64
 
     def __init__(self) -> None:
-        self.keys: list[list[tuple]] = [[]]     # consecutive ranges of keys
+        self.keys: list[list[tuple]] = [[]]  # consecutive ranges of keys
         self.ends: list[list[float]] = [[]]
-        self.latest = [0.0]                     # latest end in each block
-        self.firsts: list[tuple] = []           # first key of each block but the first
-        self.last_key: tuple = ()               # the largest key (() sorts before every key)
-        self.latest_end = 0.0                   # the latest end of all
+        self.latest = [0.0]  # latest end in each block
+        self.firsts: list[tuple] = []  # first key of each block but the first
+        self.last_key: tuple = ()  # the largest key (() sorts before every key)
+        self.latest_end = 0.0  # the latest end of all
 
     def ahead_until(self, key: tuple) -> float:
         """When the last transfer queued ahead of ``key`` ends (0 if none is)."""
-        if key > self.last_key:     # most transfers are booked in the order they queue
+        if key > self.last_key:  # most transfers are booked in the order they queue
             return self.latest_end
         b = bisect_right(self.firsts, key)
         until = max(self.latest[:b], default=0.0)

@@ -31,8 +31,7 @@ def plan_simulation(graph: OpGraph, cluster: Cluster, sched: Schedule, dispatch:
     return sched.dispatched if faster else sched.simulated
 
 
-def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, *, dispatch: bool = False,
-                       **kwargs) -> Plan:
+def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, *, dispatch: bool = False, **kwargs) -> Plan:
     """A plan with the schedule's placement and per-device order.
 
     With ``dispatch``, the order is instead the one the reference model's
@@ -78,5 +77,3 @@ def plan_from_schedule(graph: OpGraph, cluster: Cluster, sched: Schedule, *, dis
         if not box.expired and run is sched.dispatched:
             orders = run.device_orders()
     return Plan.from_arrays(graph, cluster, sched.device_of, orders, **kwargs)
-
-

@@ -8,8 +8,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-__all__ = ["ImageClassifier", "ConvBN", "image_batch", "MultiHeadAttention", "FeedForward",
-           "LSTMLayer", "StackedLSTM", "token_batch", "scaled", "normal_init"]
+__all__ = [
+    "ImageClassifier",
+    "ConvBN",
+    "image_batch",
+    "MultiHeadAttention",
+    "FeedForward",
+    "LSTMLayer",
+    "StackedLSTM",
+    "token_batch",
+    "scaled",
+    "normal_init",
+]
 
 
 def scaled(channels: int, width: int, base: int) -> int:
@@ -38,8 +48,7 @@ class ImageClassifier(nn.Module):
 
 def image_batch(batch_size: int, channels: int, image_size: int, classes: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Random images (N, C, H, W) and class labels (N,), built on the current default device."""
-    return (torch.randn(batch_size, channels, image_size, image_size),
-            torch.randint(classes, (batch_size,)))
+    return (torch.randn(batch_size, channels, image_size, image_size), torch.randint(classes, (batch_size,)))
 
 
 def token_batch(batch_size: int, length: int, vocab: int) -> torch.Tensor:
@@ -50,8 +59,16 @@ def token_batch(batch_size: int, length: int, vocab: int) -> torch.Tensor:
 class ConvBN(nn.Module):
     """Convolution without bias, BatchNorm, optional ReLU (Inception's BasicConv2d, ResNet's stem)."""
 
-    def __init__(self, in_channels: int, out_channels: int, kernel_size, stride=1, padding=0,
-                 eps: float = 1e-5, relu: bool = True):
+    def __init__(
+        self,
+        in_channels: int,
+        out_channels: int,
+        kernel_size,
+        stride=1,
+        padding=0,
+        eps: float = 1e-5,
+        relu: bool = True,
+    ):
         super().__init__()
         self.conv = nn.Conv2d(in_channels, out_channels, kernel_size, stride, padding, bias=False)
         self.bn = nn.BatchNorm2d(out_channels, eps=eps)
@@ -126,8 +143,9 @@ class LSTMLayer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.residual = residual
 
-    def forward(self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor],
-                extra: torch.Tensor | None = None) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
+    def forward(
+        self, x: torch.Tensor, state: tuple[torch.Tensor, torch.Tensor], extra: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, tuple[torch.Tensor, torch.Tensor]]:
         h, c = self.cell(x if extra is None else torch.cat([x, extra], dim=-1), state)
         out = self.dropout(h)
         return (x + out if self.residual else out), (h, c)
@@ -142,21 +160,34 @@ class StackedLSTM(nn.Module):
     index ``residual_from`` on add their input to their output.
     """
 
-    def __init__(self, input_size: int, hidden: int, layers: int, dropout: float = 0.0,
-                 residual_from: int | None = None, extra_inputs: int = 0):
+    def __init__(
+        self,
+        input_size: int,
+        hidden: int,
+        layers: int,
+        dropout: float = 0.0,
+        residual_from: int | None = None,
+        extra_inputs: int = 0,
+    ):
         super().__init__()
         self.hidden = hidden
         self.layers = nn.ModuleList(
-            LSTMLayer((input_size if i == 0 else hidden) + extra_inputs, hidden, dropout,
-                      residual=residual_from is not None and i >= residual_from)
-            for i in range(layers))
+            LSTMLayer(
+                (input_size if i == 0 else hidden) + extra_inputs,
+                hidden,
+                dropout,
+                residual=residual_from is not None and i >= residual_from,
+            )
+            for i in range(layers)
+        )
 
     def initial_state(self, x: torch.Tensor) -> list[tuple[torch.Tensor, torch.Tensor]]:
         zeros = x.new_zeros(x.shape[0], self.hidden)
         return [(zeros, zeros) for _ in self.layers]
 
-    def step(self, x: torch.Tensor, state: list[tuple[torch.Tensor, torch.Tensor]],
-             extra: torch.Tensor | None = None) -> tuple[torch.Tensor, list]:
+    def step(
+        self, x: torch.Tensor, state: list[tuple[torch.Tensor, torch.Tensor]], extra: torch.Tensor | None = None
+    ) -> tuple[torch.Tensor, list]:
         """One time step through every layer; returns the top output and the new state."""
         new_state = []
         for layer, layer_state in zip(self.layers, state):

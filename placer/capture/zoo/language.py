@@ -26,6 +26,7 @@ def _check_attention(name: str, hidden: int, heads: int) -> None:
 
 # ----------------------------------------------------------------------------- Transformer
 
+
 class EncoderLayer(nn.Module):
     """Post-norm layer of Vaswani et al.: ``x = LN(x + attention(x)); x = LN(x + FFN(x))``."""
 
@@ -87,7 +88,7 @@ class Transformer(nn.Module):
         self.dropout = nn.Dropout(dropout)
         self.encoder = nn.ModuleList(EncoderLayer(hidden, heads, ff, dropout) for _ in range(layers))
         self.decoder = nn.ModuleList(DecoderLayer(hidden, heads, ff, dropout) for _ in range(layers))
-        nn.init.normal_(self.embedding.weight, std=hidden ** -0.5)  # tensor2tensor's, for the shared matrix
+        nn.init.normal_(self.embedding.weight, std=hidden**-0.5)  # tensor2tensor's, for the shared matrix
 
     def _embed(self, tokens: torch.Tensor) -> torch.Tensor:
         x = self.embedding(tokens) * math.sqrt(self.embedding.embedding_dim)
@@ -104,19 +105,35 @@ class Transformer(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten(), label_smoothing=self.label_smoothing)
 
 
-@zoo_model("transformer", paper_batch=32, tiny=_LANGUAGE_TINY,
-           reference="Pesto section 5 (32 sentences); Vaswani et al. (2017), base model (Table 3)",
-           description="Transformer base: 6+6 post-norm layers, d_model 512, 8 heads, FFN 2048, shared 37k vocabulary")
-def transformer(batch_size: int, layers: int = 6, hidden: int = 512, heads: int = 8, ff: int = 2048,
-                vocab: int = 37000, seq_len: int = 128, dropout: float = 0.1):
+@zoo_model(
+    "transformer",
+    paper_batch=32,
+    tiny=_LANGUAGE_TINY,
+    reference="Pesto section 5 (32 sentences); Vaswani et al. (2017), base model (Table 3)",
+    description="Transformer base: 6+6 post-norm layers, d_model 512, 8 heads, FFN 2048, shared 37k vocabulary",
+)
+def transformer(
+    batch_size: int,
+    layers: int = 6,
+    hidden: int = 512,
+    heads: int = 8,
+    ff: int = 2048,
+    vocab: int = 37000,
+    seq_len: int = 128,
+    dropout: float = 0.1,
+):
     """Transformer on source and target sentences of ``seq_len`` tokens (32 x 128 = FastT's 4096 tokens)."""
     _check_attention("transformer", hidden, heads)
     model = Transformer(layers, hidden, heads, ff, vocab, seq_len, dropout)
-    return model, (token_batch(batch_size, seq_len, vocab), token_batch(batch_size, seq_len, vocab),
-                   token_batch(batch_size, seq_len, vocab))
+    return model, (
+        token_batch(batch_size, seq_len, vocab),
+        token_batch(batch_size, seq_len, vocab),
+        token_batch(batch_size, seq_len, vocab),
+    )
 
 
 # ----------------------------------------------------------------------------- BERT
+
 
 class BertLayer(nn.Module):
     """Post-norm BERT layer (GELU feed-forward, LayerNorm eps 1e-12)."""
@@ -141,8 +158,7 @@ class BertForMaskedLM(nn.Module):
     them); its output projection is the word embedding matrix plus a bias.
     """
 
-    def __init__(self, layers: int, hidden: int, heads: int, ff: int, vocab: int, positions: int,
-                 dropout: float):
+    def __init__(self, layers: int, hidden: int, heads: int, ff: int, vocab: int, positions: int, dropout: float):
         super().__init__()
         self.word_embeddings = nn.Embedding(vocab, hidden)
         self.position_embeddings = nn.Embedding(positions, hidden)
@@ -155,8 +171,9 @@ class BertForMaskedLM(nn.Module):
         self.mlm_bias = nn.Parameter(torch.zeros(vocab))
         normal_init(self, std=0.02)
 
-    def forward(self, tokens: torch.Tensor, segments: torch.Tensor, masked_positions: torch.Tensor,
-                masked_labels: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, tokens: torch.Tensor, segments: torch.Tensor, masked_positions: torch.Tensor, masked_labels: torch.Tensor
+    ) -> torch.Tensor:
         position_ids = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.word_embeddings(tokens) + self.position_embeddings(position_ids) + self.token_type_embeddings(segments)
         x = self.dropout(self.embedding_norm(x))
@@ -168,24 +185,42 @@ class BertForMaskedLM(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), masked_labels.flatten())
 
 
-@zoo_model("bert_large", paper_batch=16, tiny={**_LANGUAGE_TINY, "predictions": 2, "positions": 16},
-           reference="FastT section 6 (Bert-large, batch 16, sequence length 64); Devlin et al. (2019)",
-           description="BERT-large: 24 layers, hidden 1024, 16 heads, FFN 4096, 30522 vocabulary, masked-LM head")
-def bert_large(batch_size: int, layers: int = 24, hidden: int = 1024, heads: int = 16, ff: int = 4096,
-               vocab: int = 30522, seq_len: int = 64, positions: int = 512, predictions: int | None = None,
-               dropout: float = 0.1):
+@zoo_model(
+    "bert_large",
+    paper_batch=16,
+    tiny={**_LANGUAGE_TINY, "predictions": 2, "positions": 16},
+    reference="FastT section 6 (Bert-large, batch 16, sequence length 64); Devlin et al. (2019)",
+    description="BERT-large: 24 layers, hidden 1024, 16 heads, FFN 4096, 30522 vocabulary, masked-LM head",
+)
+def bert_large(
+    batch_size: int,
+    layers: int = 24,
+    hidden: int = 1024,
+    heads: int = 16,
+    ff: int = 4096,
+    vocab: int = 30522,
+    seq_len: int = 64,
+    positions: int = 512,
+    predictions: int | None = None,
+    dropout: float = 0.1,
+):
     """BERT with the masked-LM loss on ``predictions`` positions per sequence (default 15% of ``seq_len``)."""
     _check_attention("bert_large", hidden, heads)
     require("bert_large", seq_len <= positions, f"seq_len ({seq_len}) exceeds positions ({positions})")
     predictions = predictions or max(1, round(0.15 * seq_len))
     require("bert_large", predictions <= seq_len, f"predictions ({predictions}) exceed seq_len ({seq_len})")
     model = BertForMaskedLM(layers, hidden, heads, ff, vocab, positions, dropout)
-    inputs = (token_batch(batch_size, seq_len, vocab), token_batch(batch_size, seq_len, 2),
-              token_batch(batch_size, predictions, seq_len), token_batch(batch_size, predictions, vocab))
+    inputs = (
+        token_batch(batch_size, seq_len, vocab),
+        token_batch(batch_size, seq_len, 2),
+        token_batch(batch_size, predictions, seq_len),
+        token_batch(batch_size, predictions, vocab),
+    )
     return model, inputs
 
 
 # ----------------------------------------------------------------------------- GPT-2
+
 
 class GPT2Block(nn.Module):
     """Pre-norm decoder block of GPT-2: ``x + attn(LN(x))``, ``x + MLP(LN(x))``."""
@@ -229,11 +264,23 @@ class GPT2(nn.Module):
         return F.cross_entropy(logits[:, :-1].flatten(0, 1), tokens[:, 1:].flatten())
 
 
-@zoo_model("gpt2", paper_batch=512, tiny={k: v for k, v in _LANGUAGE_TINY.items() if k != "ff"},
-           reference="Radford et al. (2019), section 2.3 (batch 512, context 1024); GPT-2 small (124M)",
-           description="GPT-2 small: 12 pre-norm decoder layers, hidden 768, 12 heads, 50257 vocabulary, tied output")
-def gpt2(batch_size: int, layers: int = 12, hidden: int = 768, heads: int = 12, vocab: int = 50257,
-         seq_len: int = 1024, positions: int = 1024, dropout: float = 0.1):
+@zoo_model(
+    "gpt2",
+    paper_batch=512,
+    tiny={k: v for k, v in _LANGUAGE_TINY.items() if k != "ff"},
+    reference="Radford et al. (2019), section 2.3 (batch 512, context 1024); GPT-2 small (124M)",
+    description="GPT-2 small: 12 pre-norm decoder layers, hidden 768, 12 heads, 50257 vocabulary, tied output",
+)
+def gpt2(
+    batch_size: int,
+    layers: int = 12,
+    hidden: int = 768,
+    heads: int = 12,
+    vocab: int = 50257,
+    seq_len: int = 1024,
+    positions: int = 1024,
+    dropout: float = 0.1,
+):
     """GPT-2; ``layers``/``hidden``/``heads`` give the larger sizes (24/1024/16 medium, 48/1600/25 XL)."""
     _check_attention("gpt2", hidden, heads)
     require("gpt2", 2 <= seq_len <= positions, f"seq_len must be in [2, positions={positions}], got {seq_len}")

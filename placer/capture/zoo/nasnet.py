@@ -19,20 +19,47 @@ from .registry import require, zoo_model
 
 __all__ = ["NASNet", "Cell", "nasnet", "NORMAL_CELL", "REDUCTION_CELL"]
 
-NORMAL_CELL = (("separable_5x5", "separable_3x3", "separable_5x5", "separable_3x3", "avg_pool_3x3",
-                "identity", "avg_pool_3x3", "avg_pool_3x3", "separable_3x3", "identity"),
-               (0, 1, 1, 1, 0, 1, 1, 1, 0, 0), (1, 0, 0, 0, 0, 0, 0))
-REDUCTION_CELL = (("separable_5x5", "separable_7x7", "max_pool_3x3", "separable_7x7", "avg_pool_3x3",
-                   "separable_5x5", "identity", "avg_pool_3x3", "separable_3x3", "max_pool_3x3"),
-                  (0, 1, 0, 1, 0, 1, 3, 2, 2, 0), (1, 1, 1, 0, 0, 0, 0))
+NORMAL_CELL = (
+    (
+        "separable_5x5",
+        "separable_3x3",
+        "separable_5x5",
+        "separable_3x3",
+        "avg_pool_3x3",
+        "identity",
+        "avg_pool_3x3",
+        "avg_pool_3x3",
+        "separable_3x3",
+        "identity",
+    ),
+    (0, 1, 1, 1, 0, 1, 1, 1, 0, 0),
+    (1, 0, 0, 0, 0, 0, 0),
+)
+REDUCTION_CELL = (
+    (
+        "separable_5x5",
+        "separable_7x7",
+        "max_pool_3x3",
+        "separable_7x7",
+        "avg_pool_3x3",
+        "separable_5x5",
+        "identity",
+        "avg_pool_3x3",
+        "separable_3x3",
+        "max_pool_3x3",
+    ),
+    (0, 1, 0, 1, 0, 1, 3, 2, 2, 0),
+    (1, 1, 1, 0, 0, 0, 0),
+)
 """(operations, hidden state each reads, hidden states used inside the cell) of NASNet-A."""
 
 EPS = 1e-3
 
 
 def _relu_conv_bn(in_channels: int, out_channels: int, stride: int = 1) -> nn.Sequential:
-    return nn.Sequential(nn.ReLU(), nn.Conv2d(in_channels, out_channels, 1, stride, bias=False),
-                         nn.BatchNorm2d(out_channels, eps=EPS))
+    return nn.Sequential(
+        nn.ReLU(), nn.Conv2d(in_channels, out_channels, 1, stride, bias=False), nn.BatchNorm2d(out_channels, eps=EPS)
+    )
 
 
 class SeparableConvs(nn.Module):
@@ -42,11 +69,14 @@ class SeparableConvs(nn.Module):
         super().__init__()
         layers = []
         for step, channels in enumerate((in_channels, out_channels)):
-            layers += [nn.ReLU(),
-                       nn.Conv2d(channels, channels, kernel, stride if step == 0 else 1, kernel // 2,
-                                 groups=channels, bias=False),
-                       nn.Conv2d(channels, out_channels, 1, bias=False),
-                       nn.BatchNorm2d(out_channels, eps=EPS)]
+            layers += [
+                nn.ReLU(),
+                nn.Conv2d(
+                    channels, channels, kernel, stride if step == 0 else 1, kernel // 2, groups=channels, bias=False
+                ),
+                nn.Conv2d(channels, out_channels, 1, bias=False),
+                nn.BatchNorm2d(out_channels, eps=EPS),
+            ]
         self.layers = nn.Sequential(*layers)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -59,13 +89,18 @@ class Pool(nn.Module):
     def __init__(self, kind: str, in_channels: int, out_channels: int, stride: int):
         super().__init__()
         self.kind, self.stride = kind, stride
-        self.project = (nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False),
-                                      nn.BatchNorm2d(out_channels, eps=EPS))
-                        if in_channels != out_channels else None)
+        self.project = (
+            nn.Sequential(nn.Conv2d(in_channels, out_channels, 1, bias=False), nn.BatchNorm2d(out_channels, eps=EPS))
+            if in_channels != out_channels
+            else None
+        )
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = (F.avg_pool2d(x, 3, self.stride, 1, count_include_pad=False) if self.kind == "avg"
-             else F.max_pool2d(x, 3, self.stride, 1))
+        x = (
+            F.avg_pool2d(x, 3, self.stride, 1, count_include_pad=False)
+            if self.kind == "avg"
+            else F.max_pool2d(x, 3, self.stride, 1)
+        )
         return x if self.project is None else self.project(x)
 
 
@@ -111,8 +146,7 @@ class Cell(nn.Module):
         2 for a reduction cell: applied by the operations reading the two input states.
     """
 
-    def __init__(self, spec, in_channels: int, prev_channels: int | None, prev_larger: bool,
-                 filters: int, stride: int):
+    def __init__(self, spec, in_channels: int, prev_channels: int | None, prev_larger: bool, filters: int, stride: int):
         super().__init__()
         operations, reads, used = spec
         self.reads = reads
@@ -128,7 +162,8 @@ class Cell(nn.Module):
         channels = [filters, prev_out] + [filters] * 5
         self.ops = nn.ModuleList(
             _operation(name, channels[state], filters, stride if state < 2 else 1)
-            for name, state in zip(operations, reads))
+            for name, state in zip(operations, reads)
+        )
         self.concat = [i for i, in_use in enumerate(used) if not in_use]
         self.out_channels = sum(channels[i] for i in self.concat)
 
@@ -163,8 +198,9 @@ class NASNet(ImageClassifier):
 
     aux_weight = 0.4
 
-    def __init__(self, cells: int, filters: int, stem_filters: int, image_size: int, classes: int,
-                 aux: bool, dropout: float):
+    def __init__(
+        self, cells: int, filters: int, stem_filters: int, image_size: int, classes: int, aux: bool, dropout: float
+    ):
         super().__init__()
         self.conv0 = nn.Conv2d(3, stem_filters, 3, 2, bias=False)
         self.conv0_bn = nn.BatchNorm2d(stem_filters, eps=EPS)
@@ -173,7 +209,7 @@ class NASNet(ImageClassifier):
         self._shapes: list[tuple[int, int] | None] = [None, (stem_filters, grid)]
         self._wiring: list[tuple[str, int]] = []  # (module name, index of its ``prev`` state)
         for stem in range(2):
-            self._add_cell(f"cell_stem_{stem}", REDUCTION_CELL, filters // 4 * 2 ** stem, 2, len(self._shapes) - 2)
+            self._add_cell(f"cell_stem_{stem}", REDUCTION_CELL, filters // 4 * 2**stem, 2, len(self._shapes) - 2)
         total = 3 * cells
         reductions = [total // 3, 2 * total // 3]
         scaling = 1
@@ -182,8 +218,13 @@ class NASNet(ImageClassifier):
             prev_index = len(self._shapes) - 2  # skip_reduction_layer_input: chosen before any reduction
             if number in reductions:
                 scaling *= 2
-                self._add_cell(f"reduction_cell_{reductions.index(number)}", REDUCTION_CELL, filters * scaling, 2,
-                               len(self._shapes) - 2)
+                self._add_cell(
+                    f"reduction_cell_{reductions.index(number)}",
+                    REDUCTION_CELL,
+                    filters * scaling,
+                    2,
+                    len(self._shapes) - 2,
+                )
             self._add_cell(f"cell_{number}", NORMAL_CELL, filters * scaling, 1, prev_index)
             if self.aux_after == f"cell_{number}":
                 self.aux_head = AuxHead(*self._shapes[-1], classes)
@@ -193,8 +234,9 @@ class NASNet(ImageClassifier):
     def _add_cell(self, name: str, spec, filters: int, stride: int, prev_index: int) -> None:
         in_channels, grid = self._shapes[-1]
         prev = self._shapes[prev_index]
-        cell = Cell(spec, in_channels, None if prev is None else prev[0],
-                    prev is not None and prev[1] != grid, filters, stride)
+        cell = Cell(
+            spec, in_channels, None if prev is None else prev[0], prev is not None and prev[1] != grid, filters, stride
+        )
         self.add_module(name, cell)
         self._wiring.append((name, prev_index))
         self._shapes.append((cell.out_channels, (grid - 1) // stride + 1))
@@ -218,19 +260,35 @@ class NASNet(ImageClassifier):
         return loss if aux is None else loss + self.aux_weight * F.cross_entropy(aux, labels)
 
 
-@zoo_model("nasnet", paper_batch=32,
-           reference="Pesto section 5 (NASNet, batch 32; 6 cells x 168 filters); Zoph et al. (2018), "
-                     "NASNet-A Large (6 @ 4032), 331x331 images",
-           description="NASNet-A Large: stem, 3 stacks of 6 normal cells (168 filters) split by 2 reduction cells",
-           tiny={"cells": 1, "filters": 8, "stem_filters": 8, "image_size": 72, "classes": 10})
-def nasnet(batch_size: int, cells: int = 6, filters: int = 168, stem_filters: int = 96, image_size: int = 331,
-           classes: int = 1000, aux: bool = True, dropout: float = 0.5):
+@zoo_model(
+    "nasnet",
+    paper_batch=32,
+    reference="Pesto section 5 (NASNet, batch 32; 6 cells x 168 filters); Zoph et al. (2018), "
+    "NASNet-A Large (6 @ 4032), 331x331 images",
+    description="NASNet-A Large: stem, 3 stacks of 6 normal cells (168 filters) split by 2 reduction cells",
+    tiny={"cells": 1, "filters": 8, "stem_filters": 8, "image_size": 72, "classes": 10},
+)
+def nasnet(
+    batch_size: int,
+    cells: int = 6,
+    filters: int = 168,
+    stem_filters: int = 96,
+    image_size: int = 331,
+    classes: int = 1000,
+    aux: bool = True,
+    dropout: float = 0.5,
+):
     """NASNet-A; ``cells`` normal cells per stack, ``filters`` per branch in the first stack (doubled per reduction)."""
     require("nasnet", filters % 4 == 0, f"filters must be a multiple of 4, got {filters}")
     grid = ((image_size - 3) // 2 + 1 + 7) // 8  # grid side at the auxiliary head: conv0, then 3 halvings
     require("nasnet", image_size >= 32, f"image_size must be at least 32, got {image_size}")
-    require("nasnet", not aux or grid >= 5,
-            f"the auxiliary head needs a grid of at least 5 (image_size >= 67), got image_size {image_size}; "
-            f"pass aux=false")
-    return (NASNet(cells, filters, stem_filters, image_size, classes, aux, dropout),
-            image_batch(batch_size, 3, image_size, classes))
+    require(
+        "nasnet",
+        not aux or grid >= 5,
+        f"the auxiliary head needs a grid of at least 5 (image_size >= 67), got image_size {image_size}; "
+        f"pass aux=false",
+    )
+    return (
+        NASNet(cells, filters, stem_filters, image_size, classes, aux, dropout),
+        image_batch(batch_size, 3, image_size, classes),
+    )

@@ -81,12 +81,17 @@ class GNMT(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
-@zoo_model("gnmt", paper_batch=128, tiny={"layers": 2, "hidden": 16, "vocab": 50, "seq_len": 4},
-           reference="FastT Table 1 (GNMT 4 layers, batch 128); Pesto section 5 and Placeto appendix A.1 "
-                     "(1024 units, batch 128, unrolled 32 steps); Wu et al. (2016), 32k wordpieces",
-           description="GNMT: 4-layer LSTM encoder (bidirectional bottom) and decoder, 1024 units, attention, 32 steps")
-def gnmt(batch_size: int, layers: int = 4, hidden: int = 1024, vocab: int = 32000, seq_len: int = 32,
-         dropout: float = 0.2):
+@zoo_model(
+    "gnmt",
+    paper_batch=128,
+    tiny={"layers": 2, "hidden": 16, "vocab": 50, "seq_len": 4},
+    reference="FastT Table 1 (GNMT 4 layers, batch 128); Pesto section 5 and Placeto appendix A.1 "
+    "(1024 units, batch 128, unrolled 32 steps); Wu et al. (2016), 32k wordpieces",
+    description="GNMT: 4-layer LSTM encoder (bidirectional bottom) and decoder, 1024 units, attention, 32 steps",
+)
+def gnmt(
+    batch_size: int, layers: int = 4, hidden: int = 1024, vocab: int = 32000, seq_len: int = 32, dropout: float = 0.2
+):
     """GNMT on source and target sentences of ``seq_len`` tokens."""
     require("gnmt", layers >= 2, f"layers must be at least 2 (a bidirectional layer and one more), got {layers}")
     inputs = tuple(token_batch(batch_size, seq_len, vocab) for _ in range(3))
@@ -108,12 +113,19 @@ class RNNLM(nn.Module):
         return F.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
-@zoo_model("rnnlm", paper_batch=128, tiny={"layers": 2, "hidden": 16, "vocab": 50, "seq_len": 4},
-           reference="Pesto section 5 (2 layers x 2048 units, batch 128); Zaremba et al. (2014) "
-                     "(10k vocabulary, 35 unrolled steps)",
-           description="RNNLM: 2-layer LSTM language model, 2048 units, 10k vocabulary, 35 steps")
-def rnnlm(batch_size: int, layers: int = 2, hidden: int = 2048, vocab: int = 10000, seq_len: int = 35,
-          dropout: float = 0.5):
+@zoo_model(
+    "rnnlm",
+    paper_batch=128,
+    tiny={"layers": 2, "hidden": 16, "vocab": 50, "seq_len": 4},
+    reference="Pesto section 5 (2 layers x 2048 units, batch 128); Zaremba et al. (2014) "
+    "(10k vocabulary, 35 unrolled steps)",
+    description="RNNLM: 2-layer LSTM language model, 2048 units, 10k vocabulary, 35 steps",
+)
+def rnnlm(
+    batch_size: int, layers: int = 2, hidden: int = 2048, vocab: int = 10000, seq_len: int = 35, dropout: float = 0.5
+):
     """LSTM language model over ``seq_len`` tokens with next-token labels."""
-    return RNNLM(layers, hidden, vocab, dropout), (token_batch(batch_size, seq_len, vocab),
-                                                   token_batch(batch_size, seq_len, vocab))
+    return RNNLM(layers, hidden, vocab, dropout), (
+        token_batch(batch_size, seq_len, vocab),
+        token_batch(batch_size, seq_len, vocab),
+    )

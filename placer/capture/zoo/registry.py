@@ -64,8 +64,9 @@ ZOO: dict[str, ZooEntry] = {}
 """Every zoo model by name."""
 
 
-def zoo_model(name: str, *, paper_batch: int, description: str, reference: str,
-              tiny: Mapping[str, Any]) -> Callable[[Factory], Factory]:
+def zoo_model(
+    name: str, *, paper_batch: int, description: str, reference: str, tiny: Mapping[str, Any]
+) -> Callable[[Factory], Factory]:
     """Register ``factory`` in :data:`ZOO` under ``name``; its keyword defaults are the size options."""
 
     def register(factory: Factory) -> Factory:
@@ -84,8 +85,9 @@ def zoo_model(name: str, *, paper_batch: int, description: str, reference: str,
         build.__name__ = factory.__name__
         build.__doc__ = factory.__doc__
         build.__wrapped__ = factory
-        ZOO[name] = ZooEntry(name, build, paper_batch, description, MappingProxyType(defaults),
-                             MappingProxyType(dict(tiny)), reference)
+        ZOO[name] = ZooEntry(
+            name, build, paper_batch, description, MappingProxyType(defaults), MappingProxyType(dict(tiny)), reference
+        )
         return build
 
     return register
@@ -106,12 +108,17 @@ def _check_options(name: str, defaults: Mapping[str, Any], options: Mapping[str,
         if isinstance(default, bool):
             ok, want = isinstance(value, bool), "true or false"
         elif isinstance(default, float):
-            ok = (isinstance(value, (int, float)) and not isinstance(value, bool)
-                  and math.isfinite(value) and 0.0 <= value < 1.0)
+            ok = (
+                isinstance(value, (int, float))
+                and not isinstance(value, bool)
+                and math.isfinite(value)
+                and 0.0 <= value < 1.0
+            )
             want = "a number in [0, 1)"
         else:  # int, or None meaning "derived from the other options"
-            ok = ((value is None and default is None)
-                  or (isinstance(value, int) and not isinstance(value, bool) and value > 0))
+            ok = (value is None and default is None) or (
+                isinstance(value, int) and not isinstance(value, bool) and value > 0
+            )
             want = "a positive integer"
         if not ok:
             raise OptionError(f"zoo model {name!r}: size option {key!r} must be {want}, got {value!r}")

@@ -13,13 +13,28 @@ from torch import nn
 from .blocks import ConvBN, ImageClassifier, image_batch, scaled
 from .registry import require, zoo_model
 
-__all__ = ["LeNet", "AlexNet", "VGG", "ResNet", "Bottleneck", "InceptionV3",
-           "lenet", "alexnet", "vgg19", "resnet50", "resnet101", "resnet152", "resnet200", "inception_v3"]
+__all__ = [
+    "LeNet",
+    "AlexNet",
+    "VGG",
+    "ResNet",
+    "Bottleneck",
+    "InceptionV3",
+    "lenet",
+    "alexnet",
+    "vgg19",
+    "resnet50",
+    "resnet101",
+    "resnet152",
+    "resnet200",
+    "inception_v3",
+]
 
 FASTT = "FastT (Yi et al., 2020), Table 1"
 
 
 # ----------------------------------------------------------------------------- LeNet-5
+
 
 class LeNet(ImageClassifier):
     """LeNet-5 (LeCun et al., 1998): two convolutions with pooling, three fully connected layers."""
@@ -40,9 +55,13 @@ class LeNet(ImageClassifier):
         return self.fc3(F.relu(self.fc2(x)))
 
 
-@zoo_model("lenet", paper_batch=256, reference=FASTT + "; LeNet-5 of LeCun et al. (1998), 61.7k parameters",
-           description="LeNet-5: 2 conv + 3 fully connected layers on 32x32 grey images",
-           tiny={})
+@zoo_model(
+    "lenet",
+    paper_batch=256,
+    reference=FASTT + "; LeNet-5 of LeCun et al. (1998), 61.7k parameters",
+    description="LeNet-5: 2 conv + 3 fully connected layers on 32x32 grey images",
+    tiny={},
+)
 def lenet(batch_size: int, image_size: int = 32, channels: int = 1, classes: int = 10):
     """LeNet-5 on ``channels`` x ``image_size``² images (the paper: 1 x 32²)."""
     require("lenet", image_size >= 16, f"image_size must be at least 16, got {image_size}")
@@ -51,6 +70,7 @@ def lenet(batch_size: int, image_size: int = 32, channels: int = 1, classes: int
 
 # ----------------------------------------------------------------------------- AlexNet
 
+
 class AlexNet(ImageClassifier):
     """AlexNet (Krizhevsky et al., 2012), single-tower form as in torchvision (61.1M parameters)."""
 
@@ -58,26 +78,50 @@ class AlexNet(ImageClassifier):
         super().__init__()
         c1, c2, c3, c4 = (scaled(c, width, 64) for c in (64, 192, 384, 256))
         self.features = nn.Sequential(
-            nn.Conv2d(3, c1, 11, stride=4, padding=2), nn.ReLU(), nn.MaxPool2d(3, 2),
-            nn.Conv2d(c1, c2, 5, padding=2), nn.ReLU(), nn.MaxPool2d(3, 2),
-            nn.Conv2d(c2, c3, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(c3, c4, 3, padding=1), nn.ReLU(),
-            nn.Conv2d(c4, c4, 3, padding=1), nn.ReLU(), nn.MaxPool2d(3, 2))
+            nn.Conv2d(3, c1, 11, stride=4, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2),
+            nn.Conv2d(c1, c2, 5, padding=2),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2),
+            nn.Conv2d(c2, c3, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(c3, c4, 3, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(c4, c4, 3, padding=1),
+            nn.ReLU(),
+            nn.MaxPool2d(3, 2),
+        )
         self.avgpool = nn.AdaptiveAvgPool2d(6)
         self.classifier = nn.Sequential(
-            nn.Dropout(dropout), nn.Linear(c4 * 36, hidden), nn.ReLU(),
-            nn.Dropout(dropout), nn.Linear(hidden, hidden), nn.ReLU(),
-            nn.Linear(hidden, classes))
+            nn.Dropout(dropout),
+            nn.Linear(c4 * 36, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Linear(hidden, classes),
+        )
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.avgpool(self.features(x)).flatten(1))
 
 
-@zoo_model("alexnet", paper_batch=256, reference=FASTT + "; Krizhevsky et al. (2012)",
-           description="AlexNet: 5 conv + 3 fully connected layers (4096 wide), 224x224 images",
-           tiny={"image_size": 64, "width": 4, "hidden": 32, "classes": 10})
-def alexnet(batch_size: int, image_size: int = 224, width: int = 64, hidden: int = 4096,
-            classes: int = 1000, dropout: float = 0.5):
+@zoo_model(
+    "alexnet",
+    paper_batch=256,
+    reference=FASTT + "; Krizhevsky et al. (2012)",
+    description="AlexNet: 5 conv + 3 fully connected layers (4096 wide), 224x224 images",
+    tiny={"image_size": 64, "width": 4, "hidden": 32, "classes": 10},
+)
+def alexnet(
+    batch_size: int,
+    image_size: int = 224,
+    width: int = 64,
+    hidden: int = 4096,
+    classes: int = 1000,
+    dropout: float = 0.5,
+):
     """AlexNet; ``width`` is the first convolution's channels (others scale with it)."""
     require("alexnet", image_size >= 63, f"image_size must be at least 63, got {image_size}")
     return AlexNet(width, hidden, classes, dropout), image_batch(batch_size, 3, image_size, classes)
@@ -85,8 +129,7 @@ def alexnet(batch_size: int, image_size: int = 224, width: int = 64, hidden: int
 
 # ----------------------------------------------------------------------------- VGG-19
 
-VGG19_LAYOUT = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M",
-                512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
+VGG19_LAYOUT = (64, 64, "M", 128, 128, "M", 256, 256, 256, 256, "M", 512, 512, 512, 512, "M", 512, 512, 512, 512, "M")
 
 
 class VGG(ImageClassifier):
@@ -106,19 +149,34 @@ class VGG(ImageClassifier):
         self.features = nn.Sequential(*layers)
         self.avgpool = nn.AdaptiveAvgPool2d(7)
         self.classifier = nn.Sequential(
-            nn.Linear(channels * 49, hidden), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, hidden), nn.ReLU(), nn.Dropout(dropout),
-            nn.Linear(hidden, classes))
+            nn.Linear(channels * 49, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, hidden),
+            nn.ReLU(),
+            nn.Dropout(dropout),
+            nn.Linear(hidden, classes),
+        )
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
         return self.classifier(self.avgpool(self.features(x)).flatten(1))
 
 
-@zoo_model("vgg19", paper_batch=64, reference=FASTT + "; Simonyan & Zisserman (2015), configuration E",
-           description="VGG-19: 16 3x3 conv + 3 fully connected layers (4096 wide), 224x224 images",
-           tiny={"image_size": 32, "width": 4, "hidden": 32, "classes": 10})
-def vgg19(batch_size: int, image_size: int = 224, width: int = 64, hidden: int = 4096,
-          classes: int = 1000, dropout: float = 0.5):
+@zoo_model(
+    "vgg19",
+    paper_batch=64,
+    reference=FASTT + "; Simonyan & Zisserman (2015), configuration E",
+    description="VGG-19: 16 3x3 conv + 3 fully connected layers (4096 wide), 224x224 images",
+    tiny={"image_size": 32, "width": 4, "hidden": 32, "classes": 10},
+)
+def vgg19(
+    batch_size: int,
+    image_size: int = 224,
+    width: int = 64,
+    hidden: int = 4096,
+    classes: int = 1000,
+    dropout: float = 0.5,
+):
     """VGG-19; ``width`` is the first block's channels (64 in the paper, later blocks scale with it)."""
     require("vgg19", image_size >= 32, f"image_size must be at least 32, got {image_size}")
     return VGG(VGG19_LAYOUT, width, hidden, classes, dropout), image_batch(batch_size, 3, image_size, classes)
@@ -126,8 +184,14 @@ def vgg19(batch_size: int, image_size: int = 224, width: int = 64, hidden: int =
 
 # ----------------------------------------------------------------------------- ResNet
 
-RESNET_BLOCKS = {14: (1, 1, 1, 1), 26: (2, 2, 2, 2), 50: (3, 4, 6, 3), 101: (3, 4, 23, 3),
-                 152: (3, 8, 36, 3), 200: (3, 24, 36, 3)}
+RESNET_BLOCKS = {
+    14: (1, 1, 1, 1),
+    26: (2, 2, 2, 2),
+    50: (3, 4, 6, 3),
+    101: (3, 4, 23, 3),
+    152: (3, 8, 36, 3),
+    200: (3, 24, 36, 3),
+}
 """Bottleneck blocks per stage by depth (He et al., 2016, Table 1; 200 from He et al., 2016b)."""
 
 
@@ -145,8 +209,7 @@ class Bottleneck(nn.Module):
         self.bn2 = nn.BatchNorm2d(planes)
         self.conv3 = nn.Conv2d(planes, out, 1, bias=False)
         self.bn3 = nn.BatchNorm2d(out)
-        self.downsample = (ConvBN(in_channels, out, 1, stride, relu=False)
-                           if stride != 1 or in_channels != out else None)
+        self.downsample = ConvBN(in_channels, out, 1, stride, relu=False) if stride != 1 or in_channels != out else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         identity = x if self.downsample is None else self.downsample(x)
@@ -164,7 +227,7 @@ class ResNet(ImageClassifier):
         self.bn1 = nn.BatchNorm2d(width)
         channels = width
         for stage, count in enumerate(blocks):
-            planes = width * 2 ** stage
+            planes = width * 2**stage
             layer = []
             for index in range(count):
                 layer.append(Bottleneck(channels, planes, 2 if index == 0 and stage > 0 else 1))
@@ -181,8 +244,7 @@ class ResNet(ImageClassifier):
 
 
 def _resnet(name: str, batch_size: int, depth: int, image_size: int, width: int, classes: int):
-    require(name, depth in RESNET_BLOCKS,
-            f"depth must be one of {sorted(RESNET_BLOCKS)}, got {depth}")
+    require(name, depth in RESNET_BLOCKS, f"depth must be one of {sorted(RESNET_BLOCKS)}, got {depth}")
     require(name, image_size >= 32, f"image_size must be at least 32, got {image_size}")
     return ResNet(RESNET_BLOCKS[depth], width, classes), image_batch(batch_size, 3, image_size, classes)
 
@@ -191,39 +253,56 @@ _RESNET_TINY = {"depth": 14, "image_size": 32, "width": 4, "classes": 10}
 _RESNET_DOC = "ResNet-{0}: bottleneck blocks {1}, BatchNorm, 224x224 images"
 
 
-@zoo_model("resnet50", paper_batch=64, tiny=_RESNET_TINY,
-           reference="Placeto/FastT image-model batch (64); He et al. (2016), Table 1",
-           description=_RESNET_DOC.format(50, RESNET_BLOCKS[50]))
+@zoo_model(
+    "resnet50",
+    paper_batch=64,
+    tiny=_RESNET_TINY,
+    reference="Placeto/FastT image-model batch (64); He et al. (2016), Table 1",
+    description=_RESNET_DOC.format(50, RESNET_BLOCKS[50]),
+)
 def resnet50(batch_size: int, depth: int = 50, image_size: int = 224, width: int = 64, classes: int = 1000):
     """ResNet-50 (``depth`` picks another bottleneck depth: 14, 26, 50, 101, 152, 200)."""
     return _resnet("resnet50", batch_size, depth, image_size, width, classes)
 
 
-@zoo_model("resnet101", paper_batch=64, tiny=_RESNET_TINY,
-           reference="Placeto/FastT image-model batch (64); He et al. (2016), Table 1",
-           description=_RESNET_DOC.format(101, RESNET_BLOCKS[101]))
+@zoo_model(
+    "resnet101",
+    paper_batch=64,
+    tiny=_RESNET_TINY,
+    reference="Placeto/FastT image-model batch (64); He et al. (2016), Table 1",
+    description=_RESNET_DOC.format(101, RESNET_BLOCKS[101]),
+)
 def resnet101(batch_size: int, depth: int = 101, image_size: int = 224, width: int = 64, classes: int = 1000):
     """ResNet-101."""
     return _resnet("resnet101", batch_size, depth, image_size, width, classes)
 
 
-@zoo_model("resnet152", paper_batch=32, tiny=_RESNET_TINY,
-           reference="FastT deep-ResNet batch (32, Table 1); He et al. (2016), Table 1",
-           description=_RESNET_DOC.format(152, RESNET_BLOCKS[152]))
+@zoo_model(
+    "resnet152",
+    paper_batch=32,
+    tiny=_RESNET_TINY,
+    reference="FastT deep-ResNet batch (32, Table 1); He et al. (2016), Table 1",
+    description=_RESNET_DOC.format(152, RESNET_BLOCKS[152]),
+)
 def resnet152(batch_size: int, depth: int = 152, image_size: int = 224, width: int = 64, classes: int = 1000):
     """ResNet-152."""
     return _resnet("resnet152", batch_size, depth, image_size, width, classes)
 
 
-@zoo_model("resnet200", paper_batch=32, tiny=_RESNET_TINY,
-           reference=FASTT + " (ResNet200, batch 32); He et al. (2016b)",
-           description=_RESNET_DOC.format(200, RESNET_BLOCKS[200]))
+@zoo_model(
+    "resnet200",
+    paper_batch=32,
+    tiny=_RESNET_TINY,
+    reference=FASTT + " (ResNet200, batch 32); He et al. (2016b)",
+    description=_RESNET_DOC.format(200, RESNET_BLOCKS[200]),
+)
 def resnet200(batch_size: int, depth: int = 200, image_size: int = 224, width: int = 64, classes: int = 1000):
     """ResNet-200."""
     return _resnet("resnet200", batch_size, depth, image_size, width, classes)
 
 
 # ----------------------------------------------------------------------------- Inception-v3
+
 
 class _Inception(nn.Module):
     """Parallel branches, each a sequence of convolutions (or a pool then convolutions), concatenated.
@@ -254,7 +333,7 @@ class _Inception(nn.Module):
         for step in steps:
             if isinstance(step, tuple):
                 kind, stride = step
-                x = (F.avg_pool2d(x, 3, stride, 1) if kind == "avgpool" else F.max_pool2d(x, 3, stride))
+                x = F.avg_pool2d(x, 3, stride, 1) if kind == "avgpool" else F.max_pool2d(x, 3, stride)
             else:
                 x = getattr(self, step)(x)
         return x
@@ -264,36 +343,53 @@ class _Inception(nn.Module):
 
 
 def _block_a(pool: int) -> dict:
-    return {"1x1": [("branch1x1", 64, 1, 1, 0)],
-            "5x5": [("branch5x5_1", 48, 1, 1, 0), ("branch5x5_2", 64, 5, 1, 2)],
-            "3x3dbl": [("branch3x3dbl_1", 64, 1, 1, 0), ("branch3x3dbl_2", 96, 3, 1, 1),
-                       ("branch3x3dbl_3", 96, 3, 1, 1)],
-            "pool": [("avgpool", 1), ("branch_pool", pool, 1, 1, 0)]}
+    return {
+        "1x1": [("branch1x1", 64, 1, 1, 0)],
+        "5x5": [("branch5x5_1", 48, 1, 1, 0), ("branch5x5_2", 64, 5, 1, 2)],
+        "3x3dbl": [("branch3x3dbl_1", 64, 1, 1, 0), ("branch3x3dbl_2", 96, 3, 1, 1), ("branch3x3dbl_3", 96, 3, 1, 1)],
+        "pool": [("avgpool", 1), ("branch_pool", pool, 1, 1, 0)],
+    }
 
 
 def _block_b() -> dict:
-    return {"3x3": [("branch3x3", 384, 3, 2, 0)],
-            "3x3dbl": [("branch3x3dbl_1", 64, 1, 1, 0), ("branch3x3dbl_2", 96, 3, 1, 1),
-                       ("branch3x3dbl_3", 96, 3, 2, 0)],
-            "pool": [("maxpool", 2)]}
+    return {
+        "3x3": [("branch3x3", 384, 3, 2, 0)],
+        "3x3dbl": [("branch3x3dbl_1", 64, 1, 1, 0), ("branch3x3dbl_2", 96, 3, 1, 1), ("branch3x3dbl_3", 96, 3, 2, 0)],
+        "pool": [("maxpool", 2)],
+    }
 
 
 def _block_c(c7: int) -> dict:
     row, col = ((1, 7), (0, 3)), ((7, 1), (3, 0))
-    return {"1x1": [("branch1x1", 192, 1, 1, 0)],
-            "7x7": [("branch7x7_1", c7, 1, 1, 0), ("branch7x7_2", c7, row[0], 1, row[1]),
-                    ("branch7x7_3", 192, col[0], 1, col[1])],
-            "7x7dbl": [("branch7x7dbl_1", c7, 1, 1, 0), ("branch7x7dbl_2", c7, col[0], 1, col[1]),
-                       ("branch7x7dbl_3", c7, row[0], 1, row[1]), ("branch7x7dbl_4", c7, col[0], 1, col[1]),
-                       ("branch7x7dbl_5", 192, row[0], 1, row[1])],
-            "pool": [("avgpool", 1), ("branch_pool", 192, 1, 1, 0)]}
+    return {
+        "1x1": [("branch1x1", 192, 1, 1, 0)],
+        "7x7": [
+            ("branch7x7_1", c7, 1, 1, 0),
+            ("branch7x7_2", c7, row[0], 1, row[1]),
+            ("branch7x7_3", 192, col[0], 1, col[1]),
+        ],
+        "7x7dbl": [
+            ("branch7x7dbl_1", c7, 1, 1, 0),
+            ("branch7x7dbl_2", c7, col[0], 1, col[1]),
+            ("branch7x7dbl_3", c7, row[0], 1, row[1]),
+            ("branch7x7dbl_4", c7, col[0], 1, col[1]),
+            ("branch7x7dbl_5", 192, row[0], 1, row[1]),
+        ],
+        "pool": [("avgpool", 1), ("branch_pool", 192, 1, 1, 0)],
+    }
 
 
 def _block_d() -> dict:
-    return {"3x3": [("branch3x3_1", 192, 1, 1, 0), ("branch3x3_2", 320, 3, 2, 0)],
-            "7x7x3": [("branch7x7x3_1", 192, 1, 1, 0), ("branch7x7x3_2", 192, (1, 7), 1, (0, 3)),
-                      ("branch7x7x3_3", 192, (7, 1), 1, (3, 0)), ("branch7x7x3_4", 192, 3, 2, 0)],
-            "pool": [("maxpool", 2)]}
+    return {
+        "3x3": [("branch3x3_1", 192, 1, 1, 0), ("branch3x3_2", 320, 3, 2, 0)],
+        "7x7x3": [
+            ("branch7x7x3_1", 192, 1, 1, 0),
+            ("branch7x7x3_2", 192, (1, 7), 1, (0, 3)),
+            ("branch7x7x3_3", 192, (7, 1), 1, (3, 0)),
+            ("branch7x7x3_4", 192, 3, 2, 0),
+        ],
+        "pool": [("maxpool", 2)],
+    }
 
 
 class InceptionE(nn.Module):
@@ -316,10 +412,17 @@ class InceptionE(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b3 = self.branch3x3_1(x)
         d3 = self.branch3x3dbl_2(self.branch3x3dbl_1(x))
-        return torch.cat([self.branch1x1(x),
-                          self.branch3x3_2a(b3), self.branch3x3_2b(b3),
-                          self.branch3x3dbl_3a(d3), self.branch3x3dbl_3b(d3),
-                          self.branch_pool(F.avg_pool2d(x, 3, 1, 1))], dim=1)
+        return torch.cat(
+            [
+                self.branch1x1(x),
+                self.branch3x3_2a(b3),
+                self.branch3x3_2b(b3),
+                self.branch3x3dbl_3a(d3),
+                self.branch3x3dbl_3b(d3),
+                self.branch_pool(F.avg_pool2d(x, 3, 1, 1)),
+            ],
+            dim=1,
+        )
 
 
 class InceptionAux(nn.Module):
@@ -353,9 +456,17 @@ class InceptionV3(ImageClassifier):
         self.Conv2d_3b_1x1 = ConvBN(scale(64), scale(80), 1, eps=1e-3)
         self.Conv2d_4a_3x3 = ConvBN(scale(80), scale(192), 3, eps=1e-3)
         channels = scale(192)
-        blocks = [("Mixed_5b", _block_a(32)), ("Mixed_5c", _block_a(64)), ("Mixed_5d", _block_a(64)),
-                  ("Mixed_6a", _block_b()), ("Mixed_6b", _block_c(128)), ("Mixed_6c", _block_c(160)),
-                  ("Mixed_6d", _block_c(160)), ("Mixed_6e", _block_c(192)), ("Mixed_7a", _block_d())]
+        blocks = [
+            ("Mixed_5b", _block_a(32)),
+            ("Mixed_5c", _block_a(64)),
+            ("Mixed_5d", _block_a(64)),
+            ("Mixed_6a", _block_b()),
+            ("Mixed_6b", _block_c(128)),
+            ("Mixed_6c", _block_c(160)),
+            ("Mixed_6d", _block_c(160)),
+            ("Mixed_6e", _block_c(192)),
+            ("Mixed_7a", _block_d()),
+        ]
         for name, branches in blocks:
             block = _Inception(channels, branches, scale)
             self.add_module(name, block)
@@ -391,21 +502,28 @@ class InceptionV3(ImageClassifier):
 
 def _inception_grid(image_size: int) -> int:
     """Side of the 17x17 grid (after Mixed_6e) for a given input side."""
-    side = (image_size - 3) // 2 + 1 - 2          # Conv2d_1a (stride 2), Conv2d_2a
-    side = (side - 3) // 2 + 1 - 2                # max pool, Conv2d_4a
-    side = (side - 3) // 2 + 1                    # max pool -> 35x35
-    return (side - 3) // 2 + 1                    # Mixed_6a -> 17x17
+    side = (image_size - 3) // 2 + 1 - 2  # Conv2d_1a (stride 2), Conv2d_2a
+    side = (side - 3) // 2 + 1 - 2  # max pool, Conv2d_4a
+    side = (side - 3) // 2 + 1  # max pool -> 35x35
+    return (side - 3) // 2 + 1  # Mixed_6a -> 17x17
 
 
-@zoo_model("inception_v3", paper_batch=64,
-           reference="Placeto appendix A.1 (batch 64, 299x299) and FastT Table 1 (64); Szegedy et al. (2016)",
-           description="Inception-v3: stem, Mixed_5b..Mixed_7c blocks of parallel branches, aux head, 299x299",
-           tiny={"width": 4, "classes": 10, "image_size": 75, "aux": False})
-def inception_v3(batch_size: int, image_size: int = 299, width: int = 32, classes: int = 1000,
-                 aux: bool = True, dropout: float = 0.5):
+@zoo_model(
+    "inception_v3",
+    paper_batch=64,
+    reference="Placeto appendix A.1 (batch 64, 299x299) and FastT Table 1 (64); Szegedy et al. (2016)",
+    description="Inception-v3: stem, Mixed_5b..Mixed_7c blocks of parallel branches, aux head, 299x299",
+    tiny={"width": 4, "classes": 10, "image_size": 75, "aux": False},
+)
+def inception_v3(
+    batch_size: int, image_size: int = 299, width: int = 32, classes: int = 1000, aux: bool = True, dropout: float = 0.5
+):
     """Inception-v3; ``width`` is the stem's first channels (32 in the paper, every block scales with it)."""
     grid = _inception_grid(image_size)
     require("inception_v3", grid >= 3, f"image_size must be at least 75, got {image_size}")
-    require("inception_v3", not aux or grid >= 17,
-            f"the auxiliary head needs image_size >= 299 (a 17x17 grid), got {image_size}; pass aux=false")
+    require(
+        "inception_v3",
+        not aux or grid >= 17,
+        f"the auxiliary head needs image_size >= 299 (a 17x17 grid), got {image_size}; pass aux=false",
+    )
     return InceptionV3(width, classes, aux, dropout), image_batch(batch_size, 3, image_size, classes)
