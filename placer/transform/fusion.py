@@ -341,59 +341,10 @@ def fuse(
     Zhang et al., "Celeritas: Fast Optimizer for Large Dataflow Graphs", Section 5.1 and
     Algorithm 1; Kernighan, "Optimal sequential partitions of graphs", J. ACM 18(1), 1971.
     """
-    if (
-        isinstance(exploration_range, bool)
-        or not isinstance(exploration_range, (int, np.integer))
-        or exploration_range < 1
-    ):
-        raise OptionError(f"option exploration_range must be an integer >= 1, got {exploration_range!r}")
-    if not (isinstance(memory_fraction, (int, float)) and 0 < memory_fraction <= 1):
-        raise OptionError(
-            f"option memory_fraction must be in (0, 1], a share of the smallest device's memory, "
-            f"got {memory_fraction!r}"
-        )
-    n = graph.num_nodes
+    _check_fusion_options(exploration_range, memory_fraction)
     node_w, edge_c = link_costs(graph, cluster)
     order = cpd_topo_order(graph, node_w, edge_c)
-    position = np.empty(n, dtype=np.int64)
-    position[order] = np.arange(n)
-    allowed = group_allowed(graph, cluster)
-    mask = None
-    if not allowed.all():
-        # Devices differ only by kind here, so one bit per distinct column of ``allowed`` is enough.
-        columns = np.unique(allowed, axis=1)
-        mask = (columns[order].astype(np.int64) << np.arange(columns.shape[1], dtype=np.int64)).sum(axis=1)
-    memory_cap = float(memory_fraction) * float(cluster.memory.min())
-    cuts = optimal_breakpoints(
-        n,
-        position[graph.src],
-        position[graph.dst],
-        edge_c,
-        static_footprint(graph)[order],
-        exploration_range=int(exploration_range),
-        memory_cap=memory_cap,
-        device_mask=mask,
-    )
-    sizes = np.diff(cuts)
-    cluster_of = np.empty(n, dtype=np.int64)
-    cluster_of[order] = np.repeat(np.arange(sizes.size), sizes)
-    members = np.split(order, cuts[1:-1]) if n else []
-    coarse = _coarse_graph(graph, cluster, cluster_of, sizes.size)
-    coarse_allowed = np.ones((sizes.size, cluster.num_devices), dtype=bool)
-    np.logical_and.at(coarse_allowed, cluster_of, allowed)
-    coarse_w, coarse_c = link_costs(coarse, cluster)
-    return FusedGraph(
-        graph,
-        coarse,
-        cluster_of,
-        members,
-        order,
-        position,
-        coarse_allowed,
-        ccr(node_w, edge_c),
-        ccr(coarse_w, coarse_c),
-        memory_cap,
-    )
+    return _fuse_along(graph, cluster, order, node_w, edge_c, int(exploration_range), memory_fraction)
 
 
 def fuse_in_order(
@@ -442,19 +393,36 @@ def fuse_in_order(
     if np.any(position < 0) or np.any(position[graph.src] >= position[graph.dst]):
         raise OptionError("order must be a topological order of the graph, each node listed once")
     node_w, edge_c = link_costs(graph, cluster)
-    memory_cap = float(memory_fraction) * float(cluster.memory.min())
+    return _fuse_along(graph, cluster, order, node_w, edge_c, int(exploration_range), memory_fraction)
+
+
+def _fuse_along(
+    graph: OpGraph,
+    cluster: Cluster,
+    order: np.ndarray,
+    node_w: np.ndarray,
+    edge_c: np.ndarray,
+    exploration_range: int,
+    memory_fraction: float,
+) -> FusedGraph:
+    """The optimal fusion of ``graph`` along the topological ``order`` (:func:`optimal_breakpoints`)."""
+    n = graph.num_nodes
+    position = np.empty(n, dtype=np.int64)
+    position[order] = np.arange(n)
     allowed = group_allowed(graph, cluster)
     mask = None
     if not allowed.all():
+        # Devices differ only by kind here, so one bit per distinct column of ``allowed`` is enough.
         columns = np.unique(allowed, axis=1)
         mask = (columns[order].astype(np.int64) << np.arange(columns.shape[1], dtype=np.int64)).sum(axis=1)
+    memory_cap = float(memory_fraction) * float(cluster.memory.min())
     cuts = optimal_breakpoints(
         n,
         position[graph.src],
         position[graph.dst],
         edge_c,
         static_footprint(graph)[order],
-        exploration_range=int(exploration_range),
+        exploration_range=exploration_range,
         memory_cap=memory_cap,
         device_mask=mask,
     )
