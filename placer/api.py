@@ -23,7 +23,7 @@ from .errors import InvalidPlanError, OptionError
 from .graph import OpGraph
 from .plan import Plan
 from .report.tables import simulation_text
-from .sim.bounds import lower_bound
+from .sim.bounds import plan_lower_bound
 from .sim.simulator import simulate_bound
 from .sim.validation import validate
 from .transform.bind import bind_plan
@@ -202,7 +202,7 @@ def describe(plan: Plan, graph: OpGraph | None = None, cluster: Cluster | None =
     if graph is None or cluster is None:
         raise InvalidPlanError("describe(plan) needs the graph and cluster the plan is for")
     result = simulate_bound(bind_plan(plan, graph, cluster))
-    bound = lower_bound(graph, cluster, splits=plan.rewrites_graph)
+    bound = plan_lower_bound(plan, graph, cluster)
     return simulation_text(result, {**result.predicted(), "lower_bound_s": bound})
 
 

@@ -228,18 +228,7 @@ class Plan:
                 f"same operations: another batch size or optimizer, or a --name at capture)"
             )
 
-    def check_splits_recorded(self) -> None:
-        """Refuse a rewritten graph that does not hold the splits the plan lists (node, dimension, parts).
-
-        Raises
-        ------
-        InvalidPlanError
-            Naming the split and what the rewritten graph holds instead.
-        """
-        if self.rewritten_graph is not None:
-            _check_splits_made(self.splits, self.rewritten_graph)
-
-    def bind(self, graph: OpGraph, cluster: Cluster, target: OpGraph | None = None) -> BoundPlan:
+    def bind(self, graph: OpGraph, cluster: Cluster, target: Callable[[OpGraph], OpGraph] | None = None) -> BoundPlan:
         """Resolve ids to indices and check FORMATS.md rule 8 (memory is :func:`placer.validate`'s).
 
         Parameters
@@ -247,11 +236,12 @@ class Plan:
         graph : OpGraph
             The graph the plan was made for (its digest and name are checked).
         cluster : Cluster
-        target : OpGraph, optional
-            The graph the placement names: by default the plan's rewritten
-            graph, else ``graph``. A plan that lists splits but carries no
-            rewritten graph needs the graph its splits make
-            (:func:`placer.transform.bind.bind_plan` makes it).
+        target : callable, optional
+            Makes the graph the placement names from ``graph``, called once
+            ``graph`` has passed the checks that it is the plan's. By default
+            that graph is the plan's rewritten graph, else ``graph``; a plan
+            that lists splits but carries no rewritten graph needs the graph its
+            splits make (:func:`placer.transform.bind.bind_plan` passes it).
 
         Raises
         ------
@@ -261,9 +251,12 @@ class Plan:
             dependencies, or it lists splits with no graph they make.
         """
         self.check_made_for(graph)
-        self.check_splits_recorded()
+        if self.rewritten_graph is not None:
+            _check_splits_made(self.splits, self.rewritten_graph)
         made_here = target is not None and self.rewritten_graph is None
-        if target is None:
+        if target is not None:
+            target = target(graph)
+        else:
             if self.splits and self.rewritten_graph is None:
                 raise InvalidPlanError(
                     "the plan lists splits but carries no rewritten graph: bind it with "

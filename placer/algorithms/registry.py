@@ -28,7 +28,7 @@ from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..io import shown
 from ..plan import Plan
-from ..sim.bounds import lower_bound
+from ..sim.bounds import plan_lower_bound
 from ..sim.validation import validate
 from ..transform.bind import target_graph
 from ..transform.microbatch import check_microbatches, microbatch_graph
@@ -304,7 +304,7 @@ def place(
             plan.order = {
                 names[j]: [target.ids[i] for i in seq.tolist()] for j, seq in enumerate(result.device_orders())
             }
-        figures = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster, splits=plan.rewrites_graph)}
+        figures = {**result.predicted(), "lower_bound_s": plan_lower_bound(plan, graph, cluster)}
         _checked[plan] = (_check_key(plan, graph, cluster), figures)
     plan.algorithm = algorithm
     plan.predicted = dict(figures)

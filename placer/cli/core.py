@@ -35,7 +35,7 @@ from ..report.compare import check_options, compare
 from ..report.tables import print_rows, print_simulation, working
 from ..show import one_line
 from ..sim import simulate_plan
-from ..sim.bounds import lower_bound
+from ..sim.bounds import plan_lower_bound
 from ..sim.messages import simulate_with_messages
 from ..sim.trace import write_trace
 from ..sim.validation import validate
@@ -210,7 +210,7 @@ def cmd_simulate(args: argparse.Namespace) -> int:
             )
     if args.trace:
         write_trace(result, args.trace)
-    report = {**result.predicted(), "lower_bound_s": lower_bound(graph, cluster, splits=plan.rewrites_graph)}
+    report = {**result.predicted(), "lower_bound_s": plan_lower_bound(plan, graph, cluster)}
     other = _other_prediction(plan, cluster, result.makespan_s)
     if other:
         print(f"placer: note: plan {args.plan}{other}", file=sys.stderr)

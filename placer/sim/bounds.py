@@ -7,8 +7,9 @@ import numpy as np
 from ..cluster import Cluster
 from ..graph import OpGraph
 from ..paths import critical_path_length
+from ..plan import Plan
 
-__all__ = ["lower_bound", "fastest_durations"]
+__all__ = ["lower_bound", "plan_lower_bound", "fastest_durations"]
 
 
 def fastest_durations(graph: OpGraph, cluster: Cluster) -> np.ndarray:
@@ -39,3 +40,19 @@ def lower_bound(graph: OpGraph, cluster: Cluster, *, splits: bool = False) -> fl
         return 0.0
     work = float(fastest.sum()) / cluster.num_devices
     return work if splits else max(critical_path_length(graph, fastest), work)
+
+
+def plan_lower_bound(plan: Plan, graph: OpGraph, cluster: Cluster) -> float:
+    """The lower bound that holds for ``plan`` of ``graph``: :func:`lower_bound` with ``splits`` where it rewrites it.
+
+    A plan that splits operations or replicates the step shortens the graph's
+    critical path, so only the work term bounds it; any other plan gets the
+    full bound.
+
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> g, c = training_graph(layers=2), load_cluster("2xcpu")
+    >>> plan_lower_bound(Plan({i: "cpu0" for i in g.ids}), g, c) == lower_bound(g, c)
+    True
+    """
+    return lower_bound(graph, cluster, splits=plan.rewrites_graph)

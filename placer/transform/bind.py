@@ -146,6 +146,4 @@ def bind_plan(plan: Plan, graph: OpGraph, cluster: Cluster) -> BoundPlan:
     InvalidPlanError
         As :meth:`Plan.bind` and :func:`target_graph`.
     """
-    plan.check_made_for(graph)  # the other graph named, before any split is tried
-    plan.check_splits_recorded()
-    return plan.bind(graph, cluster, target=target_graph(plan, graph))
+    return plan.bind(graph, cluster, target=lambda made_for: target_graph(plan, made_for))

@@ -68,7 +68,7 @@ from ..cost.analytic import DEVICE_SPECS, node_time_s
 from ..errors import OptionError
 from ..graph import OpGraph
 from .base import SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, register_transform
-from .split import batch_dependent, fresh_id, part_rows
+from .split import NODE_DEFAULTS, batch_dependent, fresh_id, part_rows
 
 __all__ = [
     "data_parallel_graph",
@@ -804,20 +804,7 @@ def data_parallel_graph(
     return DataParallelGraph(out, np.asarray(replica_of, dtype=np.int64), np.asarray(original, dtype=np.int64))
 
 
-_DEFAULTS = dict(
-    compute_s=0.0,
-    output_bytes=0,
-    param_bytes=0,
-    temp_bytes=0,
-    flops=np.nan,
-    op=None,
-    layer=None,
-    colocation=None,
-    device_kinds=None,
-    compute_s_by_kind=None,
-    splittable=None,
-    node_extra=None,
-)
+_DEFAULTS = {"compute_s": 0.0, **NODE_DEFAULTS}
 
 
 def replicated_node(graph: OpGraph) -> int | None:

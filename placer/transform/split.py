@@ -472,7 +472,8 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
     return _rebuild(graph, x, new_nodes, new_edges)
 
 
-_NODE_DEFAULTS = dict(
+#: What a node made by a rewrite holds where it says nothing (its compute time must be given).
+NODE_DEFAULTS = dict(
     output_bytes=0,
     param_bytes=0,
     temp_bytes=0,
@@ -518,7 +519,7 @@ def _rebuild(
     fields: dict[str, Any] = {}
     for name in _NODE_ARRAYS + _NODE_LISTS:
         old = getattr(graph, name)
-        new = [nd.get(name, _NODE_DEFAULTS.get(name)) for nd in new_nodes]
+        new = [nd.get(name, NODE_DEFAULTS.get(name)) for nd in new_nodes]
         fields[name] = [old[i] for i in before] + new + [old[i] for i in after]
     index = {node_id: i for i, node_id in enumerate(ids)}
     kept = np.flatnonzero((graph.src != removed) & (graph.dst != removed))
