@@ -155,7 +155,7 @@ def data_parallel_schedule(
     Raises
     ------
     OptionError
-        An unknown ``collective``.
+        An unknown ``collective``, or a step cut into micro-batches.
     InfeasibleError
         If no device may run every node, the batch has fewer samples than the
         devices (:func:`~placer.transform.split.batch_samples`), a replica does not fit one device,
@@ -165,6 +165,11 @@ def data_parallel_schedule(
     if collective not in COLLECTIVE_CHOICES:
         raise OptionError(
             f"option collective of {name!r} must be one of {', '.join(COLLECTIVE_CHOICES)}, got {collective!r}"
+        )
+    if int((graph.extra.get("microbatches") or {}).get("count", 1)) > 1:
+        raise OptionError(
+            f"{name}: the step is cut into {graph.extra['microbatches']['count']} micro-batches; replicas of a "
+            "micro-batched step do not run (the runtime runs replicas or micro-batches): plan without microbatches"
         )
     devices = replica_devices(graph, cluster)
     if not devices:
@@ -237,7 +242,7 @@ def data_parallel(
     Raises
     ------
     OptionError
-        An unknown ``collective``.
+        An unknown ``collective``, or a step cut into micro-batches.
     InfeasibleError
         If no device may run every node, or a replica does not fit one device.
 
@@ -287,7 +292,7 @@ def sharded_data_parallel(
     Raises
     ------
     OptionError
-        An unknown ``collective``.
+        An unknown ``collective``, or a step cut into micro-batches.
     InfeasibleError
         If no device may run every node, or a replica does not fit one device.
 

@@ -239,7 +239,10 @@ def _start(
 
     data_parallel: list[tuple[OpGraph, Schedule]] = []
     check_s = 0.0
-    for shard_optimizer in (False, True) if data_parallel_start and cluster.num_devices > 1 else ():
+    microbatched = int((graph.extra.get("microbatches") or {}).get("count", 1)) > 1  # replicas of it do not run
+    for shard_optimizer in (
+        (False, True) if data_parallel_start and cluster.num_devices > 1 and not microbatched else ()
+    ):
         try:
             dp, device_of, orders = data_parallel_schedule(graph, cluster, shard_optimizer=shard_optimizer)
             began = time.perf_counter()

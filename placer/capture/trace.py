@@ -309,7 +309,8 @@ class CapturedStep:
         return state
 
     def at_batch(self, rows: int) -> fx.GraphModule:
-        """The step traced again on the first ``rows`` samples of its batch: a data-parallel replica's step.
+        """The step traced again on the first ``rows`` samples of its batch: a data-parallel replica's or a
+        micro-batch's step.
 
         The captured module holds every shape as a constant (``x.view(6, 400)``),
         so a replica working on fewer rows needs a module of its own. It has
@@ -349,8 +350,8 @@ class CapturedStep:
             where = next((a for a, b in zip(names, again) if a != b), f"{len(names)} against {len(again)} nodes")
             raise OptionError(
                 f"the model traced on {rows} of its {self.batch_size} samples has other operations "
-                f"than on all of them (first difference: {where}); its data-parallel replicas "
-                f"cannot run the captured step's nodes"
+                f"than on all of them (first difference: {where}); a data-parallel replica or a micro-batch "
+                f"of {rows} samples cannot run the captured step's nodes: plan fewer replicas or micro-batches"
             )
         self._replica_modules[rows] = gm
         return gm

@@ -284,7 +284,9 @@ def _check_devices(plan, path: str, cluster) -> None:
 def _oracles(captured: Any, plan: Any) -> list[str]:
     """What ``--verify`` compares a plan's training with: eager training, and for a replicated plan
     PyTorch's DDP (with ZeroRedundancyOptimizer for a sharded optimizer) where the batch divides, eager
-    training only where no operation couples the batch's samples (batch norm sees a replica's rows).
+    training only where no operation couples the batch's samples (batch norm sees a replica's rows); for a
+    micro-batched plan eager gradient accumulation over its micro-batches, and eager training on the whole
+    batch where no operation couples the samples.
 
     Raises
     ------
@@ -294,6 +296,8 @@ def _oracles(captured: Any, plan: Any) -> list[str]:
     from ..runtime.replicas import batch_coupled  # deferred: imports torch
 
     target = plan.rewritten_graph
+    if target is not None and int((target.extra.get("microbatches") or {}).get("count", 1)) > 1:
+        return ["accumulate"] + ([] if batch_coupled(captured.gm) else ["eager"])
     if target is None or "data_parallel" not in target.extra:
         return ["eager"]
     replicas = int(target.extra["data_parallel"]["replicas"])
@@ -344,6 +348,7 @@ def _run(args: argparse.Namespace) -> int:
         refuse_random_ops,
         state_difference,
         step_times,
+        train_accumulated,
         train_eager,
     )
     from ..runtime.program import copy_to  # deferred: imports torch
@@ -466,7 +471,16 @@ def _run(args: argparse.Namespace) -> int:
     pristine = copy.deepcopy(reference) if "ddp" in oracles else None
     failed = None
     for oracle in oracles:
-        if oracle == "eager":
+        if oracle == "accumulate":
+            info = plan.rewritten_graph.extra["microbatches"]
+            trained = copy.deepcopy(reference).to(home)  # the eager oracle, if any, trains the original
+            trained_optimizer = eager_optimizer(captured, trained.parameters())
+            with working(f"training {args.steps} steps eagerly by gradient accumulation on {home} to compare ..."):
+                train_accumulated(
+                    trained, [copy_to(x, home) for x in inputs], trained_optimizer, args.steps, info["rows"]
+                )
+            what = f"eager gradient accumulation over the plan's {info['count']} micro-batches on {home}"
+        elif oracle == "eager":
             # Eager training where the plan's first device ran: the same kernels (a GPU's, not the CPU's).
             trained = reference.to(home)
             trained_optimizer = eager_optimizer(captured, trained.parameters())

@@ -16,6 +16,7 @@ __all__ = [
     "exact_float32",
     "eager_optimizer",
     "train_eager",
+    "train_accumulated",
     "state_difference",
     "StepTimes",
     "step_times",
@@ -95,6 +96,55 @@ def train_eager(model: nn.Module, inputs: Sequence[Any], optimizer: torch.optim.
         loss.backward()
         optimizer.step()
         losses.append(float(loss.detach()))
+    return losses
+
+
+def train_accumulated(
+    model: nn.Module,
+    inputs: Sequence[Any],
+    optimizer: torch.optim.Optimizer,
+    steps: int,
+    rows: Sequence[Sequence[int]],
+) -> list[float]:
+    """Train ``steps`` eager steps by gradient accumulation over the micro-batches ``rows``; the losses.
+
+    Each step runs the model on rows ``[lo, hi)`` of every input that leads
+    with the batch, back-propagates that micro-batch's loss times its share of
+    the batch, and updates once: what ``torch.distributed.pipelining``'s
+    schedules compute, and what a micro-batched plan must equal
+    (:mod:`placer.runtime.microbatches`). Batch norm normalises each
+    micro-batch by its own statistics and updates its running statistics per
+    micro-batch; an integer buffer (batch norm's ``num_batches_tracked``)
+    advances once per step, as the placed step counts it.
+
+    Examples
+    --------
+    >>> lin = nn.Linear(2, 1)
+    >>> model = lambda x: lin(x).pow(2).mean()
+    >>> x = torch.arange(6.0).view(3, 2)
+    >>> loss = train_accumulated(model, [x], torch.optim.SGD(lin.parameters(), lr=0.0), 1, [(0, 2), (2, 3)])
+    >>> round(loss[0], 5) == round(float(model(x)), 5)
+    True
+    """
+    total = rows[-1][1]
+    buffers = [b for b in model.buffers() if not b.is_floating_point()] if isinstance(model, nn.Module) else []
+    losses = []
+    for _ in range(steps):
+        optimizer.zero_grad(set_to_none=True)
+        counters = [b.clone() for b in buffers]
+        loss = 0.0
+        for lo, hi in rows:
+            part = [
+                x.narrow(0, lo, hi - lo) if isinstance(x, torch.Tensor) and x.dim() > 0 and x.shape[0] == total else x
+                for x in inputs
+            ]
+            share = model(*part) * ((hi - lo) / total)
+            share.backward()
+            loss += float(share.detach())
+        for b, before in zip(buffers, counters):
+            b.copy_(before + (b - before) // len(rows))
+        optimizer.step()
+        losses.append(loss)
     return losses
 
 

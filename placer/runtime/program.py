@@ -54,6 +54,7 @@ from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.simulator import simulate_bound
 from ..transform.bind import bind_plan
+from .microbatches import microbatch_step
 from .replicas import Feed, collective_wait, replicate_step
 from .splits import split_step
 
@@ -244,18 +245,22 @@ def compile_program(
 
     bound = bind_plan(plan, graph, cluster)
     target = bound.graph
-    if "microbatches" in target.extra:
-        raise InvalidPlanError(
-            f"the plan places the step as {target.extra['microbatches']['count']} micro-batches, "
-            "which the runtime does not run yet: plan without micro-batches to run it"
-        )
     feeds = None
     replicated = "data_parallel" in target.extra and any("replica" in extra for extra in target.node_extra)
+    microbatched = "microbatches" in target.extra and int(target.extra["microbatches"]["count"]) > 1
+    if replicated and microbatched:
+        raise InvalidPlanError(
+            f"the plan replicates a step cut into {target.extra['microbatches']['count']} micro-batches; the "
+            "runtime runs replicas or micro-batches, not both: plan one of them"
+        )
     if collectives == "torch" and not (replicated and _replica_per_device(target, bound.device_of, cluster)):
         collectives = "nodes"
     if replicated:
         original = gm, carrier
         gm, node_of, carrier, feeds = replicate_step(gm, graph, target, carrier, replica_steps, collectives)
+        gm, node_of, carrier = split_step(gm, target, carrier, node_of)
+    elif microbatched:
+        gm, node_of, carrier, feeds = microbatch_step(gm, graph, target, carrier, replica_steps)
         gm, node_of, carrier = split_step(gm, target, carrier, node_of)
     else:
         gm, node_of, carrier = split_step(gm, target, carrier)

@@ -49,6 +49,7 @@ from .portable import _portable_value
 
 __all__ = [
     "Feed",
+    "check_batch_inputs",
     "replicate_step",
     "replica_steps",
     "batch_coupled",
@@ -380,8 +381,9 @@ def replicate_step(
 
 
 def replica_steps(captured, plan) -> dict[int, fx.GraphModule] | None:
-    """The step traced on each replica's share of the batch where ``plan`` replicates ``captured``'s step
-    (what :func:`~placer.runtime.program.compile_program` takes as ``replica_steps``), else None.
+    """The step traced on each replica's share of the batch where ``plan`` replicates ``captured``'s step, or
+    on each micro-batch's rows where it cuts the step into micro-batches (what
+    :func:`~placer.runtime.program.compile_program` takes as ``replica_steps``), else None.
 
     Raises
     ------
@@ -391,11 +393,20 @@ def replica_steps(captured, plan) -> dict[int, fx.GraphModule] | None:
     """
 
     target = plan.rewritten_graph
-    if target is None or "data_parallel" not in target.extra:
-        return None
-    r = int(target.extra["data_parallel"]["replicas"])
     placeholders = [v for v in captured.gm.graph.nodes if v.op == "placeholder"]
-    shares = _replica_shares(placeholders, captured.batch_size, r)
+    if target is not None and int((target.extra.get("microbatches") or {}).get("count", 1)) > 1:
+        info = target.extra["microbatches"]
+        check_batch_inputs(placeholders, captured.batch_size, int(info["count"]), "micro-batches")
+        if int(info["total"]) != int(captured.batch_size):
+            raise InvalidPlanError(
+                f"the plan cuts a batch of {info['total']} samples into micro-batches, but the step's batch has "
+                f"{captured.batch_size}; plan again for this batch"
+            )
+        shares = [int(hi) - int(lo) for lo, hi in info["rows"]]
+    elif target is None or "data_parallel" not in target.extra:
+        return None
+    else:
+        shares = _replica_shares(placeholders, captured.batch_size, int(target.extra["data_parallel"]["replicas"]))
     try:
         return {n: captured.at_batch(n) for n in sorted(set(shares))}
     except OptionError as exc:
@@ -779,15 +790,19 @@ def _host_rank(k: int, hosts: list[list[int]]) -> tuple[int, int, int]:
     raise InvalidPlanError(f"replica {k} is on no host of the plan's collective ({hosts})")
 
 
-def _replica_shares(placeholders: list[fx.Node], batch: int | None, r: int) -> list[int]:
-    """Samples of each replica (the first ones one more where the batch does not divide).
+def check_batch_inputs(placeholders: list[fx.Node], batch: int | None, parts: int, what: str) -> None:
+    """Refuse a step whose batch cannot be cut into ``parts`` (replicas or micro-batches), in one line.
 
-    Raises InvalidPlanError where the batch's size is unknown or a tensor input does not lead with it.
+    Raises
+    ------
+    InvalidPlanError
+        The step records no batch size, a tensor input does not lead with the
+        batch, or the batch has fewer samples than ``parts``.
     """
     if batch is None:
         raise InvalidPlanError(
-            "the captured step records no batch size, so its inputs cannot be cut among "
-            "data-parallel replicas; capture it from a model and inputs (placer.capture)"
+            f"the captured step records no batch size, so its inputs cannot be cut into {what}; capture it "
+            "from a model and inputs (placer.capture)"
         )
     for p in placeholders:
         value = p.meta.get("val")
@@ -797,13 +812,20 @@ def _replica_shares(placeholders: list[fx.Node], batch: int | None, r: int) -> l
             and (value.dim() == 0 or int(value.shape[0]) != int(batch))
         ):
             raise InvalidPlanError(
-                f"input {p.name!r} of the step has shape {tuple(value.shape)}, which does not "
-                f"lead with the batch ({batch} samples): the capture could not find its batch "
-                f"dimension, so a data-parallel plan cannot cut it among replicas; put the "
-                f"batch first, or plan without replicas"
+                f"input {p.name!r} of the step has shape {tuple(value.shape)}, which does not lead with the "
+                f"batch ({batch} samples): the capture could not find its batch dimension, so a plan of "
+                f"{what} cannot cut it; put the batch first, or plan without {what}"
             )
-    if int(batch) < r:
-        raise InvalidPlanError(f"the batch has {batch} samples, fewer than the plan's {r} replicas")
+    if int(batch) < parts:
+        raise InvalidPlanError(f"the batch has {batch} samples, fewer than the plan's {parts} {what}")
+
+
+def _replica_shares(placeholders: list[fx.Node], batch: int | None, r: int) -> list[int]:
+    """Samples of each replica (the first ones one more where the batch does not divide).
+
+    Raises InvalidPlanError where the batch cannot be cut (:func:`check_batch_inputs`).
+    """
+    check_batch_inputs(placeholders, batch, r, "data-parallel replicas")
     return [hi - lo for lo, hi in part_rows(int(batch), r)]
 
 

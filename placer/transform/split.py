@@ -68,6 +68,7 @@ Yi et al., FastT, CoNEXT 2020, Section 5.2 and Algorithm 2 (SplitOperation).
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
@@ -205,13 +206,17 @@ def _sum_time(graph: OpGraph, node: int, nbytes: float, parts: int) -> tuple[flo
 _NUMPY_DTYPES = {"bfloat16": "float16", "tf32": "float32"}
 
 
+#: What a data-parallel replica's (``r<k>/``) and a micro-batch's (``mb<k>/``) copy put before a node's id.
+_COPY_PREFIX = re.compile(r"^(?:r\d+/)?(?:mb\d+/)?")
+
+
 def _named_inputs(graph: OpGraph, x: int, entry: dict) -> set[tuple[int, int]] | None:
     """The inputs ``(producer, tensor)`` of node ``x`` that ``entry`` names (``inputs``), or None where it
     names none (the slicing follows the batch then).
 
     An entry names the producers of the captured step; in a rewritten graph a producer may stand as a data-
-    parallel replica's node (``r<k>/`` before its id, as ``x`` has) or as the node joining a split of it
-    (its ``split_of``).
+    parallel replica's or a micro-batch's copy (``r<k>/`` or ``mb<k>/`` before its id) or as the node joining
+    a split of it (its ``split_of``).
 
     Raises
     ------
@@ -220,13 +225,7 @@ def _named_inputs(graph: OpGraph, x: int, entry: dict) -> set[tuple[int, int]] |
     """
     if "inputs" not in entry:
         return None
-    extra = graph.node_extra[x]
     own = graph.ids[x]
-    prefix = (
-        own[: len(own) - len(extra["replica_of"])]
-        if "replica_of" in extra and own.endswith(extra["replica_of"])
-        else ""
-    )
     wanted = {(str(name), int(t)) for name, t in entry["inputs"]}
     found: set[tuple[int, int]] = set()
     seen: set[tuple[str, int]] = set()
@@ -237,7 +236,7 @@ def _named_inputs(graph: OpGraph, x: int, entry: dict) -> set[tuple[int, int]] |
             name, t = producer["split_of"], int(producer.get("tensor", t))
         else:
             name = graph.ids[u]
-        key = (name[len(prefix) :] if prefix and name.startswith(prefix) else name, t)
+        key = (_COPY_PREFIX.sub("", name), t)
         if key in wanted:
             found.add((u, t))
             seen.add(key)

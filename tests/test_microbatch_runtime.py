@@ -1,0 +1,203 @@
+"""Micro-batched plans trained for real: against eager gradient accumulation, and eager training without batch norm."""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+
+from placer.algorithms import place
+from placer.algorithms.common import placement_units
+from placer.api import apply
+from placer.capture import capture
+from placer.capture.spec import load_model
+from placer.capture.zoo.registry import ZOO
+from placer.cli import main
+from placer.cluster import load_cluster
+from placer.errors import InvalidPlanError, OptionError
+from placer.plan import Plan
+from placer.runtime.check import state_difference, train_accumulated, train_eager
+from placer.runtime.distributed import run_distributed
+from placer.runtime.program import compile_program
+from placer.runtime.replicas import batch_coupled, replica_steps
+from placer.transform.microbatch import microbatch_graph
+from placer.transform.split import split_operation
+
+TOLERANCE = 1e-6
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+def tiny(name: str, batch: int, optimizer: str = "sgd", double: bool = False):
+    """A zoo model at its tiny size (dropout off), its inputs and its captured step (in float64 if ``double``)."""
+    sizes = dict(ZOO[name].tiny)
+    if "dropout" in ZOO[name].size_options:
+        sizes["dropout"] = 0.0
+    spec = f"zoo:{name}?" + "&".join(f"{k}={v}" for k, v in sizes.items()) if sizes else f"zoo:{name}"
+    torch.manual_seed(0)
+    model, inputs = load_model(spec, batch)
+    if double:
+        model = model.double()
+        inputs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
+    return model, inputs, capture(copy.deepcopy(model), inputs, optimizer=optimizer, lr=0.01)
+
+
+def placed(plan, model, inputs, captured, steps=2):
+    model = copy.deepcopy(model)
+    optimizer = captured.optimizer.eager(model.parameters())
+    plan.context["captured"] = captured
+    step = apply(plan, model, optimizer)
+    for _ in range(steps):
+        step(*inputs)
+    return model, optimizer
+
+
+def accumulated(model, inputs, captured, rows, steps=2):
+    model = copy.deepcopy(model)
+    optimizer = captured.optimizer.eager(model.parameters())
+    train_accumulated(model, inputs, optimizer, steps, rows)
+    return model, optimizer
+
+
+def eager(model, inputs, captured, steps=2):
+    model = copy.deepcopy(model)
+    optimizer = captured.optimizer.eager(model.parameters())
+    train_eager(model, inputs, optimizer, steps)
+    return model, optimizer
+
+
+def assert_equal(trained, reference, tolerance=TOLERANCE):
+    worst, where, count = state_difference(*trained, *reference)
+    assert count >= 6
+    assert worst <= tolerance, f"{where} differs by {worst}"
+
+
+def rows_of(plan):
+    return [tuple(r) for r in plan.rewritten_graph.extra["microbatches"]["rows"]]
+
+
+@pytest.mark.parametrize(
+    "name, batch, cluster, algorithm, microbatches, optimizer, double",
+    [
+        ("lenet", 6, "2xcpu", "gpipe", 3, "sgd", False),
+        ("lenet", 7, "4xcpu", "1f1b", 4, "adam", False),  # uneven: 2, 2, 2 and 1 samples
+        ("resnet50", 6, "2xcpu", "gpipe", 2, "sgd", False),  # batch norm: statistics per micro-batch
+        # Uneven, batch norm over 2 samples: float32 rounding grows to 5e-5 in two steps, float64's stays at 1e-13.
+        ("resnet50", 5, "2xcpu", "m_etf", 2, "sgd", True),
+        ("rnnlm", 5, "2xcpu", "1f1b", 2, "adam", False),  # LSTM cells
+        ("transformer", 4, "2xcpu", "heft", 2, "sgd", False),  # attention, tied embeddings
+        ("gpt2", 6, "2xcpu", "gpipe", 3, "adam", False),
+    ],
+)
+def test_microbatched_plans_train_as_gradient_accumulation(
+    name, batch, cluster, algorithm, microbatches, optimizer, double
+):
+    """The local executor's training equals eager gradient accumulation over the plan's micro-batches, and,
+    where no operation couples the samples, eager training on the whole batch."""
+    model, inputs, captured = tiny(name, batch, optimizer, double)
+    plan = place(captured.graph, load_cluster(cluster), algorithm, microbatches=microbatches)
+    assert plan.rewritten_graph.extra["microbatches"]["count"] == microbatches
+    trained = placed(plan, model, inputs, captured)
+    # Adam moves a parameter by about lr whatever its gradient's size: rounding shows at lr's scale.
+    tolerance = 1e-12 if double else TOLERANCE if optimizer == "sgd" else 1e-4
+    assert_equal(trained, accumulated(model, inputs, captured, rows_of(plan)), tolerance)
+    if not batch_coupled(captured.gm):
+        assert_equal(trained, eager(model, inputs, captured), tolerance)
+
+
+def test_batch_norm_sees_each_micro_batch_alone():
+    """With batch norm, a micro-batched plan is not eager training on the whole batch (the oracle would pass
+    a runtime that ignored the micro-batches): the difference is well above the tolerance."""
+    model, inputs, captured = tiny("resnet50", 6)
+    assert batch_coupled(captured.gm)
+    plan = place(captured.graph, load_cluster("2xcpu"), "gpipe", microbatches=2)
+    worst, _, _ = state_difference(*placed(plan, model, inputs, captured), *eager(model, inputs, captured))
+    assert worst > 100 * TOLERANCE
+
+
+@pytest.mark.parametrize("name, batch", [("lenet", 5), ("resnet50", 6)])
+def test_distributed_microbatches_equal_gradient_accumulation(name, batch):
+    """One process per device over gloo, a 1F1B pipeline: the ranks' training equals eager accumulation."""
+    model, inputs, captured = tiny(name, batch)
+    cluster = load_cluster("2xcpu")
+    plan = place(captured.graph, cluster, "1f1b", microbatches=2)
+    trained = copy.deepcopy(model)
+    optimizer = captured.optimizer.eager(trained.parameters())
+    flat = captured.step_inputs(trained, inputs, optimizer)
+    result = run_distributed(
+        captured.gm,
+        captured.graph,
+        plan,
+        cluster,
+        flat,
+        steps=2,
+        carrier=captured.carrier,
+        timeout_s=120,
+        replica_steps=replica_steps(captured, plan),
+    )
+    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], trained, optimizer)
+    reference = accumulated(model, inputs, captured, rows_of(plan))
+    assert_equal((trained, optimizer), reference)
+
+
+def test_a_split_operation_of_a_micro_batch_runs():
+    """OS-DPOS's splits apply to a micro-batch's copy of an operation: a batch split of micro-batch 1's
+    convolution backward and a weight gradient, placed at random, trains as gradient accumulation."""
+    model, inputs, captured = tiny("lenet", 6)
+    graph = captured.graph
+    micro = microbatch_graph(graph, 2).graph
+    conv = next(i for i in micro.ids if i.startswith("mb1/") and "convolution_backward" in i)
+    target = split_operation(micro, conv, "batch", 2)
+    cluster = load_cluster("2xcpu")
+    unit_of, units = placement_units(target)
+    device_of = np.random.default_rng(0).integers(0, 2, len(units))[unit_of]
+    plan = Plan.from_arrays(
+        graph, cluster, device_of, placed_graph=target, splits=[{"node": conv, "dim": "batch", "parts": 2}]
+    )
+    program = compile_program(
+        captured.gm, graph, plan, cluster, carrier=captured.carrier, replica_steps=replica_steps(captured, plan)
+    )
+    assert {f"{conv}@part0", f"{conv}@part1"} <= {program.node_id(v) for v in program.schedule}
+    assert_equal(placed(plan, model, inputs, captured), accumulated(model, inputs, captured, rows_of(plan)))
+
+
+def test_replicas_of_a_micro_batched_step_are_refused_by_place():
+    _, _, captured = tiny("lenet", 6)
+    with pytest.raises(OptionError, match="micro-batches; replicas of a micro-batched step do not run"):
+        place(captured.graph, load_cluster("2xcpu"), "data_parallel", microbatches=2)
+    plan = place(captured.graph, load_cluster("2xcpu"), "os_dpos", microbatches=2, time_limit=5)
+    assert "data_parallel" not in plan.rewritten_graph.extra
+
+
+def test_a_micro_batch_the_model_traces_differently_on_is_refused_naming_it():
+    """gpt2 traced on one sample squeezes what it keeps on more: its 1-sample micro-batch is refused."""
+    _, _, captured = tiny("gpt2", 5)
+    plan = place(captured.graph, load_cluster("2xcpu"), "gpipe", microbatches=3)  # 2, 2 and 1 samples
+    with pytest.raises(InvalidPlanError, match="a micro-batch of 1 samples cannot run.*fewer replicas or micro"):
+        replica_steps(captured, plan)
+
+
+def test_a_micro_batched_plan_for_another_batch_is_refused_before_training():
+    _, _, captured = tiny("lenet", 6)
+    plan = place(captured.graph, load_cluster("2xcpu"), "gpipe", microbatches=2)
+    _, _, other = tiny("lenet", 8)
+    with pytest.raises(InvalidPlanError):
+        compile_program(other.gm, other.graph, plan, load_cluster("2xcpu"), carrier=other.carrier)
+
+
+def test_run_verify_compares_a_pipeline_with_gradient_accumulation(tmp_path, capsys):
+    """`placer run --verify` on a GPipe plan of a batch-norm model names its oracle and passes."""
+    spec = "zoo:resnet50?" + "&".join(f"{k}={v}" for k, v in ZOO["resnet50"].tiny.items())
+    graph, plan = tmp_path / "g.json", tmp_path / "p.json"
+    assert main(["capture", spec, "--batch", "6", "--optimizer", "sgd", "-o", str(graph)]) == 0
+    cluster = "2xcpu"
+    args = ["plan", str(graph), "--cluster", cluster, "--algorithm", "gpipe", "--microbatches", "2", "-o", str(plan)]
+    assert main(args) == 0
+    capsys.readouterr()
+    run = ["run", spec, "--plan", str(plan), "--cluster", cluster, "--batch", "6", "--optimizer", "sgd"]
+    assert main([*run, "--steps", "2", "--verify"]) == 0
+    out = capsys.readouterr().out
+    assert "equal eager gradient accumulation over the plan's 2 micro-batches" in out
+    assert "eager training on" not in out  # batch norm couples the samples: the whole batch is no oracle
