@@ -201,3 +201,38 @@ def test_run_verify_compares_a_pipeline_with_gradient_accumulation(tmp_path, cap
     out = capsys.readouterr().out
     assert "equal eager gradient accumulation over the plan's 2 micro-batches" in out
     assert "eager training on" not in out  # batch norm couples the samples: the whole batch is no oracle
+
+
+def test_tune_measures_and_replans_a_micro_batched_plan(tmp_path, capsys):
+    """`placer tune --microbatches` runs the micro-batched plan, feeds the copies' measured times back as the
+    whole nodes' and keeps a micro-batched plan."""
+    out = tmp_path / "tuned.json"
+    args = ["tune", "zoo:lenet", "--cluster", "2xcpu", "--batch", "6", "--algorithm", "gpipe", "--microbatches", "2"]
+    assert main([*args, "--rounds", "1", "--steps", "2", "--optimizer", "sgd", "-o", str(out)]) == 0
+    said = capsys.readouterr().out
+    assert "round 1: replanned on measured costs" in said
+    assert Plan.load(out).extra["microbatches"] == 2
+
+
+def test_measured_times_of_copies_estimate_the_whole_batch():
+    """A micro-batch's or a replica's copy on n of B samples estimates its node at t * B / n; what works on the
+    whole (the optimizer) counts as measured; added nodes are left out."""
+    from placer.generate import training_graph
+    from placer.harness.feedback import measured_graph, whole_batch_times
+
+    graph = training_graph(layers=1, branches=1, batch=3).replace(extra={"batch_size": 3})
+    cluster = load_cluster("2xcpu")
+    micro = place(graph, cluster, "gpipe", microbatches=3).bind(graph, cluster)  # 1 sample each
+    seconds = {f"mb{k}/block0.b0.fwd": 1.0 + k for k in range(3)} | {"block0.b0.update": 0.5}
+    seconds |= {i: 9.0 for i in micro.graph.ids if i.endswith(".accumulate")}
+    times = whole_batch_times(micro, graph, seconds)
+    assert times["block0.b0.fwd"].seconds == pytest.approx(6.0)  # (3 + 6 + 9) / 3
+    assert times["block0.b0.update"].seconds == 0.5
+    assert set(times) == {"block0.b0.fwd", "block0.b0.update"}
+    replicated = place(graph, cluster, "data_parallel").bind(graph, cluster)  # 2 and 1 samples
+    times = whole_batch_times(replicated, graph, {"r0/block0.b0.fwd": 2.0, "r1/block0.b0.fwd": 1.0})
+    assert times["block0.b0.fwd"].seconds == pytest.approx(3.0)
+    kind = cluster.devices[0].kind
+    assert measured_graph(graph, replicated, cluster, {"r0/block0.b0.fwd": 2.0}).compute_s_by_kind[
+        graph.index["block0.b0.fwd"]
+    ][kind] == pytest.approx(3.0)

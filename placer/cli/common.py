@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import sys
 from pathlib import Path
@@ -10,7 +11,7 @@ from ..cluster import PRESETS, load_cluster
 from ..errors import OptionError, PlacerError
 from ..show import terminal
 
-__all__ = ["cluster_for_plan", "naming_plan"]
+__all__ = ["cluster_for_plan", "naming_plan", "add_microbatches_option", "check_microbatches_flag"]
 
 
 def cluster_for_plan(plan, path: str, cluster=None, spec: str | None = None):
@@ -53,3 +54,24 @@ def naming_plan(path: str, plan, cluster):
         if plan.cluster_name and plan.cluster_name != cluster.name:
             other = f" (the plan was made for cluster {plan.cluster_name!r}, not {cluster.name!r})"
         raise type(exc)(f"{path}: {exc}{other}") from None
+
+
+def add_microbatches_option(p: argparse.ArgumentParser) -> None:
+    """``--microbatches M``: the step placed cut into ``M`` micro-batches (``placer plan``, ``compare``, ``tune``)."""
+    p.add_argument(
+        "--microbatches",
+        type=int,
+        metavar="M",
+        help="place the step cut into M micro-batches, gradients accumulated (every algorithm pipelines)",
+    )
+
+
+def check_microbatches_flag(args: argparse.Namespace) -> None:
+    """``--microbatches`` refused before a model is captured: below 1, or above a model spec's ``--batch``."""
+    m = args.microbatches
+    if m is not None and m < 1:
+        raise OptionError(f"--microbatches must be >= 1, got {m}")
+    if m is not None and getattr(args, "batch", None) and m > args.batch:
+        raise OptionError(
+            f"--microbatches {m} cuts a batch of {args.batch} samples (--batch): at most {args.batch}, one sample each"
+        )

@@ -42,7 +42,7 @@ from ..sim.validation import validate
 from ..terminate import interrupted, interrupts_recorded, raise_if_interrupted
 from ..transform.bind import bind_plan
 from .capture import SETTING_FLAGS, add_optimizer_option, add_optimizer_settings, optimizer_settings
-from .common import cluster_for_plan, naming_plan
+from .common import add_microbatches_option, check_microbatches_flag, cluster_for_plan, naming_plan
 from .demo import DEFAULT_BATCH, DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_TIME_LIMIT, run_demo
 
 if TYPE_CHECKING:
@@ -138,26 +138,6 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", metavar="FILE", help="placer.profile/1 file of measured times to use")
 
 
-def _add_microbatches_option(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
-        "--microbatches",
-        type=int,
-        metavar="M",
-        help="place the step cut into M micro-batches, gradients accumulated (every algorithm pipelines)",
-    )
-
-
-def _check_microbatches_flag(args: argparse.Namespace) -> None:
-    """``--microbatches`` refused before a model is captured: below 1, or above a model spec's ``--batch``."""
-    m = args.microbatches
-    if m is not None and m < 1:
-        raise OptionError(f"--microbatches must be >= 1, got {m}")
-    if m is not None and getattr(args, "batch", None) and m > args.batch:
-        raise OptionError(
-            f"--microbatches {m} cuts a batch of {args.batch} samples (--batch): at most {args.batch}, one sample each"
-        )
-
-
 def cmd_plan(args: argparse.Namespace) -> int:
 
     _check_search_flags(args)
@@ -168,7 +148,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise OptionError(f"--option {key}=... and --{key.replace('_', '-')} both set {key}: give one")
             options[key] = value
     checked_options(get_algorithm(args.algorithm), options)  # before a model is captured
-    _check_microbatches_flag(args)
+    check_microbatches_flag(args)
     if args.algorithm == "auto" and "runnable" in options:
         print(f"placer: warning: option {RUNNABLE_DEPRECATED}; leave it out", file=sys.stderr)
     check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
@@ -369,7 +349,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
     _check_search_flags(args)
     names = _algorithm_names(args.algorithms)
     check_options(names, seed=args.seed, time_limit=args.time_limit)
-    _check_microbatches_flag(args)
+    check_microbatches_flag(args)
     if args.output:
         check_output(args.output, "report folder", folder=True)
     cluster = load_cluster(args.cluster)
@@ -425,7 +405,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KEY=VALUE",
         help="algorithm option (value parsed as JSON when it can be); repeatable",
     )
-    _add_microbatches_option(p)
+    add_microbatches_option(p)
     p.set_defaults(func=cmd_plan)
 
     p = sub.add_parser("simulate", help="simulate a plan under the reference model")
@@ -477,7 +457,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--output", "-o", help="folder for the table (md, csv, json), plans, charts and report.html")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--time-limit", type=float, help="per-algorithm time limit in seconds")
-    _add_microbatches_option(p)
+    add_microbatches_option(p)
     p.set_defaults(func=cmd_compare)
 
     p = sub.add_parser("demo", help="the main job on the built-in default (no GPU, no input)")

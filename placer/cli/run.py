@@ -30,7 +30,7 @@ from ..terminate import terminate_raises
 from ..transform.bind import bind_plan
 from ..transform.replicate import BUCKET_BYTES
 from .capture import add_optimizer_option, add_optimizer_settings, optimizer_settings
-from .common import cluster_for_plan, naming_plan
+from .common import add_microbatches_option, check_microbatches_flag, cluster_for_plan, naming_plan
 
 __all__ = ["add_commands", "cmd_run", "cmd_tune", "Measurement", "measure_plan"]
 
@@ -537,6 +537,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         profile.check_cluster(cluster)
     if args.batch is None:
         raise OptionError("pass --batch")
+    check_microbatches_flag(args)
     calibrated = None
     if args.message_cost:
         calibrated = load_calibration(args.message_cost).message_cost
@@ -582,7 +583,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return f", {step_s * 1e3:.3f} ms with its messages' host cost and the step's end"
 
     given = cluster  # its links as calibrated, not as a run's traffic made them
-    plan = place(graph, cluster, args.algorithm, seed=0)
+    plan = place(graph, cluster, args.algorithm, seed=0, microbatches=args.microbatches)
     best_s, m = run(plan)
     print(
         f"round 0: {args.algorithm} on {costs}: measured {best_s * 1e3:.3f} ms, "
@@ -601,7 +602,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
                 f"{ch.extra.get('link', ch.name)} link now {ch.latency_s * 1e6:.1f} us + "
                 f"{ch.bandwidth_bytes_per_s / 1e9:.3g} GB/s"
             )
-        candidate = place(graph, cluster, args.algorithm, seed=r)
+        candidate = place(graph, cluster, args.algorithm, seed=r, microbatches=args.microbatches)
         measured_s, m_new = run(candidate)
         kept = measured_s < best_s
         print(
@@ -694,6 +695,7 @@ def add_commands(subparsers) -> None:
     p.add_argument("--cluster", required=True, help="preset or cluster file")
     p.add_argument("--batch", type=int, required=True, help="batch size")
     p.add_argument("--algorithm", default="expert", help="registered algorithm to (re)plan with (default expert)")
+    add_microbatches_option(p)
     p.add_argument("--rounds", type=int, default=2, help="replanning rounds after the first plan (default 2)")
     p.add_argument("--output", "-o", required=True, help="plan file for the fastest measured plan")
     p.add_argument(

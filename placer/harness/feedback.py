@@ -25,15 +25,27 @@ from __future__ import annotations
 
 import dataclasses
 import statistics
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
+
+import numpy as np
 
 from ..cluster import Cluster
 from ..cost.profile import Profile, apply_placed_times
 from ..errors import OptionError
 from ..graph import OpGraph
 from ..plan import BoundPlan
+from ..transform.replicate import replica_layout
+from ..transform.split import batch_samples, part_rows
 
-__all__ = ["measured_graph", "measured_cluster", "own_times", "measured_profile", "profile_kind"]
+__all__ = [
+    "measured_graph",
+    "measured_cluster",
+    "own_times",
+    "measured_profile",
+    "profile_kind",
+    "whole_batch_times",
+    "WholeTime",
+]
 
 
 def measured_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, op_s: dict[str, float]) -> OpGraph:
@@ -53,7 +65,76 @@ def measured_graph(graph: OpGraph, bound: BoundPlan, cluster: Cluster, op_s: dic
     OpGraph
         Same ids and edges (plans for ``graph`` stay valid for it).
     """
-    return apply_placed_times(graph, bound.device_of, cluster, op_s)
+    times = whole_batch_times(bound, graph, op_s)
+    device_of = np.zeros(graph.num_nodes, dtype=np.int64)
+    for node_id, measured in times.items():
+        device_of[graph.index[node_id]] = measured.device
+    return apply_placed_times(graph, device_of, cluster, {k: t.seconds for k, t in times.items()})
+
+
+class WholeTime(NamedTuple):
+    """A node's measured time for the whole batch, and the device (index) it was measured on."""
+
+    seconds: float
+    device: int
+
+
+def whole_batch_times(bound: BoundPlan, graph: OpGraph, seconds: dict[str, float]) -> dict[str, WholeTime]:
+    """Measured times of a plan's nodes as times of ``graph``'s nodes on the whole batch.
+
+    A plan may run copies of ``graph``'s nodes on part of the batch: a
+    micro-batch's copy (``node_extra["microbatch_of"]``) on its rows, a
+    data-parallel replica's (``"replica_of"``) on its share where the node
+    works on the batch (:func:`~placer.transform.replicate.replica_layout`).
+    A copy on ``n`` of the batch's ``B`` samples that took ``t`` seconds
+    estimates the whole node at ``t * B / n``; a node's estimate is the mean
+    of its copies'. Nodes the plan added (accumulations, collectives) and
+    parts of split operations stand for no node of ``graph`` and are left out.
+
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> from placer.cluster import PRESETS
+    >>> from placer.algorithms import place
+    >>> g, c = training_graph(layers=1), PRESETS["2xV100-nvlink"]()
+    >>> plan = place(g, c, "gpipe", microbatches=2)
+    >>> times = whole_batch_times(plan.bind(g, c), g, {"mb0/block0.b0.fwd": 1.0, "mb1/block0.b0.fwd": 3.0})
+    >>> times["block0.b0.fwd"].seconds
+    4.0
+    """
+    target = bound.graph
+    micro = target.extra.get("microbatches") or {}
+    total = int(micro.get("total") or 0)
+    replicas = int((target.extra.get("data_parallel") or {}).get("replicas", 0))
+    per_batch, shares = None, []
+    if replicas:
+        per_batch = replica_layout(graph, replicas).per_batch
+        samples = batch_samples(graph) or replicas
+        shares = [(hi - lo) / samples for lo, hi in part_rows(samples, replicas)]
+    estimates: dict[str, list[float]] = {}
+    device: dict[str, int] = {}
+    for node_id, s in seconds.items():
+        i = target.index.get(node_id)
+        if i is None:
+            continue
+        extra = target.node_extra[i]
+        original, share = node_id, 1.0
+        if node_id in graph.index:
+            pass
+        elif "split_of" in extra:
+            continue
+        elif "microbatch_of" in extra and total:
+            lo, hi = extra["microbatch_rows"]
+            original, share = extra["microbatch_of"], (hi - lo) / total
+        elif "replica_of" in extra and per_batch is not None:
+            original = extra["replica_of"]
+            j = graph.index.get(original)
+            share = shares[int(extra["replica"])] if j is not None and per_batch[j] else 1.0
+        if original not in graph.index:  # an accumulation or a collective's step
+            continue
+        estimates.setdefault(original, []).append(float(s) / share)
+        device.setdefault(original, int(bound.device_of[i]))
+    return {k: WholeTime(statistics.fmean(v), device[k]) for k, v in estimates.items()}
 
 
 def profile_kind(cluster: Cluster, devices: Iterable[int], option: str = "--profile-output") -> str:
@@ -110,9 +191,9 @@ def measured_profile(bound: BoundPlan, seconds: dict[str, float], graph: OpGraph
         Where the measured nodes ran on devices of several kinds (:func:`profile_kind`).
     """
     graph = bound.graph if graph is None else graph
-    timed = {k: float(s) for k, s in seconds.items() if k in graph.index and k in bound.graph.index}
-    kind = profile_kind(bound.cluster, {int(bound.device_of[bound.graph.index[k]]) for k in timed})
-    return Profile(graph.name, graph.digest(), kind, timed, dict(meta))
+    times = whole_batch_times(bound, graph, seconds)
+    kind = profile_kind(bound.cluster, {t.device for t in times.values()})
+    return Profile(graph.name, graph.digest(), kind, {k: t.seconds for k, t in times.items()}, dict(meta))
 
 
 def own_times(op_s: dict[str, float], op_message_s: dict[str, float]) -> dict[str, float]:
