@@ -481,48 +481,26 @@ def _search_budgets(
     dispatch: bool,
     spent_builds: int,
 ) -> _Fit | None:
-    """The fastest fitting schedule that a way of scheduling builds over the ratio, where its step is below ``step``.
+    """The fastest fitting schedule over the ratio, with whole budgets, if its plan's step beats ``step``.
 
-    For each way, the ratio (with every device's whole capacity) is halved
-    between ``low``, where budgets are loosest, and 1: a schedule that
-    overflows raises the lower end, one that fits or that finds no device
-    with room for some node lowers the upper end, since a smaller ratio
-    leaves work less spread. The step is not monotone in the ratio, though:
-    budgets a notch tighter than the smallest that fits can spread the work
-    better, so once every way is halved, the search climbs from each way's
-    smallest fitting ratio by :data:`SEARCH_CLIMB` while that is faster.
+    ``fit`` (the retries' refined schedule, whose plan's step is ``step``)
+    is not built again. For each of ``ways`` in turn, the ratio is halved
+    between ``low`` (the retries' first, loosest budgets) and 1: an overflow
+    raises the lower end; a fit, or no room for some node, lowers the upper
+    end, since a smaller ratio leaves work less spread. The step is not
+    monotone in the ratio (budgets a notch tighter than the smallest that
+    fits can spread the work better), so once every way is halved, each
+    climbs from its smallest fitting ratio by :data:`SEARCH_CLIMB` while
+    that is faster. Schedules compete by the step of their plan
+    (:func:`~placer.algorithms.list_scheduling.plan_simulation` with ``dispatch``).
 
-    Parameters
-    ----------
-    fit : _Fit
-        The retries' fitting schedule, whose step (refined) is ``step``; it is not built again.
-    step : float
-        The step to beat.
-    ways : list of _Way
-        In the order they are searched.
-    graph, cluster
-        Every schedule is simulated on ``graph``, and competes by the step of its plan
-        (:func:`~placer.algorithms.list_scheduling.plan_simulation` with ``dispatch``).
-    low : float
-        The loosest ratio, the retries' first; its schedules on the nodes overflowed.
-    dispatch : bool
-    spent_builds : int
-        The schedules the scheduler built so far.
-
-    Returns
-    -------
-    _Fit or None
-        The fastest fitting schedule found, None where none is faster than ``step``.
-
-    Notes
-    -----
-    It builds up to :data:`SEARCH_BUILDS` schedules, with up to
-    :data:`SEARCH_HALVINGS` halvings and :data:`SEARCH_CLIMBS` climbs per
-    way; within :func:`~placer.algorithms.timebox.frugal`, no more than
-    ``spent_builds``, so that it at most doubles what the scheduler costs its
-    caller. The search as a whole and each build in it are optional work
-    (:func:`~placer.algorithms.timebox.optional_work`): a running time limit
-    leaves room to refine the schedule found.
+    It stops after :data:`SEARCH_BUILDS` schedules (within
+    :func:`~placer.algorithms.timebox.frugal`, after ``spent_builds``, the
+    scheduler's own so far, so that it at most doubles what the scheduler
+    costs), or where a running time limit leaves no time: the search and
+    each build in it are optional work
+    (:func:`~placer.algorithms.timebox.optional_work`). None where no
+    schedule beats ``step``.
     """
     search = _BudgetSearch(fit, step, ways, graph, cluster, low, dispatch, spent_builds)
     box = optional_work(fit.took_s)
@@ -670,7 +648,7 @@ def _refined(fit: _Fit, graph: OpGraph, cluster: Cluster, refine: bool, dispatch
 
 
 def refined_schedule(
-    build: Callable[..., Schedule],
+    build: Build,
     graph: OpGraph,
     cluster: Cluster,
     sched: Schedule,
