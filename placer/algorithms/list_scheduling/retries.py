@@ -308,16 +308,11 @@ def _first_fit(
 
 @dataclass(eq=False)
 class _Retries:
-    """Stages 1 and 2 on one graph (``stage``: ``graph``, or it with its layers colocated), from ``ratio``.
+    """Stages 1 and 2 of the module on ``stage`` (``graph``, or it with its layers colocated), from ``ratio``.
 
-    Each schedule is simulated on ``graph``; one that overflows sets up the
-    next. Before outputs are counted whole (stage 1), budgets move at the
-    same ratio while that cuts the excess (:data:`REBUDGETS_AT_FIRST_RATIO`),
-    then ``pressed``, if given, schedules once with whole budgets. Counting
-    whole (stage 2, ratio 1), budgets move while the excess shrinks by a
-    tenth (:data:`STALE_SCHEDULES`). Either stops where moving work only
-    moves the excess; where a node finds no room, stage 1's moved budgets
-    give way as an overflow would, and stage 2 divides the ratio by 1.2.
+    Every schedule is judged by its simulation on ``graph``; each that
+    overflows, or that finds some node no room, sets up the next
+    (:meth:`_overflowed`, :meth:`_found_no_room`) or ends the stages.
     """
 
     build: Build
