@@ -87,14 +87,13 @@ POLICIES = ("order", "adjust")
 HEADROOM = 0.97  # share of each device's memory budgeted: estimates of the peak are seldom exact
 #: Where no schedule of the fused graph fits, it is fused again with clusters capped at this share of the
 #: last cap, while the cap stays at least :data:`MIN_MEMORY_FRACTION` of a device: whole clusters of up to
-#: a quarter of a device leave too coarse a split where the step hardly fits (NASNet over two V100s: no
-#: fitting plan at 0.25, 701 ms at 0.0625, where m-ETF's step is 792 ms; docs/benchmarks.md, "Celeritas").
+#: a quarter of a device leave too coarse a split where the step hardly fits.
 SMALLER_CLUSTERS_BY = 0.25
 MIN_MEMORY_FRACTION = 1 / 64
 #: Finer exploration ranges tried besides the paper's ``R``: ``R // 10`` and ``R // 64`` (:func:`candidates`).
 FINER = (10, 64)
 #: The largest graph (in operations) for which finer fusions are tried: beyond, only the paper's ``R``,
-#: which keeps planning time for 30k operations under 10 s and for 100k under 30 s.
+#: since each finer fusion is placed in full, a cost the largest graphs cannot afford.
 FINER_UP_TO = 25_000
 
 

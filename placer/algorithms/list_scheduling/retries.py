@@ -1,24 +1,23 @@
 """The memory retries of the list schedulers: build schedules until one fits, then look for a faster one.
 
 A list scheduler (:class:`~placer.algorithms.list_scheduling.ScheduleState`)
-checks every booking against its device's memory over time, but it learns
-when an output is freed only once the output's last consumer is booked, and
-counts it as held for good until then. Counting outputs, workspaces and
-copies whole (memory ratio 1) is therefore safe but pessimistic: it spreads
-work that would have fitted. :func:`schedule_with_memory_retries` judges
-every schedule by the reference simulation of its own order instead, and
-moves the ratio and the per-device budgets (shares of each capacity) in
-stages:
+checks every booking against its device's memory, but it learns that an
+output is freed only once the output's last consumer is booked. Counting
+outputs, workspaces and copies whole (memory ratio 1) is therefore safe but
+pessimistic: it spreads work that would have fitted.
+:func:`schedule_with_memory_retries` judges every schedule by the reference
+simulation of its own order instead, and moves the memory ratio and the
+per-device budgets (shares of each capacity) in stages:
 
 1. At the liveness ratio (:func:`~placer.algorithms.common.liveness_ratio`:
    the share of the step's footprint live at the peak of a one-device run),
-   a schedule that overflows is built again with moved budgets
-   (:func:`rebudgeted`) while that cuts the excess; one that overflows
-   slightly (:data:`RETIME_EXCESS`) is first built once again told the
-   transfers its simulation ran, as the copies may be what overflows (the
-   reference model sends them when their producer ends, not when the
+   an overflowing schedule is built again with moved budgets
+   (:func:`rebudgeted`) while that cuts the excess. One that overflows
+   slightly (:data:`RETIME_EXCESS`) is first built once more told the
+   transfers its simulation ran, since the copies may be what overflows
+   (the reference model sends them when their producer ends, not when the
    scheduler booked them). Then the scheduler's ``pressed`` way of ordering
-   nodes, one that holds less memory at once, schedules once.
+   nodes, which holds less memory at once, schedules once.
 2. At ratio 1, budgets move the same way while the excess shrinks
    (:data:`STALE_SCHEDULES`); where counting whole leaves some node no room,
    the ratio is divided by 1.2.
@@ -39,9 +38,9 @@ The tuning constants below are read at call time: patch them on this module.
 
 from __future__ import annotations
 
+import enum
 import time
 from dataclasses import dataclass
-from functools import partial
 from typing import Callable, NamedTuple
 
 import numpy as np
@@ -84,19 +83,19 @@ REFINEMENTS = 3
 #: the gain comes from the first (bench/list_prediction.py), and each costs a whole schedule.
 REFINE_GAIN = 0.02
 #: Overflowing schedules in a row that do not cut the smallest excess so far by a tenth, before
-#: :func:`schedule_with_memory_retries` gives up on the node-level placement.
+#: the retries at ratio 1 give up on a graph (stage 2).
 STALE_SCHEDULES = 1
 #: Overflowing schedules in a row at the first ratio that do not cut the smallest excess so far by a
-#: tenth, before :func:`_retry` stops moving budgets there: a schedule at the liveness ratio costs a
-#: fraction of one counting outputs whole, so it is worth a few tries.
+#: tenth, before the retries stop moving budgets there (stage 1): a schedule at the liveness ratio costs
+#: a fraction of one counting outputs whole, so it is worth a few tries.
 REBUDGETS_AT_FIRST_RATIO = 3
 #: The most a device's budget grows from one schedule to the next (:func:`rebudgeted`).
 MOST_RAISE = 2.0
 #: Where the fitting schedule's step is within this factor of the first schedule's (which
 #: overflowed), memory cost the step little, and :func:`_search_budgets` does not run.
 PRESSURE_COST = 1.25
-#: A schedule at the liveness ratio that overflows no device by more than this share of its capacity
-#: is built once again knowing the transfers its simulation ran, before the ratio gives way (:func:`_retry`).
+#: A schedule at the first ratio that overflows no device by more than this share of its capacity
+#: is built once again knowing the transfers its simulation ran, before the budgets move (stage 1).
 RETIME_EXCESS = 0.1
 #: Schedules :func:`_search_budgets` may build.
 SEARCH_BUILDS = 24
@@ -107,16 +106,19 @@ SEARCH_HALVINGS = 3
 SEARCH_CLIMB = 1.15
 SEARCH_CLIMBS = 2
 
+#: ``build(stage, ratio, capacity_scale, sends=None) -> Schedule``: see :func:`schedule_with_memory_retries`.
+Build = Callable[..., Schedule]
+
 
 @gc_paused()  # its schedules book hundreds of thousands of tuples: placer.gcpause
 def schedule_with_memory_retries(
-    build: Callable[..., Schedule],
+    build: Build,
     graph: OpGraph,
     cluster: Cluster,
     name: str,
     ratio: float | None = None,
     tries: int = 16,
-    pressed: Callable[..., Schedule] | None = None,
+    pressed: Build | None = None,
     refine: bool = True,
     dispatch: bool = False,
 ) -> Schedule:
@@ -166,68 +168,26 @@ def schedule_with_memory_retries(
     >>> schedule_with_memory_retries(build, training_graph(layers=2), cluster, "heft").simulated.fits
     True
     """
-    built = 0
-
-    def counted(maker: Callable[..., Schedule] | None) -> Callable[..., Schedule] | None:
-        def build_and_count(*args, **kwargs) -> Schedule:
-            nonlocal built
-            built += 1
-            return maker(*args, **kwargs)
-
-        return None if maker is None else build_and_count
-
-    build, pressed = counted(build), counted(pressed)
-    if ratio is None:
-        ratio = liveness_ratio(graph, cluster)
-    loosest = ratio
-    fit, failure, ratio, free_step = _retry(build, graph, graph, cluster, name, ratio, ratio >= 1.0, tries, pressed)
-    failures = [failure]
-    layered = None
-    if fit is None:
-        layered = colocate_layers(graph)
-        if layered is not None:
-            # The liveness ratio and whole counting were tried on the nodes: go on from the ratio reached.
-            fit, failure, ratio, _ = _retry(build, layered, graph, cluster, name, ratio, True, tries)
-            failures.append(failure)
-    if fit is None and pressed is not None:
-        fit, failure, _, _ = _retry(
-            pressed, graph if layered is None else layered, graph, cluster, name, ratio, True, tries
-        )
-        failures.append(failure)
-    if fit is None:
-        raise min(failures, key=lambda failed: failed.excess).error  # the closest to fitting
-
-    def refined(chosen: _Fit) -> Schedule:
-        if not refine:
-            return chosen.sched
-        return refined_schedule(
-            chosen.build,
-            graph,
-            cluster,
-            chosen.sched,
-            chosen.ratio,
-            chosen.scale,
-            chosen.stage,
-            chosen.took_s,
-            dispatch,
-        )
-
-    sched = refined(fit)
+    tally = _Tally()
+    build = _Counted(build, tally)
+    pressed = None if pressed is None else _Counted(pressed, tally)
+    loosest = liveness_ratio(graph, cluster) if ratio is None else ratio
+    first = _first_fit(build, pressed, graph, cluster, name, loosest, tries)
+    sched = _refined(first.fit, graph, cluster, refine, dispatch)
     step = plan_simulation(graph, cluster, sched, dispatch).makespan_s
-    if step > PRESSURE_COST * free_step:
-        if layered is None:
-            layered = colocate_layers(graph)
-        ways = [
-            (stage, maker)
-            for stage in (layered, graph)
-            if stage is not None
-            for maker in (build, pressed)
-            if maker is not None
-        ]
-        found = _search_budgets(fit, step, ways, graph, cluster, loosest, dispatch, built)
-        if found is not None:  # faster already; refining never slows a schedule
-            sched = refined(found)
-    return sched
+    if step <= PRESSURE_COST * first.free_step:
+        return sched
+    layered = colocate_layers(graph) if first.layered is None else first.layered
+    ways = [
+        _Way(stage, maker)
+        for stage in (layered, graph)
+        if stage is not None
+        for maker in (build, pressed)
+        if maker is not None
+    ]
+    found = _search_budgets(first.fit, step, ways, graph, cluster, loosest, dispatch, tally.builds)
+    # A schedule the search found is faster already, and refining never slows a schedule.
+    return sched if found is None else _refined(found, graph, cluster, refine, dispatch)
 
 
 def rank_ordered_with_memory_retries(
@@ -239,15 +199,49 @@ def rank_ordered_with_memory_retries(
     its way of holding less memory at once (``pressed``) is booking by earliest start
     (:func:`~placer.algorithms.list_scheduling.earliest_start_priorities`).
     """
+    build = _RankOrderedBuild(schedule, cluster, options, earliest_first=False)
+    pressed = _RankOrderedBuild(schedule, cluster, options, earliest_first=True)
+    return schedule_with_memory_retries(build, graph, cluster, name, pressed=pressed, refine=refine)
 
-    def build(
-        g: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None, earliest_first: bool = False
-    ) -> Schedule:
-        return schedule(g, cluster, ratio, capacity_scale=scale, earliest_first=earliest_first, sends=sends, **options)
 
-    return schedule_with_memory_retries(
-        build, graph, cluster, name, pressed=partial(build, earliest_first=True), refine=refine
-    )
+@dataclass(frozen=True, eq=False)
+class _RankOrderedBuild:
+    """A rank-ordered scheduler as a ``build`` of :func:`schedule_with_memory_retries`."""
+
+    schedule: Callable[..., Schedule]
+    cluster: Cluster
+    options: dict
+    earliest_first: bool
+
+    def __call__(self, stage: OpGraph, ratio: float, scale: np.ndarray, sends: dict | None = None) -> Schedule:
+        return self.schedule(
+            stage,
+            self.cluster,
+            ratio,
+            capacity_scale=scale,
+            earliest_first=self.earliest_first,
+            sends=sends,
+            **self.options,
+        )
+
+
+@dataclass
+class _Tally:
+    """Schedules built so far by every :class:`_Counted` build that shares it."""
+
+    builds: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class _Counted:
+    """A build that counts its calls on a shared tally, so the search can spend no more than the retries."""
+
+    build: Build
+    tally: _Tally
+
+    def __call__(self, *args, **kwargs) -> Schedule:
+        self.tally.builds += 1
+        return self.build(*args, **kwargs)
 
 
 @dataclass
@@ -255,7 +249,7 @@ class _Fit:
     """A fitting schedule (simulated) and how it was built, so that it can be built again."""
 
     sched: Schedule
-    build: Callable[..., Schedule]
+    build: Build
     stage: OpGraph
     ratio: float
     scale: np.ndarray
@@ -263,15 +257,15 @@ class _Fit:
 
 
 class _Failure(NamedTuple):
-    """Why the schedule of a stage closest to fitting failed: its ``excess`` over the devices' capacities
-    in bytes (infinite where no schedule was built) and the ``error`` to raise."""
+    """Why the schedule closest to fitting failed: its ``excess`` over the devices' capacities in bytes
+    (infinite where no schedule was built) and the ``error`` to raise."""
 
     excess: float
     error: InfeasibleError
 
 
 class _Outcome(NamedTuple):
-    """What one stage of the retries (:func:`_retry`) found."""
+    """What stages 1 and 2 found on one graph (:class:`_Retries`)."""
 
     fit: _Fit | None  #: the fitting schedule, None if there is none
     failure: _Failure  #: why the schedule closest to fitting failed
@@ -279,117 +273,153 @@ class _Outcome(NamedTuple):
     first_step: float  #: the simulated step of the first schedule built (inf if none was)
 
 
-def _retry(
-    build: Callable[..., Schedule],
-    stage: OpGraph,
-    graph: OpGraph,
-    cluster: Cluster,
-    name: str,
-    ratio: float,
-    counted_whole: bool,
-    tries: int,
-    pressed: Callable[..., Schedule] | None = None,
-) -> _Outcome:
-    """Stages 1 and 2 of :func:`schedule_with_memory_retries` on ``stage`` (``graph``, or it with its layers
-    colocated), from ``ratio`` (``counted_whole``: stage 2 at once), up to ``tries`` schedules.
+class _FirstFit(NamedTuple):
+    """What stages 1-3 found (:func:`_first_fit`)."""
 
-    Before outputs are counted whole, a schedule that overflows is built
-    again at the same ratio with moved budgets while that makes progress,
-    then once by ``pressed`` (if given) with whole budgets.
+    fit: _Fit  #: the first fitting schedule
+    layered: OpGraph | None  #: the graph with its layers colocated, where stage 3 made it
+    free_step: float  #: the simulated step of the very first schedule, which overflowed (inf if none was built)
+
+
+def _first_fit(
+    build: Build, pressed: Build | None, graph: OpGraph, cluster: Cluster, name: str, ratio: float, tries: int
+) -> _FirstFit:
+    """Stages 1-3: the first fitting schedule, on the nodes, else on the colocated layers, else by ``pressed``.
+
+    Each later graph or build goes on from the ratio the one before reached,
+    counting outputs whole. Raises the failure of the schedule closest to
+    fitting (:class:`~placer.errors.InfeasibleError`) where none fits.
     """
-    scale = np.ones(cluster.num_devices)
-    capacity = cluster.memory.astype(np.float64)
-    error = InfeasibleError(f"{name}: no schedule tried")
-    closest = np.inf
-    on_layers = "" if stage is graph else " (its layers colocated)"
-    least_excess, stale = np.inf, 0
-    use_pressed = False
-    first_step = np.inf
-    # Whether every schedule at the first ratio held more than all devices together (None before the first).
-    overfilled = None
+    on_nodes = _Retries(build, pressed, graph, graph, cluster, name, ratio, counted_whole=ratio >= 1.0).run(tries)
+    outcomes = [on_nodes]
+    layered = None
+    if on_nodes.fit is None:
+        layered = colocate_layers(graph)
+        if layered is not None:
+            outcomes.append(_Retries(build, None, layered, graph, cluster, name, on_nodes.ratio).run(tries))
+    if outcomes[-1].fit is None and pressed is not None:
+        stage = graph if layered is None else layered
+        outcomes.append(_Retries(pressed, None, stage, graph, cluster, name, outcomes[-1].ratio).run(tries))
+    fit = outcomes[-1].fit
+    if fit is None:
+        raise min((outcome.failure for outcome in outcomes), key=lambda failure: failure.excess).error
+    return _FirstFit(fit, layered, on_nodes.first_step)
 
-    def count_whole() -> None:
-        nonlocal use_pressed, ratio, counted_whole, scale, least_excess, stale
-        use_pressed, ratio, counted_whole = False, 1.0, True
-        scale, least_excess, stale = np.ones(cluster.num_devices), np.inf, 0
 
-    for _ in range(tries):
-        began = time.perf_counter()
-        try:
-            maker = pressed if use_pressed else build
-            sched = maker(stage, ratio, scale)
-        except InfeasibleError as exc:
-            if np.isinf(closest):  # an overflow says more: how far from fitting
-                error = InfeasibleError(f"{name}: {exc}")
-            if not counted_whole and (use_pressed or np.any(scale != 1.0)):
-                # Budgets moved at the first ratio left some node no room, or ``pressed`` did: go on as if the
-                # schedule had overflowed without progress.
-                if pressed is not None and not use_pressed:
-                    use_pressed, scale = True, np.ones(cluster.num_devices)
-                else:
-                    count_whole()
-                continue
-            ratio /= 1.2
-            if overfilled and np.all(scale == 1.0):
-                # Counting outputs whole leaves no room for every node, and the first ratio's schedules
-                # held more than the devices do together: a smaller ratio seldom fits on the nodes then,
-                # so the layers are tried next.
-                break
-            continue
-        result = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
-        if np.isinf(first_step):
-            first_step = result.makespan_s
-        if not (result.fits or counted_whole) and np.all(result.peak_memory_bytes <= (1 + RETIME_EXCESS) * capacity):
-            # A slight overflow may be the transfers': the scheduler books a copy when it places the
-            # consumer, the reference model queues it as its producer ends, so copies arrive (and are held)
-            # at other times. Told those transfers, the schedule may fit at the same ratio, where counting
-            # outputs whole would spread the step.
+@dataclass(eq=False)
+class _Retries:
+    """Stages 1 and 2 of the module on ``stage`` (``graph``, or it with its layers colocated), from ``ratio``.
+
+    Every schedule is judged by its simulation on ``graph``; each that
+    overflows, or that finds some node no room, sets up the next
+    (:meth:`_overflowed`, :meth:`_found_no_room`) or ends the stages.
+    """
+
+    build: Build
+    pressed: Build | None
+    stage: OpGraph
+    graph: OpGraph
+    cluster: Cluster
+    name: str
+    ratio: float
+    counted_whole: bool = True  #: stage 2 at once
+
+    def __post_init__(self) -> None:
+        self.capacity = self.cluster.memory.astype(np.float64)
+        self.use_pressed = False
+        self.scale = np.ones(self.cluster.num_devices)
+        self.least_excess, self.stale = np.inf, 0  # the smallest excess so far, and overflows since it
+        #: Whether every schedule at the first ratio held more than all devices together (None before the first).
+        self.overfilled: bool | None = None
+        self.first_step = np.inf
+        self.failure = _Failure(np.inf, InfeasibleError(f"{self.name}: no schedule tried"))
+
+    def run(self, tries: int) -> _Outcome:
+        """Up to ``tries`` schedules, until one fits or the stages give up."""
+        for _ in range(tries):
+            began = time.perf_counter()
+            maker = self.pressed if self.use_pressed else self.build
             try:
-                again = maker(stage, ratio, scale, sends=simulated_sends(result))
-            except InfeasibleError:
-                pass
-            else:
-                retimed = simulate(graph, cluster, again.device_of, again.orders, check=False)
-                if retimed.fits:
-                    sched, result = again, retimed
-        if result.fits:
-            sched.simulated = result
-            return _Outcome(
-                _Fit(sched, maker, stage, ratio, scale, time.perf_counter() - began),
-                _Failure(closest, error),
-                ratio,
-                first_step,
+                sched = maker(self.stage, self.ratio, self.scale)
+            except InfeasibleError as exc:
+                if self._found_no_room(exc):
+                    continue
+                break
+            sched, result = self._simulated(maker, sched)
+            if result.fits:
+                sched.simulated = result
+                fit = _Fit(sched, maker, self.stage, self.ratio, self.scale, time.perf_counter() - began)
+                return _Outcome(fit, self.failure, self.ratio, self.first_step)
+            if not self._overflowed(result.peak_memory_bytes, sched.memory_seen):
+                break
+        return _Outcome(None, self.failure, self.ratio, self.first_step)
+
+    def _simulated(self, maker: Build, sched: Schedule) -> tuple[Schedule, SimResult]:
+        """``sched`` and its simulation; in stage 1, where it overflows slightly, the same schedule built
+        again told the transfers its simulation ran, if that one fits."""
+        result = simulate(self.graph, self.cluster, sched.device_of, sched.orders, check=False)
+        if np.isinf(self.first_step):
+            self.first_step = result.makespan_s
+        slight = np.all(result.peak_memory_bytes <= (1 + RETIME_EXCESS) * self.capacity)
+        if result.fits or self.counted_whole or not slight:
+            return sched, result
+        # Told the transfers, the copies arrive (and are held) when the reference model sends them.
+        try:
+            again = maker(self.stage, self.ratio, self.scale, sends=simulated_sends(result))
+        except InfeasibleError:
+            return sched, result
+        retimed = simulate(self.graph, self.cluster, again.device_of, again.orders, check=False)
+        return (again, retimed) if retimed.fits else (sched, result)
+
+    def _found_no_room(self, exc: InfeasibleError) -> bool:
+        """Set up the next schedule after ``build`` found some node no room; False where the graph is given up."""
+        if np.isinf(self.failure.excess):  # an overflow says more: how far from fitting
+            self.failure = _Failure(np.inf, InfeasibleError(f"{self.name}: {exc}"))
+        if not self.counted_whole and (self.use_pressed or np.any(self.scale != 1.0)):
+            self._give_way()  # as an overflow without progress would
+            return True
+        self.ratio /= 1.2
+        # Counting whole leaves no room for every node, and the first ratio's schedules held more than the
+        # devices do together: a smaller ratio seldom fits on this graph then, so the next graph is tried.
+        return not (self.overfilled and np.all(self.scale == 1.0))
+
+    def _overflowed(self, peak: np.ndarray, seen: np.ndarray | None) -> bool:
+        """Set up the next schedule after one peaked at ``peak`` over some capacity; False where the graph
+        is given up. ``seen`` is what the scheduler counted per device (:attr:`Schedule.memory_seen`)."""
+        held_more = peak.sum() > self.capacity.sum()  # than all the devices together
+        excess = float(np.maximum(peak - self.capacity, 0).sum())
+        if excess < self.failure.excess:
+            j = int(np.argmax(peak - self.capacity))
+            needs, has = shown_sizes(peak[j], self.capacity[j])
+            on_layers = "" if self.stage is self.graph else " (its layers colocated)"
+            device = self.cluster.devices[j].name
+            self.failure = _Failure(
+                excess, InfeasibleError(f"{self.name}: device {device!r} would need {needs} of {has}{on_layers}")
             )
-        peak = result.peak_memory_bytes
-        held_more = peak.sum() > capacity.sum()  # than all the devices together
-        excess = float(np.maximum(peak - capacity, 0).sum())
-        if excess < closest:
-            j = int(np.argmax(peak - capacity))
-            needs, has = shown_sizes(peak[j], capacity[j])
-            closest, error = (
-                excess,
-                InfeasibleError(f"{name}: device {cluster.devices[j].name!r} would need {needs} of {has}{on_layers}"),
-            )
-        progress = excess < 0.9 * least_excess
+        progress = excess < 0.9 * self.least_excess
         # A new budget moves work, it sheds none: where the peaks sum to more than the devices hold and no
-        # budget made this schedule's excess smaller (or none was made yet), the next would only move it
-        # from one device to another.
-        moves_only = held_more and not (progress and np.isfinite(least_excess))
-        least_excess, stale = (excess, 0) if progress else (least_excess, stale + 1)
-        if not counted_whole:
-            overfilled = held_more and overfilled is not False
-            if not use_pressed and not moves_only and stale < REBUDGETS_AT_FIRST_RATIO:
-                scale = rebudgeted(scale, peak, capacity, sched.memory_seen)
-                continue
-            if pressed is not None and not use_pressed:
-                use_pressed, scale = True, np.ones(cluster.num_devices)
-                continue
-            count_whole()
-            continue
-        if moves_only or stale >= STALE_SCHEDULES:
-            break
-        scale = rebudgeted(scale, peak, capacity, sched.memory_seen)
-    return _Outcome(None, _Failure(closest, error), ratio, first_step)
+        # budget made this schedule's excess smaller (or none was made yet), the next would only move it.
+        moves_only = held_more and not (progress and np.isfinite(self.least_excess))
+        self.least_excess, self.stale = (excess, 0) if progress else (self.least_excess, self.stale + 1)
+        if not self.counted_whole:
+            self.overfilled = held_more and self.overfilled is not False
+            if not self.use_pressed and not moves_only and self.stale < REBUDGETS_AT_FIRST_RATIO:
+                self.scale = rebudgeted(self.scale, peak, self.capacity, seen)
+            else:
+                self._give_way()
+            return True
+        if moves_only or self.stale >= STALE_SCHEDULES:
+            return False
+        self.scale = rebudgeted(self.scale, peak, self.capacity, seen)
+        return True
+
+    def _give_way(self) -> None:
+        """Leave stage 1's moved budgets: for ``pressed`` with whole budgets if it has not run, else for stage 2."""
+        if self.pressed is not None and not self.use_pressed:
+            self.use_pressed, self.scale = True, np.ones(self.cluster.num_devices)
+            return
+        self.use_pressed, self.ratio, self.counted_whole = False, 1.0, True
+        self.scale, self.least_excess, self.stale = np.ones(self.cluster.num_devices), np.inf, 0
 
 
 def rebudgeted(scale: np.ndarray, peak: np.ndarray, capacity: np.ndarray, seen: np.ndarray | None) -> np.ndarray:
@@ -428,107 +458,131 @@ def rebudgeted(scale: np.ndarray, peak: np.ndarray, capacity: np.ndarray, seen: 
     return new
 
 
+class _Way(NamedTuple):
+    """A way of scheduling that :func:`_search_budgets` searches: a graph (the nodes or the colocated
+    layers) and a build (the scheduler's own, or its ``pressed``)."""
+
+    stage: OpGraph
+    build: Build
+
+
 def _search_budgets(
     fit: _Fit,
     step: float,
-    ways: list[tuple[OpGraph, Callable[..., Schedule]]],
+    ways: list[_Way],
     graph: OpGraph,
     cluster: Cluster,
     low: float,
     dispatch: bool,
     spent_builds: int,
 ) -> _Fit | None:
-    """The fastest fitting schedule that a way of scheduling builds over the ratio, where its step is below ``step``.
+    """The fastest fitting schedule over the ratio, with whole budgets, if its plan's step beats ``step``.
 
-    ``fit`` is the retries' fitting schedule, whose budgets need not be built again.
+    ``fit`` (the retries' refined schedule, whose plan's step is ``step``)
+    is not built again. For each of ``ways`` in turn, the ratio is halved
+    between ``low`` (the retries' first, loosest budgets) and 1: an overflow
+    raises the lower end; a fit, or no room for some node, lowers the upper
+    end, since a smaller ratio leaves work less spread. The step is not
+    monotone in the ratio (budgets a notch tighter than the smallest that
+    fits can spread the work better), so once every way is halved, each
+    climbs from its smallest fitting ratio by :data:`SEARCH_CLIMB` while
+    that is faster. Schedules compete by the step of their plan
+    (:func:`~placer.algorithms.list_scheduling.plan_simulation` with ``dispatch``).
 
-    For each ``(stage, build)`` of ``ways``, the ratio (every device's
-    whole capacity) is halved between ``low``, where budgets are loosest,
-    and 1: a schedule that overflows raises the lower end, one that fits or
-    that finds no device with room for some node (InfeasibleError) lowers the
-    upper end, since a smaller ratio leaves work less spread. The step is not
-    monotone in the ratio, though: budgets a notch tighter than the smallest
-    that fits can spread the work better, so once every way is halved, the
-    search climbs from each way's smallest fitting ratio by
-    :data:`SEARCH_CLIMB` while that is faster.
-    Every schedule that fits competes by the step of its plan
-    (:func:`plan_simulation`); None where none is below ``step``. Up to
-    :data:`SEARCH_BUILDS` schedules, :data:`SEARCH_HALVINGS` halvings and
-    :data:`SEARCH_CLIMBS` climbs per way. Optional work
-    (:func:`~placer.algorithms.timebox.optional_work`) as a whole and each build
-    in it, like :func:`refined_schedule`; within
-    :func:`~placer.algorithms.timebox.frugal` (``auto``, Pesto's warm
-    start), the search also builds no more schedules than ``spent_builds``,
-    those the scheduler built so far, so that it at most doubles what the
-    scheduler costs its caller.
+    It stops after :data:`SEARCH_BUILDS` schedules (within
+    :func:`~placer.algorithms.timebox.frugal`, after ``spent_builds``, the
+    scheduler's own so far, so that it at most doubles what the scheduler
+    costs), or where a running time limit leaves no time: the search and
+    each build in it are optional work
+    (:func:`~placer.algorithms.timebox.optional_work`). None where no
+    schedule beats ``step``.
     """
-    best, best_step = None, step
-    whole = np.ones(cluster.num_devices)  # every device's whole capacity
-    took_s, builds = fit.took_s, 0
-    most_builds = min(SEARCH_BUILDS, spent_builds) if is_frugal() else SEARCH_BUILDS
-    # Outcomes by (stage, build, ratio), the stages and builds being the very objects of ``ways``. The
-    # retries' first schedules, at the loosest ratio on the nodes, did not fit (else no search); theirs did.
-    known: dict[tuple[int, int, float], str] = {
-        (id(graph), id(build), low): "overflows" for _, build in ways if low < 1.0
-    }
-    steps: dict[tuple[int, int, float], float] = {}  # the plan's step of each schedule that fits
-    if np.all(fit.scale == 1.0):
-        known[id(fit.stage), id(fit.build), fit.ratio] = "fits"
-        steps[id(fit.stage), id(fit.build), fit.ratio] = step  # refined: a climb from it must beat that
-
-    def probe(stage: OpGraph, build: Callable[..., Schedule], ratio: float) -> str | None:
-        """``"fits"``, ``"overflows"``, ``"infeasible"``; None where the search must stop."""
-        nonlocal best, best_step, took_s, builds
-        key = (id(stage), id(build), ratio)
-        if key in known:
-            return known[key]
-        box = optional_work(took_s) if builds < most_builds else None
-        if box is None:
-            return None
-        builds += 1
-        began = time.perf_counter()
+    search = _BudgetSearch(fit, step, ways, graph, cluster, low, dispatch, spent_builds)
+    box = optional_work(fit.took_s)
+    if box is not None:
         with box:
-            try:
-                sched = build(stage, ratio, whole)
-            except InfeasibleError:
-                outcome = "infeasible"
-            else:
-                sched.simulated = simulate(graph, cluster, sched.device_of, sched.orders, check=False)
-                outcome = "fits" if sched.simulated.fits else "overflows"
-                if outcome == "fits":
-                    its_step = plan_simulation(graph, cluster, sched, dispatch).makespan_s
-        took_s = time.perf_counter() - began
-        if box.expired:
-            return None
-        if outcome == "fits":
-            steps[key] = its_step
-            if its_step < best_step:
-                best, best_step = _Fit(sched, build, stage, ratio, whole, took_s), its_step
-        known[key] = outcome
-        return outcome
+            search.run()
+    return search.best
 
-    def halve(stage: OpGraph, build: Callable[..., Schedule]) -> bool:
-        """Halve the way's ratio interval; False where the search must stop."""
-        lo, hi = low, 1.0
+
+class _Probe(enum.Enum):
+    """What a schedule at one ratio of a way gives (:meth:`_BudgetSearch.probe`)."""
+
+    FITS = "fits"
+    OVERFLOWS = "overflows"
+    NO_ROOM = "no room"  # some node fits no device: InfeasibleError
+
+
+class _Key(NamedTuple):
+    """A schedule of the search: the identities of its way's graph and build, and its ratio."""
+
+    stage: int
+    build: int
+    ratio: float
+
+    @classmethod
+    def of(cls, stage: OpGraph, build: Build, ratio: float) -> "_Key":
+        return cls(id(stage), id(build), ratio)
+
+
+class _BudgetSearch:
+    """The state of :func:`_search_budgets`: the best schedule so far and what every ratio tried gave."""
+
+    def __init__(
+        self,
+        fit: _Fit,
+        step: float,
+        ways: list[_Way],
+        graph: OpGraph,
+        cluster: Cluster,
+        low: float,
+        dispatch: bool,
+        spent_builds: int,
+    ):
+        self.ways, self.graph, self.cluster, self.low, self.dispatch = ways, graph, cluster, low, dispatch
+        self.best: _Fit | None = None
+        self.best_step = step
+        self.whole = np.ones(cluster.num_devices)  # every device's whole capacity
+        self.took_s = fit.took_s  # the last build's seconds, which the next one's time box must allow
+        self.builds = 0
+        self.most_builds = min(SEARCH_BUILDS, spent_builds) if is_frugal() else SEARCH_BUILDS
+        # The retries' first schedules, at the loosest ratio on the nodes, overflowed (else no search).
+        self.known = {_Key.of(graph, way.build, low): _Probe.OVERFLOWS for way in ways if low < 1.0}
+        self.steps: dict[_Key, float] = {}  # the plan's step of each schedule that fits
+        if np.all(fit.scale == 1.0):
+            fitted = _Key.of(fit.stage, fit.build, fit.ratio)
+            self.known[fitted] = _Probe.FITS
+            self.steps[fitted] = step  # refined: a climb from it must beat that
+
+    def run(self) -> None:
+        """Every way's halvings first; the climbs, which seldom pay as much, get what is left."""
+        for part in (self.halve, self.climb):
+            for way in self.ways:
+                if not part(way):
+                    return
+
+    def halve(self, way: _Way) -> bool:
+        """Halve the way's ratio interval :data:`SEARCH_HALVINGS` times; False where the search must stop."""
+        lo, hi = self.low, 1.0
         for ratio in (lo, hi):
-            outcome = probe(stage, build, ratio)
-            if outcome != "overflows":
+            outcome = self.probe(way, ratio)
+            if outcome is not _Probe.OVERFLOWS:
                 break
         if outcome is None:
             return False
-        if ratio == lo or outcome == "overflows":
+        if ratio == lo or outcome is _Probe.OVERFLOWS:
             return True  # the loosest budgets fit or leave no room, or the tightest overflow: nothing between
         for _ in range(SEARCH_HALVINGS):
             mid = (lo + hi) / 2
-            outcome = probe(stage, build, mid)
+            outcome = self.probe(way, mid)
             if outcome is None:
                 return False
-            lo, hi = (mid, hi) if outcome == "overflows" else (lo, mid)
+            lo, hi = (mid, hi) if outcome is _Probe.OVERFLOWS else (lo, mid)
         return True
 
-    def climb(stage: OpGraph, build: Callable[..., Schedule]) -> bool:
+    def climb(self, way: _Way) -> bool:
         """Climb from the way's smallest fitting ratio while faster; False where the search must stop."""
-        fitting = [ratio for s, b, ratio in steps if s == id(stage) and b == id(build)]
+        fitting = [key.ratio for key in self.steps if key.stage == id(way.stage) and key.build == id(way.build)]
         if not fitting:
             return True
         ratio = min(fitting)
@@ -536,31 +590,60 @@ def _search_budgets(
             above = ratio * SEARCH_CLIMB
             if above >= 1.0:
                 return True
-            outcome = probe(stage, build, above)
+            outcome = self.probe(way, above)
             if outcome is None:
                 return False
-            if outcome != "fits" or steps[id(stage), id(build), above] >= steps[id(stage), id(build), ratio]:
+            if outcome is not _Probe.FITS:
+                return True
+            if self.steps[_Key.of(*way, above)] >= self.steps[_Key.of(*way, ratio)]:
                 return True
             ratio = above
         return True
 
-    def search() -> None:
-        # Every way's halvings first: the climbs, which seldom pay as much, get what is left.
-        for part in (halve, climb):
-            for stage, build in ways:
-                if not part(stage, build):
-                    return
-
-    # The whole search is optional work too, so that a running time limit leaves room to refine.
-    box = optional_work(took_s)
-    if box is not None:
+    def probe(self, way: _Way, ratio: float) -> _Probe | None:
+        """What the way's schedule at ``ratio`` gives, built once; None where the search must stop (out of
+        builds or of time)."""
+        key = _Key.of(*way, ratio)
+        if key in self.known:
+            return self.known[key]
+        box = optional_work(self.took_s) if self.builds < self.most_builds else None
+        if box is None:
+            return None
+        self.builds += 1
+        began = time.perf_counter()
         with box:
-            search()
-    return best
+            outcome, sched, its_step = self._built(way, ratio)
+        self.took_s = time.perf_counter() - began
+        if box.expired:
+            return None
+        if outcome is _Probe.FITS:
+            self.steps[key] = its_step
+            if its_step < self.best_step:
+                self.best, self.best_step = _Fit(sched, way.build, way.stage, ratio, self.whole, self.took_s), its_step
+        self.known[key] = outcome
+        return outcome
+
+    def _built(self, way: _Way, ratio: float) -> tuple[_Probe, Schedule | None, float]:
+        """The way's schedule at ``ratio`` with whole budgets, simulated, and its plan's step (inf unless it fits)."""
+        try:
+            sched = way.build(way.stage, ratio, self.whole)
+        except InfeasibleError:
+            return _Probe.NO_ROOM, None, np.inf
+        sched.simulated = simulate(self.graph, self.cluster, sched.device_of, sched.orders, check=False)
+        if not sched.simulated.fits:
+            return _Probe.OVERFLOWS, sched, np.inf
+        return _Probe.FITS, sched, plan_simulation(self.graph, self.cluster, sched, self.dispatch).makespan_s
+
+
+def _refined(fit: _Fit, graph: OpGraph, cluster: Cluster, refine: bool, dispatch: bool) -> Schedule:
+    """``fit``'s schedule, refined (:func:`refined_schedule`) where ``refine``."""
+    if not refine:
+        return fit.sched
+    return refined_schedule(fit.build, graph, cluster, fit.sched, fit.ratio, fit.scale, fit.stage, fit.took_s, dispatch)
 
 
 def refined_schedule(
-    build: Callable[..., Schedule],
+    build: Build,
     graph: OpGraph,
     cluster: Cluster,
     sched: Schedule,
