@@ -17,13 +17,21 @@ and the weight-gradient ``mm``).
 ``--verify`` captures each model at a tiny size (2 samples, Inception-v3 8; the zoo's small options, no dropout), makes two
 plans over two CPU devices, OS-DPOS's (its costs scaled so that splits pay) and one that splits backward
 operations by hand (a ``convolution_backward`` and a weight-gradient ``mm`` along the batch, others along
-their channels, placed at random), and runs each with ``placer run ... --verify`` (local backend): the
-trained model must equal eager PyTorch's.
+their channels, placed at random), and runs each with ``placer run ... --verify`` (local backend), which
+compares the trained model with eager PyTorch's in float32 within 1e-6. A split adds its partials in another
+order than the unsplit operation, a difference in the last bit, which two steps of a tiny model with batch
+norm over a few samples can grow far past 1e-6 (eager training itself differs as much from its own float64
+run). So each plan also trains here in float64 (model, inputs and the step captured in double precision,
+the plan's placement and splits unchanged) against float64 eager training, where a correct split agrees to
+about 1e-13 and a wrong one by far more: the exit status is that float64 verdict, within
+:data:`FLOAT64_TOLERANCE`.
 """
 
 from __future__ import annotations
 
 import argparse
+import copy
+import dataclasses
 import math
 import os
 import platform
@@ -108,8 +116,8 @@ TINY = {
     "resnet50": "zoo:resnet50?image_size=32&width=4&classes=10",
     "inception_v3": "zoo:inception_v3?image_size=75&width=4&classes=10&aux=false&dropout=0",
 }
-#: Samples per tiny capture: Inception-v3's 94 batch norms at 2 samples turn a split's rounding (a sum in
-#: another order) into differences over 1e-6 within two steps; at 8 they stay under it.
+#: Samples per tiny capture: Inception-v3's 94 batch norms over few samples grow a split's rounding (a sum in
+#: another order) within two steps, less at 8 samples than at 2 (in float32 still past 1e-6 at 8).
 TINY_BATCH = {"vgg19": 2, "resnet50": 2, "inception_v3": 8}
 
 
@@ -132,6 +140,84 @@ def _hand_splits(graph) -> list[tuple[str, str, int]]:
             if node is not None:
                 chosen.append((graph.ids[node], dim, 2))
     return chosen
+
+
+#: Largest scaled difference (:func:`float64_check`) a split plan's float64 training may have from float64
+#: eager training: a correct split's rounding differences, grown by two steps, stay near 1e-13.
+FLOAT64_TOLERANCE = 1e-10
+
+
+@dataclasses.dataclass(frozen=True)
+class Float64Check:
+    """How a plan's float64 training compares with float64 eager training.
+
+    ``worst`` is the largest scaled difference over the tensors compared (parameters and buffers): each
+    tensor's largest absolute difference over ``max(1, its largest magnitude in eager training)``, so that a
+    running variance that two unstable steps drove far above 1 is compared with its own size; ``where`` names that
+    tensor, ``count`` is how many were compared.
+    """
+
+    worst: float
+    where: str
+    count: int
+
+    @property
+    def ok(self) -> bool:
+        return self.worst <= FLOAT64_TOLERANCE
+
+
+def scaled_difference(model, reference) -> Float64Check:
+    """Largest scaled difference between two models' parameters and buffers (see :class:`Float64Check`)."""
+    import torch
+
+    worst, where, count = 0.0, "", 0
+    ours = model.state_dict()
+    for name, theirs in reference.state_dict().items():
+        mine = ours.get(name)
+        count += 1
+        if not isinstance(mine, torch.Tensor) or mine.shape != theirs.shape:
+            gap = math.inf
+        elif mine.numel() == 0:
+            gap = 0.0
+        else:
+            x, y = mine.detach().double(), theirs.detach().double()
+            gap = float((x - y).abs().max()) / max(1.0, float(y.abs().max()))
+            gap = math.inf if math.isnan(gap) else gap
+        if gap > worst or count == 1:
+            worst, where = gap, name
+    return Float64Check(worst, where, count)
+
+
+def float64_check(spec: str, batch: int, plan, steps: int = 2) -> Float64Check:
+    """Train ``plan`` (its placement, order and splits) on model ``spec`` in float64 for ``steps`` SGD steps
+    and compare with float64 eager training (:func:`scaled_difference`); one intra-op thread."""
+    import torch
+
+    from placer.api import apply
+    from placer.capture import capture
+    from placer.capture.spec import load_model
+    from placer.plan import Plan
+    from placer.runtime.check import train_eager
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        torch.manual_seed(0)
+        model, inputs = load_model(spec, batch)
+        model = model.double()
+        inputs = tuple(t.double() if torch.is_floating_point(t) else t for t in inputs)
+        captured = capture(copy.deepcopy(model), inputs, optimizer="sgd")
+        # The same nodes, by id, in the float64 graph: the plan's splits are made again of it.
+        double = Plan(plan.placement, plan.order, splits=plan.splits, graph_name=captured.graph.name)
+        double.context["captured"] = captured
+        reference = copy.deepcopy(model)
+        train_eager(reference, inputs, captured.optimizer.eager(reference.parameters()), steps)
+        step = apply(double, model, captured.optimizer.eager(model.parameters()), cluster=load_cluster("2xcpu"))
+        for _ in range(steps):
+            step(*inputs)
+        return scaled_difference(model, reference)
+    finally:
+        torch.set_num_threads(threads)
 
 
 def verify(models: list[str], workdir: str) -> bool:
@@ -198,12 +284,18 @@ def verify(models: list[str], workdir: str) -> bool:
                 (line.strip() for line in done.stdout.splitlines() if line.startswith("verify")),
                 (done.stderr.strip().splitlines() or ["?"])[-1],
             )
+            double = float64_check(spec, TINY_BATCH[model], plan)
             print(
-                f"{model:>13} {label:>8}: {len(plan.splits)} splits {ops}; exit {done.returncode}: {verdict}",
+                f"{model:>13} {label:>8}: {len(plan.splits)} splits {ops}\n"
+                f"{'':>24}float32, placer run exit {done.returncode}: {verdict}\n"
+                f"{'':>24}float64: {'equal' if double.ok else 'FAILED'} to eager training over {double.count} "
+                f"tensors, largest scaled difference {double.worst:.2g} ({double.where}; "
+                f"tolerance {FLOAT64_TOLERANCE:g})",
                 flush=True,
             )
-            ok &= done.returncode == 0
+            ok &= double.ok
     print("command: placer run SPEC --plan PLAN --batch BATCH --optimizer sgd --steps 2 --verify --backend local")
+    print("float64: the same plan, model and inputs in double precision, 2 SGD steps against eager training")
     return ok
 
 

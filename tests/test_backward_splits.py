@@ -14,9 +14,11 @@ from placer import load_cluster, place, simulate
 from placer.algorithms.common import placement_units
 from placer.api import apply
 from placer.capture import capture
+from placer.capture.spec import load_model as load_spec_model
 from placer.cost.analytic import node_time_s
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
+from placer.runtime import splits as splits_module
 from placer.runtime.check import state_difference, train_eager
 from placer.runtime.program import compile_program
 from placer.transform import apply_transform
@@ -27,6 +29,7 @@ from placer.transform.split import split_dims, split_operation
 
 STEPS = 3
 TOLERANCE = 1e-6
+BACKWARD_OPS = ("aten.convolution_backward", "aten.mm")
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -333,3 +336,97 @@ def test_a_convolution_without_bias_splits_its_backward_along_the_channels():
     assert all("resize" not in _entry(graph, n, "channel") for n in convs)
     plan = _plan(graph, [(convs[0], "channel", 3), (convs[1], "channel", 2)], load_cluster("2xcpu"))
     _trains_like_eager(model, inputs, captured, plan, tensors=2)
+
+
+# ------------------------------------------------------------------ float64: rounding, not a fault
+RESNET50 = "zoo:resnet50?image_size=32&width=4&classes=10"
+INCEPTION_V3 = "zoo:inception_v3?image_size=75&width=4&classes=10&aux=false&dropout=0"
+#: One float32 rounding, relative.
+ULP32 = 2.0**-24
+
+
+def _scaled_difference(model, reference):
+    """Largest over parameters and buffers of max |a - b| / max(1, max |b|), and where."""
+    gaps = {}
+    ours = model.state_dict()
+    for name, theirs in reference.state_dict().items():
+        x, y = ours[name].detach().double(), theirs.detach().double()
+        gaps[name] = float((x - y).abs().max()) / max(1.0, float(y.abs().max())) if y.numel() else 0.0
+    where = max(gaps, key=gaps.get)
+    return gaps[where], where
+
+
+def _in_float64(spec, batch):
+    torch.manual_seed(0)
+    model, inputs = load_spec_model(spec, batch)
+    return model.double(), tuple(t.double() if torch.is_floating_point(t) else t for t in inputs)
+
+
+def _placed_training(model, inputs, captured, plan, steps):
+    model = copy.deepcopy(model)
+    plan.context["captured"] = captured
+    step = apply(plan, model, captured.optimizer.eager(model.parameters()))
+    for _ in range(steps):
+        step(*inputs)
+    return model
+
+
+def _eager_training(model, inputs, captured, steps):
+    model = copy.deepcopy(model)
+    train_eager(model, inputs, captured.optimizer.eager(model.parameters()), steps)
+    return model
+
+
+def _resnet_stem(graph):
+    """OS-DPOS's split of the tiny ResNet-50 (bench/fastt.py --verify): its stem's weight gradient by the batch."""
+    return [(_backward(graph, "aten.convolution_backward")[-1], "batch", 2)]
+
+
+def _inception_by_hand(graph):
+    """The tiny Inception-v3's plan by hand (bench/fastt.py --verify): a convolution_backward along the batch,
+    the next along its output channels (its input gradient the sum of the channel slices' contributions),
+    a weight-gradient mm along the batch."""
+    convs, grads = _backward(graph, "aten.convolution_backward"), _backward(graph, "aten.mm")
+    grad = next(n for n in grads if "batch" in split_dims(graph, graph.index[n]))
+    return [(convs[0], "batch", 2), (convs[1], "channel", 2), (grad, "batch", 2)]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "spec, batch, splits",
+    [(RESNET50, 2, _resnet_stem), (INCEPTION_V3, 8, _inception_by_hand)],
+    ids=["resnet50", "inception_v3"],
+)
+def test_zoo_split_plans_that_fail_verify_in_float32_equal_eager_training_in_float64(spec, batch, splits, monkeypatch):
+    """The split plans of the tiny ResNet-50 and Inception-v3 that ``placer run --verify`` fails in float32
+    (by 102 and 0.003 in a weight) train as eager PyTorch does in float64, within 1e-10 of each tensor's
+    size over two SGD steps: the splits compute what the operations do. In float32 these models' eager
+    training is itself further than 1e-3 from its float64 training within two steps (batch norm over a few
+    values), so a split's rounding (partials added in another order) cannot stay within 1e-6 there. A split
+    whose partial sums were off by a single float32 rounding would fail the float64 comparison."""
+    model, inputs = _in_float64(spec, batch)
+    captured = capture(copy.deepcopy(model), inputs, optimizer="sgd")
+    graph = captured.graph
+    chosen = splits(graph)
+    assert {graph.op[graph.index[n]] for n, _, _ in chosen} <= set(BACKWARD_OPS)
+    cluster = load_cluster("2xcpu")
+    eager = _eager_training(model, inputs, captured, 2)
+
+    placed = _placed_training(model, inputs, captured, _plan(graph, chosen, cluster), 2)
+    worst, where = _scaled_difference(placed, eager)
+    assert worst <= 1e-10, f"{where} differs from eager training by {worst} of its size"
+
+    # Eager training in float32 is itself this far from float64's: float32 cannot verify these models to 1e-6.
+    single = copy.deepcopy(model).float()
+    single_inputs = tuple(t.float() if torch.is_floating_point(t) else t for t in inputs)
+    assert _scaled_difference(_eager_training(single, single_inputs, captured, 2), eager)[0] > 1e-3
+
+    # The comparison sees a fault that small: every partial sum off by one float32 rounding fails it.
+    exact = splits_module.sum_like
+
+    def off_by_a_rounding(parts, size, stride):
+        return exact(parts, size, stride).mul_(1 + ULP32)
+
+    monkeypatch.setattr(splits_module, "sum_like", off_by_a_rounding)
+    faulty = _placed_training(model, inputs, captured, _plan(graph, chosen, cluster), 2)
+    assert _scaled_difference(faulty, eager)[0] > 1e-10
