@@ -260,7 +260,7 @@ def _train(rank: int, world: int, job: _Job, init_method: str) -> None:
             dist.barrier()
             step_s.append(time.perf_counter() - t0)
             if last:
-                losses.append(sum(float(loss) * n for loss, n in zip(parts, rows)) / sum(rows))
+                losses.append(sum(float(loss.detach()) * n for loss, n in zip(parts, rows)) / sum(rows))
         state = {name: t.detach().clone() for name, t in module.state_dict().items()}
         torch.save(
             {"step_s": step_s, "losses": losses, "state": state, "optimizer": optimizer.state_dict()},
