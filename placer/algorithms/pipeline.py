@@ -56,7 +56,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError, InvalidPlanError
+from ..errors import InfeasibleError, InvalidPlanError, OptionError
 from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..io import shown_sizes
@@ -369,7 +369,40 @@ def _orders(mb_graph: OpGraph, device_of: np.ndarray, key: np.ndarray, n_dev: in
     return [global_order[device_of[global_order] == d] for d in range(n_dev)]
 
 
-def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches: int = 0) -> Plan:
+def _given_bounds(graph: OpGraph, units: list[np.ndarray], stages: str, n_dev: int, name: str) -> list[int]:
+    """Unit bounds of the stages that ``stages`` names: each name the first layer of a stage after the first.
+
+    A name matches a layer of that name or under it (``layer3`` matches ``layer3.0.conv1``); its stage
+    starts at the first unit, in forward order, with such a layer.
+    """
+    names = [part.strip() for part in stages.split(",")]
+    if not all(names):
+        raise OptionError(f"{name}: option stages must be layer names separated by commas, got {stages!r}")
+    if len(names) + 1 > n_dev:
+        raise OptionError(f"{name}: option stages gives {len(names) + 1} stages, but the cluster has {n_dev} devices")
+    layer = graph.layer
+    bounds = [0]
+    for first in names:
+        start = next(
+            (
+                u
+                for u, members in enumerate(units)
+                if any(layer[v] == first or (layer[v] or "").startswith(first + ".") for v in members.tolist())
+            ),
+            None,
+        )
+        if start is None:
+            raise OptionError(f"{name}: option stages names {first!r}, which is no layer of the step")
+        if start <= bounds[-1]:
+            raise OptionError(
+                f"{name}: option stages must name layers in forward order, each after the first stage's start; "
+                f"{first!r} starts at or before the stage before it"
+            )
+        bounds.append(start)
+    return [*bounds, len(units)]
+
+
+def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches: int = 0, stages: str = "") -> Plan:
     """The fastest fitting ``schedule`` pipeline of ``graph`` on ``cluster`` (see the module).
 
     Parameters
@@ -379,6 +412,11 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
     microbatches : int
         ``m``; 0 chooses twice the devices, at most the batch's samples (one
         micro-batch where the step has no batch input to cut).
+    stages : str
+        The cut, given rather than searched: the layers that start each stage
+        after the first, separated by commas (``"layer2.1,layer4"``: three
+        stages on the cluster's first three devices); a name matches a layer
+        of that name or under it. Empty: the dynamic programme cuts.
 
     Returns
     -------
@@ -389,10 +427,12 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
     Raises
     ------
     OptionError
-        More micro-batches than samples.
+        More micro-batches than samples; ``stages`` naming a layer the step
+        lacks, layers out of forward order, or more stages than devices.
     InfeasibleError
-        No cut into contiguous stages gives every layer a device of its
-        kinds, links every pair of devices that exchange data, and fits memory.
+        No cut into contiguous stages (the given one, with ``stages``) gives
+        every layer a device of its kinds, links every pair of devices that
+        exchange data, and fits memory.
     """
     name = schedule
     n_dev = cluster.num_devices
@@ -429,21 +469,21 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
     liveness = min(1.0, max(held / outputs, 0.05)) if outputs > 0 else 1.0
     linked = cluster.linked
 
-    def build(stages: Stages) -> tuple[np.ndarray, list[np.ndarray]] | None:
-        """Placement and orders of the micro-batched step for ``stages``; None where a transfer has no channel."""
+    def build(cut: Stages) -> tuple[np.ndarray, list[np.ndarray]] | None:
+        """Placement and orders of the micro-batched step for ``cut``; None where a transfer has no channel."""
         stage_of_unit = np.zeros(len(units), dtype=np.int64)
-        for s, (a, b) in enumerate(zip(stages.bounds[:-1], stages.bounds[1:])):
+        for s, (a, b) in enumerate(zip(cut.bounds[:-1], cut.bounds[1:])):
             stage_of_unit[a:b] = s
         stage = stage_of_unit[costs.unit_of]
         original = mb.original if mb is not None else np.arange(graph.num_nodes)
         micro = mb.microbatch if mb is not None else np.full(graph.num_nodes, -1)
         accumulates = mb.accumulates if mb is not None else np.zeros(graph.num_nodes, dtype=bool)
         node_stage = stage[original]
-        device_of = np.asarray(stages.devices, dtype=np.int64)[node_stage]
+        device_of = np.asarray(cut.devices, dtype=np.int64)[node_stage]
         src_d, dst_d = device_of[target.src], device_of[target.dst]
         if not linked[src_d, dst_d].all():
             return None
-        k_stages = len(stages.devices)
+        k_stages = len(cut.devices)
         slot = np.zeros((k_stages, m, 2), dtype=np.int64)  # [stage, micro-batch, backward]
         for s in range(k_stages):
             for t, (k, phase) in enumerate(schedule_sequence(schedule, s, k_stages, m)):
@@ -460,12 +500,13 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         )
         return device_of, _orders(target, device_of, key, n_dev)
 
-    candidates: list[Stages] = []
     budget = cluster.memory.astype(np.float64)
-    for k_stages in range(1, n_dev + 1):
-        found = _cut(costs, cluster, schedule, k_stages, m, liveness, budget)
-        if found is not None:
-            candidates.append(found)
+    if stages:  # the given cut, stage s on device s; one that overflows is refused, not cut again
+        bounds = _given_bounds(graph, units, stages, n_dev, name)
+        candidates = [Stages(bounds, list(range(len(bounds) - 1)), 0.0)]
+    else:
+        cuts = (_cut(costs, cluster, schedule, k, m, liveness, budget) for k in range(1, n_dev + 1))
+        candidates = [found for found in cuts if found is not None]
     if not candidates:
         raise InfeasibleError(
             f"{name}: no cut of the layers into contiguous stages, in the cluster's device order, "
@@ -474,10 +515,10 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
     candidates.sort(key=lambda c: (c.estimate_s, len(c.devices)))
     best: tuple[float, Stages, np.ndarray, list[np.ndarray]] | None = None
     overflow = ""
-    for stages in candidates[:SIMULATED_CANDIDATES]:
+    for cut in candidates[:SIMULATED_CANDIDATES]:
         shrink = budget.copy()
         for _ in range(MEMORY_ROUNDS):
-            built = build(stages)
+            built = build(cut)
             if built is None:
                 overflow = overflow or f"{name}: a transfer between stages has no channel"
                 break
@@ -485,20 +526,20 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
             result = simulate(target, cluster, device_of, orders, check=False)
             if result.fits:
                 if best is None or result.makespan_s < best[0]:
-                    best = (result.makespan_s, stages, device_of, orders)
+                    best = (result.makespan_s, cut, device_of, orders)
                 break
             j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
             needs, has = shown_sizes(result.peak_memory_bytes[j], cluster.devices[j].memory_bytes)
             overflow = f"{name}: device {cluster.devices[j].name!r} would need {needs} of {has}"
             over = result.peak_memory_bytes > result.memory_bytes
             shrink[over] *= 0.95 * result.memory_bytes[over] / result.peak_memory_bytes[over]
-            again = _cut(costs, cluster, schedule, len(stages.devices), m, liveness, shrink)
+            again = None if stages else _cut(costs, cluster, schedule, len(cut.devices), m, liveness, shrink)
             if again is None:
                 break
-            stages = again
+            cut = again
     if best is None:
         raise InfeasibleError(overflow or f"{name}: no pipeline fits")
-    _, stages, device_of, orders = best
+    _, cut, device_of, orders = best
     names = [d.name for d in cluster.devices]
     return Plan.from_arrays(
         graph,
@@ -506,13 +547,19 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         device_of,
         orders,
         placed_graph=target if mb is not None else None,
-        extra={"microbatches": m, "schedule": schedule, "stages": [names[d] for d in stages.devices]},
+        extra={"microbatches": m, "schedule": schedule, "stages": [names[d] for d in cut.devices]},
     )
 
 
 @register("gpipe")
 def gpipe(
-    graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None, microbatches: int = 0
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    microbatches: int = 0,
+    stages: str = "",
 ) -> Plan:
     """GPipe: contiguous stages balanced by a dynamic programme, every forward then every backward.
 
@@ -522,6 +569,10 @@ def gpipe(
     seed, time_limit : ignored (deterministic)
     microbatches : int
         Micro-batches per step; 0 chooses twice the devices, at most the batch's samples.
+    stages : str
+        The layers that start each stage after the first, separated by commas
+        (stage ``s`` on device ``s``); empty: the dynamic programme cuts
+        (:func:`pipeline_plan`).
 
     Examples
     --------
@@ -535,12 +586,18 @@ def gpipe(
     ----------
     Huang et al., GPipe, NeurIPS 2019.
     """
-    return pipeline_plan(graph, cluster, "gpipe", microbatches)
+    return pipeline_plan(graph, cluster, "gpipe", microbatches, stages)
 
 
 @register("1f1b")
 def one_f_one_b(
-    graph: OpGraph, cluster: Cluster, *, seed: int = 0, time_limit: float | None = None, microbatches: int = 0
+    graph: OpGraph,
+    cluster: Cluster,
+    *,
+    seed: int = 0,
+    time_limit: float | None = None,
+    microbatches: int = 0,
+    stages: str = "",
 ) -> Plan:
     """1F1B: contiguous stages balanced by a dynamic programme, one forward and one backward in turn.
 
@@ -552,10 +609,26 @@ def one_f_one_b(
     seed, time_limit : ignored (deterministic)
     microbatches : int
         Micro-batches per step; 0 chooses twice the devices, at most the batch's samples.
+    stages : str
+        The layers that start each stage after the first, separated by commas
+        (stage ``s`` on device ``s``); empty: the dynamic programme cuts
+        (:func:`pipeline_plan`).
+
+    Examples
+    --------
+    The cut given, as a hand-made ``torch.distributed.pipelining`` pipeline has it:
+
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> plan = one_f_one_b(training_graph(layers=4), load_cluster("2xV100-nvlink"), microbatches=4, stages="block2")
+    >>> sorted({device for node, device in plan.placement.items() if node.endswith("block1.join")})
+    ['gpu0']
+    >>> sorted({device for node, device in plan.placement.items() if node.endswith("block2.join")})
+    ['gpu1']
 
     References
     ----------
     Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training", ICML 2021;
     torch.distributed.pipelining's ``Schedule1F1B``.
     """
-    return pipeline_plan(graph, cluster, "1f1b", microbatches)
+    return pipeline_plan(graph, cluster, "1f1b", microbatches, stages)
