@@ -37,7 +37,9 @@ split parts, collective steps as nodes), the search places that graph: any
 placement and order of its nodes, within the kinds and colocation it states,
 is a plan the runtime runs, and the plan binds to the model's graph as the
 warm start's does (its ``rewritten_graph`` and ``splits``). Graphs the exact
-model solves are searched as given, for their proven optimum. The searched
+model solves are searched as given, for their proven optimum. The best warm
+start's placement is also tried in DPOS's order (upward rank, insertion),
+which may serve its collective steps and critical work sooner. The searched
 graph is coarsened by Theorem 3.5's batch merging to the size the
 solver handles (about 200 nodes), whatever any plan does with it. The
 warm-start plans of that graph are projected on the coarse graph (each coarse
@@ -72,7 +74,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError, OptionError, PlacerError
+from ..errors import InfeasibleError, InvalidPlanError, OptionError, PlacerError
 from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..plan import Plan
@@ -80,6 +82,8 @@ from ..sim.bounds import lower_bound
 from ..sim.simulator import SimResult, simulate
 from ..transform.coarsen import Coarsening, coarsen
 from .common import liveness_ratio
+from .fastt import dpos_schedule
+from .list_scheduling.retries import rank_ordered_with_memory_retries
 from .pesto_lns import REFINE_PER_SECOND, REFINE_UNIT_FACTOR, LnsBudget, Neighbourhoods, refine
 from .registry import available_algorithms, place, register
 from .timebox import TimeBox, frugal
@@ -87,18 +91,18 @@ from .timebox import TimeBox, frugal
 __all__ = ["pesto", "WARM_START_ALGORITHMS", "EXACT_MAX_NODES"]
 
 #: Cheap algorithms whose plans warm-start the solver (those registered are run), best value first: on
-#: big graphs or a busy machine the later ones may not get their turn (``WARM_START_SHARE``). The expert
-#: split and METIS (quick) come right after the list schedulers, then the plans that rewrite the graph
-#: (data parallelism, plain and with a sharded optimizer, and OS-DPOS's splits, under a time limit of its
-#: own: ``WARM_START_OWN_SHARES``), then m-SCT and m-ETF (slow on big graphs); the plans that rarely win
-#: (one device, topological, round robin) come last.
+#: big graphs or a busy machine the later ones may not get their turn (``WARM_START_SHARE``). Data
+#: parallelism, with a sharded optimizer and plain, comes first (a few simulations; it fails at once
+#: where a replica does not fit a device), then the list schedulers, the expert split and METIS (quick),
+#: OS-DPOS's splits under a time limit of its own (``WARM_START_OWN_SHARES``), then m-SCT and m-ETF
+#: (slow on big graphs); the plans that rarely win (one device, topological, round robin) come last.
 WARM_START_ALGORITHMS = (
+    "sharded_data_parallel",
+    "data_parallel",
     "dpos",
     "heft",
     "expert",
     "metis",
-    "data_parallel",
-    "sharded_data_parallel",
     "os_dpos",
     "m_sct",
     "m_etf",
@@ -266,6 +270,8 @@ def pesto(
     # stop, is given the time to the box's end.
     solve_until = deadline if best is None else deadline - CHECK_SHARE * limit
     with TimeBox(None if best is None else solve_until - time.perf_counter()) as box:
+        best = _reorder(searched, cluster, best)
+        report["reorder_makespan_s"] = None if best is None or best.origin != "reorder" else best.makespan_s
         coarse = _coarsen(searched, cluster, goal)
         coarse_done = time.perf_counter()
         exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
@@ -378,6 +384,30 @@ def _coarsen(graph: OpGraph, cluster: Cluster, goal: int) -> Coarsening:
     if graph.num_nodes <= goal:
         return Coarsening(graph, np.arange(graph.num_nodes), [np.array([i]) for i in range(graph.num_nodes)], 0)
     return coarsen(graph, goal, cluster=cluster)
+
+
+def _reorder(graph: OpGraph, cluster: Cluster, best: _Best | None) -> _Best | None:
+    """The faster of ``best`` (a warm start) and its placement in DPOS's order, under the reference model.
+
+    The warm start's order is its own algorithm's (the earliest-ready
+    dispatch of a data-parallel plan, a list scheduler's booking); DPOS books
+    the same placement by upward rank with insertion (FastT Algorithm 1 given
+    every node's device), which puts the work that feeds the longest
+    remaining path, collective steps included, first.
+    """
+    if best is None or isinstance(best.plan, SimResult) or cluster.num_devices < 2:
+        return best
+    device_of, _ = _arrays(best.plan, graph, cluster)
+    try:
+        schedule = rank_ordered_with_memory_retries(dpos_schedule, graph, cluster, "pesto", fixed=device_of)
+    except (InfeasibleError, InvalidPlanError):
+        return best
+    result = schedule.simulated
+    if result is None:
+        result = simulate(graph, cluster, schedule.device_of, schedule.orders, check=False)
+    if result.fits and result.makespan_s < best.makespan_s * (1 - 1e-12):
+        return _Best(result.makespan_s, "reorder", result)
+    return best
 
 
 def _refine(
