@@ -110,11 +110,11 @@ WARM_START_ALGORITHMS = (
     "m_topo",
     "round_robin",
 )
-#: Options of the warm-start algorithms that take some: the data-parallel plans reduce gradients with
-#: whichever collective gives the faster step.
 #: Warm-start algorithms whose plans may place a rewritten graph; left out where the exact model
 #: solves the graph as given (at most ``EXACT_MAX_NODES`` nodes), whose optimum pesto then returns.
 REWRITING_WARM_STARTS = ("data_parallel", "sharded_data_parallel", "os_dpos")
+#: Options of the warm-start algorithms that take some: the data-parallel plans reduce gradients with
+#: whichever collective gives the faster step.
 WARM_START_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_parallel": {"collective": "best"}}
 #: Warm-start algorithms that search: each gets this share of pesto's time limit as its own, which does
 #: not count against ``WARM_START_SHARE``.
@@ -196,8 +196,10 @@ def pesto(
         the first solve's status and its proven gap on its model, the
         rounds of the search (planned, run, accepted, improving), the hill
         climb's simulations, the best valid lower bound on the plans of the
-        searched graph (``lower_bound_s``) and the gap to it (``gap``), where the plan came from
-        (``returned``), the warm start, and what the wall clock cut.
+        searched graph (``lower_bound_s``) and the gap to it (``gap``),
+        where the plan came from (``returned``; ``"reorder"``: the warm
+        start's placement in DPOS's order), the warm start, and what the
+        wall clock cut.
 
     Raises
     ------
