@@ -265,3 +265,25 @@ def test_the_coarsening_follows_the_graph_not_the_warm_start(monkeypatch):
         assert calls and all(options.get("labels") is None for options in calls)
         groups.append(plan.extra["pesto"]["coarse_nodes"])
     assert groups[0] == groups[1] == 40
+
+
+def test_a_rewritten_warm_start_is_searched_on_its_own_graph_and_binds_to_the_model():
+    # Data parallelism wins on this small, compute-heavy step: pesto must search the replicated graph
+    # (replicas, collective steps as nodes) rather than fall back to a placement of the model's own graph.
+    graph = training_graph(layers=4, branches=1, param_mib=0.5, flop_s=1e12)
+    cluster = load_cluster("2xV100-nvlink")
+    placements = min(place(graph, cluster, name).predicted["makespan_s"] for name in ("dpos", "m_sct", "single"))
+    replicated = place(graph, cluster, "sharded_data_parallel", collective="best").predicted["makespan_s"]
+    assert replicated < 0.8 * placements
+    plan = place(graph, cluster, "pesto", time_limit=20)
+    report = plan.extra["pesto"]
+    assert report["searched_graph"].startswith("rewritten by ")
+    assert report["warm_start"] in ("data_parallel", "sharded_data_parallel", "os_dpos")
+    searched = plan.rewritten_graph
+    assert searched is not None and report["searched_nodes"] == searched.num_nodes > graph.num_nodes
+    assert set(plan.placement) == set(searched.ids)
+    assert sorted(i for seq in plan.order.values() for i in seq) == sorted(searched.ids)
+    result = simulate_plan(plan, graph, cluster)  # binds to the model's graph as the warm start's plan does
+    assert result.fits and result.makespan_s == pytest.approx(plan.predicted["makespan_s"], rel=1e-9)
+    assert plan.predicted["makespan_s"] <= min(report["warm_start_makespan_s"], replicated) * (1 + 1e-12)
+    assert report["lower_bound_s"] <= plan.predicted["makespan_s"]

@@ -28,9 +28,21 @@ simulations of all plans (whose memory budget holds and whose times the
 resolution represents), so the optimum is the reference optimum over every
 placement and order.
 
-The graph is coarsened by Theorem 3.5's batch merging to the size the
-solver handles (about 200 nodes), whatever any plan does with it. The cheap
-registered algorithms' plans are projected on the coarse graph (each coarse
+The search improves on the best quick plan, whatever graph that plan
+places. The cheap registered algorithms warm-start it, among them those
+that rewrite the graph (data parallelism, plain and with a sharded
+optimizer, and OS-DPOS's operation splits, under a share of the limit).
+When the fastest warm start places a rewritten graph (replicas ``r{k}/...``,
+split parts, collective steps as nodes), the search places that graph: any
+placement and order of its nodes, within the kinds and colocation it states,
+is a plan the runtime runs, and the plan binds to the model's graph as the
+warm start's does (its ``rewritten_graph`` and ``splits``). Graphs the exact
+model solves are searched as given, for their proven optimum. The best warm
+start's placement is also tried in DPOS's order (upward rank, insertion),
+which may serve its collective steps and critical work sooner. The searched
+graph is coarsened by Theorem 3.5's batch merging to the size the
+solver handles (about 200 nodes), whatever any plan does with it. The
+warm-start plans of that graph are projected on the coarse graph (each coarse
 node where most of its compute ran) and the best projection, by the
 reference makespan of the whole graph, is hinted to one solve of the whole
 model. A large-neighbourhood search follows (:mod:`.pesto_lns`): each round
@@ -62,7 +74,7 @@ import numpy as np
 from ortools.sat.python import cp_model
 
 from ..cluster import Cluster
-from ..errors import InfeasibleError, OptionError, PlacerError
+from ..errors import InfeasibleError, InvalidPlanError, OptionError, PlacerError
 from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..plan import Plan
@@ -70,6 +82,8 @@ from ..sim.bounds import lower_bound
 from ..sim.simulator import SimResult, simulate
 from ..transform.coarsen import Coarsening, coarsen
 from .common import liveness_ratio
+from .fastt import dpos_schedule
+from .list_scheduling.retries import rank_ordered_with_memory_retries
 from .pesto_lns import REFINE_PER_SECOND, REFINE_UNIT_FACTOR, LnsBudget, Neighbourhoods, refine
 from .registry import available_algorithms, place, register
 from .timebox import TimeBox, frugal
@@ -77,10 +91,37 @@ from .timebox import TimeBox, frugal
 __all__ = ["pesto", "WARM_START_ALGORITHMS", "EXACT_MAX_NODES"]
 
 #: Cheap algorithms whose plans warm-start the solver (those registered are run), best value first: on
-#: big graphs or a busy machine the later ones may not get their turn (``WARM_START_SHARE``). The expert
-#: split and METIS (quick) come right after the list schedulers, then m-SCT and m-ETF (slow on big graphs);
-#: the plans that rarely win (one device, topological, round robin) come last.
-WARM_START_ALGORITHMS = ("dpos", "heft", "expert", "metis", "m_sct", "m_etf", "single", "m_topo", "round_robin")
+#: big graphs or a busy machine the later ones may not get their turn (``WARM_START_SHARE``). Data
+#: parallelism, with a sharded optimizer and plain, comes first (a few simulations; it fails at once
+#: where a replica does not fit a device), then the list schedulers, the expert split and METIS (quick),
+#: OS-DPOS's splits under a time limit of its own (``WARM_START_OWN_SHARES``), then m-SCT and m-ETF
+#: (slow on big graphs); the plans that rarely win (one device, topological, round robin) come last.
+WARM_START_ALGORITHMS = (
+    "sharded_data_parallel",
+    "data_parallel",
+    "dpos",
+    "heft",
+    "expert",
+    "metis",
+    "os_dpos",
+    "m_sct",
+    "m_etf",
+    "single",
+    "m_topo",
+    "round_robin",
+)
+#: Warm-start algorithms whose plans may place a rewritten graph; left out where the exact model
+#: solves the graph as given (at most ``EXACT_MAX_NODES`` nodes), whose optimum pesto then returns.
+REWRITING_WARM_STARTS = ("data_parallel", "sharded_data_parallel", "os_dpos")
+#: Options of the warm-start algorithms that take some: the data-parallel plans reduce gradients with
+#: whichever collective gives the faster step.
+WARM_START_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_parallel": {"collective": "best"}}
+#: Warm-start algorithms that search: each gets this share of pesto's time limit as its own, which does
+#: not count against ``WARM_START_SHARE``.
+WARM_START_OWN_SHARES = {"os_dpos": 0.25}
+#: Share of its own limit after which such a search counts as cut by the wall clock (OS-DPOS keeps a
+#: tenth of its limit for placer's check of its plan).
+OWN_LIMIT_USED = 0.8
 #: Largest uncoarsened graph the automatic choice solves with the exact (simulator-faithful) model.
 EXACT_MAX_NODES = 12
 DEFAULT_TIME_LIMIT = 60.0
@@ -125,8 +166,10 @@ def pesto(
         that a run is reproducible for a seed unless the wall clock cuts a
         phase short; then ``extra["pesto"]["cut_by_wall_clock"]`` is true and
         ``wall_clock_cuts`` says what was cut. No further warm-start
-        algorithm starts after ``WARM_START_SHARE`` of the limit. The solver
-        stops at once when it proves optimality.
+        algorithm starts after ``WARM_START_SHARE`` of the limit; OS-DPOS
+        has a share of its own (``WARM_START_OWN_SHARES``), and one that runs
+        to it counts as cut. The solver stops at once when it proves
+        optimality.
     target : int
         Nodes of the coarsened graph; 0 picks ``512 / devices`` within
         [24, 200] (the transfer intervals grow with the square of the
@@ -143,13 +186,20 @@ def pesto(
     Returns
     -------
     Plan
-        Placement and per-device order of every original node.
-        ``extra["pesto"]`` reports the coarse size, model, time resolution,
+        Placement and per-device order of every node of the searched graph:
+        the model's own, or the graph the fastest warm start rewrote it into
+        (then ``rewritten_graph`` and ``splits`` are that plan's, so that
+        the plan binds to ``graph`` as the warm start's does).
+        ``extra["pesto"]`` reports the searched graph (``searched_graph``:
+        ``"original"`` or ``"rewritten by <algorithm>"``, and
+        ``searched_nodes``), the coarse size, model, time resolution,
         the first solve's status and its proven gap on its model, the
         rounds of the search (planned, run, accepted, improving), the hill
-        climb's simulations, the best valid lower bound (``lower_bound_s``)
-        and the gap to it (``gap``), where the plan came from
-        (``returned``), the warm start, and what the wall clock cut.
+        climb's simulations, the best valid lower bound on the plans of the
+        searched graph (``lower_bound_s``) and the gap to it (``gap``),
+        where the plan came from (``returned``; ``"reorder"``: the warm
+        start's placement in DPOS's order), the warm start, and what the
+        wall clock cut.
 
     Raises
     ------
@@ -182,17 +232,27 @@ def pesto(
     limit = DEFAULT_TIME_LIMIT if time_limit is None else float(time_limit)
     deadline = began + limit
     budget = LnsBudget.for_limit(limit)
-    n, n_dev = graph.num_nodes, cluster.num_devices
+    n_dev = cluster.num_devices
 
     failures: dict[str, str] = {}
     plans: dict[str, Plan] = {}
-    warm_name, warm = _warm_start(graph, cluster, seed, began + WARM_START_SHARE * limit, failures, plans)
+    # A graph the exact model solves as given gets its proven optimum: no rewritten graph is searched.
+    rewrite = not (model == "exact" or (model == "auto" and graph.num_nodes <= EXACT_MAX_NODES))
+    warm_name, warm = _warm_start(
+        graph, cluster, seed, began + WARM_START_SHARE * limit, failures, plans, limit, rewrite
+    )
+    # The search places the graph the best warm start places: the model's own, or the one it rewrote.
+    searched = _placed_graph(warm, graph)
+    starts = {name: plan for name, plan in plans.items() if _placed_graph(plan, graph) is searched}
+    n = searched.num_nodes
     goal = target or min(200, max(24, 512 // n_dev))
     warm_done = coarse_done = time.perf_counter()
     report = {
         "warm_start_failures": failures,
         "warm_start": warm_name,
         "warm_start_makespan_s": None if warm is None else warm.predicted["makespan_s"],
+        "searched_graph": "original" if searched is graph else f"rewritten by {warm_name}",
+        "searched_nodes": n,
         "lns_rounds_planned": budget.rounds,
         "lns_work_per_round": budget.work_per_round,
     }
@@ -201,6 +261,10 @@ def pesto(
     wall_cuts = [
         f"warm start: {name}" for name, why in failures.items() if why.startswith(("not started", "out of the warm"))
     ]
+    for name, share in WARM_START_OWN_SHARES.items():  # a search that ran to its own limit was cut short
+        took = plans[name].search_time_s if name in plans else None
+        if took is not None and took >= OWN_LIMIT_USED * share * limit:
+            wall_cuts.append(f"warm start: {name} ran to its time limit")
     search: _Search | None = None
     status = None
     # With a warm start in hand, coarsening and the search are boxed: what is left of the limit after
@@ -208,24 +272,26 @@ def pesto(
     # stop, is given the time to the box's end.
     solve_until = deadline if best is None else deadline - CHECK_SHARE * limit
     with TimeBox(None if best is None else solve_until - time.perf_counter()) as box:
-        coarse = _coarsen(graph, cluster, goal)
+        best = _reorder(searched, cluster, best)
+        report["reorder_makespan_s"] = None if best is None or best.origin != "reorder" else best.makespan_s
+        coarse = _coarsen(searched, cluster, goal)
         coarse_done = time.perf_counter()
         exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
         report.update(
             coarse_nodes=coarse.graph.num_nodes, coarsening_rounds=coarse.rounds, model="exact" if exact else "relaxed"
         )
-        ratio = liveness_ratio(graph, cluster)
+        ratio = liveness_ratio(searched, cluster)
         for attempt in range(1, MEMORY_ATTEMPTS + 1):
             if deadline - time.perf_counter() < 1.0 and best is not None:
                 wall_cuts.append("memory attempts")
                 break
             problem = _Problem.build(coarse.graph, cluster, ratio)
-            start = _starting_placement(graph, cluster, coarse, problem, plans)
+            start = _starting_placement(searched, cluster, coarse, problem, starts)
             if start is not None:
                 problem.admit(start)
             cp = _CpModel(problem, exact)
             budget = LnsBudget.for_limit(limit, len(cp.model.Proto().variables))
-            search = _Search(graph, cluster, coarse, cp, seed, workers, solve_until)
+            search = _Search(searched, cluster, coarse, cp, seed, workers, solve_until)
             built = time.perf_counter()
             # The exact model (tiny graphs) gets the whole budget in one solve, which proves the optimum.
             work = budget.first_work + (budget.rounds * budget.work_per_round if exact else 0.0)
@@ -243,7 +309,7 @@ def pesto(
                     solver_bound_s=search.bound * problem.resolution,
                     solver_gap=search.model_gap,
                 )
-                if cp.is_relaxation(coarse, graph):
+                if cp.is_relaxation(coarse, searched):
                     valid_bound = max(valid_bound, search.bound * problem.resolution - problem.rounding_slack)
             best = search.offer(best)
             if search.first_unfit is not True or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
@@ -253,7 +319,7 @@ def pesto(
             search.best = best
             if status != "OPTIMAL":  # the optimum of a coarse model: the refinement may still move parts
                 best = search.improve(budget)
-            best, refined = _refine(graph, cluster, best, goal, seed, limit, solve_until - REFINE_MARGIN_S)
+            best, refined = _refine(searched, cluster, best, goal, seed, limit, solve_until - REFINE_MARGIN_S)
             report.update(refined)
     if search is not None and search.best is not None and (best is None or search.best.makespan_s < best.makespan_s):
         best = search.best  # the time box ended a round: keep what the rounds found
@@ -276,16 +342,15 @@ def pesto(
         )
     found = best.plan
     if isinstance(found, SimResult):
-        plan = Plan.from_arrays(graph, cluster, found.device_of, found.device_orders())
+        device_of, orders = found.device_of, found.device_orders()
     else:
-        plan = Plan(
-            dict(found.placement),
-            dict(found.order),
-            graph_name=found.graph_name,
-            cluster_name=found.cluster_name,
-            graph_digest=found.graph_digest,
-        )
-    floor = max(lower_bound(graph, cluster), valid_bound)
+        device_of, orders = _arrays(found, searched, cluster)
+    if searched is graph:
+        plan = Plan.from_arrays(graph, cluster, device_of, orders)
+    else:  # a plan of the rewritten graph, which binds to ``graph`` as the warm start's does
+        plan = Plan.from_arrays(graph, cluster, device_of, orders, placed_graph=searched, splits=warm.splits)
+    # A bound on every plan of the searched graph: of the model's own graph, or of the rewritten one.
+    floor = max(lower_bound(searched, cluster), valid_bound)
     report.update(
         returned=best.origin,
         solve_time_s=time.perf_counter() - began,
@@ -321,6 +386,30 @@ def _coarsen(graph: OpGraph, cluster: Cluster, goal: int) -> Coarsening:
     if graph.num_nodes <= goal:
         return Coarsening(graph, np.arange(graph.num_nodes), [np.array([i]) for i in range(graph.num_nodes)], 0)
     return coarsen(graph, goal, cluster=cluster)
+
+
+def _reorder(graph: OpGraph, cluster: Cluster, best: _Best | None) -> _Best | None:
+    """The faster of ``best`` (a warm start) and its placement in DPOS's order, under the reference model.
+
+    The warm start's order is its own algorithm's (the earliest-ready
+    dispatch of a data-parallel plan, a list scheduler's booking); DPOS books
+    the same placement by upward rank with insertion (FastT Algorithm 1 given
+    every node's device), which puts the work that feeds the longest
+    remaining path, collective steps included, first.
+    """
+    if best is None or isinstance(best.plan, SimResult) or cluster.num_devices < 2:
+        return best
+    device_of, _ = _arrays(best.plan, graph, cluster)
+    try:
+        schedule = rank_ordered_with_memory_retries(dpos_schedule, graph, cluster, "pesto", fixed=device_of)
+    except (InfeasibleError, InvalidPlanError):
+        return best
+    result = schedule.simulated
+    if result is None:
+        result = simulate(graph, cluster, schedule.device_of, schedule.orders, check=False)
+    if result.fits and result.makespan_s < best.makespan_s * (1 - 1e-12):
+        return _Best(result.makespan_s, "reorder", result)
+    return best
 
 
 def _refine(
@@ -428,27 +517,41 @@ def _warm_start(
     until: float,
     failures: dict[str, str],
     plans: dict[str, Plan] | None = None,
+    limit: float = DEFAULT_TIME_LIMIT,
+    rewrite: bool = True,
 ) -> tuple[str | None, Plan | None]:
     """The fastest fitting plan among the cheap registered algorithms (name, plan), or (None, None).
 
-    Every fitting plan is also put in ``plans`` (by algorithm) when given.
+    Every fitting plan is also put in ``plans`` (by algorithm) when given. A
+    plan may place a graph the algorithm rewrote (replicas, split
+    operations): its ``rewritten_graph``.
 
-    Once a plan is in hand, no further algorithm starts or runs past ``until``. An
-    algorithm that fails only loses its turn; ``failures`` records why (a
-    failure other than a :class:`PlacerError` is that algorithm's bug, which
-    should not cost pesto its plan).
+    Once a plan is in hand, no further algorithm starts or runs past ``until``,
+    except that an algorithm of ``WARM_START_OWN_SHARES`` runs under its own
+    time limit (its share of ``limit``) and pushes ``until`` back by the time
+    it took. Without ``rewrite``, those of ``REWRITING_WARM_STARTS`` are
+    left out. An algorithm that fails only loses its turn; ``failures``
+    records why (a failure other than a :class:`PlacerError` is that
+    algorithm's bug, which should not cost pesto its plan).
     """
     best: tuple[float, str, Plan] | None = None
     registered = set(available_algorithms())
     for name in WARM_START_ALGORITHMS:
-        if name not in registered:
+        if name not in registered or (not rewrite and name in REWRITING_WARM_STARTS):
             continue
         if best is not None and time.perf_counter() > until:
             failures[name] = "not started: the warm start's share of the time limit was spent"
             continue
+        options = dict(WARM_START_OPTIONS.get(name, {}))
+        own = WARM_START_OWN_SHARES.get(name)
+        if own is not None:
+            options["time_limit"] = own * limit
+        began = time.perf_counter()
         try:
-            with frugal(), TimeBox(None if best is None else until - time.perf_counter()) as box:
-                plan = place(graph, cluster, name, seed=seed)
+            # An algorithm with a limit of its own is held to it by place().
+            box_s = None if best is None or own is not None else until - began
+            with frugal(), TimeBox(box_s) as box:
+                plan = place(graph, cluster, name, seed=seed, **options)
             if box.expired:
                 failures[name] = "out of the warm start's share of the time limit"
                 continue
@@ -458,12 +561,30 @@ def _warm_start(
         except Exception as exc:  # noqa: BLE001  (another algorithm's bug; reported, not fatal)
             failures[name] = f"{type(exc).__name__}: {exc}"
             continue
+        finally:
+            if own is not None:
+                until += time.perf_counter() - began
         span = plan.predicted["makespan_s"]
         if plans is not None and plan.predicted.get("fits", True):
             plans[name] = plan
         if best is None or span < best[0]:
             best = (span, name, plan)
     return (None, None) if best is None else (best[1], best[2])
+
+
+def _placed_graph(plan: Plan | None, graph: OpGraph) -> OpGraph:
+    """The graph ``plan`` places: its rewritten graph, or ``graph`` (no plan, or one that keeps it)."""
+    return graph if plan is None or plan.rewritten_graph is None else plan.rewritten_graph
+
+
+def _arrays(plan: Plan, graph: OpGraph, cluster: Cluster) -> tuple[np.ndarray, list[np.ndarray] | None]:
+    """Device index of every node of ``graph`` in ``plan``, and per device its node indices in order (or None)."""
+    device_of = np.array([cluster.device_index[plan.placement[i]] for i in graph.ids], dtype=np.int64)
+    if plan.order is None:
+        return device_of, None
+    index = graph.index
+    orders = [np.array([index[i] for i in plan.order.get(d.name, [])], dtype=np.int64) for d in cluster.devices]
+    return device_of, orders
 
 
 @dataclass
