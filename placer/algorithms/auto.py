@@ -12,18 +12,22 @@ finds a fitting plan whenever any member does. A member whose cheap lower
 bound shows it cannot win (data parallelism, a pipeline) is skipped.
 
 Micro-batches: the pipelines (``gpipe``, ``1f1b``) cut the step into
-micro-batches themselves. Where they can win, ``auto`` then searches their
-micro-batch count (doubling it, then halving it, while the step gets faster):
-where no member found a plan that fits (a micro-batch's activations are a
-fraction of the batch's), where a data-parallel replica does not fit one
-device, and where a pipeline is the best plan so far. It searches counts up
-to the batch's samples, only on a step that records them (a capture does),
-and skips a count whose lower bound
-(:func:`~placer.sim.bounds.microbatch_lower_bound`) cannot beat the plan in
-hand. Where that search is on, what rules out every plan is the memory that
+micro-batches themselves, at twice the devices. On a step that records its
+batch's samples (a capture does), auto searches their micro-batch count
+where micro-batches can win: where no member found a plan that fits (a
+micro-batch's activations are a fraction of the batch's), where no
+data-parallel replica fits one device, and where a pipeline is the best plan
+so far. In the first two cases the pipelines run right after the
+data-parallel members, before the list schedulers can use up the time. The
+search doubles the count (up to the samples) while the step gets faster or
+until a pipeline fits, then halves it while the step gets faster, and skips
+a count whose lower bound (:func:`~placer.sim.bounds.microbatch_lower_bound`)
+cannot beat the plan in hand, so that it costs nothing where micro-batches
+cannot win. Where it searches, what rules out every plan is the memory that
 no micro-batch count shrinks (:func:`~placer.feasibility.diagnose` with
-``microbatched=True``): a step whose activations outgrow the cluster still
-reaches the pipelines. Hybrids of replicas and pipelines are not searched.
+``microbatched=True``): a step whose activations rule out every plan of the
+step whole still reaches the pipelines. Hybrids of replicas and pipelines
+(data parallelism over pipelines) are not searched.
 """
 
 from __future__ import annotations
