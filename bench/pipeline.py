@@ -65,9 +65,11 @@ def _plan(graph, cluster, algorithm: str, **options) -> tuple[float | None, str,
         plan = place(graph, cluster, algorithm, **options)
     except (InfeasibleError, OptionError, TimeLimitError) as exc:
         return None, str(exc).splitlines()[0][:200], time.perf_counter() - began
-    what = plan.extra["auto"]["start"] if "auto" in plan.extra else algorithm
+    what = algorithm
+    if "auto" in plan.extra:  # the member it started from, a pipeline with its micro-batch count
+        what = plan.extra["auto"]["start"]
     if "stages" in plan.extra:
-        what += f" ({len(plan.extra['stages'])} stages, {plan.extra['microbatches']} micro-batches)"
+        what += f" ({len(plan.extra['stages'])} stages)"
     return plan.predicted["makespan_s"], what, time.perf_counter() - began
 
 
