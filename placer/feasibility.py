@@ -114,8 +114,9 @@ def smallest_microbatch(graph: OpGraph) -> OpGraph:
     (its rows are at least one sample; with no sample count recorded, ``m``
     is unbounded and this is zero); every other node (parameters,
     optimizer state, the optimizer) holds what it holds whole. The tensors
-    between a micro-batch's copies follow the same structure as the step's.
-    So a lower bound on memory that holds for every placement of this graph
+    between a micro-batch's copies follow the step's structure (a gradient's
+    reader reads its sum over the micro-batches, of the gradient's whole
+    size, held from the first micro-batch's gradient on). So a lower bound on memory that holds for every placement of this graph
     (a node's footprint, :func:`live_memory_bound`) holds for every
     placement of the step at every micro-batch count, one included.
 
