@@ -9,14 +9,21 @@ model, ms) of
 - ``gpipe`` and ``1f1b`` with ``--microbatches`` micro-batches,
 - the best op-level scheduler placing the micro-batched step
   (``place(..., microbatches=M)``, every algorithm pipelining by itself),
+- ``auto`` within ``--time-limit`` seconds, which runs the pipelines in its
+  portfolio and searches their micro-batch count where micro-batches can win
+  (``--no-auto`` leaves it out),
 
 and, per case, whether the whole step fits one device (its one-device peak
-against the device's memory). ``-`` marks an algorithm that found no plan
+against the device's memory). After the table, the goal's figures: where a
+data-parallel replica does not fit one device, ``auto``'s step against the
+best plan without micro-batches (geometric mean), and the cases where it is
+slower than ``gpipe`` or ``1f1b``. ``-`` marks an algorithm that found no plan
 that fits, with its reason in the JSON record. Graphs are captured once on
 the meta device (Adam) and cached under ``--cache``, as
 ``bench/quality.py`` does.
 
-    ./run.sh bench bench/pipeline.py [--models gpt2,resnet152] [--clusters 4xV100-nvlink] [-o results.json]
+    ./run.sh bench bench/pipeline.py [--models gpt2,resnet152] [--clusters 4xV100-nvlink] [--time-limit 120]
+        [-o results.json]
 """
 
 from __future__ import annotations
@@ -32,7 +39,7 @@ from pathlib import Path
 import numpy as np
 
 from placer import load_cluster, place
-from placer.errors import InfeasibleError, OptionError
+from placer.errors import InfeasibleError, OptionError, TimeLimitError
 from placer.sim import simulate
 
 sys.path.insert(0, str(Path(__file__).parent))
@@ -56,16 +63,24 @@ def _plan(graph, cluster, algorithm: str, **options) -> tuple[float | None, str,
     began = time.perf_counter()
     try:
         plan = place(graph, cluster, algorithm, **options)
-    except (InfeasibleError, OptionError) as exc:
+    except (InfeasibleError, OptionError, TimeLimitError) as exc:
         return None, str(exc).splitlines()[0][:200], time.perf_counter() - began
     what = algorithm
+    if "auto" in plan.extra:  # the member it started from, a pipeline with its micro-batch count
+        what = plan.extra["auto"]["start"]
     if "stages" in plan.extra:
         what += f" ({len(plan.extra['stages'])} stages)"
     return plan.predicted["makespan_s"], what, time.perf_counter() - began
 
 
 def run_case(
-    model: str, batch: int, cluster_name: str, microbatches: int, cache: Path, max_microbatched_nodes: int
+    model: str,
+    batch: int,
+    cluster_name: str,
+    microbatches: int,
+    cache: Path,
+    max_microbatched_nodes: int,
+    time_limit: float | None = None,
 ) -> dict:
     graph = captured_graph(model, batch, cache)
     cluster = load_cluster(cluster_name)
@@ -97,6 +112,9 @@ def run_case(
     else:
         step, what, seconds = None, f"skipped: {graph.num_nodes * microbatches} nodes micro-batched", 0.0
     record["plans"][f"{OP_LEVEL[0]}+mb"] = {"step_s": step, "what": what, "seconds": seconds}
+    if time_limit is not None:
+        step, what, seconds = _plan(graph, cluster, "auto", time_limit=time_limit)
+        record["plans"]["auto"] = {"step_s": step, "what": what, "seconds": seconds}
     return record
 
 
@@ -104,28 +122,88 @@ def _ms(value: float | None) -> str:
     return "-" if value is None else f"{value * 1e3:.0f}"
 
 
+def _without(record: dict) -> float | None:
+    """The best plan's step without micro-batches: the op-level schedulers' and data parallelism's."""
+    best, p = record["best_op_level"], record["plans"]
+    steps = [x for x in ([best["step_s"]] if best else []) + [p["data_parallel"]["step_s"]] if x is not None]
+    return min(steps, default=None)
+
+
 def table(records: list[dict], microbatches: int) -> str:
+    with_auto = any("auto" in r["plans"] for r in records)
     head = (
         "| model | batch | cluster | fits one device | best op-level, no micro-batches | data parallel | "
         f"gpipe (M={microbatches}) | 1f1b (M={microbatches}) | {OP_LEVEL[0]}, M={microbatches} | "
         "best with micro-batches: vs best op-level | vs best without (data parallel too) |"
     )
-    lines = [head, "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"]
+    rule = "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    if with_auto:
+        head += " auto | auto vs best without | auto's plan |"
+        rule += "---:|---:|---|"
+    lines = [head, rule]
     for r in records:
         p = r["plans"]
         best = r["best_op_level"]
         with_mb = [p[k]["step_s"] for k in ("gpipe", "1f1b", f"{OP_LEVEL[0]}+mb") if p[k]["step_s"] is not None]
-        without = [x for x in ([best["step_s"]] if best else []) + [p["data_parallel"]["step_s"]] if x is not None]
-        ratio = f"{min(without) / min(with_mb):.2f}x" if with_mb and without else "-"
+        without = _without(r)
+        ratio = f"{without / min(with_mb):.2f}x" if with_mb and without else "-"
         op_ratio = f"{best['step_s'] / min(with_mb):.2f}x" if with_mb and best else "-"
         best_cell = "-" if best is None else f"{best['step_s'] * 1e3:.0f} ({best['algorithm']})"
         peak = f"{'yes' if r['fits_one_device'] else 'no'} ({r['one_device_peak_gib']:.1f} GiB)"
-        lines.append(
+        line = (
             f"| {r['model']} | {r['batch']} | {r['cluster']} | {peak} | {best_cell} | "
             f"{_ms(p['data_parallel']['step_s'])} | {_ms(p['gpipe']['step_s'])} | {_ms(p['1f1b']['step_s'])} "
             f"| {_ms(p[OP_LEVEL[0] + '+mb']['step_s'])} | {op_ratio} | {ratio} |"
         )
+        if with_auto:
+            auto = p.get("auto", {}).get("step_s")
+            vs = f"{without / auto:.2f}x" if auto and without else "-"
+            what = p.get("auto", {}).get("what", "") if auto else ""
+            line += f" {_ms(auto)} | {vs} | {what} |"
+        lines.append(line)
     return "\n".join(lines)
+
+
+def goal(records: list[dict]) -> str:
+    """The goal's figures for ``auto``: against the best plan without micro-batches where a replica does not fit
+    one device (geometric mean; a case with no plan without micro-batches is counted apart), and against the
+    pipelines everywhere."""
+    cases = [r for r in records if "auto" in r["plans"]]
+    if not cases:
+        return "auto not run"
+    out = []
+    for title, chosen in (
+        (
+            "a data-parallel replica does not fit one device",
+            [r for r in cases if r["plans"]["data_parallel"]["step_s"] is None],
+        ),
+        ("the whole step does not fit one device", [r for r in cases if not r["fits_one_device"]]),
+        ("every case", cases),
+    ):
+        ratios, only = [], 0
+        for r in chosen:
+            auto, without = r["plans"]["auto"]["step_s"], _without(r)
+            if auto is not None and without is not None:
+                ratios.append(without / auto)
+            elif auto is not None:
+                only += 1
+        mean = f"{float(np.exp(np.mean(np.log(ratios)))):.2f}x" if ratios else "-"
+        out.append(
+            f"{title}: {len(chosen)} cases; auto vs best plan without micro-batches, geomean {mean} over "
+            f"{len(ratios)}; {only} where only auto's micro-batched plan fits"
+        )
+    slower = [
+        f"{r['model']} bs{r['batch']} {r['cluster']} ({name} {_ms(r['plans'][name]['step_s'])} < auto {_ms(r['plans']['auto']['step_s'])})"
+        for r in cases
+        for name in ("gpipe", "1f1b")
+        if r["plans"][name]["step_s"] is not None
+        and (
+            r["plans"]["auto"]["step_s"] is None
+            or r["plans"]["auto"]["step_s"] > r["plans"][name]["step_s"] * (1 + 1e-9)
+        )
+    ]
+    out.append(f"auto slower than gpipe or 1f1b: {len(slower)} cases" + (": " + "; ".join(slower) if slower else ""))
+    return "\n".join(out)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -140,6 +218,8 @@ def main(argv: list[str] | None = None) -> int:
         default=120_000,
         help="skip the op-level scheduler on micro-batched steps larger than this",
     )
+    parser.add_argument("--time-limit", type=float, default=120.0, help="auto's time limit in seconds (default 120)")
+    parser.add_argument("--no-auto", action="store_true", help="leave auto out")
     parser.add_argument("--cache", type=Path, default=Path(__file__).parent / ".cache")
     parser.add_argument("-o", "--output", type=Path, help="JSON file of the records (rewritten after each case)")
     parser.add_argument(
@@ -152,7 +232,10 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.table:
         docs = [json.loads(path.read_text()) for path in args.table]
-        print(table([r for doc in docs for r in doc["records"]], docs[0]["microbatches"]))
+        records = [r for doc in docs for r in doc["records"]]
+        print(table(records, docs[0]["microbatches"]))
+        print()
+        print(goal(records))
         return 0
     sizes = args.sizes.split(",")
     records = []
@@ -162,7 +245,15 @@ def main(argv: list[str] | None = None) -> int:
             batch = BATCHES[model][("paper", "large").index(size)]
             for cluster in args.clusters.split(","):
                 t = time.perf_counter()
-                record = run_case(model, batch, cluster, args.microbatches, args.cache, args.max_microbatched_nodes)
+                record = run_case(
+                    model,
+                    batch,
+                    cluster,
+                    args.microbatches,
+                    args.cache,
+                    args.max_microbatched_nodes,
+                    None if args.no_auto else args.time_limit,
+                )
                 records.append(record)
                 summary = ", ".join(f"{k} {_ms(v['step_s'])}" for k, v in record["plans"].items())
                 print(f"{model} bs{batch} {cluster}: {summary} ({time.perf_counter() - t:.0f} s)", flush=True)
@@ -172,6 +263,7 @@ def main(argv: list[str] | None = None) -> int:
                             {
                                 "records": records,
                                 "microbatches": args.microbatches,
+                                "auto_time_limit_s": None if args.no_auto else args.time_limit,
                                 "date": date.today().isoformat(),
                                 "python": platform.python_version(),
                             },
@@ -180,6 +272,8 @@ def main(argv: list[str] | None = None) -> int:
                     )
     print()
     print(table(records, args.microbatches))
+    print()
+    print(goal(records))
     print(f"\n{len(records)} cases in {time.perf_counter() - began:.0f} s, {date.today().isoformat()}")
     return 0
 

@@ -27,6 +27,8 @@ from .sim.bounds import plan_lower_bound
 from .sim.simulator import simulate_bound
 from .sim.validation import validate
 from .transform.bind import bind_plan
+from .transform.microbatch import check_microbatches, uneven_microbatches
+from .transform.split import batch_samples
 
 __all__ = ["plan", "validate", "describe", "apply"]
 
@@ -72,7 +74,10 @@ def plan(
     microbatches : int, optional
         Place the step cut into this many micro-batches, their gradients
         accumulated before one optimizer step (``place(..., microbatches=M)``):
-        every algorithm then pipelines. At most the batch's samples.
+        every algorithm then pipelines. At most the batch's samples; a count
+        that does not divide the batch plans uneven micro-batches, as replicas
+        share a batch (the first ones one sample more), and says so with a
+        UserWarning. Without it, ``auto`` searches the count itself.
     runnable : bool, optional
         Deprecated, no effect (every plan runs): giving it warns with a
         DeprecationWarning. To be removed in the next release.
@@ -89,7 +94,9 @@ def plan(
     ------
     OptionError, FormatError, InfeasibleError
         Bad arguments, a bad model spec, or no valid plan. The cluster, the
-        algorithm, its options and the profile are checked before the capture,
+        algorithm, its options, the profile and the micro-batch count (against
+        ``batch`` or the inputs' leading dimension: more micro-batches than
+        samples, or no batch dimension to cut) are checked before the capture,
         which takes minutes for a large model.
 
     Examples
@@ -111,6 +118,8 @@ def plan(
     if profile is not None:
         measured = load_profile(profile)
         measured.check_cluster(target)
+    if microbatches is not None and microbatches > 1:
+        _check_microbatches(model, inputs, batch, microbatches)
     name, lr, settings = _optimizer(optimizer, lr)
     graph, captured = _captured(model, inputs, batch, name, lr, settings)
     if measured is not None:
@@ -118,6 +127,44 @@ def plan(
     result = place(graph, target, algorithm, microbatches=microbatches, **options)
     result.context.update(graph=graph, cluster=target, captured=captured)
     return result
+
+
+def _check_microbatches(model: Any, inputs: Any, batch: int | None, microbatches: int) -> None:
+    """Refuse, before the capture, ``microbatches`` that the step's batch cannot take; warn where they do not
+    divide it.
+
+    The batch is the graph's samples, a model spec's ``batch``, or a module's inputs' leading dimension (that
+    of the first tensor that has one, as the capture takes it). Arguments that :func:`_captured` refuses
+    are left to it.
+    """
+    if isinstance(model, OpGraph):
+        check_microbatches(model, microbatches, "placer.plan")
+        samples = batch_samples(model)
+    elif isinstance(model, str):
+        if not isinstance(batch, int) or isinstance(batch, bool):
+            return
+        samples = batch
+        who = f"placer.plan({model!r}, batch={batch}, microbatches={microbatches})"
+    else:
+        if inputs is None:
+            return
+        flat = tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+        leading = [x.shape[0] for x in flat if hasattr(x, "shape") and hasattr(x, "dim") and x.dim() >= 1]
+        who = f"placer.plan(model, inputs, microbatches={microbatches})"
+        if not leading:
+            raise OptionError(
+                f"{who}: no input has a batch dimension to cut into micro-batches (a tensor whose leading "
+                f"dimension is the batch)"
+            )
+        samples = int(leading[0])
+    if not isinstance(model, OpGraph) and microbatches > samples:
+        raise OptionError(
+            f"{who}: {microbatches} micro-batches of a batch of {samples} sample{'s' if samples != 1 else ''}: "
+            f"at most {samples}, one sample each"
+        )
+    note = uneven_microbatches(samples, microbatches)
+    if note:
+        warnings.warn(f"placer.plan: {note}", UserWarning, stacklevel=3)
 
 
 def _optimizer(optimizer: Any, lr: float | None) -> tuple[str, float, dict]:

@@ -15,20 +15,50 @@ from .graph import OpGraph, static_footprint
 from .io import shown_sizes
 from .paths import bottom_levels, top_levels
 from .sim.bounds import fastest_durations
+from .transform.replicate import replica_layout
+from .transform.split import batch_samples
 
-__all__ = ["diagnose", "static_footprint", "live_memory_bound"]
+__all__ = ["diagnose", "static_footprint", "live_memory_bound", "smallest_microbatch"]
 
 #: Most nodes at which :func:`live_memory_bound` counts what must be held (one bit each per node).
 LIVE_BOUND_PROBES = 64
 
 
-def diagnose(graph: OpGraph, cluster: Cluster) -> None:
+def diagnose(graph: OpGraph, cluster: Cluster, *, microbatched: bool = False) -> None:
     """Raise InfeasibleError if no valid plan can exist.
 
     Checks: a node allowed on no device of the cluster; a node, or a
     colocation group, that cannot fit any device it may use; parameters that
-    exceed the cluster's total memory; a connected part of the graph whose
-    parameters exceed every set of devices that channels connect.
+    exceed the cluster's total memory; the memory any plan holds while one
+    node runs (:func:`live_memory_bound`) beyond the cluster's total; a
+    connected part of the graph whose parameters exceed every set of devices
+    that channels connect.
+
+    Parameters
+    ----------
+    graph, cluster
+    microbatched : bool
+        Whether the plans to rule out include those of the step cut into any
+        number of micro-batches (:mod:`placer.transform.microbatch`): the
+        memory checks then count each operation on the batch at its
+        smallest micro-batch (:func:`smallest_microbatch`), so that what
+        they refuse fits no placement at any micro-batch count.
+
+    Examples
+    --------
+    >>> from placer.cluster import Cluster, Device
+    >>> g = OpGraph(["x", "f"], [0.0, 1.0], [0], [1], [1000], output_bytes=[1000, 1000], param_bytes=[0, 500],
+    ...             op=["placeholder", "aten.mm"], extra={"batch_size": 10})
+    >>> small = Cluster("small", [Device("d0", "V100", 800)], [])
+    >>> diagnose(g, small)
+    Traceback (most recent call last):
+    ...
+    placer.errors.InfeasibleError: node 'f' needs 1.5 KiB, more than any device it may use (800 bytes)
+    >>> diagnose(g, small, microbatched=True)            # 500 B of weights and 100 B of one sample's output
+    >>> diagnose(g, Cluster("tiny", [Device("d0", "V100", 550)], []), microbatched=True)
+    Traceback (most recent call last):
+    ...
+    placer.errors.InfeasibleError: node 'f' needs 600 bytes even in micro-batches of one sample, more than any device it may use (550 bytes)
     """
     allowed = graph.allowed(cluster)
     memory = cluster.memory
@@ -40,30 +70,80 @@ def diagnose(graph: OpGraph, cluster: Cluster) -> None:
             f"node {graph.ids[i]!r} may run only on kinds {list(graph.device_kinds[i])}, "
             f"and cluster {cluster.name!r} has only {kinds}"
         )
-    need = static_footprint(graph)
+    held = smallest_microbatch(graph) if microbatched else graph
+    even = "" if not microbatched else _ANY_CUT if batch_samples(graph) is None else _EVEN_CUT
+    need = static_footprint(held)
     room = np.where(allowed, memory[None, :], 0).max(axis=1) if graph.num_nodes else np.zeros(0)
     over = np.flatnonzero(need > room)
     if over.size:
         i = over[np.argmax(need[over] - room[over])]
         needs, has = shown_sizes(need[i], room[i])
-        raise InfeasibleError(f"node {graph.ids[i]!r} needs {needs}, more than any device it may use ({has})")
+        raise InfeasibleError(f"node {graph.ids[i]!r} needs {needs}{even}, more than any device it may use ({has})")
     for key, members in graph.colocation_groups.items():
         group_allowed = allowed[members].all(axis=0)
         if not group_allowed.any():
             raise InfeasibleError(f"colocation group {key!r} has no device kind allowed for all its nodes")
-        group_need = graph.param_bytes[members].sum() + (graph.output_bytes[members] + graph.temp_bytes[members]).max()
+        group_need = held.param_bytes[members].sum() + (held.output_bytes[members] + held.temp_bytes[members]).max()
         group_room = memory[group_allowed].max()
         if group_need > group_room:
             needs, has = shown_sizes(group_need, group_room)
             raise InfeasibleError(
-                f"colocation group {key!r} needs at least {needs}, more than any device it may use ({has})"
+                f"colocation group {key!r} needs at least {needs}{even}, more than any device it may use ({has})"
             )
     total_params = int(graph.param_bytes.sum())
     if total_params > int(memory.sum()):
         needs, has = shown_sizes(total_params, memory.sum())
         raise InfeasibleError(f"the parameters alone need {needs}, more than the cluster's {has} in total")
-    _check_live_memory(graph, cluster)
+    _check_live_memory(held, cluster, even)
     _check_reachability(graph, cluster)
+
+
+#: How :func:`diagnose` says that a memory check counts the smallest micro-batch.
+_EVEN_CUT = " even in micro-batches of one sample"
+_ANY_CUT = " in any number of micro-batches"
+
+
+def smallest_microbatch(graph: OpGraph) -> OpGraph:
+    """``graph`` with each operation on the batch holding what it holds at its smallest micro-batch.
+
+    Cut into ``m`` micro-batches (:func:`~placer.transform.microbatch.microbatch_graph`),
+    each copy of a batch-proportional node (the replicas' notion,
+    :func:`~placer.transform.replicate.replica_layout`) holds its parameters
+    (micro-batch 0's copy) and at least ``floor(bytes / B)`` of its output,
+    its workspace and each tensor it sends, for a batch of ``B`` samples
+    (its rows are at least one sample; with no sample count recorded, ``m``
+    is unbounded and this is zero); every other node (parameters,
+    optimizer state, the optimizer) holds what it holds whole. The tensors
+    between a micro-batch's copies follow the step's structure (a gradient's
+    reader reads its sum over the micro-batches, of the gradient's whole
+    size, held from the first micro-batch's gradient on). So a lower bound on memory that holds for every placement of this graph
+    (a node's footprint, :func:`live_memory_bound`) holds for every
+    placement of the step at every micro-batch count, one included.
+
+    Examples
+    --------
+    >>> g = OpGraph(["x", "f"], [0.0, 1.0], [0], [1], [1000], output_bytes=[1000, 1003], param_bytes=[0, 500],
+    ...             op=["placeholder", "aten.mm"], extra={"batch_size": 10})
+    >>> small = smallest_microbatch(g)
+    >>> small.output_bytes.tolist(), small.param_bytes.tolist(), small.edge_bytes.tolist()
+    ([100, 100], [0, 500], [100])
+    """
+    if graph.num_nodes == 0:
+        return graph
+    per_batch = replica_layout(graph, 2).per_batch
+    if not per_batch.any():
+        return graph
+    samples = batch_samples(graph)
+
+    def least(values: np.ndarray, shrinks: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, dtype=np.int64)
+        return np.where(shrinks, 0 if samples is None else values // samples, values)
+
+    return graph.replace(
+        output_bytes=least(graph.output_bytes, per_batch),
+        temp_bytes=least(graph.temp_bytes, per_batch),
+        edge_bytes=least(graph.edge_bytes, per_batch[graph.src]),
+    )
 
 
 def live_memory_bound(graph: OpGraph, cluster: Cluster) -> tuple[int, int]:
@@ -159,7 +239,7 @@ def _live_bound_probes(graph: OpGraph, fastest: np.ndarray) -> np.ndarray:
     return candidates[np.argsort(-across[candidates], kind="stable")[:LIVE_BOUND_PROBES]]
 
 
-def _check_live_memory(graph: OpGraph, cluster: Cluster) -> None:
+def _check_live_memory(graph: OpGraph, cluster: Cluster, even: str = "") -> None:
     total = int(cluster.memory.sum())
     # The bound never exceeds every parameter, output and workspace at once: skip it when those fit.
     if int(graph.param_bytes.sum() + graph.output_bytes.sum() + graph.temp_bytes.max(initial=0)) <= total:
@@ -168,7 +248,7 @@ def _check_live_memory(graph: OpGraph, cluster: Cluster) -> None:
     if bound > total:
         holds, has = shown_sizes(bound, total)
         raise InfeasibleError(
-            f"while node {graph.ids[node]!r} runs, any plan holds at least {holds} over all devices "
+            f"while node {graph.ids[node]!r} runs, any plan holds at least {holds} over all devices{even} "
             f"(every parameter, and each tensor made before it and read after it), more than the cluster's "
             f"{has} in total"
         )

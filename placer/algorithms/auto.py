@@ -1,33 +1,61 @@
 """``auto``: the best plan the registered algorithms can give, then improved by local search.
 
 Users should not have to pick among a dozen algorithms. ``auto`` runs the
-portfolio (one-pass list schedulers first, the searches when time allows),
-each member boxed in the time left, keeps the fastest plan that fits, and
-hill-climbs on its placement: it moves whole layers and single placement
-units off the critical path, to the device of a neighbour (saving a
-transfer) or to the least loaded device (balancing work), and swaps units,
-keeping a move only if the reference simulation gets faster and still fits.
-It never returns a plan slower than any member it ran, and finds a fitting
-plan whenever any member does. A member whose cheap lower bound shows it
-cannot win (data parallelism) is skipped.
+portfolio (one-pass list schedulers and the pipelines first, the searches
+when time allows), each member boxed in the time left, keeps the fastest
+plan that fits, and hill-climbs on its placement: it moves whole layers and
+single placement units off the critical path, to the device of a neighbour
+(saving a transfer) or to the least loaded device (balancing work), and
+swaps units, keeping a move only if the reference simulation gets faster
+and still fits. It never returns a plan slower than any member it ran, and
+finds a fitting plan whenever any member does. A member whose cheap lower
+bound shows it cannot win (data parallelism, a pipeline) is skipped.
+
+Micro-batches: the pipelines (``gpipe``, ``1f1b``) cut the step into
+micro-batches themselves, at twice the devices. On a step that records its
+batch's samples (a capture does), auto searches their micro-batch count
+where micro-batches can win: where no member found a plan that fits (a
+micro-batch's activations are a fraction of the batch's), where no
+data-parallel replica fits one device, and where a pipeline is the best plan
+so far. In the first two cases the pipelines run right after the
+data-parallel members, before the list schedulers can use up the time. The
+search doubles the count (up to the samples) while the step gets faster or
+until a pipeline fits, then halves it while the step gets faster, and skips
+a count whose lower bound (:func:`~placer.sim.bounds.microbatch_lower_bound`)
+cannot beat the plan in hand, so that it costs nothing where micro-batches
+cannot win. Where it searches, what rules out every plan is the memory that
+no micro-batch count shrinks (:func:`~placer.feasibility.diagnose` with
+``microbatched=True``): a step whose activations rule out every plan of the
+step whole still reaches the pipelines. Hybrids of replicas and pipelines
+(data parallelism over pipelines) are not searched.
 """
 
 from __future__ import annotations
 
+import math
 import time
 import warnings
+from dataclasses import dataclass, field
 from functools import partial
+from typing import Any, Callable
 
 import numpy as np
 
 from ..cluster import Cluster
 from ..errors import InfeasibleError, InvalidPlanError, OptionError, PlacerError, TimeLimitError
+from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..plan import Plan
+from ..sim.bounds import microbatch_lower_bound
 from ..sim.simulator import SimResult, simulate
+from ..transform.bind import target_graph
+from ..transform.microbatch import check_microbatches, microbatch_graph
+from ..transform.replicate import replica_layout
+from ..transform.split import batch_dependent, batch_samples
 from .baselines import layer_labels
 from .common import placement_units, unit_allowed
 from .data_parallel import data_parallel_lower_bound
+from .pipeline import default_microbatches
 from .registry import available_algorithms, failure_message, get_algorithm, place, register
 from .timebox import TimeBox, frugal
 
@@ -43,7 +71,9 @@ SEARCHES = ("os_dpos",) + SLOW_ALGORITHMS
 #: plan it can box every later member in the time left. Data parallelism next, the sharded optimizer's first
 #: (the same ring traffic, 1/n of the update): where a replica fits it often beats every placement, and its
 #: lower bound skips it where it cannot win. Then the cheap one-pass members, fastest first, so that each
-#: runs before a slower one can use up the time; the searches last.
+#: runs before a slower one can use up the time; the pipelines among them (1F1B, which holds fewer
+#: micro-batches' activations, first), as they beat the list schedulers where a replica does not fit; the
+#: searches last.
 FAST_FIRST = (
     "expert",
     "sharded_data_parallel",
@@ -53,25 +83,31 @@ FAST_FIRST = (
     "celeritas",
     "order_place",
     "m_sct",
+    "1f1b",
+    "gpipe",
     "m_topo",
     "dpos",
     "heft",
 )
-#: Members that place the step as micro-batches, which the runtime does not run yet: in the portfolio only
-#: where ``portfolio`` names them, so that a plan auto picks by default runs.
-MICROBATCHED = ("gpipe", "1f1b")
+#: Members that cut the step into micro-batches themselves (a ``microbatches`` option): auto searches their count.
+PIPELINES = ("1f1b", "gpipe")
+#: Members whose failure to fit means that a replica does not fit one device.
+REPLICAS = ("sharded_data_parallel", "data_parallel")
 #: Options auto gives members: data parallelism reduces its gradients with whichever collective is faster
 #: for the case (the ring or direct exchanges within and between hosts).
 MEMBER_OPTIONS = {"data_parallel": {"collective": "best"}, "sharded_data_parallel": {"collective": "best"}}
 #: Members whose makespan has a cheap lower bound (for the options above): one whose bound is no better than
 #: the best plan so far cannot win and does not run. Data parallelism's bound costs far less than its plan and
-#: is tightest where the all-reduce dominates.
+#: is tightest where the all-reduce dominates. (The pipelines' bound depends on their micro-batch count:
+#: :func:`~placer.sim.bounds.microbatch_lower_bound`.)
 LOWER_BOUNDS = {
     "data_parallel": partial(data_parallel_lower_bound, **MEMBER_OPTIONS["data_parallel"]),
     "sharded_data_parallel": partial(
         data_parallel_lower_bound, shard_optimizer=True, **MEMBER_OPTIONS["sharded_data_parallel"]
     ),
 }
+#: Most operations of a micro-batched step the search builds (the step's operations times the count).
+MAX_MICROBATCHED_NODES = 1_000_000
 #: What ``runnable=True`` (auto's and ``placer.plan``'s, deprecated) warns.
 RUNNABLE_DEPRECATED = "runnable is deprecated and has no effect: every plan runs"
 
@@ -130,6 +166,7 @@ def auto(
     max_evaluations: int = 300,
     portfolio: str = "",
     runnable: bool = False,
+    microbatches: int = 0,
 ) -> Plan:
     """The fastest fitting plan of the registered algorithms, improved by local search.
 
@@ -151,21 +188,30 @@ def auto(
     runnable : bool
         Deprecated, no effect (every plan runs): ``True`` warns with a
         DeprecationWarning. To be removed in the next release.
+    microbatches : int
+        0 (the default): the pipelines choose their micro-batch count and
+        auto searches it where micro-batches can win (see the module); the
+        other members place the step whole. ``M`` >= 1: every member places
+        the step cut into ``M`` micro-batches (``place(..., microbatches=M)``;
+        one: the step whole), and nothing searches the count.
 
     Returns
     -------
     Plan
         Never slower than any portfolio member's plan. ``extra["auto"]`` says
         which member it started from, which members ran, were cut off, failed,
-        or were skipped by their lower bound (``cannot_win``), and what local
-        search gained.
+        or were skipped by their lower bound (``cannot_win``), the micro-batch
+        counts searched (``microbatches``), and what local search gained.
 
     Raises
     ------
     OptionError
-        An unknown algorithm in ``portfolio`` or none at all, or a negative ``max_evaluations``.
+        An unknown algorithm in ``portfolio`` or none at all, a negative
+        ``max_evaluations``, or a micro-batch count the batch cannot take.
     InfeasibleError
-        If no portfolio member finds a plan that fits.
+        If no portfolio member finds a plan that fits, or if no plan can fit
+        (:func:`~placer.feasibility.diagnose`; at every micro-batch count,
+        where auto searches them).
 
     Examples
     --------
@@ -181,7 +227,8 @@ def auto(
     The members' papers are cited in their modules. The local search is a
     first-improvement hill climb on the critical path of the reference
     simulation, as in the placement refinement baselines of Mirhoseini et al.
-    and Addanki et al.
+    and Addanki et al. The pipelines: Huang et al. (GPipe) and Narayanan et
+    al. (PipeDream-Flush), as cited in :mod:`placer.algorithms.pipeline`.
     """
     began = time.perf_counter()
     limit = DEFAULT_TIME_LIMIT if time_limit is None else time_limit
@@ -199,44 +246,93 @@ def auto(
             get_algorithm(name)
     else:
         members = default_portfolio(time_limit)
-    best, log, interrupted, check_s = _run_portfolio(
-        graph, cluster, members, seed, began + PORTFOLIO_SHARE * limit, deadline, MEMBER_OPTIONS
-    )
-    if best is None:
+    if microbatches:
+        microbatches = check_microbatches(graph, microbatches, "auto")
+    search = not microbatches and searches_microbatches(graph) and any(name in PIPELINES for name in members)
+    # place() leaves the diagnosis to an algorithm that cuts the step into micro-batches, as auto may.
+    diagnose(graph, cluster, microbatched=search or microbatches > 1)
+    run = _Portfolio(graph, cluster, seed, began + PORTFOLIO_SHARE * limit, deadline)
+    micro = microbatch_graph(graph, microbatches).graph if microbatches > 1 else None
+    whole = graph
+    if search:
+        try:  # what rules out every plan of the step whole need not rule out its micro-batches
+            diagnose(graph, cluster)
+        except InfeasibleError as exc:
+            run.log["failed"].append(f"without micro-batches: {exc}")
+            whole = None
+    per_batch = replica_layout(graph, 2).per_batch if search else None
+    pipelines = [name for name in members if name in PIPELINES]
+    queue = list(members)
+    while queue and not run.interrupted:
+        name = queue.pop(0)
+        if name in PIPELINES:
+            count = microbatches or default_microbatches(graph, cluster)
+            bound = partial(microbatch_lower_bound, graph, cluster, count, per_batch) if search else None
+            options = {"microbatches": microbatches} if microbatches else {}
+            run.member(name, graph, options, label=_label(name, count), bound=bound)
+            # Right after the last pipeline, before the members that follow use up the time.
+            if search and not any(p in queue for p in pipelines) and not run.interrupted and run.wants_microbatches():
+                _search_counts(run, sorted(pipelines, key=PIPELINES.index), per_batch)
+        elif whole is not None or micro is not None:
+            run.member(name, micro if micro is not None else whole, MEMBER_OPTIONS.get(name, {}))
+        # Where no plan fits, or no replica fits one device, what fits is most likely a pipeline: they go next,
+        # before the list schedulers that place the whole step, which can use up the time.
+        replicas_done = not any(r in queue for r in REPLICAS) and name not in PIPELINES
+        if search and replicas_done and any(p in queue for p in pipelines) and run.wants_microbatches():
+            queue = [p for p in queue if p in PIPELINES] + [p for p in queue if p not in PIPELINES]
+    if run.best is None:
         # Every member's reason, one a line: the first few seldom include the one that came closest.
+        log = run.log
         reasons = log["failed"] + ([f"out of time: {', '.join(log['out_of_time'])}"] if log["out_of_time"] else [])
         raise InfeasibleError("auto: no algorithm found a plan that fits:\n  " + "\n  ".join(reasons))
-    span, origin, plan = best
+    best = run.best
     info = {
-        "start": origin,
-        "start_makespan_s": span,
-        **log,
+        "start": best.label,
+        "start_makespan_s": best.span,
+        **run.log,
         "evaluations": 0,
         "local_search_gain": 0.0,
-        "interrupted": interrupted,
+        "interrupted": run.interrupted,
     }
+    plan, placed = best.plan, best.graph
     # Split graphs are searched by their own algorithm; the search needs time for a few simulations.
-    if plan.rewritten_graph is not None or interrupted or deadline - time.perf_counter() < 3 * check_s:
+    if plan.rewritten_graph is not None or run.interrupted or deadline - time.perf_counter() < 3 * run.check_s:
+        plan = _as_plan_of(plan, graph, placed, microbatches)
         plan.extra["auto"] = info
         return plan
-    device_of = np.array([cluster.device_index[plan.placement[i]] for i in graph.ids], dtype=np.int64)
+    device_of = np.array([cluster.device_index[plan.placement[i]] for i in placed.ids], dtype=np.int64)
     improved, improved_span, info["evaluations"], info["interrupted"] = _local_search(
-        graph, cluster, device_of, seed, max_evaluations, deadline
+        placed, cluster, device_of, seed, max_evaluations, deadline
     )
-    if improved_span < span:
-        plan = Plan.from_arrays(graph, cluster, improved)
-        info["local_search_gain"] = 1 - improved_span / span
+    if improved_span < best.span:
+        plan = Plan.from_arrays(placed, cluster, improved)
+        info["local_search_gain"] = 1 - improved_span / best.span
+    plan = _as_plan_of(plan, graph, placed, microbatches)
     plan.extra["auto"] = info
     return plan
 
 
-def default_portfolio(time_limit: float | None) -> list[str]:
-    """The registered algorithms auto runs, in order: fast one-pass ones first, searches last.
+def searches_microbatches(graph: OpGraph) -> bool:
+    """Whether auto searches the pipelines' micro-batch count on ``graph``: it has a batch input and
+    records the batch's samples (at least two), which bound the counts.
 
-    Pesto and placeto join only when a limit of at least a minute is given; the pipelines
-    (:data:`MICROBATCHED`) only by name.
+    Examples
+    --------
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2)
+    >>> searches_microbatches(g), searches_microbatches(g.replace(extra={"batch_size": 8}))
+    (False, True)
     """
-    registered = [name for name in available_algorithms() if name != "auto" and name not in MICROBATCHED]
+    samples = batch_samples(graph)
+    return samples is not None and samples >= 2 and graph.num_nodes > 0 and bool(batch_dependent(graph).any())
+
+
+def default_portfolio(time_limit: float | None) -> list[str]:
+    """The registered algorithms auto runs, in order: fast one-pass ones and the pipelines first, searches last.
+
+    Pesto and placeto join only when a limit of at least a minute is given.
+    """
+    registered = [name for name in available_algorithms() if name != "auto"]
     first = [name for name in FAST_FIRST if name in registered]
     searches = [
         name
@@ -249,75 +345,191 @@ def default_portfolio(time_limit: float | None) -> list[str]:
     return first + rest + searches
 
 
-def _run_portfolio(
-    graph: OpGraph,
-    cluster: Cluster,
-    members: list[str],
-    seed: int,
-    end: float,
-    deadline: float,
-    options: dict[str, dict],
-):
-    """Run ``members`` (each with its ``options``) in order until ``end``.
+@dataclass
+class _Best:
+    """The fastest fitting plan so far: its step, which member (and count) made it, and the graph it places."""
 
-    Returns the fastest fitting plan (span, name, plan) or None, a log, whether
-    Ctrl-C stopped it, and the time placer took to check the best plan.
+    span: float
+    name: str
+    label: str
+    plan: Plan
+    graph: OpGraph
+
+
+@dataclass
+class _Portfolio:
+    """Runs members one after another until ``end``, keeping the fastest plan that fits and a log.
 
     Each member is boxed in the time left, except while no plan has been found
     (so that auto fits whenever a member does); members that search until a
     limit get a third of the time left. The portfolio ends early enough before
-    ``deadline`` for placer to check the plan it returns.
+    ``deadline`` for placer to check the plan it returns; ``check_s`` is the
+    time placer took to check the best plan. Ctrl-C ends it with the best plan
+    so far (``interrupted``), or is raised where there is none.
     """
-    best: tuple[float, str, Plan] | None = None
-    log: dict[str, list[str]] = {"ran": [], "out_of_time": [], "failed": [], "cannot_win": []}
-    check_s = 0.0
-    for name in members:
+
+    graph: OpGraph
+    cluster: Cluster
+    seed: int
+    end: float
+    deadline: float
+    best: _Best | None = None
+    check_s: float = 0.0
+    interrupted: bool = False
+    log: dict[str, list] = field(
+        default_factory=lambda: {"ran": [], "out_of_time": [], "failed": [], "cannot_win": [], "microbatches": []}
+    )
+    #: Per member that ran: its step, inf where it failed to fit.
+    spans: dict[str, float] = field(default_factory=dict)
+
+    def member(
+        self,
+        name: str,
+        graph: OpGraph,
+        options: dict[str, Any],
+        *,
+        label: str | None = None,
+        bound: Callable[[], float] | None = None,
+        boxed: bool = False,
+    ) -> float:
+        """Run ``name`` on ``graph`` with ``options``; its step (inf where it found no plan that fits).
+
+        ``boxed``: within the time left even while no plan has been found (the search of micro-batch counts).
+        """
+        label = label or name
         began = time.perf_counter()
-        left = min(end, deadline - check_s) - began
-        if left <= 0 and best is not None:
-            log["out_of_time"].append(name)
-            continue
-        if name in LOWER_BOUNDS and best is not None:
+        left = min(self.end, self.deadline - self.check_s) - began
+        boxed = boxed or self.best is not None
+        if left <= 0 and boxed:
+            self.log["out_of_time"].append(label)
+            return math.inf
+        bound = bound or (partial(LOWER_BOUNDS[name], self.graph, self.cluster) if name in LOWER_BOUNDS else None)
+        if bound is not None and self.best is not None:
             with TimeBox(left) as box:  # seconds on a big graph: within the time left, which it then shortens
-                bound = LOWER_BOUNDS[name](graph, cluster)
-            left = min(end, deadline - check_s) - time.perf_counter()
+                floor = bound()
+            left = min(self.end, self.deadline - self.check_s) - time.perf_counter()
             if box.expired or left <= 0:
-                log["out_of_time"].append(name)
-                continue
-            if bound >= best[0]:
-                log["cannot_win"].append(f"{name} (at least {bound:.4g} s)")
-                continue
+                self.log["out_of_time"].append(label)
+                return math.inf
+            if floor >= self.best.span:
+                self.log["cannot_win"].append(f"{label} (at least {floor:.4g} s)")
+                return math.inf
         searches = name in SEARCHES
         try:
-            with frugal(), TimeBox(left if best is not None else None) as box:
+            with frugal(), TimeBox(left if boxed else None) as box:
                 plan = place(
                     graph,
-                    cluster,
+                    self.cluster,
                     name,
-                    seed=seed,
-                    time_limit=max(1.0, left / 3) if searches else (left if best is not None else None),
-                    **options.get(name, {}),
+                    seed=self.seed,
+                    time_limit=max(1.0, left / 3) if searches else (left if boxed else None),
+                    **options,
                 )
             if box.expired:
-                log["out_of_time"].append(name)
-                continue
+                self.log["out_of_time"].append(label)
+                return math.inf
         except TimeLimitError:
-            log["out_of_time"].append(name)
-            continue
+            self.log["out_of_time"].append(label)
+            return math.inf
         except PlacerError as exc:
-            log["failed"].append(failure_message(name, exc))
-            continue
+            message = failure_message(name, exc)
+            if label != name and message.startswith(f"{name}:"):
+                message = label + message[len(name) :]
+            self.log["failed"].append(message if message.startswith(label) else f"{label}: {message}")
+            self.spans[label] = math.inf
+            return math.inf
         except KeyboardInterrupt:
-            if best is None:
+            if self.best is None:
                 raise
-            return best, log, True, check_s
-        log["ran"].append(name)
+            self.interrupted = True
+            return math.inf
+        self.log["ran"].append(label)
         span = plan.predicted["makespan_s"]
-        if best is None or span < best[0]:
-            best = (span, name, plan)
+        self.spans[label] = span
+        if self.best is None or span < self.best.span:
+            self.best = _Best(span, name, label, plan, graph)
             # Only the plan auto returns is checked again: a slower member's big split graph is not.
-            check_s = time.perf_counter() - began - plan.search_time_s
-    return best, log, False, check_s
+            self.check_s = time.perf_counter() - began - plan.search_time_s
+        return span
+
+    def wants_microbatches(self) -> bool:
+        """Whether a search of the pipelines' micro-batch count may win: no plan fits, a pipeline is the
+        best plan, or the data-parallel members ran and no replica fit one device."""
+        if self.best is None or self.best.name in PIPELINES:
+            return True
+        tried = [self.spans[name] for name in REPLICAS if name in self.spans]
+        return bool(tried) and all(math.isinf(span) for span in tried)
+
+    @property
+    def over(self) -> bool:
+        """Whether the portfolio's time is up, or Ctrl-C ended it."""
+        return self.interrupted or time.perf_counter() >= min(self.end, self.deadline - self.check_s)
+
+
+def _search_counts(run: _Portfolio, schedules: list[str], per_batch: np.ndarray) -> None:
+    """Try the pipelines at other micro-batch counts: doubling from their default count while the step gets
+    faster (or until one fits), then halving it while it gets faster, up to the batch's samples.
+
+    Each count runs every schedule in ``schedules``; a count whose lower bound cannot beat the plan in
+    hand is skipped (and the next tried), one whose micro-batched step would exceed
+    :data:`MAX_MICROBATCHED_NODES` operations ends the doubling. Deterministic where time does not cut
+    a member off.
+    """
+    graph, cluster = run.graph, run.cluster
+    samples = batch_samples(graph)
+    first = default_microbatches(graph, cluster)
+    pipelined = [run.spans.get(_label(name, first), math.inf) for name in schedules]
+    fastest = min(pipelined, default=math.inf)
+
+    def at(count: int) -> float | None:
+        """The fastest pipeline's step at ``count`` micro-batches (inf: none fits); None when time is up."""
+        if run.over:
+            run.log["out_of_time"].append(f"{', '.join(schedules)} ({count} micro-batches)")
+            return None
+        run.log["microbatches"].append(count)
+        spans = []
+        for name in schedules:
+            bound = partial(microbatch_lower_bound, graph, cluster, count, per_batch)
+            options = {"microbatches": count}
+            spans.append(run.member(name, graph, options, label=_label(name, count), bound=bound, boxed=True))
+            if run.interrupted:
+                return None
+        return min(spans, default=math.inf)
+
+    count, best_count = first, first
+    while count < samples and graph.num_nodes * min(2 * count, samples) <= MAX_MICROBATCHED_NODES:
+        count = min(2 * count, samples)
+        span = at(count)
+        if span is None:
+            return
+        if span < fastest:
+            fastest, best_count = span, count
+        elif math.isfinite(fastest):
+            break
+    count = first
+    while best_count == first and math.isfinite(fastest) and count > 2:
+        count = max(2, count // 2)
+        span = at(count)
+        if span is None or span >= fastest:
+            return
+        fastest = span
+
+
+def _label(name: str, microbatches: int) -> str:
+    """How auto's log names a pipeline member: with its micro-batch count."""
+    return f"{name} ({microbatches} micro-batch{'es' if microbatches != 1 else ''})"
+
+
+def _as_plan_of(plan: Plan, graph: OpGraph, placed: OpGraph, microbatches: int) -> Plan:
+    """``plan`` of ``placed`` as a plan of ``graph``: where ``placed`` is ``graph`` cut into ``microbatches``
+    micro-batches, the plan names ``graph`` and carries what it placed as its rewritten graph."""
+    if placed is graph:
+        return plan
+    if plan.rewritten_graph is None:
+        plan.rewritten_graph = target_graph(plan, placed)
+    plan.graph_digest, plan.graph_name = graph.digest(), graph.name
+    plan.extra = {**plan.extra, "microbatches": microbatches}
+    return plan
 
 
 def _local_search(

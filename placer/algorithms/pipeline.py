@@ -69,7 +69,15 @@ from .baselines import layer_labels
 from .common import placement_units, unit_allowed
 from .registry import register
 
-__all__ = ["gpipe", "one_f_one_b", "pipeline_plan", "schedule_sequence", "SCHEDULES", "Stages"]
+__all__ = [
+    "gpipe",
+    "one_f_one_b",
+    "pipeline_plan",
+    "schedule_sequence",
+    "default_microbatches",
+    "SCHEDULES",
+    "Stages",
+]
 
 #: The schedules this module plans.
 SCHEDULES = ("gpipe", "1f1b")
@@ -77,6 +85,10 @@ SCHEDULES = ("gpipe", "1f1b")
 SIMULATED_CANDIDATES = 3
 #: Rounds of shrinking an overflowing device's budget and cutting again.
 MEMORY_ROUNDS = 4
+#: Budgets, as multiples of each device's memory, tried in turn where no cut fits the memory estimate in the
+#: devices' memory: the estimate counts every gradient twice and a share of every output, more than a stage
+#: may hold at its peak, and the simulator then shrinks an overflowing device's budget.
+RELAXED_BUDGETS = (1.5, 2.0, 3.0)
 
 
 @dataclass
@@ -111,6 +123,25 @@ def schedule_sequence(schedule: str, stage: int, stages: int, microbatches: int)
         if warm + k < m:
             out.append((warm + k, "F"))
     return out
+
+
+def default_microbatches(graph: OpGraph, cluster: Cluster) -> int:
+    """The micro-batch count the pipelines choose when given none: twice the devices, at most the batch's
+    samples; one where the step has no batch input to cut.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2)
+    >>> default_microbatches(g, load_cluster("4xV100-nvlink")), default_microbatches(g.replace(extra={"batch_size": 6}),
+    ...                                                                              load_cluster("4xV100-nvlink"))
+    (8, 6)
+    """
+    if not graph.num_nodes or not batch_dependent(graph).any():
+        return 1
+    samples = batch_samples(graph)
+    return min(2 * cluster.num_devices, samples if samples is not None else 2 * cluster.num_devices)
 
 
 def _in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
@@ -444,12 +475,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
             [np.zeros(0, dtype=np.int64)] * n_dev,
             extra={"microbatches": 1, "schedule": schedule, "stages": []},
         )
-    has_batch = bool(batch_dependent(graph).any())
-    if microbatches:
-        m = check_microbatches(graph, microbatches, name)
-    else:
-        samples = batch_samples(graph)
-        m = min(2 * n_dev, samples if samples is not None else 2 * n_dev) if has_batch else 1
+    m = check_microbatches(graph, microbatches, name) if microbatches else default_microbatches(graph, cluster)
     mb = microbatch_graph(graph, m) if m > 1 else None
     target = mb.graph if mb is not None else graph
     diagnose(target, cluster)  # place() leaves it to an algorithm that cuts the step
@@ -500,13 +526,23 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         )
         return device_of, _orders(target, device_of, key, n_dev)
 
+    def cuts(budget: np.ndarray) -> list[Stages]:
+        """The best cut into each number of stages within ``budget``, where one exists."""
+        found = (_cut(costs, cluster, schedule, k, m, liveness, budget) for k in range(1, n_dev + 1))
+        return [each for each in found if each is not None]
+
     budget = cluster.memory.astype(np.float64)
     if stages:  # the given cut, stage s on device s; one that overflows is refused, not cut again
         bounds = _given_bounds(graph, units, stages, n_dev, name)
         candidates = [Stages(bounds, list(range(len(bounds) - 1)), 0.0)]
     else:
-        cuts = (_cut(costs, cluster, schedule, k, m, liveness, budget) for k in range(1, n_dev + 1))
-        candidates = [found for found in cuts if found is not None]
+        candidates = cuts(budget)
+        for factor in RELAXED_BUDGETS:
+            if candidates:
+                break
+            # The memory estimate may be what rules every cut out: the simulator judges cuts a little beyond it.
+            budget = cluster.memory.astype(np.float64) * factor
+            candidates = cuts(budget)
     if not candidates:
         raise InfeasibleError(
             f"{name}: no cut of the layers into contiguous stages, in the cluster's device order, "

@@ -228,7 +228,7 @@ def place(
         the plan places the micro-batched step, which it carries as its
         rewritten graph, so that any algorithm pipelines by itself. An
         algorithm with a ``microbatches`` option of its own (``gpipe``,
-        ``1f1b``) is given it instead. None or 1: the step as it is.
+        ``1f1b``, ``auto``) is given it instead. None or 1: the step as it is.
 
     Returns
     -------

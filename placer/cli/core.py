@@ -41,6 +41,8 @@ from ..sim.trace import write_trace
 from ..sim.validation import validate
 from ..terminate import interrupted, interrupts_recorded, raise_if_interrupted
 from ..transform.bind import bind_plan
+from ..transform.microbatch import check_microbatches, uneven_microbatches
+from ..transform.split import batch_samples
 from .capture import SETTING_FLAGS, add_optimizer_option, add_optimizer_settings, optimizer_settings
 from .common import add_microbatches_option, check_microbatches_flag, cluster_for_plan, naming_plan
 from .demo import DEFAULT_BATCH, DEFAULT_CLUSTER, DEFAULT_MODEL, DEFAULT_TIME_LIMIT, run_demo
@@ -138,6 +140,17 @@ def _add_model_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--profile", metavar="FILE", help="placer.profile/1 file of measured times to use")
 
 
+def _microbatches_of(graph: OpGraph, args: argparse.Namespace, who: str) -> None:
+    """Refuse ``--microbatches`` the loaded graph cannot take, in one line, before any planning; say so where the
+    count does not divide the batch (the micro-batches are planned unevenly)."""
+    if args.microbatches is None:
+        return
+    check_microbatches(graph, args.microbatches, who)
+    note = uneven_microbatches(batch_samples(graph), args.microbatches)
+    if note:
+        print(f"placer: note: {note}", file=sys.stderr)
+
+
 def cmd_plan(args: argparse.Namespace) -> int:
 
     _check_search_flags(args)
@@ -154,6 +167,7 @@ def cmd_plan(args: argparse.Namespace) -> int:
     check_output(args.output, "plan file", inputs=[args.graph, args.cluster, args.profile])
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args, cluster)
+    _microbatches_of(graph, args, "--microbatches")
 
     # A search can take its whole limit (auto: a minute by default); say what runs meanwhile.
     limit = "" if args.time_limit is None else f", within {args.time_limit:g} s"
@@ -354,6 +368,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
         check_output(args.output, "report folder", folder=True)
     cluster = load_cluster(args.cluster)
     graph = _load_graph(args.graph, args, cluster)
+    _microbatches_of(graph, args, "--microbatches")
     comparison = compare(
         graph, cluster, names, seed=args.seed, time_limit=args.time_limit, microbatches=args.microbatches
     )

@@ -85,7 +85,14 @@ from .base import SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, register_tr
 from .replicate import chunk_add_time, replica_layout
 from .split import batch_dependent, batch_samples, fresh_id, part_rows
 
-__all__ = ["MicroBatchedGraph", "microbatch_graph", "microbatch_rows", "check_microbatches", "microbatch_transform"]
+__all__ = [
+    "MicroBatchedGraph",
+    "microbatch_graph",
+    "microbatch_rows",
+    "check_microbatches",
+    "uneven_microbatches",
+    "microbatch_transform",
+]
 
 
 @dataclass(frozen=True, eq=False)
@@ -157,6 +164,29 @@ def check_microbatches(graph: OpGraph, microbatches: object, who: str = "microba
             "batch dimension)"
         )
     return m
+
+
+def uneven_microbatches(samples: int | None, microbatches: int) -> str | None:
+    """One line saying how ``microbatches`` micro-batches share a batch of ``samples`` they do not divide,
+    or None where they divide it (or the count is refused, or the batch records no samples).
+
+    Such micro-batches are planned unevenly, as replicas are: the first ones take one sample more.
+
+    Examples
+    --------
+    >>> uneven_microbatches(10, 3)
+    '3 micro-batches of a batch of 10 samples are uneven: 1 of 4 samples, then 2 of 3 (the first ones one more, as replicas share a batch)'
+    >>> uneven_microbatches(8, 4) is None, uneven_microbatches(None, 3) is None, uneven_microbatches(2, 3) is None
+    (True, True, True)
+    """
+    if samples is None or not 1 < microbatches <= samples or samples % microbatches == 0:
+        return None
+    base, larger = divmod(samples, microbatches)
+    return (
+        f"{microbatches} micro-batches of a batch of {samples} samples are uneven: {larger} of {base + 1} "
+        f"sample{'s' if base + 1 != 1 else ''}, then {microbatches - larger} of {base} (the first ones one "
+        "more, as replicas share a batch)"
+    )
 
 
 def microbatch_rows(graph: OpGraph, microbatches: int) -> tuple[list[tuple[int, int]], int]:
