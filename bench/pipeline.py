@@ -5,7 +5,8 @@ model, ms) of
 
 - the best op-level plan without micro-batches (the fastest of ``--op-level``,
   list schedulers that place every operation of one step),
-- data parallelism (a replica per device, where one fits),
+- data parallelism (a replica per device, where one fits): on NCCL's ring, and
+  with the optimizer sharded on the faster collective (as ``auto`` runs it),
 - ``gpipe`` and ``1f1b`` with ``--microbatches`` micro-batches,
 - the best op-level scheduler placing the micro-batched step
   (``place(..., microbatches=M)``, every algorithm pipelining by itself),
@@ -56,6 +57,8 @@ BATCHES = {
 }
 CLUSTERS = ("4xV100-nvlink", "2x4xV100")
 OP_LEVEL = ("heft", "m_etf")
+#: The sharded optimizer's data parallelism on the faster collective, as auto runs it: a plan without micro-batches.
+SHARDED = "sharded_data_parallel:best"
 
 
 def _plan(graph, cluster, algorithm: str, **options) -> tuple[float | None, str, float]:
@@ -104,6 +107,8 @@ def run_case(
     for name in ("data_parallel",):
         step, what, seconds = _plan(graph, cluster, name)
         record["plans"][name] = {"step_s": step, "what": what, "seconds": seconds}
+    step, what, seconds = _plan(graph, cluster, "sharded_data_parallel", collective="best")  # as auto runs it
+    record["plans"][SHARDED] = {"step_s": step, "what": what, "seconds": seconds}
     for name in ("gpipe", "1f1b"):
         step, what, seconds = _plan(graph, cluster, name, microbatches=microbatches)
         record["plans"][name] = {"step_s": step, "what": what, "seconds": seconds}
@@ -123,20 +128,23 @@ def _ms(value: float | None) -> str:
 
 
 def _without(record: dict) -> float | None:
-    """The best plan's step without micro-batches: the op-level schedulers' and data parallelism's."""
+    """The best plan's step without micro-batches: the op-level schedulers' and data parallelism's (both)."""
     best, p = record["best_op_level"], record["plans"]
-    steps = [x for x in ([best["step_s"]] if best else []) + [p["data_parallel"]["step_s"]] if x is not None]
+    replicas = [p[name]["step_s"] for name in ("data_parallel", SHARDED) if name in p]
+    steps = [x for x in ([best["step_s"]] if best else []) + replicas if x is not None]
     return min(steps, default=None)
 
 
 def table(records: list[dict], microbatches: int) -> str:
     with_auto = any("auto" in r["plans"] for r in records)
+    sharded = any(SHARDED in r["plans"] for r in records)
     head = (
         "| model | batch | cluster | fits one device | best op-level, no micro-batches | data parallel | "
-        f"gpipe (M={microbatches}) | 1f1b (M={microbatches}) | {OP_LEVEL[0]}, M={microbatches} | "
+        + ("sharded data parallel, best collective | " if sharded else "")
+        + f"gpipe (M={microbatches}) | 1f1b (M={microbatches}) | {OP_LEVEL[0]}, M={microbatches} | "
         "best with micro-batches: vs best op-level | vs best without (data parallel too) |"
     )
-    rule = "|---|---:|---|---|---:|---:|---:|---:|---:|---:|---:|"
+    rule = "|---|---:|---|---|---:|---:|" + ("---:|" if sharded else "") + "---:|---:|---:|---:|---:|"
     if with_auto:
         head += " auto | auto vs best without | auto's plan |"
         rule += "---:|---:|---|"
@@ -152,7 +160,9 @@ def table(records: list[dict], microbatches: int) -> str:
         peak = f"{'yes' if r['fits_one_device'] else 'no'} ({r['one_device_peak_gib']:.1f} GiB)"
         line = (
             f"| {r['model']} | {r['batch']} | {r['cluster']} | {peak} | {best_cell} | "
-            f"{_ms(p['data_parallel']['step_s'])} | {_ms(p['gpipe']['step_s'])} | {_ms(p['1f1b']['step_s'])} "
+            f"{_ms(p['data_parallel']['step_s'])} | "
+            + (f"{_ms(p.get(SHARDED, {}).get('step_s'))} | " if sharded else "")
+            + f"{_ms(p['gpipe']['step_s'])} | {_ms(p['1f1b']['step_s'])} "
             f"| {_ms(p[OP_LEVEL[0] + '+mb']['step_s'])} | {op_ratio} | {ratio} |"
         )
         if with_auto:
@@ -175,7 +185,7 @@ def goal(records: list[dict]) -> str:
     for title, chosen in (
         (
             "a data-parallel replica does not fit one device",
-            [r for r in cases if r["plans"]["data_parallel"]["step_s"] is None],
+            [r for r in cases if all(r["plans"].get(k, {}).get("step_s") is None for k in ("data_parallel", SHARDED))],
         ),
         ("the whole step does not fit one device", [r for r in cases if not r["fits_one_device"]]),
         ("every case", cases),
