@@ -395,8 +395,16 @@ def longest_to_end(graph, cluster, device_of):
                 w = int(graph.dst[e])
                 same = device_of[v] == device_of[w]
                 # The tensor crosses once, as its largest edge to that device.
-                to_w = (graph.src == v) & (graph.edge_tensor == graph.edge_tensor[e]) & (device_of[graph.dst] == device_of[w])
-                cost = 0.0 if same else cluster.transfer_s(int(device_of[v]), int(device_of[w]), int(graph.edge_bytes[to_w].max()))
+                to_w = (
+                    (graph.src == v)
+                    & (graph.edge_tensor == graph.edge_tensor[e])
+                    & (device_of[graph.dst] == device_of[w])
+                )
+                cost = (
+                    0.0
+                    if same
+                    else cluster.transfer_s(int(device_of[v]), int(device_of[w]), int(graph.edge_bytes[to_w].max()))
+                )
                 best = max(best, rank(w) + cost)
             memo[v] = dur[v] + best
         return memo[v]
@@ -405,16 +413,22 @@ def longest_to_end(graph, cluster, device_of):
 
 
 @SETTINGS
-@given(st.integers(1, 30), st.floats(0.05, 0.6), st.integers(0, 10**6), st.sampled_from(["4xV100-nvlink", "4xGPU-pcie"]))
+@given(
+    st.integers(1, 30), st.floats(0.05, 0.6), st.integers(0, 10**6), st.sampled_from(["4xV100-nvlink", "4xGPU-pcie"])
+)
 def test_upward_ranks_are_the_longest_way_to_the_end(nodes, edge_prob, seed, cluster_name):
     graph = random_dag(nodes, edge_prob=edge_prob, seed=seed)
     cluster = load_cluster(cluster_name)
     device_of = np.random.default_rng(seed).integers(0, cluster.num_devices, nodes)
-    assert upward_ranks(graph, cluster, device_of) == pytest.approx(longest_to_end(graph, cluster, device_of), rel=1e-12)
+    assert upward_ranks(graph, cluster, device_of) == pytest.approx(
+        longest_to_end(graph, cluster, device_of), rel=1e-12
+    )
 
 
 @SETTINGS
-@given(st.integers(1, 40), st.floats(0.05, 0.6), st.integers(0, 10**6), st.sampled_from(["4xV100-nvlink", "4xGPU-pcie"]))
+@given(
+    st.integers(1, 40), st.floats(0.05, 0.6), st.integers(0, 10**6), st.sampled_from(["4xV100-nvlink", "4xGPU-pcie"])
+)
 def test_priority_orders_start_the_highest_priority_ready_operation(nodes, edge_prob, seed, cluster_name):
     """Replayed by the reference model, each operation starts when its device frees up or its inputs arrive,
     and none of the same device's operations of higher priority was waiting, inputs there, at that instant."""
@@ -430,9 +444,11 @@ def test_priority_orders_start_the_highest_priority_ready_operation(nodes, edge_
     rows = result.transfers.rows()
     for e in range(graph.num_edges):
         u, v = int(graph.src[e]), int(graph.dst[e])
-        at = result.finish[u] if device_of[u] == device_of[v] else result.transfers.end[
-            rows[(u, int(graph.edge_tensor[e]), int(device_of[v]))]
-        ]
+        at = (
+            result.finish[u]
+            if device_of[u] == device_of[v]
+            else result.transfers.end[rows[(u, int(graph.edge_tensor[e]), int(device_of[v]))]]
+        )
         arrived[v] = max(arrived[v], at)
     for d, order in enumerate(orders):
         for i, v in enumerate(order.tolist()):

@@ -91,6 +91,8 @@ __all__ = [
     "Candidate",
     "candidates",
     "consumer_order",
+    "upward_ranks",
+    "priority_orders",
 ]
 
 POLICIES = ("order", "adjust")
@@ -547,7 +549,6 @@ def _choose(
     return prev
 
 
-
 class _Sends(NamedTuple):
     """The transfers a placement makes under the reference model: one per (producer, tensor, destination
     device), numbered in the channel queue's tie order (producer, destination name rank, tensor)."""
@@ -601,7 +602,9 @@ def upward_ranks(graph: OpGraph, cluster: Cluster, node_device: np.ndarray) -> n
     """
     dur = graph.durations(cluster)[np.arange(graph.num_nodes), node_device] if graph.num_nodes else np.zeros(0)
     sends = _sends(graph, cluster, node_device)
-    edge_cost = np.where(sends.of_edge >= 0, sends.duration[np.maximum(sends.of_edge, 0)], 0.0) if sends.duration.size else np.zeros(graph.num_edges)
+    edge_cost = np.zeros(graph.num_edges)
+    crossing = sends.of_edge >= 0
+    edge_cost[crossing] = sends.duration[sends.of_edge[crossing]]
     ptr, edges = graph.out_edges
     ptr_l, dst_l, cost_l = ptr.tolist(), graph.dst[edges].tolist(), edge_cost[edges].tolist()
     rank = dur.tolist()
