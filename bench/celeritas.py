@@ -83,7 +83,8 @@ def goals() -> None:
                 + " ".join(f"{r} {s * 1e3:.1f}" for r, s in steps.items())
                 + f" | {'yes' if met else 'no'}  ({stats['policy']}, {stats['layout']}, R={stats['exploration_range']}"
                 + ("" if stats["charge_pushes"] else ", uncharged")
-                + ")",
+                + (", Eq. 7" if stats["timing"] == "paper" else "")
+                + f", {stats['order']} order)",
                 flush=True,
             )
 

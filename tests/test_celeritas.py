@@ -6,7 +6,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from placer.algorithms import place
-from placer.algorithms.celeritas import schedule_coarse
+from placer.algorithms.celeritas import priority_orders, schedule_coarse, upward_ranks
 from placer.algorithms.common import MemoryBudget
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
@@ -380,3 +380,80 @@ def test_queued_inputs_wait_for_the_channel_as_in_the_reference_model():
     assert queued.start[k[3]] == pytest.approx(1e-3 + 2 * transfer)
     result = simulate(graph, cluster, queued.node_device, queued.device_orders(fused, cluster.num_devices))
     assert result.start == pytest.approx(queued.start[k])
+
+
+def longest_to_end(graph, cluster, device_of):
+    """Per node, its duration plus the longest path of durations and cross-device transfers after it: by
+    recursion over successors (the oracle for upward_ranks)."""
+    dur = graph.durations(cluster)[np.arange(graph.num_nodes), device_of]
+    memo = {}
+
+    def rank(v):
+        if v not in memo:
+            best = 0.0
+            for e in np.flatnonzero(graph.src == v).tolist():
+                w = int(graph.dst[e])
+                same = device_of[v] == device_of[w]
+                # The tensor crosses once, as its largest edge to that device.
+                to_w = (
+                    (graph.src == v)
+                    & (graph.edge_tensor == graph.edge_tensor[e])
+                    & (device_of[graph.dst] == device_of[w])
+                )
+                cost = (
+                    0.0
+                    if same
+                    else cluster.transfer_s(int(device_of[v]), int(device_of[w]), int(graph.edge_bytes[to_w].max()))
+                )
+                best = max(best, rank(w) + cost)
+            memo[v] = dur[v] + best
+        return memo[v]
+
+    return np.array([rank(v) for v in range(graph.num_nodes)])
+
+
+@SETTINGS
+@given(
+    st.integers(1, 30), st.floats(0.05, 0.6), st.integers(0, 10**6), st.sampled_from(["4xV100-nvlink", "4xGPU-pcie"])
+)
+def test_upward_ranks_are_the_longest_way_to_the_end(nodes, edge_prob, seed, cluster_name):
+    graph = random_dag(nodes, edge_prob=edge_prob, seed=seed)
+    cluster = load_cluster(cluster_name)
+    device_of = np.random.default_rng(seed).integers(0, cluster.num_devices, nodes)
+    assert upward_ranks(graph, cluster, device_of) == pytest.approx(
+        longest_to_end(graph, cluster, device_of), rel=1e-12
+    )
+
+
+@SETTINGS
+@given(
+    st.integers(1, 40), st.floats(0.05, 0.6), st.integers(0, 10**6), st.sampled_from(["4xV100-nvlink", "4xGPU-pcie"])
+)
+def test_priority_orders_start_the_highest_priority_ready_operation(nodes, edge_prob, seed, cluster_name):
+    """Replayed by the reference model, each operation starts when its device frees up or its inputs arrive,
+    and none of the same device's operations of higher priority was waiting, inputs there, at that instant."""
+    graph = random_dag(nodes, edge_prob=edge_prob, seed=seed, max_compute_s=1e-3)
+    cluster = load_cluster(cluster_name)
+    rng = np.random.default_rng(seed)
+    device_of = rng.integers(0, cluster.num_devices, nodes)
+    priority = rng.permutation(nodes).astype(float)
+    orders = priority_orders(graph, cluster, device_of, priority)
+    assert sorted(np.concatenate(orders).tolist()) == list(range(nodes))
+    result = simulate(graph, cluster, device_of, orders)
+    arrived = np.zeros(nodes)  # when every input is on the node's device
+    rows = result.transfers.rows()
+    for e in range(graph.num_edges):
+        u, v = int(graph.src[e]), int(graph.dst[e])
+        at = (
+            result.finish[u]
+            if device_of[u] == device_of[v]
+            else result.transfers.end[rows[(u, int(graph.edge_tensor[e]), int(device_of[v]))]]
+        )
+        arrived[v] = max(arrived[v], at)
+    for d, order in enumerate(orders):
+        for i, v in enumerate(order.tolist()):
+            t = result.start[v]
+            assert t == pytest.approx(max(arrived[v], result.finish[order[i - 1]] if i else 0.0), abs=1e-12)
+            waiting = [w for w in order[i + 1 :].tolist() if arrived[w] <= t and priority[w] > priority[v]]
+            # A zero-duration job of the instant goes first whatever its priority (rule 7 of the reference model).
+            assert not waiting or result.finish[v] == t

@@ -28,8 +28,17 @@ where spreading shortens the step:
   does no work (a parameter, a transposed weight) moved next to its first
   consumer (:func:`consumer_order`): laid out where they become ready, at
   the start of the step, they form clusters that go to the first device
-  and draw every reader of those weights there. The plan the reference
-  model finds fastest is kept.
+  and draw every reader of those weights there. Some are timed by
+  Equation 7 instead of the queues. The plan the reference model finds
+  fastest is kept.
+- The order each device runs its operations in (the paper leaves it to the
+  framework's runtime): the coarse schedule's, the reference model's
+  earliest-ready dispatch, or a list schedule of the placement that starts,
+  on each idle device, the ready operation with the longest way to the end
+  of the step (:func:`priority_orders`), whichever the reference model
+  finds fastest. Where one device waits on another in turn, as the layers
+  of a recurrent network do, running the next step's critical operation
+  first lets the other device start sooner.
 
 A device without room for a cluster counts as never available; when no
 device has room the one with the most room left takes it (best effort, the
@@ -41,8 +50,7 @@ device if it has room (members pinned elsewhere go to their own device).
 Where some devices have no channel between them, a cluster goes only to a
 device that channels link, each edge's way, to the devices of its
 neighbours placed so far (a pinned member's is its group's); where none is
-left, the schedule is refused naming a missing link. The per-device order
-of the original nodes follows the coarse schedule.
+left, the schedule is refused naming a missing link.
 
 Memory is budgeted with parameters whole and outputs by the share of them
 live at the peak (:func:`memory_need`); the plan is then simulated, and where
@@ -53,9 +61,11 @@ fused again into smaller clusters (:data:`SMALLER_CLUSTERS_BY`).
 
 from __future__ import annotations
 
+import heapq
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -81,6 +91,8 @@ __all__ = [
     "Candidate",
     "candidates",
     "consumer_order",
+    "upward_ranks",
+    "priority_orders",
 ]
 
 POLICIES = ("order", "adjust")
@@ -90,8 +102,32 @@ HEADROOM = 0.97  # share of each device's memory budgeted: estimates of the peak
 #: a quarter of a device leave too coarse a split where the step hardly fits.
 SMALLER_CLUSTERS_BY = 0.25
 MIN_MEMORY_FRACTION = 1 / 64
-#: Finer exploration ranges tried besides the paper's ``R``: ``R // 10`` and ``R // 64`` (:func:`candidates`).
-FINER = (10, 64)
+
+
+class Finer(NamedTuple):
+    """A finer fusion tried besides the paper's: ``R // share``, its layout, how inputs are timed
+    (``timing`` of :class:`Candidate`) and whether transfers pushed back are charged."""
+
+    share: int
+    layout: str
+    timing: str
+    charge_pushes: bool
+
+
+#: The finer fusions tried besides the paper's ``R`` (:func:`candidates`), all placed by Adjusting Placement.
+FINER = (
+    Finer(10, "cpd", "queued", True),
+    Finer(10, "consumer", "queued", True),
+    Finer(10, "cpd", "queued", False),
+    Finer(10, "consumer", "queued", False),
+    Finer(10, "consumer", "paper", True),
+    Finer(25, "cpd", "queued", True),
+    Finer(50, "cpd", "queued", True),
+    Finer(50, "consumer", "queued", True),
+)
+#: The per-device orders a schedule is simulated with (:func:`_fitting_schedule`), as the plan's stats name them:
+#: the coarse schedule's, the reference model's earliest-ready dispatch, :func:`priority_orders`'.
+ORDERS = ("coarse", "ready", "priority")
 #: The largest graph (in operations) for which finer fusions are tried: beyond, only the paper's ``R``,
 #: since each finer fusion is placed in full, a cost the largest graphs cannot afford.
 FINER_UP_TO = 25_000
@@ -512,6 +548,208 @@ def _choose(
     return prev
 
 
+class _Sends(NamedTuple):
+    """The transfers a placement makes under the reference model: one per (producer, tensor, destination
+    device), numbered in the channel queue's tie order (producer, destination name rank, tensor)."""
+
+    producer: np.ndarray
+    channel: np.ndarray
+    duration: np.ndarray
+    of_edge: np.ndarray  #: per edge, its transfer (-1 for an edge within one device)
+
+
+def _sends(graph: OpGraph, cluster: Cluster, node_device: np.ndarray) -> _Sends:
+    src, dst = graph.src, graph.dst
+    cross = np.flatnonzero(node_device[src] != node_device[dst])
+    of_edge = np.full(graph.num_edges, -1, dtype=np.int64)
+    if cross.size == 0:
+        empty = np.zeros(0, dtype=np.int64)
+        return _Sends(empty, empty, np.zeros(0), of_edge)
+    to = node_device[dst[cross]]
+    keys = np.stack([src[cross], cluster.name_rank[to], graph.edge_tensor[cross]])
+    unique, inverse = np.unique(keys, axis=1, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    of_edge[cross] = inverse
+    producer = unique[0]
+    x_dst = np.zeros(producer.size, dtype=np.int64)
+    x_dst[inverse] = to
+    nbytes = np.zeros(producer.size)
+    np.maximum.at(nbytes, inverse, graph.edge_bytes[cross].astype(np.float64))
+    channel = cluster.channel_index[node_device[producer], x_dst]
+    latency = np.array([c.latency_s for c in cluster.channels] or [0.0])
+    bandwidth = np.array([c.bandwidth_bytes_per_s for c in cluster.channels] or [1.0])
+    return _Sends(producer, channel, latency[channel] + nbytes / bandwidth[channel], of_edge)
+
+
+def upward_ranks(graph: OpGraph, cluster: Cluster, node_device: np.ndarray) -> np.ndarray:
+    """Each node's longest path to the end of the step, itself included, under a placement.
+
+    A node's own duration on its device, plus the longest over its
+    successors of their rank and, where the successor is on another
+    device, the transfer between them (latency plus bytes over bandwidth).
+    HEFT's upward rank, with the placement known.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> cluster = load_cluster("2xV100-nvlink")
+    >>> g = OpGraph(["a", "b", "c"], [1e-3, 2e-3, 1e-3], [0, 0], [1, 2], [0, 25_000_000])
+    >>> (upward_ranks(g, cluster, np.array([0, 0, 0])) * 1e3).round(3).tolist()
+    [3.0, 2.0, 1.0]
+    >>> (upward_ranks(g, cluster, np.array([0, 0, 1])) * 1e3).round(3).tolist()    # 25 MB to c: 1.01 ms
+    [3.01, 2.0, 1.0]
+    """
+    dur = graph.durations(cluster)[np.arange(graph.num_nodes), node_device] if graph.num_nodes else np.zeros(0)
+    sends = _sends(graph, cluster, node_device)
+    edge_cost = np.zeros(graph.num_edges)
+    crossing = sends.of_edge >= 0
+    edge_cost[crossing] = sends.duration[sends.of_edge[crossing]]
+    ptr, edges = graph.out_edges
+    ptr_l, dst_l, cost_l = ptr.tolist(), graph.dst[edges].tolist(), edge_cost[edges].tolist()
+    rank = dur.tolist()
+    for v in graph.topological_order[::-1].tolist():
+        longest = 0.0
+        for k in range(ptr_l[v], ptr_l[v + 1]):
+            reach = rank[dst_l[k]] + cost_l[k]
+            if reach > longest:
+                longest = reach
+        rank[v] += longest
+    return np.asarray(rank)
+
+
+def priority_orders(
+    graph: OpGraph, cluster: Cluster, node_device: np.ndarray, priority: np.ndarray | None = None
+) -> list[np.ndarray]:
+    """Per device, the order in which a list schedule of the placement starts its operations.
+
+    The step is played as the reference model plays it (devices run one
+    operation at a time; each finished operation sends one transfer per
+    tensor and destination device, queued on the channel of that pair;
+    channels serve their queues first come, first served; every event of an
+    instant is applied before anyone picks), except that an idle device
+    starts, among its operations whose inputs are all there, the one of
+    highest ``priority`` (default :func:`upward_ranks`: the longest way to
+    the end of the step first) rather than the one ready first. Replayed as
+    a plan's order, the reference model gives the same times.
+
+    Parameters
+    ----------
+    graph, cluster
+    node_device : ndarray of int
+        A device per node, every cross-device pair linked by a channel.
+    priority : ndarray, optional
+
+    Returns
+    -------
+    list of ndarray
+        Per device, its nodes in the order they start.
+
+    Examples
+    --------
+    ``a`` feeds a long chain ``b -> c`` and a short ``d``; ready at once, ``b`` goes first:
+
+    >>> from placer.cluster import load_cluster
+    >>> g = OpGraph(["a", "d", "b", "c"], [1e-3, 1e-3, 1e-3, 1e-3], [0, 0, 2], [1, 2, 3], [8, 8, 8])
+    >>> [g.ids[i] for i in priority_orders(g, load_cluster("2xV100-nvlink"), np.zeros(4, dtype=int))[0]]
+    ['a', 'b', 'd', 'c']
+    """
+    n, n_dev = graph.num_nodes, cluster.num_devices
+    node_device = np.asarray(node_device, dtype=np.int64)
+    if priority is None:
+        priority = upward_ranks(graph, cluster, node_device)
+    dur = (graph.durations(cluster)[np.arange(n), node_device] if n else np.zeros(0)).tolist()
+    sends = _sends(graph, cluster, node_device)
+    n_x = sends.producer.size
+    local = np.flatnonzero(sends.of_edge < 0)
+    cross = np.flatnonzero(sends.of_edge >= 0)
+    local_succ = _grouped(graph.src[local], graph.dst[local], n)
+    sends_of = _grouped(sends.producer, np.arange(n_x), n)
+    receivers = _grouped(sends.of_edge[cross], graph.dst[cross], n_x)
+    pending = np.bincount(graph.dst, minlength=n).tolist()
+    device = node_device.tolist()
+    channel = sends.channel.tolist()
+    x_dur = sends.duration.tolist()
+    key = (-np.asarray(priority, dtype=np.float64)).tolist()
+
+    ready: list[list[tuple[float, int]]] = [[] for _ in range(n_dev)]
+    for v in range(n):
+        if pending[v] == 0:
+            ready[device[v]].append((key[v], v))
+    for queue in ready:
+        heapq.heapify(queue)
+    queues: list[list[tuple[float, int]]] = [[] for _ in cluster.channels]
+    busy_device, busy_channel = [False] * n_dev, [False] * len(cluster.channels)
+    events: list[tuple[float, int]] = []  # (time, code): code < n an operation ends, else transfer code - n
+    started: list[int] = []
+    dirty_devices, dirty_channels = set(range(n_dev)), set()
+    instant_jobs = 0.0 in dur or 0.0 in x_dur
+    t = 0.0
+
+    def start_operation(d: int, instant_only: bool) -> bool:
+        queue = ready[d]
+        if not queue or (instant_only and dur[queue[0][1]]):
+            return False
+        v = heapq.heappop(queue)[1]
+        busy_device[d] = True
+        started.append(v)
+        heapq.heappush(events, (t + dur[v], v))
+        return True
+
+    def start_transfer(c: int, instant_only: bool) -> bool:
+        queue = queues[c]
+        if not queue or (instant_only and x_dur[queue[0][1]]):
+            return False
+        x = heapq.heappop(queue)[1]
+        busy_channel[c] = True
+        heapq.heappush(events, (t + x_dur[x], n + x))
+        return True
+
+    while True:
+        while events and events[0][0] == t:
+            code = heapq.heappop(events)[1]
+            if code < n:
+                busy_device[device[code]] = False
+                dirty_devices.add(device[code])
+                for x in sends_of[code]:
+                    heapq.heappush(queues[channel[x]], (t, x))
+                    dirty_channels.add(channel[x])
+                arrivals = local_succ[code]
+            else:
+                busy_channel[channel[code - n]] = False
+                dirty_channels.add(channel[code - n])
+                arrivals = receivers[code - n]
+            for v in arrivals:
+                pending[v] -= 1
+                if pending[v] == 0:
+                    heapq.heappush(ready[device[v]], (key[v], v))
+                    dirty_devices.add(device[v])
+        if instant_jobs:
+            began = [d for d in dirty_devices if not busy_device[d] and start_operation(d, True)]
+            began += [c for c in dirty_channels if not busy_channel[c] and start_transfer(c, True)]
+            if began:
+                continue
+        for d in dirty_devices:
+            if not busy_device[d]:
+                start_operation(d, False)
+        dirty_devices.clear()
+        for c in dirty_channels:
+            if not busy_channel[c]:
+                start_transfer(c, False)
+        dirty_channels.clear()
+        if not events:
+            break
+        t = events[0][0]
+    order = np.asarray(started, dtype=np.int64)
+    return [order[node_device[order] == d] for d in range(n_dev)]
+
+
+def _grouped(keys: np.ndarray, values: np.ndarray, n: int) -> list[list[int]]:
+    """``values`` grouped by ``keys`` (in 0 .. n - 1) into n lists."""
+    by_key = np.argsort(keys, kind="stable")
+    values, bounds = values[by_key].tolist(), np.searchsorted(keys[by_key], np.arange(n + 1)).tolist()
+    return [values[bounds[k] : bounds[k + 1]] for k in range(n)]
+
+
 def memory_need(graph: OpGraph, cluster: Cluster) -> np.ndarray:
     """Bytes each node takes from its device's budget: its parameters, and a share of its output and workspace.
 
@@ -532,13 +770,15 @@ class Candidate:
     """One way to fuse and place: the layout the fusion cuts, its exploration range, the placement policy.
 
     ``layout`` is "cpd" (CPD-TOPO, the paper's) or "consumer" (:func:`consumer_order`);
-    ``charge_pushes`` as for :func:`schedule_coarse`.
+    ``charge_pushes`` as for :func:`schedule_coarse`; ``timing`` how Adjusting Placement times a
+    cluster's inputs: "queued" (``queued`` of :func:`schedule_coarse`) or "paper" (Equation 7).
     """
 
     layout: str
     exploration_range: int
     policy: str
     charge_pushes: bool = True
+    timing: str = "queued"
 
 
 def consumer_order(graph: OpGraph, cluster: Cluster, order: np.ndarray) -> np.ndarray:
@@ -594,31 +834,40 @@ def candidates(graph: OpGraph, policies: tuple[str, ...], exploration_range: int
     whole stretch of the depth-first order, parallel branches and layers
     together, so on a step that fits one device the coarse graph is nearly
     a chain and Adjusting Placement rightly keeps it on one device. With
-    "adjust" among ``policies``, the coarse graph is therefore also made
-    with ``R / 10`` and ``R / 64`` (:data:`FINER`), each in the CPD-TOPO
-    layout and in :func:`consumer_order`'s, each placed with the charge for
-    transfers pushed back (``charge_pushes`` of :func:`schedule_coarse`) and,
-    at ``R / 10``, without it too, on graphs of up to :data:`FINER_UP_TO`
+    "adjust" among ``policies``, on graphs of up to :data:`FINER_UP_TO`
     operations (planning time on larger ones stays that of the paper's
-    fusion).
+    fusion), Adjusting Placement also places the finer fusions of
+    :data:`FINER`:
+
+    - ``R / 10`` in the CPD-TOPO layout and in :func:`consumer_order`'s,
+      with and without the charge for transfers pushed back
+      (``charge_pushes`` of :func:`schedule_coarse`), and in the consumer
+      layout with inputs timed by the paper's Equation 7;
+    - ``R / 25`` in the CPD-TOPO layout and ``R / 50`` in both: clusters
+      of a few operations, which split a recurrent step or an inception
+      branch from its neighbours.
+
+    The greedy rule reacts strongly to how the graph is cut and how inputs
+    are timed, and no one of these wins everywhere; the reference model
+    judges them (:func:`_fastest_fitting`).
 
     Examples
     --------
     >>> from placer.generate import training_graph
     >>> [(c.layout, c.exploration_range, c.policy) for c in candidates(training_graph(layers=2), ("adjust",), 200)][:3]
     [('cpd', 200, 'adjust'), ('cpd', 20, 'adjust'), ('consumer', 20, 'adjust')]
+    >>> [(c.exploration_range, c.timing) for c in candidates(training_graph(layers=2), ("adjust",), 200)][5:7]
+    [(20, 'paper'), (8, 'queued')]
     """
     out = [Candidate("cpd", exploration_range, policy) for policy in policies]
     if "adjust" not in policies or graph.num_nodes > FINER_UP_TO:
         return out
-    tried = {exploration_range}
-    for share in FINER:
-        r = max(1, exploration_range // share)
-        if r in tried:
-            continue
-        charges = (True, False) if len(tried) == 1 else (True,)  # uncharged at the first finer R only
-        tried.add(r)
-        out += [Candidate(layout, r, "adjust", charge) for charge in charges for layout in ("cpd", "consumer")]
+    for finer in FINER:
+        candidate = Candidate(
+            finer.layout, max(1, exploration_range // finer.share), "adjust", finer.charge_pushes, finer.timing
+        )
+        if candidate not in out:
+            out.append(candidate)
     return out
 
 
@@ -656,7 +905,9 @@ def _place(
     time_limit: float | None,
 ) -> Plan:
     """Fuse, schedule the coarse graph by each candidate (:func:`candidates`; fused again into smaller
-    clusters where none fits), and map the fastest fitting schedule back.
+    clusters where none fits), and map the fastest fitting schedule back. With "adjust" among
+    ``policies`` (``celeritas``), :func:`priority_orders` is among the orders tried; Order-Place alone
+    keeps the coarse schedule's or the earliest-ready order, as the paper's baseline runs.
 
     Raises
     ------
@@ -665,9 +916,9 @@ def _place(
     """
     deadline = time.perf_counter() + (time_limit if time_limit is not None else np.inf)
     began, errors = time.perf_counter(), []
-    fraction = memory_fraction
+    fraction, ranked = memory_fraction, "adjust" in policies
     best = _fastest_fitting(
-        graph, cluster, candidates(graph, policies, exploration_range), fraction, name, deadline, errors
+        graph, cluster, candidates(graph, policies, exploration_range), fraction, name, deadline, errors, ranked
     )
     took_s = time.perf_counter() - began
     while best is None and fraction * SMALLER_CLUSTERS_BY >= MIN_MEMORY_FRACTION:
@@ -685,13 +936,14 @@ def _place(
                 name,
                 deadline,
                 [],
+                ranked,
             )
         if box.expired:
             break
         fraction, best, took_s = fraction * SMALLER_CLUSTERS_BY, found, time.perf_counter() - began
     if best is None:
         raise errors[0]  # the diagnosis at the memory fraction asked for
-    _, schedule, order, rounds, chosen, fused = best
+    _, schedule, order, rounds, order_kind, chosen, fused = best
     # A graph without compute has an infinite CCR, which a plan file (JSON) cannot hold: None there.
     ccr_before, ccr_after = (x if np.isfinite(x) else None for x in (fused.ccr_before, fused.ccr_after))
     stats = {
@@ -704,6 +956,8 @@ def _place(
         "layout": chosen.layout,
         "exploration_range": chosen.exploration_range,
         "charge_pushes": chosen.charge_pushes,
+        "timing": chosen.timing,
+        "order": ORDERS[order_kind],
         "memory_fraction": fraction,
     }
     return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
@@ -717,10 +971,11 @@ def _fastest_fitting(
     name: str,
     deadline: float,
     errors: list,
+    ranked: bool = True,
 ) -> tuple | None:
-    """The fastest fitting schedule by any of ``tries`` (:func:`_fitting_schedule`'s, with the candidate and
-    its fused graph), or None; each candidate's InfeasibleError goes to ``errors``. No candidate after the
-    first starts once a plan is in hand and ``deadline`` has passed."""
+    """The fastest fitting schedule by any of ``tries`` (:func:`_fitting_schedule`'s, with ``ranked``, with the
+    candidate and its fused graph), or None; each candidate's InfeasibleError goes to ``errors``. No candidate
+    after the first starts once a plan is in hand and ``deadline`` has passed."""
     best, fused_by, cpd = None, {}, None
     need = memory_need(graph, cluster)
     for candidate in tries:
@@ -741,6 +996,8 @@ def _fastest_fitting(
                 deadline,
                 need=need,
                 charge_pushes=candidate.charge_pushes,
+                timing=candidate.timing,
+                ranked=ranked,
             )
         except InfeasibleError as exc:
             errors.append(exc)
@@ -760,17 +1017,22 @@ def _fitting_schedule(
     tries: int = 8,
     need: np.ndarray | None = None,
     charge_pushes: bool = True,
-) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int]:
+    timing: str = "queued",
+    ranked: bool = True,
+) -> tuple[float, CoarseSchedule, list[np.ndarray] | None, int, int]:
     """Schedule the coarse graph by ``policy`` until the reference model says the plan fits.
 
     Devices are budgeted with :func:`memory_need`. After a schedule that
     overflows, the nodes of every device whose simulated peak exceeds its
     estimate have their need raised by that ratio, so the next schedule
-    budgets them as they really weigh.
+    budgets them as they really weigh. Each schedule is simulated with the
+    coarse schedule's order, the earliest-ready order and, with ``ranked``,
+    :func:`priority_orders`'.
 
     Returns
     -------
-    (makespan, schedule, per-device order or None for the earliest-ready order, rounds)
+    (makespan, schedule, per-device order or None for the earliest-ready order, rounds, order kind)
+        The order kind indexes :data:`ORDERS`.
 
     Raises
     ------
@@ -783,23 +1045,33 @@ def _fitting_schedule(
     for rounds in range(1, tries + 1):
         try:
             schedule = schedule_coarse(
-                fused, cluster, policy, need, HEADROOM * memory, queued=policy == "adjust", charge_pushes=charge_pushes
+                fused,
+                cluster,
+                policy,
+                need,
+                HEADROOM * memory,
+                queued=policy == "adjust" and timing == "queued",
+                charge_pushes=charge_pushes,
             )
         except InfeasibleError as exc:  # a dead end on devices not all linked
             raise InfeasibleError(f"{name}: {exc}") from None
-        # The coarse schedule's order, or the reference model's earliest-ready order where that is faster.
+        # The coarse schedule's order, the reference model's earliest-ready order, or a list schedule of the
+        # placement by upward rank, whichever is fastest.
         peaks = []
-        for order in (schedule.device_orders(fused, cluster.num_devices), None):
+        orders = [schedule.device_orders(fused, cluster.num_devices), None]
+        if ranked:
+            orders.append(priority_orders(graph, cluster, schedule.node_device))
+        for kind, order in enumerate(orders):
             result = simulate(graph, cluster, schedule.node_device, order, check=False)
             if result.fits and (best is None or result.makespan_s < best[0]):
-                best = (result.makespan_s, schedule, order, rounds)
+                best = (result.makespan_s, schedule, order, rounds, kind)
             peaks.append(result.peak_memory_bytes.astype(np.float64))
         if best is not None:
             return best
         if time.perf_counter() > deadline:
             break
         estimate = np.bincount(schedule.node_device, weights=need, minlength=cluster.num_devices)
-        need = need * np.maximum(1.0, 1.02 * np.maximum(*peaks) / np.maximum(estimate, 1.0))[schedule.node_device]
+        need = need * np.maximum(1.0, 1.02 * np.max(peaks, axis=0) / np.maximum(estimate, 1.0))[schedule.node_device]
     peak = min(peaks, key=lambda p: float(np.max(p - memory)))
     j = int(np.argmax(peak - memory))
     needs, has = shown_sizes(peak[j], memory[j])
@@ -907,13 +1179,15 @@ def celeritas(
     Returns
     -------
     Plan
-        With a per-device order taken from the coarse schedule (or the
-        reference model's earliest-ready order where that is faster), and
+        With the fastest per-device order of :data:`ORDERS` (the coarse
+        schedule's, the reference model's earliest-ready order, or
+        :func:`priority_orders`'), and
         ``extra["celeritas"]``: clusters, CCR before and after fusion (None without compute),
         ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did), the
         ``layout`` ("cpd" or "consumer") and ``exploration_range`` of the winning fusion,
-        ``charge_pushes`` (see :func:`schedule_coarse`), and the ``memory_fraction`` its
-        clusters were fused with.
+        ``charge_pushes`` (see :func:`schedule_coarse`), ``timing`` ("queued" or "paper",
+        :class:`Candidate`), ``order`` (which of :data:`ORDERS`), and the ``memory_fraction``
+        its clusters were fused with.
 
     Raises
     ------
