@@ -41,7 +41,7 @@ import torch.fx as fx
 
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
-from .replicas import Feed, _propagate_meta, check_batch_inputs, weighted_loss
+from .replicas import Feed, check_batch_inputs, propagate_meta, weighted_loss
 
 __all__ = ["microbatch_step", "accumulate_gradient", "join_rows", "microbatch_rows_of"]
 
@@ -218,7 +218,7 @@ class _MicroRewrite:
         self.new.lint()
         out = fx.GraphModule(self.gm, self.new)
         fed = [p for p in self.new.nodes if p.op == "placeholder"]
-        _propagate_meta(out, [feed.meta(p.meta.get("val")) for feed, p in zip(self.feeds, fed)])
+        propagate_meta(out, [feed.meta(p.meta.get("val")) for feed, p in zip(self.feeds, fed)])
         return out, self.node_of, self.carrier, self.feeds
 
     def _copy(self, v: fx.Node, k: int | None) -> None:

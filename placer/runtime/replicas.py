@@ -50,6 +50,7 @@ from .portable import _portable_value
 __all__ = [
     "Feed",
     "check_batch_inputs",
+    "propagate_meta",
     "replicate_step",
     "replica_steps",
     "batch_coupled",
@@ -582,7 +583,7 @@ class _Rewrite:
         self.new.lint()
         out = fx.GraphModule(self.gm, self.new)
         fed = [self.twins[k][p.name] for k in range(self.r) for p in self.placeholders]
-        _propagate_meta(out, [feed.meta(p.meta.get("val")) for feed, p in zip(self.feeds, fed)])
+        propagate_meta(out, [feed.meta(p.meta.get("val")) for feed, p in zip(self.feeds, fed)])
         return out, self.node_of, self.carrier, self.feeds
 
     def _ready(self, v: fx.Node) -> bool:
@@ -1010,5 +1011,7 @@ class _MetaProp(fx.Interpreter):
         return result
 
 
-def _propagate_meta(gm: fx.GraphModule, inputs: list[Any]) -> None:
+def propagate_meta(gm: fx.GraphModule, inputs: list[Any]) -> None:
+    """Record every node's value of a rewritten step as ``meta["val"]``, from its placeholders' ``inputs``
+    (tensors on ``meta``, :meth:`Feed.meta`): the shapes a replica's or a micro-batch's rows give."""
     _MetaProp(gm).run(*inputs)
