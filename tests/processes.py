@@ -24,6 +24,24 @@ def live_processes(*, parent: int | None = None, group: int | None = None) -> li
     return found
 
 
+def outliving(pids: list[int], wait_s: float = 5.0) -> list[int]:
+    """Those of ``pids`` still running (zombies excepted) after up to ``wait_s`` seconds: a process killed as
+    its parent exits is gone once the kernel has torn it down, which a loaded machine may take a moment to do."""
+    deadline = time.monotonic() + wait_s
+    while True:
+        alive = []
+        for pid in pids:
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+            except OSError:  # gone
+                continue
+            if state != "Z":
+                alive.append(pid)
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.1)
+
+
 def terminate_once_ranks_run(
     args: list[str], ranks: int, marker: bytes, env: dict | None = None
 ) -> tuple[int, str, list[int]]:

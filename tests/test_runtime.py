@@ -12,7 +12,6 @@ import threading
 import time
 import warnings
 from dataclasses import dataclass, replace
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -46,7 +45,7 @@ from placer.runtime.program import compile_program, copy_to, message_bytes, pack
 from placer.sim.messages import MessageCost, messages_graph
 from placer.transform.split import split_operation
 
-from .processes import terminate_once_ranks_run
+from .processes import outliving, terminate_once_ranks_run
 from .reference_model import random_valid_order
 
 STEPS = 3
@@ -1858,7 +1857,7 @@ def test_a_terminated_distributed_run_stops_its_ranks_and_says_so(tmp_path):
     )
     assert code == -signal.SIGTERM
     assert err.splitlines()[-1] == "placer: terminated: the run's processes were stopped and nothing was written"
-    assert not any(Path(f"/proc/{pid}").exists() for pid in ranks), "a rank outlived placer"
+    assert not outliving(ranks), "a rank outlived placer"
     assert not list(tmp_path.glob("placer-run-*")), "the ranks' directory was left behind"
 
 
