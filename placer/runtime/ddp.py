@@ -17,8 +17,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
-import signal
 import tempfile
 import time
 import warnings
@@ -43,7 +41,7 @@ from ..errors import OptionError
 from ..terminate import terminate_raises
 from ..transform.replicate import BUCKET_BYTES
 from ..transform.split import part_rows
-from .distributed import KernelChoice, _die_with_launcher, _stop, _wait, free_port, resolve_backend
+from .distributed import KernelChoice, launch_ranks, resolve_backend
 
 __all__ = ["DDPResult", "run_ddp", "batch_rows"]
 
@@ -147,7 +145,6 @@ def run_ddp(
     RunError
         A rank failed, died or did not finish in time (every rank is stopped).
     """
-    import torch.multiprocessing as mp  # deferred: imports torch
 
     if isinstance(replicas, bool) or not isinstance(replicas, int) or replicas < 1:
         raise OptionError(f"replicas must be a positive integer, got {replicas!r}")
@@ -175,30 +172,8 @@ def run_ddp(
             KernelChoice.here(),
             str(Path(tmp) / "result.pt"),
         )
-        context = mp.start_processes(
-            _rank,
-            args=(replicas, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
-            nprocs=replicas,
-            join=False,
-            start_method=method,
-        )
-        try:
-            _wait(context.processes, time.monotonic() + timeout_s * (steps + 3), timeout_s, tmp)
-        except BaseException:
-            _stop(context.processes)
-            raise
+        launch_ranks(_train, replicas, job, tmp, time.monotonic() + timeout_s * (steps + 3), timeout_s, method)
         return torch.load(job.result_path, weights_only=False)
-
-
-def _rank(rank: int, world: int, job: _Job, init_method: str, error_dir: str, launcher: int) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_launcher(launcher)
-    try:
-        _train(rank, world, job, init_method)
-    except BaseException as exc:
-        text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-        Path(error_dir, f"rank{rank}.err").write_text(f"{time.time()!r}\n{text[0] if text else type(exc).__name__}")
-        raise
 
 
 def _train(rank: int, world: int, job: _Job, init_method: str) -> None:

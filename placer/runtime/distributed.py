@@ -637,16 +637,41 @@ def _die_with_launcher(launcher: int) -> None:
     threading.Thread(target=watch, name="placer-launcher-watch", daemon=True).start()
 
 
-def _spawned_rank(rank: int, world: int, job: RankJob, init_method: str, error_dir: str, launcher: int) -> None:
+def _spawned(rank: int, main: Callable, world: int, job: Any, init_method: str, error_dir: str, launcher: int) -> None:
+    """A rank started by :func:`launch_ranks`: ``main(rank, world, job, init_method)``, its failure written
+    to ``error_dir`` for the launcher, and the rank gone with the launcher."""
     signal.signal(signal.SIGTERM, signal.SIG_DFL)  # not the launcher's handler (forked): stop means stop
     _die_with_launcher(launcher)
     try:
-        rank_main(rank, world, job, init_method)
+        main(rank, world, job, init_method)
     except BaseException as exc:
         # When and why this rank failed: the launcher names the first failure, not its echoes.
         text = f"{type(exc).__name__}: {exc}".strip().splitlines()
         when = getattr(exc, "failed_at", time.time())
         Path(error_dir, f"rank{rank}.err").write_text(f"{when!r}\n{text[0] if text else type(exc).__name__}")
+        raise
+
+
+def launch_ranks(
+    main: Callable, world: int, job: Any, error_dir: str, deadline: float, timeout_s: float, start_method: str
+) -> None:
+    """Run ``main(rank, world, job, init_method)`` in ``world`` local processes over a fresh TCP rendezvous
+    and wait for them all (:func:`_wait`); on a failure, an interrupt or the deadline every rank is stopped
+    before the error is raised, so no rank outlives the call. ``main`` is a module-level function (spawned
+    ranks import it by name)."""
+    import torch.multiprocessing as mp  # deferred: imports torch
+
+    context = mp.start_processes(
+        _spawned,
+        args=(main, world, job, f"tcp://127.0.0.1:{free_port()}", error_dir, os.getpid()),
+        nprocs=world,
+        join=False,
+        start_method=start_method,
+    )
+    try:
+        _wait(context.processes, deadline, timeout_s, error_dir)
+    except BaseException:
+        _stop(context.processes)  # interrupted, terminated, or a failure: no rank outlives the run
         raise
 
 
@@ -733,7 +758,6 @@ def run_distributed(
         A rank raised, died or did not finish by the deadline; every rank is stopped
         (as it is when this process is interrupted or terminated).
     """
-    import torch.multiprocessing as mp  # deferred: imports torch
 
     if not isinstance(steps, int) or steps < 1:
         raise OptionError(f"steps must be a positive integer, got {steps!r}")
@@ -774,18 +798,7 @@ def run_distributed(
             or None,
             collectives=collectives,
         )
-        context = mp.start_processes(
-            _spawned_rank,
-            args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
-            nprocs=world,
-            join=False,
-            start_method=method,
-        )
-        try:
-            _wait(context.processes, deadline, timeout_s, tmp)
-        except BaseException:
-            _stop(context.processes)  # interrupted, terminated, or a failure: no rank outlives the run
-            raise
+        launch_ranks(rank_main, world, job, tmp, deadline, timeout_s, method)
         merged = torch.load(result_path, weights_only=False)
     return _result(merged)
 

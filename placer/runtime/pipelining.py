@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import copy
 import inspect
-import os
-import signal
 import tempfile
 import time
 from dataclasses import dataclass, field
@@ -38,7 +36,7 @@ from torch import nn
 
 from ..errors import OptionError
 from ..terminate import terminate_raises
-from .distributed import KernelChoice, _die_with_launcher, _stop, _wait, free_port
+from .distributed import KernelChoice, launch_ranks
 
 __all__ = ["PipeliningResult", "run_pipelining", "SCHEDULES"]
 
@@ -137,7 +135,6 @@ def run_pipelining(
     RunError
         A rank failed, died or did not finish in time (every rank is stopped).
     """
-    import torch.multiprocessing as mp  # deferred: imports torch
 
     stages = list(stages)
     world = len(stages)
@@ -177,18 +174,7 @@ def run_pipelining(
             KernelChoice.here(),
             tmp,
         )
-        context = mp.start_processes(
-            _rank,
-            args=(world, job, f"tcp://127.0.0.1:{free_port()}", tmp, os.getpid()),
-            nprocs=world,
-            join=False,
-            start_method="fork",
-        )
-        try:
-            _wait(context.processes, time.monotonic() + timeout_s * (steps + 3), timeout_s, tmp)
-        except BaseException:
-            _stop(context.processes)
-            raise
+        launch_ranks(_train, world, job, tmp, time.monotonic() + timeout_s * (steps + 3), timeout_s, "fork")
         parts = [torch.load(Path(tmp, f"rank{r}.pt"), weights_only=False) for r in range(world)]
         return PipeliningResult(
             parts[0]["step_s"],
@@ -214,17 +200,6 @@ def _examples(stages: list[nn.Module], inputs: tuple, rows: int) -> list[tuple[t
         examples.append((x, out))
         x = out
     return examples
-
-
-def _rank(rank: int, world: int, job: _Job, init_method: str, error_dir: str, launcher: int) -> None:
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
-    _die_with_launcher(launcher)
-    try:
-        _train(rank, world, job, init_method)
-    except BaseException as exc:
-        text = f"{type(exc).__name__}: {exc}".strip().splitlines()
-        Path(error_dir, f"rank{rank}.err").write_text(f"{time.time()!r}\n{text[0] if text else type(exc).__name__}")
-        raise
 
 
 def _train(rank: int, world: int, job: _Job, init_method: str) -> None:
