@@ -11,51 +11,19 @@ import torch
 from placer.algorithms import place
 from placer.api import apply
 from placer.capture import capture
-from placer.capture.spec import load_model
-from placer.capture.zoo.registry import ZOO
 from placer.cli import main
 from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
-from placer.runtime.check import state_difference, train_eager
 from placer.runtime.ddp import run_ddp
 from placer.runtime.distributed import run_distributed
 from placer.runtime.program import compile_program
 from placer.runtime.replicas import batch_coupled, replica_steps
 from placer.transform.replicate import data_parallel_graph
 
-TOLERANCE = 1e-6
-
+from .training import TOLERANCE, assert_equal, eager_training, placed_training, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
-
-
-def tiny(name: str, batch: int, optimizer: str = "sgd", **options):
-    """A zoo model at its tiny size (dropout off: a replica draws its own numbers), its inputs and step."""
-    sizes = {**ZOO[name].tiny, **options}
-    if "dropout" in ZOO[name].size_options:
-        sizes["dropout"] = 0.0
-    spec = f"zoo:{name}?" + "&".join(f"{k}={v}" for k, v in sizes.items())
-    torch.manual_seed(0)
-    model, inputs = load_model(spec, batch)
-    return model, inputs, capture(copy.deepcopy(model), inputs, optimizer=optimizer, lr=0.01)
-
-
-def placed_training(plan, model, inputs, captured, steps=2):
-    """Train a copy of ``model`` with ``placer.apply``; the model and its optimizer."""
-    model = copy.deepcopy(model)
-    optimizer = captured.optimizer.eager(model.parameters())
-    step = apply(plan, model, optimizer)
-    for _ in range(steps):
-        step(*inputs)
-    return model, optimizer
-
-
-def eager_training(model, inputs, captured, steps=2):
-    model = copy.deepcopy(model)
-    optimizer = captured.optimizer.eager(model.parameters())
-    train_eager(model, inputs, optimizer, steps)
-    return model, optimizer
 
 
 def ddp_training(model, inputs, captured, replicas, steps=2, zero=False):
@@ -65,12 +33,6 @@ def ddp_training(model, inputs, captured, replicas, steps=2, zero=False):
     optimizer = captured.optimizer.eager(model.parameters())
     optimizer.load_state_dict(result.optimizer_state)
     return model, optimizer
-
-
-def assert_equal(trained, reference, tolerance=TOLERANCE):
-    worst, where, count = state_difference(*trained, *reference)
-    assert count >= 10
-    assert worst <= tolerance, f"{where} differs by {worst}"
 
 
 @pytest.mark.parametrize(
