@@ -203,10 +203,15 @@ class Cluster:
 
     def digest(self) -> str:
         """A short fingerprint of the devices and channels' figures (not the names of the cluster or its
-        channels), to tell a plan's cluster from another of the same name."""
+        channels), to tell a plan's cluster from another of the same name. A channel's calibrated
+        collectives (``extra["collectives"]``) are figures too."""
         figures = [
             [[d.name, d.kind, int(d.memory_bytes), float(d.speed)] for d in self.devices],
-            [[float(c.bandwidth_bytes_per_s), float(c.latency_s), [list(p) for p in c.pairs]] for c in self.channels],
+            [
+                [float(c.bandwidth_bytes_per_s), float(c.latency_s), [list(p) for p in c.pairs]]
+                + ([c.extra["collectives"]] if "collectives" in c.extra else [])
+                for c in self.channels
+            ],
         ]
         return hashlib.sha256(json.dumps(figures).encode()).hexdigest()[:16]
 

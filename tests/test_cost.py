@@ -183,6 +183,10 @@ def _calibration() -> Calibration:
         replace(MessageCost.fit(messages), by_gap=((0.0, 5e-6, 4e-6), (1e-3, 1e-5, 8e-6))),
         messages,
         barrier_s=2e-4,
+        collectives={
+            "all_reduce": LinkFit(2e-4, 1.5e9, 0.9, [(1024, 2e-4), (16 << 20, 1.1e-2)]),
+            "all_gather": LinkFit(3e-4, 0.8e9, 0.9, [(1024, 3e-4), (16 << 20, 2.1e-2)]),
+        },
     )
 
 
@@ -194,11 +198,26 @@ def test_calibration_round_trip_and_apply(tmp_path):
     assert cal.meta == {"backend": "gloo"}
     assert cal.message_cost == _calibration().message_cost and cal.message_samples == _calibration().message_samples
     assert cal.barrier_s == _calibration().barrier_s == 2e-4
+    assert cal.collectives == _calibration().collectives
     assert cal.message_cost.send_s(1024) == pytest.approx(2e-5)
     assert cal.message_cost.send_s(1024, 1e-3) == pytest.approx(1e-5 + 1024 * cal.message_cost.send_per_byte_s)
     cluster = apply_calibration(load_cluster("2xcpu"), cal)
     assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in cluster.channels} == {(3e-5, 4e9)}
     assert cluster.transfer_s(0, 1, 4e9) == pytest.approx(1.0 + 3e-5)
+    # The collectives measured over gloo go with its channels (on the ranks the calibration ran, 2 by default),
+    # and tell the cluster from the preset calibrated without them.
+    assert all(
+        ch.extra["collectives"]
+        == {
+            "ranks": 2,
+            "all_reduce": {"latency_s": 2e-4, "bandwidth_bytes_per_s": 1.5e9},
+            "all_gather": {"latency_s": 3e-4, "bandwidth_bytes_per_s": 0.8e9},
+        }
+        for ch in cluster.channels
+    )
+    without = apply_calibration(load_cluster("2xcpu"), replace(cal, collectives={}))
+    assert not any("collectives" in ch.extra for ch in without.channels)
+    assert without.digest() != cluster.digest()
     # Named as its own cluster (a plan made on it must not look made for the preset), once.
     assert cluster.name == apply_calibration(cluster, cal).name == "2xcpu-calibrated"
     # A link measured under another name, with a negative fitted latency applied as 0.
@@ -234,6 +253,18 @@ def test_calibration_round_trip_and_apply(tmp_path):
         ),
         ({"format": "placer.calibration/1", "links": {}, "barrier_s": -1e-4}, "field 'barrier_s'"),
         (
+            {"format": "placer.calibration/1", "links": {}, "collectives": {"all_reduce": {"latency_s": 1e-5}}},
+            "collective 'all_reduce': missing required field 'bandwidth_bytes_per_s'",
+        ),
+        (
+            {
+                "format": "placer.calibration/1",
+                "links": {},
+                "collectives": {"broadcast": {"latency_s": 1e-5, "bandwidth_bytes_per_s": 1e9}},
+            },
+            "collective 'broadcast' is not one placer measures",
+        ),
+        (
             {
                 "format": "placer.calibration/1",
                 "links": {},
@@ -266,6 +297,11 @@ def test_real_gloo_calibration_two_ranks():
     assert all(t > 0 for _, t in fit.samples)
     assert fit.bandwidth_bytes_per_s > 0 and np.isfinite(fit.r2)
     assert cal.meta["ranks"] == 2 and cal.meta["backend"] == "gloo"
+    # The runtime's collectives on a bucket of each size, fitted.
+    assert sorted(cal.collectives) == ["all_gather", "all_reduce"]
+    for fit in cal.collectives.values():
+        assert [b for b, _ in fit.samples] == [1024, 32 << 20] and all(t > 0 for _, t in fit.samples)
+        assert fit.bandwidth_bytes_per_s > 0
     # A message's host cost, timed for the sizes up to MESSAGE_SIZE_LIMIT, on both sides.
     assert [(src, dst, b) for src, dst, b, _, _ in cal.message_samples] == [(0, 1, 1024)]
     assert all(sent > 0 and received > 0 for *_, sent, received in cal.message_samples)

@@ -16,7 +16,7 @@ from placer.api import validate
 from placer.cluster import PRESETS, Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import training_graph
-from placer.transform.replicate import data_parallel_graph, gradients, replica_layout
+from placer.transform.replicate import collective_cost, data_parallel_graph, gradients, replica_layout
 from placer.transform.split import batch_dependent, original_ids, split_operation
 
 GiB = 1 << 30
@@ -880,3 +880,58 @@ def test_a_source_that_declares_a_batch_split_carries_the_batch():
     cluster = load_cluster("2xV100-nvlink")
     halves = place(g, cluster, "data_parallel").rewritten_graph
     assert np.isclose(halves.compute_s[halves.index["r0/x"]], 0.002)
+
+
+def _calibrated_cpus(ranks: int, all_reduce_bw: float, all_gather_bw: float) -> Cluster:
+    """``{ranks}xcpu`` with its gloo link and collectives as a calibration measured them."""
+    from placer.harness.calibrate import Calibration, LinkFit, apply_calibration
+
+    calibration = Calibration(
+        {"gloo": LinkFit(2e-5, 4e9, 1.0)},
+        {"backend": "gloo", "ranks": ranks},
+        collectives={"all_reduce": LinkFit(1e-4, all_reduce_bw, 1.0), "all_gather": LinkFit(1e-4, all_gather_bw, 1.0)},
+    )
+    return apply_calibration(load_cluster(f"{ranks}xcpu"), calibration)
+
+
+@pytest.mark.parametrize("shard", [False, True])
+def test_a_calibrated_collective_takes_at_least_its_measured_time_in_the_plan(shard):
+    # gloo's all-reduce of a bucket took far longer than its ring's messages over the link would: the plan's
+    # steps of each bucket take what the measured call exceeds them by, so the bucket takes the measured time.
+    g = training_graph(layers=3, branches=2)
+    cluster = _calibrated_cpus(2, 0.5e9, 0.25e9)
+    dp = data_parallel_graph(g, 2, shard_optimizer=shard, collective_cost=collective_cost(cluster, [0, 1]))
+    plain = data_parallel_graph(g, 2, shard_optimizer=shard)
+    layout = replica_layout(g, 2, shard_optimizer=shard)
+    assert dp.graph.extra["data_parallel"]["collective_cost"]["link"] == {
+        "latency_s": 2e-5,
+        "bandwidth_bytes_per_s": 4e9,
+    }
+    for b in range(len(layout.buckets)):
+        steps = [
+            i
+            for i, extra in enumerate(dp.graph.node_extra)
+            if extra.get("replica") == 0 and (extra.get("allreduce") or {}).get("bucket") == b
+        ]
+        added = sum(dp.graph.compute_s[i] - plain.graph.compute_s[i] for i in steps)
+        size = layout.bucket_bytes(b)
+        measured = 1e-4 + size / 0.5e9 + (1e-4 + size / 0.25e9 if shard else 0.0)
+        messages = 2 * (2e-5 + size / 2 / 4e9)  # one chunk each way, half the bucket each
+        assert added == pytest.approx(measured - messages, rel=1e-6)
+    plan = place(g, cluster, "sharded_data_parallel" if shard else "data_parallel")
+    assert plan.rewritten_graph.digest() == dp.graph.digest()
+    assert validate(plan, g, cluster).makespan_s == plan.predicted["makespan_s"]  # the check rebuilds it
+
+
+def test_a_slow_calibrated_all_gather_makes_the_sharded_optimizer_lose():
+    # Over gloo a sharded optimizer's all-gather is a second collective as slow as the all-reduce: once the
+    # plans know it, sharding the optimizer's update looks slower than it does on the link's figures alone.
+    g = training_graph(layers=3, branches=2)
+
+    def sharding_costs(cluster: Cluster) -> float:
+        step = {a: place(g, cluster, a).predicted["makespan_s"] for a in ("data_parallel", "sharded_data_parallel")}
+        return step["sharded_data_parallel"] - step["data_parallel"]
+
+    calibrated = _calibrated_cpus(2, 1.2e9, 0.8e9)
+    assert sharding_costs(calibrated) > max(0.0, sharding_costs(load_cluster("2xcpu")))
+    assert collective_cost(load_cluster("2xcpu"), [0, 1]) is None

@@ -14,6 +14,7 @@ from ..sim.simulator import simulate
 from ..transform.replicate import (
     COLLECTIVES,
     DataParallelGraph,
+    collective_cost,
     collective_stages,
     data_parallel_graph,
     input_transfers,
@@ -181,6 +182,7 @@ def data_parallel_schedule(
             f"the {len(devices)} replicas (one per device) to share it"
         )
     hosts = replica_hosts(cluster, devices)
+    cost = collective_cost(cluster, devices)
     kinds = [collective]
     if collective == "best":  # the most promising first; one whose lower bound cannot win is not built
         bounds = _collective_lower_bounds(graph, cluster, shard_optimizer, COLLECTIVES)
@@ -189,7 +191,9 @@ def data_parallel_schedule(
     for kind in kinds:
         if best is not None and best[2].fits and bounds[kind] >= best[2].makespan_s:
             continue
-        dp = data_parallel_graph(graph, len(devices), shard_optimizer=shard_optimizer, collective=kind, hosts=hosts)
+        dp = data_parallel_graph(
+            graph, len(devices), shard_optimizer=shard_optimizer, collective=kind, hosts=hosts, collective_cost=cost
+        )
         device_of = np.asarray(devices, dtype=np.int64)[dp.replica]
         src, dst = device_of[dp.graph.src], device_of[dp.graph.dst]
         missing = np.flatnonzero((src != dst) & (cluster.channel_index[src, dst] < 0))

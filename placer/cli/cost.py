@@ -201,6 +201,21 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             f"the last of {args.ranks} ranks to reach a barrier spends {cal.barrier_s * 1e6:.1f} us in it "
             f"(how a step of the process-per-device runtime ends)"
         )
+    if cal.collectives:
+        print_rows(
+            ["collective", "latency us", "bandwidth GB/s", "R^2", "16 MiB ms"],
+            [
+                [
+                    kind,
+                    f"{f.latency_s * 1e6:.1f}",
+                    f"{f.bandwidth_bytes_per_s / 1e9:.3f}",
+                    f"{f.r2:.4f}",
+                    f"{float(f.predict(16 << 20)) * 1e3:.2f}",
+                ]
+                for kind, f in cal.collectives.items()
+            ],
+            title=f"torch.distributed's collectives on {args.ranks} ranks, against a bucket's bytes",
+        )
     print(f"calibration -> {args.output}")
     if cluster is not None:
         apply_calibration(cluster, cal, link_map).save(args.cluster_output)

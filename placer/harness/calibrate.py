@@ -28,7 +28,7 @@ import time
 from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, NamedTuple, Sequence
 
 import numpy as np
 
@@ -46,6 +46,8 @@ from .profiling import profile_module
 __all__ = [
     "LinkFit",
     "Calibration",
+    "COLLECTIVE_KINDS",
+    "GlooMeasurements",
     "CALIBRATION_FORMAT",
     "DEFAULT_SIZES",
     "PROBE_MODEL",
@@ -74,6 +76,10 @@ STREAM_MESSAGE_BYTES = 1024
 PROBE_MODEL: tuple[str, int] = ("zoo:resnet50?depth=14&image_size=32&width=8&classes=10", 32)
 #: Steps of the probe's run (the first is not timed).
 PROBE_STEPS = 6
+#: The ``torch.distributed`` collectives a data-parallel plan's buckets run as on one process per device
+#: (:mod:`placer.runtime.replicas`): a bucket's all-reduce (a sharded optimizer's reduce-scatter runs as
+#: one too), a sharded optimizer's all-gather of the updated shards.
+COLLECTIVE_KINDS = ("all_reduce", "all_gather")
 
 
 @dataclass
@@ -154,32 +160,25 @@ class Calibration:
     """Fitted links (link type -> :class:`LinkFit`), where they were measured, and (gloo) the host
     cost of a message with the ``(0, 1, bytes, sending seconds, receiving seconds)`` it was fitted to,
     and the seconds the last rank to reach a barrier spends in it (what ends a step of
-    :mod:`placer.runtime.distributed` after its last operation, with its last sends)."""
+    :mod:`placer.runtime.distributed` after its last operation, with its last sends); and (gloo)
+    the ``torch.distributed`` collectives a data-parallel plan's buckets run as, fitted per kind
+    (``all_reduce``, ``all_gather``: seconds against the bucket's bytes, on ``meta["ranks"]`` ranks)."""
 
     links: dict[str, LinkFit]
     meta: dict[str, Any] = field(default_factory=dict)
     message_cost: MessageCost | None = None
     message_samples: list[tuple[int, int, int, float, float]] = field(default_factory=list)
     barrier_s: float | None = None
+    collectives: dict[str, LinkFit] = field(default_factory=dict)
 
     def to_dict(self) -> dict:
-        doc = {
-            "format": CALIBRATION_FORMAT,
-            **self.meta,
-            "links": {
-                name: {
-                    "latency_s": f.latency_s,
-                    "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s,
-                    "r2": f.r2,
-                    "samples": [list(s) for s in f.samples],
-                }
-                for name, f in self.links.items()
-            },
-        }
+        doc = {"format": CALIBRATION_FORMAT, **self.meta, "links": _fits_to_dict(self.links)}
         if self.message_cost is not None:
             doc["messages"] = {**self.message_cost.to_dict(), "samples": [list(m) for m in self.message_samples]}
         if self.barrier_s is not None:
             doc["barrier_s"] = self.barrier_s
+        if self.collectives:
+            doc["collectives"] = _fits_to_dict(self.collectives)
         return doc
 
     def save(self, path: str | os.PathLike) -> None:
@@ -197,25 +196,7 @@ class Calibration:
         where = f"calibration {source}" if source else "calibration"
         check_format(doc, CALIBRATION_FORMAT, where)
         top = Field(doc, where)
-        links = {}
-        for name, raw in (top.mapping("links", required=True)).items():
-            f = Field(raw, f"{where}: link {name!r}")
-            samples = []
-            for k, s in enumerate(f.array("samples") or []):
-                if not (isinstance(s, list) and len(s) == 2):
-                    raise FormatError(f"{f.where}: sample #{k} must be [bytes, seconds], got {s!r}")
-                samples.append(
-                    (
-                        int(check_number(s[0], f"{f.where}: sample #{k} bytes")),
-                        check_number(s[1], f"{f.where}: sample #{k} seconds"),
-                    )
-                )
-            links[name] = LinkFit(
-                latency_s=f.number("latency_s", required=True, minimum=None),
-                bandwidth_bytes_per_s=f.number("bandwidth_bytes_per_s", required=True, positive=True),
-                r2=f.number("r2", default=float("nan"), minimum=None),
-                samples=samples,
-            )
+        links = _fits_from_dict(top.mapping("links", required=True), f"{where}: link")
         message_cost, message_samples = None, []
         messages = top.mapping("messages")
         if messages is not None:
@@ -230,9 +211,50 @@ class Calibration:
                 numbers = [check_number(x, f"{where_messages}: sample #{k}") for x in m]
                 message_samples.append((int(numbers[0]), int(numbers[1]), int(numbers[2]), numbers[3], numbers[4]))
         barrier_s = top.number("barrier_s")
-        return cls(
-            links, top.extra({"format", "links", "messages", "barrier_s"}), message_cost, message_samples, barrier_s
+        collectives = _fits_from_dict(top.mapping("collectives") or {}, f"{where}: collective")
+        unknown = sorted(set(collectives) - set(COLLECTIVE_KINDS))
+        if unknown:
+            raise FormatError(
+                f"{where}: collective {unknown[0]!r} is not one placer measures ({', '.join(COLLECTIVE_KINDS)})"
+            )
+        meta = top.extra({"format", "links", "messages", "barrier_s", "collectives"})
+        return cls(links, meta, message_cost, message_samples, barrier_s, collectives)
+
+
+def _fits_to_dict(fits: dict[str, LinkFit]) -> dict:
+    return {
+        name: {
+            "latency_s": f.latency_s,
+            "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s,
+            "r2": f.r2,
+            "samples": [list(s) for s in f.samples],
+        }
+        for name, f in fits.items()
+    }
+
+
+def _fits_from_dict(raw_fits: dict, what: str) -> dict[str, LinkFit]:
+    """Fits by name from a calibration file's ``links`` or ``collectives``; errors name ``what`` and the name."""
+    fits = {}
+    for name, raw in raw_fits.items():
+        f = Field(raw, f"{what} {name!r}")
+        samples = []
+        for k, s in enumerate(f.array("samples") or []):
+            if not (isinstance(s, list) and len(s) == 2):
+                raise FormatError(f"{f.where}: sample #{k} must be [bytes, seconds], got {s!r}")
+            samples.append(
+                (
+                    int(check_number(s[0], f"{f.where}: sample #{k} bytes")),
+                    check_number(s[1], f"{f.where}: sample #{k} seconds"),
+                )
+            )
+        fits[name] = LinkFit(
+            latency_s=f.number("latency_s", required=True, minimum=None),
+            bandwidth_bytes_per_s=f.number("bandwidth_bytes_per_s", required=True, positive=True),
+            r2=f.number("r2", default=float("nan"), minimum=None),
+            samples=samples,
         )
+    return fits
 
 
 def load_calibration(path: str | os.PathLike) -> Calibration:
@@ -258,8 +280,12 @@ def apply_calibration(cluster: Cluster, calibration: Calibration, link_map: dict
     Cluster
         Named ``NAME-calibrated`` (a plan made on it names a cluster of its own, not the
         preset or file it was calibrated from, whose figures differ). Calibrated channels
-        carry ``extra["calibrated_from"]``. A negative fitted latency (possible with noisy
-        points) is applied as 0.
+        carry ``extra["calibrated_from"]``; where the calibration timed ``torch.distributed``'s
+        collectives over that link (gloo), also ``extra["collectives"]``: ``{"ranks": n, kind:
+        {"latency_s": ..., "bandwidth_bytes_per_s": ...}}`` for each of :data:`COLLECTIVE_KINDS`,
+        which data-parallel plans cost their buckets by
+        (:func:`~placer.transform.replicate.collective_cost`). A negative fitted latency
+        (possible with noisy points) is applied as 0.
 
     Raises
     ------
@@ -275,15 +301,17 @@ def apply_calibration(cluster: Cluster, calibration: Calibration, link_map: dict
             channels.append(ch)
             continue
         matched += 1
-        channels.append(
-            Channel(
-                ch.name,
-                fit.bandwidth_bytes_per_s,
-                max(0.0, fit.latency_s),
-                ch.pairs,
-                {**ch.extra, "calibrated_from": link_map.get(link, link)},
-            )
-        )
+        extra = {**ch.extra, "calibrated_from": link_map.get(link, link)}
+        extra.pop("collectives", None)  # an earlier calibration's
+        if calibration.collectives and link_map.get(link, link) == calibration.meta.get("backend"):
+            extra["collectives"] = {
+                "ranks": int(calibration.meta.get("ranks", 2)),
+                **{
+                    kind: {"latency_s": max(0.0, f.latency_s), "bandwidth_bytes_per_s": f.bandwidth_bytes_per_s}
+                    for kind, f in calibration.collectives.items()
+                },
+            }
+        channels.append(Channel(ch.name, fit.bandwidth_bytes_per_s, max(0.0, fit.latency_s), ch.pairs, extra))
     if not matched:
         have = sorted({str(ch.extra.get("link")) for ch in cluster.channels})
         raise OptionError(
@@ -344,6 +372,7 @@ def _gloo_worker(
             streams = _stream_host_times(rank, pair, MESSAGE_GAPS, max(16, repeats))
             after_message = _operation_after_message_s(rank, pair, max(32, repeats))
         barrier = _last_rank_barrier_s(rank, ranks, max(16, repeats))
+        collectives = _collective_times(ranks, sizes, repeats)
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(
@@ -354,6 +383,7 @@ def _gloo_worker(
                 "streams": streams if rank < 2 else [],
                 "after_message": after_message,
                 "barrier": barrier,
+                "collectives": collectives,
             }
         )
     )
@@ -373,6 +403,34 @@ def _last_rank_barrier_s(rank: int, ranks: int, count: int) -> float | None:
         dist.barrier()
         times.append(time.perf_counter() - began)
     return statistics.median(times[1:]) if rank == ranks - 1 else None
+
+
+def _collective_times(ranks: int, sizes: list[int], repeats: int) -> dict[str, list[list[float]]]:
+    """``[bytes, median seconds]`` of each of :data:`COLLECTIVE_KINDS` on a flat bucket of each size, run
+    by the runtime's own functions (start, then wait: what a rank spends when it waits at once)."""
+    import torch  # deferred: imports torch
+    import torch.distributed as dist  # deferred: imports torch
+
+    from ..runtime.replicas import all_gather_start, all_reduce_start, collective_wait
+
+    out: dict[str, list[list[float]]] = {kind: [] for kind in COLLECTIVE_KINDS}
+    rank = dist.get_rank()
+    for size in sizes:
+        chunk = max(1, size // 4 // ranks)
+        bucket = torch.zeros(chunk * ranks)
+        runs = {
+            "all_reduce": lambda: collective_wait(all_reduce_start(bucket)),
+            "all_gather": lambda: collective_wait(all_gather_start(bucket, chunk, rank, list(range(ranks)))),
+        }
+        for kind in COLLECTIVE_KINDS:
+            times = []
+            for _ in range(repeats + 1):  # the first one warms up
+                dist.barrier()
+                began = time.perf_counter()
+                runs[kind]()
+                times.append(time.perf_counter() - began)
+            out[kind].append([bucket.numel() * 4, statistics.median(times[1:])])
+    return out
 
 
 def _message_host_times(rank: int, pair, sizes: list[int], repeats: int) -> list[list[float]]:
@@ -544,15 +602,26 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
     ]
 
 
+class GlooMeasurements(NamedTuple):
+    """What :func:`measure_gloo` measured (the fields are its steps')."""
+
+    #: (bytes, one-way seconds) of each transfer size
+    trips: list[tuple[int, float]]
+    #: (0, 1, bytes, sending seconds, receiving seconds) of a message alone
+    messages: list[tuple[int, int, int, float, float]]
+    #: (gap seconds, sending seconds, receiving seconds) of messages in streams
+    streams: list[tuple[float, float, float]]
+    #: (after sending, after receiving, after waiting) seconds an operation loses
+    after_message: tuple[float, float, float]
+    #: seconds the last rank to reach a barrier spends in it
+    barrier_s: float
+    #: collective kind -> (bucket bytes, seconds) of each size
+    collectives: dict[str, list[tuple[int, float]]]
+
+
 def measure_gloo(
     ranks: int = 2, sizes: Iterable[int] = DEFAULT_SIZES, repeats: int = 5, timeout_s: float = 120.0
-) -> tuple[
-    list[tuple[int, float]],
-    list[tuple[int, int, int, float, float]],
-    list[tuple[float, float, float]],
-    tuple[float, float, float],
-    float,
-]:
+) -> GlooMeasurements:
     """One-way transfer times between CPU processes over gloo on 127.0.0.1, and a message's host cost.
 
     Spawns ``ranks`` processes and measures, in turn:
@@ -570,13 +639,14 @@ def measure_gloo(
        another operation (the mean of both ranks' medians, after sending, after
        receiving, after waiting to receive);
     5. the median seconds the last rank to reach a barrier of all ranks spends
-       in it: how a runtime's step ends.
+       in it: how a runtime's step ends;
+    6. the seconds of each ``torch.distributed`` collective a data-parallel
+       plan's buckets run as (:data:`COLLECTIVE_KINDS`), on every size, all
+       ranks taking part (rank 0's medians).
 
     Returns
     -------
-    (list of (bytes, seconds), list of (0, 1, bytes, sending seconds, receiving seconds),
-    list of (gap seconds, sending seconds, receiving seconds), (after sending seconds,
-    after receiving seconds, after waiting seconds), barrier seconds)
+    GlooMeasurements
 
     Raises
     ------
@@ -654,7 +724,8 @@ def measure_gloo(
             float(np.mean(sides)) for sides in zip(sender["after_message"], receiver["after_message"])
         )
         last = json.loads(Path(out_dir, f"rank{ranks - 1}.json").read_text())
-        return trips, messages, streams, after_message, float(last["barrier"])
+        collectives = {kind: [(int(b), float(t)) for b, t in points] for kind, points in sender["collectives"].items()}
+        return GlooMeasurements(trips, messages, streams, after_message, float(last["barrier"]), collectives)
 
 
 def measure_probe(
@@ -807,10 +878,15 @@ def calibrate(
     if probe and backend != "gloo":
         raise OptionError("option 'probe' runs gloo ranks: calibrate with backend 'gloo'")
     sizes = list(sizes)
-    messages, streams, after_message, barrier_s = [], [], (0.0, 0.0, 0.0), None
+    messages, streams, after_message, barrier_s, collectives = [], [], (0.0, 0.0, 0.0), None, {}
     if backend == "gloo":
-        trips, messages, streams, after_message, barrier_s = measure_gloo(ranks, sizes, repeats, timeout_s)
-        measured = {"gloo": trips}
+        gloo = measure_gloo(ranks, sizes, repeats, timeout_s)
+        messages, streams, after_message, barrier_s = gloo.messages, gloo.streams, gloo.after_message, gloo.barrier_s
+        measured = {"gloo": gloo.trips}
+        if len({b for b, _ in gloo.trips}) > 1:  # a fit needs two sizes
+            collectives = {
+                kind: fit_link([b for b, _ in pts], [t for _, t in pts], kind) for kind, pts in gloo.collectives.items()
+            }
     elif backend == "cuda":
         measured = measure_cuda(sizes, repeats)
     else:
@@ -830,7 +906,7 @@ def calibrate(
         meta["stream_message_cost"] = cost.to_dict()
         cost, fitted_to = measure_probe(cost, timeout_s=timeout_s)
         meta["probe"] = {"model": PROBE_MODEL[0], "batch": PROBE_MODEL[1], "steps": PROBE_STEPS, "messages": fitted_to}
-    return Calibration(links, meta, cost, messages, barrier_s)
+    return Calibration(links, meta, cost, messages, barrier_s, collectives)
 
 
 def _message_cost(

@@ -120,6 +120,7 @@ def _rebuild(plan: Plan, graph: OpGraph) -> OpGraph:
                 collective=collective,
                 hosts=info.get("hosts"),
                 first_bucket_bytes=int(info.get("first_bucket_bytes") or bucket_bytes),
+                collective_cost=info.get("collective_cost"),
             ).graph
         except (KeyError, TypeError, ValueError, AttributeError, OptionError) as exc:
             raise InvalidPlanError(

@@ -58,8 +58,10 @@ all-reduce: within hosts, then between them).
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Sequence
 
 import numpy as np
 
@@ -594,6 +596,7 @@ def data_parallel_graph(
     collective: str = "ring",
     hosts: list[list[int]] | None = None,
     first_bucket_bytes: int = FIRST_BUCKET_BYTES,
+    collective_cost: dict | None = None,
 ) -> DataParallelGraph:
     """``replicas`` copies of the step on 1/``replicas`` of the batch each, with all-reduces of the gradients.
 
@@ -618,6 +621,13 @@ def data_parallel_graph(
     first_bucket_bytes : int
         The first bucket's size, as DDP's (1 MiB): the last layers' gradients,
         whose reduction then starts while backward goes on.
+    collective_cost : dict, optional
+        The measured ``torch.distributed`` collectives the buckets run as and
+        the link their messages take (:func:`collective_cost`): each bucket's
+        steps then also take, as their replica's work, the time the measured
+        collective needs beyond its messages over the link
+        (:func:`collective_excess`). Recorded in the graph's
+        ``extra["data_parallel"]``.
 
     Returns
     -------
@@ -722,9 +732,13 @@ def data_parallel_graph(
     for b, members in enumerate(layout.buckets):
         names = [graph.ids[u] + (f":{t}" if t else "") for u, t in members]
         stages, reduced = collective_stages(layout, b, collective, hosts)
+        excess = collective_excess(stages, layout.bucket_bytes(b), r, layout.sharded, collective_cost)
         stage_node = np.empty((r, len(stages)), dtype=np.int64)
         for s, stage in enumerate(stages):
             cost, by_kind = layout.stage_compute(stage)
+            if excess[s]:
+                cost += excess[s]
+                by_kind = {kind: t + excess[s] for kind, t in (by_kind or {}).items()} or None
             for k in range(r):
                 stage_node[k, s] = add(
                     fresh_id(f"r{k}/allreduce{b}.step{s}", taken),
@@ -798,6 +812,7 @@ def data_parallel_graph(
                 "bucket_bytes": int(bucket_bytes),
                 "first_bucket_bytes": int(first_bucket_bytes),
                 "hosts": hosts,
+                **({"collective_cost": collective_cost} if collective_cost else {}),
             },
         },
     )
@@ -805,6 +820,115 @@ def data_parallel_graph(
 
 
 _DEFAULTS = {"compute_s": 0.0, **NODE_DEFAULTS}
+
+
+def collective_cost(cluster: Cluster | None, devices: Sequence[int]) -> dict | None:
+    """What the buckets' collectives cost among ``devices``, where a calibration measured them: the
+    ``extra["collectives"]`` of the channels between them (:func:`~placer.harness.calibrate.apply_calibration`)
+    with those channels' ``link`` (latency and bandwidth). None where a pair has no channel or one carries
+    no measured collectives, or the channels differ (the collective's cost is then its messages').
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> collective_cost(load_cluster("2xcpu"), [0, 1]) is None     # not calibrated
+    True
+    """
+    if cluster is None or len(devices) < 2:
+        return None
+    found = set()
+    for i in devices:
+        for j in devices:
+            if i == j:
+                continue
+            c = int(cluster.channel_index[i, j])
+            if c < 0 or "collectives" not in cluster.channels[c].extra:
+                return None
+            channel = cluster.channels[c]
+            link = {
+                "latency_s": float(channel.latency_s),
+                "bandwidth_bytes_per_s": float(channel.bandwidth_bytes_per_s),
+            }
+            found.add(json.dumps({**channel.extra["collectives"], "link": link}, sort_keys=True))
+    return json.loads(found.pop()) if len(found) == 1 else None
+
+
+def collective_excess(
+    stages: Sequence["Stage"], bucket_bytes: int, replicas: int, sharded: bool, cost: dict | None
+) -> list[float]:
+    """Seconds each step of a bucket's collective takes, as its replica's work, beyond its messages.
+
+    A bucket's collective runs on one process per device as one ``torch.distributed`` call
+    (:mod:`placer.runtime.replicas`): an all-reduce, or with a sharded optimizer an all-reduce then
+    an all-gather of the updated shards. The reference model charges its steps' messages to the
+    link, ``latency + bytes / bandwidth`` each; the measured call takes
+    ``T(S) = latency_k + S / bandwidth_k`` on a bucket of ``S`` bytes (scaled by
+    ``(r - 1) / r`` against the ranks it was measured on, as a ring's traffic). What ``T``
+    exceeds the messages by (gloo's reductions and copies on the ranks' own cores, its
+    threads' hand-offs) is spread over the phase's steps, which the replica's device then
+    runs: the phase then takes at least ``T``. Steps that pack a buffer take none.
+
+    Parameters
+    ----------
+    stages : sequence of Stage
+        The bucket's steps (:func:`collective_stages`).
+    bucket_bytes, replicas, sharded
+        The bucket's size, the replicas, whether the optimizer is sharded.
+    cost : dict or None
+        :func:`collective_cost`'s; None: no step takes any.
+
+    Returns
+    -------
+    list of float
+        Per step, seconds.
+
+    Examples
+    --------
+    A 2-rank all-reduce of 16 MB measured at 13 ms over a 4 GB/s link whose two messages
+    take 4 ms: each of the two steps takes 4.5 ms more.
+
+    >>> cost = {"ranks": 2, "all_reduce": {"latency_s": 0.0, "bandwidth_bytes_per_s": 16e6 / 13e-3},
+    ...         "all_gather": {"latency_s": 0.0, "bandwidth_bytes_per_s": 1e9},
+    ...         "link": {"latency_s": 0.0, "bandwidth_bytes_per_s": 4e9}}
+    >>> ring = [Stage("bucket.pack", 0, 0, 16_000_000, [[(GRADIENTS, 0, 1)], [(GRADIENTS, 1, 1)]]),
+    ...         Stage("allreduce.add", 1, 8_000_000, 8_000_000, [[(0, 0, 16_000_000), (0, 1, 8_000_000)],
+    ...               [(0, 1, 16_000_000), (0, 0, 8_000_000)]], role="ring_reduce"),
+    ...         Stage("allreduce.copy", 0, 8_000_000, 16_000_000, [[(1, 0, 8_000_000), (1, 1, 8_000_000)],
+    ...               [(1, 1, 8_000_000), (1, 0, 8_000_000)]], role="ring_gather")]
+    >>> [round(x * 1e3, 3) for x in collective_excess(ring, 16_000_000, 2, False, cost)]
+    [0.0, 4.5, 4.5]
+    """
+    out = [0.0] * len(stages)
+    if not cost or replicas < 2:
+        return out
+    link = cost["link"]
+    scale = ((replicas - 1) / replicas) / ((cost["ranks"] - 1) / cost["ranks"])
+
+    def measured(kind: str) -> float:
+        fit = cost[kind]
+        return fit["latency_s"] + scale * bucket_bytes / fit["bandwidth_bytes_per_s"]
+
+    def messages(stage: "Stage") -> float:
+        """The longest message into one replica's step (a ring sends one; a direct exchange sends on
+        links of its own at once)."""
+        amounts = [amount for k in range(replicas) for _, amount in input_transfers(stage, k)]
+        return max((link["latency_s"] + a / link["bandwidth_bytes_per_s"] for a in amounts), default=0.0)
+
+    steps = [s for s, stage in enumerate(stages) if stage.role.endswith(("_reduce", "_gather"))]
+    phases = (
+        [
+            ("all_reduce", [s for s in steps if stages[s].role.endswith("_reduce")]),
+            ("all_gather", [s for s in steps if stages[s].role.endswith("_gather")]),
+        ]
+        if sharded
+        else [("all_reduce", steps)]
+    )
+    for kind, members in phases:
+        if members:
+            extra = max(0.0, measured(kind) - sum(messages(stages[s]) for s in members))
+            for s in members:
+                out[s] = extra / len(members)
+    return out
 
 
 def replicated_node(graph: OpGraph) -> int | None:
