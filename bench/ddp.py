@@ -22,9 +22,10 @@ barrier for the ranks (the eager step: its own wall time). Each placer plan
 is made, before any run, on the step's graph profiled on this CPU
 (:func:`placer.harness.profiling.profile_step`, one thread; a node's time the
 median of ``--profiles`` profiles) and the preset with
-its gloo link calibrated on as many ranks
-(:func:`placer.harness.calibrate.calibrate`, as ``placer profile`` and
-``placer calibrate`` make them): the plan's simulated step
+its gloo link and ``torch.distributed``'s collectives calibrated on as many
+ranks (:func:`placer.harness.calibrate.calibrate`, as ``placer profile`` and
+``placer calibrate`` make them; the plans cost each bucket by the measured
+collective): the plan's simulated step
 (``DistributedResult.predicted_s``) is the prediction. The record also keeps
 the prediction with each message's host cost and the calibrated barrier
 that ends a step (``placer simulate --message-cost``), and each placer plan's
