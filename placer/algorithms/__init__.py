@@ -4,17 +4,17 @@ Importing this package registers every algorithm; add a family by writing
 its module and importing it here.
 """
 
-from . import (  # noqa: F401  (register auto; single, round_robin, expert, metis)  # noqa: F401  (m_topo, m_etf, m_sct; data_parallel; dpos, os_dpos; heft)
-    auto,
-    baechi,
-    baselines,
-    celeritas,  # noqa: F401  (register celeritas, order_place)
-    data_parallel,
-    fastt,
-    heft,
-    pesto,  # noqa: F401  (register pesto)
-    pipeline,  # noqa: F401  (register gpipe, 1f1b)
-    placeto,  # noqa: F401  (register placeto)
+from . import (  # noqa: F401  (each module registers its family)
+    auto,  # auto
+    baechi,  # m_topo, m_etf, m_sct
+    baselines,  # single, round_robin, expert, metis
+    celeritas,  # celeritas, order_place
+    data_parallel,  # data_parallel, sharded_data_parallel
+    fastt,  # dpos, os_dpos
+    heft,  # heft
+    pesto,  # pesto
+    pipeline,  # gpipe, 1f1b
+    placeto,  # placeto
 )
 from .registry import Algorithm, available_algorithms, get_algorithm, place, register
 
