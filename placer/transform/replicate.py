@@ -902,7 +902,8 @@ def collective_excess(
     if not cost or replicas < 2:
         return out
     link = cost["link"]
-    scale = ((replicas - 1) / replicas) / ((cost["ranks"] - 1) / cost["ranks"])
+    ranks = max(2, int(cost["ranks"]))  # a collective needs two ranks to have been measured
+    scale = ((replicas - 1) / replicas) / ((ranks - 1) / ranks)
 
     def measured(kind: str) -> float:
         fit = cost[kind]
