@@ -15,13 +15,12 @@ from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.check import state_difference, train_accumulated
-from placer.runtime.distributed import run_distributed
 from placer.runtime.program import compile_program
 from placer.runtime.replicas import batch_coupled, replica_steps
 from placer.transform.microbatch import microbatch_graph
 from placer.transform.split import split_operation
 
-from .training import TOLERANCE, assert_equal, eager_training, placed_training, tiny
+from .training import TOLERANCE, assert_equal, distributed_training, eager_training, placed_training, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -84,23 +83,9 @@ def test_distributed_microbatches_equal_gradient_accumulation(name, batch):
     model, inputs, captured = tiny(name, batch)
     cluster = load_cluster("2xcpu")
     plan = place(captured.graph, cluster, "1f1b", microbatches=2)
-    trained = copy.deepcopy(model)
-    optimizer = captured.optimizer.eager(trained.parameters())
-    flat = captured.step_inputs(trained, inputs, optimizer)
-    result = run_distributed(
-        captured.gm,
-        captured.graph,
-        plan,
-        cluster,
-        flat,
-        steps=2,
-        carrier=captured.carrier,
-        timeout_s=120,
-        replica_steps=replica_steps(captured, plan),
-    )
-    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], trained, optimizer)
+    trained, _ = distributed_training(plan, cluster, model, inputs, captured)
     reference = accumulated(model, inputs, captured, rows_of(plan))
-    assert_equal((trained, optimizer), reference, at_least=6)
+    assert_equal(trained, reference, at_least=6)
 
 
 def test_a_split_operation_of_a_micro_batch_runs():

@@ -22,9 +22,9 @@ from placer.capture import capture
 from placer.cluster import load_cluster
 from placer.errors import OptionError
 from placer.runtime.check import state_difference
-from placer.runtime.distributed import run_distributed
 from placer.runtime.pipelining import run_pipelining
-from placer.runtime.replicas import replica_steps
+
+from .training import distributed_training
 
 pytest.importorskip("torch.distributed.pipelining", reason="this torch has no torch.distributed.pipelining")
 
@@ -96,21 +96,7 @@ def test_a_micro_batched_plan_trains_as_torch_pipelining(schedule, microbatches)
     assert devices["body.conv1"] == devices["body.bn1"] == {"cpu0"}
     assert devices["body.conv2"] == devices["body.bn2"] == devices["body.fc"] == {"cpu1"}
 
-    trained = copy.deepcopy(model)
-    optimizer = captured.optimizer.eager(trained.parameters())
-    flat = captured.step_inputs(trained, (images, labels), optimizer)
-    result = run_distributed(
-        captured.gm,
-        captured.graph,
-        plan,
-        cluster,
-        flat,
-        steps=STEPS,
-        carrier=captured.carrier,
-        timeout_s=120,
-        replica_steps=replica_steps(captured, plan),
-    )
-    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], trained, optimizer)
+    (trained, optimizer), _ = distributed_training(plan, cluster, model, (images, labels), captured, steps=STEPS)
 
     theirs = run_pipelining(
         torch_stages(model.body, CUT),

@@ -16,12 +16,11 @@ from placer.cluster import load_cluster
 from placer.errors import InvalidPlanError, OptionError
 from placer.plan import Plan
 from placer.runtime.ddp import run_ddp
-from placer.runtime.distributed import run_distributed
 from placer.runtime.program import compile_program
 from placer.runtime.replicas import batch_coupled, replica_steps
 from placer.transform.replicate import data_parallel_graph
 
-from .training import TOLERANCE, assert_equal, eager_training, placed_training, tiny
+from .training import TOLERANCE, assert_equal, distributed_training, eager_training, placed_training, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 
@@ -69,23 +68,9 @@ def test_distributed_replicas_equal_torch_ddp_and_zero(algorithm):
     model, inputs, captured = tiny("lenet", 6, "adam")
     cluster = load_cluster("2xcpu")
     plan = place(captured.graph, cluster, algorithm)
-    trained = copy.deepcopy(model)
-    optimizer = captured.optimizer.eager(trained.parameters())
-    flat = captured.step_inputs(trained, inputs, optimizer)
-    result = run_distributed(
-        captured.gm,
-        captured.graph,
-        plan,
-        cluster,
-        flat,
-        steps=2,
-        carrier=captured.carrier,
-        timeout_s=60,
-        replica_steps=replica_steps(captured, plan),
-    )
-    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], trained, optimizer)
+    trained, result = distributed_training(plan, cluster, model, inputs, captured, timeout_s=60)
     reference = ddp_training(model, inputs, captured, 2, zero=algorithm == "sharded_data_parallel")
-    assert_equal((trained, optimizer), reference)
+    assert_equal(trained, reference)
     first = eager_training(model, inputs, captured, 1)[0]
     assert abs(float(result.outputs[0]) - float(first(*inputs).detach())) < 1e-5
 
@@ -124,22 +109,8 @@ def test_distributed_replicas_with_splits_reduce_with_torch_collectives_as_ddp()
     )
     buckets = plan.rewritten_graph.extra["data_parallel"]["buckets"]
     assert sum(v.target is all_reduce_start for v in program.schedule) == 2 * buckets
-    trained = copy.deepcopy(model)
-    optimizer = captured.optimizer.eager(trained.parameters())
-    flat = captured.step_inputs(trained, inputs, optimizer)
-    result = run_distributed(
-        captured.gm,
-        captured.graph,
-        plan,
-        cluster,
-        flat,
-        steps=2,
-        carrier=captured.carrier,
-        timeout_s=60,
-        replica_steps=steps,
-    )
-    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], trained, optimizer)
-    assert_equal((trained, optimizer), ddp_training(model, inputs, captured, 2), tolerance=1e-5)
+    trained, _ = distributed_training(plan, cluster, model, inputs, captured, timeout_s=60)
+    assert_equal(trained, ddp_training(model, inputs, captured, 2), tolerance=1e-5)
 
 
 def test_auto_plans_are_applied_whatever_they_replicate():

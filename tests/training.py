@@ -1,4 +1,4 @@
-"""Tiny zoo models trained placed and eagerly, and the comparison of what they end with: shared by the
+"""Tiny zoo models trained placed (in process or on gloo ranks) and eagerly, and the comparison of what they end with: shared by the
 tests of replicated and micro-batched plans."""
 
 from __future__ import annotations
@@ -12,6 +12,8 @@ from placer.capture import capture
 from placer.capture.spec import load_model
 from placer.capture.zoo.registry import ZOO
 from placer.runtime.check import state_difference, train_eager
+from placer.runtime.distributed import run_distributed
+from placer.runtime.replicas import replica_steps
 
 TOLERANCE = 1e-6
 
@@ -39,6 +41,28 @@ def placed_training(plan, model, inputs, captured, steps=2):
     for _ in range(steps):
         step(*inputs)
     return model, optimizer
+
+
+def distributed_training(plan, cluster, model, inputs, captured, steps=2, timeout_s=120):
+    """Train a copy of ``model`` by ``plan`` on a process per device of ``cluster`` over gloo (the replicas'
+    and micro-batches' steps traced on their rows): ``((model, optimizer), result)``, the run's
+    :class:`~placer.runtime.distributed.DistributedResult` beside them."""
+    model = copy.deepcopy(model)
+    optimizer = captured.optimizer.eager(model.parameters())
+    flat = captured.step_inputs(model, inputs, optimizer)
+    result = run_distributed(
+        captured.gm,
+        captured.graph,
+        plan,
+        cluster,
+        flat,
+        steps=steps,
+        carrier=captured.carrier,
+        timeout_s=timeout_s,
+        replica_steps=replica_steps(captured, plan),
+    )
+    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
+    return (model, optimizer), result
 
 
 def eager_training(model, inputs, captured, steps=2):
