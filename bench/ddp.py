@@ -358,17 +358,42 @@ def rounded(value: Any) -> Any:
     return value
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"of {', '.join(MODELS)}")
-    parser.add_argument("--clusters", default="2xcpu,4xcpu", help="CPU presets (gloo ranks)")
-    parser.add_argument("--steps", type=int, default=10, help="measured steps, after the warm-up")
+def add_run_options(parser: argparse.ArgumentParser, steps: int, rounds: int) -> None:
+    """The options of a measured run shared by the benches that time engines in turn on gloo ranks."""
+    parser.add_argument("--steps", type=int, default=steps, help="measured steps, after the warm-up")
     parser.add_argument("--warmup", type=int, default=2, help="steps before those measured, in every run")
-    parser.add_argument("--rounds", type=int, default=4, help="runs of every engine, in turn")
+    parser.add_argument("--rounds", type=int, default=rounds, help="runs of every engine, in turn")
     parser.add_argument(
         "--profiles", type=int, default=3, help="profiles of each step; a node's time is its median over them"
     )
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
+
+
+def calibration_record(clusters: dict) -> dict:
+    """Each preset's calibrated gloo link and barrier (:func:`calibrated_clusters`), as a record keeps them."""
+    return {
+        name: {
+            "latency_s": cal.links["gloo"].latency_s,
+            "bandwidth_bytes_per_s": cal.links["gloo"].bandwidth_bytes_per_s,
+            "barrier_s": cal.barrier_s,
+        }
+        for name, (_, cal) in clusters.items()
+    }
+
+
+def write_record(path: str, record: dict) -> None:
+    """``record``, its figures :func:`rounded`, as indented JSON at ``path``; says where it went."""
+    with open(path, "w") as f:
+        json.dump(rounded(record), f, indent=1)
+        f.write("\n")
+    print(f"record -> {path}")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--models", default=DEFAULT_MODELS, help=f"of {', '.join(MODELS)}")
+    parser.add_argument("--clusters", default="2xcpu,4xcpu", help="CPU presets (gloo ranks)")
+    add_run_options(parser, steps=10, rounds=4)
     parser.add_argument("--time-limit", type=float, default=20.0, help="auto's, seconds")
     parser.add_argument("--output", default="bench/data/ddp-cpu.json", help="the record ('' for none)")
     args = parser.parse_args()
@@ -431,23 +456,13 @@ def main() -> int:
             "profiles": args.profiles,
             "bucket_bytes": BUCKET_BYTES,
             "auto_time_limit_s": args.time_limit,
-            "calibration": {
-                name: {
-                    "latency_s": cal.links["gloo"].latency_s,
-                    "bandwidth_bytes_per_s": cal.links["gloo"].bandwidth_bytes_per_s,
-                    "barrier_s": cal.barrier_s,
-                }
-                for name, (_, cal) in clusters.items()
-            },
+            "calibration": calibration_record(clusters),
             "seconds": elapsed,
             "cases": cases,
             "table": text,
             "goals": goals(cases),
         }
-        with open(args.output, "w") as f:
-            json.dump(rounded(record), f, indent=1)
-            f.write("\n")
-        print(f"record -> {args.output}")
+        write_record(args.output, record)
     return 0
 
 

@@ -50,7 +50,6 @@ from __future__ import annotations
 import argparse
 import copy
 import itertools
-import json
 import os
 import platform
 import statistics
@@ -64,7 +63,16 @@ import torch.nn.functional as F
 from torch import nn
 
 sys.path.insert(0, str(Path(__file__).parent))
-from ddp import busy_split, calibrated_clusters, eager_steps, median_after, ms, rounded  # noqa: E402  (bench/ddp.py's)
+from ddp import (  # noqa: E402  (bench/ddp.py's)
+    add_run_options,
+    busy_split,
+    calibrated_clusters,
+    calibration_record,
+    eager_steps,
+    median_after,
+    ms,
+    write_record,
+)
 
 
 class Piece(NamedTuple):
@@ -417,13 +425,7 @@ def main() -> int:
     parser.add_argument("--models", default=DEFAULT_MODELS, help=f"of {', '.join(MODELS)}")
     parser.add_argument("--clusters", default="2xcpu,4xcpu", help="CPU presets (gloo ranks)")
     parser.add_argument("--microbatches", type=int, default=0, help="M; 0: twice the ranks")
-    parser.add_argument("--steps", type=int, default=6, help="measured steps, after the warm-up")
-    parser.add_argument("--warmup", type=int, default=2, help="steps before those measured, in every run")
-    parser.add_argument("--rounds", type=int, default=3, help="runs of every engine, in turn")
-    parser.add_argument(
-        "--profiles", type=int, default=3, help="profiles of each step; a node's time is its median over them"
-    )
-    parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
+    add_run_options(parser, steps=6, rounds=3)
     parser.add_argument("--timeout", type=float, default=120.0, help="longest a rank waits for another, seconds")
     parser.add_argument("--output", default="bench/data/pipeline-measured.json", help="the record ('' for none)")
     args = parser.parse_args()
@@ -481,23 +483,13 @@ def main() -> int:
             "warmup": args.warmup,
             "rounds": args.rounds,
             "profiles": args.profiles,
-            "calibration": {
-                name: {
-                    "latency_s": cal.links["gloo"].latency_s,
-                    "bandwidth_bytes_per_s": cal.links["gloo"].bandwidth_bytes_per_s,
-                    "barrier_s": cal.barrier_s,
-                }
-                for name, (_, cal) in clusters.items()
-            },
+            "calibration": calibration_record(clusters),
             "seconds": elapsed,
             "cases": cases,
             "table": text,
             "goals": goals(cases),
         }
-        with open(args.output, "w") as f:
-            json.dump(rounded(record), f, indent=1)
-            f.write("\n")
-        print(f"record -> {args.output}")
+        write_record(args.output, record)
     return 0
 
 
