@@ -370,12 +370,18 @@ def add_run_options(parser: argparse.ArgumentParser, steps: int, rounds: int) ->
 
 
 def calibration_record(clusters: dict) -> dict:
-    """Each preset's calibrated gloo link and barrier (:func:`calibrated_clusters`), as a record keeps them."""
+    """Each preset's calibration (:func:`calibrated_clusters`) as a record keeps it: the gloo link, the barrier,
+    the collectives' fits and a message's host cost, the figures the predictions came from."""
     return {
         name: {
             "latency_s": cal.links["gloo"].latency_s,
             "bandwidth_bytes_per_s": cal.links["gloo"].bandwidth_bytes_per_s,
             "barrier_s": cal.barrier_s,
+            "collectives": {
+                kind: {"latency_s": fit.latency_s, "bandwidth_bytes_per_s": fit.bandwidth_bytes_per_s}
+                for kind, fit in cal.collectives.items()
+            },
+            "message_cost": None if cal.message_cost is None else cal.message_cost.to_dict(),
         }
         for name, (_, cal) in clusters.items()
     }

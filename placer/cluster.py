@@ -204,7 +204,8 @@ class Cluster:
     def digest(self) -> str:
         """A short fingerprint of the devices and channels' figures (not the names of the cluster or its
         channels), to tell a plan's cluster from another of the same name. A channel's calibrated
-        collectives (``extra["collectives"]``) are figures too."""
+        collectives (``extra["collectives"]``) and the cluster's calibrated message cost
+        (``extra["message_cost"]``) are figures too."""
         figures = [
             [[d.name, d.kind, int(d.memory_bytes), float(d.speed)] for d in self.devices],
             [
@@ -212,7 +213,7 @@ class Cluster:
                 + ([c.extra["collectives"]] if "collectives" in c.extra else [])
                 for c in self.channels
             ],
-        ]
+        ] + ([self.extra["message_cost"]] if "message_cost" in self.extra else [])
         return hashlib.sha256(json.dumps(figures).encode()).hexdigest()[:16]
 
     # ---------------------------------------------------------------- io

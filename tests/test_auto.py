@@ -12,6 +12,7 @@ from placer.api import validate
 from placer.cluster import load_cluster
 from placer.errors import OptionError
 from placer.generate import training_graph
+from placer.sim.messages import MessageCost, simulate_with_messages
 from placer.sim.simulator import simulate_plan
 
 MEMBERS = "dpos,heft,expert,single"
@@ -209,3 +210,29 @@ def test_a_members_plan_is_not_checked_again_but_a_changed_one_is(case, monkeypa
     )
     with pytest.raises(InfeasibleError, match="tampering found no valid plan"):
         place(graph, cluster, "tampering")
+
+
+def test_ranks_by_message_host_cost_where_the_cluster_carries_one():
+    # Branches spread over devices win under the reference model; at 5 ms of host time a message, one device
+    # (no messages) wins, and auto returns it: the plan the process-per-device runtime runs faster.
+    graph = training_graph(layers=6, branches=4, seed=2, activation_mib=0.5, flop_s=1e12)
+    cluster = load_cluster("4xGPU-pcie")
+    plain = place(graph, cluster, "auto", portfolio="heft,single", max_evaluations=0)
+    assert plain.extra["auto"]["start"] == "heft" and plain.extra["auto"]["ranked_by"] == "reference model"
+    cost = MessageCost(5e-3, 0.0, 5e-3, 0.0)
+    cluster.extra["message_cost"] = cost.to_dict()
+    plan = place(graph, cluster, "auto", portfolio="heft,single", max_evaluations=20)
+    info = plan.extra["auto"]
+    assert info["start"] == "single" and info["ranked_by"] == "reference model and message host cost"
+    heft = place(graph, cluster, "heft")
+    assert heft.predicted["makespan_s"] < plan.predicted["makespan_s"]  # faster without the messages' cost
+    with_messages = {
+        name: simulate_with_messages(p.bind(graph, cluster), cost).makespan_s
+        for name, p in (("auto", plan), ("heft", heft))
+    }
+    assert with_messages["auto"] < with_messages["heft"]
+    single = place(graph, cluster, "single")
+    assert info["start_makespan_s"] == pytest.approx(
+        simulate_with_messages(single.bind(graph, cluster), cost).makespan_s
+    )
+    assert with_messages["auto"] <= info["start_makespan_s"] * (1 + 1e-9)  # the climb kept only what won

@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from placer.cluster import load_cluster
+from placer.cluster import Cluster, load_cluster
 from placer.cost.analytic import DEVICE_SPECS, annotate, node_time_s, op_base_name
 from placer.errors import OptionError
 from placer.graph import OpGraph
@@ -141,7 +141,7 @@ from placer.harness.calibrate import (  # noqa: E402
     measure_gloo,
     measure_probe,
 )
-from placer.sim.messages import MessageCost  # noqa: E402
+from placer.sim.messages import MessageCost, cluster_message_cost  # noqa: E402
 
 
 def test_fit_recovers_latency_and_bandwidth_exactly():
@@ -218,6 +218,12 @@ def test_calibration_round_trip_and_apply(tmp_path):
     without = apply_calibration(load_cluster("2xcpu"), replace(cal, collectives={}))
     assert not any("collectives" in ch.extra for ch in without.channels)
     assert without.digest() != cluster.digest()
+    # So does a message's host cost, on the cluster: it survives the cluster file, and counts in the digest.
+    assert cluster_message_cost(cluster) == cal.message_cost
+    assert cluster_message_cost(Cluster.from_dict(cluster.to_dict())) == cal.message_cost
+    no_messages = apply_calibration(load_cluster("2xcpu"), replace(cal, message_cost=None))
+    assert cluster_message_cost(no_messages) is None and cluster_message_cost(load_cluster("2xcpu")) is None
+    assert no_messages.digest() != cluster.digest()
     # Named as its own cluster (a plan made on it must not look made for the preset), once.
     assert cluster.name == apply_calibration(cluster, cal).name == "2xcpu-calibrated"
     # A link measured under another name, with a negative fitted latency applied as 0.

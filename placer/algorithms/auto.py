@@ -28,6 +28,15 @@ no micro-batch count shrinks (:func:`~placer.feasibility.diagnose` with
 ``microbatched=True``): a step whose activations rule out every plan of the
 step whole still reaches the pipelines. Hybrids of replicas and pipelines
 (data parallelism over pipelines) are not searched.
+
+Message cost: on a cluster calibrated over gloo
+(:func:`~placer.harness.calibrate.apply_calibration`), every message between
+two processes also costs both of them host time that the reference model
+leaves out (:mod:`placer.sim.messages`). There auto ranks its members' plans,
+and the local search's result, by the step with each message's host cost
+(:func:`~placer.sim.messages.simulate_with_messages`): a plan that splits
+operations across processes sends many messages, which a data-parallel plan
+does not, and the process-per-device runtime pays for them.
 """
 
 from __future__ import annotations
@@ -47,8 +56,9 @@ from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.bounds import microbatch_lower_bound
+from ..sim.messages import MessageCost, cluster_message_cost, simulate_with_messages
 from ..sim.simulator import SimResult, simulate
-from ..transform.bind import target_graph
+from ..transform.bind import bind_plan, target_graph
 from ..transform.microbatch import check_microbatches, microbatch_graph
 from ..transform.replicate import replica_layout
 from ..transform.split import batch_dependent, batch_samples
@@ -198,10 +208,13 @@ def auto(
     Returns
     -------
     Plan
-        Never slower than any portfolio member's plan. ``extra["auto"]`` says
-        which member it started from, which members ran, were cut off, failed,
+        Never slower than any portfolio member's plan, as ranked (see the
+        module: with each message's host cost on a cluster that carries it).
+        ``extra["auto"]`` says which member it started from and its step as
+        ranked (``start_makespan_s``), which members ran, were cut off, failed,
         or were skipped by their lower bound (``cannot_win``), the micro-batch
-        counts searched (``microbatches``), and what local search gained.
+        counts searched (``microbatches``), what local search gained, and what
+        the plans were ranked by (``ranked_by``).
 
     Raises
     ------
@@ -251,7 +264,9 @@ def auto(
     search = not microbatches and searches_microbatches(graph) and any(name in PIPELINES for name in members)
     # place() leaves the diagnosis to an algorithm that cuts the step into micro-batches, as auto may.
     diagnose(graph, cluster, microbatched=search or microbatches > 1)
-    run = _Portfolio(graph, cluster, seed, began + PORTFOLIO_SHARE * limit, deadline)
+    run = _Portfolio(
+        graph, cluster, seed, began + PORTFOLIO_SHARE * limit, deadline, message_cost=cluster_message_cost(cluster)
+    )
     micro = microbatch_graph(graph, microbatches).graph if microbatches > 1 else None
     whole = graph
     if search:
@@ -293,6 +308,7 @@ def auto(
         "evaluations": 0,
         "local_search_gain": 0.0,
         "interrupted": run.interrupted,
+        "ranked_by": "reference model" if run.message_cost is None else "reference model and message host cost",
     }
     plan, placed = best.plan, best.graph
     # Split graphs are searched by their own algorithm; the search needs time for a few simulations.
@@ -304,9 +320,13 @@ def auto(
     improved, improved_span, info["evaluations"], info["interrupted"] = _local_search(
         placed, cluster, device_of, seed, max_evaluations, deadline
     )
-    if improved_span < best.span:
-        plan = Plan.from_arrays(placed, cluster, improved)
-        info["local_search_gain"] = 1 - improved_span / best.span
+    if improved_span < plan.predicted["makespan_s"]:
+        candidate = Plan.from_arrays(placed, cluster, improved)
+        # The climb simulates the reference model; where messages cost host time, keep its plan only if it wins.
+        improved_span = run.span(candidate, placed) if run.message_cost is not None else improved_span
+        if improved_span < best.span:
+            plan = candidate
+            info["local_search_gain"] = 1 - improved_span / best.span
     plan = _as_plan_of(plan, graph, placed, microbatches)
     plan.extra["auto"] = info
     return plan
@@ -365,7 +385,8 @@ class _Portfolio:
     limit get a third of the time left. The portfolio ends early enough before
     ``deadline`` for placer to check the plan it returns; ``check_s`` is the
     time placer took to check the best plan. Ctrl-C ends it with the best plan
-    so far (``interrupted``), or is raised where there is none.
+    so far (``interrupted``), or is raised where there is none. Plans are ranked
+    by :meth:`span`.
     """
 
     graph: OpGraph
@@ -381,6 +402,15 @@ class _Portfolio:
     )
     #: Per member that ran: its step, inf where it failed to fit.
     spans: dict[str, float] = field(default_factory=dict)
+    #: The host cost of a message that the cluster carries (:func:`~placer.sim.messages.cluster_message_cost`).
+    message_cost: MessageCost | None = None
+
+    def span(self, plan: Plan, graph: OpGraph) -> float:
+        """The step ``plan`` of ``graph`` is ranked by: the reference model's, plus each message's host cost
+        where the cluster carries one (:func:`~placer.sim.messages.simulate_with_messages`)."""
+        if self.message_cost is None:
+            return plan.predicted["makespan_s"]
+        return simulate_with_messages(bind_plan(plan, graph, self.cluster), self.message_cost).makespan_s
 
     def member(
         self,
@@ -444,7 +474,7 @@ class _Portfolio:
             self.interrupted = True
             return math.inf
         self.log["ran"].append(label)
-        span = plan.predicted["makespan_s"]
+        span = self.span(plan, graph)
         self.spans[label] = span
         if self.best is None or span < self.best.span:
             self.best = _Best(span, name, label, plan, graph)

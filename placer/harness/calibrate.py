@@ -284,8 +284,12 @@ def apply_calibration(cluster: Cluster, calibration: Calibration, link_map: dict
         collectives over that link (gloo), also ``extra["collectives"]``: ``{"ranks": n, kind:
         {"latency_s": ..., "bandwidth_bytes_per_s": ...}}`` for each of :data:`COLLECTIVE_KINDS`,
         which data-parallel plans cost their buckets by
-        (:func:`~placer.transform.replicate.collective_cost`). A negative fitted latency
-        (possible with noisy points) is applied as 0.
+        (:func:`~placer.transform.replicate.collective_cost`). Where it timed a message's
+        host cost (gloo) and some channel took that backend's fit, the cluster carries
+        it as ``extra["message_cost"]`` (:meth:`~placer.sim.messages.MessageCost.to_dict`;
+        :func:`~placer.sim.messages.cluster_message_cost` reads it), which ``auto`` ranks
+        its members' plans by. A negative fitted latency (possible with noisy points) is
+        applied as 0.
 
     Raises
     ------
@@ -319,7 +323,12 @@ def apply_calibration(cluster: Cluster, calibration: Calibration, link_map: dict
             f"{cluster.name!r} (its links: {have}); map one (link_map; --link CHANNEL_LINK=MEASURED_LINK)"
         )
     name = cluster.name if cluster.name.endswith("-calibrated") else f"{cluster.name}-calibrated"  # once, again
-    return Cluster(name, cluster.devices, channels, extra=dict(cluster.extra))
+    extra = dict(cluster.extra)
+    extra.pop("message_cost", None)  # an earlier calibration's
+    backend = calibration.meta.get("backend")
+    if calibration.message_cost is not None and any(ch.extra.get("calibrated_from") == backend for ch in channels):
+        extra["message_cost"] = calibration.message_cost.to_dict()
+    return Cluster(name, cluster.devices, channels, extra=extra)
 
 
 # ----------------------------------------------------------------- measuring

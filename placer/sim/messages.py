@@ -35,6 +35,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "MessageCost",
+    "cluster_message_cost",
     "messages_graph",
     "plan_messages",
     "message_gaps",
@@ -287,6 +288,32 @@ def waiting_nodes(schedule: "SimResult", orders: Sequence[np.ndarray] | None = N
         free = np.concatenate([[0.0], schedule.finish[order[:-1]]])
         waited.update(order[schedule.start[order] > free + 1e-12].tolist())
     return waited
+
+
+def cluster_message_cost(cluster: Cluster) -> MessageCost | None:
+    """The host cost of a message between ``cluster``'s processes, where a calibration put one on it.
+
+    :func:`~placer.harness.calibrate.apply_calibration` stores a gloo
+    calibration's :class:`MessageCost` as the cluster's ``extra["message_cost"]``
+    (and a cluster file keeps it); a preset has none.
+
+    Raises
+    ------
+    FormatError
+        If ``extra["message_cost"]`` is not a message cost, naming the cluster and field.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> cluster = load_cluster("2xcpu")
+    >>> cluster_message_cost(cluster) is None
+    True
+    >>> cluster.extra["message_cost"] = MessageCost(2e-5, 1e-10, 3e-5, 1e-10).to_dict()
+    >>> cluster_message_cost(cluster).receive_fixed_s
+    3e-05
+    """
+    doc = cluster.extra.get("message_cost")
+    return None if doc is None else MessageCost.from_dict(doc, f"cluster {cluster.name!r}: field 'message_cost'")
 
 
 def simulate_with_messages(
