@@ -168,24 +168,9 @@ class Float64Check:
 
 def scaled_difference(model, reference) -> Float64Check:
     """Largest scaled difference between two models' parameters and buffers (see :class:`Float64Check`)."""
-    import torch
+    from placer.runtime.check import state_difference
 
-    worst, where, count = 0.0, "", 0
-    ours = model.state_dict()
-    for name, theirs in reference.state_dict().items():
-        mine = ours.get(name)
-        count += 1
-        if not isinstance(mine, torch.Tensor) or mine.shape != theirs.shape:
-            gap = math.inf
-        elif mine.numel() == 0:
-            gap = 0.0
-        else:
-            x, y = mine.detach().double(), theirs.detach().double()
-            gap = float((x - y).abs().max()) / max(1.0, float(y.abs().max()))
-            gap = math.inf if math.isnan(gap) else gap
-        if gap > worst or count == 1:
-            worst, where = gap, name
-    return Float64Check(worst, where, count)
+    return Float64Check(*state_difference(model, None, reference, None, relative=True))
 
 
 def float64_check(spec: str, batch: int, plan, steps: int = 2) -> Float64Check:
@@ -195,7 +180,7 @@ def float64_check(spec: str, batch: int, plan, steps: int = 2) -> Float64Check:
 
     from placer.api import apply
     from placer.capture import capture
-    from placer.capture.spec import load_model
+    from placer.capture.spec import in_float64, load_model
     from placer.plan import Plan
     from placer.runtime.check import train_eager
 
@@ -203,9 +188,7 @@ def float64_check(spec: str, batch: int, plan, steps: int = 2) -> Float64Check:
     torch.set_num_threads(1)
     try:
         torch.manual_seed(0)
-        model, inputs = load_model(spec, batch)
-        model = model.double()
-        inputs = tuple(t.double() if torch.is_floating_point(t) else t for t in inputs)
+        model, inputs = in_float64(*load_model(spec, batch))
         captured = capture(copy.deepcopy(model), inputs, optimizer="sgd")
         # The same nodes, by id, in the float64 graph: the plan's splits are made again of it.
         double = Plan(plan.placement, plan.order, splits=plan.splits, graph_name=captured.graph.name)

@@ -14,6 +14,7 @@ from placer import load_cluster, place, simulate
 from placer.algorithms.common import placement_units
 from placer.api import apply
 from placer.capture import capture
+from placer.capture.spec import capture_spec, in_float64
 from placer.capture.spec import load_model as load_spec_model
 from placer.cost.analytic import node_time_s
 from placer.errors import InvalidPlanError, OptionError
@@ -347,19 +348,13 @@ ULP32 = 2.0**-24
 
 def _scaled_difference(model, reference):
     """Largest over parameters and buffers of max |a - b| / max(1, max |b|), and where."""
-    gaps = {}
-    ours = model.state_dict()
-    for name, theirs in reference.state_dict().items():
-        x, y = ours[name].detach().double(), theirs.detach().double()
-        gaps[name] = float((x - y).abs().max()) / max(1.0, float(y.abs().max())) if y.numel() else 0.0
-    where = max(gaps, key=gaps.get)
-    return gaps[where], where
+    worst, where, _ = state_difference(model, None, reference, None, relative=True)
+    return worst, where
 
 
 def _in_float64(spec, batch):
     torch.manual_seed(0)
-    model, inputs = load_spec_model(spec, batch)
-    return model.double(), tuple(t.double() if torch.is_floating_point(t) else t for t in inputs)
+    return in_float64(*load_spec_model(spec, batch))
 
 
 def _placed_training(model, inputs, captured, plan, steps):
@@ -430,3 +425,31 @@ def test_zoo_split_plans_that_fail_verify_in_float32_equal_eager_training_in_flo
     monkeypatch.setattr(splits_module, "sum_like", off_by_a_rounding)
     faulty = _placed_training(model, inputs, captured, _plan(graph, chosen, cluster), 2)
     assert _scaled_difference(faulty, eager)[0] > 1e-10
+
+
+@pytest.mark.slow
+def test_placer_run_verify_float64_passes_a_split_plan_and_catches_a_rounding_fault(tmp_path, capsys, monkeypatch):
+    """``placer run --verify --float64`` trains the split ResNet-50 plan and eager PyTorch in double precision:
+    equal within 1e-10 of each tensor's size, where float32 rounding, grown by batch norm over two samples,
+    fails any useful tolerance; a partial sum off by one float32 rounding fails it."""
+    from placer.cli import main
+
+    captured = capture_spec(RESNET50, 2, optimizer="sgd", lr=0.01)
+    plan = tmp_path / "plan.json"
+    _plan(captured.graph, _resnet_stem(captured.graph), load_cluster("2xcpu")).save(plan)
+    argv = ["run", RESNET50, "--plan", str(plan), "--optimizer", "sgd", "--lr", "0.01", "--steps", "2", "--verify"]
+    assert main([*argv, "--float64"]) == 0
+    out = capsys.readouterr().out
+    assert "equal eager training on cpu, both in float64" in out and "within 1e-10" in out
+
+    exact = splits_module.sum_like
+    monkeypatch.setattr(splits_module, "sum_like", lambda parts, size, stride: exact(parts, size, stride) * (1 + ULP32))
+    assert main([*argv, "--float64"]) == 1
+    assert "verify: FAILED" in capsys.readouterr().out
+
+
+def test_placer_run_refuses_float64_without_verify(tmp_path, capsys):
+    from placer.cli import main
+
+    assert main(["run", RESNET50, "--plan", str(tmp_path / "none.json"), "--float64"]) == 2
+    assert "--float64 needs --verify" in capsys.readouterr().err

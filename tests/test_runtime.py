@@ -1407,7 +1407,7 @@ def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tm
 
     plan = random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3)
     plan.save(tmp_path / "plan.json")
-    monkeypatch.setattr(check, "state_difference", lambda *args: (3e-3, "parameter 'w'", 4))
+    monkeypatch.setattr(check, "state_difference", lambda *args, **kwargs: (3e-3, "parameter 'w'", 4))
     args = ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "1", "--verify"]
     assert main(args + ["--tolerance", "1e-3"]) == 1
     out = capsys.readouterr().out
@@ -1419,7 +1419,7 @@ def test_placer_run_verify_fails_beyond_the_tolerance_and_says_why(file_case, tm
     assert "--tolerance must be >= 0, got -1.0" in capsys.readouterr().err
     # A momentum buffer (a running sum of gradients) differing is told as such (an H200 run: 1.3e-05 there,
     # its parameters within 1e-6).
-    monkeypatch.setattr(check, "state_difference", lambda *args: (1.3e-5, "conv1.weight:momentum_buffer", 4))
+    monkeypatch.setattr(check, "state_difference", lambda *args, **kwargs: (1.3e-5, "conv1.weight:momentum_buffer", 4))
     sgd = [
         "run",
         "zoo:lenet",
