@@ -21,7 +21,10 @@ step is the median of every round's steps after the warm-up, barrier to
 barrier for the ranks (the eager step: its own wall time). Each placer plan
 is made, before any run, on the step's graph profiled on this CPU
 (:func:`placer.harness.profiling.profile_step`, one thread; a node's time the
-median of ``--profiles`` profiles) and the preset with
+median of ``--profiles`` profiles), every node's time scaled by how much
+slower an eager step runs in as many processes at once as the cluster has
+ranks (:func:`placer.harness.contention.measure_contention`, as ``placer
+profile --ranks N`` scales it; ``--no-contention``: not scaled), and the preset with
 its gloo link and ``torch.distributed``'s collectives calibrated on as many
 ranks (:func:`placer.harness.calibrate.calibrate`, as ``placer profile`` and
 ``placer calibrate`` make them; the plans cost each bucket by the measured
@@ -40,13 +43,13 @@ measured step. Prints a Markdown table and writes it, with the numbers, to
 
     ./run.sh bench bench/ddp.py [--models resnet,lenet,transformer] [--clusters 2xcpu,4xcpu]
         [--steps 10] [--warmup 2] [--rounds 4] [--profiles 3] [--optimizer sgd] [--time-limit 20]
-        [--output bench/data/ddp-cpu.json]
+        [--no-contention] [--output bench/data/ddp-cpu.json]
 
 ``bench/data/ddp-cpu.json`` is the record of the defaults on a 2-core
-machine (about seven minutes), where ``4xcpu``'s four ranks share two cores.
-Run it on a quiet machine with a core per rank: ranks that share a core wait
-for CPU time the simulator knows nothing about (the record keeps the
-machine's core count).
+machine (about eight minutes), where ``4xcpu``'s four ranks share two cores:
+the contention measured before the runs is what tells the simulator so.
+Run it on a quiet machine: another job's load during the runs, and not
+during the measurement of contention, is what no prediction sees.
 """
 
 from __future__ import annotations
@@ -139,6 +142,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     from placer.capture import capture
     from placer.capture.spec import load_model
     from placer.cost.profile import Profile, apply_profile
+    from placer.harness.contention import measure_contention, under_contention
     from placer.harness.profiling import profile_step
     from placer.runtime.ddp import run_ddp
     from placer.runtime.distributed import run_distributed
@@ -167,8 +171,22 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
         + ", ".join(f"{p.total_s * 1e3:.1f}" for p in profiles)
         + " ms)"
     )
+    # Each cluster's ranks share this machine: its graph's operations take as long as under that many at once.
+    graphs, contentions = {}, {}
+    for cluster_name, (cluster, _) in clusters.items():
+        if args.no_contention:
+            graphs[cluster_name] = graph
+            continue
+        contention = measure_contention(spec, batch, cluster.num_devices, optimizer=args.optimizer, lr=0.01)
+        contentions[cluster_name] = contention
+        graphs[cluster_name] = apply_profile(captured.graph, under_contention(profile, contention))
+        say(
+            f"{cluster_name}: {cluster.num_devices} processes at once take {contention.slowdown:.2f}x as long for an "
+            f"eager step ({contention.together_s * 1e3:.1f} against {contention.alone_s * 1e3:.1f} ms alone)"
+        )
     plans = {}
     for cluster_name, (cluster, calibration) in clusters.items():
+        graph = graphs[cluster_name]
         for algorithm in PLANS:
             options = {"time_limit": args.time_limit} if algorithm == "auto" else {}
             t0 = time.perf_counter()
@@ -208,7 +226,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
                 plan, short = plans[cluster_name, algorithm], SHORT[algorithm]
                 result = run_distributed(
                     captured.gm,
-                    graph,
+                    graphs[cluster_name],
                     plan,
                     cluster,
                     flat,
@@ -242,6 +260,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
             "cluster": cluster_name,
             "ranks": cluster.num_devices,
             "profiled_s": profile.total_s,
+            "contention": contentions[cluster_name].to_dict() if cluster_name in contentions else None,
             "eager_s": step_s(("", "eager")),
             "eager_rounds_s": round_s(("", "eager")),
         }
@@ -255,7 +274,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
                 "measured_s": step_s((cluster_name, short)),
                 "rounds_s": round_s((cluster_name, short)),
                 "predicted_s": predicted[cluster_name, short],
-                "predicted_messages_s": with_messages_s(plan, graph, cluster, calibration),
+                "predicted_messages_s": with_messages_s(plan, graphs[cluster_name], cluster, calibration),
                 # The busiest rank's time by what it did, the median over the rounds.
                 "busiest": {key: statistics.median(one[key] for one in split) for key in split[0] if key != "rank"},
             }
@@ -401,6 +420,12 @@ def main() -> int:
     parser.add_argument("--clusters", default="2xcpu,4xcpu", help="CPU presets (gloo ranks)")
     add_run_options(parser, steps=10, rounds=4)
     parser.add_argument("--time-limit", type=float, default=20.0, help="auto's, seconds")
+    parser.add_argument(
+        "--no-contention",
+        action="store_true",
+        help="plan and predict from the profile alone, not scaled by how much slower a step runs in as many "
+        "processes at once as the cluster has ranks",
+    )
     parser.add_argument("--output", default="bench/data/ddp-cpu.json", help="the record ('' for none)")
     args = parser.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]
@@ -414,6 +439,7 @@ def main() -> int:
         f"./run.sh bench bench/ddp.py --models {','.join(models)} --clusters {args.clusters} "
         f"--steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} --profiles {args.profiles} "
         f"--optimizer {args.optimizer} --time-limit {args.time_limit:g}"
+        + (" --no-contention" if args.no_contention else "")
         + (f" --output {args.output}" if args.output else "")
     )
     print(

@@ -953,6 +953,53 @@ def test_profile_and_predict_commands(tmp_path, capsys):
     assert "device" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
 
 
+def test_contention_times_the_step_alone_and_in_processes_at_once(tmp_path):
+    from placer.harness.contention import Contention, measure_contention
+
+    model_file = tmp_path / "net.py"
+    model_file.write_text(_MODEL_FILE)
+    measured = measure_contention(f"{model_file}:make", 4, 2, optimizer="sgd", seconds=0.2)
+    assert isinstance(measured, Contention) and measured.processes == 2
+    assert measured.alone_s > 0 and measured.together_s > 0
+    assert measured.slowdown == measured.together_s / measured.alone_s
+    # One process is its own reference.
+    assert measure_contention(f"{model_file}:make", 4, 1, seconds=0.1).slowdown == 1.0
+    with pytest.raises(OptionError, match="processes must be an integer >= 1, got 0"):
+        measure_contention(f"{model_file}:make", 4, 0)
+    # A process that cannot build the model: its error, in one line.
+    with pytest.raises(PlacerError, match="a training process failed: .*no_such_factory"):
+        measure_contention(f"{model_file}:no_such_factory", 4, 2, seconds=0.1)
+
+
+def test_profile_ranks_scales_every_operation_by_the_measured_contention(tmp_path, capsys, monkeypatch):
+    import placer.cli.cost as cost_cli
+    from placer.harness.contention import Contention
+
+    model_file = tmp_path / "net.py"
+    model_file.write_text(_MODEL_FILE)
+    spec = f"{model_file}:make"
+    alone = {}
+
+    def profiled(step, *args, **kwargs):
+        seconds = dict.fromkeys(step.graph.ids, 1e-4)
+        alone["profile"] = Profile(step.graph.name, step.graph.digest(), "cpu", seconds, {"device_name": "a CPU"})
+        return alone["profile"]
+
+    monkeypatch.setattr(cost_cli, "profile_step", profiled)
+    asked = []
+    monkeypatch.setattr(
+        cost_cli, "measure_contention", lambda *args, **kwargs: asked.append(args) or Contention(args[2], 0.01, 0.025)
+    )
+    assert main(["profile", spec, "--batch", "4", "--ranks", "4", "-o", str(tmp_path / "p.json")]) == 0
+    assert asked == [(spec, 4, 4)]
+    profile = load_profile(tmp_path / "p.json")
+    assert profile.node_seconds == pytest.approx({node: 2.5e-4 for node in alone["profile"].node_seconds})
+    assert profile.meta["contention"] == {"processes": 4, "alone_s": 0.01, "together_s": 0.025, "slowdown": 2.5}
+    assert "4 processes at once take 2.50x as long for a step as one alone" in capsys.readouterr().out
+    assert main(["profile", spec, "--batch", "4", "--ranks", "0", "-o", str(tmp_path / "x.json")]) == 2
+    assert "'--ranks' must be >= 1" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
+
+
 def test_profile_and_predict_take_the_optimizers_capture_takes(tmp_path, capsys):
     # profile and predict took any --optimizer text (SGD, which capture refuses; a typo only failed
     # after loading the model): all three now add the option through one helper.

@@ -15,6 +15,7 @@ from ..cost.profile import apply_profile, device_kind_of, load_profile
 from ..errors import OptionError
 from ..graph import OpGraph
 from ..harness.calibrate import DEFAULT_SIZES, apply_calibration, calibrate
+from ..harness.contention import measure_contention, under_contention
 from ..harness.profiling import profile_step
 from ..harness.standard_eval import standard_evaluation
 from ..io import check_output
@@ -73,7 +74,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     _positive(args.batch, "--batch")
     _positive(args.repeats, "--repeats")
+    _positive(args.ranks, "--ranks")
     device_kind_of(args.device)  # refuse a bad device before capturing
+    if args.ranks > 1 and device_kind_of(args.device)[0] != "cpu":
+        raise OptionError("--ranks is for --device cpu (ranks of a process-per-device run share this machine's CPUs)")
     settings = optimizer_settings(args)
     check_output(args.output, "profile file", inputs=[args.spec])
     if args.graph_output:
@@ -87,6 +91,20 @@ def cmd_profile(args: argparse.Namespace) -> int:
         model, inputs = load_model(args.spec, args.batch)
         profile = profile_step(
             step, model, inputs, device=args.device, repeats=args.repeats, gpu_timing=args.gpu_timing
+        )
+    if args.ranks > 1:
+        with working(
+            f"training {args.spec} eagerly in one process, then in {args.ranks} at once, to time their contention ...",
+            measuring=True,
+        ):
+            contention = measure_contention(
+                args.spec, args.batch, args.ranks, optimizer=args.optimizer, lr=args.lr, settings=settings
+            )
+        profile = under_contention(profile, contention)
+        print(
+            f"{args.ranks} processes at once take {contention.slowdown:.2f}x as long for a step as one alone "
+            f"({contention.together_s * 1e3:.1f} against {contention.alone_s * 1e3:.1f} ms): every operation's "
+            f"time is scaled by it"
         )
     profile.save(args.output)
     line = (
@@ -350,6 +368,13 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_optimizer_option(p, lr=True)
     add_optimizer_settings(p)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per node; the median is kept")
+    p.add_argument(
+        "--ranks",
+        type=int,
+        default=1,
+        help="CPU: the processes of a process-per-device run that will share this machine; each operation's "
+        "time is scaled by how much slower a step runs in that many processes at once (default 1: alone)",
+    )
     p.add_argument(
         "--gpu-timing",
         choices=("kernel", "wall"),
