@@ -141,8 +141,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     from placer.algorithms import place
     from placer.capture import capture
     from placer.capture.spec import load_model
-    from placer.cost.profile import Profile, apply_profile
-    from placer.harness.contention import measure_contention, under_contention
+    from placer.cost.profile import Profile
     from placer.harness.profiling import profile_step
     from placer.runtime.ddp import run_ddp
     from placer.runtime.distributed import run_distributed
@@ -164,26 +163,13 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     profiles = [profile_step(captured, model, inputs, device="cpu") for _ in range(args.profiles)]
     seconds = {node: statistics.median(p.node_seconds[node] for p in profiles) for node in captured.graph.ids}
     profile = Profile(captured.graph.name, captured.graph.digest(), "cpu", seconds)
-    graph = apply_profile(captured.graph, profile)
     say(
         f"batch {batch}, {params / 1e6:.2f} M parameters, {captured.graph.num_nodes} operations; profiled: "
         f"{profile.total_s * 1e3:.1f} ms of operations (profiles: "
         + ", ".join(f"{p.total_s * 1e3:.1f}" for p in profiles)
         + " ms)"
     )
-    # Each cluster's ranks share this machine: its graph's operations take as long as under that many at once.
-    graphs, contentions = {}, {}
-    for cluster_name, (cluster, _) in clusters.items():
-        if args.no_contention:
-            graphs[cluster_name] = graph
-            continue
-        contention = measure_contention(spec, batch, cluster.num_devices, optimizer=args.optimizer, lr=0.01)
-        contentions[cluster_name] = contention
-        graphs[cluster_name] = apply_profile(captured.graph, under_contention(profile, contention))
-        say(
-            f"{cluster_name}: {cluster.num_devices} processes at once take {contention.slowdown:.2f}x as long for an "
-            f"eager step ({contention.together_s * 1e3:.1f} against {contention.alone_s * 1e3:.1f} ms alone)"
-        )
+    graphs, contentions = contended_graphs(spec, batch, captured.graph, profile, clusters, args, say)
     plans = {}
     for cluster_name, (cluster, calibration) in clusters.items():
         graph = graphs[cluster_name]
@@ -288,6 +274,28 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     return cases
 
 
+def contended_graphs(spec: str, batch: int, graph, profile, clusters: dict, args: argparse.Namespace, say) -> tuple:
+    """Each cluster's graph: ``graph`` with ``profile``'s times scaled by how much slower an eager step of ``spec``
+    runs in as many processes at once as the cluster has ranks (they share this machine), and each measurement
+    (:func:`placer.harness.contention.measure_contention`); with ``--no-contention``, the profile's times."""
+    from placer.cost.profile import apply_profile
+    from placer.harness.contention import measure_contention, under_contention
+
+    graphs, contentions = {}, {}
+    for name, (cluster, _) in clusters.items():
+        if args.no_contention:
+            graphs[name] = apply_profile(graph, profile)
+            continue
+        contention = measure_contention(spec, batch, cluster.num_devices, optimizer=args.optimizer, lr=0.01)
+        contentions[name] = contention
+        graphs[name] = apply_profile(graph, under_contention(profile, contention))
+        say(
+            f"{name}: {cluster.num_devices} processes at once take {contention.slowdown:.2f}x as long for an "
+            f"eager step ({contention.together_s * 1e3:.1f} against {contention.alone_s * 1e3:.1f} ms alone)"
+        )
+    return graphs, contentions
+
+
 def calibrated_clusters(names: list[str], began: float) -> dict:
     """Each preset with its gloo link calibrated on as many ranks as it has devices."""
     from placer.cluster import load_cluster
@@ -386,6 +394,12 @@ def add_run_options(parser: argparse.ArgumentParser, steps: int, rounds: int) ->
         "--profiles", type=int, default=3, help="profiles of each step; a node's time is its median over them"
     )
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
+    parser.add_argument(
+        "--no-contention",
+        action="store_true",
+        help="plan and predict from the profile alone, not scaled by how much slower a step runs in as many "
+        "processes at once as the cluster has ranks",
+    )
 
 
 def calibration_record(clusters: dict) -> dict:
@@ -420,12 +434,6 @@ def main() -> int:
     parser.add_argument("--clusters", default="2xcpu,4xcpu", help="CPU presets (gloo ranks)")
     add_run_options(parser, steps=10, rounds=4)
     parser.add_argument("--time-limit", type=float, default=20.0, help="auto's, seconds")
-    parser.add_argument(
-        "--no-contention",
-        action="store_true",
-        help="plan and predict from the profile alone, not scaled by how much slower a step runs in as many "
-        "processes at once as the cluster has ranks",
-    )
     parser.add_argument("--output", default="bench/data/ddp-cpu.json", help="the record ('' for none)")
     args = parser.parse_args()
     models = [m.strip() for m in args.models.split(",") if m.strip()]

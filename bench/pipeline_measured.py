@@ -26,9 +26,12 @@ Every engine runs once per round (``--rounds``), in turn, so that the
 machine's speed, which moves over seconds, weighs on all alike; a measured
 step is the median of every round's steps after the warm-up, barrier to
 barrier. Plans are made, before any run, on the step's graph profiled on this
-CPU and the preset with its gloo link calibrated on as many ranks, as
+CPU, scaled by the contention of as many processes at once as the preset has
+ranks, and the preset with its gloo link calibrated on as many ranks, as
 ``bench/ddp.py`` makes them (whose helpers this script uses): the plan's
-simulated step is the prediction. ``torch``'s prediction is that of the
+simulated step is the prediction. The contention charges every rank as if
+all were busy, which a pipeline's bubbles are not (``--no-contention``: the
+profile alone). ``torch``'s prediction is that of the
 ``1f1b`` plan, which has its stages and schedule.
 
 Goals (issue: measured pipelines): placer's ``1f1b`` step at most 1.10x
@@ -37,12 +40,12 @@ within 15% of its measured step. Prints a Markdown table and writes it, with
 the numbers, to ``--output``::
 
     ./run.sh bench bench/pipeline_measured.py [--models resnet,vgg] [--clusters 2xcpu,4xcpu]
-        [--microbatches 0] [--steps 6] [--warmup 2] [--rounds 3] [--profiles 3]
+        [--microbatches 0] [--steps 6] [--warmup 2] [--rounds 3] [--profiles 3] [--no-contention]
         [--output bench/data/pipeline-measured.json]
 
-Run it on a quiet machine with a core per rank: ranks that share a core wait
-for CPU time the simulator knows nothing about (the record keeps the
-machine's core count and load).
+Run it on a quiet machine: another job's load during the runs, and not during
+the measurement of contention, is what no prediction sees (the record keeps
+the machine's core count and load).
 """
 
 from __future__ import annotations
@@ -68,6 +71,7 @@ from ddp import (  # noqa: E402  (bench/ddp.py's)
     busy_split,
     calibrated_clusters,
     calibration_record,
+    contended_graphs,
     eager_steps,
     median_after,
     ms,
@@ -245,8 +249,10 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
         f"batch {chain.batch}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
         f"{graph.num_nodes} operations, {len(pieces)} blocks; profiled: {profile.total_s * 1e3:.1f} ms of operations"
     )
+    graphs, contentions = contended_graphs(chain.spec, chain.batch, captured.graph, profile, clusters, args, say)
     setups: dict[str, dict[str, Any]] = {}
     for cluster_name, (cluster, _) in clusters.items():
+        graph = graphs[cluster_name]
         k = cluster.num_devices
         m = args.microbatches or 2 * k
         starts = balanced_cut(costs, k)
@@ -312,7 +318,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
                     plan = setup["plans"][engine]
                     result = run_distributed(
                         captured.gm,
-                        graph,
+                        graphs[cluster_name],
                         plan,
                         cluster,
                         flat,
@@ -350,6 +356,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
             "cut": setup["cut"],
             "stage_profiled_s": setup["stage_seconds"],
             "profiled_s": profile.total_s,
+            "contention": contentions[cluster_name].to_dict() if cluster_name in contentions else None,
             "eager_s": step_s(("", "eager")),
             "best_plan": setup["best"],
             "candidates_predicted_s": setup["candidates"],
@@ -439,7 +446,9 @@ def main() -> int:
     command = (
         f"./run.sh bench bench/pipeline_measured.py --models {','.join(models)} --clusters {args.clusters} "
         f"--microbatches {args.microbatches} --steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} "
-        f"--profiles {args.profiles} --optimizer {args.optimizer}" + (f" --output {args.output}" if args.output else "")
+        f"--profiles {args.profiles} --optimizer {args.optimizer}"
+        + (" --no-contention" if args.no_contention else "")
+        + (f" --output {args.output}" if args.output else "")
     )
     load = os.getloadavg()[0]
     print(
