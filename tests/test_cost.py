@@ -953,6 +953,57 @@ def test_profile_and_predict_commands(tmp_path, capsys):
     assert "device" in capsys.readouterr().err and not (tmp_path / "x.json").exists()
 
 
+def test_fixed_part_is_fitted_read_back_and_applied(tmp_path):
+    from placer.cost.profile import Profile, fixed_part
+
+    big = Profile("g-bs32", "d", "cpu", {"conv": 10e-3, "add": 1e-3, "mm": 8e-3})
+    small = Profile("g-bs8", "d", "cpu", {"conv": 4e-3, "add": 1.2e-3, "mm": 1e-3})
+    fitted = fixed_part(big, small, 32, 8)
+    # conv: 0.25 ms a sample and 2 ms fixed; add: slower on fewer rows, so all fixed; mm: steeper than
+    # proportional (noise), so nothing fixed.
+    assert fitted.fixed_seconds == pytest.approx({"conv": 2e-3, "add": 1e-3, "mm": 0.0})
+    assert fitted.node_seconds == big.node_seconds and fitted.meta["fixed_part"] == {"small_batch": 8, "batch": 32}
+    path = tmp_path / "p.json"
+    fitted.save(path)
+    assert Profile.from_dict(json.loads(path.read_text())).fixed_seconds == fitted.fixed_seconds
+    with pytest.raises(OptionError, match="needs batch > small batch >= 1, got 8 and 8"):
+        fixed_part(big, small, 8, 8)
+    with pytest.raises(FormatError, match="does not time node 'mm'"):
+        fixed_part(big, Profile("g-bs8", "d", "cpu", {"conv": 4e-3, "add": 1e-3}), 32, 8)
+    doc = fitted.to_dict()
+    doc["node_fixed_seconds"]["conv"] = 0.5
+    with pytest.raises(FormatError, match="node 'conv': fixed time 0.5 is more than its time 0.01"):
+        Profile.from_dict(doc, "p.json")
+    doc["node_fixed_seconds"] = {"relu": 0.0}
+    with pytest.raises(FormatError, match="node 'relu' has no time in node_seconds"):
+        Profile.from_dict(doc, "p.json")
+
+    graph = training_graph(layers=1)
+    timed = Profile(graph.name, graph.digest(), "cpu", dict.fromkeys(graph.ids, 4e-3))
+    timed.fixed_seconds = dict.fromkeys(graph.ids, 1e-3)
+    applied = apply_profile(graph, timed)
+    assert all(extra["fixed_s"] == {"cpu": 1e-3} for extra in applied.node_extra)
+    # A profile without fixed parts times the nodes anew: their old fixed parts of its kind go.
+    again = apply_profile(applied, Profile(graph.name, graph.digest(), "cpu", dict.fromkeys(graph.ids, 3e-3)))
+    assert all("fixed_s" not in extra for extra in again.node_extra)
+
+
+def test_profile_small_batch_records_each_operations_fixed_part(tmp_path, capsys):
+    model_file = tmp_path / "net.py"
+    model_file.write_text(_MODEL_FILE)
+    spec = f"{model_file}:make"
+    out = ["-o", str(tmp_path / "p.json"), "--graph-output", str(tmp_path / "g.json")]
+    assert main(["profile", spec, "--batch", "8", "--small-batch", "2", "--repeats", "2", *out]) == 0
+    assert "of the operations' time at batch 8 is fixed (what batch 2 does not shrink)" in capsys.readouterr().out
+    graph = OpGraph.load(tmp_path / "g.json")
+    profile = load_profile(tmp_path / "p.json", graph)
+    assert set(profile.fixed_seconds) == set(profile.node_seconds) == set(graph.ids)
+    assert all(0 <= profile.fixed_seconds[n] <= profile.node_seconds[n] for n in graph.ids)
+    assert all(extra["fixed_s"]["cpu"] == profile.fixed_seconds[n] for n, extra in zip(graph.ids, graph.node_extra))
+    assert main(["profile", spec, "--batch", "8", "--small-batch", "8", "-o", str(tmp_path / "x.json")]) == 2
+    assert "'--small-batch' must be >= 1 and below --batch (8), got 8" in capsys.readouterr().err
+
+
 def test_contention_times_the_step_alone_and_in_processes_at_once(tmp_path):
     from placer.harness.contention import Contention, measure_contention
 

@@ -935,3 +935,33 @@ def test_a_slow_calibrated_all_gather_makes_the_sharded_optimizer_lose():
     calibrated = _calibrated_cpus(2, 1.2e9, 0.8e9)
     assert sharding_costs(calibrated) > max(0.0, sharding_costs(load_cluster("2xcpu")))
     assert collective_cost(load_cluster("2xcpu"), [0, 1]) is None
+
+
+def test_micro_batches_replicas_and_split_parts_pay_a_nodes_fixed_time_whole():
+    # Every node 4 ms on a V100, 1 ms of it fixed: a part doing a share f of the work takes 1 + 3 f ms.
+    from placer.transform.base import part_times
+    from placer.transform.microbatch import microbatch_graph
+
+    graph = training_graph(layers=2, branches=1, batch=8)
+    graph = graph.replace(
+        extra={"batch_size": 8},
+        compute_s_by_kind=[{"V100": 4e-3} for _ in graph.ids],
+        node_extra=[{**extra, "fixed_s": {"V100": 1e-3}} for extra in graph.node_extra],
+        splittable=[[{"dim": "batch", "size": 8}] if x.endswith(".fwd") else None for x in graph.ids],
+    )
+
+    def seconds(g, node):
+        return g.compute_s_by_kind[g.index[node]]["V100"]
+
+    micro = microbatch_graph(graph, 4).graph
+    for k in range(4):
+        assert seconds(micro, f"mb{k}/block0.b0.fwd") == pytest.approx(1e-3 + 3e-3 / 4)
+
+    replicated = data_parallel_graph(graph, 2).graph
+    assert seconds(replicated, "r0/block1.b0.fwd") == seconds(replicated, "r1/block1.b0.fwd") == pytest.approx(2.5e-3)
+
+    split = split_operation(graph, "block0.b0.fwd", "batch", 2)
+    parts = [x for x in split.ids if x.startswith("block0.b0.fwd@part")]
+    assert len(parts) == 2 and all(seconds(split, x) == pytest.approx(2.5e-3) for x in parts)
+    # Without a fixed part, the parts share the time exactly.
+    assert part_times({"V100": 4e-3}, None, 0.25) == {"V100": 1e-3}

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 
 from ..cluster import load_cluster
 from ..cost.analytic import DEVICE_SPECS, PRESET_REFERENCE, annotate
-from ..cost.profile import apply_profile, device_kind_of, load_profile
+from ..cost.profile import apply_profile, device_kind_of, fixed_part, load_profile
 from ..errors import OptionError
 from ..graph import OpGraph
 from ..harness.calibrate import DEFAULT_SIZES, apply_calibration, calibrate
@@ -75,6 +75,10 @@ def cmd_profile(args: argparse.Namespace) -> int:
     _positive(args.batch, "--batch")
     _positive(args.repeats, "--repeats")
     _positive(args.ranks, "--ranks")
+    if args.small_batch is not None and not 1 <= args.small_batch < args.batch:
+        raise OptionError(
+            f"option '--small-batch' must be >= 1 and below --batch ({args.batch}), got {args.small_batch}"
+        )
     device_kind_of(args.device)  # refuse a bad device before capturing
     if args.ranks > 1 and device_kind_of(args.device)[0] != "cpu":
         raise OptionError("--ranks is for --device cpu (ranks of a process-per-device run share this machine's CPUs)")
@@ -91,6 +95,26 @@ def cmd_profile(args: argparse.Namespace) -> int:
         model, inputs = load_model(args.spec, args.batch)
         profile = profile_step(
             step, model, inputs, device=args.device, repeats=args.repeats, gpu_timing=args.gpu_timing
+        )
+    if args.small_batch is not None:
+        with working(f"timing every operation at batch {args.small_batch} too ...", measuring=True):
+            small_step = capture_spec(
+                args.spec, args.small_batch, optimizer=args.optimizer, lr=args.lr, settings=settings, fake=False
+            )
+            small_model, small_inputs = load_model(args.spec, args.small_batch)
+            small = profile_step(
+                small_step,
+                small_model,
+                small_inputs,
+                device=args.device,
+                repeats=args.repeats,
+                gpu_timing=args.gpu_timing,
+            )
+        profile = fixed_part(profile, small, args.batch, args.small_batch)
+        share = sum(profile.fixed_seconds.values()) / max(profile.total_s, 1e-30)
+        print(
+            f"{share:.0%} of the operations' time at batch {args.batch} is fixed (what batch {args.small_batch} "
+            f"does not shrink): a micro-batch, a replica or a split part pays it whole"
         )
     if args.ranks > 1:
         with working(
@@ -368,6 +392,12 @@ def add_commands(sub: argparse._SubParsersAction) -> None:
     add_optimizer_option(p, lr=True)
     add_optimizer_settings(p)
     p.add_argument("--repeats", type=int, default=5, help="timed runs per node; the median is kept")
+    p.add_argument(
+        "--small-batch",
+        type=int,
+        help="also time every operation at this smaller batch and record, per operation, the part of its time "
+        "that the rows do not shrink (a micro-batch, a replica or a split part pays it whole)",
+    )
     p.add_argument(
         "--ranks",
         type=int,

@@ -26,7 +26,15 @@ if TYPE_CHECKING:
     from ..cluster import Cluster
     from ..graph import OpGraph
 
-__all__ = ["Profile", "PROFILE_FORMAT", "load_profile", "apply_profile", "apply_placed_times", "device_kind_of"]
+__all__ = [
+    "Profile",
+    "PROFILE_FORMAT",
+    "load_profile",
+    "apply_profile",
+    "apply_placed_times",
+    "device_kind_of",
+    "fixed_part",
+]
 
 PROFILE_FORMAT = "placer.profile/1"
 
@@ -35,7 +43,13 @@ _KNOWN_GPUS = ("H100", "H200", "A100", "V100", "A10", "L4", "T4")
 
 @dataclass
 class Profile:
-    """Measured seconds per node of one graph on one device kind."""
+    """Measured seconds per node of one graph on one device kind.
+
+    ``fixed_seconds`` (file field ``node_fixed_seconds``, optional): of a
+    node's seconds, the part that does not shrink with the rows of the batch
+    it works on (:func:`fixed_part`), which a micro-batch, a replica or a
+    split part of the node pays whole (:func:`~placer.transform.base.part_times`).
+    """
 
     graph_name: str
     graph_digest: str
@@ -43,6 +57,7 @@ class Profile:
     node_seconds: dict[str, float]
     meta: dict[str, Any] = field(default_factory=dict)
     source: str | None = None
+    fixed_seconds: dict[str, float] = field(default_factory=dict)
 
     @property
     def total_s(self) -> float:
@@ -67,6 +82,7 @@ class Profile:
             "device_kind": self.device_kind,
             **self.meta,
             "node_seconds": dict(self.node_seconds),
+            **({"node_fixed_seconds": dict(self.fixed_seconds)} if self.fixed_seconds else {}),
         }
 
     def save(self, path: str | os.PathLike) -> None:
@@ -88,13 +104,23 @@ class Profile:
         seconds = {}
         for node_id, value in top.mapping("node_seconds", required=True).items():
             seconds[node_id] = check_number(value, f"{where}: node {node_id!r}: time")
+        fixed = {}
+        for node_id, value in (top.mapping("node_fixed_seconds") or {}).items():
+            fixed[node_id] = check_number(value, f"{where}: node {node_id!r}: fixed time")
+            if node_id not in seconds:
+                raise FormatError(f"{where}: field 'node_fixed_seconds': node {node_id!r} has no time in node_seconds")
+            if fixed[node_id] > seconds[node_id]:
+                raise FormatError(
+                    f"{where}: node {node_id!r}: fixed time {fixed[node_id]!r} is more than its time {seconds[node_id]!r}"
+                )
         return cls(
             graph_name=top.string("graph", default=""),
             graph_digest=top.string("graph_digest", required=True),
             device_kind=top.string("device_kind", required=True),
             node_seconds=seconds,
-            meta=top.extra({"format", "graph", "graph_digest", "device_kind", "node_seconds"}),
+            meta=top.extra({"format", "graph", "graph_digest", "device_kind", "node_seconds", "node_fixed_seconds"}),
             source=source,
+            fixed_seconds=fixed,
         )
 
     def check_graph(self, graph: "OpGraph") -> None:
@@ -155,6 +181,9 @@ def apply_profile(graph: "OpGraph", profile: Profile, kind: str | None = None) -
     Returns
     -------
     OpGraph
+        Where the profile has fixed parts, each timed node's
+        ``node_extra["fixed_s"][kind]`` is its fixed part (0 where it has none);
+        a node it times loses any fixed part of ``kind`` it had.
 
     Raises
     ------
@@ -168,14 +197,92 @@ def apply_profile(graph: "OpGraph", profile: Profile, kind: str | None = None) -
     >>> p = Profile(g.name, g.digest(), "cpu", {g.ids[0]: 0.25})
     >>> apply_profile(g, p).compute_s_by_kind[0]
     {'cpu': 0.25}
+    >>> p.fixed_seconds = {g.ids[0]: 0.05}
+    >>> apply_profile(g, p).node_extra[0]["fixed_s"]
+    {'cpu': 0.05}
     """
     profile.check_graph(graph)
     kind = kind or profile.device_kind
     by_kind = [dict(d) if d else None for d in graph.compute_s_by_kind]
+    extras = list(graph.node_extra)
     for node_id, seconds in profile.node_seconds.items():
         i = graph.index[node_id]
         by_kind[i] = {**(by_kind[i] or {}), kind: float(seconds)}
-    return graph.replace(compute_s_by_kind=by_kind)
+        fixed = {k: v for k, v in ((extras[i] or {}).get("fixed_s") or {}).items() if k != kind}
+        if profile.fixed_seconds:
+            fixed[kind] = float(profile.fixed_seconds.get(node_id, 0.0))
+        if fixed or "fixed_s" in (extras[i] or {}):
+            extras[i] = {key: v for key, v in (extras[i] or {}).items() if key != "fixed_s"}
+            if fixed:
+                extras[i]["fixed_s"] = fixed
+    return graph.replace(compute_s_by_kind=by_kind, node_extra=extras)
+
+
+def fixed_part(profile: Profile, small: Profile, batch: int, small_batch: int) -> Profile:
+    """``profile`` (at ``batch`` samples) with each node's fixed part, fitted against ``small`` (at ``small_batch``).
+
+    A node's time is taken as a fixed part plus a part proportional to the
+    rows it works on: through its times at the two batches,
+    ``per_sample = (t_B - t_b) / (B - b)`` and ``fixed = t_B - B * per_sample``,
+    held within ``[0, t_B]`` (measurement noise can put either point off the
+    line). On a CPU a small model's operations spend much of their time on
+    what the batch does not scale (the call, the kernel's set-up), so a
+    micro-batch of a quarter of the rows takes far more than a quarter of the
+    time; a profile scaled by rows alone predicts pipelines and replicas too
+    fast.
+
+    Parameters
+    ----------
+    profile, small : Profile
+        The same step at ``batch`` and ``small_batch`` samples, timed on one
+        device kind; matched by node id (a capture names a step's nodes alike
+        at every batch).
+    batch, small_batch : int
+        ``batch > small_batch >= 1``.
+
+    Returns
+    -------
+    Profile
+        ``profile`` with ``fixed_seconds`` for every node ``small`` times too.
+
+    Raises
+    ------
+    OptionError
+        Batches out of order, or profiles of two device kinds.
+    FormatError
+        ``small`` does not time the same nodes.
+
+    Examples
+    --------
+    >>> big = Profile("g-bs32", "d", "cpu", {"conv": 10e-3, "add": 1e-3})
+    >>> small = Profile("g-bs8", "d", "cpu", {"conv": 4e-3, "add": 1.2e-3})
+    >>> {n: round(s * 1e3, 6) for n, s in fixed_part(big, small, 32, 8).fixed_seconds.items()}
+    {'conv': 2.0, 'add': 1.0}
+    """
+    if not (isinstance(batch, int) and isinstance(small_batch, int) and batch > small_batch >= 1):
+        raise OptionError(f"fixed_part: needs batch > small batch >= 1, got {batch} and {small_batch}")
+    if small.device_kind != profile.device_kind:
+        raise OptionError(f"fixed_part: profiles of {profile.device_kind!r} and {small.device_kind!r}, not one kind")
+    missing = [n for n in profile.node_seconds if n not in small.node_seconds]
+    if missing:
+        raise FormatError(
+            f"fixed_part: the profile at batch {small_batch} does not time node {missing[0]!r} of the one at {batch}"
+            + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+        )
+    fixed = {}
+    for node, t_big in profile.node_seconds.items():
+        per_sample = (t_big - small.node_seconds[node]) / (batch - small_batch)
+        fixed[node] = min(t_big, max(0.0, t_big - batch * per_sample))
+    meta = {**profile.meta, "fixed_part": {"small_batch": small_batch, "batch": batch}}
+    return Profile(
+        profile.graph_name,
+        profile.graph_digest,
+        profile.device_kind,
+        dict(profile.node_seconds),
+        meta,
+        profile.source,
+        fixed,
+    )
 
 
 def apply_placed_times(graph: "OpGraph", device_of, cluster: "Cluster", seconds: dict[str, float]) -> "OpGraph":

@@ -106,7 +106,8 @@ def measure_contention(
 
 
 def under_contention(profile: Profile, contention: Contention) -> Profile:
-    """``profile`` with every node's seconds times ``contention.slowdown``; its meta records the measurement.
+    """``profile`` with every node's seconds (and fixed part) times ``contention.slowdown``; its meta records the
+    measurement.
 
     Examples
     --------
@@ -122,6 +123,8 @@ def under_contention(profile: Profile, contention: Contention) -> Profile:
         profile.device_kind,
         {node: seconds * factor for node, seconds in profile.node_seconds.items()},
         {**profile.meta, "contention": contention.to_dict()},
+        profile.source,
+        {node: seconds * factor for node, seconds in profile.fixed_seconds.items()},
     )
 
 

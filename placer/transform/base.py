@@ -107,6 +107,7 @@ __all__ = [
     "SHARE_AND_WHOLE",
     "CUT",
     "LAWS",
+    "part_times",
 ]
 
 #: Laws a quantity may follow (see the module's description).
@@ -114,6 +115,35 @@ SAME, SUM, MAX, SHARE_OR_WHOLE, SHARE_AND_WHOLE = "same", "sum", "max", "share_o
 #: The law of transfers between blocks: the original's cut transfers, once each.
 CUT = "cut"
 LAWS = (SAME, SUM, MAX, SHARE_OR_WHOLE, SHARE_AND_WHOLE)
+
+
+def part_times(times: dict[str, float] | None, fixed: dict[str, float] | None, share: float) -> dict[str, float] | None:
+    """A node's times by device kind for a part of it that does ``share`` of its work: on each kind, the
+    node's fixed part whole and ``share`` of the rest.
+
+    A micro-batch of a node, its replica on a slice of the batch or a split
+    part of it runs the same operation on fewer rows: the call and the
+    kernel's set-up, which the rows do not scale, it pays in full
+    (``node_extra["fixed_s"]``, from a profile at two batches:
+    :func:`~placer.cost.profile.fixed_part`; none: 0). So the parts of a
+    node cost at least the node, and each at most the node: the law
+    :data:`SHARE_AND_WHOLE`, which is :data:`SUM` where nothing is fixed.
+
+    Examples
+    --------
+    >>> part_times({"cpu": 10e-3, "V100": 1e-3}, {"cpu": 2e-3}, 0.25)
+    {'cpu': 0.004, 'V100': 0.00025}
+    >>> part_times(None, {"cpu": 2e-3}, 0.5) is None
+    True
+    """
+    if not times:
+        return None
+    fixed = fixed or {}
+    out = {}
+    for kind, seconds in times.items():
+        whole = min(float(fixed.get(kind, 0.0)), seconds)
+        out[kind] = whole + (seconds - whole) * share
+    return out
 
 
 class _Required:

@@ -94,6 +94,16 @@ def _with_times_by_kind(graph: OpGraph) -> OpGraph:
     return graph.replace(compute_s_by_kind=times)
 
 
+def _with_fixed_parts(graph: OpGraph) -> OpGraph:
+    """V100 timings on every node, a third of each a fixed part that no share of the batch shrinks."""
+    times = [{"V100": float(t) * 1.1} for t in graph.compute_s]
+    extras = [
+        {**(extra or {}), "fixed_s": {"V100": float(t) * 1.1 / 3}}
+        for extra, t in zip(graph.node_extra, graph.compute_s)
+    ]
+    return graph.replace(compute_s_by_kind=times, node_extra=extras)
+
+
 def _with_splits(graph: OpGraph) -> OpGraph:
     """Forward operations splittable along the batch (32 samples) and their 16 output channels."""
     entries = [
@@ -125,13 +135,14 @@ def transform_cases() -> list[tuple[str, OpGraph, Cluster]]:
     The algorithms' contract cases (:func:`placer.algorithms.checks.contract_cases`: layered and random
     graphs, colocation, device kinds, parallel edges, an empty graph, a graph that costs nothing), a graph
     with per-kind timings on mixed devices, a generated graph with splittable operations, and a captured
-    zoo step.
+    zoo step, also with fixed parts in its timings (:func:`~placer.transform.base.part_times`).
     """
     mixed = next(c for label, _, c in contract_cases() if label == "kinds-mixed")
     return contract_cases() + [
         ("times-by-kind", _with_times_by_kind(training_graph(layers=3, branches=2, seed=7)), mixed),
         ("splittable", _with_splits(training_graph(layers=2, branches=2, seed=8)), load_cluster("4xV100-nvlink")),
         ("zoo-lenet", _zoo_step(), load_cluster("2xV100-nvlink")),
+        ("zoo-lenet-fixed-parts", _with_fixed_parts(_zoo_step()), load_cluster("2xV100-nvlink")),
     ]
 
 

@@ -81,7 +81,7 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import OptionError
 from ..graph import OpGraph
-from .base import SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, register_transform
+from .base import SHARE_AND_WHOLE, SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, part_times, register_transform
 from .replicate import chunk_add_time, replica_layout
 from .split import batch_dependent, batch_samples, fresh_id, part_rows
 
@@ -339,8 +339,7 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
         ]
         kinds += [graph.device_kinds[u] for u in ct]
         by_kind += [
-            None if not t else {kind: s * share for kind, s in t.items()}
-            for t in (graph.compute_s_by_kind[u] for u in ct)
+            part_times(graph.compute_s_by_kind[u], (graph.node_extra[u] or {}).get("fixed_s"), share) for u in ct
         ]
         splittable += [_splittable(graph.splittable[u], lo, hi, total, m, k) for u in ct]
         extra += [
@@ -471,13 +470,13 @@ def _trials(graph: OpGraph) -> list[dict]:
     "records them.",
     trials=_trials,
     ensures=Ensures(
-        compute=SHARE_OR_WHOLE,
+        compute=SHARE_AND_WHOLE,
         output_bytes=SHARE_OR_WHOLE,
         param_bytes=SHARE_OR_WHOLE,
         temp_bytes=SHARE_OR_WHOLE,
         transfers=None,
-        note="A batch-proportional node's micro-batches share its work, workspace and output by their "
-        "rows of the batch (an output of gradients alone is whole in each), micro-batch 0 holding "
+        note="A batch-proportional node's micro-batches share its work (each paying its fixed part whole, "
+        "part_times), workspace and output by their rows of the batch (an output of gradients alone is whole in each), micro-batch 0 holding "
         "its parameters; any other node is the original. A tensor between copies shrinks with "
         "its producer's share (a gradient does not). Added: the accumulation nodes, which sum "
         "each gradient over the micro-batches; readers of a gradient read the sum.",

@@ -69,7 +69,7 @@ from ..cluster import Cluster
 from ..cost.analytic import DEVICE_SPECS, node_time_s
 from ..errors import OptionError
 from ..graph import OpGraph
-from .base import SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, register_transform
+from .base import SHARE_AND_WHOLE, SHARE_OR_WHOLE, Ensures, NodeMap, TransformResult, part_times, register_transform
 from .split import NODE_DEFAULTS, batch_dependent, fresh_id, part_rows
 
 __all__ = [
@@ -671,8 +671,8 @@ def data_parallel_graph(
             factor = np.where(scaled, share, layout.factor)
             # Per-kind times scaled once: the replicas share the dicts (a graph's are never changed in place).
             by_kind = [
-                None if not times else {kind: s * f for kind, s in times.items()}
-                for times, f in zip(graph.compute_s_by_kind, factor.tolist())
+                part_times(times, (extra or {}).get("fixed_s"), f)
+                for times, extra, f in zip(graph.compute_s_by_kind, graph.node_extra, factor.tolist())
             ]
             # Tensors out of a scaled node shrink with the batch (no kept edge carries a gradient).
             columns[share] = (
@@ -1007,13 +1007,13 @@ def _roofline_times(flops: float, nbytes: float) -> tuple[float, dict[str, float
         {"replicas": 4, "collective": "direct", "hosts": [[0, 1], [2, 3]]},
     ],
     ensures=Ensures(
-        compute=SHARE_OR_WHOLE,
+        compute=SHARE_AND_WHOLE,
         output_bytes=SHARE_OR_WHOLE,
         param_bytes=SHARE_OR_WHOLE,
         temp_bytes=SHARE_OR_WHOLE,
         transfers=None,
-        note="A batch-proportional node's replicas share its work and memory by their slices of the "
-        "batch; any other node is whole in every replica (a sharded optimizer's arithmetic and "
+        note="A batch-proportional node's replicas share its work (each paying its fixed part whole, "
+        "part_times) and memory by their slices of the batch; any other node is whole in every replica (a sharded optimizer's arithmetic and "
         "state are shared instead). A tensor shrinks with its producer's share. Added: the "
         "all-reduce steps of every gradient bucket, which stand for no original node; readers "
         "of a gradient read their replica's reduced bucket instead.",

@@ -77,7 +77,16 @@ from ..cluster import Cluster
 from ..cost.analytic import DEVICE_SPECS, node_time_s
 from ..errors import OptionError
 from ..graph import OpGraph
-from .base import SHARE_AND_WHOLE, SHARE_OR_WHOLE, SUM, Ensures, NodeMap, TransformResult, register_transform
+from .base import (
+    SHARE_AND_WHOLE,
+    SHARE_OR_WHOLE,
+    SUM,
+    Ensures,
+    NodeMap,
+    TransformResult,
+    part_times,
+    register_transform,
+)
 
 __all__ = [
     "split_operation",
@@ -433,7 +442,7 @@ def split_operation(graph: OpGraph, node: str, dim: str, parts: int) -> OpGraph:
                 colocation=graph.colocation[x] if k == 0 else None,
                 device_kinds=graph.device_kinds[x],
                 flops=float(graph.flops[x]) * f,
-                compute_s_by_kind=None if not by_kind else {kind: s * f for kind, s in by_kind.items()},
+                compute_s_by_kind=part_times(by_kind, extra_x.get("fixed_s"), f),
                 node_extra=extra,
             )
         )
@@ -570,12 +579,13 @@ def _entry(graph: OpGraph, node: int, dim: str) -> dict:
     requires="node names an operation whose splittable entry lists dim (batch or channel) with an extent of at "
     "least parts >= 2.",
     ensures=Ensures(
-        compute=SUM,
+        compute=SHARE_AND_WHOLE,
         output_bytes=SHARE_AND_WHOLE,
         param_bytes=SHARE_OR_WHOLE,
         temp_bytes=SUM,
         transfers=None,
-        note="The parts share the operation's time, output and workspace by their rows; along the "
+        note="The parts share the operation's time (each paying its fixed part whole, part_times), output "
+        "and workspace by their rows; along the "
         "batch each part holds the whole parameters, along the channels its own. An output that "
         "the operation's splittable entry joins by a sum (a weight gradient split along the "
         "batch, an input gradient along the channels) is a whole partial in every part, the "
