@@ -141,8 +141,6 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     from placer.algorithms import place
     from placer.capture import capture
     from placer.capture.spec import load_model
-    from placer.cost.profile import Profile
-    from placer.harness.profiling import profile_step
     from placer.runtime.ddp import run_ddp
     from placer.runtime.distributed import run_distributed
     from placer.runtime.replicas import replica_steps
@@ -158,16 +156,14 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     params = sum(p.numel() for p in model.parameters())
     steps = args.warmup + args.steps
     # The profile and the plans come before any run, as `placer profile` and `placer plan` would.
-    # A node's time is its median over --profiles profiles (each the median of 5 runs): the machine's speed
-    # moves over seconds, and one profile can catch it slow or fast as a whole.
-    profiles = [profile_step(captured, model, inputs, device="cpu") for _ in range(args.profiles)]
-    seconds = {node: statistics.median(p.node_seconds[node] for p in profiles) for node in captured.graph.ids}
-    profile = Profile(captured.graph.name, captured.graph.digest(), "cpu", seconds)
+    ranks = max(cluster.num_devices for cluster, _ in clusters.values())
+    profile, profiles = step_profile(spec, batch, captured, model, inputs, args, max(1, batch // ranks))
     say(
         f"batch {batch}, {params / 1e6:.2f} M parameters, {captured.graph.num_nodes} operations; profiled: "
         f"{profile.total_s * 1e3:.1f} ms of operations (profiles: "
         + ", ".join(f"{p.total_s * 1e3:.1f}" for p in profiles)
         + " ms)"
+        + fixed_share(profile)
     )
     graphs, contentions = contended_graphs(spec, batch, captured.graph, profile, clusters, args, say)
     plans = {}
@@ -272,6 +268,43 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
         case["auto_over_ddp"] = case["auto"]["measured_s"] / case["ddp_s"]
         cases.append(case)
     return cases
+
+
+def step_profile(spec: str, batch: int, captured, model, inputs, args: argparse.Namespace, small_batch: int) -> tuple:
+    """The step's profile on this CPU and the profiles it came from, as ``placer profile --small-batch`` makes it.
+
+    A node's time is its median over ``--profiles`` profiles (each the median of 5 runs): the machine's speed
+    moves over seconds, and one profile can catch it slow or fast as a whole. Unless ``--no-fixed-part``, each
+    node's fixed part is fitted against as many profiles of the step at ``small_batch`` samples (the smallest
+    piece of the batch a run gives a rank: a replica's, a micro-batch's), which the micro-batches and replicas
+    of the plans then pay whole (:func:`placer.cost.profile.fixed_part`).
+    """
+    from placer.capture import capture
+    from placer.capture.spec import load_model
+    from placer.cost.profile import Profile, fixed_part
+    from placer.harness.profiling import profile_step
+
+    def median_profile(step, model, inputs) -> tuple:
+        profiles = [profile_step(step, model, inputs, device="cpu") for _ in range(args.profiles)]
+        seconds = {node: statistics.median(p.node_seconds[node] for p in profiles) for node in step.graph.ids}
+        return Profile(step.graph.name, step.graph.digest(), "cpu", seconds), profiles
+
+    profile, profiles = median_profile(captured, model, inputs)
+    if args.no_fixed_part or small_batch >= batch:
+        return profile, profiles
+    torch.manual_seed(0)
+    small_model, small_inputs = load_model(spec, small_batch)
+    small_step = capture(copy.deepcopy(small_model), small_inputs, optimizer=args.optimizer, lr=0.01)
+    small, _ = median_profile(small_step, small_model, small_inputs)
+    return fixed_part(profile, small, batch, small_batch), profiles
+
+
+def fixed_share(profile) -> str:
+    """How much of ``profile``'s time is fixed, as the benches report it ('' where it has no fixed parts)."""
+    if not profile.fixed_seconds:
+        return ""
+    batch = profile.meta["fixed_part"]["small_batch"]
+    return f"; {sum(profile.fixed_seconds.values()) / profile.total_s:.0%} of it fixed (fitted at batch {batch})"
 
 
 def contended_graphs(spec: str, batch: int, graph, profile, clusters: dict, args: argparse.Namespace, say) -> tuple:
@@ -395,6 +428,12 @@ def add_run_options(parser: argparse.ArgumentParser, steps: int, rounds: int) ->
     )
     parser.add_argument("--optimizer", default="sgd", choices=("sgd", "adam"))
     parser.add_argument(
+        "--no-fixed-part",
+        action="store_true",
+        help="profile at the run's batch only: every operation's time shrinks with the rows of a micro-batch or "
+        "replica, none of it fixed",
+    )
+    parser.add_argument(
         "--no-contention",
         action="store_true",
         help="plan and predict from the profile alone, not scaled by how much slower a step runs in as many "
@@ -448,6 +487,7 @@ def main() -> int:
         f"--steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} --profiles {args.profiles} "
         f"--optimizer {args.optimizer} --time-limit {args.time_limit:g}"
         + (" --no-contention" if args.no_contention else "")
+        + (" --no-fixed-part" if args.no_fixed_part else "")
         + (f" --output {args.output}" if args.output else "")
     )
     print(

@@ -73,8 +73,10 @@ from ddp import (  # noqa: E402  (bench/ddp.py's)
     calibration_record,
     contended_graphs,
     eager_steps,
+    fixed_share,
     median_after,
     ms,
+    step_profile,
     write_record,
 )
 
@@ -218,9 +220,8 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     from placer.algorithms import place
     from placer.capture import capture
     from placer.capture.spec import load_model
-    from placer.cost.profile import Profile, apply_profile
+    from placer.cost.profile import apply_profile
     from placer.errors import PlacerError
-    from placer.harness.profiling import profile_step
     from placer.runtime.distributed import run_distributed
     from placer.runtime.pipelining import run_pipelining
     from placer.runtime.replicas import replica_steps
@@ -240,14 +241,15 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     captured = capture(copy.deepcopy(model), inputs, optimizer=args.optimizer, lr=0.01)
     optimizer = captured.optimizer.eager(model.parameters())
     flat = captured.step_inputs(model, inputs, optimizer)
-    profiles = [profile_step(captured, model, inputs, device="cpu") for _ in range(args.profiles)]
-    seconds = {node: statistics.median(p.node_seconds[node] for p in profiles) for node in captured.graph.ids}
-    profile = Profile(captured.graph.name, captured.graph.digest(), "cpu", seconds)
+    ranks = max(cluster.num_devices for cluster, _ in clusters.values())
+    smallest = max(1, chain.batch // (args.microbatches or 2 * ranks))  # a micro-batch's rows
+    profile, _ = step_profile(chain.spec, chain.batch, captured, model, inputs, args, smallest)
     graph = apply_profile(captured.graph, profile)
-    costs = piece_seconds(graph, seconds, pieces)
+    costs = piece_seconds(graph, profile.node_seconds, pieces)
     say(
         f"batch {chain.batch}, {sum(p.numel() for p in model.parameters()) / 1e6:.2f} M parameters, "
         f"{graph.num_nodes} operations, {len(pieces)} blocks; profiled: {profile.total_s * 1e3:.1f} ms of operations"
+        + fixed_share(profile)
     )
     graphs, contentions = contended_graphs(chain.spec, chain.batch, captured.graph, profile, clusters, args, say)
     setups: dict[str, dict[str, Any]] = {}
@@ -448,6 +450,7 @@ def main() -> int:
         f"--microbatches {args.microbatches} --steps {args.steps} --warmup {args.warmup} --rounds {args.rounds} "
         f"--profiles {args.profiles} --optimizer {args.optimizer}"
         + (" --no-contention" if args.no_contention else "")
+        + (" --no-fixed-part" if args.no_fixed_part else "")
         + (f" --output {args.output}" if args.output else "")
     )
     load = os.getloadavg()[0]
