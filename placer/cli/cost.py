@@ -86,30 +86,24 @@ def cmd_profile(args: argparse.Namespace) -> int:
     check_output(args.output, "profile file", inputs=[args.spec])
     if args.graph_output:
         check_output(args.graph_output, "graph file", inputs=[args.spec])
+
+    def timed(batch: int):
+        """The step captured at ``batch`` samples, and its profile."""
+        step = capture_spec(args.spec, batch, optimizer=args.optimizer, lr=args.lr, settings=settings, fake=False)
+        model, inputs = load_model(args.spec, batch)
+        return step, profile_step(
+            step, model, inputs, device=args.device, repeats=args.repeats, gpu_timing=args.gpu_timing
+        )
+
     with working(
         f"capturing {args.spec} at batch {args.batch}, then timing every operation on {args.device} "
         f"({args.repeats} runs each) ...",
         measuring=True,
     ):
-        step = capture_spec(args.spec, args.batch, optimizer=args.optimizer, lr=args.lr, settings=settings, fake=False)
-        model, inputs = load_model(args.spec, args.batch)
-        profile = profile_step(
-            step, model, inputs, device=args.device, repeats=args.repeats, gpu_timing=args.gpu_timing
-        )
+        step, profile = timed(args.batch)
     if args.small_batch is not None:
         with working(f"timing every operation at batch {args.small_batch} too ...", measuring=True):
-            small_step = capture_spec(
-                args.spec, args.small_batch, optimizer=args.optimizer, lr=args.lr, settings=settings, fake=False
-            )
-            small_model, small_inputs = load_model(args.spec, args.small_batch)
-            small = profile_step(
-                small_step,
-                small_model,
-                small_inputs,
-                device=args.device,
-                repeats=args.repeats,
-                gpu_timing=args.gpu_timing,
-            )
+            _, small = timed(args.small_batch)
         profile = fixed_part(profile, small, args.batch, args.small_batch)
         share = sum(profile.fixed_seconds.values()) / max(profile.total_s, 1e-30)
         print(
