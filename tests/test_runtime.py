@@ -1226,6 +1226,29 @@ def test_placer_run_verifies_against_eager_training(file_case, tmp_path, capsys)
     assert "equal eager training" in out and "simulator predicts" in out
 
 
+def test_placer_run_predicts_from_a_profile_it_is_given(file_case, tmp_path, capsys):
+    from placer.cost.profile import Profile, apply_profile
+    from placer.sim.simulator import simulate_plan
+
+    graph, cluster = file_case.captured.graph, load_cluster("2xcpu")
+    plan = random_plan(graph, cluster, seed=3)
+    plan.save(tmp_path / "plan.json")
+    # Every operation 2 ms: the prediction is the plan's step on those times, not the analytic ones.
+    profile = Profile(graph.name, graph.digest(), "cpu", dict.fromkeys(graph.ids, 2e-3))
+    profile.save(tmp_path / "p.json")
+    args = ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "2"]
+    assert main([*args, "--profile", str(tmp_path / "p.json")]) == 0
+    expected = simulate_plan(plan, apply_profile(graph, profile), cluster).makespan_s
+    assert f"simulator predicts {expected * 1e3:.3f} ms (the times of {tmp_path / 'p.json'})" in capsys.readouterr().out
+    assert main(args) == 0
+    assert "ms (analytic costs)" in capsys.readouterr().out
+    # A profile of another graph is refused before training, naming the file.
+    Profile("other", "0" * 16, "cpu", {}).save(tmp_path / "other.json")
+    assert main([*args, "--profile", str(tmp_path / "other.json")]) == 2
+    err = capsys.readouterr().err
+    assert "other.json" in err and "made for graph 'other'" in err
+
+
 def _recording_runs(monkeypatch) -> list:
     """The Measurement of every run the CLI makes from now on."""
     import placer.cli.run as runtime_cli

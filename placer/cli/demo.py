@@ -24,7 +24,8 @@ from rich.markup import escape
 
 from ..algorithms import place
 from ..cluster import load_cluster
-from ..cost.profile import apply_profile
+from ..cost.profile import apply_profile, fixed_part
+from ..harness.contention import measure_contention, under_contention
 from ..harness.profiling import profile_step
 from ..io import check_output
 from ..report.compare import check_options, compare
@@ -51,6 +52,8 @@ DEFAULT_TIME_LIMIT = 20.0
 #: What the demo trains: a model small enough to train in seconds on two CPU ranks, and big enough that
 #: a data-parallel plan beats one process.
 TRAIN_MODEL, TRAIN_BATCH, TRAIN_CLUSTER, TRAIN_STEPS = "zoo:lenet", 256, "2xcpu", 6
+#: Seconds each process trains while the demo times the ranks' contention (a few steps of the small model).
+CONTENTION_SECONDS = 1.5
 
 
 def run_demo(
@@ -109,8 +112,12 @@ def train_recommended(
 ) -> int:
     """Profile ``model`` on this CPU, plan it with ``auto`` on ``cluster``'s CPU ranks, and train that plan.
 
-    The plan (``output/train-plan.json``) is made from the profile, so the
-    simulator predicts the step from times measured here; ``placer run
+    The plan (``output/train-plan.json``) is made from the profile
+    (``output/train-profile.json``, which the run's prediction uses too), as
+    ``placer profile --small-batch --ranks`` makes it (each operation's fixed
+    part fitted against a rank's share of the batch, every time scaled by the
+    contention of as many processes at once), so the simulator predicts the
+    step from times measured here; ``placer run
     --backend distributed --verify`` then trains it with SGD, one process per
     device, prints the measured step beside the prediction, and compares the
     trained model with PyTorch's DDP and eager training. Returns ``placer
@@ -123,18 +130,32 @@ def train_recommended(
     from . import run  # deferred: imports torch
 
     console = console or Console()
-    with console.status(f"profiling {model} at batch {batch} on this CPU and planning it with auto on {cluster} ..."):
+    ranks = load_cluster(cluster)
+    small_batch = max(1, batch // ranks.num_devices)
+
+    def timed(samples: int):
+        captured = capture_spec(model, samples, optimizer="sgd", fake=False)
+        return captured, profile_step(captured, *load_model(model, samples), device="cpu")
+
+    with console.status(
+        f"profiling {model} at batch {batch} and {small_batch} on this CPU, timing {ranks.num_devices} processes "
+        f"at once, and planning it with auto on {cluster} ..."
+    ):
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # each rank runs one thread, as the profile does
         try:
-            net, inputs = load_model(model, batch)
-            captured = capture_spec(model, batch, optimizer="sgd", fake=False)
-            graph = apply_profile(captured.graph, profile_step(captured, net, inputs, device="cpu"))
+            captured, profile = timed(batch)
+            if small_batch < batch:
+                profile = fixed_part(profile, timed(small_batch)[1], batch, small_batch)
         finally:
             torch.set_num_threads(threads)
-        plan = place(graph, load_cluster(cluster), "auto", time_limit=time_limit)
-    path = output / "train-plan.json"
+        contention = measure_contention(model, batch, ranks.num_devices, optimizer="sgd", seconds=CONTENTION_SECONDS)
+        profile = under_contention(profile, contention)
+        graph = apply_profile(captured.graph, profile)
+        plan = place(graph, ranks, "auto", time_limit=time_limit)
+    path, profiled = output / "train-plan.json", output / "train-profile.json"
     plan.save(path)
+    profile.save(profiled)
     start = plan.extra.get("auto", {}).get("start", "auto") if isinstance(plan.extra.get("auto"), dict) else "auto"
     console.print(
         f"[bold]training auto's plan[/] of {graph.name} (built on {start}) on {cluster}: {steps} steps, "
@@ -152,6 +173,8 @@ def train_recommended(
             "sgd",
             "--plan",
             str(path),
+            "--profile",
+            str(profiled),
             "--backend",
             "distributed",
             "--steps",

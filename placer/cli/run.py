@@ -70,6 +70,7 @@ def measure_plan(
     threads: int = 1,
     timeout_s: float = 60.0,
     devices: list[str] | None = None,
+    graph: Any = None,
 ) -> Measurement | None:
     """Train ``steps`` steps of ``captured`` as ``plan`` says; the local backend updates ``flat`` in place.
 
@@ -77,6 +78,8 @@ def measure_plan(
     ``"distributed"`` (one process per device, started here, or this process's
     rank under ``torchrun``; ``flat`` is left as it is and the new state is in
     the result, which only rank 0 of a ``torchrun`` launch gets: the others get None).
+    ``graph`` (default the captured one) is the step's graph with the costs the
+    prediction simulates: the captured graph with a profile's times.
     """
 
     from ..runtime.distributed import run_distributed, run_under_torchrun, under_torchrun  # deferred: imports torch
@@ -85,9 +88,10 @@ def measure_plan(
     from ..runtime.replicas import replica_steps  # deferred: imports torch
 
     steps_traced = replica_steps(captured, plan)
+    graph = captured.graph if graph is None else graph
     if backend == "local":
         program = compile_program(
-            captured.gm, captured.graph, plan, cluster, carrier=captured.carrier, replica_steps=steps_traced
+            captured.gm, graph, plan, cluster, carrier=captured.carrier, replica_steps=steps_traced
         )
         executor = LocalExecutor(program, devices, profile=True)
         step_s, outputs = [], []
@@ -111,7 +115,7 @@ def measure_plan(
         run = run_under_torchrun if under_torchrun() else run_distributed
         result = run(
             captured.gm,
-            captured.graph,
+            graph,
             plan,
             cluster,
             flat,
@@ -392,9 +396,14 @@ def _run(args: argparse.Namespace) -> int:
         args,
         cluster,
         {cluster.device_index[d] for d in plan.placement.values()},
-        inputs=[args.plan, args.cluster, args.spec],
+        inputs=[args.plan, args.cluster, args.spec, args.profile],
     )
+    profile = None
+    if args.profile:  # read and checked before the capture
+        profile = load_profile(args.profile)
+        profile.check_cluster(cluster)
     model, inputs, reference, captured = _load(args, _batch(args, plan.graph_name))
+    graph = captured.graph if profile is None else apply_profile(captured.graph, profile)
     try:  # a plan for another batch size or optimizer: refused before "training ..."
         bound = bind_plan(plan, captured.graph, cluster)
     except InvalidPlanError as exc:
@@ -447,6 +456,7 @@ def _run(args: argparse.Namespace) -> int:
             threads=args.threads,
             timeout_s=args.timeout,
             devices=devices,
+            graph=graph,
         )
     if m is None:
         return 0
@@ -457,7 +467,8 @@ def _run(args: argparse.Namespace) -> int:
     print(
         f"{terminal(captured.graph.name)} on {terminal(cluster.name)} ({args.backend}, {cluster.num_devices} devices): "
         f"{args.steps} steps, step {times.median_s * 1e3:.3f} ms (median of {len(times.counted)} after "
-        f"{times.warmup} warm-up), simulator predicts {m.predicted_s * 1e3:.3f} ms{loss}"
+        f"{times.warmup} warm-up), simulator predicts {m.predicted_s * 1e3:.3f} ms "
+        f"({'analytic costs' if profile is None else 'the times of ' + args.profile}){loss}"
     )
     if m.message_s:
         busy = sum(m.op_s.values())
@@ -710,6 +721,12 @@ def add_commands(subparsers) -> None:
         "--tolerance",
         type=float,
         help=f"with --verify: the largest absolute difference it accepts (default {VERIFY_TOLERANCE:g})",
+    )
+    p.add_argument(
+        "--profile",
+        metavar="FILE",
+        help="placer.profile/1 file of the step whose times the prediction simulates instead of the analytic ones "
+        "(the profile the plan was made from, e.g. `placer profile --small-batch B --ranks N`)",
     )
     p.add_argument("--trace", help="distributed: write the last step's measured timeline (Chrome trace JSON) here")
     _measurement_outputs(p, "the run")
