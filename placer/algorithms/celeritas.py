@@ -39,6 +39,15 @@ where spreading shortens the step:
   finds fastest. Where one device waits on another in turn, as the layers
   of a recurrent network do, running the next step's critical operation
   first lets the other device start sooner.
+- What a cluster placed early cannot know: Adjusting Placement decides
+  each cluster once, from those placed before it, and the depth-first
+  order places a block's longest branch first, so the rule keeps the
+  other branches on its device while their wait there is still short.
+  With the fastest plan in hand, :func:`refine` moves the clusters that
+  the simulated step's critical path waits on (the ends of a transfer on
+  it, or a cluster working on it while another device idles), one at a
+  time, where the reference model finds the step shorter and the plan
+  still fitting (on graphs of up to :data:`FINER_UP_TO` operations).
 
 A device without room for a cluster counts as never available; when no
 device has room the one with the most room left takes it (best effort, the
@@ -1210,7 +1219,8 @@ def _place(
 ) -> Plan:
     """Fuse, schedule the coarse graph by each candidate (:func:`candidates`; fused again into smaller
     clusters where none fits), and map the fastest fitting schedule back. With "adjust" among
-    ``policies`` (``celeritas``), :func:`priority_orders` is among the orders tried; Order-Place alone
+    ``policies`` (``celeritas``), :func:`priority_orders` is among the orders tried and the fastest
+    schedule is then refined (:func:`refine`, optional work under a time limit); Order-Place alone
     keeps the coarse schedule's or the earliest-ready order, as the paper's baseline runs.
 
     Raises
@@ -1249,14 +1259,18 @@ def _place(
     makespan, schedule, order, rounds, order_kind, chosen, fused = best
     node_device, moves = schedule.node_device, 0
     if ranked and graph.num_nodes <= FINER_UP_TO:
-        # Optional work, about half the candidates' time: the plan in hand stands where the time limit cuts it short.
-        box = optional_work(0.5 * took_s)
+        # Optional work, worth a start where a few moves fit (a move costs about what a candidate's simulation
+        # did): the plan in hand stands where the time limit cuts it short.
+        box = optional_work(8 * took_s / (len(ORDERS) * len(tries)))
         if box is not None and time.perf_counter() <= deadline:
             # Within a caller's frugal share, no more moves than the schedules simulated so far.
             most = min(REFINE_MOVES, len(ORDERS) * len(tries)) if is_frugal() else REFINE_MOVES
             refined = None
             with box:
-                refined = refine(graph, cluster, fused, node_device, order, most, deadline)
+                # Moves stop short of the box's end, so that its expiry seldom discards the moves made.
+                now = time.perf_counter()
+                stop = min(deadline, now + 0.8 * (box.deadline - now))
+                refined = refine(graph, cluster, fused, node_device, order, most, stop)
             if refined is not None and refined.result.fits and refined.result.makespan_s < makespan:
                 node_device, order, moves = refined.node_device, refined.orders, refined.moves
                 order_kind = 1 if order is None else 2
@@ -1479,7 +1493,9 @@ def celeritas(
     which makes ``celeritas`` never slower than ``order_place``. On graphs
     of up to :data:`FINER_UP_TO` operations, Adjusting Placement also places
     finer fusions (:func:`candidates`), timing inputs as the reference model
-    moves them (``queued`` in :func:`schedule_coarse`).
+    moves them (``queued`` in :func:`schedule_coarse`), and the fastest
+    plan's clusters then move along its critical path while the simulated
+    step shortens (:func:`refine`, at most :data:`REFINE_MOVES` moves tried).
 
     Parameters
     ----------
@@ -1503,8 +1519,8 @@ def celeritas(
         ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did), the
         ``layout`` ("cpd" or "consumer") and ``exploration_range`` of the winning fusion,
         ``charge_pushes`` (see :func:`schedule_coarse`), ``timing`` ("queued" or "paper",
-        :class:`Candidate`), ``order`` (which of :data:`ORDERS`), and the ``memory_fraction``
-        its clusters were fused with.
+        :class:`Candidate`), ``order`` (which of :data:`ORDERS`), the ``memory_fraction``
+        its clusters were fused with, and ``moves``: the clusters :func:`refine` moved.
 
     Raises
     ------
