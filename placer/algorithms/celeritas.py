@@ -107,6 +107,7 @@ __all__ = [
     "Refined",
     "refine",
     "REFINE_MOVES",
+    "REFINE_WORK",
 ]
 
 POLICIES = ("order", "adjust")
@@ -869,8 +870,12 @@ def critical_path(result: SimResult) -> list[CriticalLink]:
         v = link.before
 
 
-#: Moves :func:`refine` evaluates at most (each a list schedule of the whole graph).
+#: Moves :func:`refine` evaluates at most (each a list schedule of the whole graph) ...
 REFINE_MOVES = 48
+#: ... and within ``celeritas``, at most this many operations' worth of list schedules, so that the
+#: refinement of a larger graph costs about what a 10k-operation one does: a count, not seconds, so that
+#: the plan does not depend on the machine's speed.
+REFINE_WORK = 480_000
 
 
 class Refined(NamedTuple):
@@ -1001,7 +1006,9 @@ def refine(
 
     if orders is None:  # the list schedule's order instead where it fits and is no slower
         schedule = _list_schedule(graph, cluster, node_device, durations=durations)
-        ranked = Refined(node_device, schedule.orders, simulate(graph, cluster, node_device, schedule.orders), 0)
+        ranked = Refined(
+            node_device, schedule.orders, simulate(graph, cluster, node_device, schedule.orders, check=False), 0
+        )
         no_slower = ranked.result.makespan_s <= best.result.makespan_s * (1 + 1e-9)  # up to rounding
         best = ranked if ranked.result.fits and no_slower else best
     tried: set[tuple[int, int]] = set()
@@ -1264,7 +1271,8 @@ def _place(
         box = optional_work(8 * took_s / (len(ORDERS) * len(tries)))
         if box is not None and time.perf_counter() <= deadline:
             # Within a caller's frugal share, no more moves than the schedules simulated so far.
-            most = min(REFINE_MOVES, len(ORDERS) * len(tries)) if is_frugal() else REFINE_MOVES
+            most = min(REFINE_MOVES, max(1, REFINE_WORK // max(1, graph.num_nodes)))
+            most = min(most, len(ORDERS) * len(tries)) if is_frugal() else most
             refined = None
             with box:
                 # Moves stop short of the box's end, so that its expiry seldom discards the moves made.
@@ -1495,7 +1503,8 @@ def celeritas(
     finer fusions (:func:`candidates`), timing inputs as the reference model
     moves them (``queued`` in :func:`schedule_coarse`), and the fastest
     plan's clusters then move along its critical path while the simulated
-    step shortens (:func:`refine`, at most :data:`REFINE_MOVES` moves tried).
+    step shortens (:func:`refine`, at most :data:`REFINE_MOVES` moves tried, fewer on graphs
+    above :data:`REFINE_WORK` / :data:`REFINE_MOVES` operations).
 
     Parameters
     ----------
