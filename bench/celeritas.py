@@ -84,7 +84,7 @@ def goals() -> None:
                 + f" | {'yes' if met else 'no'}  ({stats['policy']}, {stats['layout']}, R={stats['exploration_range']}"
                 + ("" if stats["charge_pushes"] else ", uncharged")
                 + (", Eq. 7" if stats["timing"] == "paper" else "")
-                + f", {stats['order']} order)",
+                + f", {stats['order']} order, {stats['moves']} moves)",
                 flush=True,
             )
 

@@ -5,8 +5,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from placer.algorithms import celeritas as celeritas_module
 from placer.algorithms import place
-from placer.algorithms.celeritas import priority_orders, schedule_coarse, upward_ranks
+from placer.algorithms.celeritas import critical_path, priority_orders, refine, schedule_coarse, upward_ranks
 from placer.algorithms.common import MemoryBudget
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
@@ -457,3 +458,89 @@ def test_priority_orders_start_the_highest_priority_ready_operation(nodes, edge_
             waiting = [w for w in order[i + 1 :].tolist() if arrived[w] <= t and priority[w] > priority[v]]
             # A zero-duration job of the instant goes first whatever its priority (rule 7 of the reference model).
             assert not waiting or result.finish[v] == t
+
+
+@SETTINGS
+@given(
+    st.integers(1, 40), st.floats(0.05, 0.6), st.integers(0, 10**6), st.sampled_from(["4xV100-nvlink", "4xGPU-pcie"])
+)
+def test_the_critical_path_is_a_chain_of_waits_back_to_the_start(nodes, edge_prob, seed, cluster_name):
+    """From the operation that ends the step, each link's operation starts the instant what it names ends
+    (the operation before it on its device, a local input, or a transfer into its device), and the chain
+    goes back to an operation that starts at time zero."""
+    graph = random_dag(nodes, edge_prob=edge_prob, seed=seed, max_compute_s=1e-3, max_bytes=64 << 20)
+    cluster = load_cluster(cluster_name)
+    device_of = np.random.default_rng(seed).integers(0, cluster.num_devices, nodes)
+    result = simulate(graph, cluster, device_of)
+    path = critical_path(result)
+    assert path[0].node == int(np.argmax(result.finish))
+    assert result.finish[path[0].node] == result.makespan_s
+    orders = result.device_orders()
+    before = {int(b): int(a) for order in orders for a, b in zip(order[:-1], order[1:])}
+    for link, after in zip(path, path[1:]):
+        assert after.node == link.before
+        v, u = link.node, link.before
+        start = result.start[v]
+        if link.kind == "device":
+            assert before[v] == u and result.finish[u] == start
+        elif link.kind == "local":
+            assert device_of[u] == device_of[v] and np.flatnonzero((graph.src == u) & (graph.dst == v)).size
+            assert result.finish[u] == start
+        else:
+            assert link.kind == "transfer" and device_of[u] != device_of[v]
+            x = link.transfer
+            assert result.transfers.producer[x] == u and result.transfers.dst_device[x] == device_of[v]
+            assert result.transfers.end[x] == start
+    assert path[-1].kind == "start" and result.start[path[-1].node] == 0.0
+
+
+def test_refining_spreads_parallel_branches_that_one_device_runs():
+    """Four parallel branches per block, all on one device: moving the clusters the critical path waits on
+    ends the step earlier, on more devices, with every colocation group still on one device; the result
+    replays under the reference model, and the same start gives the same placement."""
+    graph = training_graph(layers=3, branches=4, seed=1)
+    cluster = load_cluster("4xV100-nvlink")
+    fused = fuse(graph, cluster, exploration_range=2)
+    start = np.zeros(graph.num_nodes, dtype=np.int64)
+    before = simulate(graph, cluster, start).makespan_s
+    refined = refine(graph, cluster, fused, start)
+    assert refined.moves > 0
+    assert refined.result.makespan_s < 0.9 * before
+    assert np.unique(refined.node_device).size >= 3
+    for members in graph.colocation_groups.values():
+        assert np.unique(refined.node_device[members]).size == 1
+    again = simulate(graph, cluster, refined.node_device, refined.orders)
+    assert again.fits and again.makespan_s == pytest.approx(refined.result.makespan_s, rel=1e-12)
+    assert np.array_equal(refine(graph, cluster, fused, start).node_device, refined.node_device)
+
+
+@SETTINGS
+@given(fused_graphs())
+def test_refining_never_slows_the_start_and_keeps_the_plan_valid(case):
+    """Whatever the start (here, Adjusting Placement's schedule), the refined placement is valid (kinds,
+    colocation, links: the reference model's checks), fits, and is no slower than the start."""
+    fused, cluster = case
+    graph = fused.graph
+    need = celeritas_module.memory_need(graph, cluster)
+    schedule = schedule_coarse(fused, cluster, "adjust", need, cluster.memory.astype(float), queued=True)
+    orders = schedule.device_orders(fused, cluster.num_devices)
+    start = simulate(graph, cluster, schedule.node_device, orders)
+    refined = refine(graph, cluster, fused, schedule.node_device, orders, moves=12)
+    result = simulate(graph, cluster, refined.node_device, refined.orders)  # checks the plan
+    assert result.makespan_s == pytest.approx(refined.result.makespan_s, rel=1e-12)
+    if start.fits:
+        assert result.fits and result.makespan_s <= start.makespan_s
+
+
+def test_celeritas_refines_its_plan_where_that_shortens_the_step(monkeypatch):
+    """Without the critical-path moves, celeritas's plan of this four-branch step is slower and on one
+    device; with them the plan records the moves it made and uses more devices."""
+    graph = training_graph(layers=4, branches=4, seed=1)
+    cluster = load_cluster("4xV100-nvlink")
+    ours = place(graph, cluster, "celeritas")
+    monkeypatch.setattr(celeritas_module, "REFINE_MOVES", 0)
+    unrefined = place(graph, cluster, "celeritas")
+    assert unrefined.extra["celeritas"]["moves"] == 0
+    assert ours.extra["celeritas"]["moves"] > 0
+    assert ours.predicted["makespan_s"] < unrefined.predicted["makespan_s"]
+    assert len(set(ours.placement.values())) > len(set(unrefined.placement.values()))

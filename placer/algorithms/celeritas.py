@@ -39,6 +39,15 @@ where spreading shortens the step:
   finds fastest. Where one device waits on another in turn, as the layers
   of a recurrent network do, running the next step's critical operation
   first lets the other device start sooner.
+- What a cluster placed early cannot know: Adjusting Placement decides
+  each cluster once, from those placed before it, and the depth-first
+  order places a block's longest branch first, so the rule keeps the
+  other branches on its device while their wait there is still short.
+  With the fastest plan in hand, :func:`refine` moves the clusters that
+  the simulated step's critical path waits on (the ends of a transfer on
+  it, or a cluster working on it while another device idles), one at a
+  time, where the reference model finds the step shorter and the plan
+  still fitting (on graphs of up to :data:`FINER_UP_TO` operations).
 
 A device without room for a cluster counts as never available; when no
 device has room the one with the most room left takes it (best effort, the
@@ -65,7 +74,7 @@ import heapq
 import time
 from bisect import bisect_right
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 import numpy as np
 
@@ -75,11 +84,11 @@ from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..io import shown_sizes
 from ..plan import Plan
-from ..sim.simulator import simulate
-from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, fuse_in_order, link_costs
+from ..sim.simulator import SimResult, simulate
+from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, fuse_in_order, group_allowed, link_costs
 from .common import incident_edges, linked_devices, liveness_ratio, missing_link
 from .registry import register
-from .timebox import optional_work
+from .timebox import is_frugal, optional_work
 
 __all__ = [
     "order_place",
@@ -93,6 +102,12 @@ __all__ = [
     "consumer_order",
     "upward_ranks",
     "priority_orders",
+    "CriticalLink",
+    "critical_path",
+    "Refined",
+    "refine",
+    "REFINE_MOVES",
+    "REFINE_WORK",
 ]
 
 POLICIES = ("order", "adjust")
@@ -600,7 +615,11 @@ def upward_ranks(graph: OpGraph, cluster: Cluster, node_device: np.ndarray) -> n
     [3.01, 2.0, 1.0]
     """
     dur = graph.durations(cluster)[np.arange(graph.num_nodes), node_device] if graph.num_nodes else np.zeros(0)
-    sends = _sends(graph, cluster, node_device)
+    return _upward_ranks(graph, dur, _sends(graph, cluster, node_device))
+
+
+def _upward_ranks(graph: OpGraph, dur: np.ndarray, sends: _Sends) -> np.ndarray:
+    """:func:`upward_ranks` from each node's duration on its device and the placement's transfers."""
     edge_cost = np.zeros(graph.num_edges)
     crossing = sends.of_edge >= 0
     edge_cost[crossing] = sends.duration[sends.of_edge[crossing]]
@@ -653,12 +672,33 @@ def priority_orders(
     >>> [g.ids[i] for i in priority_orders(g, load_cluster("2xV100-nvlink"), np.zeros(4, dtype=int))[0]]
     ['a', 'b', 'd', 'c']
     """
+    return _list_schedule(graph, cluster, node_device, priority).orders
+
+
+class _ListSchedule(NamedTuple):
+    """What :func:`_list_schedule` plays: per device, its nodes in the order they start, and the step's end."""
+
+    orders: list[np.ndarray]
+    makespan_s: float
+
+
+def _list_schedule(
+    graph: OpGraph,
+    cluster: Cluster,
+    node_device: np.ndarray,
+    priority: np.ndarray | None = None,
+    durations: np.ndarray | None = None,
+) -> _ListSchedule:
+    """:func:`priority_orders`' list schedule, with the instant its last operation ends; ``durations``:
+    ``graph.durations(cluster)`` where the caller has it."""
     n, n_dev = graph.num_nodes, cluster.num_devices
     node_device = np.asarray(node_device, dtype=np.int64)
-    if priority is None:
-        priority = upward_ranks(graph, cluster, node_device)
-    dur = (graph.durations(cluster)[np.arange(n), node_device] if n else np.zeros(0)).tolist()
+    durations = graph.durations(cluster) if durations is None else durations
+    placed = durations[np.arange(n), node_device] if n else np.zeros(0)
     sends = _sends(graph, cluster, node_device)
+    if priority is None:
+        priority = _upward_ranks(graph, placed, sends)
+    dur = placed.tolist()
     n_x = sends.producer.size
     local = np.flatnonzero(sends.of_edge < 0)
     cross = np.flatnonzero(sends.of_edge >= 0)
@@ -740,7 +780,7 @@ def priority_orders(
             break
         t = events[0][0]
     order = np.asarray(started, dtype=np.int64)
-    return [order[node_device[order] == d] for d in range(n_dev)]
+    return _ListSchedule([order[node_device[order] == d] for d in range(n_dev)], t)
 
 
 def _grouped(keys: np.ndarray, values: np.ndarray, n: int) -> list[list[int]]:
@@ -748,6 +788,286 @@ def _grouped(keys: np.ndarray, values: np.ndarray, n: int) -> list[list[int]]:
     by_key = np.argsort(keys, kind="stable")
     values, bounds = values[by_key].tolist(), np.searchsorted(keys[by_key], np.arange(n + 1)).tolist()
     return [values[bounds[k] : bounds[k + 1]] for k in range(n)]
+
+
+class CriticalLink(NamedTuple):
+    """One step back along a simulated step's critical path: ``node`` started when ``before`` let it.
+
+    ``kind`` is "device" (``before`` ran just before it on its device), "local" (``before`` produced an
+    input on the same device), "transfer" (``before`` produced an input on another device; ``transfer``
+    indexes :attr:`SimResult.transfers`, -1 otherwise) or "start" (nothing held it back; ``before`` -1).
+    """
+
+    node: int
+    kind: str
+    before: int
+    transfer: int
+
+
+def critical_path(result: SimResult) -> list[CriticalLink]:
+    """The chain of operations and transfers that ends the simulated step, from its last operation back.
+
+    From the operation that ends last, each step goes back to what its
+    start waited for: the operation before it on its device, when that
+    ended at the instant it started (the device was the bottleneck), else
+    the input that arrived last (an operation on the same device, or a
+    transfer from another). Where both end at that instant the device is
+    taken, so that a transfer on the path is one that really made its
+    reader wait.
+
+    Parameters
+    ----------
+    result : SimResult
+
+    Returns
+    -------
+    list of CriticalLink
+        Latest first; the last link's ``kind`` is "start".
+
+    Examples
+    --------
+    ``a`` on gpu0 feeds ``b`` on gpu1 (25 MB, 1.01 ms) and ``c`` on gpu0:
+
+    >>> from placer.cluster import load_cluster
+    >>> from placer.sim.simulator import simulate
+    >>> g = OpGraph(["a", "b", "c"], [1e-3, 2e-3, 1e-3], [0, 0], [1, 2], [25_000_000, 8])
+    >>> r = simulate(g, load_cluster("2xV100-nvlink"), [0, 1, 0])
+    >>> [(g.ids[link.node], link.kind) for link in critical_path(r)]
+    [('b', 'transfer'), ('a', 'start')]
+    """
+    graph, n = result.graph, result.graph.num_nodes
+    if n == 0:
+        return []
+    before_on_device = np.full(n, -1, dtype=np.int64)
+    for order in result.device_orders():
+        before_on_device[order[1:]] = order[:-1]
+    ptr, in_edges = graph.in_edges
+    transfer_of = result.transfers.rows()
+    start, finish, device = result.start.tolist(), result.finish.tolist(), result.device_of.tolist()
+    ends = result.transfers.end.tolist()
+    src, tensor = graph.src.tolist(), graph.edge_tensor.tolist()
+    ptr_l, in_l, before_l = ptr.tolist(), in_edges.tolist(), before_on_device.tolist()
+    v = int(np.argmax(result.finish))
+    path: list[CriticalLink] = []
+    while True:
+        arrived, link = -np.inf, None
+        for e in in_l[ptr_l[v] : ptr_l[v + 1]]:
+            u = src[e]
+            if device[u] == device[v]:
+                at, candidate = finish[u], CriticalLink(v, "local", u, -1)
+            else:
+                x = transfer_of[(u, tensor[e], device[v])]
+                at, candidate = ends[x], CriticalLink(v, "transfer", u, x)
+            if at > arrived:
+                arrived, link = at, candidate
+        b = before_l[v]
+        if b >= 0 and finish[b] >= start[v] and finish[b] >= arrived:
+            link = CriticalLink(v, "device", b, -1)
+        elif link is None or arrived < start[v]:
+            path.append(CriticalLink(v, "start", -1, -1))
+            return path
+        path.append(link)
+        v = link.before
+
+
+#: Moves :func:`refine` evaluates at most (each a list schedule of the whole graph) ...
+REFINE_MOVES = 48
+#: ... and within ``celeritas``, at most this many operations' worth of list schedules, so that the
+#: refinement of a larger graph costs about what a 10k-operation one does: a count, not seconds, so that
+#: the plan does not depend on the machine's speed.
+REFINE_WORK = 480_000
+
+
+class Refined(NamedTuple):
+    """What :func:`refine` returns: the placement, its per-device order (None: the reference model's
+    earliest-ready dispatch), its simulated step, and the moves made."""
+
+    node_device: np.ndarray
+    orders: list[np.ndarray] | None
+    result: SimResult
+    moves: int
+
+    @property
+    def rank(self) -> tuple[bool, float]:
+        """Fitting first, then the shorter step."""
+        return (not self.result.fits, self.result.makespan_s)
+
+
+def refine(
+    graph: OpGraph,
+    cluster: Cluster,
+    fused: FusedGraph,
+    node_device: np.ndarray,
+    orders: list[np.ndarray] | None = None,
+    moves: int = REFINE_MOVES,
+    deadline: float = np.inf,
+) -> Refined:
+    """Move clusters of ``fused`` along the critical path while the simulated step shortens.
+
+    Adjusting Placement decides each cluster once, in CPD-TOPO order, from
+    the clusters placed before it: the depth-first order places the longest
+    branch of a block first and the rule keeps the next one on its device
+    unless the wait there beats sending the output back, a wait that the
+    branches still to come make longer. Once every cluster is placed, the
+    step's critical path (:func:`critical_path`) shows where the step
+    waits; this pass moves, one at a time, the clusters that make it wait:
+
+    - for each transfer on the path, the reader's cluster to the sender's
+      device and the sender's to the reader's (the transfer goes);
+    - each cluster with work on the path, the clusters that work the longest
+      first, to the device that is busy least while it runs (the work
+      spreads to an idle device).
+
+    A cluster moves with the colocation groups of its members, only to a
+    device all of them may use and channels link to their neighbours. A
+    move is played in the order the best placement so far runs in
+    (:func:`priority_orders`' list schedule, or the earliest-ready
+    dispatch, which needs less memory where the list schedule does not
+    fit) and stays where the reference model finds that it fits and ends
+    the step earlier; the other order is then tried too, and the path is
+    traced again. A move that did not help is not tried again.
+    The pass ends when no move helps, after ``moves`` moves evaluated, or at
+    ``deadline``.
+
+    Parameters
+    ----------
+    graph, cluster
+    fused : FusedGraph
+        The fusion whose clusters move.
+    node_device : ndarray of int
+        The placement to start from, valid (kinds, colocation, links).
+    orders : list of ndarray, optional
+        Its per-device order; None for the earliest-ready dispatch.
+    moves : int
+        The most moves evaluated.
+    deadline : float
+        A ``time.perf_counter`` instant after which no move is evaluated.
+
+    Returns
+    -------
+    Refined
+        The best placement found, fitting ones first: the start itself where no move helps.
+
+    Examples
+    --------
+    Three parallel branches all placed on one device spread over the others:
+
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> from placer.transform.fusion import fuse
+    >>> graph, cluster = training_graph(layers=2, branches=3, seed=1), load_cluster("4xV100-nvlink")
+    >>> fused = fuse(graph, cluster, exploration_range=4)
+    >>> start = np.zeros(graph.num_nodes, dtype=int)
+    >>> refined = refine(graph, cluster, fused, start)
+    >>> bool(refined.result.makespan_s < simulate(graph, cluster, start).makespan_s), refined.moves > 0
+    (True, True)
+    >>> np.unique(refined.node_device).size > 1
+    True
+    """
+    node_device = np.asarray(node_device, dtype=np.int64).copy()
+    best = Refined(node_device, orders, simulate(graph, cluster, node_device, orders, check=False), 0)
+    if moves <= 0 or graph.num_nodes == 0:
+        return best
+    allowed = group_allowed(graph, cluster)
+    group_names = sorted(graph.colocation_groups)
+    group_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+    for g, key in enumerate(group_names):
+        group_of[graph.colocation_groups[key]] = g
+    members_of = [graph.colocation_groups[key] for key in group_names]
+    linked = cluster.linked
+
+    def moved(k: int) -> np.ndarray:
+        members = fused.members[k]
+        groups = np.unique(group_of[members])
+        return np.unique(np.concatenate([members] + [members_of[g] for g in groups[groups >= 0].tolist()]))
+
+    durations = graph.durations(cluster)
+
+    def played(trial: np.ndarray, ranked: bool) -> Refined | None:
+        """The trial placement in the list schedule's order (``ranked``) or the earliest-ready one, where it
+        ranks before the best so far."""
+        if ranked:
+            schedule = _list_schedule(graph, cluster, trial, durations=durations)
+            if schedule.makespan_s >= best.result.makespan_s and best.result.fits:
+                return None  # the reference model would say the same
+            found = Refined(trial, schedule.orders, simulate(graph, cluster, trial, schedule.orders, check=False), 0)
+        else:
+            found = Refined(trial, None, simulate(graph, cluster, trial, None, check=False), 0)
+        return found if found.rank < best.rank else None
+
+    def tried_out(trial: np.ndarray) -> Refined | None:
+        """The trial placement, played in the order the best so far runs in, where it ranks before the best;
+        from the earliest-ready order, in the list schedule's too, where that ranks before it."""
+        found = played(trial, best.orders is not None)
+        if found is None or found.orders is not None:
+            return found
+        other = played(trial, True)
+        return other if other is not None and other.rank < found.rank else found
+
+    if orders is None:  # the list schedule's order instead where it fits and is no slower
+        schedule = _list_schedule(graph, cluster, node_device, durations=durations)
+        ranked = Refined(
+            node_device, schedule.orders, simulate(graph, cluster, node_device, schedule.orders, check=False), 0
+        )
+        no_slower = ranked.result.makespan_s <= best.result.makespan_s * (1 + 1e-9)  # up to rounding
+        best = ranked if ranked.result.fits and no_slower else best
+    tried: set[tuple[int, int]] = set()
+    evaluated = 0
+    while evaluated < moves:
+        result, current = best.result, best.node_device
+        found = None
+        for k, d in _wanted_moves(fused, result, critical_path(result)):
+            if (k, d) in tried:
+                continue
+            tried.add((k, d))
+            nodes = moved(k)
+            if (current[nodes] == d).all() or not allowed[nodes, d].all():
+                continue
+            trial = current.copy()
+            trial[nodes] = -1
+            if not linked_devices(graph, linked, trial, nodes)[d]:
+                continue
+            if evaluated >= moves or time.perf_counter() > deadline:
+                return best
+            trial[nodes] = d
+            evaluated += 1
+            found = tried_out(trial)
+            if found is not None:
+                best = found._replace(moves=best.moves + 1)
+                break
+        if found is None:
+            break
+    return best
+
+
+def _wanted_moves(fused: FusedGraph, result: SimResult, path: list[CriticalLink]) -> Iterator[tuple[int, int]]:
+    """The moves :func:`refine` tries, as (cluster, device), best first: for each transfer on the critical
+    ``path``, latest first, its reader's cluster to the sender's device and the sender's to the reader's;
+    then each cluster with work on the path, the longest first, to the device busy least while it runs (of
+    those, the one its neighbours send and read the most bytes on)."""
+    device = result.device_of
+    for link in path:
+        if link.kind == "transfer":
+            yield int(fused.cluster_of[link.node]), int(device[link.before])
+            yield int(fused.cluster_of[link.before]), int(device[link.node])
+    n_dev, graph = result.cluster.num_devices, result.graph
+    on_path = np.array([link.node for link in path], dtype=np.int64)
+    work = np.bincount(fused.cluster_of[on_path], weights=result.finish[on_path] - result.start[on_path])
+    for k in np.lexsort((np.arange(work.size), -work)).tolist():
+        if work[k] <= 0:
+            return
+        members = fused.members[k]
+        lo, hi = float(result.start[members].min()), float(result.finish[members].max())
+        overlap = np.clip(np.minimum(result.finish, hi) - np.maximum(result.start, lo), 0.0, None)
+        busy = np.bincount(device, weights=overlap, minlength=n_dev)
+        busy[np.unique(device[members])] = np.inf
+        outs, ins = incident_edges(graph, members)
+        near = np.bincount(
+            np.concatenate([device[graph.dst[outs]], device[graph.src[ins]]]),
+            weights=np.concatenate([graph.edge_bytes[outs], graph.edge_bytes[ins]]).astype(np.float64),
+            minlength=n_dev,
+        )
+        yield k, int(np.lexsort((np.arange(n_dev), -near, busy))[0])
 
 
 def memory_need(graph: OpGraph, cluster: Cluster) -> np.ndarray:
@@ -906,7 +1226,8 @@ def _place(
 ) -> Plan:
     """Fuse, schedule the coarse graph by each candidate (:func:`candidates`; fused again into smaller
     clusters where none fits), and map the fastest fitting schedule back. With "adjust" among
-    ``policies`` (``celeritas``), :func:`priority_orders` is among the orders tried; Order-Place alone
+    ``policies`` (``celeritas``), :func:`priority_orders` is among the orders tried and the fastest
+    schedule is then refined (:func:`refine`, optional work under a time limit); Order-Place alone
     keeps the coarse schedule's or the earliest-ready order, as the paper's baseline runs.
 
     Raises
@@ -917,9 +1238,8 @@ def _place(
     deadline = time.perf_counter() + (time_limit if time_limit is not None else np.inf)
     began, errors = time.perf_counter(), []
     fraction, ranked = memory_fraction, "adjust" in policies
-    best = _fastest_fitting(
-        graph, cluster, candidates(graph, policies, exploration_range), fraction, name, deadline, errors, ranked
-    )
+    tries = candidates(graph, policies, exploration_range)
+    best = _fastest_fitting(graph, cluster, tries, fraction, name, deadline, errors, ranked)
     took_s = time.perf_counter() - began
     while best is None and fraction * SMALLER_CLUSTERS_BY >= MIN_MEMORY_FRACTION:
         # Optional work: where the time limit cuts it short, the diagnosis at the fraction asked for stands.
@@ -943,7 +1263,25 @@ def _place(
         fraction, best, took_s = fraction * SMALLER_CLUSTERS_BY, found, time.perf_counter() - began
     if best is None:
         raise errors[0]  # the diagnosis at the memory fraction asked for
-    _, schedule, order, rounds, order_kind, chosen, fused = best
+    makespan, schedule, order, rounds, order_kind, chosen, fused = best
+    node_device, moves = schedule.node_device, 0
+    if ranked and graph.num_nodes <= FINER_UP_TO:
+        # Optional work, worth a start where a few moves fit (a move costs about what a candidate's simulation
+        # did): the plan in hand stands where the time limit cuts it short.
+        box = optional_work(8 * took_s / (len(ORDERS) * len(tries)))
+        if box is not None and time.perf_counter() <= deadline:
+            # Within a caller's frugal share, no more moves than the schedules simulated so far.
+            most = min(REFINE_MOVES, max(1, REFINE_WORK // max(1, graph.num_nodes)))
+            most = min(most, len(ORDERS) * len(tries)) if is_frugal() else most
+            refined = None
+            with box:
+                # Moves stop short of the box's end, so that its expiry seldom discards the moves made.
+                now = time.perf_counter()
+                stop = min(deadline, now + 0.8 * (box.deadline - now))
+                refined = refine(graph, cluster, fused, node_device, order, most, stop)
+            if refined is not None and refined.result.fits and refined.result.makespan_s < makespan:
+                node_device, order, moves = refined.node_device, refined.orders, refined.moves
+                order_kind = 1 if order is None else 2
     # A graph without compute has an infinite CCR, which a plan file (JSON) cannot hold: None there.
     ccr_before, ccr_after = (x if np.isfinite(x) else None for x in (fused.ccr_before, fused.ccr_after))
     stats = {
@@ -959,8 +1297,9 @@ def _place(
         "timing": chosen.timing,
         "order": ORDERS[order_kind],
         "memory_fraction": fraction,
+        "moves": moves,
     }
-    return Plan.from_arrays(graph, cluster, schedule.node_device, order, algorithm=name, extra={"celeritas": stats})
+    return Plan.from_arrays(graph, cluster, node_device, order, algorithm=name, extra={"celeritas": stats})
 
 
 def _fastest_fitting(
@@ -1162,7 +1501,10 @@ def celeritas(
     which makes ``celeritas`` never slower than ``order_place``. On graphs
     of up to :data:`FINER_UP_TO` operations, Adjusting Placement also places
     finer fusions (:func:`candidates`), timing inputs as the reference model
-    moves them (``queued`` in :func:`schedule_coarse`).
+    moves them (``queued`` in :func:`schedule_coarse`), and the fastest
+    plan's clusters then move along its critical path while the simulated
+    step shortens (:func:`refine`, at most :data:`REFINE_MOVES` moves tried, fewer on graphs
+    above :data:`REFINE_WORK` / :data:`REFINE_MOVES` operations).
 
     Parameters
     ----------
@@ -1186,8 +1528,8 @@ def celeritas(
         ``policy``: "adjust" (Adjusting Placement won) or "order" (Order-Place did), the
         ``layout`` ("cpd" or "consumer") and ``exploration_range`` of the winning fusion,
         ``charge_pushes`` (see :func:`schedule_coarse`), ``timing`` ("queued" or "paper",
-        :class:`Candidate`), ``order`` (which of :data:`ORDERS`), and the ``memory_fraction``
-        its clusters were fused with.
+        :class:`Candidate`), ``order`` (which of :data:`ORDERS`), the ``memory_fraction``
+        its clusters were fused with, and ``moves``: the clusters :func:`refine` moved.
 
     Raises
     ------
