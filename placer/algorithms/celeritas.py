@@ -303,13 +303,9 @@ def schedule_coarse(
     delivered: list[dict[int, float]] = [{} for _ in range(n_dev)]  # when each (producer, tensor) got there
     latency_l, inverse_l, channel_l = latency.tolist(), inverse.tolist(), cluster.channel_index.tolist()
 
-    group_names = sorted(graph.colocation_groups)
-    group_of = np.full(graph.num_nodes, -1, dtype=np.int64)
-    for g, key in enumerate(group_names):
-        group_of[graph.colocation_groups[key]] = g
-    group_members = [graph.colocation_groups[key] for key in group_names]
+    group_of, group_members = _colocation_index(graph)
     linked = cluster.linked
-    pin = np.full(len(group_names) + 1, -1, dtype=np.int64)  # the last entry stands for "no group"
+    pin = np.full(len(group_members) + 1, -1, dtype=np.int64)  # the last entry stands for "no group"
     charged = np.zeros(graph.num_nodes, dtype=bool)
     used = np.zeros(n_dev)
     timelines = [_Timeline() for _ in range(n_dev)]
@@ -783,6 +779,22 @@ def _list_schedule(
     return _ListSchedule([order[node_device[order] == d] for d in range(n_dev)], t)
 
 
+class _Colocation(NamedTuple):
+    """The colocation groups of a graph, by sorted label: each node's group (-1: none) and each group's nodes."""
+
+    group_of: np.ndarray
+    members: list[np.ndarray]
+
+
+def _colocation_index(graph: OpGraph) -> _Colocation:
+    """:class:`_Colocation` of ``graph``."""
+    names = sorted(graph.colocation_groups)
+    group_of = np.full(graph.num_nodes, -1, dtype=np.int64)
+    for g, key in enumerate(names):
+        group_of[graph.colocation_groups[key]] = g
+    return _Colocation(group_of, [graph.colocation_groups[key] for key in names])
+
+
 def _grouped(keys: np.ndarray, values: np.ndarray, n: int) -> list[list[int]]:
     """``values`` grouped by ``keys`` (in 0 .. n - 1) into n lists."""
     by_key = np.argsort(keys, kind="stable")
@@ -969,11 +981,7 @@ def refine(
     if moves <= 0 or graph.num_nodes == 0:
         return best
     allowed = group_allowed(graph, cluster)
-    group_names = sorted(graph.colocation_groups)
-    group_of = np.full(graph.num_nodes, -1, dtype=np.int64)
-    for g, key in enumerate(group_names):
-        group_of[graph.colocation_groups[key]] = g
-    members_of = [graph.colocation_groups[key] for key in group_names]
+    group_of, members_of = _colocation_index(graph)
     linked = cluster.linked
 
     def moved(k: int) -> np.ndarray:
