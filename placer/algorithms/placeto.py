@@ -4,7 +4,8 @@ The policy (:mod:`placer.learn.policy`) was trained with REINFORCE on the
 graph families of :mod:`placer.learn.families` against placer's simulator
 (:mod:`placer.learn.train`); a small trained policy ships with the package,
 so placing is zero-shot: one greedy episode of Placeto's MDP over the graph
-reduced by Merge-and-Colocate. With ``fine_tune_s`` (or
+reduced to the policy's size, starting from the best of one device, the
+expert split and METIS. With ``fine_tune_s`` (or
 ``fine_tune_episodes``) the policy is first trained further on the graph
 being placed, the paper's "fine-tuning" setting.
 """
@@ -94,11 +95,15 @@ def placeto(
 ) -> Plan:
     """Placeto's learned policy, zero-shot or fine-tuned on the graph (Addanki et al., NeurIPS 2019).
 
-    The graph is reduced by Merge-and-Colocate to ``target_nodes`` nodes; the
-    policy then walks them in topological order ``passes`` times, starting with
-    every node on its first allowed device and moving each to its likeliest
-    device; every step is simulated on the original graph and the walk's best
-    placement is kept (Placeto's MDP). A placement that does not fit in memory
+    The graph is reduced to ``target_nodes`` nodes (Merge-and-Colocate, then
+    slabs of heights where it stops above that: :func:`placer.learn.reduce.reduce_graph`,
+    so that a captured step of thousands of operations is walked at the size
+    the policy was trained on); the policy then walks them in topological
+    order ``passes`` times, starting from the best simulated of one device
+    (where the step fits on one), the expert split and METIS, and moving each
+    node to its likeliest device; every step is simulated on the original
+    graph and the walk's best placement is kept (Placeto's MDP), so the plan
+    is never slower than its start. A placement that does not fit in memory
     is repaired: units on an over-full device move to the allowed device with
     room that the policy liked best (failing that, the memory-aware expert split
     is used), and ``plan.extra["placeto"]`` says so.
@@ -131,8 +136,12 @@ def placeto(
     Returns
     -------
     Plan
-        ``extra["placeto"]`` holds the zero-shot and fine-tuned makespans, the
-        merged graph's size and whether memory repair ran.
+        ``extra["placeto"]`` holds the start's name (``start``) and makespan
+        (``start_makespan_s``) beside the walk's (``zero_shot_makespan_s``)
+        and their ratio (``policy_gain``: the policy's own gain over its
+        start), a ``note`` where the moves gained nothing, the fine-tuned
+        makespan, the reduced graph's size and how it was reduced, and
+        whether memory repair ran.
 
     Raises
     ------
@@ -241,9 +250,14 @@ def _place_with_policy(
     best = _walks(mdp, net, passes, samples, seed, deadline)
     info = {
         "merged_nodes": mdp.ctx.num_nodes,
-        "zero_shot_makespan_s": best.best_makespan_s,
+        "reduction": "+".join(mdp.coarse.stages),
+        "start": mdp.start_name,
         "start_makespan_s": best.start_makespan_s,
+        "zero_shot_makespan_s": best.best_makespan_s,
+        "policy_gain": best.start_makespan_s / best.best_makespan_s if best.best_makespan_s > 0 else 1.0,
     }
+    if not best.best_makespan_s < best.start_makespan_s:
+        info["note"] = f"the policy's moves gained nothing over its start ({mdp.start_name})"
     if fine_tune_s <= 0 and fine_tune_episodes <= 0:
         return mdp, best, info
     budget = [deadline] if deadline is not None else []
@@ -278,6 +292,8 @@ def _place_with_policy(
     info.update(
         fine_tune_episodes=len(result.curve["return"]), fine_tune_s=result.seconds, fine_tuned_makespan_s=choice[2]
     )
+    if choice[2] < best.start_makespan_s:
+        info.pop("note", None)
     if choice[:2] < (not best.best_fits, best.best_cost):
         best = dataclasses.replace(
             best, best_fits=not choice[0], best_cost=choice[1], best_makespan_s=choice[2], best_device_of=choice[3]
