@@ -393,12 +393,17 @@ class TrainResult:
     best : dict
         ``(graph index, cluster index)`` -> ``(overflows memory, R, makespan_s, device_of)``
         of the best placement any rollout found (fine-tuning keeps it).
+    graphs, clusters : list of str
+        Names of the graphs and clusters trained on (saved with the policy, so that a
+        benchmark can tell which graphs are held out).
     """
 
     policy: PlacetoPolicy
     curve: dict
     seconds: float
     best: dict = field(default_factory=dict)
+    graphs: list = field(default_factory=list)
+    clusters: list = field(default_factory=list)
 
 
 # Worker state: the problems, built once per process (rollouts only send weights and indices).
@@ -545,6 +550,7 @@ def train(
     baselines: dict[tuple[int, int], deque] = {}
     best: dict[tuple[int, int], tuple] = {}
     curve: dict[str, list] = {"update": [], "episodes": [], "return": [], "speedup": [], "seconds": []}
+    trained_on = {"graphs": [g.name for g in graphs], "clusters": [c.name for c in clusters]}
     with one_thread():
         _init_problems(graphs, clusters, config)
         pool = None
@@ -589,24 +595,25 @@ def train(
                 if progress is not None:
                     progress(update + 1, updates, row)
                 if checkpoint is not None and config.checkpoint_every and (update + 1) % config.checkpoint_every == 0:
-                    _save(policy, checkpoint, config, curve)
+                    _save(policy, checkpoint, config, curve, trained_on)
         finally:
             if pool is not None:
                 # Not close() and join(): after Ctrl-C or an error they would wait for the rollouts in
                 # flight, forever for one whose worker died (a worker still starting dies of the SIGINT).
                 pool.terminate()
                 pool.join()
-    return TrainResult(policy, curve, time.perf_counter() - began, best)
+    return TrainResult(policy, curve, time.perf_counter() - began, best, **trained_on)
 
 
-def _save(policy: PlacetoPolicy, path, config: TrainConfig, curve: dict) -> None:
+def _save(policy: PlacetoPolicy, path, config: TrainConfig, curve: dict, trained_on: dict | None = None) -> None:
     """Write the policy atomically (a checkpoint is never half written)."""
-    write_atomic(path, lambda tmp: policy.save(tmp, train_config=asdict(config), curve=curve), "policy file")
+    metadata = dict(train_config=asdict(config), curve=curve, **(trained_on or {}))
+    write_atomic(path, lambda tmp: policy.save(tmp, **metadata), "policy file")
 
 
 def save_result(result: TrainResult, path, config: TrainConfig) -> None:
-    """Save a trained policy with its settings and learning curve."""
-    _save(result.policy, path, config, result.curve)
+    """Save a trained policy with its settings, learning curve and the names of the graphs and clusters."""
+    _save(result.policy, path, config, result.curve, {"graphs": result.graphs, "clusters": result.clusters})
 
 
 def plot_curve(curve: dict, path, *, title: str = "Placeto training", window: int = 10) -> None:
