@@ -7,7 +7,8 @@ on them (it merges one node at a time into a neighbour and never joins two
 colocation keys, and a step's variables are colocated with their updates at
 the other end of the graph). :func:`reduce_graph` runs Merge-and-Colocate
 (:func:`placer.transform.merge.merge_and_colocate`) and, where it stops
-above the target, cuts the graph into ``target`` slabs of consecutive
+above the target (or on graphs of more than :data:`DIRECT_SLABS` times the
+target, instead of it), cuts the graph into ``target`` slabs of consecutive
 heights (:func:`placer.transform.coarsen.heights`) balanced by compute,
 which always gets there: heights rise along every edge, so contracting the
 slabs leaves a DAG (:func:`placer.transform.coarsen.contract`, the exact
@@ -37,6 +38,11 @@ from ..transform.merge import merge_and_colocate
 
 __all__ = ["Reduction", "reduce_graph", "height_slabs"]
 
+#: Above this many times the target, the slabs are cut from the graph itself: Merge-and-Colocate merges one
+#: node at a time, each after a path search, which takes seconds on a step of 10k operations and stops far
+#: above the target on captured steps all the same.
+DIRECT_SLABS = 50
+
 
 @dataclass
 class Reduction:
@@ -50,7 +56,8 @@ class Reduction:
         Coarse node that decides the device of every original node (for a slab cut, a colocated
         node's is its group's first member's).
     stages : tuple of str
-        The stages that ran: ``"merge"``, then ``"slabs"`` where it stopped above the target.
+        The stages that ran: ``"merge"``, then ``"slabs"`` where it stopped above the target;
+        ``"slabs"`` alone on graphs of more than :data:`DIRECT_SLABS` times the target.
     """
 
     graph: OpGraph
@@ -160,13 +167,16 @@ def reduce_graph(graph: OpGraph, target: int, *, cluster: Cluster | None = None)
     """
     if isinstance(target, bool) or not isinstance(target, (int, np.integer)) or target < 1:
         raise OptionError(f"option target_nodes must be an integer >= 1, got {target!r}")
-    merged = merge_and_colocate(graph, target_nodes=int(target))
-    if merged.graph.num_nodes <= target:
-        return Reduction(merged.graph, merged.group_of, ("merge",))
-    slab = height_slabs(merged.graph, int(target))[merged.group_of]
+    if graph.num_nodes <= DIRECT_SLABS * target:
+        merged = merge_and_colocate(graph, target_nodes=int(target))
+        if merged.graph.num_nodes <= target:
+            return Reduction(merged.graph, merged.group_of, ("merge",))
+        slab, stages = height_slabs(merged.graph, int(target))[merged.group_of], ("merge", "slabs")
+    else:
+        slab, stages = height_slabs(graph, int(target)), ("slabs",)
     free = graph.replace(colocation=None) if graph.colocation_groups else graph
     coarse, members = contract(free, slab, cluster=cluster)
     structural = np.empty(graph.num_nodes, dtype=np.int64)
     for g, mem in enumerate(members):
         structural[mem] = g
-    return Reduction(coarse, structural[_first_member(graph)], ("merge", "slabs"))
+    return Reduction(coarse, structural[_first_member(graph)], stages)
