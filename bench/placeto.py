@@ -184,7 +184,7 @@ def main() -> None:
         from placer.generate import training_graph
 
         layers = max(1, round(args.large_nodes / 43))  # about 43 nodes a layer at 10 branches
-        graph = training_graph(layers=layers, branches=10)
+        graph = training_graph(layers=layers, branches=10, param_mib=2, activation_mib=1)  # fits 4 V100s
         row = placeto_row(graph, cluster, args.policy)
         results["large"] = {"graph": graph.name, "nodes": graph.num_nodes, **row}
         print(f"\nzero-shot planning time, generated step of {graph.num_nodes} nodes: {row['seconds']:.2f} s")
