@@ -278,6 +278,20 @@ def test_placeto_places_a_step_of_thousands_of_nodes_from_its_best_start():
     assert ("note" in info) == (info["policy_gain"] <= 1.0)
 
 
+def test_the_policy_guided_climb_keeps_only_moves_that_shorten_the_step():
+    graph, cluster = family_graph("image", 1), load_cluster("4xV100-nvlink")
+    mdp = PlacementMDP(graph, cluster, target_nodes=12)
+    torch.manual_seed(0)
+    ep = mdp.climb(PlacetoPolicy(), passes=2)
+    assert ep.best_makespan_s <= ep.start_makespan_s
+    assert np.isclose(simulate(graph, cluster, ep.best_device_of).makespan_s, ep.best_makespan_s)
+    plan = place(graph, cluster, "placeto", walk="climb")  # place() validates it
+    info = plan.extra["placeto"]
+    assert info["walk"] == "climb" and plan.predicted["makespan_s"] <= info["start_makespan_s"] * (1 + 1e-9)
+    with pytest.raises(OptionError, match="walk"):
+        place(graph, cluster, "placeto", walk="run")
+
+
 def test_mdp_starts_where_asked():
     graph, cluster = family_graph("image", 0), load_cluster("4xV100-nvlink")
     robin = PlacementMDP(graph, cluster, target_nodes=12, start="round_robin")

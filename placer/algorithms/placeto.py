@@ -37,6 +37,8 @@ __all__ = ["placeto", "SHIPPED_POLICY", "load_policy"]
 
 #: The pre-trained policy shipped with the package (see docs/benchmarks.md, "Placeto").
 SHIPPED_POLICY = Path(__file__).resolve().parent.parent / "learn" / "policy.pt"
+#: What a walk over the reduced graph does with the policy's choices (the ``walk`` option).
+WALKS = ("mdp", "climb")
 #: Share of a time limit the walks (and fine-tuning) may take; the rest is for a memory repair and the plan.
 WALK_SHARE = 0.9
 
@@ -92,6 +94,7 @@ def placeto(
     fine_tune_episodes: int = 0,
     passes: int = 0,
     target_nodes: int = 0,
+    walk: str = "mdp",
 ) -> Plan:
     """Placeto's learned policy, zero-shot or fine-tuned on the graph (Addanki et al., NeurIPS 2019).
 
@@ -132,6 +135,13 @@ def placeto(
         Visits of every node in the walk (``n`` of the paper; 0 = as the policy was trained).
     target_nodes : int
         Size of the merged graph the policy walks (0 = as the policy was trained).
+    walk : {"mdp", "climb"}
+        ``"mdp"``: Placeto's walk, every move the policy picks kept (the
+        walk's best placement is the plan). ``"climb"``: a local search the
+        policy guides (:meth:`~placer.learn.train.PlacementMDP.climb`): each
+        node tries the policy's favourite other device and the move stays
+        only if the simulated step gets faster; not the paper's method, and
+        ``samples`` does not apply.
 
     Returns
     -------
@@ -182,6 +192,8 @@ def placeto(
     target_nodes = target_nodes or int(trained.get("target_nodes", 24))
     # The walks stop at WALK_SHARE of the limit: a memory repair and the plan come after them.
     deadline = None if time_limit is None else began + WALK_SHARE * time_limit
+    if walk not in WALKS:
+        raise OptionError(f"option walk of 'placeto' must be one of {', '.join(WALKS)}, got {walk!r}")
     if graph.num_nodes == 0:
         return Plan.from_arrays(graph, cluster, np.zeros(0, dtype=np.int64))
 
@@ -189,7 +201,18 @@ def placeto(
 
     with one_thread():
         mdp, best, info = _place_with_policy(
-            graph, cluster, net, trained, seed, deadline, samples, passes, target_nodes, fine_tune_s, fine_tune_episodes
+            graph,
+            cluster,
+            net,
+            trained,
+            seed,
+            deadline,
+            samples,
+            passes,
+            target_nodes,
+            fine_tune_s,
+            fine_tune_episodes,
+            walk,
         )
     device_of = best.best_device_of
     if not best.best_fits:
@@ -237,6 +260,7 @@ def _place_with_policy(
     target_nodes: int,
     fine_tune_s: float,
     fine_tune_episodes: int,
+    walk: str = "mdp",
 ):
     """The placement problem, the best episode of the walks (fine-tuned first where asked), and what to
     report of them.
@@ -247,10 +271,11 @@ def _place_with_policy(
     from ..learn.train import PlacementMDP, TrainConfig, train  # deferred: imports torch
 
     mdp = PlacementMDP(graph, cluster, target_nodes=target_nodes)
-    best = _walks(mdp, net, passes, samples, seed, deadline)
+    best = _walks(mdp, net, passes, samples, seed, deadline, walk)
     info = {
         "merged_nodes": mdp.ctx.num_nodes,
         "reduction": "+".join(mdp.coarse.stages),
+        "walk": walk,
         "start": mdp.start_name,
         "start_makespan_s": best.start_makespan_s,
         "zero_shot_makespan_s": best.best_makespan_s,
@@ -281,7 +306,7 @@ def _place_with_policy(
     )
     with TimeBox(None if deadline is None else deadline - time.perf_counter()) as box:
         result = train([graph], [cluster], config, policy=copy.deepcopy(net), deadline=min(budget) if budget else None)
-        tuned = _walks(mdp, result.policy, passes, samples, seed, deadline)
+        tuned = _walks(mdp, result.policy, passes, samples, seed, deadline, walk)
     if box.expired:
         info["fine_tune"] = "cut short by the time limit: the zero-shot placement stands"
         return mdp, best, info
@@ -301,9 +326,13 @@ def _place_with_policy(
     return mdp, best, info
 
 
-def _walks(mdp, net, passes: int, samples: int, seed: int, deadline: float | None):
-    """The greedy walk and ``samples`` sampled ones; the episode with the best placement."""
+def _walks(mdp, net, passes: int, samples: int, seed: int, deadline: float | None, walk: str = "mdp"):
+    """The greedy walk and ``samples`` sampled ones; the episode with the best placement (or the policy's
+    local search, for ``walk="climb"``)."""
     import torch  # deferred: imports torch
+
+    if walk == "climb":
+        return mdp.climb(net, passes=passes, deadline=deadline)
 
     best = None
     with torch.no_grad():

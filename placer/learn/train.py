@@ -299,6 +299,42 @@ class PlacementMDP:
             probs,
         )
 
+    def climb(self, policy: PlacetoPolicy, *, passes: int = 1, deadline: float | None = None) -> Episode:
+        """A local search the policy guides: each coarse node, in topological order, tries the device the
+        policy likes best after its current one, and the move stays only if the simulated cost falls.
+
+        Not Placeto's MDP (whose walk keeps every move and learns from the
+        rewards); it uses the trained policy as a ranking of moves, and ends no
+        worse than its start. Stops early (keeping what it has) when
+        ``time.perf_counter()`` passes ``deadline``.
+        """
+        placement = self.start.clone()
+        cost, span, fits, device_of = self.cost_of(self.start_device_of.copy())
+        start_cost, start_span = cost, span
+        probs = torch.zeros(self.ctx.num_nodes, self.ctx.num_devices)
+        with torch.no_grad():
+            for _ in range(passes):
+                visited = torch.zeros(self.ctx.num_nodes)
+                for v in self.order:
+                    if deadline is not None and time.perf_counter() > deadline:
+                        break
+                    logp = policy(self.ctx, placement, v, visited, self.allowed[v], self.start_s, self.finish_s, span)
+                    probs[v] = logp.exp()
+                    visited[v] = 1.0
+                    ranked = torch.argsort(logp, descending=True).tolist()
+                    other = [a for a in ranked if a != int(placement[v]) and bool(self.allowed[v, a])]
+                    if not other:
+                        continue
+                    trial = device_of.copy()
+                    trial[self.moves[v]] = other[0]
+                    found = self.cost_of(trial)
+                    if (not found[2], found[0]) < (not fits, cost):
+                        cost, span, fits, device_of = found
+                        placement[self.tie[v]] = other[0]
+                    else:
+                        self.cost_of(device_of)  # the kept placement's times, for the next node's features
+        return Episode([], [], np.zeros(0), device_of, cost, start_cost, cost, span, start_span, fits, probs)
+
 
 # ------------------------------------------------------------------ training
 @dataclass
