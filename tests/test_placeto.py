@@ -102,6 +102,45 @@ def test_merge_never_joins_different_device_kinds():
         assert len({graph.device_kinds[i] for i in coarse.members(g)}) == 1
 
 
+@settings(max_examples=25, deadline=None)
+@given(
+    n=st.integers(2, 60),
+    p=st.floats(0.05, 0.9),
+    target=st.integers(1, 12),
+    seed=st.integers(0, 10_000),
+)
+def test_reduction_always_reaches_its_target_and_keeps_a_dag(n, p, target, seed):
+    from placer.learn.reduce import reduce_graph
+
+    graph = random_dag(n, edge_prob=p, seed=seed, colocation_groups=3)
+    r = reduce_graph(graph, target)
+    assert r.graph.num_nodes <= target
+    r.graph.topological_order  # noqa: B018 (raises on a cycle)
+    assert r.group_of.shape == (n,) and set(r.group_of.tolist()) <= set(range(r.graph.num_nodes))
+    # the coarse graph is the quotient: its compute is the original's
+    assert np.isclose(r.graph.compute_s.sum(), graph.compute_s.sum())
+    # a placement of the coarse graph keeping its colocation expands to a valid one of the original
+    device_of = np.arange(r.graph.num_nodes) % 2
+    for k, members in enumerate(r.graph.colocation_groups.values()):
+        device_of[members] = k % 2
+    simulate(graph, load_cluster("2xV100-nvlink"), r.expand(device_of))  # check=True: raises if invalid
+
+
+def test_reduction_of_a_step_of_thousands_of_nodes_keeps_colocation_on_expansion():
+    from placer.learn.reduce import reduce_graph
+
+    graph = training_graph(layers=120, branches=8)  # 4,202 nodes, 960 colocation groups
+    assert merge_and_colocate(graph, target_nodes=24).graph.num_nodes > 24  # Merge-and-Colocate alone stops above
+    assert reduce_graph(graph, 100).stages == ("merge", "slabs")  # (it runs below DIRECT_SLABS times the target)
+    r = reduce_graph(graph, 24)
+    assert r.graph.num_nodes <= 24 and r.stages == ("slabs",)
+    device_of = r.expand(np.arange(r.graph.num_nodes) % 4)
+    for members in graph.colocation_groups.values():
+        assert len(set(device_of[members].tolist())) == 1
+    # the slabs spread the compute: no coarse node holds a quarter of it
+    assert r.graph.num_nodes >= 12 and r.graph.compute_s.max() < 0.25 * graph.compute_s.sum()
+
+
 # ------------------------------------------------------------- policy and MDP
 torch = pytest.importorskip("torch")
 
@@ -216,6 +255,51 @@ def test_shipped_policy_places_a_held_out_graph_zero_shot():
     assert plan.predicted["makespan_s"] < place(graph, cluster, "round_robin").predicted["makespan_s"]
     again = place(graph, cluster, "placeto")
     assert again.placement == plan.placement
+
+
+def test_placeto_places_a_step_of_thousands_of_nodes_from_its_best_start():
+    graph = training_graph(layers=120, branches=8)  # 4,202 nodes
+    cluster = load_cluster("4xV100-nvlink")
+    plan = place(graph, cluster, "placeto", time_limit=120)  # place() validates the plan
+    info = plan.extra["placeto"]
+    assert info["merged_nodes"] <= 24 and info["reduction"] == "slabs"
+    starts = {}
+    for name in ("single", "expert", "metis"):
+        try:
+            starts[name] = place(graph, cluster, name).predicted["makespan_s"]
+        except InfeasibleError:  # one device cannot hold this step
+            pass
+    assert "expert" in starts and "metis" in starts
+    # the walk starts from the best of the three and keeps its best placement: never slower than any
+    assert info["start"] == min(starts, key=starts.get)
+    assert np.isclose(info["start_makespan_s"], min(starts.values()))
+    assert plan.predicted["makespan_s"] <= min(starts.values()) * (1 + 1e-9)
+    assert np.isclose(info["policy_gain"], info["start_makespan_s"] / plan.predicted["makespan_s"])
+    assert ("note" in info) == (info["policy_gain"] <= 1.0)
+
+
+def test_the_policy_guided_climb_keeps_only_moves_that_shorten_the_step():
+    graph, cluster = family_graph("image", 1), load_cluster("4xV100-nvlink")
+    mdp = PlacementMDP(graph, cluster, target_nodes=12)
+    torch.manual_seed(0)
+    ep = mdp.climb(PlacetoPolicy(), passes=2)
+    assert ep.best_makespan_s <= ep.start_makespan_s
+    assert np.isclose(simulate(graph, cluster, ep.best_device_of).makespan_s, ep.best_makespan_s)
+    plan = place(graph, cluster, "placeto", walk="climb")  # place() validates it
+    info = plan.extra["placeto"]
+    assert info["walk"] == "climb" and plan.predicted["makespan_s"] <= info["start_makespan_s"] * (1 + 1e-9)
+    with pytest.raises(OptionError, match="walk"):
+        place(graph, cluster, "placeto", walk="run")
+
+
+def test_mdp_starts_where_asked():
+    graph, cluster = family_graph("image", 0), load_cluster("4xV100-nvlink")
+    robin = PlacementMDP(graph, cluster, target_nodes=12, start="round_robin")
+    best = PlacementMDP(graph, cluster, target_nodes=12)
+    assert robin.start_name == "round robin" and best.start_name in ("single", "expert", "metis")
+    assert best.cost_of(best.start_device_of)[1] <= robin.cost_of(robin.start_device_of)[1]
+    with pytest.raises(OptionError, match="start"):
+        PlacementMDP(graph, cluster, start="anywhere")
 
 
 def test_walks_stop_at_the_time_limit_with_the_best_placement_so_far():

@@ -4,7 +4,8 @@ The policy (:mod:`placer.learn.policy`) was trained with REINFORCE on the
 graph families of :mod:`placer.learn.families` against placer's simulator
 (:mod:`placer.learn.train`); a small trained policy ships with the package,
 so placing is zero-shot: one greedy episode of Placeto's MDP over the graph
-reduced by Merge-and-Colocate. With ``fine_tune_s`` (or
+reduced to the policy's size, starting from the best of one device, the
+expert split and METIS. With ``fine_tune_s`` (or
 ``fine_tune_episodes``) the policy is first trained further on the graph
 being placed, the paper's "fine-tuning" setting.
 """
@@ -36,6 +37,8 @@ __all__ = ["placeto", "SHIPPED_POLICY", "load_policy"]
 
 #: The pre-trained policy shipped with the package (see docs/benchmarks.md, "Placeto").
 SHIPPED_POLICY = Path(__file__).resolve().parent.parent / "learn" / "policy.pt"
+#: What a walk over the reduced graph does with the policy's choices (the ``walk`` option).
+WALKS = ("mdp", "climb")
 #: Share of a time limit the walks (and fine-tuning) may take; the rest is for a memory repair and the plan.
 WALK_SHARE = 0.9
 
@@ -91,14 +94,19 @@ def placeto(
     fine_tune_episodes: int = 0,
     passes: int = 0,
     target_nodes: int = 0,
+    walk: str = "mdp",
 ) -> Plan:
     """Placeto's learned policy, zero-shot or fine-tuned on the graph (Addanki et al., NeurIPS 2019).
 
-    The graph is reduced by Merge-and-Colocate to ``target_nodes`` nodes; the
-    policy then walks them in topological order ``passes`` times, starting with
-    every node on its first allowed device and moving each to its likeliest
-    device; every step is simulated on the original graph and the walk's best
-    placement is kept (Placeto's MDP). A placement that does not fit in memory
+    The graph is reduced to ``target_nodes`` nodes (Merge-and-Colocate, then
+    slabs of heights where it stops above that: :func:`placer.learn.reduce.reduce_graph`,
+    so that a captured step of thousands of operations is walked at the size
+    the policy was trained on); the policy then walks them in topological
+    order ``passes`` times, starting from the best simulated of one device
+    (where the step fits on one), the expert split and METIS, and moving each
+    node to its likeliest device; every step is simulated on the original
+    graph and the walk's best placement is kept (Placeto's MDP), so the plan
+    is never slower than its start. A placement that does not fit in memory
     is repaired: units on an over-full device move to the allowed device with
     room that the policy liked best (failing that, the memory-aware expert split
     is used), and ``plan.extra["placeto"]`` says so.
@@ -127,12 +135,23 @@ def placeto(
         Visits of every node in the walk (``n`` of the paper; 0 = as the policy was trained).
     target_nodes : int
         Size of the merged graph the policy walks (0 = as the policy was trained).
+    walk : {"mdp", "climb"}
+        ``"mdp"``: Placeto's walk, every move the policy picks kept (the
+        walk's best placement is the plan). ``"climb"``: a local search the
+        policy guides (:meth:`~placer.learn.train.PlacementMDP.climb`): each
+        node tries the policy's favourite other device and the move stays
+        only if the simulated step gets faster; not the paper's method, and
+        ``samples`` does not apply.
 
     Returns
     -------
     Plan
-        ``extra["placeto"]`` holds the zero-shot and fine-tuned makespans, the
-        merged graph's size and whether memory repair ran.
+        ``extra["placeto"]`` holds the start's name (``start``) and makespan
+        (``start_makespan_s``) beside the walk's (``zero_shot_makespan_s``)
+        and their ratio (``policy_gain``: the policy's own gain over its
+        start), a ``note`` where the moves gained nothing, the fine-tuned
+        makespan, the reduced graph's size and how it was reduced, and
+        whether memory repair ran.
 
     Raises
     ------
@@ -173,6 +192,8 @@ def placeto(
     target_nodes = target_nodes or int(trained.get("target_nodes", 24))
     # The walks stop at WALK_SHARE of the limit: a memory repair and the plan come after them.
     deadline = None if time_limit is None else began + WALK_SHARE * time_limit
+    if walk not in WALKS:
+        raise OptionError(f"option walk of 'placeto' must be one of {', '.join(WALKS)}, got {walk!r}")
     if graph.num_nodes == 0:
         return Plan.from_arrays(graph, cluster, np.zeros(0, dtype=np.int64))
 
@@ -180,7 +201,18 @@ def placeto(
 
     with one_thread():
         mdp, best, info = _place_with_policy(
-            graph, cluster, net, trained, seed, deadline, samples, passes, target_nodes, fine_tune_s, fine_tune_episodes
+            graph,
+            cluster,
+            net,
+            trained,
+            seed,
+            deadline,
+            samples,
+            passes,
+            target_nodes,
+            fine_tune_s,
+            fine_tune_episodes,
+            walk,
         )
     device_of = best.best_device_of
     if not best.best_fits:
@@ -228,6 +260,7 @@ def _place_with_policy(
     target_nodes: int,
     fine_tune_s: float,
     fine_tune_episodes: int,
+    walk: str = "mdp",
 ):
     """The placement problem, the best episode of the walks (fine-tuned first where asked), and what to
     report of them.
@@ -238,12 +271,18 @@ def _place_with_policy(
     from ..learn.train import PlacementMDP, TrainConfig, train  # deferred: imports torch
 
     mdp = PlacementMDP(graph, cluster, target_nodes=target_nodes)
-    best = _walks(mdp, net, passes, samples, seed, deadline)
+    best = _walks(mdp, net, passes, samples, seed, deadline, walk)
     info = {
         "merged_nodes": mdp.ctx.num_nodes,
-        "zero_shot_makespan_s": best.best_makespan_s,
+        "reduction": "+".join(mdp.coarse.stages),
+        "walk": walk,
+        "start": mdp.start_name,
         "start_makespan_s": best.start_makespan_s,
+        "zero_shot_makespan_s": best.best_makespan_s,
+        "policy_gain": best.start_makespan_s / best.best_makespan_s if best.best_makespan_s > 0 else 1.0,
     }
+    if not best.best_makespan_s < best.start_makespan_s:
+        info["note"] = f"the policy's moves gained nothing over its start ({mdp.start_name})"
     if fine_tune_s <= 0 and fine_tune_episodes <= 0:
         return mdp, best, info
     budget = [deadline] if deadline is not None else []
@@ -267,7 +306,7 @@ def _place_with_policy(
     )
     with TimeBox(None if deadline is None else deadline - time.perf_counter()) as box:
         result = train([graph], [cluster], config, policy=copy.deepcopy(net), deadline=min(budget) if budget else None)
-        tuned = _walks(mdp, result.policy, passes, samples, seed, deadline)
+        tuned = _walks(mdp, result.policy, passes, samples, seed, deadline, walk)
     if box.expired:
         info["fine_tune"] = "cut short by the time limit: the zero-shot placement stands"
         return mdp, best, info
@@ -278,6 +317,8 @@ def _place_with_policy(
     info.update(
         fine_tune_episodes=len(result.curve["return"]), fine_tune_s=result.seconds, fine_tuned_makespan_s=choice[2]
     )
+    if choice[2] < best.start_makespan_s:
+        info.pop("note", None)
     if choice[:2] < (not best.best_fits, best.best_cost):
         best = dataclasses.replace(
             best, best_fits=not choice[0], best_cost=choice[1], best_makespan_s=choice[2], best_device_of=choice[3]
@@ -285,9 +326,13 @@ def _place_with_policy(
     return mdp, best, info
 
 
-def _walks(mdp, net, passes: int, samples: int, seed: int, deadline: float | None):
-    """The greedy walk and ``samples`` sampled ones; the episode with the best placement."""
+def _walks(mdp, net, passes: int, samples: int, seed: int, deadline: float | None, walk: str = "mdp"):
+    """The greedy walk and ``samples`` sampled ones; the episode with the best placement (or the policy's
+    local search, for ``walk="climb"``)."""
     import torch  # deferred: imports torch
+
+    if walk == "climb":
+        return mdp.climb(net, passes=passes, deadline=deadline)
 
     best = None
     with torch.no_grad():

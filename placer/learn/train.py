@@ -1,12 +1,14 @@
 """Placeto's MDP and its REINFORCE training against placer's reference simulator.
 
 The MDP (Addanki et al., Placeto, NeurIPS 2019, Section 3 and appendix A):
-the graph is first reduced by Merge-and-Colocate (A.6); an episode starts
-from a trivial placement (the coarse nodes dealt round-robin) and visits
-the coarse nodes in topological order ``passes`` times (``n|V|`` steps,
-A.7 "MDP"), each step moving one node (with the nodes colocated with it) to
-the device the policy samples. After every step the original graph, placed
-by expanding the coarse placement, is simulated by
+the graph is first reduced to the policy's size (Merge-and-Colocate, A.6,
+then slabs of heights where it stops above it: :mod:`placer.learn.reduce`);
+an episode starts from a strong placement (the best simulated of one
+device, the expert split and METIS; the paper starts from a trivial one)
+and visits the coarse nodes in topological order ``passes`` times
+(``n|V|`` steps, A.7 "MDP"), each step moving one node (with the nodes
+colocated with it) to the device the policy samples. After every step the
+original graph, placed by expanding the coarse placement, is simulated by
 :func:`placer.sim.simulate`; the memory-penalised cost is
 
     R(p) = makespan(p) / makespan(p_0) + c * sum_d ReLU(peak_d / M_d - 1)
@@ -40,12 +42,15 @@ import numpy as np
 import torch
 
 from ..cluster import Cluster, load_cluster
-from ..errors import InvalidPlanError, OptionError
+from ..errors import InfeasibleError, InvalidPlanError, OptionError
 from ..graph import OpGraph
 from ..io import write_atomic
 from ..sim.simulator import simulate
-from ..transform.merge import merge_and_colocate
 from .policy import GraphContext, PlacetoPolicy, PolicyConfig, one_thread
+from .reduce import reduce_graph
+
+#: Where an episode may start (:class:`PlacementMDP`).
+STARTS = ("best", "round_robin")
 
 __all__ = ["PlacementMDP", "Episode", "TrainConfig", "TrainResult", "train", "save_result", "plot_curve"]
 
@@ -91,16 +96,38 @@ class PlacementMDP:
     graph : OpGraph
     cluster : Cluster
     target_nodes : int
-        Size of the coarse graph the policy walks (Merge-and-Colocate).
+        Size of the coarse graph the policy walks (:func:`~placer.learn.reduce.reduce_graph`).
     memory_penalty : float
         ``c`` of the memory-penalised reward.
+    start : {"best", "round_robin"}
+        Where every episode starts: the best simulated of one device, the
+        expert split and METIS, or the coarse nodes dealt round robin.
+
+    Attributes
+    ----------
+    start_name : str
+        The starting placement's name.
+    start_device_of : ndarray of int
+        The starting placement of every original node.
+    start : LongTensor
+        Its coarse view (:meth:`coarse_view`).
     """
 
-    def __init__(self, graph: OpGraph, cluster: Cluster, *, target_nodes: int = 24, memory_penalty: float = 2.0):
+    def __init__(
+        self,
+        graph: OpGraph,
+        cluster: Cluster,
+        *,
+        target_nodes: int = 24,
+        memory_penalty: float = 2.0,
+        start: str = "best",
+    ):
+        if start not in STARTS:
+            raise OptionError(f"option start must be one of {', '.join(STARTS)}, got {start!r}")
         self.graph = graph
         self.cluster = cluster
         self.memory_penalty = memory_penalty
-        self.coarse = merge_and_colocate(graph, target_nodes=target_nodes)
+        self.coarse = reduce_graph(graph, target_nodes, cluster=cluster)
         coarse = self.coarse.graph
         self.ctx = GraphContext(coarse, cluster)
         n = coarse.num_nodes
@@ -108,27 +135,66 @@ class PlacementMDP:
         for members in coarse.colocation_groups.values():
             for v in members.tolist():
                 self.tie[v] = members
-        allowed = coarse.allowed(cluster)
+        group_of = self.coarse.group_of
+        allowed = np.ones((n, cluster.num_devices), dtype=bool)
+        np.logical_and.at(allowed, group_of, graph.allowed(cluster))
         self.allowed = torch.as_tensor(np.array([allowed[t].all(axis=0) for t in self.tie]).reshape(n, -1))
+        # Original nodes each coarse node (with those tied to it) moves.
+        order = np.argsort(group_of, kind="stable")
+        bounds = np.searchsorted(group_of[order], np.arange(n + 1))
+        own = [order[bounds[v] : bounds[v + 1]] for v in range(n)]
+        self.moves = [np.concatenate([own[u] for u in t.tolist()]) for t in self.tie]
+        self._weight = np.maximum(graph.compute_s, 0.0) + 1e-12  # what the coarse view's majority counts
         self.order = coarse.topological_order.tolist()
         self.memory = cluster.memory.astype(np.float64)
         self._reference = None
         self.start_s = self.finish_s = torch.zeros(n)  # the last valid placement's times (none yet)
-        self.start = self._round_robin()
-        reference = self.cost(self.start)[1]
-        if reference == math.inf:
-            # Round robin sends between devices no channel connects: start from each node's first device.
-            self.start = torch.as_tensor(self.allowed.to(torch.int8).argmax(dim=1), dtype=torch.int64)
-            reference = self.cost(self.start)[1]
+        self.start_name, self.start_device_of = self._start(start)
+        self.start = self.coarse_view(self.start_device_of)
+        reference = self.cost_of(self.start_device_of)[1]
         self._reference = reference if math.isfinite(reference) else None
 
-    def _round_robin(self) -> torch.Tensor:
-        """The starting placement: coarse nodes dealt to their allowed devices in turn, in topological order.
+    def _start(self, how: str) -> tuple[str, np.ndarray]:
+        """The starting placement of every original node, and its name.
 
-        Spreading the graph first makes gathering communicating nodes the
-        policy's first lesson; from everything on one device nearly every
-        single move costs transfers, and the policy learns to stay put.
+        ``"best"``: the best simulated of one device (where the step fits on
+        one), the expert split and METIS, fitting placements first; round
+        robin where none of them can be built. The walk keeps its best
+        placement, so it ends no slower than this start.
         """
+        if how == "best":
+            from ..algorithms.baselines import expert, metis, single  # deferred: the registry imports placer.learn
+
+            found = []
+            for name, algorithm in (("single", single), ("expert", expert), ("metis", metis)):
+                try:
+                    plan = algorithm(self.graph, self.cluster)
+                except (InfeasibleError, InvalidPlanError):
+                    continue
+                index = self.cluster.device_index
+                device_of = np.array([index[plan.placement[i]] for i in self.graph.ids], dtype=np.int64)
+                _, span, fits, _ = self.cost_of(device_of)
+                if math.isfinite(span):
+                    found.append(((not fits, span), name, device_of))
+            if found:
+                _, name, device_of = min(found, key=lambda f: f[0])
+                return name, device_of
+        device_of = self.coarse.expand(self._round_robin().numpy())
+        if self.cost_of(device_of)[1] == math.inf:
+            # Round robin sends between devices no channel connects: start from each node's first device.
+            first = torch.as_tensor(self.allowed.to(torch.int8).argmax(dim=1), dtype=torch.int64)
+            return "first allowed device", self.coarse.expand(first.numpy())
+        return "round robin", device_of
+
+    def coarse_view(self, device_of: np.ndarray) -> torch.Tensor:
+        """The device of each coarse node: where most of its members' compute time runs."""
+        n, d = self.ctx.num_nodes, self.ctx.num_devices
+        load = np.zeros((n, d))
+        np.add.at(load, (self.coarse.group_of, device_of), self._weight)
+        return torch.as_tensor(load.argmax(axis=1), dtype=torch.int64)
+
+    def _round_robin(self) -> torch.Tensor:
+        """Coarse nodes dealt to their allowed devices in turn, in topological order (``start="round_robin"``)."""
         n, d = self.ctx.num_nodes, self.ctx.num_devices
         start = torch.full((n,), -1, dtype=torch.int64)
         allowed = self.allowed.numpy()
@@ -145,11 +211,14 @@ class PlacementMDP:
         return start
 
     def cost(self, coarse_placement: torch.Tensor) -> tuple[float, float, bool, np.ndarray]:
-        """``(R, makespan_s, fits, device_of)`` of a coarse placement, simulated on the original graph.
+        """``(R, makespan_s, fits, device_of)`` of a coarse placement, simulated on the original graph."""
+        return self.cost_of(self.coarse.expand(coarse_placement.numpy()))
+
+    def cost_of(self, device_of: np.ndarray) -> tuple[float, float, bool, np.ndarray]:
+        """``(R, makespan_s, fits, device_of)`` of a placement of the original graph, simulated.
 
         Also keeps the coarse nodes' simulated start and finish in ``self.start_s`` and ``self.finish_s``.
         """
-        device_of = self.coarse.expand(coarse_placement.numpy())
         try:
             result = simulate(self.graph, self.cluster, device_of, check=False)
         except InvalidPlanError:  # a transfer between devices no channel connects
@@ -158,6 +227,7 @@ class PlacementMDP:
         m = self.ctx.num_nodes
         start = np.full(m, np.inf)
         np.minimum.at(start, self.coarse.group_of, result.start)
+        start[np.isinf(start)] = 0.0  # a coarse node whose members all follow another's device
         finish = np.zeros(m)
         np.maximum.at(finish, self.coarse.group_of, result.finish)
         self.start_s = torch.as_tensor(start, dtype=torch.float32)
@@ -179,7 +249,7 @@ class PlacementMDP:
         Stops early (keeping what it has) when ``time.perf_counter()`` passes ``deadline``.
         """
         placement = self.start.clone()
-        cost, span, fits, device_of = self.cost(placement)
+        cost, span, fits, device_of = self.cost_of(self.start_device_of.copy())
         start_cost, start_span = cost, span
         best = (not fits, cost, span, fits, device_of)
         log_probs, entropies, rewards = [], [], []
@@ -203,7 +273,9 @@ class PlacementMDP:
                 visited[v] = 1.0
                 if int(placement[v]) != action:
                     placement[self.tie[v]] = action
-                    new_cost, span, fits, device_of = self.cost(placement)
+                    device_of = device_of.copy()
+                    device_of[self.moves[v]] = action
+                    new_cost, span, fits, device_of = self.cost_of(device_of)
                     if new_cost == math.inf:
                         new_cost = cost + 1.0
                     rewards.append(cost - new_cost)
@@ -227,6 +299,42 @@ class PlacementMDP:
             probs,
         )
 
+    def climb(self, policy: PlacetoPolicy, *, passes: int = 1, deadline: float | None = None) -> Episode:
+        """A local search the policy guides: each coarse node, in topological order, tries the device the
+        policy likes best after its current one, and the move stays only if the simulated cost falls.
+
+        Not Placeto's MDP (whose walk keeps every move and learns from the
+        rewards); it uses the trained policy as a ranking of moves, and ends no
+        worse than its start. Stops early (keeping what it has) when
+        ``time.perf_counter()`` passes ``deadline``.
+        """
+        placement = self.start.clone()
+        cost, span, fits, device_of = self.cost_of(self.start_device_of.copy())
+        start_cost, start_span = cost, span
+        probs = torch.zeros(self.ctx.num_nodes, self.ctx.num_devices)
+        with torch.no_grad():
+            for _ in range(passes):
+                visited = torch.zeros(self.ctx.num_nodes)
+                for v in self.order:
+                    if deadline is not None and time.perf_counter() > deadline:
+                        break
+                    logp = policy(self.ctx, placement, v, visited, self.allowed[v], self.start_s, self.finish_s, span)
+                    probs[v] = logp.exp()
+                    visited[v] = 1.0
+                    ranked = torch.argsort(logp, descending=True).tolist()
+                    other = [a for a in ranked if a != int(placement[v]) and bool(self.allowed[v, a])]
+                    if not other:
+                        continue
+                    trial = device_of.copy()
+                    trial[self.moves[v]] = other[0]
+                    found = self.cost_of(trial)
+                    if (not found[2], found[0]) < (not fits, cost):
+                        cost, span, fits, device_of = found
+                        placement[self.tie[v]] = other[0]
+                    else:
+                        self.cost_of(device_of)  # the kept placement's times, for the next node's features
+        return Episode([], [], np.zeros(0), device_of, cost, start_cost, cost, span, start_span, fits, probs)
+
 
 # ------------------------------------------------------------------ training
 @dataclass
@@ -244,7 +352,7 @@ class TrainConfig:
     passes : int
         ``n``: visits of every node per episode.
     target_nodes : int
-        Coarse graph size (Merge-and-Colocate).
+        Coarse graph size (:func:`~placer.learn.reduce.reduce_graph`).
     lr, lr_final : float
         Adam's learning rate, decayed linearly to ``lr_final``.
     entropy, entropy_final : float
@@ -258,6 +366,8 @@ class TrainConfig:
         1.0 is the paper's undiscounted sum, less shortens the horizon and the variance.
     normalize_advantages : bool
         Divide each rollout's advantages by their standard deviation.
+    start : {"best", "round_robin"}
+        Where episodes start (:class:`PlacementMDP`).
     checkpoint_every : int
         Updates between checkpoints (0: none).
     seed : int
@@ -276,6 +386,7 @@ class TrainConfig:
     baseline_window: int = 10
     discount: float = 0.9
     normalize_advantages: bool = False
+    start: str = "best"
     checkpoint_every: int = 25
     seed: int = 0
     policy: dict = field(default_factory=lambda: PolicyConfig().to_dict())
@@ -285,6 +396,8 @@ class TrainConfig:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < 1:
                 raise OptionError(f"option {name} must be an integer >= 1, got {value!r}")
+        if self.start not in STARTS:
+            raise OptionError(f"option start must be one of {', '.join(STARTS)}, got {self.start!r}")
         if not 0 < self.discount <= 1:
             raise OptionError(f"option discount must be in (0, 1], got {self.discount!r}")
         for name in ("lr", "lr_final", "entropy", "entropy_final", "memory_penalty"):
@@ -316,12 +429,17 @@ class TrainResult:
     best : dict
         ``(graph index, cluster index)`` -> ``(overflows memory, R, makespan_s, device_of)``
         of the best placement any rollout found (fine-tuning keeps it).
+    graphs, clusters : list of str
+        Names of the graphs and clusters trained on (saved with the policy, so that a
+        benchmark can tell which graphs are held out).
     """
 
     policy: PlacetoPolicy
     curve: dict
     seconds: float
     best: dict = field(default_factory=dict)
+    graphs: list = field(default_factory=list)
+    clusters: list = field(default_factory=list)
 
 
 # Worker state: the problems, built once per process (rollouts only send weights and indices).
@@ -359,6 +477,7 @@ def _mdp(graph_index: int, cluster_index: int) -> PlacementMDP:
             _PROBLEMS["clusters"][cluster_index],
             target_nodes=config.target_nodes,
             memory_penalty=config.memory_penalty,
+            start=config.start,
         )
     return _PROBLEMS["mdps"][key]
 
@@ -467,6 +586,7 @@ def train(
     baselines: dict[tuple[int, int], deque] = {}
     best: dict[tuple[int, int], tuple] = {}
     curve: dict[str, list] = {"update": [], "episodes": [], "return": [], "speedup": [], "seconds": []}
+    trained_on = {"graphs": [g.name for g in graphs], "clusters": [c.name for c in clusters]}
     with one_thread():
         _init_problems(graphs, clusters, config)
         pool = None
@@ -511,24 +631,25 @@ def train(
                 if progress is not None:
                     progress(update + 1, updates, row)
                 if checkpoint is not None and config.checkpoint_every and (update + 1) % config.checkpoint_every == 0:
-                    _save(policy, checkpoint, config, curve)
+                    _save(policy, checkpoint, config, curve, trained_on)
         finally:
             if pool is not None:
                 # Not close() and join(): after Ctrl-C or an error they would wait for the rollouts in
                 # flight, forever for one whose worker died (a worker still starting dies of the SIGINT).
                 pool.terminate()
                 pool.join()
-    return TrainResult(policy, curve, time.perf_counter() - began, best)
+    return TrainResult(policy, curve, time.perf_counter() - began, best, **trained_on)
 
 
-def _save(policy: PlacetoPolicy, path, config: TrainConfig, curve: dict) -> None:
+def _save(policy: PlacetoPolicy, path, config: TrainConfig, curve: dict, trained_on: dict | None = None) -> None:
     """Write the policy atomically (a checkpoint is never half written)."""
-    write_atomic(path, lambda tmp: policy.save(tmp, train_config=asdict(config), curve=curve), "policy file")
+    metadata = dict(train_config=asdict(config), curve=curve, **(trained_on or {}))
+    write_atomic(path, lambda tmp: policy.save(tmp, **metadata), "policy file")
 
 
 def save_result(result: TrainResult, path, config: TrainConfig) -> None:
-    """Save a trained policy with its settings and learning curve."""
-    _save(result.policy, path, config, result.curve)
+    """Save a trained policy with its settings, learning curve and the names of the graphs and clusters."""
+    _save(result.policy, path, config, result.curve, {"graphs": result.graphs, "clusters": result.clusters})
 
 
 def plot_curve(curve: dict, path, *, title: str = "Placeto training", window: int = 10) -> None:
