@@ -12,7 +12,8 @@ batch, ``M`` micro-batches (default twice the ranks), optimizer and stages:
 3. ``1f1b``: placer's ``1f1b`` plan with the same cut
    (``place(..., "1f1b", microbatches=M, stages=...)``), run by the distributed
    executor (:func:`placer.runtime.distributed.run_distributed`);
-4. ``best``: placer's fastest micro-batched plan by the simulator, of
+4. ``best``: placer's fastest micro-batched plan by the simulator with each
+   message's host cost (as ``auto`` ranks plans on a calibrated cluster), of
    ``gpipe`` and ``1f1b`` (their own cuts and the hand cut), ``m_etf`` and
    ``heft`` with ``M`` micro-batches, run the same way (where it is the
    ``1f1b`` plan, that plan's measurement serves both).
@@ -77,6 +78,7 @@ from ddp import (  # noqa: E402  (bench/ddp.py's)
     median_after,
     ms,
     step_profile,
+    with_messages_s,
     write_record,
 )
 
@@ -253,7 +255,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
     )
     graphs, contentions = contended_graphs(chain.spec, chain.batch, captured.graph, profile, clusters, args, say)
     setups: dict[str, dict[str, Any]] = {}
-    for cluster_name, (cluster, _) in clusters.items():
+    for cluster_name, (cluster, calibration) in clusters.items():
         graph = graphs[cluster_name]
         k = cluster.num_devices
         m = args.microbatches or 2 * k
@@ -261,7 +263,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
         cut = ",".join(pieces[s].layers[0] for s in starts[1:])
         bounds = [*starts, len(pieces)]
         stages = [Stage(model, pieces[a:b]) for a, b in zip(bounds[:-1], bounds[1:])]
-        candidates = {}
+        candidates, ranked = {}, {}
         for algorithm, hand in CANDIDATES:
             label = f"{algorithm}@cut" if hand else algorithm
             options = {"stages": cut} if hand else {}
@@ -272,11 +274,13 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
                 say(f"{cluster_name} {label}: no plan ({str(exc).splitlines()[0]})")
                 continue
             candidates[label] = plan
+            # Ranked as auto ranks plans on a calibrated cluster: with each message's host cost.
+            ranked[label] = with_messages_s(plan, graph, cluster, calibration) or plan.predicted["makespan_s"]
             say(
                 f"{cluster_name} {label}: planned in {time.perf_counter() - t0:.1f} s, predicted "
-                f"{plan.predicted['makespan_s'] * 1e3:.1f} ms"
+                f"{plan.predicted['makespan_s'] * 1e3:.1f} ms, {ranked[label] * 1e3:.1f} ms with its messages"
             )
-        best = min(candidates, key=lambda label: candidates[label].predicted["makespan_s"])
+        best = min(candidates, key=ranked.get)
         plans = {"1f1b": candidates["1f1b@cut"], "best": candidates[best]}
         setups[cluster_name] = {
             "microbatches": m,
@@ -287,6 +291,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
             "best": best,
             "traced": {key: replica_steps(captured, plan) for key, plan in plans.items()},
             "candidates": {label: plan.predicted["makespan_s"] for label, plan in candidates.items()},
+            "candidates_with_messages": ranked,
         }
         say(f"{cluster_name}: {m} micro-batches, stages from {cut}; best plan {best}")
     rounds: dict[tuple[str, str], list[list[float]]] = {}
@@ -362,6 +367,7 @@ def measure_case(name: str, clusters: dict, args: argparse.Namespace, began: flo
             "eager_s": step_s(("", "eager")),
             "best_plan": setup["best"],
             "candidates_predicted_s": setup["candidates"],
+            "candidates_with_messages_s": setup["candidates_with_messages"],
             "torch": {
                 "measured_s": step_s((cluster_name, "torch")),
                 "rounds_s": [statistics.median(r) for r in rounds[cluster_name, "torch"]],
