@@ -46,7 +46,7 @@ measured step. Prints a Markdown table and writes it, with the numbers, to
         [--no-contention] [--output bench/data/ddp-cpu.json]
 
 ``bench/data/ddp-cpu.json`` is the record of the defaults on a 2-core
-machine (about twelve minutes), where ``4xcpu``'s four ranks share two cores:
+machine (about ten minutes), where ``4xcpu``'s four ranks share two cores:
 the contention measured before the runs is what tells the simulator so.
 Run it on a quiet machine: another job's load during the runs, and not
 during the measurement of contention, is what no prediction sees.
