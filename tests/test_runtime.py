@@ -47,6 +47,7 @@ from placer.transform.split import split_operation
 
 from .processes import outliving, terminate_once_ranks_run
 from .reference_model import random_valid_order
+from .training import distributed_training
 
 STEPS = 3
 TOLERANCE = 1e-6
@@ -170,16 +171,11 @@ def test_distributed_executor_trains_like_eager(case, how, cluster_name):
     cluster = load_cluster(cluster_name)
     captured = case.captured
     plan = make_plan(how, captured.graph, cluster)
-    model, optimizer = case.fresh()
-    flat = captured.step_inputs(model, case.inputs, optimizer)
-    result = run_distributed(
-        captured.gm, captured.graph, plan, cluster, flat, steps=STEPS, carrier=captured.carrier, timeout_s=30
-    )
+    (model, optimizer), result = distributed_training(plan, cluster, case.model, case.inputs, captured, STEPS, 30)
     assert len(result.step_s) == STEPS and all(s > 0 for s in result.step_s)
     assert all(src != dst and nbytes > 0 and seconds > 0 for src, dst, nbytes, seconds in result.transfer_s)
     assert how != "random" or result.transfer_s  # some rank waited for some message
     assert result.predicted_s == pytest.approx(plan.predicted.get("makespan_s", result.predicted_s))
-    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     case.assert_matches(model, optimizer)
 
 
@@ -188,20 +184,9 @@ def test_spawned_ranks_get_the_step_by_pickle_and_train_like_eager(zoo_case):
     cluster = load_cluster("2xcpu")
     captured = zoo_case.captured
     plan = make_plan("random", captured.graph, cluster)
-    model, optimizer = zoo_case.fresh()
-    flat = captured.step_inputs(model, zoo_case.inputs, optimizer)
-    result = run_distributed(
-        captured.gm,
-        captured.graph,
-        plan,
-        cluster,
-        flat,
-        steps=STEPS,
-        carrier=captured.carrier,
-        timeout_s=60,
-        start_method="spawn",
+    (model, optimizer), _ = distributed_training(
+        plan, cluster, zoo_case.model, zoo_case.inputs, captured, STEPS, 60, start_method="spawn"
     )
-    captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     zoo_case.assert_matches(model, optimizer)
 
 

@@ -9,7 +9,7 @@ import torch
 
 from placer.api import apply
 from placer.capture import capture
-from placer.capture.spec import load_model
+from placer.capture.spec import in_float64, load_model
 from placer.capture.zoo.registry import ZOO
 from placer.runtime.check import state_difference, train_eager
 from placer.runtime.distributed import run_distributed
@@ -28,8 +28,7 @@ def tiny(name: str, batch: int, optimizer: str = "sgd", double: bool = False, **
     torch.manual_seed(0)
     model, inputs = load_model(spec, batch)
     if double:
-        model = model.double()
-        inputs = tuple(x.double() if x.is_floating_point() else x for x in inputs)
+        model, inputs = in_float64(model, inputs)
     return model, inputs, capture(copy.deepcopy(model), inputs, optimizer=optimizer, lr=0.01)
 
 
@@ -43,10 +42,11 @@ def placed_training(plan, model, inputs, captured, steps=2):
     return model, optimizer
 
 
-def distributed_training(plan, cluster, model, inputs, captured, steps=2, timeout_s=120):
+def distributed_training(plan, cluster, model, inputs, captured, steps=2, timeout_s=120, **options):
     """Train a copy of ``model`` by ``plan`` on a process per device of ``cluster`` over gloo (the replicas'
     and micro-batches' steps traced on their rows): ``((model, optimizer), result)``, the run's
-    :class:`~placer.runtime.distributed.DistributedResult` beside them."""
+    :class:`~placer.runtime.distributed.DistributedResult` beside them. ``options`` go to ``run_distributed``
+    (``start_method``)."""
     model = copy.deepcopy(model)
     optimizer = captured.optimizer.eager(model.parameters())
     flat = captured.step_inputs(model, inputs, optimizer)
@@ -60,6 +60,7 @@ def distributed_training(plan, cluster, model, inputs, captured, steps=2, timeou
         carrier=captured.carrier,
         timeout_s=timeout_s,
         replica_steps=replica_steps(captured, plan),
+        **options,
     )
     captured.write_back([result.state.get(k, v) for k, v in enumerate(flat)], model, optimizer)
     return (model, optimizer), result
