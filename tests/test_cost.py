@@ -131,6 +131,7 @@ def test_annotated_graph_durations_on_presets():
 # -------------------------------------------------------------- calibration
 from placer.errors import FormatError, PlacerError  # noqa: E402
 from placer.harness.calibrate import (  # noqa: E402
+    LOADED_MESSAGES,
     MESSAGE_GAPS,
     Calibration,
     LinkFit,
@@ -233,6 +234,22 @@ def test_calibration_round_trip_and_apply(tmp_path):
         apply_calibration(load_cluster("4xV100-nvlink"), cal)
 
 
+def test_a_loaded_latency_replaces_the_fitted_one_on_the_backends_channels(tmp_path):
+    cal = replace(_calibration(), loaded_latency_s=4e-4)
+    cal.save(tmp_path / "cal.json")
+    assert load_calibration(tmp_path / "cal.json").loaded_latency_s == 4e-4
+    assert load_calibration(tmp_path / "cal.json").meta == {"backend": "gloo"}  # not taken for meta
+    # The gloo channels wait for a message as the ranks computing saw it, not as an idle ping-pong did...
+    cluster = apply_calibration(load_cluster("2xcpu"), cal)
+    assert {(ch.latency_s, ch.bandwidth_bytes_per_s) for ch in cluster.channels} == {(4e-4, 4e9)}
+    assert cluster.transfer_s(0, 1, 4e9) == pytest.approx(1.0 + 4e-4)
+    # ...and a link of another backend keeps its fit.
+    gpus = apply_calibration(load_cluster("8xH100-nvswitch"), cal, link_map={"nvswitch": "cuda-peer"})
+    assert {ch.latency_s for ch in gpus.channels} == {0.0}
+    with pytest.raises(FormatError, match="loaded_latency_s"):
+        Calibration.from_dict({**cal.to_dict(), "loaded_latency_s": -1.0}, "cal.json")
+
+
 @pytest.mark.parametrize(
     "doc, message",
     [
@@ -322,6 +339,18 @@ def test_real_gloo_calibration_two_ranks():
     )
     # And the barrier that ends a step, for the last rank to reach it.
     assert 0 < cal.barrier_s < 1.0
+    # And the latency of messages waited for while the ranks compute: every pair's both ways, of those whose
+    # receiver was waiting before the send (most), positive, and what the calibrated channels take.
+    assert 0 < cal.loaded_latency_s < 1.0
+    assert 0.5 * 2 * LOADED_MESSAGES <= cal.meta["loaded_messages"] <= 2 * LOADED_MESSAGES
+    assert {ch.latency_s for ch in apply_calibration(load_cluster("2xcpu"), cal).channels} == {cal.loaded_latency_s}
+
+
+def test_loaded_latency_pairs_the_ranks_and_the_odd_one_computes():
+    # Three ranks: 0 and 1 pair off, 2 computes until they are done (a hang here would time out).
+    measured = measure_gloo(3, [1024, 4096], 1, timeout_s=120)
+    assert 0.5 * 2 * LOADED_MESSAGES <= len(measured.loaded) <= 2 * LOADED_MESSAGES
+    assert all(0 < t < 1.0 for t in measured.loaded)
 
 
 def test_gloo_calibration_times_out_cleanly():

@@ -232,6 +232,12 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
             f"receiving, {cost.after_wait_s * 1e6:.1f} us after waiting to receive (charged to the nodes that "
             "send and receive" + ("; fitted to the probe run's operations against their profile)" if probe else ")")
         )
+    if cal.loaded_latency_s is not None:
+        print(
+            f"a message waited for while the ranks compute arrives {cal.loaded_latency_s * 1e6:.1f} us after its "
+            f"send, beyond its bytes' time (the mean of {cal.meta.get('loaded_messages', 0)}; the calibrated "
+            f"{args.backend} channels take it as their latency, in place of the fit's)"
+        )
     if cal.barrier_s is not None:
         print(
             f"the last of {args.ranks} ranks to reach a barrier spends {cal.barrier_s * 1e6:.1f} us in it "

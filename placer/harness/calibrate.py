@@ -66,11 +66,19 @@ CALIBRATION_FORMAT = "placer.calibration/1"
 DEFAULT_SIZES: tuple[int, ...] = tuple(1024 * 4**k for k in range(9))
 #: The largest message whose host cost :func:`measure_gloo` times (a plan's are mostly far smaller).
 MESSAGE_SIZE_LIMIT = 4 << 20
+#: Round trips timed per transfer size up to ``MESSAGE_SIZE_LIMIT`` (at least; cheap, and a median of a few
+#: can land on a scheduler's slice where the ranks share cores, which moves the fitted latency tenfold).
+SMALL_TRIPS = 21
 #: The computation between messages in the streams whose host cost :func:`measure_gloo` times: from
 #: back to back (a round-robin plan's hundreds per step) to milliseconds apart (an expert split's few).
 MESSAGE_GAPS: tuple[float, ...] = (0.0, 25e-6, 50e-6, 100e-6, 200e-6, 500e-6, 1e-3, 2e-3, 5e-3)
 #: The size of a streamed message (small: its cost is the fixed part).
 STREAM_MESSAGE_BYTES = 1024
+#: Messages each way whose one-way time :func:`measure_gloo` takes while their ranks compute (a mean over
+#: them: a few take a scheduler's slice).
+LOADED_MESSAGES = 300
+#: The computation before each of those messages on its sender; it computes half as long after sending.
+LOADED_WORK_S = 1e-3
 #: The model spec and batch of :func:`measure_probe`'s run: a small ResNet (bench/fidelity.py's
 #: ``resnet``), placed round robin: hundreds of messages a step, of every size from bytes to megabytes.
 PROBE_MODEL: tuple[str, int] = ("zoo:resnet50?depth=14&image_size=32&width=8&classes=10", 32)
@@ -162,7 +170,14 @@ class Calibration:
     and the seconds the last rank to reach a barrier spends in it (what ends a step of
     :mod:`placer.runtime.distributed` after its last operation, with its last sends); and (gloo)
     the ``torch.distributed`` collectives a data-parallel plan's buckets run as, fitted per kind
-    (``all_reduce``, ``all_gather``: seconds against the bucket's bytes, on ``meta["ranks"]`` ranks)."""
+    (``all_reduce``, ``all_gather``: seconds against the bucket's bytes, on ``meta["ranks"]`` ranks).
+
+    ``loaded_latency_s`` (gloo) is the latency a message a rank waits for has while the ranks compute: the
+    mean one-way time of small messages sent by a computing rank to one asleep in its receive, less their
+    bytes' time over the fitted link. On a host whose cores the ranks share it is several times the idle
+    ping-pong's fitted latency, and it is what a step's waits pay (an idle ping-pong also swings tenfold
+    where a host's idle cores are slow to wake), so :func:`apply_calibration` gives it to the backend's
+    channels in place of the fitted latency."""
 
     links: dict[str, LinkFit]
     meta: dict[str, Any] = field(default_factory=dict)
@@ -170,6 +185,7 @@ class Calibration:
     message_samples: list[tuple[int, int, int, float, float]] = field(default_factory=list)
     barrier_s: float | None = None
     collectives: dict[str, LinkFit] = field(default_factory=dict)
+    loaded_latency_s: float | None = None
 
     def to_dict(self) -> dict:
         doc = {"format": CALIBRATION_FORMAT, **self.meta, "links": _fits_to_dict(self.links)}
@@ -179,6 +195,8 @@ class Calibration:
             doc["barrier_s"] = self.barrier_s
         if self.collectives:
             doc["collectives"] = _fits_to_dict(self.collectives)
+        if self.loaded_latency_s is not None:
+            doc["loaded_latency_s"] = self.loaded_latency_s
         return doc
 
     def save(self, path: str | os.PathLike) -> None:
@@ -217,8 +235,9 @@ class Calibration:
             raise FormatError(
                 f"{where}: collective {unknown[0]!r} is not one placer measures ({', '.join(COLLECTIVE_KINDS)})"
             )
-        meta = top.extra({"format", "links", "messages", "barrier_s", "collectives"})
-        return cls(links, meta, message_cost, message_samples, barrier_s, collectives)
+        loaded_latency_s = top.number("loaded_latency_s")
+        meta = top.extra({"format", "links", "messages", "barrier_s", "collectives", "loaded_latency_s"})
+        return cls(links, meta, message_cost, message_samples, barrier_s, collectives, loaded_latency_s)
 
 
 def _fits_to_dict(fits: dict[str, LinkFit]) -> dict:
@@ -284,7 +303,9 @@ def apply_calibration(cluster: Cluster, calibration: Calibration, link_map: dict
         collectives over that link (gloo), also ``extra["collectives"]``: ``{"ranks": n, kind:
         {"latency_s": ..., "bandwidth_bytes_per_s": ...}}`` for each of :data:`COLLECTIVE_KINDS`,
         which data-parallel plans cost their buckets by
-        (:func:`~placer.transform.replicate.collective_cost`). Where it timed a message's
+        (:func:`~placer.transform.replicate.collective_cost`). Where it measured the latency of
+        messages waited for while the ranks compute (gloo, :attr:`Calibration.loaded_latency_s`),
+        the backend's channels take it in place of the fitted one. Where it timed a message's
         host cost (gloo) and some channel took that backend's fit, the cluster carries
         it as ``extra["message_cost"]`` (:meth:`~placer.sim.messages.MessageCost.to_dict`;
         :func:`~placer.sim.messages.cluster_message_cost` reads it), which ``auto`` ranks
@@ -315,7 +336,10 @@ def apply_calibration(cluster: Cluster, calibration: Calibration, link_map: dict
                     for kind, f in calibration.collectives.items()
                 },
             }
-        channels.append(Channel(ch.name, fit.bandwidth_bytes_per_s, max(0.0, fit.latency_s), ch.pairs, extra))
+        latency_s = max(0.0, fit.latency_s)
+        if calibration.loaded_latency_s is not None and link_map.get(link, link) == calibration.meta.get("backend"):
+            latency_s = calibration.loaded_latency_s
+        channels.append(Channel(ch.name, fit.bandwidth_bytes_per_s, latency_s, ch.pairs, extra))
     if not matched:
         have = sorted({str(ch.extra.get("link")) for ch in cluster.channels})
         raise OptionError(
@@ -365,7 +389,8 @@ def _gloo_worker(
             for size in sizes:
                 buf = torch.zeros(max(1, size // 4), dtype=torch.float32)
                 trips = []
-                for rep in range(repeats + 1):  # the first round trip warms the connection up
+                for rep in range((max(repeats, SMALL_TRIPS) if size <= MESSAGE_SIZE_LIMIT else repeats) + 1):
+                    # the first round trip warms the connection up
                     if rank == 0:
                         t0 = time.perf_counter()
                         dist.send(buf, peer)
@@ -382,6 +407,7 @@ def _gloo_worker(
             after_message = _operation_after_message_s(rank, pair, max(32, repeats))
         barrier = _last_rank_barrier_s(rank, ranks, max(16, repeats))
         collectives = _collective_times(ranks, sizes, repeats)
+        loaded = _loaded_one_way_s(rank, ranks, max(LOADED_MESSAGES, repeats), out_dir)
     finally:
         dist.destroy_process_group()
     Path(out_dir, f"rank{rank}.json").write_text(
@@ -391,6 +417,7 @@ def _gloo_worker(
                 "messages": messages,
                 "streams": streams if rank < 2 else [],
                 "after_message": after_message,
+                "loaded": loaded,
                 "barrier": barrier,
                 "collectives": collectives,
             }
@@ -611,6 +638,57 @@ def _operation_after_message_s(rank: int, pair, count: int) -> list[float]:
     ]
 
 
+def _loaded_one_way_s(rank: int, ranks: int, count: int, out_dir: str) -> list[float]:
+    """Seconds from a send to the end of the receive that waited for it, of the ``count`` messages this rank
+    received from its pair's other rank while both took turns computing.
+
+    As a placed step's waits go: the ranks pair off (0 with 1, 2 with 3, ...)
+    and take turns; the sender computes, sends (``isend``, the clock in the
+    message: ranks on one host share it) and computes on; the receiver waits
+    for it, asleep since its own last send, so half the ranks compute at any
+    time. A rank left without a pair computes until rank 0 says (a file in
+    ``out_dir``) that its messages are done, and returns []. Only receives that
+    began waiting before the send count; the sends are waited for at the end,
+    as a step's are.
+    """
+    import torch  # deferred: imports torch
+    import torch.distributed as dist  # deferred: imports torch
+
+    clock = time.perf_counter
+    work = torch.ones(4096)
+
+    def step_work() -> None:
+        work.mul_(1.0)
+
+    done = Path(out_dir, "loaded-done")  # a gloo receive cannot be polled: a file can
+    peer = rank ^ 1
+    if peer >= ranks:
+        while not done.exists():
+            compute_until(clock() + 1e-4, step_work)
+        return []
+    stamp = torch.zeros(STREAM_MESSAGE_BYTES // 8, dtype=torch.float64)
+    one_way, sending = [], []
+    for i in range(2 * count + 2):  # the first message each way warms up
+        if i % 2 == rank % 2:
+            compute_until(clock() + LOADED_WORK_S, step_work)
+            stamp = stamp.clone()  # the runtime's sends are waited for as its step ends: one buffer each
+            stamp[0] = clock()
+            sending.append(dist.isend(stamp, dst=peer, tag=i))
+            compute_until(clock() + LOADED_WORK_S / 2, step_work)
+        else:
+            buf = torch.empty_like(stamp)
+            waiting_since = clock()
+            dist.recv(buf, src=peer, tag=i)
+            arrived = clock()
+            if i >= 2 and waiting_since < buf[0].item():
+                one_way.append(arrived - buf[0].item())
+    for request in sending:
+        request.wait()
+    if rank == 0:
+        done.touch()
+    return one_way
+
+
 class GlooMeasurements(NamedTuple):
     """What :func:`measure_gloo` measured (the fields are its steps')."""
 
@@ -626,6 +704,8 @@ class GlooMeasurements(NamedTuple):
     barrier_s: float
     #: collective kind -> (bucket bytes, seconds) of each size
     collectives: dict[str, list[tuple[int, float]]]
+    #: one-way seconds of the messages ranks 0 and 1 waited for while the ranks computed (both ways)
+    loaded: list[float]
 
 
 def measure_gloo(
@@ -636,7 +716,8 @@ def measure_gloo(
     Spawns ``ranks`` processes and measures, in turn:
 
     1. transfers: rank 0 ping-pongs a tensor of each size with every other
-       rank; a one-way time is half the median round trip;
+       rank (``repeats`` times, at least ``SMALL_TRIPS`` up to
+       ``MESSAGE_SIZE_LIMIT``); a one-way time is half the median round trip;
     2. a message's host cost: rank 0 sends rank 1 messages of each size up to
        ``MESSAGE_SIZE_LIMIT`` as the runtime does (``isend`` to a posted
        ``irecv``), one at a time, each side timing its median cost (what
@@ -651,7 +732,11 @@ def measure_gloo(
        in it: how a runtime's step ends;
     6. the seconds of each ``torch.distributed`` collective a data-parallel
        plan's buckets run as (:data:`COLLECTIVE_KINDS`), on every size, all
-       ranks taking part (rank 0's medians).
+       ranks taking part (rank 0's medians);
+    7. the one-way time of ``LOADED_MESSAGES`` small messages each way within
+       pairs of ranks that take turns computing, each waited for by its receiver
+       while its sender computes on: what a rank waiting for another's output in
+       a step sees, more than an idle ping-pong's (:attr:`Calibration.loaded_latency_s`).
 
     Returns
     -------
@@ -734,7 +819,10 @@ def measure_gloo(
         )
         last = json.loads(Path(out_dir, f"rank{ranks - 1}.json").read_text())
         collectives = {kind: [(int(b), float(t)) for b, t in points] for kind, points in sender["collectives"].items()}
-        return GlooMeasurements(trips, messages, streams, after_message, float(last["barrier"]), collectives)
+        loaded = [
+            float(t) for r in range(ranks) for t in json.loads(Path(out_dir, f"rank{r}.json").read_text())["loaded"]
+        ]
+        return GlooMeasurements(trips, messages, streams, after_message, float(last["barrier"]), collectives, loaded)
 
 
 def measure_probe(
@@ -888,9 +976,11 @@ def calibrate(
         raise OptionError("option 'probe' runs gloo ranks: calibrate with backend 'gloo'")
     sizes = list(sizes)
     messages, streams, after_message, barrier_s, collectives = [], [], (0.0, 0.0, 0.0), None, {}
+    loaded: list[float] = []
     if backend == "gloo":
         gloo = measure_gloo(ranks, sizes, repeats, timeout_s)
         messages, streams, after_message, barrier_s = gloo.messages, gloo.streams, gloo.after_message, gloo.barrier_s
+        loaded = gloo.loaded
         measured = {"gloo": gloo.trips}
         if len({b for b, _ in gloo.trips}) > 1:  # a fit needs two sizes
             collectives = {
@@ -915,7 +1005,11 @@ def calibrate(
         meta["stream_message_cost"] = cost.to_dict()
         cost, fitted_to = measure_probe(cost, timeout_s=timeout_s)
         meta["probe"] = {"model": PROBE_MODEL[0], "batch": PROBE_MODEL[1], "steps": PROBE_STEPS, "messages": fitted_to}
-    return Calibration(links, meta, cost, messages, barrier_s, collectives)
+    loaded_latency_s = None
+    if loaded and "gloo" in links:
+        loaded_latency_s = max(0.0, float(np.mean(loaded)) - STREAM_MESSAGE_BYTES / links["gloo"].bandwidth_bytes_per_s)
+        meta["loaded_messages"] = len(loaded)
+    return Calibration(links, meta, cost, messages, barrier_s, collectives, loaded_latency_s)
 
 
 def _message_cost(
