@@ -1038,16 +1038,21 @@ def test_contention_times_the_step_alone_and_in_processes_at_once(tmp_path):
 
     model_file = tmp_path / "net.py"
     model_file.write_text(_MODEL_FILE)
-    measured = measure_contention(f"{model_file}:make", 4, 2, optimizer="sgd", seconds=0.2)
+    measured = measure_contention(f"{model_file}:make", 4, 2, optimizer="sgd", seconds=0.2, rounds=3)
     assert isinstance(measured, Contention) and measured.processes == 2
     assert measured.alone_s > 0 and measured.together_s > 0
-    # Two single-thread processes take at least 2 / cores as long: on one core they take turns.
+    # Three rounds, alone then together; the slowdown is their median ratio, and two single-thread processes
+    # take at least 2 / cores as long: on one core they take turns.
+    assert len(measured.ratios) == 3 and all(r > 0 for r in measured.ratios)
     assert measured.cores == os.cpu_count()
-    assert measured.slowdown == max(measured.together_s / measured.alone_s, 2 / measured.cores)
+    assert measured.slowdown == max(sorted(measured.ratios)[1], 2 / measured.cores)
+    assert measured.to_dict()["ratios"] == list(measured.ratios)
     # One process is its own reference.
     assert measure_contention(f"{model_file}:make", 4, 1, seconds=0.1).slowdown == 1.0
     with pytest.raises(OptionError, match="processes must be an integer >= 1, got 0"):
         measure_contention(f"{model_file}:make", 4, 0)
+    with pytest.raises(OptionError, match="rounds must be an integer >= 1, got 0"):
+        measure_contention(f"{model_file}:make", 4, 2, rounds=0)
     # A process that cannot build the model: its error, in one line.
     with pytest.raises(PlacerError, match="a training process failed: .*no_such_factory"):
         measure_contention(f"{model_file}:no_such_factory", 4, 2, seconds=0.1)
@@ -1081,6 +1086,7 @@ def test_profile_ranks_scales_every_operation_by_the_measured_contention(tmp_pat
         "alone_s": 0.01,
         "together_s": 0.025,
         "cores": 0,
+        "ratios": [],
         "slowdown": 2.5,
     }
     assert "4 processes at once take 2.50x as long for a step as one alone" in capsys.readouterr().out

@@ -52,8 +52,9 @@ DEFAULT_TIME_LIMIT = 20.0
 #: What the demo trains: a model small enough to train in seconds on two CPU ranks, and big enough that
 #: a data-parallel plan beats one process.
 TRAIN_MODEL, TRAIN_BATCH, TRAIN_CLUSTER, TRAIN_STEPS = "zoo:lenet", 256, "2xcpu", 6
-#: Seconds each process trains while the demo times the ranks' contention (a few steps of the small model).
-CONTENTION_SECONDS = 1.5
+#: Seconds each process trains in each round while the demo times the ranks' contention (a few steps of the
+#: small model; three rounds).
+CONTENTION_SECONDS = 0.5
 
 
 def run_demo(

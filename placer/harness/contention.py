@@ -9,8 +9,11 @@ of this, so its step for such a run is the uncontended one.
 
 :func:`measure_contention` runs the model's eager training step in one
 process, then in ``n`` processes at once (one thread each, as the ranks
-run), and compares the median steps by the wall clock (at least ``n`` over
-the cores: processes beyond them take turns). :func:`under_contention`
+run), in turn over a few rounds, and takes the median of the rounds' ratios
+of the median steps by the wall clock (at least ``n`` over the cores:
+processes beyond them take turns). A machine's speed moves over seconds; a
+ratio of two measurements seconds apart moves with it, a median of adjacent
+pairs much less. :func:`under_contention`
 scales a profile by that slowdown: every operation of every rank as if all
 ``n`` ranks were busy at once, which holds for data parallelism and
 over-charges steps where ranks wait (a pipeline's bubbles).
@@ -20,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import select
 import statistics
 import subprocess
 import sys
@@ -31,38 +35,44 @@ from ..errors import OptionError, PlacerError
 
 __all__ = ["Contention", "measure_contention", "under_contention"]
 
-#: Seconds each process trains for, once all have started: long enough for several steps of any size
-#: profiled on a CPU, short enough to measure before a run.
-TRAIN_SECONDS = 3.0
+#: Seconds each process trains for in each measurement, once all have started: long enough for several
+#: steps of any size profiled on a CPU, short enough to measure before a run.
+TRAIN_SECONDS = 1.5
 #: Fewest steps each process times, whatever they take.
 MIN_STEPS = 3
+#: Rounds of one process alone, then all at once.
+ROUNDS = 3
 
 
 class Contention(NamedTuple):
     """Median eager steps of one process alone and of ``processes`` processes at once, by the wall clock, on a
-    machine of ``cores`` CPU cores (0: not known)."""
+    machine of ``cores`` CPU cores (0: not known), and each round's ratio of the two (``ratios``, empty where
+    not measured in rounds)."""
 
     processes: int
     alone_s: float
     together_s: float
     cores: int = 0
+    ratios: tuple[float, ...] = ()
 
     @property
     def slowdown(self) -> float:
-        """How much longer a step takes while the other processes run theirs: ``together_s / alone_s``, and at
-        least ``processes / cores``, since single-thread processes beyond the cores take turns on them (the
-        two medians, taken seconds apart on a busy machine, can say less).
+        """How much longer a step takes while the other processes run theirs: the median of ``ratios`` (else
+        ``together_s / alone_s``), and at least ``processes / cores``, since single-thread processes beyond the
+        cores take turns on them (medians taken seconds apart on a busy machine can say less).
 
         Examples
         --------
         >>> Contention(4, 0.050, 0.080, cores=2).slowdown, Contention(2, 0.050, 0.060, cores=2).slowdown
         (2.0, 1.2)
+        >>> Contention(2, 0.050, 0.060, cores=2, ratios=(1.1, 1.4, 1.3)).slowdown
+        1.3
         """
-        measured = self.together_s / self.alone_s
+        measured = statistics.median(self.ratios) if self.ratios else self.together_s / self.alone_s
         return max(measured, self.processes / self.cores) if self.cores else measured
 
     def to_dict(self) -> dict:
-        return {**self._asdict(), "slowdown": self.slowdown}
+        return {**self._asdict(), "ratios": list(self.ratios), "slowdown": self.slowdown}
 
 
 def measure_contention(
@@ -74,13 +84,16 @@ def measure_contention(
     lr: float = 1e-3,
     settings: dict | None = None,
     seconds: float = TRAIN_SECONDS,
+    rounds: int = ROUNDS,
     timeout_s: float = 600.0,
 ) -> Contention:
-    """Time ``spec``'s eager training step alone, then in ``processes`` processes at once.
+    """Time ``spec``'s eager training step alone, then in ``processes`` processes at once, ``rounds`` times.
 
-    Each process builds the model, trains two warm-up steps, waits until every
-    process is ready, then trains for ``seconds`` (at least :data:`MIN_STEPS`
-    steps) on one thread; the step is the median of every process's steps.
+    ``processes`` processes each build the model and train two warm-up steps.
+    Then, each round, the first trains alone for ``seconds`` (at least
+    :data:`MIN_STEPS` steps) on one thread, then all of them at once; a
+    measurement's step is the median of every process's steps. The slowdown
+    is the median of the rounds' ratios.
 
     Parameters
     ----------
@@ -91,7 +104,9 @@ def measure_contention(
     optimizer, lr, settings
         The optimizer (:func:`~placer.capture.optim.optimizer_spec`).
     seconds : float
-        How long each process trains once all are ready.
+        How long each process trains in each measurement.
+    rounds : int
+        Measurements alone and together, in turn (>= 1).
     timeout_s : float
         Most seconds a measurement may take.
 
@@ -102,7 +117,7 @@ def measure_contention(
     Raises
     ------
     OptionError
-        ``processes`` < 1 or ``seconds`` <= 0.
+        ``processes`` < 1, ``seconds`` <= 0 or ``rounds`` < 1.
     PlacerError
         A process failed (its error's last line) or ran past ``timeout_s``.
     """
@@ -110,12 +125,22 @@ def measure_contention(
         raise OptionError(f"contention: processes must be an integer >= 1, got {processes!r}")
     if not seconds > 0:
         raise OptionError(f"contention: seconds must be > 0, got {seconds!r}")
+    if isinstance(rounds, bool) or not isinstance(rounds, int) or rounds < 1:
+        raise OptionError(f"contention: rounds must be an integer >= 1, got {rounds!r}")
     job = json.dumps(
         {"spec": spec, "batch": batch, "optimizer": optimizer, "lr": lr, "settings": settings or {}, "seconds": seconds}
     )
-    alone = _train_at_once(job, 1, timeout_s)
-    together = alone if processes == 1 else _train_at_once(job, processes, timeout_s)
-    return Contention(processes, statistics.median(alone), statistics.median(together), os.cpu_count() or 0)
+    alone, together = _train_in_rounds(job, processes, rounds, timeout_s)
+    if processes == 1:
+        together = alone
+    ratios = tuple(statistics.median(t) / statistics.median(a) for a, t in zip(alone, together))
+    return Contention(
+        processes,
+        statistics.median(s for steps in alone for s in steps),
+        statistics.median(s for steps in together for s in steps),
+        os.cpu_count() or 0,
+        ratios,
+    )
 
 
 def under_contention(profile: Profile, contention: Contention) -> Profile:
@@ -141,8 +166,9 @@ def under_contention(profile: Profile, contention: Contention) -> Profile:
     )
 
 
-def _train_at_once(job: str, processes: int, timeout_s: float) -> list[float]:
-    """Every step each of ``processes`` processes timed, all started together (see :func:`_worker`)."""
+def _train_in_rounds(job: str, processes: int, rounds: int, timeout_s: float) -> tuple[list, list]:
+    """Each round's steps of the first process alone and of all ``processes`` at once (none where there is one),
+    from processes started once (see :func:`_worker`)."""
     deadline = time.monotonic() + timeout_s
     children = [
         subprocess.Popen(
@@ -154,27 +180,42 @@ def _train_at_once(job: str, processes: int, timeout_s: float) -> list[float]:
         )
         for _ in range(processes)
     ]
-    try:
-        for child in children:  # each says "ready" once built and warmed up
-            if child.stdout.readline().strip() != "ready":
-                raise PlacerError(f"contention: a training process failed: {_last_line(child, deadline)}")
-        for child in children:
+
+    def train(group: list[subprocess.Popen]) -> list[float]:
+        for child in group:
             child.stdin.write("go\n")
             child.stdin.flush()
         steps = []
-        for child in children:
-            out, err = child.communicate(timeout=max(1.0, deadline - time.monotonic()))
-            if child.returncode != 0:
-                raise PlacerError(f"contention: a training process failed: {(err.strip().splitlines() or ['?'])[-1]}")
-            steps += json.loads(out)
+        for child in group:
+            line = _line_by(child, deadline, processes)
+            if not line:
+                raise PlacerError(f"contention: a training process failed: {_last_line(child, deadline)}")
+            steps += json.loads(line)
         return steps
-    except subprocess.TimeoutExpired:
-        raise PlacerError(f"contention: {processes} training processes ran past {timeout_s:g} s") from None
+
+    try:
+        for child in children:  # each says "ready" once built and warmed up
+            if _line_by(child, deadline, processes).strip() != "ready":
+                raise PlacerError(f"contention: a training process failed: {_last_line(child, deadline)}")
+        alone, together = [], []
+        for _ in range(rounds):
+            alone.append(train(children[:1]))
+            if processes > 1:
+                together.append(train(children))
+        return alone, together
     finally:
         for child in children:
             if child.poll() is None:
                 child.kill()
                 child.wait()
+
+
+def _line_by(child: subprocess.Popen, deadline: float, processes: int) -> str:
+    """The child's next line of output, or PlacerError once ``deadline`` passes."""
+    ready, _, _ = select.select([child.stdout], [], [], max(0.0, deadline - time.monotonic()))
+    if not ready:
+        raise PlacerError(f"contention: {processes} training processes ran past their time limit")
+    return child.stdout.readline()
 
 
 def _last_line(child: subprocess.Popen, deadline: float) -> str:
@@ -206,11 +247,11 @@ def _worker(job: str) -> None:
 
     step(), step()
     print("ready", flush=True)
-    sys.stdin.readline()
-    steps, began = [], time.perf_counter()
-    while len(steps) < MIN_STEPS or time.perf_counter() - began < spec["seconds"]:
-        steps.append(step())
-    print(json.dumps(steps), flush=True)
+    while sys.stdin.readline().strip() == "go":  # until the parent closes the pipe (or kills this process)
+        steps, began = [], time.perf_counter()
+        while len(steps) < MIN_STEPS or time.perf_counter() - began < spec["seconds"]:
+            steps.append(step())
+        print(json.dumps(steps), flush=True)
 
 
 if __name__ == "__main__":
