@@ -39,8 +39,15 @@ is a plan the runtime runs, and the plan binds to the model's graph as the
 warm start's does (its ``rewritten_graph`` and ``splits``). Graphs the exact
 model solves are searched as given, for their proven optimum. The best warm
 start's placement is also tried in DPOS's order (upward rank, insertion),
-which may serve its collective steps and critical work sooner. The searched
-graph is coarsened by Theorem 3.5's batch merging to the size the
+which may serve its collective steps and critical work sooner. A searched
+graph of more than ``WINDOW_MIN_NODES`` nodes (a replicated training step has
+tens of thousands), whose coarse model would take the solver most of the
+limit to load, is searched by window rounds on the whole graph instead
+(:mod:`.pesto_window`): each round frees a few dozen operations of two
+devices where the incumbent's step can shrink (its critical path, the
+idlest device pair, a transfer that queued), holds the rest as constants and
+rigid blocks, and is kept only when the reference simulation of the whole
+step is shorter. A smaller searched graph is coarsened by Theorem 3.5's batch merging to the size the
 solver handles (about 200 nodes), whatever any plan does with it. The
 warm-start plans of that graph are projected on the coarse graph (each coarse
 node where most of its compute ran) and the best projection, by the
@@ -196,7 +203,8 @@ def pesto(
         the plan binds to ``graph`` as the warm start's does).
         ``extra["pesto"]`` reports the searched graph (``searched_graph``:
         ``"original"`` or ``"rewritten by <algorithm>"``, and
-        ``searched_nodes``), the coarse size, model, time resolution,
+        ``searched_nodes``), the coarse size, model (``"window"``: the
+        window rounds of a big graph, with their ``window_*`` counts), time resolution,
         the first solve's status and its proven gap on its model, the
         rounds of the search (planned, run, accepted, improving), the hill
         climb's simulations, the best valid lower bound on the plans of the

@@ -70,7 +70,6 @@ WINDOW_NODES = 160
 WINDOW_KINDS = ("path", "idle", "transfer")
 #: Relative shortening of the step a round must achieve to be accepted.
 ACCEPT_TOLERANCE = 1e-9
-DEBUG = False
 
 
 @dataclass(frozen=True)
@@ -244,7 +243,8 @@ class WindowPicker:
         self.rng = np.random.default_rng(self.seed % 2**63)
         self.kinds_used = {kind: 0 for kind in WINDOW_KINDS}
 
-    def pick(self, inc: Incumbent, movable: np.ndarray) -> Window | None:
+    def pick(self, inc: Incumbent) -> Window | None:
+        """The next round's window, or None where the chosen devices run nothing."""
         r = inc.result
         kind = WINDOW_KINDS[self.turn % len(WINDOW_KINDS)]
         self.turn += 1
@@ -594,7 +594,7 @@ class WindowSearch:
         """One window round; whether it shortened the step."""
         inc = self.incumbent
         self.stats["window_rounds"] += 1
-        win = self.picker.pick(inc, self.movable)
+        win = self.picker.pick(inc)
         if win is None or win.free.size == 0:
             return False
         model = _WindowModel(inc, win, self.cluster, self.durations, self.movable)
@@ -615,10 +615,6 @@ class WindowSearch:
             trial = simulate(self.graph, self.cluster, device_of, orders, check=False)
         except InvalidPlanError:  # no channel between a moved operation's new device and a neighbour's
             return False
-        if DEBUG:
-            print("  win", win.kind, win.devices, win.free.size, win.nodes.size, "obj", solver.ObjectiveValue() * model.res + model.t0,
-                  "bound", solver.BestObjectiveBound() * model.res + model.t0, "inc", inc.result.makespan_s, "trial", trial.makespan_s,
-                  "moved", int((device_of != inc.result.device_of).sum()))
         if not trial.fits or trial.makespan_s >= inc.result.makespan_s * (1 - ACCEPT_TOLERANCE):
             return False
         self.incumbent = Incumbent.of(trial)
