@@ -58,7 +58,7 @@ from .celeritas import critical_path
 __all__ = ["WINDOW_KINDS", "WindowBudget", "WindowPicker", "WindowSearch", "schedule_tails"]
 
 #: Rounds per second of the time limit.
-ROUNDS_PER_SECOND = 0.5
+ROUNDS_PER_SECOND = 1.0
 #: CP-SAT deterministic work of one round (about a second of one thread on a window of ``FREE_NODES``).
 WORK_PER_ROUND = 0.2
 #: At most this many rounds, whatever the limit.
@@ -67,7 +67,7 @@ MAX_ROUNDS = 100_000
 FREE_NODES = 40
 #: Operations of a window in all (free ones and those in blocks), on all its devices.
 WINDOW_NODES = 160
-WINDOW_KINDS = ("path", "idle", "transfer")
+WINDOW_KINDS = ("path", "idle", "transfer", "stretch")
 #: Relative shortening of the step a round must achieve to be accepted.
 ACCEPT_TOLERANCE = 1e-9
 
@@ -79,8 +79,8 @@ class WindowBudget:
     Examples
     --------
     >>> WindowBudget.for_limit(60.0)
-    WindowBudget(rounds=30, work_per_round=0.2)
-    >>> WindowBudget.for_limit(1.0).rounds
+    WindowBudget(rounds=60, work_per_round=0.2)
+    >>> WindowBudget.for_limit(0.5).rounds
     0
     """
 
@@ -224,12 +224,12 @@ class WindowPicker:
     """Seeded choice of windows where the step can shrink.
 
     Kinds take turns: ``path``, around a random operation of the critical
-    path, on its device and the one idle the most around it; ``idle``, in a
-    random stretch of the step, the busiest device and the one idle the most
-    there; ``transfer``, around a transfer of the critical path (or one
+    path, on its device and the one idle the most around it; ``idle``, around
+    a random operation without slack, the busiest device and the one idle the
+    most there; ``transfer``, around a transfer of the critical path (or one
     without slack that waited for its channel), on its two devices, freeing
-    its producer, its readers and the producers of the transfers queued
-    ahead of it first. The free operations are the window's jobs without
+    its producer and the producers of the transfers queued ahead of it
+    first; ``stretch``, as ``idle`` around a random instant of the step. The free operations are the window's jobs without
     slack first, then those nearest the anchor in time.
     """
 
@@ -267,7 +267,12 @@ class WindowPicker:
             ahead = np.flatnonzero((xf.channel == xf.channel[x]) & (xf.start < xf.start[x]) & (xf.end > xf.queued[x]))
             first = [int(xf.producer[x])] + xf.producer[ahead[np.argsort(-xf.start[ahead])]].tolist()
         else:
-            t = float(self.rng.uniform(0.0, r.makespan_s))
+            eps = 1e-9 * max(r.makespan_s, 1e-12)
+            tight = np.flatnonzero(r.start + inc.tail >= r.makespan_s - eps) if kind == "idle" else []
+            if len(tight):  # an instant where a job without slack runs
+                t = float(r.start[tight[self.rng.integers(len(tight))]])
+            else:
+                t = float(self.rng.uniform(0.0, r.makespan_s))
             home = []
         span = max(r.makespan_s, 1e-12) * (0.5 * WINDOW_NODES) / max(r.graph.num_nodes / self.num_devices, 1.0)
         lo, hi = t - span, t + span
@@ -325,8 +330,8 @@ class _WindowModel:
         self.res = res = 10.0 ** math.floor(math.log10(max(span, 1e-12) / 1e6))
         self.m = m = cp_model.CpModel()
 
-        def units(seconds: float) -> int:
-            return int(math.ceil(seconds / res - 1e-6))
+        def units(seconds: float) -> int:  # a length, rounded down so that the incumbent stays a solution
+            return int(math.floor(seconds / res + 1e-6))
 
         devs = win.devices.tolist()
         in_win = np.zeros(g.num_nodes, dtype=bool)
@@ -344,7 +349,7 @@ class _WindowModel:
             return 0.0 if a == b else float(lat[a, b] + nbytes * inv_bw[a, b])
 
         def rel(seconds: float) -> int:  # an absolute instant, in units after the window's start
-            return units(seconds - t0)
+            return int(math.ceil((seconds - t0) / res - 1e-6))
 
         # Jobs: free operations, and blocks of consecutive fixed operations per device.
         self.block_of: dict[int, tuple[int, int]] = {}  # node -> (block, offset units)
@@ -426,11 +431,22 @@ class _WindowModel:
 
         ptr, in_eids = g.in_edges
         optr, out_eids = g.out_edges
+        # Channels: the transfers of what the window sends are variables; the incumbent's other transfers
+        # on the channels the window's devices send on hold their times.
+        channel_jobs: dict[int, list] = {}
+        hint_xfer: list[tuple] = []
+        sending = np.unique(cluster.channel_index[win.devices][cluster.channel_index[win.devices] >= 0])
+        held = np.flatnonzero(np.isin(xf.channel, sending) & ~in_win[xf.producer] & (xf.end > t0))
+        for x in held[np.argsort(xf.start[held], kind="stable")].tolist():
+            begin, size = rel(xf.start[x]), max(0, rel(xf.end[x]) - rel(xf.start[x]))
+            channel_jobs.setdefault(int(xf.channel[x]), []).append(m.NewFixedSizeIntervalVar(begin, size, f"H{x}"))
         for v in win.nodes.tolist():
             lits = self.x[v] if is_free[v] else {int(dev[v]): None}
             m.Add(start_of(v) >= 0)
             for e in in_eids[ptr[v] : ptr[v + 1]].tolist():
                 u, t, nb = int(g.src[e]), int(g.edge_tensor[e]), int(g.edge_bytes[e])
+                if in_win[u] and not is_free[v]:
+                    continue  # a fixed reader of the window's output: through the transfers below
                 if in_win[u]:
                     ulits = self.x[u] if is_free[u] else {int(dev[u]): None}
                     for du, lu in ulits.items():
@@ -448,19 +464,43 @@ class _WindowModel:
                         at = rel(arrival(u, t, dv, nb))
                         if at > 0:
                             m.Add(start_of(v) >= at).OnlyEnforceIf([lv] if lv is not None else [])
-            # What the window's outputs feed outside it: the consumer's tail from the instant it can start.
+            # What the window's outputs feed on fixed readers (in blocks, or outside with their tails):
+            # one transfer per tensor, reading device and sending device, on that pair's channel.
+            readers: dict[tuple[int, int], list[tuple[int, int]]] = {}
             for e in out_eids[optr[v] : optr[v + 1]].tolist():
                 w = int(g.dst[e])
-                if in_win[w]:
-                    continue
-                tail_w = units(inc.tail[w])
+                if not is_free[w]:
+                    readers.setdefault((int(g.edge_tensor[e]), int(dev[w])), []).append((w, int(g.edge_bytes[e])))
+            for (t, dw), ws in sorted(readers.items()):
                 for dv, lv in lits.items():
-                    if dv != dev[w] and not linked[dv, dev[w]]:
+                    cond = [lv] if lv is not None else []
+                    if dv == dw:
+                        arrive = end_of(v)
+                    elif not linked[dv, dw]:
                         m.Add(lv == 0)
                         continue
-                    delay = units(tx(dv, int(dev[w]), int(g.edge_bytes[e])))
-                    m.Add(z >= end_of(v) + delay + tail_w).OnlyEnforceIf([lv] if lv is not None else [])
+                    else:
+                        size = units(tx(dv, dw, max(b for _, b in ws)))
+                        c = int(cluster.channel_index[dv, dw])
+                        begin = m.NewIntVar(0, 2 * horizon, f"xb{v}_{t}_{dw}_{dv}")
+                        arrive = m.NewIntVar(0, 2 * horizon, f"xe{v}_{t}_{dw}_{dv}")
+                        m.Add(begin >= end_of(v)).OnlyEnforceIf(cond)
+                        if lv is None:
+                            channel_jobs.setdefault(c, []).append(m.NewIntervalVar(begin, size, arrive, f"X{v}_{t}_{dw}"))
+                        else:
+                            channel_jobs.setdefault(c, []).append(
+                                m.NewOptionalIntervalVar(begin, size, arrive, lv, f"X{v}_{t}_{dw}_{dv}")
+                            )
+                        x = xrows.get((v, t, dw))
+                        hint_xfer.append((begin, rel(xf.start[x]) if x is not None and dv == dev[v] else None, v))
+                    for w, _ in ws:
+                        if in_win[w]:
+                            m.Add(start_of(w) >= arrive).OnlyEnforceIf(cond)
+                        else:
+                            m.Add(z >= arrive + units(inc.tail[w])).OnlyEnforceIf(cond)
             m.Add(z >= end_of(v))
+        for jobs in channel_jobs.values():
+            m.AddNoOverlap(jobs)
         # The first operation after the window on each of its devices waits for the window there.
         self.after: dict[int, object] = {}
         for d in devs:
@@ -499,6 +539,8 @@ class _WindowModel:
             m.AddHint(self.e[v], rel(r.start[v]) + units(durations[v, int(dev[v])]))
         for b in blocks:
             m.AddHint(b["var"], b["at"])
+        for begin, at, v in hint_xfer:
+            m.AddHint(begin, at if at is not None else rel(r.finish[v]))
 
     def solve(self, seed: int, workers: int, seconds: float, work: float):
         solver = cp_model.CpSolver()
