@@ -118,6 +118,13 @@ def run_pesto(graph: OpGraph, cluster, limit: float, seed: int):
     return plan, elapsed
 
 
+def _rounds(report: dict) -> str:
+    """Rounds of pesto's search, run/planned (improving ones in parentheses for window rounds)."""
+    if "window_rounds_planned" in report:
+        return f"{report['window_rounds']}/{report['window_rounds_planned']} ({report['window_improved']} better)"
+    return f"{report.get('lns_rounds', 0)}/{report.get('lns_rounds_planned', 0)}"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--time-limit", type=float, default=60.0, help="pesto's (and every algorithm's) limit, s")
@@ -170,7 +177,7 @@ def main() -> None:
             f"{'-' if 'expert' not in spans else format(1 - span / spans['expert'], '+.1%')} | "
             f"{'-' if best_name is None else f'{spans[best_name] / span:.3f}x'} | "
             f"{'-' if placement_name is None else f'{spans[placement_name] / span:.3f}x'} | "
-            f"{report.get('lns_rounds', 0)}/{report.get('lns_rounds_planned', 0)} | "
+            f"{_rounds(report)} | "
             f"{report.get('searched_graph', 'original')} | {report['returned']} | "
             f"{'yes: ' + ', '.join(report['wall_clock_cuts']) if report['cut_by_wall_clock'] else 'no'} |",
             flush=True,

@@ -287,3 +287,72 @@ def test_a_rewritten_warm_start_is_searched_on_its_own_graph_and_binds_to_the_mo
     assert result.fits and result.makespan_s == pytest.approx(plan.predicted["makespan_s"], rel=1e-9)
     assert plan.predicted["makespan_s"] <= min(report["warm_start_makespan_s"], replicated) * (1 + 1e-12)
     assert report["lower_bound_s"] <= plan.predicted["makespan_s"]
+
+
+def test_schedule_tails_end_every_chain_at_the_makespan_and_the_critical_path_there():
+    from placer.algorithms.celeritas import critical_path
+    from placer.algorithms.pesto_window import schedule_tails
+
+    graph = training_graph(layers=8, branches=3, seed=4)
+    cluster = load_cluster("4xGPU-pcie")
+    result = simulate_plan(place(graph, cluster, "round_robin"), graph, cluster)
+    tails, xtails = schedule_tails(result)
+    span = result.makespan_s
+    assert np.all(tails >= result.finish - result.start - 1e-15)
+    assert np.all(result.start + tails <= span * (1 + 1e-9))  # no chain outlasts the step
+    assert np.all(result.transfers.start + xtails <= span * (1 + 1e-9))
+    path = critical_path(result)
+    last = path[0].node  # the operation that ends the step: nothing after it
+    assert tails[last] == pytest.approx(result.finish[last] - result.start[last])
+    assert float(np.max(result.start + tails)) == pytest.approx(span, rel=1e-9)
+    # Along the path, a link that waited for nothing but its cause (no channel queue) keeps the chain tight.
+    xf = result.transfers
+    for link in path:
+        if link.kind == "transfer" and xf.start[link.transfer] > xf.queued[link.transfer]:
+            break
+        assert result.start[link.node] + tails[link.node] == pytest.approx(span, rel=1e-9)
+
+
+def test_window_rounds_on_a_big_graph_improve_a_slow_start_and_repeat_for_a_seed(monkeypatch):
+    # Round robin over two GPUs: every edge crosses. Window rounds (the graph counts as big here) must
+    # shorten the step, each accepted round by the simulator's word, and a seed must give one plan.
+    import placer.algorithms.pesto as pesto_module
+
+    monkeypatch.setattr(pesto_module, "WARM_START_ALGORITHMS", ("round_robin",))
+    import placer.algorithms.pesto_window as window
+
+    monkeypatch.setattr(pesto_module, "WINDOW_MIN_NODES", 20)
+    monkeypatch.setattr(window, "ROUNDS_PER_SECOND", 0.15)  # 6 rounds, room to spare on a loaded machine
+    monkeypatch.setattr(window, "WORK_PER_ROUND", 0.1)
+    graph = training_graph(layers=6, branches=3, seed=2)
+    cluster = load_cluster("2xV100-nvlink")
+    plans = [place(graph, cluster, "pesto", time_limit=40, seed=3) for _ in range(2)]
+    reports = [p.extra["pesto"] for p in plans]
+    for plan, report in zip(plans, reports):
+        assert report["model"] == "window" and report["warm_start"] == "round_robin"
+        assert report["window_rounds"] == report["window_rounds_planned"] == 6
+        assert report["cut_by_wall_clock"] is False, report["wall_clock_cuts"]
+        assert report["window_improved"] >= 1 and report["returned"] == "window search"
+        assert plan.predicted["makespan_s"] < report["warm_start_makespan_s"] * (1 - 1e-9)
+        result = simulate_plan(plan, graph, cluster)
+        assert result.fits and result.makespan_s == pytest.approx(plan.predicted["makespan_s"], rel=1e-9)
+        assert report["lower_bound_s"] <= plan.predicted["makespan_s"]
+    assert plans[0].placement == plans[1].placement and plans[0].order == plans[1].order
+    assert reports[0]["window_improved"] == reports[1]["window_improved"]
+
+
+def test_a_window_round_is_kept_only_when_the_whole_step_gets_shorter():
+    from placer.algorithms.pesto_window import WindowSearch
+
+    graph = training_graph(layers=6, branches=3, seed=2)
+    cluster = load_cluster("2xV100-nvlink")
+    start = simulate_plan(place(graph, cluster, "round_robin"), graph, cluster)
+    search = WindowSearch(graph, cluster, start, seed=1)
+    spans = [start.makespan_s]
+    for r in range(12):
+        better = search.round(r + 1, 0.2, float("inf"))
+        now = search.incumbent.result
+        assert (now.makespan_s < spans[-1]) == better and now.makespan_s <= spans[-1]
+        assert simulate(graph, cluster, now.device_of, now.device_orders()).makespan_s == pytest.approx(now.makespan_s)
+        spans.append(now.makespan_s)
+    assert spans[-1] < spans[0]

@@ -39,8 +39,15 @@ is a plan the runtime runs, and the plan binds to the model's graph as the
 warm start's does (its ``rewritten_graph`` and ``splits``). Graphs the exact
 model solves are searched as given, for their proven optimum. The best warm
 start's placement is also tried in DPOS's order (upward rank, insertion),
-which may serve its collective steps and critical work sooner. The searched
-graph is coarsened by Theorem 3.5's batch merging to the size the
+which may serve its collective steps and critical work sooner. A searched
+graph of more than ``WINDOW_MIN_NODES`` nodes (a replicated training step has
+tens of thousands), whose coarse model would take the solver most of the
+limit to load, is searched by window rounds on the whole graph instead
+(:mod:`.pesto_window`): each round frees a few dozen operations of two
+devices where the incumbent's step can shrink (its critical path, the
+idlest device pair, a transfer that queued), holds the rest as constants and
+rigid blocks, and is kept only when the reference simulation of the whole
+step is shorter. A smaller searched graph is coarsened by Theorem 3.5's batch merging to the size the
 solver handles (about 200 nodes), whatever any plan does with it. The
 warm-start plans of that graph are projected on the coarse graph (each coarse
 node where most of its compute ran) and the best projection, by the
@@ -84,6 +91,7 @@ from ..transform.coarsen import Coarsening, coarsen
 from .common import liveness_ratio
 from .fastt import dpos_schedule
 from .list_scheduling.retries import rank_ordered_with_memory_retries
+from .pesto_window import WindowBudget, WindowSearch
 from .pesto_lns import REFINE_PER_SECOND, REFINE_UNIT_FACTOR, LnsBudget, Neighbourhoods, refine
 from .registry import available_algorithms, place, register
 from .timebox import TimeBox, frugal
@@ -136,6 +144,9 @@ WARM_START_SHARE = 0.3
 CHECK_SHARE = 0.1
 #: Seconds before the search's end at which the refinement starts no further simulation.
 REFINE_MARGIN_S = 0.5
+#: Searched graphs of more nodes than this get window rounds on the whole graph (:mod:`.pesto_window`)
+#: instead of a model of the coarsened graph.
+WINDOW_MIN_NODES = 2000
 #: Solves with a growing memory ratio when the solver's plans overflow memory under the reference model.
 MEMORY_ATTEMPTS = 3
 
@@ -192,7 +203,8 @@ def pesto(
         the plan binds to ``graph`` as the warm start's does).
         ``extra["pesto"]`` reports the searched graph (``searched_graph``:
         ``"original"`` or ``"rewritten by <algorithm>"``, and
-        ``searched_nodes``), the coarse size, model, time resolution,
+        ``searched_nodes``), the coarse size, model (``"window"``: the
+        window rounds of a big graph, with their ``window_*`` counts), time resolution,
         the first solve's status and its proven gap on its model, the
         rounds of the search (planned, run, accepted, improving), the hill
         climb's simulations, the best valid lower bound on the plans of the
@@ -271,56 +283,73 @@ def pesto(
     # them maps the solution back and lets placer check the plan. The solver, which the box cannot
     # stop, is given the time to the box's end.
     solve_until = deadline if best is None else deadline - CHECK_SHARE * limit
+    windows: WindowSearch | None = None
+    window_budget = WindowBudget.for_limit(limit)
     with TimeBox(None if best is None else solve_until - time.perf_counter()) as box:
         best = _reorder(searched, cluster, best)
         report["reorder_makespan_s"] = None if best is None or best.origin != "reorder" else best.makespan_s
-        coarse = _coarsen(searched, cluster, goal)
-        coarse_done = time.perf_counter()
-        exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
-        report.update(
-            coarse_nodes=coarse.graph.num_nodes, coarsening_rounds=coarse.rounds, model="exact" if exact else "relaxed"
-        )
-        ratio = liveness_ratio(searched, cluster)
-        for attempt in range(1, MEMORY_ATTEMPTS + 1):
-            if deadline - time.perf_counter() < 1.0 and best is not None:
-                wall_cuts.append("memory attempts")
-                break
-            problem = _Problem.build(coarse.graph, cluster, ratio)
-            start = _starting_placement(searched, cluster, coarse, problem, starts)
-            if start is not None:
-                problem.admit(start)
-            cp = _CpModel(problem, exact)
-            budget = LnsBudget.for_limit(limit, len(cp.model.Proto().variables))
-            search = _Search(searched, cluster, coarse, cp, seed, workers, solve_until)
-            built = time.perf_counter()
-            # The exact model (tiny graphs) gets the whole budget in one solve, which proves the optimum.
-            work = budget.first_work + (budget.rounds * budget.work_per_round if exact else 0.0)
-            status = search.first_solve(start, work)
+        if best is not None and n > WINDOW_MIN_NODES and n_dev > 1 and model != "exact":
+            # A graph too big for one model of its own: window rounds on the whole graph.
+            windows = WindowSearch(searched, cluster, _simulated(best, searched, cluster), seed, workers)
+            windows.run(window_budget, solve_until - REFINE_MARGIN_S)
+        else:
+            coarse = _coarsen(searched, cluster, goal)
+            coarse_done = time.perf_counter()
+            exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
             report.update(
-                solves=attempt,
-                memory_ratio=ratio,
-                resolution_s=problem.resolution,
-                model_build_s=built - coarse_done,
-                solver_status=status,
+                coarse_nodes=coarse.graph.num_nodes, coarsening_rounds=coarse.rounds, model="exact" if exact else "relaxed"
             )
-            if search.objective is not None:
+            ratio = liveness_ratio(searched, cluster)
+            for attempt in range(1, MEMORY_ATTEMPTS + 1):
+                if deadline - time.perf_counter() < 1.0 and best is not None:
+                    wall_cuts.append("memory attempts")
+                    break
+                problem = _Problem.build(coarse.graph, cluster, ratio)
+                start = _starting_placement(searched, cluster, coarse, problem, starts)
+                if start is not None:
+                    problem.admit(start)
+                cp = _CpModel(problem, exact)
+                budget = LnsBudget.for_limit(limit, len(cp.model.Proto().variables))
+                search = _Search(searched, cluster, coarse, cp, seed, workers, solve_until)
+                built = time.perf_counter()
+                # The exact model (tiny graphs) gets the whole budget in one solve, which proves the optimum.
+                work = budget.first_work + (budget.rounds * budget.work_per_round if exact else 0.0)
+                status = search.first_solve(start, work)
                 report.update(
-                    solver_objective_s=search.objective * problem.resolution,
-                    solver_bound_s=search.bound * problem.resolution,
-                    solver_gap=search.model_gap,
+                    solves=attempt,
+                    memory_ratio=ratio,
+                    resolution_s=problem.resolution,
+                    model_build_s=built - coarse_done,
+                    solver_status=status,
                 )
-                if cp.is_relaxation(coarse, searched):
-                    valid_bound = max(valid_bound, search.bound * problem.resolution - problem.rounding_slack)
-            best = search.offer(best)
-            if search.first_unfit is not True or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
-                break
-            ratio = min(1.0, ratio * 1.5)  # its plans overflow memory: budget more conservatively
-        if search is not None and not exact:
-            search.best = best
-            if status != "OPTIMAL":  # the optimum of a coarse model: the refinement may still move parts
-                best = search.improve(budget)
-            best, refined = _refine(searched, cluster, best, goal, seed, limit, solve_until - REFINE_MARGIN_S)
-            report.update(refined)
+                if search.objective is not None:
+                    report.update(
+                        solver_objective_s=search.objective * problem.resolution,
+                        solver_bound_s=search.bound * problem.resolution,
+                        solver_gap=search.model_gap,
+                    )
+                    if cp.is_relaxation(coarse, searched):
+                        valid_bound = max(valid_bound, search.bound * problem.resolution - problem.rounding_slack)
+                best = search.offer(best)
+                if search.first_unfit is not True or ratio >= 1.0 or deadline - time.perf_counter() < 1.0:
+                    break
+                ratio = min(1.0, ratio * 1.5)  # its plans overflow memory: budget more conservatively
+            if search is not None and not exact:
+                search.best = best
+                if status != "OPTIMAL":  # the optimum of a coarse model: the refinement may still move parts
+                    best = search.improve(budget)
+                best, refined = _refine(searched, cluster, best, goal, seed, limit, solve_until - REFINE_MARGIN_S)
+                report.update(refined)
+    if windows is not None:  # the rounds' incumbent, also where the time box ended a round
+        found = windows.incumbent.result
+        if found.makespan_s < best.makespan_s * (1 - 1e-12):
+            best = _Best(found.makespan_s, "window search", found)
+        report.update(windows.report(), window_rounds_planned=window_budget.rounds, model="window")
+        missing = window_budget.rounds - windows.stats["window_rounds"]
+        if missing > 0:
+            wall_cuts.append(f"window search: {missing} of {window_budget.rounds} rounds not run")
+        elif windows.cut_by_wall_clock:
+            wall_cuts.append("window search: a round's solve")
     if search is not None and search.best is not None and (best is None or search.best.makespan_s < best.makespan_s):
         best = search.best  # the time box ended a round: keep what the rounds found
     if report.get("refine_cut_by_wall_clock"):
@@ -386,6 +415,14 @@ def _coarsen(graph: OpGraph, cluster: Cluster, goal: int) -> Coarsening:
     if graph.num_nodes <= goal:
         return Coarsening(graph, np.arange(graph.num_nodes), [np.array([i]) for i in range(graph.num_nodes)], 0)
     return coarsen(graph, goal, cluster=cluster)
+
+
+def _simulated(best: _Best, graph: OpGraph, cluster: Cluster) -> SimResult:
+    """``best``'s plan of ``graph`` under the reference model."""
+    if isinstance(best.plan, SimResult):
+        return best.plan
+    device_of, orders = _arrays(best.plan, graph, cluster)
+    return simulate(graph, cluster, device_of, orders, check=False)
 
 
 def _reorder(graph: OpGraph, cluster: Cluster, best: _Best | None) -> _Best | None:
