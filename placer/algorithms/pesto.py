@@ -47,8 +47,9 @@ limit to load, is searched by window rounds on the whole graph instead
 devices where the incumbent's step can shrink (its critical path, the
 idlest device pair, a transfer that queued), holds the rest as constants and
 rigid blocks, and is kept only when the reference simulation of the whole
-step is shorter. A smaller searched graph is coarsened by Theorem 3.5's batch merging to the size the
-solver handles (about 200 nodes), whatever any plan does with it. The
+step is shorter. A smaller searched graph is coarsened by Theorem 3.5's
+batch merging to the size the solver handles (about 200 nodes), whatever any
+plan does with it. The
 warm-start plans of that graph are projected on the coarse graph (each coarse
 node where most of its compute ran) and the best projection, by the
 reference makespan of the whole graph, is hinted to one solve of the whole
@@ -91,8 +92,8 @@ from ..transform.coarsen import Coarsening, coarsen
 from .common import liveness_ratio
 from .fastt import dpos_schedule
 from .list_scheduling.retries import rank_ordered_with_memory_retries
-from .pesto_window import WindowBudget, WindowSearch
 from .pesto_lns import REFINE_PER_SECOND, REFINE_UNIT_FACTOR, LnsBudget, Neighbourhoods, refine
+from .pesto_window import WindowBudget, WindowSearch
 from .registry import available_algorithms, place, register
 from .timebox import TimeBox, frugal
 
@@ -297,7 +298,9 @@ def pesto(
             coarse_done = time.perf_counter()
             exact = model == "exact" or (model == "auto" and coarse.graph.num_nodes == n and n <= EXACT_MAX_NODES)
             report.update(
-                coarse_nodes=coarse.graph.num_nodes, coarsening_rounds=coarse.rounds, model="exact" if exact else "relaxed"
+                coarse_nodes=coarse.graph.num_nodes,
+                coarsening_rounds=coarse.rounds,
+                model="exact" if exact else "relaxed",
             )
             ratio = liveness_ratio(searched, cluster)
             for attempt in range(1, MEMORY_ATTEMPTS + 1):
@@ -1103,7 +1106,8 @@ class _Search:
         return status, solver
 
     def _evaluate(self, values, cp: "_CpModel | None" = None) -> list[tuple[str, SimResult]]:
-        """The solution's plan on the whole graph, in the solver's order and in the reference model's; those that fit."""
+        """The solution's plan on the whole graph, in the solver's order and in the reference model's; those
+        that fit."""
         cp = cp or self.cp
         coarse_device = cp.placement_of(values)
         device_of = self.coarse.expand(coarse_device)

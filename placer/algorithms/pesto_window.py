@@ -229,8 +229,9 @@ class WindowPicker:
     most there; ``transfer``, around a transfer of the critical path (or one
     without slack that waited for its channel), on its two devices, freeing
     its producer and the producers of the transfers queued ahead of it
-    first; ``stretch``, as ``idle`` around a random instant of the step. The free operations are the window's jobs without
-    slack first, then those nearest the anchor in time.
+    first; ``stretch``, as ``idle`` around a random instant of the step. The
+    free operations are the window's jobs without slack first, then those
+    nearest the anchor in time.
     """
 
     num_devices: int
@@ -389,7 +390,9 @@ class _WindowModel:
             self.e[v] = m.NewIntVar(0, horizon, f"e{v}")
             m.Add(self.e[v] == self.s[v] + sum(units(durations[v, d]) * lit for d, lit in self.x[v].items()))
             for d, lit in self.x[v].items():
-                intervals[d].append(m.NewOptionalFixedSizeIntervalVar(self.s[v], units(durations[v, d]), lit, f"r{v}_{d}"))
+                intervals[d].append(
+                    m.NewOptionalFixedSizeIntervalVar(self.s[v], units(durations[v, d]), lit, f"r{v}_{d}")
+                )
         for d in devs:
             m.AddNoOverlap(intervals[d])
             # Nothing of the window runs on d before the operation ahead of the window there has ended.
@@ -486,7 +489,9 @@ class _WindowModel:
                         arrive = m.NewIntVar(0, 2 * horizon, f"xe{v}_{t}_{dw}_{dv}")
                         m.Add(begin >= end_of(v)).OnlyEnforceIf(cond)
                         if lv is None:
-                            channel_jobs.setdefault(c, []).append(m.NewIntervalVar(begin, size, arrive, f"X{v}_{t}_{dw}"))
+                            channel_jobs.setdefault(c, []).append(
+                                m.NewIntervalVar(begin, size, arrive, f"X{v}_{t}_{dw}")
+                            )
                         else:
                             channel_jobs.setdefault(c, []).append(
                                 m.NewOptionalIntervalVar(begin, size, arrive, lv, f"X{v}_{t}_{dw}_{dv}")
