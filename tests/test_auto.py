@@ -236,3 +236,31 @@ def test_ranks_by_message_host_cost_where_the_cluster_carries_one():
         simulate_with_messages(single.bind(graph, cluster), cost).makespan_s
     )
     assert with_messages["auto"] <= info["start_makespan_s"] * (1 + 1e-9)  # the climb kept only what won
+
+
+def test_a_near_tie_under_message_costs_keeps_the_member_tried_first():
+    # A message cost at which heft's plan is predicted about 1% faster than one device's: within MESSAGE_TIE,
+    # so auto keeps "single", which it tries first (the portfolio's order); further off, the faster one wins.
+    from placer.algorithms.auto import MESSAGE_TIE
+
+    graph = training_graph(layers=6, branches=4, seed=2, activation_mib=0.5, flop_s=1e12)
+    cluster = load_cluster("4xGPU-pcie")
+    heft, single = place(graph, cluster, "heft"), place(graph, cluster, "single")
+
+    def ratio(fixed_s: float) -> float:
+        cost = MessageCost(fixed_s, 0.0, fixed_s, 0.0)
+        spans = [simulate_with_messages(p.bind(graph, cluster), cost).makespan_s for p in (heft, single)]
+        return spans[0] / spans[1]
+
+    low, high = 0.0, 5e-3
+    assert ratio(low) < 1 - MESSAGE_TIE and ratio(high) > 1
+    for _ in range(40):
+        middle = (low + high) / 2
+        low, high = (middle, high) if ratio(middle) < 1 - MESSAGE_TIE / 2 else (low, middle)
+    assert 1 - MESSAGE_TIE < ratio(low) < 1
+    cluster.extra["message_cost"] = MessageCost(low, 0.0, low, 0.0).to_dict()
+    assert place(graph, cluster, "auto", portfolio="single,heft", max_evaluations=0).extra["auto"]["start"] == "single"
+    # Further from a tie, the faster plan wins.
+    cluster.extra["message_cost"] = MessageCost(low / 4, 0.0, low / 4, 0.0).to_dict()
+    assert ratio(low / 4) < 1 - MESSAGE_TIE
+    assert place(graph, cluster, "auto", portfolio="single,heft", max_evaluations=0).extra["auto"]["start"] == "heft"

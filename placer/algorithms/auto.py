@@ -36,7 +36,10 @@ leaves out (:mod:`placer.sim.messages`). There auto ranks its members' plans,
 and the local search's result, by the step with each message's host cost
 (:func:`~placer.sim.messages.simulate_with_messages`): a plan that splits
 operations across processes sends many messages, which a data-parallel plan
-does not, and the process-per-device runtime pays for them.
+does not, and the process-per-device runtime pays for them. There a later
+member replaces the best plan so far only if it is faster by more than
+:data:`MESSAGE_TIE`: that model is the prediction's least certain part, and
+members are tried simplest first.
 """
 
 from __future__ import annotations
@@ -121,6 +124,13 @@ MAX_MICROBATCHED_NODES = 1_000_000
 #: What ``runnable=True`` (auto's and ``placer.plan``'s, deprecated) warns.
 RUNNABLE_DEPRECATED = "runnable is deprecated and has no effect: every plan runs"
 
+
+#: Where the cluster carries a message's host cost (processes on one host's cores), how much faster a member's
+#: step must be predicted than the best so far to replace it. That model is the prediction's least certain
+#: part (a calibration moves by tens of percent between runs), and a member predicted faster by less is
+#: noise's pick: members are tried simplest first, so a near tie keeps the simpler plan (data parallelism
+#: before one that also splits operations across processes).
+MESSAGE_TIE = 0.02
 
 DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
@@ -209,7 +219,8 @@ def auto(
     -------
     Plan
         Never slower than any portfolio member's plan, as ranked (see the
-        module: with each message's host cost on a cluster that carries it).
+        module: with each message's host cost on a cluster that carries it,
+        where a later member must be faster by more than :data:`MESSAGE_TIE`).
         ``extra["auto"]`` says which member it started from and its step as
         ranked (``start_makespan_s``), which members ran, were cut off, failed,
         or were skipped by their lower bound (``cannot_win``), the micro-batch
@@ -324,7 +335,7 @@ def auto(
         candidate = Plan.from_arrays(placed, cluster, improved)
         # The climb simulates the reference model; where messages cost host time, keep its plan only if it wins.
         improved_span = run.span(candidate, placed) if run.message_cost is not None else improved_span
-        if improved_span < best.span:
+        if run.beats(improved_span, best.span):
             plan = candidate
             info["local_search_gain"] = 1 - improved_span / best.span
     plan = _as_plan_of(plan, graph, placed, microbatches)
@@ -405,6 +416,23 @@ class _Portfolio:
     #: The host cost of a message that the cluster carries (:func:`~placer.sim.messages.cluster_message_cost`).
     message_cost: MessageCost | None = None
 
+    def beats(self, span: float, incumbent: float) -> bool:
+        """Whether a plan of step ``span`` replaces one of ``incumbent``: faster, by more than
+        :data:`MESSAGE_TIE` of it where messages cost host time.
+
+        Examples
+        --------
+        >>> from placer.cluster import load_cluster
+        >>> from placer.generate import training_graph
+        >>> run = _Portfolio(training_graph(layers=1), load_cluster("2xcpu"), 0, 0.0, 0.0)
+        >>> run.beats(0.0995, 0.1), run.beats(0.1, 0.1)
+        (True, False)
+        >>> run.message_cost = MessageCost(1e-5, 0.0, 1e-5, 0.0)
+        >>> run.beats(0.0995, 0.1), run.beats(0.097, 0.1)
+        (False, True)
+        """
+        return span < incumbent * (1.0 - MESSAGE_TIE if self.message_cost is not None else 1.0)
+
     def span(self, plan: Plan, graph: OpGraph) -> float:
         """The step ``plan`` of ``graph`` is ranked by: the reference model's, plus each message's host cost
         where the cluster carries one (:func:`~placer.sim.messages.simulate_with_messages`)."""
@@ -476,7 +504,7 @@ class _Portfolio:
         self.log["ran"].append(label)
         span = self.span(plan, graph)
         self.spans[label] = span
-        if self.best is None or span < self.best.span:
+        if self.best is None or self.beats(span, self.best.span):
             self.best = _Best(span, name, label, plan, graph)
             # Only the plan auto returns is checked again: a slower member's big split graph is not.
             self.check_s = time.perf_counter() - began - plan.search_time_s
