@@ -341,7 +341,8 @@ def calibrated_clusters(names: list[str], began: float) -> dict:
         link = calibration.links["gloo"]
         clusters[name] = (apply_calibration(preset, calibration), calibration)
         print(
-            f"[{time.perf_counter() - began:6.0f} s] calibrated {name}: gloo latency {link.latency_s * 1e6:.1f} us, "
+            f"[{time.perf_counter() - began:6.0f} s] calibrated {name}: gloo latency {link.latency_s * 1e6:.1f} us "
+            f"idle, {(calibration.loaded_latency_s or 0.0) * 1e6:.1f} us while the ranks compute (the channels'), "
             f"bandwidth {link.bandwidth_bytes_per_s / 1e9:.2f} GB/s, barrier "
             f"{(calibration.barrier_s or 0.0) * 1e6:.1f} us",
             flush=True,
@@ -447,6 +448,7 @@ def calibration_record(clusters: dict) -> dict:
     return {
         name: {
             "latency_s": cal.links["gloo"].latency_s,
+            "loaded_latency_s": cal.loaded_latency_s,
             "bandwidth_bytes_per_s": cal.links["gloo"].bandwidth_bytes_per_s,
             "barrier_s": cal.barrier_s,
             "collectives": {
