@@ -7,12 +7,13 @@ from hypothesis import strategies as st
 
 from placer.algorithms import celeritas as celeritas_module
 from placer.algorithms import place
-from placer.algorithms.celeritas import critical_path, priority_orders, refine, schedule_coarse, upward_ranks
+from placer.algorithms.celeritas import priority_orders, refine, schedule_coarse, upward_ranks
 from placer.algorithms.common import MemoryBudget
 from placer.cluster import Channel, Cluster, Device, load_cluster
 from placer.errors import InfeasibleError, OptionError
 from placer.generate import random_dag, training_graph
 from placer.graph import OpGraph
+from placer.sim.critical import critical_path
 from placer.sim.simulator import simulate, simulate_plan
 from placer.transform.fusion import fuse
 

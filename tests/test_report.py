@@ -8,7 +8,6 @@ import numpy as np
 import pytest
 
 from placer import load_cluster, place, simulate_plan
-from placer.algorithms.auto import critical_path_nodes
 from placer.cli import main
 from placer.cluster import Channel, Cluster, Device
 from placer.generate import random_dag, training_graph
@@ -16,6 +15,7 @@ from placer.graph import OpGraph
 from placer.report.compare import COLUMNS, Comparison, Entry, compare
 from placer.report.tables import figure, simulation_text
 from placer.sim import simulate
+from placer.sim.critical import critical_path_nodes
 
 
 @pytest.fixture(scope="module")

@@ -59,6 +59,7 @@ from ..feasibility import diagnose
 from ..graph import OpGraph
 from ..plan import Plan
 from ..sim.bounds import microbatch_lower_bound
+from ..sim.critical import critical_path_nodes
 from ..sim.messages import MessageCost, cluster_message_cost, simulate_with_messages
 from ..sim.simulator import SimResult, simulate
 from ..transform.bind import bind_plan, target_graph
@@ -72,7 +73,7 @@ from .pipeline import default_microbatches
 from .registry import available_algorithms, failure_message, get_algorithm, place, register
 from .timebox import TimeBox, frugal
 
-__all__ = ["auto", "critical_path_nodes"]
+__all__ = ["auto"]
 
 #: Searches that need minutes: in the portfolio only with a time limit of at least a minute.
 SLOW_ALGORITHMS = ("pesto", "placeto")
@@ -136,44 +137,6 @@ DEFAULT_TIME_LIMIT = 60.0
 #: Share of the time limit the portfolio may use: a member is worth more than the local search, which
 #: gains little on large graphs in seconds; the rest leaves time for placer's check of the plan.
 PORTFOLIO_SHARE = 0.9
-
-
-def critical_path_nodes(result: SimResult) -> np.ndarray:
-    """Nodes on the chain that determined the makespan of a simulated schedule.
-
-    Walking back from the last node to finish, each step goes to whatever made
-    the node start when it did: the input that arrived last (its producer), or
-    the node the device ran just before it.
-    """
-    g = result.graph
-    if g.num_nodes == 0:
-        return np.zeros(0, dtype=np.int64)
-    previous = np.full(g.num_nodes, -1)
-    for seq in result.device_orders():
-        previous[seq[1:]] = seq[:-1]
-    arrival = result.finish[g.src].copy()
-    xf = result.transfers
-    if len(xf):
-        cross = result.device_of[g.src] != result.device_of[g.dst]
-        key = xf.rows()
-        for e in np.flatnonzero(cross).tolist():
-            arrival[e] = xf.end[key[(int(g.src[e]), int(g.edge_tensor[e]), int(result.device_of[g.dst[e]]))]]
-    ptr, eids = g.in_edges
-    chain = []
-    node = int(np.argmax(result.finish))
-    while node >= 0:
-        chain.append(node)
-        inputs = eids[ptr[node] : ptr[node + 1]]
-        start = result.start[node]
-        cause = -1
-        if inputs.size:
-            last = inputs[np.argmax(arrival[inputs])]
-            if arrival[last] >= start:
-                cause = int(g.src[last])
-        if cause < 0 and previous[node] >= 0 and result.finish[previous[node]] >= start:
-            cause = int(previous[node])
-        node = cause
-    return np.asarray(chain[::-1], dtype=np.int64)
 
 
 @register("auto")

@@ -84,6 +84,7 @@ from ..feasibility import static_footprint
 from ..graph import OpGraph
 from ..io import shown_sizes
 from ..plan import Plan
+from ..sim.critical import CriticalLink, critical_path
 from ..sim.simulator import SimResult, simulate
 from ..transform.fusion import FusedGraph, cpd_topo_order, fuse, fuse_in_order, group_allowed, link_costs
 from .common import incident_edges, linked_devices, liveness_ratio, missing_link
@@ -102,8 +103,6 @@ __all__ = [
     "consumer_order",
     "upward_ranks",
     "priority_orders",
-    "CriticalLink",
-    "critical_path",
     "Refined",
     "refine",
     "REFINE_MOVES",
@@ -802,86 +801,6 @@ def _grouped(keys: np.ndarray, values: np.ndarray, n: int) -> list[list[int]]:
     return [values[bounds[k] : bounds[k + 1]] for k in range(n)]
 
 
-class CriticalLink(NamedTuple):
-    """One step back along a simulated step's critical path: ``node`` started when ``before`` let it.
-
-    ``kind`` is "device" (``before`` ran just before it on its device), "local" (``before`` produced an
-    input on the same device), "transfer" (``before`` produced an input on another device; ``transfer``
-    indexes :attr:`SimResult.transfers`, -1 otherwise) or "start" (nothing held it back; ``before`` -1).
-    """
-
-    node: int
-    kind: str
-    before: int
-    transfer: int
-
-
-def critical_path(result: SimResult) -> list[CriticalLink]:
-    """The chain of operations and transfers that ends the simulated step, from its last operation back.
-
-    From the operation that ends last, each step goes back to what its
-    start waited for: the operation before it on its device, when that
-    ended at the instant it started (the device was the bottleneck), else
-    the input that arrived last (an operation on the same device, or a
-    transfer from another). Where both end at that instant the device is
-    taken, so that a transfer on the path is one that really made its
-    reader wait.
-
-    Parameters
-    ----------
-    result : SimResult
-
-    Returns
-    -------
-    list of CriticalLink
-        Latest first; the last link's ``kind`` is "start".
-
-    Examples
-    --------
-    ``a`` on gpu0 feeds ``b`` on gpu1 (25 MB, 1.01 ms) and ``c`` on gpu0:
-
-    >>> from placer.cluster import load_cluster
-    >>> from placer.sim.simulator import simulate
-    >>> g = OpGraph(["a", "b", "c"], [1e-3, 2e-3, 1e-3], [0, 0], [1, 2], [25_000_000, 8])
-    >>> r = simulate(g, load_cluster("2xV100-nvlink"), [0, 1, 0])
-    >>> [(g.ids[link.node], link.kind) for link in critical_path(r)]
-    [('b', 'transfer'), ('a', 'start')]
-    """
-    graph, n = result.graph, result.graph.num_nodes
-    if n == 0:
-        return []
-    before_on_device = np.full(n, -1, dtype=np.int64)
-    for order in result.device_orders():
-        before_on_device[order[1:]] = order[:-1]
-    ptr, in_edges = graph.in_edges
-    transfer_of = result.transfers.rows()
-    start, finish, device = result.start.tolist(), result.finish.tolist(), result.device_of.tolist()
-    ends = result.transfers.end.tolist()
-    src, tensor = graph.src.tolist(), graph.edge_tensor.tolist()
-    ptr_l, in_l, before_l = ptr.tolist(), in_edges.tolist(), before_on_device.tolist()
-    v = int(np.argmax(result.finish))
-    path: list[CriticalLink] = []
-    while True:
-        arrived, link = -np.inf, None
-        for e in in_l[ptr_l[v] : ptr_l[v + 1]]:
-            u = src[e]
-            if device[u] == device[v]:
-                at, candidate = finish[u], CriticalLink(v, "local", u, -1)
-            else:
-                x = transfer_of[(u, tensor[e], device[v])]
-                at, candidate = ends[x], CriticalLink(v, "transfer", u, x)
-            if at > arrived:
-                arrived, link = at, candidate
-        b = before_l[v]
-        if b >= 0 and finish[b] >= start[v] and finish[b] >= arrived:
-            link = CriticalLink(v, "device", b, -1)
-        elif link is None or arrived < start[v]:
-            path.append(CriticalLink(v, "start", -1, -1))
-            return path
-        path.append(link)
-        v = link.before
-
-
 #: Moves :func:`refine` evaluates at most (each a list schedule of the whole graph) ...
 REFINE_MOVES = 48
 #: ... and within ``celeritas``, at most this many operations' worth of list schedules, so that the
@@ -921,7 +840,7 @@ def refine(
     branch of a block first and the rule keeps the next one on its device
     unless the wait there beats sending the output back, a wait that the
     branches still to come make longer. Once every cluster is placed, the
-    step's critical path (:func:`critical_path`) shows where the step
+    step's critical path (:func:`~placer.sim.critical.critical_path`) shows where the step
     waits; this pass moves, one at a time, the clusters that make it wait:
 
     - for each transfer on the path, the reader's cluster to the sender's

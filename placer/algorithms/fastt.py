@@ -14,9 +14,9 @@ from ..cluster import Cluster
 from ..errors import InfeasibleError, InvalidPlanError, OptionError
 from ..graph import OpGraph
 from ..plan import Plan
+from ..sim.critical import critical_path_nodes
 from ..sim.simulator import simulate
 from ..transform.split import split_dims
-from .auto import critical_path_nodes
 from .data_parallel import data_parallel_schedule
 from .list_scheduling.priorities import priority_order, scheduling_priorities
 from .list_scheduling.retries import rank_ordered_with_memory_retries

@@ -30,8 +30,8 @@ import numpy as np
 from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
+from ..sim.critical import critical_path_nodes
 from ..sim.simulator import SimResult, simulate
-from .auto import critical_path_nodes
 
 __all__ = ["NEIGHBOURHOOD_KINDS", "LnsBudget", "Neighbourhoods", "RefineResult", "refine"]
 

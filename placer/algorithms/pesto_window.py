@@ -31,7 +31,7 @@ measures: it becomes the incumbent only if the whole step got shorter.
 
 Windows are chosen where the step can shrink (:class:`WindowPicker`):
 around an operation of the incumbent's critical path
-(:func:`.celeritas.critical_path`), on its device and the device idle the
+(:func:`~placer.sim.critical.critical_path`), on its device and the device idle the
 most around it; on the device pair with the most idle time in a stretch of
 the step; and around a transfer on the path, or one of the jobs without
 slack that queued on a channel. The search is deterministic for a seed:
@@ -52,8 +52,8 @@ from ortools.sat.python import cp_model
 from ..cluster import Cluster
 from ..errors import InvalidPlanError
 from ..graph import OpGraph
+from ..sim.critical import critical_path
 from ..sim.simulator import SimResult, simulate
-from .celeritas import critical_path
 
 __all__ = ["WINDOW_KINDS", "WindowBudget", "WindowPicker", "WindowSearch", "schedule_tails"]
 
