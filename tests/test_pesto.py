@@ -290,8 +290,7 @@ def test_a_rewritten_warm_start_is_searched_on_its_own_graph_and_binds_to_the_mo
 
 
 def test_schedule_tails_end_every_chain_at_the_makespan_and_the_critical_path_there():
-    from placer.algorithms.pesto_window import schedule_tails
-    from placer.sim.critical import critical_path
+    from placer.sim.critical import critical_path, schedule_tails
 
     graph = training_graph(layers=8, branches=3, seed=4)
     cluster = load_cluster("4xGPU-pcie")

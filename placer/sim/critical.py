@@ -2,7 +2,8 @@
 
 Several searches aim their moves at it: Celeritas's refinement and Pesto's
 windows move what lies on it, ``auto``'s local search and OS-DPOS pick the
-operations to move or split from it. It is a property of a schedule, so it
+operations to move or split from it; Pesto's windows also read every job's
+tail (:func:`schedule_tails`), how far it lies from the step's end. It is a property of a schedule, so it
 lives beside the simulator that makes one.
 """
 
@@ -14,7 +15,7 @@ import numpy as np
 
 from .simulator import SimResult
 
-__all__ = ["CriticalLink", "critical_path", "critical_path_nodes"]
+__all__ = ["CriticalLink", "critical_path", "critical_path_nodes", "schedule_tails"]
 
 
 class CriticalLink(NamedTuple):
@@ -122,3 +123,84 @@ def critical_path_nodes(result: SimResult) -> np.ndarray:
     [0, 1]
     """
     return np.asarray([link.node for link in reversed(critical_path(result, ties="input"))], dtype=np.int64)
+
+
+def schedule_tails(result: SimResult) -> tuple[np.ndarray, np.ndarray]:
+    """Per operation and per transfer, the longest chain of jobs from its start to the end of the step.
+
+    The chain follows the incumbent schedule's dependencies: an operation
+    precedes its consumers on its device, its transfers and the next
+    operation on its device; a transfer precedes the consumers it feeds and
+    the next transfer on its channel. ``start + tail`` equals the makespan
+    exactly for the jobs without slack, and ``makespan - tail`` is a job's
+    latest start that keeps the makespan when everything after it runs as
+    soon as the order lets it.
+
+    Returns
+    -------
+    (node_tail, transfer_tail) : ndarray, ndarray
+        Seconds.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.graph import OpGraph
+    >>> from placer.sim.simulator import simulate
+    >>> g = OpGraph(["a", "b", "c"], [1e-3, 2e-3, 1e-3], [0, 0], [1, 2], [8, 8])
+    >>> r = simulate(g, load_cluster("2xV100-nvlink"), [0, 0, 0])
+    >>> tails, _ = schedule_tails(r)
+    >>> bool(np.allclose(r.start + tails, r.makespan_s))
+    True
+    """
+    g, n = result.graph, result.graph.num_nodes
+    xf = result.transfers
+    n_x = len(xf)
+    dur = (result.finish - result.start).tolist()
+    xdur = (xf.end - xf.start).tolist()
+    dev = result.device_of
+    local = dev[g.src] == dev[g.dst]
+    succ: list[list[int]] = [[] for _ in range(n)]
+    for u, v in zip(g.src[local].tolist(), g.dst[local].tolist()):
+        succ[u].append(v)
+    x_of: list[list[int]] = [[] for _ in range(n)]
+    for x, u in enumerate(xf.producer.tolist()):
+        x_of[u].append(x)
+    rows = xf.rows()
+    x_dst: list[list[int]] = [[] for _ in range(n_x)]
+    for e in np.flatnonzero(~local).tolist():
+        x_dst[rows[(int(g.src[e]), int(g.edge_tensor[e]), int(dev[g.dst[e]]))]].append(int(g.dst[e]))
+    next_on_device = np.full(n, -1, dtype=np.int64)
+    for seq in result.device_orders():
+        next_on_device[seq[:-1]] = seq[1:]
+    next_on_channel = np.full(n_x, -1, dtype=np.int64)
+    for c in np.unique(xf.channel).tolist():
+        on = np.flatnonzero(xf.channel == c)
+        on = on[np.lexsort((on, xf.start[on]))]
+        next_on_channel[on[:-1]] = on[1:]
+    # Jobs latest first; a transfer sits just after its producer, ties by the order operations started.
+    rank = result.start_rank.astype(np.float64)
+    keys_start = np.concatenate([result.start, xf.start])
+    keys_rank = np.concatenate([rank, rank[xf.producer] + 0.5])
+    jobs = np.lexsort((-keys_rank, -keys_start)).tolist()
+    tail = [0.0] * n
+    xtail = [0.0] * n_x
+    nxt_d, nxt_c = next_on_device.tolist(), next_on_channel.tolist()
+    for j in jobs:
+        if j < n:
+            after = 0.0
+            for v in succ[j]:
+                after = max(after, tail[v])
+            for x in x_of[j]:
+                after = max(after, xtail[x])
+            if nxt_d[j] >= 0:
+                after = max(after, tail[nxt_d[j]])
+            tail[j] = dur[j] + after
+        else:
+            x = j - n
+            after = 0.0
+            for v in x_dst[x]:
+                after = max(after, tail[v])
+            if nxt_c[x] >= 0:
+                after = max(after, xtail[nxt_c[x]])
+            xtail[x] = xdur[x] + after
+    return np.asarray(tail), np.asarray(xtail)
