@@ -476,10 +476,10 @@ def _trials(graph: OpGraph) -> list[dict]:
         temp_bytes=SHARE_OR_WHOLE,
         transfers=None,
         note="A batch-proportional node's micro-batches share its work (each paying its fixed part whole, "
-        "part_times), workspace and output by their rows of the batch (an output of gradients alone is "
-        "whole in each), micro-batch 0 holding its parameters; any other node is the original. A tensor between copies shrinks with "
-        "its producer's share (a gradient does not). Added: the accumulation nodes, which sum "
-        "each gradient over the micro-batches; readers of a gradient read the sum.",
+        "part_times), workspace and output by their rows of the batch (an output of gradients alone is whole "
+        "in each), micro-batch 0 holding its parameters; any other node is the original. A tensor between "
+        "copies shrinks with its producer's share (a gradient does not). Added: the accumulation nodes, which "
+        "sum each gradient over the micro-batches; readers of a gradient read the sum.",
     ),
 )
 def microbatch_transform(graph: OpGraph, cluster: Cluster | None, *, microbatches: int) -> TransformResult:

@@ -1012,11 +1012,11 @@ def _roofline_times(flops: float, nbytes: float) -> tuple[float, dict[str, float
         param_bytes=SHARE_OR_WHOLE,
         temp_bytes=SHARE_OR_WHOLE,
         transfers=None,
-        note="A batch-proportional node's replicas share its work (each paying its fixed part whole, "
-        "part_times) and memory by their slices of the batch; any other node is whole in every replica "
-        "(a sharded optimizer's arithmetic and state are shared instead). A tensor shrinks with its producer's share. Added: the "
-        "all-reduce steps of every gradient bucket, which stand for no original node; readers "
-        "of a gradient read their replica's reduced bucket instead.",
+        note="A batch-proportional node's replicas share its work (each paying its fixed part whole, part_times) "
+        "and memory by their slices of the batch; any other node is whole in every replica (a sharded "
+        "optimizer's arithmetic and state are shared instead). A tensor shrinks with its producer's share. "
+        "Added: the all-reduce steps of every gradient bucket, which stand for no original node; readers of a "
+        "gradient read their replica's reduced bucket instead.",
     ),
 )
 def replicate_transform(
