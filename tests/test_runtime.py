@@ -41,7 +41,18 @@ from placer.runtime.distributed import (
     under_torchrun,
 )
 from placer.runtime.local import LocalExecutor
-from placer.runtime.program import compile_program, copy_to, message_bytes, pack, receive_buffer, unpack, value_spec
+from placer.runtime.program import (
+    bind_call,
+    call_node,
+    compile_program,
+    copy_to,
+    message_bytes,
+    pack,
+    random_nodes,
+    receive_buffer,
+    unpack,
+    value_spec,
+)
 from placer.sim.messages import MessageCost, messages_graph
 from placer.transform.split import split_operation
 
@@ -332,27 +343,34 @@ def test_an_atomic_step_that_fails_part_way_leaves_the_model_and_optimizer_as_th
         next(n for n in others if position[n] > position[batch_norm]) if fails == "after batch norm" else others[-1]
     )
     assert min(position[v.name] for v in program.writes) < position[failing]  # writes were in its way
-    run = local.call_node
+    run, bind = local.call_node, local.bind_call
+    armed = []  # while it holds anything, ``failing`` raises, called bound or through call_node
 
     def call_node(v, *args):
-        if v.name == failing:
+        if armed and v.name == failing:
             raise RuntimeError("injected failure")
         return run(v, *args)
 
+    def bind_call(v, device):
+        call = bind(v, device)
+        return (lambda values: call_node(v) if armed else call(values)) if v.name == failing else call
+
+    monkeypatch.setattr(local, "call_node", call_node)
+    monkeypatch.setattr(local, "bind_call", bind_call)
     model, optimizer = file_case.fresh()
     step = apply(plan, model, optimizer)
-    monkeypatch.setattr(local, "call_node", call_node)
+    armed.append(True)
     with pytest.raises(RuntimeError, match="injected failure") as failed:
         step(*file_case.inputs)
     assert "atomic=True" in "".join(failed.value.__notes__)
-    monkeypatch.undo()
+    armed.clear()
 
     model, optimizer = file_case.fresh()
     step = apply(plan, model, optimizer, atomic=True)
     for _ in range(failing_step - 1):
         step(*file_case.inputs)
     before = _state(model, optimizer)
-    monkeypatch.setattr(local, "call_node", call_node)
+    armed.append(True)
     with pytest.raises(RuntimeError, match="injected failure") as failed:
         step(*file_case.inputs)
     assert not getattr(failed.value, "__notes__", None)
@@ -360,10 +378,45 @@ def test_an_atomic_step_that_fails_part_way_leaves_the_model_and_optimizer_as_th
     assert after.keys() == before.keys()
     changed = [name for name in before if not torch.equal(before[name], after[name])]
     assert not changed, f"the failed step wrote {changed}"
-    monkeypatch.undo()
+    armed.clear()
     for _ in range(STEPS - failing_step + 1):
         step(*file_case.inputs)
     file_case.assert_matches(model, optimizer)
+
+
+@pytest.mark.parametrize("which", ["file", "zoo:gnmt?layers=2&hidden=16&vocab=50&seq_len=4&dropout=0"])
+def test_a_bound_call_computes_what_call_node_does_on_every_node_of_a_step(file_case, which):
+    """bind_call's contract, node by node on real steps (batch norm, attention, ``cat`` and ``stack`` of a list of
+    tensors, keyword arguments, in-place writes of the new state): the same values as call_node."""
+    if which == "file":
+        captured, model, inputs = file_case.captured, *file_case.fresh()[:1], file_case.inputs
+    else:
+        captured, (model, inputs) = capture_spec(which, 2), load_model(which, 2)
+    flat = captured.step_inputs(model, inputs)
+    gm, cpu = captured.gm, torch.device("cpu")
+    placeholders = [v for v in gm.graph.nodes if v.op == "placeholder"]
+    env, random = dict(zip(placeholders, flat)), set(random_nodes(gm))
+    kinds = set()
+    for v in gm.graph.nodes:
+        if v.op not in ("call_function", "get_attr") or v in random:
+            continue
+        writes = getattr(v.target, "_schema", None) is not None and v.target._schema.is_mutable
+        # A write's reference runs on copies of its inputs: writing twice would not be the same write.
+        inputs = {
+            a: env[a].clone() if writes and isinstance(env[a], torch.Tensor) else env[a] for a in v.all_input_nodes
+        }
+        reference = call_node(v, inputs, cpu)
+        bound = bind_call(v, cpu)(env)
+        assert type(bound) is type(reference), v.name
+        for got, want in zip(torch.utils._pytree.tree_leaves(bound), torch.utils._pytree.tree_leaves(reference)):
+            if isinstance(want, torch.Tensor):
+                assert torch.equal(got, want), v.name
+            else:
+                assert got == want, v.name
+        nested = any(isinstance(a, (list, tuple)) and any(isinstance(b, torch.fx.Node) for b in a) for a in v.args)
+        kinds.add("nested" if nested else "writes" if writes else "flat")
+        env[v] = bound
+    assert {"flat", "writes"} <= kinds and (which == "file" or "nested" in kinds), kinds
 
 
 # ------------------------------------------------------------ plan checks
@@ -1471,23 +1524,22 @@ def test_placer_run_verify_catches_an_executor_that_computes_wrong(file_case, tm
     # Not a stubbed comparison: one operation's result, off by a part in a million, reaches the parameters.
     import placer.runtime.local as local
 
-    real_call = local.call_node
+    real_bind = local.bind_call
     perturbed = []
 
-    def off(v, values, device, seed):
-        out = real_call(v, values, device, seed)
-        if (
-            not perturbed
-            and isinstance(out, torch.Tensor)
-            and out.is_floating_point()
-            and out.numel() > 1
-            and "addmm" in str(v.target)
-        ):
-            perturbed.append(v.name)
-            return out * (1 + 1e-6)
-        return out
+    def off(v, device):
+        call = real_bind(v, device)
 
-    monkeypatch.setattr(local, "call_node", off)
+        def perturbing(values):
+            out = call(values)
+            if not perturbed and isinstance(out, torch.Tensor) and out.is_floating_point() and out.numel() > 1:
+                perturbed.append(v.name)
+                return out * (1 + 1e-6)
+            return out
+
+        return perturbing if "addmm" in str(v.target) else call
+
+    monkeypatch.setattr(local, "bind_call", off)
     random_plan(file_case.captured.graph, load_cluster("2xcpu"), seed=3).save(tmp_path / "plan.json")
     code = main(
         ["run", file_case.spec, "--plan", str(tmp_path / "plan.json"), "--steps", "2", "--verify", "--tolerance", "0"]

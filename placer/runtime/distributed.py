@@ -56,6 +56,7 @@ from ..terminate import terminate_raises
 from .portable import PortableStep
 from .program import (
     Program,
+    bind_call,
     call_node,
     compile_program,
     copy_to,
@@ -267,6 +268,9 @@ class _RankRunner:
         self.backend = backend
         prog = program
         self.schedule = prog.schedule_of(rank)
+        # Each node's inputs and call, resolved once (random nodes draw with their step's seed: call_node).
+        self.inputs = {v: tuple(v.all_input_nodes) for v in self.schedule}
+        self.calls = {v: bind_call(v, device) for v in self.schedule if v not in prog.random}
         self.owned = [k for k, p in enumerate(prog.placeholders) if prog.device_of[p] == rank]
         self.specs = {x.node: value_spec(x.node, prog.compact_views) for x in prog.transfers if rank in (x.src, x.dst)}
         # Receives from each peer, in the order that peer sends them.
@@ -393,6 +397,8 @@ class _RankRunner:
             op_s.setdefault(prog.placeholders[k], []).append(share)
             op_message_s.setdefault(prog.placeholders[k], []).append(share)
         timeline = self.timeline = []
+        inputs, calls, sends, profile_gpu = self.inputs, self.calls, prog.sends, self.profile_gpu
+        frees_after, runs_with = self.frees_after, prog.runs_with
         previous_end = clock()
         for v in self.schedule:
             # On a CPU an op's time is the rank's busy time for it (receiving less the
@@ -403,24 +409,29 @@ class _RankRunner:
             # time between synchronisations.
             t0 = clock()
             waited = 0.0
-            for a in v.all_input_nodes:
+            for a in inputs[v]:
                 if a not in env:
                     env[a] = receive(a)
                     waited = clock() - t0
             busy_from = previous_end
-            if self.profile_gpu:
+            if profile_gpu:
                 torch.cuda.synchronize(self.device)
                 t0 = busy_from = clock()
                 waited = 0.0
-            out = call_node(v, env, self.device, prog.seed_of(v, self.seed, self.steps_run))
-            if self.profile_gpu:
+            call = calls.get(v)
+            out = (
+                call(env)
+                if call is not None
+                else call_node(v, env, self.device, prog.seed_of(v, self.seed, self.steps_run))
+            )
+            if profile_gpu:
                 torch.cuda.synchronize(self.device)
             env[v] = out
-            sent = send(v, out)
-            for a in self.frees_after.get(v, ()):
+            sent = send(v, out) if v in sends else 0.0
+            for a in frees_after.get(v, ()):
                 env.pop(a, None)
             ended = previous_end = clock()
-            owner = prog.runs_with.get(v)
+            owner = runs_with.get(v)
             if owner in op_s:
                 op_s[owner][-1] += ended - busy_from - waited  # its op ran earlier in this step
                 op_message_s[owner][-1] += sent
