@@ -1060,6 +1060,7 @@ def test_contention_times_the_step_alone_and_in_processes_at_once(tmp_path):
 
 def test_profile_ranks_scales_every_operation_by_the_measured_contention(tmp_path, capsys, monkeypatch):
     import placer.cli.cost as cost_cli
+    import placer.harness.profiling as profiling
     from placer.harness.contention import Contention
 
     model_file = tmp_path / "net.py"
@@ -1072,7 +1073,7 @@ def test_profile_ranks_scales_every_operation_by_the_measured_contention(tmp_pat
         alone["profile"] = Profile(step.graph.name, step.graph.digest(), "cpu", seconds, {"device_name": "a CPU"})
         return alone["profile"]
 
-    monkeypatch.setattr(cost_cli, "profile_step", profiled)
+    monkeypatch.setattr(profiling, "profile_step", profiled)
     asked = []
     monkeypatch.setattr(
         cost_cli, "measure_contention", lambda *args, **kwargs: asked.append(args) or Contention(args[2], 0.01, 0.025)

@@ -16,7 +16,7 @@ from ..errors import OptionError
 from ..graph import OpGraph
 from ..harness.calibrate import DEFAULT_SIZES, apply_calibration, calibrate
 from ..harness.contention import measure_contention, under_contention
-from ..harness.profiling import profile_step
+from ..harness.profiling import profile_spec
 from ..harness.standard_eval import standard_evaluation
 from ..io import check_output
 from ..report.tables import print_rows, working
@@ -70,7 +70,6 @@ def _positive(value: int | None, option: str) -> None:
 
 
 def cmd_profile(args: argparse.Namespace) -> int:
-    from ..capture import capture_spec, load_model  # deferred: imports torch
 
     _positive(args.batch, "--batch")
     _positive(args.repeats, "--repeats")
@@ -89,10 +88,15 @@ def cmd_profile(args: argparse.Namespace) -> int:
 
     def timed(batch: int):
         """The step captured at ``batch`` samples, and its profile."""
-        step = capture_spec(args.spec, batch, optimizer=args.optimizer, lr=args.lr, settings=settings, fake=False)
-        model, inputs = load_model(args.spec, batch)
-        return step, profile_step(
-            step, model, inputs, device=args.device, repeats=args.repeats, gpu_timing=args.gpu_timing
+        return profile_spec(
+            args.spec,
+            batch,
+            optimizer=args.optimizer,
+            lr=args.lr,
+            settings=settings,
+            device=args.device,
+            repeats=args.repeats,
+            gpu_timing=args.gpu_timing,
         )
 
     with working(

@@ -26,7 +26,7 @@ from ..algorithms import place
 from ..cluster import load_cluster
 from ..cost.profile import apply_profile, fixed_part
 from ..harness.contention import measure_contention, under_contention
-from ..harness.profiling import profile_step
+from ..harness.profiling import profile_spec
 from ..io import check_output
 from ..report.compare import check_options, compare
 from ..show import terminal
@@ -126,17 +126,11 @@ def train_recommended(
     """
     import torch  # deferred: imports torch
 
-    from ..capture import capture_spec  # deferred: imports torch
-    from ..capture.spec import load_model  # deferred: imports torch
     from . import run  # deferred: imports torch
 
     console = console or Console()
     ranks = load_cluster(cluster)
     small_batch = max(1, batch // ranks.num_devices)
-
-    def timed(samples: int):
-        captured = capture_spec(model, samples, optimizer="sgd", fake=False)
-        return captured, profile_step(captured, *load_model(model, samples), device="cpu")
 
     with console.status(
         f"profiling {model} at batch {batch} and {small_batch} on this CPU, timing {ranks.num_devices} processes "
@@ -145,9 +139,9 @@ def train_recommended(
         threads = torch.get_num_threads()
         torch.set_num_threads(1)  # each rank runs one thread, as the profile does
         try:
-            captured, profile = timed(batch)
+            captured, profile = profile_spec(model, batch, optimizer="sgd")
             if small_batch < batch:
-                profile = fixed_part(profile, timed(small_batch)[1], batch, small_batch)
+                profile = fixed_part(profile, profile_spec(model, small_batch, optimizer="sgd")[1], batch, small_batch)
         finally:
             torch.set_num_threads(threads)
         contention = measure_contention(model, batch, ranks.num_devices, optimizer="sgd", seconds=CONTENTION_SECONDS)

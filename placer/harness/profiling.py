@@ -18,7 +18,7 @@ from ..errors import OptionError, PlacerError
 if TYPE_CHECKING:
     import torch
 
-__all__ = ["profile_module", "profile_step", "step_arguments"]
+__all__ = ["profile_module", "profile_step", "profile_spec", "step_arguments"]
 
 
 def _move(value: Any, device: "torch.device") -> Any:
@@ -259,3 +259,31 @@ def profile_step(
         "measured_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     }
     return Profile(graph.name, graph.digest(), kind or device_kind, seconds, meta)
+
+
+def profile_spec(
+    spec: str,
+    batch: int,
+    *,
+    optimizer: str = "adam",
+    lr: float = 1e-3,
+    settings: dict | None = None,
+    device: str = "cpu",
+    repeats: int = 5,
+    gpu_timing: str = "kernel",
+) -> tuple[Any, Profile]:
+    """The training step of model ``spec`` at ``batch`` samples, captured for real, and its profile.
+
+    What ``placer profile`` and the demo time: :func:`~placer.capture.capture_spec`
+    (``fake=False``, so that the step runs), then :func:`profile_step` on the
+    model's own weights and a batch of its inputs.
+
+    Returns
+    -------
+    (CapturedStep, Profile)
+    """
+    from ..capture.spec import capture_spec, load_model  # deferred: imports torch
+
+    captured = capture_spec(spec, batch, optimizer=optimizer, lr=lr, settings=settings, fake=False)
+    model, inputs = load_model(spec, batch)
+    return captured, profile_step(captured, model, inputs, device=device, repeats=repeats, gpu_timing=gpu_timing)
