@@ -7,7 +7,9 @@ model, ms) of
   list schedulers that place every operation of one step),
 - data parallelism (a replica per device, where one fits): on NCCL's ring, and
   with the optimizer sharded on the faster collective (as ``auto`` runs it),
-- ``gpipe`` and ``1f1b`` with ``--microbatches`` micro-batches,
+- ``gpipe`` and ``1f1b`` with ``--microbatches`` micro-batches, and the same in
+  ``--groups`` replica groups (data parallelism over pipelines: ``replicas`` of
+  :func:`placer.algorithms.pipeline.pipeline_plan`; 1 leaves them out),
 - the best op-level scheduler placing the micro-batched step
   (``place(..., microbatches=M)``, every algorithm pipelining by itself),
 - ``auto`` within ``--time-limit`` seconds, which runs the pipelines in its
@@ -24,7 +26,7 @@ the meta device (Adam) and cached under ``--cache``, as
 ``bench/quality.py`` does.
 
     ./run.sh bench bench/pipeline.py [--models gpt2,resnet152] [--clusters 4xV100-nvlink] [--time-limit 120]
-        [-o results.json]
+        [--groups 2] [-o results.json]
 """
 
 from __future__ import annotations
@@ -84,6 +86,7 @@ def run_case(
     cache: Path,
     max_microbatched_nodes: int,
     time_limit: float | None = None,
+    groups: int = 1,
 ) -> dict:
     graph = captured_graph(model, batch, cache)
     cluster = load_cluster(cluster_name)
@@ -112,6 +115,9 @@ def run_case(
     for name in ("gpipe", "1f1b"):
         step, what, seconds = _plan(graph, cluster, name, microbatches=microbatches)
         record["plans"][name] = {"step_s": step, "what": what, "seconds": seconds}
+        if groups > 1:
+            step, what, seconds = _plan(graph, cluster, name, microbatches=microbatches, replicas=groups)
+            record["plans"][f"{name}x{groups}"] = {"step_s": step, "what": what, "seconds": seconds}
     if graph.num_nodes * microbatches <= max_microbatched_nodes:
         step, what, seconds = _plan(graph, cluster, OP_LEVEL[0], microbatches=microbatches)
     else:
@@ -135,8 +141,14 @@ def _without(record: dict) -> float | None:
     return min(steps, default=None)
 
 
+def _grouped(records: list[dict]) -> list[str]:
+    """The replica-group plans the records hold (``1f1bx2``, ...)."""
+    return sorted({k for r in records for k in r["plans"] if k.startswith(("gpipex", "1f1bx"))})
+
+
 def table(records: list[dict], microbatches: int) -> str:
     with_auto = any("auto" in r["plans"] for r in records)
+    grouped = _grouped(records)
     sharded = any(SHARDED in r["plans"] for r in records)
     head = (
         "| model | batch | cluster | fits one device | best op-level, no micro-batches | data parallel | "
@@ -145,6 +157,10 @@ def table(records: list[dict], microbatches: int) -> str:
         "best with micro-batches: vs best op-level | vs best without (data parallel too) |"
     )
     rule = "|---|---:|---|---|---:|---:|" + ("---:|" if sharded else "") + "---:|---:|---:|---:|---:|"
+    for name in grouped:
+        schedule, groups = name.split("x")
+        head += f" {schedule} in {groups} groups (M={microbatches}) |"
+        rule += "---:|"
     if with_auto:
         head += " auto | auto vs best without | auto's plan |"
         rule += "---:|---:|---|"
@@ -165,6 +181,7 @@ def table(records: list[dict], microbatches: int) -> str:
             + f"{_ms(p['gpipe']['step_s'])} | {_ms(p['1f1b']['step_s'])} "
             f"| {_ms(p[OP_LEVEL[0] + '+mb']['step_s'])} | {op_ratio} | {ratio} |"
         )
+        line += "".join(f" {_ms(p.get(name, {}).get('step_s'))} |" for name in grouped)
         if with_auto:
             auto = p.get("auto", {}).get("step_s")
             vs = f"{without / auto:.2f}x" if auto and without else "-"
@@ -222,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--clusters", default=",".join(CLUSTERS))
     parser.add_argument("--sizes", default="paper,large", help="which batches: paper, large, or both")
     parser.add_argument("--microbatches", type=int, default=8)
+    parser.add_argument("--groups", type=int, default=2, help="replica groups of the grouped pipelines (1: none)")
     parser.add_argument(
         "--max-microbatched-nodes",
         type=int,
@@ -263,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
                     args.cache,
                     args.max_microbatched_nodes,
                     None if args.no_auto else args.time_limit,
+                    args.groups,
                 )
                 records.append(record)
                 summary = ", ".join(f"{k} {_ms(v['step_s'])}" for k, v in record["plans"].items())

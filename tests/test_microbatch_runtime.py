@@ -186,3 +186,88 @@ def test_measured_times_of_copies_estimate_the_whole_batch():
     assert measured_graph(graph, replicated, cluster, {"r0/block0.b0.fwd": 2.0}).compute_s_by_kind[
         graph.index["block0.b0.fwd"]
     ][kind] == pytest.approx(3.0)
+
+
+# ------------------------------------------------------------ replica groups of pipelines (DP x PP)
+@pytest.mark.parametrize(
+    "name, batch, schedule, microbatches, optimizer, double",
+    [
+        ("lenet", 8, "1f1b", 4, "sgd", False),
+        ("lenet", 7, "gpipe", 6, "adam", False),  # uneven: the first micro-batches one sample more
+        # Batch norm: its running statistics, and their writers, on group 0. The groups' sums add the gradients
+        # in another order than one chain: in float32, 4e-4 apart after two steps; in float64, 4e-14.
+        ("resnet50", 8, "1f1b", 4, "sgd", True),
+        ("transformer", 8, "1f1b", 4, "sgd", False),  # attention, tied embeddings
+    ],
+)
+def test_replica_groups_of_pipelines_train_as_gradient_accumulation(
+    name, batch, schedule, microbatches, optimizer, double
+):
+    """Two groups of two devices, each a pipeline over half the micro-batches, their gradients summed per
+    group and then across: the local executor's training equals eager gradient accumulation."""
+    model, inputs, captured = tiny(name, batch, optimizer, double)
+    cluster = load_cluster("4xcpu")
+    plan = place(captured.graph, cluster, schedule, microbatches=microbatches, replicas=2)
+    groups = plan.extra["groups"]
+    assert plan.extra["replicas"] == 2 and len(groups) == 2 and not set(groups[0]) & set(groups[1])
+    target = plan.rewritten_graph
+    assert target.extra["microbatches"]["groups"] == 2
+    per_group = microbatches // 2
+    placed_on = {}
+    for node_id, extra in zip(target.ids, target.node_extra):
+        k = extra.get("microbatch")
+        if k is not None and target.colocation[target.index[node_id]] is None:
+            placed_on.setdefault(k // per_group, set()).add(plan.placement[node_id])
+    assert placed_on[0] <= set(groups[0]) and placed_on[1] <= set(groups[1]), placed_on
+    trained = placed_training(plan, model, inputs, captured)
+    tolerance = 1e-12 if double else TOLERANCE if optimizer == "sgd" else 1e-4
+    assert_equal(trained, accumulated(model, inputs, captured, rows_of(plan)), tolerance, at_least=6)
+    if not batch_coupled(captured.gm):
+        assert_equal(trained, eager_training(model, inputs, captured), tolerance, at_least=6)
+
+
+def test_distributed_replica_groups_equal_gradient_accumulation():
+    """Four gloo ranks, two pipelines of two: the ranks' training equals eager accumulation."""
+    model, inputs, captured = tiny("lenet", 8)
+    cluster = load_cluster("4xcpu")
+    plan = place(captured.graph, cluster, "1f1b", microbatches=4, replicas=2)
+    trained, _ = distributed_training(plan, cluster, model, inputs, captured)
+    assert_equal(trained, accumulated(model, inputs, captured, rows_of(plan)), at_least=6)
+
+
+def test_groups_sum_their_own_micro_batches_then_each_other():
+    """Each group's chain adds only its own micro-batches' gradients; one add per later group joins the sums."""
+    _, _, captured = tiny("lenet", 8)
+    graph = captured.graph
+    mb = microbatch_graph(graph, 6, groups=3).graph
+    index = mb.index
+    ptr, eids = mb.in_edges
+    joins = [i for i, extra in enumerate(mb.node_extra) if "joins" in extra.get("accumulate", {})]
+    adds = [i for i, extra in enumerate(mb.node_extra) if "accumulate" in extra]
+    gradients = {mb.node_extra[i]["accumulate"]["gradient"] for i in adds}
+    assert len(adds) == 5 * len(gradients) and len(joins) == 2 * len(gradients)
+    for i in adds:
+        k = mb.node_extra[i]["microbatch"]
+        feeding = {mb.node_extra[int(u)].get("microbatch") for u in mb.src[eids[ptr[i] : ptr[i + 1]]]}
+        if i in joins:  # group k // 2's sum: the add of its second micro-batch, and the sum before it
+            assert k % 2 == 0 and mb.node_extra[i]["accumulate"]["joins"] == k // 2
+            assert feeding == {k + 1, k - 2 if k > 2 else 1}, (mb.ids[i], feeding)
+        else:  # micro-batch k's gradient into its group's first
+            assert feeding == {k - 1, k}, (mb.ids[i], feeding)
+    assert index  # the graph is a graph
+    with pytest.raises(OptionError, match="groups must be an integer >= 1 that divides the 6 micro-batches"):
+        microbatch_graph(graph, 6, groups=4)
+    with pytest.raises(OptionError, match="5 micro-batches do not divide into 2 replica groups"):
+        place(graph, load_cluster("4xcpu"), "1f1b", microbatches=5, replicas=2)
+    with pytest.raises(OptionError, match="option replicas must be an integer from 1 to the 4 devices"):
+        place(graph, load_cluster("4xcpu"), "gpipe", replicas=5)
+
+
+def test_auto_tries_replica_groups_where_devices_allow():
+    """On four devices auto also runs each pipeline in two groups of two, and may keep one; on two it does not."""
+    _, _, captured = tiny("lenet", 8)
+    plan = place(captured.graph, load_cluster("4xcpu"), "auto", microbatches=4, time_limit=30)
+    ran = plan.extra["auto"]["ran"]
+    assert any("(2 replica groups, 4 micro-batches)" in label for label in ran), ran
+    plan = place(captured.graph, load_cluster("2xcpu"), "auto", microbatches=4, time_limit=30)
+    assert not any("replica groups" in label for label in plan.extra["auto"]["ran"])

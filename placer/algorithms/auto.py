@@ -26,8 +26,11 @@ cannot beat the plan in hand, so that it costs nothing where micro-batches
 cannot win. Where it searches, what rules out every plan is the memory that
 no micro-batch count shrinks (:func:`~placer.feasibility.diagnose` with
 ``microbatched=True``): a step whose activations rule out every plan of the
-step whole still reaches the pipelines. Hybrids of replicas and pipelines
-(data parallelism over pipelines) are not searched.
+step whole still reaches the pipelines. Each pipeline also runs in replica
+groups (data parallelism over pipelines: ``replicas`` of
+:func:`~placer.algorithms.pipeline.pipeline_plan`), for every group count
+that leaves at least two devices a group (:func:`replica_groups`), at its
+default micro-batch count.
 
 Message cost: on a cluster calibrated over gloo
 (:func:`~placer.harness.calibrate.apply_calibration`), every message between
@@ -69,7 +72,7 @@ from ..transform.split import batch_dependent, batch_samples
 from .baselines import layer_labels
 from .common import placement_units, unit_allowed
 from .data_parallel import data_parallel_lower_bound
-from .pipeline import default_microbatches
+from .pipeline import default_group_microbatches, default_microbatches
 from .registry import available_algorithms, failure_message, get_algorithm, place, register
 from .timebox import TimeBox, frugal
 
@@ -259,6 +262,8 @@ def auto(
             bound = partial(microbatch_lower_bound, graph, cluster, count, per_batch) if search else None
             options = {"microbatches": microbatches} if microbatches else {}
             run.member(name, graph, options, label=_label(name, count), bound=bound)
+            if search or microbatches > 1:
+                _try_groups(run, name, microbatches, per_batch)
             # Right after the last pipeline, before the members that follow use up the time.
             if search and not any(p in queue for p in pipelines) and not run.interrupted and run.wants_microbatches():
                 _search_counts(run, sorted(pipelines, key=PIPELINES.index), per_batch)
@@ -534,6 +539,33 @@ def _search_counts(run: _Portfolio, schedules: list[str], per_batch: np.ndarray)
         if span is None or span >= fastest:
             return
         fastest = span
+
+
+def replica_groups(num_devices: int) -> list[int]:
+    """The group counts auto tries for data parallelism over pipelines: each divisor ``r`` of the devices
+    that leaves at least two devices a group.
+
+    Examples
+    --------
+    >>> replica_groups(2), replica_groups(4), replica_groups(8)
+    ([], [2], [2, 4])
+    """
+    return [r for r in range(2, num_devices // 2 + 1) if num_devices % r == 0]
+
+
+def _try_groups(run: _Portfolio, name: str, microbatches: int, per_batch: np.ndarray | None) -> None:
+    """Pipeline ``name`` in replica groups (:func:`replica_groups`; ``replicas`` of
+    :func:`~placer.algorithms.pipeline.pipeline_plan`) at their default micro-batch count, or at
+    ``microbatches`` where it divides among the groups."""
+    graph, cluster = run.graph, run.cluster
+    for r in replica_groups(cluster.num_devices):
+        count = microbatches or default_group_microbatches(graph, cluster, r)
+        if count % r or run.interrupted:
+            continue
+        layout = per_batch if per_batch is not None else replica_layout(graph, 2).per_batch
+        bound = partial(microbatch_lower_bound, graph, cluster, count, layout)
+        label = f"{name} ({r} replica groups, {count} micro-batches)"
+        run.member(name, graph, {"microbatches": count, "replicas": r}, label=label, bound=bound)
 
 
 def _label(name: str, microbatches: int) -> str:

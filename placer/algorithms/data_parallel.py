@@ -170,7 +170,8 @@ def data_parallel_schedule(
     if int((graph.extra.get("microbatches") or {}).get("count", 1)) > 1:
         raise OptionError(
             f"{name}: the step is cut into {graph.extra['microbatches']['count']} micro-batches; replicas of a "
-            "micro-batched step do not run (the runtime runs replicas or micro-batches): plan without microbatches"
+            "micro-batched step do not run (the runtime runs replicas or micro-batches): plan without microbatches, "
+            "or with 1f1b or gpipe and their option replicas (data parallelism over pipelines)"
         )
     devices = replica_devices(graph, cluster)
     if not devices:

@@ -32,6 +32,24 @@ Each device runs its nodes in the schedule's order (rule 2):
   (torch's ``Schedule1F1B``, PipeDream-Flush), so at most ``K - s``
   micro-batches' activations are held there at once.
 
+Replica groups (``replicas=r``, data parallelism over pipelines): the
+devices, in the cluster's order, form ``r`` groups of ``G = n // r`` (the
+rest idle), and the ``m`` micro-batches ``r`` runs of ``m / r`` consecutive
+ones, run ``g`` on group ``g``: each group is a pipeline over its rows of
+the batch, cut as group 0's (stage ``s`` of group ``g`` on the device ``g G``
+after group 0's stage ``s``), its devices in the schedule's order over its own
+micro-batches. Parameters, the optimizer and its state stay once, on group
+0's stages; the other groups read each parameter they use from there (one
+transfer per step). Each group sums its micro-batches' gradients on its own
+stages (:func:`~placer.transform.microbatch.microbatch_graph` with
+``groups=r``); once its own work is done, group ``g`` adds the sum of the
+groups before it, received from group ``g - 1``, to its own, and the last
+group's total goes back to the optimizer: a reduce and a broadcast of each
+stage's gradients and weights where data parallelism over pipelines
+all-reduces replicas of them. A colocation group that holds state (batch
+norm's running statistics, updated by every micro-batch in turn) stays on
+group 0, with its other groups' operations.
+
 A micro-batch's *backward* operations are those that follow the step's turn:
 the last operation from which every gradient is reached (the loss's
 gradient, before it branches into the layers'); the others are its forward. Operations that do not depend on the batch (parameters) come
@@ -75,6 +93,8 @@ __all__ = [
     "pipeline_plan",
     "schedule_sequence",
     "default_microbatches",
+    "default_group_microbatches",
+    "check_replicas",
     "SCHEDULES",
     "Stages",
 ]
@@ -433,7 +453,59 @@ def _given_bounds(graph: OpGraph, units: list[np.ndarray], stages: str, n_dev: i
     return [*bounds, len(units)]
 
 
-def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches: int = 0, stages: str = "") -> Plan:
+def check_replicas(cluster: Cluster, replicas: object, microbatches: int, name: str) -> int:
+    """``replicas`` as an int, or OptionError in one line: not an integer from 1 to the cluster's devices, or a
+    micro-batch count that does not divide into that many groups.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> check_replicas(load_cluster("4xV100-nvlink"), 2, 8, "1f1b")
+    2
+    >>> check_replicas(load_cluster("4xV100-nvlink"), 2, 5, "1f1b")
+    Traceback (most recent call last):
+    ...
+    placer.errors.OptionError: 1f1b: 5 micro-batches do not divide into 2 replica groups: give a multiple of 2
+    """
+    n_dev = cluster.num_devices
+    if (
+        isinstance(replicas, (bool, np.bool_))
+        or not isinstance(replicas, (int, np.integer))
+        or not 1 <= replicas <= n_dev
+    ):
+        raise OptionError(f"{name}: option replicas must be an integer from 1 to the {n_dev} devices, got {replicas!r}")
+    r = int(replicas)
+    if microbatches % r:
+        raise OptionError(
+            f"{name}: {microbatches} micro-batches do not divide into {r} replica groups: give a multiple of {r}"
+        )
+    return r
+
+
+def default_group_microbatches(graph: OpGraph, cluster: Cluster, replicas: int) -> int:
+    """The micro-batch count of ``replicas`` pipeline groups given none: twice each group's devices in each
+    group, at most the batch's samples rounded down to a multiple of ``replicas``, at least ``replicas``.
+
+    Examples
+    --------
+    >>> from placer.cluster import load_cluster
+    >>> from placer.generate import training_graph
+    >>> g = training_graph(layers=2)
+    >>> default_group_microbatches(g.replace(extra={"batch_size": 32}), load_cluster("8xV100-nvlink"), 2)
+    16
+    >>> default_group_microbatches(g.replace(extra={"batch_size": 7}), load_cluster("8xV100-nvlink"), 2)
+    6
+    """
+    samples = batch_samples(graph)
+    wanted = 2 * cluster.num_devices  # twice each group's devices, in each of the groups
+    if samples is not None:
+        wanted = min(wanted, samples - samples % replicas)
+    return max(replicas, wanted)
+
+
+def pipeline_plan(
+    graph: OpGraph, cluster: Cluster, schedule: str, microbatches: int = 0, stages: str = "", replicas: int = 1
+) -> Plan:
     """The fastest fitting ``schedule`` pipeline of ``graph`` on ``cluster`` (see the module).
 
     Parameters
@@ -448,18 +520,25 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         after the first, separated by commas (``"layer2.1,layer4"``: three
         stages on the cluster's first three devices); a name matches a layer
         of that name or under it. Empty: the dynamic programme cuts.
+    replicas : int
+        Groups of devices, each a pipeline over ``microbatches / replicas``
+        consecutive micro-batches (see the module); 1: one pipeline. With
+        ``microbatches`` 0, twice each group's devices in each group.
 
     Returns
     -------
     Plan
         Placing the micro-batched step (its ``rewritten_graph``); ``extra``
-        records ``microbatches``, ``schedule`` and ``stages`` (device names).
+        records ``microbatches``, ``schedule``, ``stages`` (group 0's device
+        names) and, with replica groups, ``replicas`` and ``groups`` (each
+        group's stage devices).
 
     Raises
     ------
     OptionError
         More micro-batches than samples; ``stages`` naming a layer the step
-        lacks, layers out of forward order, or more stages than devices.
+        lacks, layers out of forward order, or more stages than a group's
+        devices; ``replicas`` out of range, or not dividing the micro-batches.
     InfeasibleError
         No cut into contiguous stages (the given one, with ``stages``) gives
         every layer a device of its kinds, links every pair of devices that
@@ -475,8 +554,14 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
             [np.zeros(0, dtype=np.int64)] * n_dev,
             extra={"microbatches": 1, "schedule": schedule, "stages": []},
         )
-    m = check_microbatches(graph, microbatches, name) if microbatches else default_microbatches(graph, cluster)
-    mb = microbatch_graph(graph, m) if m > 1 else None
+    r = check_replicas(cluster, replicas, 0, name)
+    if microbatches:
+        m = check_microbatches(graph, microbatches, name)
+    else:
+        m = default_microbatches(graph, cluster) if r == 1 else default_group_microbatches(graph, cluster, r)
+    check_replicas(cluster, r, m, name)
+    group_size, per_group = n_dev // r, m // r  # devices and micro-batches of each group
+    mb = microbatch_graph(graph, m, groups=r) if m > 1 else None
     target = mb.graph if mb is not None else graph
     diagnose(target, cluster)  # place() leaves it to an algorithm that cuts the step
     layout = replica_layout(graph, 2)
@@ -505,35 +590,42 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         micro = mb.microbatch if mb is not None else np.full(graph.num_nodes, -1)
         accumulates = mb.accumulates if mb is not None else np.zeros(graph.num_nodes, dtype=bool)
         node_stage = stage[original]
-        device_of = np.asarray(cut.devices, dtype=np.int64)[node_stage]
+        group = np.maximum(micro, 0) // per_group  # a whole node: group 0's
+        device_of = np.asarray(cut.devices, dtype=np.int64)[node_stage] + group * group_size
+        if r > 1:  # a colocation group that holds state (batch norm's running statistics) stays on group 0
+            for members in target.colocation_groups.values():
+                if (group[members] > 0).any():
+                    device_of[members] = device_of[members[np.argmin(group[members])]]
         src_d, dst_d = device_of[target.src], device_of[target.dst]
         if not linked[src_d, dst_d].all():
             return None
         k_stages = len(cut.devices)
-        slot = np.zeros((k_stages, m, 2), dtype=np.int64)  # [stage, micro-batch, backward]
+        slot = np.zeros((k_stages, per_group, 2), dtype=np.int64)  # [stage, micro-batch of the group, backward]
         for s in range(k_stages):
-            for t, (k, phase) in enumerate(schedule_sequence(schedule, s, k_stages, m)):
+            for t, (k, phase) in enumerate(schedule_sequence(schedule, s, k_stages, per_group)):
                 slot[s, k, int(phase == "B")] = t
         whole = ~layout.per_batch[original]
         phase = (backward[original] | accumulates).astype(np.int64)
-        first = np.where(whole_first[original], -1, 2 * m + 1)
-        key = np.stack(
-            [
-                np.where(whole & ~accumulates, first, slot[node_stage, np.maximum(micro, 0), phase]),
-                2 * topo_pos[original] + accumulates,
-            ],
-            axis=1,
-        )
+        first = np.where(whole_first[original], -1, 2 * per_group + 1)
+        scheduled = slot[node_stage, np.maximum(micro, 0) % per_group, phase]
+        # The add of a later group's sum to the groups' before it waits for theirs: after its own work.
+        joins = accumulates & (micro > 0) & (micro % per_group == 0)
+        scheduled = np.where(joins, 2 * per_group, scheduled)
+        key = np.stack([np.where(whole & ~accumulates, first, scheduled), 2 * topo_pos[original] + accumulates], axis=1)
         return device_of, _orders(target, device_of, key, n_dev)
 
     def cuts(budget: np.ndarray) -> list[Stages]:
         """The best cut into each number of stages within ``budget``, where one exists."""
-        found = (_cut(costs, cluster, schedule, k, m, liveness, budget) for k in range(1, n_dev + 1))
+        found = (_cut(costs, cluster, schedule, k, per_group, liveness, budget) for k in range(1, group_size + 1))
         return [each for each in found if each is not None]
 
-    budget = cluster.memory.astype(np.float64)
+    def within_group(budget: np.ndarray) -> np.ndarray:
+        """``budget`` on group 0's devices; none on the others, which the cut does not choose."""
+        return np.where(np.arange(n_dev) < group_size, budget, -1.0)
+
+    budget = within_group(cluster.memory.astype(np.float64))
     if stages:  # the given cut, stage s on device s; one that overflows is refused, not cut again
-        bounds = _given_bounds(graph, units, stages, n_dev, name)
+        bounds = _given_bounds(graph, units, stages, group_size, name)
         candidates = [Stages(bounds, list(range(len(bounds) - 1)), 0.0)]
     else:
         candidates = cuts(budget)
@@ -541,7 +633,7 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
             if candidates:
                 break
             # The memory estimate may be what rules every cut out: the simulator judges cuts a little beyond it.
-            budget = cluster.memory.astype(np.float64) * factor
+            budget = within_group(cluster.memory.astype(np.float64) * factor)
             candidates = cuts(budget)
     if not candidates:
         raise InfeasibleError(
@@ -567,9 +659,11 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
             j = int(np.argmax(result.peak_memory_bytes - result.memory_bytes))
             needs, has = shown_sizes(result.peak_memory_bytes[j], cluster.devices[j].memory_bytes)
             overflow = f"{name}: device {cluster.devices[j].name!r} would need {needs} of {has}"
-            over = result.peak_memory_bytes > result.memory_bytes
-            shrink[over] *= 0.95 * result.memory_bytes[over] / result.peak_memory_bytes[over]
-            again = None if stages else _cut(costs, cluster, schedule, len(cut.devices), m, liveness, shrink)
+            # An overflowing device shrinks the budget of its stage (group 0's device in its place).
+            room = np.minimum(1.0, result.memory_bytes / np.maximum(result.peak_memory_bytes, 1))
+            room = room[: r * group_size].reshape(r, group_size).min(axis=0)
+            shrink[:group_size] = np.where(room < 1.0, 0.95 * room * shrink[:group_size], shrink[:group_size])
+            again = None if stages else _cut(costs, cluster, schedule, len(cut.devices), per_group, liveness, shrink)
             if again is None:
                 break
             cut = again
@@ -583,7 +677,16 @@ def pipeline_plan(graph: OpGraph, cluster: Cluster, schedule: str, microbatches:
         device_of,
         orders,
         placed_graph=target if mb is not None else None,
-        extra={"microbatches": m, "schedule": schedule, "stages": [names[d] for d in cut.devices]},
+        extra={
+            "microbatches": m,
+            "schedule": schedule,
+            "stages": [names[d] for d in cut.devices],
+            **(
+                {"replicas": r, "groups": [[names[d + g * group_size] for d in cut.devices] for g in range(r)]}
+                if r > 1
+                else {}
+            ),
+        },
     )
 
 
@@ -596,6 +699,7 @@ def gpipe(
     time_limit: float | None = None,
     microbatches: int = 0,
     stages: str = "",
+    replicas: int = 1,
 ) -> Plan:
     """GPipe: contiguous stages balanced by a dynamic programme, every forward then every backward.
 
@@ -609,6 +713,9 @@ def gpipe(
         The layers that start each stage after the first, separated by commas
         (stage ``s`` on device ``s``); empty: the dynamic programme cuts
         (:func:`pipeline_plan`).
+    replicas : int
+        Groups of devices, each a pipeline over its share of the micro-batches
+        (data parallelism over pipelines, :func:`pipeline_plan`); 1: one pipeline.
 
     Examples
     --------
@@ -622,7 +729,7 @@ def gpipe(
     ----------
     Huang et al., GPipe, NeurIPS 2019.
     """
-    return pipeline_plan(graph, cluster, "gpipe", microbatches, stages)
+    return pipeline_plan(graph, cluster, "gpipe", microbatches, stages, replicas)
 
 
 @register("1f1b")
@@ -634,6 +741,7 @@ def one_f_one_b(
     time_limit: float | None = None,
     microbatches: int = 0,
     stages: str = "",
+    replicas: int = 1,
 ) -> Plan:
     """1F1B: contiguous stages balanced by a dynamic programme, one forward and one backward in turn.
 
@@ -649,6 +757,9 @@ def one_f_one_b(
         The layers that start each stage after the first, separated by commas
         (stage ``s`` on device ``s``); empty: the dynamic programme cuts
         (:func:`pipeline_plan`).
+    replicas : int
+        Groups of devices, each a pipeline over its share of the micro-batches
+        (data parallelism over pipelines, :func:`pipeline_plan`); 1: one pipeline.
 
     Examples
     --------
@@ -667,4 +778,4 @@ def one_f_one_b(
     Narayanan et al., "Memory-Efficient Pipeline-Parallel DNN Training", ICML 2021;
     torch.distributed.pipelining's ``Schedule1F1B``.
     """
-    return pipeline_plan(graph, cluster, "1f1b", microbatches, stages)
+    return pipeline_plan(graph, cluster, "1f1b", microbatches, stages, replicas)

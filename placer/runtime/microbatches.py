@@ -18,7 +18,11 @@ run like any other:
 * accumulation node ``k`` adds micro-batch ``k``'s gradient, scaled by its
   share of the batch ``n_k / B``, into the running sum (node 1 also scales
   micro-batch 0's), so the sum is the gradient of the global batch's mean
-  loss; whatever read the gradient reads the sum;
+  loss; whatever read the gradient reads the sum; where the plan groups the
+  micro-batches (``groups`` in the graph's ``microbatches``: replica groups of
+  pipelines), each group's run of them is summed so, and the accumulation of
+  a later group's first micro-batch adds that group's sum to the groups'
+  before it;
 * the loss is the micro-batches' losses weighted by their shares.
 
 Semantics are those of gradient accumulation, which is what
@@ -131,6 +135,9 @@ class _MicroRewrite:
         self.gm, self.graph, self.target, self.old_carrier = gm, graph, target, carrier
         self.rows, self.total = microbatch_rows_of(target)
         self.m = m = len(self.rows)
+        self.groups = int((target.extra.get("microbatches") or {}).get("groups", 1))
+        if self.groups < 1 or m % self.groups:
+            raise InvalidPlanError(f"the plan's {m} micro-batches do not divide into its {self.groups} groups")
         self.nodes = list(gm.graph.nodes)
         self.by_name = {v.name: v for v in self.nodes}
         self.placeholders = [v for v in self.nodes if v.op == "placeholder"]
@@ -262,19 +269,31 @@ class _MicroRewrite:
                 f"node {reader.name!r} runs once per step but reads {a.name!r}, which runs once per micro-batch "
                 f"and is not a gradient the plan accumulates; the runtime cannot execute this micro-batched plan"
             )
-        running = self.env[0][a]
-        for k in range(1, self.m):
+
+        def add(k: int, running: fx.Node, first: tuple | None, more: fx.Node, share: tuple) -> fx.Node:
+            """Micro-batch ``k``'s accumulation node: ``running`` (scaled by ``first``) + ``more`` * share."""
             node_id = self.add_id[(owner, output, k)]
-            first = (self._rows(0), self.total) if k == 1 else None
-            made = self.new.call_function(
-                accumulate_gradient, (running, self.env[k][a], first, (self._rows(k), self.total))
-            )
+            made = self.new.call_function(accumulate_gradient, (running, more, first, share))
             made.meta = dict(a.meta)
             self.carrier[made.name] = node_id
             self.node_of.setdefault(node_id, made)
-            running = made
-        self.summed[a] = running
-        return running
+            return made
+
+        # Each run of consecutive micro-batches (one run unless the plan groups them) sums its own gradients;
+        # the runs' sums are then added in order. A sum of one micro-batch is not yet scaled by its share.
+        per_run = self.m // self.groups
+        total: tuple[fx.Node, tuple | None] | None = None  # (node, the share it still needs)
+        for g in range(self.groups):
+            start = g * per_run
+            running, pending = self.env[start][a], (self._rows(start), self.total)
+            for k in range(start + 1, start + per_run):
+                running, pending = add(k, running, pending, self.env[k][a], (self._rows(k), self.total)), None
+            if total is None:
+                total = (running, pending)
+            else:
+                total = (add(start, total[0], total[1], running, pending or (1, 1)), None)
+        self.summed[a] = total[0]
+        return total[0]
 
     def _rows(self, k: int) -> int:
         lo, hi = self.rows[k]

@@ -93,7 +93,7 @@ def _rebuild(plan: Plan, graph: OpGraph) -> OpGraph:
     cut = kept.extra.get("microbatches")
     if isinstance(cut, dict) and graph.extra.get("microbatches") is None:
         try:
-            base = microbatch_graph(graph, int(cut["count"])).graph
+            base = microbatch_graph(graph, int(cut["count"]), int(cut.get("groups", 1))).graph
         except (KeyError, TypeError, ValueError, OptionError) as exc:
             raise InvalidPlanError(
                 f"the plan's rewritten graph records micro-batches placer cannot make of graph {graph.name!r} "

@@ -57,7 +57,8 @@ every other node is the original, whole. The accumulation nodes are added
 and stand for no original node. Every copy records ``node_extra["microbatch"]``
 (``k``), ``"microbatch_of"`` (the original id) and ``"microbatch_rows"``
 (``[lo, hi]``); an accumulation node records ``"microbatch"`` and
-``"accumulate": {"gradient": id, "tensor": t}``. Ids: ``mb{k}/{id}`` for the
+``"accumulate": {"gradient": id, "tensor": t}`` (with ``"joins": g`` for the
+add of group ``g``'s sum, :func:`microbatch_graph`'s ``groups``). Ids: ``mb{k}/{id}`` for the
 copies, ``mb{k}/{id}.accumulate`` (``:{t}`` before it for an output other
 than the first) for the add of micro-batch ``k``'s gradient; the other nodes
 keep theirs.
@@ -231,7 +232,7 @@ def _splittable(entries: list[dict] | None, lo: int, hi: int, total: int, parts:
     return out or None
 
 
-def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
+def microbatch_graph(graph: OpGraph, microbatches: int, groups: int = 1) -> MicroBatchedGraph:
     """The step as ``microbatches`` micro-batches with their gradients accumulated (see the module).
 
     Parameters
@@ -239,6 +240,14 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
     graph : OpGraph
     microbatches : int
         ``m`` >= 1; at most the batch's samples where the graph records them.
+    groups : int
+        ``r`` dividing ``m``: each gradient is summed over each run of ``m / r``
+        consecutive micro-batches by a chain of its own (the accumulation of
+        micro-batch ``k`` adds its gradient into its run's sum), and the runs'
+        sums are then added in order, the add of run ``g`` recorded as the
+        accumulation of the run's first micro-batch (``"joins": g``). Still ``m - 1``
+        adds; replica groups of pipelines (:mod:`placer.algorithms.pipeline`) run
+        each run's chain on their own devices and exchange only its sum.
 
     Returns
     -------
@@ -260,6 +269,11 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
     ['block1.b0.update', 'block0.b0.update']
     """
     m = check_microbatches(graph, microbatches)
+    if isinstance(groups, bool) or not isinstance(groups, (int, np.integer)) or groups < 1 or m % groups:
+        raise OptionError(
+            f"microbatch: groups must be an integer >= 1 that divides the {m} micro-batches, got {groups!r}"
+        )
+    per_group = m // groups
     rows, total = microbatch_rows(graph, m)
     n = graph.num_nodes
     layout = replica_layout(graph, 2)  # which nodes work on the batch, and the gradients
@@ -389,24 +403,34 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
         size = int(layout.grad_bytes[(u, t)])
         seconds, times = chunk_add_time(size)
         name = graph.ids[u] + (f":{t}" if t else "")
-        last = (int(new_of[0, u]), t)
-        for k in range(1, m):
+
+        def add(k: int, running: tuple[int, int], more: tuple[int, int], joins: int = 0) -> tuple[int, int]:
+            """The accumulation node of micro-batch ``k``: ``running + more``."""
             v = base + len(acc_ids)
             acc_ids.append(fresh_id(f"mb{k}/{name}.accumulate", taken))
             acc_compute.append(seconds)
             acc_bykind.append(dict(times))
             acc_bytes.append(size)
             acc_kinds.append(graph.device_kinds[u])
-            acc_extra.append({"microbatch": k, "accumulate": {"gradient": graph.ids[u], "tensor": t}})
+            what = {"gradient": graph.ids[u], "tensor": t, **({"joins": joins} if joins else {})}
+            acc_extra.append({"microbatch": k, "accumulate": what})
             acc_of.append(u)
             acc_mb.append(k)
-            for s, tt in (last, (int(new_of[k, u]), t)):
+            for s, tt in (running, more):
                 a_src.append(s)
                 a_dst.append(v)
                 a_bytes.append(size)
                 a_tensor.append(tt)
-            last = (v, 0)
-        final[(u, t)] = last
+            return (v, 0)
+
+        total_sum = None
+        for g in range(groups):
+            first = g * per_group
+            last = (int(new_of[first, u]), t)
+            for k in range(first + 1, first + per_group):
+                last = add(k, last, (int(new_of[k, u]), t))
+            total_sum = last if total_sum is None else add(first, total_sum, last, joins=g)
+        final[(u, t)] = total_sum
     for e in np.flatnonzero(is_grad).tolist():
         s, tt = final[(int(src[e]), int(etensor[e]))]
         v = int(dst[e])
@@ -436,7 +460,15 @@ def microbatch_graph(graph: OpGraph, microbatches: int) -> MicroBatchedGraph:
         splittable=splittable + [None] * n_acc,
         node_extra=extra + acc_extra,
         name=graph.name,
-        extra={**graph.extra, "microbatches": {"count": m, "rows": [list(r) for r in rows], "total": total}},
+        extra={
+            **graph.extra,
+            "microbatches": {
+                "count": m,
+                "rows": [list(r) for r in rows],
+                "total": total,
+                **({"groups": groups} if groups > 1 else {}),
+            },
+        },
     )
     accumulates = np.zeros(new.num_nodes, dtype=bool)
     accumulates[base:] = True
@@ -457,17 +489,19 @@ def _as_int(values: list) -> np.ndarray:
 
 
 def _trials(graph: OpGraph) -> list[dict]:
-    """Two and three micro-batches where the step has a batch to cut (and samples for three)."""
+    """Two and three micro-batches where the step has a batch to cut (and samples for three), and four in two
+    groups (samples for four)."""
     if not graph.num_nodes or not batch_dependent(graph).any():
         return []
     samples = batch_samples(graph)
-    return [{"microbatches": m} for m in (2, 3) if samples is None or m <= samples]
+    trials = [{"microbatches": m} for m in (2, 3) if samples is None or m <= samples]
+    return trials + ([{"microbatches": 4, "groups": 2}] if samples is None or samples >= 4 else [])
 
 
 @register_transform(
     "microbatch",
     requires="the step has a batch input; microbatches >= 1 and at most the batch's samples where the graph "
-    "records them.",
+    "records them; groups divides microbatches.",
     trials=_trials,
     ensures=Ensures(
         compute=SHARE_AND_WHOLE,
@@ -482,7 +516,9 @@ def _trials(graph: OpGraph) -> list[dict]:
         "sum each gradient over the micro-batches; readers of a gradient read the sum.",
     ),
 )
-def microbatch_transform(graph: OpGraph, cluster: Cluster | None, *, microbatches: int) -> TransformResult:
+def microbatch_transform(
+    graph: OpGraph, cluster: Cluster | None, *, microbatches: int, groups: int = 1
+) -> TransformResult:
     """The micro-batched step (:func:`microbatch_graph`): node ``u``'s copies stand for ``u``.
 
     Micro-batch ``k`` is copy ``k``; a node that stays whole is copy 0; an
@@ -497,7 +533,7 @@ def microbatch_transform(graph: OpGraph, cluster: Cluster | None, *, microbatche
     >>> [r.graph.ids[v] for v in r.image[0]], int(r.added.sum())
     (['mb0/input', 'mb1/input'], 2)
     """
-    mb = microbatch_graph(graph, microbatches)
+    mb = microbatch_graph(graph, microbatches, groups)
     if mb.microbatches == 1:
         return TransformResult.identity(graph, detail=mb)
     new = mb.graph
