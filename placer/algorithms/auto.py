@@ -26,8 +26,9 @@ cannot beat the plan in hand, so that it costs nothing where micro-batches
 cannot win. Where it searches, what rules out every plan is the memory that
 no micro-batch count shrinks (:func:`~placer.feasibility.diagnose` with
 ``microbatched=True``): a step whose activations rule out every plan of the
-step whole still reaches the pipelines. Each pipeline also runs in replica
-groups (data parallelism over pipelines: ``replicas`` of
+step whole still reaches the pipelines. Where micro-batches can win (or a
+count is given), each pipeline also runs in replica groups (data
+parallelism over pipelines: ``replicas`` of
 :func:`~placer.algorithms.pipeline.pipeline_plan`), for every group count
 that leaves at least two devices a group (:func:`replica_groups`), at its
 default micro-batch count.
@@ -262,7 +263,7 @@ def auto(
             bound = partial(microbatch_lower_bound, graph, cluster, count, per_batch) if search else None
             options = {"microbatches": microbatches} if microbatches else {}
             run.member(name, graph, options, label=_label(name, count), bound=bound)
-            if search or microbatches > 1:
+            if microbatches > 1 or (search and run.wants_microbatches()):
                 _try_groups(run, name, microbatches, per_batch)
             # Right after the last pipeline, before the members that follow use up the time.
             if search and not any(p in queue for p in pipelines) and not run.interrupted and run.wants_microbatches():
