@@ -151,8 +151,11 @@ class _MicroRewrite:
         # Target node ids: (original id, micro-batch) -> copy; (gradient id, output, micro-batch) -> add.
         self.copy_id: dict[tuple[str, int], str] = {}
         self.add_id: dict[tuple[str, int, int], str] = {}
+        self.group_id: dict[tuple[str, int], str] = {}  # (original id, group) -> a later group's own copy
         for node_id, extra in zip(target.ids, target.node_extra):
-            if "microbatch_of" in extra:  # a copy, or a node of its split (which split_step makes later)
+            if "group_copy_of" in extra:
+                self.group_id[(extra["group_copy_of"], int(extra["group"]))] = node_id
+            elif "microbatch_of" in extra:  # a copy, or a node of its split (which split_step makes later)
                 self.copy_id[(extra["microbatch_of"], int(extra["microbatch"]))] = extra.get("split_of", node_id)
             elif "accumulate" in extra:
                 acc = extra["accumulate"]
@@ -175,6 +178,8 @@ class _MicroRewrite:
         self.new = fx.Graph()
         self.env: list[dict[fx.Node, fx.Node]] = [{} for _ in range(m)]
         self.whole: dict[fx.Node, fx.Node] = {}
+        self.grouped = {orig for orig, _ in self.group_id}  # owners each group computes on its own
+        self.group_env: dict[tuple[int, fx.Node], fx.Node] = {}  # (group >= 1, node) -> its copy
         self.summed: dict[fx.Node, fx.Node] = {}
         self.node_of: dict[str, fx.Node] = {}
         self.carrier: dict[str, str] = {}
@@ -221,6 +226,9 @@ class _MicroRewrite:
                     self._copy(v, k)
             else:
                 self._copy(v, None)
+                if self.owner(v) in self.grouped:
+                    for g in range(1, self.groups):
+                        self._copy(v, None, g)
         self._output()
         self.new.lint()
         out = fx.GraphModule(self.gm, self.new)
@@ -228,13 +236,16 @@ class _MicroRewrite:
         propagate_meta(out, [feed.meta(p.meta.get("val")) for feed, p in zip(self.feeds, fed)])
         return out, self.node_of, self.carrier, self.feeds
 
-    def _copy(self, v: fx.Node, k: int | None) -> None:
+    def _copy(self, v: fx.Node, k: int | None, group: int = 0) -> None:
+        """Copy ``v`` for micro-batch ``k`` (None: once for the step, or for ``group``'s own copy)."""
         source = v if k is None else self.twins[k][v.name]
+        if k is not None:
+            group = k // (self.m // self.groups)
 
         def arg(a: fx.Node) -> fx.Node:
             a = self.by_name[a.name]
             if not self.cut(a):
-                return self.whole[a]
+                return self.group_env.get((group, a), self.whole[a])
             if k is None:
                 return self._sum(a, v)
             return self.env[k][a]
@@ -247,9 +258,16 @@ class _MicroRewrite:
             source.target,
             args,
             fx.node.map_arg(source.kwargs, arg),
-            name=v.name if k is None else f"mb{k}_{v.name}",
+            name=f"mb{k}_{v.name}" if k is not None else f"grp{group}_{v.name}" if group else v.name,
         )
         made.meta = dict(source.meta)
+        if k is None and group:
+            self.group_env[(group, v)] = made
+            node_id = self.group_id[(self.owner(v), group)]
+            self.carrier[made.name] = node_id
+            if self.owner(v) == v.name:
+                self.node_of[node_id] = made
+            return
         self.bind(v, made, k)
 
     def _sum(self, a: fx.Node, reader: fx.Node) -> fx.Node:

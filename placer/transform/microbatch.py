@@ -111,7 +111,8 @@ class MicroBatchedGraph:
     per_batch : ndarray of bool
         Per original node: whether it is cut into micro-batches.
     microbatch : ndarray of int
-        Per new node: its micro-batch (-1 for a node that stays whole).
+        Per new node: its micro-batch (-1 for a node that stays whole; for a group's copy of a node
+        computed from the parameters alone, the group's first micro-batch).
     original : ndarray of int
         Per new node: its original node; for an accumulation node, the
         original node whose gradient it sums.
@@ -247,7 +248,11 @@ def microbatch_graph(graph: OpGraph, microbatches: int, groups: int = 1) -> Micr
         sums are then added in order, the add of run ``g`` recorded as the
         accumulation of the run's first micro-batch (``"joins": g``). Still ``m - 1``
         adds; replica groups of pipelines (:mod:`placer.algorithms.pipeline`) run
-        each run's chain on their own devices and exchange only its sum.
+        each run's chain on their own devices and exchange only its sum. What the
+        batch reads that is computed from the parameters and constants alone (a
+        weight's transpose, a causal mask) is copied once per later run,
+        ``grp{g}/{id}`` recording ``"group": g`` and ``"group_copy_of"``, and run
+        ``g``'s micro-batches read run ``g``'s copy.
 
     Returns
     -------
@@ -360,10 +365,32 @@ def microbatch_graph(graph: OpGraph, microbatches: int, groups: int = 1) -> Micr
             {**graph.node_extra[u], "microbatch": k, "microbatch_of": graph.ids[u], "microbatch_rows": [lo, hi]}
             for u in ct
         ]
-    microbatch = np.concatenate(
-        [np.full(n_shared, -1, dtype=np.int64)] + [np.full(n_cut, k, dtype=np.int64) for k in range(m)]
-    )
-    original = np.concatenate([shared] + [cut] * m).astype(np.int64)
+    microbatch = [np.full(n_shared, -1, dtype=np.int64)] + [np.full(n_cut, k, dtype=np.int64) for k in range(m)]
+    original = [shared] + [cut] * m
+    # Groups compute what the batch reads from the parameters alone (a weight's transpose, a causal mask) each
+    # on their own: group g's micro-batches read group g's copy (group 0's is the node itself), so that only
+    # the parameters and the gradients' sums pass between groups.
+    pre = _from_parameters(graph, per_batch) if groups > 1 else np.zeros(0, dtype=np.int64)
+    pr = pre.tolist()
+    for g in range(1, groups):
+        start = len(ids)
+        ids += [fresh_id(f"grp{g}/{graph.ids[u]}", taken) for u in pr]
+        for values, column in ((compute, graph.compute_s), (output, graph.output_bytes), (temp, graph.temp_bytes)):
+            values.append(column[pre])
+        params.append(np.zeros(pre.size, dtype=np.int64))
+        flops.append(graph.flops[pre])
+        op += [graph.op[u] for u in pr]
+        layer += [graph.layer[u] for u in pr]
+        colocation += [None] * pre.size
+        kinds += [graph.device_kinds[u] for u in pr]
+        by_kind += [graph.compute_s_by_kind[u] for u in pr]
+        splittable += [graph.splittable[u] for u in pr]
+        extra += [{**graph.node_extra[u], "group": g, "group_copy_of": graph.ids[u]} for u in pr]
+        microbatch.append(np.full(pre.size, g * per_group, dtype=np.int64))
+        original.append(pre)
+        new_of[g * per_group : (g + 1) * per_group, pre] = start + np.arange(pre.size)
+    microbatch = np.concatenate(microbatch)
+    original = np.concatenate(original).astype(np.int64)
 
     # Edges between the nodes: within a micro-batch, from a whole node to every copy, from every copy to a
     # whole node; readers of a gradient read its sum instead.
@@ -386,6 +413,12 @@ def microbatch_graph(graph: OpGraph, microbatches: int, groups: int = 1) -> Micr
     e_dst.append(new_of[0, dst[both]])
     e_bytes.append(ebytes[both])
     e_tensor.append(etensor[both])
+    into_copies = both[np.isin(dst[both], pre)]  # what each group's copies read: its own copies, the parameters
+    for g in range(1, groups):
+        e_src.append(new_of[g * per_group, src[into_copies]])
+        e_dst.append(new_of[g * per_group, dst[into_copies]])
+        e_bytes.append(ebytes[into_copies])
+        e_tensor.append(etensor[into_copies])
     for k, (lo, hi) in enumerate(rows):
         sel = np.flatnonzero(~is_grad & (ps | pd))  # anything touching a copy: once per micro-batch
         e_src.append(new_of[k, src[sel]])
@@ -482,6 +515,36 @@ def microbatch_graph(graph: OpGraph, microbatches: int, groups: int = 1) -> Micr
         np.concatenate([original, _as_int(acc_of)]),
         accumulates,
     )
+
+
+def _from_parameters(graph: OpGraph, per_batch: np.ndarray) -> np.ndarray:
+    """The nodes, in index order, that compute from the parameters and constants alone what a
+    batch-proportional node reads: not sources, not on the batch, holding no parameters or colocation (state
+    and its writers stay whole), and read by a batch-proportional node or by another such node.
+
+    Examples
+    --------
+    >>> g = OpGraph(["w", "wt", "x", "y"], [0.0, 1.0, 0.0, 1.0], [0, 1, 2], [1, 3, 3], [4, 4, 4],
+    ...             param_bytes=[4, 0, 0, 0], op=["placeholder", "aten.t", "placeholder", "aten.mm"],
+    ...             extra={"batch_inputs": ["x"]})
+    >>> _from_parameters(g, np.array([False, False, True, True])).tolist()
+    [1]
+    """
+    n = graph.num_nodes
+    candidate = (
+        ~per_batch
+        & ~batch_dependent(graph)
+        & (np.bincount(graph.dst, minlength=n) > 0)
+        & (graph.param_bytes == 0)
+        & np.array([c is None for c in graph.colocation], dtype=bool)
+    )
+    needed = np.zeros(n, dtype=bool)
+    ptr, eids = graph.out_edges
+    for u in graph.topological_order[::-1].tolist():
+        if candidate[u]:
+            readers = graph.dst[eids[ptr[u] : ptr[u + 1]]]
+            needed[u] = bool((per_batch[readers] | needed[readers]).any())
+    return np.flatnonzero(needed)
 
 
 def _as_int(values: list) -> np.ndarray:
