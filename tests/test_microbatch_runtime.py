@@ -254,7 +254,22 @@ def test_groups_sum_their_own_micro_batches_then_each_other():
             assert feeding == {k + 1, k - 2 if k > 2 else 1}, (mb.ids[i], feeding)
         else:  # micro-batch k's gradient into its group's first
             assert feeding == {k - 1, k}, (mb.ids[i], feeding)
-    assert index  # the graph is a graph
+    # What the batch reads from the parameters alone (LeNet's weight transposes) each later group computes
+    # itself, and only its own micro-batches (or its own such copies) read that copy.
+    ptr, eids = mb.out_edges
+
+    def readers(u: int) -> set:
+        extras = [mb.node_extra[int(w)] for w in mb.dst[eids[ptr[u] : ptr[u + 1]]]]
+        return {e.get("microbatch", ("group", e.get("group"))) for e in extras}
+
+    copies = {i: extra for i, extra in enumerate(mb.node_extra) if "group_copy_of" in extra}
+    assert copies and {extra["group"] for extra in copies.values()} == {1, 2}
+    for i, extra in copies.items():
+        g = extra["group"]
+        assert mb.op[i] == graph.op[graph.index[extra["group_copy_of"]]]
+        assert readers(i) <= {2 * g, 2 * g + 1, ("group", g)}, (mb.ids[i], readers(i))
+    for u in {index[extra["group_copy_of"]] for extra in copies.values()}:
+        assert readers(u) <= {0, 1, ("group", None)}, (mb.ids[u], readers(u))
     with pytest.raises(OptionError, match="groups must be an integer >= 1 that divides the 6 micro-batches"):
         microbatch_graph(graph, 6, groups=4)
     with pytest.raises(OptionError, match="5 micro-batches do not divide into 2 replica groups"):
