@@ -36,6 +36,17 @@ def rows_of(plan):
     return [tuple(r) for r in plan.rewritten_graph.extra["microbatches"]["rows"]]
 
 
+def assert_trains_as_accumulation(plan, model, inputs, captured, optimizer: str, double: bool) -> None:
+    """The local executor's training of ``plan`` equals eager gradient accumulation over its micro-batches, and,
+    where no operation couples the samples, eager training on the whole batch."""
+    trained = placed_training(plan, model, inputs, captured)
+    # Adam moves a parameter by about lr whatever its gradient's size: rounding shows at lr's scale.
+    tolerance = 1e-12 if double else TOLERANCE if optimizer == "sgd" else 1e-4
+    assert_equal(trained, accumulated(model, inputs, captured, rows_of(plan)), tolerance, at_least=6)
+    if not batch_coupled(captured.gm):
+        assert_equal(trained, eager_training(model, inputs, captured), tolerance, at_least=6)
+
+
 @pytest.mark.parametrize(
     "name, batch, cluster, algorithm, microbatches, optimizer, double",
     [
@@ -57,12 +68,7 @@ def test_microbatched_plans_train_as_gradient_accumulation(
     model, inputs, captured = tiny(name, batch, optimizer, double)
     plan = place(captured.graph, load_cluster(cluster), algorithm, microbatches=microbatches)
     assert plan.rewritten_graph.extra["microbatches"]["count"] == microbatches
-    trained = placed_training(plan, model, inputs, captured)
-    # Adam moves a parameter by about lr whatever its gradient's size: rounding shows at lr's scale.
-    tolerance = 1e-12 if double else TOLERANCE if optimizer == "sgd" else 1e-4
-    assert_equal(trained, accumulated(model, inputs, captured, rows_of(plan)), tolerance, at_least=6)
-    if not batch_coupled(captured.gm):
-        assert_equal(trained, eager_training(model, inputs, captured), tolerance, at_least=6)
+    assert_trains_as_accumulation(plan, model, inputs, captured, optimizer, double)
 
 
 def test_batch_norm_sees_each_micro_batch_alone():
@@ -219,11 +225,7 @@ def test_replica_groups_of_pipelines_train_as_gradient_accumulation(
         if k is not None and target.colocation[target.index[node_id]] is None:
             placed_on.setdefault(k // per_group, set()).add(plan.placement[node_id])
     assert placed_on[0] <= set(groups[0]) and placed_on[1] <= set(groups[1]), placed_on
-    trained = placed_training(plan, model, inputs, captured)
-    tolerance = 1e-12 if double else TOLERANCE if optimizer == "sgd" else 1e-4
-    assert_equal(trained, accumulated(model, inputs, captured, rows_of(plan)), tolerance, at_least=6)
-    if not batch_coupled(captured.gm):
-        assert_equal(trained, eager_training(model, inputs, captured), tolerance, at_least=6)
+    assert_trains_as_accumulation(plan, model, inputs, captured, optimizer, double)
 
 
 def test_distributed_replica_groups_equal_gradient_accumulation():
