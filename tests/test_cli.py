@@ -457,6 +457,10 @@ def test_compare_refuses_bad_options_up_front(capsys, monkeypatch, graph_file, o
         (["--option", "x=1"], "algorithm 'expert' has no option 'x'"),
         (["--seed", "1", "--option", "seed=2"], "--option seed=... and --seed both set seed: give one"),
         (["--algorithm", "m_etf", "--option", "coplace=3"], "option coplace of 'm_etf' must be true or false"),
+        (
+            ["--algorithm", "1f1b", "--microbatches", "2", "--option", "microbatches=2"],
+            "--option microbatches=... and --microbatches both set microbatches: give one",
+        ),
     ],
 )
 def test_plan_refuses_bad_options_before_capturing_the_model(tmp_path, capsys, monkeypatch, option, message):
@@ -515,3 +519,30 @@ def test_ctrl_c_while_the_commands_load_ends_with_status_130(capsys, monkeypatch
     monkeypatch.setattr(placer.cli.core, "build_parser", interrupted)
     code, out, err = run(capsys, "algorithms")
     assert code == 130 and out == "" and err == "placer: interrupted\n"
+
+
+def test_plan_takes_a_pipelines_micro_batches_as_an_option_too(tmp_path, capsys):
+    """``--option microbatches=M`` of a pipeline is ``--microbatches M`` (it crashed with a TypeError), with
+    the pipeline's other options: two replica groups of two devices."""
+    code, _, err = run(
+        capsys,
+        "plan",
+        "zoo:lenet",
+        "--batch",
+        "8",
+        "--cluster",
+        "4xcpu",
+        "--algorithm",
+        "1f1b",
+        "--option",
+        "microbatches=4",
+        "--option",
+        "replicas=2",
+        "-o",
+        tmp_path / "p.json",
+    )
+    assert code == 0, err
+    from placer.plan import Plan
+
+    plan = Plan.load(tmp_path / "p.json")
+    assert plan.extra["microbatches"] == 4 and plan.extra["replicas"] == 2 and len(plan.extra["groups"]) == 2

@@ -161,6 +161,10 @@ def cmd_plan(args: argparse.Namespace) -> int:
                 raise OptionError(f"--option {key}=... and --{key.replace('_', '-')} both set {key}: give one")
             options[key] = value
     checked_options(get_algorithm(args.algorithm), options)  # before a model is captured
+    if "microbatches" in options:  # a pipeline's own option: the same as --microbatches
+        if args.microbatches is not None:
+            raise OptionError("--option microbatches=... and --microbatches both set microbatches: give one")
+        args.microbatches = options.pop("microbatches")
     check_microbatches_flag(args)
     if args.algorithm == "auto" and "runnable" in options:
         print(f"placer: warning: option {RUNNABLE_DEPRECATED}; leave it out", file=sys.stderr)
