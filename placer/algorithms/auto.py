@@ -559,12 +559,14 @@ def _try_groups(run: _Portfolio, name: str, microbatches: int, per_batch: np.nda
     :func:`~placer.algorithms.pipeline.pipeline_plan`) at their default micro-batch count, or at
     ``microbatches`` where it divides among the groups."""
     graph, cluster = run.graph, run.cluster
-    for r in replica_groups(cluster.num_devices):
+    groups = replica_groups(cluster.num_devices)
+    if groups and per_batch is None:
+        per_batch = replica_layout(graph, 2).per_batch
+    for r in groups:
         count = microbatches or default_group_microbatches(graph, cluster, r)
         if count % r or run.interrupted:
             continue
-        layout = per_batch if per_batch is not None else replica_layout(graph, 2).per_batch
-        bound = partial(microbatch_lower_bound, graph, cluster, count, layout)
+        bound = partial(microbatch_lower_bound, graph, cluster, count, per_batch)
         label = f"{name} ({r} replica groups, {count} micro-batches)"
         run.member(name, graph, {"microbatches": count, "replicas": r}, label=label, bound=bound)
 
